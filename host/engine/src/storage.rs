@@ -1,0 +1,144 @@
+//! Typed views over allocator buffers, and dtype conversion of strided data.
+
+use crate::alloc::Buffer;
+use crate::dtype::{DType, Element};
+use crate::layout::Layout;
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+/// The memory behind one or more tensors: a buffer and the dtype of its elements.
+pub struct Storage {
+    buf: Buffer,
+    dtype: DType,
+    len: usize,
+}
+
+impl Storage {
+    /// `len` zeroed elements of `dtype`.
+    pub fn zeros(dtype: DType, len: usize) -> Storage {
+        Storage {
+            buf: Buffer::zeroed(len * dtype.size_in_bytes()),
+            dtype,
+            len,
+        }
+    }
+
+    /// `len` elements with unspecified values, for kernels that write every element.
+    pub fn any(dtype: DType, len: usize) -> Storage {
+        Storage {
+            buf: Buffer::any(len * dtype.size_in_bytes()),
+            dtype,
+            len,
+        }
+    }
+
+    /// A copy of `data`.
+    pub fn from_slice<T: Element>(data: &[T]) -> Storage {
+        let mut s = Storage::any(T::DTYPE, data.len());
+        s.as_mut_slice::<T>().copy_from_slice(data);
+        s
+    }
+
+    /// Raw bytes of `dtype`; `bytes.len()` must be a multiple of the element size.
+    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
+        let len = bytes.len() / dtype.size_in_bytes();
+        let mut s = Storage::any(dtype, len);
+        s.buf.as_bytes_mut().copy_from_slice(&bytes[..len * dtype.size_in_bytes()]);
+        s
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The raw bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.buf.as_bytes()
+    }
+
+    /// The elements as `T`, which must be this storage's dtype.
+    pub fn as_slice<T: Element>(&self) -> &[T] {
+        assert_eq!(T::DTYPE, self.dtype, "storage accessed with the wrong element type");
+        bytemuck::cast_slice(self.buf.as_bytes())
+    }
+
+    /// The elements as `T`, mutably.
+    pub fn as_mut_slice<T: Element>(&mut self) -> &mut [T] {
+        assert_eq!(T::DTYPE, self.dtype, "storage accessed with the wrong element type");
+        bytemuck::cast_slice_mut(self.buf.as_bytes_mut())
+    }
+}
+
+/// Copies the elements of `layout` over `src` into `dst` in row-major order, converting types.
+pub(crate) fn gather_into<S: Element, D: Element>(src: &[S], layout: &Layout, dst: &mut [D]) {
+    debug_assert_eq!(dst.len(), layout.numel());
+    let conv = |s: S| -> D {
+        if D::DTYPE.is_float() {
+            D::from_f32(s.to_f32())
+        } else {
+            D::from_i64(s.to_i64())
+        }
+    };
+    if let Some((a, b)) = layout.contiguous_range() {
+        if S::DTYPE == D::DTYPE {
+            dst.copy_from_slice(bytemuck::cast_slice(&src[a..b]));
+        } else {
+            dst.par_chunks_mut(1 << 14)
+                .zip(src[a..b].par_chunks(1 << 14))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = conv(s)));
+        }
+        return;
+    }
+    let shape = layout.shape();
+    // Parallelize over the outermost dim; each slice of it fills its own run of `dst`.
+    if layout.numel() >= 1 << 15 && shape[0] > 1 {
+        let per = layout.numel() / shape[0];
+        dst.par_chunks_mut(per).enumerate().for_each(|(i, d)| {
+            let sub = layout.narrow(0, i, 1).expect("index within dim 0");
+            let mut k = 0;
+            sub.for_each_index(|idx| {
+                d[k] = conv(src[idx]);
+                k += 1;
+            });
+        });
+        return;
+    }
+    let mut k = 0;
+    layout.for_each_index(|idx| {
+        dst[k] = conv(src[idx]);
+        k += 1;
+    });
+}
+
+/// Dispatches `gather_into` over the runtime dtypes of `src` and `dst`.
+pub(crate) fn gather_dyn(src: &Storage, layout: &Layout, dst: &mut Storage) {
+    macro_rules! with_dst {
+        ($s:ty) => {
+            match dst.dtype() {
+                DType::F32 => gather_into::<$s, f32>(src.as_slice(), layout, dst.as_mut_slice()),
+                DType::BF16 => gather_into::<$s, bf16>(src.as_slice(), layout, dst.as_mut_slice()),
+                DType::F16 => gather_into::<$s, f16>(src.as_slice(), layout, dst.as_mut_slice()),
+                DType::I32 => gather_into::<$s, i32>(src.as_slice(), layout, dst.as_mut_slice()),
+                DType::I64 => gather_into::<$s, i64>(src.as_slice(), layout, dst.as_mut_slice()),
+            }
+        };
+    }
+    match src.dtype() {
+        DType::F32 => with_dst!(f32),
+        DType::BF16 => with_dst!(bf16),
+        DType::F16 => with_dst!(f16),
+        DType::I32 => with_dst!(i32),
+        DType::I64 => with_dst!(i64),
+    }
+}
