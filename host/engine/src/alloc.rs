@@ -143,7 +143,12 @@ impl Drop for Buffer {
         } else {
             drop(guard);
             // SAFETY: allocated in `any` with exactly this layout.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.class, ALIGN)) };
+            unsafe {
+                alloc::dealloc(
+                    self.ptr.as_ptr(),
+                    Layout::from_size_align_unchecked(self.class, ALIGN),
+                )
+            };
         }
     }
 }
@@ -184,7 +189,9 @@ pub fn empty_cache() {
         for (class, ptrs) in cache.free.drain() {
             for p in ptrs {
                 // SAFETY: every cached pointer was allocated with this class and alignment.
-                unsafe { alloc::dealloc(p.as_ptr(), Layout::from_size_align_unchecked(class, ALIGN)) };
+                unsafe {
+                    alloc::dealloc(p.as_ptr(), Layout::from_size_align_unchecked(class, ALIGN))
+                };
             }
         }
         cache.cached_bytes = 0;

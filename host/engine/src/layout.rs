@@ -35,8 +35,16 @@ pub fn broadcast_shapes(op: &'static str, a: &[usize], b: &[usize]) -> Result<Ve
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        let da = if i + a.len() >= rank {
+            a[i + a.len() - rank]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= rank {
+            b[i + b.len() - rank]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -66,7 +74,11 @@ impl Layout {
     /// A layout from explicit parts (the caller guarantees it fits its storage).
     pub fn from_parts(shape: Vec<usize>, strides: Vec<usize>, offset: usize) -> Layout {
         debug_assert_eq!(shape.len(), strides.len());
-        Layout { shape, strides, offset }
+        Layout {
+            shape,
+            strides,
+            offset,
+        }
     }
 
     /// The size of every dimension.
@@ -150,10 +162,17 @@ impl Layout {
     pub fn permute(&self, perm: &[usize]) -> Result<Layout> {
         let rank = self.rank();
         let mut seen = vec![false; rank];
-        if perm.len() != rank || perm.iter().any(|&p| p >= rank || std::mem::replace(&mut seen[p], true)) {
+        if perm.len() != rank
+            || perm
+                .iter()
+                .any(|&p| p >= rank || std::mem::replace(&mut seen[p], true))
+        {
             return Err(crate::error::invalid(
                 "permute",
-                format!("{perm:?} is not a permutation of the dims of shape {:?}", self.shape),
+                format!(
+                    "{perm:?} is not a permutation of the dims of shape {:?}",
+                    self.shape
+                ),
             ));
         }
         Ok(Layout {
@@ -250,7 +269,11 @@ impl Layout {
     /// Inserts a size-1 dim at `dim`.
     pub fn unsqueeze(&self, dim: usize) -> Layout {
         let mut out = self.clone();
-        let stride = if dim < self.rank() { self.strides[dim] * self.shape[dim] } else { 1 };
+        let stride = if dim < self.rank() {
+            self.strides[dim] * self.shape[dim]
+        } else {
+            1
+        };
         out.shape.insert(dim, 1);
         out.strides.insert(dim, stride);
         out
@@ -261,7 +284,10 @@ impl Layout {
         if self.shape[dim] != 1 {
             return Err(crate::error::invalid(
                 "squeeze",
-                format!("dim {dim} of shape {:?} has size {}, not 1", self.shape, self.shape[dim]),
+                format!(
+                    "dim {dim} of shape {:?} has size {}, not 1",
+                    self.shape, self.shape[dim]
+                ),
             ));
         }
         let mut out = self.clone();
@@ -346,8 +372,13 @@ mod tests {
     #[test]
     fn broadcast_rules() {
         assert_eq!(broadcast_shapes("add", &[3, 1], &[4]).unwrap(), vec![3, 4]);
-        let e = broadcast_shapes("add", &[3, 2], &[4]).unwrap_err().to_string();
-        assert!(e.contains("add") && e.contains("[3, 2]") && e.contains("[4]"), "{e}");
+        let e = broadcast_shapes("add", &[3, 2], &[4])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("add") && e.contains("[3, 2]") && e.contains("[4]"),
+            "{e}"
+        );
         let x = Layout::contiguous(&[3, 1]).expand(&[2, 3, 5]).unwrap();
         assert_eq!(x.strides(), &[0, 1, 0]);
     }

@@ -43,7 +43,9 @@ impl Storage {
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
         let len = bytes.len() / dtype.size_in_bytes();
         let mut s = Storage::any(dtype, len);
-        s.buf.as_bytes_mut().copy_from_slice(&bytes[..len * dtype.size_in_bytes()]);
+        s.buf
+            .as_bytes_mut()
+            .copy_from_slice(&bytes[..len * dtype.size_in_bytes()]);
         s
     }
 
@@ -67,15 +69,28 @@ impl Storage {
         self.buf.as_bytes()
     }
 
+    /// The raw bytes, mutably.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        self.buf.as_bytes_mut()
+    }
+
     /// The elements as `T`, which must be this storage's dtype.
     pub fn as_slice<T: Element>(&self) -> &[T] {
-        assert_eq!(T::DTYPE, self.dtype, "storage accessed with the wrong element type");
+        assert_eq!(
+            T::DTYPE,
+            self.dtype,
+            "storage accessed with the wrong element type"
+        );
         bytemuck::cast_slice(self.buf.as_bytes())
     }
 
     /// The elements as `T`, mutably.
     pub fn as_mut_slice<T: Element>(&mut self) -> &mut [T] {
-        assert_eq!(T::DTYPE, self.dtype, "storage accessed with the wrong element type");
+        assert_eq!(
+            T::DTYPE,
+            self.dtype,
+            "storage accessed with the wrong element type"
+        );
         bytemuck::cast_slice_mut(self.buf.as_bytes_mut())
     }
 }

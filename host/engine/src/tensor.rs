@@ -39,7 +39,11 @@ pub struct Tensor(pub(crate) Arc<TensorImpl>);
 
 impl Tensor {
     /// Wraps a storage with a layout (no autograd).
-    pub(crate) fn from_parts(storage: Arc<RwLock<Storage>>, layout: Layout, device: Device) -> Tensor {
+    pub(crate) fn from_parts(
+        storage: Arc<RwLock<Storage>>,
+        layout: Layout,
+        device: Device,
+    ) -> Tensor {
         let dtype = storage.read().expect("storage lock poisoned").dtype();
         debug_assert!(layout.storage_extent() <= storage.read().expect("poisoned").len());
         Tensor(Arc::new(TensorImpl {
@@ -58,7 +62,10 @@ impl Tensor {
         if n != storage.len() {
             return Err(invalid(
                 "from_storage",
-                format!("shape {shape:?} needs {n} elements, storage has {}", storage.len()),
+                format!(
+                    "shape {shape:?} needs {n} elements, storage has {}",
+                    storage.len()
+                ),
             ));
         }
         Ok(Tensor::from_parts(
@@ -111,8 +118,12 @@ impl Tensor {
         let mut s = Storage::any(dtype, n);
         match dtype {
             DType::F32 => s.as_mut_slice::<f32>().fill(value as f32),
-            DType::BF16 => s.as_mut_slice::<half::bf16>().fill(half::bf16::from_f64(value)),
-            DType::F16 => s.as_mut_slice::<half::f16>().fill(half::f16::from_f64(value)),
+            DType::BF16 => s
+                .as_mut_slice::<half::bf16>()
+                .fill(half::bf16::from_f64(value)),
+            DType::F16 => s
+                .as_mut_slice::<half::f16>()
+                .fill(half::f16::from_f64(value)),
             DType::I32 => s.as_mut_slice::<i32>().fill(value as i32),
             DType::I64 => s.as_mut_slice::<i64>().fill(value as i64),
         }
@@ -137,7 +148,10 @@ impl Tensor {
     /// `0, 1, ..., n-1` as a 1-d tensor of `dtype`.
     pub fn arange(n: usize, dtype: DType) -> Tensor {
         let v: Vec<i64> = (0..n as i64).collect();
-        Tensor::from_slice(&v, &[n]).expect("sized to fit").to_dtype(dtype).expect("i64 casts to every dtype")
+        Tensor::from_slice(&v, &[n])
+            .expect("sized to fit")
+            .to_dtype(dtype)
+            .expect("i64 casts to every dtype")
     }
 
     /// A unique id (views and clones share their source's storage but not this id, except
@@ -217,7 +231,10 @@ impl Tensor {
     /// The single value of a one-element tensor, as f32.
     pub fn item(&self) -> Result<f32> {
         if self.numel() != 1 {
-            return Err(invalid("item", format!("tensor of shape {:?} is not a single value", self.shape())));
+            return Err(invalid(
+                "item",
+                format!("tensor of shape {:?} is not a single value", self.shape()),
+            ));
         }
         Ok(self.to_vec_f32()[0])
     }
@@ -296,7 +313,10 @@ impl Tensor {
                 l.set_grad(grad);
                 Ok(())
             }
-            _ => Err(invalid("set_grad", "only leaves that require grad hold a gradient")),
+            _ => Err(invalid(
+                "set_grad",
+                "only leaves that require grad hold a gradient",
+            )),
         }
     }
 
@@ -314,7 +334,10 @@ impl Tensor {
                 l.add_hook(hook);
                 Ok(())
             }
-            _ => Err(invalid("register_grad_hook", "hooks attach to leaves that require grad")),
+            _ => Err(invalid(
+                "register_grad_hook",
+                "hooks attach to leaves that require grad",
+            )),
         }
     }
 
@@ -323,7 +346,10 @@ impl Tensor {
         if self.numel() != 1 {
             return Err(invalid(
                 "backward",
-                format!("needs a single-value tensor, got shape {:?}; use backward_with", self.shape()),
+                format!(
+                    "needs a single-value tensor, got shape {:?}; use backward_with",
+                    self.shape()
+                ),
             ));
         }
         autograd::backward(self, Tensor::ones(self.shape(), self.dtype()))
@@ -337,7 +363,12 @@ impl Tensor {
 
 /// Row-major elements of a tensor, borrowed or converted.
 pub(crate) enum Contig<'a, T> {
-    Borrowed(RwLockReadGuard<'a, Storage>, usize, usize, std::marker::PhantomData<T>),
+    Borrowed(
+        RwLockReadGuard<'a, Storage>,
+        usize,
+        usize,
+        std::marker::PhantomData<T>,
+    ),
     Owned(Storage, std::marker::PhantomData<T>),
 }
 

@@ -47,16 +47,31 @@ pub fn checkpoint(inputs: &[Tensor], f: RegionFn) -> Result<Tensor> {
     Ok(out)
 }
 
-fn recompute(f: &RegionFn, saved: &[Tensor], wants: &[bool], g: &Tensor) -> Result<Vec<Option<Tensor>>> {
+fn recompute(
+    f: &RegionFn,
+    saved: &[Tensor],
+    wants: &[bool],
+    g: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
     let _on = set_grad_enabled(true);
     let leaves: Vec<Tensor> = saved
         .iter()
         .zip(wants)
-        .map(|(t, &w)| if w { t.detach().requires_grad_() } else { t.detach() })
+        .map(|(t, &w)| {
+            if w {
+                t.detach().requires_grad_()
+            } else {
+                t.detach()
+            }
+        })
         .collect();
     let out = f(&leaves)?;
     if out.requires_grad() {
         out.backward_with(g.clone())?;
     }
-    Ok(leaves.iter().zip(wants).map(|(l, &w)| if w { l.grad() } else { None }).collect())
+    Ok(leaves
+        .iter()
+        .zip(wants)
+        .map(|(l, &w)| if w { l.grad() } else { None })
+        .collect())
 }

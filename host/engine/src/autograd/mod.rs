@@ -8,9 +8,9 @@
 //! - A leaf's hooks fire when its last incoming edge of the pass has been processed, i.e. when its
 //!   gradient for this pass is final (what overlapping gradient communication waits for).
 
-mod checkpoint;
+pub mod checkpoint;
 
-pub use checkpoint::checkpoint;
+pub use checkpoint::{checkpoint, RegionFn};
 
 use crate::error::{invalid, Result};
 use crate::tensor::{GradMeta, Tensor};
@@ -224,7 +224,9 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
                     if let Some(g) = g {
                         l.accumulate(g)?;
                     }
-                    let uses = leaf_uses.get_mut(&(Arc::as_ptr(l) as usize)).expect("counted above");
+                    let uses = leaf_uses
+                        .get_mut(&(Arc::as_ptr(l) as usize))
+                        .expect("counted above");
                     *uses -= 1;
                     if *uses == 0 {
                         l.fire_hooks();

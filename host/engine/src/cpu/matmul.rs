@@ -1,0 +1,153 @@
+//! Batched matrix products on `gemm`, reading strided operands in place (no transposed copies).
+
+use super::finish;
+use crate::error::Result;
+use crate::layout::Layout;
+use crate::storage::Storage;
+use crate::{DType, Tensor};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Below this many multiply-adds per matrix, batches run one matrix per task instead of
+/// splitting each matrix across threads.
+const SMALL: usize = 1 << 21;
+
+struct Operand<'a> {
+    data: &'a [f32],
+    layout: Layout,
+}
+
+pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let rank = a.rank();
+    let (m, k, n) = (
+        a.shape()[rank - 2],
+        a.shape()[rank - 1],
+        b.shape()[rank - 1],
+    );
+    let batch_shape = &a.shape()[..rank - 2];
+    let batch: usize = batch_shape.iter().product();
+    let mut out_shape = batch_shape.to_vec();
+    out_shape.extend([m, n]);
+    let out_dtype = if a.dtype() == b.dtype() && a.dtype().is_float() {
+        a.dtype()
+    } else {
+        DType::F32
+    };
+
+    // f32 operands are read in place; others are converted once.
+    let (ca, cb);
+    let ta = if a.dtype() == DType::F32 {
+        a
+    } else {
+        ca = a.materialize(DType::F32);
+        &ca
+    };
+    let tb = if b.dtype() == DType::F32 {
+        b
+    } else {
+        cb = b.materialize(DType::F32);
+        &cb
+    };
+    let (ga, gb) = (ta.storage(), tb.storage());
+    let oa = Operand {
+        data: ga.as_slice(),
+        layout: ta.layout().clone(),
+    };
+    let ob = Operand {
+        data: gb.as_slice(),
+        layout: tb.layout().clone(),
+    };
+
+    let mut out = Storage::any(DType::F32, batch * m * n);
+    if m * n > 0 {
+        let o = out.as_mut_slice::<f32>();
+        let threads = rayon::current_num_threads();
+        let batch_offsets = |l: &Layout| -> Vec<usize> {
+            let bl = Layout::from_parts(
+                batch_shape.to_vec(),
+                l.strides()[..rank - 2].to_vec(),
+                l.offset(),
+            );
+            let mut v = Vec::with_capacity(batch);
+            bl.for_each_index(|i| v.push(i));
+            v
+        };
+        let (offs_a, offs_b) = (batch_offsets(&oa.layout), batch_offsets(&ob.layout));
+        let run = |i: usize, dst: &mut [f32], par: Parallelism| {
+            gemm_one(&oa, offs_a[i], &ob, offs_b[i], m, k, n, dst, par);
+        };
+        if batch > 1 && m * n * k < SMALL {
+            o.par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(i, dst)| run(i, dst, Parallelism::None));
+        } else {
+            let par = if threads > 1 {
+                Parallelism::Rayon(threads)
+            } else {
+                Parallelism::None
+            };
+            for (i, dst) in o.chunks_mut(m * n).enumerate() {
+                run(i, dst, par);
+            }
+        }
+    }
+    drop((ga, gb));
+    finish(out, &out_shape, out_dtype)
+}
+
+/// `dst[m, n] = a[m, k] @ b[k, n]` for one batch entry.
+#[allow(clippy::too_many_arguments)]
+fn gemm_one(
+    a: &Operand,
+    a_off: usize,
+    b: &Operand,
+    b_off: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    dst: &mut [f32],
+    par: Parallelism,
+) {
+    let r = a.layout.rank();
+    let (a_rs, a_cs) = (
+        a.layout.strides()[r - 2] as isize,
+        a.layout.strides()[r - 1] as isize,
+    );
+    let (b_rs, b_cs) = (
+        b.layout.strides()[r - 2] as isize,
+        b.layout.strides()[r - 1] as isize,
+    );
+    if k == 0 {
+        dst.fill(0.0);
+        return;
+    }
+    // Bounds: the last element each operand reaches lies inside its slice.
+    let a_last = a_off + (m - 1) * a_rs as usize + (k - 1) * a_cs as usize;
+    let b_last = b_off + (k - 1) * b_rs as usize + (n - 1) * b_cs as usize;
+    assert!(a_last < a.data.len() && b_last < b.data.len() && dst.len() == m * n);
+    // SAFETY: the asserts above bound every element gemm reads; dst is exclusively borrowed and
+    // sized m*n with row-major strides (n, 1).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.data.as_ptr().add(a_off),
+            a_cs,
+            a_rs,
+            b.data.as_ptr().add(b_off),
+            b_cs,
+            b_rs,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}

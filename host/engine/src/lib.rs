@@ -1,0 +1,30 @@
+//! The Anneal engine: tensors, dtypes, devices, ops with autograd, and the CPU backend.
+//!
+//! ```
+//! use anneal_engine::{Tensor, DType};
+//! let w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[2, 2]).unwrap().requires_grad_();
+//! let x = Tensor::ones(&[3, 2], DType::F32);
+//! let loss = x.matmul(&w).unwrap().sum_all().unwrap();
+//! loss.backward().unwrap();
+//! assert_eq!(w.grad().unwrap().to_vec::<f32>(), vec![3.0, 3.0, 3.0, 3.0]);
+//! ```
+
+pub mod alloc;
+pub mod autograd;
+pub mod backend;
+mod cpu;
+mod device;
+mod dtype;
+mod error;
+pub mod layout;
+pub mod ops;
+pub mod rng;
+mod storage;
+mod tensor;
+
+pub use cpu::simd::{level as simd_level, SimdLevel};
+pub use device::Device;
+pub use dtype::{DType, Element};
+pub use error::{Error, Result};
+pub use storage::Storage;
+pub use tensor::Tensor;

@@ -1,0 +1,28 @@
+//! Ops: each declares its shape rule, forward (a backend kernel) and backward side by side.
+//!
+//! Every op is available as a method on [`Tensor`] (`x.exp()?`, `a.matmul(&b)?`) and records a
+//! node in the autograd graph when grad is enabled and an input requires grad.
+
+mod elementwise;
+mod matmul;
+mod reduce;
+mod view;
+
+pub use elementwise::{BinaryOp, UnaryOp};
+pub use reduce::ReduceOp;
+
+pub(crate) use elementwise::add;
+
+use crate::backend::{backend_for, Backend};
+use crate::error::Result;
+use crate::Tensor;
+
+/// The backend for `t`'s device.
+pub(crate) fn be(t: &Tensor) -> Result<&'static dyn Backend> {
+    backend_for(t.device())
+}
+
+/// `dst += src` without autograd (gradient accumulation, optimizer updates).
+pub fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
+    be(dst)?.add_assign(dst, src)
+}
