@@ -14,7 +14,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print what this build of the host can use: backends, threads, SIMD features.
+    /// Print what this build of the host can use: backends, threads, SIMD level, memory.
     Info,
 }
 
@@ -33,6 +33,14 @@ fn main() -> ExitCode {
 }
 
 fn info() -> anyhow::Result<()> {
+    use anneal_engine::{backend::backend_for, Device};
     println!("anneal {}", env!("CARGO_PKG_VERSION"));
+    println!("cpu backend: {} threads, SIMD level {:?}", anneal_engine::num_threads(), anneal_engine::simd_level());
+    match backend_for(Device::Cuda(0)) {
+        Ok(b) => println!("cuda backend: {}", b.name()),
+        Err(e) => println!("cuda backend: unavailable ({e})"),
+    }
+    let m = anneal_engine::alloc::memory_stats();
+    println!("cpu allocator: {} B in use, {} B cached", m.current_bytes, m.cached_bytes);
     Ok(())
 }

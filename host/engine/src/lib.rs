@@ -29,3 +29,17 @@ pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use storage::Storage;
 pub use tensor::Tensor;
+
+/// Sizes the CPU backend's persistent thread pool (call once, before any op; later calls fail).
+/// Without it the pool uses `RAYON_NUM_THREADS` or one thread per core.
+pub fn init_threads(n: usize) -> Result<()> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build_global()
+        .map_err(|e| error::Error::Invalid { op: "init_threads", msg: e.to_string() })
+}
+
+/// Threads the CPU backend computes with.
+pub fn num_threads() -> usize {
+    rayon::current_num_threads()
+}
