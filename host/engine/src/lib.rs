@@ -36,7 +36,10 @@ pub fn init_threads(n: usize) -> Result<()> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(n)
         .build_global()
-        .map_err(|e| error::Error::Invalid { op: "init_threads", msg: e.to_string() })
+        .map_err(|e| error::Error::Invalid {
+            op: "init_threads",
+            msg: e.to_string(),
+        })
 }
 
 /// Threads the CPU backend computes with.

@@ -18,8 +18,13 @@ fn peak_of_training_step(recompute: bool) -> (usize, Vec<f32>) {
     let mut h = x.clone();
     for _ in 0..4 {
         let w2 = w.clone();
-        let block: RegionFn = Arc::new(move |t: &[Tensor]| t[0].matmul(&w2)?.silu()?.matmul(&w2)?.tanh());
-        h = if recompute { checkpoint(&[h], block).unwrap() } else { block(&[h]).unwrap() };
+        let block: RegionFn =
+            Arc::new(move |t: &[Tensor]| t[0].matmul(&w2)?.silu()?.matmul(&w2)?.tanh());
+        h = if recompute {
+            checkpoint(&[h], block).unwrap()
+        } else {
+            block(&[h]).unwrap()
+        };
     }
     h.sum_all().unwrap().backward().unwrap();
     let peak = memory_stats().peak_bytes - base;
@@ -35,13 +40,22 @@ fn allocator_tracks_usage_and_recompute_lowers_the_peak() {
     drop(t);
     let after = memory_stats();
     assert!(after.current_bytes < during.current_bytes);
-    assert!(after.cached_bytes >= 4 << 20, "freed block is kept for reuse");
+    assert!(
+        after.cached_bytes >= 4 << 20,
+        "freed block is kept for reuse"
+    );
     let hits = after.cache_hits;
     let _again = Tensor::zeros(&[1 << 20], anneal_engine::DType::F32);
-    assert!(memory_stats().cache_hits > hits, "same-size allocation is served from the cache");
+    assert!(
+        memory_stats().cache_hits > hits,
+        "same-size allocation is served from the cache"
+    );
 
     let (plain, g1) = peak_of_training_step(false);
     let (ckpt, g2) = peak_of_training_step(true);
     assert_eq!(g1, g2, "recompute gives bitwise-identical gradients");
-    assert!(ckpt * 10 < plain * 7, "recompute peak {ckpt} B should be well below {plain} B");
+    assert!(
+        ckpt * 10 < plain * 7,
+        "recompute peak {ckpt} B should be well below {plain} B"
+    );
 }

@@ -57,6 +57,9 @@ fn extreme_row(x: &[f32], max: bool) -> (f32, usize) {
     (best, idx)
 }
 
+/// One outer slice of a reduction over a middle dim: output values, optional arg indices, input.
+type ReduceTask<'a> = (&'a mut [f32], Option<&'a mut [i64]>, &'a [f32]);
+
 pub(crate) fn reduce(op: ReduceOp, x: &Tensor, dim: usize) -> Result<Tensor> {
     let shape = x.shape();
     let n = shape[dim];
@@ -112,7 +115,7 @@ pub(crate) fn reduce(op: ReduceOp, x: &Tensor, dim: usize) -> Result<Tensor> {
             Vec::new()
         };
         let mut idx_iter = idx_chunks.into_iter();
-        let mut tasks: Vec<(&mut [f32], Option<&mut [i64]>, &[f32])> = Vec::with_capacity(outer);
+        let mut tasks: Vec<ReduceTask> = Vec::with_capacity(outer);
         for (o, block) in v.chunks_mut(inner).zip(src.chunks(n * inner)) {
             tasks.push((o, idx_iter.next(), block));
         }

@@ -1,0 +1,3 @@
+//! The runtime of the Anneal host: loading plugins and running them over the engine.
+
+pub mod plugins;

@@ -1,0 +1,159 @@
+//! The host side of a plugin call: a session owning the tensors a plugin holds handles to, and
+//! the `HostVTable` functions that serve its op calls.
+
+use super::ops;
+use abi_stable::std_types::{RErr, ROk, RResult, RSlice, RStr, RString, RVec};
+use anneal_engine::Tensor;
+use anneal_plugin_api::abi::{Attr, Handle, HostVTable};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Mutex;
+
+/// The tensors a plugin may reach during one or more calls: named ones (parameters, gradients,
+/// optimizer state) and the handles it holds. Dropping the session drops every tensor a plugin
+/// forgot to release.
+pub struct HostSession {
+    named: HashMap<String, Tensor>,
+    arena: Mutex<Arena>,
+}
+
+#[derive(Default)]
+struct Arena {
+    next: u64,
+    live: HashMap<u64, Tensor>,
+}
+
+impl HostSession {
+    /// A session exposing `named` tensors through `host.param(name)`.
+    pub fn new(named: HashMap<String, Tensor>) -> Self {
+        HostSession {
+            named,
+            arena: Mutex::new(Arena {
+                next: 1,
+                live: HashMap::new(),
+            }),
+        }
+    }
+
+    /// Hands a tensor to the plugin side.
+    pub fn insert(&self, t: Tensor) -> Handle {
+        let mut a = self.arena.lock().expect("arena lock poisoned");
+        let id = a.next;
+        a.next += 1;
+        a.live.insert(id, t);
+        Handle(id)
+    }
+
+    /// The tensor behind a handle.
+    pub fn get(&self, h: Handle) -> Result<Tensor, String> {
+        let a = self.arena.lock().expect("arena lock poisoned");
+        a.live
+            .get(&h.0)
+            .cloned()
+            .ok_or_else(|| format!("unknown or released tensor handle {}", h.0))
+    }
+
+    /// Takes back a tensor the plugin returned.
+    pub fn take(&self, h: Handle) -> Result<Tensor, String> {
+        let mut a = self.arena.lock().expect("arena lock poisoned");
+        a.live
+            .remove(&h.0)
+            .ok_or_else(|| format!("plugin returned unknown or released handle {}", h.0))
+    }
+
+    /// Number of handles the plugin side holds (for leak checks).
+    pub fn live_handles(&self) -> usize {
+        self.arena.lock().expect("arena lock poisoned").live.len()
+    }
+
+    /// The op table to pass to plugin calls; valid while `self` is.
+    pub fn vtable(&self) -> HostVTable {
+        HostVTable {
+            ctx: self as *const HostSession as *const c_void,
+            call: host_call,
+            shape: host_shape,
+            dtype: host_dtype,
+            param: host_param,
+            retain: host_retain,
+            release: host_release,
+        }
+    }
+}
+
+/// Runs `f` so that neither a panic nor an error unwinds into plugin code.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => ROk(v),
+        Ok(Err(e)) => RErr(format!("{what}: {e}").into()),
+        Err(_) => RErr(format!("{what}: internal error in the host (panic)").into()),
+    }
+}
+
+/// # Safety
+/// `ctx` must come from [`HostSession::vtable`] of a live session.
+unsafe fn session<'a>(ctx: *const c_void) -> &'a HostSession {
+    // SAFETY: guaranteed by the caller.
+    unsafe { &*(ctx as *const HostSession) }
+}
+
+unsafe extern "C" fn host_call(
+    ctx: *const c_void,
+    op: RStr<'_>,
+    inputs: RSlice<'_, Handle>,
+    attrs: RSlice<'_, Attr>,
+) -> RResult<RVec<Handle>, RString> {
+    // SAFETY: plugins only receive ctx inside a vtable from a live session.
+    let s = unsafe { session(ctx) };
+    guarded(&format!("host op {}", op.as_str()), || {
+        let ins = inputs
+            .iter()
+            .map(|h| s.get(*h))
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = ops::run(op.as_str(), &ins, attrs.as_slice())?;
+        Ok(outs.into_iter().map(|t| s.insert(t)).collect())
+    })
+}
+
+unsafe extern "C" fn host_shape(ctx: *const c_void, h: Handle) -> RResult<RVec<u64>, RString> {
+    // SAFETY: as in host_call.
+    let s = unsafe { session(ctx) };
+    guarded("shape", || {
+        Ok(s.get(h)?.shape().iter().map(|&d| d as u64).collect())
+    })
+}
+
+unsafe extern "C" fn host_dtype(ctx: *const c_void, h: Handle) -> RResult<RString, RString> {
+    // SAFETY: as in host_call.
+    let s = unsafe { session(ctx) };
+    guarded("dtype", || Ok(s.get(h)?.dtype().name().into()))
+}
+
+unsafe extern "C" fn host_param(ctx: *const c_void, name: RStr<'_>) -> RResult<Handle, RString> {
+    // SAFETY: as in host_call.
+    let s = unsafe { session(ctx) };
+    guarded("param", || {
+        let t = s
+            .named
+            .get(name.as_str())
+            .cloned()
+            .ok_or_else(|| format!("no tensor named '{}'", name.as_str()))?;
+        Ok(s.insert(t))
+    })
+}
+
+unsafe extern "C" fn host_retain(ctx: *const c_void, h: Handle) -> Handle {
+    // SAFETY: as in host_call.
+    let s = unsafe { session(ctx) };
+    match s.get(h) {
+        Ok(t) => s.insert(t),
+        // An unknown handle retained gives an unknown handle; using it reports the error.
+        Err(_) => Handle(0),
+    }
+}
+
+unsafe extern "C" fn host_release(ctx: *const c_void, h: Handle) {
+    // SAFETY: as in host_call.
+    let s = unsafe { session(ctx) };
+    let _ = s.take(h);
+}

@@ -1,0 +1,260 @@
+//! Finding plugin libraries and loading them with every check done before any plugin code runs.
+
+use abi_stable::library::{lib_header_from_path, LibraryError, RootModule};
+use abi_stable::std_types::{ROption, RStr};
+use anneal_plugin_api::abi::{PluginInfo, PluginInstance, PluginKind, PluginModRef};
+use anneal_plugin_api::API_VERSION;
+use std::path::{Path, PathBuf};
+
+/// Why a plugin could not be found, loaded or instantiated.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// No library in the search path provides the plugin.
+    #[error("no plugin named '{name}' in {searched}")]
+    NotFound {
+        /// The plugin asked for.
+        name: String,
+        /// The folders searched, joined.
+        searched: String,
+    },
+    /// The file could not be opened as a shared library.
+    #[error("{path}: cannot open as a shared library: {msg}")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The loader's message.
+        msg: String,
+    },
+    /// The library has no Anneal root module.
+    #[error("{path}: not an Anneal plugin (it exports no plugin root module)")]
+    NotAPlugin {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Built against another release of the plugin interface crate.
+    #[error(
+        "{path}: built against plugin API crate {plugin}, this host has {host}; rebuild the plugin"
+    )]
+    CrateVersion {
+        /// The file.
+        path: PathBuf,
+        /// The plugin's interface crate version.
+        plugin: String,
+        /// The host's.
+        host: String,
+    },
+    /// The interface types differ in layout (the full report is kept in `detail`).
+    #[error("{path}: its plugin interface does not match this host's ({summary}); rebuild the plugin against this host's plugin-api")]
+    Layout {
+        /// The file.
+        path: PathBuf,
+        /// The first line of the layout report.
+        summary: String,
+        /// The whole layout report (hundreds of lines).
+        detail: String,
+    },
+    /// Built for another API version.
+    #[error("{path}: plugin '{name}' was built for plugin API version {plugin}, this host supports version {host}")]
+    ApiVersion {
+        /// The file.
+        path: PathBuf,
+        /// The plugin's name.
+        name: String,
+        /// The plugin's API version.
+        plugin: u32,
+        /// The host's.
+        host: u32,
+    },
+    /// The plugin refused its arguments or failed to build.
+    #[error("plugin '{name}': {msg}")]
+    Create {
+        /// The plugin's name.
+        name: String,
+        /// Its message.
+        msg: String,
+    },
+}
+
+/// A loaded, checked plugin library.
+#[derive(Clone)]
+pub struct LoadedPlugin {
+    /// Where it was loaded from.
+    pub path: PathBuf,
+    /// What it says about itself.
+    pub info: PluginInfo,
+    module: PluginModRef,
+}
+
+impl std::fmt::Debug for LoadedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedPlugin")
+            .field("path", &self.path)
+            .field("name", &self.info.name)
+            .finish()
+    }
+}
+
+impl LoadedPlugin {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        self.info.name.as_str()
+    }
+
+    /// Model or optimizer.
+    pub fn kind(&self) -> PluginKind {
+        self.info.kind
+    }
+
+    /// Instantiates `flavor` with JSON `args`.
+    pub fn create(
+        &self,
+        flavor: Option<&str>,
+        args: &serde_json::Value,
+    ) -> Result<PluginInstance, PluginError> {
+        let args = args.to_string();
+        let flavor = match flavor {
+            Some(f) => ROption::RSome(RStr::from(f)),
+            None => ROption::RNone,
+        };
+        self.module.create()(flavor, RStr::from(args.as_str()))
+            .into_result()
+            .map_err(|e| PluginError::Create {
+                name: self.name().to_string(),
+                msg: e.into(),
+            })
+    }
+}
+
+/// The folders searched for plugins, in order: `ANNEAL_PLUGIN_PATH` (colon-separated), `plugins/`
+/// next to the running binary, and the binary's own folder (which is `target/<profile>/` for
+/// cargo builds, where plugin crates land).
+pub fn search_paths() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::env::var_os("ANNEAL_PLUGIN_PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
+        v.push(dir.join("plugins"));
+        v.push(dir.clone());
+        // Test binaries live in target/<profile>/deps.
+        if dir.ends_with("deps") {
+            if let Some(parent) = dir.parent() {
+                v.push(parent.to_path_buf());
+            }
+        }
+    }
+    v
+}
+
+fn is_plugin_file(p: &Path) -> bool {
+    let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let stem = name.strip_prefix("lib").unwrap_or(name);
+    stem.starts_with("anneal_plugin_")
+        && [".so", ".dylib", ".dll"]
+            .iter()
+            .any(|ext| stem.ends_with(ext))
+}
+
+/// Every `anneal_plugin_*` library in `dirs`, loaded (or the reason it could not be). A plugin
+/// name found in several folders is taken from the first.
+pub fn discover(dirs: &[PathBuf]) -> Vec<Result<LoadedPlugin, PluginError>> {
+    let mut out = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    for dir in dirs {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_plugin_file(p))
+            .collect();
+        files.sort();
+        for f in files {
+            match load(&f) {
+                Ok(p) => {
+                    if names.insert(p.name().to_string()) {
+                        out.push(Ok(p));
+                    }
+                }
+                Err(e) => out.push(Err(e)),
+            }
+        }
+    }
+    out
+}
+
+/// Finds the plugin called `name` in the search path.
+pub fn find(name: &str) -> Result<LoadedPlugin, PluginError> {
+    let dirs = search_paths();
+    for p in discover(&dirs).into_iter().flatten() {
+        if p.name() == name {
+            return Ok(p);
+        }
+    }
+    Err(PluginError::NotFound {
+        name: name.to_string(),
+        searched: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// Loads the plugin library at `path`, checking in order: that it opens, that it exports a root
+/// module, the interface crate version, the layout of every boundary type, and the API version.
+pub fn load(path: &Path) -> Result<LoadedPlugin, PluginError> {
+    let path = path.to_path_buf();
+    let header = lib_header_from_path(&path).map_err(|e| match e {
+        LibraryError::OpenError { err, .. } => PluginError::Open {
+            path: path.clone(),
+            msg: err.to_string(),
+        },
+        LibraryError::GetSymbolError { .. } => PluginError::NotAPlugin { path: path.clone() },
+        other => PluginError::Open {
+            path: path.clone(),
+            msg: first_line(&other.to_string()),
+        },
+    })?;
+    let theirs = header.version_strings();
+    let ours = <PluginModRef as RootModule>::VERSION_STRINGS;
+    if theirs.version != ours.version {
+        return Err(PluginError::CrateVersion {
+            path,
+            plugin: theirs.version.to_string(),
+            host: ours.version.to_string(),
+        });
+    }
+    let module = header.init_root_module::<PluginModRef>().map_err(|e| {
+        let detail = e.to_string();
+        PluginError::Layout {
+            path: path.clone(),
+            summary: first_line(&detail),
+            detail,
+        }
+    })?;
+    let info = module.info()();
+    if info.api_version != API_VERSION {
+        return Err(PluginError::ApiVersion {
+            path,
+            name: info.name.to_string(),
+            plugin: info.api_version,
+            host: API_VERSION,
+        });
+    }
+    Ok(LoadedPlugin { path, info, module })
+}
+
+fn first_line(s: &str) -> String {
+    s.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .chars()
+        .take(200)
+        .collect()
+}

@@ -1,0 +1,90 @@
+//! Running an optimizer plugin over the host's parameters: the host owns parameters, gradients
+//! and state; the plugin's `step` reaches them by name through a [`HostSession`].
+
+use super::{HostSession, PluginError};
+use abi_stable::std_types::RStr;
+use anneal_engine::{DType, Tensor};
+use anneal_plugin_api::abi::{OptimizerBox, PluginInstance};
+use anneal_plugin_api::spec::{Init, OptimizerSpec};
+use std::collections::{BTreeMap, HashMap};
+
+/// An optimizer plugin instance with the state it keeps per parameter.
+pub struct PluginOptimizer {
+    name: String,
+    inst: OptimizerBox,
+    spec: OptimizerSpec,
+    state: BTreeMap<String, Tensor>,
+}
+
+impl PluginOptimizer {
+    /// Wraps an instance created by [`super::LoadedPlugin::create`].
+    pub fn new(name: &str, inst: PluginInstance) -> Result<Self, PluginError> {
+        let create_err = |msg: String| PluginError::Create {
+            name: name.to_string(),
+            msg,
+        };
+        let PluginInstance::Optimizer(inst) = inst else {
+            return Err(create_err("is a model plugin, not an optimizer".into()));
+        };
+        let json = inst.spec_json();
+        let spec: OptimizerSpec = serde_json::from_str(json.as_str())
+            .map_err(|e| create_err(format!("bad optimizer spec: {e}")))?;
+        Ok(PluginOptimizer {
+            name: name.to_string(),
+            inst,
+            spec,
+            state: BTreeMap::new(),
+        })
+    }
+
+    /// What the plugin declared.
+    pub fn spec(&self) -> &OptimizerSpec {
+        &self.spec
+    }
+
+    /// State tensors by `"<param>.<state>"` (for checkpoints).
+    pub fn state(&self) -> &BTreeMap<String, Tensor> {
+        &self.state
+    }
+
+    /// Applies one update to every parameter that has a gradient. `step` counts from 1.
+    pub fn step(
+        &mut self,
+        params: &[(String, Tensor)],
+        step: u64,
+        lr: f64,
+    ) -> Result<(), PluginError> {
+        for (pname, p) in params {
+            let Some(grad) = p.grad() else { continue };
+            let mut named = HashMap::new();
+            named.insert(pname.clone(), p.detach());
+            named.insert(format!("{pname}.grad"), grad);
+            for s in &self.spec.state {
+                let key = format!("{pname}.{}", s.name);
+                let t = self
+                    .state
+                    .entry(key.clone())
+                    .or_insert_with(|| init_state(p.shape(), &s.init));
+                named.insert(key, t.clone());
+            }
+            let session = HostSession::new(named);
+            let vt = session.vtable();
+            self.inst
+                .step(&vt, RStr::from(pname.as_str()), step, lr)
+                .into_result()
+                .map_err(|e| PluginError::Create {
+                    name: self.name.clone(),
+                    msg: format!("step on {pname}: {e}"),
+                })?;
+        }
+        Ok(())
+    }
+}
+
+fn init_state(shape: &[usize], init: &Init) -> Tensor {
+    match init {
+        Init::Ones => Tensor::ones(shape, DType::F32),
+        // Optimizer state starts deterministic; random state inits are not used by any optimizer.
+        _ => Tensor::zeros(shape, DType::F32),
+    }
+}

@@ -1,0 +1,214 @@
+//! Loading real plugin libraries: discovery, version and file checks, optimizer steps against
+//! reference formulas.
+
+use anneal_engine::Tensor;
+use anneal_plugin_api::abi::PluginKind;
+use anneal_runtime::plugins::{discover, load, LoadedPlugin, PluginError, PluginOptimizer};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Builds the plugin crates with the profile this test was built with; returns their folder.
+fn plugin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test binary path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>/deps layout")
+            .to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev".to_string(),
+            Some(p) => p.to_string(),
+            None => "dev".to_string(),
+        };
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let status = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--profile",
+                &profile,
+                "-p",
+                "anneal-plugin-adamw",
+                "-p",
+                "anneal-plugin-sgd",
+                "-p",
+                "anneal-testplugin-bad-api",
+            ])
+            .current_dir(root)
+            .status()
+            .expect("run cargo");
+        assert!(status.success(), "building the plugins failed");
+        profile_dir
+    })
+}
+
+fn plugin(name: &str) -> LoadedPlugin {
+    discover(&[plugin_dir().to_path_buf()])
+        .into_iter()
+        .flatten()
+        .find(|p| p.name() == name)
+        .unwrap_or_else(|| panic!("plugin {name} not discovered"))
+}
+
+#[test]
+fn discovers_optimizer_plugins_with_their_info() {
+    let found: Vec<_> = discover(&[plugin_dir().to_path_buf()])
+        .into_iter()
+        .collect();
+    let names: Vec<String> = found
+        .iter()
+        .flatten()
+        .map(|p| p.name().to_string())
+        .collect();
+    assert!(
+        names.contains(&"adamw".to_string()) && names.contains(&"sgd".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        found.iter().all(|r| r.is_ok()),
+        "only anneal_plugin_* files are discovered, and they all load"
+    );
+    let a = plugin("adamw");
+    assert_eq!(a.kind(), PluginKind::Optimizer);
+    assert_eq!(a.info.api_version, anneal_plugin_api::API_VERSION);
+    assert_eq!(
+        a.info
+            .flavors
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>(),
+        vec!["default"]
+    );
+}
+
+fn reference_adamw(p: &mut [f64], g: &[f64], m: &mut [f64], v: &mut [f64], t: i32, lr: f64) {
+    let (b1, b2, eps, wd) = (0.9, 0.999, 1e-8, 0.01);
+    for i in 0..p.len() {
+        m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+        v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+        let mh = m[i] / (1.0 - b1.powi(t));
+        let vh = v[i] / (1.0 - b2.powi(t));
+        p[i] = p[i] * (1.0 - lr * wd) - lr * mh / (vh.sqrt() + eps);
+    }
+}
+
+#[test]
+fn adamw_steps_match_the_reference_formula() {
+    let inst = plugin("adamw")
+        .create(
+            None,
+            &serde_json::json!({"betas": [0.9, 0.999], "weight_decay": 0.01}),
+        )
+        .unwrap();
+    let mut opt = PluginOptimizer::new("adamw", inst).unwrap();
+    assert_eq!(opt.spec().state.len(), 2);
+    let init = [0.5f32, -1.0, 2.0, 0.0];
+    let p = Tensor::from_slice(&init, &[2, 2]).unwrap().requires_grad_();
+    let (mut rp, mut rm, mut rv) = (init.map(|x| x as f64).to_vec(), vec![0.0; 4], vec![0.0; 4]);
+    for t in 1..=3 {
+        let grads = [0.1f32 * t as f32, -0.2, 0.3, 1.0];
+        p.set_grad(Some(Tensor::from_slice(&grads, &[2, 2]).unwrap()))
+            .unwrap();
+        opt.step(&[("w".to_string(), p.clone())], t as u64, 1e-2)
+            .unwrap();
+        reference_adamw(&mut rp, &grads.map(|x| x as f64), &mut rm, &mut rv, t, 1e-2);
+    }
+    for (a, b) in p.to_vec_f32().iter().zip(&rp) {
+        assert!((*a as f64 - b).abs() < 1e-6, "{a} vs {b}");
+    }
+    assert_eq!(opt.state().len(), 2);
+}
+
+#[test]
+fn sgd_nesterov_matches_the_reference_formula() {
+    let inst = plugin("sgd")
+        .create(
+            Some("default"),
+            &serde_json::json!({"momentum": 0.5, "nesterov": true, "weight_decay": 0.1}),
+        )
+        .unwrap();
+    let mut opt = PluginOptimizer::new("sgd", inst).unwrap();
+    let p = Tensor::from_slice(&[1.0f32, -2.0], &[2])
+        .unwrap()
+        .requires_grad_();
+    let (mut rp, mut buf) = (vec![1.0f64, -2.0], vec![0.0f64; 2]);
+    for t in 1..=3u64 {
+        let g = [0.5f32, 0.25 * t as f32];
+        p.set_grad(Some(Tensor::from_slice(&g, &[2]).unwrap()))
+            .unwrap();
+        opt.step(&[("w".to_string(), p.clone())], t, 0.1).unwrap();
+        for i in 0..2 {
+            let gi = g[i] as f64 + 0.1 * rp[i];
+            buf[i] = if t == 1 { gi } else { 0.5 * buf[i] + gi };
+            rp[i] -= 0.1 * (gi + 0.5 * buf[i]);
+        }
+    }
+    for (a, b) in p.to_vec_f32().iter().zip(&rp) {
+        assert!((*a as f64 - b).abs() < 1e-6, "{a} vs {b}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_plugin_name() {
+    let err = plugin("adamw")
+        .create(None, &serde_json::json!({"betaz": [0.9, 0.9]}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("adamw") && err.contains("betaz"), "{err}");
+    let err = plugin("sgd")
+        .create(Some("huge"), &serde_json::json!({}))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown flavor 'huge'"), "{err}");
+}
+
+#[test]
+fn a_plugin_for_another_api_version_is_refused_naming_both_versions() {
+    let path = plugin_dir().join("libanneal_testplugin_bad_api.so");
+    let err = load(&path).unwrap_err();
+    assert!(matches!(err, PluginError::ApiVersion { .. }), "{err}");
+    let msg = err.to_string();
+    let (v, v1) = (
+        anneal_plugin_api::API_VERSION,
+        anneal_plugin_api::API_VERSION + 1,
+    );
+    assert!(
+        msg.contains("libanneal_testplugin_bad_api.so")
+            && msg.contains(&format!("version {v1}"))
+            && msg.contains(&format!("version {v}")),
+        "{msg}"
+    );
+}
+
+#[test]
+fn garbage_and_foreign_libraries_give_clear_errors() {
+    let dir = std::env::temp_dir().join(format!("anneal-plugin-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let junk = dir.join("libanneal_plugin_junk.so");
+    std::fs::write(&junk, b"not a shared library").unwrap();
+    let msg = load(&junk).unwrap_err().to_string();
+    assert!(
+        msg.contains("libanneal_plugin_junk.so") && msg.contains("cannot open"),
+        "{msg}"
+    );
+    // Discovery reports the broken file instead of failing or skipping silently.
+    let found = discover(std::slice::from_ref(&dir));
+    assert_eq!(found.len(), 1);
+    assert!(found[0].is_err());
+    // A real shared library that is not a plugin.
+    let foreign = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+    ]
+    .iter()
+    .map(Path::new)
+    .find(|p| p.exists());
+    if let Some(lib) = foreign {
+        let err = load(lib).unwrap_err();
+        assert!(matches!(err, PluginError::NotAPlugin { .. }), "{err}");
+        assert!(err.to_string().contains("not an Anneal plugin"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

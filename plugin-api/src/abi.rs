@@ -1,0 +1,193 @@
+//! `#[repr(C)]`, layout-checked types that cross the boundary. Nothing here is Rust-ABI: every
+//! type derives `StableAbi`, which abi_stable compares between host and plugin at load time.
+
+// `#[sabi_trait]` expands to impls inside a const block; the lint fires on generated code only.
+#![allow(non_local_definitions)]
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings, sabi_trait,
+    sabi_types::VersionStrings,
+    std_types::{RBox, ROption, RResult, RSlice, RStr, RString, RVec},
+    StableAbi,
+};
+use std::ffi::c_void;
+
+/// An opaque reference to a tensor owned by the host.
+#[repr(transparent)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Handle(pub u64);
+
+/// A typed attribute of a host-op call (scalars, lists, names, optional tensors).
+#[repr(C, u8)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub enum Attr {
+    /// Absent optional argument.
+    None,
+    /// A flag.
+    Bool(bool),
+    /// An integer (dims, sizes, indices).
+    Int(i64),
+    /// A float (eps, scales).
+    Float(f64),
+    /// A list of integers (shapes, permutations).
+    Ints(RVec<i64>),
+    /// A string (dtype names, modes).
+    Str(RString),
+    /// An optional tensor argument.
+    Tensor(Handle),
+}
+
+/// Whether a plugin is a model or an optimizer.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginKind {
+    /// A model architecture.
+    Model,
+    /// An optimizer.
+    Optimizer,
+}
+
+/// What a plugin says about itself before it is instantiated.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct PluginInfo {
+    /// The interface version the plugin was built against ([`crate::API_VERSION`]).
+    pub api_version: u32,
+    /// Model or optimizer.
+    pub kind: PluginKind,
+    /// The name configs refer to (`llama`, `adamw`).
+    pub name: RString,
+    /// Named argument sets (`debugmodel`, `8B`).
+    pub flavors: RVec<RString>,
+    /// One line for `anneal plugins list`.
+    pub description: RString,
+}
+
+/// The host's op table, passed to every plugin call. `ctx` is the host's state for the call;
+/// the functions are only valid during that call.
+#[repr(C)]
+#[derive(StableAbi, Clone, Copy)]
+pub struct HostVTable {
+    /// Host state the functions need (opaque to the plugin).
+    pub ctx: *const c_void,
+    /// Runs host op `op` on `inputs` with `attrs`; returns handles to its outputs.
+    pub call: unsafe extern "C" fn(
+        *const c_void,
+        RStr<'_>,
+        RSlice<'_, Handle>,
+        RSlice<'_, Attr>,
+    ) -> RResult<RVec<Handle>, RString>,
+    /// The shape of a tensor.
+    pub shape: unsafe extern "C" fn(*const c_void, Handle) -> RResult<RVec<u64>, RString>,
+    /// The dtype name of a tensor (`f32`, `bf16`, ...).
+    pub dtype: unsafe extern "C" fn(*const c_void, Handle) -> RResult<RString, RString>,
+    /// A handle to the parameter (or optimizer state) named `name`.
+    pub param: unsafe extern "C" fn(*const c_void, RStr<'_>) -> RResult<Handle, RString>,
+    /// Another handle to the same tensor.
+    pub retain: unsafe extern "C" fn(*const c_void, Handle) -> Handle,
+    /// Gives a handle back; the tensor lives on while the host or other handles hold it.
+    pub release: unsafe extern "C" fn(*const c_void, Handle),
+}
+
+/// Per-call context of a model forward: what kind of pass, and where in the sequence.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct ForwardCtx {
+    /// Training (dropout on, activations kept for backward) or not.
+    pub training: bool,
+    /// Absolute positions of the tokens of this call (i64 `[T]`); with a KV cache these start
+    /// at the cache length.
+    pub positions: Handle,
+    /// Whether attention layers should read and append the host's per-layer KV cache.
+    pub use_cache: bool,
+}
+
+/// A model instance (one flavor with its arguments), as seen by the host.
+#[sabi_trait]
+pub trait ModelPlugin: Send + Sync {
+    /// The model's [`crate::spec::ModelSpec`] as JSON.
+    fn spec_json(&self) -> RString;
+    /// Token ids (i64 `[B, T]`) to the hidden state (one or more tensors).
+    fn embed(
+        &self,
+        host: &HostVTable,
+        ctx: &ForwardCtx,
+        tokens: Handle,
+    ) -> RResult<RVec<Handle>, RString>;
+    /// One block: hidden state in, hidden state out.
+    fn layer(
+        &self,
+        host: &HostVTable,
+        ctx: &ForwardCtx,
+        index: u64,
+        hidden: RVec<Handle>,
+    ) -> RResult<RVec<Handle>, RString>;
+    /// The hidden state to logits `[B, T, V]`.
+    #[sabi(last_prefix_field)]
+    fn head(
+        &self,
+        host: &HostVTable,
+        ctx: &ForwardCtx,
+        hidden: RVec<Handle>,
+    ) -> RResult<Handle, RString>;
+}
+
+/// An optimizer instance, as seen by the host.
+#[sabi_trait]
+pub trait OptimizerPlugin: Send + Sync {
+    /// The optimizer's [`crate::spec::OptimizerSpec`] as JSON (state per parameter, needs).
+    fn spec_json(&self) -> RString;
+    /// Updates one parameter in place. Its gradient and state are reachable through
+    /// `host.param` as `"<name>"`, `"<name>.grad"` and `"<name>.<state>"`.
+    #[sabi(last_prefix_field)]
+    fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> RResult<(), RString>;
+}
+
+/// An owned model instance across the boundary.
+pub type ModelBox = ModelPlugin_TO<'static, RBox<()>>;
+/// An owned optimizer instance across the boundary.
+pub type OptimizerBox = OptimizerPlugin_TO<'static, RBox<()>>;
+
+/// An instance of either kind.
+#[repr(C, u8)]
+#[derive(StableAbi)]
+pub enum PluginInstance {
+    /// A model.
+    Model(ModelBox),
+    /// An optimizer.
+    Optimizer(OptimizerBox),
+}
+
+/// The root module every plugin exports.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginModRef)))]
+#[sabi(missing_field(panic))]
+pub struct PluginMod {
+    /// Describes the plugin (name, kind, flavors, API version).
+    pub info: extern "C" fn() -> PluginInfo,
+    /// Instantiates `flavor` (or none) with JSON `args` overriding the flavor's.
+    #[sabi(last_prefix_field)]
+    pub create: extern "C" fn(
+        flavor: ROption<RStr<'_>>,
+        args_json: RStr<'_>,
+    ) -> RResult<PluginInstance, RString>,
+}
+
+impl RootModule for PluginModRef {
+    declare_root_module_statics! {PluginModRef}
+    const BASE_NAME: &'static str = "anneal_plugin";
+    const NAME: &'static str = "anneal_plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+impl std::fmt::Debug for PluginInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PluginInstance::Model(_) => "PluginInstance::Model",
+            PluginInstance::Optimizer(_) => "PluginInstance::Optimizer",
+        })
+    }
+}

@@ -1,0 +1,21 @@
+//! The plugin boundary of Anneal.
+//!
+//! A plugin is a `cdylib` exporting one abi_stable root module ([`abi::PluginModRef`]). The host
+//! loads it, checks [`API_VERSION`], and hands it a table of **host ops** ([`abi::HostVTable`])
+//! over opaque tensor handles: the plugin says *what* to compute, the host decides *how*.
+//!
+//! Host ops are called by name with handle inputs and typed attributes, so the host can add ops
+//! without changing any layout: an old plugin keeps working, and a plugin that calls an op this
+//! host lacks gets an error naming the op.
+//!
+//! Plugin authors use [`sdk`]: a `Tensor` wrapper whose methods are host ops, spec types, and the
+//! [`export_plugin!`] macro, which also turns panics into errors so none crosses the boundary.
+
+pub mod abi;
+pub mod sdk;
+pub mod spec;
+
+pub use serde_json;
+
+/// The version of this interface. The host refuses plugins built for another one.
+pub const API_VERSION: u32 = 1;

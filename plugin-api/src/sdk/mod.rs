@@ -1,0 +1,103 @@
+//! The safe SDK plugin authors write against: [`Tensor`] (host ops as methods), the [`Model`]
+//! and [`Optimizer`] traits, and [`export_plugin!`](crate::export_plugin).
+
+mod export;
+mod tensor;
+
+pub use export::{catch, ModelAdapter, OptimizerAdapter};
+pub use tensor::{Host, Tensor};
+
+pub use crate::abi::{Attr, PluginKind};
+pub use crate::spec::*;
+
+/// An error inside a plugin: a message for the user, which the host prefixes with the plugin
+/// name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Error(pub String);
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<String> for Error {
+    fn from(s: String) -> Self {
+        Error(s)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(s: &str) -> Self {
+        Error(s.to_string())
+    }
+}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error(format!("bad plugin arguments: {e}"))
+    }
+}
+
+/// Result type of plugin code.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The per-call context of a forward stage.
+pub struct Ctx<'h> {
+    /// Training (activations kept for backward) or inference.
+    pub training: bool,
+    /// Absolute positions of this call's tokens (i64 `[T]`).
+    pub positions: Tensor<'h>,
+    /// Whether attention should use the host's KV cache.
+    pub use_cache: bool,
+}
+
+/// A model architecture, written with host ops. One implementation serves training,
+/// evaluation, prefill and decode.
+pub trait Model: Send + Sync + 'static {
+    /// Parameters, module tree and costs.
+    fn spec(&self) -> ModelSpec;
+    /// Token ids (i64 `[B, T]`) to the hidden state.
+    fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>>;
+    /// Block `index`.
+    fn layer<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        index: usize,
+        hidden: Vec<Tensor<'h>>,
+    ) -> Result<Vec<Tensor<'h>>>;
+    /// The hidden state to logits `[B, T, V]`.
+    fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>>;
+}
+
+/// An optimizer, written with host ops.
+pub trait Optimizer: Send + Sync + 'static {
+    /// State per parameter and needs.
+    fn spec(&self) -> OptimizerSpec;
+    /// Updates parameter `name` in place (reach it, its gradient and its state with
+    /// `host.param(name)`, `host.param(&format!("{name}.grad"))`, ...).
+    fn step(&self, host: Host<'_>, name: &str, step: u64, lr: f64) -> Result<()>;
+}
+
+/// How a plugin is instantiated from a flavor and JSON arguments.
+pub trait Factory: Sized {
+    /// The named flavors.
+    fn flavors() -> Vec<String>;
+    /// Builds an instance of `flavor` (default when `None`), with `args` overriding its fields.
+    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self>;
+}
+
+/// Merges `overrides` (a JSON object) into `base`, so `args` in a config can change single
+/// fields of a flavor.
+pub fn merge_args(base: &mut serde_json::Value, overrides: serde_json::Value) {
+    match (base, overrides) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                merge_args(b.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, o) => *b = o,
+    }
+}

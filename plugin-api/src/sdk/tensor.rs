@@ -1,0 +1,218 @@
+//! Host ops as methods on a handle wrapper.
+
+use super::{Error, Result};
+use crate::abi::{Attr, Handle, HostVTable};
+use abi_stable::std_types::{RSlice, RStr, RVec};
+
+/// The host's op table for the duration of one plugin call.
+#[derive(Clone, Copy)]
+pub struct Host<'h> {
+    vt: &'h HostVTable,
+}
+
+impl<'h> Host<'h> {
+    /// Wraps the table the host passed in.
+    pub fn new(vt: &'h HostVTable) -> Self {
+        Host { vt }
+    }
+
+    /// Runs host op `op`; returns its outputs.
+    pub fn call(
+        &self,
+        op: &str,
+        inputs: &[&Tensor<'h>],
+        attrs: &[Attr],
+    ) -> Result<Vec<Tensor<'h>>> {
+        let handles: Vec<Handle> = inputs.iter().map(|t| t.handle).collect();
+        // SAFETY: the vtable and its context are valid for 'h, the duration of this plugin call.
+        let out = unsafe {
+            (self.vt.call)(
+                self.vt.ctx,
+                RStr::from(op),
+                RSlice::from(&handles[..]),
+                RSlice::from(attrs),
+            )
+        };
+        match out.into_result() {
+            Ok(hs) => Ok(hs
+                .into_iter()
+                .map(|h| Tensor {
+                    handle: h,
+                    host: *self,
+                })
+                .collect()),
+            Err(e) => Err(Error(e.into())),
+        }
+    }
+
+    /// Runs a host op with exactly one output.
+    pub fn call1(&self, op: &str, inputs: &[&Tensor<'h>], attrs: &[Attr]) -> Result<Tensor<'h>> {
+        let mut v = self.call(op, inputs, attrs)?;
+        if v.len() != 1 {
+            return Err(Error(format!(
+                "host op {op} returned {} outputs, expected 1",
+                v.len()
+            )));
+        }
+        Ok(v.remove(0))
+    }
+
+    /// The parameter (or gradient, or optimizer state) named `name`.
+    pub fn param(&self, name: &str) -> Result<Tensor<'h>> {
+        // SAFETY: as in `call`.
+        let out = unsafe { (self.vt.param)(self.vt.ctx, RStr::from(name)) };
+        out.into_result()
+            .map(|h| Tensor {
+                handle: h,
+                host: *self,
+            })
+            .map_err(|e| Error(e.into()))
+    }
+
+    /// Takes ownership of a handle the host passed in.
+    pub fn adopt(&self, handle: Handle) -> Tensor<'h> {
+        Tensor {
+            handle,
+            host: *self,
+        }
+    }
+}
+
+/// A tensor owned by the host, reached through a handle. Dropping it releases the handle.
+pub struct Tensor<'h> {
+    handle: Handle,
+    host: Host<'h>,
+}
+
+impl Clone for Tensor<'_> {
+    fn clone(&self) -> Self {
+        // SAFETY: as in `Host::call`.
+        let handle = unsafe { (self.host.vt.retain)(self.host.vt.ctx, self.handle) };
+        Tensor {
+            handle,
+            host: self.host,
+        }
+    }
+}
+
+impl Drop for Tensor<'_> {
+    fn drop(&mut self) {
+        // SAFETY: as in `Host::call`; each handle is released once.
+        unsafe { (self.host.vt.release)(self.host.vt.ctx, self.handle) }
+    }
+}
+
+fn ints(v: &[i64]) -> Attr {
+    Attr::Ints(RVec::from(v.to_vec()))
+}
+
+impl<'h> Tensor<'h> {
+    /// Gives up ownership, returning the raw handle (to return it to the host).
+    pub fn into_handle(self) -> Handle {
+        let h = self.handle;
+        std::mem::forget(self);
+        h
+    }
+
+    /// The host this tensor lives in.
+    pub fn host(&self) -> Host<'h> {
+        self.host
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> Result<Vec<usize>> {
+        // SAFETY: as in `Host::call`.
+        let out = unsafe { (self.host.vt.shape)(self.host.vt.ctx, self.handle) };
+        out.into_result()
+            .map(|v| v.into_iter().map(|d| d as usize).collect())
+            .map_err(|e| Error(e.into()))
+    }
+
+    /// The dtype name.
+    pub fn dtype(&self) -> Result<String> {
+        // SAFETY: as in `Host::call`.
+        let out = unsafe { (self.host.vt.dtype)(self.host.vt.ctx, self.handle) };
+        out.into_result()
+            .map(|s| s.into())
+            .map_err(|e| Error(e.into()))
+    }
+
+    fn op(&self, name: &str, others: &[&Tensor<'h>], attrs: &[Attr]) -> Result<Tensor<'h>> {
+        let mut inputs = vec![self];
+        inputs.extend_from_slice(others);
+        self.host.call1(name, &inputs, attrs)
+    }
+
+    /// `self + rhs` (broadcasting).
+    pub fn add(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("add", &[rhs], &[])
+    }
+    /// `self - rhs` (broadcasting).
+    pub fn sub(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("sub", &[rhs], &[])
+    }
+    /// `self * rhs` (broadcasting).
+    pub fn mul(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("mul", &[rhs], &[])
+    }
+    /// `self / rhs` (broadcasting).
+    pub fn div(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("div", &[rhs], &[])
+    }
+    /// `self * mul + add` with scalars.
+    pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor<'h>> {
+        self.op("affine", &[], &[Attr::Float(mul), Attr::Float(add)])
+    }
+    /// `self * v`.
+    pub fn scale(&self, v: f64) -> Result<Tensor<'h>> {
+        self.affine(v, 0.0)
+    }
+    /// Elementwise unary op by name (`exp`, `sqrt`, `silu`, ...).
+    pub fn unary(&self, name: &str) -> Result<Tensor<'h>> {
+        self.op(name, &[], &[])
+    }
+    /// SiLU.
+    pub fn silu(&self) -> Result<Tensor<'h>> {
+        self.unary("silu")
+    }
+    /// Square root.
+    pub fn sqrt(&self) -> Result<Tensor<'h>> {
+        self.unary("sqrt")
+    }
+    /// `self @ rhs`.
+    pub fn matmul(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("matmul", &[rhs], &[])
+    }
+    /// `self @ wᵀ` for a `[out, in]` weight: a linear layer without bias.
+    pub fn linear(&self, w: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("linear", &[w], &[])
+    }
+    /// A view with a new shape (one dim may be -1).
+    pub fn reshape(&self, shape: &[i64]) -> Result<Tensor<'h>> {
+        self.op("reshape", &[], &[ints(shape)])
+    }
+    /// A view with two dims swapped.
+    pub fn transpose(&self, a: i64, b: i64) -> Result<Tensor<'h>> {
+        self.op("transpose", &[], &[Attr::Int(a), Attr::Int(b)])
+    }
+    /// A view with dims reordered.
+    pub fn permute(&self, perm: &[i64]) -> Result<Tensor<'h>> {
+        self.op("permute", &[], &[ints(perm)])
+    }
+    /// Sum over dims.
+    pub fn sum(&self, dims: &[i64], keepdim: bool) -> Result<Tensor<'h>> {
+        self.op("sum", &[], &[ints(dims), Attr::Bool(keepdim)])
+    }
+    /// Mean over dims.
+    pub fn mean(&self, dims: &[i64], keepdim: bool) -> Result<Tensor<'h>> {
+        self.op("mean", &[], &[ints(dims), Attr::Bool(keepdim)])
+    }
+    /// Converts to a dtype by name.
+    pub fn to_dtype(&self, dtype: &str) -> Result<Tensor<'h>> {
+        self.op("to_dtype", &[], &[Attr::Str(dtype.into())])
+    }
+    /// Overwrites this tensor's elements with `src` in place (optimizer updates).
+    pub fn assign(&self, src: &Tensor<'h>) -> Result<()> {
+        self.host.call("assign", &[self, src], &[]).map(|_| ())
+    }
+}

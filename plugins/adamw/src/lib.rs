@@ -1,0 +1,87 @@
+//! AdamW (Loshchilov & Hutter): Adam's moment estimates with weight decay applied to the
+//! parameter directly rather than through the gradient.
+//!
+//!   m ← β₁·m + (1−β₁)·g            v ← β₂·v + (1−β₂)·g²
+//!   m̂ = m / (1−β₁ᵗ)               v̂ = v / (1−β₂ᵗ)
+//!   θ ← θ·(1 − lr·λ) − lr · m̂ / (√v̂ + ε)
+
+use anneal_plugin_api::sdk::{Factory, Host, Init, Optimizer, OptimizerSpec, Result, StateSpec};
+use serde::{Deserialize, Serialize};
+
+/// AdamW hyperparameters (the learning rate comes from the host's schedule each step).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdamW {
+    /// (β₁, β₂): decay rates of the first and second moments.
+    pub betas: (f64, f64),
+    /// Added to the denominator for numerical stability.
+    pub eps: f64,
+    /// Decoupled weight decay λ.
+    pub weight_decay: f64,
+}
+
+impl Default for AdamW {
+    fn default() -> Self {
+        AdamW {
+            betas: (0.9, 0.95),
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+}
+
+impl Factory for AdamW {
+    fn flavors() -> Vec<String> {
+        vec!["default".into()]
+    }
+
+    fn create(flavor: Option<&str>, args: anneal_plugin_api::serde_json::Value) -> Result<Self> {
+        if let Some(f) = flavor.filter(|f| *f != "default") {
+            return Err(format!("unknown flavor '{f}' (known: default)").into());
+        }
+        let mut base = anneal_plugin_api::serde_json::to_value(AdamW::default())?;
+        anneal_plugin_api::sdk::merge_args(&mut base, args);
+        Ok(anneal_plugin_api::serde_json::from_value(base)?)
+    }
+}
+
+impl Optimizer for AdamW {
+    fn spec(&self) -> OptimizerSpec {
+        OptimizerSpec {
+            algorithm: "adamw".into(),
+            state: vec![
+                StateSpec {
+                    name: "exp_avg".into(),
+                    init: Init::Zeros,
+                },
+                StateSpec {
+                    name: "exp_avg_sq".into(),
+                    init: Init::Zeros,
+                },
+            ],
+            needs_full_matrix: false,
+        }
+    }
+
+    fn step(&self, host: Host<'_>, name: &str, step: u64, lr: f64) -> Result<()> {
+        let (b1, b2) = self.betas;
+        let p = host.param(name)?;
+        let g = host.param(&format!("{name}.grad"))?;
+        let m = host.param(&format!("{name}.exp_avg"))?;
+        let v = host.param(&format!("{name}.exp_avg_sq"))?;
+
+        let m_new = m.scale(b1)?.add(&g.scale(1.0 - b1)?)?;
+        let v_new = v.scale(b2)?.add(&g.mul(&g)?.scale(1.0 - b2)?)?;
+        m.assign(&m_new)?;
+        v.assign(&v_new)?;
+
+        let t = step.max(1) as i32;
+        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        let denom = v_new.scale(1.0 / bc2)?.sqrt()?.affine(1.0, self.eps)?;
+        let update = m_new.scale(1.0 / bc1)?.div(&denom)?;
+        let decayed = p.scale(1.0 - lr * self.weight_decay)?;
+        p.assign(&decayed.sub(&update.scale(lr)?)?)
+    }
+}
+
+anneal_plugin_api::export_plugin!(optimizer AdamW, name = "adamw", description = "AdamW: decoupled weight decay, bias correction, fp32 state");
