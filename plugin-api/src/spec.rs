@@ -102,6 +102,18 @@ pub struct ModelSpec {
     /// Per-layer attention cache needs: `(n_kv_heads, head_dim)` for attention layers.
     #[serde(default)]
     pub kv_cache: Vec<Option<(usize, usize)>>,
+    /// How to read and write the Hugging Face layout of this model, if it has one.
+    #[serde(default)]
+    pub hf: Option<HfAdapter>,
+}
+
+/// The state-dict adapter to Hugging Face: names (and the config) of the same weights.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HfAdapter {
+    /// `config.json` contents for export.
+    pub config: serde_json::Value,
+    /// `(our name, Hugging Face name)` for every parameter; tensors keep their layout.
+    pub names: Vec<(String, String)>,
 }
 
 /// One piece of per-parameter optimizer state.

@@ -5,7 +5,7 @@ mod export;
 mod tensor;
 
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
-pub use tensor::{Host, Tensor};
+pub use tensor::{AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
 
 pub use crate::abi::{Attr, PluginKind};
 pub use crate::spec::*;

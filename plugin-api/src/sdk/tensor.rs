@@ -215,4 +215,96 @@ impl<'h> Tensor<'h> {
     pub fn assign(&self, src: &Tensor<'h>) -> Result<()> {
         self.host.call("assign", &[self, src], &[]).map(|_| ())
     }
+
+    /// Embedding lookup: `self` is the table `[V, D]`, `ids` any shape of integer ids.
+    pub fn embedding(&self, ids: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("embedding", &[ids], &[])
+    }
+    /// RMSNorm over the last dim with a `[D]` weight.
+    pub fn rms_norm(&self, weight: &Tensor<'h>, eps: f64) -> Result<Tensor<'h>> {
+        self.op("rms_norm", &[weight], &[Attr::Float(eps)])
+    }
+    /// Rotary position embedding of `[B, H, T, D]` at absolute `positions` (i64 `[T]`).
+    pub fn rope(&self, positions: &Tensor<'h>, rope: &Rope) -> Result<Tensor<'h>> {
+        let s = rope.llama3_scaling.as_ref();
+        self.op(
+            "rope",
+            &[positions],
+            &[
+                Attr::Float(rope.theta),
+                Attr::Int(rope.rot_dim as i64),
+                Attr::Bool(rope.interleaved),
+                s.map_or(Attr::None, |s| Attr::Float(s.factor)),
+                s.map_or(Attr::None, |s| Attr::Float(s.low_freq_factor)),
+                s.map_or(Attr::None, |s| Attr::Float(s.high_freq_factor)),
+                s.map_or(Attr::None, |s| {
+                    Attr::Int(s.original_max_position_embeddings as i64)
+                }),
+            ],
+        )
+    }
+    /// Scaled dot-product attention of `q [B, Hq, T, D]` over `k`, `v` `[B, Hkv, S, D]` at
+    /// absolute query `positions`. With `cache_layer`, the host appends `k`, `v` to that layer's
+    /// KV cache and attends over everything cached.
+    pub fn attention(
+        &self,
+        k: &Tensor<'h>,
+        v: &Tensor<'h>,
+        positions: &Tensor<'h>,
+        opts: &AttentionOpts,
+    ) -> Result<Tensor<'h>> {
+        self.op(
+            "attention",
+            &[k, v, positions],
+            &[
+                Attr::Bool(opts.causal),
+                opts.sliding_window
+                    .map_or(Attr::None, |w| Attr::Int(w as i64)),
+                opts.scale.map_or(Attr::None, Attr::Float),
+                opts.softcap.map_or(Attr::None, Attr::Float),
+                opts.cache_layer.map_or(Attr::None, |l| Attr::Int(l as i64)),
+            ],
+        )
+    }
+}
+
+/// Llama-3 style RoPE frequency scaling (the `llama3` rope type of Hugging Face).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Llama3Scaling {
+    /// Overall scale factor of long wavelengths.
+    pub factor: f64,
+    /// Wavelengths above `original / low_freq_factor` are scaled fully.
+    pub low_freq_factor: f64,
+    /// Wavelengths below `original / high_freq_factor` are kept.
+    pub high_freq_factor: f64,
+    /// The context length the model was first trained with.
+    pub original_max_position_embeddings: usize,
+}
+
+/// Rotary embedding settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    /// Base of the frequencies.
+    pub theta: f64,
+    /// How many leading dims of each head rotate (the rest pass through).
+    pub rot_dim: usize,
+    /// Pairs (2i, 2i+1) when true (Meta layout); (i, i + rot_dim/2) when false (HF layout).
+    pub interleaved: bool,
+    /// Optional Llama-3 frequency scaling.
+    pub llama3_scaling: Option<Llama3Scaling>,
+}
+
+/// Options of [`Tensor::attention`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AttentionOpts {
+    /// Mask future positions.
+    pub causal: bool,
+    /// Only attend to the last `w` positions (including the query's own).
+    pub sliding_window: Option<usize>,
+    /// Logit scale; default `1/sqrt(D)`.
+    pub scale: Option<f64>,
+    /// Logit soft-cap `c·tanh(x/c)`.
+    pub softcap: Option<f64>,
+    /// The layer whose KV cache to use (inference with a cache).
+    pub cache_layer: Option<usize>,
 }

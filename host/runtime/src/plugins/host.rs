@@ -14,8 +14,66 @@ use std::sync::Mutex;
 /// optimizer state) and the handles it holds. Dropping the session drops every tensor a plugin
 /// forgot to release.
 pub struct HostSession {
-    named: HashMap<String, Tensor>,
+    named: std::sync::Arc<HashMap<String, Tensor>>,
     arena: Mutex<Arena>,
+    cache: Option<std::sync::Arc<KvCache>>,
+}
+
+/// Per-layer inference state kept by the host: keys and values `[B, Hkv, S, D]` of every
+/// position seen so far, addressed by layer index.
+#[derive(Default)]
+pub struct KvCache {
+    layers: Mutex<HashMap<usize, (Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `k`, `v` to layer `layer` along the sequence dim; returns everything cached.
+    pub fn append(
+        &self,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> anneal_engine::Result<(Tensor, Tensor)> {
+        let mut layers = self.layers.lock().expect("kv cache lock poisoned");
+        let (k, v) = match layers.get(&layer) {
+            Some((pk, pv)) => (concat_seq(pk, k)?, concat_seq(pv, v)?),
+            None => (k.detach().contiguous()?, v.detach().contiguous()?),
+        };
+        layers.insert(layer, (k.clone(), v.clone()));
+        Ok((k, v))
+    }
+
+    /// Number of cached positions (0 when empty).
+    pub fn len(&self) -> usize {
+        let layers = self.layers.lock().expect("kv cache lock poisoned");
+        layers.values().next().map_or(0, |(k, _)| k.shape()[2])
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `[B, H, S1, D] ++ [B, H, S2, D]` along dim 2, without autograd (cached state is constant).
+fn concat_seq(a: &Tensor, b: &Tensor) -> anneal_engine::Result<Tensor> {
+    let (sa, sb) = (a.shape(), b.shape());
+    if sa.len() != 4 || sb.len() != 4 || sa[0] != sb[0] || sa[1] != sb[1] || sa[3] != sb[3] {
+        return Err(anneal_engine::Error::ShapeMismatch {
+            op: "kv_cache.append",
+            lhs: sa.to_vec(),
+            rhs: sb.to_vec(),
+        });
+    }
+    let out = Tensor::zeros(&[sa[0], sa[1], sa[2] + sb[2], sa[3]], a.dtype());
+    out.narrow(2, 0, sa[2])?.copy_from(a)?;
+    out.narrow(2, sa[2], sb[2])?.copy_from(b)?;
+    Ok(out)
 }
 
 #[derive(Default)]
@@ -27,13 +85,27 @@ struct Arena {
 impl HostSession {
     /// A session exposing `named` tensors through `host.param(name)`.
     pub fn new(named: HashMap<String, Tensor>) -> Self {
+        Self::with_cache(std::sync::Arc::new(named), None)
+    }
+
+    /// A session over shared named tensors, with an optional KV cache for attention ops.
+    pub fn with_cache(
+        named: std::sync::Arc<HashMap<String, Tensor>>,
+        cache: Option<std::sync::Arc<KvCache>>,
+    ) -> Self {
         HostSession {
             named,
             arena: Mutex::new(Arena {
                 next: 1,
                 live: HashMap::new(),
             }),
+            cache,
         }
+    }
+
+    /// The KV cache attention ops use, if any.
+    pub fn cache(&self) -> Option<&KvCache> {
+        self.cache.as_deref()
     }
 
     /// Hands a tensor to the plugin side.
@@ -110,7 +182,7 @@ unsafe extern "C" fn host_call(
             .iter()
             .map(|h| s.get(*h))
             .collect::<Result<Vec<_>, _>>()?;
-        let outs = ops::run(op.as_str(), &ins, attrs.as_slice())?;
+        let outs = ops::run(op.as_str(), &ins, &attrs, s)?;
         Ok(outs.into_iter().map(|t| s.insert(t)).collect())
     })
 }

@@ -3,9 +3,11 @@
 
 pub mod host;
 pub mod loader;
+pub mod model;
 mod ops;
 pub mod optimizer;
 
-pub use host::HostSession;
+pub use host::{HostSession, KvCache};
 pub use loader::{discover, find, load, search_paths, LoadedPlugin, PluginError};
+pub use model::{ForwardOpts, Params, PluginModel};
 pub use optimizer::PluginOptimizer;

@@ -1,6 +1,7 @@
 //! The host-op registry: op names and attributes, as plugins call them, mapped onto engine ops.
 //! Adding an op here changes no layout: plugins built earlier keep working.
 
+use super::host::HostSession;
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::abi::Attr;
 
@@ -69,7 +70,13 @@ fn e(err: anneal_engine::Error) -> String {
 }
 
 /// Runs host op `op`.
-pub(crate) fn run(op: &str, inputs: &[Tensor], attrs: &[Attr]) -> R<Vec<Tensor>> {
+pub(crate) fn run(
+    op: &str,
+    inputs: &[Tensor],
+    attrs: &[Attr],
+    session: &HostSession,
+) -> R<Vec<Tensor>> {
+    let _ = session;
     let x = || arg(inputs, 0, op);
     let y = || arg(inputs, 1, op);
     let one = |t: anneal_engine::Result<Tensor>| t.map(|t| vec![t]).map_err(e);

@@ -1,0 +1,257 @@
+//! Running a model plugin: parameters live in the host; the forward composes the plugin's
+//! stages (`embed`, one `layer` per block, `head`), optionally recomputing each block in
+//! backward.
+
+use super::host::{HostSession, KvCache};
+use super::PluginError;
+use abi_stable::std_types::RVec;
+use anneal_engine::autograd::{checkpoint, RegionFn};
+use anneal_engine::rng::RngKey;
+use anneal_engine::{DType, Tensor};
+use anneal_plugin_api::abi::{ForwardCtx, Handle, ModelBox, PluginInstance};
+use anneal_plugin_api::spec::{Init, ModelSpec, ParamSpec};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Named parameter tensors (leaves that require grad when training).
+pub type Params = Arc<HashMap<String, Tensor>>;
+
+/// Options of one forward pass.
+#[derive(Clone, Default)]
+pub struct ForwardOpts {
+    /// Training mode (passed to the plugin).
+    pub training: bool,
+    /// Recompute each block during backward instead of keeping its activations.
+    pub recompute: bool,
+    /// Per-layer KV cache for prefill/decode; positions then continue after the cached length.
+    pub cache: Option<Arc<KvCache>>,
+}
+
+/// A model plugin instance and its spec.
+pub struct PluginModel {
+    name: String,
+    inst: Arc<ModelBox>,
+    spec: ModelSpec,
+}
+
+fn stage_err(name: &str, stage: &str, e: impl std::fmt::Display) -> anneal_engine::Error {
+    anneal_engine::Error::Invalid {
+        op: "plugin",
+        msg: format!("{name}: {stage}: {e}"),
+    }
+}
+
+impl PluginModel {
+    /// Wraps an instance created by [`super::LoadedPlugin::create`].
+    pub fn new(name: &str, inst: PluginInstance) -> Result<Self, PluginError> {
+        let create_err = |msg: String| PluginError::Create {
+            name: name.to_string(),
+            msg,
+        };
+        let PluginInstance::Model(inst) = inst else {
+            return Err(create_err("is an optimizer plugin, not a model".into()));
+        };
+        let json = inst.spec_json();
+        let spec: ModelSpec = serde_json::from_str(json.as_str())
+            .map_err(|e| create_err(format!("bad model spec: {e}: {json}")))?;
+        Ok(PluginModel {
+            name: name.to_string(),
+            inst: Arc::new(inst),
+            spec,
+        })
+    }
+
+    /// What the plugin declared.
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// Fresh parameters, each drawn from the stream named after it under `seed` (so values do
+    /// not depend on parameter order, sharding or thread count).
+    pub fn init_params(&self, seed: u64) -> anneal_engine::Result<HashMap<String, Tensor>> {
+        self.spec
+            .params
+            .iter()
+            .map(|p| Ok((p.name.clone(), init_param(p, seed)?)))
+            .collect()
+    }
+
+    /// Logits `[B, T, V]` for token ids `[B, T]` at `positions` (i64 `[T]`).
+    pub fn forward(
+        &self,
+        params: &Params,
+        tokens: &Tensor,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+    ) -> anneal_engine::Result<Tensor> {
+        let mut hidden = self.stage(
+            params,
+            positions,
+            opts,
+            |inst, vt, ctx, s| {
+                let h = s.insert(tokens.clone());
+                inst.embed(vt, ctx, h).into_result()
+            },
+            "embed",
+        )?;
+        for i in 0..self.spec.n_layers {
+            hidden = if opts.recompute && opts.training {
+                self.checkpointed_layer(params, positions, opts, i, hidden)?
+            } else {
+                layer(&self.inst, &self.name, params, positions, opts, i, &hidden)?
+            };
+        }
+        let out = self.stage(
+            params,
+            positions,
+            opts,
+            |inst, vt, ctx, s| {
+                let hs: RVec<Handle> = hidden.iter().map(|t| s.insert(t.clone())).collect();
+                inst.head(vt, ctx, hs)
+                    .into_result()
+                    .map(|h| RVec::from(vec![h]))
+            },
+            "head",
+        )?;
+        out.into_iter()
+            .next()
+            .ok_or_else(|| stage_err(&self.name, "head", "returned nothing"))
+    }
+
+    fn stage(
+        &self,
+        params: &Params,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+        f: impl FnOnce(
+            &ModelBox,
+            &anneal_plugin_api::abi::HostVTable,
+            &ForwardCtx,
+            &HostSession,
+        ) -> Result<RVec<Handle>, abi_stable::std_types::RString>,
+        what: &str,
+    ) -> anneal_engine::Result<Vec<Tensor>> {
+        run_stage(&self.inst, &self.name, params, positions, opts, f, what)
+    }
+
+    fn checkpointed_layer(
+        &self,
+        params: &Params,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+        i: usize,
+        hidden: Vec<Tensor>,
+    ) -> anneal_engine::Result<Vec<Tensor>> {
+        if hidden.len() != 1 {
+            return layer(&self.inst, &self.name, params, positions, opts, i, &hidden);
+        }
+        let (inst, name, params, positions, opts) = (
+            self.inst.clone(),
+            self.name.clone(),
+            params.clone(),
+            positions.clone(),
+            opts.clone(),
+        );
+        let f: RegionFn = Arc::new(move |xs: &[Tensor]| {
+            let out = layer(&inst, &name, &params, &positions, &opts, i, xs)?;
+            out.into_iter()
+                .next()
+                .ok_or_else(|| stage_err(&name, "layer", "returned nothing"))
+        });
+        Ok(vec![checkpoint(&hidden, f)?])
+    }
+}
+
+fn layer(
+    inst: &ModelBox,
+    name: &str,
+    params: &Params,
+    positions: &Tensor,
+    opts: &ForwardOpts,
+    i: usize,
+    hidden: &[Tensor],
+) -> anneal_engine::Result<Vec<Tensor>> {
+    run_stage(
+        inst,
+        name,
+        params,
+        positions,
+        opts,
+        |inst, vt, ctx, s| {
+            let hs: RVec<Handle> = hidden.iter().map(|t| s.insert(t.clone())).collect();
+            inst.layer(vt, ctx, i as u64, hs).into_result()
+        },
+        "layer",
+    )
+}
+
+fn run_stage(
+    inst: &ModelBox,
+    name: &str,
+    params: &Params,
+    positions: &Tensor,
+    opts: &ForwardOpts,
+    f: impl FnOnce(
+        &ModelBox,
+        &anneal_plugin_api::abi::HostVTable,
+        &ForwardCtx,
+        &HostSession,
+    ) -> Result<RVec<Handle>, abi_stable::std_types::RString>,
+    what: &str,
+) -> anneal_engine::Result<Vec<Tensor>> {
+    let session = HostSession::with_cache(params.clone(), opts.cache.clone());
+    let vt = session.vtable();
+    let ctx = ForwardCtx {
+        training: opts.training,
+        positions: session.insert(positions.clone()),
+        use_cache: opts.cache.is_some(),
+    };
+    let out = f(inst, &vt, &ctx, &session).map_err(|e| stage_err(name, what, e))?;
+    out.into_iter()
+        .map(|h| session.take(h).map_err(|e| stage_err(name, what, e)))
+        .collect()
+}
+
+/// Draws one parameter's initial values.
+pub fn init_param(p: &ParamSpec, seed: u64) -> anneal_engine::Result<Tensor> {
+    let dtype = DType::parse(&p.dtype).ok_or_else(|| anneal_engine::Error::Invalid {
+        op: "init",
+        msg: format!("{}: unknown dtype {}", p.name, p.dtype),
+    })?;
+    let key = RngKey::new(seed, &p.name);
+    let n: usize = p.shape.iter().product();
+    let values: Vec<f32> = match &p.init {
+        Init::Zeros => vec![0.0; n],
+        Init::Ones => vec![1.0; n],
+        Init::Normal { std } => key
+            .normal_vec(0, n)
+            .into_iter()
+            .map(|z| z * *std as f32)
+            .collect(),
+        Init::Uniform { lo, hi } => key
+            .uniform_vec(0, n)
+            .into_iter()
+            .map(|u| *lo as f32 + (*hi - *lo) as f32 * u)
+            .collect(),
+        Init::TruncNormal { std, a, b } => {
+            // Exact truncation by redrawing: element i tries offsets i, i + n, i + 2n, ...
+            let mut v: Vec<f32> = key
+                .normal_vec(0, n)
+                .into_iter()
+                .map(|z| z * *std as f32)
+                .collect();
+            let (lo, hi) = (*a as f32, *b as f32);
+            for round in 1..64u64 {
+                let bad: Vec<usize> = (0..n).filter(|&i| v[i] < lo || v[i] > hi).collect();
+                if bad.is_empty() {
+                    break;
+                }
+                for i in bad {
+                    v[i] = key.normal_vec(round * n as u64 + i as u64, 1)[0] * *std as f32;
+                }
+            }
+            v.into_iter().map(|x| x.clamp(lo, hi)).collect()
+        }
+    };
+    Tensor::from_vec(values, &p.shape)?.to_dtype(dtype)
+}

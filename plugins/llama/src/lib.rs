@@ -1,0 +1,79 @@
+//! The Llama plugin: Llama 3 and Qwen3 in one model file, with named flavors from the debug
+//! model to the released sizes.
+
+pub mod config;
+pub mod hf;
+pub mod model;
+pub mod spec;
+
+use anneal_plugin_api::sdk::{merge_args, Factory, Result};
+pub use config::LlamaArgs;
+pub use model::Llama;
+
+impl Factory for Llama {
+    fn flavors() -> Vec<String> {
+        config::FLAVORS.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
+        let name = flavor.unwrap_or("debugmodel");
+        let base = config::flavor(name).ok_or_else(|| {
+            format!(
+                "unknown flavor '{name}' (known: {})",
+                config::FLAVORS.join(", ")
+            )
+        })?;
+        let mut merged = serde_json::to_value(base)?;
+        merge_args(&mut merged, args);
+        let args: LlamaArgs = serde_json::from_value(merged)?;
+        args.validate()?;
+        Ok(Llama { args })
+    }
+}
+
+anneal_plugin_api::export_plugin!(model Llama, name = "llama", description = "Llama 3 / Qwen3 decoder (GQA, RoPE, SwiGLU, RMSNorm)");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debugmodel_has_the_benchmark_shape() {
+        let m = Llama::create(Some("debugmodel"), serde_json::json!({})).unwrap();
+        let n: usize = spec::params(&m.args)
+            .iter()
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum();
+        assert_eq!(n, 8_390_912); // 8.39M
+        let s = spec::model_spec(&m.args);
+        assert_eq!(s.n_layers, 4);
+        assert_eq!(s.hf.unwrap().names.len(), s.params.len());
+    }
+
+    #[test]
+    fn released_sizes_count_right() {
+        let count = |f| {
+            let m = Llama::create(Some(f), serde_json::json!({})).unwrap();
+            spec::params(&m.args)
+                .iter()
+                .map(|p| p.shape.iter().product::<usize>())
+                .sum::<usize>()
+        };
+        assert_eq!(count("llama3_8b"), 8_030_261_248);
+        assert_eq!(count("llama3_1b"), 1_235_814_400);
+        assert_eq!(count("qwen3_0.6b"), 596_049_920);
+    }
+
+    #[test]
+    fn bad_args_are_refused() {
+        assert!(Llama::create(Some("nope"), serde_json::json!({})).is_err());
+        let e = Llama::create(None, serde_json::json!({"n_kv_heads": 3}))
+            .err()
+            .unwrap();
+        assert!(e.0.contains("n_kv_heads"), "{e}");
+        let e = Llama::create(None, serde_json::json!({"dimm": 3}))
+            .err()
+            .unwrap();
+        assert!(e.0.contains("dimm"), "{e}");
+    }
+}
