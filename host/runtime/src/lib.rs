@@ -1,3 +1,4 @@
 //! The runtime of the Anneal host: loading plugins and running them over the engine.
 
+pub mod hf;
 pub mod plugins;

@@ -3,54 +3,11 @@
 
 use anneal_engine::Tensor;
 use anneal_plugin_api::abi::PluginKind;
-use anneal_runtime::plugins::{discover, load, LoadedPlugin, PluginError, PluginOptimizer};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+mod common;
 
-/// Builds the plugin crates with the profile this test was built with; returns their folder.
-fn plugin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test binary path");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>/deps layout")
-            .to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev".to_string(),
-            Some(p) => p.to_string(),
-            None => "dev".to_string(),
-        };
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let status = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--profile",
-                &profile,
-                "-p",
-                "anneal-plugin-adamw",
-                "-p",
-                "anneal-plugin-sgd",
-                "-p",
-                "anneal-testplugin-bad-api",
-            ])
-            .current_dir(root)
-            .status()
-            .expect("run cargo");
-        assert!(status.success(), "building the plugins failed");
-        profile_dir
-    })
-}
-
-fn plugin(name: &str) -> LoadedPlugin {
-    discover(&[plugin_dir().to_path_buf()])
-        .into_iter()
-        .flatten()
-        .find(|p| p.name() == name)
-        .unwrap_or_else(|| panic!("plugin {name} not discovered"))
-}
+use anneal_runtime::plugins::{discover, load, PluginError, PluginOptimizer};
+use common::{plugin, plugin_dir};
+use std::path::Path;
 
 #[test]
 fn discovers_optimizer_plugins_with_their_info() {

@@ -72,7 +72,10 @@ impl LlamaArgs {
 
     /// Checks the arguments fit together.
     pub fn validate(&self) -> Result<(), String> {
-        if self.n_heads == 0 || self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
+        if self.n_heads == 0
+            || self.n_kv_heads == 0
+            || !self.n_heads.is_multiple_of(self.n_kv_heads)
+        {
             return Err(format!(
                 "n_heads ({}) must be a positive multiple of n_kv_heads ({})",
                 self.n_heads, self.n_kv_heads
@@ -193,3 +196,94 @@ pub const FLAVORS: &[&str] = &[
     "qwen3_0.6b",
     "qwen3_8b",
 ];
+
+/// Arguments from a Hugging Face `config.json` (`llama` and `qwen3` model types; RoPE settings
+/// from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (earlier)).
+pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
+    let get = |k: &str| c.get(k).filter(|v| !v.is_null());
+    let num = |k: &str| {
+        get(k)
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
+            .ok_or_else(|| format!("config.json: missing integer '{k}'"))
+    };
+    let model_type = get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("llama")
+        .to_string();
+    if !matches!(model_type.as_str(), "llama" | "qwen3") {
+        return Err(format!(
+            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3)"
+        ));
+    }
+    let rope = get("rope_parameters").or_else(|| get("rope_scaling"));
+    let theta = get("rope_theta")
+        .or_else(|| rope.and_then(|r| r.get("rope_theta")))
+        .and_then(|v| v.as_f64())
+        .unwrap_or(10_000.0);
+    let rope_type = rope
+        .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    let rope_scaling = match rope_type {
+        "default" => None,
+        "llama3" => {
+            let r = rope.ok_or("config.json: llama3 rope without parameters")?;
+            let f = |k: &str| {
+                r.get(k)
+                    .and_then(|v| v.as_f64())
+                    .ok_or_else(|| format!("config.json: rope parameter '{k}' missing"))
+            };
+            Some(Llama3Scaling {
+                factor: f("factor")?,
+                low_freq_factor: f("low_freq_factor")?,
+                high_freq_factor: f("high_freq_factor")?,
+                original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
+            })
+        }
+        other => {
+            return Err(format!(
+                "config.json: rope type '{other}' is not supported (default, llama3)"
+            ))
+        }
+    };
+    let n_heads = num("num_attention_heads")?;
+    let dim = num("hidden_size")?;
+    let qwen = model_type == "qwen3";
+    let sliding = get("use_sliding_window")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let args = LlamaArgs {
+        dim,
+        n_layers: num("num_hidden_layers")?,
+        n_heads,
+        n_kv_heads: num("num_key_value_heads").unwrap_or(n_heads),
+        head_dim: num("head_dim").ok(),
+        ffn_dim: num("intermediate_size")?,
+        vocab_size: num("vocab_size")?,
+        norm_eps: get("rms_norm_eps").and_then(|v| v.as_f64()).unwrap_or(1e-5),
+        rope_theta: theta,
+        rope_scaling,
+        max_seq_len: num("max_position_embeddings").unwrap_or(2048),
+        tie_embeddings: get("tie_word_embeddings")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
+        qk_norm: qwen,
+        sliding_window: if sliding {
+            num("sliding_window").ok()
+        } else {
+            None
+        },
+        sliding_layers: vec![],
+        dtype: "f32".into(),
+        hf_model_type: model_type,
+    };
+    if get("attention_bias")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
+    {
+        return Err("config.json: attention_bias = true is not supported".into());
+    }
+    args.validate()?;
+    Ok(args)
+}

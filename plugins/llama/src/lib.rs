@@ -15,7 +15,17 @@ impl Factory for Llama {
         config::FLAVORS.iter().map(|s| s.to_string()).collect()
     }
 
-    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
+    /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
+    /// directory describes; its other keys override single fields.
+    fn create(flavor: Option<&str>, mut args: serde_json::Value) -> Result<Self> {
+        if let Some(hf) = args.as_object_mut().and_then(|o| o.remove("hf_config")) {
+            let base = config::from_hf_config(&hf)?;
+            let mut merged = serde_json::to_value(base)?;
+            merge_args(&mut merged, args);
+            let args: LlamaArgs = serde_json::from_value(merged)?;
+            args.validate()?;
+            return Ok(Llama { args });
+        }
         let name = flavor.unwrap_or("debugmodel");
         let base = config::flavor(name).ok_or_else(|| {
             format!(

@@ -1,0 +1,161 @@
+//! Hugging Face model directories: `config.json` plus `model.safetensors` or a sharded
+//! `model.safetensors.index.json`, mapped onto a plugin's parameters through its adapter.
+
+use anneal_engine::io::{load_safetensors, save_safetensors};
+use anneal_engine::{DType, Tensor};
+use anneal_plugin_api::spec::ModelSpec;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Why a Hugging Face directory could not be read, matched or written.
+#[derive(Debug, thiserror::Error)]
+pub enum HfError {
+    /// A file could not be read or written.
+    #[error("{path}: {msg}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
+    /// The model has no Hugging Face adapter.
+    #[error("model '{0}' declares no Hugging Face adapter")]
+    NoAdapter(String),
+    /// A weight the model needs is not in the directory.
+    #[error("{dir}: missing tensor '{hf}' (for parameter '{ours}')")]
+    Missing {
+        /// The directory.
+        dir: PathBuf,
+        /// The Hugging Face name.
+        hf: String,
+        /// Our parameter name.
+        ours: String,
+    },
+    /// A weight has another shape than the model expects.
+    #[error("{dir}: tensor '{hf}' has shape {got:?}, parameter '{ours}' needs {want:?}")]
+    Shape {
+        /// The directory.
+        dir: PathBuf,
+        /// The Hugging Face name.
+        hf: String,
+        /// Our parameter name.
+        ours: String,
+        /// Shape in the file.
+        got: Vec<usize>,
+        /// Shape the spec declares.
+        want: Vec<usize>,
+    },
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> HfError {
+    HfError::Io {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    }
+}
+
+/// The parsed `config.json` of a directory.
+pub fn read_config(dir: &Path) -> Result<serde_json::Value, HfError> {
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
+    serde_json::from_str(&text).map_err(|e| io(&p, format!("not valid JSON: {e}")))
+}
+
+/// Every tensor in the directory's safetensors files, by Hugging Face name.
+pub fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, HfError> {
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<PathBuf> = if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| io(&index, e))?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| io(&index, format!("not valid JSON: {e}")))?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| io(&index, "no weight_map"))?;
+        let mut shards: Vec<String> = map
+            .values()
+            .filter_map(|f| f.as_str().map(String::from))
+            .collect();
+        shards.sort();
+        shards.dedup();
+        shards.into_iter().map(|f| dir.join(f)).collect()
+    } else {
+        vec![dir.join("model.safetensors")]
+    };
+    let mut out = HashMap::new();
+    for f in files {
+        let ts = load_safetensors(&f).map_err(|e| io(&f, e))?;
+        out.extend(ts);
+    }
+    Ok(out)
+}
+
+/// The model's parameters from a directory's tensors, in the dtypes the spec declares.
+pub fn load_params(dir: &Path, spec: &ModelSpec) -> Result<HashMap<String, Tensor>, HfError> {
+    let adapter = spec
+        .hf
+        .as_ref()
+        .ok_or_else(|| HfError::NoAdapter(spec.architecture.clone()))?;
+    let tensors = read_tensors(dir)?;
+    let names: HashMap<&str, &str> = adapter
+        .names
+        .iter()
+        .map(|(o, h)| (o.as_str(), h.as_str()))
+        .collect();
+    let mut params = HashMap::new();
+    for p in &spec.params {
+        let hf = names
+            .get(p.name.as_str())
+            .copied()
+            .unwrap_or(p.name.as_str());
+        let t = tensors.get(hf).ok_or_else(|| HfError::Missing {
+            dir: dir.to_path_buf(),
+            hf: hf.into(),
+            ours: p.name.clone(),
+        })?;
+        if t.shape() != p.shape.as_slice() {
+            return Err(HfError::Shape {
+                dir: dir.to_path_buf(),
+                hf: hf.into(),
+                ours: p.name.clone(),
+                got: t.shape().to_vec(),
+                want: p.shape.clone(),
+            });
+        }
+        let dtype = DType::parse(&p.dtype).unwrap_or(DType::F32);
+        let t = t.to_dtype(dtype).map_err(|e| io(dir, e))?;
+        params.insert(p.name.clone(), t);
+    }
+    Ok(params)
+}
+
+/// Writes `config.json` and `model.safetensors` in the Hugging Face layout (and copies
+/// `tokenizer` in as `tokenizer.json` when given).
+pub fn export(
+    dir: &Path,
+    spec: &ModelSpec,
+    params: &HashMap<String, Tensor>,
+    tokenizer: Option<&Path>,
+) -> Result<(), HfError> {
+    let adapter = spec
+        .hf
+        .as_ref()
+        .ok_or_else(|| HfError::NoAdapter(spec.architecture.clone()))?;
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let cfg = dir.join("config.json");
+    let text = serde_json::to_string_pretty(&adapter.config).map_err(|e| io(&cfg, e))?;
+    std::fs::write(&cfg, text).map_err(|e| io(&cfg, e))?;
+    let by_hf: BTreeMap<&str, &Tensor> = adapter
+        .names
+        .iter()
+        .filter_map(|(ours, hf)| params.get(ours).map(|t| (hf.as_str(), t)))
+        .collect();
+    let list: Vec<(&str, &Tensor)> = by_hf.into_iter().collect();
+    let st = dir.join("model.safetensors");
+    save_safetensors(&st, &list).map_err(|e| io(&st, e))?;
+    if let Some(tok) = tokenizer {
+        let dst = dir.join("tokenizer.json");
+        std::fs::copy(tok, &dst).map_err(|e| io(&dst, e))?;
+    }
+    Ok(())
+}

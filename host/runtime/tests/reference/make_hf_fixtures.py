@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Writes tiny random Hugging Face models and their reference outputs for the plugin tests.
+
+Run from the repository root (needs torch, safetensors and transformers):
+
+    .venv/bin/python host/runtime/tests/reference/make_hf_fixtures.py
+
+For each model it writes `host/runtime/tests/fixtures/<name>/` with `config.json`,
+`model.safetensors` (as `save_pretrained` writes them) and `expected.safetensors` holding
+`tokens` (i64 [B, T]), `logits` (f32 [B, T, V]) and `logprobs` (f32 [B, T-1], the log-probability
+of each next token).
+"""
+import json
+import os
+import pathlib
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
+
+COMMON = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    attention_bias=False,
+    tie_word_embeddings=False,
+)
+
+
+def models():
+    yield "tiny_llama", LlamaForCausalLM(LlamaConfig(**COMMON, rope_theta=10000.0))
+    yield "tiny_llama3_scaled", LlamaForCausalLM(
+        LlamaConfig(
+            **{**COMMON, "tie_word_embeddings": True},
+            rope_theta=500000.0,
+            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                              original_max_position_embeddings=16),
+        )
+    )
+    yield "tiny_qwen3", Qwen3ForCausalLM(Qwen3Config(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=32, rope_theta=1e6))
+
+
+def main():
+    torch.manual_seed(0)
+    for name, model in models():
+        model = model.float().eval()
+        # Random init is small; widen it so the test distinguishes real differences.
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 1:
+                    p.uniform_(0.5, 1.5)
+                else:
+                    p.normal_(0.0, 0.2)
+        d = OUT / name
+        d.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(d, safe_serialization=True)
+        tokens = torch.randint(0, COMMON["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            logits = model(tokens).logits.float()
+        lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
+        save_file({"tokens": tokens.contiguous(), "logits": logits.contiguous(), "logprobs": lp.contiguous()},
+                  str(d / "expected.safetensors"))
+        for junk in ("generation_config.json",):
+            (d / junk).unlink(missing_ok=True)
+        cfg = json.loads((d / "config.json").read_text())
+        print(name, cfg.get("model_type"), sum(p.numel() for p in model.parameters()), "params")
+
+
+if __name__ == "__main__":
+    main()
