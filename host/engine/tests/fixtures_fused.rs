@@ -55,7 +55,9 @@ fn softmax_and_log_softmax_match_pytorch() {
     let f = fixtures();
     for dim in [-1isize, 1] {
         let k = format!("softmax.d{dim}");
-        check_op(&f, &k, &[&f[&format!("{k}.x")]], &["gx"], |t| t[0].softmax(dim).unwrap());
+        check_op(&f, &k, &[&f[&format!("{k}.x")]], &["gx"], |t| {
+            t[0].softmax(dim).unwrap()
+        });
         let k = format!("log_softmax.d{dim}");
         check_op(&f, &k, &[&f[&format!("{k}.x")]], &["gx"], |t| {
             t[0].log_softmax(dim).unwrap()
@@ -69,7 +71,12 @@ fn norms_match_pytorch() {
     check_op(&f, "rms", &[&f["rms.x"], &f["rms.w"]], &["gx", "gw"], |t| {
         t[0].rms_norm(Some(&t[1]), 1e-5).unwrap()
     });
-    check(&f, "rms_nw.out", &f["rms.x"].rms_norm(None, 1e-6).unwrap(), 1e-5);
+    check(
+        &f,
+        "rms_nw.out",
+        &f["rms.x"].rms_norm(None, 1e-6).unwrap(),
+        1e-5,
+    );
     check_op(
         &f,
         "ln",
@@ -77,7 +84,12 @@ fn norms_match_pytorch() {
         &["gx", "gw", "gb"],
         |t| t[0].layer_norm(Some(&t[1]), Some(&t[2]), 1e-5).unwrap(),
     );
-    check(&f, "ln_nw.out", &f["rms.x"].layer_norm(None, None, 1e-5).unwrap(), 1e-5);
+    check(
+        &f,
+        "ln_nw.out",
+        &f["rms.x"].layer_norm(None, None, 1e-5).unwrap(),
+        1e-5,
+    );
 }
 
 #[test]
@@ -109,12 +121,23 @@ fn rope_matches_pytorch_in_both_layouts() {
     let f = fixtures();
     for k in ["plain", "partial", "llama3"] {
         let (c, s) = (&f[&format!("rope.{k}.cos")], &f[&format!("rope.{k}.sin")]);
-        for (name, style) in [("inter", RopeStyle::Interleaved), ("half", RopeStyle::HalfSplit)] {
+        for (name, style) in [
+            ("inter", RopeStyle::Interleaved),
+            ("half", RopeStyle::HalfSplit),
+        ] {
             let key = format!("rope.{k}.{name}");
-            let bhtd = RopeSpec { style, layout: RopeLayout::Bhtd };
-            check_op(&f, &key, &[&f["rope.x"]], &["gx"], |t| t[0].rope(c, s, bhtd).unwrap());
+            let bhtd = RopeSpec {
+                style,
+                layout: RopeLayout::Bhtd,
+            };
+            check_op(&f, &key, &[&f["rope.x"]], &["gx"], |t| {
+                t[0].rope(c, s, bhtd).unwrap()
+            });
             // The same values through the [B, T, H, D] layout.
-            let bthd = RopeSpec { style, layout: RopeLayout::Bthd };
+            let bthd = RopeSpec {
+                style,
+                layout: RopeLayout::Bthd,
+            };
             let x_bthd = f["rope.x"].transpose(1, 2).unwrap().contiguous().unwrap();
             let out = x_bthd.rope(c, s, bthd).unwrap().transpose(1, 2).unwrap();
             check(&f, &format!("{key}.out"), &out, 1e-5);
@@ -125,7 +148,9 @@ fn rope_matches_pytorch_in_both_layouts() {
 #[test]
 fn embedding_matches_pytorch() {
     let f = fixtures();
-    check_op(&f, "emb", &[&f["emb.w"]], &["gw"], |t| t[0].embedding(&f["emb.ids"]).unwrap());
+    check_op(&f, "emb", &[&f["emb.w"]], &["gw"], |t| {
+        t[0].embedding(&f["emb.ids"]).unwrap()
+    });
     // i32 ids give the same rows.
     let ids32 = f["emb.ids"].to_dtype(DType::I32).unwrap();
     check(&f, "emb.out", &f["emb.w"].embedding(&ids32).unwrap(), 0.0);
@@ -141,13 +166,19 @@ fn cross_entropy_matches_pytorch() {
         ("sum", Reduction::Sum, 0.0),
         ("none", Reduction::None, 0.2),
     ] {
-        let opts = CrossEntropy { reduction, label_smoothing: eps, ..Default::default() };
+        let opts = CrossEntropy {
+            reduction,
+            label_smoothing: eps,
+            ..Default::default()
+        };
         check_op(&f, &format!("ce.{k}"), &[x], &["gx"], |l| {
             cross_entropy(&l[0], t, &opts).unwrap()
         });
     }
     let xl = f["ce_long.x"].detach().requires_grad_();
-    let loss = xl.cross_entropy(&f["ce_long.t"], &CrossEntropy::default()).unwrap();
+    let loss = xl
+        .cross_entropy(&f["ce_long.t"], &CrossEntropy::default())
+        .unwrap();
     check(&f, "ce_long.out", &loss, 1e-5);
     loss.backward().unwrap();
     check(&f, "ce_long.gx", &xl.grad().unwrap(), 1e-6);
@@ -156,7 +187,11 @@ fn cross_entropy_matches_pytorch() {
 #[test]
 fn cross_entropy_accepts_bf16_logits() {
     let f = fixtures();
-    let x16 = f["ce.x"].to_dtype(DType::BF16).unwrap().detach().requires_grad_();
+    let x16 = f["ce.x"]
+        .to_dtype(DType::BF16)
+        .unwrap()
+        .detach()
+        .requires_grad_();
     // The reference: the same bf16 values, upcast to f32.
     let x32 = x16.to_dtype(DType::F32).unwrap().detach().requires_grad_();
     let opts = CrossEntropy::default();
@@ -170,5 +205,11 @@ fn cross_entropy_accepts_bf16_logits() {
     b.backward().unwrap();
     let g16 = x16.grad().unwrap();
     assert_eq!(g16.dtype(), DType::BF16);
-    assert_close("bf16 grad", &g16.to_vec_f32(), &x32.grad().unwrap().to_vec_f32(), 1e-2, 1e-4);
+    assert_close(
+        "bf16 grad",
+        &g16.to_vec_f32(),
+        &x32.grad().unwrap().to_vec_f32(),
+        1e-2,
+        1e-4,
+    );
 }

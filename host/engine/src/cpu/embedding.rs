@@ -17,11 +17,7 @@ pub(crate) fn checked_ids(op: &'static str, ids: &Tensor, size: usize) -> Result
     raw.iter()
         .map(|&i| {
             if i < 0 || i as u64 >= size as u64 {
-                Err(Error::IndexOutOfRange {
-                    op,
-                    index: i,
-                    size,
-                })
+                Err(Error::IndexOutOfRange { op, index: i, size })
             } else {
                 Ok(i as usize)
             }

@@ -128,7 +128,14 @@ fn with_logits<R>(logits: &Tensor, f: impl FnOnce(&dyn LogitRows) -> R) -> R {
 /// Row kernels over logits of some element type (dispatch once per call, not per element).
 trait LogitRows: Sync {
     fn forward(&self, v: usize, tg: &[Option<usize>], eps: f32, loss: &mut [f32], lse: &mut [f32]);
-    fn backward(&self, v: usize, tg: &[Option<usize>], eps: f32, lse: &[f32], scale: &[f32]) -> Storage;
+    fn backward(
+        &self,
+        v: usize,
+        tg: &[Option<usize>],
+        eps: f32,
+        lse: &[f32],
+        scale: &[f32],
+    ) -> Storage;
 }
 
 impl<T: Element> LogitRows for &[T] {
@@ -155,7 +162,14 @@ impl<T: Element> LogitRows for &[T] {
             });
     }
 
-    fn backward(&self, v: usize, tg: &[Option<usize>], eps: f32, lse: &[f32], scale: &[f32]) -> Storage {
+    fn backward(
+        &self,
+        v: usize,
+        tg: &[Option<usize>],
+        eps: f32,
+        lse: &[f32],
+        scale: &[f32],
+    ) -> Storage {
         let mut out = Storage::any(T::DTYPE, self.len());
         let per = rows_per_task(v);
         out.as_mut_slice::<T>()
@@ -164,7 +178,8 @@ impl<T: Element> LogitRows for &[T] {
             .enumerate()
             .for_each(|(task, (oc, xc))| {
                 let (mut xb, mut gb) = ([0f32; BLOCK], [0f32; BLOCK]);
-                for (i, (orow, xrow)) in oc.chunks_exact_mut(v).zip(xc.chunks_exact(v)).enumerate() {
+                for (i, (orow, xrow)) in oc.chunks_exact_mut(v).zip(xc.chunks_exact(v)).enumerate()
+                {
                     let r = task * per + i;
                     let (sc, target) = match tg[r] {
                         Some(t) if scale[r] != 0.0 => (scale[r], t),
@@ -173,7 +188,9 @@ impl<T: Element> LogitRows for &[T] {
                             continue;
                         }
                     };
-                    for (k, (ob, xblk)) in orow.chunks_mut(BLOCK).zip(xrow.chunks(BLOCK)).enumerate() {
+                    for (k, (ob, xblk)) in
+                        orow.chunks_mut(BLOCK).zip(xrow.chunks(BLOCK)).enumerate()
+                    {
                         let x = as_f32(xblk, &mut xb);
                         let g = &mut gb[..x.len()];
                         softmax_grad_block(x, lse[r], eps / v as f32, sc, g);
@@ -199,7 +216,9 @@ pub(crate) fn cross_entropy(
     let tg = checked_targets(targets, v, ignore_index)?;
     let (mut loss, mut lse) = (vec![0f32; n], vec![0f32; n]);
     if v > 0 {
-        with_logits(logits, |rows| rows.forward(v, &tg, eps, &mut loss, &mut lse));
+        with_logits(logits, |rows| {
+            rows.forward(v, &tg, eps, &mut loss, &mut lse)
+        });
     }
     Ok((Tensor::from_vec(loss, &[n])?, Tensor::from_vec(lse, &[n])?))
 }

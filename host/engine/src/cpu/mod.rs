@@ -167,6 +167,13 @@ impl crate::backend::FusedBackend for CpuBackend {
         ignore_index: Option<i64>,
         label_smoothing: f32,
     ) -> Result<Tensor> {
-        loss::cross_entropy_backward(logits, targets, lse, row_scale, ignore_index, label_smoothing)
+        loss::cross_entropy_backward(
+            logits,
+            targets,
+            lse,
+            row_scale,
+            ignore_index,
+            label_smoothing,
+        )
     }
 }

@@ -100,7 +100,11 @@ fn norm_forward(
                     .zip(mc.iter_mut())
                     .zip(rc.iter_mut())
                 {
-                    let mean = if centered { row_sum(xr) / d as f32 } else { 0.0 };
+                    let mean = if centered {
+                        row_sum(xr) / d as f32
+                    } else {
+                        0.0
+                    };
                     let var = row_sq_dev(xr, mean) / d as f32;
                     let rstd = 1.0 / (var + eps).sqrt();
                     normalize_row(xr, yr, mean, rstd, wv, bv);
@@ -159,7 +163,16 @@ fn norm_backward(
                     let row = blk * per + i;
                     let m = ms.as_deref().map_or(0.0, |m| m[row]);
                     norm_grad_row(
-                        xr, gr, wv, m, rs[row], ms.is_some(), or, &mut xhat, &mut gh, &mut gw,
+                        xr,
+                        gr,
+                        wv,
+                        m,
+                        rs[row],
+                        ms.is_some(),
+                        or,
+                        &mut xhat,
+                        &mut gh,
+                        &mut gw,
                         &mut gb,
                     );
                 }
@@ -169,17 +182,16 @@ fn norm_backward(
     }
     drop((xs, gs, ws, ms, rs));
     let dx = finish(out, shape, float_out(x.dtype()))?;
-    let reduce = |pick: fn(&(Vec<f32>, Vec<f32>)) -> &Vec<f32>, dtype: DType| -> Result<Tensor> {
-        let parts: Vec<Vec<f32>> = partials.iter().map(|p| pick(p).clone()).collect();
-        let s = sum_partials(&parts, d);
-        Tensor::from_vec(s, &[d])?.to_dtype(float_out(dtype))
+    let (gw_parts, gb_parts): (Vec<Vec<f32>>, Vec<Vec<f32>>) = partials.into_iter().unzip();
+    let reduce = |parts: &[Vec<f32>], dtype: DType| -> Result<Tensor> {
+        Tensor::from_vec(sum_partials(parts, d), &[d])?.to_dtype(float_out(dtype))
     };
     let dw = match (need_w, w) {
-        (true, Some(w)) => Some(reduce(|p| &p.0, w.dtype())?),
+        (true, Some(w)) => Some(reduce(&gw_parts, w.dtype())?),
         _ => None,
     };
     let db = if need_b {
-        Some(reduce(|p| &p.1, g.dtype())?)
+        Some(reduce(&gb_parts, g.dtype())?)
     } else {
         None
     };

@@ -107,7 +107,9 @@ pub(crate) fn load_row<T: Element>(src: &[T], dst: &mut [f32]) {
 
 /// Writes a row of f32 values as `T` (round-to-nearest-even for half types).
 pub(crate) fn store_row<T: Element>(src: &[f32], dst: &mut [T]) {
-    dst.iter_mut().zip(src).for_each(|(d, &s)| *d = T::from_f32(s));
+    dst.iter_mut()
+        .zip(src)
+        .for_each(|(d, &s)| *d = T::from_f32(s));
 }
 
 /// Sums per-block partial vectors (each of length `d`) in block order: the fixed-order

@@ -74,7 +74,11 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
     let tg = targets.reshape(&[n])?.detach();
     let ignore = opts.ignore_index;
     let (rows, lse) = fused(logits)?.cross_entropy(&logits2.detach(), &tg, ignore, eps)?;
-    let valid: Vec<bool> = tg.to_vec::<i64>().iter().map(|&t| Some(t) != ignore).collect();
+    let valid: Vec<bool> = tg
+        .to_vec::<i64>()
+        .iter()
+        .map(|&t| Some(t) != ignore)
+        .collect();
     let n_valid = valid.iter().filter(|&&b| b).count();
     let reduction = opts.reduction;
     let out = match reduction {
@@ -95,7 +99,11 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
         move |g: &Tensor| {
             let gv = g.to_vec_f32();
             let scale: Vec<f32> = match reduction {
-                Reduction::None => valid.iter().zip(&gv).map(|(&ok, &g)| if ok { g } else { 0.0 }).collect(),
+                Reduction::None => valid
+                    .iter()
+                    .zip(&gv)
+                    .map(|(&ok, &g)| if ok { g } else { 0.0 })
+                    .collect(),
                 Reduction::Sum | Reduction::Mean => {
                     let s = if reduction == Reduction::Mean && n_valid > 0 {
                         gv[0] / n_valid as f32
@@ -106,7 +114,9 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
                 }
             };
             let scale = Tensor::from_vec(scale, &[valid.len()])?;
-            Ok(vec![Some(fused(&x)?.cross_entropy_backward(&x, &tg, &lse, &scale, ignore, eps)?)])
+            Ok(vec![Some(fused(&x)?.cross_entropy_backward(
+                &x, &tg, &lse, &scale, ignore, eps,
+            )?)])
         }
     });
     match reduction {

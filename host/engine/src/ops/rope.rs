@@ -91,10 +91,13 @@ pub fn rope_tables(
             expected: "i64 or i32 positions",
         });
     }
-    if rot_dim == 0 || rot_dim % 2 != 0 {
-        return Err(invalid(OP, format!("rot_dim must be even and > 0, got {rot_dim}")));
+    if rot_dim == 0 || !rot_dim.is_multiple_of(2) {
+        return Err(invalid(
+            OP,
+            format!("rot_dim must be even and > 0, got {rot_dim}"),
+        ));
     }
-    if !(theta > 0.0) {
+    if theta.is_nan() || theta <= 0.0 {
         return Err(invalid(OP, format!("theta must be > 0, got {theta}")));
     }
     let inv = rope_inv_freq(rot_dim, theta, scaling);
@@ -110,7 +113,10 @@ pub fn rope_tables(
     }
     let mut shape = positions.shape().to_vec();
     shape.push(inv.len());
-    Ok((Tensor::from_vec(cos, &shape)?, Tensor::from_vec(sin, &shape)?))
+    Ok((
+        Tensor::from_vec(cos, &shape)?,
+        Tensor::from_vec(sin, &shape)?,
+    ))
 }
 
 impl Tensor {
@@ -129,7 +135,10 @@ impl Tensor {
         if self.rank() != 4 {
             return Err(invalid(
                 OP,
-                format!("x must be rank 4 ([B, H, T, D] or [B, T, H, D]), got {:?}", self.shape()),
+                format!(
+                    "x must be rank 4 ([B, H, T, D] or [B, T, H, D]), got {:?}",
+                    self.shape()
+                ),
             ));
         }
         if cos.shape() != sin.shape() {
@@ -152,7 +161,10 @@ impl Tensor {
         if !ok {
             return Err(mismatch(cos));
         }
-        let (c, sn) = (cos.to_dtype(DType::F32)?.detach(), sin.to_dtype(DType::F32)?.detach());
+        let (c, sn) = (
+            cos.to_dtype(DType::F32)?.detach(),
+            sin.to_dtype(DType::F32)?.detach(),
+        );
         let out = fused(self)?.rope(&self.detach(), &c, &sn, spec, false)?;
         Ok(record(OP, out, &[self], || {
             move |g: &Tensor| Ok(vec![Some(fused(g)?.rope(g, &c, &sn, spec, true)?)])
