@@ -384,3 +384,44 @@ fn errors_name_the_op_and_the_problem() {
 fn x_err(r: anneal_engine::Result<Tensor>) -> Error {
     r.expect_err("expected an error")
 }
+
+#[test]
+fn views_and_half_dtypes_go_through_the_same_kernels() {
+    // Embedding from an offset view and from a transposed (strided) weight.
+    let big = randn(&[8, 5], "vw");
+    let idx = ids(&[0, 3, 3, 1], &[4]);
+    let view = big.narrow(0, 2, 4).unwrap();
+    let want = view
+        .contiguous()
+        .unwrap()
+        .embedding(&idx)
+        .unwrap()
+        .to_vec_f32();
+    assert_eq!(view.embedding(&idx).unwrap().to_vec_f32(), want);
+    let wt = randn(&[5, 8], "vt").transpose(0, 1).unwrap();
+    let want = wt
+        .contiguous()
+        .unwrap()
+        .embedding(&idx)
+        .unwrap()
+        .to_vec_f32();
+    assert_eq!(wt.embedding(&idx).unwrap().to_vec_f32(), want);
+    // bf16 rope and softmax keep their dtype and agree with f32 to bf16 precision.
+    let x = randn(&[1, 2, 5, 8], "hx");
+    let xb = x.to_dtype(DType::BF16).unwrap();
+    let (c, s) = tables(5, 8);
+    let spec = RopeSpec {
+        style: RopeStyle::Interleaved,
+        layout: RopeLayout::Bhtd,
+    };
+    let yb = xb.rope(&c, &s, spec).unwrap();
+    assert_eq!(yb.dtype(), DType::BF16);
+    let y = xb.to_dtype(DType::F32).unwrap().rope(&c, &s, spec).unwrap();
+    assert_close("bf16 rope", &yb.to_vec_f32(), &y.to_vec_f32(), 1e-2, 1e-2);
+    assert_eq!(xb.softmax(1).unwrap().dtype(), DType::BF16);
+    // A 0-d tensor is a one-element row.
+    assert_eq!(
+        Tensor::scalar(3.0).softmax(-1).unwrap().item().unwrap(),
+        1.0
+    );
+}
