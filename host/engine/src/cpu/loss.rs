@@ -241,3 +241,27 @@ pub(crate) fn cross_entropy_backward(
     };
     Tensor::from_storage(out, logits.shape())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[ignore]
+    fn exp_sum_speed() {
+        let x: Vec<f32> = (0..4096).map(|i| (i as f32 * 0.37).sin() * 5.0).collect();
+        let t = std::time::Instant::now();
+        let mut s = 0.0;
+        for _ in 0..10000 {
+            s += super::exp_sum(std::hint::black_box(&x), 1.0);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / (4096.0 * 10000.0);
+        let t = std::time::Instant::now();
+        for _ in 0..10000 {
+            s += super::super::rowwise::row_max(std::hint::black_box(&x));
+        }
+        let ns2 = t.elapsed().as_nanos() as f64 / (4096.0 * 10000.0);
+        println!(
+            "exp_sum {ns:.3} ns/elem, row_max {ns2:.3} ns/elem ({s}) {:?}",
+            crate::simd_level()
+        );
+    }
+}
