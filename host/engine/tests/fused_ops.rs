@@ -425,3 +425,27 @@ fn views_and_half_dtypes_go_through_the_same_kernels() {
         1.0
     );
 }
+
+#[test]
+fn softmax_over_a_leading_dim_with_wide_strips() {
+    // inner = 600 spans several column strips; compare with the last-dim path on a transpose.
+    let x = randn(&[4, 600], "wide");
+    for log in [false, true] {
+        let f = |t: &Tensor, d: isize| if log { t.log_softmax(d) } else { t.softmax(d) };
+        let got = f(&x, 0).unwrap();
+        let want = f(&x.transpose(0, 1).unwrap(), -1)
+            .unwrap()
+            .transpose(0, 1)
+            .unwrap();
+        assert_close("strips", &got.to_vec_f32(), &want.to_vec_f32(), 1e-6, 1e-6);
+        check_grad("softmax_strips", std::slice::from_ref(&x), &[], |t| {
+            f(&t[0], 0)
+        });
+    }
+    assert_thread_invariant("softmax_strips", || {
+        let xl = x.detach().requires_grad_();
+        let y = xl.softmax(0).unwrap();
+        y.mul(&x).unwrap().sum_all().unwrap().backward().unwrap();
+        vec![y, xl.grad().unwrap()]
+    });
+}

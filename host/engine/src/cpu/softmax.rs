@@ -71,15 +71,16 @@ simd_kernel! {
 }
 
 simd_kernel! {
-    /// Softmax down the columns of an `[n, inner]` block; `m`, `s` are `inner`-long scratch.
-    fn softmax_cols(x: &[f32], y: &mut [f32], inner: usize, log: bool, m: &mut [f32], s: &mut [f32]) {
-        m.copy_from_slice(&x[..inner]);
-        for row in x.chunks_exact(inner).skip(1) {
-            m.iter_mut().zip(row).for_each(|(m, &v)| *m = m.max(v));
+    /// Softmax down columns: `x[r]`, `y[r]` are row `r`'s slices of one column strip of
+    /// width `w`; `m`, `s` are `w`-long scratch.
+    fn softmax_cols(x: &[&[f32]], y: &mut [&mut [f32]], log: bool, m: &mut [f32], s: &mut [f32]) {
+        m.copy_from_slice(x[0]);
+        for row in &x[1..] {
+            m.iter_mut().zip(row.iter()).for_each(|(m, &v)| *m = m.max(v));
         }
         s.fill(0.0);
-        for (xr, yr) in x.chunks_exact(inner).zip(y.chunks_exact_mut(inner)) {
-            for (((y, &x), &m), s) in yr.iter_mut().zip(xr).zip(m.iter()).zip(s.iter_mut()) {
+        for (xr, yr) in x.iter().zip(y.iter_mut()) {
+            for (((y, &x), &m), s) in yr.iter_mut().zip(xr.iter()).zip(m.iter()).zip(s.iter_mut()) {
                 let e = simd::exp(x - m);
                 *y = e;
                 *s += e;
@@ -87,14 +88,14 @@ simd_kernel! {
         }
         if log {
             m.iter_mut().zip(s.iter()).for_each(|(m, &s)| *m += s.ln());
-            for (xr, yr) in x.chunks_exact(inner).zip(y.chunks_exact_mut(inner)) {
-                for ((y, &x), &c) in yr.iter_mut().zip(xr).zip(m.iter()) {
+            for (xr, yr) in x.iter().zip(y.iter_mut()) {
+                for ((y, &x), &c) in yr.iter_mut().zip(xr.iter()).zip(m.iter()) {
                     *y = x - c;
                 }
             }
         } else {
             s.iter_mut().for_each(|s| *s = 1.0 / *s);
-            for yr in y.chunks_exact_mut(inner) {
+            for yr in y.iter_mut() {
                 yr.iter_mut().zip(s.iter()).for_each(|(y, &r)| *y *= r);
             }
         }
@@ -102,20 +103,46 @@ simd_kernel! {
 }
 
 simd_kernel! {
-    /// Softmax gradient down the columns of an `[n, inner]` block; `acc` is scratch.
-    fn grad_cols(y: &[f32], g: &[f32], out: &mut [f32], inner: usize, log: bool, acc: &mut [f32]) {
+    /// Softmax gradient down columns (row slices of one strip, as in `softmax_cols`).
+    fn grad_cols(y: &[&[f32]], g: &[&[f32]], out: &mut [&mut [f32]], log: bool, acc: &mut [f32]) {
         acc.fill(0.0);
-        for (yr, gr) in y.chunks_exact(inner).zip(g.chunks_exact(inner)) {
-            for ((a, &y), &g) in acc.iter_mut().zip(yr).zip(gr) {
+        for (yr, gr) in y.iter().zip(g.iter()) {
+            for ((a, &y), &g) in acc.iter_mut().zip(yr.iter()).zip(gr.iter()) {
                 *a += if log { g } else { g * y };
             }
         }
-        for ((yr, gr), or) in y.chunks_exact(inner).zip(g.chunks_exact(inner)).zip(out.chunks_exact_mut(inner)) {
-            for (((o, &y), &g), &a) in or.iter_mut().zip(yr).zip(gr).zip(acc.iter()) {
+        for ((yr, gr), or) in y.iter().zip(g.iter()).zip(out.iter_mut()) {
+            for (((o, &y), &g), &a) in or.iter_mut().zip(yr.iter()).zip(gr.iter()).zip(acc.iter()) {
                 *o = if log { g - simd::exp(y) * a } else { y * (g - a) };
             }
         }
     }
+}
+
+/// Column-strip width for softmax over a non-last dim: strips are independent tasks, so a
+/// single `[n, inner]` block (small outer) still spreads over threads.
+const STRIP: usize = 256;
+
+/// Row slices of every column strip of a row-major `[n, inner]` block: `strips[c][r]`.
+fn strips(block: &[f32], inner: usize) -> Vec<Vec<&[f32]>> {
+    let mut out: Vec<Vec<&[f32]>> = (0..inner.div_ceil(STRIP)).map(|_| Vec::new()).collect();
+    for row in block.chunks_exact(inner) {
+        for (c, piece) in row.chunks(STRIP).enumerate() {
+            out[c].push(piece);
+        }
+    }
+    out
+}
+
+/// Mutable version of [`strips`].
+fn strips_mut(block: &mut [f32], inner: usize) -> Vec<Vec<&mut [f32]>> {
+    let mut out: Vec<Vec<&mut [f32]>> = (0..inner.div_ceil(STRIP)).map(|_| Vec::new()).collect();
+    for row in block.chunks_exact_mut(inner) {
+        for (c, piece) in row.chunks_mut(STRIP).enumerate() {
+            out[c].push(piece);
+        }
+    }
+    out
 }
 
 /// `(outer, n, inner)` of a shape split at `dim`.
@@ -145,8 +172,14 @@ pub(crate) fn softmax(x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
         y.par_chunks_mut(n * inner)
             .zip(src.par_chunks(n * inner))
             .for_each(|(yb, xb)| {
-                let (mut m, mut s) = (vec![0f32; inner], vec![0f32; inner]);
-                softmax_cols(xb, yb, inner, log, &mut m, &mut s);
+                strips_mut(yb, inner)
+                    .into_par_iter()
+                    .zip(strips(xb, inner))
+                    .for_each(|(mut ys, xs)| {
+                        let w = xs[0].len();
+                        let (mut m, mut s) = (vec![0f32; w], vec![0f32; w]);
+                        softmax_cols(&xs, &mut ys, log, &mut m, &mut s);
+                    });
             });
     }
     drop(src);
@@ -176,8 +209,13 @@ pub(crate) fn softmax_backward(y: &Tensor, g: &Tensor, dim: usize, log: bool) ->
         o.par_chunks_mut(n * inner)
             .zip(ys.par_chunks(n * inner).zip(gs.par_chunks(n * inner)))
             .for_each(|(ob, (yb, gb))| {
-                let mut acc = vec![0f32; inner];
-                grad_cols(yb, gb, ob, inner, log, &mut acc);
+                strips_mut(ob, inner)
+                    .into_par_iter()
+                    .zip(strips(yb, inner).into_par_iter().zip(strips(gb, inner)))
+                    .for_each(|(mut os, (ys, gs))| {
+                        let mut acc = vec![0f32; ys[0].len()];
+                        grad_cols(&ys, &gs, &mut os, log, &mut acc);
+                    });
             });
     }
     drop((ys, gs));
