@@ -42,3 +42,91 @@ pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
         }),
     }
 }
+
+/// Fused transformer kernels (softmax, norms, rotary embedding, embedding lookup, cross-entropy).
+/// Each forward and backward is one kernel; the ops in `ops/` own shapes, checks and autograd.
+pub trait FusedBackend: Send + Sync {
+    /// Softmax (or log-softmax when `log`) of `x` over `dim`.
+    fn softmax(&self, x: &Tensor, dim: usize, log: bool) -> Result<Tensor>;
+    /// Gradient of softmax (or log-softmax) given its output `y` and the output gradient `g`.
+    fn softmax_backward(&self, y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor>;
+    /// RMSNorm over the last dim: `(out, rstd)` with `rstd` one f32 per row.
+    fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<(Tensor, Tensor)>;
+    /// RMSNorm gradients `(dx, dw)`; `dw` is computed when `need_w` (and `w` is given).
+    fn rms_norm_backward(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        rstd: &Tensor,
+        g: &Tensor,
+        need_w: bool,
+    ) -> Result<(Tensor, Option<Tensor>)>;
+    /// LayerNorm over the last dim: `(out, mean, rstd)` with one f32 per row each.
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        b: Option<&Tensor>,
+        eps: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)>;
+    /// LayerNorm gradients `(dx, dw, db)`.
+    fn layer_norm_backward(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        mean: &Tensor,
+        rstd: &Tensor,
+        g: &Tensor,
+        need: (bool, bool),
+    ) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)>;
+    /// Rotates pairs of `x` by the angles whose cos/sin `cos`, `sin` hold (`inverse`: by minus them).
+    fn rope(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        spec: crate::ops::RopeSpec,
+        inverse: bool,
+    ) -> Result<Tensor>;
+    /// Rows of `weight` at `ids` (already checked in range): `ids.shape + [D]`.
+    fn embedding(&self, weight: &Tensor, ids: &Tensor) -> Result<Tensor>;
+    /// Scatter-add of `g` (`ids.shape + [D]`) into a `[vocab, D]` gradient of `dtype`.
+    fn embedding_backward(
+        &self,
+        ids: &Tensor,
+        g: &Tensor,
+        vocab: usize,
+        dtype: DType,
+    ) -> Result<Tensor>;
+    /// Per-row cross-entropy of `logits [N, V]` against checked `targets [N]`:
+    /// `(loss [N] f32, logsumexp [N] f32)`; ignored rows have loss 0.
+    fn cross_entropy(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: Option<i64>,
+        label_smoothing: f32,
+    ) -> Result<(Tensor, Tensor)>;
+    /// Gradient of `sum_i scale_i * loss_i` w.r.t. the logits, with `row_scale [N]` f32
+    /// (already zero on ignored rows).
+    fn cross_entropy_backward(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        lse: &Tensor,
+        row_scale: &Tensor,
+        ignore_index: Option<i64>,
+        label_smoothing: f32,
+    ) -> Result<Tensor>;
+}
+
+/// The fused-kernel backend computing on `device`, or why none can.
+pub fn fused_backend_for(device: Device) -> Result<&'static dyn FusedBackend> {
+    match device {
+        Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
+            device: d,
+            reason: "this build has no CUDA backend yet".into(),
+        }),
+    }
+}

@@ -79,3 +79,101 @@ impl Backend for CpuBackend {
         elementwise::add_assign(dst, src)
     }
 }
+
+mod embedding;
+mod loss;
+mod norm;
+mod rope;
+mod rowwise;
+mod softmax;
+
+impl crate::backend::FusedBackend for CpuBackend {
+    fn softmax(&self, x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+        softmax::softmax(x, dim, log)
+    }
+    fn softmax_backward(&self, y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+        softmax::softmax_backward(y, g, dim, log)
+    }
+    fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<(Tensor, Tensor)> {
+        norm::rms_norm(x, w, eps)
+    }
+    fn rms_norm_backward(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        rstd: &Tensor,
+        g: &Tensor,
+        need_w: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        norm::rms_norm_backward(x, w, rstd, g, need_w)
+    }
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        b: Option<&Tensor>,
+        eps: f32,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        norm::layer_norm(x, w, b, eps)
+    }
+    fn layer_norm_backward(
+        &self,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        mean: &Tensor,
+        rstd: &Tensor,
+        g: &Tensor,
+        need: (bool, bool),
+    ) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+        norm::layer_norm_backward(x, w, mean, rstd, g, need)
+    }
+    fn rope(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        spec: crate::ops::RopeSpec,
+        inverse: bool,
+    ) -> Result<Tensor> {
+        rope::rope(x, cos, sin, spec, inverse)
+    }
+    fn embedding(&self, weight: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        embedding::embedding(weight, ids)
+    }
+    fn embedding_backward(
+        &self,
+        ids: &Tensor,
+        g: &Tensor,
+        vocab: usize,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        embedding::embedding_backward(ids, g, vocab, dtype)
+    }
+    fn cross_entropy(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        ignore_index: Option<i64>,
+        label_smoothing: f32,
+    ) -> Result<(Tensor, Tensor)> {
+        loss::cross_entropy(logits, targets, ignore_index, label_smoothing)
+    }
+    fn cross_entropy_backward(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        lse: &Tensor,
+        row_scale: &Tensor,
+        ignore_index: Option<i64>,
+        label_smoothing: f32,
+    ) -> Result<Tensor> {
+        loss::cross_entropy_backward(
+            logits,
+            targets,
+            lse,
+            row_scale,
+            ignore_index,
+            label_smoothing,
+        )
+    }
+}

@@ -82,7 +82,8 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 /// e^x to about 1 ulp, branch-free; exactly 0 below the normal range (so `exp(-inf) == 0`).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
-    let xc = x.clamp(-87.33, 88.72);
+    // max/min (not clamp) map NaN into range, so the unchecked cast below stays defined.
+    let xc = x.max(-87.33).min(88.72);
     let k = (xc * LOG2E + 0.5).floor();
     let r = xc - k * LN2_HI - k * LN2_LO;
     let p = 1.0
@@ -91,7 +92,10 @@ pub fn exp(x: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let scale = f32::from_bits(((k as i32 + 127) << 23) as u32);
+    // SAFETY: `k` is an integer in [-126, 129] (xc is finite and clamped), so the cast is exact.
+    // A plain `as` cast saturates, which AVX2 cannot vectorize: every exp went scalar.
+    let ki: i32 = unsafe { k.to_int_unchecked() };
+    let scale = f32::from_bits(((ki + 127) << 23) as u32);
     let y = p * scale;
     let y = if x < -87.33 { 0.0 } else { y };
     if x.is_nan() {

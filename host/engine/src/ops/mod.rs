@@ -26,3 +26,30 @@ pub(crate) fn be(t: &Tensor) -> Result<&'static dyn Backend> {
 pub fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
     be(dst)?.add_assign(dst, src)
 }
+
+mod embedding;
+mod loss;
+mod norm;
+mod rope;
+mod softmax;
+
+pub use loss::{cross_entropy, CrossEntropy, Reduction};
+pub use rope::{rope_inv_freq, rope_tables, Llama3Scaling, RopeLayout, RopeSpec, RopeStyle};
+
+/// The fused-kernel backend for `t`'s device.
+pub(crate) fn fused(t: &Tensor) -> Result<&'static dyn crate::backend::FusedBackend> {
+    crate::backend::fused_backend_for(t.device())
+}
+
+/// Fails with [`crate::Error::DType`] unless `t` holds floats.
+pub(crate) fn require_float(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(crate::Error::DType {
+            op,
+            got: t.dtype(),
+            expected: "a floating dtype",
+        })
+    }
+}

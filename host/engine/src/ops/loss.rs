@@ -1,0 +1,133 @@
+//! Cross-entropy fused with log-softmax: one forward pass per row (online max / sum-exp), one
+//! backward pass writing `(softmax - smoothed one-hot) * scale`.
+
+use super::{fused, require_float};
+use crate::autograd::record;
+use crate::error::{Error, Result};
+use crate::{DType, Tensor};
+
+/// How per-token losses combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    /// Mean over the non-ignored tokens (0, with zero gradients, when every token is ignored;
+    /// PyTorch returns NaN there).
+    Mean,
+    /// Sum over the non-ignored tokens.
+    Sum,
+    /// One loss per token, shaped like `targets` (0 at ignored tokens).
+    None,
+}
+
+/// Options of [`cross_entropy`]; the default matches PyTorch's (`ignore_index = -100`, mean).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CrossEntropy {
+    /// Targets equal to this contribute nothing and are not counted.
+    pub ignore_index: Option<i64>,
+    /// How per-token losses combine.
+    pub reduction: Reduction,
+    /// `ε` in `(1-ε)·nll + ε·mean_j(-log p_j)` (PyTorch's `label_smoothing`), in `[0, 1]`.
+    pub label_smoothing: f32,
+}
+
+impl Default for CrossEntropy {
+    fn default() -> Self {
+        CrossEntropy {
+            ignore_index: Some(-100),
+            reduction: Reduction::Mean,
+            label_smoothing: 0.0,
+        }
+    }
+}
+
+/// Cross-entropy of `logits [.., V]` (f32, bf16 or f16; computed in f32) against integer
+/// `targets [..]` (i64 or i32). A target outside `0..V` that is not `ignore_index` is an
+/// [`Error::IndexOutOfRange`]. Returns a 0-d f32 loss (mean, sum) or per-token f32 losses (none).
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> Result<Tensor> {
+    const OP: &str = "cross_entropy";
+    require_float(OP, logits)?;
+    logits.check_cpu(OP)?;
+    if !matches!(targets.dtype(), DType::I64 | DType::I32) {
+        return Err(Error::DType {
+            op: OP,
+            got: targets.dtype(),
+            expected: "i64 or i32 targets",
+        });
+    }
+    let r = logits.rank();
+    if r == 0 || logits.shape()[..r - 1] != *targets.shape() {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            lhs: logits.shape().to_vec(),
+            rhs: targets.shape().to_vec(),
+        });
+    }
+    let eps = opts.label_smoothing;
+    if !(0.0..=1.0).contains(&eps) {
+        return Err(crate::error::invalid(
+            OP,
+            format!("label_smoothing must be in [0, 1], got {eps}"),
+        ));
+    }
+    let v = logits.shape()[r - 1];
+    let n = targets.numel();
+    let logits2 = logits.reshape(&[n, v])?;
+    let tg = targets.reshape(&[n])?.detach();
+    let ignore = opts.ignore_index;
+    let (rows, lse) = fused(logits)?.cross_entropy(&logits2.detach(), &tg, ignore, eps)?;
+    let valid: Vec<bool> = tg
+        .to_vec::<i64>()
+        .iter()
+        .map(|&t| Some(t) != ignore)
+        .collect();
+    let n_valid = valid.iter().filter(|&&b| b).count();
+    let reduction = opts.reduction;
+    let out = match reduction {
+        Reduction::None => rows,
+        Reduction::Sum | Reduction::Mean => {
+            // Sequential f64 sum: a fixed order whatever the thread count.
+            let total: f64 = rows.to_vec_f32().iter().map(|&l| l as f64).sum();
+            let div = if reduction == Reduction::Mean {
+                n_valid.max(1) as f64
+            } else {
+                1.0
+            };
+            Tensor::scalar((total / div) as f32)
+        }
+    };
+    let out = record(OP, out, &[&logits2], || {
+        let x = logits2.detach();
+        move |g: &Tensor| {
+            let gv = g.to_vec_f32();
+            let scale: Vec<f32> = match reduction {
+                Reduction::None => valid
+                    .iter()
+                    .zip(&gv)
+                    .map(|(&ok, &g)| if ok { g } else { 0.0 })
+                    .collect(),
+                Reduction::Sum | Reduction::Mean => {
+                    let s = if reduction == Reduction::Mean && n_valid > 0 {
+                        gv[0] / n_valid as f32
+                    } else {
+                        gv[0]
+                    };
+                    valid.iter().map(|&ok| if ok { s } else { 0.0 }).collect()
+                }
+            };
+            let scale = Tensor::from_vec(scale, &[valid.len()])?;
+            Ok(vec![Some(fused(&x)?.cross_entropy_backward(
+                &x, &tg, &lse, &scale, ignore, eps,
+            )?)])
+        }
+    });
+    match reduction {
+        Reduction::None => out.reshape(targets.shape()),
+        _ => Ok(out),
+    }
+}
+
+impl Tensor {
+    /// [`cross_entropy`] of these logits against `targets`.
+    pub fn cross_entropy(&self, targets: &Tensor, opts: &CrossEntropy) -> Result<Tensor> {
+        cross_entropy(self, targets, opts)
+    }
+}
