@@ -26,3 +26,12 @@ pub(crate) fn be(t: &Tensor) -> Result<&'static dyn Backend> {
 pub fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
     be(dst)?.add_assign(dst, src)
 }
+
+mod index;
+mod moe;
+mod random;
+mod shape;
+
+pub use index::where_;
+pub use moe::{histogram, sort_by_expert, ExpertCounts, ExpertRouting};
+pub use shape::{cat, stack};
