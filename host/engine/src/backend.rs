@@ -60,8 +60,12 @@ pub trait Backend: Send + Sync {
         transpose_w: bool,
     ) -> Result<Tensor>;
     /// `out[e] = x_e^T @ g_e` over the row groups given by `counts`: `[E, K, M]`.
-    fn grouped_matmul_weight_grad(&self, x: &Tensor, g: &Tensor, counts: &[usize])
-        -> Result<Tensor>;
+    fn grouped_matmul_weight_grad(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        counts: &[usize],
+    ) -> Result<Tensor>;
 }
 
 /// The backend computing on `device`, or why none can.

@@ -109,7 +109,11 @@ fn topk_ties_take_lower_index_first_and_unsorted_is_index_order() {
     assert_eq!(i.to_vec::<i64>(), vec![0, 1, 3]);
     assert_eq!(v.to_vec_f32(), vec![1.0, 3.0, 0.0]);
     // bf16 values keep their dtype.
-    let (v, _) = x.to_dtype(DType::BF16).unwrap().topk(1, 0, false, true).unwrap();
+    let (v, _) = x
+        .to_dtype(DType::BF16)
+        .unwrap()
+        .topk(1, 0, false, true)
+        .unwrap();
     assert_eq!(v.dtype(), DType::BF16);
 }
 
@@ -149,7 +153,9 @@ fn index_grads_match_finite_differences() {
 fn where_and_masked_fill_grads() {
     let cond = Tensor::from_slice(&[1i64, 0, 3], &[3, 1]).unwrap();
     let (a, b) = (randn(&[3, 4], "a"), randn(&[4], "b"));
-    check_grad("where", &[a.clone(), b], &[], |t| where_(&cond, &t[0], &t[1]));
+    check_grad("where", &[a.clone(), b], &[], |t| {
+        where_(&cond, &t[0], &t[1])
+    });
     let mask = Tensor::from_slice(&[0.0f32, 1.0, 0.0, 1.0], &[4]).unwrap();
     check_grad("masked_fill", &[a], &[], |t| t[0].masked_fill(&mask, 7.0));
 }
@@ -195,7 +201,9 @@ fn index_ops_are_thread_invariant() {
     let idx1 = rand_idx(&[64, 900], 300, "i1");
     let src1 = randn(&[64, 900], "s1");
     let rows = rand_idx(&[500], 64, "rows");
-    let cond = rand(&[64, 1], 0.0, 1.0, "cond").ge(&Tensor::scalar(0.5)).unwrap();
+    let cond = rand(&[64, 1], 0.0, 1.0, "cond")
+        .ge(&Tensor::scalar(0.5))
+        .unwrap();
     assert_thread_invariant("index ops", || {
         vec![
             x.scatter_add(0, &idx0, &src0).unwrap(),
@@ -219,19 +227,34 @@ fn index_errors_name_the_op() {
     let oob = Tensor::from_slice(&[0i64, 4], &[1, 2]).unwrap();
     let err = x.gather(1, &oob).unwrap_err();
     assert!(
-        matches!(err, Error::IndexOutOfRange { op: "gather", index: 4, size: 4 }),
+        matches!(
+            err,
+            Error::IndexOutOfRange {
+                op: "gather",
+                index: 4,
+                size: 4
+            }
+        ),
         "{err}"
     );
     let neg = Tensor::from_slice(&[-1i64], &[1]).unwrap();
     assert!(matches!(
         x.index_select(0, &neg).unwrap_err(),
-        Error::IndexOutOfRange { op: "index_select", index: -1, .. }
+        Error::IndexOutOfRange {
+            op: "index_select",
+            index: -1,
+            ..
+        }
     ));
     let src = randn(&[1, 2], "src");
     let idx = Tensor::from_slice(&[0i64, 3], &[1, 2]).unwrap();
     assert!(matches!(
         x.scatter_add(0, &idx, &src).unwrap_err(),
-        Error::IndexOutOfRange { op: "scatter_add", index: 3, size: 3 }
+        Error::IndexOutOfRange {
+            op: "scatter_add",
+            index: 3,
+            size: 3
+        }
     ));
     let too_big = Tensor::zeros(&[2, 5], DType::I64);
     assert!(matches!(
@@ -241,13 +264,19 @@ fn index_errors_name_the_op() {
     assert!(matches!(
         x.scatter_add(0, &Tensor::zeros(&[2, 3], DType::I64), &src)
             .unwrap_err(),
-        Error::ShapeMismatch { op: "scatter_add", .. }
+        Error::ShapeMismatch {
+            op: "scatter_add",
+            ..
+        }
     ));
     assert!(matches!(
-        x.gather(1, &Tensor::zeros(&[3, 1], DType::F32)).unwrap_err(),
+        x.gather(1, &Tensor::zeros(&[3, 1], DType::F32))
+            .unwrap_err(),
         Error::DType { op: "gather", .. }
     ));
-    assert!(x.index_select(0, &Tensor::zeros(&[1, 1], DType::I64)).is_err());
+    assert!(x
+        .index_select(0, &Tensor::zeros(&[1, 1], DType::I64))
+        .is_err());
     let msg = x.topk(5, 1, true, true).unwrap_err().to_string();
     assert!(msg.contains("topk") && msg.contains("k = 5"), "{msg}");
     assert!(matches!(
@@ -265,6 +294,9 @@ fn index_errors_name_the_op() {
     assert!(matches!(
         x.masked_fill(&Tensor::zeros(&[2, 3, 4], DType::I64), 0.0)
             .unwrap_err(),
-        Error::ShapeMismatch { op: "masked_fill", .. }
+        Error::ShapeMismatch {
+            op: "masked_fill",
+            ..
+        }
     ));
 }

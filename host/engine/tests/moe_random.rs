@@ -19,12 +19,30 @@ fn grouped_matmul_matches_pytorch_with_grads() {
     let w = f["gmm.w"].detach().requires_grad_();
     // Counts given as a tensor here, as a slice below.
     let out = x.grouped_matmul(&w, &f["gmm.counts"]).unwrap();
-    assert_close("gmm.out", &out.to_vec_f32(), &f["gmm.out"].to_vec_f32(), 1e-5, 1e-5);
+    assert_close(
+        "gmm.out",
+        &out.to_vec_f32(),
+        &f["gmm.out"].to_vec_f32(),
+        1e-5,
+        1e-5,
+    );
     out.backward_with(f["gmm.grad"].clone()).unwrap();
     let (gx, gw) = (x.grad().unwrap(), w.grad().unwrap());
     assert_eq!(gw.shape(), &[4, 8, 6]);
-    assert_close("gmm.grad_x", &gx.to_vec_f32(), &f["gmm.grad_x"].to_vec_f32(), 1e-5, 1e-5);
-    assert_close("gmm.grad_w", &gw.to_vec_f32(), &f["gmm.grad_w"].to_vec_f32(), 1e-5, 1e-5);
+    assert_close(
+        "gmm.grad_x",
+        &gx.to_vec_f32(),
+        &f["gmm.grad_x"].to_vec_f32(),
+        1e-5,
+        1e-5,
+    );
+    assert_close(
+        "gmm.grad_w",
+        &gw.to_vec_f32(),
+        &f["gmm.grad_w"].to_vec_f32(),
+        1e-5,
+        1e-5,
+    );
 }
 
 #[test]
@@ -65,7 +83,10 @@ fn grouped_matmul_equals_per_expert_matmul_and_is_thread_invariant() {
     // bf16 operands give a bf16 result.
     let xb = x.to_dtype(DType::BF16).unwrap();
     let wb = w.to_dtype(DType::BF16).unwrap();
-    assert_eq!(xb.grouped_matmul(&wb, &counts).unwrap().dtype(), DType::BF16);
+    assert_eq!(
+        xb.grouped_matmul(&wb, &counts).unwrap().dtype(),
+        DType::BF16
+    );
 }
 
 #[test]
@@ -73,13 +94,19 @@ fn grouped_matmul_errors() {
     let x = randn(&[6, 4], "x");
     let w = randn(&[2, 4, 3], "w");
     let msg = x.grouped_matmul(&w, &[2usize, 3]).unwrap_err().to_string();
-    assert!(msg.contains("grouped_matmul") && msg.contains("sum to 5"), "{msg}");
+    assert!(
+        msg.contains("grouped_matmul") && msg.contains("sum to 5"),
+        "{msg}"
+    );
     let msg = x.grouped_matmul(&w, &[6usize]).unwrap_err().to_string();
     assert!(msg.contains("1 counts for 2 experts"), "{msg}");
     assert!(matches!(
         x.grouped_matmul(&randn(&[2, 5, 3], "w5"), &[3usize, 3])
             .unwrap_err(),
-        Error::ShapeMismatch { op: "grouped_matmul", .. }
+        Error::ShapeMismatch {
+            op: "grouped_matmul",
+            ..
+        }
     ));
     let neg = Tensor::from_slice(&[7i64, -1], &[2]).unwrap();
     assert!(x.grouped_matmul(&w, &neg).is_err());
@@ -99,14 +126,21 @@ fn sort_by_expert_builds_a_stable_permutation() {
     for (slot, &a) in r.order.to_vec::<i64>().iter().enumerate() {
         assert_eq!(inv[a as usize], slot as i64);
     }
-    assert_eq!(histogram(&ids, 4).unwrap().to_vec::<i64>(), vec![3, 2, 3, 0]);
+    assert_eq!(
+        histogram(&ids, 4).unwrap().to_vec::<i64>(),
+        vec![3, 2, 3, 0]
+    );
 
     // End to end: route, expert products, un-permute, combine = a per-token reference.
     let x = randn(&[4, 6], "x");
     let w = randn(&[3, 6, 5], "w");
     let sorted = x.index_select(0, &r.token).unwrap();
     let y = sorted.grouped_matmul(&w, &r.counts).unwrap();
-    let back = y.index_select(0, &r.inverse).unwrap().reshape(&[4, 2, 5]).unwrap();
+    let back = y
+        .index_select(0, &r.inverse)
+        .unwrap()
+        .reshape(&[4, 2, 5])
+        .unwrap();
     let idv = ids.to_vec::<i64>();
     for t in 0..4 {
         for c in 0..2 {
@@ -122,7 +156,11 @@ fn sort_by_expert_builds_a_stable_permutation() {
     }
     assert!(matches!(
         sort_by_expert(&ids, 2).unwrap_err(),
-        Error::IndexOutOfRange { op: "sort_by_expert", index: 2, size: 2 }
+        Error::IndexOutOfRange {
+            op: "sort_by_expert",
+            index: 2,
+            size: 2
+        }
     ));
     assert!(sort_by_expert(&Tensor::zeros(&[4], DType::I64), 2).is_err());
 }
@@ -139,9 +177,20 @@ fn dropout_mask_is_reproducible_and_scaled() {
     assert_eq!(y, x.dropout(0.3, &key, 17).unwrap().to_vec_f32());
     let shifted = x.dropout(0.3, &key, 18).unwrap().to_vec_f32();
     assert_eq!(&y[1..], &shifted[..999]);
-    assert_ne!(y, x.dropout(0.3, &key.fold("step1"), 17).unwrap().to_vec_f32());
-    assert_eq!(x.dropout(0.0, &key, 0).unwrap().to_vec_f32(), x.to_vec_f32());
-    assert!(x.dropout(1.0, &key, 0).unwrap().to_vec_f32().iter().all(|&v| v == 0.0));
+    assert_ne!(
+        y,
+        x.dropout(0.3, &key.fold("step1"), 17).unwrap().to_vec_f32()
+    );
+    assert_eq!(
+        x.dropout(0.0, &key, 0).unwrap().to_vec_f32(),
+        x.to_vec_f32()
+    );
+    assert!(x
+        .dropout(1.0, &key, 0)
+        .unwrap()
+        .to_vec_f32()
+        .iter()
+        .all(|&v| v == 0.0));
     assert!(x.dropout(1.5, &key, 0).is_err());
     assert!(x.dropout(-0.1, &key, 0).is_err());
 }
@@ -150,12 +199,16 @@ fn dropout_mask_is_reproducible_and_scaled() {
 fn dropout_backward_uses_the_forward_mask() {
     let key = RngKey::new(9, "drop");
     let x = randn(&[7, 9], "x");
-    check_grad("dropout", &[x.clone()], &[], |t| t[0].dropout(0.4, &key, 3));
+    check_grad("dropout", std::slice::from_ref(&x), &[], |t| {
+        t[0].dropout(0.4, &key, 3)
+    });
     let xl = x.detach().requires_grad_();
     let y = xl.dropout(0.4, &key, 3).unwrap();
     y.sum_all().unwrap().backward().unwrap();
     let g = xl.grad().unwrap().to_vec_f32();
-    let mask = Tensor::dropout_mask(&[7, 9], 0.4, &key, 3).unwrap().to_vec_f32();
+    let mask = Tensor::dropout_mask(&[7, 9], 0.4, &key, 3)
+        .unwrap()
+        .to_vec_f32();
     assert_eq!(g, mask);
     // Under recomputation (no grad) the forward gives the same values.
     let again = {
@@ -173,7 +226,9 @@ fn random_tensors_are_thread_invariant() {
             Tensor::rand_uniform(&[70_001], -1.0, 1.0, &key, 11, DType::F32).unwrap(),
             Tensor::rand_normal(&[300, 301], 0.0, 0.02, &key, 5, DType::F32).unwrap(),
             Tensor::rand_normal(&[999], 1.0, 2.0, &key, 0, DType::BF16).unwrap(),
-            Tensor::ones(&[50_000], DType::F32).dropout(0.1, &key, 7).unwrap(),
+            Tensor::ones(&[50_000], DType::F32)
+                .dropout(0.1, &key, 7)
+                .unwrap(),
             Tensor::bernoulli(&[20_000], 0.25, &key, 0, DType::F32).unwrap(),
         ]
     });

@@ -188,7 +188,8 @@ pub(crate) fn scatter_add(x: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) ->
         writer[xo] = Some(o);
     }
     let mut out = Storage::any(DType::F32, x.numel());
-    out.as_mut_slice::<f32>().copy_from_slice(&x.contig::<f32>());
+    out.as_mut_slice::<f32>()
+        .copy_from_slice(&x.contig::<f32>());
     let ss = src.contig::<f32>();
     let slab = gx.len * gx.inner;
     if n * xinner > 0 && slab > 0 {
@@ -221,7 +222,11 @@ pub(crate) fn where_(cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Res
         .enumerate()
         .for_each(|(i, o)| {
             let r = i * CHUNK..i * CHUNK + o.len();
-            for ((o, &c), (&a, &b)) in o.iter_mut().zip(&c[r.clone()]).zip(av[r.clone()].iter().zip(&bv[r])) {
+            for ((o, &c), (&a, &b)) in o
+                .iter_mut()
+                .zip(&c[r.clone()])
+                .zip(av[r.clone()].iter().zip(&bv[r]))
+            {
                 *o = if c != 0.0 { a } else { b };
             }
         });
@@ -238,7 +243,11 @@ fn rank_order(largest: bool, va: f32, ia: u32, vb: f32, ib: u32) -> Ordering {
         (false, true) => Ordering::Less,
         _ => va.partial_cmp(&vb).unwrap_or(Ordering::Equal),
     };
-    let by_value = if largest { by_value.reverse() } else { by_value };
+    let by_value = if largest {
+        by_value.reverse()
+    } else {
+        by_value
+    };
     by_value.then(ia.cmp(&ib))
 }
 
@@ -266,7 +275,9 @@ pub(crate) fn topk(
             .enumerate()
             .for_each(|(r, (vo, io))| {
                 let line = &xs[r * n..(r + 1) * n];
-                let cmp = |a: &u32, b: &u32| rank_order(largest, line[*a as usize], *a, line[*b as usize], *b);
+                let cmp = |a: &u32, b: &u32| {
+                    rank_order(largest, line[*a as usize], *a, line[*b as usize], *b)
+                };
                 let mut order: Vec<u32> = (0..n as u32).collect();
                 if k < n {
                     order.select_nth_unstable_by(k - 1, cmp);
@@ -292,8 +303,5 @@ pub(crate) fn topk(
     };
     let v = Tensor::from_storage(Storage::from_slice(&vals), &moved_shape)?;
     let i = Tensor::from_vec(idxs, &moved_shape)?;
-    Ok((
-        back(v).materialize(float_out(x.dtype())),
-        back(i),
-    ))
+    Ok((back(v).materialize(float_out(x.dtype())), back(i)))
 }

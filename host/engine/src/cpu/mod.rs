@@ -9,6 +9,8 @@ mod elementwise;
 mod matmul;
 mod reduce;
 pub(crate) mod simd;
+
+// Indexing and mixture-of-experts kernels.
 mod index;
 mod moe;
 

@@ -126,7 +126,12 @@ impl Tensor {
         let out = be(self)?.index_add(&self.detach(), d, idx, &src.detach())?;
         Ok(record("index_add", out, &[self, src], || {
             let idx = idx.detach();
-            move |g: &Tensor| Ok(vec![Some(g.clone()), Some(g.index_select(d as isize, &idx)?)])
+            move |g: &Tensor| {
+                Ok(vec![
+                    Some(g.clone()),
+                    Some(g.index_select(d as isize, &idx)?),
+                ])
+            }
         }))
     }
 

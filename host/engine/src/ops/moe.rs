@@ -57,7 +57,11 @@ impl Tensor {
     /// `w [E, K, M]`, the first `counts[0]` rows are multiplied by `w[0]`, the next `counts[1]`
     /// by `w[1]`, and so on, giving `[N, M]`. `counts` has `E` entries summing to `N`.
     /// Gradients flow to `x` and `w`; results are identical with any thread count.
-    pub fn grouped_matmul<C: ExpertCounts + ?Sized>(&self, w: &Tensor, counts: &C) -> Result<Tensor> {
+    pub fn grouped_matmul<C: ExpertCounts + ?Sized>(
+        &self,
+        w: &Tensor,
+        counts: &C,
+    ) -> Result<Tensor> {
         let counts = counts.to_counts()?;
         if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[1] {
             return Err(Error::ShapeMismatch {

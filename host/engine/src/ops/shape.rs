@@ -100,7 +100,7 @@ impl Tensor {
         }
         let n = self.shape()[d];
         let mut sizes = vec![split_size; n / split_size];
-        if n % split_size != 0 {
+        if !n.is_multiple_of(split_size) {
             sizes.push(n % split_size);
         }
         self.split_with_sizes(&sizes, dim)
