@@ -66,6 +66,8 @@ pub trait Backend: Send + Sync {
         g: &Tensor,
         counts: &[usize],
     ) -> Result<Tensor>;
+    /// Joins tensors of one dtype (equal in every other dim) along `dim`, copying bytes.
+    fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor>;
 }
 
 /// The backend computing on `device`, or why none can.

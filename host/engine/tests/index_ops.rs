@@ -300,3 +300,30 @@ fn index_errors_name_the_op() {
         }
     ));
 }
+
+#[test]
+fn copies_keep_dtype_and_handle_strided_inputs() {
+    // i64 values beyond f32's exact range survive index_select, gather and cat bit for bit.
+    let big = (1i64 << 40) + 1;
+    let ids = Tensor::from_slice(&[big, 2, 3, big + 2], &[2, 2]).unwrap();
+    let rows = Tensor::from_slice(&[1i64, 0, 1], &[3]).unwrap();
+    let sel = ids.index_select(0, &rows).unwrap();
+    assert_eq!(sel.dtype(), DType::I64);
+    assert_eq!(sel.to_vec::<i64>(), vec![3, big + 2, big, 2, 3, big + 2]);
+    let pick = Tensor::from_slice(&[1i64, 0], &[2, 1]).unwrap();
+    assert_eq!(ids.gather(1, &pick).unwrap().to_vec::<i64>(), vec![2, 3]);
+    let joined = cat(&[ids.clone(), ids.transpose(0, 1).unwrap()], 1).unwrap();
+    assert_eq!(
+        joined.to_vec::<i64>(),
+        vec![big, 2, big, 3, 3, big + 2, 2, big + 2]
+    );
+    // A strided float input (a transpose) concatenates like its contiguous copy.
+    let x = randn(&[4, 3], "x");
+    let xt = x.transpose(0, 1).unwrap();
+    let a = cat(&[xt.clone(), randn(&[3, 2], "y")], 1).unwrap();
+    let b = cat(&[xt.contiguous().unwrap(), randn(&[3, 2], "y")], 1).unwrap();
+    assert_eq!(a.to_vec_f32(), b.to_vec_f32());
+    let s = stack(&[x.clone(), x.clone()], 0).unwrap();
+    assert_eq!(s.shape(), &[2, 4, 3]);
+    assert_eq!(&s.to_vec_f32()[12..], &x.to_vec_f32()[..]);
+}

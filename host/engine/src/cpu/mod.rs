@@ -13,6 +13,7 @@ pub(crate) mod simd;
 // Indexing and mixture-of-experts kernels.
 mod index;
 mod moe;
+mod shape;
 
 use crate::backend::Backend;
 use crate::error::Result;
@@ -123,5 +124,8 @@ impl Backend for CpuBackend {
         counts: &[usize],
     ) -> Result<Tensor> {
         moe::grouped_matmul_weight_grad(x, g, counts)
+    }
+    fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {
+        shape::cat(tensors, dim)
     }
 }

@@ -3,7 +3,6 @@
 //! `cat` copies; `split` and `chunk` return views (narrow), so their gradients come from
 //! `narrow`'s rule.
 
-use super::view::copy_into;
 use crate::autograd::record;
 use crate::error::{invalid, Error, Result};
 use crate::layout::resolve_dim;
@@ -16,8 +15,6 @@ pub fn cat(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
         .first()
         .ok_or_else(|| invalid("cat", "needs at least one tensor"))?;
     let d = resolve_dim("cat", dim, first.rank())?;
-    let mut shape = first.shape().to_vec();
-    shape[d] = 0;
     for t in tensors {
         let same_other_dims = t.rank() == first.rank()
             && t.shape()
@@ -39,18 +36,18 @@ pub fn cat(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
             ));
         }
         t.check_cpu("cat")?;
-        shape[d] += t.shape()[d];
     }
-    let out = Tensor::zeros(&shape, first.dtype());
+    let detached: Vec<Tensor> = tensors.iter().map(|t| t.detach()).collect();
+    let out = super::be(first)?.cat(&detached, d)?;
     let mut start = 0;
-    let mut bounds = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let len = t.shape()[d];
-        let dst = out.with_layout(out.layout().narrow(d, start, len)?);
-        copy_into(&dst, &t.detach())?;
-        bounds.push((start, len));
-        start += len;
-    }
+    let bounds: Vec<(usize, usize)> = tensors
+        .iter()
+        .map(|t| {
+            let b = (start, t.shape()[d]);
+            start += t.shape()[d];
+            b
+        })
+        .collect();
     let inputs: Vec<&Tensor> = tensors.iter().collect();
     Ok(record("cat", out, &inputs, || {
         let need: Vec<bool> = tensors.iter().map(|t| t.requires_grad()).collect();
