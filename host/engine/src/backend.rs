@@ -68,6 +68,15 @@ pub trait Backend: Send + Sync {
     ) -> Result<Tensor>;
     /// Joins tensors of one dtype (equal in every other dim) along `dim`, copying bytes.
     fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor>;
+    /// `x * scale` where the uniform draw of `key` at `offset + i` is at least `p`, else 0.
+    fn dropout(
+        &self,
+        x: &Tensor,
+        p: f32,
+        scale: f32,
+        key: &crate::rng::RngKey,
+        offset: u64,
+    ) -> Result<Tensor>;
 }
 
 /// The backend computing on `device`, or why none can.

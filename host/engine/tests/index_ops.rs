@@ -327,3 +327,36 @@ fn copies_keep_dtype_and_handle_strided_inputs() {
     assert_eq!(s.shape(), &[2, 4, 3]);
     assert_eq!(&s.to_vec_f32()[12..], &x.to_vec_f32()[..]);
 }
+
+#[test]
+fn topk_scan_and_select_paths_agree_with_a_stable_sort() {
+    // Few distinct values: many ties, resolved lower index first on both kernel paths
+    // (small k scans with a buffer, large k uses a partial selection).
+    let n = 200;
+    let x = rand(&[3, n], 0.0, 5.0, "ties")
+        .to_dtype(DType::I64)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    let v = x.to_vec_f32();
+    for largest in [true, false] {
+        for k in [1, 3, 25, 150, n] {
+            let (vals, idx) = x.topk(k, 1, largest, true).unwrap();
+            for r in 0..3 {
+                let line = &v[r * n..(r + 1) * n];
+                let mut want: Vec<usize> = (0..n).collect();
+                want.sort_by(|&a, &b| {
+                    let o = line[a].partial_cmp(&line[b]).unwrap();
+                    (if largest { o.reverse() } else { o }).then(a.cmp(&b))
+                });
+                let got: Vec<usize> = idx.to_vec::<i64>()[r * k..(r + 1) * k]
+                    .iter()
+                    .map(|&i| i as usize)
+                    .collect();
+                assert_eq!(got, want[..k].to_vec(), "k {k} largest {largest} row {r}");
+                let gv = &vals.to_vec_f32()[r * k..(r + 1) * k];
+                assert!(gv.iter().zip(&want).all(|(&a, &i)| a == line[i]));
+            }
+        }
+    }
+}

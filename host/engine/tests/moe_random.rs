@@ -236,3 +236,73 @@ fn random_tensors_are_thread_invariant() {
     let ones = b.to_vec::<i64>().iter().filter(|&&v| v == 1).count();
     assert!((4500..5500).contains(&ones), "{ones}");
 }
+
+/// Timing figures (not a check): `cargo test --release --test moe_random -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn bench_moe_and_index_ops() {
+    use std::time::Instant;
+    let time = |name: &str, flops: f64, f: &dyn Fn()| {
+        f();
+        let reps = 5;
+        let t = Instant::now();
+        for _ in 0..reps {
+            f();
+        }
+        let s = t.elapsed().as_secs_f64() / reps as f64;
+        if flops > 0.0 {
+            println!("{name}: {:.2} ms, {:.1} GFLOP/s", s * 1e3, flops / s / 1e9);
+        } else {
+            println!("{name}: {:.2} ms", s * 1e3);
+        }
+    };
+    let (n, k, m, e) = (4096, 512, 1024, 8);
+    let x = randn(&[n, k], "x");
+    let w = randn(&[e, k, m], "w");
+    let w0 = randn(&[k, m], "w0");
+    let counts = vec![n / e; e];
+    let flops = 2.0 * (n * k * m) as f64;
+    time("matmul [4096,512]@[512,1024]", flops, &|| {
+        x.matmul(&w0).unwrap();
+    });
+    time("grouped_matmul 8 experts, same shape", flops, &|| {
+        x.grouped_matmul(&w, &counts).unwrap();
+    });
+    let g = randn(&[n, m], "g");
+    time("grouped_matmul forward+backward", 3.0 * flops, &|| {
+        let (xl, wl) = (x.detach().requires_grad_(), w.detach().requires_grad_());
+        xl.grouped_matmul(&wl, &counts)
+            .unwrap()
+            .backward_with(g.clone())
+            .unwrap();
+    });
+    let logits = randn(&[2048, 32_000], "logits");
+    time("topk k=8 of [2048, 32000]", 0.0, &|| {
+        logits.topk(8, 1, true, true).unwrap();
+    });
+    let router = randn(&[8192, 64], "router");
+    time("topk k=8 of [8192, 64] (router)", 0.0, &|| {
+        router.topk(8, 1, true, true).unwrap();
+    });
+    let table = randn(&[32_000, 512], "table");
+    let ids = rand(&[8192], 0.0, 31_999.0, "ids")
+        .to_dtype(DType::I64)
+        .unwrap();
+    time("index_select 8192 rows of [32000, 512]", 0.0, &|| {
+        table.index_select(0, &ids).unwrap();
+    });
+    let rows = table.index_select(0, &ids).unwrap();
+    time("index_add 8192 rows into [32000, 512]", 0.0, &|| {
+        Tensor::zeros(&[32_000, 512], DType::F32)
+            .index_add(0, &ids, &rows)
+            .unwrap();
+    });
+    let a = randn(&[64, 256, 128], "a");
+    time("cat 2x[64,256,128] dim 2", 0.0, &|| {
+        anneal_engine::ops::cat(&[a.clone(), a.clone()], 2).unwrap();
+    });
+    let key = RngKey::new(1, "d");
+    time("dropout 4M elements", 0.0, &|| {
+        a.dropout(0.1, &key, 0).unwrap();
+    });
+}

@@ -251,6 +251,35 @@ fn rank_order(largest: bool, va: f32, ia: u32, vb: f32, ib: u32) -> Ordering {
     by_value.then(ia.cmp(&ib))
 }
 
+/// The best `k` positions of `line` (any order) by a partial selection: for large `k`.
+fn top_by_select(line: &[f32], k: usize, largest: bool) -> Vec<u32> {
+    let cmp = |a: &u32, b: &u32| rank_order(largest, line[*a as usize], *a, line[*b as usize], *b);
+    let mut order: Vec<u32> = (0..line.len() as u32).collect();
+    if k < line.len() {
+        order.select_nth_unstable_by(k - 1, cmp);
+        order.truncate(k);
+    }
+    order
+}
+
+/// The best `k` positions of `line` (any order) by one scan keeping a sorted buffer of `k`: for
+/// small `k`, where almost every element loses against the current k-th best at once. Scanning
+/// in index order and replacing only on strictly better values keeps lower indices on ties.
+fn top_by_scan(line: &[f32], k: usize, largest: bool) -> Vec<u32> {
+    let better = |a: (f32, u32), b: (f32, u32)| rank_order(largest, a.0, a.1, b.0, b.1).is_lt();
+    let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &v) in line.iter().enumerate() {
+        let cand = (v, i as u32);
+        if best.len() == k && !better(cand, best[k - 1]) {
+            continue;
+        }
+        let at = best.partition_point(|&b| better(b, cand));
+        best.insert(at, cand);
+        best.truncate(k);
+    }
+    best.into_iter().map(|(_, i)| i).collect()
+}
+
 /// The `k` largest (or smallest) entries along `dim`: values (float dtype of `x`) and i64
 /// indices. `sorted` orders them best first; otherwise they come in increasing index order.
 pub(crate) fn topk(
@@ -275,14 +304,15 @@ pub(crate) fn topk(
             .enumerate()
             .for_each(|(r, (vo, io))| {
                 let line = &xs[r * n..(r + 1) * n];
+                let order = if k * 8 <= n {
+                    top_by_scan(line, k, largest)
+                } else {
+                    top_by_select(line, k, largest)
+                };
                 let cmp = |a: &u32, b: &u32| {
                     rank_order(largest, line[*a as usize], *a, line[*b as usize], *b)
                 };
-                let mut order: Vec<u32> = (0..n as u32).collect();
-                if k < n {
-                    order.select_nth_unstable_by(k - 1, cmp);
-                    order.truncate(k);
-                }
+                let mut order = order;
                 if sorted {
                     order.sort_unstable_by(cmp);
                 } else {

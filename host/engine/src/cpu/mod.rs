@@ -13,6 +13,7 @@ pub(crate) mod simd;
 // Indexing and mixture-of-experts kernels.
 mod index;
 mod moe;
+mod random;
 mod shape;
 
 use crate::backend::Backend;
@@ -127,5 +128,15 @@ impl Backend for CpuBackend {
     }
     fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {
         shape::cat(tensors, dim)
+    }
+    fn dropout(
+        &self,
+        x: &Tensor,
+        p: f32,
+        scale: f32,
+        key: &crate::rng::RngKey,
+        offset: u64,
+    ) -> Result<Tensor> {
+        random::dropout(x, p, scale, key, offset)
     }
 }

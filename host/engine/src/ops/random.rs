@@ -2,6 +2,7 @@
 //! (key, offset + i), so recomputation (activation checkpointing) and backward regenerate it
 //! instead of saving it.
 
+use super::be;
 use crate::autograd::record;
 use crate::error::{invalid, Result};
 use crate::rng::RngKey;
@@ -43,19 +44,11 @@ impl Tensor {
             return Ok(self.clone());
         }
         self.check_cpu("dropout")?;
-        let mask = Tensor::dropout_mask(self.shape(), p, key, offset)?;
-        let out = {
-            let _g = crate::autograd::no_grad();
-            let dtype = crate::cpu::float_out(self.dtype());
-            self.detach().mul(&mask)?.to_dtype(dtype)?
-        };
-        drop(mask);
+        let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+        let out = be(self)?.dropout(&self.detach(), p, scale, key, offset)?;
         Ok(record("dropout", out, &[self], || {
-            let (shape, key) = (self.shape().to_vec(), key.clone());
-            move |g: &Tensor| {
-                let mask = Tensor::dropout_mask(&shape, p, &key, offset)?;
-                Ok(vec![Some(g.mul(&mask)?.to_dtype(g.dtype())?)])
-            }
+            let key = key.clone();
+            move |g: &Tensor| Ok(vec![Some(be(g)?.dropout(g, p, scale, &key, offset)?)])
         }))
     }
 
