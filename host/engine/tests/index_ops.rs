@@ -360,3 +360,35 @@ fn topk_scan_and_select_paths_agree_with_a_stable_sort() {
         }
     }
 }
+
+#[test]
+fn where_reads_strided_broadcast_and_scalar_operands() {
+    let a = randn(&[5, 4], "a");
+    let at = a.transpose(0, 1).unwrap(); // strided [4, 5]
+    let b = randn(&[5], "b").to_dtype(DType::BF16).unwrap();
+    let cond = Tensor::from_slice(&[1.0f32, 0.0, 2.0, 0.0], &[4, 1])
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
+    let got = where_(&cond, &at, &b).unwrap();
+    assert_eq!(got.dtype(), DType::F32);
+    let (av, bv) = (at.contiguous().unwrap().to_vec_f32(), b.to_vec_f32());
+    let want: Vec<f32> = (0..20)
+        .map(|i| if (i / 5) % 2 == 0 { av[i] } else { bv[i % 5] })
+        .collect();
+    assert_eq!(got.to_vec_f32(), want);
+    let s = where_(
+        &Tensor::scalar(0.0),
+        &Tensor::scalar(1.0),
+        &Tensor::scalar(2.0),
+    )
+    .unwrap();
+    assert_eq!((s.shape().len(), s.item().unwrap()), (0, 2.0));
+    let empty = where_(
+        &Tensor::zeros(&[0, 3], DType::I64),
+        &a.narrow(0, 0, 0).unwrap().narrow(1, 0, 3).unwrap(),
+        &Tensor::scalar(1.0),
+    )
+    .unwrap();
+    assert_eq!(empty.shape(), &[0, 3]);
+}

@@ -301,6 +301,18 @@ fn bench_moe_and_index_ops() {
     time("cat 2x[64,256,128] dim 2", 0.0, &|| {
         anneal_engine::ops::cat(&[a.clone(), a.clone()], 2).unwrap();
     });
+    let scores = randn(&[8, 8, 256, 256], "scores");
+    let causal: Vec<i64> = (0..256 * 256)
+        .map(|i| ((i % 256) > (i / 256)) as i64)
+        .collect();
+    let causal = Tensor::from_vec(causal, &[256, 256]).unwrap();
+    time(
+        "masked_fill [8,8,256,256] with a [256,256] mask",
+        0.0,
+        &|| {
+            scores.masked_fill(&causal, f32::NEG_INFINITY).unwrap();
+        },
+    );
     let key = RngKey::new(1, "d");
     time("dropout 4M elements", 0.0, &|| {
         a.dropout(0.1, &key, 0).unwrap();

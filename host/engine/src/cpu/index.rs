@@ -213,25 +213,78 @@ pub(crate) fn scatter_add(x: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) ->
     finish(out, x.shape(), float_out(x.dtype()))
 }
 
-/// `cond != 0 ? a : b` for three tensors of one shape (broadcast views allowed).
+/// An f32 operand read row by row in place: element `j` of row `r` sits at
+/// `data[offsets[r] + j * step]` with `step` 0 (broadcast) or 1.
+struct Rows {
+    tensor: Tensor,
+    offsets: Vec<usize>,
+    step: usize,
+}
+
+impl Rows {
+    /// Reads `t` in place when it is f32 with a last-dim stride of 0 or 1 (plain or broadcast
+    /// rows), else from a contiguous f32 copy.
+    fn new(t: &Tensor) -> Rows {
+        let rank = t.rank();
+        let last_stride = if rank == 0 {
+            1
+        } else {
+            t.layout().strides()[rank - 1]
+        };
+        let tensor = if t.dtype() == DType::F32 && last_stride <= 1 {
+            t.clone()
+        } else {
+            t.materialize(DType::F32)
+        };
+        let l = tensor.layout();
+        let (outer, step) = if rank == 0 {
+            (Layout::from_parts(vec![], vec![], l.offset()), 1)
+        } else {
+            let outer = Layout::from_parts(
+                l.shape()[..rank - 1].to_vec(),
+                l.strides()[..rank - 1].to_vec(),
+                l.offset(),
+            );
+            (outer, l.strides()[rank - 1])
+        };
+        let mut offsets = Vec::with_capacity(outer.numel());
+        outer.for_each_index(|i| offsets.push(i));
+        Rows {
+            tensor,
+            offsets,
+            step,
+        }
+    }
+}
+
+/// `cond != 0 ? a : b` for three f32 tensors of one shape (broadcast views are read in place,
+/// without expanding them), returned in `dtype`.
 pub(crate) fn where_(cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
-    let (c, av, bv) = (cond.contig::<f32>(), a.contig::<f32>(), b.contig::<f32>());
-    let mut out = Storage::any(DType::F32, c.len());
-    out.as_mut_slice::<f32>()
-        .par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(i, o)| {
-            let r = i * CHUNK..i * CHUNK + o.len();
-            for ((o, &c), (&a, &b)) in o
-                .iter_mut()
-                .zip(&c[r.clone()])
-                .zip(av[r.clone()].iter().zip(&bv[r]))
-            {
-                *o = if c != 0.0 { a } else { b };
-            }
-        });
-    drop((c, av, bv));
-    finish(out, cond.shape(), dtype)
+    let shape = cond.shape().to_vec();
+    let width = shape.last().copied().unwrap_or(1);
+    let ops = [Rows::new(cond), Rows::new(a), Rows::new(b)];
+    let guards: Vec<_> = ops.iter().map(|o| o.tensor.storage()).collect();
+    let data: Vec<&[f32]> = guards.iter().map(|g| g.as_slice::<f32>()).collect();
+    let rows = ops[0].offsets.len();
+    let mut out = Storage::any(DType::F32, rows * width);
+    let per_task = (CHUNK / width.max(1)).max(1);
+    if width > 0 {
+        out.as_mut_slice::<f32>()
+            .par_chunks_mut(per_task * width)
+            .enumerate()
+            .for_each(|(t, dst)| {
+                for (i, row) in dst.chunks_mut(width).enumerate() {
+                    let r = t * per_task + i;
+                    let at = |k: usize, j: usize| data[k][ops[k].offsets[r] + j * ops[k].step];
+                    for (j, o) in row.iter_mut().enumerate() {
+                        *o = if at(0, j) != 0.0 { at(1, j) } else { at(2, j) };
+                    }
+                }
+            });
+    }
+    drop(data);
+    drop(guards);
+    finish(out, &shape, dtype)
 }
 
 /// Total order for top-k: NaN above everything (as in PyTorch), then value, then the lower
