@@ -59,8 +59,9 @@ fn grouped_matmul_equals_per_expert_matmul_and_is_thread_invariant() {
     // Enough rows for several row blocks per expert.
     let counts = [300usize, 0, 129, 1, 70];
     let n: usize = counts.iter().sum();
-    let x = randn(&[n, 48], "x");
-    let w = randn(&[5, 48, 40], "w");
+    // K above the 128-row task block, so weight-gradient tasks split each expert.
+    let x = randn(&[n, 160], "x");
+    let w = randn(&[5, 160, 40], "w");
     let out = x.grouped_matmul(&w, &counts).unwrap();
     let mut start = 0;
     for (e, &c) in counts.iter().enumerate() {
@@ -80,6 +81,24 @@ fn grouped_matmul_equals_per_expert_matmul_and_is_thread_invariant() {
         out.backward_with(g.clone()).unwrap();
         vec![out, xl.grad().unwrap(), wl.grad().unwrap()]
     });
+    let (xl, wl) = (x.detach().requires_grad_(), w.detach().requires_grad_());
+    xl.grouped_matmul(&wl, &counts)
+        .unwrap()
+        .backward_with(g.clone())
+        .unwrap();
+    let gw = wl.grad().unwrap();
+    let mut start = 0;
+    for (e, &c) in counts.iter().enumerate() {
+        let xe = x.narrow(0, start, c).unwrap();
+        let want = xe
+            .transpose(0, 1)
+            .unwrap()
+            .matmul(&g.narrow(0, start, c).unwrap())
+            .unwrap();
+        let got = gw.narrow(0, e, 1).unwrap();
+        assert_close("grad_w", &got.to_vec_f32(), &want.to_vec_f32(), 1e-4, 1e-3);
+        start += c;
+    }
     // bf16 operands give a bf16 result.
     let xb = x.to_dtype(DType::BF16).unwrap();
     let wb = w.to_dtype(DType::BF16).unwrap();

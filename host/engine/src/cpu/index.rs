@@ -323,8 +323,12 @@ fn top_by_scan(line: &[f32], k: usize, largest: bool) -> Vec<u32> {
     let mut best: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
     for (i, &v) in line.iter().enumerate() {
         let cand = (v, i as u32);
-        if best.len() == k && !better(cand, best[k - 1]) {
-            continue;
+        if best.len() == k {
+            // Fast reject on the value alone; NaN and ties fall through to the full order.
+            let worst = best[k - 1].0;
+            if (largest && v < worst) || (!largest && v > worst) || !better(cand, best[k - 1]) {
+                continue;
+            }
         }
         let at = best.partition_point(|&b| better(b, cand));
         best.insert(at, cand);

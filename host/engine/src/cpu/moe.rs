@@ -130,7 +130,8 @@ pub(crate) fn grouped_matmul(
 }
 
 /// The weight gradient of a grouped product: `out[e] = x_e^T @ g_e` for `x [N, K]`, `g [N, M]`,
-/// giving `[E, K, M]` (zeros for experts without rows). One task per expert.
+/// giving `[E, K, M]` (zeros for experts without rows). Tasks are blocks of `ROW_BLOCK` rows of
+/// each `out[e]`; each sums over the expert's rows inside one `gemm`.
 pub(crate) fn grouped_matmul_weight_grad(
     x: &Tensor,
     g: &Tensor,
@@ -139,32 +140,35 @@ pub(crate) fn grouped_matmul_weight_grad(
     let (k, m) = (x.shape()[1], g.shape()[1]);
     let xs = x.contig::<f32>();
     let gs = g.contig::<f32>();
-    let mut starts = Vec::with_capacity(counts.len());
+    let mut out = Storage::any(DType::F32, counts.len() * k * m);
+    // (first row of x, rows, first output row within out[e], output rows) per task, in order.
+    let mut tasks = Vec::new();
     let mut r0 = 0;
     for &c in counts {
-        starts.push(r0);
+        let mut i = 0;
+        while i < k {
+            let len = ROW_BLOCK.min(k - i);
+            tasks.push((r0, c, i, len));
+            i += len;
+        }
         r0 += c;
     }
-    let mut out = Storage::any(DType::F32, counts.len() * k * m);
-    if k * m > 0 {
-        out.as_mut_slice::<f32>()
-            .par_chunks_mut(k * m)
-            .enumerate()
-            .for_each(|(e, dst)| {
-                let (r, len) = (starts[e], counts[e]);
-                // x_e^T: element (i, row) sits at x[row, i] → strides (1, k).
-                gemm_strided(
-                    k,
-                    m,
-                    len,
-                    dst,
-                    &xs[r * k..(r + len) * k],
-                    (1, k),
-                    &gs[r * m..(r + len) * m],
-                    (m, 1),
-                );
-            });
+    let mut pieces = Vec::with_capacity(tasks.len());
+    let mut rest = out.as_mut_slice::<f32>();
+    for &(r, c, i, len) in &tasks {
+        let (head, tail) = rest.split_at_mut(len * m);
+        pieces.push((r, c, i, len, head));
+        rest = tail;
     }
+    pieces.into_par_iter().for_each(|(r, c, i, len, dst)| {
+        // Rows i..i+len of x_e^T: element (a, row) sits at x[r + row, i + a] → strides (1, k).
+        let a = if c == 0 {
+            &xs[..0]
+        } else {
+            &xs[r * k + i..(r + c) * k]
+        };
+        gemm_strided(len, m, c, dst, a, (1, k), &gs[r * m..(r + c) * m], (m, 1));
+    });
     drop((xs, gs));
     finish(out, &[counts.len(), k, m], product_dtype(x, g))
 }
