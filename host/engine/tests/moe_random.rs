@@ -173,6 +173,17 @@ fn sort_by_expert_builds_a_stable_permutation() {
             assert_close("routed", &got.to_vec_f32(), &want.to_vec_f32(), 1e-5, 1e-5);
         }
     }
+    // Gradients through the whole routed layer: gather rows, expert products, un-permute,
+    // gate-weighted combine.
+    let gates = rand(&[4, 2], 0.1, 1.0, "gates");
+    check_grad("moe_layer", &[x, w, gates], &[], |t| {
+        let y = t[0]
+            .index_select(0, &r.token)?
+            .grouped_matmul(&t[1], &r.counts)?
+            .index_select(0, &r.inverse)?
+            .reshape(&[4, 2, 5])?;
+        y.mul(&t[2].unsqueeze(-1)?)?.sum_dims(&[1], false)
+    });
     assert!(matches!(
         sort_by_expert(&ids, 2).unwrap_err(),
         Error::IndexOutOfRange {

@@ -55,7 +55,8 @@ impl Tensor {
     /// that order); NaN counts as larger than every number, as in PyTorch. With `sorted` the
     /// entries come best first; without it they come in increasing index order.
     ///
-    /// Values are differentiable: their gradient goes to the chosen positions.
+    /// Values keep `self`'s floating dtype (integer inputs give f32 values) and are
+    /// differentiable: their gradient goes to the chosen positions.
     pub fn topk(
         &self,
         k: usize,
@@ -155,7 +156,8 @@ impl Tensor {
 
     /// PyTorch's scatter_add: `self` plus `out[i][idx[i][j][k]][k] += src[i][j][k]` for
     /// `dim = 1`. Only the `idx`-shaped corner of `src` is used. Contributions to one position
-    /// are summed in increasing source order (deterministic). Gradients flow to `self` and `src`.
+    /// are summed in increasing source order (deterministic), in f32; the result has `self`'s
+    /// floating dtype (f32 for integer `self`). Gradients flow to `self` and `src`.
     pub fn scatter_add(&self, dim: isize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
         let d = resolve_dim("scatter_add", dim, self.rank())?;
         check_index_dtype("scatter_add", idx)?;
