@@ -30,6 +30,53 @@ pub trait Backend: Send + Sync {
     fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor>;
     /// `dst += src` in place (same shape; `dst` contiguous).
     fn add_assign(&self, dst: &Tensor, src: &Tensor) -> Result<()>;
+    /// The `k` largest (or smallest) entries along `dim`: (values, i64 indices); ties go to the
+    /// lower index. `sorted` orders them best first, else by increasing index.
+    fn topk(
+        &self,
+        x: &Tensor,
+        k: usize,
+        dim: usize,
+        largest: bool,
+        sorted: bool,
+    ) -> Result<(Tensor, Tensor)>;
+    /// `out[o, l, i] = x[o, idx[l], i]` along `dim` for a 1-d index (checked against the size).
+    fn index_select(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor>;
+    /// `base` with `src[o, l, i]` added at `[o, idx[l], i]` along `dim`, in index order.
+    fn index_add(&self, base: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor>;
+    /// PyTorch's gather along `dim` (output shaped like `idx`).
+    fn gather(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor>;
+    /// PyTorch's scatter_add along `dim`, summing in a fixed order.
+    fn scatter_add(&self, x: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor>;
+    /// `cond != 0 ? a : b` for three tensors of one shape, returned in `dtype`.
+    fn where_(&self, cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor>;
+    /// Rows of `x [N, K]` grouped by `counts` times `w[e]` of `w [E, K, M]` (or `w[e]^T` with
+    /// `transpose_w`, for `x [N, M]`).
+    fn grouped_matmul(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        counts: &[usize],
+        transpose_w: bool,
+    ) -> Result<Tensor>;
+    /// `out[e] = x_e^T @ g_e` over the row groups given by `counts`: `[E, K, M]`.
+    fn grouped_matmul_weight_grad(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        counts: &[usize],
+    ) -> Result<Tensor>;
+    /// Joins tensors of one dtype (equal in every other dim) along `dim`, copying bytes.
+    fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor>;
+    /// `x * scale` where the uniform draw of `key` at `offset + i` is at least `p`, else 0.
+    fn dropout(
+        &self,
+        x: &Tensor,
+        p: f32,
+        scale: f32,
+        key: &crate::rng::RngKey,
+        offset: u64,
+    ) -> Result<Tensor>;
 }
 
 /// The backend computing on `device`, or why none can.

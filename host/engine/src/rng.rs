@@ -78,9 +78,14 @@ impl RngKey {
     pub fn uniform_vec(&self, offset: u64, n: usize) -> Vec<f32> {
         let mut out = vec![0f32; n];
         out.par_chunks_mut(4096).enumerate().for_each(|(c, chunk)| {
+            // One Philox block serves four consecutive offsets.
+            let mut cached = (u64::MAX, [0u32; 4]);
             for (j, o) in chunk.iter_mut().enumerate() {
                 let idx = offset + (c * 4096 + j) as u64;
-                let r = self.block(idx / 4)[(idx % 4) as usize];
+                if cached.0 != idx / 4 {
+                    cached = (idx / 4, self.block(idx / 4));
+                }
+                let r = cached.1[(idx % 4) as usize];
                 // 24 high bits → exactly representable in [0, 1).
                 *o = (r >> 8) as f32 * (1.0 / 16_777_216.0);
             }

@@ -10,6 +10,12 @@ mod matmul;
 mod reduce;
 pub(crate) mod simd;
 
+// Indexing and mixture-of-experts kernels.
+mod index;
+mod moe;
+mod random;
+mod shape;
+
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::ops::{BinaryOp, ReduceOp, UnaryOp};
@@ -77,6 +83,61 @@ impl Backend for CpuBackend {
     }
     fn add_assign(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
         elementwise::add_assign(dst, src)
+    }
+    fn topk(
+        &self,
+        x: &Tensor,
+        k: usize,
+        dim: usize,
+        largest: bool,
+        sorted: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        index::topk(x, k, dim, largest, sorted)
+    }
+    fn index_select(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor> {
+        index::index_select(x, dim, idx)
+    }
+    fn index_add(&self, base: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        index::index_add(base, dim, idx, src)
+    }
+    fn gather(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor> {
+        index::gather(x, dim, idx)
+    }
+    fn scatter_add(&self, x: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        index::scatter_add(x, dim, idx, src)
+    }
+    fn where_(&self, cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
+        index::where_(cond, a, b, dtype)
+    }
+    fn grouped_matmul(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        counts: &[usize],
+        transpose_w: bool,
+    ) -> Result<Tensor> {
+        moe::grouped_matmul(x, w, counts, transpose_w)
+    }
+    fn grouped_matmul_weight_grad(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        counts: &[usize],
+    ) -> Result<Tensor> {
+        moe::grouped_matmul_weight_grad(x, g, counts)
+    }
+    fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {
+        shape::cat(tensors, dim)
+    }
+    fn dropout(
+        &self,
+        x: &Tensor,
+        p: f32,
+        scale: f32,
+        key: &crate::rng::RngKey,
+        offset: u64,
+    ) -> Result<Tensor> {
+        random::dropout(x, p, scale, key, offset)
     }
 }
 

@@ -53,3 +53,12 @@ pub(crate) fn require_float(op: &'static str, t: &Tensor) -> Result<()> {
         })
     }
 }
+
+mod index;
+mod moe;
+mod random;
+mod shape;
+
+pub use index::where_;
+pub use moe::{histogram, sort_by_expert, ExpertCounts, ExpertRouting};
+pub use shape::{cat, stack};

@@ -1,0 +1,174 @@
+//! Grouped matrix products for mixture-of-experts layers: rows sorted by expert, one weight
+//! matrix per expert.
+//!
+//! Work is cut into (expert, block of rows) tasks whose boundaries depend only on the counts, each
+//! a single-threaded `gemm`, so results are bitwise identical with any thread count.
+
+use super::finish;
+use crate::error::Result;
+use crate::storage::Storage;
+use crate::{DType, Tensor};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Rows per task in the forward and input-gradient products.
+const ROW_BLOCK: usize = 128;
+
+/// `dst[m, n] = a[m, k] @ b[k, n]` with explicit element strides (row, column) for `a` and `b`;
+/// `dst` is row-major.
+#[allow(clippy::too_many_arguments)]
+fn gemm_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+) {
+    assert_eq!(dst.len(), m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        dst.fill(0.0);
+        return;
+    }
+    // Bounds: the farthest element each operand reaches lies inside its slice.
+    assert!((m - 1) * a_rs + (k - 1) * a_cs < a.len());
+    assert!((k - 1) * b_rs + (n - 1) * b_cs < b.len());
+    // SAFETY: the asserts above bound every element gemm reads; dst is exclusively borrowed and
+    // sized m*n with row-major strides (n, 1).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            a_cs as isize,
+            a_rs as isize,
+            b.as_ptr(),
+            b_cs as isize,
+            b_rs as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        );
+    }
+}
+
+/// The dtype of a product of `a` and `b` (theirs when shared and floating, else f32).
+fn product_dtype(a: &Tensor, b: &Tensor) -> DType {
+    if a.dtype() == b.dtype() && a.dtype().is_float() {
+        a.dtype()
+    } else {
+        DType::F32
+    }
+}
+
+/// Rows `r0..r0+counts[0]` of `x [N, K]` times `w[0]`, the next `counts[1]` rows times `w[1]`,
+/// and so on, for `w [E, K, M]`; with `transpose_w` each `w[e]` is used transposed (`x [N, M]`).
+pub(crate) fn grouped_matmul(
+    x: &Tensor,
+    w: &Tensor,
+    counts: &[usize],
+    transpose_w: bool,
+) -> Result<Tensor> {
+    let (rows, kx) = (x.shape()[0], x.shape()[1]);
+    let (kw, mw) = (w.shape()[1], w.shape()[2]);
+    // Per expert: b = w[e] ([kw, mw], strides (mw, 1)) or its transpose ([mw, kw], strides (1, mw)).
+    let (inner, cols, b_strides) = if transpose_w {
+        (mw, kw, (1, mw))
+    } else {
+        (kw, mw, (mw, 1))
+    };
+    debug_assert_eq!(inner, kx);
+    let xs = x.contig::<f32>();
+    let ws = w.contig::<f32>();
+    let mut out = Storage::any(DType::F32, rows * cols);
+    // (expert, first row, rows) tasks, in row order so their outputs tile `out`.
+    let mut tasks = Vec::new();
+    let mut r0 = 0;
+    for (e, &c) in counts.iter().enumerate() {
+        let mut s = 0;
+        while s < c {
+            let len = ROW_BLOCK.min(c - s);
+            tasks.push((e, r0 + s, len));
+            s += len;
+        }
+        r0 += c;
+    }
+    let mut pieces = Vec::with_capacity(tasks.len());
+    let mut rest = out.as_mut_slice::<f32>();
+    for &(e, r, len) in &tasks {
+        let (head, tail) = rest.split_at_mut(len * cols);
+        pieces.push((e, r, len, head));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(e, r, len, dst)| {
+        gemm_strided(
+            len,
+            cols,
+            inner,
+            dst,
+            &xs[r * kx..(r + len) * kx],
+            (kx, 1),
+            &ws[e * kw * mw..(e + 1) * kw * mw],
+            b_strides,
+        );
+    });
+    drop((xs, ws));
+    finish(out, &[rows, cols], product_dtype(x, w))
+}
+
+/// The weight gradient of a grouped product: `out[e] = x_e^T @ g_e` for `x [N, K]`, `g [N, M]`,
+/// giving `[E, K, M]` (zeros for experts without rows). Tasks are blocks of `ROW_BLOCK` rows of
+/// each `out[e]`; each sums over the expert's rows inside one `gemm`.
+pub(crate) fn grouped_matmul_weight_grad(
+    x: &Tensor,
+    g: &Tensor,
+    counts: &[usize],
+) -> Result<Tensor> {
+    let (k, m) = (x.shape()[1], g.shape()[1]);
+    let xs = x.contig::<f32>();
+    let gs = g.contig::<f32>();
+    let mut out = Storage::any(DType::F32, counts.len() * k * m);
+    // (first row of x, rows, first output row within out[e], output rows) per task, in order.
+    let mut tasks = Vec::new();
+    let mut r0 = 0;
+    for &c in counts {
+        let mut i = 0;
+        while i < k {
+            let len = ROW_BLOCK.min(k - i);
+            tasks.push((r0, c, i, len));
+            i += len;
+        }
+        r0 += c;
+    }
+    let mut pieces = Vec::with_capacity(tasks.len());
+    let mut rest = out.as_mut_slice::<f32>();
+    for &(r, c, i, len) in &tasks {
+        let (head, tail) = rest.split_at_mut(len * m);
+        pieces.push((r, c, i, len, head));
+        rest = tail;
+    }
+    pieces.into_par_iter().for_each(|(r, c, i, len, dst)| {
+        // Rows i..i+len of x_e^T: element (a, row) sits at x[r + row, i + a] → strides (1, k).
+        let a = if c == 0 {
+            &xs[..0]
+        } else {
+            &xs[r * k + i..(r + c) * k]
+        };
+        gemm_strided(len, m, c, dst, a, (1, k), &gs[r * m..(r + c) * m], (m, 1));
+    });
+    drop((xs, gs));
+    finish(out, &[counts.len(), k, m], product_dtype(x, g))
+}
