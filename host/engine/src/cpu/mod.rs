@@ -5,6 +5,7 @@
 //! number of threads, and every reduction sums in a fixed order, so results are bitwise
 //! identical with any thread count.
 
+mod attention;
 mod elementwise;
 mod matmul;
 mod reduce;
@@ -77,5 +78,28 @@ impl Backend for CpuBackend {
     }
     fn add_assign(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
         elementwise::add_assign(dst, src)
+    }
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sinks: Option<&Tensor>,
+        spec: &crate::ops::AttentionSpec,
+    ) -> Result<(Tensor, Tensor)> {
+        attention::forward(q, k, v, sinks, spec)
+    }
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sinks: Option<&Tensor>,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+        spec: &crate::ops::AttentionSpec,
+    ) -> Result<crate::ops::AttentionGrads> {
+        attention::backward(q, k, v, sinks, out, lse, grad, spec)
     }
 }
