@@ -163,6 +163,17 @@ fn attention_grads_match_finite_differences() {
             },
         ),
         ("tq_lt_tk", [1, 2, 2, 3, 7, 4, 5], AttentionParams::causal()),
+        // Eight (batch, kv head) pairs: the backward's grouped schedule.
+        ("grouped", [4, 4, 2, 5, 6, 4, 4], AttentionParams::causal()),
+        (
+            "grouped_window_softcap",
+            [2, 8, 4, 6, 6, 4, 3],
+            AttentionParams {
+                sliding_window: Some(2),
+                softcap: Some(2.0),
+                ..AttentionParams::causal()
+            },
+        ),
     ];
     for (name, [b, hq, hkv, tq, tk, d, dv], p) in cases {
         let [q, k, v] = qkv(b, hq, hkv, tq, tk, d, dv);
@@ -218,9 +229,16 @@ fn decode_with_kv_cache_equals_rows_of_full_causal_attention() {
 
 #[test]
 fn attention_is_thread_invariant() {
-    let [q, k, v] = qkv(2, 4, 2, 150, 150, 16, 16);
+    // Both backward schedules: split (2 × 2 kv heads) and grouped (8 × 1).
+    for (b, hkv) in [(2, 2), (8, 1)] {
+        thread_invariant_case(b, hkv);
+    }
+}
+
+fn thread_invariant_case(b: usize, hkv: usize) {
+    let [q, k, v] = qkv(b, 4, hkv, 150, 150, 16, 16);
     let sinks = randn(&[4], "sinks");
-    let go = randn(&[2, 4, 150, 16], "go");
+    let go = randn(&[b, 4, 150, 16], "go");
     for p in [
         AttentionParams::causal(),
         AttentionParams {
