@@ -353,3 +353,18 @@ fn attention_rejects_bad_shapes_and_options() {
     let qi = q.to_dtype(DType::I32).unwrap();
     assert!(matches!(sdpa(&qi, &k, &v, &p), Err(Error::DType { .. })));
 }
+
+#[test]
+fn attention_reads_strided_views() {
+    // q, k, v as [B, T, H, D] tensors viewed as [B, H, T, D] (the usual projection layout).
+    let (q, k, v) = (
+        randn(&[2, 70, 4, 8], "q"),
+        randn(&[2, 70, 2, 8], "k"),
+        randn(&[2, 70, 2, 8], "v"),
+    );
+    let t = |x: &Tensor| x.transpose(1, 2).unwrap();
+    let got = sdpa(&t(&q), &t(&k), &t(&v), &AttentionParams::causal()).unwrap();
+    let c = |x: &Tensor| t(x).contiguous().unwrap();
+    let want = sdpa(&c(&q), &c(&k), &c(&v), &AttentionParams::causal()).unwrap();
+    assert_eq!(got.to_vec_f32(), want.to_vec_f32());
+}
