@@ -368,3 +368,16 @@ fn attention_reads_strided_views() {
     let want = sdpa(&c(&q), &c(&k), &c(&v), &AttentionParams::causal()).unwrap();
     assert_eq!(got.to_vec_f32(), want.to_vec_f32());
 }
+
+#[test]
+fn attention_handles_empty_sequences() {
+    for (tq, tk) in [(0usize, 5usize), (3, 0), (0, 0)] {
+        let [q, k, v] = qkv(1, 2, 1, tq, tk, 4, 4);
+        let (q, k, v) = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_());
+        let out = sdpa(&q, &k, &v, &AttentionParams::causal()).unwrap();
+        assert_eq!(out.shape(), [1, 2, tq, 4]);
+        assert!(out.to_vec_f32().iter().all(|&x| x == 0.0));
+        out.sum_all().unwrap().backward().unwrap();
+        assert_eq!(k.grad().unwrap().shape(), [1, 1, tk, 4]);
+    }
+}

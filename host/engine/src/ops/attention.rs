@@ -127,6 +127,9 @@ fn resolve(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams) -> Result<At
         return Err(mismatch(ks, vs));
     }
     let (tq, tk, d) = (qs[2], ks[2], qs[3]);
+    if d == 0 {
+        return Err(invalid(OP, "the head dim D must be at least 1"));
+    }
     let scale = p.scale.unwrap_or(1.0 / (d.max(1) as f32).sqrt());
     if !scale.is_finite() {
         return Err(invalid(OP, format!("scale must be finite, got {scale}")));

@@ -58,7 +58,7 @@ pub(crate) fn backward(
             }
         });
     }
-    if rows > 0 && dm.tk > 0 {
+    if rows > 0 && dm.tk > 0 && dm.dv > 0 {
         let ctx = Ctx {
             dm,
             spec,

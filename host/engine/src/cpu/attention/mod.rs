@@ -329,7 +329,7 @@ pub(crate) fn forward(
     let sink_vals: Option<Vec<f32>> = sinks.map(|s| s.to_vec_f32());
     let br = BlockRanges::new(spec);
     let mut out = Storage::any(DType::F32, dm.b * dm.hq * dm.tq * dm.dv);
-    let mut lse = Storage::any(DType::F32, dm.b * dm.hq * dm.tq);
+    let mut lse = Storage::zeros(DType::F32, dm.b * dm.hq * dm.tq);
     let (o_all, l_all) = (out.as_mut_slice::<f32>(), lse.as_mut_slice::<f32>());
     if !o_all.is_empty() {
         let (qd, kd, vd) = (&qd[..], &kd[..], &vd[..]);
