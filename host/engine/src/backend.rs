@@ -77,6 +77,29 @@ pub trait Backend: Send + Sync {
         key: &crate::rng::RngKey,
         offset: u64,
     ) -> Result<Tensor>;
+    /// Fused attention forward: the output `[B, Hq, Tq, Dv]` (in `q`'s dtype) and the per-row
+    /// logsumexp `[B, Hq, Tq]` (f32) that the backward pass recomputes probabilities from.
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sinks: Option<&Tensor>,
+        spec: &crate::ops::AttentionSpec,
+    ) -> Result<(Tensor, Tensor)>;
+    /// Fused attention backward from the forward's output and logsumexp.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sinks: Option<&Tensor>,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+        spec: &crate::ops::AttentionSpec,
+    ) -> Result<crate::ops::AttentionGrads>;
 }
 
 /// The backend computing on `device`, or why none can.

@@ -5,6 +5,7 @@
 //! number of threads, and every reduction sums in a fixed order, so results are bitwise
 //! identical with any thread count.
 
+mod attention;
 mod elementwise;
 mod matmul;
 mod reduce;
@@ -138,6 +139,29 @@ impl Backend for CpuBackend {
         offset: u64,
     ) -> Result<Tensor> {
         random::dropout(x, p, scale, key, offset)
+    }
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sinks: Option<&Tensor>,
+        spec: &crate::ops::AttentionSpec,
+    ) -> Result<(Tensor, Tensor)> {
+        attention::forward(q, k, v, sinks, spec)
+    }
+    fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        sinks: Option<&Tensor>,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+        spec: &crate::ops::AttentionSpec,
+    ) -> Result<crate::ops::AttentionGrads> {
+        attention::backward(q, k, v, sinks, out, lse, grad, spec)
     }
 }
 

@@ -3,11 +3,13 @@
 //! Every op is available as a method on [`Tensor`] (`x.exp()?`, `a.matmul(&b)?`) and records a
 //! node in the autograd graph when grad is enabled and an input requires grad.
 
+mod attention;
 mod elementwise;
 mod matmul;
 mod reduce;
 mod view;
 
+pub use attention::{scaled_dot_product_attention, AttentionGrads, AttentionParams, AttentionSpec};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::ReduceOp;
 
