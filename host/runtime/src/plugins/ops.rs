@@ -151,6 +151,112 @@ pub(crate) fn run(
             x()?.copy_from(y()?).map_err(e)?;
             Ok(vec![])
         }
+        "softmax" => one(x()?.softmax(int(attrs, 0, op)? as isize)),
+        "log_softmax" => one(x()?.log_softmax(int(attrs, 0, op)? as isize)),
+        "embedding" => one(x()?.embedding(y()?)),
+        "rms_norm" => one(x()?.rms_norm(Some(y()?), float(attrs, 0, op)? as f32)),
+        "rope" => rope(x()?, y()?, attrs).map(|t| vec![t]),
+        "attention" => attention(inputs, attrs, session).map(|t| vec![t]),
         _ => Err(format!("this host has no op named '{op}'")),
     }
+}
+
+fn opt_float(attrs: &[Attr], i: usize) -> Option<f64> {
+    match attrs.get(i) {
+        Some(Attr::Float(v)) => Some(*v),
+        Some(Attr::Int(v)) => Some(*v as f64),
+        _ => None,
+    }
+}
+
+fn opt_int(attrs: &[Attr], i: usize) -> Option<i64> {
+    match attrs.get(i) {
+        Some(Attr::Int(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+/// `rope(x [B, H, T, D], positions [T])`, attrs: theta, rot_dim, interleaved, then the four
+/// Llama-3 scaling values (or None).
+fn rope(x: &Tensor, positions: &Tensor, attrs: &[Attr]) -> R<Tensor> {
+    use anneal_engine::ops::{rope_tables, Llama3Scaling, RopeLayout, RopeSpec, RopeStyle};
+    let op = "rope";
+    let theta = float(attrs, 0, op)?;
+    let rot_dim = int(attrs, 1, op)? as usize;
+    let interleaved = boolean(attrs, 2, op)?;
+    let scaling = match (
+        opt_float(attrs, 3),
+        opt_float(attrs, 4),
+        opt_float(attrs, 5),
+        opt_int(attrs, 6),
+    ) {
+        (Some(factor), Some(low), Some(high), Some(orig)) => Some(Llama3Scaling {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: orig as usize,
+        }),
+        (None, None, None, None) => None,
+        _ => return Err("rope: llama3 scaling needs all four values".into()),
+    };
+    let (cos, sin) = rope_tables(positions, rot_dim, theta, scaling).map_err(e)?;
+    let style = if interleaved {
+        RopeStyle::Interleaved
+    } else {
+        RopeStyle::HalfSplit
+    };
+    x.rope(
+        &cos,
+        &sin,
+        RopeSpec {
+            style,
+            layout: RopeLayout::Bhtd,
+        },
+    )
+    .map_err(e)
+}
+
+/// `attention(q, k, v, positions)`, attrs: causal, window, scale, softcap, cache layer. With a
+/// cache layer, `k`/`v` are appended to the session's KV cache and the queries attend over all
+/// cached positions.
+fn attention(inputs: &[Tensor], attrs: &[Attr], session: &HostSession) -> R<Tensor> {
+    use anneal_engine::ops::AttentionParams;
+    let op = "attention";
+    let (q, k, v, positions) = (
+        arg(inputs, 0, op)?,
+        arg(inputs, 1, op)?,
+        arg(inputs, 2, op)?,
+        arg(inputs, 3, op)?,
+    );
+    let causal = boolean(attrs, 0, op)?;
+    let window = opt_int(attrs, 1).map(|w| w as usize);
+    let scale = opt_float(attrs, 2).map(|s| s as f32);
+    let softcap = opt_float(attrs, 3).map(|s| s as f32);
+    let (k, v, k_pos) = match (opt_int(attrs, 4), session.cache()) {
+        (Some(layer), Some(cache)) => {
+            let (k, v) = cache.append(layer as usize, k, v).map_err(e)?;
+            let s = k.shape()[2];
+            (
+                k,
+                v,
+                Tensor::from_vec((0..s as i64).collect::<Vec<_>>(), &[s]).map_err(e)?,
+            )
+        }
+        (Some(_), None) => {
+            return Err(
+                "attention: a cache layer was given but this forward has no KV cache".into(),
+            )
+        }
+        _ => (k.clone(), v.clone(), positions.clone()),
+    };
+    let params = AttentionParams {
+        scale,
+        causal,
+        sliding_window: window,
+        softcap,
+        sinks: None,
+        q_pos: Some(positions.clone()),
+        k_pos: Some(k_pos),
+    };
+    q.attention(&k, &v, &params).map_err(e)
 }
