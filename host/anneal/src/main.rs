@@ -1,6 +1,7 @@
 //! `anneal`: the command-line edge of the host. Parses arguments, calls into the library crates,
 //! and turns their errors into one clear line (exit code 2 for user errors).
 
+mod infer_cmd;
 mod plugins_cmd;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,48 @@ enum Command {
     /// Inspect model and optimizer plugins.
     #[command(subcommand)]
     Plugins(PluginsCommand),
+    /// Log-probability of each next token of a sequence, as JSON.
+    Logprobs {
+        /// A Hugging Face model directory (config.json + *.safetensors).
+        #[arg(long)]
+        model_dir: std::path::PathBuf,
+        /// Comma-separated token ids.
+        #[arg(long)]
+        tokens: String,
+        /// The model plugin to run it with.
+        #[arg(long, default_value = "llama")]
+        plugin: String,
+    },
+    /// Generate tokens after a prompt (prefill + decode with a KV cache), as JSON.
+    Generate {
+        /// A Hugging Face model directory (config.json + *.safetensors).
+        #[arg(long)]
+        model_dir: std::path::PathBuf,
+        /// Comma-separated prompt token ids.
+        #[arg(long)]
+        prompt_tokens: String,
+        /// How many tokens to generate at most.
+        #[arg(long, default_value_t = 16)]
+        max_new_tokens: usize,
+        /// Sampling temperature; 0 is greedy.
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f32,
+        /// Nucleus sampling threshold.
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Keep only the k most likely tokens (0 = all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// Seed of the sampling stream.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Stop after this token id.
+        #[arg(long)]
+        eos: Option<i64>,
+        /// The model plugin to run it with.
+        #[arg(long, default_value = "llama")]
+        plugin: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -34,6 +77,37 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info => info(),
         Command::Plugins(PluginsCommand::List) => plugins_cmd::list(),
+        Command::Logprobs {
+            model_dir,
+            tokens,
+            plugin,
+        } => infer_cmd::logprobs(&model_dir, &plugin, &tokens),
+        Command::Generate {
+            model_dir,
+            prompt_tokens,
+            max_new_tokens,
+            temperature,
+            top_p,
+            top_k,
+            seed,
+            eos,
+            plugin,
+        } => {
+            let sampling = anneal_runtime::infer::Sampling {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                eos,
+            };
+            infer_cmd::generate(
+                &model_dir,
+                &plugin,
+                &prompt_tokens,
+                max_new_tokens,
+                sampling,
+            )
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

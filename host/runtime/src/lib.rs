@@ -1,4 +1,5 @@
 //! The runtime of the Anneal host: loading plugins and running them over the engine.
 
 pub mod hf;
+pub mod infer;
 pub mod plugins;

@@ -63,11 +63,16 @@ def main():
         d.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(d, safe_serialization=True)
         tokens = torch.randint(0, COMMON["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            logits = model(tokens).logits.float()
+        logits = model(tokens).logits.float()
+        vocab = logits.shape[-1]
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+        loss.backward()
         lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
-        save_file({"tokens": tokens.contiguous(), "logits": logits.contiguous(), "logprobs": lp.contiguous()},
-                  str(d / "expected.safetensors"))
+        out = {"tokens": tokens.contiguous(), "logits": logits.detach().contiguous(),
+               "logprobs": lp.detach().contiguous(), "loss": loss.detach().reshape(1)}
+        for pname, p in model.named_parameters():
+            out["grad." + pname] = p.grad.detach().contiguous()
+        save_file(out, str(d / "expected.safetensors"))
         for junk in ("generation_config.json",):
             (d / junk).unlink(missing_ok=True)
         cfg = json.loads((d / "config.json").read_text())

@@ -1,0 +1,167 @@
+//! Inference with a model plugin: log-probabilities of a sequence, and generation by prefill +
+//! decode over the host's KV cache, with temperature / top-k / top-p sampling.
+
+use crate::plugins::{ForwardOpts, KvCache, Params, PluginModel};
+use anneal_engine::rng::RngKey;
+use anneal_engine::{autograd, Result, Tensor};
+use std::sync::Arc;
+
+fn positions(start: usize, n: usize) -> Result<Tensor> {
+    Tensor::from_vec((start as i64..(start + n) as i64).collect(), &[n])
+}
+
+/// `log p(token[i+1] | tokens[..=i])` for every position of one sequence, and the loss (their
+/// negated mean).
+pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<(Vec<f32>, f32)> {
+    let _g = autograd::no_grad();
+    let n = tokens.len();
+    if n < 2 {
+        return Err(anneal_engine::Error::Invalid {
+            op: "logprobs",
+            msg: "needs at least two tokens".into(),
+        });
+    }
+    let ids = Tensor::from_slice(tokens, &[1, n])?;
+    let logits = model.forward(params, &ids, &positions(0, n)?, &ForwardOpts::default())?;
+    let v = logits.shape()[2];
+    let lp = logits.log_softmax(-1)?.to_vec_f32();
+    let out: Vec<f32> = (0..n - 1)
+        .map(|i| lp[i * v + tokens[i + 1] as usize])
+        .collect();
+    let loss = -out.iter().map(|&x| x as f64).sum::<f64>() / out.len() as f64;
+    Ok((out, loss as f32))
+}
+
+/// How to pick the next token.
+#[derive(Clone, Debug)]
+pub struct Sampling {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Keep only the `k` most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `p` (1 = all).
+    pub top_p: f32,
+    /// Seed of the sampling stream (draw `i` uses offset `i`, so runs are reproducible).
+    pub seed: u64,
+    /// Stop after producing this token.
+    pub eos: Option<i64>,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 0,
+            eos: None,
+        }
+    }
+}
+
+/// Generated tokens and their log-probabilities under the model (before temperature and
+/// truncation).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    /// The new token ids.
+    pub tokens: Vec<i64>,
+    /// `log p(token)` of each new token.
+    pub logprobs: Vec<f32>,
+}
+
+/// Samples one token from `logits` (one row); returns the id.
+pub fn sample(logits: &[f32], s: &Sampling, draw: f32) -> usize {
+    if s.temperature <= 0.0 {
+        // First maximum, like the engine's argmax.
+        let mut best = 0;
+        for (i, &x) in logits.iter().enumerate() {
+            if x > logits[best] {
+                best = i;
+            }
+        }
+        return best;
+    }
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    // Sort by logit descending, ties by lower id: deterministic.
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if s.top_k > 0 {
+        idx.truncate(s.top_k);
+    }
+    let m = logits[idx[0]];
+    let mut p: Vec<f64> = idx
+        .iter()
+        .map(|&i| (((logits[i] - m) / s.temperature) as f64).exp())
+        .collect();
+    let z: f64 = p.iter().sum();
+    p.iter_mut().for_each(|x| *x /= z);
+    if s.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut keep = p.len();
+        for (j, &x) in p.iter().enumerate() {
+            acc += x;
+            if acc >= s.top_p as f64 {
+                keep = j + 1;
+                break;
+            }
+        }
+        p.truncate(keep);
+        idx.truncate(keep);
+        let z: f64 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= z);
+    }
+    let mut acc = 0.0;
+    for (j, &x) in p.iter().enumerate() {
+        acc += x;
+        if (draw as f64) < acc {
+            return idx[j];
+        }
+    }
+    idx[idx.len() - 1]
+}
+
+/// Prefill `prompt` into a fresh KV cache, then decode up to `max_new` tokens one at a time.
+pub fn generate(
+    model: &PluginModel,
+    params: &Params,
+    prompt: &[i64],
+    max_new: usize,
+    s: &Sampling,
+) -> Result<Generation> {
+    let _g = autograd::no_grad();
+    if prompt.is_empty() {
+        return Err(anneal_engine::Error::Invalid {
+            op: "generate",
+            msg: "the prompt is empty".into(),
+        });
+    }
+    let cache = Arc::new(KvCache::new());
+    let opts = ForwardOpts {
+        cache: Some(cache),
+        ..Default::default()
+    };
+    let key = RngKey::new(s.seed, "sampling");
+    let mut out = Generation {
+        tokens: vec![],
+        logprobs: vec![],
+    };
+    let mut input = prompt.to_vec();
+    let mut pos = 0;
+    for step in 0..max_new {
+        let ids = Tensor::from_slice(&input, &[1, input.len()])?;
+        let logits = model.forward(params, &ids, &positions(pos, input.len())?, &opts)?;
+        pos += input.len();
+        let v = logits.shape()[2];
+        let last = logits.narrow(1, input.len() - 1, 1)?.reshape(&[v])?;
+        let row = last.to_vec_f32();
+        let lp = last.log_softmax(-1)?.to_vec_f32();
+        let draw = key.uniform_vec(step as u64, 1)[0];
+        let next = sample(&row, s, draw);
+        out.tokens.push(next as i64);
+        out.logprobs.push(lp[next]);
+        if s.eos == Some(next as i64) {
+            break;
+        }
+        input = vec![next as i64];
+    }
+    Ok(out)
+}
