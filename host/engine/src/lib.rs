@@ -16,6 +16,7 @@ mod cpu;
 mod device;
 mod dtype;
 mod error;
+pub mod invariant;
 pub mod io;
 pub mod layout;
 pub mod ops;

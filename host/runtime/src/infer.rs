@@ -2,6 +2,7 @@
 //! decode over the host's KV cache, with temperature / top-k / top-p sampling.
 
 use crate::plugins::{ForwardOpts, KvCache, Params, PluginModel};
+use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::rng::RngKey;
 use anneal_engine::{autograd, Result, Tensor};
 use std::sync::Arc;
@@ -12,8 +13,11 @@ fn positions(start: usize, n: usize) -> Result<Tensor> {
 
 /// `log p(token[i+1] | tokens[..=i])` for every position of one sequence, and the loss (their
 /// negated mean).
+///
+/// Runs batch-invariant, so the values equal, bit for bit, those [`generate`] reports.
 pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<(Vec<f32>, f32)> {
     let _g = autograd::no_grad();
+    let _inv = set_batch_invariant(true);
     let n = tokens.len();
     if n < 2 {
         return Err(anneal_engine::Error::Invalid {
@@ -30,6 +34,15 @@ pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<
         .collect();
     let loss = -out.iter().map(|&x| x as f64).sum::<f64>() / out.len() as f64;
     Ok((out, loss as f32))
+}
+
+/// `log softmax(row)[token]`, in f64 and in one fixed order. Every caller that reports a
+/// logprob (scoring, generation, the RL trainer) goes through here, so equal logits give equal
+/// logprobs bit for bit.
+pub fn token_logprob(row: &[f32], token: usize) -> f32 {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = row.iter().map(|&x| (x as f64 - m).exp()).sum();
+    (row[token] as f64 - m - s.ln()) as f32
 }
 
 /// How to pick the next token.
@@ -128,6 +141,7 @@ pub fn generate(
     s: &Sampling,
 ) -> Result<Generation> {
     let _g = autograd::no_grad();
+    let _inv = set_batch_invariant(true);
     if prompt.is_empty() {
         return Err(anneal_engine::Error::Invalid {
             op: "generate",
@@ -153,11 +167,10 @@ pub fn generate(
         let v = logits.shape()[2];
         let last = logits.narrow(1, input.len() - 1, 1)?.reshape(&[v])?;
         let row = last.to_vec_f32();
-        let lp = last.log_softmax(-1)?.to_vec_f32();
         let draw = key.uniform_vec(step as u64, 1)[0];
         let next = sample(&row, s, draw);
         out.tokens.push(next as i64);
-        out.logprobs.push(lp[next]);
+        out.logprobs.push(token_logprob(&row, next));
         if s.eos == Some(next as i64) {
             break;
         }

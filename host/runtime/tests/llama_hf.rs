@@ -245,8 +245,9 @@ fn logprobs_match_transformers() {
 
 #[test]
 fn generation_logprobs_match_training_forward_and_batch() {
-    // Bitwise equality needs batch-invariant kernels (gemm picks its path by row count), which
-    // the engine does not have yet; until then the two agree to a few ulp.
+    // Each op is batch-invariant on its own (engine test `batch_invariant`), but whole-model
+    // decode still differs from the full forward by an ulp at some positions; until that is
+    // found the model-level check uses a tolerance.
     use anneal_runtime::infer::{generate, logprobs, Sampling};
     let dir = fixture("tiny_qwen3");
     let (model, params) = model_for(&dir);
@@ -271,6 +272,7 @@ fn generation_logprobs_match_training_forward_and_batch() {
     assert_eq!(generate(&model, &params, &prompt, 12, &s).unwrap(), g);
 
     // A sequence alone and right-padded in a batch with a longer one: identical logits rows.
+    let _inv = anneal_engine::invariant::set_batch_invariant(true);
     let short = &full[..9];
     let alone = model
         .forward(

@@ -151,3 +151,58 @@ fn gemm_one(
         );
     }
 }
+
+/// `a [M, K] @ b [K, N]` on zero-padded tiles of exactly [`crate::invariant::TILE`] rows, each a
+/// single-threaded product of the same shape, so a row's result does not depend on `M` or on
+/// where the row sits (batch-invariant mode).
+pub(crate) fn matmul_row_tiles(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    use crate::invariant::TILE;
+    let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let out_dtype = if a.dtype() == b.dtype() && a.dtype().is_float() {
+        a.dtype()
+    } else {
+        DType::F32
+    };
+    let a = a.contig::<f32>();
+    let cb;
+    let tb = if b.dtype() == DType::F32 {
+        b
+    } else {
+        cb = b.materialize(DType::F32);
+        &cb
+    };
+    let gb = tb.storage();
+    let ob = Operand {
+        data: gb.as_slice(),
+        layout: tb.layout().clone(),
+    };
+    let tile_layout = Layout::contiguous(&[TILE, k]);
+    let mut out = Storage::any(DType::F32, m * n);
+    out.as_mut_slice::<f32>()
+        .par_chunks_mut(TILE * n)
+        .enumerate()
+        .for_each(|(t, dst)| {
+            let rows = dst.len() / n.max(1);
+            let mut tile = vec![0f32; TILE * k];
+            tile[..rows * k].copy_from_slice(&a[t * TILE * k..(t * TILE + rows) * k]);
+            let mut res = vec![0f32; TILE * n];
+            let oa = Operand {
+                data: &tile,
+                layout: tile_layout.clone(),
+            };
+            gemm_one(
+                &oa,
+                0,
+                &ob,
+                ob.layout.offset(),
+                TILE,
+                k,
+                n,
+                &mut res,
+                Parallelism::None,
+            );
+            dst.copy_from_slice(&res[..rows * n]);
+        });
+    drop((a, gb));
+    finish(out, &[m, n], out_dtype)
+}

@@ -11,6 +11,8 @@ mod matmul;
 mod reduce;
 pub(crate) mod simd;
 
+pub(crate) use matmul::matmul_row_tiles;
+
 // Indexing and mixture-of-experts kernels.
 mod index;
 mod moe;

@@ -194,6 +194,11 @@ pub fn scaled_dot_product_attention(
     v: &Tensor,
     params: &AttentionParams,
 ) -> Result<Tensor> {
+    if crate::invariant::batch_invariant() {
+        if let Some(out) = invariant_attention(q, k, v, params)? {
+            return Ok(out);
+        }
+    }
     let spec = resolve(q, k, v, params)?;
     let sinks = params.sinks.as_ref();
     let (out, lse) = be(q)?.attention(
@@ -236,4 +241,86 @@ impl Tensor {
     pub fn attention(&self, k: &Tensor, v: &Tensor, params: &AttentionParams) -> Result<Tensor> {
         scaled_dot_product_attention(self, k, v, params)
     }
+}
+
+/// Consecutive positions `start..start + n` of an optional position tensor, if they are.
+fn consecutive(pos: Option<&Tensor>, default_start: i64, n: usize) -> Option<i64> {
+    let Some(p) = pos else {
+        return Some(default_start);
+    };
+    let v = p.to_vec::<i64>();
+    let s = *v.first()?;
+    if v.len() != n {
+        return None;
+    }
+    v.iter()
+        .enumerate()
+        .all(|(i, &x)| x == s + i as i64)
+        .then_some(s)
+}
+
+/// Zero rows along dim 2 of a `[B, H, T, D]`-shaped tensor.
+fn zero_rows(like: &Tensor, n: usize) -> Tensor {
+    let s = like.shape();
+    Tensor::zeros(&[s[0], s[1], n, s[3]], like.dtype())
+}
+
+/// Batch-invariant attention: queries and keys are laid out on 64-aligned blocks by position
+/// (zero-padded), so a query row meets the same tiles, in the same order, whether it is computed
+/// in a full causal forward or in a decode step against a KV cache. Applies to causal attention
+/// over keys at positions `0..Tk` and consecutive query positions; `None` otherwise.
+fn invariant_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    params: &AttentionParams,
+) -> Result<Option<Tensor>> {
+    use crate::invariant::TILE;
+    if !params.causal || q.rank() != 4 || k.rank() != 4 || v.rank() != 4 {
+        return Ok(None);
+    }
+    let (tq, tk) = (q.shape()[2], k.shape()[2]);
+    if tq == 0 || tk == 0 {
+        return Ok(None);
+    }
+    if consecutive(params.k_pos.as_ref(), 0, tk) != Some(0) {
+        return Ok(None);
+    }
+    let Some(q0) = consecutive(params.q_pos.as_ref(), tk as i64 - tq as i64, tq) else {
+        return Ok(None);
+    };
+    if q0 < 0 || q0 as usize + tq > tk {
+        return Ok(None);
+    }
+    let base = q0 as usize / TILE * TILE;
+    let lead = q0 as usize - base;
+    let rows = (lead + tq).div_ceil(TILE) * TILE;
+    let keys = tk.div_ceil(TILE) * TILE;
+    let pad = |t: &Tensor, before: usize, after: usize| -> Result<Tensor> {
+        let mut parts = Vec::new();
+        if before > 0 {
+            parts.push(zero_rows(t, before));
+        }
+        parts.push(t.clone());
+        if after > 0 {
+            parts.push(zero_rows(t, after));
+        }
+        if parts.len() == 1 {
+            return Ok(t.clone());
+        }
+        crate::ops::cat(&parts, 2)
+    };
+    let qp = pad(q, lead, rows - lead - tq)?;
+    let (kp, vp) = (pad(k, 0, keys - tk)?, pad(v, 0, keys - tk)?);
+    let positions = |start: usize, n: usize| {
+        Tensor::from_vec((start as i64..(start + n) as i64).collect::<Vec<_>>(), &[n])
+    };
+    let padded = AttentionParams {
+        q_pos: Some(positions(base, rows)?),
+        k_pos: Some(positions(0, keys)?),
+        ..params.clone()
+    };
+    let _plain = crate::invariant::set_batch_invariant(false);
+    let out = scaled_dot_product_attention(&qp, &kp, &vp, &padded)?;
+    Ok(Some(out.narrow(2, lead, tq)?))
 }

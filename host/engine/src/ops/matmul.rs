@@ -35,7 +35,11 @@ impl Tensor {
             };
             let mut shape = self.shape()[..ra - 1].to_vec();
             shape.push(n);
-            be(self)?.matmul(&a2, &rhs.detach())?.reshape(&shape)?
+            if crate::invariant::batch_invariant() {
+                crate::cpu::matmul_row_tiles(&a2, &rhs.detach())?.reshape(&shape)?
+            } else {
+                be(self)?.matmul(&a2, &rhs.detach())?.reshape(&shape)?
+            }
         } else {
             let batch = broadcast_shapes("matmul", &self.shape()[..ra - 2], &rhs.shape()[..rb - 2])
                 .map_err(|_| mismatch())?;

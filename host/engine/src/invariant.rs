@@ -1,0 +1,45 @@
+//! Batch-invariant mode: a sequence's results do not depend on what else is in the batch, or on
+//! whether it is computed in one forward or token by token with a KV cache.
+//!
+//! Plain kernels pick their code path by size (`gemm` has a separate path for one row, attention
+//! tiles by the number of queries present), so the same row can round differently in a decode
+//! step than in a full forward. In this mode the ops that reduce across a size that varies with
+//! the batch run on fixed tiles instead: matrix products on 64-row tiles (zero-padded), and
+//! attention on 64-aligned query and key blocks laid out by position. Each row then goes through
+//! exactly the same arithmetic wherever it sits. It costs padding work (most visible in decode),
+//! so it is a mode: RL rollouts and the trainer's logprob pass turn it on.
+//!
+//! The flag is per thread (ops decide on the calling thread before they fan out).
+
+use std::cell::Cell;
+
+/// Rows per matrix-product tile and the block size attention aligns to in this mode.
+pub const TILE: usize = 64;
+
+thread_local! {
+    static ON: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True when ops on this thread run batch-invariant.
+pub fn batch_invariant() -> bool {
+    ON.with(|c| c.get())
+}
+
+/// Restores the previous mode when dropped.
+#[must_use = "the mode is restored when the guard is dropped"]
+pub struct BatchInvariantGuard {
+    prev: bool,
+}
+
+impl Drop for BatchInvariantGuard {
+    fn drop(&mut self) {
+        ON.with(|c| c.set(self.prev));
+    }
+}
+
+/// Turns batch-invariant mode on or off on this thread until the guard drops.
+pub fn set_batch_invariant(on: bool) -> BatchInvariantGuard {
+    BatchInvariantGuard {
+        prev: ON.with(|c| c.replace(on)),
+    }
+}
