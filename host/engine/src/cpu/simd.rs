@@ -83,6 +83,7 @@ const LN2_LO: f32 = 1.428_606_8e-6;
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     // max/min (not clamp) map NaN into range, so the unchecked cast below stays defined.
+    #[allow(clippy::manual_clamp)]
     let xc = x.max(-87.33).min(88.72);
     let k = (xc * LOG2E + 0.5).floor();
     let r = xc - k * LN2_HI - k * LN2_LO;
