@@ -115,6 +115,8 @@ pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
 
 /// Fused transformer kernels (softmax, norms, rotary embedding, embedding lookup, cross-entropy).
 /// Each forward and backward is one kernel; the ops in `ops/` own shapes, checks and autograd.
+/// A trait of its own (next to [`Backend`]) so op families added in parallel never edit the same
+/// trait body; a device backend implements both.
 pub trait FusedBackend: Send + Sync {
     /// Softmax (or log-softmax when `log`) of `x` over `dim`.
     fn softmax(&self, x: &Tensor, dim: usize, log: bool) -> Result<Tensor>;
