@@ -4,6 +4,8 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod reward_cmd;
+
 /// Train, post-train and serve language models.
 #[derive(Parser)]
 #[command(name = "anneal", version, about)]
@@ -16,12 +18,16 @@ struct Cli {
 enum Command {
     /// Print what this build of the host can use: backends, threads, SIMD features.
     Info,
+    /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
+    #[command(subcommand)]
+    Reward(reward_cmd::RewardCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info(),
+        Command::Reward(command) => reward_cmd::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
