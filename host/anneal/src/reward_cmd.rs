@@ -39,6 +39,9 @@ pub struct TestArgs {
     /// A directory to cache compiled modules in (large components compile in seconds).
     #[arg(long, value_name = "DIR")]
     cache_dir: Option<PathBuf>,
+    /// Forward the module's stdout and stderr (WASI) to this process's, for debugging.
+    #[arg(long)]
+    stdio: bool,
 }
 
 /// Runs one `anneal reward` subcommand.
@@ -56,7 +59,7 @@ fn test(args: TestArgs) -> Result<()> {
     if args.timeout_ms == 0 {
         bail!("--timeout-ms must be at least 1");
     }
-    let config = SandboxConfig {
+    let mut config = SandboxConfig {
         fuel: args.fuel,
         timeout: Duration::from_millis(args.timeout_ms),
         memory_bytes,
@@ -64,6 +67,7 @@ fn test(args: TestArgs) -> Result<()> {
         cache_dir: args.cache_dir,
         ..SandboxConfig::default()
     };
+    config.grants.stdio = args.stdio;
     let sandbox = Sandbox::new(config)?;
     let module = sandbox.load_file(&args.module)?;
     if let Some(problem) = module.abi_problem() {

@@ -48,14 +48,16 @@ impl Default for SandboxConfig {
 
 /// Capabilities a reward module may use. The default grants nothing but deny-all WASI stubs:
 /// a module may import WASI (Go, componentize-py and componentize-js modules do), but it sees
-/// no files, no sockets, no environment, no arguments, a fixed clock and deterministic random
-/// bytes; its stdout and stderr are discarded.
+/// no files, no sockets, no environment, no arguments, a deterministic virtual clock (starting at
+/// 2000-01-01T00:00:00Z, advancing 1 µs per reading) and deterministic random bytes; its stdout
+/// and stderr are discarded.
 #[derive(Clone, Debug)]
 pub struct Grants {
     /// Link WASI (preview 1 for core modules, preview 2 for components) as deny-all stubs.
     /// When false, a module importing WASI fails to load.
     pub wasi: bool,
-    /// Give the module the host's real wall and monotonic clocks (otherwise both are fixed at 0).
+    /// Give the module the host's real wall and monotonic clocks (otherwise a deterministic
+    /// virtual clock).
     pub clocks: bool,
     /// Give the module the host's real random generator (otherwise a fixed byte cycle).
     pub random: bool,

@@ -1,6 +1,7 @@
 //! Per-call store data: the resource limiter and the deny-all WASI contexts.
 
 use crate::config::Grants;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::p1::WasiP1Ctx;
@@ -99,24 +100,48 @@ impl WasiView for ComponentState {
     }
 }
 
-/// A clock stuck at zero: what a module sees when clocks are not granted.
-struct FrozenClock;
+/// The clock a module sees when clocks are not granted: deterministic virtual time that starts
+/// at a fixed instant and advances 1 µs per reading (a clock stuck at zero breaks runtimes such
+/// as Go's, which refuse a zero `nanotime`).
+struct VirtualClock {
+    start_ns: u64,
+    reads: AtomicU64,
+}
 
-impl HostWallClock for FrozenClock {
-    fn resolution(&self) -> Duration {
-        Duration::from_secs(1)
+impl VirtualClock {
+    /// Wall time starts at 2000-01-01T00:00:00Z.
+    const WALL_START_NS: u64 = 946_684_800 * 1_000_000_000;
+    /// Monotonic time starts at one second.
+    const MONOTONIC_START_NS: u64 = 1_000_000_000;
+
+    fn new(start_ns: u64) -> Self {
+        VirtualClock {
+            start_ns,
+            reads: AtomicU64::new(0),
+        }
     }
-    fn now(&self) -> Duration {
-        Duration::ZERO
+
+    fn read(&self) -> u64 {
+        let n = self.reads.fetch_add(1, Ordering::Relaxed);
+        self.start_ns + n.saturating_mul(1000)
     }
 }
 
-impl HostMonotonicClock for FrozenClock {
+impl HostWallClock for VirtualClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_micros(1)
+    }
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.read())
+    }
+}
+
+impl HostMonotonicClock for VirtualClock {
     fn resolution(&self) -> u64 {
-        1_000_000_000
+        1000
     }
     fn now(&self) -> u64 {
-        0
+        self.read()
     }
 }
 
@@ -127,7 +152,8 @@ const FIXED_RANDOM: [u8; 8] = [0x2a, 0x9e, 0x37, 0x79, 0xb9, 0x7f, 0x4a, 0x7c];
 pub(crate) fn wasi_builder(grants: &Grants) -> Result<WasiCtxBuilder, String> {
     let mut b = WasiCtxBuilder::new();
     if !grants.clocks {
-        b.wall_clock(FrozenClock).monotonic_clock(FrozenClock);
+        b.wall_clock(VirtualClock::new(VirtualClock::WALL_START_NS))
+            .monotonic_clock(VirtualClock::new(VirtualClock::MONOTONIC_START_NS));
     }
     if !grants.random {
         b.secure_random(wasmtime_wasi::Deterministic::new(FIXED_RANDOM.to_vec()))

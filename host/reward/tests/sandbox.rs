@@ -226,8 +226,8 @@ fn disallowed_import_fails_at_load_with_its_name() {
 
 #[test]
 fn wasi_is_deny_all_by_default() {
-    // Reads the realtime clock (fixed at 0 unless granted) and tries to open a file (no
-    // preopened directories: EBADF) and to read the environment (none).
+    // Reads the realtime clock (virtual, starting at 2000-01-01, unless granted) and tries to
+    // open a file (no preopened directories: EBADF) and to read the environment (none).
     let extra = r#"
       (import "wasi_snapshot_preview1" "clock_time_get" (func $clock (param i32 i64 i32) (result i32)))
       (import "wasi_snapshot_preview1" "path_open"
@@ -235,8 +235,8 @@ fn wasi_is_deny_all_by_default() {
       (import "wasi_snapshot_preview1" "environ_sizes_get" (func $env (param i32 i32) (result i32)))
       (data (i32.const 200) "/etc/passwd")
       (func $now (export "clock") (result f64)
-        (drop (call $clock (i32.const 0) (i64.const 1) (i32.const 100)))
-        (f64.convert_i64_u (i64.load (i32.const 100))))"#;
+        (drop (call $clock (i32.const 0) (i64.const 1) (i32.const 104)))
+        (f64.convert_i32_u (i64.eq (i64.load (i32.const 104)) (i64.const 946684800000000000))))"#;
     let body = r#"
       (drop (call $env (i32.const 300) (i32.const 304)))
       (f64.add
@@ -249,11 +249,11 @@ fn wasi_is_deny_all_by_default() {
     let m = sb.load_bytes("wasi", module_with(body, extra).as_bytes()).expect("load");
     assert!(m.imports_wasi());
     let out = sb.score(&m, &input("x"));
-    // clock = 0, path_open(fd 3) = EBADF (8) * 1000, environment count = 0.
-    assert_eq!(out.result, Ok(8000.0));
+    // clock at 2000-01-01 (1), path_open(fd 3) = EBADF (8) * 1000, environment count = 0.
+    assert_eq!(out.result, Ok(8001.0));
     let granted = sandbox(|c| c.grants.clocks = true);
     let m = granted.load_bytes("wasi", module_with(body, extra).as_bytes()).expect("load");
-    assert!(granted.score(&m, &input("x")).result.expect("score") > 1.0e18);
+    assert_eq!(granted.score(&m, &input("x")).result, Ok(8000.0));
 }
 
 #[test]
