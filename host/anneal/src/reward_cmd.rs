@@ -34,7 +34,12 @@ pub struct TestArgs {
     #[arg(long, value_name = "M", default_value_t = 256)]
     memory_mb: usize,
     /// The reward printed for a failed call.
-    #[arg(long, value_name = "R", default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        value_name = "R",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     error_reward: f64,
     /// A directory to cache compiled modules in (large components compile in seconds).
     #[arg(long, value_name = "DIR")]
@@ -80,7 +85,10 @@ fn test(args: TestArgs) -> Result<()> {
         Some(path) => {
             let file = std::fs::File::open(path)
                 .with_context(|| format!("cannot open {}", path.display()))?;
-            (Box::new(std::io::BufReader::new(file)), path.display().to_string())
+            (
+                Box::new(std::io::BufReader::new(file)),
+                path.display().to_string(),
+            )
         }
         None => (Box::new(std::io::stdin().lock()), "<stdin>".to_string()),
     };

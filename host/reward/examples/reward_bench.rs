@@ -48,7 +48,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let module = sandbox.load_file(&path)?;
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         // Big modules are slow per call: scale the count down so the bench stays short.
-        let calls = if std::fs::metadata(&path)?.len() > 1 << 20 { n / 20 } else { n }.max(1);
+        let calls = if std::fs::metadata(&path)?.len() > 1 << 20 {
+            n / 20
+        } else {
+            n
+        }
+        .max(1);
         let first = sandbox.score(&module, &input);
         let start = Instant::now();
         for _ in 0..calls {

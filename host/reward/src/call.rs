@@ -82,7 +82,11 @@ fn bad(reason: impl Into<String>) -> Failure {
     })
 }
 
-type Scoring = Result<(f64, Option<Map<String, Value>>), Failure>;
+/// A score with its optional details.
+type ScoreAndDetails = (f64, Option<Map<String, Value>>);
+type Scoring = Result<ScoreAndDetails, Failure>;
+/// The classified result of a call and the fuel it used.
+type CallResult = (Result<ScoreAndDetails, CallError>, u64);
 
 impl Sandbox {
     /// Scores one input in a fresh store. Never panics on anything the module does; failures
@@ -181,7 +185,7 @@ impl Sandbox {
         wasi: bool,
         input: &ScoreInput,
         metadata: &str,
-    ) -> (Result<(f64, Option<Map<String, Value>>), CallError>, u64) {
+    ) -> CallResult {
         let p1 = if wasi {
             match wasi_builder(&self.config.grants) {
                 Ok(mut b) => Some(b.build_p1()),
@@ -205,7 +209,7 @@ impl Sandbox {
         index: &wasmtime::component::ComponentExportIndex,
         input: &ScoreInput,
         metadata: &str,
-    ) -> (Result<(f64, Option<Map<String, Value>>), CallError>, u64) {
+    ) -> CallResult {
         let wasi = match wasi_builder(&self.config.grants) {
             Ok(mut b) => b.build(),
             Err(message) => return (Err(CallError::Trap { message }), 0),
@@ -234,14 +238,21 @@ fn put(
 ) -> Result<(i32, i32), Failure> {
     let len = i32::try_from(bytes.len()).map_err(|_| {
         Failure::Call(CallError::MemoryLimit {
-            message: format!("an input of {} bytes does not fit a 32-bit module", bytes.len()),
+            message: format!(
+                "an input of {} bytes does not fit a 32-bit module",
+                bytes.len()
+            ),
         })
     })?;
     let ptr = alloc.call(&mut *store, len)?;
     if len > 0 {
         memory
             .write(&mut *store, ptr as u32 as usize, bytes)
-            .map_err(|_| bad(format!("alloc({len}) returned {ptr}, out of bounds of memory")))?;
+            .map_err(|_| {
+                bad(format!(
+                    "alloc({len}) returned {ptr}, out of bounds of memory"
+                ))
+            })?;
     }
     Ok((ptr, len))
 }

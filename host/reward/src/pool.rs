@@ -31,7 +31,8 @@ impl Sandbox {
             return jobs.iter().map(|(m, i)| self.score(m, i)).collect();
         }
         let next = AtomicUsize::new(0);
-        let slots: Vec<Mutex<Option<ScoreOutcome>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+        let slots: Vec<Mutex<Option<ScoreOutcome>>> =
+            jobs.iter().map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for _ in 0..workers {
                 s.spawn(|| loop {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use wasmtime::ResourceLimiter;
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::{
-    FsPerms, HostMonotonicClock, HostWallClock, ResourceTable, WasiCtx, WasiCtxBuilder, WasiCtxView,
-    WasiView,
+    FsPerms, HostMonotonicClock, HostWallClock, ResourceTable, WasiCtx, WasiCtxBuilder,
+    WasiCtxView, WasiView,
 };
 
 /// Limits memories and tables of one call and remembers whether a limit was hit, so that the

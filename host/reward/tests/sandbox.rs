@@ -1,8 +1,6 @@
 //! End-to-end tests of the sandbox with small and malicious modules written as WAT.
 
-use anneal_reward::{
-    CallError, ErrorKind, Grants, LoadError, Sandbox, SandboxConfig, ScoreInput,
-};
+use anneal_reward::{CallError, ErrorKind, Grants, LoadError, Sandbox, SandboxConfig, ScoreInput};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -90,13 +88,18 @@ fn infinite_loop_with_huge_fuel_hits_the_epoch_deadline() {
     let start = Instant::now();
     let e = error_of(&sb, &module_with("(loop (br 0)) (f64.const 0)", ""));
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
 fn memory_bomb_hits_the_memory_limit() {
     let sb = sandbox(|c| c.memory_bytes = 4 << 20);
-    let body = "(loop (br_if 0 (i32.ne (memory.grow (i32.const 16)) (i32.const -1)))) (f64.const 0)";
+    let body =
+        "(loop (br_if 0 (i32.ne (memory.grow (i32.const 16)) (i32.const -1)))) (f64.const 0)";
     let e = error_of(&sb, &module_with(body, ""));
     assert_eq!(e.kind(), ErrorKind::MemoryLimit, "{e}");
     // A module whose initial memory is already over the limit fails the same way.
@@ -187,7 +190,10 @@ fn missing_exports_and_wrong_signatures_are_abi_mismatch() {
       (func (export "score") (param i32 i32) (result f32) (f32.const 1)))"#;
     let m = sb.load_bytes("wrong", wrong.as_bytes()).expect("load");
     assert!(m.abi_problem().is_some_and(|p| p.contains("signature")));
-    assert_eq!(sb.score(&m, &input("x")).result.map_err(|e| e.kind()), Err(ErrorKind::AbiMismatch));
+    assert_eq!(
+        sb.score(&m, &input("x")).result.map_err(|e| e.kind()),
+        Err(ErrorKind::AbiMismatch)
+    );
 
     let no_memory = r#"(module
       (func (export "alloc") (param i32) (result i32) (i32.const 0))
@@ -204,7 +210,10 @@ fn missing_exports_and_wrong_signatures_are_abi_mismatch() {
 #[test]
 fn disallowed_import_fails_at_load_with_its_name() {
     let sb = sandbox(|_| {});
-    let wat = module_with("(f64.const 1)", "(import \"env\" \"now\" (func (result i64)))");
+    let wat = module_with(
+        "(f64.const 1)",
+        "(import \"env\" \"now\" (func (result i64)))",
+    );
     match sb.load_bytes("clock", wat.as_bytes()) {
         Err(LoadError::DisallowedImport { import, .. }) => assert_eq!(import, "env::now"),
         other => panic!("expected a disallowed import, got {other:?}"),
@@ -220,8 +229,13 @@ fn disallowed_import_fails_at_load_with_its_name() {
         "(f64.const 1)",
         "(import \"wasi_snapshot_preview1\" \"fd_write\" (func (param i32 i32 i32 i32) (result i32)))",
     );
-    let err = no_wasi.load_bytes("wasi", wat.as_bytes()).expect_err("refused");
-    assert!(err.to_string().contains("wasi_snapshot_preview1::fd_write"), "{err}");
+    let err = no_wasi
+        .load_bytes("wasi", wat.as_bytes())
+        .expect_err("refused");
+    assert!(
+        err.to_string().contains("wasi_snapshot_preview1::fd_write"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -246,13 +260,17 @@ fn wasi_is_deny_all_by_default() {
              (i32.const 0) (i32.const 400)))))
         (f64.convert_i32_u (i32.load (i32.const 300))))"#;
     let sb = sandbox(|_| {});
-    let m = sb.load_bytes("wasi", module_with(body, extra).as_bytes()).expect("load");
+    let m = sb
+        .load_bytes("wasi", module_with(body, extra).as_bytes())
+        .expect("load");
     assert!(m.imports_wasi());
     let out = sb.score(&m, &input("x"));
     // clock at 2000-01-01 (1), path_open(fd 3) = EBADF (8) * 1000, environment count = 0.
     assert_eq!(out.result, Ok(8001.0));
     let granted = sandbox(|c| c.grants.clocks = true);
-    let m = granted.load_bytes("wasi", module_with(body, extra).as_bytes()).expect("load");
+    let m = granted
+        .load_bytes("wasi", module_with(body, extra).as_bytes())
+        .expect("load");
     assert_eq!(granted.score(&m, &input("x")).result, Ok(8000.0));
 }
 
@@ -262,9 +280,14 @@ fn errors_get_the_error_reward_and_are_counted_per_kind() {
         c.error_reward = -1.0;
         c.fuel = 100_000;
     });
-    let trap = sb.load_bytes("trap", module_with("unreachable", "").as_bytes()).expect("load");
+    let trap = sb
+        .load_bytes("trap", module_with("unreachable", "").as_bytes())
+        .expect("load");
     let spin = sb
-        .load_bytes("spin", module_with("(loop (br 0)) (f64.const 0)", "").as_bytes())
+        .load_bytes(
+            "spin",
+            module_with("(loop (br 0)) (f64.const 0)", "").as_bytes(),
+        )
         .expect("load");
     let good = sb.load_bytes("good", GOOD.as_bytes()).expect("load");
     assert_eq!(sb.score(&trap, &input("x")).reward, -1.0);
@@ -290,7 +313,10 @@ fn one_failing_call_in_a_batch_does_not_affect_the_others() {
     });
     let good = sb.load_bytes("good", GOOD.as_bytes()).expect("load");
     let bad = sb
-        .load_bytes("spin", module_with("(loop (br 0)) (f64.const 0)", "").as_bytes())
+        .load_bytes(
+            "spin",
+            module_with("(loop (br 0)) (f64.const 0)", "").as_bytes(),
+        )
         .expect("load");
     let inputs: Vec<ScoreInput> = (0..40).map(|i| input(&"x".repeat(i))).collect();
     let jobs: Vec<_> = inputs
@@ -301,7 +327,10 @@ fn one_failing_call_in_a_batch_does_not_affect_the_others() {
     let outs = sb.score_jobs(&jobs);
     for (i, out) in outs.iter().enumerate() {
         if i % 7 == 3 {
-            assert_eq!(out.result.as_ref().map_err(|e| e.kind()), Err(ErrorKind::FuelExhausted));
+            assert_eq!(
+                out.result.as_ref().map_err(|e| e.kind()),
+                Err(ErrorKind::FuelExhausted)
+            );
         } else {
             assert_eq!(out.result, Ok(i as f64));
         }
@@ -321,7 +350,10 @@ fn training_style_batch_scores_in_parallel_in_order() {
         assert_eq!(out.reward, (i % 50) as f64);
     }
     assert_eq!(sb.metrics_snapshot().ok, 512);
-    eprintln!("512 fresh-store calls on {} threads: {elapsed:?}", sb.threads());
+    eprintln!(
+        "512 fresh-store calls on {} threads: {elapsed:?}",
+        sb.threads()
+    );
 }
 
 #[test]
@@ -344,8 +376,12 @@ fn modules_are_cached_in_memory_and_on_disk() {
 #[test]
 fn invalid_bytes_fail_at_load() {
     let sb = sandbox(|_| {});
-    let err = sb.load_bytes("junk", b"\0asm\x01\0\0\0\x99").expect_err("invalid");
+    let err = sb
+        .load_bytes("junk", b"\0asm\x01\0\0\0\x99")
+        .expect_err("invalid");
     assert!(matches!(err, LoadError::Invalid { .. }), "{err}");
-    let err = sb.load_bytes("text", b"(module (func").expect_err("invalid");
+    let err = sb
+        .load_bytes("text", b"(module (func")
+        .expect_err("invalid");
     assert!(matches!(err, LoadError::Invalid { .. }), "{err}");
 }
