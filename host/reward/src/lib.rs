@@ -26,6 +26,8 @@
 //! # Ok::<(), anneal_reward::LoadError>(())
 //! ```
 
+#![warn(missing_docs)]
+
 mod call;
 mod config;
 mod error;

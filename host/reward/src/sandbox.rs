@@ -136,9 +136,22 @@ impl Sandbox {
     /// Loads a module or component from bytes (binary or WebAssembly text). Compiled modules are
     /// cached by content hash: loading the same bytes again is a lookup.
     pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<RewardModule, LoadError> {
-        let binary = wat::parse_bytes(bytes).map_err(|e| LoadError::Invalid {
-            name: name.to_string(),
-            message: e.to_string(),
+        let binary = wat::parse_bytes(bytes).map_err(|e| {
+            // The text parser's message spans several lines (with a source snippet): keep the
+            // first line and the position, so a user sees one line.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            let at = text
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("--> "))
+                .map(|loc| format!(" (at line:column {})", loc.trim_start_matches("<anon>:")))
+                .unwrap_or_default();
+            LoadError::Invalid {
+                name: name.to_string(),
+                message: format!(
+                    "not a WebAssembly binary, nor valid WebAssembly text: {first}{at}"
+                ),
+            }
         })?;
         let hash: [u8; 32] = Sha256::digest(&binary).into();
         if let Some(m) = self.cache_lock().get(&hash) {
