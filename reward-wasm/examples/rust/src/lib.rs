@@ -24,11 +24,18 @@ fn last_number(text: &str) -> Option<&str> {
 }
 
 fn reward(input: &Input) -> Reward {
-    let correct = match (last_number(input.completion), json_field(input.metadata, "answer")) {
+    let correct = match (
+        last_number(input.completion),
+        json_field(input.metadata, "answer"),
+    ) {
         (Some(got), Some(want)) => got == want,
         _ => false,
     };
-    let bonus = if input.completion.contains("Answer:") { 0.1 } else { 0.0 };
+    let bonus = if input.completion.contains("Answer:") {
+        0.1
+    } else {
+        0.0
+    };
     let score = if correct { 1.0 } else { 0.0 } + bonus;
     Reward::new(score).with_details(format!("{{\"correct\":{correct}}}"))
 }

@@ -94,12 +94,7 @@ pub fn __alloc(len: i32) -> i32 {
 /// # Safety
 /// The pointers and lengths must describe memory the host wrote after `alloc`.
 #[doc(hidden)]
-pub unsafe fn __score(
-    p: (i32, i32),
-    c: (i32, i32),
-    m: (i32, i32),
-    f: fn(&Input) -> Reward,
-) -> f64 {
+pub unsafe fn __score(p: (i32, i32), c: (i32, i32), m: (i32, i32), f: fn(&Input) -> Reward) -> f64 {
     unsafe fn text<'a>((ptr, len): (i32, i32)) -> std::borrow::Cow<'a, str> {
         if len <= 0 {
             return std::borrow::Cow::Borrowed("");
