@@ -7,6 +7,8 @@ mod plugins_cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod reward_cmd;
+
 /// Train, post-train and serve language models.
 #[derive(Parser)]
 #[command(name = "anneal", version, about)]
@@ -64,6 +66,9 @@ enum Command {
         #[arg(long, default_value = "llama")]
         plugin: String,
     },
+    /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
+    #[command(subcommand)]
+    Reward(reward_cmd::RewardCommand),
 }
 
 #[derive(Subcommand)]
@@ -108,6 +113,7 @@ fn main() -> ExitCode {
                 sampling,
             )
         }
+        Command::Reward(command) => reward_cmd::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,117 @@
+//! `anneal reward test` end to end: scores the shared cases with the WAT example and reports
+//! user errors as one line with exit code 2.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn reward_wasm() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reward-wasm")
+}
+
+fn anneal() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_anneal"))
+}
+
+#[test]
+fn scores_the_shared_cases_one_json_line_each() {
+    let root = reward_wasm();
+    let out = anneal()
+        .args(["reward", "test"])
+        .arg(root.join("examples/wat/reward.wat"))
+        .arg("--input")
+        .arg(root.join("cases.jsonl"))
+        .output()
+        .expect("run anneal");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cases = std::fs::read_to_string(root.join("cases.jsonl")).expect("cases");
+    let lines: Vec<&str> = std::str::from_utf8(&out.stdout)
+        .expect("utf-8")
+        .lines()
+        .collect();
+    assert_eq!(lines.len(), cases.lines().count());
+    for (line, case) in lines.iter().zip(cases.lines()) {
+        let got: Value = serde_json::from_str(line).expect("json line");
+        let case: Value = serde_json::from_str(case).expect("case");
+        assert_eq!(got["score"], case["expected"]["score"], "{line}");
+        assert_eq!(
+            got["details"]["correct"], case["expected"]["correct"],
+            "{line}"
+        );
+        assert!(got["fuel"].as_u64().is_some_and(|f| f > 0), "{line}");
+        assert!(got["micros"].as_u64().is_some(), "{line}");
+    }
+}
+
+#[test]
+fn errors_are_reported_per_line_with_their_kind() {
+    let dir = std::env::temp_dir().join(format!("anneal-reward-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let spin = dir.join("spin.wat");
+    std::fs::write(
+        &spin,
+        r#"(module (memory (export "memory") 1)
+          (func (export "alloc") (param i32) (result i32) (i32.const 0))
+          (func (export "score") (param i32 i32 i32 i32 i32 i32) (result f64)
+            (loop (br 0)) (f64.const 0)))"#,
+    )
+    .expect("write module");
+    let mut child = anneal()
+        .args(["reward", "test"])
+        .arg(&spin)
+        .args(["--fuel", "10000", "--error-reward", "-1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run anneal");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"{\"prompt\":\"p\",\"completion\":\"c\",\"metadata\":{}}\n")
+        .expect("write stdin");
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success());
+    let got: Value = serde_json::from_slice(&out.stdout).expect("json line");
+    assert_eq!(got["error"], "fuel_exhausted");
+    assert_eq!(got["reward"], -1.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn user_errors_exit_2_with_one_line() {
+    let out = anneal()
+        .args(["reward", "test", "/no/such/module.wasm"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run anneal");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("/no/such/module.wasm"), "{stderr}");
+
+    let mut child = anneal()
+        .args(["reward", "test"])
+        .arg(reward_wasm().join("examples/wat/reward.wat"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run anneal");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"not json\n")
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 1"), "{stderr}");
+}

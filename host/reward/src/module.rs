@@ -1,0 +1,266 @@
+//! Loading: compile (or fetch from the disk cache), check imports against the grants, link, and
+//! check the exports against the ABI.
+
+use crate::error::LoadError;
+use crate::sandbox::{write_cache_file, Sandbox};
+use crate::state::{ComponentState, CoreState};
+use std::sync::Arc;
+use wasmtime::component::{Component, ComponentExportIndex};
+use wasmtime::{ExternType, FuncType, InstancePre, Module, ValType};
+
+/// The module name under which core modules import WASI preview 1.
+const WASI_P1: &str = "wasi_snapshot_preview1";
+
+/// Which ABI a loaded module follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleKind {
+    /// A core module with `memory`, `alloc` and `score` exports (ABI v1).
+    Core,
+    /// A component of the `anneal:reward/reward` WIT world.
+    Component,
+}
+
+/// A compiled, linked reward module, ready to be instantiated for each call. Cheap to clone.
+#[derive(Clone)]
+pub struct RewardModule {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) hash: String,
+    pub(crate) abi_problem: Option<String>,
+    pub(crate) kind: Kind,
+}
+
+pub(crate) enum Kind {
+    Core {
+        pre: InstancePre<CoreState>,
+        /// Whether the module imports WASI preview 1 (then each call gets a deny-all context).
+        wasi: bool,
+    },
+    Component {
+        pre: wasmtime::component::InstancePre<ComponentState>,
+        score: Option<ComponentExportIndex>,
+    },
+}
+
+impl RewardModule {
+    /// The name given at load (the file name for [`Sandbox::load_file`]).
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The SHA-256 of the module's binary, in hex.
+    pub fn hash(&self) -> &str {
+        &self.inner.hash
+    }
+
+    /// Which ABI the module follows.
+    pub fn kind(&self) -> ModuleKind {
+        match self.inner.kind {
+            Kind::Core { .. } => ModuleKind::Core,
+            Kind::Component { .. } => ModuleKind::Component,
+        }
+    }
+
+    /// Why the module's exports do not match the ABI, if they do not; every call of such a
+    /// module ends with `abi_mismatch`.
+    pub fn abi_problem(&self) -> Option<&str> {
+        self.inner.abi_problem.as_deref()
+    }
+
+    /// Whether the module imports WASI (and so runs against the deny-all WASI stubs).
+    pub fn imports_wasi(&self) -> bool {
+        match &self.inner.kind {
+            Kind::Core { wasi, .. } => *wasi,
+            Kind::Component { .. } => true,
+        }
+    }
+}
+
+impl std::fmt::Debug for RewardModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RewardModule")
+            .field("name", &self.inner.name)
+            .field("kind", &self.kind())
+            .field("hash", &self.inner.hash)
+            .finish()
+    }
+}
+
+fn hex(hash: &[u8; 32]) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Sandbox {
+    pub(crate) fn load_core(
+        &self,
+        name: &str,
+        binary: &[u8],
+        hash: &[u8; 32],
+    ) -> Result<RewardModule, LoadError> {
+        let invalid = |e: wasmtime::Error| LoadError::Invalid {
+            name: name.to_string(),
+            message: format!("{e:#}"),
+        };
+        let path = self.cache_path(hash, "cwasm");
+        // SAFETY: the cache holds only files this sandbox wrote with `Module::serialize` for
+        // an engine with the same compatibility hash (part of the file name); they are not
+        // modified while mapped.
+        let cached = path
+            .as_ref()
+            .filter(|p| p.exists())
+            .and_then(|p| unsafe { Module::deserialize_file(&self.engine, p) }.ok());
+        let module = match cached {
+            Some(m) => m,
+            None => {
+                let m = Module::from_binary(&self.engine, binary).map_err(invalid)?;
+                if let (Some(p), Ok(bytes)) = (&path, m.serialize()) {
+                    write_cache_file(p, &bytes);
+                }
+                m
+            }
+        };
+        let mut wasi = false;
+        for import in module.imports() {
+            if import.module() == WASI_P1 && self.config.grants.wasi {
+                wasi = true;
+                continue;
+            }
+            return Err(LoadError::DisallowedImport {
+                name: name.to_string(),
+                import: format!("{}::{}", import.module(), import.name()),
+            });
+        }
+        let pre = self
+            .core_linker
+            .instantiate_pre(&module)
+            .map_err(|e| LoadError::Link {
+                name: name.to_string(),
+                message: format!("{e:#}"),
+            })?;
+        Ok(RewardModule {
+            inner: Arc::new(Inner {
+                name: name.to_string(),
+                hash: hex(hash),
+                abi_problem: check_core_abi(&module).err(),
+                kind: Kind::Core { pre, wasi },
+            }),
+        })
+    }
+
+    pub(crate) fn load_component(
+        &self,
+        name: &str,
+        binary: &[u8],
+        hash: &[u8; 32],
+    ) -> Result<RewardModule, LoadError> {
+        let invalid = |e: wasmtime::Error| LoadError::Invalid {
+            name: name.to_string(),
+            message: format!("{e:#}"),
+        };
+        let path = self.cache_path(hash, "cwasm");
+        // SAFETY: as in `load_core`: only files this sandbox wrote, for a compatible engine.
+        let cached = path
+            .as_ref()
+            .filter(|p| p.exists())
+            .and_then(|p| unsafe { Component::deserialize_file(&self.engine, p) }.ok());
+        let component = match cached {
+            Some(c) => c,
+            None => {
+                let c = Component::from_binary(&self.engine, binary).map_err(invalid)?;
+                if let (Some(p), Ok(bytes)) = (&path, c.serialize()) {
+                    write_cache_file(p, &bytes);
+                }
+                c
+            }
+        };
+        let ty = component.component_type();
+        for (import, _) in ty.imports(&self.engine) {
+            if !(self.config.grants.wasi && import.starts_with("wasi:")) {
+                return Err(LoadError::DisallowedImport {
+                    name: name.to_string(),
+                    import: import.to_string(),
+                });
+            }
+        }
+        let pre = self
+            .component_linker
+            .instantiate_pre(&component)
+            .map_err(|e| LoadError::Link {
+                name: name.to_string(),
+                message: format!("{e:#}"),
+            })?;
+        let score = component.get_export_index(None, "score");
+        let abi_problem = match score {
+            Some(_) => None,
+            None => Some("missing function export `score`".to_string()),
+        };
+        Ok(RewardModule {
+            inner: Arc::new(Inner {
+                name: name.to_string(),
+                hash: hex(hash),
+                abi_problem,
+                kind: Kind::Component { pre, score },
+            }),
+        })
+    }
+}
+
+/// A short text form of a value type, for messages.
+fn val_name(t: &ValType) -> &'static str {
+    match t {
+        ValType::I32 => "i32",
+        ValType::I64 => "i64",
+        ValType::F32 => "f32",
+        ValType::F64 => "f64",
+        ValType::V128 => "v128",
+        ValType::Ref(_) => "ref",
+    }
+}
+
+/// A function type as text, e.g. `(i32) -> i32`.
+fn sig(ft: &FuncType) -> String {
+    let params: Vec<_> = ft.params().map(|t| val_name(&t)).collect();
+    let results: Vec<_> = ft.results().map(|t| val_name(&t)).collect();
+    format!("({}) -> {}", params.join(", "), results.join(", "))
+}
+
+/// Checks that function export `name` exists (when `required`) with signature `want`.
+fn check_func(module: &Module, name: &str, want: &str, required: bool) -> Result<bool, String> {
+    match module.get_export(name) {
+        None if required => Err(format!("missing function export `{name}` {want}")),
+        None => Ok(false),
+        Some(ExternType::Func(ft)) if sig(&ft) == want => Ok(true),
+        Some(ExternType::Func(ft)) => Err(format!(
+            "export `{name}` has signature {}, expected {want}",
+            sig(&ft)
+        )),
+        Some(_) => Err(format!("export `{name}` is not a function")),
+    }
+}
+
+/// Checks the exports of a core module against ABI v1.
+fn check_core_abi(module: &Module) -> Result<(), String> {
+    match module.get_export("memory") {
+        Some(ExternType::Memory(m)) if !m.is_64() => {}
+        Some(ExternType::Memory(_)) => return Err("export `memory` is a 64-bit memory".into()),
+        Some(_) => return Err("export `memory` is not a memory".into()),
+        None => return Err("missing memory export `memory`".into()),
+    }
+    check_func(module, "alloc", "(i32) -> i32", true)?;
+    check_func(
+        module,
+        "score",
+        "(i32, i32, i32, i32, i32, i32) -> f64",
+        true,
+    )?;
+    let has_ptr = check_func(module, "details_ptr", "() -> i32", false)?;
+    let has_len = check_func(module, "details_len", "() -> i32", false)?;
+    if has_ptr != has_len {
+        return Err("exports only one of `details_ptr` and `details_len`".into());
+    }
+    check_func(module, "anneal_reward_abi", "() -> i32", false)?;
+    Ok(())
+}

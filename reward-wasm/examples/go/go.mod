@@ -1,0 +1,3 @@
+module anneal.dev/reward-example
+
+go 1.24
