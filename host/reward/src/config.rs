@@ -50,7 +50,8 @@ impl Default for SandboxConfig {
 /// a module may import WASI (Go, componentize-py and componentize-js modules do), but it sees
 /// no files, no sockets, no environment, no arguments, a deterministic virtual clock (starting at
 /// 2000-01-01T00:00:00Z, advancing 1 µs per reading) and deterministic random bytes; its stdout
-/// and stderr are discarded.
+/// and stderr are discarded. WASI sleeps always return at once (even with clocks granted): a
+/// blocked host call could not be stopped by the epoch deadline.
 #[derive(Clone, Debug)]
 pub struct Grants {
     /// Link WASI (preview 1 for core modules, preview 2 for components) as deny-all stubs.

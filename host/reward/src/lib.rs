@@ -33,6 +33,7 @@ mod config;
 mod error;
 mod metrics;
 mod module;
+mod nowait;
 mod pool;
 mod sandbox;
 mod state;

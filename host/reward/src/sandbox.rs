@@ -87,7 +87,9 @@ impl Sandbox {
                     .expect("a WASI context is created for every module that imports WASI")
             })
             .map_err(engine_err)?;
+            crate::nowait::install(&mut core_linker).map_err(engine_err)?;
             wasmtime_wasi::p2::add_to_linker_sync(&mut component_linker).map_err(engine_err)?;
+            crate::nowait::install_p2(&mut component_linker).map_err(engine_err)?;
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);

@@ -275,6 +275,30 @@ fn wasi_is_deny_all_by_default() {
 }
 
 #[test]
+fn wasi_sleep_does_not_block_past_the_deadline() {
+    // poll_oneoff with one relative clock subscription of one hour: returns at once.
+    let extra = r#"
+      (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+      (data (i32.const 1000) "\2a\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00\01\00\00\00\00\00\00\00\00\10\a5\d4\e8\03\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00\00")"#;
+    let body = r#"
+      (drop (call $poll (i32.const 1000) (i32.const 2000) (i32.const 1) (i32.const 3000)))
+      (f64.convert_i32_u (i32.add (i32.load (i32.const 3000)) (i32.load (i32.const 2000))))"#;
+    let sb = sandbox(|c| c.timeout = Duration::from_millis(200));
+    let m = sb
+        .load_bytes("sleep", module_with(body, extra).as_bytes())
+        .expect("load");
+    let start = Instant::now();
+    let out = sb.score(&m, &input("x"));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    // One event, with the subscription's userdata (42).
+    assert_eq!(out.result, Ok(43.0));
+}
+
+#[test]
 fn errors_get_the_error_reward_and_are_counted_per_kind() {
     let sb = sandbox(|c| {
         c.error_reward = -1.0;
