@@ -28,9 +28,9 @@ pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<
     let ids = Tensor::from_slice(tokens, &[1, n])?;
     let logits = model.forward(params, &ids, &positions(0, n)?, &ForwardOpts::default())?;
     let v = logits.shape()[2];
-    let lp = logits.log_softmax(-1)?.to_vec_f32();
+    let rows = logits.to_vec_f32();
     let out: Vec<f32> = (0..n - 1)
-        .map(|i| lp[i * v + tokens[i + 1] as usize])
+        .map(|i| token_logprob(&rows[i * v..(i + 1) * v], tokens[i + 1] as usize))
         .collect();
     let loss = -out.iter().map(|&x| x as f64).sum::<f64>() / out.len() as f64;
     Ok((out, loss as f32))
