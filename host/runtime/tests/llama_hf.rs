@@ -229,6 +229,7 @@ fn loss_and_every_gradient_match_transformers() {
                 "{name}: gradient of {ours}: relative difference {rel}"
             );
         }
+        println!("{name}: worst relative gradient difference {worst:e}");
     }
 }
 
