@@ -169,3 +169,30 @@ fn garbage_and_foreign_libraries_give_clear_errors() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_plugin_of_the_wrong_kind_is_refused_by_name() {
+    use anneal_runtime::plugins::PluginModel;
+    let inst = plugin("adamw")
+        .create(None, &serde_json::json!({}))
+        .unwrap();
+    let err = PluginModel::new("adamw", inst)
+        .err()
+        .expect("an optimizer is not a model")
+        .to_string();
+    assert!(
+        err.contains("adamw") && err.contains("not a model"),
+        "{err}"
+    );
+    let inst = plugin("llama")
+        .create(Some("debugmodel"), &serde_json::json!({}))
+        .unwrap();
+    let err = PluginOptimizer::new("llama", inst)
+        .err()
+        .expect("a model is not an optimizer")
+        .to_string();
+    assert!(
+        err.contains("llama") && err.contains("not an optimizer"),
+        "{err}"
+    );
+}
