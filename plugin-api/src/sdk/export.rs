@@ -23,6 +23,18 @@ pub fn catch<T>(what: &str, f: impl FnOnce() -> Result<T>) -> RResult<T, RString
     }
 }
 
+/// A spec as JSON, or `{"error": ...}` if building it failed or panicked.
+fn spec_to_json<S: serde::Serialize>(spec: impl FnOnce() -> S) -> RString {
+    match catch("spec", || {
+        serde_json::to_string(&spec()).map_err(Error::from)
+    }) {
+        ROk(s) => s.into(),
+        RErr(e) => serde_json::json!({ "error": e.as_str() })
+            .to_string()
+            .into(),
+    }
+}
+
 fn handles(ts: Vec<super::Tensor<'_>>) -> RVec<Handle> {
     ts.into_iter().map(|t| t.into_handle()).collect()
 }
@@ -40,14 +52,7 @@ pub struct ModelAdapter<M>(pub M);
 
 impl<M: Model> ModelPlugin for ModelAdapter<M> {
     fn spec_json(&self) -> RString {
-        match catch("spec", || {
-            serde_json::to_string(&self.0.spec()).map_err(Error::from)
-        }) {
-            ROk(s) => s.into(),
-            RErr(e) => serde_json::json!({ "error": e.as_str() })
-                .to_string()
-                .into(),
-        }
+        spec_to_json(|| self.0.spec())
     }
 
     fn embed(
@@ -99,14 +104,7 @@ pub struct OptimizerAdapter<O>(pub O);
 
 impl<O: Optimizer> OptimizerPlugin for OptimizerAdapter<O> {
     fn spec_json(&self) -> RString {
-        match catch("spec", || {
-            serde_json::to_string(&self.0.spec()).map_err(Error::from)
-        }) {
-            ROk(s) => s.into(),
-            RErr(e) => serde_json::json!({ "error": e.as_str() })
-                .to_string()
-                .into(),
-        }
+        spec_to_json(|| self.0.spec())
     }
 
     fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> RResult<(), RString> {

@@ -84,7 +84,9 @@ impl PluginModel {
         positions: &Tensor,
         opts: &ForwardOpts,
     ) -> anneal_engine::Result<Tensor> {
-        let mut hidden = self.stage(
+        let mut hidden = run_stage(
+            &self.inst,
+            &self.name,
             params,
             positions,
             opts,
@@ -101,7 +103,9 @@ impl PluginModel {
                 layer(&self.inst, &self.name, params, positions, opts, i, &hidden)?
             };
         }
-        let out = self.stage(
+        let out = run_stage(
+            &self.inst,
+            &self.name,
             params,
             positions,
             opts,
@@ -116,22 +120,6 @@ impl PluginModel {
         out.into_iter()
             .next()
             .ok_or_else(|| stage_err(&self.name, "head", "returned nothing"))
-    }
-
-    fn stage(
-        &self,
-        params: &Params,
-        positions: &Tensor,
-        opts: &ForwardOpts,
-        f: impl FnOnce(
-            &ModelBox,
-            &anneal_plugin_api::abi::HostVTable,
-            &ForwardCtx,
-            &HostSession,
-        ) -> Result<RVec<Handle>, abi_stable::std_types::RString>,
-        what: &str,
-    ) -> anneal_engine::Result<Vec<Tensor>> {
-        run_stage(&self.inst, &self.name, params, positions, opts, f, what)
     }
 
     fn checkpointed_layer(
@@ -185,6 +173,9 @@ fn layer(
     )
 }
 
+/// One plugin call of a forward: gets the instance, the op table, the context and the session.
+type StageResult = Result<RVec<Handle>, abi_stable::std_types::RString>;
+
 fn run_stage(
     inst: &ModelBox,
     name: &str,
@@ -196,7 +187,7 @@ fn run_stage(
         &anneal_plugin_api::abi::HostVTable,
         &ForwardCtx,
         &HostSession,
-    ) -> Result<RVec<Handle>, abi_stable::std_types::RString>,
+    ) -> StageResult,
     what: &str,
 ) -> anneal_engine::Result<Vec<Tensor>> {
     let session = HostSession::with_cache(params.clone(), opts.cache.clone());
