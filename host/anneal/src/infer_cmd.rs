@@ -38,31 +38,79 @@ fn check_vocab(model: &PluginModel, tokens: &[i64]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Loads a `tokenizer.json`.
+pub fn load_tokenizer(path: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
+    tokenizers::Tokenizer::from_file(path)
+        .map_err(|e| anyhow::anyhow!("{}: not a usable tokenizer.json: {e}", path.display()))
+}
+
+/// Token ids of `text`.
+pub fn encode(tok: &tokenizers::Tokenizer, text: &str) -> anyhow::Result<Vec<i64>> {
+    let enc = tok
+        .encode(text, false)
+        .map_err(|e| anyhow::anyhow!("cannot tokenize the prompt: {e}"))?;
+    Ok(enc.get_ids().iter().map(|&i| i as i64).collect())
+}
+
+/// Where a command's input tokens come from: ids, or text with a tokenizer.
+pub struct TokenSource<'a> {
+    /// Comma-separated ids.
+    pub ids: Option<&'a str>,
+    /// Text to tokenize.
+    pub text: Option<&'a str>,
+    /// The tokenizer for `text` (and for decoding output).
+    pub tokenizer: Option<&'a Path>,
+}
+
+impl TokenSource<'_> {
+    fn resolve(&self) -> anyhow::Result<(Vec<i64>, Option<tokenizers::Tokenizer>)> {
+        let tok = self.tokenizer.map(load_tokenizer).transpose()?;
+        let ids = match (self.ids, self.text, &tok) {
+            (Some(ids), None, _) => parse_tokens(ids)?,
+            (None, Some(text), Some(t)) => encode(t, text)?,
+            (None, Some(_), None) => anyhow::bail!("text input needs --tokenizer tokenizer.json"),
+            (Some(_), Some(_), _) => anyhow::bail!("give token ids or text, not both"),
+            (None, None, _) => anyhow::bail!("give token ids or text"),
+        };
+        Ok((ids, tok))
+    }
+}
+
 /// Prints `{"logprobs":[...],"loss":...}`.
-pub fn logprobs(dir: &Path, plugin: &str, tokens: &str) -> anyhow::Result<()> {
-    let tokens = parse_tokens(tokens)?;
+pub fn logprobs(dir: &Path, plugin: &str, input: TokenSource<'_>) -> anyhow::Result<()> {
+    let (tokens, _) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &tokens)?;
     let (lp, loss) = infer::logprobs(&model, &params, &tokens)?;
-    println!("{}", serde_json::json!({ "logprobs": lp, "loss": loss }));
+    println!(
+        "{}",
+        serde_json::json!({ "tokens": tokens, "logprobs": lp, "loss": loss })
+    );
     Ok(())
 }
 
-/// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens.
+/// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens (and `"text"` with a
+/// tokenizer).
 pub fn generate(
     dir: &Path,
     plugin: &str,
-    prompt: &str,
+    input: TokenSource<'_>,
     max_new: usize,
     sampling: Sampling,
 ) -> anyhow::Result<()> {
-    let prompt = parse_tokens(prompt)?;
+    let (prompt, tok) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &prompt)?;
     let g = infer::generate(&model, &params, &prompt, max_new, &sampling)?;
-    println!(
-        "{}",
-        serde_json::json!({ "prompt_tokens": prompt, "tokens": g.tokens, "logprobs": g.logprobs })
-    );
+    let mut out =
+        serde_json::json!({ "prompt_tokens": prompt, "tokens": g.tokens, "logprobs": g.logprobs });
+    if let Some(t) = tok {
+        let ids: Vec<u32> = g.tokens.iter().map(|&i| i as u32).collect();
+        out["text"] = t
+            .decode(&ids, true)
+            .map_err(|e| anyhow::anyhow!("cannot decode the output: {e}"))?
+            .into();
+    }
+    println!("{out}");
     Ok(())
 }

@@ -31,7 +31,13 @@ enum Command {
         model_dir: std::path::PathBuf,
         /// Comma-separated token ids.
         #[arg(long)]
-        tokens: String,
+        tokens: Option<String>,
+        /// Text to score (needs --tokenizer).
+        #[arg(long)]
+        text: Option<String>,
+        /// A tokenizer.json for --text.
+        #[arg(long)]
+        tokenizer: Option<std::path::PathBuf>,
         /// The model plugin to run it with.
         #[arg(long, default_value = "llama")]
         plugin: String,
@@ -43,7 +49,13 @@ enum Command {
         model_dir: std::path::PathBuf,
         /// Comma-separated prompt token ids.
         #[arg(long)]
-        prompt_tokens: String,
+        prompt_tokens: Option<String>,
+        /// Prompt text (needs --tokenizer; the output then also has the decoded text).
+        #[arg(long)]
+        prompt: Option<String>,
+        /// A tokenizer.json for --prompt and for decoding.
+        #[arg(long)]
+        tokenizer: Option<std::path::PathBuf>,
         /// How many tokens to generate at most.
         #[arg(long, default_value_t = 16)]
         max_new_tokens: usize,
@@ -85,11 +97,22 @@ fn main() -> ExitCode {
         Command::Logprobs {
             model_dir,
             tokens,
+            text,
+            tokenizer,
             plugin,
-        } => infer_cmd::logprobs(&model_dir, &plugin, &tokens),
+        } => {
+            let input = infer_cmd::TokenSource {
+                ids: tokens.as_deref(),
+                text: text.as_deref(),
+                tokenizer: tokenizer.as_deref(),
+            };
+            infer_cmd::logprobs(&model_dir, &plugin, input)
+        }
         Command::Generate {
             model_dir,
             prompt_tokens,
+            prompt,
+            tokenizer,
             max_new_tokens,
             temperature,
             top_p,
@@ -108,7 +131,11 @@ fn main() -> ExitCode {
             infer_cmd::generate(
                 &model_dir,
                 &plugin,
-                &prompt_tokens,
+                infer_cmd::TokenSource {
+                    ids: prompt_tokens.as_deref(),
+                    text: prompt.as_deref(),
+                    tokenizer: tokenizer.as_deref(),
+                },
                 max_new_tokens,
                 sampling,
             )

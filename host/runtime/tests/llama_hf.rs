@@ -370,3 +370,35 @@ fn without_batch_invariance_decode_drifts() {
         "plain mode unexpectedly bitwise equal; the invariance test would not detect a regression"
     );
 }
+
+#[test]
+fn sharded_directories_load_like_single_files() {
+    let dir = fixture("tiny_llama");
+    let (model, params) = model_for(&dir);
+    let tensors = hf::read_tensors(&dir).unwrap();
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let out = std::env::temp_dir().join(format!("anneal-hf-sharded-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy(dir.join("config.json"), out.join("config.json")).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    for (i, chunk) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file = format!("model-{:05}-of-00002.safetensors", i + 1);
+        let list: Vec<(&str, &Tensor)> = chunk.iter().map(|n| (n.as_str(), &tensors[*n])).collect();
+        anneal_engine::io::save_safetensors(out.join(&file), &list).unwrap();
+        for n in chunk {
+            weight_map.insert(n.to_string(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let back = hf::load_params(&out, model.spec()).unwrap();
+    for (k, v) in params.iter() {
+        assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{k}");
+    }
+    // A shard listed in the index but missing is named in the error.
+    std::fs::remove_file(out.join("model-00002-of-00002.safetensors")).unwrap();
+    let err = hf::load_params(&out, model.spec()).unwrap_err().to_string();
+    assert!(err.contains("model-00002-of-00002.safetensors"), "{err}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -268,6 +268,109 @@ impl<'h> Tensor<'h> {
     }
 }
 
+impl<'h> Tensor<'h> {
+    /// Softmax over `dim`.
+    pub fn softmax(&self, dim: i64) -> Result<Tensor<'h>> {
+        self.op("softmax", &[], &[Attr::Int(dim)])
+    }
+    /// Log-softmax over `dim`.
+    pub fn log_softmax(&self, dim: i64) -> Result<Tensor<'h>> {
+        self.op("log_softmax", &[], &[Attr::Int(dim)])
+    }
+    /// LayerNorm over the last dim with a `[D]` weight and optional bias.
+    pub fn layer_norm(
+        &self,
+        weight: &Tensor<'h>,
+        bias: Option<&Tensor<'h>>,
+        eps: f64,
+    ) -> Result<Tensor<'h>> {
+        let b = bias.map_or(Attr::None, |b| Attr::Tensor(b.handle));
+        self.op("layer_norm", &[weight], &[Attr::Float(eps), b])
+    }
+    /// `len` entries of `dim` from `start`, as a view.
+    pub fn narrow(&self, dim: i64, start: usize, len: usize) -> Result<Tensor<'h>> {
+        self.op(
+            "narrow",
+            &[],
+            &[
+                Attr::Int(dim),
+                Attr::Int(start as i64),
+                Attr::Int(len as i64),
+            ],
+        )
+    }
+    /// Rows (along `dim`) picked by a 1-d integer index.
+    pub fn index_select(&self, dim: i64, idx: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("index_select", &[idx], &[Attr::Int(dim)])
+    }
+    /// PyTorch's `gather` along `dim`.
+    pub fn gather(&self, dim: i64, idx: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("gather", &[idx], &[Attr::Int(dim)])
+    }
+    /// PyTorch's `scatter_add` along `dim`.
+    pub fn scatter_add(&self, dim: i64, idx: &Tensor<'h>, src: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("scatter_add", &[idx, src], &[Attr::Int(dim)])
+    }
+    /// The `k` largest entries along `dim` (best first): (values, i64 indices).
+    pub fn topk(&self, k: usize, dim: i64) -> Result<(Tensor<'h>, Tensor<'h>)> {
+        let mut v = self.host.call(
+            "topk",
+            &[self],
+            &[Attr::Int(k as i64), Attr::Int(dim), Attr::Bool(true)],
+        )?;
+        if v.len() != 2 {
+            return Err(Error(
+                "host op topk returned the wrong number of outputs".into(),
+            ));
+        }
+        let i = v.remove(1);
+        Ok((v.remove(0), i))
+    }
+    /// MoE expert product: rows of `self [N, K]` grouped by `counts` (i64 `[E]`) times `w [E, K, M]`.
+    pub fn grouped_matmul(&self, w: &Tensor<'h>, counts: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("grouped_matmul", &[w, counts], &[])
+    }
+    /// Mean cross-entropy of logits `[N, V]` against i64 targets `[N]`.
+    pub fn cross_entropy(
+        &self,
+        targets: &Tensor<'h>,
+        ignore_index: Option<i64>,
+    ) -> Result<Tensor<'h>> {
+        self.op(
+            "cross_entropy",
+            &[targets],
+            &[ignore_index.map_or(Attr::None, Attr::Int)],
+        )
+    }
+}
+
+impl<'h> Host<'h> {
+    /// Joins tensors along `dim`.
+    pub fn cat(&self, tensors: &[&Tensor<'h>], dim: i64) -> Result<Tensor<'h>> {
+        self.call1("cat", tensors, &[Attr::Int(dim)])
+    }
+    /// `cond ? a : b`, broadcasting.
+    pub fn where_(&self, cond: &Tensor<'h>, a: &Tensor<'h>, b: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.call1("where", &[cond, a, b], &[])
+    }
+    /// Groups top-k routing choices `[N, k]` by expert: (order, token, inverse, counts), see the
+    /// engine's `sort_by_expert`.
+    pub fn sort_by_expert(
+        &self,
+        expert_ids: &Tensor<'h>,
+        num_experts: usize,
+    ) -> Result<[Tensor<'h>; 4]> {
+        let v = self.call(
+            "sort_by_expert",
+            &[expert_ids],
+            &[Attr::Int(num_experts as i64)],
+        )?;
+        v.try_into().map_err(|_| {
+            Error("host op sort_by_expert returned the wrong number of outputs".into())
+        })
+    }
+}
+
 /// Llama-3 style RoPE frequency scaling (the `llama3` rope type of Hugging Face).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Llama3Scaling {

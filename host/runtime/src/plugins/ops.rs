@@ -157,6 +157,56 @@ pub(crate) fn run(
         "rms_norm" => one(x()?.rms_norm(Some(y()?), float(attrs, 0, op)? as f32)),
         "rope" => rope(x()?, y()?, attrs).map(|t| vec![t]),
         "attention" => attention(inputs, attrs, session).map(|t| vec![t]),
+        "layer_norm" => {
+            let b = match attrs.get(1) {
+                Some(Attr::Tensor(h)) => Some(session.get(*h)?),
+                _ => None,
+            };
+            one(x()?.layer_norm(Some(y()?), b.as_ref(), float(attrs, 0, op)? as f32))
+        }
+        "narrow" => one(x()?.narrow(
+            int(attrs, 0, op)? as isize,
+            int(attrs, 1, op)? as usize,
+            int(attrs, 2, op)? as usize,
+        )),
+        "cat" => one(anneal_engine::ops::cat(inputs, int(attrs, 0, op)? as isize)),
+        "where" => one(anneal_engine::ops::where_(x()?, y()?, arg(inputs, 2, op)?)),
+        "index_select" => one(x()?.index_select(int(attrs, 0, op)? as isize, y()?)),
+        "gather" => one(x()?.gather(int(attrs, 0, op)? as isize, y()?)),
+        "scatter_add" => {
+            one(x()?.scatter_add(int(attrs, 0, op)? as isize, y()?, arg(inputs, 2, op)?))
+        }
+        "topk" => {
+            let (v, i) = x()?
+                .topk(
+                    int(attrs, 0, op)? as usize,
+                    int(attrs, 1, op)? as isize,
+                    boolean(attrs, 2, op)?,
+                    true,
+                )
+                .map_err(e)?;
+            Ok(vec![v, i])
+        }
+        "sort_by_expert" => {
+            let r =
+                anneal_engine::ops::sort_by_expert(x()?, int(attrs, 0, op)? as usize).map_err(e)?;
+            let counts: Vec<i64> = r.counts.iter().map(|&c| c as i64).collect();
+            let n = counts.len();
+            Ok(vec![
+                r.order,
+                r.token,
+                r.inverse,
+                Tensor::from_vec(counts, &[n]).map_err(e)?,
+            ])
+        }
+        "grouped_matmul" => one(x()?.grouped_matmul(y()?, arg(inputs, 2, op)?)),
+        "cross_entropy" => {
+            let opts = anneal_engine::ops::CrossEntropy {
+                ignore_index: opt_int(attrs, 0),
+                ..Default::default()
+            };
+            one(anneal_engine::ops::cross_entropy(x()?, y()?, &opts))
+        }
         _ => Err(format!("this host has no op named '{op}'")),
     }
 }
@@ -259,4 +309,87 @@ fn attention(inputs: &[Tensor], attrs: &[Attr], session: &HostSession) -> R<Tens
         k_pos: Some(k_pos),
     };
     q.attention(&k, &v, &params).map_err(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn t(v: &[f32], shape: &[usize]) -> Tensor {
+        Tensor::from_slice(v, shape).unwrap()
+    }
+
+    #[test]
+    fn ops_by_name_match_the_engine() {
+        let s = HostSession::new(HashMap::new());
+        let x = t(&[1.0, 5.0, 3.0, 2.0, 0.5, 4.0], &[2, 3]);
+        let out = run(
+            "topk",
+            &[x.clone()],
+            &[Attr::Int(2), Attr::Int(1), Attr::Bool(true)],
+            &s,
+        )
+        .unwrap();
+        assert_eq!(out[0].to_vec_f32(), vec![5.0, 3.0, 4.0, 2.0]);
+        assert_eq!(out[1].to_vec::<i64>(), vec![1, 2, 2, 0]);
+        // MoE: route each token to its top expert, run the expert products, compare with per-row matmuls.
+        let ids = Tensor::from_slice(&[1i64, 0], &[2, 1]).unwrap();
+        let r = run("sort_by_expert", &[ids], &[Attr::Int(2)], &s).unwrap();
+        assert_eq!(r[3].to_vec::<i64>(), vec![1, 1]);
+        let w = t(&(0..12).map(|i| i as f32).collect::<Vec<_>>(), &[2, 3, 2]);
+        let xs = run(
+            "index_select",
+            &[x.clone(), r[1].clone()],
+            &[Attr::Int(0)],
+            &s,
+        )
+        .unwrap();
+        let y = run(
+            "grouped_matmul",
+            &[xs[0].clone(), w.clone(), r[3].clone()],
+            &[],
+            &s,
+        )
+        .unwrap();
+        let want0 = x
+            .narrow(0, 1, 1)
+            .unwrap()
+            .matmul(&w.narrow(0, 0, 1).unwrap().reshape(&[3, 2]).unwrap())
+            .unwrap();
+        assert_eq!(
+            y[0].narrow(0, 0, 1).unwrap().to_vec_f32(),
+            want0.to_vec_f32()
+        );
+        let cat = run("cat", &[x.clone(), x.clone()], &[Attr::Int(0)], &s).unwrap();
+        assert_eq!(cat[0].shape(), &[4, 3]);
+        let ce = run(
+            "cross_entropy",
+            &[x.clone(), Tensor::from_slice(&[1i64, 2], &[2]).unwrap()],
+            &[Attr::None],
+            &s,
+        )
+        .unwrap();
+        assert!(ce[0].item().unwrap() > 0.0);
+        let ln = run(
+            "layer_norm",
+            &[x.clone(), t(&[1.0, 1.0, 1.0], &[3])],
+            &[Attr::Float(1e-5), Attr::None],
+            &s,
+        )
+        .unwrap();
+        assert!(ln[0].sum_all().unwrap().item().unwrap().abs() < 1e-4);
+    }
+
+    #[test]
+    fn unknown_ops_and_bad_attributes_are_named() {
+        let s = HostSession::new(HashMap::new());
+        let x = t(&[1.0, 2.0], &[2]);
+        let err = run("frobnicate", &[x.clone()], &[], &s).unwrap_err();
+        assert!(err.contains("no op named 'frobnicate'"), "{err}");
+        let err = run("narrow", &[x.clone()], &[Attr::Str("0".into())], &s).unwrap_err();
+        assert!(err.contains("narrow") && err.contains("integer"), "{err}");
+        let err = run("add", &[x], &[], &s).unwrap_err();
+        assert!(err.contains("add needs input 1"), "{err}");
+    }
 }

@@ -48,8 +48,22 @@ def models():
     yield "tiny_qwen3", Qwen3ForCausalLM(Qwen3Config(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=32, rope_theta=1e6))
 
 
+def tiny_tokenizer():
+    """A 96-token BPE (the tiny models' vocabulary size) for the CLI's text round trip."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    text = ["the cat sat on the mat and the dog sat on the log", "a quick brown fox jumps over the lazy dog",
+            "to be or not to be that is the question", "all that glitters is not gold"] * 20
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=96, special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.save(str(OUT / "tiny_tokenizer.json"))
+
+
 def main():
     torch.manual_seed(0)
+    tiny_tokenizer()
     for name, model in models():
         model = model.float().eval()
         # Random init is small; widen it so the test distinguishes real differences.

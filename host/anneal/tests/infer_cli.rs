@@ -1,0 +1,145 @@
+//! `anneal logprobs` and `anneal generate` end to end: the binary, the llama plugin and the tiny
+//! Hugging Face fixtures (written by host/runtime/tests/reference/make_hf_fixtures.py).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixtures() -> PathBuf {
+    root().join("host/runtime/tests/fixtures")
+}
+
+/// The anneal binary, with the llama plugin built next to it (same profile).
+fn anneal() -> Command {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_anneal"));
+    BUILT.get_or_init(|| {
+        let profile = match bin
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|n| n.to_str())
+        {
+            Some("debug") | None => "dev".to_string(),
+            Some(p) => p.to_string(),
+        };
+        let ok = Command::new(env!("CARGO"))
+            .args(["build", "--profile", &profile, "-p", "anneal-plugin-llama"])
+            .current_dir(root())
+            .status()
+            .expect("run cargo")
+            .success();
+        assert!(ok, "building the llama plugin failed");
+    });
+    let mut c = Command::new(bin);
+    c.env_remove("ANNEAL_PLUGIN_PATH");
+    c
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn logprobs_prints_the_transformers_values() {
+    let dir = fixtures().join("tiny_qwen3");
+    let exp = anneal_engine::io::load_safetensors(dir.join("expected.safetensors")).unwrap();
+    let tokens = exp["tokens"].narrow(0, 0, 1).unwrap().to_vec::<i64>();
+    let want = exp["logprobs"].narrow(0, 0, 1).unwrap().to_vec_f32();
+    let ids: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
+    let out = anneal()
+        .args(["logprobs", "--model-dir"])
+        .arg(&dir)
+        .args(["--tokens", &ids.join(",")])
+        .output()
+        .unwrap();
+    let v = json_of(&out);
+    let got: Vec<f64> = v["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - *w as f64).abs() < 1e-4, "{g} vs {w}");
+    }
+    let loss = v["loss"].as_f64().unwrap();
+    let want_loss = -want.iter().map(|&x| x as f64).sum::<f64>() / want.len() as f64;
+    assert!((loss - want_loss).abs() < 1e-5);
+}
+
+#[test]
+fn generate_from_text_and_ids_agree() {
+    let dir = fixtures().join("tiny_llama");
+    let tok = fixtures().join("tiny_tokenizer.json");
+    let run = |extra: &[&str]| {
+        let out = anneal()
+            .args(["generate", "--model-dir"])
+            .arg(&dir)
+            .args([
+                "--max-new-tokens",
+                "6",
+                "--temperature",
+                "0.7",
+                "--seed",
+                "9",
+                "--tokenizer",
+            ])
+            .arg(&tok)
+            .args(extra)
+            .output()
+            .unwrap();
+        json_of(&out)
+    };
+    let a = run(&["--prompt", "the cat sat"]);
+    let ids: Vec<String> = a["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+    let b = run(&["--prompt-tokens", &ids.join(",")]);
+    assert_eq!(
+        a["tokens"], b["tokens"],
+        "same prompt and seed, same tokens"
+    );
+    assert_eq!(a["tokens"].as_array().unwrap().len(), 6);
+    assert!(a["text"].is_string());
+    assert_eq!(a["logprobs"].as_array().unwrap().len(), 6);
+}
+
+#[test]
+fn bad_inputs_exit_2_with_one_line() {
+    let dir = fixtures().join("tiny_llama");
+    for args in [
+        vec!["--tokens", "1,2,999"],
+        vec!["--tokens", "1,x"],
+        vec!["--text", "hello"],
+    ] {
+        let out = anneal()
+            .args(["logprobs", "--model-dir"])
+            .arg(&dir)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.starts_with("error: "), "{err}");
+    }
+    let out = anneal()
+        .args(["logprobs", "--model-dir", "/nonexistent", "--tokens", "1,2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
+}
