@@ -330,6 +330,31 @@ impl<'h> Tensor<'h> {
     pub fn grouped_matmul(&self, w: &Tensor<'h>, counts: &Tensor<'h>) -> Result<Tensor<'h>> {
         self.op("grouped_matmul", &[w, counts], &[])
     }
+    /// Maximum over `dim`.
+    pub fn max(&self, dim: i64, keepdim: bool) -> Result<Tensor<'h>> {
+        self.op("max", &[], &[Attr::Int(dim), Attr::Bool(keepdim)])
+    }
+    /// Index of the maximum over `dim` (i64).
+    pub fn argmax(&self, dim: i64, keepdim: bool) -> Result<Tensor<'h>> {
+        self.op("argmax", &[], &[Attr::Int(dim), Attr::Bool(keepdim)])
+    }
+    /// `value` where `mask` is nonzero (broadcasting).
+    pub fn masked_fill(&self, mask: &Tensor<'h>, value: f64) -> Result<Tensor<'h>> {
+        self.op("masked_fill", &[mask], &[Attr::Float(value)])
+    }
+    /// Dropout with probability `p`; the mask is a pure function of (seed, stream, offset).
+    pub fn dropout(&self, p: f64, seed: u64, stream: &str, offset: u64) -> Result<Tensor<'h>> {
+        self.op(
+            "dropout",
+            &[],
+            &[
+                Attr::Float(p),
+                Attr::Int(seed as i64),
+                Attr::Str(stream.into()),
+                Attr::Int(offset as i64),
+            ],
+        )
+    }
     /// Mean cross-entropy of logits `[N, V]` against i64 targets `[N]`.
     pub fn cross_entropy(
         &self,

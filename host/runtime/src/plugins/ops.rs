@@ -207,6 +207,36 @@ pub(crate) fn run(
             };
             one(anneal_engine::ops::cross_entropy(x()?, y()?, &opts))
         }
+        "max" => one(x()?.max_dim(int(attrs, 0, op)? as isize, boolean(attrs, 1, op)?)),
+        "min" => one(x()?.min_dim(int(attrs, 0, op)? as isize, boolean(attrs, 1, op)?)),
+        "argmax" => one(x()?.argmax(int(attrs, 0, op)? as isize, boolean(attrs, 1, op)?)),
+        "var" => {
+            let dims: Vec<isize> = ints(attrs, 0, op)?
+                .into_iter()
+                .map(|d| d as isize)
+                .collect();
+            one(x()?.var_dims(&dims, int(attrs, 1, op)? as usize, boolean(attrs, 2, op)?))
+        }
+        "masked_fill" => one(x()?.masked_fill(y()?, float(attrs, 0, op)? as f32)),
+        "stack" => one(anneal_engine::ops::stack(
+            inputs,
+            int(attrs, 0, op)? as isize,
+        )),
+        "dropout" => {
+            // The key is derived by the host from (seed, stream name) attrs, so recomputation
+            // and resharding draw the same mask.
+            let seed = int(attrs, 1, op)? as u64;
+            let stream = match attrs.get(2) {
+                Some(Attr::Str(s)) => s.to_string(),
+                other => {
+                    return Err(format!(
+                        "{op}: attribute 2 must be a stream name, got {other:?}"
+                    ))
+                }
+            };
+            let key = anneal_engine::rng::RngKey::new(seed, &stream);
+            one(x()?.dropout(float(attrs, 0, op)? as f32, &key, int(attrs, 3, op)? as u64))
+        }
         _ => Err(format!("this host has no op named '{op}'")),
     }
 }
