@@ -94,34 +94,46 @@ fn hex(hash: &[u8; 32]) -> String {
 }
 
 impl Sandbox {
+    /// A compiled module or component: from the on-disk cache when a valid entry exists, else
+    /// compiled and written to the cache (best effort).
+    fn compile_cached<T>(
+        &self,
+        name: &str,
+        hash: &[u8; 32],
+        load: impl FnOnce(&std::path::Path) -> Option<T>,
+        compile: impl FnOnce() -> wasmtime::Result<T>,
+        serialize: impl FnOnce(&T) -> wasmtime::Result<Vec<u8>>,
+    ) -> Result<T, LoadError> {
+        let path = self.cache_path(hash, "cwasm");
+        if let Some(cached) = path.as_deref().filter(|p| p.exists()).and_then(load) {
+            return Ok(cached);
+        }
+        let compiled = compile().map_err(|e| LoadError::Invalid {
+            name: name.to_string(),
+            message: format!("{e:#}"),
+        })?;
+        if let (Some(p), Ok(bytes)) = (&path, serialize(&compiled)) {
+            write_cache_file(p, &bytes);
+        }
+        Ok(compiled)
+    }
+
     pub(crate) fn load_core(
         &self,
         name: &str,
         binary: &[u8],
         hash: &[u8; 32],
     ) -> Result<RewardModule, LoadError> {
-        let invalid = |e: wasmtime::Error| LoadError::Invalid {
-            name: name.to_string(),
-            message: format!("{e:#}"),
-        };
-        let path = self.cache_path(hash, "cwasm");
-        // SAFETY: the cache holds only files this sandbox wrote with `Module::serialize` for
-        // an engine with the same compatibility hash (part of the file name); they are not
-        // modified while mapped.
-        let cached = path
-            .as_ref()
-            .filter(|p| p.exists())
-            .and_then(|p| unsafe { Module::deserialize_file(&self.engine, p) }.ok());
-        let module = match cached {
-            Some(m) => m,
-            None => {
-                let m = Module::from_binary(&self.engine, binary).map_err(invalid)?;
-                if let (Some(p), Ok(bytes)) = (&path, m.serialize()) {
-                    write_cache_file(p, &bytes);
-                }
-                m
-            }
-        };
+        let module = self.compile_cached(
+            name,
+            hash,
+            // SAFETY: the cache holds only files this sandbox wrote with `Module::serialize` for
+            // an engine with the same compatibility hash (part of the file name); they are not
+            // modified while mapped.
+            |p| unsafe { Module::deserialize_file(&self.engine, p) }.ok(),
+            || Module::from_binary(&self.engine, binary),
+            Module::serialize,
+        )?;
         let mut wasi = false;
         for import in module.imports() {
             if import.module() == WASI_P1 && self.config.grants.wasi {
@@ -156,26 +168,14 @@ impl Sandbox {
         binary: &[u8],
         hash: &[u8; 32],
     ) -> Result<RewardModule, LoadError> {
-        let invalid = |e: wasmtime::Error| LoadError::Invalid {
-            name: name.to_string(),
-            message: format!("{e:#}"),
-        };
-        let path = self.cache_path(hash, "cwasm");
-        // SAFETY: as in `load_core`: only files this sandbox wrote, for a compatible engine.
-        let cached = path
-            .as_ref()
-            .filter(|p| p.exists())
-            .and_then(|p| unsafe { Component::deserialize_file(&self.engine, p) }.ok());
-        let component = match cached {
-            Some(c) => c,
-            None => {
-                let c = Component::from_binary(&self.engine, binary).map_err(invalid)?;
-                if let (Some(p), Ok(bytes)) = (&path, c.serialize()) {
-                    write_cache_file(p, &bytes);
-                }
-                c
-            }
-        };
+        let component = self.compile_cached(
+            name,
+            hash,
+            // SAFETY: as in `load_core`: only files this sandbox wrote, for a compatible engine.
+            |p| unsafe { Component::deserialize_file(&self.engine, p) }.ok(),
+            || Component::from_binary(&self.engine, binary),
+            Component::serialize,
+        )?;
         let ty = component.component_type();
         for (import, _) in ty.imports(&self.engine) {
             if !(self.config.grants.wasi && import.starts_with("wasi:")) {
