@@ -262,6 +262,16 @@ impl Tensor {
         Tensor::from_storage(out, self.shape()).expect("sized to fit")
     }
 
+    /// This tensor when it already holds f32 (same layout, no copy; broadcast views stay views),
+    /// else a contiguous f32 copy. Kernels that read f32 in place start from this.
+    pub(crate) fn f32_or_converted(&self) -> Tensor {
+        if self.dtype() == DType::F32 {
+            self.detach()
+        } else {
+            self.materialize(DType::F32)
+        }
+    }
+
     /// Fails unless the tensor lives where the CPU backend can compute on it.
     pub(crate) fn check_cpu(&self, op: &'static str) -> Result<()> {
         match self.device() {

@@ -186,19 +186,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         return finish(out, &shape, out_dtype);
     }
     // Keep f32 operands in place (broadcast views included); convert others once.
-    let (ca, cb);
-    let ta = if a.dtype() == DType::F32 {
-        a
-    } else {
-        ca = a.materialize(DType::F32);
-        &ca
-    };
-    let tb = if b.dtype() == DType::F32 {
-        b
-    } else {
-        cb = b.materialize(DType::F32);
-        &cb
-    };
+    let (ta, tb) = (a.f32_or_converted(), b.f32_or_converted());
     let (ga, gb) = (ta.storage(), tb.storage());
     let (sa, sb): (&[f32], &[f32]) = (ga.as_slice(), gb.as_slice());
     let (la, lb) = (ta.layout().clone(), tb.layout().clone());

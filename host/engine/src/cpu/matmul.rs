@@ -35,19 +35,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     };
 
     // f32 operands are read in place; others are converted once.
-    let (ca, cb);
-    let ta = if a.dtype() == DType::F32 {
-        a
-    } else {
-        ca = a.materialize(DType::F32);
-        &ca
-    };
-    let tb = if b.dtype() == DType::F32 {
-        b
-    } else {
-        cb = b.materialize(DType::F32);
-        &cb
-    };
+    let (ta, tb) = (a.f32_or_converted(), b.f32_or_converted());
     let (ga, gb) = (ta.storage(), tb.storage());
     let oa = Operand {
         data: ga.as_slice(),
@@ -164,13 +152,7 @@ pub(crate) fn matmul_row_tiles(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         DType::F32
     };
     let a = a.contig::<f32>();
-    let cb;
-    let tb = if b.dtype() == DType::F32 {
-        b
-    } else {
-        cb = b.materialize(DType::F32);
-        &cb
-    };
+    let tb = b.f32_or_converted();
     let gb = tb.storage();
     let ob = Operand {
         data: gb.as_slice(),

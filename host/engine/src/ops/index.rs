@@ -217,14 +217,7 @@ pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         DType::F32
     };
     // Convert before broadcasting, so a small mask or operand is converted, not its expansion.
-    let as_f32 = |t: &Tensor| -> Result<Tensor> {
-        let t = if t.dtype() == DType::F32 {
-            t.detach()
-        } else {
-            t.materialize(DType::F32)
-        };
-        t.expand(&shape)
-    };
+    let as_f32 = |t: &Tensor| -> Result<Tensor> { t.f32_or_converted().expand(&shape) };
     let (c, ea, eb) = (as_f32(cond)?, as_f32(a)?, as_f32(b)?);
     let out = be(a)?.where_(&c, &ea, &eb, dtype)?;
     Ok(record("where", out, &[a, b], || {
