@@ -1,0 +1,388 @@
+//! Job configs for Anneal.
+//!
+//! A config is composed in layers, each overriding the one before:
+//! built-in defaults < a TOML file < `ANNEAL_<SECTION>__<KEY>` environment variables <
+//! `--set section.key=value` overrides (in order). The result is a typed [`JobConfig`]; unknown
+//! keys, wrong types and bad values fail with a [`ConfigError`] that names the key path and the
+//! layer it came from.
+
+mod schema;
+
+pub use schema::*;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::value::{Dict, Map};
+use figment::{Figment, Metadata, Profile, Provider};
+use std::path::Path;
+
+/// Where the TOML layer comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum Source<'a> {
+    /// A file on disk (must exist).
+    File(&'a Path),
+    /// TOML text, with a name used in errors (an upload, a form field).
+    Text {
+        /// The TOML text.
+        text: &'a str,
+        /// What to call it in errors.
+        name: &'a str,
+    },
+    /// No file: defaults, environment and overrides only.
+    Defaults,
+}
+
+/// A config that cannot be used. `Display` is one line: the key path, what is wrong, where it
+/// came from.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{}", self.line())]
+pub struct ConfigError {
+    /// Dotted key path (`training.steps`), when the error is about one key.
+    pub key_path: Option<String>,
+    /// What is wrong.
+    pub message: String,
+    /// The layer that supplied the value: a file path, an environment variable, `--set ...`.
+    pub origin: Option<String>,
+}
+
+impl ConfigError {
+    fn at(key: &str, message: impl Into<String>) -> Self {
+        ConfigError {
+            key_path: Some(key.to_string()),
+            message: message.into(),
+            origin: None,
+        }
+    }
+
+    fn line(&self) -> String {
+        let mut s = String::from("config: ");
+        if let Some(k) = &self.key_path {
+            s.push_str(&format!("`{k}`: "));
+        }
+        s.push_str(&self.message);
+        if let Some(o) = &self.origin {
+            s.push_str(&format!(" (from {o})"));
+        }
+        s
+    }
+}
+
+/// The top-level sections; environment variables are only read for these.
+pub const SECTIONS: &[&str] = &[
+    "job",
+    "model",
+    "optimizer",
+    "lr_scheduler",
+    "training",
+    "parallelism",
+    "checkpoint",
+    "activation_checkpoint",
+    "data",
+    "metrics",
+];
+
+/// Composes a config from `source`, the process environment and `overrides`
+/// (`"section.key=value"`, values parsed as TOML, else taken as strings), then validates it.
+pub fn resolve(source: Source, overrides: &[String]) -> Result<JobConfig, ConfigError> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    resolve_with_env(source, overrides, &env)
+}
+
+/// [`resolve`] with an explicit environment (tests, and servers validating on a user's behalf).
+pub fn resolve_with_env(
+    source: Source,
+    overrides: &[String],
+    env: &[(String, String)],
+) -> Result<JobConfig, ConfigError> {
+    let mut fig = Figment::from(Serialized::defaults(JobConfig::default()));
+    fig = match source {
+        Source::File(path) => {
+            if !path.is_file() {
+                return Err(ConfigError {
+                    key_path: None,
+                    message: format!("no config file at {}", path.display()),
+                    origin: None,
+                });
+            }
+            fig.merge(Toml::file_exact(path))
+        }
+        Source::Text { text, name } => fig.merge(Named {
+            inner: Toml::string(text),
+            name: name.to_string(),
+        }),
+        Source::Defaults => fig,
+    };
+    fig = fig.merge(env_layer(env)?);
+    for raw in overrides {
+        fig = fig.merge(SetOverride::parse(raw)?);
+    }
+    let cfg: JobConfig = fig.extract().map_err(from_figment)?;
+    validate(&cfg)?;
+    Ok(cfg)
+}
+
+impl JobConfig {
+    /// The resolved config as TOML (what `anneal config show` prints and a run dir keeps).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self)
+            .expect("a JobConfig always serializes: no maps with non-string keys")
+    }
+}
+
+/// The `ANNEAL_<SECTION>__<KEY>` variables. Other `ANNEAL_*` variables (such as
+/// `ANNEAL_PLUGIN_PATH`) belong to the host and are skipped, except ones that look like a config
+/// key written with a single underscore, which are refused so they are not silently ignored.
+fn env_layer(env: &[(String, String)]) -> Result<Figment, ConfigError> {
+    let mut dict = Dict::new();
+    for (name, value) in env {
+        let Some(rest) = name.strip_prefix("ANNEAL_") else {
+            continue;
+        };
+        let lower = rest.to_ascii_lowercase();
+        let parts: Vec<&str> = lower.split("__").collect();
+        if !SECTIONS.contains(&parts[0]) {
+            if let Some(s) = SECTIONS
+                .iter()
+                .find(|s| lower.starts_with(&format!("{s}_")))
+            {
+                return Err(ConfigError {
+                    key_path: None,
+                    message: format!(
+                        "environment variable {name} does not name a key: separate the section with two underscores, like ANNEAL_{}__{}",
+                        s.to_ascii_uppercase(),
+                        rest[s.len() + 1..].to_ascii_uppercase()
+                    ),
+                    origin: None,
+                });
+            }
+            continue;
+        }
+        let key = parts.join(".");
+        let v = parse_value(value);
+        let nested = figment::util::nest(&key, v.into());
+        if let figment::value::Value::Dict(_, d) = nested {
+            merge_dict(&mut dict, d);
+        }
+    }
+    Ok(Figment::from(Named {
+        inner: Serialized::defaults(dict),
+        name: "ANNEAL_* environment".into(),
+    }))
+}
+
+fn merge_dict(into: &mut Dict, from: Dict) {
+    for (k, v) in from {
+        match (into.get_mut(&k), v) {
+            (Some(figment::value::Value::Dict(_, a)), figment::value::Value::Dict(_, b)) => {
+                merge_dict(a, b)
+            }
+            (_, v) => {
+                into.insert(k, v);
+            }
+        }
+    }
+}
+
+/// Parses an override value as a TOML value (`3`, `1e-4`, `true`, `[0.9, 0.95]`, `{a = 1}`,
+/// `"text"`); anything that is not valid TOML is taken as a plain string.
+fn parse_value(raw: &str) -> figment::value::Value {
+    let parsed: Result<toml::Table, _> = toml::from_str(&format!("v = {raw}"));
+    match parsed.ok().and_then(|mut t| t.remove("v")) {
+        Some(v) => figment::value::Value::serialize(v).unwrap_or_else(|_| raw.into()),
+        None => raw.into(),
+    }
+}
+
+/// One `--set key.path=value`.
+struct SetOverride {
+    raw: String,
+    key: String,
+    value: figment::value::Value,
+}
+
+impl SetOverride {
+    fn parse(raw: &str) -> Result<Self, ConfigError> {
+        let bad = |m: &str| ConfigError {
+            key_path: None,
+            message: format!("bad override `{raw}`: {m}"),
+            origin: Some("--set".into()),
+        };
+        let (key, value) = raw
+            .split_once('=')
+            .ok_or_else(|| bad("expected section.key=value"))?;
+        let key = key.trim();
+        let valid = !key.is_empty()
+            && key
+                .split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if !valid {
+            return Err(bad("the key must be a dotted path like training.steps"));
+        }
+        Ok(SetOverride {
+            raw: raw.to_string(),
+            key: key.to_string(),
+            value: parse_value(value.trim()),
+        })
+    }
+}
+
+impl Provider for SetOverride {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(format!("--set {}", self.raw))
+    }
+
+    fn data(&self) -> figment::Result<Map<Profile, Dict>> {
+        Serialized::default(&self.key, &self.value).data()
+    }
+}
+
+/// A provider under a name of our choosing (shown in errors).
+struct Named<P> {
+    inner: P,
+    name: String,
+}
+
+impl<P: Provider> Provider for Named<P> {
+    fn metadata(&self) -> Metadata {
+        let mut m = self.inner.metadata();
+        m.name = self.name.clone().into();
+        m
+    }
+
+    fn data(&self) -> figment::Result<Map<Profile, Dict>> {
+        self.inner.data()
+    }
+}
+
+fn from_figment(e: figment::Error) -> ConfigError {
+    // figment can chain several errors; the first is the one to fix first.
+    let e = e
+        .into_iter()
+        .next()
+        .expect("a figment error holds at least one error");
+    // figment's path already ends with the offending key, unknown ones included.
+    let path = &e.path;
+    let message = match &e.kind {
+        figment::error::Kind::UnknownField(_, expected) => {
+            let known = expected.join(", ");
+            format!("unknown key (known keys here: {known})")
+        }
+        kind => kind.to_string(),
+    };
+    let origin = e.metadata.as_ref().map(|m| match &m.source {
+        Some(figment::Source::File(p)) => p.display().to_string(),
+        _ => m.name.to_string(),
+    });
+    ConfigError {
+        key_path: (!path.is_empty()).then(|| path.join(".")),
+        message,
+        origin,
+    }
+}
+
+/// Checks that go beyond types: ranges and relations between keys.
+fn validate(c: &JobConfig) -> Result<(), ConfigError> {
+    let t = &c.training;
+    if t.steps == 0 {
+        return Err(ConfigError::at("training.steps", "must be at least 1"));
+    }
+    if t.seq_len < 2 {
+        return Err(ConfigError::at("training.seq_len", "must be at least 2"));
+    }
+    if t.micro_batch_size == 0 {
+        return Err(ConfigError::at(
+            "training.micro_batch_size",
+            "must be at least 1",
+        ));
+    }
+    if t.batch_size == 0 || t.batch_size % t.micro_batch_size != 0 {
+        return Err(ConfigError::at(
+            "training.batch_size",
+            format!(
+                "must be a positive multiple of training.micro_batch_size ({})",
+                t.micro_batch_size
+            ),
+        ));
+    }
+    if !(t.max_grad_norm >= 0.0 && t.max_grad_norm.is_finite()) {
+        return Err(ConfigError::at(
+            "training.max_grad_norm",
+            "must be a finite number ≥ 0",
+        ));
+    }
+    if !matches!(t.dtype.as_str(), "float32" | "f32") {
+        return Err(ConfigError::at(
+            "training.dtype",
+            format!("`{}` is not supported yet (use float32)", t.dtype),
+        ));
+    }
+    if !(c.optimizer.lr >= 0.0 && c.optimizer.lr.is_finite()) {
+        return Err(ConfigError::at(
+            "optimizer.lr",
+            "must be a finite number ≥ 0",
+        ));
+    }
+    let s = &c.lr_scheduler;
+    if !(0.0..=1.0).contains(&s.min_lr_ratio) {
+        return Err(ConfigError::at(
+            "lr_scheduler.min_lr_ratio",
+            "must be within [0, 1]",
+        ));
+    }
+    if !(0.0..=1.0).contains(&s.decay_fraction) {
+        return Err(ConfigError::at(
+            "lr_scheduler.decay_fraction",
+            "must be within [0, 1]",
+        ));
+    }
+    let p = &c.parallelism;
+    for (k, v) in [
+        ("parallelism.data_parallel", p.data_parallel),
+        ("parallelism.tensor_parallel", p.tensor_parallel),
+        ("parallelism.pipeline_parallel", p.pipeline_parallel),
+    ] {
+        if v != 1 {
+            return Err(ConfigError::at(
+                k,
+                "only 1 is supported until the distributed runtime lands",
+            ));
+        }
+    }
+    if c.activation_checkpoint.every == 0 {
+        return Err(ConfigError::at(
+            "activation_checkpoint.every",
+            "must be at least 1",
+        ));
+    }
+    let d = &c.data;
+    if d.path.is_empty() {
+        return Err(ConfigError::at("data.path", "must name a file or folder"));
+    }
+    if !(0.0..0.5).contains(&d.val_fraction) {
+        return Err(ConfigError::at(
+            "data.val_fraction",
+            "must be within [0, 0.5)",
+        ));
+    }
+    if d.tokenizer == "train" && d.vocab_size < 260 {
+        return Err(ConfigError::at(
+            "data.vocab_size",
+            "must be at least 260 (256 bytes plus special tokens)",
+        ));
+    }
+    if c.metrics.log_freq == 0 {
+        return Err(ConfigError::at("metrics.log_freq", "must be at least 1"));
+    }
+    if c.metrics.eval_freq > 0 && c.metrics.eval_batches == 0 {
+        return Err(ConfigError::at(
+            "metrics.eval_batches",
+            "must be at least 1 when eval_freq > 0",
+        ));
+    }
+    if c.checkpoint.keep_latest == 0 {
+        return Err(ConfigError::at(
+            "checkpoint.keep_latest",
+            "must be at least 1",
+        ));
+    }
+    Ok(())
+}

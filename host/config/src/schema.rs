@@ -1,0 +1,319 @@
+//! The sections of a job config and their defaults. Every struct rejects unknown keys, so a typo
+//! fails with its key path instead of being ignored.
+
+use serde::{Deserialize, Serialize};
+
+/// Free-form arguments handed to a plugin as JSON (the plugin validates them).
+pub type PluginArgs = serde_json::Map<String, serde_json::Value>;
+
+/// A whole job: what `anneal train` (and later `anneal rl`) runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobConfig {
+    /// Name and description of the job.
+    pub job: Job,
+    /// The model plugin.
+    pub model: Model,
+    /// The optimizer plugin and its learning rate.
+    pub optimizer: Optimizer,
+    /// Learning-rate schedule.
+    pub lr_scheduler: LrScheduler,
+    /// Steps, batch shape, clipping, dtype, seed.
+    pub training: Training,
+    /// Parallelism degrees (reserved: single process for now).
+    pub parallelism: Parallelism,
+    /// Checkpoint cadence and retention.
+    pub checkpoint: Checkpoint,
+    /// Recompute of activations in backward.
+    pub activation_checkpoint: ActivationCheckpoint,
+    /// Corpus and tokenizer.
+    pub data: Data,
+    /// Logging and evaluation cadence.
+    pub metrics: Metrics,
+}
+
+/// `[job]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Job {
+    /// Short name; the default run directory is `runs/<name>-<time>`.
+    pub name: String,
+    /// Free text shown next to the run.
+    pub description: String,
+}
+
+impl Default for Job {
+    fn default() -> Self {
+        Job {
+            name: "job".into(),
+            description: String::new(),
+        }
+    }
+}
+
+/// `[model]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Model {
+    /// Plugin name, as `anneal plugins list` shows it.
+    pub plugin: String,
+    /// Named flavor of the plugin (its preset sizes).
+    pub flavor: String,
+    /// Overrides of the flavor's arguments, passed to the plugin as JSON.
+    pub args: PluginArgs,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model {
+            plugin: "llama".into(),
+            flavor: "debugmodel".into(),
+            args: PluginArgs::new(),
+        }
+    }
+}
+
+/// `[optimizer]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Optimizer {
+    /// Plugin name.
+    pub plugin: String,
+    /// Peak learning rate (the schedule scales it).
+    pub lr: f64,
+    /// Plugin arguments (for AdamW: `betas`, `eps`, `weight_decay`).
+    pub args: PluginArgs,
+}
+
+impl Default for Optimizer {
+    fn default() -> Self {
+        Optimizer {
+            plugin: "adamw".into(),
+            lr: 8e-4,
+            args: PluginArgs::new(),
+        }
+    }
+}
+
+/// Shape of the learning-rate decay after warmup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decay {
+    /// Stay at the peak.
+    Constant,
+    /// Half-cosine from the peak to `min_lr_ratio × lr`.
+    Cosine,
+    /// Straight line from the peak to `min_lr_ratio × lr`.
+    Linear,
+    /// Warmup-stable-decay: hold the peak, then decay linearly over the last `decay_fraction`.
+    Wsd,
+}
+
+/// `[lr_scheduler]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LrScheduler {
+    /// Steps of linear warmup from 0 to the peak.
+    pub warmup_steps: u64,
+    /// Decay shape after warmup.
+    pub decay: Decay,
+    /// Final learning rate as a fraction of the peak.
+    pub min_lr_ratio: f64,
+    /// For `wsd`: the fraction of all steps spent decaying at the end.
+    pub decay_fraction: f64,
+}
+
+impl Default for LrScheduler {
+    fn default() -> Self {
+        LrScheduler {
+            warmup_steps: 20,
+            decay: Decay::Cosine,
+            min_lr_ratio: 0.1,
+            decay_fraction: 0.2,
+        }
+    }
+}
+
+/// `[training]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Training {
+    /// Optimizer steps to run.
+    pub steps: u64,
+    /// Global batch in sequences per optimizer step.
+    pub batch_size: usize,
+    /// Sequences per forward/backward; `batch_size / micro_batch_size` micro-batches accumulate.
+    pub micro_batch_size: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Seed of parameter init, data order and dropout.
+    pub seed: u64,
+    /// Clip the global gradient norm to this (0 disables clipping).
+    pub max_grad_norm: f64,
+    /// Compute dtype of parameters and activations (`float32` for now).
+    pub dtype: String,
+    /// CPU threads (0 = all cores).
+    pub threads: usize,
+}
+
+impl Default for Training {
+    fn default() -> Self {
+        Training {
+            steps: 300,
+            batch_size: 8,
+            micro_batch_size: 8,
+            seq_len: 256,
+            seed: 42,
+            max_grad_norm: 1.0,
+            dtype: "float32".into(),
+            threads: 0,
+        }
+    }
+}
+
+/// `[parallelism]` (reserved: every degree must be 1 until the distributed runtime lands).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Parallelism {
+    /// Data-parallel replicas.
+    pub data_parallel: usize,
+    /// Tensor-parallel degree.
+    pub tensor_parallel: usize,
+    /// Pipeline stages.
+    pub pipeline_parallel: usize,
+}
+
+impl Default for Parallelism {
+    fn default() -> Self {
+        Parallelism {
+            data_parallel: 1,
+            tensor_parallel: 1,
+            pipeline_parallel: 1,
+        }
+    }
+}
+
+/// `[checkpoint]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Checkpoint {
+    /// Save every this many steps (0 = only at the end and on a graceful stop).
+    pub interval: u64,
+    /// Complete checkpoints to keep (older ones are removed after a newer one is published).
+    pub keep_latest: usize,
+    /// Write in the background while training continues.
+    #[serde(rename = "async")]
+    pub async_save: bool,
+    /// Resume from this step instead of the newest complete checkpoint.
+    pub load_step: Option<u64>,
+    /// Start fresh when a run dir has checkpoints but none is usable.
+    pub allow_fresh_start: bool,
+    /// Start from the weights of a Hugging Face directory.
+    pub init_from_hf: Option<String>,
+}
+
+impl Default for Checkpoint {
+    fn default() -> Self {
+        Checkpoint {
+            interval: 100,
+            keep_latest: 3,
+            async_save: true,
+            load_step: None,
+            allow_fresh_start: false,
+            init_from_hf: None,
+        }
+    }
+}
+
+/// Which activations are recomputed in backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeMode {
+    /// Keep every activation.
+    None,
+    /// Recompute every block.
+    Full,
+    /// Recompute every `every`-th block.
+    Selective,
+}
+
+/// `[activation_checkpoint]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ActivationCheckpoint {
+    /// `none`, `full` or `selective`.
+    pub mode: RecomputeMode,
+    /// For `selective`: recompute blocks whose index is a multiple of this.
+    pub every: usize,
+}
+
+impl Default for ActivationCheckpoint {
+    fn default() -> Self {
+        ActivationCheckpoint {
+            mode: RecomputeMode::None,
+            every: 2,
+        }
+    }
+}
+
+/// `[data]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Data {
+    /// A text or JSONL file, or a folder of them (relative paths are from the working directory).
+    pub path: String,
+    /// A `tokenizer.json`, or `train` to fit a byte-level BPE on the corpus (cached).
+    pub tokenizer: String,
+    /// Vocabulary size when training a tokenizer.
+    pub vocab_size: usize,
+    /// Field holding the text in JSONL records.
+    pub text_field: String,
+    /// Fraction of the corpus held out for validation.
+    pub val_fraction: f64,
+    /// Visit training windows in a seeded random order (else in corpus order).
+    pub shuffle: bool,
+    /// Where trained tokenizers and tokenized corpora are cached.
+    pub cache_dir: String,
+}
+
+impl Default for Data {
+    fn default() -> Self {
+        Data {
+            path: "data/shakespeare".into(),
+            tokenizer: "train".into(),
+            vocab_size: 8192,
+            text_field: "text".into(),
+            val_fraction: 0.01,
+            shuffle: true,
+            cache_dir: "data/cache".into(),
+        }
+    }
+}
+
+/// `[metrics]`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Metrics {
+    /// Print and record a metrics row every this many steps.
+    pub log_freq: u64,
+    /// Evaluate the held-out loss every this many steps (0 = never).
+    pub eval_freq: u64,
+    /// Batches of the held-out split per evaluation.
+    pub eval_batches: usize,
+    /// Peak TFLOP/s of the machine for MFU (0 = measure a matmul at start).
+    pub peak_tflops: f64,
+    /// Show a progress bar on a terminal.
+    pub progress_bar: bool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            log_freq: 10,
+            eval_freq: 100,
+            eval_batches: 4,
+            peak_tflops: 0.0,
+            progress_bar: true,
+        }
+    }
+}

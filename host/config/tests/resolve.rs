@@ -1,0 +1,148 @@
+//! Layering, key paths in errors, and the printed TOML round trip.
+
+use anneal_config::{resolve_with_env, Decay, JobConfig, Source};
+use std::path::PathBuf;
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("anneal-config-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn set(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn layers_override_in_order() {
+    let p = write(
+        "layers",
+        "[training]\nsteps = 10\nseq_len = 64\n[optimizer]\nlr = 1e-3\n",
+    );
+    let env = vec![
+        ("ANNEAL_TRAINING__STEPS".to_string(), "20".to_string()),
+        ("ANNEAL_PLUGIN_PATH".to_string(), "/x".to_string()),
+    ];
+    let c = resolve_with_env(Source::File(&p), &set(&["training.steps=30"]), &env).unwrap();
+    assert_eq!(c.training.steps, 30, "--set beats env");
+    assert_eq!(c.training.seq_len, 64, "file beats defaults");
+    assert_eq!(c.optimizer.lr, 1e-3);
+    assert_eq!(c.training.batch_size, 8, "defaults fill the rest");
+    let c = resolve_with_env(Source::File(&p), &[], &env).unwrap();
+    assert_eq!(c.training.steps, 20, "env beats the file");
+}
+
+#[test]
+fn override_values_are_typed() {
+    let c = resolve_with_env(
+        Source::Defaults,
+        &set(&[
+            "optimizer.args.betas=[0.9, 0.99]",
+            "data.path=some/dir with space",
+            "lr_scheduler.decay=wsd",
+            "model.args={dim = 64, n_layers = 2}",
+            "checkpoint.async=false",
+        ]),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.optimizer.args["betas"], serde_json::json!([0.9, 0.99]));
+    assert_eq!(c.data.path, "some/dir with space");
+    assert_eq!(c.lr_scheduler.decay, Decay::Wsd);
+    assert_eq!(c.model.args["dim"], serde_json::json!(64));
+    assert!(!c.checkpoint.async_save);
+}
+
+#[test]
+fn unknown_key_names_path_and_file() {
+    let p = write("unknown", "[training]\nstepz = 10\n");
+    let e = resolve_with_env(Source::File(&p), &[], &[]).unwrap_err();
+    assert_eq!(e.key_path.as_deref(), Some("training.stepz"));
+    let line = e.to_string();
+    assert!(
+        line.contains("training.stepz") && line.contains(&p.display().to_string()),
+        "{line}"
+    );
+    assert!(!line.contains('\n'));
+
+    let e = resolve_with_env(Source::Defaults, &set(&["nosuch.section=1"]), &[]).unwrap_err();
+    assert_eq!(e.key_path.as_deref(), Some("nosuch"));
+    assert!(e.to_string().contains("--set nosuch.section=1"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_path() {
+    let p = write("wrongtype", "[training]\nsteps = \"many\"\n");
+    let e = resolve_with_env(Source::File(&p), &[], &[]).unwrap_err();
+    assert_eq!(e.key_path.as_deref(), Some("training.steps"));
+    let e = resolve_with_env(
+        Source::Defaults,
+        &[],
+        &[("ANNEAL_TRAINING__SEQ_LEN".into(), "long".into())],
+    )
+    .unwrap_err();
+    assert_eq!(e.key_path.as_deref(), Some("training.seq_len"));
+    assert!(e.to_string().contains("environment"), "{e}");
+}
+
+#[test]
+fn bad_values_and_relations() {
+    for (set_, key) in [
+        ("training.micro_batch_size=3", "training.batch_size"),
+        ("training.steps=0", "training.steps"),
+        ("optimizer.lr=-1.0", "optimizer.lr"),
+        ("parallelism.data_parallel=2", "parallelism.data_parallel"),
+        ("data.val_fraction=0.9", "data.val_fraction"),
+    ] {
+        let e = resolve_with_env(Source::Defaults, &set(&[set_]), &[]).unwrap_err();
+        assert_eq!(e.key_path.as_deref(), Some(key), "{set_}: {e}");
+    }
+    let e = resolve_with_env(
+        Source::Defaults,
+        &[],
+        &[("ANNEAL_TRAINING_STEPS".into(), "5".into())],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("ANNEAL_TRAINING__STEPS"), "{e}");
+    let e = resolve_with_env(Source::Defaults, &set(&["no_equals"]), &[]).unwrap_err();
+    assert!(e.to_string().contains("section.key=value"), "{e}");
+    let e = resolve_with_env(Source::File("/nonexistent/x.toml".as_ref()), &[], &[]).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/x.toml"), "{e}");
+}
+
+#[test]
+fn printed_toml_resolves_to_the_same_config() {
+    let c = resolve_with_env(
+        Source::Defaults,
+        &set(&["model.args.dim=64", "checkpoint.load_step=7", "job.name=x"]),
+        &[],
+    )
+    .unwrap();
+    let text = c.to_toml();
+    let back = resolve_with_env(
+        Source::Text {
+            text: &text,
+            name: "printed",
+        },
+        &[],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(back, c);
+    assert_eq!(
+        resolve_with_env(Source::Defaults, &[], &[]).unwrap(),
+        JobConfig::default()
+    );
+    let e = resolve_with_env(
+        Source::Text {
+            text: "[job]\nnam = 1",
+            name: "form",
+        },
+        &[],
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(e.origin.as_deref(), Some("form"));
+}
