@@ -10,7 +10,7 @@ mod schema;
 
 pub use schema::*;
 
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map};
 use figment::{Figment, Metadata, Profile, Provider};
 use std::path::Path;
@@ -158,7 +158,7 @@ fn env_layer(env: &[(String, String)]) -> Result<Figment, ConfigError> {
         }
         let key = parts.join(".");
         let v = parse_value(value);
-        let nested = figment::util::nest(&key, v.into());
+        let nested = figment::util::nest(&key, v);
         if let figment::value::Value::Dict(_, d) = nested {
             merge_dict(&mut dict, d);
         }
@@ -294,7 +294,7 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "must be at least 1",
         ));
     }
-    if t.batch_size == 0 || t.batch_size % t.micro_batch_size != 0 {
+    if t.batch_size == 0 || !t.batch_size.is_multiple_of(t.micro_batch_size) {
         return Err(ConfigError::at(
             "training.batch_size",
             format!(
