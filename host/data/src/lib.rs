@@ -7,11 +7,14 @@
 //! [`PackedLoader::new`] on `train` → [`PackedLoader::next_batch`] each step, and
 //! [`PackedLoader::eval_batches`] on `val`.
 
+mod cache;
 pub mod corpus;
+pub mod tokenizer;
 
 use std::path::PathBuf;
 
 pub use corpus::{discover_files, read_documents};
+pub use tokenizer::TextTokenizer;
 
 /// Everything that can go wrong while reading, tokenizing or loading training data. Each message
 /// is one line naming the file (and line or key) involved.
