@@ -10,12 +10,14 @@
 mod cache;
 pub mod corpus;
 pub mod dataset;
+pub mod loader;
 pub mod tokenizer;
 
 use std::path::PathBuf;
 
 pub use corpus::{discover_files, read_documents};
 pub use dataset::TokenDataset;
+pub use loader::{Batch, LoaderState, PackedLoader};
 pub use tokenizer::TextTokenizer;
 
 /// Everything that can go wrong while reading, tokenizing or loading training data. Each message
