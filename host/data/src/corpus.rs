@@ -1,0 +1,114 @@
+//! Documents from local files: plain text (`.txt`, `.md`, one document per file) and JSON Lines
+//! (`.jsonl`, one document per line, the text in a named string field).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::{DataError, Result};
+
+/// File extensions read as documents.
+const EXTENSIONS: [&str; 3] = ["txt", "md", "jsonl"];
+
+/// What a file holds, by extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Text,
+    JsonLines,
+}
+
+fn kind(path: &Path) -> Option<Kind> {
+    match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
+        "txt" | "md" => Some(Kind::Text),
+        "jsonl" => Some(Kind::JsonLines),
+        _ => None,
+    }
+}
+
+/// The corpus files under `path`: the file itself when it is a `.txt`, `.md` or `.jsonl` file, or
+/// every such file below the folder `path` (recursively, other files ignored), sorted by path so
+/// the order does not depend on the file system. An empty result is an error.
+pub fn discover_files(path: &Path) -> Result<Vec<PathBuf>> {
+    let meta = fs::metadata(path).map_err(|e| DataError::io(path, e))?;
+    if !meta.is_dir() {
+        return match kind(path) {
+            Some(_) => Ok(vec![path.to_path_buf()]),
+            None => Err(DataError::UnsupportedFile {
+                path: path.to_path_buf(),
+            }),
+        };
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![path.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).map_err(|e| DataError::io(&dir, e))? {
+            let entry = entry.map_err(|e| DataError::io(&dir, e))?;
+            let p = entry.path();
+            // Follows symlinks, as a user pointing at a folder of linked files expects.
+            let meta = fs::metadata(&p).map_err(|e| DataError::io(&p, e))?;
+            if meta.is_dir() {
+                dirs.push(p);
+            } else if kind(&p).is_some() {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(DataError::Empty {
+            path: path.to_path_buf(),
+            what: format!("no .{} files in this folder", EXTENSIONS.join(", .")),
+        });
+    }
+    Ok(files)
+}
+
+/// Reads the documents of `files` in order: a text file is one document; each non-blank line of a
+/// JSONL file is one document, the string in its field `text_field`. A line that is not a JSON
+/// object, or lacks the field, or whose field is not a string, is an error naming `file:line`.
+/// Empty documents are skipped; no documents at all is an error.
+pub fn read_documents(files: &[PathBuf], text_field: &str) -> Result<Vec<String>> {
+    let mut docs = Vec::new();
+    for f in files {
+        let text = fs::read_to_string(f).map_err(|e| DataError::io(f, e))?;
+        match kind(f) {
+            Some(Kind::Text) => docs.push(text),
+            Some(Kind::JsonLines) => read_jsonl(f, &text, text_field, &mut docs)?,
+            None => return Err(DataError::UnsupportedFile { path: f.clone() }),
+        }
+    }
+    docs.retain(|d| !d.is_empty());
+    if docs.is_empty() {
+        let path = files.first().cloned().unwrap_or_default();
+        return Err(DataError::Empty {
+            path,
+            what: "no non-empty documents in the corpus".into(),
+        });
+    }
+    Ok(docs)
+}
+
+fn read_jsonl(path: &Path, text: &str, field: &str, docs: &mut Vec<String>) -> Result<()> {
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |message: String| DataError::BadJsonLine {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+        let obj = value
+            .as_object()
+            .ok_or_else(|| bad("not a JSON object".into()))?;
+        let text = obj
+            .get(field)
+            .ok_or_else(|| bad(format!("missing field \"{field}\"")))?;
+        let text = text
+            .as_str()
+            .ok_or_else(|| bad(format!("field \"{field}\" is not a string")))?;
+        docs.push(text.to_owned());
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Training data for Anneal: local text corpora, byte-level BPE tokenizers, a tokenized
+//! train/validation split with an on-disk cache, and a deterministic, resumable loader that packs
+//! the token stream into fixed-length windows.
+//!
+//! The path of the data in one training run:
+//! [`discover_files`] → [`TextTokenizer::load_or_train`] → [`TokenDataset::build`] →
+//! [`PackedLoader::new`] on `train` → [`PackedLoader::next_batch`] each step, and
+//! [`PackedLoader::eval_batches`] on `val`.
+
+mod cache;
+pub mod corpus;
+pub mod dataset;
+pub mod loader;
+pub mod tokenizer;
+
+use std::path::PathBuf;
+
+pub use corpus::{discover_files, read_documents};
+pub use dataset::TokenDataset;
+pub use loader::{Batch, LoaderState, PackedLoader};
+pub use tokenizer::TextTokenizer;
+
+/// Everything that can go wrong while reading, tokenizing or loading training data. Each message
+/// is one line naming the file (and line or key) involved.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A file or folder could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file has an extension this crate does not read.
+    #[error("{}: unsupported file type (expected .txt, .md or .jsonl)", path.display())]
+    UnsupportedFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A path or folder yielded no usable files or documents.
+    #[error("{}: {what}", path.display())]
+    Empty {
+        /// The path given.
+        path: PathBuf,
+        /// What was missing.
+        what: String,
+    },
+    /// A JSONL line is not a JSON object, or its text field is missing or not a string.
+    #[error("{}:{line}: {message}", path.display())]
+    BadJsonLine {
+        /// The JSONL file.
+        path: PathBuf,
+        /// The 1-based line number.
+        line: usize,
+        /// What is wrong with the line.
+        message: String,
+    },
+    /// The `tokenizers` library failed on a tokenizer file, while training or while encoding.
+    #[error("tokenizer {context}: {message}")]
+    Tokenizer {
+        /// Which tokenizer or operation (usually the file).
+        context: String,
+        /// The library's message.
+        message: String,
+    },
+    /// A tokenizer has none of the known end-of-text tokens.
+    #[error("{}: no end-of-text token (looked for {tried})", path.display())]
+    NoEos {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// The tokens looked for.
+        tried: String,
+    },
+    /// An argument is out of range (vocabulary size, validation fraction, sequence length).
+    #[error("invalid {name}: {message}")]
+    InvalidArgument {
+        /// The argument's name.
+        name: &'static str,
+        /// Why the value is rejected.
+        message: String,
+    },
+    /// The token stream is too short to make a single training window.
+    #[error(
+        "token stream of {tokens} tokens is shorter than one window of seq_len + 1 = {needed}"
+    )]
+    StreamTooShort {
+        /// Tokens in the stream.
+        tokens: usize,
+        /// Tokens one window needs.
+        needed: usize,
+    },
+    /// A saved loader state does not fit this loader.
+    #[error("loader state cursor {cursor} is out of range: an epoch has {windows} windows")]
+    BadLoaderState {
+        /// The cursor in the saved state.
+        cursor: u64,
+        /// Windows per epoch of this loader.
+        windows: usize,
+    },
+}
+
+/// The result type of this crate.
+pub type Result<T> = std::result::Result<T, DataError>;
+
+impl DataError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        DataError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

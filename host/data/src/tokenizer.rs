@@ -1,0 +1,203 @@
+//! Text ⇄ token ids through a Hugging Face `tokenizer.json`, or a byte-level BPE trained here.
+
+use std::collections::HashSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder, TokenizerImpl};
+
+use crate::cache::{write_atomic, CacheKey};
+use crate::corpus::read_documents;
+use crate::{DataError, Result};
+
+/// The end-of-text token of tokenizers trained here (id 0).
+pub const TRAINED_EOS: &str = "<|endoftext|>";
+
+/// End-of-text tokens looked for, in order, in a loaded tokenizer.
+const EOS_CANDIDATES: [&str; 4] = ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"];
+
+/// The JSONL field read when a tokenizer is trained on `.jsonl` files.
+const DEFAULT_TEXT_FIELD: &str = "text";
+
+/// A tokenizer plus the id that ends each document in the training stream.
+///
+/// Encoding adds no special tokens (no BOS from a template post-processor); a literal special
+/// token in the text, such as `<|endoftext|>`, still encodes as that token.
+#[derive(Clone, Debug)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    eos_id: u32,
+    vocab_size: usize,
+    /// Where it came from, for error messages.
+    origin: String,
+}
+
+impl TextTokenizer {
+    /// Loads any Hugging Face `tokenizer.json`. The end-of-text token is the first of
+    /// `<|endoftext|>`, `</s>`, `<|end_of_text|>`, `<eos>` in the vocabulary, else the `eos_token`
+    /// of a `tokenizer_config.json` next to the file; a tokenizer with none of them is an error.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let origin = path.display().to_string();
+        let inner = Tokenizer::from_file(path).map_err(|e| tok_err(&origin, e))?;
+        let config_eos = config_eos(path);
+        let eos_id = EOS_CANDIDATES
+            .iter()
+            .copied()
+            .chain(config_eos.as_deref())
+            .find_map(|t| inner.token_to_id(t))
+            .ok_or_else(|| DataError::NoEos {
+                path: path.to_path_buf(),
+                tried: EOS_CANDIDATES.join(", ") + ", tokenizer_config.json's eos_token",
+            })?;
+        Ok(Self::wrap(inner, eos_id, origin))
+    }
+
+    /// Trains a byte-level BPE (GPT-2 style: ByteLevel pre-tokenizer without a prefix space, ByteLevel
+    /// decoder, all 256 bytes in the base alphabet, so any text encodes) with `<|endoftext|>` as
+    /// id 0 and end-of-text token. `vocab_size` counts the 256 bytes and the special token, so it
+    /// must be at least 257; the result may be smaller when the corpus runs out of merges.
+    /// JSONL files are read through their `"text"` field. The result depends only on the
+    /// documents and `vocab_size`, not on the thread count.
+    pub fn train_bpe(files: &[PathBuf], vocab_size: usize) -> Result<Self> {
+        let docs = read_documents(files, DEFAULT_TEXT_FIELD)?;
+        Self::train_bpe_on_texts(&docs, vocab_size)
+    }
+
+    /// [`TextTokenizer::train_bpe`] on documents already in memory.
+    pub fn train_bpe_on_texts(docs: &[String], vocab_size: usize) -> Result<Self> {
+        let alphabet: HashSet<char> = ByteLevel::alphabet().into_iter().collect();
+        let min = alphabet.len() + 1;
+        if vocab_size < min {
+            return Err(DataError::InvalidArgument {
+                name: "vocab_size",
+                message: format!("{vocab_size} is below {min} (256 bytes + {TRAINED_EOS})"),
+            });
+        }
+        let mut trainer = BpeTrainerBuilder::new()
+            .show_progress(false)
+            .vocab_size(vocab_size)
+            .min_frequency(0)
+            .special_tokens(vec![AddedToken::from(TRAINED_EOS, true)])
+            .initial_alphabet(alphabet)
+            .build();
+        let byte_level = ByteLevel::new(false, true, true);
+        let mut tk: TokenizerImpl<BPE, NormalizerWrapper, ByteLevel, ByteLevel, ByteLevel> =
+            TokenizerBuilder::new()
+                .with_model(BPE::default())
+                .with_normalizer(None)
+                .with_pre_tokenizer(Some(byte_level))
+                .with_post_processor(None)
+                .with_decoder(Some(byte_level))
+                .build()
+                .map_err(|e| tok_err("training", e))?;
+        tk.train(&mut trainer, docs.iter())
+            .map_err(|e| tok_err("training", e))?;
+        let inner = Tokenizer::from(tk);
+        let eos_id = inner
+            .token_to_id(TRAINED_EOS)
+            .expect("the trainer adds its special tokens to the vocabulary");
+        Ok(Self::wrap(inner, eos_id, "trained BPE".into()))
+    }
+
+    /// Loads (`spec` is a path to a `tokenizer.json`) or trains (`spec` is `"train"`) a tokenizer
+    /// and returns it with the `tokenizer.json` it lives in. A trained tokenizer is cached as
+    /// `<cache_dir>/tokenizer-<hash>.json`, the hash covering the file paths, their contents and
+    /// `vocab_size`, and reused by later calls with the same inputs.
+    pub fn load_or_train(
+        spec: &str,
+        files: &[PathBuf],
+        vocab_size: usize,
+        cache_dir: &Path,
+    ) -> Result<(Self, PathBuf)> {
+        if spec != "train" {
+            let path = PathBuf::from(spec);
+            return Ok((Self::from_file(&path)?, path));
+        }
+        let mut key = CacheKey::new("anneal-data bpe tokenizer v1");
+        key.files(files)?.u64(vocab_size as u64);
+        let path = cache_dir.join(format!("tokenizer-{}.json", key.hex()));
+        if path.is_file() {
+            // A cache file that no longer loads (say, truncated by a full disk) is retrained.
+            if let Ok(tok) = Self::from_file(&path) {
+                return Ok((tok, path));
+            }
+        }
+        let tok = Self::train_bpe(files, vocab_size)?;
+        tok.save(&path)?;
+        Ok((tok, path))
+    }
+
+    /// The ids of `text`, without added special tokens.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| tok_err(&self.origin, e))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| tok_err(&self.origin, e))
+    }
+
+    /// Number of ids, added tokens included: every id this tokenizer produces is below it.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The id that ends each document.
+    pub fn eos_id(&self) -> u32 {
+        self.eos_id
+    }
+
+    /// Writes the tokenizer as a `tokenizer.json` (through a temporary file and a rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        write_atomic(path, self.to_json()?.as_bytes())
+    }
+
+    /// The `tokenizer.json` text; the same tokenizer always gives the same text.
+    pub fn to_json(&self) -> Result<String> {
+        self.inner
+            .to_string(false)
+            .map_err(|e| tok_err(&self.origin, e))
+    }
+
+    fn wrap(inner: Tokenizer, eos_id: u32, origin: String) -> Self {
+        let max_id = inner
+            .get_vocab(true)
+            .into_values()
+            .max()
+            .map_or(0, |m| m as usize + 1);
+        let vocab_size = inner.get_vocab_size(true).max(max_id);
+        TextTokenizer {
+            inner,
+            eos_id,
+            vocab_size,
+            origin,
+        }
+    }
+}
+
+fn tok_err(context: &str, e: impl std::fmt::Display) -> DataError {
+    DataError::Tokenizer {
+        context: context.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// The `eos_token` of a `tokenizer_config.json` beside `tokenizer_json`, if any (a string, or an
+/// object with a `content` string).
+fn config_eos(tokenizer_json: &Path) -> Option<String> {
+    let config = tokenizer_json.parent()?.join("tokenizer_config.json");
+    let value: serde_json::Value = serde_json::from_str(&fs::read_to_string(config).ok()?).ok()?;
+    let eos = value.get("eos_token")?;
+    eos.as_str()
+        .or_else(|| eos.get("content")?.as_str())
+        .map(str::to_owned)
+}
