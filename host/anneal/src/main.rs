@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod reward_cmd;
+mod train_cmd;
 
 /// Train, post-train and serve language models.
 #[derive(Parser)]
@@ -81,6 +82,32 @@ enum Command {
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
     Reward(reward_cmd::RewardCommand),
+    /// Train a model from a job config (TOML); metrics go to `<run dir>/metrics.jsonl`.
+    Train {
+        /// The job config, e.g. configs/llama3_debug.toml.
+        config: std::path::PathBuf,
+        /// Override a key: `--set training.steps=100` (repeatable; values are TOML).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Where the run writes its files (default: runs/<job name>-<time>).
+        #[arg(long)]
+        run_dir: Option<std::path::PathBuf>,
+    },
+    /// Inspect job configs.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the resolved config (defaults < file < ANNEAL_* env < --set) as TOML.
+    Show {
+        /// The job config.
+        config: std::path::PathBuf,
+        /// Override a key (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -141,12 +168,20 @@ fn main() -> ExitCode {
             )
         }
         Command::Reward(command) => reward_cmd::run(command),
+        Command::Train {
+            config,
+            set,
+            run_dir,
+        } => train_cmd::train(&config, &set, run_dir),
+        Command::Config(ConfigCommand::Show { config, set }) => train_cmd::show(&config, &set),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::from(2)
+            // Exit 2 tells the user to fix their input; 1 is a failure of the run itself.
+            let failure = e.downcast_ref::<train_cmd::Failure>().is_some();
+            ExitCode::from(if failure { 1 } else { 2 })
         }
     }
 }

@@ -300,3 +300,22 @@ fn shape_errors_name_the_op_and_shapes() {
     let e = a.transpose(0, 5).unwrap_err().to_string();
     assert!(e.contains("transpose") && e.contains("5"), "{e}");
 }
+
+#[test]
+fn sum_of_squares_is_exact_in_f64_and_thread_invariant() {
+    let x = Tensor::from_vec(vec![3.0f32, -4.0, 0.5], &[3]).unwrap();
+    assert_eq!(x.sum_of_squares(), 25.25);
+    let big = randn(&[300, 1000], "sumsq");
+    let want: f64 = big.to_vec_f32().iter().map(|&v| v as f64 * v as f64).sum();
+    let got = big.sum_of_squares();
+    assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+    assert_thread_invariant("sum_of_squares", || {
+        vec![Tensor::scalar(big.sum_of_squares() as f32)]
+    });
+    // A strided view reads the viewed elements only.
+    let t = big.transpose(0, 1).unwrap();
+    assert_eq!(
+        t.sum_of_squares().to_bits(),
+        t.contiguous().unwrap().sum_of_squares().to_bits()
+    );
+}

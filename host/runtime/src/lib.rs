@@ -3,3 +3,4 @@
 pub mod hf;
 pub mod infer;
 pub mod plugins;
+pub mod train;

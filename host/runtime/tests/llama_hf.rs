@@ -111,7 +111,7 @@ fn recompute_gives_identical_gradients() {
         let leaves = Arc::new(leaves);
         let opts = ForwardOpts {
             training: true,
-            recompute,
+            recompute_every: recompute as usize,
             cache: None,
         };
         let logits = model

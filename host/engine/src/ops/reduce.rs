@@ -172,3 +172,18 @@ impl Tensor {
         ss.mul_scalar(1.0 / (n as f32 - correction as f32).max(0.0))
     }
 }
+
+impl Tensor {
+    /// `Σ x²` over all elements, accumulated in f64 over chunks whose bounds depend only on the
+    /// size and summed in order, so the value is bitwise identical for any thread count. Not
+    /// differentiable; meant for gradient norms.
+    pub fn sum_of_squares(&self) -> f64 {
+        use rayon::prelude::*;
+        let values = self.contig::<f32>();
+        let parts: Vec<f64> = values
+            .par_chunks(1 << 15)
+            .map(|chunk| chunk.iter().map(|&x| x as f64 * x as f64).sum::<f64>())
+            .collect();
+        parts.iter().sum()
+    }
+}

@@ -21,8 +21,9 @@ pub type Params = Arc<HashMap<String, Tensor>>;
 pub struct ForwardOpts {
     /// Training mode (passed to the plugin).
     pub training: bool,
-    /// Recompute each block during backward instead of keeping its activations.
-    pub recompute: bool,
+    /// Recompute blocks during backward instead of keeping their activations: 0 = none,
+    /// `k` = every block whose index is a multiple of `k` (1 = all).
+    pub recompute_every: usize,
     /// Per-layer KV cache for prefill/decode; positions then continue after the cached length.
     pub cache: Option<Arc<KvCache>>,
 }
@@ -97,7 +98,7 @@ impl PluginModel {
             "embed",
         )?;
         for i in 0..self.spec.n_layers {
-            hidden = if opts.recompute && opts.training {
+            hidden = if opts.training && opts.recompute_every > 0 && i % opts.recompute_every == 0 {
                 self.checkpointed_layer(params, positions, opts, i, hidden)?
             } else {
                 layer(&self.inst, &self.name, params, positions, opts, i, &hidden)?

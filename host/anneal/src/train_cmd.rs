@@ -1,0 +1,81 @@
+//! `anneal train` and `anneal config show`.
+
+use anneal_config::{resolve, JobConfig, Source};
+use anneal_runtime::train;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+/// A failure that is not the user's to fix: the CLI exits with code 1 instead of 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Failure(pub String);
+
+fn load(config: &Path, set: &[String]) -> anyhow::Result<JobConfig> {
+    Ok(resolve(Source::File(config), set)?)
+}
+
+/// Prints the resolved config as TOML.
+pub fn show(config: &Path, set: &[String]) -> anyhow::Result<()> {
+    print!("{}", load(config, set)?.to_toml());
+    Ok(())
+}
+
+/// Trains until the configured steps, or until SIGINT/SIGTERM (a second signal exits at once).
+pub fn train(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let cfg = load(config, set)?;
+    if cfg.training.threads > 0 {
+        anneal_engine::init_threads(cfg.training.threads)?;
+    }
+    let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Order matters: the conditional shutdown sees the flag set by an earlier signal.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())?;
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    match train::run(&cfg, &run_dir, &stop) {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_user_error() => Err(e.into()),
+        Err(e) => Err(Failure(e.to_string()).into()),
+    }
+}
+
+/// `runs/<job name>-<UTC date>-<time>`.
+fn default_run_dir(name: &str) -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let t = secs % 86_400;
+    PathBuf::from("runs").join(format!(
+        "{name}-{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        t / 3600,
+        t / 60 % 60,
+        t % 60
+    ))
+}
+
+/// Gregorian (year, month, day) of a day count since 1970-01-01 (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn civil_dates() {
+        assert_eq!(super::civil_from_days(0), (1970, 1, 1));
+        assert_eq!(super::civil_from_days(20_423), (2025, 12, 1));
+        assert_eq!(super::civil_from_days(11_016), (2000, 2, 29));
+    }
+}

@@ -1,0 +1,175 @@
+//! What a run reports: one JSON row per logged step in `<run_dir>/metrics.jsonl`, a line on the
+//! terminal, and a progress bar when stderr is a terminal.
+
+use serde::Serialize;
+use std::fs::{File, OpenOptions};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// One row of `metrics.jsonl`. Training rows carry the step statistics; evaluation rows carry
+/// `val_loss` (and the training fields of the same step when both are logged together).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct MetricsRow {
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Mean training loss of the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    /// Global gradient norm before clipping.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grad_norm: Option<f64>,
+    /// Learning rate used by the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Training tokens per second since the previous row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+    /// Achieved TFLOP/s (model FLOPs, forward + backward).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tflops: Option<f64>,
+    /// Model FLOPs utilization: `tflops / peak`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    /// Peak bytes held by tensors since the previous row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_peak_bytes: Option<u64>,
+    /// Held-out loss.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    /// Tokens trained on so far.
+    pub tokens: u64,
+    /// Seconds since the run (or this resumed process) started.
+    pub time: f64,
+}
+
+/// Appends rows to `metrics.jsonl`, flushing each, so readers (the web UI, a crash) see whole
+/// rows only.
+pub struct MetricsLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl MetricsLog {
+    /// Opens (appending) `<run_dir>/metrics.jsonl`.
+    pub fn open(run_dir: &Path) -> std::io::Result<Self> {
+        let path = run_dir.join("metrics.jsonl");
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        Ok(MetricsLog { path, file })
+    }
+
+    /// Where the rows go.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes one row as one line.
+    pub fn write(&mut self, row: &MetricsRow) -> std::io::Result<()> {
+        let mut line = serde_json::to_string(row).expect("metrics rows always serialize");
+        line.push('\n');
+        self.file.write_all(line.as_bytes())?;
+        self.file.flush()
+    }
+}
+
+/// Measures the machine's f32 matmul throughput (TFLOP/s) with the engine on all its threads:
+/// the best of a few 1024³ products. Used as the MFU denominator when none is configured.
+pub fn measure_peak_tflops() -> f64 {
+    use anneal_engine::{DType, Tensor};
+    let n = 1024;
+    let a = Tensor::ones(&[n, n], DType::F32);
+    let b = Tensor::ones(&[n, n], DType::F32);
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let t = Instant::now();
+        if a.matmul(&b).is_err() {
+            return 0.0;
+        }
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    2.0 * (n * n * n) as f64 / best / 1e12
+}
+
+/// The terminal side: a log line per row and a one-line progress bar on a terminal.
+pub struct Console {
+    total: u64,
+    bar: bool,
+    start: Instant,
+    start_step: u64,
+}
+
+impl Console {
+    /// A console for a run of `total` steps starting after `start_step`; the bar shows only when
+    /// `bar` is set and stderr is a terminal.
+    pub fn new(total: u64, start_step: u64, bar: bool) -> Self {
+        Console {
+            total,
+            bar: bar && std::io::stderr().is_terminal(),
+            start: Instant::now(),
+            start_step,
+        }
+    }
+
+    /// Prints one row as a line (clearing the bar first).
+    pub fn row(&self, r: &MetricsRow) {
+        let mut s = format!("step {:>6}", r.step);
+        let mut field = |name: &str, v: Option<String>| {
+            if let Some(v) = v {
+                s.push_str(&format!("  {name} {v}"));
+            }
+        };
+        field("loss", r.loss.map(|v| format!("{v:.4}")));
+        field("val_loss", r.val_loss.map(|v| format!("{v:.4}")));
+        field("grad_norm", r.grad_norm.map(|v| format!("{v:.3}")));
+        field("lr", r.lr.map(|v| format!("{v:.2e}")));
+        field("tok/s", r.tokens_per_s.map(|v| format!("{v:.0}")));
+        field("TFLOP/s", r.tflops.map(|v| format!("{v:.3}")));
+        field("mfu", r.mfu.map(|v| format!("{:.1}%", v * 100.0)));
+        field(
+            "mem",
+            r.mem_peak_bytes
+                .map(|v| format!("{:.0}MiB", v as f64 / (1 << 20) as f64)),
+        );
+        self.clear();
+        println!("{s}");
+    }
+
+    /// Any other message, on its own line.
+    pub fn note(&self, msg: &str) {
+        self.clear();
+        println!("{msg}");
+    }
+
+    /// Redraws the bar at `step`.
+    pub fn progress(&self, step: u64) {
+        if !self.bar {
+            return;
+        }
+        let done = step.saturating_sub(self.start_step);
+        let left = self.total.saturating_sub(step);
+        let per_step = self.start.elapsed().as_secs_f64() / done.max(1) as f64;
+        let eta = (per_step * left as f64) as u64;
+        let width = 30;
+        let filled = (width as u64 * step / self.total.max(1)) as usize;
+        eprint!(
+            "\r[{}{}] {step}/{} eta {}:{:02}:{:02} ",
+            "#".repeat(filled),
+            "-".repeat(width - filled),
+            self.total,
+            eta / 3600,
+            eta / 60 % 60,
+            eta % 60
+        );
+    }
+
+    fn clear(&self) {
+        if self.bar {
+            eprint!("\r\x1b[2K");
+        }
+    }
+
+    /// Removes the bar at the end.
+    pub fn finish(&self) {
+        self.clear();
+    }
+}

@@ -1,0 +1,67 @@
+//! Pretraining: the trainer ([`Trainer`]), learning-rate schedules, metrics, and the run loop
+//! behind `anneal train` ([`run`]).
+
+mod metrics;
+mod run;
+mod schedule;
+mod trainer;
+
+pub use metrics::{measure_peak_tflops, Console, MetricsLog, MetricsRow};
+pub use run::{run, RunSummary};
+pub use schedule::LrSchedule;
+pub use trainer::{StepOutcome, Trainer};
+
+use std::path::PathBuf;
+
+/// Why a run could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// The config asks for something that cannot work (the message names the key).
+    #[error("{0}")]
+    Config(String),
+    /// The corpus or the tokenizer.
+    #[error(transparent)]
+    Data(#[from] anneal_data::DataError),
+    /// A plugin is missing, mismatched or failed.
+    #[error(transparent)]
+    Plugin(#[from] crate::plugins::PluginError),
+    /// An op failed (shapes, dtypes); a bug in a plugin or the host.
+    #[error("engine: {0}")]
+    Engine(#[from] anneal_engine::Error),
+    /// The loss or gradient stopped being a number; nothing was applied for this step.
+    #[error("step {step}: the {what} is {value}; stopping (parameters of step {} are kept, no update was applied)", step - 1)]
+    NonFinite {
+        /// The step that failed.
+        step: u64,
+        /// `loss` or `gradient norm`.
+        what: &'static str,
+        /// The value seen.
+        value: f64,
+    },
+    /// Reading or writing a run file.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl TrainError {
+    /// Whether the user can fix this by changing the config, the data or the plugins (the CLI
+    /// exits with code 2 for these).
+    pub fn is_user_error(&self) -> bool {
+        matches!(
+            self,
+            TrainError::Config(_) | TrainError::Data(_) | TrainError::Plugin(_)
+        )
+    }
+}
+
+pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

@@ -1,0 +1,279 @@
+//! The trainer: a model plugin, its parameters, an optimizer plugin, a schedule and a data
+//! loader, advanced one optimizer step at a time.
+
+use super::schedule::LrSchedule;
+use super::TrainError;
+use crate::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
+use anneal_config::{JobConfig, RecomputeMode};
+use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
+use anneal_engine::ops::{cross_entropy, CrossEntropy};
+use anneal_engine::{autograd, Tensor};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What one optimizer step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepOutcome {
+    /// The step just completed (counting from 1).
+    pub step: u64,
+    /// Mean loss over the step's micro-batches.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Tokens processed.
+    pub tokens: u64,
+    /// Wall-clock seconds of the step.
+    pub seconds: f64,
+}
+
+/// Everything a training run holds in memory.
+pub struct Trainer {
+    cfg: JobConfig,
+    model: PluginModel,
+    params: Params,
+    /// The parameters sorted by name: the fixed order of norms and optimizer updates.
+    named: Vec<(String, Tensor)>,
+    optimizer: PluginOptimizer,
+    schedule: LrSchedule,
+    loader: PackedLoader,
+    val_batches: Vec<Batch>,
+    positions: Tensor,
+    step: u64,
+    tokenizer: TextTokenizer,
+    tokenizer_path: PathBuf,
+}
+
+impl Trainer {
+    /// Prepares data (tokenizer, tokenized corpus, loader), the model and the optimizer.
+    /// `note` receives progress messages for the user.
+    pub fn new(cfg: &JobConfig, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
+        let d = &cfg.data;
+        let t = &cfg.training;
+        let data_path = PathBuf::from(&d.path);
+        let cache_dir = PathBuf::from(&d.cache_dir);
+        let files = anneal_data::discover_files(&data_path)?;
+        note(&format!(
+            "data: {} file(s) under {}",
+            files.len(),
+            data_path.display()
+        ));
+        let started = Instant::now();
+        let (tokenizer, tokenizer_path) =
+            TextTokenizer::load_or_train(&d.tokenizer, &files, d.vocab_size, &cache_dir)?;
+        let dataset = TokenDataset::build(
+            &files,
+            &d.text_field,
+            &tokenizer,
+            d.val_fraction,
+            &cache_dir,
+        )?;
+        note(&format!(
+            "data: tokenizer {} (vocab {}), {} train / {} held-out tokens ({:.1}s)",
+            tokenizer_path.display(),
+            tokenizer.vocab_size(),
+            dataset.train.len(),
+            dataset.val.len(),
+            started.elapsed().as_secs_f64()
+        ));
+
+        let model_plugin = find(&cfg.model.plugin)?;
+        let args = serde_json::Value::Object(cfg.model.args.clone());
+        let model = PluginModel::new(
+            model_plugin.name(),
+            model_plugin.create(Some(&cfg.model.flavor), &args)?,
+        )?;
+        let spec = model.spec();
+        if tokenizer.vocab_size() > spec.vocab_size {
+            return Err(TrainError::Config(format!(
+                "config: `model.args.vocab_size`: the model has {} embeddings but the tokenizer has {} tokens; set model.args.vocab_size to at least {}",
+                spec.vocab_size,
+                tokenizer.vocab_size(),
+                tokenizer.vocab_size()
+            )));
+        }
+        if t.seq_len > spec.max_seq_len {
+            return Err(TrainError::Config(format!(
+                "config: `training.seq_len`: {} is longer than the model's max_seq_len {}",
+                t.seq_len, spec.max_seq_len
+            )));
+        }
+        let mut named: Vec<(String, Tensor)> = model
+            .init_params(t.seed)?
+            .into_iter()
+            .map(|(n, p)| (n, p.requires_grad_()))
+            .collect();
+        named.sort_by(|a, b| a.0.cmp(&b.0));
+        let params: Params = Arc::new(named.iter().cloned().collect());
+        note(&format!(
+            "model: {} {} ({} parameters, {} layers)",
+            cfg.model.plugin,
+            cfg.model.flavor,
+            named.iter().map(|(_, p)| p.numel()).sum::<usize>(),
+            spec.n_layers
+        ));
+
+        let opt_plugin = find(&cfg.optimizer.plugin)?;
+        let opt_args = serde_json::Value::Object(cfg.optimizer.args.clone());
+        let optimizer =
+            PluginOptimizer::new(opt_plugin.name(), opt_plugin.create(None, &opt_args)?)?;
+
+        let loader = PackedLoader::new(dataset.train.into(), t.seq_len, t.seed, d.shuffle)?;
+        let val_batches = if cfg.metrics.eval_freq > 0 && dataset.val.len() > t.seq_len {
+            PackedLoader::eval_batches(
+                &dataset.val,
+                t.seq_len,
+                t.micro_batch_size,
+                cfg.metrics.eval_batches,
+            )
+        } else {
+            Vec::new()
+        };
+        if cfg.metrics.eval_freq > 0 && val_batches.is_empty() {
+            note("data: the held-out split is shorter than one sequence; no validation loss");
+        }
+        let positions = Tensor::from_vec((0..t.seq_len as i64).collect(), &[t.seq_len])?;
+        Ok(Trainer {
+            schedule: LrSchedule::new(cfg.optimizer.lr, t.steps, &cfg.lr_scheduler),
+            cfg: cfg.clone(),
+            model,
+            params,
+            named,
+            optimizer,
+            loader,
+            val_batches,
+            positions,
+            step: 0,
+            tokenizer,
+            tokenizer_path,
+        })
+    }
+
+    /// Optimizer steps completed.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// The model's FLOPs per trained token (forward + backward), for throughput figures.
+    pub fn flops_per_token(&self) -> f64 {
+        self.model.spec().flops_per_token
+    }
+
+    /// The tokenizer and the `tokenizer.json` it came from.
+    pub fn tokenizer(&self) -> (&TextTokenizer, &PathBuf) {
+        (&self.tokenizer, &self.tokenizer_path)
+    }
+
+    /// Whether a validation split exists.
+    pub fn has_validation(&self) -> bool {
+        !self.val_batches.is_empty()
+    }
+
+    fn forward_opts(&self, training: bool) -> ForwardOpts {
+        let ac = &self.cfg.activation_checkpoint;
+        ForwardOpts {
+            training,
+            recompute_every: match ac.mode {
+                RecomputeMode::None => 0,
+                RecomputeMode::Full => 1,
+                RecomputeMode::Selective => ac.every,
+            },
+            cache: None,
+        }
+    }
+
+    /// Mean cross-entropy of one batch; records the graph when grad mode is on.
+    fn batch_loss(&self, b: &Batch, training: bool) -> Result<Tensor, TrainError> {
+        let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
+        let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
+        let logits = self.model.forward(
+            &self.params,
+            &x,
+            &self.positions,
+            &self.forward_opts(training),
+        )?;
+        let v = logits.shape()[2];
+        Ok(cross_entropy(
+            &logits.reshape(&[b.batch * b.seq_len, v])?,
+            &y,
+            &CrossEntropy::default(),
+        )?)
+    }
+
+    /// One optimizer step: accumulate gradients over the micro-batches, clip, update.
+    /// A non-finite loss or gradient norm stops with [`TrainError::NonFinite`] before any
+    /// parameter changes.
+    pub fn train_step(&mut self) -> Result<StepOutcome, TrainError> {
+        let started = Instant::now();
+        let t = &self.cfg.training;
+        let n_micro = t.batch_size / t.micro_batch_size;
+        let step = self.step + 1;
+        let mut loss_sum = 0.0f64;
+        for _ in 0..n_micro {
+            let b = self.loader.next_batch(t.micro_batch_size);
+            let loss = self.batch_loss(&b, true)?;
+            loss_sum += loss.item()? as f64;
+            let loss = if n_micro > 1 {
+                loss.mul_scalar(1.0 / n_micro as f32)?
+            } else {
+                loss
+            };
+            loss.backward()?;
+        }
+        let loss = loss_sum / n_micro as f64;
+        let grad_norm = self
+            .named
+            .iter()
+            .filter_map(|(_, p)| p.grad())
+            .map(|g| g.sum_of_squares())
+            .sum::<f64>()
+            .sqrt();
+        for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
+            if !value.is_finite() {
+                self.zero_grad();
+                return Err(TrainError::NonFinite { step, what, value });
+            }
+        }
+        if t.max_grad_norm > 0.0 && grad_norm > t.max_grad_norm {
+            let scale = (t.max_grad_norm / (grad_norm + 1e-6)) as f32;
+            for (_, p) in &self.named {
+                if let Some(g) = p.grad() {
+                    p.set_grad(Some(g.mul_scalar(scale)?))?;
+                }
+            }
+        }
+        let lr = self.schedule.lr(step);
+        self.optimizer.step(&self.named, step, lr)?;
+        self.zero_grad();
+        self.step = step;
+        Ok(StepOutcome {
+            step,
+            loss,
+            grad_norm,
+            lr,
+            tokens: (t.batch_size * t.seq_len) as u64,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn zero_grad(&self) {
+        for (_, p) in &self.named {
+            p.zero_grad();
+        }
+    }
+
+    /// Mean loss over the held-out batches (`None` without a validation split).
+    pub fn evaluate(&self) -> Result<Option<f64>, TrainError> {
+        if self.val_batches.is_empty() {
+            return Ok(None);
+        }
+        let _g = autograd::no_grad();
+        let mut sum = 0.0f64;
+        for b in &self.val_batches {
+            sum += self.batch_loss(b, false)?.item()? as f64;
+        }
+        Ok(Some(sum / self.val_batches.len() as f64))
+    }
+}
