@@ -1,42 +1,13 @@
 //! `anneal logprobs` and `anneal generate` end to end: the binary, the llama plugin and the tiny
 //! Hugging Face fixtures (written by host/runtime/tests/reference/make_hf_fixtures.py).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+mod common;
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use common::{anneal, root};
+use std::path::PathBuf;
 
 fn fixtures() -> PathBuf {
     root().join("host/runtime/tests/fixtures")
-}
-
-/// The anneal binary, with the llama plugin built next to it (same profile).
-fn anneal() -> Command {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_anneal"));
-    BUILT.get_or_init(|| {
-        let profile = match bin
-            .parent()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str())
-        {
-            Some("debug") | None => "dev".to_string(),
-            Some(p) => p.to_string(),
-        };
-        let ok = Command::new(env!("CARGO"))
-            .args(["build", "--profile", &profile, "-p", "anneal-plugin-llama"])
-            .current_dir(root())
-            .status()
-            .expect("run cargo")
-            .success();
-        assert!(ok, "building the llama plugin failed");
-    });
-    let mut c = Command::new(bin);
-    c.env_remove("ANNEAL_PLUGIN_PATH");
-    c
 }
 
 fn json_of(out: &std::process::Output) -> serde_json::Value {
