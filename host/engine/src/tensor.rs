@@ -228,6 +228,16 @@ impl Tensor {
         self.to_vec::<f32>()
     }
 
+    /// The elements' raw little-endian bytes in row-major order, in their own dtype: one copy
+    /// (a snapshot for checkpoints, independent of later in-place updates).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let size = self.dtype().size_in_bytes();
+        if let Some((a, b)) = self.layout().contiguous_range() {
+            return self.storage().as_bytes()[a * size..b * size].to_vec();
+        }
+        self.materialize(self.dtype()).storage().as_bytes().to_vec()
+    }
+
     /// The single value of a one-element tensor, as f32.
     pub fn item(&self) -> Result<f32> {
         if self.numel() != 1 {

@@ -319,3 +319,22 @@ fn sum_of_squares_is_exact_in_f64_and_thread_invariant() {
         t.contiguous().unwrap().sum_of_squares().to_bits()
     );
 }
+
+#[test]
+fn to_bytes_is_a_row_major_copy() {
+    let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let want: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(a.to_bytes(), want);
+    let t = a.transpose(0, 1).unwrap();
+    let want_t: Vec<u8> = [1.0f32, 4.0, 2.0, 5.0, 3.0, 6.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(t.to_bytes(), want_t);
+    assert_eq!(a.narrow(0, 1, 1).unwrap().to_bytes(), want[12..]);
+    let h = a.to_dtype(DType::BF16).unwrap();
+    assert_eq!(h.to_bytes().len(), 12);
+}

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 /// The repository root.
@@ -42,4 +42,129 @@ pub fn anneal() -> Command {
     let mut c = Command::new(bin);
     c.env_remove("ANNEAL_PLUGIN_PATH");
     c
+}
+
+/// A fresh folder with a small English corpus and a config for a tiny Llama trained on it.
+pub struct Job {
+    /// The folder (corpus, cache, config, run dirs).
+    pub dir: PathBuf,
+}
+
+impl Job {
+    /// Writes the corpus and `tiny.toml`.
+    pub fn new(name: &str) -> Job {
+        let dir = std::env::temp_dir().join(format!("anneal-train-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("corpus")).unwrap();
+        let subjects = [
+            "the king",
+            "a fool",
+            "my lord",
+            "the queen",
+            "this night",
+            "our town",
+        ];
+        let verbs = [
+            "speaks of",
+            "waits for",
+            "dreams of",
+            "forgets",
+            "remembers",
+            "calls",
+        ];
+        let objects = [
+            "the sea.",
+            "his crown.",
+            "a storm.",
+            "the moon.",
+            "her honour.",
+            "old wine.",
+        ];
+        for doc in 0..4 {
+            let mut text = String::new();
+            for i in 0..600usize {
+                let k = i * 7 + doc * 3;
+                text.push_str(&format!(
+                    "{} {} {}\n",
+                    subjects[k % 6],
+                    verbs[(k / 6) % 6],
+                    objects[(k / 36) % 6]
+                ));
+            }
+            std::fs::write(dir.join(format!("corpus/doc{doc}.txt")), text).unwrap();
+        }
+        let config = format!(
+            r#"[job]
+name = "tiny"
+[model]
+plugin = "llama"
+flavor = "debugmodel"
+args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 320, max_seq_len = 64 }}
+[optimizer]
+plugin = "adamw"
+lr = 1e-2
+[lr_scheduler]
+warmup_steps = 2
+[training]
+steps = 8
+batch_size = 4
+micro_batch_size = 4
+seq_len = 32
+seed = 7
+[data]
+path = "{corpus}"
+tokenizer = "train"
+vocab_size = 320
+cache_dir = "{cache}"
+val_fraction = 0.1
+[metrics]
+log_freq = 1
+eval_freq = 4
+eval_batches = 2
+peak_tflops = 1.0
+progress_bar = false
+"#,
+            corpus = dir.join("corpus").display(),
+            cache = dir.join("cache").display()
+        );
+        std::fs::write(dir.join("tiny.toml"), config).unwrap();
+        Job { dir }
+    }
+
+    /// The config file.
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("tiny.toml")
+    }
+
+    /// Runs `anneal train` to the end in `<dir>/<run>`.
+    pub fn train(&self, run: &str, set: &[&str]) -> (Output, PathBuf) {
+        let run_dir = self.dir.join(run);
+        let mut c = anneal();
+        c.arg("train")
+            .arg(self.config())
+            .arg("--run-dir")
+            .arg(&run_dir);
+        for s in set {
+            c.args(["--set", s]);
+        }
+        (c.output().expect("run anneal"), run_dir)
+    }
+}
+
+/// The rows of `metrics.jsonl`.
+pub fn rows(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .expect("metrics.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+/// The logged training losses as bits.
+pub fn losses(run_dir: &Path) -> Vec<u64> {
+    rows(run_dir)
+        .iter()
+        .filter_map(|r| r["loss"].as_f64())
+        .map(f64::to_bits)
+        .collect()
 }

@@ -47,6 +47,36 @@ impl PluginOptimizer {
         &self.state
     }
 
+    /// Replaces the state (from a checkpoint), keyed like [`PluginOptimizer::state`]. Each
+    /// entry must match the shape of its parameter in `params`, and every parameter needs every
+    /// state the plugin declares, unless `state` is empty (a checkpoint before the first step).
+    pub fn load_state(
+        &mut self,
+        params: &[(String, Tensor)],
+        state: BTreeMap<String, Tensor>,
+    ) -> Result<(), String> {
+        if !state.is_empty() {
+            for (pname, p) in params {
+                for s in &self.spec.state {
+                    let key = format!("{pname}.{}", s.name);
+                    match state.get(&key) {
+                        Some(t) if t.shape() == p.shape() => {}
+                        Some(t) => {
+                            return Err(format!(
+                                "optimizer state {key} has shape {:?}, the parameter {:?}",
+                                t.shape(),
+                                p.shape()
+                            ))
+                        }
+                        None => return Err(format!("optimizer state {key} is missing")),
+                    }
+                }
+            }
+        }
+        self.state = state;
+        Ok(())
+    }
+
     /// Applies one update to every parameter that has a gradient. `step` counts from 1.
     pub fn step(
         &mut self,

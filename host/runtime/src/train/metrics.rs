@@ -110,6 +110,12 @@ impl Console {
         }
     }
 
+    /// Counts ETA from `step` (after a resume).
+    pub fn set_start(&mut self, step: u64) {
+        self.start_step = step;
+        self.start = Instant::now();
+    }
+
     /// Prints one row as a line (clearing the bar first).
     pub fn row(&self, r: &MetricsRow) {
         let mut s = format!("step {:>6}", r.step);

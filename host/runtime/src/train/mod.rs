@@ -38,6 +38,9 @@ pub enum TrainError {
         /// The value seen.
         value: f64,
     },
+    /// Saving or loading a checkpoint.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// Reading or writing a run file.
     #[error("{}: {source}", path.display())]
     Io {
@@ -52,9 +55,15 @@ impl TrainError {
     /// Whether the user can fix this by changing the config, the data or the plugins (the CLI
     /// exits with code 2 for these).
     pub fn is_user_error(&self) -> bool {
+        use crate::checkpoint::CheckpointError as C;
         matches!(
             self,
-            TrainError::Config(_) | TrainError::Data(_) | TrainError::Plugin(_)
+            TrainError::Config(_)
+                | TrainError::Data(_)
+                | TrainError::Plugin(_)
+                | TrainError::Checkpoint(
+                    C::NoneUsable { .. } | C::NoSuchStep { .. } | C::Mismatch(_)
+                )
         )
     }
 }

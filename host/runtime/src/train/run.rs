@@ -1,7 +1,8 @@
-//! The loop behind `anneal train`: step, log, evaluate, stop on request.
+//! The loop behind `anneal train`: resume, step, log, evaluate, checkpoint, stop on request.
 
 use super::metrics::{measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use super::{io_err, TrainError, Trainer};
+use crate::checkpoint::{load_latest, remove_stale_tmp, CheckpointError, Checkpointer};
 use anneal_config::JobConfig;
 use anneal_engine::alloc;
 use std::path::Path;
@@ -13,6 +14,8 @@ use std::time::Instant;
 pub struct RunSummary {
     /// Steps completed.
     pub steps: u64,
+    /// The step this process resumed from (0 for a fresh start).
+    pub resumed_from: u64,
     /// Loss of the last step.
     pub last_loss: Option<f64>,
     /// The last held-out loss.
@@ -21,44 +24,47 @@ pub struct RunSummary {
     pub stopped: bool,
 }
 
-/// Statistics of the steps since the last logged row.
-#[derive(Default)]
-struct Window {
-    tokens: u64,
-    seconds: f64,
-}
-
-/// Trains `cfg` in `run_dir` (created if needed; the resolved config is written there as
-/// `config.toml` and metrics appended to `metrics.jsonl`) until `training.steps` or until `stop`
-/// is set, which ends the run after the current step.
+/// Trains `cfg` in `run_dir` until `training.steps` or until `stop` is set (which ends the run
+/// after the current step, with a checkpoint). A run dir with checkpoints resumes from the
+/// newest complete one. Writes `config.toml`, `tokenizer.json`, `metrics.jsonl` and
+/// `checkpoints/` there.
 pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSummary, TrainError> {
     let started = Instant::now();
     std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;
     let config_path = run_dir.join("config.toml");
     std::fs::write(&config_path, cfg.to_toml()).map_err(io_err(&config_path))?;
     let total = cfg.training.steps;
-    let console = Console::new(total, 0, cfg.metrics.progress_bar);
+    let mut console = Console::new(total, 0, cfg.metrics.progress_bar);
     console.note(&format!("run dir: {}", run_dir.display()));
     let mut trainer = Trainer::new(cfg, &|m| console.note(m))?;
+    let tokenizer_copy = run_dir.join("tokenizer.json");
+    std::fs::copy(trainer.tokenizer().1, &tokenizer_copy).map_err(io_err(&tokenizer_copy))?;
+    let resumed_from = resume(cfg, run_dir, &mut trainer, &console)?;
+    console.set_start(resumed_from);
     let peak = if cfg.metrics.peak_tflops > 0.0 {
         cfg.metrics.peak_tflops
     } else {
         measure_peak_tflops()
     };
     console.note(&format!(
-        "training {total} steps of {} x {} tokens; MFU against {peak:.3} TFLOP/s",
-        cfg.training.batch_size, cfg.training.seq_len
+        "training steps {}..={total} of {} x {} tokens; MFU against {peak:.3} TFLOP/s",
+        resumed_from + 1,
+        cfg.training.batch_size,
+        cfg.training.seq_len
     ));
+    let ck = &cfg.checkpoint;
+    let mut checkpointer =
+        Checkpointer::new(run_dir.join("checkpoints"), ck.keep_latest, ck.async_save);
     let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
     let (log_freq, eval_freq) = (cfg.metrics.log_freq, cfg.metrics.eval_freq);
-    let mut window = Window::default();
+    let (mut window_tokens, mut window_seconds) = (0u64, 0f64);
     let mut summary = RunSummary {
         steps: trainer.step(),
+        resumed_from,
         last_loss: None,
         last_val_loss: None,
         stopped: false,
     };
-    let mut tokens_total = 0u64;
     alloc::reset_peak();
     while trainer.step() < total {
         if stop.load(Ordering::SeqCst) {
@@ -70,9 +76,8 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
             break;
         }
         let out = trainer.train_step()?;
-        window.tokens += out.tokens;
-        window.seconds += out.seconds;
-        tokens_total += out.tokens;
+        window_tokens += out.tokens;
+        window_seconds += out.seconds;
         summary.steps = out.step;
         summary.last_loss = Some(out.loss);
         let last = out.step == total;
@@ -81,11 +86,11 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         if log_now || eval_now {
             let mut row = MetricsRow {
                 step: out.step,
-                tokens: tokens_total,
+                tokens: trainer.tokens(),
                 ..Default::default()
             };
             if log_now {
-                let tps = window.tokens as f64 / window.seconds.max(1e-9);
+                let tps = window_tokens as f64 / window_seconds.max(1e-9);
                 let tflops = tps * trainer.flops_per_token() / 1e12;
                 row.loss = Some(out.loss);
                 row.grad_norm = Some(out.grad_norm);
@@ -94,7 +99,7 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
                 row.tflops = Some(tflops);
                 row.mfu = (peak > 0.0).then(|| tflops / peak);
                 row.mem_peak_bytes = Some(alloc::memory_stats().peak_bytes as u64);
-                window = Window::default();
+                (window_tokens, window_seconds) = (0, 0.0);
                 alloc::reset_peak();
             }
             if eval_now {
@@ -105,7 +110,21 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
             log.write(&row).map_err(io_err(log.path()))?;
             console.row(&row);
         }
+        if (ck.interval > 0 && out.step % ck.interval == 0) || last {
+            save(&mut checkpointer, &trainer, &console)?;
+        }
         console.progress(out.step);
+    }
+    if summary.stopped
+        && trainer.step() > resumed_from
+        && checkpointer.last_saved() != Some(trainer.step())
+    {
+        save(&mut checkpointer, &trainer, &console)?;
+    }
+    if let Some(e) = checkpointer.wait() {
+        return Err(TrainError::Checkpoint(CheckpointError::Mismatch(format!(
+            "the last save failed: {e}"
+        ))));
     }
     console.finish();
     console.note(&format!(
@@ -115,4 +134,87 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         started.elapsed().as_secs_f64()
     ));
     Ok(summary)
+}
+
+/// Loads the newest usable checkpoint of the run dir into `trainer`; returns its step (0 when
+/// starting fresh).
+fn resume(
+    cfg: &JobConfig,
+    run_dir: &Path,
+    trainer: &mut Trainer,
+    console: &Console,
+) -> Result<u64, TrainError> {
+    let root = run_dir.join("checkpoints");
+    for name in remove_stale_tmp(&root) {
+        console.note(&format!("checkpoint: removed the incomplete save {name}"));
+    }
+    let loaded = match load_latest(&root, cfg.checkpoint.load_step, &|m| console.note(m)) {
+        Ok(l) => l,
+        Err(e @ CheckpointError::NoneUsable { .. }) if cfg.checkpoint.allow_fresh_start => {
+            console.note(&format!(
+                "{e}: starting fresh (checkpoint.allow_fresh_start)"
+            ));
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let Some(loaded) = loaded else { return Ok(0) };
+    let step = loaded.state.step;
+    console.note(&format!(
+        "resuming from {} (step {step})",
+        loaded.dir.display()
+    ));
+    trainer.restore(loaded)?;
+    keep_metrics_up_to(run_dir, step)?;
+    Ok(step)
+}
+
+/// Drops metric rows past `step` (written after the checkpoint by a run that then died), so the
+/// resumed curve continues without duplicates. Rewrites the file atomically.
+fn keep_metrics_up_to(run_dir: &Path, step: u64) -> Result<(), TrainError> {
+    let path = run_dir.join("metrics.jsonl");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .flat_map(|l| [l, "\n"])
+        .collect();
+    let tmp = run_dir.join("metrics.jsonl.tmp");
+    std::fs::write(&tmp, kept).map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io_err(&path))
+}
+
+/// Snapshots the trainer and hands it to the checkpointer, reporting time the step was blocked.
+fn save(
+    checkpointer: &mut Checkpointer,
+    trainer: &Trainer,
+    console: &Console,
+) -> Result<(), TrainError> {
+    let started = Instant::now();
+    let snap = trainer.snapshot();
+    let report = checkpointer.save(snap)?;
+    if let Some(e) = report.previous_failed {
+        console.note(&format!("checkpoint: the previous save failed: {e}"));
+    }
+    let blocked = started.elapsed().as_secs_f64();
+    let waited = if report.waited_s > 0.01 {
+        format!(
+            ", {:.2}s of it waiting for the previous save",
+            report.waited_s
+        )
+    } else {
+        String::new()
+    };
+    console.note(&format!(
+        "checkpoint: step {} saving; training blocked {blocked:.3}s{waited}",
+        trainer.step()
+    ));
+    Ok(())
 }

@@ -3,6 +3,7 @@
 
 use super::schedule::LrSchedule;
 use super::TrainError;
+use crate::checkpoint::{CheckpointError, Loaded, Snapshot, TrainState};
 use crate::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
 use anneal_config::{JobConfig, RecomputeMode};
 use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
@@ -42,6 +43,8 @@ pub struct Trainer {
     val_batches: Vec<Batch>,
     positions: Tensor,
     step: u64,
+    tokens: u64,
+    last_lr: f64,
     tokenizer: TextTokenizer,
     tokenizer_path: PathBuf,
 }
@@ -100,8 +103,18 @@ impl Trainer {
                 t.seq_len, spec.max_seq_len
             )));
         }
-        let mut named: Vec<(String, Tensor)> = model
-            .init_params(t.seed)?
+        let initial = match &cfg.checkpoint.init_from_hf {
+            Some(dir) => {
+                note(&format!(
+                    "model: weights from the Hugging Face directory {dir}"
+                ));
+                crate::hf::load_params(std::path::Path::new(dir), spec).map_err(|e| {
+                    TrainError::Config(format!("config: `checkpoint.init_from_hf`: {e}"))
+                })?
+            }
+            None => model.init_params(t.seed)?,
+        };
+        let mut named: Vec<(String, Tensor)> = initial
             .into_iter()
             .map(|(n, p)| (n, p.requires_grad_()))
             .collect();
@@ -146,6 +159,8 @@ impl Trainer {
             val_batches,
             positions,
             step: 0,
+            tokens: 0,
+            last_lr: 0.0,
             tokenizer,
             tokenizer_path,
         })
@@ -248,6 +263,8 @@ impl Trainer {
         self.optimizer.step(&self.named, step, lr)?;
         self.zero_grad();
         self.step = step;
+        self.last_lr = lr;
+        self.tokens += (t.batch_size * t.seq_len) as u64;
         Ok(StepOutcome {
             step,
             loss,
@@ -256,6 +273,79 @@ impl Trainer {
             tokens: (t.batch_size * t.seq_len) as u64,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// Tokens trained on so far.
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// A host-memory copy of everything an exact resume needs: parameters (`model/<name>`),
+    /// optimizer state (`optim/<param>.<state>`), step, data position.
+    pub fn snapshot(&self) -> Snapshot {
+        let state = TrainState {
+            step: self.step,
+            seed: self.cfg.training.seed,
+            loader: self.loader.state(),
+            lr: self.last_lr,
+            tokens: self.tokens,
+            model: format!("{}/{}", self.cfg.model.plugin, self.cfg.model.flavor),
+            optimizer: self.cfg.optimizer.plugin.clone(),
+            config: self.cfg.to_toml(),
+        };
+        let params = self.named.iter().map(|(n, p)| (format!("model/{n}"), p));
+        let optim = self
+            .optimizer
+            .state()
+            .iter()
+            .map(|(n, t)| (format!("optim/{n}"), t));
+        Snapshot::capture(state, params.chain(optim))
+    }
+
+    /// Continues from a checkpoint: parameters, optimizer state, step and data position.
+    pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
+        let mismatch = |m: String| {
+            TrainError::Checkpoint(CheckpointError::Mismatch(format!(
+                "{}: {m}",
+                ckpt.dir.display()
+            )))
+        };
+        if ckpt.state.seed != self.cfg.training.seed {
+            return Err(mismatch(format!(
+                "saved with training.seed = {}, the config has {}",
+                ckpt.state.seed, self.cfg.training.seed
+            )));
+        }
+        let mut named = Vec::with_capacity(self.named.len());
+        for (name, p) in &self.named {
+            let t = ckpt
+                .tensors
+                .get(&format!("model/{name}"))
+                .ok_or_else(|| mismatch(format!("no parameter {name}")))?;
+            if t.shape() != p.shape() || t.dtype() != p.dtype() {
+                return Err(mismatch(format!(
+                    "parameter {name} is {:?} {:?}, the model wants {:?} {:?}",
+                    t.dtype(),
+                    t.shape(),
+                    p.dtype(),
+                    p.shape()
+                )));
+            }
+            named.push((name.clone(), t.detach().requires_grad_()));
+        }
+        let optim = ckpt
+            .tensors
+            .iter()
+            .filter_map(|(n, t)| n.strip_prefix("optim/").map(|k| (k.to_string(), t.clone())))
+            .collect();
+        self.optimizer.load_state(&named, optim).map_err(mismatch)?;
+        self.loader.restore(&ckpt.state.loader)?;
+        self.params = Arc::new(named.iter().cloned().collect());
+        self.named = named;
+        self.step = ckpt.state.step;
+        self.tokens = ckpt.state.tokens;
+        self.last_lr = ckpt.state.lr;
+        Ok(())
     }
 
     fn zero_grad(&self) {

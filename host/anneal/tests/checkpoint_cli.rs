@@ -1,0 +1,310 @@
+//! Checkpoints end to end: SIGKILL before, during and after a save, then the same command
+//! resumes and the loss curve continues bit for bit; damaged checkpoints are skipped with the
+//! reason; retention; a graceful stop saves.
+
+mod common;
+
+use common::{anneal, losses, Job};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+const STEPS: &str = "training.steps=300";
+
+fn spawn(job: &Job, run_dir: &Path, set: &[&str], env: &[(&str, &str)]) -> Child {
+    let mut c = anneal();
+    c.arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(run_dir);
+    for s in set {
+        c.args(["--set", s]);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn anneal")
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn sigkill(mut child: Child) {
+    child.kill().expect("SIGKILL");
+    let status = child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the run must have been killed, not finished"
+    );
+}
+
+fn logged_steps(run_dir: &Path) -> usize {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |s| s.lines().count())
+}
+
+fn ok(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn tmp_dirs(ckpt: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(ckpt)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| p.to_string_lossy().contains(".tmp-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn sigkill_anywhere_then_the_same_command_continues_bitwise() {
+    let job = Job::new("sigkill");
+    let set = [
+        STEPS,
+        "metrics.log_freq=1",
+        "metrics.eval_freq=0",
+        "checkpoint.interval=30",
+    ];
+    let (out, reference) = job.train("reference", &set);
+    ok(&out);
+    let want = losses(&reference);
+    assert_eq!(want.len(), 300);
+
+    // Between saves: after step-30 is published, before step-60 is due.
+    let a = job.dir.join("between");
+    let child = spawn(&job, &a, &set, &[]);
+    wait_for("step 35", || logged_steps(&a) >= 35);
+    sigkill(child);
+    // Mid-write: the writer pauses between the shard and the manifest of step-60.
+    let b = job.dir.join("midwrite");
+    let pause = [("ANNEAL_TEST_CHECKPOINT_PAUSE_MS", "1500")];
+    let child = spawn(&job, &b, &set, &pause);
+    let ckpt = b.join("checkpoints");
+    wait_for("a half-written step-60", || {
+        ckpt.join("step-30").exists()
+            && tmp_dirs(&ckpt).iter().any(|d| {
+                d.to_string_lossy().contains("step-60.tmp-")
+                    && d.join("shard-00000-of-00001.safetensors").exists()
+            })
+    });
+    sigkill(child);
+    assert!(!ckpt.join("step-60").exists());
+    // Right after a publish.
+    let c = job.dir.join("afterpublish");
+    let child = spawn(&job, &c, &set, &[]);
+    wait_for("step-60 published", || {
+        c.join("checkpoints/step-60").exists()
+    });
+    sigkill(child);
+
+    for (dir, from) in [(&a, "step-30"), (&b, "step-30"), (&c, "step-60")] {
+        let (out, _) = job.train(dir.file_name().unwrap().to_str().unwrap(), &set);
+        let stdout = ok(&out);
+        assert!(
+            stdout.contains(&format!(
+                "resuming from {}",
+                dir.join("checkpoints").join(from).display()
+            )),
+            "{stdout}"
+        );
+        assert_eq!(
+            losses(dir),
+            want,
+            "{}: the resumed curve differs",
+            dir.display()
+        );
+    }
+    assert!(
+        tmp_dirs(&ckpt).is_empty(),
+        "the incomplete save is cleaned up"
+    );
+}
+
+/// A finished 12-step run with checkpoints at 3, 6, 9, 12, copied to a fresh run dir.
+fn finished_run(job: &Job, name: &str) -> PathBuf {
+    let src = job.dir.join("base");
+    if !src.exists() {
+        let (out, _) = job.train(
+            "base",
+            &[
+                "training.steps=12",
+                "checkpoint.interval=3",
+                "checkpoint.keep_latest=10",
+            ],
+        );
+        ok(&out);
+    }
+    let dst = job.dir.join(name);
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(&src)
+        .arg(&dst)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    dst
+}
+
+#[test]
+fn damaged_checkpoints_are_skipped_with_the_reason() {
+    let job = Job::new("corrupt");
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage, &str); 4] = [
+        (
+            "flipped",
+            |d| {
+                let p = d.join("shard-00000-of-00001.safetensors");
+                let mut b = std::fs::read(&p).unwrap();
+                let mid = b.len() / 2;
+                b[mid] ^= 0x40;
+                std::fs::write(&p, b).unwrap();
+            },
+            "checksum mismatch in shard-00000-of-00001.safetensors",
+        ),
+        (
+            "truncated",
+            |d| {
+                let p = d.join("manifest.json");
+                let b = std::fs::read(&p).unwrap();
+                std::fs::write(&p, &b[..b.len() / 2]).unwrap();
+            },
+            "manifest.json is not valid JSON",
+        ),
+        (
+            "version",
+            |d| {
+                let p = d.join("manifest.json");
+                let t = std::fs::read_to_string(&p)
+                    .unwrap()
+                    .replace("\"format_version\": 1", "\"format_version\": 99");
+                std::fs::write(&p, t).unwrap();
+            },
+            "format version 99",
+        ),
+        (
+            "missing",
+            |d| std::fs::remove_file(d.join("shard-00000-of-00001.safetensors")).unwrap(),
+            "missing file",
+        ),
+    ];
+    let base_losses = {
+        let base = finished_run(&job, "unused");
+        losses(&base)
+    };
+    for (name, damage, reason) in cases {
+        let run = finished_run(&job, name);
+        damage(&run.join("checkpoints/step-12"));
+        let (out, _) = job.train(
+            name,
+            &[
+                "training.steps=12",
+                "checkpoint.interval=3",
+                "checkpoint.keep_latest=10",
+            ],
+        );
+        let stdout = ok(&out);
+        assert!(stdout.contains(reason), "{name}: {stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "resuming from {}",
+                run.join("checkpoints/step-9").display()
+            )),
+            "{name}: {stdout}"
+        );
+        assert_eq!(
+            losses(&run),
+            base_losses,
+            "{name}: steps 10..12 retrained identically"
+        );
+    }
+
+    // Nothing usable: a clear error, not a fresh start, unless asked.
+    let run = finished_run(&job, "allbad");
+    for s in [3, 6, 9, 12] {
+        std::fs::write(run.join(format!("checkpoints/step-{s}/manifest.json")), "{").unwrap();
+    }
+    let (out, _) = job.train("allbad", &["training.steps=12"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("no usable checkpoint") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    let (out, _) = job.train(
+        "allbad",
+        &["training.steps=12", "checkpoint.allow_fresh_start=true"],
+    );
+    assert!(ok(&out).contains("starting fresh"));
+}
+
+#[test]
+fn keeps_the_newest_and_saves_on_a_graceful_stop() {
+    let job = Job::new("retention");
+    let (out, run) = job.train(
+        "run",
+        &[
+            "training.steps=8",
+            "checkpoint.interval=2",
+            "checkpoint.keep_latest=2",
+        ],
+    );
+    ok(&out);
+    let mut names: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["step-6", "step-8"]);
+
+    let stop = job.dir.join("stop");
+    let child = spawn(
+        &job,
+        &stop,
+        &[
+            "training.steps=100000",
+            "checkpoint.interval=1000",
+            "metrics.log_freq=1",
+        ],
+        &[],
+    );
+    wait_for("a few steps", || logged_steps(&stop) >= 5);
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    ok(&out);
+    let last = losses(&stop).len();
+    assert!(
+        stop.join(format!("checkpoints/step-{last}/manifest.json"))
+            .exists(),
+        "saved at the stop (step {last})"
+    );
+    // Resuming with load_step picks that checkpoint explicitly; an unknown step is an error.
+    let (out, _) = job.train(
+        "stop",
+        &[
+            "training.steps=100000",
+            &format!("checkpoint.load_step={}", last + 1),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("checkpoint.load_step"));
+}

@@ -1,0 +1,67 @@
+//! Checkpoints: `<run_dir>/checkpoints/step-<N>/` with per-rank safetensors shards, a
+//! `manifest.json` (format version, every tensor's global name, shape, dtype, shard and byte
+//! offsets, a SHA-256 per file) and `train_state.json` (step, seed, data-loader position,
+//! learning rate, the resolved config).
+//!
+//! Saving is asynchronous: the step copies tensors into a host-memory [`Snapshot`] and returns;
+//! a background writer writes into `step-<N>.tmp-*`, fsyncs, and publishes by renaming the
+//! directory. Loading verifies checksums and falls back to older checkpoints.
+
+mod format;
+mod reader;
+mod writer;
+
+pub use format::{FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION};
+pub use reader::{list_steps, load_dir, load_latest, remove_stale_tmp, Loaded};
+pub use writer::{write_checkpoint, Checkpointer, SaveReport, SnapTensor, Snapshot};
+
+use std::path::PathBuf;
+
+/// Why a checkpoint could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A checkpoint directory is incomplete or damaged.
+    #[error("{}: {reason}", dir.display())]
+    Corrupt {
+        /// The step directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Checkpoints exist but none could be loaded.
+    #[error("no usable checkpoint in {} ({reasons}); set checkpoint.allow_fresh_start = true to start over", root.display())]
+    NoneUsable {
+        /// The checkpoints folder.
+        root: PathBuf,
+        /// Why each candidate was skipped.
+        reasons: String,
+    },
+    /// `checkpoint.load_step` names a step that has no checkpoint.
+    #[error("checkpoint.load_step = {step}: no checkpoint step-{step} in {}", root.display())]
+    NoSuchStep {
+        /// The requested step.
+        step: u64,
+        /// The checkpoints folder.
+        root: PathBuf,
+    },
+    /// The checkpoint does not fit the model or optimizer being trained.
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+pub(crate) fn io_err(
+    path: &std::path::Path,
+) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

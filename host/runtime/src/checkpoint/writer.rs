@@ -1,0 +1,265 @@
+//! Writing checkpoints: a host-memory snapshot taken on the training thread, written and
+//! published atomically by a background thread, at most one save in flight.
+
+use super::format::{
+    shard_name, FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION, MANIFEST, TRAIN_STATE,
+};
+use super::{io_err, CheckpointError};
+use anneal_engine::{DType, Tensor};
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// One tensor's bytes, copied out of the live tensor.
+pub struct SnapTensor {
+    /// Global name (`model/...` or `optim/...`).
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Row-major little-endian data.
+    pub bytes: Vec<u8>,
+}
+
+/// Everything a checkpoint will hold, in host memory, independent of further training.
+pub struct Snapshot {
+    /// Non-tensor state.
+    pub state: TrainState,
+    /// The tensors.
+    pub tensors: Vec<SnapTensor>,
+}
+
+impl Snapshot {
+    /// Copies `tensors` (one memcpy each) next to `state`.
+    pub fn capture<'a>(
+        state: TrainState,
+        tensors: impl IntoIterator<Item = (String, &'a Tensor)>,
+    ) -> Self {
+        let tensors = tensors
+            .into_iter()
+            .map(|(name, t)| SnapTensor {
+                name,
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+                bytes: t.to_bytes(),
+            })
+            .collect();
+        Snapshot { state, tensors }
+    }
+}
+
+fn st_dtype(d: DType) -> safetensors::Dtype {
+    match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::I64 => safetensors::Dtype::I64,
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let mut f = File::create(path).map_err(io_err(path))?;
+    f.write_all(bytes).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
+}
+
+/// Makes a directory's entries (new files, renames) durable.
+fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+/// Writes `snap` as `<root>/step-<N>/` and returns that path: everything goes into
+/// `step-<N>.tmp-<pid>-<nanos>/` first, is fsynced, and the directory is renamed into place, so
+/// `step-<N>` exists only when complete.
+pub fn write_checkpoint(root: &Path, snap: &Snapshot) -> Result<PathBuf, CheckpointError> {
+    let step = snap.state.step;
+    std::fs::create_dir_all(root).map_err(io_err(root))?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = root.join(format!("step-{step}.tmp-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+
+    let shard = shard_name(0, 1);
+    let views = snap
+        .tensors
+        .iter()
+        .map(|t| {
+            safetensors::tensor::TensorView::new(st_dtype(t.dtype), t.shape.clone(), &t.bytes)
+                .map(|v| (t.name.clone(), v))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CheckpointError::Mismatch(format!("checkpoint tensor: {e}")))?;
+    let bytes = safetensors::serialize(views, None)
+        .map_err(|e| CheckpointError::Mismatch(format!("checkpoint shard: {e}")))?;
+    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+        .map_err(|e| CheckpointError::Mismatch(format!("checkpoint shard: {e}")))?;
+    let data_start = 8 + header_len as u64;
+    let mut tensors = Vec::with_capacity(snap.tensors.len());
+    for t in &snap.tensors {
+        let info = meta
+            .info(&t.name)
+            .expect("every serialized tensor is in the header");
+        tensors.push(TensorEntry {
+            name: t.name.clone(),
+            dtype: t.dtype.name().to_string(),
+            global_shape: t.shape.clone(),
+            slice: t.shape.iter().map(|&n| [0, n]).collect(),
+            shard: shard.clone(),
+            byte_range: [
+                data_start + info.data_offsets.0 as u64,
+                data_start + info.data_offsets.1 as u64,
+            ],
+        });
+    }
+    write_synced(&tmp.join(&shard), &bytes)?;
+    fault_injection_pause();
+    let state = serde_json::to_vec_pretty(&snap.state).expect("train state serializes");
+    write_synced(&tmp.join(TRAIN_STATE), &state)?;
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        step,
+        world_size: 1,
+        tensors,
+        files: vec![
+            FileEntry {
+                name: shard,
+                bytes: bytes.len() as u64,
+                sha256: sha256_hex(&bytes),
+            },
+            FileEntry {
+                name: TRAIN_STATE.into(),
+                bytes: state.len() as u64,
+                sha256: sha256_hex(&state),
+            },
+        ],
+    };
+    let text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+    write_synced(&tmp.join(MANIFEST), &text)?;
+    sync_dir(&tmp)?;
+
+    let dst = root.join(format!("step-{step}"));
+    if dst.exists() {
+        // The same step saved again (a stop right after a resume): the new copy replaces it.
+        std::fs::remove_dir_all(&dst).map_err(io_err(&dst))?;
+    }
+    std::fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    sync_dir(root)?;
+    Ok(dst)
+}
+
+/// Tests that kill a run in the middle of a save set `ANNEAL_TEST_CHECKPOINT_PAUSE_MS` to widen
+/// the window between the shard and the manifest being written.
+fn fault_injection_pause() {
+    if let Some(ms) = std::env::var("ANNEAL_TEST_CHECKPOINT_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Removes complete checkpoints beyond the newest `keep` (only ever after a newer one exists).
+fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
+    for (_, dir) in super::list_steps(root).into_iter().skip(keep) {
+        std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+    }
+    Ok(())
+}
+
+/// How one save went, as seen by the training loop.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SaveReport {
+    /// Seconds spent waiting for the previous save to finish.
+    pub waited_s: f64,
+    /// Seconds the caller was blocked in total (waiting + writing when synchronous).
+    pub blocked_s: f64,
+    /// The error of the previous background save, if it failed.
+    pub previous_failed: Option<String>,
+}
+
+/// Saves checkpoints under one folder, in the background or inline, one at a time.
+pub struct Checkpointer {
+    root: PathBuf,
+    keep: usize,
+    background: bool,
+    inflight: Option<JoinHandle<Result<PathBuf, CheckpointError>>>,
+    last_saved: Option<u64>,
+}
+
+impl Checkpointer {
+    /// Saves into `root`, keeping the newest `keep`; `background` writes on a thread.
+    pub fn new(root: PathBuf, keep: usize, background: bool) -> Self {
+        Checkpointer {
+            root,
+            keep: keep.max(1),
+            background,
+            inflight: None,
+            last_saved: None,
+        }
+    }
+
+    /// The step of the newest save started by this checkpointer.
+    pub fn last_saved(&self) -> Option<u64> {
+        self.last_saved
+    }
+
+    /// Waits for the save in flight; returns its error message if it failed.
+    pub fn wait(&mut self) -> Option<String> {
+        let handle = self.inflight.take()?;
+        match handle.join() {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("the checkpoint writer thread panicked".into()),
+        }
+    }
+
+    /// Starts saving `snap` (first waiting for the previous save), or writes it inline when not
+    /// in the background. Inline errors are returned; background ones are reported by the next
+    /// [`Checkpointer::save`] or [`Checkpointer::wait`].
+    pub fn save(&mut self, snap: Snapshot) -> Result<SaveReport, CheckpointError> {
+        let started = Instant::now();
+        let previous_failed = self.wait();
+        let waited_s = started.elapsed().as_secs_f64();
+        self.last_saved = Some(snap.state.step);
+        let (root, keep) = (self.root.clone(), self.keep);
+        let job = move || {
+            let dir = write_checkpoint(&root, &snap)?;
+            prune(&root, keep)?;
+            Ok(dir)
+        };
+        if self.background {
+            self.inflight = Some(std::thread::spawn(job));
+        } else {
+            job()?;
+        }
+        Ok(SaveReport {
+            waited_s,
+            blocked_s: started.elapsed().as_secs_f64(),
+            previous_failed,
+        })
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        // Never leave a half-written save behind a normal exit.
+        let _ = self.wait();
+    }
+}
