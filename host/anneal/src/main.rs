@@ -96,6 +96,22 @@ enum Command {
     /// Inspect job configs.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Work with checkpoints.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Export a checkpoint as a Hugging Face directory (config.json, model.safetensors,
+    /// tokenizer.json): `anneal checkpoint export --to-hf OUT_DIR RUN_DIR/checkpoints/step-N`.
+    Export {
+        /// The Hugging Face directory to write.
+        #[arg(long = "to-hf", value_name = "OUT_DIR")]
+        to_hf: std::path::PathBuf,
+        /// The checkpoint's step directory.
+        step_dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -174,6 +190,11 @@ fn main() -> ExitCode {
             run_dir,
         } => train_cmd::train(&config, &set, run_dir),
         Command::Config(ConfigCommand::Show { config, set }) => train_cmd::show(&config, &set),
+        Command::Checkpoint(CheckpointCommand::Export { to_hf, step_dir }) => {
+            anneal_runtime::checkpoint::export_hf(&step_dir, &to_hf)
+                .map(|()| println!("wrote {}", to_hf.display()))
+                .map_err(Into::into)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,10 +7,12 @@
 //! a background writer writes into `step-<N>.tmp-*`, fsyncs, and publishes by renaming the
 //! directory. Loading verifies checksums and falls back to older checkpoints.
 
+mod export;
 mod format;
 mod reader;
 mod writer;
 
+pub use export::export_hf;
 pub use format::{FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION};
 pub use reader::{list_steps, load_dir, load_latest, remove_stale_tmp, Loaded};
 pub use writer::{write_checkpoint, Checkpointer, SaveReport, SnapTensor, Snapshot};
