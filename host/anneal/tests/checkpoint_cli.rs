@@ -312,7 +312,11 @@ fn keeps_the_newest_and_saves_on_a_graceful_stop() {
 #[test]
 fn hugging_face_export_round_trips_into_a_new_run() {
     let job = Job::new("hf");
-    let set = ["training.steps=6", "checkpoint.interval=6", "metrics.eval_freq=6"];
+    let set = [
+        "training.steps=6",
+        "checkpoint.interval=6",
+        "metrics.eval_freq=6",
+    ];
     let (out, run) = job.train("run", &set);
     ok(&out);
     let val_at_6 = common::rows(&run)
@@ -331,20 +335,42 @@ fn hugging_face_export_round_trips_into_a_new_run() {
     for f in ["config.json", "model.safetensors", "tokenizer.json"] {
         assert!(hf.join(f).is_file(), "{f}");
     }
-    let cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["model_type"], "llama");
     assert_eq!(cfg["hidden_size"], 32);
     // A run started from the export with a zero learning rate evaluates exactly as the source did.
     let from_hf = format!("checkpoint.init_from_hf=\"{}\"", hf.display());
-    let (out, run2) = job.train("fromhf", &["training.steps=1", "optimizer.lr=0.0", "metrics.eval_freq=1", &from_hf]);
+    let (out, run2) = job.train(
+        "fromhf",
+        &[
+            "training.steps=1",
+            "optimizer.lr=0.0",
+            "metrics.eval_freq=1",
+            &from_hf,
+        ],
+    );
     ok(&out);
-    let val = common::rows(&run2).iter().find_map(|r| r["val_loss"].as_f64()).unwrap();
+    let val = common::rows(&run2)
+        .iter()
+        .find_map(|r| r["val_loss"].as_f64())
+        .unwrap();
     assert_eq!(val.to_bits(), val_at_6.to_bits(), "{val} vs {val_at_6}");
     // The exported directory serves inference too.
-    let out = anneal().args(["logprobs", "--model-dir"]).arg(&hf).args(["--tokens", "5,6,7"]).output().unwrap();
+    let out = anneal()
+        .args(["logprobs", "--model-dir"])
+        .arg(&hf)
+        .args(["--tokens", "5,6,7"])
+        .output()
+        .unwrap();
     ok(&out);
     // Not a checkpoint: a clear error.
-    let out = anneal().args(["checkpoint", "export", "--to-hf"]).arg(job.dir.join("x")).arg(&hf).output().unwrap();
+    let out = anneal()
+        .args(["checkpoint", "export", "--to-hf"])
+        .arg(job.dir.join("x"))
+        .arg(&hf)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("manifest.json"));
 }

@@ -231,11 +231,21 @@ impl Tensor {
     /// The elements' raw little-endian bytes in row-major order, in their own dtype: one copy
     /// (a snapshot for checkpoints, independent of later in-place updates).
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.copy_bytes_into(&mut out);
+        out
+    }
+
+    /// [`Tensor::to_bytes`] into `out` (cleared first), reusing its capacity: a repeated snapshot
+    /// into the same buffer is a plain memcpy, without page faults.
+    pub fn copy_bytes_into(&self, out: &mut Vec<u8>) {
+        out.clear();
         let size = self.dtype().size_in_bytes();
         if let Some((a, b)) = self.layout().contiguous_range() {
-            return self.storage().as_bytes()[a * size..b * size].to_vec();
+            out.extend_from_slice(&self.storage().as_bytes()[a * size..b * size]);
+        } else {
+            out.extend_from_slice(self.materialize(self.dtype()).storage().as_bytes());
         }
-        self.materialize(self.dtype()).storage().as_bytes().to_vec()
     }
 
     /// The single value of a one-element tensor, as f32.

@@ -40,5 +40,6 @@ pub fn export_hf(step_dir: &Path, out: &Path) -> Result<(), CheckpointError> {
         .and_then(Path::parent)
         .map(|run| run.join("tokenizer.json"))
         .filter(|p| p.is_file());
-    crate::hf::export(out, model.spec(), &params, tokenizer.as_deref()).map_err(|e| fail(e.to_string()))
+    crate::hf::export(out, model.spec(), &params, tokenizer.as_deref())
+        .map_err(|e| fail(e.to_string()))
 }

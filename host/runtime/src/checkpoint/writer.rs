@@ -34,18 +34,30 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Copies `tensors` (one memcpy each) next to `state`.
+    /// Copies `tensors` (one memcpy each, in parallel) next to `state`. `spare` buffers (from
+    /// [`Checkpointer::save`]) are reused in order, so repeated snapshots of the same tensors
+    /// touch no fresh memory.
     pub fn capture<'a>(
         state: TrainState,
         tensors: impl IntoIterator<Item = (String, &'a Tensor)>,
+        spare: Vec<Vec<u8>>,
     ) -> Self {
-        let tensors = tensors
-            .into_iter()
-            .map(|(name, t)| SnapTensor {
-                name,
-                dtype: t.dtype(),
-                shape: t.shape().to_vec(),
-                bytes: t.to_bytes(),
+        use rayon::prelude::*;
+        let list: Vec<(String, &Tensor)> = tensors.into_iter().collect();
+        let mut buffers = spare;
+        buffers.resize_with(list.len().max(buffers.len()), Vec::new);
+        buffers.truncate(list.len());
+        let tensors = list
+            .into_par_iter()
+            .zip(buffers)
+            .map(|((name, t), mut bytes)| {
+                t.copy_bytes_into(&mut bytes);
+                SnapTensor {
+                    name,
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                    bytes,
+                }
             })
             .collect();
         Snapshot { state, tensors }
@@ -194,13 +206,19 @@ pub struct SaveReport {
     pub previous_failed: Option<String>,
 }
 
+/// What the writer thread hands back: where it published (or why not) and the snapshot's
+/// buffers for reuse.
+type WriteOutcome = (Result<PathBuf, CheckpointError>, Vec<Vec<u8>>);
+
 /// Saves checkpoints under one folder, in the background or inline, one at a time.
 pub struct Checkpointer {
     root: PathBuf,
     keep: usize,
     background: bool,
-    inflight: Option<JoinHandle<Result<PathBuf, CheckpointError>>>,
+    inflight: Option<JoinHandle<WriteOutcome>>,
     last_saved: Option<u64>,
+    /// Buffers of the last written snapshot, reused by the next capture.
+    spare: Vec<Vec<u8>>,
 }
 
 impl Checkpointer {
@@ -212,6 +230,7 @@ impl Checkpointer {
             background,
             inflight: None,
             last_saved: None,
+            spare: Vec::new(),
         }
     }
 
@@ -224,30 +243,40 @@ impl Checkpointer {
     pub fn wait(&mut self) -> Option<String> {
         let handle = self.inflight.take()?;
         match handle.join() {
-            Ok(Ok(_)) => None,
-            Ok(Err(e)) => Some(e.to_string()),
+            Ok((result, buffers)) => {
+                self.spare = buffers;
+                result.err().map(|e| e.to_string())
+            }
             Err(_) => Some("the checkpoint writer thread panicked".into()),
         }
     }
 
-    /// Starts saving `snap` (first waiting for the previous save), or writes it inline when not
-    /// in the background. Inline errors are returned; background ones are reported by the next
-    /// [`Checkpointer::save`] or [`Checkpointer::wait`].
-    pub fn save(&mut self, snap: Snapshot) -> Result<SaveReport, CheckpointError> {
+    /// Waits for the previous save, builds the snapshot with `capture` (which gets the previous
+    /// snapshot's buffers to reuse) and starts writing it, on a thread when in the background.
+    /// Inline errors are returned; background ones are reported by the next save or
+    /// [`Checkpointer::wait`].
+    pub fn save(
+        &mut self,
+        capture: impl FnOnce(Vec<Vec<u8>>) -> Snapshot,
+    ) -> Result<SaveReport, CheckpointError> {
         let started = Instant::now();
         let previous_failed = self.wait();
         let waited_s = started.elapsed().as_secs_f64();
+        let snap = capture(std::mem::take(&mut self.spare));
         self.last_saved = Some(snap.state.step);
         let (root, keep) = (self.root.clone(), self.keep);
         let job = move || {
-            let dir = write_checkpoint(&root, &snap)?;
-            prune(&root, keep)?;
-            Ok(dir)
+            let result =
+                write_checkpoint(&root, &snap).and_then(|dir| prune(&root, keep).map(|()| dir));
+            let buffers = snap.tensors.into_iter().map(|t| t.bytes).collect();
+            (result, buffers)
         };
         if self.background {
             self.inflight = Some(std::thread::spawn(job));
         } else {
-            job()?;
+            let (result, buffers) = job();
+            self.spare = buffers;
+            result?;
         }
         Ok(SaveReport {
             waited_s,

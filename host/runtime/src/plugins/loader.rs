@@ -138,8 +138,8 @@ pub fn search_paths() -> Vec<PathBuf> {
     {
         v.push(dir.join("plugins"));
         v.push(dir.clone());
-        // Test binaries live in target/<profile>/deps.
-        if dir.ends_with("deps") {
+        // Test binaries live in target/<profile>/deps, examples in target/<profile>/examples.
+        if dir.ends_with("deps") || dir.ends_with("examples") {
             if let Some(parent) = dir.parent() {
                 v.push(parent.to_path_buf());
             }

@@ -198,8 +198,7 @@ fn save(
     console: &Console,
 ) -> Result<(), TrainError> {
     let started = Instant::now();
-    let snap = trainer.snapshot();
-    let report = checkpointer.save(snap)?;
+    let report = checkpointer.save(|spare| trainer.snapshot(spare))?;
     if let Some(e) = report.previous_failed {
         console.note(&format!("checkpoint: the previous save failed: {e}"));
     }

@@ -282,7 +282,8 @@ impl Trainer {
 
     /// A host-memory copy of everything an exact resume needs: parameters (`model/<name>`),
     /// optimizer state (`optim/<param>.<state>`), step, data position.
-    pub fn snapshot(&self) -> Snapshot {
+    /// `spare` buffers (from a previous snapshot) are reused.
+    pub fn snapshot(&self, spare: Vec<Vec<u8>>) -> Snapshot {
         let state = TrainState {
             step: self.step,
             seed: self.cfg.training.seed,
@@ -299,7 +300,7 @@ impl Trainer {
             .state()
             .iter()
             .map(|(n, t)| (format!("optim/{n}"), t));
-        Snapshot::capture(state, params.chain(optim))
+        Snapshot::capture(state, params.chain(optim), spare)
     }
 
     /// Continues from a checkpoint: parameters, optimizer state, step and data position.
