@@ -116,6 +116,30 @@ pub(crate) fn gather_into<S: Element, D: Element>(src: &[S], layout: &Layout, ds
         return;
     }
     let shape = layout.shape();
+    let rank = shape.len();
+    // Same dtype with a contiguous innermost dim (transposed heads, narrowed rows): copy whole
+    // rows with memcpy instead of element by element.
+    if S::DTYPE == D::DTYPE && rank >= 2 && layout.strides()[rank - 1] == 1 && shape[rank - 1] >= 8
+    {
+        let inner = shape[rank - 1];
+        let outer = Layout::from_parts(
+            shape[..rank - 1].to_vec(),
+            layout.strides()[..rank - 1].to_vec(),
+            layout.offset(),
+        );
+        let mut starts = Vec::with_capacity(layout.numel() / inner);
+        outer.for_each_index(|i| starts.push(i));
+        let src: &[D] = bytemuck::cast_slice(src);
+        let rows_per_task = ((1 << 14) / inner).max(1);
+        dst.par_chunks_mut(inner * rows_per_task)
+            .zip(starts.par_chunks(rows_per_task))
+            .for_each(|(d, starts)| {
+                for (row, &s) in d.chunks_mut(inner).zip(starts) {
+                    row.copy_from_slice(&src[s..s + inner]);
+                }
+            });
+        return;
+    }
     // Parallelize over the outermost dim; each slice of it fills its own run of `dst`.
     if layout.numel() >= 1 << 15 && shape[0] > 1 {
         let per = layout.numel() / shape[0];

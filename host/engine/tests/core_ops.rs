@@ -338,3 +338,34 @@ fn to_bytes_is_a_row_major_copy() {
     let h = a.to_dtype(DType::BF16).unwrap();
     assert_eq!(h.to_bytes().len(), 12);
 }
+
+#[test]
+fn contiguous_copies_rows_of_permuted_views() {
+    let (b, t, h, d) = (2, 3, 4, 16);
+    let data: Vec<f32> = (0..b * t * h * d).map(|i| i as f32).collect();
+    let x = Tensor::from_vec(data.clone(), &[b, t, h, d]).unwrap();
+    let y = x
+        .transpose(1, 2)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .to_vec_f32();
+    for bi in 0..b {
+        for hi in 0..h {
+            for ti in 0..t {
+                for di in 0..d {
+                    let got = y[((bi * h + hi) * t + ti) * d + di];
+                    assert_eq!(got, data[((bi * t + ti) * h + hi) * d + di]);
+                }
+            }
+        }
+    }
+    let n = x
+        .narrow(3, 4, 8)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .to_vec_f32();
+    assert_eq!(&n[..8], &data[4..12]);
+    assert_eq!(&n[8..16], &data[d + 4..d + 12]);
+}
