@@ -300,7 +300,8 @@ pub struct Metrics {
     pub eval_freq: u64,
     /// Batches of the held-out split per evaluation.
     pub eval_batches: usize,
-    /// Peak TFLOP/s of the machine for MFU (0 = measure a matmul at start).
+    /// Peak TFLOP/s of the machine for MFU (0 = the CPU's theoretical f32 peak: threads × SIMD
+    /// FLOPs per cycle × clock).
     pub peak_tflops: f64,
     /// Show a progress bar on a terminal.
     pub progress_bar: bool,

@@ -72,6 +72,27 @@ impl MetricsLog {
     }
 }
 
+/// The f32 peak of the CPU threads the engine computes with, in TFLOP/s: threads × FLOPs per
+/// cycle of the SIMD level in use (two FMA pipes: 64 with AVX-512, 32 with AVX2, 8 otherwise) ×
+/// the clock from `/proc/cpuinfo`. `None` where the clock is unknown.
+pub fn cpu_peak_tflops() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz = info
+        .lines()
+        .filter(|l| l.starts_with("cpu MHz"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    if mhz <= 0.0 {
+        return None;
+    }
+    let per_cycle = match anneal_engine::simd_level() {
+        anneal_engine::SimdLevel::Avx512 => 64.0,
+        anneal_engine::SimdLevel::Avx2 => 32.0,
+        anneal_engine::SimdLevel::Baseline => 8.0,
+    };
+    Some(anneal_engine::num_threads() as f64 * per_cycle * mhz * 1e6 / 1e12)
+}
+
 /// Measures the machine's f32 matmul throughput (TFLOP/s) with the engine on all its threads:
 /// the best of a few 1024³ products. Used as the MFU denominator when none is configured.
 pub fn measure_peak_tflops() -> f64 {

@@ -6,7 +6,7 @@ mod run;
 mod schedule;
 mod trainer;
 
-pub use metrics::{measure_peak_tflops, Console, MetricsLog, MetricsRow};
+pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, RunSummary};
 pub use schedule::LrSchedule;
 pub use trainer::{StepOutcome, Trainer};

@@ -1,6 +1,6 @@
 //! The loop behind `anneal train`: resume, step, log, evaluate, checkpoint, stop on request.
 
-use super::metrics::{measure_peak_tflops, Console, MetricsLog, MetricsRow};
+use super::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use super::{io_err, TrainError, Trainer};
 use crate::checkpoint::{load_latest, remove_stale_tmp, CheckpointError, Checkpointer};
 use anneal_config::JobConfig;
@@ -44,7 +44,7 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
     let peak = if cfg.metrics.peak_tflops > 0.0 {
         cfg.metrics.peak_tflops
     } else {
-        measure_peak_tflops()
+        cpu_peak_tflops().unwrap_or_else(measure_peak_tflops)
     };
     console.note(&format!(
         "training steps {}..={total} of {} x {} tokens; MFU against {peak:.3} TFLOP/s",
