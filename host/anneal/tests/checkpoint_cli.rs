@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{anneal, losses, Job};
+use common::{anneal, losses, ok, Job};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 const STEPS: &str = "training.steps=300";
@@ -48,17 +48,6 @@ fn sigkill(mut child: Child) {
 
 fn logged_steps(run_dir: &Path) -> usize {
     std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |s| s.lines().count())
-}
-
-fn ok(out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {stdout}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 fn tmp_dirs(ckpt: &Path) -> Vec<PathBuf> {

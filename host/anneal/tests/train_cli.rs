@@ -4,18 +4,8 @@
 
 mod common;
 
-use common::{anneal, losses, rows, Job};
+use common::{anneal, losses, ok, rows, Job};
 use std::process::{Output, Stdio};
-
-fn ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 #[test]
 fn trains_and_writes_every_metric_key() {

@@ -168,3 +168,15 @@ pub fn losses(run_dir: &Path) -> Vec<u64> {
         .map(f64::to_bits)
         .collect()
 }
+
+/// Asserts a command succeeded (showing its output otherwise) and returns its stdout.
+pub fn ok(out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
