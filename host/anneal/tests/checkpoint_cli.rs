@@ -78,7 +78,9 @@ fn sigkill_anywhere_then_the_same_command_continues_bitwise() {
     // Between saves: after step-30 is published, before step-60 is due.
     let a = job.dir.join("between");
     let child = spawn(&job, &a, &set, &[]);
-    wait_for("step 35", || logged_steps(&a) >= 35);
+    wait_for("step 35 with step-30 published", || {
+        logged_steps(&a) >= 35 && a.join("checkpoints/step-30").exists()
+    });
     sigkill(child);
     // Mid-write: the writer pauses between the shard and the manifest of step-60.
     let b = job.dir.join("midwrite");

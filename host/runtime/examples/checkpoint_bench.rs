@@ -23,6 +23,7 @@ fn state(step: u64) -> TrainState {
         },
         lr: 0.0,
         tokens: 0,
+        elapsed_s: 0.0,
         model: "llama".into(),
         optimizer: "adamw".into(),
         config: String::new(),

@@ -71,6 +71,9 @@ pub struct TrainState {
     pub lr: f64,
     /// Tokens trained on.
     pub tokens: u64,
+    /// Seconds of training (over every process of the run) up to this step.
+    #[serde(default)]
+    pub elapsed_s: f64,
     /// Model plugin and flavor.
     pub model: String,
     /// Optimizer plugin.

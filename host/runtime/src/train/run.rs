@@ -39,7 +39,9 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
     let mut trainer = Trainer::new(cfg, &|m| console.note(m))?;
     let tokenizer_copy = run_dir.join("tokenizer.json");
     std::fs::copy(trainer.tokenizer().1, &tokenizer_copy).map_err(io_err(&tokenizer_copy))?;
-    let resumed_from = resume(cfg, run_dir, &mut trainer, &console)?;
+    let (resumed_from, elapsed_before) = resume(cfg, run_dir, &mut trainer, &console)?;
+    // Metric times continue across restarts of the same run.
+    let clock = |now: Instant| elapsed_before + now.duration_since(started).as_secs_f64();
     console.set_start(resumed_from);
     let peak = if cfg.metrics.peak_tflops > 0.0 {
         cfg.metrics.peak_tflops
@@ -106,12 +108,12 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
                 row.val_loss = trainer.evaluate()?;
                 summary.last_val_loss = row.val_loss.or(summary.last_val_loss);
             }
-            row.time = started.elapsed().as_secs_f64();
+            row.time = clock(Instant::now());
             log.write(&row).map_err(io_err(log.path()))?;
             console.row(&row);
         }
         if (ck.interval > 0 && out.step % ck.interval == 0) || last {
-            save(&mut checkpointer, &trainer, &console)?;
+            save(&mut checkpointer, &trainer, clock(Instant::now()), &console)?;
         }
         console.progress(out.step);
     }
@@ -119,7 +121,7 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         && trainer.step() > resumed_from
         && checkpointer.last_saved() != Some(trainer.step())
     {
-        save(&mut checkpointer, &trainer, &console)?;
+        save(&mut checkpointer, &trainer, clock(Instant::now()), &console)?;
     }
     if let Some(e) = checkpointer.wait() {
         return Err(TrainError::Checkpoint(CheckpointError::Mismatch(format!(
@@ -136,14 +138,14 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
     Ok(summary)
 }
 
-/// Loads the newest usable checkpoint of the run dir into `trainer`; returns its step (0 when
-/// starting fresh).
+/// Loads the newest usable checkpoint of the run dir into `trainer`; returns its step and the
+/// seconds trained before it ((0, 0) when starting fresh).
 fn resume(
     cfg: &JobConfig,
     run_dir: &Path,
     trainer: &mut Trainer,
     console: &Console,
-) -> Result<u64, TrainError> {
+) -> Result<(u64, f64), TrainError> {
     let root = run_dir.join("checkpoints");
     for name in remove_stale_tmp(&root) {
         console.note(&format!("checkpoint: removed the incomplete save {name}"));
@@ -158,15 +160,17 @@ fn resume(
         }
         Err(e) => return Err(e.into()),
     };
-    let Some(loaded) = loaded else { return Ok(0) };
-    let step = loaded.state.step;
+    let Some(loaded) = loaded else {
+        return Ok((0, 0.0));
+    };
+    let (step, elapsed) = (loaded.state.step, loaded.state.elapsed_s);
     console.note(&format!(
         "resuming from {} (step {step})",
         loaded.dir.display()
     ));
     trainer.restore(loaded)?;
     keep_metrics_up_to(run_dir, step)?;
-    Ok(step)
+    Ok((step, elapsed))
 }
 
 /// Drops metric rows past `step` (written after the checkpoint by a run that then died), so the
@@ -195,10 +199,11 @@ fn keep_metrics_up_to(run_dir: &Path, step: u64) -> Result<(), TrainError> {
 fn save(
     checkpointer: &mut Checkpointer,
     trainer: &Trainer,
+    elapsed_s: f64,
     console: &Console,
 ) -> Result<(), TrainError> {
     let started = Instant::now();
-    let report = checkpointer.save(|spare| trainer.snapshot(spare))?;
+    let report = checkpointer.save(|spare| trainer.snapshot(elapsed_s, spare))?;
     if let Some(e) = report.previous_failed {
         console.note(&format!("checkpoint: the previous save failed: {e}"));
     }

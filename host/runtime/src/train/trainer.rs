@@ -283,8 +283,9 @@ impl Trainer {
     /// A host-memory copy of everything an exact resume needs: parameters (`model/<name>`),
     /// optimizer state (`optim/<param>.<state>`), step, data position.
     /// `spare` buffers (from a previous snapshot) are reused.
-    pub fn snapshot(&self, spare: Vec<Vec<u8>>) -> Snapshot {
+    pub fn snapshot(&self, elapsed_s: f64, spare: Vec<Vec<u8>>) -> Snapshot {
         let state = TrainState {
+            elapsed_s,
             step: self.step,
             seed: self.cfg.training.seed,
             loader: self.loader.state(),
