@@ -266,7 +266,14 @@ fn from_figment(e: figment::Error) -> ConfigError {
             let known = expected.join(", ");
             format!("unknown key (known keys here: {known})")
         }
-        kind => kind.to_string(),
+        // TOML parse errors quote the offending line over several lines; keep one line.
+        kind => kind
+            .to_string()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '|' || c == '^' || c == ' '))
+            .collect::<Vec<_>>()
+            .join(" "),
     };
     let origin = e.metadata.as_ref().map(|m| match &m.source {
         Some(figment::Source::File(p)) => p.display().to_string(),

@@ -146,3 +146,19 @@ fn printed_toml_resolves_to_the_same_config() {
     .unwrap_err();
     assert_eq!(e.origin.as_deref(), Some("form"));
 }
+
+#[test]
+fn toml_syntax_errors_are_one_line() {
+    let e = resolve_with_env(
+        Source::Text {
+            text: "[training]\nsteps = = 3\n",
+            name: "form",
+        },
+        &[],
+        &[],
+    )
+    .unwrap_err();
+    let line = e.to_string();
+    assert!(!line.contains('\n'), "{line}");
+    assert!(line.contains("form"), "{line}");
+}
