@@ -20,11 +20,15 @@ impl std::fmt::Display for Problem {
 }
 
 /// Resolves `text` (named `name` in messages) with `key.path=value` overrides into the full
-/// config as TOML.
+/// config as TOML (defaults < text < `ANNEAL_*` environment < overrides, as `anneal train`
+/// resolves it).
 pub fn resolve(text: &str, name: &str, overrides: &[String]) -> Result<String, Problem> {
-    // Placeholder until the config crate lands.
-    let _ = (name, overrides);
-    Ok(text.to_string())
+    anneal_config::resolve(anneal_config::Source::Text { text, name }, overrides)
+        .map(|config| config.to_toml())
+        .map_err(|e| Problem {
+            key_path: e.key_path.clone(),
+            message: e.to_string(),
+        })
 }
 
 /// A config file offered by the server.

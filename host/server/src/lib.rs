@@ -92,6 +92,9 @@ pub enum ServeError {
         /// Why.
         source: std::io::Error,
     },
+    /// Another server manages this home (two would both start and reconcile its runs).
+    #[error("another anneal serve is using {0}; stop it or pick another --home")]
+    HomeInUse(PathBuf),
     /// The server stopped with an error.
     #[error("server error: {0}")]
     Serve(std::io::Error),
@@ -137,6 +140,7 @@ pub async fn serve(
             source,
         })?;
     }
+    let _lock = lock_home(&options.home)?;
     let registry = Arc::new(Registry::open(&options.home.join("registry.sqlite"))?);
     let manager = Manager::new(
         Arc::clone(&registry),
@@ -162,7 +166,7 @@ pub async fn serve(
         manager,
         sandbox: OnceLock::new(),
     });
-    let app = api::routes(state).merge(static_routes(web_dir));
+    let app = static_routes(web_dir).nest("/api", api::routes(state));
     ready(addr);
     // Not a graceful shutdown: event streams never end by themselves, and runs do not depend on
     // the server, so open connections are simply dropped.
@@ -170,6 +174,28 @@ pub async fn serve(
         served = axum::serve(listener, app) => served.map_err(ServeError::Serve),
         () = shutdown_signal() => Ok(()),
     }
+}
+
+/// Holds an exclusive lock on `<home>/server.lock` for as long as the file stays open (the
+/// kernel releases it when the process dies, however it dies).
+fn lock_home(home: &std::path::Path) -> Result<std::fs::File, ServeError> {
+    use std::os::fd::AsRawFd;
+    let path = home.join("server.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| ServeError::Home {
+            path: path.clone(),
+            source,
+        })?;
+    // SAFETY: flock(2) on a descriptor we own.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(ServeError::HomeInUse(home.to_path_buf()));
+    }
+    Ok(file)
 }
 
 fn static_routes(web_dir: Option<PathBuf>) -> axum::Router {

@@ -218,8 +218,8 @@ pub fn last_log_line(run_dir: &Path) -> Option<String> {
         .map(|l| l.chars().take(500).collect())
 }
 
-/// The file the trainer is started with: the config file under `configs/` or the inline text
-/// saved in the run dir.
+/// The file the trainer is started with: the config text the run was created with, saved in
+/// the run dir (so a config edited later does not change a resumed run).
 pub fn source_file(run_dir: &Path) -> PathBuf {
     run_dir.join("source.toml")
 }

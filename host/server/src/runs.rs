@@ -162,10 +162,9 @@ impl Manager {
         let run_dir = PathBuf::from(&run.run_dir);
         std::fs::create_dir_all(&run_dir)
             .map_err(|e| RunError::Io(format!("cannot create {}: {e}", run_dir.display())))?;
-        let config_file = match &run.config_path {
-            Some(p) => self.launch.work_dir.join(p),
-            None => process::source_file(&run_dir),
-        };
+        // Always the text the run was created with (relative paths in configs are from the
+        // working directory, not the file's folder, so the copy resolves the same way).
+        let config_file = process::source_file(&run_dir);
         let mut child = process::run_command(
             &self.launch.exe,
             &self.launch.work_dir,
@@ -254,7 +253,7 @@ impl Manager {
                 )))
             }
         }
-        Ok(self.registry.run(id)?.ok_or(RunError::NotFound(id))?)
+        self.registry.run(id)?.ok_or(RunError::NotFound(id))
     }
 
     /// Starts a finished run again from its run directory (the trainer resumes from its newest
@@ -270,7 +269,7 @@ impl Manager {
         self.registry.requeue(id)?;
         self.announce(id, Status::Queued);
         self.wake.notify_one();
-        Ok(self.registry.run(id)?.ok_or(RunError::NotFound(id))?)
+        self.registry.run(id)?.ok_or(RunError::NotFound(id))
     }
 
     /// Queues a new run (already recorded in the registry).

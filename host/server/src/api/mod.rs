@@ -50,9 +50,11 @@ impl ApiError {
 
     /// 422 for an invalid config, listing its problems.
     pub fn invalid_config(problems: Vec<Problem>) -> ApiError {
+        // `error` stays one line; a problem's own message may span lines (a TOML syntax error
+        // with its caret), which the UI shows as they are.
         let message = problems
             .first()
-            .map(|p| p.to_string())
+            .map(|p| p.message.split_whitespace().collect::<Vec<_>>().join(" "))
             .unwrap_or_else(|| "invalid config".into());
         ApiError {
             status: StatusCode::UNPROCESSABLE_ENTITY,
@@ -105,35 +107,32 @@ pub fn parse_id(what: &str, raw: &str) -> ApiResult<i64> {
         .ok_or_else(|| ApiError::not_found(format!("no {what} with id '{raw}'")))
 }
 
-/// The `/api` routes.
+/// The API routes (to be nested under `/api`).
 pub fn routes(state: Arc<AppState>) -> Router {
     let upload_limit = state.options.max_upload_bytes;
     Router::new()
-        .route("/api/health", get(misc::health))
-        .route("/api/plugins", get(misc::plugins))
-        .route("/api/configs", get(configs::list))
-        .route("/api/configs/validate", post(configs::validate))
-        .route("/api/configs/{name}", get(configs::show))
-        .route("/api/runs", get(runs::list).post(runs::create))
-        .route("/api/runs/{id}", get(runs::show).delete(runs::delete))
-        .route("/api/runs/{id}/stop", post(runs::stop))
-        .route("/api/runs/{id}/resume", post(runs::resume))
-        .route("/api/runs/{id}/metrics", get(runs::metrics))
-        .route("/api/runs/{id}/logs", get(runs::logs))
-        .route("/api/runs/{id}/checkpoints", get(runs::checkpoints))
-        .route("/api/runs/{id}/generate", post(runs::generate))
-        .route("/api/runs/{id}/events", get(events::run_events))
+        .route("/health", get(misc::health))
+        .route("/plugins", get(misc::plugins))
+        .route("/configs", get(configs::list))
+        .route("/configs/validate", post(configs::validate))
+        .route("/configs/{name}", get(configs::show))
+        .route("/runs", get(runs::list).post(runs::create))
+        .route("/runs/{id}", get(runs::show).delete(runs::delete))
+        .route("/runs/{id}/stop", post(runs::stop))
+        .route("/runs/{id}/resume", post(runs::resume))
+        .route("/runs/{id}/metrics", get(runs::metrics))
+        .route("/runs/{id}/logs", get(runs::logs))
+        .route("/runs/{id}/checkpoints", get(runs::checkpoints))
+        .route("/runs/{id}/generate", post(runs::generate))
+        .route("/runs/{id}/events", get(events::run_events))
         .route(
-            "/api/rewards",
+            "/rewards",
             get(rewards::list)
                 .post(rewards::upload)
                 .layer(DefaultBodyLimit::max(upload_limit)),
         )
-        .route(
-            "/api/rewards/{id}",
-            get(rewards::show).delete(rewards::delete),
-        )
-        .route("/api/rewards/{id}/test", post(rewards::test))
+        .route("/rewards/{id}", get(rewards::show).delete(rewards::delete))
+        .route("/rewards/{id}/test", post(rewards::test))
         .fallback(|| async { ApiError::not_found("no such API endpoint") })
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),

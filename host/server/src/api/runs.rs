@@ -22,10 +22,12 @@ fn find_run(state: &AppState, raw: &str) -> ApiResult<Run> {
         .ok_or_else(|| ApiError::not_found(format!("no run with id {id}")))
 }
 
-/// The newest training row (`step`, `loss`) and validation loss, read from the end of the file.
+/// The newest value of each headline metric (`step`, `loss`, `val_loss`, ...), read from the end
+/// of the metrics file.
 fn latest_metrics(run: &Run) -> Value {
+    const KEYS: [&str; 5] = ["step", "loss", "val_loss", "tokens_per_s", "mfu"];
     let path = PathBuf::from(&run.run_dir).join(files::METRICS_FILE);
-    let Some(text) = files::tail_text(&path, 16 * 1024) else {
+    let Some(text) = files::tail_text(&path, 64 * 1024) else {
         return Value::Null;
     };
     let mut latest = serde_json::Map::new();
@@ -33,14 +35,12 @@ fn latest_metrics(run: &Run) -> Value {
         let Ok(Value::Object(row)) = serde_json::from_str::<Value>(line) else {
             continue;
         };
-        for key in ["step", "loss", "val_loss", "tokens_per_s", "mfu"] {
-            if let Some(v) = row.get(key) {
-                if !latest.contains_key(key) && !(key == "step" && row.contains_key("val_loss")) {
-                    latest.insert(key.to_string(), v.clone());
-                }
+        for key in KEYS {
+            if let (false, Some(v)) = (latest.contains_key(key), row.get(key)) {
+                latest.insert(key.to_string(), v.clone());
             }
         }
-        if latest.contains_key("loss") && latest.contains_key("val_loss") {
+        if latest.len() == KEYS.len() {
             break;
         }
     }
