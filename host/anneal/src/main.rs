@@ -8,8 +8,8 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod reward_cmd;
-mod train_cmd;
 mod serve_cmd;
+mod train_cmd;
 
 /// Train, post-train and serve language models.
 #[derive(Parser)]

@@ -42,6 +42,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
             args.addr
         )
     })?;
+    if args.token.is_none() && !addr.ip().is_loopback() {
+        bail!("{addr} is not a loopback address: give a token (--token or ANNEAL_TOKEN) to listen on it");
+    }
     if args.max_running == 0 {
         bail!("--max-running must be at least 1");
     }
