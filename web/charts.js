@@ -26,6 +26,22 @@ export function pointsOf(rows, key) {
 }
 
 /**
+ * The y range: the data with 5% margins, widened to ±5% of the magnitude when the values are
+ * (nearly) constant — uPlot finds no ticks in a span far below the values' precision (a learning
+ * rate decaying by 1e-9 per step).
+ */
+function yRange(u, min, max) {
+  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  const magnitude = Math.max(Math.abs(min), Math.abs(max));
+  const span = max - min;
+  if (span <= magnitude * 1e-4) {
+    const pad = magnitude ? magnitude * 0.05 : 1;
+    return [min - pad, max + pad];
+  }
+  return [min - span * 0.05, max + span * 0.05];
+}
+
+/**
  * A line chart in `container`: `set(seriesPoints)` replaces its data. The container gets
  * `data-points` (points of the first series) and `data-series` (series with points) so that
  * tests can see the chart fill up.
@@ -42,7 +58,7 @@ export class LineChart {
     this.plot = new uPlot({
       width,
       height,
-      scales: { x: { time: false } },
+      scales: { x: { time: false }, y: { range: yRange } },
       axes: [
         { label: 'step' },
         { size: 60, values: yFormat ? (u, vals) => vals.map(yFormat) : undefined },

@@ -87,11 +87,11 @@ function showRun(r) {
   stopBtn.disabled = !active;
   resumeBtn.disabled = active;
   const ran = r.started_at ? fmtDuration((r.finished_at || Date.now()) - r.started_at) : '–';
-  facts.replaceChildren(
+  facts.replaceChildren(...[
     el('div', {}, `config: ${r.config_path || 'inline TOML'}`, r.overrides.length ? ` · overrides: ${r.overrides.join(' ')}` : ''),
     el('div', {}, `created ${fmtTime(r.created_at)} · attempts ${r.attempts} · last attempt ${ran} · dir ${r.run_dir}`),
     r.exit_reason ? el('div', { class: r.status === 'failed' ? 'error' : '', id: 'exit-reason' }, r.exit_reason) : null,
-  );
+  ].filter(Boolean));
 }
 
 async function act(what) {
@@ -117,10 +117,14 @@ function connect() {
 }
 
 async function refreshSide() {
-  const [log, ckpts] = await Promise.all([
+  const [now, log, ckpts] = await Promise.all([
+    api(`/api/runs/${id}`),
     api(`/api/runs/${id}/logs?tail=300`),
     api(`/api/runs/${id}/checkpoints`),
   ]);
+  // Status events are the fast path; this poll repairs a stop/resume answer that arrived after
+  // the event of the change it caused.
+  showRun(now);
   const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
   logs.textContent = log.lines.join('\n') || '(no output yet)';
   if (atBottom) logs.scrollTop = logs.scrollHeight;
