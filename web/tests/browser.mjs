@@ -1,13 +1,15 @@
 // Browser test of the UI in headless Chromium (playwright-core driving Debian's chromium):
 // create a run from the form (with an inline validation error first), watch its chart gain
-// points, stop it, resume it, compare two runs, and check the runs table's mini-curves.
+// points, stop it, resume it, compare two runs, check the runs table's mini-curves, the plugins
+// page, a reward module upload and test, and the sampling box.
 // Saves screenshots of each stage.
 //
 //   node web/tests/browser.mjs http://127.0.0.1:PORT SCREENSHOT_DIR
 //
 // Environment: ANNEAL_LONG_OVERRIDES and ANNEAL_SHORT_OVERRIDES (newline-separated overrides of
 // a run long enough to stop, and of a short one), ANNEAL_BAD_OVERRIDE (one the config rejects),
-// ANNEAL_BAD_KEY (the key path the error must name), CHROMIUM (default /usr/bin/chromium).
+// ANNEAL_BAD_KEY (the key path the error must name), ANNEAL_REWARD_MODULE (a reward module file),
+// CHROMIUM (default /usr/bin/chromium).
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
@@ -26,6 +28,7 @@ const longOverrides = env('ANNEAL_LONG_OVERRIDES');
 const shortOverrides = env('ANNEAL_SHORT_OVERRIDES').split('\n').filter(Boolean);
 const badOverride = env('ANNEAL_BAD_OVERRIDE');
 const badKey = env('ANNEAL_BAD_KEY');
+const rewardModule = env('ANNEAL_REWARD_MODULE');
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
@@ -123,6 +126,26 @@ try {
   }), [longId, shortId], { timeout: 30_000 });
   step('runs table: both runs with mini-curves');
   await shot('05-runs-table');
+
+  // 7. Plugins page lists the model plugin; the rewards page uploads a module and scores samples.
+  await page.goto(`${base}/plugins.html`);
+  await page.waitForSelector('#plugins td >> text=llama', { timeout: 30_000 });
+  await page.goto(`${base}/rewards.html`);
+  await page.setInputFiles('#reward-file', rewardModule);
+  await page.click('#upload-form button[type=submit]');
+  await page.waitForSelector('#upload-result .ok', { timeout: 60_000 });
+  await page.click('#test-form button[type=submit]');
+  const score = await page.waitForSelector('#test-results tr[data-result="0"] td:nth-child(3)', { timeout: 30_000 });
+  if ((await score.textContent()).trim() !== '1.100') throw new Error(`unexpected score ${await score.textContent()}`);
+  step('rewards: uploaded and scored');
+  await shot('06-rewards');
+
+  // 8. The sampling box explains that there is no checkpoint yet.
+  await page.goto(`${base}/run.html?id=${shortId}`);
+  await page.fill('#sample-prompt', '5,17,33');
+  await page.click('#sampling button[type=submit]');
+  await page.waitForSelector('#sample-output .error', { timeout: 30_000 });
+  step(`sampling: ${await page.textContent('#sample-output .error')}`);
 
   if (consoleErrors.length) throw new Error(`errors in the page: ${consoleErrors.join(' | ')}`);
   step('ok');

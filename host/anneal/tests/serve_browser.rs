@@ -45,6 +45,10 @@ fn the_ui_creates_watches_stops_resumes_and_compares_runs() {
         )
         .env("ANNEAL_BAD_OVERRIDE", "training.steps=\"many\"")
         .env("ANNEAL_BAD_KEY", "training.steps")
+        .env(
+            "ANNEAL_REWARD_MODULE",
+            root.join("reward-wasm/examples/wat/reward.wat"),
+        )
         .output()
         .expect("run node (install Node.js)");
     let stdout = String::from_utf8_lossy(&out.stdout);
