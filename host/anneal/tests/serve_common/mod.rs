@@ -29,6 +29,8 @@ pub struct Server {
     pub addr: String,
     pub home: PathBuf,
     pub token: Option<String>,
+    /// Dropping the server force-stops its active runs unless they are meant to outlive it.
+    leave_runs: bool,
 }
 
 impl Server {
@@ -67,6 +69,7 @@ impl Server {
             addr,
             home: home.to_path_buf(),
             token,
+            leave_runs: false,
         }
     }
 
@@ -79,6 +82,7 @@ impl Server {
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.leave_runs = true;
     }
 
     /// One request; returns the status and the body parsed as JSON (`Null` when empty).
@@ -225,8 +229,46 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // A failed test must not leave long training runs behind.
+        if !self.leave_runs && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.stop_active_runs();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Force-stops every queued or running run; never panics (it runs inside `drop`, maybe while
+    /// a failed test unwinds).
+    fn stop_active_runs(&self) -> Option<()> {
+        let request = |method: &str, path: &str| -> Option<Vec<u8>> {
+            let mut stream = TcpStream::connect(&self.addr).ok()?;
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .ok()?;
+            let auth = self
+                .token
+                .as_ref()
+                .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                .unwrap_or_default();
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{auth}Content-Length: 0\r\n\r\n",
+                self.addr
+            );
+            stream.write_all(head.as_bytes()).ok()?;
+            let mut response = Vec::new();
+            stream.read_to_end(&mut response).ok()?;
+            let split = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+            Some(response[split + 4..].to_vec())
+        };
+        let runs: Value = serde_json::from_slice(&request("GET", "/api/runs")?).ok()?;
+        for run in runs.as_array()? {
+            if run["status"] == "running" || run["status"] == "queued" {
+                request("POST", &format!("/api/runs/{}/stop?force=true", run["id"]));
+            }
+        }
+        Some(())
     }
 }
 
