@@ -256,9 +256,9 @@ fn one() -> f32 {
     1.0
 }
 
-/// Samples from the run's newest checkpoint with `anneal generate`. That command reads Hugging
-/// Face directories (`config.json` + `*.safetensors`); a checkpoint in any other layout is a
-/// `501` until the trainer's checkpoints can be sampled, and a run without checkpoints a `409`.
+/// Samples from the run's newest checkpoint: exports it once as a Hugging Face directory
+/// (`<run_dir>/hf/step-<N>/`, the same as `anneal checkpoint export --to-hf`) and runs
+/// `anneal generate` on it. A run without checkpoints is a `409`.
 pub async fn generate(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -272,18 +272,13 @@ pub async fn generate(
             format!("run {} has no checkpoint yet; sampling needs one", run.id),
         ));
     };
-    let dir = run_dir.join("checkpoints").join(&newest.name);
-    let has_safetensors = newest.files.iter().any(|f| f.ends_with(".safetensors"));
-    if !dir.join("config.json").is_file() || !has_safetensors {
-        return Err(ApiError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            format!(
-                "checkpoint {} is not a Hugging Face directory (config.json + *.safetensors); \
-                 sampling from trainer checkpoints is not available yet",
-                newest.name
-            ),
-        ));
-    }
+    let dir = tokio::task::spawn_blocking({
+        let run_dir = run_dir.clone();
+        let name = newest.name.clone();
+        move || export_for_sampling(&run_dir, &name)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("export failed: {e}")))??;
     let mut cmd = tokio::process::Command::new(&state.manager.launch().exe);
     cmd.arg("generate").arg("--model-dir").arg(&dir);
     match (&request.prompt, &request.prompt_tokens) {
@@ -341,4 +336,37 @@ pub async fn generate(
         .map_err(|e| ApiError::internal(format!("anneal generate printed no JSON: {e}")))?;
     value["checkpoint"] = json!(newest.name);
     Ok(Json(value))
+}
+
+/// The Hugging Face export of checkpoint `name` of a run, made on first use. Written to a
+/// temporary folder and renamed, so a concurrent or interrupted export is never half-read.
+fn export_for_sampling(run_dir: &std::path::Path, name: &str) -> ApiResult<PathBuf> {
+    let out = run_dir.join("hf").join(name);
+    if out.join("config.json").is_file() {
+        return Ok(out);
+    }
+    let tmp = run_dir
+        .join("hf")
+        .join(format!("{name}.tmp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let step_dir = run_dir.join("checkpoints").join(name);
+    anneal_runtime::checkpoint::export_hf(&step_dir, &tmp).map_err(|e| {
+        let _ = std::fs::remove_dir_all(&tmp);
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("cannot export {name} for sampling: {e}"),
+        )
+    })?;
+    match std::fs::rename(&tmp, &out) {
+        Ok(()) => Ok(out),
+        // Another request exported it first.
+        Err(_) if out.join("config.json").is_file() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(out)
+        }
+        Err(e) => Err(ApiError::internal(format!(
+            "cannot move the export into {}: {e}",
+            out.display()
+        ))),
+    }
 }
