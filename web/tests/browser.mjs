@@ -140,12 +140,15 @@ try {
   step('rewards: uploaded and scored');
   await shot('06-rewards');
 
-  // 8. The sampling box explains that there is no checkpoint yet.
+  // 8. The sampling box generates from the short run's final checkpoint.
   await page.goto(`${base}/run.html?id=${shortId}`);
-  await page.fill('#sample-prompt', '5,17,33');
+  await page.waitForSelector('#checkpoints tbody td.num', { timeout: 30_000 });
+  await page.fill('#sample-prompt', 'the king');
   await page.click('#sampling button[type=submit]');
-  await page.waitForSelector('#sample-output .error', { timeout: 30_000 });
-  step(`sampling: ${await page.textContent('#sample-output .error')}`);
+  const sample = await page.waitForSelector('#sample-output pre, #sample-output .error', { timeout: 120_000 });
+  if (await sample.evaluate((e) => e.classList.contains('error'))) throw new Error(`sampling failed: ${await sample.textContent()}`);
+  step(`sampling: ${JSON.stringify(await sample.textContent())}`);
+  await shot('07-sampling');
 
   if (consoleErrors.length) throw new Error(`errors in the page: ${consoleErrors.join(' | ')}`);
   step('ok');

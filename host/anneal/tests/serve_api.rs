@@ -232,19 +232,27 @@ fn a_run_trains_to_completion_with_metrics_events_and_logs() {
     let (_, two) = server.get(&format!("/api/runs/{id}/logs?tail=2"));
     assert_eq!(two["lines"].as_array().map(Vec::len), Some(2));
 
-    // No checkpoints yet: listing is empty and sampling says why (409).
-    assert_eq!(
-        server.get(&format!("/api/runs/{id}/checkpoints")).1,
-        json!([])
-    );
-    let (code, err) = server.post(
+    // The trainer saved a checkpoint at the end; sampling exports it and generates from it.
+    let (_, ckpts) = server.get(&format!("/api/runs/{id}/checkpoints"));
+    assert_eq!(ckpts[0]["name"], "step-6", "{ckpts}");
+    let (code, sample) = server.post(
         &format!("/api/runs/{id}/generate"),
-        &json!({ "prompt_tokens": [1, 2] }),
+        &json!({ "prompt_tokens": [5, 17, 33], "max_new_tokens": 4, "temperature": 0.0 }),
     );
-    assert_eq!(code, 409, "{err}");
-    assert!(err["error"]
-        .as_str()
-        .is_some_and(|e| e.contains("no checkpoint")));
+    assert_eq!(code, 200, "{sample}");
+    assert_eq!(sample["checkpoint"], "step-6");
+    assert_eq!(
+        sample["tokens"].as_array().map(Vec::len),
+        Some(4),
+        "{sample}"
+    );
+    let (code, text) = server.post(
+        &format!("/api/runs/{id}/generate"),
+        &json!({ "prompt": "the king", "max_new_tokens": 4, "seed": 1 }),
+    );
+    assert_eq!(code, 200, "{text}");
+    let (code, err) = server.post(&format!("/api/runs/{id}/generate"), &json!({}));
+    assert_eq!(code, 400, "{err}");
 
     // The run list shows it with its latest metrics; delete removes record and directory.
     let (_, runs) = server.get("/api/runs");
@@ -264,14 +272,23 @@ fn a_run_trains_to_completion_with_metrics_events_and_logs() {
 #[test]
 fn checkpoints_are_listed_and_temporary_ones_ignored() {
     let server = start("ckpt", &[]);
-    let id = create(&server, "ck", &["training.steps=2"]);
+    let id = create(
+        &server,
+        "ck",
+        &[
+            "training.steps=6",
+            "checkpoint.interval=2",
+            "checkpoint.keep_latest=5",
+        ],
+    );
     let run = server.wait_status(id, &["completed", "failed"], 3 * MINUTE);
+    assert_eq!(run["status"], "completed", "{run}");
     let dir =
         std::path::PathBuf::from(run["run_dir"].as_str().expect("run dir")).join("checkpoints");
-    for name in ["step-2", "step-1", "step-3.tmp-99", "notes"] {
+    // A save in progress and a foreign folder are not checkpoints.
+    for name in ["step-8.tmp-99-1", "notes"] {
         std::fs::create_dir_all(dir.join(name)).expect("mkdir");
     }
-    std::fs::write(dir.join("step-2/model.safetensors"), [0u8; 100]).expect("write");
     let (_, list) = server.get(&format!("/api/runs/{id}/checkpoints"));
     let steps: Vec<i64> = list
         .as_array()
@@ -279,14 +296,12 @@ fn checkpoints_are_listed_and_temporary_ones_ignored() {
         .iter()
         .filter_map(|c| c["step"].as_i64())
         .collect();
-    assert_eq!(steps, [1, 2], "{list}");
-    assert_eq!(list[1]["bytes"], 100);
-    // The newest is not a Hugging Face directory: sampling is not available (501), said plainly.
-    let (code, err) = server.post(
-        &format!("/api/runs/{id}/generate"),
-        &json!({ "prompt_tokens": [1] }),
+    assert_eq!(steps, [2, 4, 6], "{list}");
+    assert!(list[2]["bytes"].as_u64().is_some_and(|b| b > 0), "{list}");
+    assert!(
+        list[2]["files"].as_array().is_some_and(|f| !f.is_empty()),
+        "{list}"
     );
-    assert_eq!(code, 501, "{err}");
 }
 
 #[test]
@@ -339,6 +354,18 @@ fn stop_resume_and_conflicts() {
     let b = create(&server1, "b", &[]);
     server1.wait_status(a, &["running"], MINUTE);
     assert_eq!(server1.get(&format!("/api/runs/{b}")).1["status"], "queued");
+    // Nothing to sample from before the first checkpoint.
+    let (code, err) = server1.post(
+        &format!("/api/runs/{b}/generate"),
+        &json!({ "prompt_tokens": [1] }),
+    );
+    assert_eq!(code, 409, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no checkpoint")),
+        "{err}"
+    );
     server1.post(&format!("/api/runs/{b}/stop"), &json!({}));
     assert_eq!(
         server1.get(&format!("/api/runs/{b}")).1["status"],

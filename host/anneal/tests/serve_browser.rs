@@ -1,5 +1,5 @@
 //! The browser UI in real headless Chromium: `web/tests/browser.mjs` (playwright-core) drives a
-//! real `anneal serve` with real training runs. Needs Debian's `chromium` and `npm install` in
+//! real `anneal serve` with real training runs (and samples from a real checkpoint). Needs Debian's `chromium` and `npm install` in
 //! `web/` (both done by `scripts/setup.sh`). Screenshots land in `web/tests/screenshots/`.
 
 mod serve_common;
