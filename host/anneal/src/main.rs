@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod reward_cmd;
+mod serve_cmd;
 mod train_cmd;
 
 /// Train, post-train and serve language models.
@@ -99,6 +100,11 @@ enum Command {
     /// Work with checkpoints.
     #[command(subcommand)]
     Checkpoint(CheckpointCommand),
+    /// Serve the web UI and the run registry's JSON API (see web/API.md).
+    Serve(serve_cmd::ServeArgs),
+    /// Run one job for the server and record how it ended (started by `anneal serve`).
+    #[command(hide = true)]
+    Supervise(serve_cmd::SuperviseArgs),
 }
 
 #[derive(Subcommand)]
@@ -195,6 +201,11 @@ fn main() -> ExitCode {
                 .map(|()| println!("wrote {}", to_hf.display()))
                 .map_err(Into::into)
         }
+        Command::Serve(args) => serve_cmd::serve_cmd(args),
+        Command::Supervise(args) => match serve_cmd::supervise_cmd(args) {
+            Ok(code) => return ExitCode::from(code),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,66 @@
+//! The browser UI in real headless Chromium: `web/tests/browser.mjs` (playwright-core) drives a
+//! real `anneal serve` with real training runs (and samples from a real checkpoint). Needs Debian's `chromium` and `npm install` in
+//! `web/` (both done by `scripts/setup.sh`). Screenshots land in `web/tests/screenshots/`.
+
+mod serve_common;
+
+use serve_common::{repo, temp_home, tiny_configs, Server};
+use std::process::Command;
+
+#[test]
+fn the_ui_creates_watches_stops_resumes_and_compares_runs() {
+    let root = repo();
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let playwright = root.join("web/node_modules/playwright-core");
+    assert!(
+        std::path::Path::new(&chromium).exists() && playwright.is_dir(),
+        "the browser test needs {chromium} and web/node_modules (run scripts/setup.sh)"
+    );
+    let home = temp_home("browser");
+    let configs = tiny_configs(&home);
+    let server = Server::start(
+        &home,
+        &[
+            "--configs",
+            configs.to_str().expect("utf-8"),
+            "--max-running",
+            "2",
+        ],
+    );
+    let shots = root.join("web/tests/screenshots");
+    let out = Command::new("node")
+        .arg(root.join("web/tests/browser.mjs"))
+        .arg(server.url())
+        .arg(&shots)
+        .current_dir(root.join("web"))
+        .env("CHROMIUM", &chromium)
+        // Long enough to be stopped mid-way (log every 5 steps to keep the page light).
+        .env(
+            "ANNEAL_LONG_OVERRIDES",
+            "training.steps=1000000\nmetrics.log_freq=5\nmetrics.eval_freq=50",
+        )
+        .env(
+            "ANNEAL_SHORT_OVERRIDES",
+            "training.steps=30\nmetrics.eval_freq=10",
+        )
+        .env("ANNEAL_BAD_OVERRIDE", "training.steps=\"many\"")
+        .env("ANNEAL_BAD_KEY", "training.steps")
+        .env(
+            "ANNEAL_REWARD_MODULE",
+            root.join("reward-wasm/examples/wat/reward.wat"),
+        )
+        .output()
+        .expect("run node (install Node.js)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    for shot in [
+        "01-new-run-invalid",
+        "02-run-live",
+        "04-compare",
+        "05-runs-table",
+    ] {
+        assert!(shots.join(format!("{shot}.png")).is_file(), "{shot}.png");
+    }
+}

@@ -1,0 +1,416 @@
+//! Shared by the `anneal serve` tests: a real server process on a random loopback port with its
+//! own home folder, and a minimal HTTP/1.1 client (no client crate needed for JSON calls).
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A fresh temporary folder for one test.
+pub fn temp_home(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("anneal-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp home");
+    dir
+}
+
+/// A running `anneal serve`.
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub home: PathBuf,
+    pub token: Option<String>,
+    /// Dropping the server force-stops its active runs unless they are meant to outlive it.
+    leave_runs: bool,
+}
+
+impl Server {
+    /// Starts `anneal serve --addr 127.0.0.1:0 --home HOME` from the repository root (so
+    /// `configs/` and `web/` are the repository's) with extra arguments.
+    pub fn start(home: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_anneal"))
+            .args(["serve", "--addr", "127.0.0.1:0", "--home"])
+            .arg(home)
+            .args(extra)
+            .current_dir(repo())
+            .env_remove("ANNEAL_TOKEN")
+            .env_remove("ANNEAL_HOME")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start anneal serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read the listening line");
+        let addr = line
+            .trim()
+            .rsplit("http://")
+            .next()
+            .filter(|a| a.contains(':'))
+            .unwrap_or_else(|| panic!("unexpected first line from anneal serve: {line:?}"))
+            .to_string();
+        let token = extra
+            .iter()
+            .position(|a| *a == "--token")
+            .map(|i| extra[i + 1].to_string());
+        Server {
+            child,
+            addr,
+            home: home.to_path_buf(),
+            token,
+            leave_runs: false,
+        }
+    }
+
+    /// The base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Kills the server abruptly (SIGKILL), as a crash would; its runs keep going.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.leave_runs = true;
+    }
+
+    /// One request; returns the status and the body parsed as JSON (`Null` when empty).
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let bytes = body.map(|b| b.to_string().into_bytes());
+        let (status, raw) = self.raw(method, path, bytes.as_deref(), "application/json");
+        let value = if raw.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&raw).unwrap_or_else(|e| {
+                panic!(
+                    "{method} {path}: not JSON ({e}): {}",
+                    String::from_utf8_lossy(&raw)
+                )
+            })
+        };
+        (status, value)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, Value) {
+        self.call("GET", path, None)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.call("POST", path, Some(body))
+    }
+
+    /// One request with a raw body; returns the status and the raw body.
+    pub fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        content_type: &str,
+    ) -> (u16, Vec<u8>) {
+        let mut stream = TcpStream::connect(&self.addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        let body = body.unwrap_or_default();
+        let auth = self
+            .token
+            .as_ref()
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+            self.addr,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).expect("send head");
+        // The server may answer (413) before reading a large body; a broken pipe is fine then.
+        let _ = stream.write_all(body);
+        let mut response = Vec::new();
+        let _ = stream.read_to_end(&mut response);
+        parse_response(&response)
+    }
+
+    /// Reads Server-Sent Events from `path` until `done` returns true for the events so far
+    /// (event name, data) or the timeout passes.
+    pub fn events_until(
+        &self,
+        path: &str,
+        timeout: Duration,
+        done: impl Fn(&[(String, Value)]) -> bool,
+    ) -> Vec<(String, Value)> {
+        let mut stream = TcpStream::connect(&self.addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .expect("timeout");
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: text/event-stream\r\n\r\n",
+            self.addr
+        );
+        stream.write_all(head.as_bytes()).expect("send");
+        let start = Instant::now();
+        let mut text = String::new();
+        let mut events = Vec::new();
+        let mut buf = [0u8; 8192];
+        while start.elapsed() < timeout {
+            match stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => text.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(_) => {}
+            }
+            // Chunk-size lines of the chunked encoding are not `event:`/`data:` lines, so
+            // scanning lines is enough.
+            events.clear();
+            let mut name = String::new();
+            for line in text.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    if let Ok(v) = serde_json::from_str(d) {
+                        events.push((name.clone(), v));
+                    }
+                }
+            }
+            if done(&events) {
+                break;
+            }
+        }
+        events
+    }
+
+    /// Polls a run until its status is one of `wanted`; panics after `timeout` with the run and
+    /// the tail of its log.
+    pub fn wait_status(&self, id: i64, wanted: &[&str], timeout: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let (code, run) = self.get(&format!("/api/runs/{id}"));
+            assert_eq!(code, 200, "{run}");
+            if wanted.iter().any(|w| run["status"] == *w) {
+                return run;
+            }
+            if start.elapsed() > timeout {
+                let (_, logs) = self.get(&format!("/api/runs/{id}/logs?tail=30"));
+                panic!("run {id} did not become {wanted:?} in {timeout:?}: {run}\nlog: {logs}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Polls until the run has at least `n` metric rows with a loss.
+    pub fn wait_rows(&self, id: i64, n: usize, timeout: Duration) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let (_, rows) = self.get(&format!("/api/runs/{id}/metrics?fields=loss"));
+            let rows = rows.as_array().cloned().unwrap_or_default();
+            if rows.len() >= n {
+                return rows;
+            }
+            if start.elapsed() > timeout {
+                let (_, logs) = self.get(&format!("/api/runs/{id}/logs?tail=30"));
+                panic!(
+                    "run {id} has {} rows after {timeout:?}\nlog: {logs}",
+                    rows.len()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // A failed test must not leave long training runs behind.
+        if !self.leave_runs && matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.stop_active_runs();
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Force-stops every queued or running run; never panics (it runs inside `drop`, maybe while
+    /// a failed test unwinds).
+    fn stop_active_runs(&self) -> Option<()> {
+        let request = |method: &str, path: &str| -> Option<Vec<u8>> {
+            let mut stream = TcpStream::connect(&self.addr).ok()?;
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .ok()?;
+            let auth = self
+                .token
+                .as_ref()
+                .map(|t| format!("Authorization: Bearer {t}\r\n"))
+                .unwrap_or_default();
+            let head = format!(
+                "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{auth}Content-Length: 0\r\n\r\n",
+                self.addr
+            );
+            stream.write_all(head.as_bytes()).ok()?;
+            let mut response = Vec::new();
+            stream.read_to_end(&mut response).ok()?;
+            let split = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+            Some(response[split + 4..].to_vec())
+        };
+        let runs: Value = serde_json::from_slice(&request("GET", "/api/runs")?).ok()?;
+        for run in runs.as_array()? {
+            if run["status"] == "running" || run["status"] == "queued" {
+                request("POST", &format!("/api/runs/{}/stop?force=true", run["id"]));
+            }
+        }
+        Some(())
+    }
+}
+
+fn parse_response(response: &[u8]) -> (u16, Vec<u8>) {
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {:?}", String::from_utf8_lossy(response)));
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status code");
+    let body = &response[split + 4..];
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    (
+        status,
+        if chunked {
+            dechunk(body)
+        } else {
+            body.to_vec()
+        },
+    )
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = body.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&body[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let start = eol + 2;
+        out.extend_from_slice(&body[start..(start + size).min(body.len())]);
+        body = &body[(start + size + 2).min(body.len())..];
+    }
+    out
+}
+
+/// Sends `signal` to `pid` (or to its process group when negative).
+pub fn kill(pid: i64, signal: i32) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Whether process `pid` exists (and is not a zombie).
+pub fn alive(pid: i64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// A configs folder holding `tiny.toml`: a tiny Llama trained on a small corpus written next to
+/// it (the same shape as the trainer's own end-to-end tests), so a run takes seconds.
+pub fn tiny_configs(home: &Path) -> PathBuf {
+    let dir = home.join("configs");
+    let corpus = home.join("corpus");
+    std::fs::create_dir_all(&dir).expect("configs dir");
+    std::fs::create_dir_all(&corpus).expect("corpus dir");
+    let subjects = [
+        "the king",
+        "a fool",
+        "my lord",
+        "the queen",
+        "this night",
+        "our town",
+    ];
+    let verbs = [
+        "speaks of",
+        "waits for",
+        "dreams of",
+        "forgets",
+        "remembers",
+        "calls",
+    ];
+    let objects = [
+        "the sea.",
+        "his crown.",
+        "a storm.",
+        "the moon.",
+        "her honour.",
+        "old wine.",
+    ];
+    for doc in 0..4 {
+        let mut text = String::new();
+        for i in 0..600usize {
+            let k = i * 7 + doc * 3;
+            text.push_str(&format!(
+                "{} {} {}\n",
+                subjects[k % 6],
+                verbs[(k / 6) % 6],
+                objects[(k / 36) % 6]
+            ));
+        }
+        std::fs::write(corpus.join(format!("doc{doc}.txt")), text).expect("corpus");
+    }
+    let config = format!(
+        r#"[job]
+name = "tiny"
+[model]
+plugin = "llama"
+flavor = "debugmodel"
+args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 320, max_seq_len = 64 }}
+[optimizer]
+plugin = "adamw"
+lr = 1e-2
+[lr_scheduler]
+warmup_steps = 2
+[training]
+steps = 6
+batch_size = 4
+micro_batch_size = 4
+seq_len = 32
+seed = 7
+[data]
+path = "{corpus}"
+tokenizer = "train"
+vocab_size = 320
+cache_dir = "{cache}"
+val_fraction = 0.1
+[metrics]
+log_freq = 1
+eval_freq = 3
+eval_batches = 2
+peak_tflops = 1.0
+progress_bar = false
+"#,
+        corpus = corpus.display(),
+        cache = home.join("data-cache").display()
+    );
+    std::fs::write(dir.join("tiny.toml"), config).expect("config");
+    dir
+}
