@@ -1,4 +1,5 @@
 //! RL post-training: GRPO-family losses, the versioned rollout buffer, rollout workers on the
 //! same model plugin as the trainer, and the loop behind `anneal rl`.
 
+pub mod buffer;
 pub mod loss;
