@@ -3,3 +3,7 @@
 
 pub mod buffer;
 pub mod loss;
+pub mod rollout;
+mod run;
+
+pub use run::{run_rl, RlOptions, RlRow, RlSummary};
