@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod reward_cmd;
+mod rl_cmd;
 mod serve_cmd;
 mod train_cmd;
 
@@ -88,6 +89,18 @@ enum Command {
         /// The job config, e.g. configs/llama3_debug.toml.
         config: std::path::PathBuf,
         /// Override a key: `--set training.steps=100` (repeatable; values are TOML).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Where the run writes its files (default: runs/<job name>-<time>).
+        #[arg(long)]
+        run_dir: Option<std::path::PathBuf>,
+    },
+    /// Post-train a policy with RL (GRPO / Dr.GRPO / DAPO) and WebAssembly rewards, from a job
+    /// config with an `[rl]` section; metrics go to `<run dir>/metrics.jsonl`.
+    Rl {
+        /// The job config, e.g. configs/rl_digits.toml.
+        config: std::path::PathBuf,
+        /// Override a key: `--set rl.max_staleness=1` (repeatable; values are TOML).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
         /// Where the run writes its files (default: runs/<job name>-<time>).
@@ -195,6 +208,11 @@ fn main() -> ExitCode {
             set,
             run_dir,
         } => train_cmd::train(&config, &set, run_dir),
+        Command::Rl {
+            config,
+            set,
+            run_dir,
+        } => rl_cmd::rl(&config, &set, run_dir),
         Command::Config(ConfigCommand::Show { config, set }) => train_cmd::show(&config, &set),
         Command::Checkpoint(CheckpointCommand::Export { to_hf, step_dir }) => {
             anneal_runtime::checkpoint::export_hf(&step_dir, &to_hf)

@@ -11,7 +11,7 @@ use std::sync::Arc;
 #[error("{0}")]
 pub struct Failure(pub String);
 
-fn load(config: &Path, set: &[String]) -> anyhow::Result<JobConfig> {
+pub(crate) fn load(config: &Path, set: &[String]) -> anyhow::Result<JobConfig> {
     Ok(resolve(Source::File(config), set)?)
 }
 
@@ -28,12 +28,7 @@ pub fn train(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow:
         anneal_engine::init_threads(cfg.training.threads)?;
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // Order matters: the conditional shutdown sees the flag set by an earlier signal.
-        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())?;
-        signal_hook::flag::register(sig, stop.clone())?;
-    }
+    let stop = install_stop_signals()?;
     match train::run(&cfg, &run_dir, &stop) {
         Ok(_) => Ok(()),
         Err(e) if e.is_user_error() => Err(e.into()),
@@ -41,8 +36,19 @@ pub fn train(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow:
     }
 }
 
+/// A flag set by the first SIGINT/SIGTERM; a second one exits at once.
+pub(crate) fn install_stop_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Order matters: the conditional shutdown sees the flag set by an earlier signal.
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.clone())?;
+        signal_hook::flag::register(sig, stop.clone())?;
+    }
+    Ok(stop)
+}
+
 /// `runs/<job name>-<UTC date>-<time>`.
-fn default_run_dir(name: &str) -> PathBuf {
+pub(crate) fn default_run_dir(name: &str) -> PathBuf {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

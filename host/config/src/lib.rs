@@ -78,6 +78,7 @@ pub const SECTIONS: &[&str] = &[
     "activation_checkpoint",
     "data",
     "metrics",
+    "rl",
 ];
 
 /// Composes a config from `source`, the process environment and `overrides`
@@ -385,11 +386,83 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "must be at least 1 when eval_freq > 0",
         ));
     }
+    validate_rl(&c.rl)?;
     if c.checkpoint.keep_latest == 0 {
         return Err(ConfigError::at(
             "checkpoint.keep_latest",
             "must be at least 1",
         ));
+    }
+    Ok(())
+}
+
+fn validate_rl(r: &Rl) -> Result<(), ConfigError> {
+    for (k, v) in [
+        ("rl.group_size", r.group_size),
+        ("rl.prompts_per_step", r.prompts_per_step),
+        ("rl.max_new_tokens", r.max_new_tokens),
+        ("rl.rollout_threads", r.rollout_threads),
+    ] {
+        if v == 0 {
+            return Err(ConfigError::at(k, "must be at least 1"));
+        }
+    }
+    if !(r.temperature > 0.0 && r.temperature.is_finite()) {
+        return Err(ConfigError::at(
+            "rl.temperature",
+            "must be a finite number > 0",
+        ));
+    }
+    if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+        return Err(ConfigError::at("rl.top_p", "must be within (0, 1]"));
+    }
+    for (k, v) in [
+        ("rl.clip_low", r.clip_low),
+        ("rl.clip_high", r.clip_high),
+        ("rl.kl_coef", r.kl_coef),
+        ("rl.is_correction_cap", r.is_correction_cap),
+    ] {
+        if !(v >= 0.0 && v.is_finite()) {
+            return Err(ConfigError::at(k, "must be a finite number ≥ 0"));
+        }
+    }
+    if r.clip_low >= 1.0 {
+        return Err(ConfigError::at("rl.clip_low", "must be below 1"));
+    }
+    if r.is_correction_cap > 0.0 && r.is_correction_cap < 1.0 {
+        return Err(ConfigError::at(
+            "rl.is_correction_cap",
+            "must be 0 (off) or at least 1",
+        ));
+    }
+    if !r.error_reward.is_finite() {
+        return Err(ConfigError::at(
+            "rl.error_reward",
+            "must be a finite number",
+        ));
+    }
+    if r.reward_timeout_ms == 0 {
+        return Err(ConfigError::at(
+            "rl.reward_timeout_ms",
+            "must be at least 1",
+        ));
+    }
+    if r.prompts_path.is_empty() && r.task != "digits_sort" {
+        return Err(ConfigError::at(
+            "rl.task",
+            format!(
+                "`{}` is not a built-in task (digits_sort), and rl.prompts_path is empty",
+                r.task
+            ),
+        ));
+    }
+    for (i, w) in r.rewards.iter().enumerate() {
+        if !w.weight.is_finite() {
+            return Err(ConfigError::at(
+                &format!("rl.rewards[{i}].weight"),
+                "must be a finite number",
+            ));
+        }
     }
     Ok(())
 }

@@ -30,6 +30,8 @@ pub struct JobConfig {
     pub data: Data,
     /// Logging and evaluation cadence.
     pub metrics: Metrics,
+    /// RL post-training (`anneal rl`).
+    pub rl: Rl,
 }
 
 /// `[job]`
@@ -315,6 +317,116 @@ impl Default for Metrics {
             eval_batches: 4,
             peak_tflops: 0.0,
             progress_bar: true,
+        }
+    }
+}
+
+/// One reward module of `[rl]` and its weight in the combined score.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardSpec {
+    /// A reward module (`.wasm` or `.wat`).
+    pub path: String,
+    /// Weight of this module's reward in the sum.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The policy-gradient loss of `[rl]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RlLoss {
+    /// Group-normalized advantages, clipped ratio, mean over each sequence then over sequences.
+    Grpo,
+    /// Mean-centred advantages (no std division), no length normalization.
+    DrGrpo,
+    /// Asymmetric clip, token-level mean over the batch, groups with equal rewards dropped.
+    Dapo,
+}
+
+/// `[rl]`: post-training a policy with rewards from WebAssembly modules.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Rl {
+    /// The starting policy: a checkpoint step dir (`.../checkpoints/step-N`) or a Hugging Face
+    /// dir (`config.json` + `*.safetensors`). Empty: fresh weights from `training.seed`.
+    pub init_from: String,
+    /// The tokenizer (`tokenizer.json`); empty: the one next to a run dir's checkpoint.
+    pub tokenizer: String,
+    /// JSON lines `{"prompt":..,"metadata":{..}}`; empty: the built-in `task` generator.
+    pub prompts_path: String,
+    /// Built-in prompt generator when `prompts_path` is empty: `digits_sort`.
+    pub task: String,
+    /// Seed of the built-in generator (held-out prompts use a different stream).
+    pub task_seed: u64,
+    /// Completions sampled per prompt (a group).
+    pub group_size: usize,
+    /// Prompts (groups) per trainer step.
+    pub prompts_per_step: usize,
+    /// Longest completion.
+    pub max_new_tokens: usize,
+    /// Sampling temperature (> 0).
+    pub temperature: f32,
+    /// Nucleus sampling threshold (1 = off).
+    pub top_p: f32,
+    /// Top-k sampling (0 = off).
+    pub top_k: usize,
+    /// Reward modules; their rewards are summed with their weights.
+    pub rewards: Vec<RewardSpec>,
+    /// The reward of a call that traps, times out or returns garbage.
+    pub error_reward: f64,
+    /// Per-call reward deadline in milliseconds.
+    pub reward_timeout_ms: u64,
+    /// `grpo`, `dr_grpo` or `dapo`.
+    pub loss: RlLoss,
+    /// Lower clip of the ratio: `1 - clip_low`.
+    pub clip_low: f64,
+    /// Upper clip of the ratio: `1 + clip_high`.
+    pub clip_high: f64,
+    /// Weight of the k3 KL penalty to the frozen initial policy (0 = off, no reference kept).
+    pub kl_coef: f64,
+    /// How many policy versions a rollout may lag the trainer (0 = synchronous).
+    pub max_staleness: u64,
+    /// Rollout worker threads.
+    pub rollout_threads: usize,
+    /// Cap of the truncated importance ratio `π_trainer / π_rollout` (0 = no correction).
+    pub is_correction_cap: f64,
+    /// Evaluate held-out accuracy (greedy) every this many steps (0 = never).
+    pub eval_freq: u64,
+    /// Held-out prompts per evaluation.
+    pub eval_prompts: usize,
+}
+
+impl Default for Rl {
+    fn default() -> Self {
+        Rl {
+            init_from: String::new(),
+            tokenizer: String::new(),
+            prompts_path: String::new(),
+            task: "digits_sort".into(),
+            task_seed: 0,
+            group_size: 8,
+            prompts_per_step: 8,
+            max_new_tokens: 16,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            rewards: Vec::new(),
+            error_reward: 0.0,
+            reward_timeout_ms: 1000,
+            loss: RlLoss::Grpo,
+            clip_low: 0.2,
+            clip_high: 0.2,
+            kl_coef: 0.0,
+            max_staleness: 0,
+            rollout_threads: 1,
+            is_correction_cap: 0.0,
+            eval_freq: 10,
+            eval_prompts: 64,
         }
     }
 }

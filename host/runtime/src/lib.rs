@@ -4,4 +4,5 @@ pub mod checkpoint;
 pub mod hf;
 pub mod infer;
 pub mod plugins;
+pub mod rl;
 pub mod train;

@@ -63,8 +63,8 @@ impl MetricsLog {
         &self.path
     }
 
-    /// Writes one row as one line.
-    pub fn write(&mut self, row: &MetricsRow) -> std::io::Result<()> {
+    /// Writes one row (a [`MetricsRow`], or an RL run's row) as one line.
+    pub fn write<R: Serialize>(&mut self, row: &R) -> std::io::Result<()> {
         let mut line = serde_json::to_string(row).expect("metrics rows always serialize");
         line.push('\n');
         self.file.write_all(line.as_bytes())?;

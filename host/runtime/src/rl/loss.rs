@@ -1,0 +1,442 @@
+//! The policy-gradient losses of the GRPO family, built from engine ops so autograd gives the
+//! gradient.
+//!
+//! Every sequence `i` of a batch has a completion of `L_i` tokens, padded to `L`, a reward `R_i`,
+//! and belongs to a group of `group_size` completions of the same prompt (consecutive rows).
+//!
+//! - `grpo`: `A_i = (R_i − mean_g) / (std_g + ε)`; per-token clipped surrogate, mean over each
+//!   sequence's tokens, then mean over sequences.
+//! - `dr_grpo`: `A_i = R_i − mean_g`; tokens summed and divided by a constant
+//!   (`sequences × max_new_tokens`), so long and short answers weigh the same per token.
+//! - `dapo`: GRPO advantages, groups whose rewards are all equal dropped, asymmetric clip
+//!   (`1 − clip_low`, `1 + clip_high`), mean over every kept token of the batch.
+//!
+//! The ratio `r = exp(logp − logp_rollout)` compares the trainer's policy with the one that
+//! sampled (the same engine, so for the current version `r = 1` exactly). With
+//! `is_correction_cap = C > 0` the ratio is truncated at `C` (the token's loss is scaled by
+//! `min(r, C) / r`, detached), bounding the weight of samples much likelier under the trainer
+//! than under the rollout policy. The optional KL penalty to a frozen reference uses the k3
+//! estimator `exp(q − p) − (q − p) − 1` (`p` trainer, `q` reference), aggregated like the
+//! policy term.
+
+use anneal_config::RlLoss;
+use anneal_engine::{Result, Tensor};
+
+/// Standard deviation floor of group normalization.
+pub const STD_EPS: f64 = 1e-4;
+
+/// Settings of the loss.
+#[derive(Clone, Debug)]
+pub struct LossSettings {
+    /// Which loss.
+    pub kind: RlLoss,
+    /// Lower clip: the ratio is kept above `1 − clip_low` (for positive advantages it only
+    /// matters below 1).
+    pub clip_low: f64,
+    /// Upper clip: `1 + clip_high`.
+    pub clip_high: f64,
+    /// Weight of the k3 KL penalty (0 = off).
+    pub kl_coef: f64,
+    /// Truncated importance-ratio cap (0 = off).
+    pub is_cap: f64,
+    /// The constant length of Dr.GRPO's normalization (`max_new_tokens`).
+    pub norm_len: usize,
+}
+
+/// One batch as the loss sees it. Host vectors are row-major `[N, L]`.
+pub struct LossBatch<'a> {
+    /// Trainer log-probabilities of the completion tokens, `[N, L]` (records the graph).
+    pub logp_nl: &'a Tensor,
+    /// Rollout log-probabilities, `N·L`.
+    pub rollout_logp: &'a [f32],
+    /// Reference log-probabilities, `N·L`, when a KL penalty is on.
+    pub ref_logp: Option<&'a [f32]>,
+    /// 1 for completion tokens, 0 for padding, `N·L`.
+    pub mask: &'a [f32],
+    /// Combined reward of each sequence.
+    pub rewards: &'a [f64],
+    /// Sequences per group.
+    pub group_size: usize,
+}
+
+/// The loss and what it saw.
+pub struct LossOut {
+    /// The scalar to call `backward` on.
+    pub loss: Tensor,
+    /// Advantage of each sequence.
+    pub advantages: Vec<f32>,
+    /// Mean k3 KL over the kept tokens (0 without a reference).
+    pub kl_mean: f64,
+    /// Groups dropped for equal rewards (`dapo` only).
+    pub dropped_groups: usize,
+}
+
+/// Per-sequence advantages and whether each sequence takes part.
+pub fn advantages(kind: RlLoss, rewards: &[f64], group_size: usize) -> (Vec<f32>, Vec<bool>) {
+    debug_assert!(group_size > 0 && rewards.len().is_multiple_of(group_size));
+    let mut adv = Vec::with_capacity(rewards.len());
+    let mut keep = Vec::with_capacity(rewards.len());
+    for g in rewards.chunks(group_size) {
+        let n = g.len() as f64;
+        let mean = g.iter().sum::<f64>() / n;
+        let var = if g.len() > 1 {
+            g.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1.0)
+        } else {
+            0.0
+        };
+        let std = var.sqrt();
+        let all_equal = g.iter().all(|&r| r == g[0]);
+        for &r in g {
+            let a = match kind {
+                RlLoss::DrGrpo => r - mean,
+                RlLoss::Grpo | RlLoss::Dapo => (r - mean) / (std + STD_EPS),
+            };
+            adv.push(a as f32);
+            keep.push(!(kind == RlLoss::Dapo && all_equal));
+        }
+    }
+    (adv, keep)
+}
+
+/// The loss of one batch.
+pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
+    let shape = b.logp_nl.shape().to_vec();
+    let (n, l) = (shape[0], shape[1]);
+    debug_assert_eq!(b.rewards.len(), n);
+    let (adv, keep) = advantages(s.kind, b.rewards, b.group_size);
+    let dropped_groups = keep
+        .chunks(b.group_size)
+        .filter(|g| !g.iter().any(|&k| k))
+        .count();
+    // Per-token weight: which tokens count and how the sum is normalized.
+    let kept_tokens: f64 = (0..n)
+        .filter(|&i| keep[i])
+        .map(|i| b.mask[i * l..(i + 1) * l].iter().sum::<f32>() as f64)
+        .sum();
+    let kept_seqs = keep.iter().filter(|&&k| k).count();
+    let mut weight = vec![0f32; n * l];
+    for i in 0..n {
+        if !keep[i] {
+            continue;
+        }
+        let len: f32 = b.mask[i * l..(i + 1) * l].iter().sum();
+        let norm = match s.kind {
+            RlLoss::Grpo => len as f64 * n as f64,
+            RlLoss::DrGrpo => (n * s.norm_len.max(1)) as f64,
+            RlLoss::Dapo => kept_tokens,
+        };
+        if len == 0.0 || norm == 0.0 {
+            continue;
+        }
+        for j in 0..l {
+            weight[i * l + j] = b.mask[i * l + j] / norm as f32;
+        }
+    }
+    let logp = b.logp_nl;
+    let old = Tensor::from_slice(b.rollout_logp, &[n, l])?;
+    let log_ratio = logp.sub(&old)?.mul(&Tensor::from_slice(b.mask, &[n, l])?)?;
+    let ratio = log_ratio.exp()?;
+    let adv_t = Tensor::from_vec(
+        (0..n * l).map(|k| adv[k / l]).collect::<Vec<f32>>(),
+        &[n, l],
+    )?;
+    let unclipped = ratio.mul(&adv_t)?;
+    let clipped = ratio
+        .clamp((1.0 - s.clip_low) as f32, (1.0 + s.clip_high) as f32)?
+        .mul(&adv_t)?;
+    let mut per_token = unclipped.minimum(&clipped)?.neg()?;
+    if s.is_cap > 0.0 {
+        let r = ratio.to_vec_f32();
+        let trunc: Vec<f32> = r
+            .iter()
+            .map(|&x| {
+                if x as f64 > s.is_cap {
+                    (s.is_cap / x as f64) as f32
+                } else {
+                    1.0
+                }
+            })
+            .collect();
+        per_token = per_token.mul(&Tensor::from_vec(trunc, &[n, l])?)?;
+    }
+    let mut kl_mean = 0.0;
+    if let (Some(r), true) = (b.ref_logp, s.kl_coef > 0.0) {
+        let d = Tensor::from_slice(r, &[n, l])?.sub(logp)?;
+        let d = d.mul(&Tensor::from_slice(b.mask, &[n, l])?)?;
+        let kl = d.exp()?.sub(&d)?.add_scalar(-1.0)?;
+        let kv = kl.to_vec_f32();
+        let tokens: f64 = b.mask.iter().map(|&m| m as f64).sum();
+        kl_mean = kv
+            .iter()
+            .zip(b.mask)
+            .map(|(&k, &m)| k as f64 * m as f64)
+            .sum::<f64>()
+            / tokens.max(1.0);
+        per_token = per_token.add(&kl.mul_scalar(s.kl_coef as f32)?)?;
+    }
+    let loss = per_token
+        .mul(&Tensor::from_vec(weight, &[n, l])?)?
+        .sum_all()?;
+    let _ = kept_seqs;
+    Ok(LossOut {
+        loss,
+        advantages: adv,
+        kl_mean,
+        dropped_groups,
+    })
+}
+
+/// `log p(target)` of each row of `logits_nlv` (`[N, L, V]`) at `targets` (`N·L` ids), as an
+/// `[N, L]` tensor on the autograd graph.
+pub fn gather_logprobs(logits_nlv: &Tensor, targets: &[i64]) -> Result<Tensor> {
+    let s = logits_nlv.shape().to_vec();
+    let (n, l) = (s[0], s[1]);
+    let idx = Tensor::from_slice(targets, &[n, l, 1])?;
+    logits_nlv
+        .log_softmax(-1)?
+        .gather(-1, &idx)?
+        .reshape(&[n, l])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(kind: RlLoss) -> LossSettings {
+        LossSettings {
+            kind,
+            clip_low: 0.2,
+            clip_high: 0.28,
+            kl_coef: 0.0,
+            is_cap: 0.0,
+            norm_len: 4,
+        }
+    }
+
+    /// Two groups of two sequences, L = 3.
+    struct Case {
+        logp: Vec<f32>,
+        rollout: Vec<f32>,
+        mask: Vec<f32>,
+        rewards: Vec<f64>,
+    }
+
+    fn case() -> Case {
+        Case {
+            logp: vec![
+                -1.0, -0.5, -2.0, //
+                -0.3, -1.2, 0.0, //
+                -0.7, -0.9, -0.1, //
+                -2.0, -0.4, -0.6,
+            ],
+            rollout: vec![
+                -1.1, -0.5, -1.0, //
+                -0.3, -1.0, 0.0, //
+                -0.7, -0.6, -0.1, //
+                -2.0, -0.4, -0.9,
+            ],
+            mask: vec![
+                1.0, 1.0, 1.0, //
+                1.0, 1.0, 0.0, //
+                1.0, 1.0, 1.0, //
+                1.0, 1.0, 1.0,
+            ],
+            rewards: vec![1.0, 0.0, 0.5, 0.5],
+        }
+    }
+
+    fn loss_of(c: &Case, logp: &[f32], s: &LossSettings, ref_logp: Option<&[f32]>) -> LossOut {
+        let t = Tensor::from_slice(logp, &[4, 3]).unwrap().requires_grad_();
+        rl_loss(
+            &LossBatch {
+                logp_nl: &t,
+                rollout_logp: &c.rollout,
+                ref_logp,
+                mask: &c.mask,
+                rewards: &c.rewards,
+                group_size: 2,
+            },
+            s,
+        )
+        .unwrap()
+    }
+
+    /// The same loss computed token by token in f64.
+    fn reference(c: &Case, logp: &[f32], s: &LossSettings, ref_logp: Option<&[f32]>) -> f64 {
+        let (adv, keep) = advantages(s.kind, &c.rewards, 2);
+        let kept_tokens: f64 = (0..4)
+            .filter(|&i| keep[i])
+            .map(|i| c.mask[i * 3..i * 3 + 3].iter().sum::<f32>() as f64)
+            .sum();
+        let mut total = 0.0;
+        for i in 0..4 {
+            if !keep[i] {
+                continue;
+            }
+            let len: f64 = c.mask[i * 3..i * 3 + 3].iter().map(|&m| m as f64).sum();
+            let mut seq = 0.0;
+            for j in 0..3 {
+                let k = i * 3 + j;
+                if c.mask[k] == 0.0 {
+                    continue;
+                }
+                let r = (logp[k] as f64 - c.rollout[k] as f64).exp();
+                let a = adv[i] as f64;
+                let rc = r.clamp(1.0 - s.clip_low, 1.0 + s.clip_high);
+                let mut t = -(r * a).min(rc * a);
+                if s.is_cap > 0.0 && r > s.is_cap {
+                    t *= s.is_cap / r;
+                }
+                if let Some(q) = ref_logp {
+                    let d = q[k] as f64 - logp[k] as f64;
+                    t += s.kl_coef * (d.exp() - d - 1.0);
+                }
+                seq += t;
+            }
+            total += match s.kind {
+                RlLoss::Grpo => seq / len / 4.0,
+                RlLoss::DrGrpo => seq / (4.0 * s.norm_len as f64),
+                RlLoss::Dapo => seq / kept_tokens,
+            };
+        }
+        total
+    }
+
+    #[test]
+    fn advantages_by_hand() {
+        let (a, keep) = advantages(RlLoss::Grpo, &[1.0, 0.0, 0.5, 0.5], 2);
+        // Group 1: mean 0.5, unbiased std sqrt(0.5) = 0.7071.
+        let want = 0.5 / (0.5f64.sqrt() + STD_EPS);
+        assert!((a[0] as f64 - want).abs() < 1e-6 && (a[1] as f64 + want).abs() < 1e-6);
+        assert_eq!((a[2], a[3]), (0.0, 0.0));
+        assert!(keep.iter().all(|&k| k));
+        let (a, _) = advantages(RlLoss::DrGrpo, &[1.0, 0.0, 0.5, 0.5], 2);
+        assert_eq!(a, vec![0.5, -0.5, 0.0, 0.0]);
+        let (_, keep) = advantages(RlLoss::Dapo, &[1.0, 0.0, 0.5, 0.5], 2);
+        assert_eq!(keep, vec![true, true, false, false]);
+    }
+
+    #[test]
+    fn on_policy_grpo_by_hand() {
+        // r = 1 everywhere: the loss is −Σ_i A_i / N = 0 and the gradient of token (i, j) is
+        // −A_i / (N · L_i).
+        let c = case();
+        let t = Tensor::from_slice(&c.rollout, &[4, 3])
+            .unwrap()
+            .requires_grad_();
+        let out = rl_loss(
+            &LossBatch {
+                logp_nl: &t,
+                rollout_logp: &c.rollout,
+                ref_logp: None,
+                mask: &c.mask,
+                rewards: &c.rewards,
+                group_size: 2,
+            },
+            &settings(RlLoss::Grpo),
+        )
+        .unwrap();
+        assert!(out.loss.item().unwrap().abs() < 1e-6);
+        out.loss.backward().unwrap();
+        let g = t.grad().unwrap().to_vec_f32();
+        let a0 = 0.5 / (0.5f64.sqrt() + STD_EPS);
+        let want = [
+            -a0 / 12.0,
+            -a0 / 12.0,
+            -a0 / 12.0,
+            a0 / 8.0,
+            a0 / 8.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+        ];
+        for (x, w) in g.iter().zip(want) {
+            assert!((*x as f64 - w).abs() < 1e-6, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn values_match_the_f64_reference_for_every_loss() {
+        let c = case();
+        let reference_logp: Vec<f32> = c.logp.iter().map(|x| x - 0.1).collect();
+        for kind in [RlLoss::Grpo, RlLoss::DrGrpo, RlLoss::Dapo] {
+            for (kl, cap) in [(0.0, 0.0), (0.1, 0.0), (0.0, 1.5)] {
+                let s = LossSettings {
+                    kl_coef: kl,
+                    is_cap: cap,
+                    ..settings(kind)
+                };
+                let r = (kl > 0.0).then_some(&reference_logp[..]);
+                let got = loss_of(&c, &c.logp, &s, r).loss.item().unwrap() as f64;
+                let want = reference(&c, &c.logp, &s, r);
+                assert!(
+                    (got - want).abs() < 1e-5,
+                    "{kind:?} kl {kl} cap {cap}: {got} vs {want}"
+                );
+            }
+        }
+        let s = settings(RlLoss::Dapo);
+        assert_eq!(loss_of(&c, &c.logp, &s, None).dropped_groups, 1);
+    }
+
+    #[test]
+    fn gradient_matches_finite_differences() {
+        let c = case();
+        let reference_logp: Vec<f32> = c.logp.iter().map(|x| x - 0.1).collect();
+        for kind in [RlLoss::Grpo, RlLoss::Dapo] {
+            let s = LossSettings {
+                kl_coef: 0.1,
+                ..settings(kind)
+            };
+            let t = Tensor::from_slice(&c.logp, &[4, 3])
+                .unwrap()
+                .requires_grad_();
+            let out = rl_loss(
+                &LossBatch {
+                    logp_nl: &t,
+                    rollout_logp: &c.rollout,
+                    ref_logp: Some(&reference_logp),
+                    mask: &c.mask,
+                    rewards: &c.rewards,
+                    group_size: 2,
+                },
+                &s,
+            )
+            .unwrap();
+            out.loss.backward().unwrap();
+            let g = t.grad().unwrap().to_vec_f32();
+            let h = 1e-3f32;
+            for k in 0..12 {
+                let (mut up, mut dn) = (c.logp.clone(), c.logp.clone());
+                up[k] += h;
+                dn[k] -= h;
+                let fd = (reference(&c, &up, &s, Some(&reference_logp))
+                    - reference(&c, &dn, &s, Some(&reference_logp)))
+                    / (2.0 * h as f64);
+                assert!(
+                    (g[k] as f64 - fd).abs() < 1e-3,
+                    "{kind:?} token {k}: autograd {} vs finite differences {fd}",
+                    g[k]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gather_logprobs_matches_token_logprob() {
+        let logits: Vec<f32> = (0..2 * 3 * 5)
+            .map(|i| ((i * 7) % 11) as f32 * 0.3)
+            .collect();
+        let t = Tensor::from_slice(&logits, &[2, 3, 5]).unwrap();
+        let targets = [0i64, 4, 2, 1, 3, 3];
+        let got = gather_logprobs(&t, &targets).unwrap().to_vec_f32();
+        for (k, &tok) in targets.iter().enumerate() {
+            let want = crate::infer::token_logprob(&logits[k * 5..k * 5 + 5], tok as usize);
+            assert!((got[k] - want).abs() < 1e-5);
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Rollouts: prompts, the reward interface, and the worker loop that samples groups of
+//! completions with the trainer's own model plugin and scores them.
+//!
+//! Completions of a group are generated one sequence at a time (prefill + KV-cache decode via
+//! [`crate::infer::generate`]); several workers run side by side on threads.
+
+use super::buffer::RolloutBuffer;
+use crate::infer::{generate, Sampling};
+use crate::plugins::{Params, PluginModel};
+use anneal_data::TextTokenizer;
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// One prompt and the metadata its rewards see (e.g. the reference answer).
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+pub struct Prompt {
+    /// The text given to the model.
+    pub prompt: String,
+    /// Passed to reward modules as JSON.
+    #[serde(default)]
+    pub metadata: Value,
+}
+
+/// Where prompts come from: a list (cycled) or a seeded generator.
+#[derive(Clone, Debug)]
+pub enum PromptSource {
+    /// Prompts from a JSON lines file, cycled in order.
+    List(Arc<Vec<Prompt>>),
+    /// `digits_sort`: sort 3–5 random digits; prompt `"4213="`, answer `"1234"`.
+    DigitsSort {
+        /// Seed of the generator.
+        seed: u64,
+    },
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The `i`-th digit-sorting task of `seed`: `(prompt, answer)`.
+pub fn digits_sort_task(seed: u64, i: u64) -> (String, String) {
+    let mut s = splitmix(seed ^ splitmix(i));
+    let n = 3 + (s % 3) as usize;
+    let digits: Vec<u8> = (0..n)
+        .map(|_| {
+            s = splitmix(s);
+            b'0' + (s % 10) as u8
+        })
+        .collect();
+    let mut sorted = digits.clone();
+    sorted.sort_unstable();
+    (
+        format!("{}=", String::from_utf8_lossy(&digits)),
+        String::from_utf8_lossy(&sorted).into_owned(),
+    )
+}
+
+impl PromptSource {
+    /// The `i`-th prompt.
+    pub fn get(&self, i: u64) -> Prompt {
+        match self {
+            PromptSource::List(list) => list[(i % list.len() as u64) as usize].clone(),
+            PromptSource::DigitsSort { seed } => {
+                let (prompt, answer) = digits_sort_task(*seed, i);
+                Prompt {
+                    prompt,
+                    metadata: serde_json::json!({ "answer": answer }),
+                }
+            }
+        }
+    }
+
+    /// Held-out prompts: a disjoint seed stream for the generator, the list's last prompts
+    /// otherwise (the caller should keep those out of training).
+    pub fn held_out(&self, n: usize) -> Vec<Prompt> {
+        match self {
+            PromptSource::List(list) => list.iter().rev().take(n).cloned().collect(),
+            PromptSource::DigitsSort { seed } => {
+                let held = PromptSource::DigitsSort {
+                    seed: splitmix(*seed ^ 0x0048_454c_444f_5554),
+                };
+                (0..n as u64).map(|i| held.get(i)).collect()
+            }
+        }
+    }
+}
+
+/// Why a reward call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RewardFailure {
+    /// It ran past its deadline.
+    Timeout,
+    /// It trapped, ran out of fuel or memory, or returned something unusable.
+    Error,
+}
+
+/// The combined reward of one completion.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    /// The weighted sum of the modules' rewards (a failed call contributes its error reward).
+    pub reward: f64,
+    /// Whether the completion is correct, when a module reported a `correct` detail.
+    pub correct: Option<bool>,
+    /// Failed calls among the modules.
+    pub failures: Vec<RewardFailure>,
+}
+
+/// Scores completions; the CLI implements it with the WebAssembly sandbox.
+pub trait Scorer: Send + Sync {
+    /// The reward of `completion` for `prompt`.
+    fn score(&self, prompt: &Prompt, completion: &str) -> Scored;
+}
+
+/// One sampled completion.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Prompt then completion token ids.
+    pub tokens: Vec<i64>,
+    /// Where the completion starts in `tokens`.
+    pub prompt_len: usize,
+    /// Rollout log-probability of each completion token.
+    pub logprobs: Vec<f32>,
+    /// The decoded completion (without the end-of-sequence token).
+    pub text: String,
+    /// Its reward.
+    pub scored: Scored,
+}
+
+/// The completions of one prompt.
+#[derive(Clone, Debug)]
+pub struct Group {
+    /// `group_size` samples.
+    pub samples: Vec<Sample>,
+    /// Seconds spent generating.
+    pub t_rollout: f64,
+    /// Seconds spent scoring.
+    pub t_reward: f64,
+}
+
+/// What the workers need besides the buffer.
+pub struct RolloutCtx {
+    /// The model plugin (shared with the trainer).
+    pub model: Arc<PluginModel>,
+    /// Text ↔ ids.
+    pub tokenizer: Arc<TextTokenizer>,
+    /// Prompts.
+    pub prompts: PromptSource,
+    /// Rewards.
+    pub scorer: Arc<dyn Scorer>,
+    /// Completions per prompt.
+    pub group_size: usize,
+    /// Longest completion.
+    pub max_new_tokens: usize,
+    /// Sampling settings (the seed is the run's; each sample derives its own).
+    pub sampling: Sampling,
+    /// Next prompt index.
+    pub next_prompt: AtomicU64,
+    /// The first error a worker hit (the run stops on it).
+    pub failed: Mutex<Option<String>>,
+}
+
+/// The end of a completion: up to and excluding the first end-of-sequence token.
+fn completion_text(tok: &TextTokenizer, ids: &[i64]) -> String {
+    let eos = tok.eos_id() as i64;
+    let ids: Vec<u32> = ids
+        .iter()
+        .take_while(|&&t| t != eos)
+        .map(|&t| t as u32)
+        .collect();
+    tok.decode(&ids).unwrap_or_default()
+}
+
+/// Generates and scores `group_size` completions of prompt `index` with `params`.
+pub fn rollout_group(
+    ctx: &RolloutCtx,
+    params: &Params,
+    index: u64,
+) -> Result<Group, anneal_engine::Error> {
+    let prompt = ctx.prompts.get(index);
+    let ids: Vec<i64> = ctx
+        .tokenizer
+        .encode(&prompt.prompt)
+        .map_err(|e| anneal_engine::Error::Invalid {
+            op: "rollout",
+            msg: format!("cannot tokenize a prompt: {e}"),
+        })?
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    let started = Instant::now();
+    let mut samples = Vec::with_capacity(ctx.group_size);
+    for j in 0..ctx.group_size {
+        let s = Sampling {
+            seed: splitmix(ctx.sampling.seed ^ splitmix(index * 1_000_003 + j as u64)),
+            eos: Some(ctx.tokenizer.eos_id() as i64),
+            ..ctx.sampling.clone()
+        };
+        let g = generate(&ctx.model, params, &ids, ctx.max_new_tokens, &s)?;
+        let text = completion_text(&ctx.tokenizer, &g.tokens);
+        let mut tokens = ids.clone();
+        tokens.extend_from_slice(&g.tokens);
+        samples.push(Sample {
+            tokens,
+            prompt_len: ids.len(),
+            logprobs: g.logprobs,
+            text,
+            scored: Scored {
+                reward: 0.0,
+                correct: None,
+                failures: vec![],
+            },
+        });
+    }
+    let t_rollout = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    for s in &mut samples {
+        s.scored = ctx.scorer.score(&prompt, &s.text);
+    }
+    Ok(Group {
+        samples,
+        t_rollout,
+        t_reward: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A worker: begin (waits for a slot and the weights), generate a group, hand it in; until the
+/// buffer closes. An error closes the buffer and is kept in `ctx.failed`.
+pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>) {
+    while let Some((version, params)) = buffer.begin() {
+        let index = ctx.next_prompt.fetch_add(1, Ordering::SeqCst);
+        match rollout_group(&ctx, &params, index) {
+            Ok(g) => buffer.finish(version, g),
+            Err(e) => {
+                buffer.abandon();
+                let mut f = ctx.failed.lock().unwrap_or_else(|e| e.into_inner());
+                f.get_or_insert_with(|| format!("rollout: {e}"));
+                buffer.close();
+                return;
+            }
+        }
+    }
+}
+
+/// Greedy accuracy on `prompts`: the share whose completion the scorer calls correct (or whose
+/// reward is positive when no module reports `correct`).
+pub fn evaluate(
+    model: &PluginModel,
+    params: &Params,
+    tok: &TextTokenizer,
+    scorer: &dyn Scorer,
+    prompts: &[Prompt],
+    max_new_tokens: usize,
+) -> Result<f64, anneal_engine::Error> {
+    let s = Sampling {
+        temperature: 0.0,
+        eos: Some(tok.eos_id() as i64),
+        ..Sampling::default()
+    };
+    let mut right = 0usize;
+    for p in prompts {
+        let ids: Vec<i64> = tok
+            .encode(&p.prompt)
+            .map_err(|e| anneal_engine::Error::Invalid {
+                op: "evaluate",
+                msg: format!("cannot tokenize a prompt: {e}"),
+            })?
+            .into_iter()
+            .map(i64::from)
+            .collect();
+        let g = generate(model, params, &ids, max_new_tokens, &s)?;
+        let sc = scorer.score(p, &completion_text(tok, &g.tokens));
+        if sc.correct.unwrap_or(sc.reward > 0.0) {
+            right += 1;
+        }
+    }
+    Ok(right as f64 / prompts.len().max(1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits_tasks_are_sorted_and_reproducible() {
+        for i in 0..50 {
+            let (p, a) = digits_sort_task(7, i);
+            assert_eq!((p.clone(), a.clone()), digits_sort_task(7, i));
+            let digits = p.trim_end_matches('=');
+            assert!((3..=5).contains(&digits.len()));
+            let mut d: Vec<char> = digits.chars().collect();
+            d.sort_unstable();
+            assert_eq!(d.into_iter().collect::<String>(), a);
+        }
+        let src = PromptSource::DigitsSort { seed: 7 };
+        let held = src.held_out(20);
+        let train: Vec<_> = (0..20).map(|i| src.get(i).prompt).collect();
+        assert!(held.iter().filter(|p| train.contains(&p.prompt)).count() < 10);
+    }
+}

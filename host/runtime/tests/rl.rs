@@ -1,0 +1,208 @@
+//! RL end to end on a tiny Llama: every metric key, bitwise parity of rollout and trainer
+//! logprobs in synchronous mode (and a perturbation that breaks it), failing rewards counted
+//! without stopping the run, and the staleness bound with asynchronous workers.
+
+mod common;
+
+use anneal_config::{resolve, Source};
+use anneal_data::TextTokenizer;
+use anneal_runtime::rl::rollout::{Prompt, RewardFailure, Scored, Scorer};
+use anneal_runtime::rl::{run_rl, RlOptions, RlSummary};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Exact match against `metadata.answer`, with partial credit for digits (so an untrained
+/// policy's rewards differ within a group); every `fail_every`-th call fails (every other
+/// failure is a timeout).
+struct ExactMatch {
+    fail_every: u64,
+    calls: AtomicU64,
+}
+
+impl Scorer for ExactMatch {
+    fn score(&self, prompt: &Prompt, completion: &str) -> Scored {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.fail_every > 0 && n.is_multiple_of(self.fail_every) {
+            let kind = if (n / self.fail_every).is_multiple_of(2) {
+                RewardFailure::Timeout
+            } else {
+                RewardFailure::Error
+            };
+            return Scored {
+                reward: -1.0,
+                correct: None,
+                failures: vec![kind],
+            };
+        }
+        let ok = prompt.metadata["answer"].as_str() == Some(completion.trim());
+        Scored {
+            reward: if ok {
+                1.0
+            } else {
+                0.1 * completion.chars().filter(char::is_ascii_digit).count() as f64
+            },
+            correct: Some(ok),
+            failures: vec![],
+        }
+    }
+}
+
+fn setup(name: &str) -> PathBuf {
+    common::plugin_dir();
+    let dir = std::env::temp_dir().join(format!("anneal-rl-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let docs: Vec<String> = (0..200u64)
+        .map(|i| {
+            let (p, a) = anneal_runtime::rl::rollout::digits_sort_task(99, i);
+            format!("{p}{a}")
+        })
+        .collect();
+    let tok = TextTokenizer::train_bpe_on_texts(&docs, 260).unwrap();
+    tok.save(&dir.join("tokenizer.json")).unwrap();
+    dir
+}
+
+fn run(dir: &std::path::Path, sets: &[&str], fail_every: u64, opts: RlOptions) -> RlSummary {
+    let toml = format!(
+        r#"[model]
+plugin = "llama"
+flavor = "debugmodel"
+args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 272, max_seq_len = 64 }}
+[optimizer]
+plugin = "adamw"
+lr = 1e-2
+[lr_scheduler]
+warmup_steps = 0
+[training]
+steps = 3
+seed = 5
+[metrics]
+log_freq = 1
+progress_bar = false
+[rl]
+tokenizer = "{tok}"
+group_size = 4
+prompts_per_step = 2
+max_new_tokens = 6
+eval_freq = 0
+"#,
+        tok = dir.join("tokenizer.json").display()
+    );
+    let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+    let cfg = resolve(
+        Source::Text {
+            text: &toml,
+            name: "test",
+        },
+        &sets,
+    )
+    .unwrap();
+    let scorer = Arc::new(ExactMatch {
+        fail_every,
+        calls: AtomicU64::new(0),
+    });
+    run_rl(
+        &cfg,
+        &dir.join("run"),
+        scorer,
+        &AtomicBool::new(false),
+        &opts,
+    )
+    .unwrap()
+}
+
+#[test]
+fn synchronous_rl_has_exactly_zero_logprob_mismatch_and_every_key() {
+    let dir = setup("sync");
+    let s = run(&dir, &[], 0, RlOptions::default());
+    assert_eq!(s.steps, 3);
+    for r in &s.rows {
+        assert_eq!(r.logprob_mismatch_max, 0.0, "step {}", r.step);
+        assert_eq!(r.staleness_mean, 0.0);
+        assert!(r.response_len_mean > 0.0 && r.entropy > 0.0);
+    }
+    let text = std::fs::read_to_string(dir.join("run/metrics.jsonl")).unwrap();
+    let rows: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        for key in [
+            "step",
+            "reward_mean",
+            "reward_std",
+            "accuracy",
+            "response_len_mean",
+            "entropy",
+            "kl_ref",
+            "logprob_mismatch_max",
+            "staleness_mean",
+            "reward_errors",
+            "reward_timeouts",
+            "t_rollout",
+            "t_reward",
+            "t_train",
+        ] {
+            assert!(r.get(key).is_some(), "{key} missing in {r}");
+        }
+    }
+    // The parameters moved: later steps score samples of a new version, still exactly.
+    assert!(s.rows.iter().any(|r| r.grad_norm > 0.0));
+    // With the KL penalty on, kl_ref is reported (0 at the first step: policy = reference).
+    let s = run(
+        &dir,
+        &["rl.kl_coef=0.1", "training.steps=2"],
+        0,
+        RlOptions::default(),
+    );
+    assert_eq!(s.rows[0].kl_ref, Some(0.0));
+    assert!(s.rows[1].kl_ref.is_some_and(|k| k > 0.0));
+    assert!(s.rows.iter().all(|r| r.logprob_mismatch_max == 0.0));
+}
+
+#[test]
+fn perturbed_rollout_weights_show_a_mismatch() {
+    let dir = setup("perturb");
+    let s = run(
+        &dir,
+        &[],
+        0,
+        RlOptions {
+            perturb_rollout_weights: 1e-3,
+        },
+    );
+    assert!(s.rows.iter().all(|r| r.logprob_mismatch_max > 0.0));
+}
+
+#[test]
+fn failing_rewards_are_counted_and_the_run_continues() {
+    let dir = setup("fail");
+    let s = run(&dir, &["rl.loss=\"dapo\""], 3, RlOptions::default());
+    assert_eq!(s.steps, 3);
+    let errors: u64 = s.rows.iter().map(|r| r.reward_errors).sum();
+    let timeouts: u64 = s.rows.iter().map(|r| r.reward_timeouts).sum();
+    // 24 calls, every third fails, every other failure a timeout.
+    assert_eq!((errors, timeouts), (8, 4));
+}
+
+#[test]
+fn asynchronous_workers_respect_the_staleness_bound() {
+    let dir = setup("async");
+    let s = run(
+        &dir,
+        &[
+            "rl.max_staleness=2",
+            "rl.rollout_threads=2",
+            "training.steps=5",
+            "rl.loss=\"dr_grpo\"",
+            "rl.is_correction_cap=2.0",
+        ],
+        0,
+        RlOptions::default(),
+    );
+    assert_eq!(s.steps, 5);
+    assert!(s.rows.iter().all(|r| r.staleness_mean <= 2.0));
+}
