@@ -44,6 +44,49 @@ pub fn anneal() -> Command {
     c
 }
 
+/// A small English corpus in `dir`: four documents of 600 short lines built from a few phrases,
+/// enough for a tiny Llama to learn something in a few steps.
+pub fn write_tiny_corpus(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("corpus dir");
+    let subjects = [
+        "the king",
+        "a fool",
+        "my lord",
+        "the queen",
+        "this night",
+        "our town",
+    ];
+    let verbs = [
+        "speaks of",
+        "waits for",
+        "dreams of",
+        "forgets",
+        "remembers",
+        "calls",
+    ];
+    let objects = [
+        "the sea.",
+        "his crown.",
+        "a storm.",
+        "the moon.",
+        "her honour.",
+        "old wine.",
+    ];
+    for doc in 0..4 {
+        let mut text = String::new();
+        for i in 0..600usize {
+            let k = i * 7 + doc * 3;
+            text.push_str(&format!(
+                "{} {} {}\n",
+                subjects[k % 6],
+                verbs[(k / 6) % 6],
+                objects[(k / 36) % 6]
+            ));
+        }
+        std::fs::write(dir.join(format!("doc{doc}.txt")), text).unwrap();
+    }
+}
+
 /// A fresh folder with a small English corpus and a config for a tiny Llama trained on it.
 pub struct Job {
     /// The folder (corpus, cache, config, run dirs).
@@ -56,43 +99,7 @@ impl Job {
         let dir = std::env::temp_dir().join(format!("anneal-train-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("corpus")).unwrap();
-        let subjects = [
-            "the king",
-            "a fool",
-            "my lord",
-            "the queen",
-            "this night",
-            "our town",
-        ];
-        let verbs = [
-            "speaks of",
-            "waits for",
-            "dreams of",
-            "forgets",
-            "remembers",
-            "calls",
-        ];
-        let objects = [
-            "the sea.",
-            "his crown.",
-            "a storm.",
-            "the moon.",
-            "her honour.",
-            "old wine.",
-        ];
-        for doc in 0..4 {
-            let mut text = String::new();
-            for i in 0..600usize {
-                let k = i * 7 + doc * 3;
-                text.push_str(&format!(
-                    "{} {} {}\n",
-                    subjects[k % 6],
-                    verbs[(k / 6) % 6],
-                    objects[(k / 36) % 6]
-                ));
-            }
-            std::fs::write(dir.join(format!("corpus/doc{doc}.txt")), text).unwrap();
-        }
+        write_tiny_corpus(&dir.join("corpus"));
         let config = format!(
             r#"[job]
 name = "tiny"

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -339,44 +342,7 @@ pub fn tiny_configs(home: &Path) -> PathBuf {
     let dir = home.join("configs");
     let corpus = home.join("corpus");
     std::fs::create_dir_all(&dir).expect("configs dir");
-    std::fs::create_dir_all(&corpus).expect("corpus dir");
-    let subjects = [
-        "the king",
-        "a fool",
-        "my lord",
-        "the queen",
-        "this night",
-        "our town",
-    ];
-    let verbs = [
-        "speaks of",
-        "waits for",
-        "dreams of",
-        "forgets",
-        "remembers",
-        "calls",
-    ];
-    let objects = [
-        "the sea.",
-        "his crown.",
-        "a storm.",
-        "the moon.",
-        "her honour.",
-        "old wine.",
-    ];
-    for doc in 0..4 {
-        let mut text = String::new();
-        for i in 0..600usize {
-            let k = i * 7 + doc * 3;
-            text.push_str(&format!(
-                "{} {} {}\n",
-                subjects[k % 6],
-                verbs[(k / 6) % 6],
-                objects[(k / 36) % 6]
-            ));
-        }
-        std::fs::write(corpus.join(format!("doc{doc}.txt")), text).expect("corpus");
-    }
+    common::write_tiny_corpus(&corpus);
     let config = format!(
         r#"[job]
 name = "tiny"
