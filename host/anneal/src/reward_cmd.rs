@@ -115,20 +115,11 @@ fn test(args: TestArgs) -> Result<()> {
     Ok(())
 }
 
-/// One output line: the score or the error kind and message, the reward, details and costs.
+/// One output line: the input's line number, then the outcome's fields.
 fn outcome_json(line: usize, outcome: &ScoreOutcome) -> Value {
-    let (score, error, message) = match &outcome.result {
-        Ok(score) => (json!(score), Value::Null, Value::Null),
-        Err(e) => (Value::Null, json!(e.kind()), json!(e.message())),
-    };
-    json!({
-        "line": line,
-        "score": score,
-        "error": error,
-        "message": message,
-        "reward": outcome.reward,
-        "details": outcome.details,
-        "fuel": outcome.fuel_used,
-        "micros": outcome.micros,
-    })
+    let mut v = json!({ "line": line });
+    if let (Some(out), Value::Object(fields)) = (v.as_object_mut(), outcome.to_json()) {
+        out.extend(fields);
+    }
+    v
 }

@@ -44,6 +44,31 @@ pub struct ScoreOutcome {
     pub micros: u64,
 }
 
+impl ScoreOutcome {
+    /// The outcome as one JSON object: `score` (or null), `error` kind and `message` (or null),
+    /// `reward`, `details`, `fuel`, `micros` — what `anneal reward test` prints and the server's
+    /// reward test returns.
+    pub fn to_json(&self) -> Value {
+        let (score, error, message) = match &self.result {
+            Ok(score) => (serde_json::json!(score), Value::Null, Value::Null),
+            Err(e) => (
+                Value::Null,
+                serde_json::json!(e.kind()),
+                serde_json::json!(e.message()),
+            ),
+        };
+        serde_json::json!({
+            "score": score,
+            "error": error,
+            "message": message,
+            "reward": self.reward,
+            "details": self.details,
+            "fuel": self.fuel_used,
+            "micros": self.micros,
+        })
+    }
+}
+
 /// What a component's `score` returns (the `scored` record of the WIT world).
 #[derive(ComponentType, Lift)]
 #[component(record)]

@@ -175,22 +175,7 @@ pub async fn test(
         let results: Vec<Value> = request
             .inputs
             .iter()
-            .map(|input| {
-                let outcome = sandbox.score(&module, input);
-                let (score, error, message) = match &outcome.result {
-                    Ok(score) => (json!(score), Value::Null, Value::Null),
-                    Err(e) => (Value::Null, json!(e.kind()), json!(e.message())),
-                };
-                json!({
-                    "score": score,
-                    "error": error,
-                    "message": message,
-                    "reward": outcome.reward,
-                    "details": outcome.details,
-                    "fuel": outcome.fuel_used,
-                    "micros": outcome.micros,
-                })
-            })
+            .map(|input| sandbox.score(&module, input).to_json())
             .collect();
         Ok::<_, ApiError>(json!({ "results": results }))
     })
