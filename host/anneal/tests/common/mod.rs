@@ -87,6 +87,45 @@ pub fn write_tiny_corpus(dir: &Path) {
     }
 }
 
+/// `tiny.toml`: a 41k-parameter Llama trained on the corpus in `corpus` (tokenizer vocab 320,
+/// batch 4 × 32), logging every step and evaluating every `eval_freq` steps.
+pub fn tiny_config_toml(corpus: &Path, cache: &Path, steps: u64, eval_freq: u64) -> String {
+    format!(
+        r#"[job]
+name = "tiny"
+[model]
+plugin = "llama"
+flavor = "debugmodel"
+args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 320, max_seq_len = 64 }}
+[optimizer]
+plugin = "adamw"
+lr = 1e-2
+[lr_scheduler]
+warmup_steps = 2
+[training]
+steps = {steps}
+batch_size = 4
+micro_batch_size = 4
+seq_len = 32
+seed = 7
+[data]
+path = "{corpus}"
+tokenizer = "train"
+vocab_size = 320
+cache_dir = "{cache}"
+val_fraction = 0.1
+[metrics]
+log_freq = 1
+eval_freq = {eval_freq}
+eval_batches = 2
+peak_tflops = 1.0
+progress_bar = false
+"#,
+        corpus = corpus.display(),
+        cache = cache.display()
+    )
+}
+
 /// A fresh folder with a small English corpus and a config for a tiny Llama trained on it.
 pub struct Job {
     /// The folder (corpus, cache, config, run dirs).
@@ -100,40 +139,7 @@ impl Job {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("corpus")).unwrap();
         write_tiny_corpus(&dir.join("corpus"));
-        let config = format!(
-            r#"[job]
-name = "tiny"
-[model]
-plugin = "llama"
-flavor = "debugmodel"
-args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 320, max_seq_len = 64 }}
-[optimizer]
-plugin = "adamw"
-lr = 1e-2
-[lr_scheduler]
-warmup_steps = 2
-[training]
-steps = 8
-batch_size = 4
-micro_batch_size = 4
-seq_len = 32
-seed = 7
-[data]
-path = "{corpus}"
-tokenizer = "train"
-vocab_size = 320
-cache_dir = "{cache}"
-val_fraction = 0.1
-[metrics]
-log_freq = 1
-eval_freq = 4
-eval_batches = 2
-peak_tflops = 1.0
-progress_bar = false
-"#,
-            corpus = dir.join("corpus").display(),
-            cache = dir.join("cache").display()
-        );
+        let config = tiny_config_toml(&dir.join("corpus"), &dir.join("cache"), 8, 4);
         std::fs::write(dir.join("tiny.toml"), config).unwrap();
         Job { dir }
     }

@@ -343,40 +343,7 @@ pub fn tiny_configs(home: &Path) -> PathBuf {
     let corpus = home.join("corpus");
     std::fs::create_dir_all(&dir).expect("configs dir");
     common::write_tiny_corpus(&corpus);
-    let config = format!(
-        r#"[job]
-name = "tiny"
-[model]
-plugin = "llama"
-flavor = "debugmodel"
-args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 320, max_seq_len = 64 }}
-[optimizer]
-plugin = "adamw"
-lr = 1e-2
-[lr_scheduler]
-warmup_steps = 2
-[training]
-steps = 6
-batch_size = 4
-micro_batch_size = 4
-seq_len = 32
-seed = 7
-[data]
-path = "{corpus}"
-tokenizer = "train"
-vocab_size = 320
-cache_dir = "{cache}"
-val_fraction = 0.1
-[metrics]
-log_freq = 1
-eval_freq = 3
-eval_batches = 2
-peak_tflops = 1.0
-progress_bar = false
-"#,
-        corpus = corpus.display(),
-        cache = home.join("data-cache").display()
-    );
+    let config = common::tiny_config_toml(&corpus, &home.join("data-cache"), 6, 3);
     std::fs::write(dir.join("tiny.toml"), config).expect("config");
     dir
 }
