@@ -371,10 +371,10 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "must be within [0, 0.5)",
         ));
     }
-    if d.tokenizer == "train" && d.vocab_size < 260 {
+    if d.tokenizer == "train" && d.vocab_size < 257 {
         return Err(ConfigError::at(
             "data.vocab_size",
-            "must be at least 260 (256 bytes plus special tokens)",
+            "must be at least 257 (256 bytes plus the end-of-text token; 257 = bytes only)",
         ));
     }
     if c.metrics.log_freq == 0 {

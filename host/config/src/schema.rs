@@ -363,6 +363,10 @@ pub struct Rl {
     pub task: String,
     /// Seed of the built-in generator (held-out prompts use a different stream).
     pub task_seed: u64,
+    /// Put the end-of-text token before every prompt: in a packed corpus each document follows
+    /// one, so a policy pretrained or fine-tuned by `anneal train` expects it (without it the
+    /// model cannot tell a prompt from the truncated tail of a longer document).
+    pub prepend_eos: bool,
     /// Completions sampled per prompt (a group).
     pub group_size: usize,
     /// Prompts (groups) per trainer step.
@@ -409,6 +413,7 @@ impl Default for Rl {
             prompts_path: String::new(),
             task: "digits_sort".into(),
             task_seed: 0,
+            prepend_eos: false,
             group_size: 8,
             prompts_per_step: 8,
             max_new_tokens: 16,

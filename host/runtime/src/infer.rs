@@ -140,41 +140,94 @@ pub fn generate(
     max_new: usize,
     s: &Sampling,
 ) -> Result<Generation> {
+    let mut out = generate_batch(model, params, &[prompt], max_new, std::slice::from_ref(s))?;
+    Ok(out.remove(0))
+}
+
+/// Completes several prompts of the same length together, one batch row each: a prefill of all
+/// rows, then decode steps until every row has produced its end-of-sequence token or `max_new`
+/// tokens. Row `i` continues `prompts[i]` with `samplings[i]`'s stream; since the kernels run
+/// batch-invariant, its tokens and logprobs equal, bit for bit, those of [`generate`] on that
+/// prompt alone, so batching only shares the per-step cost.
+pub fn generate_batch(
+    model: &PluginModel,
+    params: &Params,
+    prompts: &[&[i64]],
+    max_new: usize,
+    samplings: &[Sampling],
+) -> Result<Vec<Generation>> {
     let _g = autograd::no_grad();
     let _inv = set_batch_invariant(true);
-    if prompt.is_empty() {
-        return Err(anneal_engine::Error::Invalid {
+    let width = prompts.first().map_or(0, |p| p.len());
+    let invalid = |msg: &str| {
+        Err(anneal_engine::Error::Invalid {
             op: "generate",
-            msg: "the prompt is empty".into(),
-        });
+            msg: msg.into(),
+        })
+    };
+    if prompts.len() != samplings.len() {
+        return invalid("needs one sampling setting per prompt");
+    }
+    if prompts.iter().any(|p| p.is_empty()) {
+        return invalid("the prompt is empty");
+    }
+    if prompts.iter().any(|p| p.len() != width) {
+        return invalid("the prompts of a batch must have the same length");
+    }
+    let rows = samplings.len();
+    let keys: Vec<RngKey> = samplings
+        .iter()
+        .map(|s| RngKey::new(s.seed, "sampling"))
+        .collect();
+    let mut out = vec![
+        Generation {
+            tokens: vec![],
+            logprobs: vec![],
+        };
+        rows
+    ];
+    if rows == 0 {
+        return Ok(out);
     }
     let cache = Arc::new(KvCache::new());
     let opts = ForwardOpts {
         cache: Some(cache),
         ..Default::default()
     };
-    let key = RngKey::new(s.seed, "sampling");
-    let mut out = Generation {
-        tokens: vec![],
-        logprobs: vec![],
-    };
-    let mut input = prompt.to_vec();
+    let mut running = vec![true; rows];
+    let mut input: Vec<i64> = prompts.concat();
+    let mut width = width;
     let mut pos = 0;
     for step in 0..max_new {
-        let ids = Tensor::from_slice(&input, &[1, input.len()])?;
-        let logits = model.forward(params, &ids, &positions(pos, input.len())?, &opts)?;
-        pos += input.len();
+        let ids = Tensor::from_slice(&input, &[rows, width])?;
+        let logits = model.forward(params, &ids, &positions(pos, width)?, &opts)?;
+        pos += width;
         let v = logits.shape()[2];
-        let last = logits.narrow(1, input.len() - 1, 1)?.reshape(&[v])?;
-        let row = last.to_vec_f32();
-        let draw = key.uniform_vec(step as u64, 1)[0];
-        let next = sample(&row, s, draw);
-        out.tokens.push(next as i64);
-        out.logprobs.push(token_logprob(&row, next));
-        if s.eos == Some(next as i64) {
+        let last = logits
+            .narrow(1, width - 1, 1)?
+            .reshape(&[rows, v])?
+            .to_vec_f32();
+        for (i, s) in samplings.iter().enumerate() {
+            if !running[i] {
+                // A finished row keeps its place in the batch (its cache grows in step with
+                // the others) and repeats its last token; its outputs are ignored.
+                continue;
+            }
+            let row = &last[i * v..(i + 1) * v];
+            let draw = keys[i].uniform_vec(step as u64, 1)[0];
+            let next = sample(row, s, draw);
+            out[i].tokens.push(next as i64);
+            out[i].logprobs.push(token_logprob(row, next));
+            running[i] = s.eos != Some(next as i64);
+        }
+        if !running.iter().any(|&r| r) {
             break;
         }
-        input = vec![next as i64];
+        input = out
+            .iter()
+            .map(|g| *g.tokens.last().expect("one token per step"))
+            .collect();
+        width = 1;
     }
     Ok(out)
 }

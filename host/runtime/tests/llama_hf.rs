@@ -402,3 +402,33 @@ fn sharded_directories_load_like_single_files() {
     assert!(err.contains("model-00002-of-00002.safetensors"), "{err}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn batched_generation_equals_one_prompt_at_a_time_bitwise() {
+    use anneal_runtime::infer::{generate, generate_batch, Sampling};
+    let (model, params) = model_for(&fixture("tiny_llama"));
+    let prompts: Vec<Vec<i64>> = (0..5)
+        .map(|r| (0..7).map(|i| (i * 31 + r * 17 + 3) % 96).collect())
+        .collect();
+    // Different settings per row, all with an end token.
+    let samplings: Vec<Sampling> = (0..5)
+        .map(|r| Sampling {
+            temperature: if r == 2 { 0.0 } else { 0.8 + 0.1 * r as f32 },
+            top_k: if r == 3 { 5 } else { 0 },
+            seed: 40 + r as u64,
+            eos: Some(7),
+            ..Default::default()
+        })
+        .collect();
+    let rows: Vec<&[i64]> = prompts.iter().map(|p| p.as_slice()).collect();
+    let batch = generate_batch(&model, &params, &rows, 10, &samplings).unwrap();
+    for (r, got) in batch.iter().enumerate() {
+        let alone = generate(&model, &params, &prompts[r], 10, &samplings[r]).unwrap();
+        assert_eq!(got, &alone, "row {r}");
+    }
+    assert!(batch.iter().any(|g| g.tokens.len() == 10));
+
+    let uneven = [prompts[0].as_slice(), &prompts[1][..5]];
+    let err = generate_batch(&model, &params, &uneven, 4, &samplings[..2]).unwrap_err();
+    assert!(err.to_string().contains("same length"), "{err}");
+}

@@ -1,14 +1,15 @@
 //! Rollouts: prompts, the reward interface, and the worker loop that samples groups of
 //! completions with the trainer's own model plugin and scores them.
 //!
-//! Completions of a group are generated one sequence at a time (prefill + KV-cache decode via
-//! [`crate::infer::generate`]); several workers run side by side on threads.
+//! The completions of a group are generated together, one batch row each (prefill + KV-cache
+//! decode via [`crate::infer::generate_batch`]); several workers run side by side on threads.
 
 use super::buffer::RolloutBuffer;
-use crate::infer::{generate, Sampling};
+use crate::infer::{generate_batch, Sampling};
 use crate::plugins::{Params, PluginModel};
 use anneal_data::TextTokenizer;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -152,6 +153,8 @@ pub struct RolloutCtx {
     pub prompts: PromptSource,
     /// Rewards.
     pub scorer: Arc<dyn Scorer>,
+    /// Put the end-of-text token before each prompt.
+    pub prepend_eos: bool,
     /// Completions per prompt.
     pub group_size: usize,
     /// Longest completion.
@@ -175,6 +178,22 @@ fn completion_text(tok: &TextTokenizer, ids: &[i64]) -> String {
     tok.decode(&ids).unwrap_or_default()
 }
 
+/// The token ids of a prompt, after the end-of-text token when `prepend_eos`.
+pub fn encode_prompt(
+    tok: &TextTokenizer,
+    text: &str,
+    prepend_eos: bool,
+) -> Result<Vec<i64>, anneal_engine::Error> {
+    let ids = tok
+        .encode(text)
+        .map_err(|e| anneal_engine::Error::Invalid {
+            op: "rollout",
+            msg: format!("cannot tokenize a prompt: {e}"),
+        })?;
+    let eos = prepend_eos.then(|| tok.eos_id());
+    Ok(eos.into_iter().chain(ids).map(i64::from).collect())
+}
+
 /// Generates and scores `group_size` completions of prompt `index` with `params`.
 pub fn rollout_group(
     ctx: &RolloutCtx,
@@ -182,40 +201,31 @@ pub fn rollout_group(
     index: u64,
 ) -> Result<Group, anneal_engine::Error> {
     let prompt = ctx.prompts.get(index);
-    let ids: Vec<i64> = ctx
-        .tokenizer
-        .encode(&prompt.prompt)
-        .map_err(|e| anneal_engine::Error::Invalid {
-            op: "rollout",
-            msg: format!("cannot tokenize a prompt: {e}"),
-        })?
-        .into_iter()
-        .map(i64::from)
-        .collect();
+    let ids = encode_prompt(&ctx.tokenizer, &prompt.prompt, ctx.prepend_eos)?;
     let started = Instant::now();
-    let mut samples = Vec::with_capacity(ctx.group_size);
-    for j in 0..ctx.group_size {
-        let s = Sampling {
+    let samplings: Vec<Sampling> = (0..ctx.group_size)
+        .map(|j| Sampling {
             seed: splitmix(ctx.sampling.seed ^ splitmix(index * 1_000_003 + j as u64)),
             eos: Some(ctx.tokenizer.eos_id() as i64),
             ..ctx.sampling.clone()
-        };
-        let g = generate(&ctx.model, params, &ids, ctx.max_new_tokens, &s)?;
-        let text = completion_text(&ctx.tokenizer, &g.tokens);
-        let mut tokens = ids.clone();
-        tokens.extend_from_slice(&g.tokens);
-        samples.push(Sample {
-            tokens,
+        })
+        .collect();
+    let rows = vec![ids.as_slice(); ctx.group_size];
+    let generations = generate_batch(&ctx.model, params, &rows, ctx.max_new_tokens, &samplings)?;
+    let mut samples: Vec<Sample> = generations
+        .into_iter()
+        .map(|g| Sample {
+            text: completion_text(&ctx.tokenizer, &g.tokens),
+            tokens: ids.iter().chain(&g.tokens).copied().collect(),
             prompt_len: ids.len(),
             logprobs: g.logprobs,
-            text,
             scored: Scored {
                 reward: 0.0,
                 correct: None,
                 failures: vec![],
             },
-        });
-    }
+        })
+        .collect();
     let t_rollout = started.elapsed().as_secs_f64();
     let started = Instant::now();
     for s in &mut samples {
@@ -246,6 +256,10 @@ pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>) {
     }
 }
 
+/// Held-out prompts decoded together in one batch: the batch-invariant kernels pad matrix
+/// products to 64 rows anyway.
+const EVAL_BATCH: usize = anneal_engine::invariant::TILE;
+
 /// Greedy accuracy on `prompts`: the share whose completion the scorer calls correct (or whose
 /// reward is positive when no module reports `correct`).
 pub fn evaluate(
@@ -254,6 +268,7 @@ pub fn evaluate(
     tok: &TextTokenizer,
     scorer: &dyn Scorer,
     prompts: &[Prompt],
+    prepend_eos: bool,
     max_new_tokens: usize,
 ) -> Result<f64, anneal_engine::Error> {
     let s = Sampling {
@@ -261,21 +276,32 @@ pub fn evaluate(
         eos: Some(tok.eos_id() as i64),
         ..Sampling::default()
     };
+    let encoded = prompts
+        .iter()
+        .map(|p| encode_prompt(tok, &p.prompt, prepend_eos))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Greedy rows do not depend on their batch, so prompts of equal length share decode steps.
+    let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, ids) in encoded.iter().enumerate() {
+        by_len.entry(ids.len()).or_default().push(i);
+    }
     let mut right = 0usize;
-    for p in prompts {
-        let ids: Vec<i64> = tok
-            .encode(&p.prompt)
-            .map_err(|e| anneal_engine::Error::Invalid {
-                op: "evaluate",
-                msg: format!("cannot tokenize a prompt: {e}"),
-            })?
-            .into_iter()
-            .map(i64::from)
-            .collect();
-        let g = generate(model, params, &ids, max_new_tokens, &s)?;
-        let sc = scorer.score(p, &completion_text(tok, &g.tokens));
-        if sc.correct.unwrap_or(sc.reward > 0.0) {
-            right += 1;
+    for members in by_len.values() {
+        for chunk in members.chunks(EVAL_BATCH) {
+            let rows: Vec<&[i64]> = chunk.iter().map(|&i| encoded[i].as_slice()).collect();
+            let gens = generate_batch(
+                model,
+                params,
+                &rows,
+                max_new_tokens,
+                &vec![s.clone(); rows.len()],
+            )?;
+            for (&i, g) in chunk.iter().zip(&gens) {
+                let sc = scorer.score(&prompts[i], &completion_text(tok, &g.tokens));
+                if sc.correct.unwrap_or(sc.reward > 0.0) {
+                    right += 1;
+                }
+            }
         }
     }
     Ok(right as f64 / prompts.len().max(1) as f64)

@@ -275,6 +275,7 @@ pub fn run_rl(
         tokenizer: tokenizer.clone(),
         prompts,
         scorer: scorer.clone(),
+        prepend_eos: r.prepend_eos,
         group_size: r.group_size,
         max_new_tokens: r.max_new_tokens,
         sampling: Sampling {
@@ -313,6 +314,7 @@ pub fn run_rl(
                 &tokenizer,
                 scorer.as_ref(),
                 p,
+                r.prepend_eos,
                 r.max_new_tokens,
             )?)),
             None => Ok(None),
