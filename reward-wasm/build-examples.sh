@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds every example reward module into reward-wasm/out/<language>.wasm (gitignored), and
-# exact_match.wat, the exact-match reward of the RL demo (configs/rl_digits.toml).
+# exact_match.wat and position_match.wat, the rewards of the RL demo (configs/rl_digits.toml).
 # Usage: reward-wasm/build-examples.sh [LANGUAGE...]   (default: all)
 # Toolchains come from scripts/setup-reward.sh (reward-wasm/.tools). A language that fails to
 # build is reported and its output removed; the parity test then fails in CI (CI=true) and
@@ -11,13 +11,13 @@ out="$here/out"
 mkdir -p "$out"
 langs=("$@")
 if [ ${#langs[@]} -eq 0 ]; then
-  langs=(wat exact_match rust c zig assemblyscript go js python)
+  langs=(wat exact_match position_match rust c zig assemblyscript go js python)
 fi
 failed=()
 for lang in "${langs[@]}"; do
   start=$(date +%s)
   ext=wasm
-  case "$lang" in wat | exact_match) ext=wat ;; esac
+  case "$lang" in wat | exact_match | position_match) ext=wat ;; esac
   rm -f "$out/$lang.$ext"
   if bash "$here/examples/$lang/build.sh" "$out" >"$out/$lang.log" 2>&1; then
     echo "reward example $lang: built in $(( $(date +%s) - start )) s ($(wc -c <"$out/$lang.$ext") bytes)"

@@ -115,3 +115,70 @@ fn user_errors_exit_2_with_one_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("line 1"), "{stderr}");
 }
+
+/// Scores `(completion, answer)` pairs with one of the RL demo's `.wat` rewards.
+fn demo_scores(module: &str, cases: &[(&str, &str)]) -> Vec<Value> {
+    let input: String = cases
+        .iter()
+        .map(|(c, a)| {
+            serde_json::json!({"prompt": "2118=", "completion": c, "metadata": {"answer": a}})
+                .to_string()
+                + "\n"
+        })
+        .collect();
+    let mut child = anneal()
+        .args(["reward", "test"])
+        .arg(reward_wasm().join(format!("examples/{module}/reward.wat")))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run anneal");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write cases");
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::str::from_utf8(&out.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+#[test]
+fn the_rl_demo_rewards_score_exact_and_partial_matches() {
+    let cases = [
+        ("1128", "1128"),
+        (" 1128\n", "1128"),
+        ("1288", "1128"),
+        ("12", "1128"),
+        ("112899", "1128"),
+        ("", "1128"),
+    ];
+    let exact = demo_scores("exact_match", &cases);
+    let want_exact = [1.0, 1.0, 0.0, 0.0, 0.0, 0.0];
+    for (got, want) in exact.iter().zip(want_exact) {
+        assert_eq!(got["score"].as_f64(), Some(want), "{got}");
+        assert_eq!(
+            got["details"]["correct"].as_bool(),
+            Some(want == 1.0),
+            "{got}"
+        );
+    }
+    // Matching positions over the longer of answer and (trimmed) completion.
+    let partial = demo_scores("position_match", &cases);
+    let want_partial = [1.0, 1.0, 0.5, 0.25, 4.0 / 6.0, 0.0];
+    for (got, want) in partial.iter().zip(want_partial) {
+        let score = got["score"].as_f64().expect("a score");
+        assert!((score - want).abs() < 1e-12, "{got} vs {want}");
+        assert!(got["details"].get("correct").is_none(), "{got}");
+    }
+}

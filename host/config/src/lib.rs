@@ -402,6 +402,7 @@ fn validate_rl(r: &Rl) -> Result<(), ConfigError> {
         ("rl.prompts_per_step", r.prompts_per_step),
         ("rl.max_new_tokens", r.max_new_tokens),
         ("rl.rollout_threads", r.rollout_threads),
+        ("rl.updates_per_batch", r.updates_per_batch),
     ] {
         if v == 0 {
             return Err(ConfigError::at(k, "must be at least 1"));
@@ -420,6 +421,7 @@ fn validate_rl(r: &Rl) -> Result<(), ConfigError> {
         ("rl.clip_low", r.clip_low),
         ("rl.clip_high", r.clip_high),
         ("rl.kl_coef", r.kl_coef),
+        ("rl.entropy_coef", r.entropy_coef),
         ("rl.is_correction_cap", r.is_correction_cap),
     ] {
         if !(v >= 0.0 && v.is_finite()) {

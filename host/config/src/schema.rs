@@ -393,10 +393,15 @@ pub struct Rl {
     pub clip_high: f64,
     /// Weight of the k3 KL penalty to the frozen initial policy (0 = off, no reference kept).
     pub kl_coef: f64,
+    /// Weight of an entropy bonus on the completion tokens (0 = off); keeps the policy exploring.
+    pub entropy_coef: f64,
     /// How many policy versions a rollout may lag the trainer (0 = synchronous).
     pub max_staleness: u64,
     /// Rollout worker threads.
     pub rollout_threads: usize,
+    /// Optimizer steps taken on each batch of rollouts (GRPO's μ; the clip bounds how far the
+    /// later ones move the policy from the one that sampled).
+    pub updates_per_batch: usize,
     /// Cap of the truncated importance ratio `π_trainer / π_rollout` (0 = no correction).
     pub is_correction_cap: f64,
     /// Evaluate held-out accuracy (greedy) every this many steps (0 = never).
@@ -427,8 +432,10 @@ impl Default for Rl {
             clip_low: 0.2,
             clip_high: 0.2,
             kl_coef: 0.0,
+            entropy_coef: 0.0,
             max_staleness: 0,
             rollout_threads: 1,
+            updates_per_batch: 1,
             is_correction_cap: 0.0,
             eval_freq: 10,
             eval_prompts: 64,

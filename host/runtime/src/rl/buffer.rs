@@ -64,11 +64,21 @@ impl<T, W: Clone> State<T, W> {
 
     /// Starts a rollout if allowed: the version and weights to generate with.
     pub fn try_begin(&mut self) -> Option<(u64, W)> {
-        let room = self.queue.len() + self.in_flight < self.capacity;
+        self.try_begin_many(1).map(|(v, w, _)| (v, w))
+    }
+
+    /// Starts as many rollouts as allowed, up to `max` (at least one, else `None`): the version
+    /// and weights to generate them with, and how many were started. Each must end in a
+    /// [`State::finish`] or [`State::abandon`].
+    pub fn try_begin_many(&mut self, max: usize) -> Option<(u64, W, usize)> {
+        let room = self
+            .capacity
+            .saturating_sub(self.queue.len() + self.in_flight)
+            .min(max);
         let fresh = self.published.0 + self.max_staleness >= self.next_take;
-        (room && fresh && !self.closed).then(|| {
-            self.in_flight += 1;
-            self.published.clone()
+        (room > 0 && fresh && !self.closed).then(|| {
+            self.in_flight += room;
+            (self.published.0, self.published.1.clone(), room)
         })
     }
 
@@ -159,6 +169,12 @@ impl<T, W: Clone> RolloutBuffer<T, W> {
         self.wait_until(|s| s.try_begin())
     }
 
+    /// Blocks until at least one rollout may start, then starts up to `max`; `None` once
+    /// closed. See [`State::try_begin_many`].
+    pub fn begin_many(&self, max: usize) -> Option<(u64, W, usize)> {
+        self.wait_until(|s| s.try_begin_many(max))
+    }
+
     /// See [`State::finish`].
     pub fn finish(&self, version: u64, value: T) {
         self.lock().finish(version, value);
@@ -221,7 +237,8 @@ mod tests {
             let producers = 1 + rng.below(5) as usize;
             let capacity = per_step * (max_staleness as usize + 1);
             let mut s: State<u64, u64> = State::new(0, max_staleness, capacity);
-            let mut working: Vec<Option<u64>> = vec![None; producers];
+            // Each producer holds (version, rollouts begun) between begin and finish.
+            let mut working: Vec<Option<(u64, usize)>> = vec![None; producers];
             let mut version = 0u64;
             let mut dropped = 0usize;
             let mut actions = 0;
@@ -248,16 +265,21 @@ mod tests {
                 }
                 match working[who] {
                     None => {
-                        if let Some((v, w)) = s.try_begin() {
+                        let max = 1 + rng.below(3) as usize;
+                        if let Some((v, w, k)) = s.try_begin_many(max) {
                             assert_eq!(v, w, "weights travel with their version");
-                            working[who] = Some(v);
+                            assert!((1..=max).contains(&k));
+                            assert!(s.queue.len() + s.in_flight <= capacity);
+                            working[who] = Some((v, k));
                         }
                     }
-                    Some(v) => {
-                        if rng.below(10) == 0 {
-                            s.abandon();
-                        } else {
-                            s.finish(v, v);
+                    Some((v, k)) => {
+                        for _ in 0..k {
+                            if rng.below(10) == 0 {
+                                s.abandon();
+                            } else {
+                                s.finish(v, v);
+                            }
                         }
                         working[who] = None;
                     }

@@ -41,6 +41,8 @@ pub struct LossSettings {
     pub is_cap: f64,
     /// The constant length of Dr.GRPO's normalization (`max_new_tokens`).
     pub norm_len: usize,
+    /// Weight of the entropy bonus (0 = off): `−entropy_coef · H` joins each token's loss.
+    pub entropy_coef: f64,
 }
 
 /// One batch as the loss sees it. Host vectors are row-major `[N, L]`.
@@ -55,6 +57,9 @@ pub struct LossBatch<'a> {
     pub mask: &'a [f32],
     /// Combined reward of each sequence.
     pub rewards: &'a [f64],
+    /// Per-token entropy of the trainer's distribution, `[N, L]` (records the graph), when an
+    /// entropy bonus is on.
+    pub entropy_nl: Option<&'a Tensor>,
     /// Sequences per group.
     pub group_size: usize,
 }
@@ -174,6 +179,9 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
             / tokens.max(1.0);
         per_token = per_token.add(&kl.mul_scalar(s.kl_coef as f32)?)?;
     }
+    if let (Some(h), true) = (b.entropy_nl, s.entropy_coef > 0.0) {
+        per_token = per_token.sub(&h.mul_scalar(s.entropy_coef as f32)?)?;
+    }
     let loss = per_token
         .mul(&Tensor::from_vec(weight, &[n, l])?)?
         .sum_all()?;
@@ -186,16 +194,23 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
     })
 }
 
-/// `log p(target)` of each row of `logits_nlv` (`[N, L, V]`) at `targets` (`N·L` ids), as an
-/// `[N, L]` tensor on the autograd graph.
-pub fn gather_logprobs(logits_nlv: &Tensor, targets: &[i64]) -> Result<Tensor> {
-    let s = logits_nlv.shape().to_vec();
+/// `log p(target)` of each row of `logprobs_nlv` (`[N, L, V]`, log-softmaxed logits) at
+/// `targets` (`N·L` ids), as an `[N, L]` tensor on the autograd graph.
+pub fn gather_logprobs(logprobs_nlv: &Tensor, targets: &[i64]) -> Result<Tensor> {
+    let s = logprobs_nlv.shape().to_vec();
     let (n, l) = (s[0], s[1]);
     let idx = Tensor::from_slice(targets, &[n, l, 1])?;
-    logits_nlv
-        .log_softmax(-1)?
-        .gather(-1, &idx)?
-        .reshape(&[n, l])
+    logprobs_nlv.gather(-1, &idx)?.reshape(&[n, l])
+}
+
+/// The entropy `−Σ p log p` of each row of `logprobs_nlv` (`[N, L, V]`, log-softmaxed), as an
+/// `[N, L]` tensor on the autograd graph.
+pub fn entropies(logprobs_nlv: &Tensor) -> Result<Tensor> {
+    logprobs_nlv
+        .exp()?
+        .mul(logprobs_nlv)?
+        .sum_dims(&[-1], false)?
+        .neg()
 }
 
 #[cfg(test)]
@@ -210,6 +225,7 @@ mod tests {
             kl_coef: 0.0,
             is_cap: 0.0,
             norm_len: 4,
+            entropy_coef: 0.0,
         }
     }
 
@@ -254,6 +270,7 @@ mod tests {
                 ref_logp,
                 mask: &c.mask,
                 rewards: &c.rewards,
+                entropy_nl: None,
                 group_size: 2,
             },
             s,
@@ -331,6 +348,7 @@ mod tests {
                 ref_logp: None,
                 mask: &c.mask,
                 rewards: &c.rewards,
+                entropy_nl: None,
                 group_size: 2,
             },
             &settings(RlLoss::Grpo),
@@ -402,6 +420,7 @@ mod tests {
                     ref_logp: Some(&reference_logp),
                     mask: &c.mask,
                     rewards: &c.rewards,
+                    entropy_nl: None,
                     group_size: 2,
                 },
                 &s,
@@ -433,10 +452,88 @@ mod tests {
             .collect();
         let t = Tensor::from_slice(&logits, &[2, 3, 5]).unwrap();
         let targets = [0i64, 4, 2, 1, 3, 3];
-        let got = gather_logprobs(&t, &targets).unwrap().to_vec_f32();
+        let got = gather_logprobs(&t.log_softmax(-1).unwrap(), &targets)
+            .unwrap()
+            .to_vec_f32();
         for (k, &tok) in targets.iter().enumerate() {
             let want = crate::infer::token_logprob(&logits[k * 5..k * 5 + 5], tok as usize);
             assert!((got[k] - want).abs() < 1e-5);
         }
+    }
+
+    /// Entropy of a row by hand, in f64.
+    fn row_entropy(row: &[f32]) -> f64 {
+        let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let z: f64 = row.iter().map(|&x| (x as f64 - m).exp()).sum();
+        row.iter()
+            .map(|&x| {
+                let lp = x as f64 - m - z.ln();
+                -lp.exp() * lp
+            })
+            .sum()
+    }
+
+    #[test]
+    fn entropy_bonus_matches_hand_computed_value_and_finite_differences() {
+        // Equal rewards: zero advantages, so the loss is the bonus alone,
+        // −coef · Σ_i Σ_t mask · H / (len_i · N) under GRPO.
+        let (n, l, v) = (2usize, 3usize, 4usize);
+        let logits: Vec<f32> = (0..n * l * v)
+            .map(|i| ((i * 5) % 7) as f32 * 0.4 - 1.0)
+            .collect();
+        let mask = [1.0f32, 1.0, 0.0, 1.0, 1.0, 1.0];
+        let targets = [0i64, 1, 2, 3, 0, 1];
+        let coef = 0.3;
+        let loss_of = |x: &[f32]| -> (f64, Option<Vec<f32>>) {
+            let t = Tensor::from_slice(x, &[n, l, v]).unwrap().requires_grad_();
+            let lp_nlv = t.log_softmax(-1).unwrap();
+            let logp = gather_logprobs(&lp_nlv, &targets).unwrap();
+            let h = entropies(&lp_nlv).unwrap();
+            let old = logp.to_vec_f32();
+            let mut s = settings(RlLoss::Grpo);
+            s.entropy_coef = coef;
+            let out = rl_loss(
+                &LossBatch {
+                    logp_nl: &logp,
+                    rollout_logp: &old,
+                    ref_logp: None,
+                    entropy_nl: Some(&h),
+                    mask: &mask,
+                    rewards: &[1.0, 1.0],
+                    group_size: 2,
+                },
+                &s,
+            )
+            .unwrap();
+            let value = out.loss.item().unwrap() as f64;
+            out.loss.backward().unwrap();
+            (value, t.grad().map(|g| g.to_vec_f32()))
+        };
+        let (value, grad) = loss_of(&logits);
+        let mut want = 0.0;
+        for i in 0..n {
+            let len: f32 = mask[i * l..(i + 1) * l].iter().sum();
+            for t in 0..l {
+                let k = i * l + t;
+                want -= coef * mask[k] as f64 * row_entropy(&logits[k * v..(k + 1) * v])
+                    / (len as f64 * n as f64);
+            }
+        }
+        assert!((value - want).abs() < 1e-6, "{value} vs {want}");
+        let grad = grad.expect("logits get a gradient");
+        let h = 1e-2f32;
+        for k in [0, 5, 9, 13, 22] {
+            let (mut up, mut dn) = (logits.clone(), logits.clone());
+            up[k] += h;
+            dn[k] -= h;
+            let fd = (loss_of(&up).0 - loss_of(&dn).0) / (2.0 * h as f64);
+            assert!(
+                (grad[k] as f64 - fd).abs() < 1e-3,
+                "logit {k}: {} vs {fd}",
+                grad[k]
+            );
+        }
+        // Padding rows contribute nothing: logit 2·v.. belongs to a masked token.
+        assert!(grad[2 * v..3 * v].iter().all(|&g| g == 0.0));
     }
 }

@@ -1,8 +1,9 @@
 //! Rollouts: prompts, the reward interface, and the worker loop that samples groups of
 //! completions with the trainer's own model plugin and scores them.
 //!
-//! The completions of a group are generated together, one batch row each (prefill + KV-cache
-//! decode via [`crate::infer::generate_batch`]); several workers run side by side on threads.
+//! A worker takes several prompts at once and decodes all their completions together, one batch
+//! row each (prefill + KV-cache decode via [`crate::infer::generate_batch`], prompts bucketed by
+//! token length); several workers run side by side on threads.
 
 use super::buffer::RolloutBuffer;
 use crate::infer::{generate_batch, Sampling};
@@ -194,59 +195,85 @@ pub fn encode_prompt(
     Ok(eos.into_iter().chain(ids).map(i64::from).collect())
 }
 
-/// Generates and scores `group_size` completions of prompt `index` with `params`.
-pub fn rollout_group(
+/// Generates and scores the groups of prompts `indices` with `params`, `group_size`
+/// completions each. Prompts of the same token length are decoded together in one batch (a
+/// row per completion); each completion draws from its own stream, keyed by its prompt index
+/// and place in the group, so the result does not depend on how groups are batched.
+pub fn rollout_groups(
     ctx: &RolloutCtx,
     params: &Params,
-    index: u64,
-) -> Result<Group, anneal_engine::Error> {
-    let prompt = ctx.prompts.get(index);
-    let ids = encode_prompt(&ctx.tokenizer, &prompt.prompt, ctx.prepend_eos)?;
-    let started = Instant::now();
-    let samplings: Vec<Sampling> = (0..ctx.group_size)
-        .map(|j| Sampling {
-            seed: splitmix(ctx.sampling.seed ^ splitmix(index * 1_000_003 + j as u64)),
-            eos: Some(ctx.tokenizer.eos_id() as i64),
-            ..ctx.sampling.clone()
-        })
-        .collect();
-    let rows = vec![ids.as_slice(); ctx.group_size];
-    let generations = generate_batch(&ctx.model, params, &rows, ctx.max_new_tokens, &samplings)?;
-    let mut samples: Vec<Sample> = generations
-        .into_iter()
-        .map(|g| Sample {
-            text: completion_text(&ctx.tokenizer, &g.tokens),
-            tokens: ids.iter().chain(&g.tokens).copied().collect(),
-            prompt_len: ids.len(),
-            logprobs: g.logprobs,
-            scored: Scored {
-                reward: 0.0,
-                correct: None,
-                failures: vec![],
-            },
-        })
-        .collect();
-    let t_rollout = started.elapsed().as_secs_f64();
-    let started = Instant::now();
-    for s in &mut samples {
-        s.scored = ctx.scorer.score(&prompt, &s.text);
+    indices: &[u64],
+) -> Result<Vec<Group>, anneal_engine::Error> {
+    let prompts: Vec<Prompt> = indices.iter().map(|&i| ctx.prompts.get(i)).collect();
+    let encoded = prompts
+        .iter()
+        .map(|p| encode_prompt(&ctx.tokenizer, &p.prompt, ctx.prepend_eos))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut by_len: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (g, ids) in encoded.iter().enumerate() {
+        by_len.entry(ids.len()).or_default().push(g);
     }
-    Ok(Group {
-        samples,
-        t_rollout,
-        t_reward: started.elapsed().as_secs_f64(),
-    })
+    let mut groups: Vec<Option<Group>> = vec![None; indices.len()];
+    for members in by_len.values() {
+        let started = Instant::now();
+        let mut rows: Vec<&[i64]> = Vec::new();
+        let mut samplings = Vec::new();
+        for &g in members {
+            for j in 0..ctx.group_size {
+                rows.push(&encoded[g]);
+                samplings.push(Sampling {
+                    seed: splitmix(ctx.sampling.seed ^ splitmix(indices[g] * 1_000_003 + j as u64)),
+                    eos: Some(ctx.tokenizer.eos_id() as i64),
+                    ..ctx.sampling.clone()
+                });
+            }
+        }
+        let mut generations =
+            generate_batch(&ctx.model, params, &rows, ctx.max_new_tokens, &samplings)?.into_iter();
+        // The batch's time is shared evenly by its groups.
+        let t_rollout = started.elapsed().as_secs_f64() / members.len() as f64;
+        for &g in members {
+            let started = Instant::now();
+            let ids = &encoded[g];
+            let samples = generations
+                .by_ref()
+                .take(ctx.group_size)
+                .map(|gen| {
+                    let text = completion_text(&ctx.tokenizer, &gen.tokens);
+                    let scored = ctx.scorer.score(&prompts[g], &text);
+                    Sample {
+                        tokens: ids.iter().chain(&gen.tokens).copied().collect(),
+                        prompt_len: ids.len(),
+                        logprobs: gen.logprobs,
+                        text,
+                        scored,
+                    }
+                })
+                .collect();
+            groups[g] = Some(Group {
+                samples,
+                t_rollout,
+                t_reward: started.elapsed().as_secs_f64(),
+            });
+        }
+    }
+    Ok(groups
+        .into_iter()
+        .map(|g| g.expect("every prompt is in one length bucket"))
+        .collect())
 }
 
-/// A worker: begin (waits for a slot and the weights), generate a group, hand it in; until the
-/// buffer closes. An error closes the buffer and is kept in `ctx.failed`.
-pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>) {
-    while let Some((version, params)) = buffer.begin() {
-        let index = ctx.next_prompt.fetch_add(1, Ordering::SeqCst);
-        match rollout_group(&ctx, &params, index) {
-            Ok(g) => buffer.finish(version, g),
+/// A worker: begin up to `max_groups` rollouts (waits for room and fresh weights), generate
+/// and hand in those groups; until the buffer closes. An error closes the buffer and is kept
+/// in `ctx.failed`.
+pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>, max_groups: usize) {
+    while let Some((version, params, k)) = buffer.begin_many(max_groups) {
+        let first = ctx.next_prompt.fetch_add(k as u64, Ordering::SeqCst);
+        let indices: Vec<u64> = (first..first + k as u64).collect();
+        match rollout_groups(&ctx, &params, &indices) {
+            Ok(groups) => groups.into_iter().for_each(|g| buffer.finish(version, g)),
             Err(e) => {
-                buffer.abandon();
+                (0..k).for_each(|_| buffer.abandon());
                 let mut f = ctx.failed.lock().unwrap_or_else(|e| e.into_inner());
                 f.get_or_insert_with(|| format!("rollout: {e}"));
                 buffer.close();

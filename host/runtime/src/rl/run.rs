@@ -3,7 +3,7 @@
 //! weights by version.
 
 use super::buffer::RolloutBuffer;
-use super::loss::{gather_logprobs, rl_loss, LossBatch, LossSettings};
+use super::loss::{entropies, gather_logprobs, rl_loss, LossBatch, LossSettings};
 use super::rollout::{
     evaluate, worker, Group, Prompt, PromptSource, RewardFailure, RolloutCtx, Scorer,
 };
@@ -333,10 +333,12 @@ pub fn run_rl(
         summary.rows.push(row);
     }
 
+    // Each worker batches its share of a step's prompts into one decode.
+    let max_groups = r.prompts_per_step.div_ceil(r.rollout_threads);
     let workers: Vec<_> = (0..r.rollout_threads)
         .map(|_| {
             let (ctx, buffer) = (ctx.clone(), buffer.clone());
-            std::thread::spawn(move || worker(ctx, buffer))
+            std::thread::spawn(move || worker(ctx, buffer, max_groups))
         })
         .collect();
     let settings = LossSettings {
@@ -346,6 +348,7 @@ pub fn run_rl(
         kl_coef: r.kl_coef,
         is_cap: r.is_correction_cap,
         norm_len: r.max_new_tokens,
+        entropy_coef: r.entropy_coef,
     };
     let mut trainer = RlTrainer {
         model: &model,
@@ -376,15 +379,23 @@ pub fn run_rl(
             let step = version + 1;
             let lr = schedule.lr(step);
             let train_started = Instant::now();
-            let out = trainer.step(&taken.items, version, cfg.training.max_grad_norm)?;
-            for (what, value) in [("loss", out.loss), ("gradient norm", out.grad_norm)] {
-                if !value.is_finite() {
-                    trainer.zero_grad();
-                    return Err(TrainError::NonFinite { step, what, value });
+            // `updates_per_batch` optimizer steps on the same rollouts (GRPO's μ); the row
+            // reports the first, on-policy pass (where the mismatch must be 0).
+            let mut first: Option<StepOut> = None;
+            for update in 0..r.updates_per_batch as u64 {
+                let out = trainer.step(&taken.items, version, cfg.training.max_grad_norm)?;
+                for (what, value) in [("loss", out.loss), ("gradient norm", out.grad_norm)] {
+                    if !value.is_finite() {
+                        trainer.zero_grad();
+                        return Err(TrainError::NonFinite { step, what, value });
+                    }
                 }
+                let optimizer_step = version * r.updates_per_batch as u64 + update + 1;
+                optimizer.step(&trainer.named, optimizer_step, lr)?;
+                trainer.zero_grad();
+                first.get_or_insert(out);
             }
-            optimizer.step(&trainer.named, step, lr)?;
-            trainer.zero_grad();
+            let out = first.expect("updates_per_batch is at least 1");
             buffer.publish(
                 step,
                 publishable(&trainer.named, opts.perturb_rollout_weights)?,
@@ -630,12 +641,17 @@ impl RlTrainer<'_> {
             }
             None => None,
         };
-        let logp = gather_logprobs(&logits, &l.targets)?;
+        let log_probs = logits.log_softmax(-1)?;
+        let logp = gather_logprobs(&log_probs, &l.targets)?;
+        let entropy_nl = (self.settings.entropy_coef > 0.0)
+            .then(|| entropies(&log_probs))
+            .transpose()?;
         let out = rl_loss(
             &LossBatch {
                 logp_nl: &logp,
                 rollout_logp: &l.rollout,
                 ref_logp: ref_logp.as_deref(),
+                entropy_nl: entropy_nl.as_ref(),
                 mask: &l.mask,
                 rewards: &rewards,
                 group_size: self.group_size,
