@@ -399,6 +399,9 @@ pub struct Rl {
     pub max_staleness: u64,
     /// Rollout worker threads.
     pub rollout_threads: usize,
+    /// Compute threads of each rollout worker's private pool; 0 = share the trainer's pool.
+    /// With `max_staleness > 0` a private pool lets rollouts and training run side by side.
+    pub rollout_compute_threads: usize,
     /// Optimizer steps taken on each batch of rollouts (GRPO's μ; the clip bounds how far the
     /// later ones move the policy from the one that sampled).
     pub updates_per_batch: usize,
@@ -435,6 +438,7 @@ impl Default for Rl {
             entropy_coef: 0.0,
             max_staleness: 0,
             rollout_threads: 1,
+            rollout_compute_threads: 0,
             updates_per_batch: 1,
             is_correction_cap: 0.0,
             eval_freq: 10,

@@ -118,7 +118,6 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
         .filter(|&i| keep[i])
         .map(|i| b.mask[i * l..(i + 1) * l].iter().sum::<f32>() as f64)
         .sum();
-    let kept_seqs = keep.iter().filter(|&&k| k).count();
     let mut weight = vec![0f32; n * l];
     for i in 0..n {
         if !keep[i] {
@@ -185,7 +184,6 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
     let loss = per_token
         .mul(&Tensor::from_vec(weight, &[n, l])?)?
         .sum_all()?;
-    let _ = kept_seqs;
     Ok(LossOut {
         loss,
         advantages: adv,

@@ -335,10 +335,29 @@ pub fn run_rl(
 
     // Each worker batches its share of a step's prompts into one decode.
     let max_groups = r.prompts_per_step.div_ceil(r.rollout_threads);
-    let workers: Vec<_> = (0..r.rollout_threads)
+    // With `rollout_compute_threads`, each worker computes on a private pool of that many
+    // threads instead of sharing the trainer's, so rollouts and training overlap on separate
+    // cores rather than taking turns on all of them.
+    let pools = (0..r.rollout_threads)
         .map(|_| {
+            (r.rollout_compute_threads > 0)
+                .then(|| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(r.rollout_compute_threads)
+                        .build()
+                })
+                .transpose()
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| cfg_err("rl.rollout_compute_threads", e))?;
+    let workers: Vec<_> = pools
+        .into_iter()
+        .map(|pool| {
             let (ctx, buffer) = (ctx.clone(), buffer.clone());
-            std::thread::spawn(move || worker(ctx, buffer, max_groups))
+            std::thread::spawn(move || match pool {
+                Some(pool) => pool.install(|| worker(ctx, buffer, max_groups)),
+                None => worker(ctx, buffer, max_groups),
+            })
         })
         .collect();
     let settings = LossSettings {
