@@ -51,7 +51,8 @@ pub(crate) fn keep_tokenizer(tokenizer: &Path, run_dir: &Path) -> Result<(), Tra
 /// Resumes the run in `run_dir`: removes saves left incomplete by a killed process, loads the
 /// newest usable checkpoint (or `checkpoint.load_step`; damaged ones are skipped with a note,
 /// and with none usable the run fails unless `checkpoint.allow_fresh_start`), hands it to
-/// `restore`, and drops the metric rows a process wrote after it.
+/// `restore`, and drops the metric rows a process wrote after it. A fresh start drops every row
+/// of an earlier attempt.
 pub(crate) fn resume(
     cfg: &JobConfig,
     run_dir: &Path,
@@ -73,6 +74,12 @@ pub(crate) fn resume(
         Err(e) => return Err(e.into()),
     };
     let Some(loaded) = loaded else {
+        let dropped = keep_metrics_up_to(run_dir, None)?;
+        if dropped > 0 {
+            console.note(&format!(
+                "metrics: dropped {dropped} row(s) of an earlier attempt without checkpoints"
+            ));
+        }
         return Ok(Resumed::default());
     };
     let resumed = Resumed {
@@ -85,30 +92,37 @@ pub(crate) fn resume(
         resumed.step
     ));
     restore(loaded)?;
-    keep_metrics_up_to(run_dir, resumed.step)?;
+    keep_metrics_up_to(run_dir, Some(resumed.step))?;
     Ok(resumed)
 }
 
-/// Drops the rows of `metrics.jsonl` past `step` (written after the checkpoint by a run that then
-/// died), so the resumed curve continues without duplicates. Rewrites the file atomically.
-pub(crate) fn keep_metrics_up_to(run_dir: &Path, step: u64) -> Result<(), TrainError> {
+/// Drops the rows of `metrics.jsonl` past `step` (all of them for `None`), written after the
+/// checkpoint by a run that then died, so the resumed curve continues without duplicates.
+/// Rewrites the file atomically; returns how many rows it dropped.
+pub(crate) fn keep_metrics_up_to(run_dir: &Path, step: Option<u64>) -> Result<usize, TrainError> {
     let path = run_dir.join("metrics.jsonl");
     let Ok(text) = std::fs::read_to_string(&path) else {
-        return Ok(());
+        return Ok(0);
     };
+    let mut dropped = 0;
     let kept: String = text
         .lines()
         .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
+            let keep = step.is_some_and(|step| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .and_then(|v| v["step"].as_u64())
+                    .is_some_and(|s| s <= step)
+            });
+            dropped += usize::from(!keep && !l.trim().is_empty());
+            keep
         })
         .flat_map(|l| [l, "\n"])
         .collect();
     let tmp = run_dir.join("metrics.jsonl.tmp");
     std::fs::write(&tmp, kept).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err(&path))
+    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    Ok(dropped)
 }
 
 /// Hands the snapshot `capture` builds (of step `step`) to the checkpointer, and notes how long
