@@ -27,6 +27,7 @@ fn state(step: u64) -> TrainState {
         model: "llama".into(),
         optimizer: "adamw".into(),
         config: String::new(),
+        rl: None,
     }
 }
 

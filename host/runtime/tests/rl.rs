@@ -1,6 +1,7 @@
 //! RL end to end on a tiny Llama: every metric key, bitwise parity of rollout and trainer
 //! logprobs in synchronous mode (and a perturbation that breaks it), failing rewards counted
-//! without stopping the run, and the staleness bound with asynchronous workers.
+//! without stopping the run, the staleness bound with asynchronous workers, and a stop request
+//! that saves a checkpoint the same run continues from bit for bit.
 
 mod common;
 
@@ -65,6 +66,25 @@ fn setup(name: &str) -> PathBuf {
 }
 
 fn run(dir: &std::path::Path, sets: &[&str], fail_every: u64, opts: RlOptions) -> RlSummary {
+    let scorer = Arc::new(ExactMatch {
+        fail_every,
+        calls: AtomicU64::new(0),
+    });
+    // A fresh run each time: the same run dir would resume from its checkpoints.
+    let run_dir = dir.join("run");
+    let _ = std::fs::remove_dir_all(&run_dir);
+    run_in(&run_dir, dir, sets, scorer, &AtomicBool::new(false), &opts)
+}
+
+/// Runs RL in `run_dir` with the tokenizer of `dir`.
+fn run_in(
+    run_dir: &std::path::Path,
+    dir: &std::path::Path,
+    sets: &[&str],
+    scorer: Arc<dyn Scorer>,
+    stop: &AtomicBool,
+    opts: &RlOptions,
+) -> RlSummary {
     let toml = format!(
         r#"[model]
 plugin = "llama"
@@ -99,18 +119,7 @@ eval_freq = 0
         &sets,
     )
     .unwrap();
-    let scorer = Arc::new(ExactMatch {
-        fail_every,
-        calls: AtomicU64::new(0),
-    });
-    run_rl(
-        &cfg,
-        &dir.join("run"),
-        scorer,
-        &AtomicBool::new(false),
-        &opts,
-    )
-    .unwrap()
+    run_rl(&cfg, run_dir, scorer, stop, opts).unwrap()
 }
 
 #[test]
@@ -205,4 +214,84 @@ fn asynchronous_workers_respect_the_staleness_bound() {
     );
     assert_eq!(s.steps, 5);
     assert!(s.rows.iter().all(|r| r.staleness_mean <= 2.0));
+}
+
+/// Scores like [`ExactMatch`] and asks the run to stop once it has scored `after` completions.
+struct StopAfter {
+    inner: ExactMatch,
+    after: u64,
+    stop: Arc<AtomicBool>,
+}
+
+impl Scorer for StopAfter {
+    fn score(&self, prompt: &Prompt, completion: &str) -> Scored {
+        let scored = self.inner.score(prompt, completion);
+        if self.inner.calls.load(Ordering::SeqCst) >= self.after {
+            self.stop.store(true, Ordering::SeqCst);
+        }
+        scored
+    }
+}
+
+/// The metric rows of a run dir without the fields that measure time.
+fn computed_rows(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
+            let obj = r.as_object_mut().unwrap();
+            for k in [
+                "t_rollout",
+                "t_reward",
+                "t_train",
+                "t_wait",
+                "samples_per_s",
+                "time",
+            ] {
+                obj.remove(k);
+            }
+            r
+        })
+        .collect()
+}
+
+#[test]
+fn a_stopped_run_saves_and_resumes_bit_for_bit() {
+    let dir = setup("resume");
+    let sets = [
+        "training.steps=6",
+        "rl.kl_coef=0.1",
+        "rl.updates_per_batch=2",
+        "checkpoint.interval=0",
+    ];
+    let exact = || ExactMatch {
+        fail_every: 0,
+        calls: AtomicU64::new(0),
+    };
+    let no_stop = AtomicBool::new(false);
+    let opts = RlOptions::default();
+    let reference = dir.join("reference");
+    let s = run_in(&reference, &dir, &sets, Arc::new(exact()), &no_stop, &opts);
+    assert_eq!((s.steps, s.stopped), (6, false));
+
+    // The stop request comes with the last sample of step 3 (2 prompts x 4 samples a step): the
+    // run ends after step 2 or 3, whichever it is finishing, and saves it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::new(StopAfter {
+        inner: exact(),
+        after: 3 * 8,
+        stop: stop.clone(),
+    });
+    let run = dir.join("stopped");
+    let s = run_in(&run, &dir, &sets, stopping, &stop, &opts);
+    assert!(s.stopped && (2..=3).contains(&s.steps), "{s:?}");
+    let stopped_at = s.steps;
+    assert!(run
+        .join(format!("checkpoints/step-{stopped_at}/manifest.json"))
+        .is_file());
+
+    let s = run_in(&run, &dir, &sets, Arc::new(exact()), &no_stop, &opts);
+    assert_eq!((s.resumed_from, s.steps), (stopped_at, 6));
+    assert_eq!(computed_rows(&run), computed_rows(&reference));
 }

@@ -80,4 +80,20 @@ pub struct TrainState {
     pub optimizer: String,
     /// The resolved config of the run, as TOML.
     pub config: String,
+    /// Where an RL run (`anneal rl`) continues; absent in checkpoints of `anneal train`. An RL
+    /// run has no data loader: its `loader` is zero and `tokens` counts completion tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rl: Option<RlState>,
+}
+
+/// The RL part of a [`TrainState`]: prompts and sampling seeds are functions of the run's seed
+/// and the prompt index, so with the parameters, optimizer state and step this is all an exact
+/// resume needs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RlState {
+    /// The first prompt index the rollouts of the next step take; every index below it was
+    /// trained on, or was in flight when the checkpoint was taken and is skipped.
+    pub next_prompt: u64,
+    /// Samples (completions) trained on.
+    pub samples: u64,
 }

@@ -1,7 +1,7 @@
 //! Checkpoints: `<run_dir>/checkpoints/step-<N>/` with per-rank safetensors shards, a
 //! `manifest.json` (format version, every tensor's global name, shape, dtype, shard and byte
 //! offsets, a SHA-256 per file) and `train_state.json` (step, seed, data-loader position,
-//! learning rate, the resolved config).
+//! learning rate, the resolved config; for RL runs the prompt cursor).
 //!
 //! Saving is asynchronous: the step copies tensors into a host-memory [`Snapshot`] and returns;
 //! a background writer writes into `step-<N>.tmp-*`, fsyncs, and publishes by renaming the
@@ -13,7 +13,7 @@ mod reader;
 mod writer;
 
 pub use export::export_hf;
-pub use format::{FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION};
+pub use format::{FileEntry, Manifest, RlState, TensorEntry, TrainState, FORMAT_VERSION};
 pub use reader::{list_steps, load_dir, load_latest, remove_stale_tmp, Loaded};
 pub use writer::{write_checkpoint, Checkpointer, SaveReport, SnapTensor, Snapshot};
 

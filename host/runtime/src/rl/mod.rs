@@ -1,7 +1,8 @@
 //! RL post-training: GRPO-family losses, the versioned rollout buffer, rollout workers on the
-//! same model plugin as the trainer, and the loop behind `anneal rl`.
+//! same model plugin as the trainer, and the loop behind `anneal rl` with its checkpoints.
 
 pub mod buffer;
+mod checkpoint;
 pub mod loss;
 pub mod rollout;
 mod run;

@@ -136,6 +136,8 @@ pub struct Sample {
 /// The completions of one prompt.
 #[derive(Clone, Debug)]
 pub struct Group {
+    /// The index of the prompt (in the run's [`PromptSource`]).
+    pub index: u64,
     /// `group_size` samples.
     pub samples: Vec<Sample>,
     /// Seconds spent generating.
@@ -251,6 +253,7 @@ pub fn rollout_groups(
                 })
                 .collect();
             groups[g] = Some(Group {
+                index: indices[g],
                 samples,
                 t_rollout,
                 t_reward: started.elapsed().as_secs_f64(),

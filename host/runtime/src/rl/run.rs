@@ -1,15 +1,19 @@
 //! The loop behind `anneal rl`: rollout workers fill the versioned buffer while the trainer
 //! takes batches, scores them with its own forward, applies the loss and publishes the new
-//! weights by version.
+//! weights by version; checkpoints are saved and resumed like those of `anneal train`.
 
 use super::buffer::RolloutBuffer;
+use super::checkpoint::{restore, snapshot, Progress};
 use super::loss::{entropies, gather_logprobs, rl_loss, LossBatch, LossSettings};
 use super::rollout::{
     evaluate, worker, Group, Prompt, PromptSource, RewardFailure, RolloutCtx, Scorer,
 };
-use crate::checkpoint::load_dir;
+use crate::checkpoint::{load_dir, Snapshot};
 use crate::infer::{token_logprob, Sampling};
 use crate::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
+use crate::train::checkpointing::{
+    checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due,
+};
 use crate::train::{io_err, Console, LrSchedule, MetricsLog, TrainError};
 use anneal_config::JobConfig;
 use anneal_data::TextTokenizer;
@@ -86,11 +90,15 @@ pub struct RlOptions {
 pub struct RlSummary {
     /// Steps completed.
     pub steps: u64,
+    /// The step this process resumed from (0 for a fresh start).
+    pub resumed_from: u64,
+    /// Whether a stop request ended the run early.
+    pub stopped: bool,
     /// Held-out accuracy before training and after the last evaluation.
     pub eval_first: Option<f64>,
     /// See `eval_first`.
     pub eval_last: Option<f64>,
-    /// The rows written.
+    /// The rows this process wrote.
     pub rows: Vec<RlRow>,
 }
 
@@ -218,7 +226,11 @@ fn publishable(named: &[(String, Tensor)], perturb: f32) -> Result<Params, Train
     Ok(Arc::new(out))
 }
 
-/// Trains `cfg` with RL in `run_dir`, scoring with `scorer`, until `training.steps` or `stop`.
+/// Trains `cfg` with RL in `run_dir`, scoring with `scorer`, until `training.steps` or until
+/// `stop` is set (which ends the run after the current step, with a checkpoint). A run dir with
+/// checkpoints resumes from the newest usable one; in synchronous mode (`rl.max_staleness = 0`,
+/// one rollout thread) the resumed run's metrics equal an uninterrupted run's bit for bit.
+/// Writes `config.toml`, `tokenizer.json`, `metrics.jsonl` and `checkpoints/` there.
 pub fn run_rl(
     cfg: &JobConfig,
     run_dir: &Path,
@@ -237,6 +249,7 @@ pub fn run_rl(
 
     let tok_path = tokenizer_path(cfg)?;
     let tokenizer = Arc::new(TextTokenizer::from_file(&tok_path)?);
+    keep_tokenizer(&tok_path, run_dir)?;
     let prompts = load_prompts(cfg)?;
     let model_plugin = find(&cfg.model.plugin)?;
     let args = serde_json::Value::Object(cfg.model.args.clone());
@@ -255,18 +268,31 @@ pub fn run_rl(
             ),
         ));
     }
-    let named: Vec<(String, Tensor)> = initial_params(cfg, &model, &|m| console.note(m))?
-        .into_iter()
-        .map(|(n, p)| (n, p.requires_grad_()))
-        .collect();
-    let params: Params = Arc::new(named.iter().cloned().collect());
-    let reference: Option<Params> = (r.kl_coef > 0.0)
-        .then(|| publishable(&named, 0.0))
-        .transpose()?;
     let opt_plugin = find(&cfg.optimizer.plugin)?;
     let opt_args = serde_json::Value::Object(cfg.optimizer.args.clone());
     let mut optimizer =
         PluginOptimizer::new(opt_plugin.name(), opt_plugin.create(None, &opt_args)?)?;
+    let mut restored = None;
+    let resumed = resume(cfg, run_dir, &console, |l| {
+        restored = Some(restore(cfg, &model, &mut optimizer, l)?);
+        Ok(())
+    })?;
+    let (named, reference, mut progress) = match restored {
+        Some(r) => (r.named, r.reference, r.progress),
+        None => {
+            let named: Vec<(String, Tensor)> = initial_params(cfg, &model, &|m| console.note(m))?
+                .into_iter()
+                .map(|(n, p)| (n, p.requires_grad_()))
+                .collect();
+            let reference: Option<Params> = (r.kl_coef > 0.0)
+                .then(|| publishable(&named, 0.0))
+                .transpose()?;
+            (named, reference, Progress::default())
+        }
+    };
+    // Metric times continue across restarts of the same run.
+    let clock = || resumed.elapsed_s + started.elapsed().as_secs_f64();
+    let params: Params = Arc::new(named.iter().cloned().collect());
     let schedule = LrSchedule::new(cfg.optimizer.lr, total, &cfg.lr_scheduler);
 
     let held_out = (r.eval_freq > 0).then(|| prompts.held_out(r.eval_prompts));
@@ -285,23 +311,31 @@ pub fn run_rl(
             seed: cfg.training.seed,
             eos: None,
         },
-        next_prompt: AtomicU64::new(0),
+        next_prompt: AtomicU64::new(progress.rl.next_prompt),
         failed: Mutex::new(None),
     });
     let capacity = r.prompts_per_step * (r.max_staleness as usize + 1);
+    let weights = publishable(&named, opts.perturb_rollout_weights)?;
     let buffer = Arc::new(RolloutBuffer::<Group, Params>::new(
-        publishable(&named, opts.perturb_rollout_weights)?,
+        weights.clone(),
         r.max_staleness,
         capacity,
     ));
+    if resumed.step > 0 {
+        // A resumed policy is version `step`: the first take is at that version.
+        buffer.publish(resumed.step, weights);
+    }
     console.note(&format!(
         "rl: {} steps of {} prompts x {} samples, loss {:?}, max_staleness {}, {} rollout thread(s)",
         total, r.prompts_per_step, r.group_size, r.loss, r.max_staleness, r.rollout_threads
     ));
 
+    let mut checkpointer = checkpointer(cfg, run_dir);
     let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
     let mut summary = RlSummary {
-        steps: 0,
+        steps: resumed.step,
+        resumed_from: resumed.step,
+        stopped: false,
         eval_first: None,
         eval_last: None,
         rows: Vec::new(),
@@ -320,10 +354,15 @@ pub fn run_rl(
             None => Ok(None),
         }
     };
-    if let Some(acc) = eval(&params)? {
+    let first_eval = if resumed.step == 0 {
+        eval(&params)?
+    } else {
+        None
+    };
+    if let Some(acc) = first_eval {
         let row = RlRow {
             eval_accuracy: Some(acc),
-            time: started.elapsed().as_secs_f64(),
+            time: clock(),
             ..Default::default()
         };
         console.note(&format!("step      0  eval_accuracy {acc:.3}"));
@@ -379,9 +418,10 @@ pub fn run_rl(
     };
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
-        for version in 0..total {
+        for version in resumed.step..total {
             if stop.load(Ordering::SeqCst) {
                 console.note(&format!("stop requested: ending after step {version}"));
+                summary.stopped = true;
                 break;
             }
             let waited = Instant::now();
@@ -421,11 +461,9 @@ pub fn run_rl(
             );
             let t_train = train_started.elapsed().as_secs_f64();
 
-            let samples: Vec<_> = taken
-                .items
-                .iter()
-                .flat_map(|it| it.value.samples.iter())
-                .collect();
+            let groups: Vec<&Group> = taken.items.iter().map(|it| &it.value).collect();
+            progress.record(step, lr, &groups);
+            let samples: Vec<_> = groups.iter().flat_map(|g| g.samples.iter()).collect();
             let n = samples.len() as f64;
             let rewards: Vec<f64> = samples.iter().map(|s| s.scored.reward).collect();
             let mean = rewards.iter().sum::<f64>() / n;
@@ -475,13 +513,19 @@ pub fn run_rl(
                 row.eval_accuracy = eval(&trainer.params)?;
                 summary.eval_last = row.eval_accuracy;
             }
-            row.time = started.elapsed().as_secs_f64();
+            row.time = clock();
             log.write(&row).map_err(io_err(log.path()))?;
             if step % cfg.metrics.log_freq == 0 || step == total || row.eval_accuracy.is_some() {
                 console.note(&format_row(&row));
             }
             summary.steps = step;
             summary.rows.push(row);
+            if save_due(cfg, step, total) {
+                let elapsed = clock();
+                save(&mut checkpointer, step, &console, |spare| {
+                    trainer.snapshot(cfg, &progress, &optimizer, elapsed, spare)
+                })?;
+            }
         }
         Ok(())
     })();
@@ -490,8 +534,18 @@ pub fn run_rl(
         let _ = w.join();
     }
     result?;
+    let elapsed = clock();
+    save_at_exit(
+        &mut checkpointer,
+        summary.stopped,
+        progress.step,
+        resumed.step,
+        &console,
+        |spare| trainer.snapshot(cfg, &progress, &optimizer, elapsed, spare),
+    )?;
     console.note(&format!(
-        "done after step {} ({:.1}s)",
+        "{} after step {} ({:.1}s)",
+        if summary.stopped { "stopped" } else { "done" },
         summary.steps,
         started.elapsed().as_secs_f64()
     ));
@@ -586,6 +640,27 @@ fn layout(items: &[super::buffer::Item<Group>], version: u64) -> Layout {
 }
 
 impl RlTrainer<'_> {
+    /// A checkpoint of the policy, `optimizer`'s state and the KL reference after `progress`.
+    fn snapshot(
+        &self,
+        cfg: &JobConfig,
+        progress: &Progress,
+        optimizer: &PluginOptimizer,
+        elapsed_s: f64,
+        spare: Vec<Vec<u8>>,
+    ) -> Snapshot {
+        let reference = self.reference.as_ref();
+        snapshot(
+            cfg,
+            progress,
+            elapsed_s,
+            &self.named,
+            optimizer,
+            reference,
+            spare,
+        )
+    }
+
     fn zero_grad(&self) {
         for (_, p) in &self.named {
             p.zero_grad();

@@ -1,6 +1,7 @@
 //! Pretraining: the trainer ([`Trainer`]), learning-rate schedules, metrics, and the run loop
 //! behind `anneal train` ([`run`]).
 
+pub(crate) mod checkpointing;
 mod metrics;
 mod run;
 mod schedule;

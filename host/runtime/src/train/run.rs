@@ -1,8 +1,8 @@
 //! The loop behind `anneal train`: resume, step, log, evaluate, checkpoint, stop on request.
 
+use super::checkpointing::{checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due};
 use super::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use super::{io_err, TrainError, Trainer};
-use crate::checkpoint::{load_latest, remove_stale_tmp, CheckpointError, Checkpointer};
 use anneal_config::JobConfig;
 use anneal_engine::alloc;
 use std::path::Path;
@@ -37,9 +37,9 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
     let mut console = Console::new(total, 0, cfg.metrics.progress_bar);
     console.note(&format!("run dir: {}", run_dir.display()));
     let mut trainer = Trainer::new(cfg, &|m| console.note(m))?;
-    let tokenizer_copy = run_dir.join("tokenizer.json");
-    std::fs::copy(trainer.tokenizer().1, &tokenizer_copy).map_err(io_err(&tokenizer_copy))?;
-    let (resumed_from, elapsed_before) = resume(cfg, run_dir, &mut trainer, &console)?;
+    keep_tokenizer(trainer.tokenizer().1, run_dir)?;
+    let resumed = resume(cfg, run_dir, &console, |l| trainer.restore(l))?;
+    let (resumed_from, elapsed_before) = (resumed.step, resumed.elapsed_s);
     // Metric times continue across restarts of the same run.
     let clock = |now: Instant| elapsed_before + now.duration_since(started).as_secs_f64();
     console.set_start(resumed_from);
@@ -54,9 +54,7 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         cfg.training.batch_size,
         cfg.training.seq_len
     ));
-    let ck = &cfg.checkpoint;
-    let mut checkpointer =
-        Checkpointer::new(run_dir.join("checkpoints"), ck.keep_latest, ck.async_save);
+    let mut checkpointer = checkpointer(cfg, run_dir);
     let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
     let (log_freq, eval_freq) = (cfg.metrics.log_freq, cfg.metrics.eval_freq);
     let (mut window_tokens, mut window_seconds) = (0u64, 0f64);
@@ -112,22 +110,23 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
             log.write(&row).map_err(io_err(log.path()))?;
             console.row(&row);
         }
-        if (ck.interval > 0 && out.step % ck.interval == 0) || last {
-            save(&mut checkpointer, &trainer, clock(Instant::now()), &console)?;
+        if save_due(cfg, out.step, total) {
+            let elapsed = clock(Instant::now());
+            save(&mut checkpointer, out.step, &console, |spare| {
+                trainer.snapshot(elapsed, spare)
+            })?;
         }
         console.progress(out.step);
     }
-    if summary.stopped
-        && trainer.step() > resumed_from
-        && checkpointer.last_saved() != Some(trainer.step())
-    {
-        save(&mut checkpointer, &trainer, clock(Instant::now()), &console)?;
-    }
-    if let Some(e) = checkpointer.wait() {
-        return Err(TrainError::Checkpoint(CheckpointError::Mismatch(format!(
-            "the last save failed: {e}"
-        ))));
-    }
+    let elapsed = clock(Instant::now());
+    save_at_exit(
+        &mut checkpointer,
+        summary.stopped,
+        trainer.step(),
+        resumed_from,
+        &console,
+        |spare| trainer.snapshot(elapsed, spare),
+    )?;
     console.finish();
     console.note(&format!(
         "{} after step {} ({:.1}s)",
@@ -136,89 +135,4 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         started.elapsed().as_secs_f64()
     ));
     Ok(summary)
-}
-
-/// Loads the newest usable checkpoint of the run dir into `trainer`; returns its step and the
-/// seconds trained before it ((0, 0) when starting fresh).
-fn resume(
-    cfg: &JobConfig,
-    run_dir: &Path,
-    trainer: &mut Trainer,
-    console: &Console,
-) -> Result<(u64, f64), TrainError> {
-    let root = run_dir.join("checkpoints");
-    for name in remove_stale_tmp(&root) {
-        console.note(&format!("checkpoint: removed the incomplete save {name}"));
-    }
-    let loaded = match load_latest(&root, cfg.checkpoint.load_step, &|m| console.note(m)) {
-        Ok(l) => l,
-        Err(e @ CheckpointError::NoneUsable { .. }) if cfg.checkpoint.allow_fresh_start => {
-            console.note(&format!(
-                "{e}: starting fresh (checkpoint.allow_fresh_start)"
-            ));
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let Some(loaded) = loaded else {
-        return Ok((0, 0.0));
-    };
-    let (step, elapsed) = (loaded.state.step, loaded.state.elapsed_s);
-    console.note(&format!(
-        "resuming from {} (step {step})",
-        loaded.dir.display()
-    ));
-    trainer.restore(loaded)?;
-    keep_metrics_up_to(run_dir, step)?;
-    Ok((step, elapsed))
-}
-
-/// Drops metric rows past `step` (written after the checkpoint by a run that then died), so the
-/// resumed curve continues without duplicates. Rewrites the file atomically.
-fn keep_metrics_up_to(run_dir: &Path, step: u64) -> Result<(), TrainError> {
-    let path = run_dir.join("metrics.jsonl");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Ok(());
-    };
-    let kept: String = text
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .and_then(|v| v["step"].as_u64())
-                .is_some_and(|s| s <= step)
-        })
-        .flat_map(|l| [l, "\n"])
-        .collect();
-    let tmp = run_dir.join("metrics.jsonl.tmp");
-    std::fs::write(&tmp, kept).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err(&path))
-}
-
-/// Snapshots the trainer and hands it to the checkpointer, reporting time the step was blocked.
-fn save(
-    checkpointer: &mut Checkpointer,
-    trainer: &Trainer,
-    elapsed_s: f64,
-    console: &Console,
-) -> Result<(), TrainError> {
-    let started = Instant::now();
-    let report = checkpointer.save(|spare| trainer.snapshot(elapsed_s, spare))?;
-    if let Some(e) = report.previous_failed {
-        console.note(&format!("checkpoint: the previous save failed: {e}"));
-    }
-    let blocked = started.elapsed().as_secs_f64();
-    let waited = if report.waited_s > 0.01 {
-        format!(
-            ", {:.2}s of it waiting for the previous save",
-            report.waited_s
-        )
-    } else {
-        String::new()
-    };
-    console.note(&format!(
-        "checkpoint: step {} saving; training blocked {blocked:.3}s{waited}",
-        trainer.step()
-    ));
-    Ok(())
 }

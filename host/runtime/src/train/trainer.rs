@@ -294,6 +294,7 @@ impl Trainer {
             model: format!("{}/{}", self.cfg.model.plugin, self.cfg.model.flavor),
             optimizer: self.cfg.optimizer.plugin.clone(),
             config: self.cfg.to_toml(),
+            rl: None,
         };
         let params = self.named.iter().map(|(n, p)| (format!("model/{n}"), p));
         let optim = self
@@ -312,6 +313,13 @@ impl Trainer {
                 ckpt.dir.display()
             )))
         };
+        if ckpt.state.rl.is_some() {
+            return Err(mismatch(
+                "a checkpoint of an RL run (`anneal rl`); start `anneal train` from it through \
+                 `anneal checkpoint export --to-hf` and checkpoint.init_from_hf"
+                    .into(),
+            ));
+        }
         if ckpt.state.seed != self.cfg.training.seed {
             return Err(mismatch(format!(
                 "saved with training.seed = {}, the config has {}",

@@ -1,0 +1,181 @@
+//! What an RL checkpoint holds and how a run continues from one. The tensors are named like the
+//! trainer's — the policy as `model/<name>`, the optimizer state as `optim/<param>.<state>` — so
+//! `anneal checkpoint export`, `anneal generate` and a later `rl.init_from` read them as they
+//! read any checkpoint; the frozen KL reference is `ref/<name>`; the counters are the
+//! [`RlState`] of `train_state.json`.
+
+use crate::checkpoint::{CheckpointError, Loaded, RlState, Snapshot, TrainState};
+use crate::plugins::{Params, PluginModel, PluginOptimizer};
+use crate::train::TrainError;
+use anneal_config::JobConfig;
+use anneal_data::LoaderState;
+use anneal_engine::Tensor;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Where an RL run stands after a step, besides its tensors.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Progress {
+    /// Trainer steps completed.
+    pub step: u64,
+    /// Learning rate of the last step.
+    pub lr: f64,
+    /// Completion tokens trained on.
+    pub tokens: u64,
+    /// Where the rollouts continue, and samples trained on.
+    pub rl: RlState,
+}
+
+impl Progress {
+    /// Counts a step's groups in: the prompt cursor moves past the highest prompt index trained
+    /// on (prompts in flight below it are skipped on resume, none is trained on twice).
+    pub fn record(&mut self, step: u64, lr: f64, groups: &[&super::rollout::Group]) {
+        self.step = step;
+        self.lr = lr;
+        for g in groups {
+            self.rl.next_prompt = self.rl.next_prompt.max(g.index + 1);
+            self.rl.samples += g.samples.len() as u64;
+            self.tokens += g
+                .samples
+                .iter()
+                .map(|s| s.logprobs.len() as u64)
+                .sum::<u64>();
+        }
+    }
+}
+
+/// A host-memory copy of everything an exact resume needs: the policy `named`, the optimizer
+/// state, the KL `reference` (when the run keeps one) and `progress`. `spare` buffers from the
+/// previous snapshot are reused.
+pub(super) fn snapshot(
+    cfg: &JobConfig,
+    progress: &Progress,
+    elapsed_s: f64,
+    named: &[(String, Tensor)],
+    optimizer: &PluginOptimizer,
+    reference: Option<&Params>,
+    spare: Vec<Vec<u8>>,
+) -> Snapshot {
+    let state = TrainState {
+        step: progress.step,
+        seed: cfg.training.seed,
+        loader: LoaderState {
+            epoch: 0,
+            cursor: 0,
+        },
+        lr: progress.lr,
+        tokens: progress.tokens,
+        elapsed_s,
+        model: format!("{}/{}", cfg.model.plugin, cfg.model.flavor),
+        optimizer: cfg.optimizer.plugin.clone(),
+        config: cfg.to_toml(),
+        rl: Some(progress.rl.clone()),
+    };
+    let params = named.iter().map(|(n, p)| (format!("model/{n}"), p));
+    let optim = optimizer
+        .state()
+        .iter()
+        .map(|(n, t)| (format!("optim/{n}"), t));
+    // In the policy's (sorted) order, so the same run writes the same file.
+    let frozen = reference.into_iter().flat_map(|r| {
+        named
+            .iter()
+            .filter_map(|(n, _)| r.get(n).map(|t| (format!("ref/{n}"), t)))
+    });
+    Snapshot::capture(state, params.chain(optim).chain(frozen), spare)
+}
+
+/// What a run continues with after [`restore`].
+pub(super) struct Restored {
+    /// The policy, sorted by name, as leaves that take gradients.
+    pub named: Vec<(String, Tensor)>,
+    /// The frozen KL reference, when `rl.kl_coef > 0`.
+    pub reference: Option<Params>,
+    /// The counters.
+    pub progress: Progress,
+}
+
+/// Continues from an RL checkpoint: the policy (checked against `model`'s parameters), the
+/// optimizer state (into `optimizer`), the KL reference when `rl.kl_coef > 0`, and the
+/// counters. A checkpoint of `anneal train`, of another seed or without the reference the config
+/// needs is a [`CheckpointError::Mismatch`].
+pub(super) fn restore(
+    cfg: &JobConfig,
+    model: &PluginModel,
+    optimizer: &mut PluginOptimizer,
+    ckpt: Loaded,
+) -> Result<Restored, TrainError> {
+    let mismatch = |m: String| {
+        TrainError::Checkpoint(CheckpointError::Mismatch(format!(
+            "{}: {m}",
+            ckpt.dir.display()
+        )))
+    };
+    let Some(rl) = ckpt.state.rl.clone() else {
+        return Err(mismatch(
+            "a checkpoint of `anneal train`, not of an RL run; start RL from it with \
+             rl.init_from in a new run dir"
+                .into(),
+        ));
+    };
+    if ckpt.state.seed != cfg.training.seed {
+        return Err(mismatch(format!(
+            "saved with training.seed = {}, the config has {}",
+            ckpt.state.seed, cfg.training.seed
+        )));
+    }
+    let tensor = |prefix: &str, name: &str, shape: &[usize]| -> Result<Tensor, TrainError> {
+        let key = format!("{prefix}/{name}");
+        let t = ckpt
+            .tensors
+            .get(&key)
+            .ok_or_else(|| mismatch(format!("no tensor {key}")))?;
+        if t.shape() != shape {
+            return Err(mismatch(format!(
+                "{key} is {:?}, the model wants {shape:?}",
+                t.shape()
+            )));
+        }
+        Ok(t.detach())
+    };
+    let mut named = Vec::new();
+    for p in &model.spec().params {
+        named.push((p.name.clone(), tensor("model", &p.name, &p.shape)?));
+    }
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let reference = if cfg.rl.kl_coef > 0.0 {
+        if !ckpt.tensors.keys().any(|k| k.starts_with("ref/")) {
+            return Err(mismatch(
+                "no KL reference (ref/*): it was saved with rl.kl_coef = 0, the config has \
+                 rl.kl_coef > 0"
+                    .into(),
+            ));
+        }
+        let mut frozen = HashMap::new();
+        for (name, p) in &named {
+            frozen.insert(name.clone(), tensor("ref", name, p.shape())?);
+        }
+        Some(Arc::new(frozen))
+    } else {
+        None
+    };
+    let optim = ckpt
+        .tensors
+        .iter()
+        .filter_map(|(n, t)| n.strip_prefix("optim/").map(|k| (k.to_string(), t.clone())))
+        .collect();
+    optimizer.load_state(&named, optim).map_err(mismatch)?;
+    Ok(Restored {
+        named: named
+            .into_iter()
+            .map(|(n, t)| (n, t.requires_grad_()))
+            .collect(),
+        reference,
+        progress: Progress {
+            step: ckpt.state.step,
+            lr: ckpt.state.lr,
+            tokens: ckpt.state.tokens,
+            rl,
+        },
+    })
+}
