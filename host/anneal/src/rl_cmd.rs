@@ -57,7 +57,7 @@ impl Scorer for WasmScorer {
 fn scorer(cfg: &anneal_config::JobConfig) -> anyhow::Result<WasmScorer> {
     let r = &cfg.rl;
     if r.rewards.is_empty() {
-        anyhow::bail!("config: `rl.rewards`: name at least one reward module, e.g. rewards = [{{ path = \"reward-wasm/out/exact_match.wat\", weight = 1.0 }}]");
+        anyhow::bail!("config: `rl.rewards`: name at least one reward module, e.g. rewards = [{{ path = \"reward-wasm/examples/exact_match/reward.wat\", weight = 1.0 }}]");
     }
     let sandbox = Sandbox::new(SandboxConfig {
         timeout: Duration::from_millis(r.reward_timeout_ms),

@@ -205,6 +205,7 @@ fn asynchronous_workers_respect_the_staleness_bound() {
         &[
             "rl.max_staleness=2",
             "rl.rollout_threads=2",
+            "rl.rollout_compute_threads=1",
             "training.steps=5",
             "rl.loss=\"dr_grpo\"",
             "rl.is_correction_cap=2.0",
