@@ -14,6 +14,26 @@ fn anneal() -> Command {
     Command::new(env!("CARGO_BIN_EXE_anneal"))
 }
 
+/// `anneal reward test MODULE ARGS..` with `input` on standard input.
+fn reward_test(module: &Path, args: &[&str], input: &[u8]) -> std::process::Output {
+    let mut child = anneal()
+        .args(["reward", "test"])
+        .arg(module)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run anneal");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write stdin");
+    child.wait_with_output().expect("wait")
+}
+
 #[test]
 fn scores_the_shared_cases_one_json_line_each() {
     let root = reward_wasm();
@@ -61,22 +81,11 @@ fn errors_are_reported_per_line_with_their_kind() {
             (loop (br 0)) (f64.const 0)))"#,
     )
     .expect("write module");
-    let mut child = anneal()
-        .args(["reward", "test"])
-        .arg(&spin)
-        .args(["--fuel", "10000", "--error-reward", "-1"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run anneal");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"{\"prompt\":\"p\",\"completion\":\"c\",\"metadata\":{}}\n")
-        .expect("write stdin");
-    let out = child.wait_with_output().expect("wait");
+    let out = reward_test(
+        &spin,
+        &["--fuel", "10000", "--error-reward", "-1"],
+        b"{\"prompt\":\"p\",\"completion\":\"c\",\"metadata\":{}}\n",
+    );
     assert!(out.status.success());
     let got: Value = serde_json::from_slice(&out.stdout).expect("json line");
     assert_eq!(got["error"], "fuel_exhausted");
@@ -96,21 +105,11 @@ fn user_errors_exit_2_with_one_line() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(stderr.contains("/no/such/module.wasm"), "{stderr}");
 
-    let mut child = anneal()
-        .args(["reward", "test"])
-        .arg(reward_wasm().join("examples/wat/reward.wat"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run anneal");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(b"not json\n")
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+    let out = reward_test(
+        &reward_wasm().join("examples/wat/reward.wat"),
+        &[],
+        b"not json\n",
+    );
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("line 1"), "{stderr}");
@@ -126,21 +125,11 @@ fn demo_scores(module: &str, cases: &[(&str, &str)]) -> Vec<Value> {
                 + "\n"
         })
         .collect();
-    let mut child = anneal()
-        .args(["reward", "test"])
-        .arg(reward_wasm().join(format!("examples/{module}/reward.wat")))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run anneal");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write cases");
-    let out = child.wait_with_output().expect("wait");
+    let out = reward_test(
+        &reward_wasm().join(format!("examples/{module}/reward.wat")),
+        &[],
+        input.as_bytes(),
+    );
     assert!(
         out.status.success(),
         "{}",
