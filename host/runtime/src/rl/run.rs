@@ -14,7 +14,9 @@ use crate::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
 use crate::train::checkpointing::{
     checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due,
 };
-use crate::train::{io_err, Console, LrSchedule, MetricsLog, TrainError};
+use crate::train::{
+    clip_grads, global_grad_norm, io_err, Console, LrSchedule, MetricsLog, TrainError,
+};
 use anneal_config::JobConfig;
 use anneal_data::TextTokenizer;
 use anneal_engine::invariant::set_batch_invariant;
@@ -754,21 +756,8 @@ impl RlTrainer<'_> {
         )?;
         let loss = out.loss.item()? as f64;
         out.loss.backward()?;
-        let grad_norm = self
-            .named
-            .iter()
-            .filter_map(|(_, p)| p.grad())
-            .map(|g| g.sum_of_squares())
-            .sum::<f64>()
-            .sqrt();
-        if max_grad_norm > 0.0 && grad_norm > max_grad_norm && grad_norm.is_finite() {
-            let scale = (max_grad_norm / (grad_norm + 1e-6)) as f32;
-            for (_, p) in &self.named {
-                if let Some(g) = p.grad() {
-                    p.set_grad(Some(g.mul_scalar(scale)?))?;
-                }
-            }
-        }
+        let grad_norm = global_grad_norm(&self.named);
+        clip_grads(&self.named, max_grad_norm, grad_norm)?;
         Ok(StepOut {
             loss,
             grad_norm,

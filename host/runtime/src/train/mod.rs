@@ -10,6 +10,7 @@ mod trainer;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, RunSummary};
 pub use schedule::LrSchedule;
+pub(crate) use trainer::{clip_grads, global_grad_norm};
 pub use trainer::{StepOutcome, Trainer};
 
 use std::path::PathBuf;

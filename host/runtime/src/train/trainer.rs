@@ -238,27 +238,14 @@ impl Trainer {
             loss.backward()?;
         }
         let loss = loss_sum / n_micro as f64;
-        let grad_norm = self
-            .named
-            .iter()
-            .filter_map(|(_, p)| p.grad())
-            .map(|g| g.sum_of_squares())
-            .sum::<f64>()
-            .sqrt();
+        let grad_norm = global_grad_norm(&self.named);
         for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
             if !value.is_finite() {
                 self.zero_grad();
                 return Err(TrainError::NonFinite { step, what, value });
             }
         }
-        if t.max_grad_norm > 0.0 && grad_norm > t.max_grad_norm {
-            let scale = (t.max_grad_norm / (grad_norm + 1e-6)) as f32;
-            for (_, p) in &self.named {
-                if let Some(g) = p.grad() {
-                    p.set_grad(Some(g.mul_scalar(scale)?))?;
-                }
-            }
-        }
+        clip_grads(&self.named, t.max_grad_norm, grad_norm)?;
         let lr = self.schedule.lr(step);
         self.optimizer.step(&self.named, step, lr)?;
         self.zero_grad();
@@ -376,4 +363,33 @@ impl Trainer {
         }
         Ok(Some(sum / self.val_batches.len() as f64))
     }
+}
+
+/// The global L2 norm of the parameters' gradients (f64 sums, so it does not depend on the
+/// thread count).
+pub(crate) fn global_grad_norm(named: &[(String, Tensor)]) -> f64 {
+    named
+        .iter()
+        .filter_map(|(_, p)| p.grad())
+        .map(|g| g.sum_of_squares())
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Scales the gradients down to global norm `max_norm` when their norm `norm` (from
+/// [`global_grad_norm`]) is finite and above it; `max_norm = 0` turns clipping off.
+pub(crate) fn clip_grads(
+    named: &[(String, Tensor)],
+    max_norm: f64,
+    norm: f64,
+) -> anneal_engine::Result<()> {
+    if max_norm > 0.0 && norm > max_norm && norm.is_finite() {
+        let scale = (max_norm / (norm + 1e-6)) as f32;
+        for (_, p) in named {
+            if let Some(g) = p.grad() {
+                p.set_grad(Some(g.mul_scalar(scale)?))?;
+            }
+        }
+    }
+    Ok(())
 }
