@@ -6,5 +6,5 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-cargo build --release --quiet -p anneal-plugin-llama -p anneal-runtime --example checkpoint_bench
+cargo build --release --quiet -p anneal-plugin-llama -p anneal-train --example checkpoint_bench
 "${CARGO_TARGET_DIR:-$REPO/target}/release/examples/checkpoint_bench" "$@"

@@ -215,7 +215,7 @@ fn main() -> ExitCode {
         } => rl_cmd::rl(&config, &set, run_dir),
         Command::Config(ConfigCommand::Show { config, set }) => train_cmd::show(&config, &set),
         Command::Checkpoint(CheckpointCommand::Export { to_hf, step_dir }) => {
-            anneal_runtime::checkpoint::export_hf(&step_dir, &to_hf)
+            anneal_train::checkpoint::export_hf(&step_dir, &to_hf)
                 .map(|()| println!("wrote {}", to_hf.display()))
                 .map_err(Into::into)
         }

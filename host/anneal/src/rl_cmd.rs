@@ -2,8 +2,8 @@
 
 use crate::train_cmd::{default_run_dir, install_stop_signals, load, Failure};
 use anneal_reward::{ErrorKind, RewardModule, Sandbox, SandboxConfig, ScoreInput};
-use anneal_runtime::rl::rollout::{Prompt, RewardFailure, Scored, Scorer};
-use anneal_runtime::rl::{run_rl, RlOptions};
+use anneal_rl::rollout::{Prompt, RewardFailure, Scored, Scorer};
+use anneal_rl::{run_rl, RlOptions};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

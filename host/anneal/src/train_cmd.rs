@@ -1,7 +1,7 @@
 //! `anneal train` and `anneal config show`.
 
 use anneal_config::{resolve, JobConfig, Source};
-use anneal_runtime::train;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub fn train(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow:
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
     let stop = install_stop_signals()?;
-    match train::run(&cfg, &run_dir, &stop) {
+    match anneal_train::run(&cfg, &run_dir, &stop) {
         Ok(_) => Ok(()),
         Err(e) if e.is_user_error() => Err(e.into()),
         Err(e) => Err(Failure(e.to_string()).into()),

@@ -1,8 +1,8 @@
-//! The runtime of the Anneal host: loading plugins and running them over the engine.
+//! The plugin host and model runner of Anneal: finding and loading plugins, serving their
+//! host-op calls over engine tensors, running models (stages, recompute, KV cache) and
+//! optimizers, Hugging Face directories, logprobs and generation. The run harness and trainer
+//! live in `anneal-train`, RL in `anneal-rl`.
 
-pub mod checkpoint;
 pub mod hf;
 pub mod infer;
 pub mod plugins;
-pub mod rl;
-pub mod train;

@@ -1,7 +1,7 @@
 //! `anneal logprobs` and `anneal generate` end to end: the binary, the llama plugin and the tiny
 //! Hugging Face fixtures (written by host/runtime/tests/reference/make_hf_fixtures.py).
 
-mod common;
+use anneal_tests::cli as common;
 
 use common::{anneal, root};
 use std::path::PathBuf;

@@ -2,8 +2,8 @@
 //! its parameters come from the checkpoint, and the plugin's adapter names the HF tensors.
 
 use super::{load_dir, CheckpointError};
-use crate::plugins::{find, PluginModel};
 use anneal_config::{resolve_with_env, Source};
+use anneal_runtime::plugins::{find, PluginModel};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -40,6 +40,6 @@ pub fn export_hf(step_dir: &Path, out: &Path) -> Result<(), CheckpointError> {
         .and_then(Path::parent)
         .map(|run| run.join("tokenizer.json"))
         .filter(|p| p.is_file());
-    crate::hf::export(out, model.spec(), &params, tokenizer.as_deref())
+    anneal_runtime::hf::export(out, model.spec(), &params, tokenizer.as_deref())
         .map_err(|e| fail(e.to_string()))
 }

@@ -1,8 +1,8 @@
 //! The loop behind `anneal train`: resume, step, log, evaluate, checkpoint, stop on request.
 
-use super::checkpointing::{checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due};
-use super::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
-use super::{io_err, TrainError, Trainer};
+use crate::checkpointing::{checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due};
+use crate::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
+use crate::{io_err, TrainError, Trainer};
 use anneal_config::JobConfig;
 use anneal_engine::alloc;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! real `anneal serve` with real training runs (and samples from a real checkpoint). Needs Debian's `chromium` and `npm install` in
 //! `web/` (both done by `scripts/setup.sh`). Screenshots land in `web/tests/screenshots/`.
 
-mod serve_common;
+use anneal_tests::serve as serve_common;
 
 use serve_common::{repo, temp_home, tiny_configs, Server};
 use std::process::Command;

@@ -2,11 +2,11 @@
 //! dir from its newest usable checkpoint, keeping `metrics.jsonl` in step with it, saving with a
 //! report of how long the step was blocked, and the save of a stopped run.
 
-use super::metrics::Console;
-use super::{io_err, TrainError};
 use crate::checkpoint::{
     load_latest, remove_stale_tmp, CheckpointError, Checkpointer, Loaded, Snapshot,
 };
+use crate::metrics::Console;
+use crate::{io_err, TrainError};
 use anneal_config::JobConfig;
 use std::path::Path;
 use std::time::Instant;
@@ -14,7 +14,7 @@ use std::time::Instant;
 /// Where a run starts: the step of the checkpoint it resumed from and the seconds trained before
 /// it (both 0 for a fresh start).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(crate) struct Resumed {
+pub struct Resumed {
     /// Steps completed by the checkpoint.
     pub step: u64,
     /// Seconds of training (over every earlier process of the run) up to that step.
@@ -22,21 +22,21 @@ pub(crate) struct Resumed {
 }
 
 /// The checkpointer of `run_dir` as `cfg.checkpoint` configures it.
-pub(crate) fn checkpointer(cfg: &JobConfig, run_dir: &Path) -> Checkpointer {
+pub fn checkpointer(cfg: &JobConfig, run_dir: &Path) -> Checkpointer {
     let ck = &cfg.checkpoint;
     Checkpointer::new(run_dir.join("checkpoints"), ck.keep_latest, ck.async_save)
 }
 
 /// Whether step `step` of a run of `total` steps is saved: every `checkpoint.interval` steps and
 /// at the last one.
-pub(crate) fn save_due(cfg: &JobConfig, step: u64, total: u64) -> bool {
+pub fn save_due(cfg: &JobConfig, step: u64, total: u64) -> bool {
     let interval = cfg.checkpoint.interval;
     (interval > 0 && step.is_multiple_of(interval)) || step == total
 }
 
 /// Copies the run's tokenizer to `<run_dir>/tokenizer.json` (what `anneal checkpoint export` and a
 /// later `rl.init_from` find next to the checkpoints); nothing to do when it already is that file.
-pub(crate) fn keep_tokenizer(tokenizer: &Path, run_dir: &Path) -> Result<(), TrainError> {
+pub fn keep_tokenizer(tokenizer: &Path, run_dir: &Path) -> Result<(), TrainError> {
     let copy = run_dir.join("tokenizer.json");
     let same = match (tokenizer.canonicalize(), copy.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -53,7 +53,7 @@ pub(crate) fn keep_tokenizer(tokenizer: &Path, run_dir: &Path) -> Result<(), Tra
 /// and with none usable the run fails unless `checkpoint.allow_fresh_start`), hands it to
 /// `restore`, and drops the metric rows a process wrote after it. A fresh start drops every row
 /// of an earlier attempt.
-pub(crate) fn resume(
+pub fn resume(
     cfg: &JobConfig,
     run_dir: &Path,
     console: &Console,
@@ -99,7 +99,7 @@ pub(crate) fn resume(
 /// Drops the rows of `metrics.jsonl` past `step` (all of them for `None`), written after the
 /// checkpoint by a run that then died, so the resumed curve continues without duplicates.
 /// Rewrites the file atomically; returns how many rows it dropped.
-pub(crate) fn keep_metrics_up_to(run_dir: &Path, step: Option<u64>) -> Result<usize, TrainError> {
+pub fn keep_metrics_up_to(run_dir: &Path, step: Option<u64>) -> Result<usize, TrainError> {
     let path = run_dir.join("metrics.jsonl");
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(0);
@@ -127,7 +127,7 @@ pub(crate) fn keep_metrics_up_to(run_dir: &Path, step: Option<u64>) -> Result<us
 
 /// Hands the snapshot `capture` builds (of step `step`) to the checkpointer, and notes how long
 /// the step was blocked and whether the previous background save failed.
-pub(crate) fn save(
+pub fn save(
     checkpointer: &mut Checkpointer,
     step: u64,
     console: &Console,
@@ -156,7 +156,7 @@ pub(crate) fn save(
 /// Ends a run's checkpointing: a run stopped on request after completing steps since
 /// `resumed_from` saves step `step` unless that step is saved already; then the save in flight
 /// is waited for, and its failure fails the run.
-pub(crate) fn save_at_exit(
+pub fn save_at_exit(
     checkpointer: &mut Checkpointer,
     stopped: bool,
     step: u64,

@@ -2,7 +2,7 @@
 //! resumes and the loss curve continues bit for bit; damaged checkpoints are skipped with the
 //! reason; retention; a graceful stop saves.
 
-mod common;
+use anneal_tests::cli as common;
 
 use common::{anneal, losses, ok, Job};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! (runs, configs, metrics, events, logs, checkpoints, plugins, rewards), bad input, the token,
 //! and a server killed and restarted while a run is active.
 
-mod serve_common;
+use anneal_tests::serve as serve_common;
 
 use serde_json::{json, Value};
 use serve_common::{alive, kill, temp_home, tiny_configs, Server};
@@ -586,7 +586,7 @@ fn a_token_guards_the_api() {
 fn one_server_per_home() {
     let home = temp_home("twice");
     let _first = Server::start(&home, &[]);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_anneal"))
+    let out = std::process::Command::new(anneal_tests::cli::anneal_bin())
         .args(["serve", "--addr", "127.0.0.1:0", "--home"])
         .arg(&home)
         .output()
@@ -599,7 +599,7 @@ fn one_server_per_home() {
 #[test]
 fn listening_beyond_loopback_needs_a_token() {
     let home = temp_home("public");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_anneal"))
+    let out = std::process::Command::new(anneal_tests::cli::anneal_bin())
         .args(["serve", "--addr", "0.0.0.0:0", "--home"])
         .arg(&home)
         .env_remove("ANNEAL_TOKEN")

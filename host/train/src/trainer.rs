@@ -1,14 +1,14 @@
 //! The trainer: a model plugin, its parameters, an optimizer plugin, a schedule and a data
 //! loader, advanced one optimizer step at a time.
 
-use super::schedule::LrSchedule;
-use super::TrainError;
 use crate::checkpoint::{CheckpointError, Loaded, Snapshot, TrainState};
-use crate::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
+use crate::schedule::LrSchedule;
+use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
 use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{autograd, Tensor};
+use anneal_runtime::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -108,7 +108,7 @@ impl Trainer {
                 note(&format!(
                     "model: weights from the Hugging Face directory {dir}"
                 ));
-                crate::hf::load_params(std::path::Path::new(dir), spec).map_err(|e| {
+                anneal_runtime::hf::load_params(std::path::Path::new(dir), spec).map_err(|e| {
                     TrainError::Config(format!("config: `checkpoint.init_from_hf`: {e}"))
                 })?
             }
@@ -367,7 +367,7 @@ impl Trainer {
 
 /// The global L2 norm of the parameters' gradients (f64 sums, so it does not depend on the
 /// thread count).
-pub(crate) fn global_grad_norm(named: &[(String, Tensor)]) -> f64 {
+pub fn global_grad_norm(named: &[(String, Tensor)]) -> f64 {
     named
         .iter()
         .filter_map(|(_, p)| p.grad())
@@ -378,7 +378,7 @@ pub(crate) fn global_grad_norm(named: &[(String, Tensor)]) -> f64 {
 
 /// Scales the gradients down to global norm `max_norm` when their norm `norm` (from
 /// [`global_grad_norm`]) is finite and above it; `max_norm = 0` turns clipping off.
-pub(crate) fn clip_grads(
+pub fn clip_grads(
     named: &[(String, Tensor)],
     max_norm: f64,
     norm: f64,

@@ -454,7 +454,8 @@ mod tests {
             .unwrap()
             .to_vec_f32();
         for (k, &tok) in targets.iter().enumerate() {
-            let want = crate::infer::token_logprob(&logits[k * 5..k * 5 + 5], tok as usize);
+            let want =
+                anneal_runtime::infer::token_logprob(&logits[k * 5..k * 5 + 5], tok as usize);
             assert!((got[k] - want).abs() < 1e-5);
         }
     }

@@ -1,11 +1,6 @@
 //! Shared by the `anneal serve` tests: a real server process on a random loopback port with its
 //! own home folder, and a minimal HTTP/1.1 client (no client crate needed for JSON calls).
 
-#![allow(dead_code)]
-
-#[path = "../common/mod.rs"]
-mod common;
-
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -15,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// The repository root.
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    crate::cli::root()
 }
 
 /// A fresh temporary folder for one test.
@@ -40,7 +35,7 @@ impl Server {
     /// Starts `anneal serve --addr 127.0.0.1:0 --home HOME` from the repository root (so
     /// `configs/` and `web/` are the repository's) with extra arguments.
     pub fn start(home: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_anneal"))
+        let mut child = Command::new(crate::cli::anneal_bin())
             .args(["serve", "--addr", "127.0.0.1:0", "--home"])
             .arg(home)
             .args(extra)
@@ -342,8 +337,8 @@ pub fn tiny_configs(home: &Path) -> PathBuf {
     let dir = home.join("configs");
     let corpus = home.join("corpus");
     std::fs::create_dir_all(&dir).expect("configs dir");
-    common::write_tiny_corpus(&corpus);
-    let config = common::tiny_config_toml(&corpus, &home.join("data-cache"), 6, 3);
+    crate::cli::write_tiny_corpus(&corpus);
+    let config = crate::cli::tiny_config_toml(&corpus, &home.join("data-cache"), 6, 3);
     std::fs::write(dir.join("tiny.toml"), config).expect("config");
     dir
 }

@@ -2,25 +2,25 @@
 //! takes batches, scores them with its own forward, applies the loss and publishes the new
 //! weights by version; checkpoints are saved and resumed like those of `anneal train`.
 
-use super::buffer::RolloutBuffer;
-use super::checkpoint::{restore, snapshot, Progress};
-use super::loss::{entropies, gather_logprobs, rl_loss, LossBatch, LossSettings};
-use super::rollout::{
+use crate::buffer::RolloutBuffer;
+use crate::checkpoint::{restore, snapshot, Progress};
+use crate::loss::{entropies, gather_logprobs, rl_loss, LossBatch, LossSettings};
+use crate::rollout::{
     evaluate, worker, Group, Prompt, PromptSource, RewardFailure, RolloutCtx, Scorer,
-};
-use crate::checkpoint::{load_dir, Snapshot};
-use crate::infer::{token_logprob, Sampling};
-use crate::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
-use crate::train::checkpointing::{
-    checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due,
-};
-use crate::train::{
-    clip_grads, global_grad_norm, io_err, Console, LrSchedule, MetricsLog, TrainError,
 };
 use anneal_config::JobConfig;
 use anneal_data::TextTokenizer;
 use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::{autograd, Tensor};
+use anneal_runtime::infer::{token_logprob, Sampling};
+use anneal_runtime::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
+use anneal_train::checkpoint::{load_dir, Snapshot};
+use anneal_train::checkpointing::{
+    checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due,
+};
+use anneal_train::{
+    clip_grads, global_grad_norm, io_err, Console, LrSchedule, MetricsLog, TrainError,
+};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -149,7 +149,7 @@ fn initial_params(
         out
     } else if dir.join("config.json").exists() {
         note(&format!("policy: Hugging Face directory {from}"));
-        crate::hf::load_params(dir, model.spec())
+        anneal_runtime::hf::load_params(dir, model.spec())
             .map_err(|e| cfg_err("rl.init_from", e))?
             .into_iter()
             .collect()
@@ -606,8 +606,8 @@ struct Layout {
     current: Vec<bool>,
 }
 
-fn layout(items: &[super::buffer::Item<Group>], version: u64) -> Layout {
-    let samples: Vec<(u64, &super::rollout::Sample)> = items
+fn layout(items: &[crate::buffer::Item<Group>], version: u64) -> Layout {
+    let samples: Vec<(u64, &crate::rollout::Sample)> = items
         .iter()
         .flat_map(|it| it.value.samples.iter().map(move |s| (it.version, s)))
         .collect();
@@ -673,7 +673,7 @@ impl RlTrainer<'_> {
     /// and clipping. The caller applies the optimizer.
     fn step(
         &mut self,
-        items: &[super::buffer::Item<Group>],
+        items: &[crate::buffer::Item<Group>],
         version: u64,
         max_grad_norm: f64,
     ) -> Result<StepOut, TrainError> {

@@ -2,13 +2,13 @@
 //! completions with the trainer's own model plugin and scores them.
 //!
 //! A worker takes several prompts at once and decodes all their completions together, one batch
-//! row each (prefill + KV-cache decode via [`crate::infer::generate_batch`], prompts bucketed by
+//! row each (prefill + KV-cache decode via [`anneal_runtime::infer::generate_batch`], prompts bucketed by
 //! token length); several workers run side by side on threads.
 
-use super::buffer::RolloutBuffer;
-use crate::infer::{generate_batch, Sampling};
-use crate::plugins::{Params, PluginModel};
+use crate::buffer::RolloutBuffer;
 use anneal_data::TextTokenizer;
+use anneal_runtime::infer::{generate_batch, Sampling};
+use anneal_runtime::plugins::{Params, PluginModel};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 fn reward_wasm() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reward-wasm")
+    anneal_tests::cli::root().join("reward-wasm")
 }
 
 fn anneal() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_anneal"))
+    Command::new(anneal_tests::cli::anneal_bin())
 }
 
 /// `anneal reward test MODULE ARGS..` with `input` on standard input.

@@ -3,12 +3,10 @@
 //! without stopping the run, the staleness bound with asynchronous workers, and a stop request
 //! that saves a checkpoint the same run continues from bit for bit.
 
-mod common;
-
 use anneal_config::{resolve, Source};
 use anneal_data::TextTokenizer;
-use anneal_runtime::rl::rollout::{Prompt, RewardFailure, Scored, Scorer};
-use anneal_runtime::rl::{run_rl, RlOptions, RlSummary};
+use anneal_rl::rollout::{Prompt, RewardFailure, Scored, Scorer};
+use anneal_rl::{run_rl, RlOptions, RlSummary};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -50,13 +48,13 @@ impl Scorer for ExactMatch {
 }
 
 fn setup(name: &str) -> PathBuf {
-    common::plugin_dir();
+    anneal_tests::cli::built_dir();
     let dir = std::env::temp_dir().join(format!("anneal-rl-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let docs: Vec<String> = (0..200u64)
         .map(|i| {
-            let (p, a) = anneal_runtime::rl::rollout::digits_sort_task(99, i);
+            let (p, a) = anneal_rl::rollout::digits_sort_task(99, i);
             format!("{p}{a}")
         })
         .collect();

@@ -1,5 +1,4 @@
-//! Shared by the CLI tests: the repository root and the `anneal` binary with its plugins.
-#![allow(dead_code)]
+//! The repository root, the `anneal` binary with its plugins, and tiny training jobs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -7,39 +6,56 @@ use std::sync::OnceLock;
 
 /// The repository root.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// The anneal binary, with the model and optimizer plugins built next to it (same profile).
-pub fn anneal() -> Command {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_anneal"));
+/// The folder of this test's profile (`target/<profile>/`), after building the `anneal` binary
+/// and every plugin crate of the workspace in it, once per test process (a nested `cargo build`
+/// with the running test's profile, so nothing is built twice).
+pub fn built_dir() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let profile = match bin
+        // A test runs as target/<profile>/deps/<test>-<hash>.
+        let exe = std::env::current_exe().expect("the test's own path");
+        let out_dir = exe
             .parent()
-            .and_then(|p| p.file_name())
-            .and_then(|n| n.to_str())
-        {
+            .and_then(Path::parent)
+            .expect("tests run from target/<profile>/deps")
+            .to_path_buf();
+        let profile = match out_dir.file_name().and_then(|n| n.to_str()) {
             Some("debug") | None => "dev".to_string(),
             Some(p) => p.to_string(),
         };
-        let ok = Command::new(env!("CARGO"))
-            .args(["build", "--profile", &profile])
-            .args([
-                "-p",
-                "anneal-plugin-llama",
-                "-p",
-                "anneal-plugin-adamw",
-                "-p",
-                "anneal-plugin-sgd",
-            ])
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.args(["build", "--profile", &profile]);
+        for p in [
+            "anneal",
+            "anneal-plugin-llama",
+            "anneal-plugin-adamw",
+            "anneal-plugin-sgd",
+            "anneal-testplugin-bad-api",
+        ] {
+            cargo.args(["-p", p]);
+        }
+        let ok = cargo
             .current_dir(root())
             .status()
             .expect("run cargo")
             .success();
-        assert!(ok, "building the plugins failed");
-    });
-    let mut c = Command::new(bin);
+        assert!(ok, "building anneal and its plugins failed");
+        out_dir
+    })
+}
+
+/// The `anneal` binary (see [`built_dir`]).
+pub fn anneal_bin() -> PathBuf {
+    built_dir().join("anneal")
+}
+
+/// A command running the `anneal` binary (see [`anneal_bin`]), with no plugin path from the
+/// environment.
+pub fn anneal() -> Command {
+    let mut c = Command::new(anneal_bin());
     c.env_remove("ANNEAL_PLUGIN_PATH");
     c
 }

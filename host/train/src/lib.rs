@@ -1,7 +1,9 @@
-//! Pretraining: the trainer ([`Trainer`]), learning-rate schedules, metrics, and the run loop
-//! behind `anneal train` ([`run`]).
+//! Training runs: checkpoints ([`checkpoint`]), the run loop's side of them shared with
+//! `anneal rl` ([`checkpointing`]), the pretraining [`Trainer`], learning-rate schedules,
+//! metrics, and the loop behind `anneal train` ([`run`]).
 
-pub(crate) mod checkpointing;
+pub mod checkpoint;
+pub mod checkpointing;
 mod metrics;
 mod run;
 mod schedule;
@@ -10,8 +12,7 @@ mod trainer;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, RunSummary};
 pub use schedule::LrSchedule;
-pub(crate) use trainer::{clip_grads, global_grad_norm};
-pub use trainer::{StepOutcome, Trainer};
+pub use trainer::{clip_grads, global_grad_norm, StepOutcome, Trainer};
 
 use std::path::PathBuf;
 
@@ -26,7 +27,7 @@ pub enum TrainError {
     Data(#[from] anneal_data::DataError),
     /// A plugin is missing, mismatched or failed.
     #[error(transparent)]
-    Plugin(#[from] crate::plugins::PluginError),
+    Plugin(#[from] anneal_runtime::plugins::PluginError),
     /// An op failed (shapes, dtypes); a bug in a plugin or the host.
     #[error("engine: {0}")]
     Engine(#[from] anneal_engine::Error),
@@ -70,7 +71,8 @@ impl TrainError {
     }
 }
 
-pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+/// Maps an IO error on `path` to [`TrainError::Io`].
+pub fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |source| TrainError::Io {
         path: path.to_path_buf(),
         source,

@@ -2,7 +2,7 @@
 //! bitwise determinism, gradient accumulation, one-line errors with exit code 2, the non-finite
 //! guard, and a graceful stop on SIGTERM.
 
-mod common;
+use anneal_tests::cli as common;
 
 use common::{anneal, losses, ok, rows, Job};
 use std::process::{Output, Stdio};

@@ -3,7 +3,7 @@
 //! checkpoints serve export, generation and a later run's `rl.init_from`; reward calls that trap
 //! or never return are counted per kind while the run completes.
 
-mod common;
+use anneal_tests::cli as common;
 
 use common::{anneal, ok, rows};
 use serde_json::Value;
@@ -61,7 +61,7 @@ impl RlJob {
         std::fs::create_dir_all(&dir).unwrap();
         let docs: Vec<String> = (0..200u64)
             .map(|i| {
-                let (p, a) = anneal_runtime::rl::rollout::digits_sort_task(99, i);
+                let (p, a) = anneal_rl::rollout::digits_sort_task(99, i);
                 format!("{p}{a}")
             })
             .collect();

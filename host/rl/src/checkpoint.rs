@@ -4,12 +4,12 @@
 //! read any checkpoint; the frozen KL reference is `ref/<name>`; the counters are the
 //! [`RlState`] of `train_state.json`.
 
-use crate::checkpoint::{CheckpointError, Loaded, RlState, Snapshot, TrainState};
-use crate::plugins::{Params, PluginModel, PluginOptimizer};
-use crate::train::TrainError;
 use anneal_config::JobConfig;
 use anneal_data::LoaderState;
 use anneal_engine::Tensor;
+use anneal_runtime::plugins::{Params, PluginModel, PluginOptimizer};
+use anneal_train::checkpoint::{CheckpointError, Loaded, RlState, Snapshot, TrainState};
+use anneal_train::TrainError;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -29,7 +29,7 @@ pub(super) struct Progress {
 impl Progress {
     /// Counts a step's groups in: the prompt cursor moves past the highest prompt index trained
     /// on (prompts in flight below it are skipped on resume, none is trained on twice).
-    pub fn record(&mut self, step: u64, lr: f64, groups: &[&super::rollout::Group]) {
+    pub fn record(&mut self, step: u64, lr: f64, groups: &[&crate::rollout::Group]) {
         self.step = step;
         self.lr = lr;
         for g in groups {

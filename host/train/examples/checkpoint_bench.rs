@@ -3,8 +3,8 @@
 //! Run through `bash bench/checkpoint_bench.sh` (needs the llama plugin built in target/release).
 
 use anneal_engine::Tensor;
-use anneal_runtime::checkpoint::{write_checkpoint, Checkpointer, Snapshot, TrainState};
 use anneal_runtime::plugins::{find, PluginModel};
+use anneal_train::checkpoint::{write_checkpoint, Checkpointer, Snapshot, TrainState};
 use std::path::Path;
 use std::time::Instant;
 

@@ -1,0 +1,5 @@
+//! Support for Anneal's end-to-end tests: the `anneal` binary with its plugins ([`cli`]) and a
+//! server on a random loopback port with a small HTTP client ([`serve`]).
+
+pub mod cli;
+pub mod serve;
