@@ -210,6 +210,12 @@ pub struct Checkpoint {
     pub load_step: Option<u64>,
     /// Start fresh when a run dir has checkpoints but none is usable.
     pub allow_fresh_start: bool,
+    /// Resume even when the tokenizer differs from the one the checkpoint was trained with
+    /// (compared by the SHA-256 recorded in `train_state.json`).
+    pub allow_tokenizer_change: bool,
+    /// Resume even when the training data (the tokenized stream, or an RL run's prompts)
+    /// differs from the checkpoint's.
+    pub allow_data_change: bool,
     /// Start from the weights of a Hugging Face directory.
     pub init_from_hf: Option<String>,
 }
@@ -222,6 +228,8 @@ impl Default for Checkpoint {
             async_save: true,
             load_step: None,
             allow_fresh_start: false,
+            allow_tokenizer_change: false,
+            allow_data_change: false,
             init_from_hf: None,
         }
     }

@@ -50,6 +50,14 @@ impl CacheKey {
     }
 }
 
+/// Hex SHA-256 of `data` (all 32 bytes).
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Writes `data` to `path` through a temporary file in the same folder and a rename, so a reader
 /// never sees a half-written cache file (also when two processes fill the same cache).
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {

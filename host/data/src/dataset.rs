@@ -74,6 +74,15 @@ impl TokenDataset {
     }
 }
 
+impl TokenDataset {
+    /// Hex SHA-256 of the training stream (little-endian u32 ids): it changes with the corpus,
+    /// the tokenizer, `text_field` and `val_fraction`, which is what checkpoints record to refuse
+    /// resuming on other data.
+    pub fn train_sha256(&self) -> String {
+        crate::cache::sha256_hex(&to_le_bytes(&self.train))
+    }
+}
+
 /// Splits each encoded document into a training head and a validation tail, as documented on
 /// [`TokenDataset::build`].
 fn split_documents(docs: &[Vec<u32>], eos_id: u32, val_fraction: f64) -> (Vec<u32>, Vec<u32>) {

@@ -168,6 +168,12 @@ impl TextTokenizer {
             .map_err(|e| tok_err(&self.origin, e))
     }
 
+    /// Hex SHA-256 of [`TextTokenizer::to_json`]: equal hashes mean the same tokenizer, whatever
+    /// file it was read from. Checkpoints record it so a run never resumes with another one.
+    pub fn sha256(&self) -> Result<String> {
+        Ok(crate::cache::sha256_hex(self.to_json()?.as_bytes()))
+    }
+
     fn wrap(inner: Tokenizer, eos_id: u32, origin: String) -> Self {
         let max_id = inner
             .get_vocab(true)

@@ -8,14 +8,15 @@ use anneal_config::JobConfig;
 use anneal_data::LoaderState;
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::{Params, PluginModel, PluginOptimizer};
-use anneal_train::checkpoint::{CheckpointError, Loaded, RlState, Snapshot, TrainState};
+use anneal_train::checkpoint::{Loaded, RlState, Snapshot, TrainState};
+use anneal_train::harness::{params_from_checkpoint, restore_optimizer, Provenance};
 use anneal_train::TrainError;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Where an RL run stands after a step, besides its tensors.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct Progress {
+pub(crate) struct Progress {
     /// Trainer steps completed.
     pub step: u64,
     /// Learning rate of the last step.
@@ -47,16 +48,18 @@ impl Progress {
 /// A host-memory copy of everything an exact resume needs: the policy `named`, the optimizer
 /// state, the KL `reference` (when the run keeps one) and `progress`. `spare` buffers from the
 /// previous snapshot are reused.
-pub(super) fn snapshot(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn snapshot(
     cfg: &JobConfig,
     progress: &Progress,
+    provenance: &Provenance,
     elapsed_s: f64,
     named: &[(String, Tensor)],
     optimizer: &PluginOptimizer,
     reference: Option<&Params>,
     spare: Vec<Vec<u8>>,
 ) -> Snapshot {
-    let state = TrainState {
+    let mut state = TrainState {
         step: progress.step,
         seed: cfg.training.seed,
         loader: LoaderState {
@@ -69,8 +72,11 @@ pub(super) fn snapshot(
         model: format!("{}/{}", cfg.model.plugin, cfg.model.flavor),
         optimizer: cfg.optimizer.plugin.clone(),
         config: cfg.to_toml(),
+        tokenizer_sha256: None,
+        data_sha256: None,
         rl: Some(progress.rl.clone()),
     };
+    provenance.stamp(&mut state);
     let params = named.iter().map(|(n, p)| (format!("model/{n}"), p));
     let optim = optimizer
         .state()
@@ -86,7 +92,7 @@ pub(super) fn snapshot(
 }
 
 /// What a run continues with after [`restore`].
-pub(super) struct Restored {
+pub(crate) struct Restored {
     /// The policy, sorted by name, as leaves that take gradients.
     pub named: Vec<(String, Tensor)>,
     /// The frozen KL reference, when `rl.kl_coef > 0`.
@@ -95,76 +101,36 @@ pub(super) struct Restored {
     pub progress: Progress,
 }
 
-/// Continues from an RL checkpoint: the policy (checked against `model`'s parameters), the
-/// optimizer state (into `optimizer`), the KL reference when `rl.kl_coef > 0`, and the
-/// counters. A checkpoint of `anneal train`, of another seed or without the reference the config
-/// needs is a [`CheckpointError::Mismatch`].
-pub(super) fn restore(
+/// Continues from an RL checkpoint that [`anneal_train::harness::resume`] accepted: the policy
+/// (checked against `model`'s parameters), the optimizer state (into `optimizer`), the KL
+/// reference when `rl.kl_coef > 0`, and the counters. A checkpoint without the reference the
+/// config needs is a mismatch.
+pub(crate) fn restore(
     cfg: &JobConfig,
     model: &PluginModel,
     optimizer: &mut PluginOptimizer,
     ckpt: Loaded,
 ) -> Result<Restored, TrainError> {
-    let mismatch = |m: String| {
-        TrainError::Checkpoint(CheckpointError::Mismatch(format!(
-            "{}: {m}",
-            ckpt.dir.display()
-        )))
-    };
-    let Some(rl) = ckpt.state.rl.clone() else {
-        return Err(mismatch(
-            "a checkpoint of `anneal train`, not of an RL run; start RL from it with \
-             rl.init_from in a new run dir"
-                .into(),
-        ));
-    };
-    if ckpt.state.seed != cfg.training.seed {
-        return Err(mismatch(format!(
-            "saved with training.seed = {}, the config has {}",
-            ckpt.state.seed, cfg.training.seed
-        )));
-    }
-    let tensor = |prefix: &str, name: &str, shape: &[usize]| -> Result<Tensor, TrainError> {
-        let key = format!("{prefix}/{name}");
-        let t = ckpt
-            .tensors
-            .get(&key)
-            .ok_or_else(|| mismatch(format!("no tensor {key}")))?;
-        if t.shape() != shape {
-            return Err(mismatch(format!(
-                "{key} is {:?}, the model wants {shape:?}",
-                t.shape()
-            )));
-        }
-        Ok(t.detach())
-    };
-    let mut named = Vec::new();
-    for p in &model.spec().params {
-        named.push((p.name.clone(), tensor("model", &p.name, &p.shape)?));
-    }
-    named.sort_by(|a, b| a.0.cmp(&b.0));
+    let rl = ckpt.state.rl.clone().unwrap_or_default();
+    let named = params_from_checkpoint(&ckpt, model, "model")?;
     let reference = if cfg.rl.kl_coef > 0.0 {
         if !ckpt.tensors.keys().any(|k| k.starts_with("ref/")) {
-            return Err(mismatch(
-                "no KL reference (ref/*): it was saved with rl.kl_coef = 0, the config has \
-                 rl.kl_coef > 0"
-                    .into(),
+            return Err(TrainError::Checkpoint(
+                anneal_train::checkpoint::CheckpointError::Mismatch(format!(
+                    "{}: no KL reference (ref/*): it was saved with rl.kl_coef = 0, the config \
+                     has rl.kl_coef > 0",
+                    ckpt.dir.display()
+                )),
             ));
         }
-        let mut frozen = HashMap::new();
-        for (name, p) in &named {
-            frozen.insert(name.clone(), tensor("ref", name, p.shape())?);
-        }
+        let frozen: HashMap<String, Tensor> = params_from_checkpoint(&ckpt, model, "ref")?
+            .into_iter()
+            .collect();
         Some(Arc::new(frozen))
     } else {
         None
     };
-    let optim = ckpt
-        .tensors
-        .iter()
-        .filter_map(|(n, t)| n.strip_prefix("optim/").map(|k| (k.to_string(), t.clone())))
-        .collect();
-    optimizer.load_state(&named, optim).map_err(mismatch)?;
+    restore_optimizer(&ckpt, &named, optimizer)?;
     Ok(Restored {
         named: named
             .into_iter()

@@ -1,10 +1,25 @@
 //! RL post-training: GRPO-family losses, the versioned rollout buffer, rollout workers on the
 //! same model plugin as the trainer, and the loop behind `anneal rl` with its checkpoints.
+//!
+//! ```text
+//! run.rs         the loop: resume, rollouts in, one trainer step per batch, publish, log, save
+//! setup.rs       tokenizer, prompts, plugins and the starting policy of a run
+//! trainer.rs     one trainer step: batch-invariant forward, logprob mismatch, loss, backward
+//! loss.rs        GRPO / Dr.GRPO / DAPO, k3 KL, truncated importance ratio
+//! rollout.rs     prompts, rollout workers, scoring, held-out evaluation
+//! buffer.rs      the rollout buffer keyed by policy version (bounded staleness)
+//! checkpoint.rs  what an RL checkpoint holds beyond the trainer's tensors
+//! metrics.rs     the per-step row of metrics.jsonl
+//! ```
 
 pub mod buffer;
 mod checkpoint;
 pub mod loss;
+mod metrics;
 pub mod rollout;
 mod run;
+mod setup;
+mod trainer;
 
-pub use run::{run_rl, RlOptions, RlRow, RlSummary};
+pub use metrics::RlRow;
+pub use run::{run_rl, RlOptions, RlSummary};

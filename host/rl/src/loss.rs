@@ -45,6 +45,21 @@ pub struct LossSettings {
     pub entropy_coef: f64,
 }
 
+impl LossSettings {
+    /// The settings `rl.*` configures.
+    pub fn from_config(r: &anneal_config::Rl) -> LossSettings {
+        LossSettings {
+            kind: r.loss,
+            clip_low: r.clip_low,
+            clip_high: r.clip_high,
+            kl_coef: r.kl_coef,
+            is_cap: r.is_correction_cap,
+            norm_len: r.max_new_tokens,
+            entropy_coef: r.entropy_coef,
+        }
+    }
+}
+
 /// One batch as the loss sees it. Host vectors are row-major `[N, L]`.
 pub struct LossBatch<'a> {
     /// Trainer log-probabilities of the completion tokens, `[N, L]` (records the graph).

@@ -1,83 +1,26 @@
 //! The loop behind `anneal rl`: rollout workers fill the versioned buffer while the trainer
 //! takes batches, scores them with its own forward, applies the loss and publishes the new
-//! weights by version; checkpoints are saved and resumed like those of `anneal train`.
+//! weights by version. The run directory, resume and saving are the run harness's
+//! ([`anneal_train::harness`]), as for `anneal train`.
 
 use crate::buffer::RolloutBuffer;
-use crate::checkpoint::{restore, snapshot, Progress};
-use crate::loss::{entropies, gather_logprobs, rl_loss, LossBatch, LossSettings};
-use crate::rollout::{
-    evaluate, worker, Group, Prompt, PromptSource, RewardFailure, RolloutCtx, Scorer,
-};
+use crate::checkpoint::{restore, Progress};
+use crate::loss::LossSettings;
+use crate::metrics::RlRow;
+use crate::rollout::{evaluate, worker, Group, Prompt, RolloutCtx, Scorer};
+use crate::setup::{initial_params, prepare, Setup};
+use crate::trainer::{publishable, RlTrainer, StepOut};
 use anneal_config::JobConfig;
-use anneal_data::TextTokenizer;
-use anneal_engine::invariant::set_batch_invariant;
-use anneal_engine::{autograd, Tensor};
-use anneal_runtime::infer::{token_logprob, Sampling};
-use anneal_runtime::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
-use anneal_train::checkpoint::{load_dir, Snapshot};
-use anneal_train::checkpointing::{
-    checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due,
-};
-use anneal_train::{
-    clip_grads, global_grad_norm, io_err, Console, LrSchedule, MetricsLog, TrainError,
-};
-use serde::Serialize;
-use std::path::{Path, PathBuf};
+use anneal_engine::Tensor;
+use anneal_runtime::infer::Sampling;
+use anneal_runtime::plugins::Params;
+use anneal_train::harness::{resume, RunDir, RunKind, Saver};
+use anneal_train::{io_err, Console, LrSchedule, MetricsLog, TrainError};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Instant;
-
-/// One row of an RL run's `metrics.jsonl`.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct RlRow {
-    /// Trainer steps completed (0: the row before training, with the starting accuracy).
-    pub step: u64,
-    /// Mean combined reward of the step's samples.
-    pub reward_mean: f64,
-    /// Their standard deviation.
-    pub reward_std: f64,
-    /// Share of samples a reward module called correct (`None` when none reports it).
-    pub accuracy: Option<f64>,
-    /// Mean completion length in tokens.
-    pub response_len_mean: f64,
-    /// Mean per-token entropy of the trainer's distribution over completion tokens (nats).
-    pub entropy: f64,
-    /// Mean k3 KL to the reference (`None` without `rl.kl_coef`).
-    pub kl_ref: Option<f64>,
-    /// Max |rollout − trainer| logprob over samples of the current version (0 expected).
-    pub logprob_mismatch_max: f64,
-    /// Mean policy-version lag of the step's samples.
-    pub staleness_mean: f64,
-    /// Failed reward calls in this step's samples (timeouts included).
-    pub reward_errors: u64,
-    /// Of which timeouts.
-    pub reward_timeouts: u64,
-    /// Rollout seconds of this step's groups (summed over workers).
-    pub t_rollout: f64,
-    /// Reward seconds of this step's groups.
-    pub t_reward: f64,
-    /// Trainer seconds (forward, backward, update, publish).
-    pub t_train: f64,
-    /// Seconds the trainer waited for rollouts.
-    pub t_wait: f64,
-    /// The loss value.
-    pub loss: f64,
-    /// Gradient norm before clipping.
-    pub grad_norm: f64,
-    /// Learning rate.
-    pub lr: f64,
-    /// Groups dropped for equal rewards (`dapo`).
-    pub dropped_groups: u64,
-    /// Rollouts discarded for staleness.
-    pub dropped_stale: u64,
-    /// Samples trained on per second of wall time since the previous row.
-    pub samples_per_s: f64,
-    /// Greedy accuracy on the held-out prompts, on evaluation steps.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub eval_accuracy: Option<f64>,
-    /// Seconds since the start.
-    pub time: f64,
-}
 
 /// Knobs for tests.
 #[derive(Clone, Debug, Default)]
@@ -104,135 +47,12 @@ pub struct RlSummary {
     pub rows: Vec<RlRow>,
 }
 
-fn cfg_err(key: &str, msg: impl std::fmt::Display) -> TrainError {
-    TrainError::Config(format!("config: `{key}`: {msg}"))
-}
-
-/// The starting parameters: a checkpoint step dir, a Hugging Face dir, or fresh ones.
-fn initial_params(
-    cfg: &JobConfig,
-    model: &PluginModel,
-    note: &dyn Fn(&str),
-) -> Result<Vec<(String, Tensor)>, TrainError> {
-    let from = &cfg.rl.init_from;
-    let dir = Path::new(from);
-    let mut named: Vec<(String, Tensor)> = if from.is_empty() {
-        note("policy: fresh weights from training.seed");
-        model.init_params(cfg.training.seed)?.into_iter().collect()
-    } else if dir.join("manifest.json").exists() {
-        note(&format!("policy: checkpoint {from}"));
-        let loaded = load_dir(dir)?;
-        let mut out = Vec::new();
-        for p in &model.spec().params {
-            let t = loaded
-                .tensors
-                .get(&format!("model/{}", p.name))
-                .ok_or_else(|| {
-                    cfg_err(
-                        "rl.init_from",
-                        format!("{from} has no parameter {}", p.name),
-                    )
-                })?;
-            if t.shape() != p.shape.as_slice() {
-                return Err(cfg_err(
-                    "rl.init_from",
-                    format!(
-                        "{} is {:?} in {from}, the model wants {:?}",
-                        p.name,
-                        t.shape(),
-                        p.shape
-                    ),
-                ));
-            }
-            out.push((p.name.clone(), t.detach()));
-        }
-        out
-    } else if dir.join("config.json").exists() {
-        note(&format!("policy: Hugging Face directory {from}"));
-        anneal_runtime::hf::load_params(dir, model.spec())
-            .map_err(|e| cfg_err("rl.init_from", e))?
-            .into_iter()
-            .collect()
-    } else {
-        return Err(cfg_err(
-            "rl.init_from",
-            format!("{from} is neither a checkpoint step dir (manifest.json) nor a Hugging Face dir (config.json)"),
-        ));
-    };
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(named)
-}
-
-fn tokenizer_path(cfg: &JobConfig) -> Result<PathBuf, TrainError> {
-    let r = &cfg.rl;
-    if !r.tokenizer.is_empty() {
-        return Ok(PathBuf::from(&r.tokenizer));
-    }
-    let dir = Path::new(&r.init_from);
-    // A checkpoint step dir sits in <run>/checkpoints/step-N, next to <run>/tokenizer.json.
-    let candidates = [dir.join("tokenizer.json"), dir.join("../../tokenizer.json")];
-    candidates.into_iter().find(|p| p.exists()).ok_or_else(|| {
-        cfg_err(
-            "rl.tokenizer",
-            "not set, and no tokenizer.json next to rl.init_from",
-        )
-    })
-}
-
-fn load_prompts(cfg: &JobConfig) -> Result<PromptSource, TrainError> {
-    let r = &cfg.rl;
-    if r.prompts_path.is_empty() {
-        return Ok(PromptSource::DigitsSort { seed: r.task_seed });
-    }
-    let path = Path::new(&r.prompts_path);
-    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
-    let mut list = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let p: Prompt = serde_json::from_str(line).map_err(|e| {
-            cfg_err(
-                "rl.prompts_path",
-                format!(
-                    "{} line {}: expected {{\"prompt\":..,\"metadata\":{{..}}}} ({e})",
-                    path.display(),
-                    i + 1
-                ),
-            )
-        })?;
-        list.push(p);
-    }
-    if list.is_empty() {
-        return Err(cfg_err(
-            "rl.prompts_path",
-            format!("{} has no prompts", path.display()),
-        ));
-    }
-    Ok(PromptSource::List(Arc::new(list)))
-}
-
-/// Detached copies of the parameters: what the rollout side gets for one version (the
-/// trainer's own tensors change in place at the next step).
-fn publishable(named: &[(String, Tensor)], perturb: f32) -> Result<Params, TrainError> {
-    let _g = autograd::no_grad();
-    let mut out = std::collections::HashMap::new();
-    for (n, p) in named {
-        let copy = if perturb != 0.0 {
-            p.detach().add_scalar(perturb)?
-        } else {
-            p.detach().mul_scalar(1.0)?
-        };
-        out.insert(n.clone(), copy);
-    }
-    Ok(Arc::new(out))
-}
-
 /// Trains `cfg` with RL in `run_dir`, scoring with `scorer`, until `training.steps` or until
 /// `stop` is set (which ends the run after the current step, with a checkpoint). A run dir with
 /// checkpoints resumes from the newest usable one; in synchronous mode (`rl.max_staleness = 0`,
 /// one rollout thread) the resumed run's metrics equal an uninterrupted run's bit for bit.
-/// Writes `config.toml`, `tokenizer.json`, `metrics.jsonl` and `checkpoints/` there.
+/// Holds the run dir for its lifetime and writes `config.toml`, `tokenizer.json`,
+/// `metrics.jsonl` and `checkpoints/` there, the first two only once a resume was accepted.
 pub fn run_rl(
     cfg: &JobConfig,
     run_dir: &Path,
@@ -242,40 +62,20 @@ pub fn run_rl(
 ) -> Result<RlSummary, TrainError> {
     let started = Instant::now();
     let r = &cfg.rl;
-    std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;
-    let config_path = run_dir.join("config.toml");
-    std::fs::write(&config_path, cfg.to_toml()).map_err(io_err(&config_path))?;
+    let run = RunDir::open(run_dir)?;
     let total = cfg.training.steps;
     let console = Console::new(total, 0, cfg.metrics.progress_bar);
     console.note(&format!("run dir: {}", run_dir.display()));
-
-    let tok_path = tokenizer_path(cfg)?;
-    let tokenizer = Arc::new(TextTokenizer::from_file(&tok_path)?);
-    keep_tokenizer(&tok_path, run_dir)?;
-    let prompts = load_prompts(cfg)?;
-    let model_plugin = find(&cfg.model.plugin)?;
-    let args = serde_json::Value::Object(cfg.model.args.clone());
-    let model = Arc::new(PluginModel::new(
-        model_plugin.name(),
-        model_plugin.create(Some(&cfg.model.flavor), &args)?,
-    )?);
-    if tokenizer.vocab_size() > model.spec().vocab_size {
-        return Err(cfg_err(
-            "model.args.vocab_size",
-            format!(
-                "the model has {} embeddings but {} has {} tokens",
-                model.spec().vocab_size,
-                tok_path.display(),
-                tokenizer.vocab_size()
-            ),
-        ));
-    }
-    let opt_plugin = find(&cfg.optimizer.plugin)?;
-    let opt_args = serde_json::Value::Object(cfg.optimizer.args.clone());
-    let mut optimizer =
-        PluginOptimizer::new(opt_plugin.name(), opt_plugin.create(None, &opt_args)?)?;
+    let Setup {
+        tokenizer,
+        tokenizer_path,
+        prompts,
+        model,
+        mut optimizer,
+        provenance,
+    } = prepare(cfg)?;
     let mut restored = None;
-    let resumed = resume(cfg, run_dir, &console, |l| {
+    let resumed = resume(cfg, &run, RunKind::Rl, &provenance, &console, |l| {
         restored = Some(restore(cfg, &model, &mut optimizer, l)?);
         Ok(())
     })?;
@@ -292,6 +92,7 @@ pub fn run_rl(
             (named, reference, Progress::default())
         }
     };
+    run.record(cfg, &tokenizer_path)?;
     // Metric times continue across restarts of the same run.
     let clock = || resumed.elapsed_s + started.elapsed().as_secs_f64();
     let params: Params = Arc::new(named.iter().cloned().collect());
@@ -332,7 +133,7 @@ pub fn run_rl(
         total, r.prompts_per_step, r.group_size, r.loss, r.max_staleness, r.rollout_threads
     ));
 
-    let mut checkpointer = checkpointer(cfg, run_dir);
+    let mut saver = Saver::new(cfg, &run);
     let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
     let mut summary = RlSummary {
         steps: resumed.step,
@@ -342,80 +143,43 @@ pub fn run_rl(
         eval_last: None,
         rows: Vec::new(),
     };
-    let eval = |params: &Params| -> Result<Option<f64>, TrainError> {
-        match &held_out {
-            Some(p) => Ok(Some(evaluate(
-                &model,
-                params,
-                &tokenizer,
-                scorer.as_ref(),
-                p,
-                r.prepend_eos,
-                r.max_new_tokens,
-            )?)),
-            None => Ok(None),
-        }
-    };
-    let first_eval = if resumed.step == 0 {
-        eval(&params)?
-    } else {
-        None
-    };
-    if let Some(acc) = first_eval {
-        let row = RlRow {
-            eval_accuracy: Some(acc),
-            time: clock(),
-            ..Default::default()
+    let eval =
+        |params: &Params, held_out: &Option<Vec<Prompt>>| -> Result<Option<f64>, TrainError> {
+            match held_out {
+                Some(p) => Ok(Some(evaluate(
+                    &model,
+                    params,
+                    &tokenizer,
+                    scorer.as_ref(),
+                    p,
+                    r.prepend_eos,
+                    r.max_new_tokens,
+                )?)),
+                None => Ok(None),
+            }
         };
-        console.note(&format!("step      0  eval_accuracy {acc:.3}"));
-        log.write(&row).map_err(io_err(log.path()))?;
-        summary.eval_first = Some(acc);
-        summary.eval_last = Some(acc);
-        summary.rows.push(row);
+    if resumed.step == 0 {
+        if let Some(acc) = eval(&params, &held_out)? {
+            let row = RlRow {
+                eval_accuracy: Some(acc),
+                time: clock(),
+                ..Default::default()
+            };
+            console.note(&format!("step      0  eval_accuracy {acc:.3}"));
+            log.write(&row).map_err(io_err(log.path()))?;
+            summary.eval_first = Some(acc);
+            summary.eval_last = Some(acc);
+            summary.rows.push(row);
+        }
     }
 
-    // Each worker batches its share of a step's prompts into one decode.
-    let max_groups = r.prompts_per_step.div_ceil(r.rollout_threads);
-    // With `rollout_compute_threads`, each worker computes on a private pool of that many
-    // threads instead of sharing the trainer's, so rollouts and training overlap on separate
-    // cores rather than taking turns on all of them.
-    let pools = (0..r.rollout_threads)
-        .map(|_| {
-            (r.rollout_compute_threads > 0)
-                .then(|| {
-                    rayon::ThreadPoolBuilder::new()
-                        .num_threads(r.rollout_compute_threads)
-                        .build()
-                })
-                .transpose()
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| cfg_err("rl.rollout_compute_threads", e))?;
-    let workers: Vec<_> = pools
-        .into_iter()
-        .map(|pool| {
-            let (ctx, buffer) = (ctx.clone(), buffer.clone());
-            std::thread::spawn(move || match pool {
-                Some(pool) => pool.install(|| worker(ctx, buffer, max_groups)),
-                None => worker(ctx, buffer, max_groups),
-            })
-        })
-        .collect();
-    let settings = LossSettings {
-        kind: r.loss,
-        clip_low: r.clip_low,
-        clip_high: r.clip_high,
-        kl_coef: r.kl_coef,
-        is_cap: r.is_correction_cap,
-        norm_len: r.max_new_tokens,
-        entropy_coef: r.entropy_coef,
-    };
+    let workers = spawn_workers(cfg, &ctx, &buffer)?;
     let mut trainer = RlTrainer {
         model: &model,
         params,
         named,
         reference,
-        settings,
+        settings: LossSettings::from_config(r),
         group_size: r.group_size,
     };
     let mut last_row_time = Instant::now();
@@ -428,13 +192,10 @@ pub fn run_rl(
             }
             let waited = Instant::now();
             let Some(taken) = buffer.take(r.prompts_per_step, version) else {
-                let msg = ctx
-                    .failed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone()
-                    .unwrap_or_else(|| "the rollout workers stopped".into());
-                return Err(TrainError::Config(msg));
+                let failed = ctx.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                return Err(TrainError::Rollout(
+                    failed.unwrap_or_else(|| "the rollout workers stopped".into()),
+                ));
             };
             let t_wait = waited.elapsed().as_secs_f64();
             let step = version + 1;
@@ -462,72 +223,29 @@ pub fn run_rl(
                 publishable(&trainer.named, opts.perturb_rollout_weights)?,
             );
             let t_train = train_started.elapsed().as_secs_f64();
-
             let groups: Vec<&Group> = taken.items.iter().map(|it| &it.value).collect();
             progress.record(step, lr, &groups);
-            let samples: Vec<_> = groups.iter().flat_map(|g| g.samples.iter()).collect();
-            let n = samples.len() as f64;
-            let rewards: Vec<f64> = samples.iter().map(|s| s.scored.reward).collect();
-            let mean = rewards.iter().sum::<f64>() / n;
-            let std = (rewards.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
-            let judged: Vec<bool> = samples.iter().filter_map(|s| s.scored.correct).collect();
-            let failures = samples.iter().flat_map(|s| s.scored.failures.iter());
-            let (mut errors, mut timeouts) = (0, 0);
-            for f in failures {
-                errors += 1;
-                if *f == RewardFailure::Timeout {
-                    timeouts += 1;
-                }
-            }
-            let mut row = RlRow {
-                step,
-                reward_mean: mean,
-                reward_std: std,
-                accuracy: (!judged.is_empty())
-                    .then(|| judged.iter().filter(|&&c| c).count() as f64 / judged.len() as f64),
-                response_len_mean: samples.iter().map(|s| s.logprobs.len() as f64).sum::<f64>() / n,
-                entropy: out.entropy,
-                kl_ref: trainer.reference.as_ref().map(|_| out.kl),
-                logprob_mismatch_max: out.mismatch_max,
-                staleness_mean: taken
-                    .items
-                    .iter()
-                    .map(|it| (version - it.version) as f64)
-                    .sum::<f64>()
-                    / taken.items.len() as f64,
-                reward_errors: errors,
-                reward_timeouts: timeouts,
-                t_rollout: taken.items.iter().map(|it| it.value.t_rollout).sum(),
-                t_reward: taken.items.iter().map(|it| it.value.t_reward).sum(),
-                t_train,
-                t_wait,
-                loss: out.loss,
-                grad_norm: out.grad_norm,
-                lr,
-                dropped_groups: out.dropped_groups as u64,
-                dropped_stale: taken.dropped as u64,
-                samples_per_s: n / last_row_time.elapsed().as_secs_f64().max(1e-9),
-                eval_accuracy: None,
-                time: 0.0,
-            };
+
+            let since_last = last_row_time.elapsed().as_secs_f64();
             last_row_time = Instant::now();
+            let mut row = RlRow::of_step(step, version, lr, &taken, &out, since_last);
+            row.t_train = t_train;
+            row.t_wait = t_wait;
             if r.eval_freq > 0 && (step % r.eval_freq == 0 || step == total) {
-                row.eval_accuracy = eval(&trainer.params)?;
+                row.eval_accuracy = eval(&trainer.params, &held_out)?;
                 summary.eval_last = row.eval_accuracy;
             }
             row.time = clock();
             log.write(&row).map_err(io_err(log.path()))?;
             if step % cfg.metrics.log_freq == 0 || step == total || row.eval_accuracy.is_some() {
-                console.note(&format_row(&row));
+                console.note(&row.console_line());
             }
             summary.steps = step;
             summary.rows.push(row);
-            if save_due(cfg, step, total) {
-                let elapsed = clock();
-                save(&mut checkpointer, step, &console, |spare| {
-                    trainer.snapshot(cfg, &progress, &optimizer, elapsed, spare)
-                })?;
-            }
+            let elapsed = clock();
+            saver.save_if_due(step, &console, |spare| {
+                trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare)
+            })?;
         }
         Ok(())
     })();
@@ -537,13 +255,12 @@ pub fn run_rl(
     }
     result?;
     let elapsed = clock();
-    save_at_exit(
-        &mut checkpointer,
+    saver.finish(
         summary.stopped,
         progress.step,
         resumed.step,
         &console,
-        |spare| trainer.snapshot(cfg, &progress, &optimizer, elapsed, spare),
+        |spare| trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare),
     )?;
     console.note(&format!(
         "{} after step {} ({:.1}s)",
@@ -554,217 +271,37 @@ pub fn run_rl(
     Ok(summary)
 }
 
-fn format_row(r: &RlRow) -> String {
-    let mut s = format!(
-        "step {:>6}  reward {:.3}±{:.3}  len {:.1}  entropy {:.3}  mismatch {:e}  stale {:.2}  loss {:.4}",
-        r.step, r.reward_mean, r.reward_std, r.response_len_mean, r.entropy, r.logprob_mismatch_max, r.staleness_mean, r.loss
-    );
-    if let Some(a) = r.accuracy {
-        s.push_str(&format!("  acc {a:.3}"));
-    }
-    if let Some(a) = r.eval_accuracy {
-        s.push_str(&format!("  eval_accuracy {a:.3}"));
-    }
-    if r.reward_errors > 0 {
-        s.push_str(&format!(
-            "  reward_errors {} (timeouts {})",
-            r.reward_errors, r.reward_timeouts
-        ));
-    }
-    s
-}
-
-/// What one trainer step measured.
-struct StepOut {
-    loss: f64,
-    grad_norm: f64,
-    entropy: f64,
-    kl: f64,
-    mismatch_max: f64,
-    dropped_groups: usize,
-}
-
-/// The trainer side: the policy's parameters (leaves with grad) and the frozen reference.
-struct RlTrainer<'a> {
-    model: &'a PluginModel,
-    params: Params,
-    named: Vec<(String, Tensor)>,
-    reference: Option<Params>,
-    settings: LossSettings,
-    group_size: usize,
-}
-
-/// The padded batch layout shared by the trainer forward and the loss: row `i` holds sample
-/// `i`'s tokens but the last as inputs; position `t` predicts token `t + 1`.
-struct Layout {
-    n: usize,
-    t: usize,
-    inputs: Vec<i64>,
-    targets: Vec<i64>,
-    mask: Vec<f32>,
-    rollout: Vec<f32>,
-    current: Vec<bool>,
-}
-
-fn layout(items: &[crate::buffer::Item<Group>], version: u64) -> Layout {
-    let samples: Vec<(u64, &crate::rollout::Sample)> = items
-        .iter()
-        .flat_map(|it| it.value.samples.iter().map(move |s| (it.version, s)))
-        .collect();
-    let n = samples.len();
-    let t = samples
-        .iter()
-        .map(|(_, s)| s.tokens.len() - 1)
-        .max()
-        .unwrap_or(1)
-        .max(1);
-    let mut l = Layout {
-        n,
-        t,
-        inputs: vec![0; n * t],
-        targets: vec![0; n * t],
-        mask: vec![0.0; n * t],
-        rollout: vec![0.0; n * t],
-        current: Vec::with_capacity(n),
-    };
-    for (i, (v, s)) in samples.iter().enumerate() {
-        let len = s.tokens.len() - 1;
-        l.inputs[i * t..i * t + len].copy_from_slice(&s.tokens[..len]);
-        l.targets[i * t..i * t + len].copy_from_slice(&s.tokens[1..]);
-        for (j, &lp) in s.logprobs.iter().enumerate() {
-            let k = i * t + s.prompt_len - 1 + j;
-            l.mask[k] = 1.0;
-            l.rollout[k] = lp;
-        }
-        l.current.push(*v == version);
-    }
-    l
-}
-
-impl RlTrainer<'_> {
-    /// A checkpoint of the policy, `optimizer`'s state and the KL reference after `progress`.
-    fn snapshot(
-        &self,
-        cfg: &JobConfig,
-        progress: &Progress,
-        optimizer: &PluginOptimizer,
-        elapsed_s: f64,
-        spare: Vec<Vec<u8>>,
-    ) -> Snapshot {
-        let reference = self.reference.as_ref();
-        snapshot(
-            cfg,
-            progress,
-            elapsed_s,
-            &self.named,
-            optimizer,
-            reference,
-            spare,
-        )
-    }
-
-    fn zero_grad(&self) {
-        for (_, p) in &self.named {
-            p.zero_grad();
-        }
-    }
-
-    /// Forward (batch-invariant, like the rollouts), metrics from the logits, loss, backward
-    /// and clipping. The caller applies the optimizer.
-    fn step(
-        &mut self,
-        items: &[crate::buffer::Item<Group>],
-        version: u64,
-        max_grad_norm: f64,
-    ) -> Result<StepOut, TrainError> {
-        let _inv = set_batch_invariant(true);
-        let l = layout(items, version);
-        let rewards: Vec<f64> = items
-            .iter()
-            .flat_map(|it| it.value.samples.iter().map(|s| s.scored.reward))
-            .collect();
-        let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?;
-        let positions = Tensor::from_vec((0..l.t as i64).collect(), &[l.t])?;
-        let fwd = ForwardOpts {
-            training: true,
-            ..Default::default()
-        };
-        let logits = self.model.forward(&self.params, &ids, &positions, &fwd)?;
-        let v = logits.shape()[2];
-        // Trainer logprobs through the same function as the rollout's, and the entropy.
-        let rows = logits.to_vec_f32();
-        let (mut mismatch, mut ent_sum, mut tokens) = (0f64, 0f64, 0usize);
-        for k in 0..l.n * l.t {
-            if l.mask[k] == 0.0 {
-                continue;
-            }
-            let row = &rows[k * v..(k + 1) * v];
-            if l.current[k / l.t] {
-                let lp = token_logprob(row, l.targets[k] as usize);
-                mismatch = mismatch.max((lp - l.rollout[k]).abs() as f64);
-            }
-            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let z: f64 = row.iter().map(|&x| (x as f64 - m).exp()).sum();
-            let h: f64 = row
-                .iter()
-                .map(|&x| {
-                    let lp = x as f64 - m - z.ln();
-                    -lp.exp() * lp
+/// Starts `rl.rollout_threads` workers, each batching its share of a step's prompts into one
+/// decode. With `rl.rollout_compute_threads`, each computes on a private pool of that many
+/// threads instead of sharing the trainer's, so rollouts and training overlap on separate cores
+/// rather than taking turns on all of them.
+fn spawn_workers(
+    cfg: &JobConfig,
+    ctx: &Arc<RolloutCtx>,
+    buffer: &Arc<RolloutBuffer<Group, Params>>,
+) -> Result<Vec<JoinHandle<()>>, TrainError> {
+    let r = &cfg.rl;
+    let max_groups = r.prompts_per_step.div_ceil(r.rollout_threads);
+    let pools = (0..r.rollout_threads)
+        .map(|_| {
+            (r.rollout_compute_threads > 0)
+                .then(|| {
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(r.rollout_compute_threads)
+                        .build()
                 })
-                .sum();
-            ent_sum += h;
-            tokens += 1;
-        }
-        drop(rows);
-        let ref_logp = match &self.reference {
-            Some(refp) => {
-                let _g = autograd::no_grad();
-                let rl = self
-                    .model
-                    .forward(refp, &ids, &positions, &ForwardOpts::default())?;
-                let rr = rl.to_vec_f32();
-                Some(
-                    (0..l.n * l.t)
-                        .map(|k| {
-                            if l.mask[k] == 0.0 {
-                                0.0
-                            } else {
-                                token_logprob(&rr[k * v..(k + 1) * v], l.targets[k] as usize)
-                            }
-                        })
-                        .collect::<Vec<f32>>(),
-                )
-            }
-            None => None,
-        };
-        let log_probs = logits.log_softmax(-1)?;
-        let logp = gather_logprobs(&log_probs, &l.targets)?;
-        let entropy_nl = (self.settings.entropy_coef > 0.0)
-            .then(|| entropies(&log_probs))
-            .transpose()?;
-        let out = rl_loss(
-            &LossBatch {
-                logp_nl: &logp,
-                rollout_logp: &l.rollout,
-                ref_logp: ref_logp.as_deref(),
-                entropy_nl: entropy_nl.as_ref(),
-                mask: &l.mask,
-                rewards: &rewards,
-                group_size: self.group_size,
-            },
-            &self.settings,
-        )?;
-        let loss = out.loss.item()? as f64;
-        out.loss.backward()?;
-        let grad_norm = global_grad_norm(&self.named);
-        clip_grads(&self.named, max_grad_norm, grad_norm)?;
-        Ok(StepOut {
-            loss,
-            grad_norm,
-            entropy: ent_sum / tokens.max(1) as f64,
-            kl: out.kl_mean,
-            mismatch_max: mismatch,
-            dropped_groups: out.dropped_groups,
+                .transpose()
         })
-    }
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TrainError::Config(format!("config: `rl.rollout_compute_threads`: {e}")))?;
+    Ok(pools
+        .into_iter()
+        .map(|pool| {
+            let (ctx, buffer) = (ctx.clone(), buffer.clone());
+            std::thread::spawn(move || match pool {
+                Some(pool) => pool.install(|| worker(ctx, buffer, max_groups)),
+                None => worker(ctx, buffer, max_groups),
+            })
+        })
+        .collect())
 }

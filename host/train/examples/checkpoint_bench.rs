@@ -27,6 +27,8 @@ fn state(step: u64) -> TrainState {
         model: "llama".into(),
         optimizer: "adamw".into(),
         config: String::new(),
+        tokenizer_sha256: None,
+        data_sha256: None,
         rl: None,
     }
 }

@@ -1,9 +1,10 @@
-//! Training runs: checkpoints ([`checkpoint`]), the run loop's side of them shared with
-//! `anneal rl` ([`checkpointing`]), the pretraining [`Trainer`], learning-rate schedules,
-//! metrics, and the loop behind `anneal train` ([`run`]).
+//! Training runs: checkpoints ([`checkpoint`]), the run harness that `anneal train` and
+//! `anneal rl` share ([`harness`]: run directory, plugins, resume, saving, clipping), the
+//! pretraining [`Trainer`], learning-rate schedules, metrics, and the loop behind
+//! `anneal train` ([`run`]).
 
 pub mod checkpoint;
-pub mod checkpointing;
+pub mod harness;
 mod metrics;
 mod run;
 mod schedule;
@@ -12,7 +13,7 @@ mod trainer;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, RunSummary};
 pub use schedule::LrSchedule;
-pub use trainer::{clip_grads, global_grad_norm, StepOutcome, Trainer};
+pub use trainer::{StepOutcome, Trainer};
 
 use std::path::PathBuf;
 
@@ -44,6 +45,17 @@ pub enum TrainError {
     /// Saving or loading a checkpoint.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Another live process holds the run directory.
+    #[error("{} is in use by {}; wait for it to end or pick another --run-dir", dir.display(), match pid { Some(p) => format!("process {p}"), None => "another process".to_string() })]
+    RunDirBusy {
+        /// The run directory.
+        dir: PathBuf,
+        /// The holder's pid, when it could be read.
+        pid: Option<u32>,
+    },
+    /// The rollout workers of an RL run failed (generation or scoring), so no batch came.
+    #[error("rollouts failed: {0}")]
+    Rollout(String),
     /// Reading or writing a run file.
     #[error("{}: {source}", path.display())]
     Io {
@@ -64,6 +76,7 @@ impl TrainError {
             TrainError::Config(_)
                 | TrainError::Data(_)
                 | TrainError::Plugin(_)
+                | TrainError::RunDirBusy { .. }
                 | TrainError::Checkpoint(
                     C::NoneUsable { .. } | C::NoSuchStep { .. } | C::Mismatch(_)
                 )

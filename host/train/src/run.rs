@@ -1,6 +1,6 @@
 //! The loop behind `anneal train`: resume, step, log, evaluate, checkpoint, stop on request.
 
-use crate::checkpointing::{checkpointer, keep_tokenizer, resume, save, save_at_exit, save_due};
+use crate::harness::{resume, RunDir, RunKind, Saver};
 use crate::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use crate::{io_err, TrainError, Trainer};
 use anneal_config::JobConfig;
@@ -26,19 +26,21 @@ pub struct RunSummary {
 
 /// Trains `cfg` in `run_dir` until `training.steps` or until `stop` is set (which ends the run
 /// after the current step, with a checkpoint). A run dir with checkpoints resumes from the
-/// newest complete one. Writes `config.toml`, `tokenizer.json`, `metrics.jsonl` and
-/// `checkpoints/` there.
+/// newest complete one. Holds the run dir for its lifetime (a second process is refused) and
+/// writes `config.toml`, `tokenizer.json`, `metrics.jsonl` and `checkpoints/` there, the first
+/// two only once a resume was accepted.
 pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSummary, TrainError> {
     let started = Instant::now();
-    std::fs::create_dir_all(run_dir).map_err(io_err(run_dir))?;
-    let config_path = run_dir.join("config.toml");
-    std::fs::write(&config_path, cfg.to_toml()).map_err(io_err(&config_path))?;
+    let run = RunDir::open(run_dir)?;
     let total = cfg.training.steps;
     let mut console = Console::new(total, 0, cfg.metrics.progress_bar);
     console.note(&format!("run dir: {}", run_dir.display()));
     let mut trainer = Trainer::new(cfg, &|m| console.note(m))?;
-    keep_tokenizer(trainer.tokenizer().1, run_dir)?;
-    let resumed = resume(cfg, run_dir, &console, |l| trainer.restore(l))?;
+    let provenance = trainer.provenance().clone();
+    let resumed = resume(cfg, &run, RunKind::Train, &provenance, &console, |l| {
+        trainer.restore(l)
+    })?;
+    run.record(cfg, trainer.tokenizer().1)?;
     let (resumed_from, elapsed_before) = (resumed.step, resumed.elapsed_s);
     // Metric times continue across restarts of the same run.
     let clock = |now: Instant| elapsed_before + now.duration_since(started).as_secs_f64();
@@ -54,7 +56,7 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         cfg.training.batch_size,
         cfg.training.seq_len
     ));
-    let mut checkpointer = checkpointer(cfg, run_dir);
+    let mut saver = Saver::new(cfg, &run);
     let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
     let (log_freq, eval_freq) = (cfg.metrics.log_freq, cfg.metrics.eval_freq);
     let (mut window_tokens, mut window_seconds) = (0u64, 0f64);
@@ -110,17 +112,12 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
             log.write(&row).map_err(io_err(log.path()))?;
             console.row(&row);
         }
-        if save_due(cfg, out.step, total) {
-            let elapsed = clock(Instant::now());
-            save(&mut checkpointer, out.step, &console, |spare| {
-                trainer.snapshot(elapsed, spare)
-            })?;
-        }
+        let elapsed = clock(Instant::now());
+        saver.save_if_due(out.step, &console, |spare| trainer.snapshot(elapsed, spare))?;
         console.progress(out.step);
     }
     let elapsed = clock(Instant::now());
-    save_at_exit(
-        &mut checkpointer,
+    saver.finish(
         summary.stopped,
         trainer.step(),
         resumed_from,

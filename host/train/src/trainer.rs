@@ -1,14 +1,18 @@
 //! The trainer: a model plugin, its parameters, an optimizer plugin, a schedule and a data
 //! loader, advanced one optimizer step at a time.
 
-use crate::checkpoint::{CheckpointError, Loaded, Snapshot, TrainState};
+use crate::checkpoint::{Loaded, Snapshot, TrainState};
+use crate::harness::{
+    clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
+    restore_optimizer, Provenance,
+};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
 use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{autograd, Tensor};
-use anneal_runtime::plugins::{find, ForwardOpts, Params, PluginModel, PluginOptimizer};
+use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -47,6 +51,7 @@ pub struct Trainer {
     last_lr: f64,
     tokenizer: TextTokenizer,
     tokenizer_path: PathBuf,
+    provenance: Provenance,
 }
 
 impl Trainer {
@@ -82,12 +87,11 @@ impl Trainer {
             started.elapsed().as_secs_f64()
         ));
 
-        let model_plugin = find(&cfg.model.plugin)?;
-        let args = serde_json::Value::Object(cfg.model.args.clone());
-        let model = PluginModel::new(
-            model_plugin.name(),
-            model_plugin.create(Some(&cfg.model.flavor), &args)?,
-        )?;
+        let provenance = Provenance {
+            tokenizer_sha256: tokenizer.sha256()?,
+            data_sha256: dataset.train_sha256(),
+        };
+        let model = load_model(cfg)?;
         let spec = model.spec();
         if tokenizer.vocab_size() > spec.vocab_size {
             return Err(TrainError::Config(format!(
@@ -128,10 +132,7 @@ impl Trainer {
             spec.n_layers
         ));
 
-        let opt_plugin = find(&cfg.optimizer.plugin)?;
-        let opt_args = serde_json::Value::Object(cfg.optimizer.args.clone());
-        let optimizer =
-            PluginOptimizer::new(opt_plugin.name(), opt_plugin.create(None, &opt_args)?)?;
+        let optimizer = load_optimizer(cfg)?;
 
         let loader = PackedLoader::new(dataset.train.into(), t.seq_len, t.seed, d.shuffle)?;
         let val_batches = if cfg.metrics.eval_freq > 0 && dataset.val.len() > t.seq_len {
@@ -163,7 +164,13 @@ impl Trainer {
             last_lr: 0.0,
             tokenizer,
             tokenizer_path,
+            provenance,
         })
+    }
+
+    /// The digests of the tokenizer and the training stream that checkpoints record.
+    pub fn provenance(&self) -> &Provenance {
+        &self.provenance
     }
 
     /// Optimizer steps completed.
@@ -271,7 +278,7 @@ impl Trainer {
     /// optimizer state (`optim/<param>.<state>`), step, data position.
     /// `spare` buffers (from a previous snapshot) are reused.
     pub fn snapshot(&self, elapsed_s: f64, spare: Vec<Vec<u8>>) -> Snapshot {
-        let state = TrainState {
+        let mut state = TrainState {
             elapsed_s,
             step: self.step,
             seed: self.cfg.training.seed,
@@ -281,8 +288,11 @@ impl Trainer {
             model: format!("{}/{}", self.cfg.model.plugin, self.cfg.model.flavor),
             optimizer: self.cfg.optimizer.plugin.clone(),
             config: self.cfg.to_toml(),
+            tokenizer_sha256: None,
+            data_sha256: None,
             rl: None,
         };
+        self.provenance.stamp(&mut state);
         let params = self.named.iter().map(|(n, p)| (format!("model/{n}"), p));
         let optim = self
             .optimizer
@@ -292,50 +302,14 @@ impl Trainer {
         Snapshot::capture(state, params.chain(optim), spare)
     }
 
-    /// Continues from a checkpoint: parameters, optimizer state, step and data position.
+    /// Continues from a checkpoint that [`crate::harness::resume`] accepted: parameters,
+    /// optimizer state, step and data position.
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
-        let mismatch = |m: String| {
-            TrainError::Checkpoint(CheckpointError::Mismatch(format!(
-                "{}: {m}",
-                ckpt.dir.display()
-            )))
-        };
-        if ckpt.state.rl.is_some() {
-            return Err(mismatch(
-                "a checkpoint of an RL run (`anneal rl`); start `anneal train` from it through \
-                 `anneal checkpoint export --to-hf` and checkpoint.init_from_hf"
-                    .into(),
-            ));
-        }
-        if ckpt.state.seed != self.cfg.training.seed {
-            return Err(mismatch(format!(
-                "saved with training.seed = {}, the config has {}",
-                ckpt.state.seed, self.cfg.training.seed
-            )));
-        }
-        let mut named = Vec::with_capacity(self.named.len());
-        for (name, p) in &self.named {
-            let t = ckpt
-                .tensors
-                .get(&format!("model/{name}"))
-                .ok_or_else(|| mismatch(format!("no parameter {name}")))?;
-            if t.shape() != p.shape() || t.dtype() != p.dtype() {
-                return Err(mismatch(format!(
-                    "parameter {name} is {:?} {:?}, the model wants {:?} {:?}",
-                    t.dtype(),
-                    t.shape(),
-                    p.dtype(),
-                    p.shape()
-                )));
-            }
-            named.push((name.clone(), t.detach().requires_grad_()));
-        }
-        let optim = ckpt
-            .tensors
-            .iter()
-            .filter_map(|(n, t)| n.strip_prefix("optim/").map(|k| (k.to_string(), t.clone())))
+        let named: Vec<(String, Tensor)> = params_from_checkpoint(&ckpt, &self.model, "model")?
+            .into_iter()
+            .map(|(n, t)| (n, t.requires_grad_()))
             .collect();
-        self.optimizer.load_state(&named, optim).map_err(mismatch)?;
+        restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
         self.loader.restore(&ckpt.state.loader)?;
         self.params = Arc::new(named.iter().cloned().collect());
         self.named = named;
@@ -363,33 +337,4 @@ impl Trainer {
         }
         Ok(Some(sum / self.val_batches.len() as f64))
     }
-}
-
-/// The global L2 norm of the parameters' gradients (f64 sums, so it does not depend on the
-/// thread count).
-pub fn global_grad_norm(named: &[(String, Tensor)]) -> f64 {
-    named
-        .iter()
-        .filter_map(|(_, p)| p.grad())
-        .map(|g| g.sum_of_squares())
-        .sum::<f64>()
-        .sqrt()
-}
-
-/// Scales the gradients down to global norm `max_norm` when their norm `norm` (from
-/// [`global_grad_norm`]) is finite and above it; `max_norm = 0` turns clipping off.
-pub fn clip_grads(
-    named: &[(String, Tensor)],
-    max_norm: f64,
-    norm: f64,
-) -> anneal_engine::Result<()> {
-    if max_norm > 0.0 && norm > max_norm && norm.is_finite() {
-        let scale = (max_norm / (norm + 1e-6)) as f32;
-        for (_, p) in named {
-            if let Some(g) = p.grad() {
-                p.set_grad(Some(g.mul_scalar(scale)?))?;
-            }
-        }
-    }
-    Ok(())
 }

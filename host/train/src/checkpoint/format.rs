@@ -80,6 +80,14 @@ pub struct TrainState {
     pub optimizer: String,
     /// The resolved config of the run, as TOML.
     pub config: String,
+    /// SHA-256 of the tokenizer the run trained with (its JSON form); absent in checkpoints
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_sha256: Option<String>,
+    /// SHA-256 of the run's data: the tokenized training stream of `anneal train`, the prompts
+    /// of `anneal rl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_sha256: Option<String>,
     /// Where an RL run (`anneal rl`) continues; absent in checkpoints of `anneal train`. An RL
     /// run has no data loader: its `loader` is zero and `tokens` counts completion tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]

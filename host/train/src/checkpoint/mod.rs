@@ -57,6 +57,14 @@ pub enum CheckpointError {
     /// The checkpoint does not fit the model or optimizer being trained.
     #[error("{0}")]
     Mismatch(String),
+    /// Writing the checkpoint of a step failed; the run stops rather than go on unsaved.
+    #[error("saving step {step} failed: {reason}")]
+    SaveFailed {
+        /// The step whose save failed.
+        step: u64,
+        /// Why.
+        reason: String,
+    },
 }
 
 pub(crate) fn io_err(

@@ -1,0 +1,232 @@
+//! The trainer side of an RL step: one batch-invariant forward over the padded batch, the
+//! metrics read from its logits (trainer logprobs, entropy), the loss, backward and clipping.
+
+use crate::buffer::Item;
+use crate::checkpoint::{snapshot, Progress};
+use crate::loss::{entropies, gather_logprobs, rl_loss, LossBatch, LossSettings};
+use crate::rollout::{Group, Sample};
+use anneal_config::JobConfig;
+use anneal_engine::invariant::set_batch_invariant;
+use anneal_engine::{autograd, Tensor};
+use anneal_runtime::infer::token_logprob;
+use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer};
+use anneal_train::checkpoint::Snapshot;
+use anneal_train::harness::{clip_grads, global_grad_norm, Provenance};
+use anneal_train::TrainError;
+use std::sync::Arc;
+
+/// Detached copies of the parameters: what the rollout side gets for one version (the
+/// trainer's own tensors change in place at the next step).
+pub(crate) fn publishable(named: &[(String, Tensor)], perturb: f32) -> Result<Params, TrainError> {
+    let _g = autograd::no_grad();
+    let mut out = std::collections::HashMap::new();
+    for (n, p) in named {
+        let copy = if perturb != 0.0 {
+            p.detach().add_scalar(perturb)?
+        } else {
+            p.detach().mul_scalar(1.0)?
+        };
+        out.insert(n.clone(), copy);
+    }
+    Ok(Arc::new(out))
+}
+
+/// What one trainer step measured.
+pub(crate) struct StepOut {
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub entropy: f64,
+    /// Mean k3 KL to the reference, when the run keeps one.
+    pub kl: Option<f64>,
+    pub mismatch_max: f64,
+    pub dropped_groups: usize,
+}
+
+/// The trainer side: the policy's parameters (leaves with grad) and the frozen reference.
+pub(crate) struct RlTrainer<'a> {
+    pub model: &'a PluginModel,
+    /// The policy by name (the same tensors as `named`), what the forward reads.
+    pub params: Params,
+    /// The policy sorted by name, as leaves that take gradients.
+    pub named: Vec<(String, Tensor)>,
+    /// The frozen KL reference.
+    pub reference: Option<Params>,
+    pub settings: LossSettings,
+    pub group_size: usize,
+}
+
+/// The padded batch layout shared by the trainer forward and the loss: row `i` holds sample
+/// `i`'s tokens but the last as inputs; position `t` predicts token `t + 1`.
+struct Layout {
+    n: usize,
+    t: usize,
+    inputs: Vec<i64>,
+    targets: Vec<i64>,
+    mask: Vec<f32>,
+    rollout: Vec<f32>,
+    current: Vec<bool>,
+}
+
+fn layout(items: &[Item<Group>], version: u64) -> Layout {
+    let samples: Vec<(u64, &Sample)> = items
+        .iter()
+        .flat_map(|it| it.value.samples.iter().map(move |s| (it.version, s)))
+        .collect();
+    let n = samples.len();
+    let t = samples
+        .iter()
+        .map(|(_, s)| s.tokens.len() - 1)
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut l = Layout {
+        n,
+        t,
+        inputs: vec![0; n * t],
+        targets: vec![0; n * t],
+        mask: vec![0.0; n * t],
+        rollout: vec![0.0; n * t],
+        current: Vec::with_capacity(n),
+    };
+    for (i, (v, s)) in samples.iter().enumerate() {
+        let len = s.tokens.len() - 1;
+        l.inputs[i * t..i * t + len].copy_from_slice(&s.tokens[..len]);
+        l.targets[i * t..i * t + len].copy_from_slice(&s.tokens[1..]);
+        for (j, &lp) in s.logprobs.iter().enumerate() {
+            let k = i * t + s.prompt_len - 1 + j;
+            l.mask[k] = 1.0;
+            l.rollout[k] = lp;
+        }
+        l.current.push(*v == version);
+    }
+    l
+}
+
+impl RlTrainer<'_> {
+    /// A checkpoint of the policy, `optimizer`'s state and the KL reference after `progress`.
+    pub fn snapshot(
+        &self,
+        cfg: &JobConfig,
+        progress: &Progress,
+        provenance: &Provenance,
+        optimizer: &PluginOptimizer,
+        elapsed_s: f64,
+        spare: Vec<Vec<u8>>,
+    ) -> Snapshot {
+        snapshot(
+            cfg,
+            progress,
+            provenance,
+            elapsed_s,
+            &self.named,
+            optimizer,
+            self.reference.as_ref(),
+            spare,
+        )
+    }
+
+    pub fn zero_grad(&self) {
+        for (_, p) in &self.named {
+            p.zero_grad();
+        }
+    }
+
+    /// Forward (batch-invariant, like the rollouts), metrics from the logits, loss, backward
+    /// and clipping. The caller applies the optimizer.
+    pub fn step(
+        &mut self,
+        items: &[Item<Group>],
+        version: u64,
+        max_grad_norm: f64,
+    ) -> Result<StepOut, TrainError> {
+        let _inv = set_batch_invariant(true);
+        let l = layout(items, version);
+        let rewards: Vec<f64> = items
+            .iter()
+            .flat_map(|it| it.value.samples.iter().map(|s| s.scored.reward))
+            .collect();
+        let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?;
+        let positions = Tensor::from_vec((0..l.t as i64).collect(), &[l.t])?;
+        let fwd = ForwardOpts {
+            training: true,
+            ..Default::default()
+        };
+        let logits = self.model.forward(&self.params, &ids, &positions, &fwd)?;
+        let v = logits.shape()[2];
+        // Trainer logprobs through the same function as the rollout's, and the entropy.
+        let rows = logits.to_vec_f32();
+        let (mut mismatch, mut ent_sum, mut tokens) = (0f64, 0f64, 0usize);
+        for k in 0..l.n * l.t {
+            if l.mask[k] == 0.0 {
+                continue;
+            }
+            let row = &rows[k * v..(k + 1) * v];
+            if l.current[k / l.t] {
+                let lp = token_logprob(row, l.targets[k] as usize);
+                mismatch = mismatch.max((lp - l.rollout[k]).abs() as f64);
+            }
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let z: f64 = row.iter().map(|&x| (x as f64 - m).exp()).sum();
+            let h: f64 = row
+                .iter()
+                .map(|&x| {
+                    let lp = x as f64 - m - z.ln();
+                    -lp.exp() * lp
+                })
+                .sum();
+            ent_sum += h;
+            tokens += 1;
+        }
+        drop(rows);
+        let ref_logp = match &self.reference {
+            Some(refp) => {
+                let _g = autograd::no_grad();
+                let rl = self
+                    .model
+                    .forward(refp, &ids, &positions, &ForwardOpts::default())?;
+                let rr = rl.to_vec_f32();
+                Some(
+                    (0..l.n * l.t)
+                        .map(|k| {
+                            if l.mask[k] == 0.0 {
+                                0.0
+                            } else {
+                                token_logprob(&rr[k * v..(k + 1) * v], l.targets[k] as usize)
+                            }
+                        })
+                        .collect::<Vec<f32>>(),
+                )
+            }
+            None => None,
+        };
+        let log_probs = logits.log_softmax(-1)?;
+        let logp = gather_logprobs(&log_probs, &l.targets)?;
+        let entropy_nl = (self.settings.entropy_coef > 0.0)
+            .then(|| entropies(&log_probs))
+            .transpose()?;
+        let out = rl_loss(
+            &LossBatch {
+                logp_nl: &logp,
+                rollout_logp: &l.rollout,
+                ref_logp: ref_logp.as_deref(),
+                entropy_nl: entropy_nl.as_ref(),
+                mask: &l.mask,
+                rewards: &rewards,
+                group_size: self.group_size,
+            },
+            &self.settings,
+        )?;
+        let loss = out.loss.item()? as f64;
+        out.loss.backward()?;
+        let grad_norm = global_grad_norm(&self.named);
+        clip_grads(&self.named, max_grad_norm, grad_norm)?;
+        Ok(StepOut {
+            loss,
+            grad_norm,
+            entropy: ent_sum / tokens.max(1) as f64,
+            kl: self.reference.as_ref().map(|_| out.kl_mean),
+            mismatch_max: mismatch,
+            dropped_groups: out.dropped_groups,
+        })
+    }
+}

@@ -1,0 +1,32 @@
+//! Gradient norm and clipping, the same for pretraining and RL.
+
+use anneal_engine::Tensor;
+
+/// The global L2 norm of the parameters' gradients (f64 sums, so it does not depend on the
+/// thread count).
+pub fn global_grad_norm(named: &[(String, Tensor)]) -> f64 {
+    named
+        .iter()
+        .filter_map(|(_, p)| p.grad())
+        .map(|g| g.sum_of_squares())
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Scales the gradients down to global norm `max_norm` when their norm `norm` (from
+/// [`global_grad_norm`]) is finite and above it; `max_norm = 0` turns clipping off.
+pub fn clip_grads(
+    named: &[(String, Tensor)],
+    max_norm: f64,
+    norm: f64,
+) -> anneal_engine::Result<()> {
+    if max_norm > 0.0 && norm > max_norm && norm.is_finite() {
+        let scale = (max_norm / (norm + 1e-6)) as f32;
+        for (_, p) in named {
+            if let Some(g) = p.grad() {
+                p.set_grad(Some(g.mul_scalar(scale)?))?;
+            }
+        }
+    }
+    Ok(())
+}

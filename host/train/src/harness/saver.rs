@@ -1,0 +1,108 @@
+//! The run loop's side of saving checkpoints.
+
+use super::RunDir;
+use crate::checkpoint::{CheckpointError, Checkpointer, Snapshot};
+use crate::{Console, TrainError};
+use anneal_config::JobConfig;
+use std::time::Instant;
+
+/// Saves a run's checkpoints into `<run_dir>/checkpoints` as `checkpoint.*` configures: every
+/// `interval` steps and at the last one, in the background or inline. A failed save fails the
+/// run ([`CheckpointError::SaveFailed`]) as soon as it is known, so a run never goes on as if
+/// its progress were safe.
+pub struct Saver {
+    checkpointer: Checkpointer,
+    interval: u64,
+    total: u64,
+}
+
+impl Saver {
+    /// The saver of `run` for a run of `training.steps` steps.
+    pub fn new(cfg: &JobConfig, run: &RunDir) -> Saver {
+        let ck = &cfg.checkpoint;
+        Saver {
+            checkpointer: Checkpointer::new(
+                run.path().join("checkpoints"),
+                ck.keep_latest,
+                ck.async_save,
+            ),
+            interval: ck.interval,
+            total: cfg.training.steps,
+        }
+    }
+
+    /// Whether step `step` is saved: every `checkpoint.interval` steps and at the last one.
+    pub fn due(&self, step: u64) -> bool {
+        (self.interval > 0 && step.is_multiple_of(self.interval)) || step == self.total
+    }
+
+    /// Saves step `step` when [`Saver::due`], with the snapshot `capture` builds.
+    pub fn save_if_due(
+        &mut self,
+        step: u64,
+        console: &Console,
+        capture: impl FnOnce(Vec<Vec<u8>>) -> Snapshot,
+    ) -> Result<(), TrainError> {
+        if self.due(step) {
+            self.save(step, console, capture)?;
+        }
+        Ok(())
+    }
+
+    /// Hands the snapshot `capture` builds (of step `step`) to the checkpointer and notes how
+    /// long the step was blocked. The previous save's failure is returned instead.
+    pub fn save(
+        &mut self,
+        step: u64,
+        console: &Console,
+        capture: impl FnOnce(Vec<Vec<u8>>) -> Snapshot,
+    ) -> Result<(), TrainError> {
+        let started = Instant::now();
+        let previous = self.checkpointer.last_saved();
+        let report = self
+            .checkpointer
+            .save(capture)
+            .map_err(|e| save_failed(step, e.to_string()))?;
+        if let Some(reason) = report.previous_failed {
+            return Err(save_failed(previous.unwrap_or(step), reason));
+        }
+        let blocked = started.elapsed().as_secs_f64();
+        let waited = if report.waited_s > 0.01 {
+            format!(
+                ", {:.2}s of it waiting for the previous save",
+                report.waited_s
+            )
+        } else {
+            String::new()
+        };
+        console.note(&format!(
+            "checkpoint: step {step} saving; training blocked {blocked:.3}s{waited}"
+        ));
+        Ok(())
+    }
+
+    /// Ends a run's checkpointing: a run stopped on request after completing steps since
+    /// `resumed_from` saves step `step` unless that step is saved already; then the save in
+    /// flight is waited for, and its failure fails the run.
+    pub fn finish(
+        &mut self,
+        stopped: bool,
+        step: u64,
+        resumed_from: u64,
+        console: &Console,
+        capture: impl FnOnce(Vec<Vec<u8>>) -> Snapshot,
+    ) -> Result<(), TrainError> {
+        if stopped && step > resumed_from && self.checkpointer.last_saved() != Some(step) {
+            self.save(step, console, capture)?;
+        }
+        let last = self.checkpointer.last_saved();
+        match self.checkpointer.wait() {
+            Some(reason) => Err(save_failed(last.unwrap_or(step), reason)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn save_failed(step: u64, reason: String) -> TrainError {
+    TrainError::Checkpoint(CheckpointError::SaveFailed { step, reason })
+}
