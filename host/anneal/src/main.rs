@@ -130,6 +130,9 @@ enum CheckpointCommand {
         to_hf: std::path::PathBuf,
         /// The checkpoint's step directory.
         step_dir: std::path::PathBuf,
+        /// Replace files already in OUT_DIR (without it, an export never overwrites).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -214,11 +217,13 @@ fn main() -> ExitCode {
             run_dir,
         } => rl_cmd::rl(&config, &set, run_dir),
         Command::Config(ConfigCommand::Show { config, set }) => train_cmd::show(&config, &set),
-        Command::Checkpoint(CheckpointCommand::Export { to_hf, step_dir }) => {
-            anneal_train::checkpoint::export_hf(&step_dir, &to_hf)
-                .map(|()| println!("wrote {}", to_hf.display()))
-                .map_err(Into::into)
-        }
+        Command::Checkpoint(CheckpointCommand::Export {
+            to_hf,
+            step_dir,
+            force,
+        }) => anneal_train::checkpoint::export_hf(&step_dir, &to_hf, force)
+            .map(|()| println!("wrote {}", to_hf.display()))
+            .map_err(Into::into),
         Command::Serve(args) => serve_cmd::serve_cmd(args),
         Command::Supervise(args) => match serve_cmd::supervise_cmd(args) {
             Ok(code) => return ExitCode::from(code),

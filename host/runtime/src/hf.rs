@@ -129,6 +129,9 @@ pub fn load_params(dir: &Path, spec: &ModelSpec) -> Result<HashMap<String, Tenso
     Ok(params)
 }
 
+/// The files [`export`] writes into its directory (`tokenizer.json` only when given one).
+pub const EXPORT_FILES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.json"];
+
 /// Writes `config.json` and `model.safetensors` in the Hugging Face layout (and copies
 /// `tokenizer` in as `tokenizer.json` when given).
 pub fn export(

@@ -350,7 +350,7 @@ fn export_for_sampling(run_dir: &std::path::Path, name: &str) -> ApiResult<PathB
         .join(format!("{name}.tmp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     let step_dir = run_dir.join("checkpoints").join(name);
-    anneal_train::checkpoint::export_hf(&step_dir, &tmp).map_err(|e| {
+    anneal_train::checkpoint::export_hf(&step_dir, &tmp, true).map_err(|e| {
         let _ = std::fs::remove_dir_all(&tmp);
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

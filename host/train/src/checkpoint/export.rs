@@ -9,7 +9,18 @@ use std::path::Path;
 
 /// Writes `config.json`, `model.safetensors` and, when the run kept one, `tokenizer.json` for
 /// the checkpoint in `step_dir` (a `<run_dir>/checkpoints/step-<N>` directory) into `out`.
-pub fn export_hf(step_dir: &Path, out: &Path) -> Result<(), CheckpointError> {
+/// Files already in `out` are replaced only with `overwrite`; otherwise the first one found is
+/// [`CheckpointError::WouldOverwrite`] and nothing is written.
+pub fn export_hf(step_dir: &Path, out: &Path, overwrite: bool) -> Result<(), CheckpointError> {
+    if !overwrite {
+        if let Some(existing) = anneal_runtime::hf::EXPORT_FILES
+            .iter()
+            .map(|f| out.join(f))
+            .find(|p| p.symlink_metadata().is_ok())
+        {
+            return Err(CheckpointError::WouldOverwrite(existing));
+        }
+    }
     let loaded = load_dir(step_dir)?;
     let fail = |m: String| CheckpointError::Mismatch(format!("{}: {m}", step_dir.display()));
     let cfg = resolve_with_env(

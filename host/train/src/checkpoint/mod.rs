@@ -57,6 +57,9 @@ pub enum CheckpointError {
     /// The checkpoint does not fit the model or optimizer being trained.
     #[error("{0}")]
     Mismatch(String),
+    /// An export would replace a file that is already there.
+    #[error("{} exists; pass --force to overwrite it", .0.display())]
+    WouldOverwrite(PathBuf),
     /// Writing the checkpoint of a step failed; the run stops rather than go on unsaved.
     #[error("saving step {step} failed: {reason}")]
     SaveFailed {
