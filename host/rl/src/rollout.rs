@@ -267,22 +267,36 @@ pub fn rollout_groups(
 }
 
 /// A worker: begin up to `max_groups` rollouts (waits for room and fresh weights), generate
-/// and hand in those groups; until the buffer closes. An error closes the buffer and is kept
-/// in `ctx.failed`.
+/// and hand in those groups; until the buffer closes. An error — or a panic, say in a scorer —
+/// closes the buffer and is kept in `ctx.failed`, so the trainer stops instead of waiting for
+/// groups that will never come.
 pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>, max_groups: usize) {
     while let Some((version, params, k)) = buffer.begin_many(max_groups) {
         let first = ctx.next_prompt.fetch_add(k as u64, Ordering::SeqCst);
         let indices: Vec<u64> = (first..first + k as u64).collect();
-        match rollout_groups(&ctx, &params, &indices) {
-            Ok(groups) => groups.into_iter().for_each(|g| buffer.finish(version, g)),
-            Err(e) => {
-                (0..k).for_each(|_| buffer.abandon());
-                let mut f = ctx.failed.lock().unwrap_or_else(|e| e.into_inner());
-                f.get_or_insert_with(|| format!("rollout: {e}"));
-                buffer.close();
-                return;
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rollout_groups(&ctx, &params, &indices)
+        }));
+        let failure = match outcome {
+            Ok(Ok(groups)) => {
+                groups.into_iter().for_each(|g| buffer.finish(version, g));
+                continue;
             }
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("no message");
+                format!("a rollout worker panicked: {what}")
+            }
+        };
+        (0..k).for_each(|_| buffer.abandon());
+        let mut f = ctx.failed.lock().unwrap_or_else(|e| e.into_inner());
+        f.get_or_insert(failure);
+        buffer.close();
+        return;
     }
 }
 

@@ -293,7 +293,7 @@ fn spawn_workers(
                 .transpose()
         })
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TrainError::Config(format!("config: `rl.rollout_compute_threads`: {e}")))?;
+        .map_err(|e| TrainError::Rollout(format!("cannot start a rollout thread pool: {e}")))?;
     Ok(pools
         .into_iter()
         .map(|pool| {

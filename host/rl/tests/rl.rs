@@ -83,6 +83,18 @@ fn run_in(
     stop: &AtomicBool,
     opts: &RlOptions,
 ) -> RlSummary {
+    try_run_in(run_dir, dir, sets, scorer, stop, opts).unwrap()
+}
+
+/// [`run_in`], returning the run's error.
+fn try_run_in(
+    run_dir: &std::path::Path,
+    dir: &std::path::Path,
+    sets: &[&str],
+    scorer: Arc<dyn Scorer>,
+    stop: &AtomicBool,
+    opts: &RlOptions,
+) -> Result<RlSummary, anneal_train::TrainError> {
     let toml = format!(
         r#"[model]
 plugin = "llama"
@@ -117,7 +129,45 @@ eval_freq = 0
         &sets,
     )
     .unwrap();
-    run_rl(&cfg, run_dir, scorer, stop, opts).unwrap()
+    run_rl(&cfg, run_dir, scorer, stop, opts)
+}
+
+/// A scorer that panics: a bug in a reward integration, not in the user's input.
+struct Panics;
+
+impl Scorer for Panics {
+    fn score(&self, _: &Prompt, _: &str) -> Scored {
+        panic!("scorer exploded")
+    }
+}
+
+#[test]
+fn a_panicking_rollout_fails_the_run_as_a_runtime_error_instead_of_hanging() {
+    let dir = setup("panic");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker_dir = dir.clone();
+    std::thread::spawn(move || {
+        let run_dir = worker_dir.join("run");
+        let out = try_run_in(
+            &run_dir,
+            &worker_dir,
+            &[],
+            Arc::new(Panics),
+            &AtomicBool::new(false),
+            &RlOptions::default(),
+        );
+        let _ = tx.send(out.map(|s| s.steps));
+    });
+    let out = rx
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .expect("the run ends instead of waiting for rollouts forever");
+    match out {
+        Err(e @ anneal_train::TrainError::Rollout(_)) => {
+            assert!(!e.is_user_error(), "a crash is not the user's to fix");
+            assert!(e.to_string().contains("scorer exploded"), "{e}");
+        }
+        other => panic!("expected a rollout failure, got {other:?}"),
+    }
 }
 
 #[test]
