@@ -11,24 +11,6 @@ use std::time::{Duration, Instant};
 
 const STEPS: &str = "training.steps=300";
 
-fn spawn(job: &Job, run_dir: &Path, set: &[&str], env: &[(&str, &str)]) -> Child {
-    let mut c = anneal();
-    c.arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(run_dir);
-    for s in set {
-        c.args(["--set", s]);
-    }
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn anneal")
-}
-
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !cond() {
@@ -77,7 +59,7 @@ fn sigkill_anywhere_then_the_same_command_continues_bitwise() {
 
     // Between saves: after step-30 is published, before step-60 is due.
     let a = job.dir.join("between");
-    let child = spawn(&job, &a, &set, &[]);
+    let child = job.spawn(&a, &set, &[]);
     wait_for("step 35 with step-30 published", || {
         logged_steps(&a) >= 35 && a.join("checkpoints/step-30").exists()
     });
@@ -85,7 +67,7 @@ fn sigkill_anywhere_then_the_same_command_continues_bitwise() {
     // Mid-write: the writer pauses between the shard and the manifest of step-60.
     let b = job.dir.join("midwrite");
     let pause = [("ANNEAL_TEST_CHECKPOINT_PAUSE_MS", "1500")];
-    let child = spawn(&job, &b, &set, &pause);
+    let child = job.spawn(&b, &set, &pause);
     let ckpt = b.join("checkpoints");
     wait_for("a half-written step-60", || {
         ckpt.join("step-30").exists()
@@ -98,7 +80,7 @@ fn sigkill_anywhere_then_the_same_command_continues_bitwise() {
     assert!(!ckpt.join("step-60").exists());
     // Right after a publish.
     let c = job.dir.join("afterpublish");
-    let child = spawn(&job, &c, &set, &[]);
+    let child = job.spawn(&c, &set, &[]);
     wait_for("step-60 published", || {
         c.join("checkpoints/step-60").exists()
     });
@@ -274,8 +256,7 @@ fn keeps_the_newest_and_saves_on_a_graceful_stop() {
     assert_eq!(names, ["step-6", "step-8"]);
 
     let stop = job.dir.join("stop");
-    let child = spawn(
-        &job,
+    let child = job.spawn(
         &stop,
         &[
             "training.steps=100000",

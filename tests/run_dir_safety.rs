@@ -5,24 +5,8 @@
 
 use anneal_tests::cli::{anneal, ok, root, rows, Job};
 use std::path::Path;
-use std::process::{Child, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
-
-/// `anneal train` of `job` in `run_dir` in the background, with output discarded.
-fn spawn_train(job: &Job, run_dir: &Path, set: &[&str]) -> Child {
-    let mut c = anneal();
-    c.arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(run_dir);
-    for s in set {
-        c.args(["--set", s]);
-    }
-    c.stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start anneal train")
-}
 
 /// Waits until `run_dir/run.lock` names `pid` (the process holds the run) and the run has
 /// logged a step.
@@ -63,10 +47,10 @@ fn refused(out: &Output, needle: &str) {
 fn a_held_run_dir_refuses_a_second_writer_and_kill_9_leaves_no_stale_lock() {
     let job = Job::new("lock");
     let run_dir = job.dir.join("run");
-    let mut first = spawn_train(
-        &job,
+    let mut first = job.spawn(
         &run_dir,
         &["training.steps=1000000", "checkpoint.interval=0"],
+        &[],
     );
     wait_for_holder(&run_dir, first.id());
 

@@ -1,7 +1,7 @@
 //! The repository root, the `anneal` binary with its plugins, and tiny training jobs.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 
 /// The repository root.
@@ -163,6 +163,26 @@ impl Job {
     /// The config file.
     pub fn config(&self) -> PathBuf {
         self.dir.join("tiny.toml")
+    }
+
+    /// Starts `anneal train` in `run_dir` in the background, with extra environment variables
+    /// and its output piped.
+    pub fn spawn(&self, run_dir: &Path, set: &[&str], env: &[(&str, &str)]) -> Child {
+        let mut c = anneal();
+        c.arg("train")
+            .arg(self.config())
+            .arg("--run-dir")
+            .arg(run_dir);
+        for s in set {
+            c.args(["--set", s]);
+        }
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn anneal")
     }
 
     /// Runs `anneal train` to the end in `<dir>/<run>`.

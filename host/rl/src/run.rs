@@ -262,12 +262,11 @@ pub fn run_rl(
         &console,
         |spare| trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare),
     )?;
-    console.note(&format!(
-        "{} after step {} ({:.1}s)",
-        if summary.stopped { "stopped" } else { "done" },
+    console.done(
+        summary.stopped,
         summary.steps,
-        started.elapsed().as_secs_f64()
-    ));
+        started.elapsed().as_secs_f64(),
+    );
     Ok(summary)
 }
 

@@ -195,6 +195,16 @@ impl Console {
         }
     }
 
+    /// Ends the run's output: the progress bar, then how the run ended after `steps` steps
+    /// and `seconds`.
+    pub fn done(&self, stopped: bool, steps: u64, seconds: f64) {
+        self.finish();
+        self.note(&format!(
+            "{} after step {steps} ({seconds:.1}s)",
+            if stopped { "stopped" } else { "done" }
+        ));
+    }
+
     /// Removes the bar at the end.
     pub fn finish(&self) {
         self.clear();

@@ -124,12 +124,10 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         &console,
         |spare| trainer.snapshot(elapsed, spare),
     )?;
-    console.finish();
-    console.note(&format!(
-        "{} after step {} ({:.1}s)",
-        if summary.stopped { "stopped" } else { "done" },
+    console.done(
+        summary.stopped,
         summary.steps,
-        started.elapsed().as_secs_f64()
-    ));
+        started.elapsed().as_secs_f64(),
+    );
     Ok(summary)
 }
