@@ -13,6 +13,9 @@ export async function api(path, { method = 'GET', body, raw } = {}) {
   if (token()) headers.Authorization = `Bearer ${token()}`;
   let payload;
   if (raw !== undefined) {
+    // The server refuses the types a form can send cross-site (a File's own type may be
+    // text/plain), so raw bytes always go as octet-stream.
+    headers['Content-Type'] = 'application/octet-stream';
     payload = raw;
   } else if (body !== undefined) {
     headers['Content-Type'] = 'application/json';

@@ -35,8 +35,13 @@ impl Server {
     /// Starts `anneal serve --addr 127.0.0.1:0 --home HOME` from the repository root (so
     /// `configs/` and `web/` are the repository's) with extra arguments.
     pub fn start(home: &Path, extra: &[&str]) -> Server {
+        Server::start_on("127.0.0.1:0", home, extra)
+    }
+
+    /// [`Server::start`] listening on `addr` (a port of 0 picks a free one).
+    pub fn start_on(addr: &str, home: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(crate::cli::anneal_bin())
-            .args(["serve", "--addr", "127.0.0.1:0", "--home"])
+            .args(["serve", "--addr", addr, "--home"])
             .arg(home)
             .args(extra)
             .current_dir(repo())
@@ -116,27 +121,56 @@ impl Server {
         body: Option<&[u8]>,
         content_type: &str,
     ) -> (u16, Vec<u8>) {
-        let mut stream = TcpStream::connect(&self.addr).expect("connect");
+        let reply = self.send(method, path, &[("Content-Type", content_type)], body);
+        (reply.status, reply.body)
+    }
+
+    /// One request with exactly these extra headers (a `Host` among them replaces the server's
+    /// address; the token, when set, is sent as usual), read to the end.
+    pub fn send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Reply {
+        let mut all = vec![("Connection", "close")];
+        all.extend_from_slice(headers);
+        let mut stream = self.open(method, path, &all, body);
         stream
             .set_read_timeout(Some(Duration::from_secs(120)))
             .expect("timeout");
-        let body = body.unwrap_or_default();
-        let auth = self
-            .token
-            .as_ref()
-            .map(|t| format!("Authorization: Bearer {t}\r\n"))
-            .unwrap_or_default();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n{auth}Content-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
-            self.addr,
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).expect("send head");
-        // The server may answer (413) before reading a large body; a broken pipe is fine then.
-        let _ = stream.write_all(body);
         let mut response = Vec::new();
         let _ = stream.read_to_end(&mut response);
         parse_response(&response)
+    }
+
+    /// Sends a request (kept alive unless the headers say otherwise) and returns the connection
+    /// without reading the answer: dropping it is a client that went away.
+    pub fn open(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> TcpStream {
+        let mut stream = TcpStream::connect(&self.addr).expect("connect");
+        let body = body.unwrap_or_default();
+        let mut head = format!("{method} {path} HTTP/1.1\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            head.push_str(&format!("Host: {}\r\n", self.addr));
+        }
+        if let Some(t) = &self.token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        stream.write_all(head.as_bytes()).expect("send head");
+        // The server may answer (413) before reading a large body; a broken pipe is fine then.
+        let _ = stream.write_all(body);
+        stream
     }
 
     /// Reads Server-Sent Events from `path` until `done` returns true for the events so far
@@ -270,7 +304,35 @@ impl Server {
     }
 }
 
-fn parse_response(response: &[u8]) -> (u16, Vec<u8>) {
+/// A response: the status, the head (status line and headers) and the body (dechunked).
+pub struct Reply {
+    pub status: u16,
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// The body as JSON; panics with the body when it is not.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "status {}: not JSON ({e}): {}",
+                self.status,
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// A header's value (the first with this name, any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+fn parse_response(response: &[u8]) -> Reply {
     let split = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -285,14 +347,15 @@ fn parse_response(response: &[u8]) -> (u16, Vec<u8>) {
     let chunked = head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked");
-    (
+    Reply {
         status,
-        if chunked {
+        head,
+        body: if chunked {
             dechunk(body)
         } else {
             body.to_vec()
         },
-    )
+    }
 }
 
 fn dechunk(mut body: &[u8]) -> Vec<u8> {
@@ -319,6 +382,24 @@ pub fn kill(pid: i64, signal: i32) {
         .status()
         .expect("run kill");
     assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// The CPU time process `pid` has used so far (all its threads, user and system), in seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    // Fields after the command name (which may hold spaces) in parentheses: state is the 3rd
+    // field of the line, utime and stime the 14th and 15th.
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        rest.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Linux reports these in USER_HZ, which is 100 on every architecture it exposes.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// Whether process `pid` exists (and is not a zombie).

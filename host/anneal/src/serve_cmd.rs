@@ -1,12 +1,13 @@
 //! `anneal serve`: the web UI and run registry; and `anneal supervise`, the small process that
 //! stands between the server and each training process.
 
-use anneal_server::{serve, ServerOptions};
+use anneal_server::{serve, RewardTestBudget, ServerOptions};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Arguments of `anneal serve`.
 #[derive(Args)]
@@ -32,6 +33,12 @@ pub struct ServeArgs {
     /// The largest reward module upload, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     max_upload_mb: usize,
+    /// The wall time one reward test request may use across all its inputs, in seconds.
+    #[arg(long, value_name = "S", default_value_t = 30.0)]
+    reward_test_seconds: f64,
+    /// The fuel one reward test request may use across all its inputs.
+    #[arg(long, value_name = "FUEL", default_value_t = 10_000_000_000)]
+    reward_test_fuel: u64,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -51,6 +58,15 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         bail!("the token is empty");
     }
+    let reward_test_time = Duration::try_from_secs_f64(args.reward_test_seconds)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .with_context(|| {
+            format!(
+                "--reward-test-seconds {}: expected a positive number",
+                args.reward_test_seconds
+            )
+        })?;
     let exe = std::env::current_exe().context("cannot find the anneal binary")?;
     let work_dir = std::env::current_dir().context("cannot read the current directory")?;
     let home = absolute(&work_dir, &args.home);
@@ -69,15 +85,23 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         exe,
         max_running: args.max_running,
         max_upload_bytes: args.max_upload_mb.saturating_mul(1 << 20),
+        reward_test: RewardTestBudget {
+            time: reward_test_time,
+            fuel: args.reward_test_fuel,
+        },
     };
     if options.web_dir.is_none() {
         eprintln!("warning: web/ not found; serving the API only (pass --web DIR)");
     }
     let runtime = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    runtime.block_on(serve(options, |bound| {
+    let served = runtime.block_on(serve(options, |bound| {
         // Tests read this line to learn the port when started with port 0.
         println!("anneal serve: listening on http://{bound}");
-    }))?;
+    }));
+    // Dropping a runtime waits for its blocking threads without end; a reward call still in
+    // flight must not keep the process alive after SIGTERM (it ends within its deadline anyway).
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    served?;
     Ok(())
 }
 

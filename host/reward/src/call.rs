@@ -1,6 +1,7 @@
 //! One scoring call: a fresh store with fuel, an epoch deadline and a memory limit; the ABI
 //! dance; and the mapping of every failure to a typed [`CallError`].
 
+use crate::config::CallLimits;
 use crate::error::CallError;
 use crate::module::{Kind, RewardModule};
 use crate::sandbox::Sandbox;
@@ -117,6 +118,17 @@ impl Sandbox {
     /// Scores one input in a fresh store. Never panics on anything the module does; failures
     /// come back as [`CallError`]s and are counted in [`Sandbox::metrics`].
     pub fn score(&self, module: &RewardModule, input: &ScoreInput) -> ScoreOutcome {
+        self.score_within(module, input, self.config.call_limits())
+    }
+
+    /// [`Sandbox::score`] with this call's own fuel and deadline instead of the configured
+    /// ones (errors then name these limits).
+    pub fn score_within(
+        &self,
+        module: &RewardModule,
+        input: &ScoreInput,
+        limits: CallLimits,
+    ) -> ScoreOutcome {
         let start = Instant::now();
         let metadata = input.metadata.to_string();
         let (result, fuel_used) = match &module.inner.abi_problem {
@@ -127,9 +139,9 @@ impl Sandbox {
                 0,
             ),
             None => match &module.inner.kind {
-                Kind::Core { pre, wasi } => self.call_core(pre, *wasi, input, &metadata),
+                Kind::Core { pre, wasi } => self.call_core(pre, *wasi, input, &metadata, limits),
                 Kind::Component { pre, score } => match score {
-                    Some(index) => self.call_component(pre, index, input, &metadata),
+                    Some(index) => self.call_component(pre, index, input, &metadata, limits),
                     None => (
                         Err(CallError::AbiMismatch {
                             reason: "missing function export `score`".into(),
@@ -156,24 +168,34 @@ impl Sandbox {
     }
 
     /// The epoch deadline of a call, in ticks.
-    fn deadline_ticks(&self) -> u64 {
+    fn deadline_ticks(&self, timeout: std::time::Duration) -> u64 {
         let tick = self.config.epoch_tick.as_nanos().max(1);
-        let ticks = self.config.timeout.as_nanos().div_ceil(tick);
+        let ticks = timeout.as_nanos().div_ceil(tick);
         u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
     }
 
     /// Applies fuel, deadline and limiter to a fresh store.
-    fn limit<T>(&self, store: &mut Store<T>, limiter: fn(&mut T) -> &mut Limiter) {
+    fn limit<T>(
+        &self,
+        store: &mut Store<T>,
+        limiter: fn(&mut T) -> &mut Limiter,
+        limits: CallLimits,
+    ) {
         store.limiter(move |s| limiter(s) as &mut dyn wasmtime::ResourceLimiter);
         store
-            .set_fuel(self.config.fuel)
+            .set_fuel(limits.fuel)
             .expect("fuel consumption is enabled in the engine config");
-        store.set_epoch_deadline(self.deadline_ticks());
+        store.set_epoch_deadline(self.deadline_ticks(limits.timeout));
         store.epoch_deadline_trap();
     }
 
     /// Turns a failure into a typed error. A refused grow wins over whatever trap it caused.
-    fn classify(&self, failure: Failure, limit_hit: Option<String>) -> CallError {
+    fn classify(
+        &self,
+        failure: Failure,
+        limit_hit: Option<String>,
+        limits: CallLimits,
+    ) -> CallError {
         if let Some(message) = limit_hit {
             return CallError::MemoryLimit { message };
         }
@@ -183,11 +205,9 @@ impl Sandbox {
         };
         if let Some(trap) = err.downcast_ref::<Trap>() {
             return match trap {
-                Trap::OutOfFuel => CallError::FuelExhausted {
-                    fuel: self.config.fuel,
-                },
+                Trap::OutOfFuel => CallError::FuelExhausted { fuel: limits.fuel },
                 Trap::Interrupt => CallError::Timeout {
-                    timeout_ms: u64::try_from(self.config.timeout.as_millis()).unwrap_or(u64::MAX),
+                    timeout_ms: u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX),
                 },
                 other => CallError::Trap {
                     message: other.to_string(),
@@ -210,6 +230,7 @@ impl Sandbox {
         wasi: bool,
         input: &ScoreInput,
         metadata: &str,
+        limits: CallLimits,
     ) -> CallResult {
         let p1 = if wasi {
             match wasi_builder(&self.config.grants) {
@@ -221,11 +242,11 @@ impl Sandbox {
         };
         let limiter = Limiter::new(self.config.memory_bytes, self.config.table_elements);
         let mut store = Store::new(&self.engine, CoreState { limiter, p1 });
-        self.limit(&mut store, |s| &mut s.limiter);
+        self.limit(&mut store, |s| &mut s.limiter, limits);
         let result = run_core(&mut store, pre, input, metadata);
-        let fuel_used = self.config.fuel - store.get_fuel().unwrap_or(0);
+        let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let hit = store.data_mut().limiter.hit.take();
-        (result.map_err(|f| self.classify(f, hit)), fuel_used)
+        (result.map_err(|f| self.classify(f, hit, limits)), fuel_used)
     }
 
     fn call_component(
@@ -234,6 +255,7 @@ impl Sandbox {
         index: &wasmtime::component::ComponentExportIndex,
         input: &ScoreInput,
         metadata: &str,
+        limits: CallLimits,
     ) -> CallResult {
         let wasi = match wasi_builder(&self.config.grants) {
             Ok(mut b) => b.build(),
@@ -246,11 +268,11 @@ impl Sandbox {
             table: ResourceTable::new(),
         };
         let mut store = Store::new(&self.engine, state);
-        self.limit(&mut store, |s| &mut s.limiter);
+        self.limit(&mut store, |s| &mut s.limiter, limits);
         let result = run_component(&mut store, pre, index, input, metadata);
-        let fuel_used = self.config.fuel - store.get_fuel().unwrap_or(0);
+        let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let hit = store.data_mut().limiter.hit.take();
-        (result.map_err(|f| self.classify(f, hit)), fuel_used)
+        (result.map_err(|f| self.classify(f, hit, limits)), fuel_used)
     }
 }
 

@@ -30,6 +30,27 @@ pub struct SandboxConfig {
     pub grants: Grants,
 }
 
+impl SandboxConfig {
+    /// The per-call fuel and deadline of this configuration.
+    pub fn call_limits(&self) -> CallLimits {
+        CallLimits {
+            fuel: self.fuel,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// The fuel and wall-clock deadline of one call. [`crate::Sandbox::score`] uses the configured
+/// ones; a caller with a budget across many calls (the server's reward test) passes smaller
+/// ones to [`crate::Sandbox::score_within`] so that no single call can overrun it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallLimits {
+    /// Fuel for the call.
+    pub fuel: u64,
+    /// Wall-clock deadline of the call (accurate to about one epoch tick).
+    pub timeout: Duration,
+}
+
 impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {

@@ -39,7 +39,7 @@ mod sandbox;
 mod state;
 
 pub use call::{ScoreInput, ScoreOutcome};
-pub use config::{Grants, SandboxConfig};
+pub use config::{CallLimits, Grants, SandboxConfig};
 pub use error::{CallError, ErrorKind, LoadError};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use module::{ModuleKind, RewardModule};

@@ -1,6 +1,8 @@
 //! End-to-end tests of the sandbox with small and malicious modules written as WAT.
 
-use anneal_reward::{CallError, ErrorKind, Grants, LoadError, Sandbox, SandboxConfig, ScoreInput};
+use anneal_reward::{
+    CallError, CallLimits, ErrorKind, Grants, LoadError, Sandbox, SandboxConfig, ScoreInput,
+};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -93,6 +95,42 @@ fn infinite_loop_with_huge_fuel_hits_the_epoch_deadline() {
         "{:?}",
         start.elapsed()
     );
+}
+
+#[test]
+fn a_call_can_be_given_less_fuel_and_time_than_configured() {
+    let sb = sandbox(|c| {
+        c.fuel = u64::MAX / 2;
+        c.timeout = Duration::from_secs(60);
+    });
+    let m = sb
+        .load_bytes(
+            "loop",
+            module_with("(loop (br 0)) (f64.const 0)", "").as_bytes(),
+        )
+        .expect("load");
+    let fuel = CallLimits {
+        fuel: 100_000,
+        timeout: Duration::from_secs(60),
+    };
+    let out = sb.score_within(&m, &input("x"), fuel);
+    assert_eq!(out.result, Err(CallError::FuelExhausted { fuel: 100_000 }));
+    assert_eq!(out.fuel_used, 100_000);
+    let start = Instant::now();
+    let time = CallLimits {
+        fuel: u64::MAX / 2,
+        timeout: Duration::from_millis(50),
+    };
+    let out = sb.score_within(&m, &input("x"), time);
+    assert_eq!(out.result, Err(CallError::Timeout { timeout_ms: 50 }));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    // Without limits of its own a call gets the configured ones.
+    let good = sb.load_bytes("good", GOOD.as_bytes()).expect("load");
+    assert_eq!(sb.score(&good, &input("abc")).result, Ok(3.0));
 }
 
 #[test]

@@ -40,16 +40,15 @@ pub struct ConfigFile {
     pub path: String,
 }
 
-/// The `*.toml` files directly in `dir`, by name.
+/// The `*.toml` files directly in `dir`, by name (symlinks only when [`locate`] finds them).
 pub fn list(dir: &Path) -> Vec<ConfigFile> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
     let mut out: Vec<ConfigFile> = entries
         .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .filter(|n| is_config_name(n))
+        .filter(|n| locate(dir, n).is_some())
         .map(|name| ConfigFile {
             path: format!("configs/{name}"),
             name,
@@ -67,15 +66,18 @@ fn is_config_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
-/// Finds a config by `configs/<name>` or `<name>`: only a plain file directly in `dir`, so no
-/// path can reach outside it. Returns the canonical `configs/<name>` and the file's path.
+/// Finds a config by `configs/<name>` or `<name>`: only a plain name directly in `dir`, so no
+/// path can reach outside it, and a symlink only when its target is a file inside `dir` too (a
+/// link to `~/.ssh/config.toml` must not be readable through the API). Returns the canonical
+/// `configs/<name>` and the resolved file, which is what must be read.
 pub fn locate(dir: &Path, requested: &str) -> Option<(String, PathBuf)> {
     let name = requested.strip_prefix("configs/").unwrap_or(requested);
     if !is_config_name(name) {
         return None;
     }
-    let path = dir.join(name);
-    path.is_file().then(|| (format!("configs/{name}"), path))
+    let root = dir.canonicalize().ok()?;
+    let file = root.join(name).canonicalize().ok()?;
+    (file.starts_with(&root) && file.is_file()).then(|| (format!("configs/{name}"), file))
 }
 
 #[cfg(test)]
@@ -101,5 +103,31 @@ mod tests {
         }
         let names: Vec<String> = list(&dir).into_iter().map(|c| c.name).collect();
         assert_eq!(names, ["a.toml"]);
+    }
+
+    #[test]
+    fn symlinks_are_followed_only_inside_the_folder() {
+        let base = std::env::temp_dir().join(format!("anneal-links-{}", std::process::id()));
+        let dir = base.join("configs");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("a.toml"), "x = 1").expect("write");
+        std::fs::write(base.join("secret.toml"), "x = 2").expect("write");
+        let link = |target: &Path, name: &str| {
+            let _ = std::fs::remove_file(dir.join(name));
+            std::os::unix::fs::symlink(target, dir.join(name)).expect("symlink");
+        };
+        link(Path::new("a.toml"), "alias.toml");
+        link(Path::new("../secret.toml"), "up.toml");
+        link(&base.join("secret.toml"), "abs.toml");
+        link(Path::new("missing.toml"), "dangling.toml");
+        let (path, file) = locate(&dir, "configs/alias.toml").expect("an inside link");
+        assert_eq!(path, "configs/alias.toml");
+        assert_eq!(std::fs::read_to_string(file).expect("read"), "x = 1");
+        for bad in ["up.toml", "abs.toml", "dangling.toml"] {
+            assert!(locate(&dir, bad).is_none(), "{bad}");
+        }
+        let names: Vec<String> = list(&dir).into_iter().map(|c| c.name).collect();
+        assert_eq!(names, ["a.toml", "alias.toml"]);
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

@@ -7,6 +7,7 @@
 //! process.rs    the per-run supervisor process and its exit record
 //! files.rs      metrics.jsonl, logs and checkpoint folders of a run directory
 //! config.rs     configs/ and config resolution
+//! guard.rs      Host, Origin and content-type checks against web pages driving the server
 //! api/          the HTTP handlers
 //! ```
 
@@ -15,6 +16,7 @@
 mod api;
 pub mod config;
 pub mod files;
+pub mod guard;
 pub mod process;
 pub mod registry;
 pub mod runs;
@@ -24,7 +26,9 @@ use registry::Registry;
 use runs::{Launch, Manager, RunError};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// How the server is set up.
 #[derive(Clone, Debug)]
@@ -48,6 +52,27 @@ pub struct ServerOptions {
     pub max_running: usize,
     /// The largest reward module upload, in bytes.
     pub max_upload_bytes: usize,
+    /// What one reward test request may spend across all its inputs.
+    pub reward_test: RewardTestBudget,
+}
+
+/// The total a `POST /api/rewards/{id}/test` request may spend across its inputs (each call is
+/// also held to the sandbox's own per-call limits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RewardTestBudget {
+    /// Wall time.
+    pub time: Duration,
+    /// Fuel (roughly WebAssembly instructions).
+    pub fuel: u64,
+}
+
+impl Default for RewardTestBudget {
+    fn default() -> Self {
+        RewardTestBudget {
+            time: Duration::from_secs(30),
+            fuel: 10_000_000_000,
+        }
+    }
 }
 
 impl ServerOptions {
@@ -106,9 +131,16 @@ pub struct AppState {
     registry: Arc<Registry>,
     manager: Arc<Manager>,
     sandbox: OnceLock<Result<Sandbox, String>>,
+    /// Set when SIGINT or SIGTERM arrives: long work on blocking threads stops.
+    shutting_down: AtomicBool,
 }
 
 impl AppState {
+    /// Whether the server is stopping.
+    fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
     /// The reward sandbox, created at first use (it starts a ticker thread and a compiler).
     fn sandbox(&self) -> Result<&Sandbox, api::ApiError> {
         self.sandbox
@@ -165,15 +197,25 @@ pub async fn serve(
         registry,
         manager,
         sandbox: OnceLock::new(),
+        shutting_down: AtomicBool::new(false),
     });
-    let app = static_routes(web_dir).nest("/api", api::routes(state));
+    let app = static_routes(web_dir)
+        .nest("/api", api::routes(Arc::clone(&state)))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(guard::Guard::new(addr)),
+            guard::check,
+        ));
     ready(addr);
     // Not a graceful shutdown: event streams never end by themselves, and runs do not depend on
-    // the server, so open connections are simply dropped.
-    tokio::select! {
+    // the server, so open connections are simply dropped. Work on blocking threads (reward
+    // tests) sees the flag and stops; the caller should not wait for it either (drop the
+    // runtime with a timeout).
+    let result = tokio::select! {
         served = axum::serve(listener, app) => served.map_err(ServeError::Serve),
         () = shutdown_signal() => Ok(()),
-    }
+    };
+    state.shutting_down.store(true, Ordering::Relaxed);
+    result
 }
 
 /// Holds an exclusive lock on `<home>/server.lock` for as long as the file stays open (the

@@ -131,9 +131,18 @@ pub fn supervise(run_dir: &Path, exe: &Path, args: &[OsString]) -> std::io::Resu
     Ok(record.code.unwrap_or(1))
 }
 
-/// The command line that starts a run: `exe supervise --run-dir DIR -- train CONFIG --set ..
-/// --run-dir DIR`, in its own process group so that a terminal's Ctrl-C to the server does not
-/// reach it and a forced stop can kill the whole group.
+/// `--name=value` as one argument, so that a value starting with `-` is never parsed as a flag.
+pub fn flag(name: &str, value: &std::ffi::OsStr) -> OsString {
+    let mut arg = OsString::from(name);
+    arg.push("=");
+    arg.push(value);
+    arg
+}
+
+/// The command line that starts a run: `exe supervise --run-dir=DIR -- train CONFIG --set=..
+/// --run-dir=DIR`, in its own process group so that a terminal's Ctrl-C to the server does not
+/// reach it and a forced stop can kill the whole group. Values are joined to their flags (see
+/// [`flag`]); the config is the run dir's absolute `source.toml`.
 pub fn run_command(
     exe: &Path,
     work_dir: &Path,
@@ -143,16 +152,14 @@ pub fn run_command(
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("supervise")
-        .arg("--run-dir")
-        .arg(run_dir)
+        .arg(flag("--run-dir", run_dir.as_os_str()))
         .arg("--")
         .arg("train")
         .arg(config_file);
     for o in overrides {
-        cmd.arg("--set").arg(o);
+        cmd.arg(flag("--set", o.as_ref()));
     }
-    cmd.arg("--run-dir")
-        .arg(run_dir)
+    cmd.arg(flag("--run-dir", run_dir.as_os_str()))
         .current_dir(work_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -184,7 +191,10 @@ pub fn supervisor_alive(pid: i64, run_dir: &Path) -> bool {
     }
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     let dir = run_dir.as_os_str().as_encoded_bytes();
-    args.contains(&b"supervise".as_slice()) && args.contains(&dir)
+    let joined = flag("--run-dir", run_dir.as_os_str());
+    // `--run-dir=DIR` since runs are started that way; `--run-dir DIR` from older servers.
+    args.contains(&b"supervise".as_slice())
+        && (args.contains(&joined.as_encoded_bytes()) || args.contains(&dir))
 }
 
 /// Asks the run to stop gracefully: SIGTERM to its supervisor, which forwards it to the trainer

@@ -2,99 +2,23 @@
 //! every failure shares: `{"error": "<one line>", "errors": [{"key_path":..,"message":..}]}`.
 
 mod configs;
+mod error;
 mod events;
 mod misc;
+mod reward_test;
 mod rewards;
 mod runs;
 
-use crate::config::Problem;
-use crate::registry::RegistryError;
-use crate::runs::RunError;
+pub use error::ApiError;
+
 use crate::AppState;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde_json::json;
+use axum::Router;
 use std::sync::Arc;
-
-/// An API failure: an HTTP status, one line, and (for configs) the problems by key path.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-    problems: Vec<Problem>,
-}
-
-impl ApiError {
-    /// A failure with a status and a message.
-    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-            problems: Vec::new(),
-        }
-    }
-
-    /// 404.
-    pub fn not_found(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, message)
-    }
-
-    /// 400.
-    pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, message)
-    }
-
-    /// 422 for an invalid config, listing its problems.
-    pub fn invalid_config(problems: Vec<Problem>) -> ApiError {
-        // `error` stays one line; a problem's own message may span lines (a TOML syntax error
-        // with its caret), which the UI shows as they are.
-        let message = problems
-            .first()
-            .map(|p| p.message.split_whitespace().collect::<Vec<_>>().join(" "))
-            .unwrap_or_else(|| "invalid config".into());
-        ApiError {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            message,
-            problems,
-        }
-    }
-
-    /// 500, for failures of the server's own machinery.
-    pub fn internal(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut body = json!({ "error": self.message });
-        if !self.problems.is_empty() {
-            body["errors"] = json!(self.problems);
-        }
-        (self.status, Json(body)).into_response()
-    }
-}
-
-impl From<RegistryError> for ApiError {
-    fn from(e: RegistryError) -> Self {
-        ApiError::internal(e.to_string())
-    }
-}
-
-impl From<RunError> for ApiError {
-    fn from(e: RunError) -> Self {
-        let status = match &e {
-            RunError::NotFound(_) => StatusCode::NOT_FOUND,
-            RunError::Conflict(_) => StatusCode::CONFLICT,
-            RunError::Registry(_) | RunError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError::new(status, e.to_string())
-    }
-}
 
 /// What a handler returns.
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -132,12 +56,16 @@ pub fn routes(state: Arc<AppState>) -> Router {
                 .layer(DefaultBodyLimit::max(upload_limit)),
         )
         .route("/rewards/{id}", get(rewards::show).delete(rewards::delete))
-        .route("/rewards/{id}/test", post(rewards::test))
+        .route(
+            "/rewards/{id}/test",
+            post(reward_test::test).layer(DefaultBodyLimit::max(reward_test::MAX_BODY_BYTES)),
+        )
         .fallback(|| async { ApiError::not_found("no such API endpoint") })
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             require_token,
         ))
+        .layer(axum::middleware::from_fn(error::json_errors))
         .with_state(state)
 }
 

@@ -1,10 +1,10 @@
 //! Reward modules: upload (size-limited, compiled and checked against the reward ABI before it is
-//! stored), list, show, delete, and score sample inputs.
+//! stored), list, show, delete. Scoring sample inputs is in `reward_test.rs`.
 
 use super::{parse_id, ApiError, ApiResult};
 use crate::registry::Reward;
 use crate::AppState;
-use anneal_reward::{ModuleKind, RewardModule, ScoreInput};
+use anneal_reward::{ModuleKind, RewardModule};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
@@ -15,10 +15,8 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
-/// At most this many inputs per test call.
-const MAX_TEST_INPUTS: usize = 1000;
-
-fn find_reward(state: &AppState, raw: &str) -> ApiResult<Reward> {
+/// The reward module record with this id (404 when there is none).
+pub fn find_reward(state: &AppState, raw: &str) -> ApiResult<Reward> {
     let id = parse_id("reward module", raw)?;
     state
         .registry
@@ -150,41 +148,8 @@ pub async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /api/rewards/{id}/test` body: `{"inputs":[{"prompt":..,"completion":..,"metadata":{..}}]}`.
-#[derive(Deserialize)]
-pub struct TestRequest {
-    inputs: Vec<ScoreInput>,
-}
-
-/// Scores each input with the module: per input the score or the error kind and message, the
-/// reward, details, fuel and microseconds (as `anneal reward test` prints them).
-pub async fn test(
-    State(state): State<Arc<AppState>>,
-    Path(id): Path<String>,
-    Json(request): Json<TestRequest>,
-) -> ApiResult<Json<Value>> {
-    let reward = find_reward(&state, &id)?;
-    if request.inputs.is_empty() || request.inputs.len() > MAX_TEST_INPUTS {
-        return Err(ApiError::bad_request(format!(
-            "send between 1 and {MAX_TEST_INPUTS} inputs"
-        )));
-    }
-    let value = tokio::task::spawn_blocking(move || {
-        let module = load_stored(&state, &reward)?;
-        let sandbox = state.sandbox()?;
-        let results: Vec<Value> = request
-            .inputs
-            .iter()
-            .map(|input| sandbox.score(&module, input).to_json())
-            .collect();
-        Ok::<_, ApiError>(json!({ "results": results }))
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("scoring failed: {e}")))??;
-    Ok(Json(value))
-}
-
-fn load_stored(state: &AppState, reward: &Reward) -> ApiResult<RewardModule> {
+/// The stored module of a record, compiled (or from the sandbox's cache).
+pub fn load_stored(state: &AppState, reward: &Reward) -> ApiResult<RewardModule> {
     let path = state
         .options
         .rewards_dir()

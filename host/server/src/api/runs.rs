@@ -280,7 +280,10 @@ pub async fn generate(
     .await
     .map_err(|e| ApiError::internal(format!("export failed: {e}")))??;
     let mut cmd = tokio::process::Command::new(&state.manager.launch().exe);
-    cmd.arg("generate").arg("--model-dir").arg(&dir);
+    // Every value goes in `--flag=value` form: a prompt such as "-1 is" must stay the prompt,
+    // never become a flag of `anneal generate`.
+    cmd.arg("generate")
+        .arg(process::flag("--model-dir", dir.as_os_str()));
     match (&request.prompt, &request.prompt_tokens) {
         (Some(text), None) => {
             let tokenizer = [dir.join("tokenizer.json"), run_dir.join("tokenizer.json")]
@@ -292,14 +295,12 @@ pub async fn generate(
                         "this checkpoint has no tokenizer.json; send prompt_tokens instead",
                     )
                 })?;
-            cmd.arg("--prompt")
-                .arg(text)
-                .arg("--tokenizer")
-                .arg(tokenizer);
+            cmd.arg(process::flag("--prompt", text.as_ref()))
+                .arg(process::flag("--tokenizer", tokenizer.as_os_str()));
         }
         (None, Some(tokens)) if !tokens.is_empty() => {
             let ids: Vec<String> = tokens.iter().map(i64::to_string).collect();
-            cmd.arg("--prompt-tokens").arg(ids.join(","));
+            cmd.arg(process::flag("--prompt-tokens", ids.join(",").as_ref()));
         }
         _ => {
             return Err(ApiError::bad_request(
@@ -307,17 +308,20 @@ pub async fn generate(
             ))
         }
     }
-    cmd.arg("--max-new-tokens")
-        .arg(request.max_new_tokens.min(4096).to_string())
-        .arg("--temperature")
-        .arg(request.temperature.to_string())
-        .arg("--top-p")
-        .arg(request.top_p.to_string())
-        .arg("--top-k")
-        .arg(request.top_k.to_string())
-        .arg("--seed")
-        .arg(request.seed.to_string())
-        .kill_on_drop(true);
+    let numbers = [
+        (
+            "--max-new-tokens",
+            request.max_new_tokens.min(4096).to_string(),
+        ),
+        ("--temperature", request.temperature.to_string()),
+        ("--top-p", request.top_p.to_string()),
+        ("--top-k", request.top_k.to_string()),
+        ("--seed", request.seed.to_string()),
+    ];
+    for (name, value) in numbers {
+        cmd.arg(process::flag(name, value.as_ref()));
+    }
+    cmd.kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(300), cmd.output())
         .await
         .map_err(|_| ApiError::internal("sampling took longer than 300 s"))?
