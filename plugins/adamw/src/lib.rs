@@ -84,7 +84,7 @@ mod tests {
             (json!({"betas": [0.9, -0.1]}), "betas[1]"),
             (json!({"weight_decay": -0.1}), "weight_decay"),
         ] {
-            let e = AdamW::create(None, args.clone()).err().expect("refused");
+            let e = AdamW::create(None, args.clone()).expect_err("refused");
             assert!(e.0.starts_with(key), "{args}: {e}");
         }
         assert!(AdamW::create(None, json!({"betas": [0.0, 0.999], "eps": 0.0})).is_ok());

@@ -121,7 +121,7 @@ mod tests {
                 "bad plugin arguments: momentum",
             ),
         ] {
-            let e = Sgd::create(None, args.clone()).err().expect("refused");
+            let e = Sgd::create(None, args.clone()).expect_err("refused");
             assert!(e.0.starts_with(key), "{args}: {e}");
         }
     }
