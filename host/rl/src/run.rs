@@ -274,6 +274,7 @@ pub fn run_rl(
     let opt_args = serde_json::Value::Object(cfg.optimizer.args.clone());
     let mut optimizer =
         PluginOptimizer::new(opt_plugin.name(), opt_plugin.create(None, &opt_args)?)?;
+    anneal_train::memory::check(cfg, model.spec(), anneal_train::memory::Workload::Rl)?;
     let mut restored = None;
     let resumed = resume(cfg, run_dir, &console, |l| {
         restored = Some(restore(cfg, &model, &mut optimizer, l)?);

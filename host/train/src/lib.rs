@@ -4,6 +4,7 @@
 
 pub mod checkpoint;
 pub mod checkpointing;
+pub mod memory;
 mod metrics;
 mod run;
 mod schedule;
@@ -65,7 +66,10 @@ impl TrainError {
                 | TrainError::Data(_)
                 | TrainError::Plugin(_)
                 | TrainError::Checkpoint(
-                    C::NoneUsable { .. } | C::NoSuchStep { .. } | C::Mismatch(_)
+                    C::NoneUsable { .. }
+                        | C::NoSuchStep { .. }
+                        | C::Mismatch(_)
+                        | C::Corrupt { .. }
                 )
         )
     }
