@@ -406,3 +406,52 @@ fn the_server_answers_bad_configs_and_sampling_with_4xx_not_500() {
     let msg = body["error"].as_str().unwrap_or_default();
     assert!(msg.contains("temperature -1"), "{body}");
 }
+
+#[test]
+fn rl_refuses_bad_input_with_the_key_and_exit_2() {
+    let job = Job::new("rl");
+    ok(&train(&job, "sft", &["training.steps=1"]));
+    let reward = root().join("reward-wasm/examples/exact_match/reward.wat");
+    let rl = |set: &[&str]| {
+        let mut c = anneal();
+        c.arg("rl")
+            .arg(job.config())
+            .arg("--run-dir")
+            .arg(job.dir.join("rl"))
+            .args(["--set", "training.steps=1"])
+            .args([
+                "--set",
+                &format!(
+                    "rl.tokenizer=\"{}\"",
+                    job.dir.join("sft/tokenizer.json").display()
+                ),
+            ])
+            .args([
+                "--set",
+                &format!("rl.rewards=[{{path=\"{}\"}}]", reward.display()),
+            ]);
+        for s in set {
+            c.args(["--set", s]);
+        }
+        run_within(c, 120)
+    };
+    for (set, want) in [
+        ("model.args.dim=4000000", "needs about"),
+        (
+            "rl.prompts_path=\"/nonexistent/prompts.jsonl\"",
+            "`rl.prompts_path`",
+        ),
+        ("rl.init_from=\"/nonexistent/step-3\"", "`rl.init_from`"),
+        (
+            "rl.rewards=[{path=\"/nonexistent/r.wat\"}]",
+            "`rl.rewards[0].path`",
+        ),
+    ] {
+        let line = error_line(&rl(&[set]), 2);
+        assert!(line.contains(want), "{set}: {line}");
+        assert!(
+            line.matches("/nonexistent/").count() <= 1,
+            "the path once: {line}"
+        );
+    }
+}

@@ -69,7 +69,8 @@ fn scorer(cfg: &anneal_config::JobConfig) -> anyhow::Result<WasmScorer> {
     for (i, spec) in r.rewards.iter().enumerate() {
         let module = sandbox
             .load_file(Path::new(&spec.path))
-            .with_context(|| format!("config: `rl.rewards[{i}].path`: {}", spec.path))?;
+            // The load error names the file.
+            .with_context(|| format!("config: `rl.rewards[{i}].path`"))?;
         if let Some(problem) = module.abi_problem() {
             user_bail!(
                 "config: `rl.rewards[{i}].path`: {} does not match the reward ABI ({problem})",

@@ -169,6 +169,12 @@ fn tokenizer_path(cfg: &JobConfig) -> Result<PathBuf, TrainError> {
         return Ok(PathBuf::from(&r.tokenizer));
     }
     let dir = Path::new(&r.init_from);
+    if !r.init_from.is_empty() && !dir.exists() {
+        return Err(cfg_err(
+            "rl.init_from",
+            format!("{} does not exist", dir.display()),
+        ));
+    }
     // A checkpoint step dir sits in <run>/checkpoints/step-N, next to <run>/tokenizer.json.
     let candidates = [dir.join("tokenizer.json"), dir.join("../../tokenizer.json")];
     candidates.into_iter().find(|p| p.exists()).ok_or_else(|| {
@@ -185,7 +191,8 @@ fn load_prompts(cfg: &JobConfig) -> Result<PromptSource, TrainError> {
         return Ok(PromptSource::DigitsSort { seed: r.task_seed });
     }
     let path = Path::new(&r.prompts_path);
-    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| cfg_err("rl.prompts_path", format!("{}: {e}", path.display())))?;
     let mut list = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
