@@ -260,6 +260,11 @@ fn sampling_settings_and_lengths_are_checked_against_the_model() {
     );
     let line = error_line(&generate(&["--prompt-tokens", &ids(128)]), 2);
     assert!(line.contains("nothing is left to generate"), "{line}");
+    let line = error_line(
+        &generate(&["--prompt-tokens", "1,2", "--plugin", "adamw"]),
+        2,
+    );
+    assert!(line.contains("not a model"), "{line}");
 }
 
 #[test]

@@ -25,6 +25,9 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<i64>> {
 pub fn load_hf_model(dir: &Path, plugin: &str) -> anyhow::Result<(PluginModel, Params)> {
     let cfg = hf::read_config(dir)?;
     let loaded = find(plugin)?;
+    if loaded.kind() != anneal_plugin_api::abi::PluginKind::Model {
+        user_bail!("--plugin {plugin}: is an optimizer plugin, not a model");
+    }
     let inst = loaded.create(None, &serde_json::json!({ "hf_config": cfg }))?;
     let model = PluginModel::new(plugin, inst)?;
     let params = hf::load_params(dir, model.spec())?;
