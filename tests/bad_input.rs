@@ -122,10 +122,12 @@ fn a_model_that_cannot_fit_is_refused_before_allocating() {
     ));
     let mut c = anneal();
     c.args(["config", "show"]).arg(job.config());
-    let shown = ok(&run_within(c, 60));
+    let out = run_within(c, 60);
+    ok(&out);
+    let shown = String::from_utf8_lossy(&out.stderr);
     let estimate = shown
         .lines()
-        .find(|l| l.starts_with("# memory estimate for `anneal train`: "))
+        .find(|l| l.starts_with("memory estimate for `anneal train`: "))
         .unwrap_or_else(|| panic!("no estimate in {shown}"));
     assert!(
         estimate.contains("parameters") && estimate.contains("available"),

@@ -10,19 +10,19 @@ pub(crate) fn load(config: &Path, set: &[String]) -> anyhow::Result<JobConfig> {
     Ok(resolve(Source::File(config), set)?)
 }
 
-/// Prints the resolved config as TOML, then the memory estimate as TOML comments (the output
-/// stays a valid config).
+/// Prints the resolved config as TOML (exactly what a run dir keeps as `config.toml`), and the
+/// memory estimate of the run on stderr.
 pub fn show(config: &Path, set: &[String]) -> anyhow::Result<()> {
     use anneal_train::memory::{describe, Workload};
     let cfg = load(config, set)?;
     print!("{}", cfg.to_toml());
-    println!(
-        "\n# memory estimate for `anneal train`: {}",
+    eprintln!(
+        "memory estimate for `anneal train`: {}",
         describe(&cfg, Workload::Train)
     );
     if !cfg.rl.rewards.is_empty() {
-        println!(
-            "# memory estimate for `anneal rl`: {}",
+        eprintln!(
+            "memory estimate for `anneal rl`: {}",
             describe(&cfg, Workload::Rl)
         );
     }
