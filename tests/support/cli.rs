@@ -34,6 +34,7 @@ pub fn built_dir() -> &'static Path {
             "anneal-plugin-adamw",
             "anneal-plugin-sgd",
             "anneal-testplugin-bad-api",
+            "anneal-testplugin-bad-logits",
         ] {
             cargo.args(["-p", p]);
         }

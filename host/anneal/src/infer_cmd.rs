@@ -1,10 +1,11 @@
 //! `anneal logprobs` and `anneal generate`: inference from a Hugging Face model directory with a
 //! model plugin.
 
+use crate::errors::UserError;
+use crate::user_bail;
 use anneal_runtime::hf;
 use anneal_runtime::infer::{self, Sampling};
 use anneal_runtime::plugins::{find, Params, PluginModel};
-use anyhow::Context;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,7 +16,7 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<i64>> {
         .map(|t| {
             t.trim()
                 .parse::<i64>()
-                .with_context(|| format!("'{t}' is not a token id"))
+                .map_err(|_| UserError(format!("'{t}' is not a token id")).into())
         })
         .collect()
 }
@@ -24,6 +25,9 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<i64>> {
 pub fn load_hf_model(dir: &Path, plugin: &str) -> anyhow::Result<(PluginModel, Params)> {
     let cfg = hf::read_config(dir)?;
     let loaded = find(plugin)?;
+    if loaded.kind() != anneal_plugin_api::abi::PluginKind::Model {
+        user_bail!("--plugin {plugin}: is an optimizer plugin, not a model");
+    }
     let inst = loaded.create(None, &serde_json::json!({ "hf_config": cfg }))?;
     let model = PluginModel::new(plugin, inst)?;
     let params = hf::load_params(dir, model.spec())?;
@@ -33,22 +37,27 @@ pub fn load_hf_model(dir: &Path, plugin: &str) -> anyhow::Result<(PluginModel, P
 fn check_vocab(model: &PluginModel, tokens: &[i64]) -> anyhow::Result<()> {
     let v = model.spec().vocab_size as i64;
     if let Some(t) = tokens.iter().find(|&&t| t < 0 || t >= v) {
-        anyhow::bail!("token id {t} is outside the vocabulary (0..{v})");
+        user_bail!("token id {t} is outside the vocabulary (0..{v})");
     }
     Ok(())
 }
 
 /// Loads a `tokenizer.json`.
 pub fn load_tokenizer(path: &Path) -> anyhow::Result<tokenizers::Tokenizer> {
-    tokenizers::Tokenizer::from_file(path)
-        .map_err(|e| anyhow::anyhow!("{}: not a usable tokenizer.json: {e}", path.display()))
+    tokenizers::Tokenizer::from_file(path).map_err(|e| {
+        UserError(format!(
+            "{}: not a usable tokenizer.json: {e}",
+            path.display()
+        ))
+        .into()
+    })
 }
 
 /// Token ids of `text`.
 pub fn encode(tok: &tokenizers::Tokenizer, text: &str) -> anyhow::Result<Vec<i64>> {
     let enc = tok
         .encode(text, false)
-        .map_err(|e| anyhow::anyhow!("cannot tokenize the prompt: {e}"))?;
+        .map_err(|e| UserError(format!("cannot tokenize the prompt: {e}")))?;
     Ok(enc.get_ids().iter().map(|&i| i as i64).collect())
 }
 
@@ -68,9 +77,9 @@ impl TokenSource<'_> {
         let ids = match (self.ids, self.text, &tok) {
             (Some(ids), None, _) => parse_tokens(ids)?,
             (None, Some(text), Some(t)) => encode(t, text)?,
-            (None, Some(_), None) => anyhow::bail!("text input needs --tokenizer tokenizer.json"),
-            (Some(_), Some(_), _) => anyhow::bail!("give token ids or text, not both"),
-            (None, None, _) => anyhow::bail!("give token ids or text"),
+            (None, Some(_), None) => user_bail!("text input needs --tokenizer tokenizer.json"),
+            (Some(_), Some(_), _) => user_bail!("give token ids or text, not both"),
+            (None, None, _) => user_bail!("give token ids or text"),
         };
         Ok((ids, tok))
     }
@@ -81,6 +90,7 @@ pub fn logprobs(dir: &Path, plugin: &str, input: TokenSource<'_>) -> anyhow::Res
     let (tokens, _) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &tokens)?;
+    infer::check_scoring(tokens.len(), model.spec().max_seq_len)?;
     let (lp, loss) = infer::logprobs(&model, &params, &tokens)?;
     println!(
         "{}",
@@ -98,10 +108,19 @@ pub fn generate(
     max_new: usize,
     sampling: Sampling,
 ) -> anyhow::Result<()> {
+    sampling.validate()?;
     let (prompt, tok) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &prompt)?;
-    let g = infer::generate(&model, &params, &prompt, max_new, &sampling)?;
+    let max_seq_len = model.spec().max_seq_len;
+    let budget = infer::new_token_budget(prompt.len(), max_new, max_seq_len)?;
+    if budget < max_new {
+        eprintln!(
+            "note: --max-new-tokens {max_new} capped at {budget}: the prompt's {} tokens and the completion must fit the model's {max_seq_len} positions",
+            prompt.len()
+        );
+    }
+    let g = infer::generate(&model, &params, &prompt, budget, &sampling)?;
     let mut out =
         serde_json::json!({ "prompt_tokens": prompt, "tokens": g.tokens, "logprobs": g.logprobs });
     if let Some(t) = tok {

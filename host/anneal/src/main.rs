@@ -1,6 +1,7 @@
 //! `anneal`: the command-line edge of the host. Parses arguments, calls into the library crates,
-//! and turns their errors into one clear line (exit code 2 for user errors).
+//! and turns their errors into one clear line (exit code 2 for user errors, 1 for failures).
 
+mod errors;
 mod infer_cmd;
 mod plugins_cmd;
 
@@ -59,14 +60,14 @@ enum Command {
         /// A tokenizer.json for --prompt and for decoding.
         #[arg(long)]
         tokenizer: Option<std::path::PathBuf>,
-        /// How many tokens to generate at most.
+        /// How many tokens to generate at most (capped at what the model's positions leave).
         #[arg(long, default_value_t = 16)]
         max_new_tokens: usize,
         /// Sampling temperature; 0 is greedy.
-        #[arg(long, default_value_t = 1.0)]
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
         temperature: f32,
-        /// Nucleus sampling threshold.
-        #[arg(long, default_value_t = 1.0)]
+        /// Nucleus sampling threshold, within (0, 1].
+        #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
         top_p: f32,
         /// Keep only the k most likely tokens (0 = all).
         #[arg(long, default_value_t = 0)]
@@ -233,10 +234,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", errors::one_line(&e));
             // Exit 2 tells the user to fix their input; 1 is a failure of the run itself.
-            let failure = e.downcast_ref::<train_cmd::Failure>().is_some();
-            ExitCode::from(if failure { 1 } else { 2 })
+            ExitCode::from(errors::exit_code(&e))
         }
     }
 }

@@ -1,7 +1,9 @@
 //! `anneal reward ...`: run reward modules (WebAssembly) from the command line.
 
+use crate::errors::UserError;
+use crate::user_bail;
 use anneal_reward::{Sandbox, SandboxConfig, ScoreInput, ScoreOutcome};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
@@ -60,9 +62,9 @@ fn test(args: TestArgs) -> Result<()> {
     let memory_bytes = args
         .memory_mb
         .checked_mul(1 << 20)
-        .with_context(|| format!("--memory-mb {} is too large", args.memory_mb))?;
+        .ok_or_else(|| UserError(format!("--memory-mb {} is too large", args.memory_mb)))?;
     if args.timeout_ms == 0 {
-        bail!("--timeout-ms must be at least 1");
+        user_bail!("--timeout-ms must be at least 1");
     }
     let mut config = SandboxConfig {
         fuel: args.fuel,
@@ -84,7 +86,7 @@ fn test(args: TestArgs) -> Result<()> {
     let (reader, source): (Box<dyn BufRead>, String) = match &args.input {
         Some(path) => {
             let file = std::fs::File::open(path)
-                .with_context(|| format!("cannot open {}", path.display()))?;
+                .map_err(|e| UserError(format!("cannot open {}: {e}", path.display())))?;
             (
                 Box::new(std::io::BufReader::new(file)),
                 path.display().to_string(),
@@ -96,14 +98,22 @@ fn test(args: TestArgs) -> Result<()> {
     let mut out = stdout.lock();
     for (index, line) in reader.lines().enumerate() {
         let number = index + 1;
-        let line = line.with_context(|| format!("cannot read {source} line {number}"))?;
+        let line = line.map_err(|e| {
+            let msg = format!("cannot read {source} line {number}: {e}");
+            // Text that is not UTF-8 is the input's problem; anything else is the system's.
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                UserError(msg).into()
+            } else {
+                anyhow::Error::new(e).context(format!("cannot read {source} line {number}"))
+            }
+        })?;
         if line.trim().is_empty() {
             continue;
         }
-        let input: ScoreInput = serde_json::from_str(&line).with_context(|| {
-            format!(
-                "{source} line {number}: expected {{\"prompt\":..,\"completion\":..,\"metadata\":{{..}}}}"
-            )
+        let input: ScoreInput = serde_json::from_str(&line).map_err(|e| {
+            UserError(format!(
+                "{source} line {number}: expected {{\"prompt\":..,\"completion\":..,\"metadata\":{{..}}}} ({e})"
+            ))
         })?;
         let outcome = sandbox.score(&module, &input);
         writeln!(out, "{}", outcome_json(number, &outcome)).context("cannot write to stdout")?;

@@ -1,6 +1,7 @@
 //! `anneal rl`: RL post-training with rewards from WebAssembly modules.
 
-use crate::train_cmd::{default_run_dir, install_stop_signals, load, Failure};
+use crate::train_cmd::{default_run_dir, install_stop_signals, load};
+use crate::user_bail;
 use anneal_reward::{ErrorKind, RewardModule, Sandbox, SandboxConfig, ScoreInput};
 use anneal_rl::rollout::{Prompt, RewardFailure, Scored, Scorer};
 use anneal_rl::{run_rl, RlOptions};
@@ -57,7 +58,7 @@ impl Scorer for WasmScorer {
 fn scorer(cfg: &anneal_config::JobConfig) -> anyhow::Result<WasmScorer> {
     let r = &cfg.rl;
     if r.rewards.is_empty() {
-        anyhow::bail!("config: `rl.rewards`: name at least one reward module, e.g. rewards = [{{ path = \"reward-wasm/examples/exact_match/reward.wat\", weight = 1.0 }}]");
+        user_bail!("config: `rl.rewards`: name at least one reward module, e.g. rewards = [{{ path = \"reward-wasm/examples/exact_match/reward.wat\", weight = 1.0 }}]");
     }
     let sandbox = Sandbox::new(SandboxConfig {
         timeout: Duration::from_millis(r.reward_timeout_ms),
@@ -68,9 +69,10 @@ fn scorer(cfg: &anneal_config::JobConfig) -> anyhow::Result<WasmScorer> {
     for (i, spec) in r.rewards.iter().enumerate() {
         let module = sandbox
             .load_file(Path::new(&spec.path))
-            .with_context(|| format!("config: `rl.rewards[{i}].path`: {}", spec.path))?;
+            // The load error names the file.
+            .with_context(|| format!("config: `rl.rewards[{i}].path`"))?;
         if let Some(problem) = module.abi_problem() {
-            anyhow::bail!(
+            user_bail!(
                 "config: `rl.rewards[{i}].path`: {} does not match the reward ABI ({problem})",
                 spec.path
             );
@@ -89,9 +91,7 @@ pub fn rl(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow::Re
     let scorer = Arc::new(scorer(&cfg)?);
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
     let stop = install_stop_signals()?;
-    match run_rl(&cfg, &run_dir, scorer, &stop, &RlOptions::default()) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_user_error() => Err(e.into()),
-        Err(e) => Err(Failure(e.to_string()).into()),
-    }
+    // The exit code follows `TrainError::is_user_error` (see `errors::exit_code`).
+    run_rl(&cfg, &run_dir, scorer, &stop, &RlOptions::default())?;
+    Ok(())
 }

@@ -1,8 +1,10 @@
 //! `anneal serve`: the web UI and run registry; and `anneal supervise`, the small process that
 //! stands between the server and each training process.
 
+use crate::errors::UserError;
+use crate::user_bail;
 use anneal_server::{serve, RewardTestBudget, ServerOptions};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -43,36 +45,36 @@ pub struct ServeArgs {
 
 /// Runs the server until SIGINT or SIGTERM.
 pub fn serve_cmd(args: ServeArgs) -> Result<()> {
-    let addr: SocketAddr = args.addr.parse().with_context(|| {
-        format!(
+    let addr: SocketAddr = args.addr.parse().map_err(|_| {
+        UserError(format!(
             "--addr {}: expected IP:PORT, e.g. 127.0.0.1:8080",
             args.addr
-        )
+        ))
     })?;
     if args.token.is_none() && !addr.ip().is_loopback() {
-        bail!("{addr} is not a loopback address: give a token (--token or ANNEAL_TOKEN) to listen on it");
+        user_bail!("{addr} is not a loopback address: give a token (--token or ANNEAL_TOKEN) to listen on it");
     }
     if args.max_running == 0 {
-        bail!("--max-running must be at least 1");
+        user_bail!("--max-running must be at least 1");
     }
     if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
-        bail!("the token is empty");
+        user_bail!("the token is empty");
     }
     let reward_test_time = Duration::try_from_secs_f64(args.reward_test_seconds)
         .ok()
         .filter(|t| !t.is_zero())
-        .with_context(|| {
-            format!(
+        .ok_or_else(|| {
+            UserError(format!(
                 "--reward-test-seconds {}: expected a positive number",
                 args.reward_test_seconds
-            )
+            ))
         })?;
     let exe = std::env::current_exe().context("cannot find the anneal binary")?;
     let work_dir = std::env::current_dir().context("cannot read the current directory")?;
     let home = absolute(&work_dir, &args.home);
     let web_dir = match args.web {
         Some(dir) if dir.join("index.html").is_file() => Some(absolute(&work_dir, &dir)),
-        Some(dir) => bail!("--web {}: no index.html there", dir.display()),
+        Some(dir) => user_bail!("--web {}: no index.html there", dir.display()),
         None => default_web_dir(&work_dir, &exe),
     };
     let options = ServerOptions {

@@ -6,18 +6,26 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-/// A failure that is not the user's to fix: the CLI exits with code 1 instead of 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct Failure(pub String);
-
 pub(crate) fn load(config: &Path, set: &[String]) -> anyhow::Result<JobConfig> {
     Ok(resolve(Source::File(config), set)?)
 }
 
-/// Prints the resolved config as TOML.
+/// Prints the resolved config as TOML (exactly what a run dir keeps as `config.toml`), and the
+/// memory estimate of the run on stderr.
 pub fn show(config: &Path, set: &[String]) -> anyhow::Result<()> {
-    print!("{}", load(config, set)?.to_toml());
+    use anneal_train::memory::{describe, Workload};
+    let cfg = load(config, set)?;
+    print!("{}", cfg.to_toml());
+    eprintln!(
+        "memory estimate for `anneal train`: {}",
+        describe(&cfg, Workload::Train)
+    );
+    if !cfg.rl.rewards.is_empty() {
+        eprintln!(
+            "memory estimate for `anneal rl`: {}",
+            describe(&cfg, Workload::Rl)
+        );
+    }
     Ok(())
 }
 
@@ -29,11 +37,9 @@ pub fn train(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow:
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
     let stop = install_stop_signals()?;
-    match anneal_train::run(&cfg, &run_dir, &stop) {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_user_error() => Err(e.into()),
-        Err(e) => Err(Failure(e.to_string()).into()),
-    }
+    // The exit code follows `TrainError::is_user_error` (see `errors::exit_code`).
+    anneal_train::run(&cfg, &run_dir, &stop)?;
+    Ok(())
 }
 
 /// A flag set by the first SIGINT/SIGTERM; a second one exits at once.

@@ -123,9 +123,12 @@ pub fn resolve_with_env(
 
 impl JobConfig {
     /// The resolved config as TOML (what `anneal config show` prints and a run dir keeps).
+    ///
+    /// Every config [`resolve`] returns serializes: its plugin arguments hold no `null` (TOML
+    /// has none, and a NaN or infinity, which serde_json turns into `null`, is refused there).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self)
-            .expect("a JobConfig always serializes: no maps with non-string keys")
+            .expect("a resolved JobConfig serializes: validate() refuses null plugin arguments")
     }
 }
 
@@ -267,12 +270,16 @@ fn from_figment(e: figment::Error) -> ConfigError {
             let known = expected.join(", ");
             format!("unknown key (known keys here: {known})")
         }
-        // TOML parse errors quote the offending line over several lines; keep one line.
+        figment::error::Kind::InvalidType(found, expected) => {
+            format!("wrong type: found {found}, expected {expected}")
+        }
+        // TOML parse errors quote the offending line over several lines (`3 | text`, a caret
+        // line); keep the position and the reason, on one line.
         kind => kind
             .to_string()
             .lines()
             .map(str::trim)
-            .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '|' || c == '^' || c == ' '))
+            .filter(|l| !l.is_empty() && !is_quoted_source(l))
             .collect::<Vec<_>>()
             .join(" "),
     };
@@ -287,8 +294,24 @@ fn from_figment(e: figment::Error) -> ConfigError {
     }
 }
 
+/// A line of a TOML parse error that quotes the file: `  |`, `3 | steps = = 3`, `  |   ^`.
+fn is_quoted_source(line: &str) -> bool {
+    let gutter = line.split_once('|').map(|(g, _)| g.trim());
+    gutter.is_some_and(|g| g.chars().all(|c| c.is_ascii_digit()))
+        || line.chars().all(|c| c == '|' || c == '^' || c == ' ')
+}
+
 /// Checks that go beyond types: ranges and relations between keys.
 fn validate(c: &JobConfig) -> Result<(), ConfigError> {
+    validate_job_name(&c.job.name)?;
+    for (key, args) in [
+        ("model.args", &c.model.args),
+        ("optimizer.args", &c.optimizer.args),
+    ] {
+        for (k, v) in args {
+            finite_args(&format!("{key}.{k}"), v)?;
+        }
+    }
     let t = &c.training;
     if t.steps == 0 {
         return Err(ConfigError::at("training.steps", "must be at least 1"));
@@ -394,6 +417,45 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// The job name becomes a folder under `runs/` (`runs/<name>-<time>`), so it must not reach
+/// outside it or hide there.
+fn validate_job_name(name: &str) -> Result<(), ConfigError> {
+    let problem = if name.is_empty() {
+        Some("must not be empty")
+    } else if name.contains(['/', '\\']) {
+        Some("must not contain `/` or `\\`: it names a folder under runs/")
+    } else if name.starts_with('.') {
+        Some("must not start with `.`: it names a folder under runs/")
+    } else if name.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else {
+        None
+    };
+    match problem {
+        Some(p) => Err(ConfigError::at("job.name", p)),
+        None => Ok(()),
+    }
+}
+
+/// Refuses `null` anywhere in a plugin argument. TOML has no null, so one only comes from a
+/// NaN or an infinity, which serde_json (the plugins' argument format) cannot represent.
+fn finite_args(key: &str, v: &serde_json::Value) -> Result<(), ConfigError> {
+    match v {
+        serde_json::Value::Null => Err(ConfigError::at(
+            key,
+            "must be a finite number (NaN and infinity cannot be passed to a plugin)",
+        )),
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, x)| finite_args(&format!("{key}[{i}]"), x)),
+        serde_json::Value::Object(map) => map
+            .iter()
+            .try_for_each(|(k, x)| finite_args(&format!("{key}.{k}"), x)),
+        _ => Ok(()),
+    }
 }
 
 fn validate_rl(r: &Rl) -> Result<(), ConfigError> {

@@ -156,6 +156,12 @@ pub struct Training {
     pub dtype: String,
     /// CPU threads (0 = all cores).
     pub threads: usize,
+    /// Memory the run may use, in MiB, checked against an estimate before any parameter is
+    /// allocated (0 = what the machine has available: `MemAvailable`, or the cgroup's limit
+    /// when lower).
+    pub memory_limit_mb: u64,
+    /// Start even when the memory estimate exceeds the limit.
+    pub skip_memory_check: bool,
 }
 
 impl Default for Training {
@@ -169,6 +175,8 @@ impl Default for Training {
             max_grad_norm: 1.0,
             dtype: "float32".into(),
             threads: 0,
+            memory_limit_mb: 0,
+            skip_memory_check: false,
         }
     }
 }

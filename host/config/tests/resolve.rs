@@ -162,3 +162,57 @@ fn toml_syntax_errors_are_one_line() {
     assert!(!line.contains('\n'), "{line}");
     assert!(line.contains("form"), "{line}");
 }
+
+#[test]
+fn non_finite_plugin_arguments_name_the_key() {
+    for (set_, key) in [
+        ("model.args.dim=nan", "model.args.dim"),
+        ("model.args={rope = {theta = inf}}", "model.args.rope.theta"),
+        (
+            "optimizer.args.betas=[0.9, -inf]",
+            "optimizer.args.betas[1]",
+        ),
+    ] {
+        let e = resolve_with_env(Source::Defaults, &set(&[set_]), &[]).unwrap_err();
+        assert_eq!(e.key_path.as_deref(), Some(key), "{set_}: {e}");
+        assert!(e.to_string().contains("finite"), "{e}");
+    }
+    let text = "[optimizer]\nargs = { eps = nan }\n";
+    let e = resolve_with_env(Source::Text { text, name: "form" }, &[], &[]).unwrap_err();
+    assert_eq!(e.key_path.as_deref(), Some("optimizer.args.eps"), "{e}");
+}
+
+#[test]
+fn job_name_stays_inside_runs() {
+    for bad in [
+        "../../x", "a/b", "/tmp/x", "..", ".hidden", "a\\\\b", "\"\"",
+    ] {
+        let e = resolve_with_env(Source::Defaults, &set(&[&format!("job.name={bad}")]), &[])
+            .unwrap_err();
+        assert_eq!(e.key_path.as_deref(), Some("job.name"), "{bad}: {e}");
+    }
+    let c = resolve_with_env(Source::Defaults, &set(&["job.name=my run-2.b"]), &[]).unwrap();
+    assert_eq!(c.job.name, "my run-2.b");
+}
+
+#[test]
+fn wrong_types_say_wrong_type_and_parse_errors_drop_the_quoted_line() {
+    let e = resolve_with_env(Source::Defaults, &set(&["training.steps=\"abc\""]), &[]).unwrap_err();
+    let line = e.to_string();
+    assert!(
+        line.contains("wrong type") && !line.contains("missing"),
+        "{line}"
+    );
+    let e = resolve_with_env(
+        Source::Text {
+            text: "[training\nsteps = 1\n",
+            name: "form",
+        },
+        &[],
+        &[],
+    )
+    .unwrap_err();
+    let line = e.to_string();
+    assert!(line.contains("line 1, column 10"), "{line}");
+    assert!(!line.contains("| [training"), "{line}");
+}

@@ -46,6 +46,7 @@ pub(crate) fn prepare(cfg: &JobConfig) -> Result<Setup, TrainError> {
         ));
     }
     let optimizer = load_optimizer(cfg)?;
+    anneal_train::memory::check(cfg, model.spec(), anneal_train::memory::Workload::Rl)?;
     let provenance = Provenance {
         tokenizer_sha256: tokenizer.sha256()?,
         data_sha256: prompts_sha256,
@@ -102,6 +103,12 @@ fn tokenizer_path(cfg: &JobConfig) -> Result<PathBuf, TrainError> {
         return Ok(PathBuf::from(&r.tokenizer));
     }
     let dir = Path::new(&r.init_from);
+    if !r.init_from.is_empty() && !dir.exists() {
+        return Err(cfg_err(
+            "rl.init_from",
+            format!("{} does not exist", dir.display()),
+        ));
+    }
     // A checkpoint step dir sits in <run>/checkpoints/step-N, next to <run>/tokenizer.json.
     let candidates = [dir.join("tokenizer.json"), dir.join("../../tokenizer.json")];
     candidates.into_iter().find(|p| p.exists()).ok_or_else(|| {

@@ -18,6 +18,9 @@ pub enum HfError {
         /// What went wrong.
         msg: String,
     },
+    /// A safetensors file could not be read (the message names it).
+    #[error("{0}")]
+    Tensors(String),
     /// The model has no Hugging Face adapter.
     #[error("model '{0}' declares no Hugging Face adapter")]
     NoAdapter(String),
@@ -57,6 +60,17 @@ fn io(path: &Path, e: impl std::fmt::Display) -> HfError {
 /// The parsed `config.json` of a directory.
 pub fn read_config(dir: &Path) -> Result<serde_json::Value, HfError> {
     let p = dir.join("config.json");
+    if !dir.is_dir() || !p.is_file() {
+        let what = if dir.is_dir() {
+            "no config.json there"
+        } else {
+            "no such directory"
+        };
+        return Err(io(
+            dir,
+            format!("{what} (a Hugging Face model directory holds config.json and *.safetensors)"),
+        ));
+    }
     let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
     serde_json::from_str(&text).map_err(|e| io(&p, format!("not valid JSON: {e}")))
 }
@@ -84,7 +98,11 @@ pub fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, HfError> {
     };
     let mut out = HashMap::new();
     for f in files {
-        let ts = load_safetensors(&f).map_err(|e| io(&f, e))?;
+        if !f.is_file() {
+            return Err(io(&f, "no such file"));
+        }
+        // The engine's message already names the file.
+        let ts = load_safetensors(&f).map_err(|e| HfError::Tensors(e.to_string()))?;
         out.extend(ts);
     }
     Ok(out)

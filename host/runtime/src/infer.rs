@@ -7,6 +7,103 @@ use anneal_engine::rng::RngKey;
 use anneal_engine::{autograd, Result, Tensor};
 use std::sync::Arc;
 
+/// A request the model cannot serve as asked: bad sampling settings or a sequence that does not
+/// fit the model's positions. These are the caller's to fix (the CLI exits with code 2).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    /// Temperature negative or not a number.
+    #[error("temperature {0} must be a finite number ≥ 0 (0 is greedy)")]
+    Temperature(f32),
+    /// Top-p outside `(0, 1]`.
+    #[error("top_p {0} must be within (0, 1]")]
+    TopP(f32),
+    /// Fewer than two tokens to score.
+    #[error("scoring needs at least two tokens, got {0}")]
+    TooShort(usize),
+    /// An empty prompt.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// More tokens than the model has positions.
+    #[error("the sequence has {len} tokens, more than the model's {max} positions (max_seq_len)")]
+    TooLong {
+        /// Tokens given.
+        len: usize,
+        /// The model's `max_seq_len`.
+        max: usize,
+    },
+    /// The prompt fills every position, so nothing can be generated.
+    #[error("the prompt has {len} tokens and fills the model's {max} positions (max_seq_len); nothing is left to generate")]
+    NoRoom {
+        /// Prompt tokens.
+        len: usize,
+        /// The model's `max_seq_len`.
+        max: usize,
+    },
+}
+
+impl From<RequestError> for anneal_engine::Error {
+    fn from(e: RequestError) -> Self {
+        anneal_engine::Error::Invalid {
+            op: "infer",
+            msg: e.to_string(),
+        }
+    }
+}
+
+impl Sampling {
+    /// Refuses settings that cannot define a distribution: a negative or NaN temperature, a
+    /// top-p outside `(0, 1]`.
+    pub fn validate(&self) -> std::result::Result<(), RequestError> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(RequestError::Temperature(self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(RequestError::TopP(self.top_p));
+        }
+        Ok(())
+    }
+}
+
+/// Checks that `len` tokens can be scored by a model with `max_seq_len` positions.
+pub fn check_scoring(len: usize, max_seq_len: usize) -> std::result::Result<(), RequestError> {
+    if len < 2 {
+        return Err(RequestError::TooShort(len));
+    }
+    if len > max_seq_len {
+        return Err(RequestError::TooLong {
+            len,
+            max: max_seq_len,
+        });
+    }
+    Ok(())
+}
+
+/// How many tokens can follow a prompt of `prompt_len` tokens: `max_new`, capped so that prompt
+/// and completion fit the model's `max_seq_len` positions. A prompt that leaves no room is an
+/// error.
+pub fn new_token_budget(
+    prompt_len: usize,
+    max_new: usize,
+    max_seq_len: usize,
+) -> std::result::Result<usize, RequestError> {
+    if prompt_len == 0 {
+        return Err(RequestError::EmptyPrompt);
+    }
+    if prompt_len > max_seq_len {
+        return Err(RequestError::TooLong {
+            len: prompt_len,
+            max: max_seq_len,
+        });
+    }
+    if prompt_len == max_seq_len && max_new > 0 {
+        return Err(RequestError::NoRoom {
+            len: prompt_len,
+            max: max_seq_len,
+        });
+    }
+    Ok(max_new.min(max_seq_len - prompt_len))
+}
+
 fn positions(start: usize, n: usize) -> Result<Tensor> {
     Tensor::from_vec((start as i64..(start + n) as i64).collect(), &[n])
 }
@@ -19,12 +116,7 @@ pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<
     let _g = autograd::no_grad();
     let _inv = set_batch_invariant(true);
     let n = tokens.len();
-    if n < 2 {
-        return Err(anneal_engine::Error::Invalid {
-            op: "logprobs",
-            msg: "needs at least two tokens".into(),
-        });
-    }
+    check_scoring(n, model.spec().max_seq_len)?;
     let ids = Tensor::from_slice(tokens, &[1, n])?;
     let logits = model.forward(params, &ids, &positions(0, n)?, &ForwardOpts::default())?;
     let v = logits.shape()[2];
@@ -168,12 +260,18 @@ pub fn generate_batch(
     if prompts.len() != samplings.len() {
         return invalid("needs one sampling setting per prompt");
     }
-    if prompts.iter().any(|p| p.is_empty()) {
-        return invalid("the prompt is empty");
-    }
     if prompts.iter().any(|p| p.len() != width) {
         return invalid("the prompts of a batch must have the same length");
     }
+    for s in samplings {
+        s.validate()?;
+    }
+    // Positions past the model's context would index past its RoPE tables and KV layout.
+    let max_new = if prompts.is_empty() {
+        max_new
+    } else {
+        new_token_budget(width, max_new, model.spec().max_seq_len)?
+    };
     let rows = samplings.len();
     let keys: Vec<RngKey> = samplings
         .iter()
@@ -230,4 +328,53 @@ pub fn generate_batch(
         width = 1;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_settings_that_define_no_distribution_are_refused() {
+        let with = |temperature, top_p| Sampling {
+            temperature,
+            top_p,
+            ..Sampling::default()
+        };
+        assert!(with(0.0, 1.0).validate().is_ok());
+        assert!(with(0.7, 0.9).validate().is_ok());
+        for t in [-1.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(
+                with(t, 1.0).validate(),
+                Err(RequestError::Temperature(_))
+            ));
+        }
+        for p in [0.0, -0.5, 1.5, f32::NAN] {
+            assert!(matches!(
+                with(1.0, p).validate(),
+                Err(RequestError::TopP(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn sequences_must_fit_the_model_positions() {
+        assert!(check_scoring(64, 64).is_ok());
+        assert_eq!(
+            check_scoring(65, 64),
+            Err(RequestError::TooLong { len: 65, max: 64 })
+        );
+        assert_eq!(check_scoring(1, 64), Err(RequestError::TooShort(1)));
+        assert_eq!(new_token_budget(3, 100, 64), Ok(61));
+        assert_eq!(new_token_budget(3, 8, 64), Ok(8));
+        assert_eq!(
+            new_token_budget(64, 1, 64),
+            Err(RequestError::NoRoom { len: 64, max: 64 })
+        );
+        assert_eq!(
+            new_token_budget(70, 1, 64),
+            Err(RequestError::TooLong { len: 70, max: 64 })
+        );
+        assert_eq!(new_token_budget(0, 1, 64), Err(RequestError::EmptyPrompt));
+    }
 }

@@ -196,3 +196,79 @@ fn a_plugin_of_the_wrong_kind_is_refused_by_name() {
         "{err}"
     );
 }
+
+/// Runs `f` on a thread and fails the test if it has not returned within 20 s (a FIFO opened as
+/// a library blocks for ever).
+fn within_20s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what} did not return within 20 s"))
+}
+
+fn mkfifo(path: &Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("run mkfifo")
+        .success();
+    assert!(ok, "mkfifo {}", path.display());
+}
+
+#[test]
+fn discovery_opens_only_regular_files() {
+    let dir = std::env::temp_dir().join(format!("anneal-plugin-fifo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("libanneal_plugin_folder.so")).unwrap();
+    mkfifo(&dir.join("libanneal_plugin_x.so"));
+    std::os::unix::fs::symlink(
+        plugin_dir().join("libanneal_plugin_adamw.so"),
+        dir.join("libanneal_plugin_adamw.so"),
+    )
+    .unwrap();
+    let dirs = vec![dir.clone()];
+    let found = within_20s("discover", move || {
+        discover(&dirs)
+            .into_iter()
+            .map(|r| r.map(|p| p.name().to_string()).map_err(|e| e.to_string()))
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(
+        found,
+        vec![Ok("adamw".to_string())],
+        "a link to a library is followed"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn finding_a_plugin_opens_only_its_own_file() {
+    use anneal_runtime::plugins::find_in;
+    let dir = std::env::temp_dir().join(format!("anneal-plugin-find-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Neither a broken library nor a FIFO next to the plugin asked for is opened.
+    std::fs::write(dir.join("libanneal_plugin_junk.so"), b"not a library").unwrap();
+    mkfifo(&dir.join("libanneal_plugin_x.so"));
+    let real = plugin_dir().join("libanneal_plugin_adamw.so");
+    std::os::unix::fs::symlink(&real, dir.join("libanneal_plugin_adamw.so")).unwrap();
+    std::os::unix::fs::symlink(&real, dir.join("libanneal_plugin_other.so")).unwrap();
+    let dirs = vec![dir.clone()];
+    let (found, missing, misnamed) = within_20s("find", move || {
+        (
+            find_in(&dirs, "adamw").map(|p| p.name().to_string()),
+            find_in(&dirs, "nope").map(|p| p.name().to_string()),
+            find_in(&dirs, "other").map(|p| p.name().to_string()),
+        )
+    });
+    assert_eq!(found.unwrap(), "adamw");
+    let e = missing.unwrap_err();
+    assert!(matches!(e, PluginError::NotFound { .. }), "{e}");
+    assert!(e.to_string().contains("found: adamw, junk, other"), "{e}");
+    let e = misnamed.unwrap_err();
+    assert!(matches!(e, PluginError::Named { .. }), "{e}");
+    assert!(e.to_string().contains("declares plugin 'adamw'"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod harness;
+pub mod memory;
 mod metrics;
 mod run;
 mod schedule;
@@ -78,7 +79,10 @@ impl TrainError {
                 | TrainError::Plugin(_)
                 | TrainError::RunDirBusy { .. }
                 | TrainError::Checkpoint(
-                    C::NoneUsable { .. } | C::NoSuchStep { .. } | C::Mismatch(_)
+                    C::NoneUsable { .. }
+                        | C::NoSuchStep { .. }
+                        | C::Mismatch(_)
+                        | C::Corrupt { .. }
                 )
         )
     }

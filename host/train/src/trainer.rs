@@ -107,6 +107,7 @@ impl Trainer {
                 t.seq_len, spec.max_seq_len
             )));
         }
+        crate::memory::check(cfg, spec, crate::memory::Workload::Train)?;
         let initial = match &cfg.checkpoint.init_from_hf {
             Some(dir) => {
                 note(&format!(

@@ -89,6 +89,20 @@ pub trait Factory: Sized {
     fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self>;
 }
 
+/// Reads plugin arguments into `T`; an error names the key it is about (`betas[1]: invalid
+/// type: string "x", expected f64`), so the user can find it in `model.args` / `optimizer.args`.
+pub fn from_args<T: serde::de::DeserializeOwned>(args: serde_json::Value) -> Result<T> {
+    serde_path_to_error::deserialize(args).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            Error(format!("bad plugin arguments: {inner}"))
+        } else {
+            Error(format!("bad plugin arguments: {path}: {inner}"))
+        }
+    })
+}
+
 /// Merges `overrides` (a JSON object) into `base`, so `args` in a config can change single
 /// fields of a flavor.
 pub fn merge_args(base: &mut serde_json::Value, overrides: serde_json::Value) {

@@ -41,7 +41,53 @@ impl Factory for AdamW {
         }
         let mut base = anneal_plugin_api::serde_json::to_value(AdamW::default())?;
         anneal_plugin_api::sdk::merge_args(&mut base, args);
-        Ok(anneal_plugin_api::serde_json::from_value(base)?)
+        let a: AdamW = anneal_plugin_api::sdk::from_args(base)?;
+        a.validate()?;
+        Ok(a)
+    }
+}
+
+impl AdamW {
+    /// Refuses values that make the update meaningless: a moment decay outside `[0, 1)` never
+    /// forgets (or grows), a negative `eps` can divide by zero, a negative decay grows weights.
+    fn validate(&self) -> Result<()> {
+        let (b1, b2) = self.betas;
+        for (name, b) in [("betas[0]", b1), ("betas[1]", b2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(format!("{name} = {b} must be within [0, 1)").into());
+            }
+        }
+        if !(self.eps >= 0.0 && self.eps.is_finite()) {
+            return Err(format!("eps = {} must be a finite number ≥ 0", self.eps).into());
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return Err(format!(
+                "weight_decay = {} must be a finite number ≥ 0",
+                self.weight_decay
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anneal_plugin_api::serde_json::json;
+
+    #[test]
+    fn arguments_out_of_range_are_refused_by_name() {
+        for (args, key) in [
+            (json!({"eps": -1e-8}), "eps"),
+            (json!({"betas": [1.0, 0.9]}), "betas[0]"),
+            (json!({"betas": [0.9, -0.1]}), "betas[1]"),
+            (json!({"weight_decay": -0.1}), "weight_decay"),
+        ] {
+            let e = AdamW::create(None, args.clone()).expect_err("refused");
+            assert!(e.0.starts_with(key), "{args}: {e}");
+        }
+        assert!(AdamW::create(None, json!({"betas": [0.0, 0.999], "eps": 0.0})).is_ok());
     }
 }
 

@@ -72,6 +72,46 @@ impl LlamaArgs {
 
     /// Checks the arguments fit together.
     pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("dim", self.dim),
+            ("ffn_dim", self.ffn_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        // A negative epsilon can make RMSNorm divide by zero or take the root of a negative.
+        if !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
+            return Err(format!(
+                "norm_eps (rms_norm_eps) = {} must be a finite number ≥ 0",
+                self.norm_eps
+            ));
+        }
+        if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
+            return Err(format!(
+                "rope_theta = {} must be a finite number > 0",
+                self.rope_theta
+            ));
+        }
+        if let Some(s) = &self.rope_scaling {
+            let factors = [s.factor, s.low_freq_factor, s.high_freq_factor];
+            if factors.iter().any(|f| !(*f > 0.0 && f.is_finite()))
+                || s.original_max_position_embeddings == 0
+            {
+                return Err("rope_scaling: factor, low_freq_factor and high_freq_factor must be finite numbers > 0, original_max_position_embeddings at least 1".into());
+            }
+        }
+        if self.sliding_window == Some(0) {
+            return Err("sliding_window must be at least 1".into());
+        }
+        if let Some(l) = self.sliding_layers.iter().find(|&&l| l >= self.n_layers) {
+            return Err(format!(
+                "sliding_layers names layer {l}, the model has {} layers",
+                self.n_layers
+            ));
+        }
         if self.n_heads == 0
             || self.n_kv_heads == 0
             || !self.n_heads.is_multiple_of(self.n_kv_heads)
@@ -198,47 +238,56 @@ pub const FLAVORS: &[&str] = &[
 ];
 
 /// Arguments from a Hugging Face `config.json` (`llama` and `qwen3` model types; RoPE settings
-/// from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (earlier)).
+/// from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (earlier)). A key
+/// that is absent takes its default (or is reported missing when there is none); a key of the
+/// wrong type is reported as such, never silently defaulted.
 pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
-    let get = |k: &str| c.get(k).filter(|v| !v.is_null());
+    let f = HfFields { obj: c, prefix: "" };
     let num = |k: &str| {
-        get(k)
-            .and_then(|v| v.as_u64())
-            .map(|v| v as usize)
+        f.uint(k)?
             .ok_or_else(|| format!("config.json: missing integer '{k}'"))
     };
-    let model_type = get("model_type")
-        .and_then(|v| v.as_str())
-        .unwrap_or("llama")
-        .to_string();
+    let model_type = f.str("model_type")?.unwrap_or("llama").to_string();
     if !matches!(model_type.as_str(), "llama" | "qwen3") {
         return Err(format!(
             "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3)"
         ));
     }
-    let rope = get("rope_parameters").or_else(|| get("rope_scaling"));
-    let theta = get("rope_theta")
-        .or_else(|| rope.and_then(|r| r.get("rope_theta")))
-        .and_then(|v| v.as_f64())
-        .unwrap_or(10_000.0);
-    let rope_type = rope
-        .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
-        .and_then(|v| v.as_str())
-        .unwrap_or("default");
+    let rope_key = ["rope_parameters", "rope_scaling"]
+        .into_iter()
+        .find(|k| f.get(k).is_some());
+    let rope = match rope_key {
+        Some(k) => Some(f.object(k)?),
+        None => None,
+    };
+    let theta = match (f.float("rope_theta")?, &rope) {
+        (Some(t), _) => t,
+        (None, Some(r)) => r.float("rope_theta")?.unwrap_or(10_000.0),
+        (None, None) => 10_000.0,
+    };
+    let rope_type = match &rope {
+        Some(r) => match r.str("rope_type")? {
+            Some(t) => t,
+            None => r.str("type")?.unwrap_or("default"),
+        },
+        None => "default",
+    };
     let rope_scaling = match rope_type {
         "default" => None,
         "llama3" => {
             let r = rope.ok_or("config.json: llama3 rope without parameters")?;
-            let f = |k: &str| {
-                r.get(k)
-                    .and_then(|v| v.as_f64())
+            let need = |k: &str| {
+                r.float(k)?
                     .ok_or_else(|| format!("config.json: rope parameter '{k}' missing"))
             };
+            let original = r
+                .uint("original_max_position_embeddings")?
+                .ok_or("config.json: rope parameter 'original_max_position_embeddings' missing")?;
             Some(Llama3Scaling {
-                factor: f("factor")?,
-                low_freq_factor: f("low_freq_factor")?,
-                high_freq_factor: f("high_freq_factor")?,
-                original_max_position_embeddings: f("original_max_position_embeddings")? as usize,
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                original_max_position_embeddings: original,
             })
         }
         other => {
@@ -248,29 +297,23 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         }
     };
     let n_heads = num("num_attention_heads")?;
-    let dim = num("hidden_size")?;
-    let qwen = model_type == "qwen3";
-    let sliding = get("use_sliding_window")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
+    let sliding = f.bool("use_sliding_window")?.unwrap_or(false);
     let args = LlamaArgs {
-        dim,
+        dim: num("hidden_size")?,
         n_layers: num("num_hidden_layers")?,
         n_heads,
-        n_kv_heads: num("num_key_value_heads").unwrap_or(n_heads),
-        head_dim: num("head_dim").ok(),
+        n_kv_heads: f.uint("num_key_value_heads")?.unwrap_or(n_heads),
+        head_dim: f.uint("head_dim")?,
         ffn_dim: num("intermediate_size")?,
         vocab_size: num("vocab_size")?,
-        norm_eps: get("rms_norm_eps").and_then(|v| v.as_f64()).unwrap_or(1e-5),
+        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-5),
         rope_theta: theta,
         rope_scaling,
-        max_seq_len: num("max_position_embeddings").unwrap_or(2048),
-        tie_embeddings: get("tie_word_embeddings")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false),
-        qk_norm: qwen,
+        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(2048),
+        tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
+        qk_norm: model_type == "qwen3",
         sliding_window: if sliding {
-            num("sliding_window").ok()
+            f.uint("sliding_window")?
         } else {
             None
         },
@@ -278,12 +321,162 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         dtype: "f32".into(),
         hf_model_type: model_type,
     };
-    if get("attention_bias")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false)
-    {
+    if f.bool("attention_bias")?.unwrap_or(false) {
         return Err("config.json: attention_bias = true is not supported".into());
     }
-    args.validate()?;
+    args.validate().map_err(|e| format!("config.json: {e}"))?;
     Ok(args)
+}
+
+/// Typed reads of a `config.json` object: `Ok(None)` when a key is absent or `null`, an error
+/// naming the key when it holds another type.
+struct HfFields<'a> {
+    obj: &'a serde_json::Value,
+    /// `rope_scaling.` for nested objects, so messages name the full key.
+    prefix: &'a str,
+}
+
+impl<'a> HfFields<'a> {
+    fn get(&self, k: &str) -> Option<&'a serde_json::Value> {
+        self.obj.get(k).filter(|v| !v.is_null())
+    }
+
+    fn typed<T>(
+        &self,
+        k: &str,
+        expected: &str,
+        read: impl FnOnce(&'a serde_json::Value) -> Option<T>,
+    ) -> Result<Option<T>, String> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        read(v).map(Some).ok_or_else(|| {
+            format!(
+                "config.json: '{}{k}' has the wrong type: expected {expected}, found {}",
+                self.prefix,
+                json_kind(v)
+            )
+        })
+    }
+
+    fn uint(&self, k: &str) -> Result<Option<usize>, String> {
+        self.typed(k, "a non-negative integer", |v| {
+            v.as_u64().and_then(|n| usize::try_from(n).ok())
+        })
+    }
+
+    fn float(&self, k: &str) -> Result<Option<f64>, String> {
+        self.typed(k, "a number", serde_json::Value::as_f64)
+    }
+
+    fn bool(&self, k: &str) -> Result<Option<bool>, String> {
+        self.typed(k, "true or false", serde_json::Value::as_bool)
+    }
+
+    fn str(&self, k: &str) -> Result<Option<&'a str>, String> {
+        self.typed(k, "a string", serde_json::Value::as_str)
+    }
+
+    fn object(&self, k: &'a str) -> Result<HfFields<'a>, String> {
+        let obj = self
+            .typed(k, "an object", |v| v.is_object().then_some(v))?
+            .ok_or_else(|| format!("config.json: missing object '{k}'"))?;
+        Ok(HfFields {
+            obj,
+            prefix: if k == "rope_parameters" {
+                "rope_parameters."
+            } else {
+                "rope_scaling."
+            },
+        })
+    }
+}
+
+/// What a JSON value is, for messages (never the value itself, which may be large).
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(n) if n.is_f64() => "a fractional number",
+        serde_json::Value::Number(n) if n.is_i64() && n.as_i64().is_some_and(|x| x < 0) => {
+            "a negative integer"
+        }
+        serde_json::Value::Number(_) => "an integer",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tiny() -> serde_json::Value {
+        json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+            "vocab_size": 100, "rms_norm_eps": 1e-5, "max_position_embeddings": 64
+        })
+    }
+
+    fn with(k: &str, v: serde_json::Value) -> serde_json::Value {
+        let mut c = tiny();
+        c[k] = v;
+        c
+    }
+
+    #[test]
+    fn a_tiny_config_reads() {
+        let a = from_hf_config(&tiny()).unwrap();
+        assert_eq!((a.dim, a.n_kv_heads, a.max_seq_len), (64, 2, 64));
+    }
+
+    #[test]
+    fn wrong_types_are_not_reported_as_missing_nor_defaulted() {
+        for (k, v, found) in [
+            ("hidden_size", json!("64"), "a string"),
+            ("num_key_value_heads", json!(2.5), "a fractional number"),
+            ("head_dim", json!(-8), "a negative integer"),
+            ("rms_norm_eps", json!("1e-5"), "a string"),
+            ("tie_word_embeddings", json!(1), "an integer"),
+            ("rope_scaling", json!([1, 2]), "an array"),
+        ] {
+            let e = from_hf_config(&with(k, v)).unwrap_err();
+            assert!(
+                e.contains(&format!("'{k}' has the wrong type"))
+                    && e.contains(found)
+                    && !e.contains("missing"),
+                "{k}: {e}"
+            );
+        }
+        let mut c = tiny();
+        c.as_object_mut().unwrap().remove("hidden_size");
+        let e = from_hf_config(&c).unwrap_err();
+        assert!(e.contains("missing integer 'hidden_size'"), "{e}");
+        let c = with(
+            "rope_scaling",
+            json!({"rope_type": "llama3", "factor": "8", "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+        );
+        let e = from_hf_config(&c).unwrap_err();
+        assert!(
+            e.contains("'rope_scaling.factor' has the wrong type"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn values_out_of_range_are_refused() {
+        for (k, v, what) in [
+            ("rms_norm_eps", json!(-1e-5), "rms_norm_eps"),
+            ("rope_theta", json!(0.0), "rope_theta"),
+            ("hidden_size", json!(0), "dim"),
+            ("vocab_size", json!(0), "vocab_size"),
+        ] {
+            let e = from_hf_config(&with(k, v)).unwrap_err();
+            assert!(e.contains(what), "{k}: {e}");
+        }
+    }
 }

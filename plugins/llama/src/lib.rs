@@ -6,7 +6,7 @@ pub mod hf;
 pub mod model;
 pub mod spec;
 
-use anneal_plugin_api::sdk::{merge_args, Factory, Result};
+use anneal_plugin_api::sdk::{from_args, merge_args, Factory, Result};
 pub use config::LlamaArgs;
 pub use model::Llama;
 
@@ -22,7 +22,7 @@ impl Factory for Llama {
             let base = config::from_hf_config(&hf)?;
             let mut merged = serde_json::to_value(base)?;
             merge_args(&mut merged, args);
-            let args: LlamaArgs = serde_json::from_value(merged)?;
+            let args: LlamaArgs = from_args(merged)?;
             args.validate()?;
             return Ok(Llama { args });
         }
@@ -35,7 +35,7 @@ impl Factory for Llama {
         })?;
         let mut merged = serde_json::to_value(base)?;
         merge_args(&mut merged, args);
-        let args: LlamaArgs = serde_json::from_value(merged)?;
+        let args: LlamaArgs = from_args(merged)?;
         args.validate()?;
         Ok(Llama { args })
     }
@@ -85,5 +85,26 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.0.contains("dimm"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        for (args, key) in [
+            (serde_json::json!({"dim": "x"}), "dim: invalid type"),
+            (serde_json::json!({"norm_eps": -1e-5}), "norm_eps"),
+            (serde_json::json!({"rope_theta": 0.0}), "rope_theta"),
+            (serde_json::json!({"dim": 0}), "dim must be at least 1"),
+            (serde_json::json!({"max_seq_len": 0}), "max_seq_len"),
+            (serde_json::json!({"sliding_layers": [7]}), "sliding_layers"),
+        ] {
+            let e = Llama::create(None, args.clone()).err().expect("refused");
+            assert!(e.0.contains(key), "{args}: {e}");
+        }
+        let hf = serde_json::json!({"hf_config": {
+            "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 128, "vocab_size": 100, "rms_norm_eps": -1e-6
+        }});
+        let e = Llama::create(None, hf).err().expect("refused");
+        assert!(e.0.contains("rms_norm_eps"), "{e}");
     }
 }

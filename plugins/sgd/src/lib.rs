@@ -44,7 +44,21 @@ impl Factory for Sgd {
         }
         let mut base = anneal_plugin_api::serde_json::to_value(Sgd::default())?;
         anneal_plugin_api::sdk::merge_args(&mut base, args);
-        let s: Sgd = anneal_plugin_api::serde_json::from_value(base)?;
+        let s: Sgd = anneal_plugin_api::sdk::from_args(base)?;
+        // Momentum 1 or more never forgets a gradient (the buffer grows without bound).
+        if !(0.0..1.0).contains(&s.momentum) {
+            return Err(format!("momentum = {} must be within [0, 1)", s.momentum).into());
+        }
+        if !(0.0..=1.0).contains(&s.dampening) {
+            return Err(format!("dampening = {} must be within [0, 1]", s.dampening).into());
+        }
+        if !(s.weight_decay >= 0.0 && s.weight_decay.is_finite()) {
+            return Err(format!(
+                "weight_decay = {} must be a finite number ≥ 0",
+                s.weight_decay
+            )
+            .into());
+        }
         if s.nesterov && (s.momentum <= 0.0 || s.dampening != 0.0) {
             return Err("nesterov needs momentum > 0 and dampening = 0".into());
         }
@@ -90,3 +104,25 @@ impl Optimizer for Sgd {
 }
 
 anneal_plugin_api::export_plugin!(optimizer Sgd, name = "sgd", description = "SGD with momentum (optional Nesterov, coupled weight decay)");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anneal_plugin_api::serde_json::json;
+
+    #[test]
+    fn arguments_out_of_range_are_refused_by_name() {
+        for (args, key) in [
+            (json!({"momentum": 1.0}), "momentum"),
+            (json!({"dampening": -0.5}), "dampening"),
+            (json!({"weight_decay": -1.0}), "weight_decay"),
+            (
+                json!({"momentum": "high"}),
+                "bad plugin arguments: momentum",
+            ),
+        ] {
+            let e = Sgd::create(None, args.clone()).expect_err("refused");
+            assert!(e.0.starts_with(key), "{args}: {e}");
+        }
+    }
+}

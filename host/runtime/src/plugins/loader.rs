@@ -10,12 +10,22 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
     /// No library in the search path provides the plugin.
-    #[error("no plugin named '{name}' in {searched}")]
+    #[error("no plugin named '{name}' in {searched} (found: {available})")]
     NotFound {
         /// The plugin asked for.
         name: String,
         /// The folders searched, joined.
         searched: String,
+        /// The plugin names the files there are named after, joined.
+        available: String,
+    },
+    /// The library file is named after another plugin than the one it declares.
+    #[error("{path}: declares plugin '{name}', which its file name does not match; rename the file to {}", plugin_file_name(name))]
+    Named {
+        /// The file.
+        path: PathBuf,
+        /// The name the library declares.
+        name: String,
     },
     /// The file could not be opened as a shared library.
     #[error("{path}: cannot open as a shared library: {msg}")]
@@ -148,32 +158,45 @@ pub fn search_paths() -> Vec<PathBuf> {
     v
 }
 
-fn is_plugin_file(p: &Path) -> bool {
-    let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
-        return false;
-    };
+/// File name extensions of shared libraries, on any platform.
+const LIB_EXTENSIONS: [&str; 3] = ["so", "dylib", "dll"];
+
+/// The plugin name a library file is named after (`libanneal_plugin_llama.so` → `llama`), if
+/// it is named like a plugin.
+fn plugin_name_of(p: &Path) -> Option<&str> {
+    let name = p.file_name()?.to_str()?;
     let stem = name.strip_prefix("lib").unwrap_or(name);
-    stem.starts_with("anneal_plugin_")
-        && [".so", ".dylib", ".dll"]
-            .iter()
-            .any(|ext| stem.ends_with(ext))
+    let (stem, ext) = stem.rsplit_once('.')?;
+    let plugin = stem.strip_prefix("anneal_plugin_")?;
+    (LIB_EXTENSIONS.contains(&ext) && !plugin.is_empty()).then_some(plugin)
+}
+
+/// Whether `p` is a regular file (or a link to one). Opening anything else as a library can
+/// block for ever (a FIFO) or fail in odd ways (a folder, a device).
+fn is_regular_file(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file())
+}
+
+/// The regular files in `dir` named like plugins, sorted.
+fn plugin_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| plugin_name_of(p).is_some() && is_regular_file(p))
+        .collect();
+    files.sort();
+    files
 }
 
 /// Every `anneal_plugin_*` library in `dirs`, loaded (or the reason it could not be). A plugin
-/// name found in several folders is taken from the first.
+/// name found in several folders is taken from the first. Only regular files are opened.
 pub fn discover(dirs: &[PathBuf]) -> Vec<Result<LoadedPlugin, PluginError>> {
     let mut out = Vec::new();
     let mut names = std::collections::HashSet::new();
     for dir in dirs {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            continue;
-        };
-        let mut files: Vec<PathBuf> = rd
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| is_plugin_file(p))
-            .collect();
-        files.sort();
-        for f in files {
+        for f in plugin_files(dir) {
             match load(&f) {
                 Ok(p) => {
                     if names.insert(p.name().to_string()) {
@@ -189,20 +212,48 @@ pub fn discover(dirs: &[PathBuf]) -> Vec<Result<LoadedPlugin, PluginError>> {
 
 /// Finds the plugin called `name` in the search path.
 pub fn find(name: &str) -> Result<LoadedPlugin, PluginError> {
-    let dirs = search_paths();
-    for p in discover(&dirs).into_iter().flatten() {
-        if p.name() == name {
-            return Ok(p);
-        }
-    }
-    Err(PluginError::NotFound {
-        name: name.to_string(),
-        searched: dirs
+    find_in(&search_paths(), name)
+}
+
+/// Finds the plugin called `name` in `dirs`: the first library file named after it
+/// (`[lib]anneal_plugin_<name>.<so|dylib|dll>`, `-` spelled `_`). Only that file is opened, so
+/// a broken or unrelated file next to it cannot fail or slow down the command.
+pub fn find_in(dirs: &[PathBuf], name: &str) -> Result<LoadedPlugin, PluginError> {
+    let wanted = name.replace('-', "_");
+    let file = dirs
+        .iter()
+        .flat_map(|d| plugin_files(d))
+        .find(|f| plugin_name_of(f) == Some(wanted.as_str()));
+    let Some(file) = file else {
+        let mut available: Vec<String> = dirs
             .iter()
-            .map(|d| d.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
-    })
+            .flat_map(|d| plugin_files(d))
+            .filter_map(|f| plugin_name_of(&f).map(str::to_string))
+            .collect();
+        available.sort();
+        available.dedup();
+        return Err(PluginError::NotFound {
+            name: name.to_string(),
+            searched: dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            available: if available.is_empty() {
+                "none".into()
+            } else {
+                available.join(", ")
+            },
+        });
+    };
+    let plugin = load(&file)?;
+    if plugin.name().replace('-', "_") != wanted {
+        return Err(PluginError::Named {
+            path: file,
+            name: plugin.name().to_string(),
+        });
+    }
+    Ok(plugin)
 }
 
 /// Loads the plugin library at `path`, checking in order: that it opens, that it exports a root
@@ -247,6 +298,16 @@ pub fn load(path: &Path) -> Result<LoadedPlugin, PluginError> {
         });
     }
     Ok(LoadedPlugin { path, info, module })
+}
+
+/// The file name a plugin called `name` is looked up by on this platform.
+fn plugin_file_name(name: &str) -> String {
+    format!(
+        "{}anneal_plugin_{}{}",
+        std::env::consts::DLL_PREFIX,
+        name.replace('-', "_"),
+        std::env::consts::DLL_SUFFIX
+    )
 }
 
 fn first_line(s: &str) -> String {

@@ -8,6 +8,6 @@ mod ops;
 pub mod optimizer;
 
 pub use host::{HostSession, KvCache};
-pub use loader::{discover, find, load, search_paths, LoadedPlugin, PluginError};
+pub use loader::{discover, find, find_in, load, search_paths, LoadedPlugin, PluginError};
 pub use model::{ForwardOpts, Params, PluginModel};
 pub use optimizer::PluginOptimizer;

@@ -53,8 +53,15 @@ impl PluginModel {
             return Err(create_err("is an optimizer plugin, not a model".into()));
         };
         let json = inst.spec_json();
-        let spec: ModelSpec = serde_json::from_str(json.as_str())
-            .map_err(|e| create_err(format!("bad model spec: {e}: {json}")))?;
+        let value: serde_json::Value = serde_json::from_str(json.as_str())
+            .map_err(|e| create_err(format!("its model spec is not JSON: {e}")))?;
+        // The SDK reports a spec that failed to build as `{"error": ...}`.
+        if let Some(e) = value.get("error").and_then(|e| e.as_str()) {
+            return Err(create_err(e.to_string()));
+        }
+        // The spec itself is not shown: it lists every parameter (thousands of characters).
+        let spec: ModelSpec = serde_json::from_value(value)
+            .map_err(|e| create_err(format!("bad model spec: {e}")))?;
         Ok(PluginModel {
             name: name.to_string(),
             inst: Arc::new(inst),
@@ -118,9 +125,31 @@ impl PluginModel {
             },
             "head",
         )?;
-        out.into_iter()
+        let logits = out
+            .into_iter()
             .next()
-            .ok_or_else(|| stage_err(&self.name, "head", "returned nothing"))
+            .ok_or_else(|| stage_err(&self.name, "head", "returned nothing"))?;
+        // Everything downstream indexes logits as [B, T, V]; another shape from a plugin is
+        // the plugin's error, reported here rather than as an out-of-bounds index later.
+        let tokens_shape = tokens.shape();
+        let want = [
+            tokens_shape.first().copied().unwrap_or(0),
+            tokens_shape.get(1).copied().unwrap_or(0),
+            self.spec.vocab_size,
+        ];
+        if logits.shape() != want {
+            return Err(stage_err(
+                &self.name,
+                "head",
+                format!(
+                    "returned logits of shape {:?} for tokens of shape {:?}; expected {:?} (batch, sequence, vocab_size)",
+                    logits.shape(),
+                    tokens_shape,
+                    want
+                ),
+            ));
+        }
+        Ok(logits)
     }
 
     fn checkpointed_layer(

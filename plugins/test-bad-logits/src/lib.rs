@@ -1,0 +1,86 @@
+//! A deliberately broken model plugin for the host's tests, declared as `badlogits`: a one-table
+//! bigram model whose head returns logits of the wrong shape, so tests can check that the host
+//! reports it instead of crashing. Flavors: `rank2` returns `[B·T, V]`, `narrow` returns
+//! `[B, T, V − 1]`, `ok` returns the right `[B, T, V]` (a control). Arguments are ignored.
+
+use anneal_plugin_api::sdk::{
+    Ctx, Factory, Init, Model, ModelSpec, ParamSpec, Placement, Result, Tensor,
+};
+
+/// Vocabulary of the logits (the end-to-end tests' tokenizers have 320 tokens).
+const VOCAB: usize = 320;
+/// Width of the embedding.
+const DIM: usize = 8;
+
+/// Which wrong shape the head returns.
+pub struct BadLogits {
+    flavor: String,
+}
+
+impl Factory for BadLogits {
+    fn flavors() -> Vec<String> {
+        vec!["rank2".into(), "narrow".into(), "ok".into()]
+    }
+
+    fn create(flavor: Option<&str>, _args: anneal_plugin_api::serde_json::Value) -> Result<Self> {
+        let flavor = flavor.unwrap_or("rank2");
+        if !Self::flavors().iter().any(|f| f == flavor) {
+            return Err(format!("unknown flavor '{flavor}' (known: rank2, narrow, ok)").into());
+        }
+        Ok(BadLogits {
+            flavor: flavor.into(),
+        })
+    }
+}
+
+fn table(name: &str) -> ParamSpec {
+    ParamSpec {
+        name: name.into(),
+        shape: vec![VOCAB, DIM],
+        dtype: "f32".into(),
+        init: Init::Normal { std: 0.02 },
+        placement: Placement::default(),
+        layer: None,
+    }
+}
+
+impl Model for BadLogits {
+    fn spec(&self) -> ModelSpec {
+        ModelSpec {
+            architecture: "badlogits".into(),
+            n_layers: 0,
+            vocab_size: VOCAB,
+            max_seq_len: 64,
+            flops_per_token: (6 * VOCAB * DIM) as f64,
+            params: vec![table("embedding"), table("output")],
+            kv_cache: vec![],
+            hf: None,
+        }
+    }
+
+    fn embed<'h>(&self, _ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
+        let table = tokens.host().param("embedding")?;
+        Ok(vec![table.embedding(&tokens)?])
+    }
+
+    fn layer<'h>(
+        &self,
+        _ctx: &Ctx<'h>,
+        _index: usize,
+        hidden: Vec<Tensor<'h>>,
+    ) -> Result<Vec<Tensor<'h>>> {
+        Ok(hidden)
+    }
+
+    fn head<'h>(&self, _ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
+        let h = hidden.into_iter().next().ok_or("head: no hidden state")?;
+        let logits = h.linear(&h.host().param("output")?)?;
+        match self.flavor.as_str() {
+            "rank2" => logits.reshape(&[-1, VOCAB as i64]),
+            "narrow" => logits.narrow(2, 0, VOCAB - 1),
+            _ => Ok(logits),
+        }
+    }
+}
+
+anneal_plugin_api::export_plugin!(model BadLogits, name = "badlogits", description = "test plugin: logits of the wrong shape");
