@@ -3,7 +3,7 @@
 
 use anneal_runtime::hf;
 use anneal_runtime::infer::{self, Sampling};
-use anneal_runtime::plugins::{find, Params, PluginModel};
+use anneal_runtime::plugins::{Params, PluginModel};
 use anyhow::Context;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,11 +22,7 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<i64>> {
 
 /// Loads the plugin, builds the model `config.json` describes and fills in its weights.
 pub fn load_hf_model(dir: &Path, plugin: &str) -> anyhow::Result<(PluginModel, Params)> {
-    let cfg = hf::read_config(dir)?;
-    let loaded = find(plugin)?;
-    let inst = loaded.create(None, &serde_json::json!({ "hf_config": cfg }))?;
-    let model = PluginModel::new(plugin, inst)?;
-    let params = hf::load_params(dir, model.spec())?;
+    let (model, params) = hf::load_model(dir, plugin)?;
     Ok((model, Arc::new(params)))
 }
 
