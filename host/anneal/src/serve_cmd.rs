@@ -1,4 +1,4 @@
-//! `anneal serve`: the web UI and run registry; and `anneal supervise`, the small process that
+//! `anneal serve`: the web UI, the run registry and the OpenAI-compatible endpoint; and `anneal supervise`, the small process that
 //! stands between the server and each training process.
 
 use anneal_server::{serve, ServerOptions};
@@ -32,6 +32,14 @@ pub struct ServeArgs {
     /// The largest reward module upload, in MiB.
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     max_upload_mb: usize,
+    /// Serve a model on the OpenAI-compatible endpoint (/v1): a checkpoint step directory
+    /// (served as <run>-step-<N>) or a Hugging Face directory (served as its folder name).
+    /// Repeatable.
+    #[arg(long = "model", value_name = "PATH")]
+    models: Vec<PathBuf>,
+    /// Most requests one model decodes together (continuous batching); more wait for a row.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_batch: usize,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -48,6 +56,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if args.max_running == 0 {
         bail!("--max-running must be at least 1");
     }
+    if args.max_batch == 0 {
+        bail!("--max-batch must be at least 1");
+    }
     if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         bail!("the token is empty");
     }
@@ -59,6 +70,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         Some(dir) => bail!("--web {}: no index.html there", dir.display()),
         None => default_web_dir(&work_dir, &exe),
     };
+    let models = args.models.iter().map(|m| absolute(&work_dir, m)).collect();
     let options = ServerOptions {
         addr,
         home,
@@ -69,6 +81,8 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         exe,
         max_running: args.max_running,
         max_upload_bytes: args.max_upload_mb.saturating_mul(1 << 20),
+        models,
+        max_batch: args.max_batch,
     };
     if options.web_dir.is_none() {
         eprintln!("warning: web/ not found; serving the API only (pass --web DIR)");

@@ -8,6 +8,7 @@
 //! files.rs      metrics.jsonl, logs and checkpoint folders of a run directory
 //! config.rs     configs/ and config resolution
 //! api/          the HTTP handlers
+//! openai/       the OpenAI-compatible endpoint (/v1) for the --model models
 //! ```
 
 #![warn(missing_docs)]
@@ -15,6 +16,7 @@
 mod api;
 pub mod config;
 pub mod files;
+pub mod openai;
 pub mod process;
 pub mod registry;
 pub mod runs;
@@ -48,6 +50,11 @@ pub struct ServerOptions {
     pub max_running: usize,
     /// The largest reward module upload, in bytes.
     pub max_upload_bytes: usize,
+    /// Models served on the OpenAI-compatible endpoint (`/v1`): checkpoint step directories or
+    /// Hugging Face directories.
+    pub models: Vec<PathBuf>,
+    /// Most requests each model decodes together (its decode loop's batch).
+    pub max_batch: usize,
 }
 
 impl ServerOptions {
@@ -95,6 +102,9 @@ pub enum ServeError {
     /// Another server manages this home (two would both start and reconcile its runs).
     #[error("another anneal serve is using {0}; stop it or pick another --home")]
     HomeInUse(PathBuf),
+    /// A `--model` could not be served.
+    #[error(transparent)]
+    Model(#[from] openai::ModelError),
     /// The server stopped with an error.
     #[error("server error: {0}")]
     Serve(std::io::Error),
@@ -142,6 +152,14 @@ pub async fn serve(
     }
     let _lock = lock_home(&options.home)?;
     let registry = Arc::new(Registry::open(&options.home.join("registry.sqlite"))?);
+    // Loaded before listening: a model that cannot be served stops the startup.
+    let models = openai::load_models(
+        &options.models,
+        &anneal_runtime::serving::SchedulerOptions {
+            max_batch: options.max_batch,
+        },
+    )?;
+    let openai_token = options.token.clone();
     let manager = Manager::new(
         Arc::clone(&registry),
         Launch {
@@ -166,7 +184,9 @@ pub async fn serve(
         manager,
         sandbox: OnceLock::new(),
     });
-    let app = static_routes(web_dir).nest("/api", api::routes(state));
+    let app = static_routes(web_dir)
+        .nest("/api", api::routes(state))
+        .nest("/v1", openai::routes(models, openai_token));
     ready(addr);
     // Not a graceful shutdown: event streams never end by themselves, and runs do not depend on
     // the server, so open connections are simply dropped.
