@@ -5,5 +5,7 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 bash "$(dirname "$0")/setup-reward.sh"
 # The built-in corpus (data/shakespeare); no default test needs it, so a failed download only warns.
 bash "$(dirname "$0")/fetch-corpus.sh" || echo "setup: cannot fetch the Shakespeare corpus (data/shakespeare)" >&2
+# The official openai Python client (.venv), for the OpenAI-compatible endpoint's test.
+bash "$(dirname "$0")/setup-python.sh"
 # The browser UI's packages and the headless Chromium of its tests.
 bash "$(dirname "$0")/setup-web.sh"

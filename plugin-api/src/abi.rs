@@ -98,7 +98,9 @@ pub struct ForwardCtx {
     /// Training (dropout on, activations kept for backward) or not.
     pub training: bool,
     /// Absolute positions of the tokens of this call (i64 `[T]`); with a KV cache these start
-    /// at the cache length.
+    /// at the cache length. When the rows of a batch are separate sequences at their own places
+    /// (continuous batching) they are `[B, T]`; models pass them to `rope` and `attention` as
+    /// they are.
     pub positions: Handle,
     /// Whether attention layers should read and append the host's per-layer KV cache.
     pub use_cache: bool,

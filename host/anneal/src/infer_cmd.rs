@@ -5,7 +5,7 @@ use crate::errors::UserError;
 use crate::user_bail;
 use anneal_runtime::hf;
 use anneal_runtime::infer::{self, Sampling};
-use anneal_runtime::plugins::{find, Params, PluginModel};
+use anneal_runtime::plugins::{Params, PluginModel};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,14 +23,7 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<i64>> {
 
 /// Loads the plugin, builds the model `config.json` describes and fills in its weights.
 pub fn load_hf_model(dir: &Path, plugin: &str) -> anyhow::Result<(PluginModel, Params)> {
-    let cfg = hf::read_config(dir)?;
-    let loaded = find(plugin)?;
-    if loaded.kind() != anneal_plugin_api::abi::PluginKind::Model {
-        user_bail!("--plugin {plugin}: is an optimizer plugin, not a model");
-    }
-    let inst = loaded.create(None, &serde_json::json!({ "hf_config": cfg }))?;
-    let model = PluginModel::new(plugin, inst)?;
-    let params = hf::load_params(dir, model.spec())?;
+    let (model, params) = hf::load_model(dir, plugin)?;
     Ok((model, Arc::new(params)))
 }
 

@@ -1,5 +1,6 @@
-//! `anneal serve`: the web UI and run registry; and `anneal supervise`, the small process that
-//! stands between the server and each training process.
+//! `anneal serve`: the web UI, the run registry and the OpenAI-compatible endpoint; and
+//! `anneal supervise`, the small process that stands between the server and each training
+//! process.
 
 use crate::errors::UserError;
 use crate::user_bail;
@@ -41,6 +42,14 @@ pub struct ServeArgs {
     /// The fuel one reward test request may use across all its inputs.
     #[arg(long, value_name = "FUEL", default_value_t = 10_000_000_000)]
     reward_test_fuel: u64,
+    /// Serve a model on the OpenAI-compatible endpoint (/v1): a checkpoint step directory
+    /// (served as <run>-step-<N>) or a Hugging Face directory (served as its folder name).
+    /// Repeatable.
+    #[arg(long = "model", value_name = "PATH")]
+    models: Vec<PathBuf>,
+    /// Most requests one model decodes together (continuous batching); more wait for a row.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_batch: usize,
 }
 
 /// Runs the server until SIGINT or SIGTERM.
@@ -56,6 +65,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     }
     if args.max_running == 0 {
         user_bail!("--max-running must be at least 1");
+    }
+    if args.max_batch == 0 {
+        user_bail!("--max-batch must be at least 1");
     }
     if args.token.as_deref().is_some_and(|t| t.trim().is_empty()) {
         user_bail!("the token is empty");
@@ -77,6 +89,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         Some(dir) => user_bail!("--web {}: no index.html there", dir.display()),
         None => default_web_dir(&work_dir, &exe),
     };
+    let models = args.models.iter().map(|m| absolute(&work_dir, m)).collect();
     let options = ServerOptions {
         addr,
         home,
@@ -91,6 +104,8 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
             time: reward_test_time,
             fuel: args.reward_test_fuel,
         },
+        models,
+        max_batch: args.max_batch,
     };
     if options.web_dir.is_none() {
         eprintln!("warning: web/ not found; serving the API only (pass --web DIR)");

@@ -1,6 +1,7 @@
 //! Hugging Face model directories: `config.json` plus `model.safetensors` or a sharded
 //! `model.safetensors.index.json`, mapped onto a plugin's parameters through its adapter.
 
+use crate::plugins::{find, PluginModel};
 use anneal_engine::io::{load_safetensors, save_safetensors};
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::spec::ModelSpec;
@@ -33,6 +34,14 @@ pub enum HfError {
         hf: String,
         /// Our parameter name.
         ours: String,
+    },
+    /// The model plugin could not be found or refused the directory's config.
+    #[error("{dir}: {msg}")]
+    Plugin {
+        /// The directory.
+        dir: PathBuf,
+        /// What went wrong.
+        msg: String,
     },
     /// A weight has another shape than the model expects.
     #[error("{dir}: tensor '{hf}' has shape {got:?}, parameter '{ours}' needs {want:?}")]
@@ -73,6 +82,29 @@ pub fn read_config(dir: &Path) -> Result<serde_json::Value, HfError> {
     }
     let text = std::fs::read_to_string(&p).map_err(|e| io(&p, e))?;
     serde_json::from_str(&text).map_err(|e| io(&p, format!("not valid JSON: {e}")))
+}
+
+/// Builds the model `config.json` in `dir` describes with the model plugin called `plugin` and
+/// fills in its weights.
+pub fn load_model(
+    dir: &Path,
+    plugin: &str,
+) -> Result<(PluginModel, HashMap<String, Tensor>), HfError> {
+    let cfg = read_config(dir)?;
+    let fail = |e: &dyn std::fmt::Display| HfError::Plugin {
+        dir: dir.to_path_buf(),
+        msg: e.to_string(),
+    };
+    let loaded = find(plugin).map_err(|e| fail(&e))?;
+    if loaded.kind() != anneal_plugin_api::abi::PluginKind::Model {
+        return Err(fail(&format!("{plugin} is an optimizer plugin, not a model")));
+    }
+    let inst = loaded
+        .create(None, &serde_json::json!({ "hf_config": cfg }))
+        .map_err(|e| fail(&e))?;
+    let model = PluginModel::new(plugin, inst).map_err(|e| fail(&e))?;
+    let params = load_params(dir, model.spec())?;
+    Ok((model, params))
 }
 
 /// Every tensor in the directory's safetensors files, by Hugging Face name.

@@ -224,6 +224,15 @@ pub fn sample(logits: &[f32], s: &Sampling, draw: f32) -> usize {
     idx[idx.len() - 1]
 }
 
+/// Token `step` of a sequence sampled with `s` from its stream `key` (`RngKey::new(seed,
+/// "sampling")`; draw `i` at offset `i`), and its logprob. Every decoder (one sequence, a batch,
+/// the serving loop) picks through here, so equal logits and seeds give equal tokens.
+pub fn pick(logits: &[f32], s: &Sampling, key: &RngKey, step: usize) -> (usize, f32) {
+    let draw = key.uniform_vec(step as u64, 1)[0];
+    let next = sample(logits, s, draw);
+    (next, token_logprob(logits, next))
+}
+
 /// Prefill `prompt` into a fresh KV cache, then decode up to `max_new` tokens one at a time.
 pub fn generate(
     model: &PluginModel,
@@ -311,11 +320,9 @@ pub fn generate_batch(
                 // the others) and repeats its last token; its outputs are ignored.
                 continue;
             }
-            let row = &last[i * v..(i + 1) * v];
-            let draw = keys[i].uniform_vec(step as u64, 1)[0];
-            let next = sample(row, s, draw);
+            let (next, logprob) = pick(&last[i * v..(i + 1) * v], s, &keys[i], step);
             out[i].tokens.push(next as i64);
-            out[i].logprobs.push(token_logprob(row, next));
+            out[i].logprobs.push(logprob);
             running[i] = s.eos != Some(next as i64);
         }
         if !running.iter().any(|&r| r) {

@@ -9,6 +9,7 @@
 //! config.rs     configs/ and config resolution
 //! guard.rs      Host, Origin and content-type checks against web pages driving the server
 //! api/          the HTTP handlers
+//! openai/       the OpenAI-compatible endpoint (/v1) for the --model models
 //! ```
 
 #![warn(missing_docs)]
@@ -17,6 +18,7 @@ mod api;
 pub mod config;
 pub mod files;
 pub mod guard;
+pub mod openai;
 pub mod process;
 pub mod registry;
 pub mod runs;
@@ -54,6 +56,11 @@ pub struct ServerOptions {
     pub max_upload_bytes: usize,
     /// What one reward test request may spend across all its inputs.
     pub reward_test: RewardTestBudget,
+    /// Models served on the OpenAI-compatible endpoint (`/v1`): checkpoint step directories or
+    /// Hugging Face directories.
+    pub models: Vec<PathBuf>,
+    /// Most requests each model decodes together (its decode loop's batch).
+    pub max_batch: usize,
 }
 
 /// The total a `POST /api/rewards/{id}/test` request may spend across its inputs (each call is
@@ -120,6 +127,9 @@ pub enum ServeError {
     /// Another server manages this home (two would both start and reconcile its runs).
     #[error("another anneal serve is using {0}; stop it or pick another --home")]
     HomeInUse(PathBuf),
+    /// A `--model` could not be served.
+    #[error(transparent)]
+    Model(#[from] openai::ModelError),
     /// The server stopped with an error.
     #[error("server error: {0}")]
     Serve(std::io::Error),
@@ -174,6 +184,14 @@ pub async fn serve(
     }
     let _lock = lock_home(&options.home)?;
     let registry = Arc::new(Registry::open(&options.home.join("registry.sqlite"))?);
+    // Loaded before listening: a model that cannot be served stops the startup.
+    let models = openai::load_models(
+        &options.models,
+        &anneal_runtime::serving::SchedulerOptions {
+            max_batch: options.max_batch,
+        },
+    )?;
+    let openai_token = options.token.clone();
     let manager = Manager::new(
         Arc::clone(&registry),
         Launch {
@@ -201,6 +219,7 @@ pub async fn serve(
     });
     let app = static_routes(web_dir)
         .nest("/api", api::routes(Arc::clone(&state)))
+        .nest("/v1", openai::routes(models, openai_token))
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(guard::Guard::new(addr)),
             guard::check,

@@ -48,7 +48,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Ctx<'h> {
     /// Training (activations kept for backward) or inference.
     pub training: bool,
-    /// Absolute positions of this call's tokens (i64 `[T]`).
+    /// Absolute positions of this call's tokens (i64 `[T]`, or `[B, T]` when each row is its own
+    /// sequence at its own place; hand them to `rope` and `attention` unchanged).
     pub positions: Tensor<'h>,
     /// Whether attention should use the host's KV cache.
     pub use_cache: bool,

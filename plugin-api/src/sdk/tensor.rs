@@ -224,7 +224,8 @@ impl<'h> Tensor<'h> {
     pub fn rms_norm(&self, weight: &Tensor<'h>, eps: f64) -> Result<Tensor<'h>> {
         self.op("rms_norm", &[weight], &[Attr::Float(eps)])
     }
-    /// Rotary position embedding of `[B, H, T, D]` at absolute `positions` (i64 `[T]`).
+    /// Rotary position embedding of `[B, H, T, D]` at absolute `positions` (i64 `[T]` or
+    /// per-row `[B, T]`).
     pub fn rope(&self, positions: &Tensor<'h>, rope: &Rope) -> Result<Tensor<'h>> {
         let s = rope.llama3_scaling.as_ref();
         self.op(

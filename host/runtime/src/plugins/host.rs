@@ -1,6 +1,7 @@
 //! The host side of a plugin call: a session owning the tensors a plugin holds handles to, and
 //! the `HostVTable` functions that serve its op calls.
 
+use super::kv_cache::KvCache;
 use super::ops;
 use abi_stable::std_types::{RErr, ROk, RResult, RSlice, RStr, RString, RVec};
 use anneal_engine::Tensor;
@@ -17,63 +18,6 @@ pub struct HostSession {
     named: std::sync::Arc<HashMap<String, Tensor>>,
     arena: Mutex<Arena>,
     cache: Option<std::sync::Arc<KvCache>>,
-}
-
-/// Per-layer inference state kept by the host: keys and values `[B, Hkv, S, D]` of every
-/// position seen so far, addressed by layer index.
-#[derive(Default)]
-pub struct KvCache {
-    layers: Mutex<HashMap<usize, (Tensor, Tensor)>>,
-}
-
-impl KvCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Appends `k`, `v` to layer `layer` along the sequence dim; returns everything cached.
-    pub fn append(
-        &self,
-        layer: usize,
-        k: &Tensor,
-        v: &Tensor,
-    ) -> anneal_engine::Result<(Tensor, Tensor)> {
-        let mut layers = self.layers.lock().expect("kv cache lock poisoned");
-        let (k, v) = match layers.get(&layer) {
-            Some((pk, pv)) => (concat_seq(pk, k)?, concat_seq(pv, v)?),
-            None => (k.detach().contiguous()?, v.detach().contiguous()?),
-        };
-        layers.insert(layer, (k.clone(), v.clone()));
-        Ok((k, v))
-    }
-
-    /// Number of cached positions (0 when empty).
-    pub fn len(&self) -> usize {
-        let layers = self.layers.lock().expect("kv cache lock poisoned");
-        layers.values().next().map_or(0, |(k, _)| k.shape()[2])
-    }
-
-    /// True when nothing is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// `[B, H, S1, D] ++ [B, H, S2, D]` along dim 2, without autograd (cached state is constant).
-fn concat_seq(a: &Tensor, b: &Tensor) -> anneal_engine::Result<Tensor> {
-    let (sa, sb) = (a.shape(), b.shape());
-    if sa.len() != 4 || sb.len() != 4 || sa[0] != sb[0] || sa[1] != sb[1] || sa[3] != sb[3] {
-        return Err(anneal_engine::Error::ShapeMismatch {
-            op: "kv_cache.append",
-            lhs: sa.to_vec(),
-            rhs: sb.to_vec(),
-        });
-    }
-    let out = Tensor::zeros(&[sa[0], sa[1], sa[2] + sb[2], sa[3]], a.dtype());
-    out.narrow(2, 0, sa[2])?.copy_from(a)?;
-    out.narrow(2, sa[2], sb[2])?.copy_from(b)?;
-    Ok(out)
 }
 
 #[derive(Default)]

@@ -2,12 +2,14 @@
 //! tensors ([`host`]).
 
 pub mod host;
+mod kv_cache;
 pub mod loader;
 pub mod model;
 mod ops;
 pub mod optimizer;
 
-pub use host::{HostSession, KvCache};
+pub use host::HostSession;
+pub use kv_cache::KvCache;
 pub use loader::{discover, find, find_in, load, search_paths, LoadedPlugin, PluginError};
 pub use model::{ForwardOpts, Params, PluginModel};
 pub use optimizer::PluginOptimizer;

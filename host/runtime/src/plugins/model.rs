@@ -2,7 +2,8 @@
 //! stages (`embed`, one `layer` per block, `head`), optionally recomputing each block in
 //! backward.
 
-use super::host::{HostSession, KvCache};
+use super::host::HostSession;
+use super::kv_cache::KvCache;
 use super::PluginError;
 use abi_stable::std_types::RVec;
 use anneal_engine::autograd::{checkpoint, RegionFn};

@@ -2,6 +2,7 @@
 //! Adding an op here changes no layout: plugins built earlier keep working.
 
 use super::host::HostSession;
+use super::kv_cache::KvCache;
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::abi::Attr;
 
@@ -298,7 +299,8 @@ fn rope(x: &Tensor, positions: &Tensor, attrs: &[Attr]) -> R<Tensor> {
 
 /// `attention(q, k, v, positions)`, attrs: causal, window, scale, softcap, cache layer. With a
 /// cache layer, `k`/`v` are appended to the session's KV cache and the queries attend over all
-/// cached positions.
+/// cached positions. Positions are `[T]` (every row at the same place) or `[B, T]` (each row at
+/// its own, as in continuous batching; see [`attention_rows`]).
 fn attention(inputs: &[Tensor], attrs: &[Attr], session: &HostSession) -> R<Tensor> {
     use anneal_engine::ops::AttentionParams;
     let op = "attention";
@@ -312,33 +314,95 @@ fn attention(inputs: &[Tensor], attrs: &[Attr], session: &HostSession) -> R<Tens
     let window = opt_int(attrs, 1).map(|w| w as usize);
     let scale = opt_float(attrs, 2).map(|s| s as f32);
     let softcap = opt_float(attrs, 3).map(|s| s as f32);
-    let (k, v, k_pos) = match (opt_int(attrs, 4), session.cache()) {
-        (Some(layer), Some(cache)) => {
-            let (k, v) = cache.append(layer as usize, k, v).map_err(e)?;
-            let s = k.shape()[2];
-            (
-                k,
-                v,
-                Tensor::from_vec((0..s as i64).collect::<Vec<_>>(), &[s]).map_err(e)?,
-            )
-        }
+    let cache = match (opt_int(attrs, 4), session.cache()) {
+        (Some(layer), Some(cache)) => Some((layer as usize, cache)),
         (Some(_), None) => {
             return Err(
                 "attention: a cache layer was given but this forward has no KV cache".into(),
             )
         }
-        _ => (k.clone(), v.clone(), positions.clone()),
+        (None, _) => None,
     };
-    let params = AttentionParams {
+    let params = |q_pos: Tensor, k_pos: Tensor| AttentionParams {
         scale,
         causal,
         sliding_window: window,
         softcap,
         sinks: None,
-        q_pos: Some(positions.clone()),
+        q_pos: Some(q_pos),
         k_pos: Some(k_pos),
     };
-    q.attention(&k, &v, &params).map_err(e)
+    if positions.rank() == 2 || cache.is_some_and(|(_, c)| c.is_per_row()) {
+        return attention_rows(q, k, v, positions, cache, params);
+    }
+    let (k, v, k_pos) = match cache {
+        Some((layer, cache)) => {
+            let (k, v) = cache.append(layer, k, v).map_err(e)?;
+            let s = k.shape()[2];
+            (k, v, arange(s)?)
+        }
+        None => (k.clone(), v.clone(), positions.clone()),
+    };
+    q.attention(&k, &v, &params(positions.clone(), k_pos))
+        .map_err(e)
+}
+
+/// Attention for a batch whose rows are separate sequences: row `r` sits at `positions[r]` and
+/// extends its own cache (`KvCache::per_row`), of its own length. Each row runs as its own
+/// attention call over its own keys, with exactly the shapes it would have alone, so (with the
+/// batch-invariant matrix products around it) a row's results do not depend on its neighbours.
+fn attention_rows(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    positions: &Tensor,
+    cache: Option<(usize, &KvCache)>,
+    params: impl Fn(Tensor, Tensor) -> anneal_engine::ops::AttentionParams,
+) -> R<Tensor> {
+    let b = q.shape().first().copied().unwrap_or(0);
+    let t = positions.shape().last().copied().unwrap_or(0);
+    if positions.rank() == 2 && positions.shape()[0] != b {
+        return Err(format!(
+            "attention: positions {:?} do not match a batch of {b} rows",
+            positions.shape()
+        ));
+    }
+    if let Some((_, c)) = cache {
+        if !c.is_per_row() {
+            return Err("attention: per-row positions [B, T] need a per-row KV cache".into());
+        }
+        if c.rows().len() != b {
+            return Err(format!(
+                "attention: the batch has {b} rows but the per-row KV cache {}",
+                c.rows().len()
+            ));
+        }
+    }
+    let outs = (0..b)
+        .map(|r| {
+            let row = |x: &Tensor| x.narrow(0, r, 1).map_err(e);
+            let q_pos = if positions.rank() == 2 {
+                row(positions)?.reshape(&[t]).map_err(e)?
+            } else {
+                positions.clone()
+            };
+            let (k, v, k_pos) = match cache {
+                Some((layer, c)) => {
+                    let (k, v) = c.rows()[r].append(layer, &row(k)?, &row(v)?).map_err(e)?;
+                    let s = k.shape()[2];
+                    (k, v, arange(s)?)
+                }
+                None => (row(k)?, row(v)?, q_pos.clone()),
+            };
+            row(q)?.attention(&k, &v, &params(q_pos, k_pos)).map_err(e)
+        })
+        .collect::<R<Vec<_>>>()?;
+    anneal_engine::ops::cat(&outs, 0).map_err(e)
+}
+
+/// Positions `0..n` (i64 `[n]`).
+fn arange(n: usize) -> R<Tensor> {
+    Tensor::from_vec((0..n as i64).collect::<Vec<_>>(), &[n]).map_err(e)
 }
 
 #[cfg(test)]

@@ -9,11 +9,13 @@
 
 mod export;
 mod format;
+mod model;
 mod reader;
 mod writer;
 
 pub use export::export_hf;
 pub use format::{FileEntry, Manifest, RlState, TensorEntry, TrainState, FORMAT_VERSION};
+pub use model::{load_model, CheckpointModel};
 pub use reader::{list_steps, load_dir, load_latest, remove_stale_tmp, Loaded};
 pub use writer::{write_checkpoint, Checkpointer, SaveReport, SnapTensor, Snapshot};
 

@@ -1,0 +1,207 @@
+//! The OpenAI-compatible endpoint under `/v1`: `GET /v1/models`, `POST /v1/completions` and
+//! `POST /v1/chat/completions` (`stream: true` answers with server-sent events), for the
+//! models given to `anneal serve --model PATH`.
+//!
+//! ```text
+//! models.rs     loading --model paths (checkpoint step dirs, HF dirs): names, tokenizer, stops
+//! template.rs   chat templates (Jinja, as transformers renders them) and the fallback format
+//! request.rs    reading and checking request fields (errors name the field)
+//! generate.rs   queueing choices on the model's decode loop (anneal_runtime::serving) and
+//!               turning token events into text updates (stop strings, logprobs)
+//! text.rs       incremental detokenization with stop strings
+//! responses.rs  response bodies and stream chunks in OpenAI's shapes
+//! error.rs      OpenAI's error shape
+//! ```
+//!
+//! Concurrent requests to one model share its decode loop: each choice joins the running batch
+//! at the next step (continuous batching). With a server token, every call needs
+//! `Authorization: Bearer <token>` (the client's `api_key`), as the rest of the API does.
+
+mod error;
+mod generate;
+pub mod models;
+mod request;
+mod responses;
+pub mod template;
+mod text;
+
+pub use models::{load_models, ModelError, ServedModel};
+
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use error::{OaiError, OaiResult};
+use request::{Api, Body, GenOptions};
+use responses::{Collector, Header};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::mpsc::unbounded_channel;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// What the `/v1` handlers share.
+pub struct OpenAi {
+    models: Vec<Arc<ServedModel>>,
+    token: Option<String>,
+}
+
+impl OpenAi {
+    fn find(&self, name: &str) -> OaiResult<Arc<ServedModel>> {
+        self.models
+            .iter()
+            .find(|m| m.id == name)
+            .cloned()
+            .ok_or_else(|| OaiError::no_model(name))
+    }
+}
+
+/// The `/v1` routes (to be nested under `/v1`) for `models`; with `token`, calls need it.
+pub fn routes(models: Vec<Arc<ServedModel>>, token: Option<String>) -> Router {
+    let state = Arc::new(OpenAi { models, token });
+    Router::new()
+        .route("/models", get(list_models))
+        .route("/models/{id}", get(show_model))
+        .route("/completions", post(completions))
+        .route("/chat/completions", post(chat_completions))
+        .fallback(|| async { OaiError::no_route() })
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            require_token,
+        ))
+        .with_state(state)
+}
+
+/// With a token configured, every call needs `Authorization: Bearer <token>`.
+async fn require_token(State(state): State<Arc<OpenAi>>, request: Request, next: Next) -> Response {
+    let Some(token) = &state.token else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| crate::api::constant_time_eq(g.as_bytes(), token.as_bytes())) {
+        next.run(request).await
+    } else {
+        OaiError::unauthorized().into_response()
+    }
+}
+
+fn model_json(m: &ServedModel) -> Value {
+    json!({
+        "id": m.id,
+        "object": "model",
+        "created": m.created,
+        "owned_by": "anneal",
+        "max_model_len": m.context,
+    })
+}
+
+/// `GET /v1/models`.
+async fn list_models(State(state): State<Arc<OpenAi>>) -> Json<Value> {
+    let data: Vec<Value> = state.models.iter().map(|m| model_json(m)).collect();
+    Json(json!({ "object": "list", "data": data }))
+}
+
+/// `GET /v1/models/{id}`.
+async fn show_model(State(state): State<Arc<OpenAi>>, Path(id): Path<String>) -> Response {
+    match state.find(&id) {
+        Ok(m) => Json(model_json(&m)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/completions`.
+async fn completions(State(state): State<Arc<OpenAi>>, body: Bytes) -> Response {
+    respond(&state, Api::Completions, &body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/chat/completions`.
+async fn chat_completions(State(state): State<Arc<OpenAi>>, body: Bytes) -> Response {
+    respond(&state, Api::Chat, &body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Both endpoints: check the request, queue its choices, answer with one body or a stream.
+async fn respond(state: &OpenAi, api: Api, bytes: &[u8]) -> OaiResult<Response> {
+    let body = Body::parse(bytes)?;
+    let name: String = body.require("model")?;
+    let model = state.find(&name)?;
+    let opts = GenOptions::parse(&body, api)?;
+    let prompts = match api {
+        Api::Completions => request::completion_prompts(&body, &model)?,
+        Api::Chat => {
+            let messages = request::chat_messages(&body)?;
+            let template = model
+                .template
+                .as_ref()
+                .map_err(|e| OaiError::server(e.clone()))?;
+            let text = template
+                .render(&messages)
+                .map_err(|e| OaiError::invalid(Some("messages"), e.to_string()))?;
+            vec![request::encode(&model, &text, "messages")?]
+        }
+    };
+    let budgets = prompts
+        .into_iter()
+        .map(|p| {
+            let budget = request::token_budget(p.len(), &model, &opts, api)?;
+            Ok((p, budget))
+        })
+        .collect::<OaiResult<Vec<_>>>()?;
+    let header = Header::new(api, &model.id);
+    let running = generate::start(model, budgets, opts.clone())?;
+    if opts.stream {
+        return Ok(stream(header, running, opts));
+    }
+    let mut collector = Collector::new(running.choices(), opts.logprobs.is_some());
+    let usage = running
+        .drive(|u| {
+            collector.add(u);
+            true
+        })
+        .await?;
+    Ok(Json(collector.body(&header, usage)).into_response())
+}
+
+/// Server-sent events: `data: {chunk}` per update, an error object if generation fails, the
+/// usage when asked for, then `data: [DONE]`. A client that disconnects cancels its choices.
+fn stream(header: Header, running: generate::Running, opts: GenOptions) -> Response {
+    let (tx, rx) = unbounded_channel::<Result<SseEvent, Infallible>>();
+    tokio::spawn(async move {
+        let send = |v: Value| tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok();
+        if header.api == Api::Chat {
+            for index in 0..running.choices() {
+                if !send(responses::role_chunk(&header, index)) {
+                    return;
+                }
+            }
+        }
+        let logprobs = opts.logprobs.is_some();
+        match running
+            .drive(|u| send(responses::chunk(&header, &u, logprobs)))
+            .await
+        {
+            Ok(usage) if opts.include_usage => {
+                send(responses::usage_chunk(&header, usage));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                send(e.body());
+            }
+        }
+        let _ = tx.send(Ok(SseEvent::default().data("[DONE]")));
+    });
+    Sse::new(UnboundedReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}

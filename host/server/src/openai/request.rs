@@ -1,0 +1,370 @@
+//! Reading and checking request bodies: each field by name, so an error names the field
+//! (`param`) the way OpenAI's do, and every limit is checked before anything is queued.
+
+use super::error::{OaiError, OaiResult};
+use super::models::ServedModel;
+use super::template::Message;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+/// A JSON object body.
+pub struct Body(Map<String, Value>);
+
+impl Body {
+    /// Parses the raw body; anything but a JSON object is a 400.
+    pub fn parse(bytes: &[u8]) -> OaiResult<Body> {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(Value::Object(map)) => Ok(Body(map)),
+            Ok(_) => Err(OaiError::invalid(None, "the body must be a JSON object")),
+            Err(e) => Err(OaiError::invalid(
+                None,
+                format!("the body is not valid JSON: {e}"),
+            )),
+        }
+    }
+
+    /// Field `key` as `T`; absent or `null` is `None`.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> OaiResult<Option<T>> {
+        match self.0.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => serde_json::from_value(v.clone())
+                .map(Some)
+                .map_err(|e| OaiError::invalid(Some(key), format!("`{key}`: {e} (got {v})"))),
+        }
+    }
+
+    /// A field that must be present.
+    pub fn require<T: DeserializeOwned>(&self, key: &str) -> OaiResult<T> {
+        self.get(key)?
+            .ok_or_else(|| OaiError::invalid(Some(key), format!("`{key}` is required")))
+    }
+
+    /// The raw value of a field (`None` when absent or `null`).
+    pub fn raw(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+}
+
+/// Which endpoint a request came to (they differ in defaults and in a few fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+/// The sampling and output settings of a request, checked.
+#[derive(Clone, Debug)]
+pub struct GenOptions {
+    /// `max_tokens` as asked (`None`: the endpoint's default).
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature (0 = greedy).
+    pub temperature: f32,
+    /// Nucleus threshold in (0, 1].
+    pub top_p: f32,
+    /// Keep the k most likely tokens (0 = all); an extension, as in vLLM.
+    pub top_k: usize,
+    /// Completions per prompt.
+    pub n: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Seed of choice 0 (choice `j` uses `seed + j`); random when not given.
+    pub seed: Option<u64>,
+    /// Answer as server-sent events.
+    pub stream: bool,
+    /// With `stream`, end with a chunk carrying the usage.
+    pub include_usage: bool,
+    /// Report logprobs, with this many alternatives per token.
+    pub logprobs: Option<usize>,
+}
+
+/// Most completions per prompt.
+pub const MAX_N: usize = 16;
+/// Most prompts in one completions request.
+pub const MAX_PROMPTS: usize = 64;
+/// Most alternatives per token in logprobs (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+impl GenOptions {
+    /// Reads and checks the fields both endpoints share, and the endpoint's own.
+    pub fn parse(body: &Body, api: Api) -> OaiResult<GenOptions> {
+        let max_tokens = match api {
+            Api::Completions => body.get::<i64>("max_tokens")?,
+            Api::Chat => match body.get::<i64>("max_completion_tokens")? {
+                Some(m) => Some(m),
+                None => body.get::<i64>("max_tokens")?,
+            },
+        };
+        let max_tokens = match max_tokens {
+            Some(m) if m < 1 => {
+                return Err(OaiError::invalid(
+                    Some("max_tokens"),
+                    format!("`max_tokens` must be at least 1, got {m}"),
+                ))
+            }
+            m => m.map(|m| m as usize),
+        };
+        let temperature = body.get::<f64>("temperature")?.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(OaiError::invalid(
+                Some("temperature"),
+                format!("`temperature` must be between 0 and 2, got {temperature}"),
+            ));
+        }
+        let top_p = body.get::<f64>("top_p")?.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(OaiError::invalid(
+                Some("top_p"),
+                format!("`top_p` must be in (0, 1], got {top_p}"),
+            ));
+        }
+        let top_k = match body.get::<i64>("top_k")?.unwrap_or(0) {
+            k if k >= 0 => k as usize,
+            -1 => 0,
+            k => {
+                return Err(OaiError::invalid(
+                    Some("top_k"),
+                    format!("`top_k` must be -1, 0 (all) or positive, got {k}"),
+                ))
+            }
+        };
+        let n = body.get::<i64>("n")?.unwrap_or(1);
+        if !(1..=MAX_N as i64).contains(&n) {
+            return Err(OaiError::invalid(
+                Some("n"),
+                format!("`n` must be between 1 and {MAX_N}, got {n}"),
+            ));
+        }
+        let stop = match body.raw("stop") {
+            None => vec![],
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(list)) => list
+                .iter()
+                .map(|s| s.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    OaiError::invalid(Some("stop"), "`stop` must be a string or a list of strings")
+                })?,
+            Some(_) => {
+                return Err(OaiError::invalid(
+                    Some("stop"),
+                    "`stop` must be a string or a list of strings",
+                ))
+            }
+        };
+        if stop.len() > 4 || stop.iter().any(String::is_empty) {
+            return Err(OaiError::invalid(
+                Some("stop"),
+                "`stop` takes up to 4 non-empty strings",
+            ));
+        }
+        let seed = body.get::<i64>("seed")?.map(|s| s as u64);
+        let stream = body.get::<bool>("stream")?.unwrap_or(false);
+        let include_usage = body
+            .raw("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        for key in ["presence_penalty", "frequency_penalty"] {
+            if body.get::<f64>(key)?.is_some_and(|p| p != 0.0) {
+                return Err(OaiError::unsupported(key, "only 0"));
+            }
+        }
+        if body
+            .raw("logit_bias")
+            .is_some_and(|b| b.as_object().is_none_or(|m| !m.is_empty()))
+        {
+            return Err(OaiError::unsupported("logit_bias", "only {}"));
+        }
+        let logprobs = match api {
+            Api::Completions => {
+                if body.get::<bool>("echo")?.unwrap_or(false) {
+                    return Err(OaiError::unsupported("echo", "only false"));
+                }
+                if body.raw("suffix").is_some() {
+                    return Err(OaiError::unsupported("suffix", "no insertion"));
+                }
+                if body.get::<i64>("best_of")?.is_some_and(|b| b != n) {
+                    return Err(OaiError::unsupported("best_of", "only equal to n"));
+                }
+                body.get::<i64>("logprobs")?
+                    .map(|k| check_top("logprobs", k))
+                    .transpose()?
+            }
+            Api::Chat => {
+                for key in ["tools", "functions", "tool_choice", "function_call"] {
+                    if body.raw(key).is_some() {
+                        return Err(OaiError::unsupported(key, "no tool calls"));
+                    }
+                }
+                let format = body.raw("response_format").and_then(|f| f.get("type"));
+                if format.is_some_and(|t| t != "text") {
+                    return Err(OaiError::unsupported("response_format", "only text"));
+                }
+                let top = body
+                    .get::<i64>("top_logprobs")?
+                    .map(|k| check_top("top_logprobs", k))
+                    .transpose()?;
+                match (body.get::<bool>("logprobs")?.unwrap_or(false), top) {
+                    (true, top) => Some(top.unwrap_or(0)),
+                    (false, Some(_)) => {
+                        return Err(OaiError::invalid(
+                            Some("top_logprobs"),
+                            "`top_logprobs` needs `logprobs: true`",
+                        ))
+                    }
+                    (false, None) => None,
+                }
+            }
+        };
+        Ok(GenOptions {
+            max_tokens,
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k,
+            n: n as usize,
+            stop,
+            seed,
+            stream,
+            include_usage,
+            logprobs,
+        })
+    }
+}
+
+fn check_top(key: &str, k: i64) -> OaiResult<usize> {
+    if (0..=MAX_TOP_LOGPROBS as i64).contains(&k) {
+        Ok(k as usize)
+    } else {
+        Err(OaiError::invalid(
+            Some(key),
+            format!("`{key}` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
+        ))
+    }
+}
+
+/// The prompts of a completions request as token ids: `prompt` is a string, a list of strings,
+/// a list of token ids or a list of such lists.
+pub fn completion_prompts(body: &Body, model: &ServedModel) -> OaiResult<Vec<Vec<i64>>> {
+    let bad = || {
+        OaiError::invalid(
+            Some("prompt"),
+            "`prompt` must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+        )
+    };
+    let ids = |v: &Value| -> OaiResult<Vec<i64>> {
+        v.as_array()
+            .ok_or_else(bad)?
+            .iter()
+            .map(|t| t.as_i64().ok_or_else(bad))
+            .collect()
+    };
+    let prompts = match body.raw("prompt") {
+        None => return Err(OaiError::invalid(Some("prompt"), "`prompt` is required")),
+        Some(Value::String(s)) => vec![encode(model, s, "prompt")?],
+        Some(Value::Array(list)) if list.is_empty() => return Err(bad()),
+        Some(Value::Array(list)) => match &list[0] {
+            Value::String(_) => list
+                .iter()
+                .map(|s| encode(model, s.as_str().ok_or_else(bad)?, "prompt"))
+                .collect::<OaiResult<_>>()?,
+            Value::Number(_) => vec![ids(body.raw("prompt").ok_or_else(bad)?)?],
+            Value::Array(_) => list.iter().map(ids).collect::<OaiResult<_>>()?,
+            _ => return Err(bad()),
+        },
+        Some(_) => return Err(bad()),
+    };
+    if prompts.len() > MAX_PROMPTS {
+        return Err(OaiError::invalid(
+            Some("prompt"),
+            format!("at most {MAX_PROMPTS} prompts per request"),
+        ));
+    }
+    Ok(prompts)
+}
+
+/// The chat messages of a request; `content` may be a string or a list of text parts.
+pub fn chat_messages(body: &Body) -> OaiResult<Vec<Message>> {
+    let list: Vec<Value> = body.require("messages")?;
+    if list.is_empty() {
+        return Err(OaiError::invalid(
+            Some("messages"),
+            "`messages` must have at least one message",
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let param = format!("messages[{i}]");
+            let bad = |what: &str| OaiError::invalid(Some(&param), format!("`{param}`: {what}"));
+            let role = m
+                .get("role")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("needs a string `role`"))?;
+            let content = match m.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match p.get("type").and_then(Value::as_str) {
+                        Some("text") => p
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| bad("a text part needs `text`")),
+                        _ => Err(bad("only text content parts are supported")),
+                    })
+                    .collect::<OaiResult<Vec<_>>>()?
+                    .concat(),
+                Some(_) => return Err(bad("`content` must be a string or a list of parts")),
+            };
+            Ok(Message {
+                role: role.to_owned(),
+                content,
+            })
+        })
+        .collect()
+}
+
+/// Token ids of `text` with the model's tokenizer.
+pub fn encode(model: &ServedModel, text: &str, param: &str) -> OaiResult<Vec<i64>> {
+    let ids = model
+        .tokenizer
+        .encode(text)
+        .map_err(|e| OaiError::invalid(Some(param), format!("cannot tokenize `{param}`: {e}")))?;
+    Ok(ids.into_iter().map(i64::from).collect())
+}
+
+/// The number of new tokens a prompt may get: `max_tokens` (or the endpoint's default), capped
+/// so that prompt + completion fit in the context. A prompt that fills the context is a 400.
+pub fn token_budget(
+    prompt_len: usize,
+    model: &ServedModel,
+    opts: &GenOptions,
+    api: Api,
+) -> OaiResult<usize> {
+    let param = match api {
+        Api::Completions => "prompt",
+        Api::Chat => "messages",
+    };
+    if prompt_len == 0 {
+        return Err(OaiError::invalid(Some(param), "the prompt is empty"));
+    }
+    if prompt_len >= model.context {
+        return Err(OaiError::invalid(
+            Some(param),
+            format!(
+                "This model's maximum context length is {} tokens, but the prompt has {prompt_len} tokens",
+                model.context
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let room = model.context - prompt_len;
+    let default = match api {
+        // OpenAI's default for the legacy endpoint.
+        Api::Completions => 16,
+        Api::Chat => room,
+    };
+    Ok(opts.max_tokens.unwrap_or(default).min(room))
+}

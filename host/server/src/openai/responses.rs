@@ -1,0 +1,213 @@
+//! Response bodies and stream chunks, in the shapes OpenAI documents for `/v1/completions`
+//! (`text_completion`) and `/v1/chat/completions` (`chat.completion`,
+//! `chat.completion.chunk`).
+
+use super::generate::{TokenLogprob, Update, Usage};
+use super::request::Api;
+use serde_json::{json, Value};
+
+/// What every body and chunk of one response shares.
+pub struct Header {
+    /// `cmpl-…` / `chatcmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model's name.
+    pub model: String,
+    /// Which endpoint.
+    pub api: Api,
+}
+
+impl Header {
+    /// A fresh header for a response of `model` on `api`.
+    pub fn new(api: Api, model: &str) -> Header {
+        use std::hash::{BuildHasher, RandomState};
+        let now = std::time::SystemTime::now();
+        let created = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let prefix = match api {
+            Api::Completions => "cmpl",
+            Api::Chat => "chatcmpl",
+        };
+        Header {
+            id: format!("{prefix}-{:016x}", RandomState::new().hash_one(now)),
+            created,
+            model: model.to_string(),
+            api,
+        }
+    }
+
+    fn object(&self, streaming: bool) -> &'static str {
+        match (self.api, streaming) {
+            (Api::Completions, _) => "text_completion",
+            (Api::Chat, false) => "chat.completion",
+            (Api::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn wrap(&self, streaming: bool, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(streaming),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+}
+
+/// OpenAI's `usage` object.
+pub fn usage_json(u: Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt,
+        "completion_tokens": u.completion,
+        "total_tokens": u.prompt + u.completion,
+    })
+}
+
+/// Logprobs of some tokens of one choice, in the endpoint's shape.
+fn logprobs_json(api: Api, tokens: &[TokenLogprob]) -> Value {
+    match api {
+        Api::Completions => json!({
+            "tokens": tokens.iter().map(|t| &t.text).collect::<Vec<_>>(),
+            "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+            "top_logprobs": tokens.iter().map(|t| {
+                t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
+            }).collect::<Vec<_>>(),
+            "text_offset": tokens.iter().map(|t| t.offset).collect::<Vec<_>>(),
+        }),
+        Api::Chat => {
+            let entry = |text: &str, lp: f32| json!({ "token": text, "logprob": lp, "bytes": text.as_bytes() });
+            json!({ "content": tokens.iter().map(|t| {
+                let mut e = entry(&t.text, t.logprob);
+                e["top_logprobs"] = t.top.iter().map(|(s, lp)| entry(s, *lp)).collect();
+                e
+            }).collect::<Vec<_>>() })
+        }
+    }
+}
+
+/// One choice collected for a non-streaming response.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<&'static str>,
+}
+
+/// Gathers the updates of a non-streaming request into its response body.
+pub struct Collector {
+    choices: Vec<Choice>,
+    logprobs: bool,
+}
+
+impl Collector {
+    /// For `n` choices; `logprobs` says whether the request asked for them.
+    pub fn new(n: usize, logprobs: bool) -> Collector {
+        Collector {
+            choices: (0..n).map(|_| Choice::default()).collect(),
+            logprobs,
+        }
+    }
+
+    /// Takes one update.
+    pub fn add(&mut self, update: Update) {
+        match update {
+            Update::Delta {
+                index,
+                text,
+                logprobs,
+            } => {
+                self.choices[index].text.push_str(&text);
+                self.choices[index].logprobs.extend(logprobs);
+            }
+            Update::Finish { index, reason } => self.choices[index].finish = Some(reason),
+        }
+    }
+
+    /// The response body.
+    pub fn body(self, header: &Header, usage: Usage) -> Value {
+        let api = header.api;
+        let choices = self
+            .choices
+            .into_iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let logprobs = if self.logprobs {
+                    logprobs_json(api, &c.logprobs)
+                } else {
+                    Value::Null
+                };
+                match api {
+                    Api::Completions => json!({
+                        "index": index, "text": c.text, "logprobs": logprobs,
+                        "finish_reason": c.finish,
+                    }),
+                    Api::Chat => json!({
+                        "index": index,
+                        "message": { "role": "assistant", "content": c.text },
+                        "logprobs": logprobs, "finish_reason": c.finish,
+                    }),
+                }
+            })
+            .collect();
+        let mut body = header.wrap(false, choices);
+        body["usage"] = usage_json(usage);
+        body
+    }
+}
+
+/// The stream chunk for one update.
+pub fn chunk(header: &Header, update: &Update, logprobs: bool) -> Value {
+    let api = header.api;
+    let choice = match update {
+        Update::Delta {
+            index,
+            text,
+            logprobs: lps,
+        } => {
+            let lp = if logprobs {
+                logprobs_json(api, lps)
+            } else {
+                Value::Null
+            };
+            match api {
+                Api::Completions => {
+                    json!({ "index": index, "text": text, "logprobs": lp, "finish_reason": null })
+                }
+                Api::Chat => json!({
+                    "index": index, "delta": { "content": text }, "logprobs": lp,
+                    "finish_reason": null,
+                }),
+            }
+        }
+        Update::Finish { index, reason } => match api {
+            Api::Completions => {
+                json!({ "index": index, "text": "", "logprobs": null, "finish_reason": reason })
+            }
+            Api::Chat => {
+                json!({ "index": index, "delta": {}, "logprobs": null, "finish_reason": reason })
+            }
+        },
+    };
+    header.wrap(true, vec![choice])
+}
+
+/// The first chunk of each chat choice: the assistant's role.
+pub fn role_chunk(header: &Header, index: usize) -> Value {
+    header.wrap(
+        true,
+        vec![json!({
+            "index": index, "delta": { "role": "assistant", "content": "" },
+            "logprobs": null, "finish_reason": null,
+        })],
+    )
+}
+
+/// The last chunk when the client asked for `stream_options.include_usage`.
+pub fn usage_chunk(header: &Header, usage: Usage) -> Value {
+    let mut c = header.wrap(true, vec![]);
+    c["usage"] = usage_json(usage);
+    c
+}

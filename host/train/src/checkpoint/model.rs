@@ -1,0 +1,62 @@
+//! A checkpoint as a model to run: the model plugin rebuilt from the run's saved config, its
+//! parameters from the checkpoint's `model/<name>` tensors. Export and serving both start here.
+
+use super::{load_dir, CheckpointError};
+use anneal_config::{resolve_with_env, Source};
+use anneal_engine::Tensor;
+use anneal_runtime::plugins::{find, PluginModel};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The model of one checkpoint step.
+pub struct CheckpointModel {
+    /// The model plugin instance (plugin, flavor and args of the run's config).
+    pub model: PluginModel,
+    /// Its parameters, by the plugin's names.
+    pub params: HashMap<String, Tensor>,
+    /// The step the checkpoint was taken at.
+    pub step: u64,
+    /// The run's `tokenizer.json` (`<run_dir>/tokenizer.json`), when the run kept one.
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// Loads (and verifies) the checkpoint in `step_dir`, a `<run_dir>/checkpoints/step-<N>`
+/// directory, and rebuilds its model.
+pub fn load_model(step_dir: &Path) -> Result<CheckpointModel, CheckpointError> {
+    let loaded = load_dir(step_dir)?;
+    let fail = |m: String| CheckpointError::Mismatch(format!("{}: {m}", step_dir.display()));
+    let cfg = resolve_with_env(
+        Source::Text {
+            text: &loaded.state.config,
+            name: "the checkpoint's config",
+        },
+        &[],
+        &[],
+    )
+    .map_err(|e| fail(e.to_string()))?;
+    let plugin = find(&cfg.model.plugin).map_err(|e| fail(e.to_string()))?;
+    let args = serde_json::Value::Object(cfg.model.args.clone());
+    let inst = plugin
+        .create(Some(&cfg.model.flavor), &args)
+        .map_err(|e| fail(e.to_string()))?;
+    let model = PluginModel::new(plugin.name(), inst).map_err(|e| fail(e.to_string()))?;
+    let mut params = HashMap::new();
+    for p in &model.spec().params {
+        let t = loaded
+            .tensors
+            .get(&format!("model/{}", p.name))
+            .ok_or_else(|| fail(format!("no parameter {}", p.name)))?;
+        params.insert(p.name.clone(), t.clone());
+    }
+    let tokenizer = step_dir
+        .parent()
+        .and_then(Path::parent)
+        .map(|run| run.join("tokenizer.json"))
+        .filter(|p| p.is_file());
+    Ok(CheckpointModel {
+        model,
+        params,
+        step: loaded.state.step,
+        tokenizer,
+    })
+}
