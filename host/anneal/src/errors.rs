@@ -69,11 +69,11 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
     }
     if let Some(s) = e.downcast_ref::<anneal_server::ServeError>() {
         use anneal_server::ServeError as S;
-        // The address, token and home are what the user chose; a registry or run that cannot
-        // be opened or reconciled is the server's failure.
+        // The address, token, home and models are what the user chose; a registry or run that
+        // cannot be opened or reconciled is the server's failure.
         return Some(matches!(
             s,
-            S::NeedsToken(_) | S::Bind { .. } | S::Home { .. } | S::HomeInUse(_)
+            S::NeedsToken(_) | S::Bind { .. } | S::Home { .. } | S::HomeInUse(_) | S::Model(_)
         ));
     }
     if let Some(l) = e.downcast_ref::<anneal_reward::LoadError>() {
