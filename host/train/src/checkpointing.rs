@@ -96,12 +96,19 @@ pub fn resume(
     Ok(resumed)
 }
 
-/// Drops the rows of `metrics.jsonl` past `step` (all of them for `None`), written after the
-/// checkpoint by a run that then died, so the resumed curve continues without duplicates.
-/// Rewrites the file atomically; returns how many rows it dropped.
+/// Drops the rows of `metrics.jsonl` (and of an RL run's `samples.jsonl`) past `step` (all of
+/// them for `None`), written after the checkpoint by a run that then died, so the resumed curve
+/// continues without duplicates. Rewrites the files atomically; returns how many metric rows it
+/// dropped.
 pub fn keep_metrics_up_to(run_dir: &Path, step: Option<u64>) -> Result<usize, TrainError> {
-    let path = run_dir.join("metrics.jsonl");
-    let Ok(text) = std::fs::read_to_string(&path) else {
+    keep_rows_up_to(&run_dir.join("samples.jsonl"), step)?;
+    keep_rows_up_to(&run_dir.join("metrics.jsonl"), step)
+}
+
+/// Keeps the JSON lines of `path` whose `step` is at most `step` (none for `None`); a missing
+/// file is left missing. Returns how many rows it dropped.
+fn keep_rows_up_to(path: &Path, step: Option<u64>) -> Result<usize, TrainError> {
+    let Ok(text) = std::fs::read_to_string(path) else {
         return Ok(0);
     };
     let mut dropped = 0;
@@ -119,9 +126,9 @@ pub fn keep_metrics_up_to(run_dir: &Path, step: Option<u64>) -> Result<usize, Tr
         })
         .flat_map(|l| [l, "\n"])
         .collect();
-    let tmp = run_dir.join("metrics.jsonl.tmp");
+    let tmp = path.with_extension("jsonl.tmp");
     std::fs::write(&tmp, kept).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))?;
     Ok(dropped)
 }
 
