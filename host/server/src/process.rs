@@ -1,8 +1,9 @@
 //! The processes behind runs. Each run is a small supervisor process (`anneal supervise`) that
-//! leads its own process group, starts `anneal train`, forwards a stop request to it once, and
+//! leads its own process group, starts `anneal train` (or `anneal rl`), forwards a stop request to it once, and
 //! writes `<run_dir>/exit.json` when the trainer exits. The exit record outlives the server: a
 //! server restarted while runs were active reads it to tell `stopped` from `failed`.
 
+use crate::config::Kind;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::Write;
@@ -131,13 +132,14 @@ pub fn supervise(run_dir: &Path, exe: &Path, args: &[OsString]) -> std::io::Resu
     Ok(record.code.unwrap_or(1))
 }
 
-/// The command line that starts a run: `exe supervise --run-dir DIR -- train CONFIG --set ..
+/// The command line that starts a run: `exe supervise --run-dir DIR -- train|rl CONFIG --set ..
 /// --run-dir DIR`, in its own process group so that a terminal's Ctrl-C to the server does not
 /// reach it and a forced stop can kill the whole group.
 pub fn run_command(
     exe: &Path,
     work_dir: &Path,
     run_dir: &Path,
+    kind: Kind,
     config_file: &Path,
     overrides: &[String],
 ) -> tokio::process::Command {
@@ -146,7 +148,7 @@ pub fn run_command(
         .arg("--run-dir")
         .arg(run_dir)
         .arg("--")
-        .arg("train")
+        .arg(kind.as_str())
         .arg(config_file);
     for o in overrides {
         cmd.arg("--set").arg(o);

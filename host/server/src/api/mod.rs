@@ -123,6 +123,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/runs/{id}/metrics", get(runs::metrics))
         .route("/runs/{id}/logs", get(runs::logs))
         .route("/runs/{id}/checkpoints", get(runs::checkpoints))
+        .route("/runs/{id}/samples", get(runs::samples))
         .route("/runs/{id}/generate", post(runs::generate))
         .route("/runs/{id}/events", get(events::run_events))
         .route(
@@ -131,6 +132,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
                 .post(rewards::upload)
                 .layer(DefaultBodyLimit::max(upload_limit)),
         )
+        .route("/rewards/score", post(rewards::score))
         .route("/rewards/{id}", get(rewards::show).delete(rewards::delete))
         .route("/rewards/{id}/test", post(rewards::test))
         .fallback(|| async { ApiError::not_found("no such API endpoint") })

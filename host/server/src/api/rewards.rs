@@ -1,10 +1,12 @@
 //! Reward modules: upload (size-limited, compiled and checked against the reward ABI before it is
-//! stored), list, show, delete, and score sample inputs.
+//! stored), list, show, delete, score sample inputs with one module, and score them with several
+//! combined as an RL run combines them (`anneal_reward::RewardSet`).
 
+use super::configs::RewardPick;
 use super::{parse_id, ApiError, ApiResult};
 use crate::registry::Reward;
 use crate::AppState;
-use anneal_reward::{ModuleKind, RewardModule, ScoreInput};
+use anneal_reward::{MemberSpec, ModuleKind, RewardModule, RewardSet, ScoreInput};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
@@ -141,11 +143,7 @@ pub async fn delete(
     let reward = find_reward(&state, &id)?;
     let shared = state.registry.delete_reward(reward.id, &reward.sha256)?;
     if !shared {
-        let path = state
-            .options
-            .rewards_dir()
-            .join(format!("{}.wasm", reward.sha256));
-        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(state.stored_reward_path(&reward));
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -184,11 +182,62 @@ pub async fn test(
     Ok(Json(value))
 }
 
+/// `POST /api/rewards/score` body: modules with weights, the reward of a failed call, inputs.
+#[derive(Deserialize)]
+pub struct ScoreRequest {
+    rewards: Vec<RewardPick>,
+    #[serde(default)]
+    error_reward: f64,
+    inputs: Vec<ScoreInput>,
+}
+
+/// Scores each input with several modules combined by the RL rule: per input the combined
+/// `reward`, `correct` and each module's part.
+pub async fn score(
+    State(state): State<Arc<AppState>>,
+    Json(request): Json<ScoreRequest>,
+) -> ApiResult<Json<Value>> {
+    if request.inputs.is_empty() || request.inputs.len() > MAX_TEST_INPUTS {
+        return Err(ApiError::bad_request(format!(
+            "send between 1 and {MAX_TEST_INPUTS} inputs"
+        )));
+    }
+    if request.rewards.is_empty() {
+        return Err(ApiError::bad_request(
+            "pick at least one reward module: \"rewards\":[{\"id\":1,\"weight\":1.0}]",
+        ));
+    }
+    if !request.error_reward.is_finite() {
+        return Err(ApiError::bad_request(
+            "error_reward must be a finite number",
+        ));
+    }
+    let mut specs = Vec::with_capacity(request.rewards.len());
+    for pick in &request.rewards {
+        let reward = find_reward(&state, &pick.id.to_string())?;
+        specs.push(MemberSpec {
+            path: state.stored_reward_path(&reward),
+            name: reward.name,
+            weight: pick.weight,
+        });
+    }
+    let value = tokio::task::spawn_blocking(move || {
+        let set = RewardSet::load(state.sandbox()?.clone(), &specs, request.error_reward)
+            .map_err(|e| invalid(e.to_string()))?;
+        let results: Vec<Value> = request
+            .inputs
+            .iter()
+            .map(|input| set.score(input).to_json())
+            .collect();
+        Ok::<_, ApiError>(json!({ "results": results }))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("scoring failed: {e}")))??;
+    Ok(Json(value))
+}
+
 fn load_stored(state: &AppState, reward: &Reward) -> ApiResult<RewardModule> {
-    let path = state
-        .options
-        .rewards_dir()
-        .join(format!("{}.wasm", reward.sha256));
+    let path = state.stored_reward_path(reward);
     let bytes = std::fs::read(&path)
         .map_err(|e| ApiError::internal(format!("cannot read {}: {e}", path.display())))?;
     state
