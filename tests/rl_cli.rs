@@ -1,7 +1,8 @@
 //! `anneal rl` end to end on a tiny Llama with a WebAssembly reward: a run cut short and
 //! continued in the same run dir logs exactly the metrics of an uninterrupted one, and its
 //! checkpoints serve export, generation and a later run's `rl.init_from`; reward calls that trap
-//! or never return are counted per kind while the run completes.
+//! or never return are counted per kind while the run completes; `samples.jsonl` records each
+//! module's score and error, stays bounded, and is cut back to the checkpoint on resume.
 
 use anneal_tests::cli as common;
 
@@ -116,6 +117,8 @@ max_staleness = 0
 rollout_threads = 1
 eval_freq = 2
 eval_prompts = 8
+samples_every = 2
+samples_per_step = 6
 "#,
             tok = dir.join("tokenizer.json").display(),
             reward = dir.join("reward.wat").display(),
@@ -153,6 +156,15 @@ fn computed_rows(run_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The rows of `samples.jsonl`.
+fn samples(run_dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run_dir.join("samples.jsonl"))
+        .expect("samples.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
 fn json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
@@ -171,10 +183,30 @@ fn a_run_cut_short_resumes_with_identical_metrics_and_checkpoints_serve_later_ru
     );
     assert!(want.iter().any(|r| r["grad_norm"].as_f64() > Some(0.0)));
 
+    // Samples of steps 1, 2, 4, 6 and 8 (`samples_every = 2`), 6 of each step's 8.
+    let want_samples = samples(&reference);
+    let sample_steps: Vec<u64> = want_samples
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    let expected: Vec<u64> = [1, 2, 4, 6, 8].iter().flat_map(|&s| [s; 6]).collect();
+    assert_eq!(sample_steps, expected);
+    let first = &want_samples[0];
+    assert!(first["prompt"].as_str().unwrap().ends_with('='), "{first}");
+    assert!(first["completion"].is_string() && first["reward"].is_number());
+    assert_eq!(first["scores"][0]["name"], "reward.wat");
+    assert_eq!(first["scores"][0]["weight"], 1.0);
+    assert_eq!(first["scores"][0]["score"], first["reward"]);
+    assert_eq!(first["scores"][0]["error"], Value::Null);
+
     // Stopped after step 4 (its last step, so saved), then continued by a longer command.
     let (out, run) = job.run("resumed", &["training.steps=4"]);
     ok(&out);
     assert!(run.join("checkpoints/step-4").is_dir());
+    // Samples a process wrote after its last checkpoint before dying are dropped on resume.
+    let mut partial = std::fs::read_to_string(run.join("samples.jsonl")).unwrap();
+    partial.push_str("{\"step\":6,\"prompt\":\"written after the checkpoint\"}\n");
+    std::fs::write(run.join("samples.jsonl"), partial).unwrap();
     let (out, _) = job.run("resumed", &[]);
     let stdout = ok(&out);
     let resumed_from = format!(
@@ -186,6 +218,11 @@ fn a_run_cut_short_resumes_with_identical_metrics_and_checkpoints_serve_later_ru
         computed_rows(&run),
         want,
         "the resumed run's metrics differ"
+    );
+    assert_eq!(
+        samples(&run),
+        want_samples,
+        "the resumed run's samples differ"
     );
 
     // keep_latest = 3 of the saves at 3, 4, 6 and 8.
@@ -259,6 +296,8 @@ fn trapping_and_endless_rewards_are_counted_and_the_run_completes() {
             "rl.group_size=2",
             "rl.eval_freq=0",
             "checkpoint.interval=0",
+            "rl.samples_every=1",
+            "rl.samples_per_step=100",
         ],
     );
     let stdout = ok(&out);
@@ -271,4 +310,18 @@ fn trapping_and_endless_rewards_are_counted_and_the_run_completes() {
         assert_eq!(r["reward_timeouts"], 2, "{r}");
     }
     assert!(run.join("checkpoints/step-3/manifest.json").is_file());
+    // Each sample says which module failed and how; a failed call counts as the error reward.
+    let all = samples(&run);
+    assert_eq!(all.len(), 3 * 6);
+    for s in &all {
+        let module = &s["scores"][0];
+        let (error, reward) = match s["prompt"].as_str().unwrap() {
+            "trap 31=" => (Value::from("trap"), -1.0),
+            "loop 21=" => (Value::from("timeout"), -1.0),
+            _ => (Value::Null, module["score"].as_f64().unwrap()),
+        };
+        assert_eq!(module["error"], error, "{s}");
+        assert_eq!(s["reward"], reward, "{s}");
+        assert_eq!(module["message"].is_string(), !error.is_null(), "{s}");
+    }
 }

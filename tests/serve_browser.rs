@@ -1,14 +1,16 @@
 //! The browser UI in real headless Chromium: `web/tests/browser.mjs` (playwright-core) drives a
-//! real `anneal serve` with real training runs (and samples from a real checkpoint). Needs Debian's `chromium` and `npm install` in
-//! `web/` (both done by `scripts/setup.sh`). Screenshots land in `web/tests/screenshots/`.
+//! real `anneal serve` with real training runs (and samples from a real checkpoint), then RL
+//! runs started from the form with uploaded reward modules, their charts, samples view and
+//! comparison, and the charts' axes. Needs Debian's `chromium` and `npm install` in `web/` (both
+//! done by `scripts/setup.sh`). Screenshots land in `web/tests/screenshots/`.
 
 use anneal_tests::serve as serve_common;
 
-use serve_common::{repo, temp_home, tiny_configs, Server};
+use serve_common::{add_rl_config, repo, temp_home, tiny_configs, Server, LENGTH_PARITY_WAT};
 use std::process::Command;
 
 #[test]
-fn the_ui_creates_watches_stops_resumes_and_compares_runs() {
+fn the_ui_creates_watches_stops_resumes_and_compares_training_and_rl_runs() {
     let root = repo();
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     let playwright = root.join("web/node_modules/playwright-core");
@@ -18,6 +20,15 @@ fn the_ui_creates_watches_stops_resumes_and_compares_runs() {
     );
     let home = temp_home("browser");
     let configs = tiny_configs(&home);
+    add_rl_config(&configs);
+    let parity = home.join("length_parity.wat");
+    std::fs::write(&parity, LENGTH_PARITY_WAT).expect("write the reward module");
+    let rl_rewards = format!(
+        "{}\n{}",
+        root.join("reward-wasm/examples/position_match/reward.wat")
+            .display(),
+        parity.display()
+    );
     let server = Server::start(
         &home,
         &[
@@ -49,6 +60,7 @@ fn the_ui_creates_watches_stops_resumes_and_compares_runs() {
             "ANNEAL_REWARD_MODULE",
             root.join("reward-wasm/examples/wat/reward.wat"),
         )
+        .env("ANNEAL_RL_REWARDS", &rl_rewards)
         .output()
         .expect("run node (install Node.js)");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -60,6 +72,11 @@ fn the_ui_creates_watches_stops_resumes_and_compares_runs() {
         "02-run-live",
         "04-compare",
         "05-runs-table",
+        "08-new-rl-run",
+        "09-rl-run",
+        "10-rl-samples",
+        "11-rl-compare",
+        "12-chart-axes",
     ] {
         assert!(shots.join(format!("{shot}.png")).is_file(), "{shot}.png");
     }

@@ -42,12 +42,82 @@ function yRange(u, min, max) {
 }
 
 /**
+ * Tick labels for `splits` (multiples of `incr`): the fewest decimals (or, for magnitudes below
+ * 0.01 or from 1e6 up, significant digits in exponent form) with which every label reads back
+ * as its tick. uPlot's default formatter rounds to 3 decimals, which turns the ticks of a
+ * learning rate near 1e-3 into "0.001, 0.001, 0".
+ */
+export function formatTicks(splits, incr) {
+  const finite = splits.filter((v) => v !== null && Number.isFinite(v));
+  const magnitude = Math.max(0, ...finite.map(Math.abs));
+  const exp = magnitude !== 0 && (magnitude < 1e-2 || magnitude >= 1e6);
+  const tolerance = Math.abs(incr || magnitude || 1) * 1e-3;
+  const label = (v, d) => {
+    if (v === null || !Number.isFinite(v)) return '';
+    if (Math.abs(v) < tolerance) return '0';
+    return exp ? v.toExponential(d).replace('e+', 'e') : v.toFixed(d);
+  };
+  for (let d = 0; d <= 15; d++) {
+    const labels = splits.map((v) => label(v, d));
+    if (splits.every((v, i) => v === null || !Number.isFinite(v) || Math.abs(Number(labels[i]) - v) <= tolerance)) return labels;
+  }
+  return splits.map((v) => label(v, 15));
+}
+
+const BYTE_UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+
+/** The binary unit (an index into BYTE_UNITS) bytes of this magnitude read in. */
+function byteUnit(magnitude) {
+  let k = 0;
+  while (k < BYTE_UNITS.length - 1 && magnitude >= 1024 ** (k + 1)) k++;
+  return k;
+}
+
+/** The unit of a byte axis: that of its scale's larger end. */
+function axisByteUnit(u) {
+  const { min, max } = u.scales.y;
+  return byteUnit(Math.max(Math.abs(min ?? 0), Math.abs(max ?? 0)));
+}
+
+/**
+ * Tick steps of a byte axis: 1, 2 and 5 times powers of ten of the axis' unit (and at least a
+ * byte), so that ticks fall on round numbers of what the labels show (0.05 MiB, 1 MiB, 2 GiB)
+ * rather than on round numbers of bytes.
+ */
+export function byteIncrs(u) {
+  const scale = 1024 ** axisByteUnit(u);
+  const out = [];
+  for (let e = -6; e <= 6; e++) for (const m of [1, 2, 5]) out.push(m * 10 ** e * scale);
+  return out.filter((incr) => incr >= 1);
+}
+
+/**
+ * Byte tick labels in the axis' one unit, with the decimals that unit needs ("445 MiB, 446 MiB"
+ * or "1.35 MiB, 1.40 MiB"), never a mix of units or digits lost to rounding.
+ */
+export function formatBytesTicks(splits, incr, k) {
+  const scale = 1024 ** k;
+  const numbers = formatTicks(splits.map((v) => (v === null ? null : v / scale)), incr / scale);
+  return numbers.map((n) => (n === '' ? '' : `${n} ${BYTE_UNITS[k]}`));
+}
+
+let measureCtx = null;
+/** The width in CSS pixels of `text` in the canvas font `font`. */
+function textWidth(text, font) {
+  measureCtx ??= document.createElement('canvas').getContext('2d');
+  measureCtx.font = font;
+  return measureCtx.measureText(text).width;
+}
+
+/**
  * A line chart in `container`: `set(seriesPoints)` replaces its data. The container gets
- * `data-points` (points of the first series) and `data-series` (series with points) so that
- * tests can see the chart fill up.
+ * `data-points` (points of the first series), `data-series` (series with points), and after
+ * each draw `data-y-ticks` (the y tick labels as drawn, JSON), `data-y-axis` and
+ * `data-y-labels` (the y axis' width and its widest label's, in CSS pixels), so that tests can
+ * see the chart fill up and read its axis.
  */
 export class LineChart {
-  constructor(container, { title, labels, height = 200, yFormat } = {}) {
+  constructor(container, { title, labels, height = 200, yFormat, bytes = false } = {}) {
     this.container = container;
     this.labels = labels;
     container.classList.add('chart');
@@ -55,19 +125,40 @@ export class LineChart {
     this.target = document.createElement('div');
     container.append(this.target);
     const width = Math.max(300, container.clientWidth - 24 || 400);
+    const ticks = bytes ? (u, splits, incr) => formatBytesTicks(splits, incr, axisByteUnit(u)) : (u, splits, incr) => formatTicks(splits, incr);
+    const value = (u, v) => (v === null || v === undefined ? '–' : yFormat ? yFormat(v) : formatValue(v));
     this.plot = new uPlot({
       width,
       height,
       scales: { x: { time: false }, y: { range: yRange } },
       axes: [
         { label: 'step' },
-        { size: 60, values: yFormat ? (u, vals) => vals.map(yFormat) : undefined },
+        {
+          incrs: bytes ? byteIncrs : undefined,
+          values: (u, splits, axisIdx, space, incr) => ticks(u, splits, incr),
+          // As wide as the widest label: a fixed width cut "447.8 MiB" down to "7.8 MiB".
+          size: (u, values, axisIdx) => {
+            if (!values) return 50;
+            const axis = u.axes[axisIdx];
+            const font = axis.font ? axis.font[0].replace(/[\d.]+px/, `${axis.font[2]}px`) : '12px sans-serif';
+            const widest = Math.max(0, ...values.map((v) => textWidth(String(v), font)));
+            this.container.dataset.yLabels = String(Math.ceil(widest));
+            return Math.ceil(widest + (axis.ticks?.size ?? 10) + (axis.gap ?? 5) + 6);
+          },
+        },
       ],
       series: [
         { label: 'step' },
-        ...labels.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: false } })),
+        ...labels.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: false }, value })),
       ],
       legend: { live: true },
+      hooks: {
+        draw: [(u) => {
+          const y = u.axes[1];
+          this.container.dataset.yTicks = JSON.stringify(y._values || []);
+          this.container.dataset.yAxis = String(Math.round(y._size || 0));
+        }],
+      },
     }, align(labels.map(() => [])), this.target);
     this.set(labels.map(() => []));
     new ResizeObserver(() => {
@@ -81,6 +172,14 @@ export class LineChart {
     this.container.dataset.points = String(seriesPoints[0] ? seriesPoints[0].length : 0);
     this.container.dataset.series = String(seriesPoints.filter((p) => p.length > 0).length);
   }
+}
+
+/** A legend value: four significant digits (uPlot's default keeps only three decimals). */
+export function formatValue(v) {
+  if (!Number.isFinite(v)) return String(v);
+  if (Number.isInteger(v) && Math.abs(v) < 1e6) return String(v);
+  const a = Math.abs(v);
+  return a !== 0 && (a < 1e-2 || a >= 1e6) ? v.toExponential(3) : String(Number(v.toPrecision(4)));
 }
 
 /** A tiny axis-less curve (the runs table's mini-curves). */

@@ -1,15 +1,23 @@
-// Compare runs: pick runs and a metric; their curves are overlaid on one chart per metric.
-import { api, el, layout, param, statusBadge, every, showError } from './app.js';
+// Compare runs (training and RL): pick runs and metrics; their curves are overlaid on one chart
+// per metric.
+import { api, el, layout, param, statusBadge, every, showError, fmtBytes } from './app.js';
 import { LineChart, pointsOf } from './charts.js';
 
 const main = layout();
-const METRICS = ['loss', 'val_loss', 'lr', 'grad_norm', 'tokens_per_s', 'mfu', 'mem_peak_bytes'];
+const TRAIN_METRICS = ['loss', 'val_loss', 'lr', 'grad_norm', 'tokens_per_s', 'mfu', 'mem_peak_bytes'];
+const RL_METRICS = ['reward_mean', 'reward_std', 'accuracy', 'eval_accuracy', 'response_len_mean', 'entropy', 'kl_ref',
+  'logprob_mismatch_max', 'staleness_mean', 't_rollout', 't_reward', 't_train', 'samples_per_s'];
+const METRICS = [...TRAIN_METRICS, ...RL_METRICS.filter((m) => !TRAIN_METRICS.includes(m))];
+// An RL run's row at step 0 carries only the held-out accuracy before training.
+const pointsFor = (rows, metric) => pointsOf(metric === 'eval_accuracy' ? rows : rows.filter((r) => r.step > 0 || !('reward_mean' in r)), metric);
 const chosen = new Set((param('ids') || '').split(',').map(Number).filter((n) => n > 0));
 const picks = el('div', { class: 'pill-list', id: 'run-picks' });
 const metricPicks = el('div', { class: 'pill-list', id: 'metric-picks' });
 const chartsBox = el('div', { class: 'charts', id: 'charts' });
 const message = el('div');
 const shownMetrics = new Set(['loss', 'val_loss']);
+const metricBoxes = new Map();
+let rlDefaults = false;
 
 main.append(
   el('h1', {}, 'Compare runs'),
@@ -19,10 +27,22 @@ main.append(
 );
 
 for (const m of METRICS) {
-  metricPicks.append(el('label', {}, el('input', { type: 'checkbox', checked: shownMetrics.has(m), onchange: (e) => {
+  const box = el('input', { type: 'checkbox', 'data-metric': m, checked: shownMetrics.has(m), onchange: (e) => {
     if (e.target.checked) shownMetrics.add(m); else shownMetrics.delete(m);
     draw();
-  } }), m));
+  } });
+  metricBoxes.set(m, box);
+  metricPicks.append(el('label', {}, box, m));
+}
+
+/** The first time an RL run is among the chosen, its headline metrics are shown too. */
+function showRlDefaults() {
+  if (rlDefaults || ![...chosen].some((id) => (runs.find((r) => r.id === id) || {}).kind === 'rl')) return;
+  rlDefaults = true;
+  for (const m of ['reward_mean', 'eval_accuracy']) {
+    shownMetrics.add(m);
+    metricBoxes.get(m).checked = true;
+  }
 }
 
 let runs = [];
@@ -49,6 +69,7 @@ async function refresh() {
     if (data.has(id) && run && run.status !== 'running' && run.status !== 'queued') return;
     data.set(id, await api(`/api/runs/${id}/metrics?max_points=2000`));
   }));
+  showRlDefaults();
   draw();
 }
 
@@ -61,11 +82,11 @@ function draw() {
   const labels = ids.map((id) => `${id} · ${(runs.find((r) => r.id === id) || {}).name || ''}`);
   chartsBox.replaceChildren();
   for (const metric of METRICS.filter((m) => shownMetrics.has(m))) {
-    const series = ids.map((id) => pointsOf(data.get(id), metric));
+    const series = ids.map((id) => pointsFor(data.get(id), metric));
     if (!series.some((s) => s.length)) continue;
     const box = el('div', { 'data-chart': metric });
     chartsBox.append(box);
-    new LineChart(box, { title: metric, labels }).set(series);
+    new LineChart(box, { title: metric, labels, bytes: metric === 'mem_peak_bytes', yFormat: metric === 'mem_peak_bytes' ? fmtBytes : undefined }).set(series);
   }
   if (!chartsBox.children.length) {
     chartsBox.append(el('p', { class: 'muted' }, ids.length ? 'No data for these metrics yet.' : 'Pick runs above.'));

@@ -1,23 +1,52 @@
-// One run: live charts (metric rows streamed over Server-Sent Events), status, stop/resume,
-// logs, checkpoints, config, and a sampling box.
+// One run: live charts (metric rows streamed over Server-Sent Events; the RL set for RL runs),
+// status, stop/resume, an RL run's samples, logs, checkpoints, config, and a sampling box.
 import { api, events, el, layout, param, statusBadge, fmt, fmtBytes, fmtTime, fmtDuration, every, showError } from './app.js';
-import { LineChart, pointsOf } from './charts.js';
+import { LineChart, pointsOf, formatValue } from './charts.js';
+import { SamplesView } from './samples.js';
 
 const main = layout();
 const id = param('id');
 
-// The charts every training run has; any other numeric metric (RL metrics, for instance) gets
-// a chart of its own when it first appears.
-const CHARTS = [
-  { id: 'loss', title: 'Loss', keys: ['loss', 'val_loss'], labels: ['train', 'validation'] },
-  { id: 'lr', title: 'Learning rate', keys: ['lr'] },
-  { id: 'tokens_per_s', title: 'Tokens / s', keys: ['tokens_per_s'] },
-  { id: 'mfu', title: 'MFU', keys: ['mfu'] },
-  { id: 'mem', title: 'Peak memory', keys: ['mem_peak_bytes'], yFormat: fmtBytes },
-  { id: 'grad_norm', title: 'Gradient norm', keys: ['grad_norm'] },
-  { id: 'tflops', title: 'TFLOP/s', keys: ['tflops'] },
+// The charts of a training run; any other numeric metric gets a chart of its own when it
+// first appears. A series is [label, key] or [label, rows => points].
+const TRAIN_CHARTS = [
+  { id: 'loss', title: 'Loss', series: [['train', 'loss'], ['validation', 'val_loss']] },
+  { id: 'lr', title: 'Learning rate', series: [['lr', 'lr']] },
+  { id: 'tokens_per_s', title: 'Tokens / s', series: [['tokens/s', 'tokens_per_s']] },
+  { id: 'mfu', title: 'MFU', series: [['mfu', 'mfu']] },
+  { id: 'mem', title: 'Peak memory', series: [['peak', 'mem_peak_bytes']], bytes: true, yFormat: fmtBytes },
+  { id: 'grad_norm', title: 'Gradient norm', series: [['norm', 'grad_norm']] },
+  { id: 'tflops', title: 'TFLOP/s', series: [['TFLOP/s', 'tflops']] },
 ];
-const NOT_CHARTED = new Set(['step', 'time', 'epoch', 'tokens', 'elapsed_s']);
+
+// An RL run's row at step 0 only carries the held-out accuracy before training: every other
+// series starts at step 1.
+const trained = (rows) => rows.filter((r) => r.step > 0);
+const rewardBand = (sign) => (rows) => trained(rows)
+  .filter((r) => typeof r.reward_mean === 'number' && typeof r.reward_std === 'number')
+  .map((r) => [r.step, r.reward_mean + sign * r.reward_std]);
+const secondsFormat = (v) => `${formatValue(v)} s`;
+const RL_CHARTS = [
+  { id: 'reward', title: 'Reward (mean ± std)', series: [['mean', 'reward_mean'], ['mean + std', rewardBand(1)], ['mean − std', rewardBand(-1)]] },
+  { id: 'accuracy', title: 'Accuracy', series: [['samples', 'accuracy'], ['held-out (greedy)', (rows) => pointsOf(rows, 'eval_accuracy')]] },
+  { id: 'response_len', title: 'Response length (tokens)', series: [['mean', 'response_len_mean']] },
+  { id: 'entropy', title: 'Entropy (nats / token)', series: [['entropy', 'entropy']] },
+  { id: 'kl', title: 'KL to the reference', series: [['k3', 'kl_ref']] },
+  { id: 'mismatch', title: 'Logprob mismatch (max |rollout − trainer|)', series: [['max', 'logprob_mismatch_max']] },
+  { id: 'staleness', title: 'Staleness (policy versions)', series: [['mean', 'staleness_mean']] },
+  { id: 'timings', title: 'Time per step, by phase', series: [['rollout', 't_rollout'], ['reward', 't_reward'], ['train', 't_train'], ['wait', 't_wait']], yFormat: secondsFormat },
+  { id: 'loss', title: 'Loss', series: [['loss', 'loss']] },
+  { id: 'grad_norm', title: 'Gradient norm', series: [['norm', 'grad_norm']] },
+  { id: 'lr', title: 'Learning rate', series: [['lr', 'lr']] },
+  { id: 'samples_per_s', title: 'Samples / s', series: [['samples/s', 'samples_per_s']] },
+  { id: 'reward_errors', title: 'Reward errors', series: [['errors', 'reward_errors'], ['of which timeouts', 'reward_timeouts']] },
+  { id: 'dropped', title: 'Dropped', series: [['groups (equal rewards)', 'dropped_groups'], ['stale rollouts', 'dropped_stale']] },
+];
+const NOT_CHARTED = new Set(['step', 'time', 'epoch', 'tokens', 'elapsed_s', 'reward_std']);
+
+function seriesPoints(spec, rows) {
+  return spec.series.map(([, key]) => (typeof key === 'function' ? key(rows) : pointsOf(spec.rl ? trained(rows) : rows, key)));
+}
 
 const title = el('span', {}, `Run ${id}`);
 const badge = el('span', { id: 'run-status' });
@@ -27,6 +56,7 @@ const compareLink = el('a', { class: 'button', href: `/compare.html?ids=${id}` }
 const message = el('div');
 const facts = el('div', { class: 'muted', id: 'run-facts' });
 const chartsBox = el('div', { class: 'charts', id: 'charts' });
+const samplesBox = el('div', { class: 'panel', id: 'samples', hidden: true, style: 'margin-top:16px' });
 const logs = el('pre', { class: 'logs', id: 'logs' });
 const ckptBody = el('tbody');
 const configText = el('pre', { class: 'toml', id: 'config' });
@@ -36,6 +66,7 @@ main.append(
   message,
   el('div', { class: 'panel' }, facts),
   chartsBox,
+  samplesBox,
   el('div', { class: 'row', style: 'margin-top:16px' },
     el('div', { class: 'panel grow' }, el('h2', {}, 'Log'), logs),
     el('div', { class: 'panel grow' },
@@ -53,34 +84,48 @@ function chartFor(spec) {
   if (!c) {
     const box = el('div', { 'data-chart': spec.id });
     chartsBox.append(box);
-    c = { spec, chart: new LineChart(box, { title: spec.title, labels: spec.labels || spec.keys, yFormat: spec.yFormat }) };
+    const labels = spec.series.map(([label]) => label);
+    c = { spec, chart: new LineChart(box, { title: spec.title, labels, yFormat: spec.yFormat, bytes: spec.bytes }) };
     charts.set(spec.id, c);
   }
   return c;
 }
 
+const isRl = () => run && run.kind === 'rl';
+
 let drawPending = false;
 function redraw() {
-  if (drawPending) return;
+  if (drawPending || !run) return;
   drawPending = true;
   setTimeout(() => {
     drawPending = false;
+    const chartSet = isRl() ? RL_CHARTS.map((c) => ({ ...c, rl: true })) : TRAIN_CHARTS;
     const present = new Set(rows.flatMap((r) => Object.keys(r)));
-    const known = new Set(CHARTS.flatMap((c) => c.keys));
-    const specs = CHARTS.filter((c) => c.keys.some((k) => present.has(k)));
+    const keysOf = (c) => c.series.map(([, k]) => k).filter((k) => typeof k === 'string');
+    const known = new Set(chartSet.flatMap(keysOf));
+    if (isRl()) ['reward_std', 'eval_accuracy'].forEach((k) => known.add(k));
+    const specs = chartSet.filter((c) => seriesPoints(c, rows).some((p) => p.length));
     for (const key of present) {
       if (!known.has(key) && !NOT_CHARTED.has(key) && rows.some((r) => typeof r[key] === 'number')) {
-        specs.push({ id: key, title: key, keys: [key] });
+        specs.push({ id: key, title: key, series: [[key, key]], rl: isRl() });
       }
     }
-    for (const spec of specs) chartFor(spec).chart.set(spec.keys.map((k) => pointsOf(rows, k)));
+    for (const spec of specs) chartFor(spec).chart.set(seriesPoints(spec, rows));
   }, 150);
 }
 
 let run = null;
+let samplesView = null;
 function showRun(r) {
+  const first = !run;
   run = r;
-  title.textContent = `${r.name} · run ${r.id}`;
+  if (first) redraw();
+  if (r.kind === 'rl' && !samplesView) {
+    samplesView = new SamplesView(samplesBox, id);
+    samplesBox.hidden = false;
+  }
+  if (samplesView) samplesView.refreshIfRunning(r.status);
+  title.textContent = `${r.name} · ${r.kind === 'rl' ? 'RL run' : 'run'} ${r.id}`;
   document.title = `${r.name} · Anneal`;
   badge.replaceChildren(statusBadge(r.status));
   const active = r.status === 'running' || r.status === 'queued';

@@ -1,4 +1,6 @@
-// The runs table: status, progress, latest loss and a live mini-curve of the loss per run.
+// The runs table: kind, status, progress, the latest headline metrics (loss and validation loss
+// of a training run; reward and held-out accuracy of an RL run) and a live mini-curve of the
+// loss (or the mean reward) per run.
 import { api, el, layout, statusBadge, fmt, fmtTime, every, showError } from './app.js';
 import { Sparkline, pointsOf } from './charts.js';
 
@@ -10,7 +12,7 @@ main.append(
   el('h1', {}, 'Runs', el('a', { class: 'button primary', href: '/new.html', id: 'new-run' }, 'New run'), compareButton),
   message,
   el('div', { class: 'panel' }, el('table', { id: 'runs' },
-    el('thead', {}, el('tr', {}, ['', 'id', 'name', 'status', 'step', 'loss', 'val loss', 'curve', 'started', ''].map((h) => el('th', {}, h)))),
+    el('thead', {}, el('tr', {}, ['', 'id', 'name', 'kind', 'status', 'step', 'loss / reward', 'val loss / eval acc', 'curve', 'started', ''].map((h) => el('th', {}, h)))),
     tbody)),
 );
 
@@ -50,6 +52,7 @@ function rowFor(run) {
   const tr = el('tr', { 'data-run': run.id },
     el('td', {}, check), el('td', {}, el('a', { href: `/run.html?id=${run.id}` }, run.id)),
     el('td', {}, el('a', { href: `/run.html?id=${run.id}` }, run.name)),
+    el('td', { class: 'muted', 'data-kind': run.kind }, run.kind),
     cells.status, cells.step, cells.loss, cells.val, el('td', {}, spark), cells.started, cells.actions);
   r = { tr, cells, spark: new Sparkline(spark), lastFetch: 0, status: null };
   rows.set(run.id, r);
@@ -60,7 +63,7 @@ async function refresh() {
   const runs = await api('/api/runs');
   message.replaceChildren();
   if (runs.length === 0) {
-    tbody.replaceChildren(el('tr', {}, el('td', { colspan: 10, class: 'muted' }, 'No runs yet. ', el('a', { href: '/new.html' }, 'Start one.'))));
+    tbody.replaceChildren(el('tr', {}, el('td', { colspan: 11, class: 'muted' }, 'No runs yet. ', el('a', { href: '/new.html' }, 'Start one.'))));
     return;
   }
   const order = [];
@@ -70,8 +73,9 @@ async function refresh() {
     r.cells.status.replaceChildren(statusBadge(run.status));
     if (run.exit_reason) r.cells.status.title = run.exit_reason;
     r.cells.step.textContent = fmt(latest.step);
-    r.cells.loss.textContent = fmt(latest.loss);
-    r.cells.val.textContent = fmt(latest.val_loss);
+    const rl = run.kind === 'rl';
+    r.cells.loss.textContent = fmt(rl ? latest.reward_mean : latest.loss);
+    r.cells.val.textContent = fmt(rl ? latest.eval_accuracy : latest.val_loss);
     r.cells.started.textContent = fmtTime(run.started_at || run.created_at);
     const active = run.status === 'running' || run.status === 'queued';
     r.cells.actions.replaceChildren(
@@ -85,8 +89,9 @@ async function refresh() {
     const stale = Date.now() - r.lastFetch > 4000;
     if ((run.status === 'running' && stale) || r.status !== run.status) {
       r.lastFetch = Date.now();
-      api(`/api/runs/${run.id}/metrics?fields=loss&max_points=80`)
-        .then((m) => r.spark.set(pointsOf(m, 'loss')))
+      const key = rl ? 'reward_mean' : 'loss';
+      api(`/api/runs/${run.id}/metrics?fields=${key}&max_points=80`)
+        .then((m) => r.spark.set(pointsOf(rl ? m.filter((row) => row.step > 0) : m, key)))
         .catch(() => {});
     }
     r.status = run.status;

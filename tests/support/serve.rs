@@ -423,3 +423,70 @@ pub fn tiny_configs(home: &Path) -> PathBuf {
     std::fs::write(dir.join("tiny.toml"), config).expect("config");
     dir
 }
+
+/// Adds `rl_tiny.toml` to the configs folder `configs`: GRPO on the built-in digit-sorting task
+/// for the tiny Llama of `tiny.toml` (the same shapes, so a tiny training run's checkpoint starts
+/// it through `rl.init_from`, its tokenizer found next to the checkpoints). No reward modules
+/// and no starting policy: a run picks them (uploaded modules, a checkpoint). Six steps of
+/// 2 prompts x 4 samples, held-out accuracy every 2 steps, every sample written to
+/// `samples.jsonl`.
+pub fn add_rl_config(configs: &Path) {
+    let config = r#"# RL on the tiny Llama of tiny.toml: pick reward modules and a starting checkpoint.
+[job]
+name = "rl_tiny"
+[model]
+plugin = "llama"
+flavor = "debugmodel"
+args = { dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 320, max_seq_len = 64 }
+[optimizer]
+plugin = "adamw"
+lr = 1e-2
+[lr_scheduler]
+warmup_steps = 0
+decay = "constant"
+[training]
+steps = 6
+seed = 5
+[metrics]
+log_freq = 1
+progress_bar = false
+[rl]
+prepend_eos = true
+group_size = 4
+prompts_per_step = 2
+max_new_tokens = 6
+error_reward = -1.0
+eval_freq = 2
+eval_prompts = 8
+samples_every = 1
+samples_per_step = 8
+"#;
+    std::fs::write(configs.join("rl_tiny.toml"), config).expect("rl config");
+}
+
+/// A reward module (WebAssembly text, core ABI v1) whose score is 0.1 per completion byte; it
+/// reports `correct` when the length is a multiple of 4 and traps when it is odd, so the
+/// samples of an untrained policy mix correct, wrong and erroring ones.
+pub const LENGTH_PARITY_WAT: &str = r#"(module
+  (memory (export "memory") 1)
+  (data (i32.const 16) "{\22correct\22:true}")
+  (data (i32.const 48) "{\22correct\22:false}")
+  (global $next (mut i32) (i32.const 1024))
+  (global $dptr (mut i32) (i32.const 48))
+  (global $dlen (mut i32) (i32.const 17))
+  (func (export "alloc") (param $len i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (global.get $next) (local.get $len)))
+    (local.get $p))
+  (func (export "score")
+    (param $pp i32) (param $pl i32) (param $cp i32) (param $cl i32) (param $mp i32) (param $ml i32)
+    (result f64)
+    (if (i32.and (local.get $cl) (i32.const 1)) (then unreachable))
+    (if (i32.eqz (i32.and (local.get $cl) (i32.const 3)))
+      (then (global.set $dptr (i32.const 16)) (global.set $dlen (i32.const 16))))
+    (f64.mul (f64.const 0.1) (f64.convert_i32_u (local.get $cl))))
+  (func (export "details_ptr") (result i32) (global.get $dptr))
+  (func (export "details_len") (result i32) (global.get $dlen))
+  (func (export "anneal_reward_abi") (result i32) (i32.const 1)))
+"#;

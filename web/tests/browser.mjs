@@ -1,7 +1,10 @@
 // Browser test of the UI in headless Chromium (playwright-core driving Debian's chromium):
 // create a run from the form (with an inline validation error first), watch its chart gain
 // points, stop it, resume it, compare two runs, check the runs table's mini-curves, the plugins
-// page, a reward module upload and test, and the sampling box.
+// page, a reward module upload and test, and the sampling box. Then RL: start an RL run from an
+// [rl] config with uploaded reward modules (weights) and the short run's checkpoint, watch its
+// RL charts, filter its samples (failed, erroring, a step), compare two RL runs; and check that
+// the charts' y axes label every tick distinctly and fit their labels.
 // Saves screenshots of each stage.
 //
 //   node web/tests/browser.mjs http://127.0.0.1:PORT SCREENSHOT_DIR
@@ -9,10 +12,12 @@
 // Environment: ANNEAL_LONG_OVERRIDES and ANNEAL_SHORT_OVERRIDES (newline-separated overrides of
 // a run long enough to stop, and of a short one), ANNEAL_BAD_OVERRIDE (one the config rejects),
 // ANNEAL_BAD_KEY (the key path the error must name), ANNEAL_REWARD_MODULE (a reward module file),
-// CHROMIUM (default /usr/bin/chromium).
+// ANNEAL_RL_REWARDS (newline-separated: position match, then the length-parity module that traps
+// on odd lengths), CHROMIUM (default /usr/bin/chromium). The configs folder must hold tiny.toml
+// and rl_tiny.toml.
 import { chromium } from 'playwright-core';
-import { mkdirSync } from 'node:fs';
-import { join } from 'node:path';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { basename, join } from 'node:path';
 
 const [base, shots] = process.argv.slice(2);
 if (!base || !shots) {
@@ -29,6 +34,7 @@ const shortOverrides = env('ANNEAL_SHORT_OVERRIDES').split('\n').filter(Boolean)
 const badOverride = env('ANNEAL_BAD_OVERRIDE');
 const badKey = env('ANNEAL_BAD_KEY');
 const rewardModule = env('ANNEAL_REWARD_MODULE');
+const rlRewards = env('ANNEAL_RL_REWARDS').split('\n').filter(Boolean);
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
@@ -102,7 +108,7 @@ try {
   const created = await page.evaluate(async (overrides) => {
     const res = await fetch('/api/runs', {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
-      body: JSON.stringify({ name: 'browser-short', config_path: (await (await fetch('/api/configs')).json())[0].path, overrides }),
+      body: JSON.stringify({ name: 'browser-short', config_path: 'configs/tiny.toml', overrides }),
     });
     return { status: res.status, body: await res.json() };
   }, shortOverrides);
@@ -149,6 +155,147 @@ try {
   if (await sample.evaluate((e) => e.classList.contains('error'))) throw new Error(`sampling failed: ${await sample.textContent()}`);
   step(`sampling: ${JSON.stringify(await sample.textContent())}`);
   await shot('07-sampling');
+
+  // 9. An RL run from the form: the [rl] config, two uploaded reward modules (one weighted 0.5),
+  //    the short run's checkpoint as the starting policy.
+  const rewardIds = [];
+  for (const file of rlRewards) {
+    const res = await page.request.post(`${base}/api/rewards?name=${encodeURIComponent(basename(file).replace(/^reward\./, 'position_match.'))}`, { data: readFileSync(file) });
+    if (res.status() !== 201) throw new Error(`uploading ${file}: ${res.status()} ${await res.text()}`);
+    rewardIds.push((await res.json()).id);
+  }
+  await page.goto(`${base}/new.html`);
+  await page.waitForSelector('#validation [data-valid]', { timeout: 30_000 });
+  await page.selectOption('#config-file', 'configs/rl_tiny.toml');
+  await page.waitForSelector('#rl-panel:not([hidden])', { timeout: 10_000 });
+  await page.waitForSelector('#validation li[data-key-path="rl.rewards"]', { timeout: 30_000 });
+  if (!(await page.isDisabled('#start-run'))) throw new Error('an RL config without reward modules can be started');
+  const initOption = `#init-from option[data-run="${shortId}"]`;
+  await page.waitForSelector(initOption, { state: 'attached', timeout: 30_000 });
+  const initValue = await page.$eval(initOption, (o) => o.value);
+  await page.selectOption('#init-from', initValue);
+  await page.check(`input[data-reward-id="${rewardIds[0]}"]`);
+  await page.check(`input[data-reward-id="${rewardIds[1]}"]`);
+  await page.fill(`input[data-reward-weight="${rewardIds[1]}"]`, '0.5');
+  await page.fill('#run-name', 'browser-rl');
+  await page.waitForSelector('#validation [data-valid][data-kind="rl"]', { timeout: 30_000 });
+  await page.$eval('#resolved', (e) => { e.closest('details').open = true; });
+  const resolved = await page.textContent('#resolved');
+  if (!resolved.includes('weight = 0.5') || !resolved.includes('init_from')) throw new Error(`the resolved config lacks the picks: ${resolved}`);
+  await shot('08-new-rl-run');
+  await Promise.all([page.waitForURL(/run\.html\?id=\d+/), page.click('#start-run')]);
+  const rlId = Number(new URL(page.url()).searchParams.get('id'));
+  step(`created RL run ${rlId}`);
+
+  // 10. Its page: the RL charts (reward mean ± std, accuracy with the held-out series, response
+  //     length, entropy, KL, mismatch, staleness, per-phase timings) as it runs to completion.
+  await waitStatus('completed', 180_000);
+  const series = (chart) => page.$eval(`[data-chart="${chart}"]`, (e) => Number(e.dataset.series || 0)).catch(() => 0);
+  const rlCharts = { reward: 3, accuracy: 2, response_len: 1, entropy: 1, mismatch: 1, staleness: 1, timings: 4, reward_errors: 2 };
+  for (const [chart, n] of Object.entries(rlCharts)) {
+    await page.waitForFunction(([c, k]) => Number(document.querySelector(`[data-chart="${c}"]`)?.dataset.series || 0) >= k,
+      [chart, n], { timeout: 30_000 }).catch(async () => { throw new Error(`chart ${chart}: ${await series(chart)} series, expected ${n}`); });
+  }
+  if (await page.$('[data-chart="tokens_per_s"]')) throw new Error('an RL run shows the training charts');
+  if (await points('reward') !== 6) throw new Error(`the reward chart has ${await points('reward')} points, expected steps 1-6`);
+  step('RL charts: reward, accuracy (+ held-out), length, entropy, mismatch, staleness, timings');
+  await shot('09-rl-run');
+
+  // 11. The samples view: 6 steps x 8 samples; the erroring, failed (+ threshold) and step filters.
+  await page.waitForSelector('#samples-table tr[data-sample]', { timeout: 30_000 });
+  const samplesTotal = () => page.$eval('#samples', (e) => Number(e.dataset.total));
+  const rowsSatisfy = (predicate, arg) => page.waitForFunction(([src, a]) => {
+    const rows = [...document.querySelectorAll('#samples-table tr[data-sample]')];
+    return rows.length > 0 && rows.every((r) => new Function('r', 'a', src)(r, a));
+  }, [predicate, arg], { timeout: 30_000 });
+  if ((await samplesTotal()) !== 48) throw new Error(`${await samplesTotal()} samples, expected 48`);
+  await page.check('#samples-erroring');
+  await rowsSatisfy('return Number(r.dataset.errors) > 0');
+  const erroringLabel = Number((await page.textContent('#samples-erroring-count')).replace(/\D/g, ''));
+  await page.waitForFunction((n) => Number(document.querySelector('#samples').dataset.total) === n, erroringLabel, { timeout: 30_000 });
+  if (!(erroringLabel > 0 && erroringLabel < 48)) throw new Error(`${erroringLabel} erroring samples`);
+  step(`samples: ${erroringLabel} erroring of 48`);
+  await page.uncheck('#samples-erroring');
+  await page.check('#samples-failed');
+  await rowsSatisfy('return r.dataset.correct === "false"');
+  await page.fill('#samples-threshold', '0.25');
+  await page.waitForFunction(() => Number(document.querySelector('#samples-failed-count').textContent.replace(/\D/g, '')) === Number(document.querySelector('#samples').dataset.total), null, { timeout: 30_000 });
+  await rowsSatisfy('return r.dataset.correct === "false" || Number(r.dataset.reward) < 0.25');
+  const failedTotal = await samplesTotal();
+  step(`samples: ${failedTotal} failed (not correct, or reward below 0.25)`);
+  await shot('10-rl-samples');
+  await page.selectOption('#samples-step', '3');
+  await rowsSatisfy('return r.dataset.step === "3" && (r.dataset.correct === "false" || Number(r.dataset.reward) < 0.25)');
+  await page.uncheck('#samples-failed');
+  await page.waitForFunction(() => Number(document.querySelector('#samples').dataset.total) === 8, null, { timeout: 30_000 });
+  await rowsSatisfy('return r.dataset.step === "3"');
+  step('samples: step 3 has its 8');
+
+  // 12. A second RL run (through the API), then both compared.
+  const second = await page.evaluate(async ([init, reward]) => {
+    const res = await fetch('/api/runs', {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name: 'browser-rl-2', config_path: 'configs/rl_tiny.toml', overrides: [`rl.init_from=${JSON.stringify(init)}`, 'training.steps=4'], rewards: [{ id: reward, weight: 1 }] }),
+    });
+    return { status: res.status, body: await res.json() };
+  }, [initValue, rewardIds[0]]);
+  if (second.status !== 201) throw new Error(`creating the second RL run: ${JSON.stringify(second)}`);
+  await page.goto(`${base}/run.html?id=${second.body.id}`);
+  await waitStatus('completed', 180_000);
+  await page.goto(`${base}/compare.html?ids=${rlId},${second.body.id}`);
+  for (const chart of ['reward_mean', 'eval_accuracy']) {
+    await page.waitForFunction((c) => Number(document.querySelector(`[data-chart="${c}"]`)?.dataset.series || 0) === 2, chart, { timeout: 30_000 });
+  }
+  step('compare: two RL runs, reward and held-out accuracy');
+  await shot('11-rl-compare');
+  await page.goto(`${base}/`);
+  await page.waitForSelector(`tr[data-run="${rlId}"] td[data-kind="rl"]`, { timeout: 30_000 });
+  await page.waitForFunction((id) => Number(document.querySelector(`tr[data-run="${id}"] .spark-cell`)?.dataset.points || 0) > 1, rlId, { timeout: 30_000 });
+
+  // 13. Chart axes: every y tick label distinct and readable back as its tick, byte axes in one
+  //     binary unit, the axis as wide as its widest label. On the long run's own charts, and on
+  //     a warmup + cosine learning rate near 1e-3, a nearly constant one, and a peak memory near
+  //     445 MiB (which read "0.001, 0.001, 0" and "7.8-8.7 MiB" before).
+  await page.goto(`${base}/run.html?id=${longId}`);
+  await waitPointsAbove('lr', 1);
+  const axes = await page.evaluate(async () => {
+    const { LineChart } = await import('/charts.js');
+    const { fmtBytes } = await import('/app.js');
+    const steps = [...Array(301).keys()];
+    const lr = steps.map((s) => [s, s < 20 ? 1e-3 * s / 20 : 1e-3 * 0.5 * (1 + Math.cos(Math.PI * (s - 20) / 280))]);
+    const flat = steps.map((s) => [s, 1e-3 - s * 1e-9]);
+    const mem = steps.map((s) => [s, (445 + 3 * s / 300) * 2 ** 20]);
+    const made = [['axis-lr', lr, {}], ['axis-flat', flat, {}], ['axis-mem', mem, { bytes: true, yFormat: fmtBytes }]];
+    const boxes = document.createElement('div');
+    boxes.className = 'charts';
+    document.querySelector('main').prepend(boxes);
+    for (const [name, pts, opts] of made) {
+      const box = document.createElement('div');
+      box.dataset.chart = name;
+      boxes.append(box);
+      new LineChart(box, { title: name, labels: [name], ...opts }).set([pts]);
+    }
+    await new Promise((r) => setTimeout(r, 300));
+    return Object.fromEntries(['axis-lr', 'axis-flat', 'axis-mem', 'lr', 'mem'].map((c) => {
+      const e = document.querySelector(`[data-chart="${c}"]`);
+      return [c, e && { ticks: JSON.parse(e.dataset.yTicks || 'null'), axis: Number(e.dataset.yAxis), labels: Number(e.dataset.yLabels) }];
+    }));
+  });
+  for (const [chart, a] of Object.entries(axes)) {
+    if (!a || !Array.isArray(a.ticks) || a.ticks.length < 2) throw new Error(`chart ${chart}: no y ticks recorded: ${JSON.stringify(a)}`);
+    const labels = a.ticks.filter((t) => t !== '');
+    if (new Set(labels).size !== labels.length) throw new Error(`chart ${chart}: repeated y labels ${JSON.stringify(a.ticks)}`);
+    if (!(a.axis >= a.labels && a.labels > 0)) throw new Error(`chart ${chart}: axis ${a.axis}px is narrower than its labels (${a.labels}px)`);
+    step(`axis ${chart}: ${a.ticks.join(', ')}`);
+  }
+  const mib = axes['axis-mem'].ticks.filter((t) => t !== '');
+  if (!mib.every((t) => / MiB$/.test(t) && Number(t.split(' ')[0]) >= 440 && Number(t.split(' ')[0]) <= 452)) {
+    throw new Error(`the memory axis does not read ~445-448 MiB: ${JSON.stringify(mib)}`);
+  }
+  const unit = (t) => t.split(' ')[1];
+  const memTicks = axes.mem.ticks.filter((t) => t !== '');
+  if (new Set(memTicks.map(unit)).size !== 1) throw new Error(`the run's memory axis mixes units: ${JSON.stringify(memTicks)}`);
+  await shot('12-chart-axes');
 
   if (consoleErrors.length) throw new Error(`errors in the page: ${consoleErrors.join(' | ')}`);
   step('ok');

@@ -76,6 +76,12 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
             S::NeedsToken(_) | S::Bind { .. } | S::Home { .. } | S::HomeInUse(_) | S::Model(_)
         ));
     }
+    if let Some(set) = e.downcast_ref::<anneal_reward::SetError>() {
+        // A module that cannot be loaded says which way itself (its source is a LoadError).
+        if !matches!(set, anneal_reward::SetError::Load { .. }) {
+            return Some(true);
+        }
+    }
     if let Some(l) = e.downcast_ref::<anneal_reward::LoadError>() {
         return Some(!matches!(l, anneal_reward::LoadError::Engine { .. }));
     }

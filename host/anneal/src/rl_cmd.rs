@@ -1,19 +1,19 @@
 //! `anneal rl`: RL post-training with rewards from WebAssembly modules.
 
+use crate::errors::UserError;
 use crate::train_cmd::{default_run_dir, install_stop_signals, load};
-use crate::user_bail;
-use anneal_reward::{ErrorKind, RewardModule, Sandbox, SandboxConfig, ScoreInput};
-use anneal_rl::rollout::{Prompt, RewardFailure, Scored, Scorer};
+use anneal_reward::{ErrorKind, MemberSpec, RewardSet, Sandbox, SandboxConfig, ScoreInput};
+use anneal_rl::rollout::{ModuleScore, Prompt, RewardFailure, Scored, Scorer};
 use anneal_rl::{run_rl, RlOptions};
-use anyhow::Context;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The configured reward modules in one sandbox; rewards combine by weight.
+/// The configured reward modules as one [`RewardSet`]: the set's rule (weighted sum, `correct`
+/// when every module that reports it agrees) is the reward; each module's part travels with the
+/// sample into `samples.jsonl`.
 struct WasmScorer {
-    sandbox: Sandbox,
-    modules: Vec<(RewardModule, f64)>,
+    set: RewardSet,
 }
 
 impl Scorer for WasmScorer {
@@ -27,59 +27,66 @@ impl Scorer for WasmScorer {
                 prompt.metadata.clone()
             },
         };
-        let mut out = Scored {
-            reward: 0.0,
-            correct: None,
-            failures: vec![],
-        };
-        for (module, weight) in &self.modules {
-            let o = self.sandbox.score(module, &input);
-            // A failed call's reward is already the configured error reward.
-            out.reward += weight * o.reward;
-            if let Err(e) = &o.result {
-                out.failures.push(match e.kind() {
+        let combined = self.set.score(&input);
+        Scored {
+            reward: combined.reward,
+            correct: combined.correct,
+            failures: combined
+                .errors()
+                .map(|(_, e)| match e.kind() {
                     ErrorKind::Timeout => RewardFailure::Timeout,
                     _ => RewardFailure::Error,
-                });
-            }
-            if let Some(c) = o
-                .details
-                .as_ref()
-                .and_then(|d| d.get("correct"))
-                .and_then(|v| v.as_bool())
-            {
-                out.correct = Some(out.correct.unwrap_or(true) && c);
-            }
+                })
+                .collect(),
+            modules: combined
+                .modules
+                .into_iter()
+                .map(|m| ModuleScore {
+                    error: m.error_kind().map(|k| k.as_str().to_string()),
+                    message: m.result.as_ref().err().map(|e| e.message()),
+                    score: m.result.ok(),
+                    name: m.name,
+                    weight: m.weight,
+                    reward: m.reward,
+                    correct: m.correct,
+                })
+                .collect(),
         }
-        out
     }
 }
 
 fn scorer(cfg: &anneal_config::JobConfig) -> anyhow::Result<WasmScorer> {
     let r = &cfg.rl;
-    if r.rewards.is_empty() {
-        user_bail!("config: `rl.rewards`: name at least one reward module, e.g. rewards = [{{ path = \"reward-wasm/examples/exact_match/reward.wat\", weight = 1.0 }}]");
-    }
     let sandbox = Sandbox::new(SandboxConfig {
         timeout: Duration::from_millis(r.reward_timeout_ms),
         error_reward: r.error_reward,
         ..SandboxConfig::default()
     })?;
-    let mut modules = Vec::new();
-    for (i, spec) in r.rewards.iter().enumerate() {
-        let module = sandbox
-            .load_file(Path::new(&spec.path))
-            // The load error names the file.
-            .with_context(|| format!("config: `rl.rewards[{i}].path`"))?;
-        if let Some(problem) = module.abi_problem() {
-            user_bail!(
-                "config: `rl.rewards[{i}].path`: {} does not match the reward ABI ({problem})",
-                spec.path
-            );
-        }
-        modules.push((module, spec.weight));
-    }
-    Ok(WasmScorer { sandbox, modules })
+    let specs: Vec<MemberSpec> = r
+        .rewards
+        .iter()
+        .map(|spec| MemberSpec {
+            path: PathBuf::from(&spec.path),
+            name: spec.name.clone(),
+            weight: spec.weight,
+        })
+        .collect();
+    // The set's error names the module; the context names the key (the exit code follows the
+    // error's kind, see `errors::exit_code`).
+    let set = RewardSet::load(Arc::new(sandbox), &specs, r.error_reward).map_err(|e| {
+        let key = match e.index() {
+            None => return UserError(
+                "config: `rl.rewards`: name at least one reward module, e.g. rewards = [{ path = \"reward-wasm/examples/exact_match/reward.wat\", weight = 1.0 }]".into(),
+            )
+            .into(),
+            Some(i) if matches!(e, anneal_reward::SetError::Weight { .. }) => {
+                format!("config: `rl.rewards[{i}].weight`")
+            }
+            Some(i) => format!("config: `rl.rewards[{i}].path`"),
+        };
+        anyhow::Error::new(e).context(key)
+    })?;
+    Ok(WasmScorer { set })
 }
 
 /// Post-trains until the configured steps, or until SIGINT/SIGTERM.

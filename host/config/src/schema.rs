@@ -346,6 +346,9 @@ pub struct RewardSpec {
     /// Weight of this module's reward in the sum.
     #[serde(default = "one")]
     pub weight: f64,
+    /// What metrics and `samples.jsonl` call it; empty: the file name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
 }
 
 fn one() -> f64 {
@@ -427,6 +430,12 @@ pub struct Rl {
     pub eval_freq: u64,
     /// Held-out prompts per evaluation.
     pub eval_prompts: usize,
+    /// Write the step's samples (prompt, completion, each reward module's score and error) to
+    /// `<run dir>/samples.jsonl` at step 1 and every this many steps (0 = never).
+    pub samples_every: u64,
+    /// At most this many samples per written step: the first ones, in group order, so a multiple
+    /// of `group_size` keeps whole groups.
+    pub samples_per_step: usize,
 }
 
 impl Default for Rl {
@@ -459,6 +468,8 @@ impl Default for Rl {
             is_correction_cap: 0.0,
             eval_freq: 10,
             eval_prompts: 64,
+            samples_every: 10,
+            samples_per_step: 64,
         }
     }
 }

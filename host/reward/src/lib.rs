@@ -10,7 +10,9 @@
 //! Every call runs in a fresh store with a fuel budget (deterministic), an epoch deadline
 //! (wall-clock backstop, advanced by a ticker thread), a memory limit and deny-all WASI stubs.
 //! Every call ends with a score or a typed [`CallError`]; failures get the configured error
-//! reward and are counted per [`ErrorKind`] in [`Metrics`].
+//! reward and are counted per [`ErrorKind`] in [`Metrics`]. A [`RewardSet`] combines several
+//! modules by weight into one reward (and one verdict on correctness): the rule `anneal rl`
+//! trains on and the server applies.
 //!
 //! ```no_run
 //! use anneal_reward::{Sandbox, SandboxConfig, ScoreInput};
@@ -36,6 +38,7 @@ mod module;
 mod nowait;
 mod pool;
 mod sandbox;
+mod set;
 mod state;
 
 pub use call::{ScoreInput, ScoreOutcome};
@@ -44,3 +47,4 @@ pub use error::{CallError, ErrorKind, LoadError};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use module::{ModuleKind, RewardModule};
 pub use sandbox::Sandbox;
+pub use set::{Combined, MemberSpec, ModuleScore, RewardSet, SetError};

@@ -1,5 +1,6 @@
 //! RL post-training: GRPO-family losses, the versioned rollout buffer, rollout workers on the
-//! same model plugin as the trainer, and the loop behind `anneal rl` with its checkpoints.
+//! same model plugin as the trainer, the loop behind `anneal rl` with its checkpoints, and the
+//! samples file (`samples.jsonl`) it writes for reading runs.
 //!
 //! ```text
 //! run.rs         the loop: resume, rollouts in, one trainer step per batch, publish, log, save
@@ -10,6 +11,7 @@
 //! buffer.rs      the rollout buffer keyed by policy version (bounded staleness)
 //! checkpoint.rs  what an RL checkpoint holds beyond the trainer's tensors
 //! metrics.rs     the per-step row of metrics.jsonl
+//! samples.rs     samples.jsonl: every module's score of the samples of logged steps
 //! ```
 
 pub mod buffer;
@@ -18,6 +20,7 @@ pub mod loss;
 mod metrics;
 pub mod rollout;
 mod run;
+pub mod samples;
 mod setup;
 mod trainer;
 

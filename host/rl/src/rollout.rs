@@ -102,7 +102,7 @@ pub enum RewardFailure {
 }
 
 /// The combined reward of one completion.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Scored {
     /// The weighted sum of the modules' rewards (a failed call contributes its error reward).
     pub reward: f64,
@@ -110,6 +110,28 @@ pub struct Scored {
     pub correct: Option<bool>,
     /// Failed calls among the modules.
     pub failures: Vec<RewardFailure>,
+    /// What each reward module made of it, in the configured order (empty when the scorer
+    /// does not break its reward down); written to `samples.jsonl`.
+    pub modules: Vec<ModuleScore>,
+}
+
+/// One reward module's part of a [`Scored`] completion, as `samples.jsonl` records it.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ModuleScore {
+    /// The module's name (its file name, or the name given in `rl.rewards`).
+    pub name: String,
+    /// Its weight in the sum.
+    pub weight: f64,
+    /// Its score, or `None` when the call failed.
+    pub score: Option<f64>,
+    /// What entered the sum before the weight: the score, or `rl.error_reward`.
+    pub reward: f64,
+    /// Its `correct` detail, when it reported one.
+    pub correct: Option<bool>,
+    /// The kind of the failure (`trap`, `timeout`, ...), when the call failed.
+    pub error: Option<String>,
+    /// The failure's message.
+    pub message: Option<String>,
 }
 
 /// Scores completions; the CLI implements it with the WebAssembly sandbox.

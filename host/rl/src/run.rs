@@ -135,6 +135,7 @@ pub fn run_rl(
 
     let mut saver = Saver::new(cfg, &run);
     let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
+    let mut sample_log = crate::samples::SampleLog::open(run_dir, r, ctx.prompts.clone())?;
     let mut summary = RlSummary {
         steps: resumed.step,
         resumed_from: resumed.step,
@@ -237,6 +238,7 @@ pub fn run_rl(
             }
             row.time = clock();
             log.write(&row).map_err(io_err(log.path()))?;
+            sample_log.write(step, &taken.items)?;
             if step % cfg.metrics.log_freq == 0 || step == total || row.eval_accuracy.is_some() {
                 console.note(&row.console_line());
             }

@@ -32,6 +32,7 @@ impl Scorer for ExactMatch {
                 reward: -1.0,
                 correct: None,
                 failures: vec![kind],
+                ..Default::default()
             };
         }
         let ok = prompt.metadata["answer"].as_str() == Some(completion.trim());
@@ -43,6 +44,7 @@ impl Scorer for ExactMatch {
             },
             correct: Some(ok),
             failures: vec![],
+            ..Default::default()
         }
     }
 }

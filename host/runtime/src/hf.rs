@@ -97,7 +97,9 @@ pub fn load_model(
     };
     let loaded = find(plugin).map_err(|e| fail(&e))?;
     if loaded.kind() != anneal_plugin_api::abi::PluginKind::Model {
-        return Err(fail(&format!("{plugin} is an optimizer plugin, not a model")));
+        return Err(fail(&format!(
+            "{plugin} is an optimizer plugin, not a model"
+        )));
     }
     let inst = loaded
         .create(None, &serde_json::json!({ "hf_config": cfg }))

@@ -1,5 +1,6 @@
-//! Job configs: the files under `configs/` (and nothing outside it), and resolving TOML text with
-//! overrides into the full config the trainer would run, or the problems by key path.
+//! Job configs: the files under `configs/` (and nothing outside it), resolving TOML text with
+//! overrides into the full config the trainer would run (or the problems by key path), and the
+//! kind of job a config describes (training or RL).
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -20,15 +21,63 @@ impl std::fmt::Display for Problem {
 }
 
 /// Resolves `text` (named `name` in messages) with `key.path=value` overrides into the full
-/// config as TOML (defaults < text < `ANNEAL_*` environment < overrides, as `anneal train`
-/// resolves it).
-pub fn resolve(text: &str, name: &str, overrides: &[String]) -> Result<String, Problem> {
-    anneal_config::resolve(anneal_config::Source::Text { text, name }, overrides)
-        .map(|config| config.to_toml())
-        .map_err(|e| Problem {
+/// config (defaults < text < `ANNEAL_*` environment < overrides, as `anneal train` resolves it).
+pub fn resolve(
+    text: &str,
+    name: &str,
+    overrides: &[String],
+) -> Result<anneal_config::JobConfig, Problem> {
+    anneal_config::resolve(anneal_config::Source::Text { text, name }, overrides).map_err(|e| {
+        Problem {
             key_path: e.key_path.clone(),
             message: e.to_string(),
-        })
+        }
+    })
+}
+
+/// What a run's process runs: `anneal train`, or `anneal rl` for a post-training job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// `anneal train`.
+    Train,
+    /// `anneal rl`.
+    Rl,
+}
+
+impl Kind {
+    /// The subcommand (and the registry's `kind` column).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Train => "train",
+            Kind::Rl => "rl",
+        }
+    }
+
+    /// The kind recorded in the registry; anything but `rl` trains.
+    pub fn parse(s: &str) -> Kind {
+        if s == "rl" {
+            Kind::Rl
+        } else {
+            Kind::Train
+        }
+    }
+
+    /// The kind a config asks for: `rl` when its text has an `[rl]` table or an override sets an
+    /// `rl.` key (`anneal train` ignores that section, so a config that has one is an RL job).
+    pub fn of(text: &str, overrides: &[String]) -> Kind {
+        let in_text = text
+            .parse::<toml::Table>()
+            .is_ok_and(|t| t.get("rl").is_some_and(toml::Value::is_table));
+        let in_overrides = overrides
+            .iter()
+            .any(|o| o.trim_start().starts_with("rl.") || o.trim_start().starts_with("rl ="));
+        if in_text || in_overrides {
+            Kind::Rl
+        } else {
+            Kind::Train
+        }
+    }
 }
 
 /// A config file offered by the server.
@@ -83,6 +132,20 @@ pub fn locate(dir: &Path, requested: &str) -> Option<(String, PathBuf)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kind_follows_the_rl_section_or_rl_overrides() {
+        let train = "[training]\nsteps = 3\n";
+        assert_eq!(Kind::of(train, &[]), Kind::Train);
+        assert_eq!(Kind::of("[rl]\ngroup_size = 4\n", &[]), Kind::Rl);
+        assert_eq!(Kind::of("rl.group_size = 4\n", &[]), Kind::Rl);
+        assert_eq!(Kind::of(train, &["rl.init_from=\"x\"".into()]), Kind::Rl);
+        assert_eq!(Kind::of(train, &["training.rl=1".into()]), Kind::Train);
+        // A comment or a string that mentions [rl] is not a section.
+        assert_eq!(Kind::of("# [rl]\nname = \"[rl]\"\n", &[]), Kind::Train);
+        assert_eq!(Kind::parse("rl"), Kind::Rl);
+        assert_eq!(Kind::parse("train"), Kind::Train);
+    }
 
     #[test]
     fn only_plain_names_inside_the_folder_are_found() {

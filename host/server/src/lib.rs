@@ -1,4 +1,4 @@
-//! The Anneal server behind `anneal serve`: a run registry in SQLite, supervised training
+//! The Anneal server behind `anneal serve`: a run registry in SQLite, supervised training and RL
 //! processes, a JSON API (`web/API.md`) and the browser UI (`web/`).
 //!
 //! ```text
@@ -6,7 +6,8 @@
 //! runs.rs       the manager: queue, start, watch, stop, resume, reconcile at startup
 //! process.rs    the per-run supervisor process and its exit record
 //! files.rs      metrics.jsonl, logs and checkpoint folders of a run directory
-//! config.rs     configs/ and config resolution
+//! samples.rs    an RL run's samples.jsonl: filters and pages
+//! config.rs     configs/, config resolution, the kind of a job (train or rl)
 //! guard.rs      Host, Origin and content-type checks against web pages driving the server
 //! api/          the HTTP handlers
 //! openai/       the OpenAI-compatible endpoint (/v1) for the --model models
@@ -22,6 +23,7 @@ pub mod openai;
 pub mod process;
 pub mod registry;
 pub mod runs;
+pub mod samples;
 
 use anneal_reward::{Sandbox, SandboxConfig};
 use registry::Registry;
@@ -140,7 +142,7 @@ pub struct AppState {
     options: ServerOptions,
     registry: Arc<Registry>,
     manager: Arc<Manager>,
-    sandbox: OnceLock<Result<Sandbox, String>>,
+    sandbox: OnceLock<Result<Arc<Sandbox>, String>>,
     /// Set when SIGINT or SIGTERM arrives: long work on blocking threads stops.
     shutting_down: AtomicBool,
 }
@@ -152,17 +154,28 @@ impl AppState {
     }
 
     /// The reward sandbox, created at first use (it starts a ticker thread and a compiler).
-    fn sandbox(&self) -> Result<&Sandbox, api::ApiError> {
+    fn sandbox(&self) -> Result<&Arc<Sandbox>, api::ApiError> {
         self.sandbox
             .get_or_init(|| {
                 Sandbox::new(SandboxConfig {
                     cache_dir: Some(self.options.rewards_dir().join("cache")),
                     ..SandboxConfig::default()
                 })
+                .map(Arc::new)
                 .map_err(|e| e.to_string())
             })
             .as_ref()
             .map_err(|e| api::ApiError::internal(format!("the reward sandbox failed: {e}")))
+    }
+}
+
+impl AppState {
+    /// Where an uploaded reward module's bytes are stored: `<home>/rewards/<sha256>.wasm` (what
+    /// an RL run's `rl.rewards` names).
+    fn stored_reward_path(&self, reward: &registry::Reward) -> PathBuf {
+        self.options
+            .rewards_dir()
+            .join(format!("{}.wasm", reward.sha256))
     }
 }
 

@@ -1,8 +1,9 @@
 //! The processes behind runs. Each run is a small supervisor process (`anneal supervise`) that
-//! leads its own process group, starts `anneal train`, forwards a stop request to it once, and
+//! leads its own process group, starts `anneal train` (or `anneal rl`), forwards a stop request to it once, and
 //! writes `<run_dir>/exit.json` when the trainer exits. The exit record outlives the server: a
 //! server restarted while runs were active reads it to tell `stopped` from `failed`.
 
+use crate::config::Kind;
 use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::io::Write;
@@ -139,7 +140,7 @@ pub fn flag(name: &str, value: &std::ffi::OsStr) -> OsString {
     arg
 }
 
-/// The command line that starts a run: `exe supervise --run-dir=DIR -- train CONFIG --set=..
+/// The command line that starts a run: `exe supervise --run-dir=DIR -- train|rl CONFIG --set=..
 /// --run-dir=DIR`, in its own process group so that a terminal's Ctrl-C to the server does not
 /// reach it and a forced stop can kill the whole group. Values are joined to their flags (see
 /// [`flag`]); the config is the run dir's absolute `source.toml`.
@@ -147,6 +148,7 @@ pub fn run_command(
     exe: &Path,
     work_dir: &Path,
     run_dir: &Path,
+    kind: Kind,
     config_file: &Path,
     overrides: &[String],
 ) -> tokio::process::Command {
@@ -154,7 +156,7 @@ pub fn run_command(
     cmd.arg("supervise")
         .arg(flag("--run-dir", run_dir.as_os_str()))
         .arg("--")
-        .arg("train")
+        .arg(kind.as_str())
         .arg(config_file);
     for o in overrides {
         cmd.arg(flag("--set", o.as_ref()));

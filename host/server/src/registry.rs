@@ -73,7 +73,7 @@ pub struct Run {
     pub id: i64,
     /// A display name.
     pub name: String,
-    /// What the process runs: `train` (later `rl`).
+    /// What the process runs: `train` or `rl`.
     pub kind: String,
     /// `configs/<file>` when started from a config file, `null` for inline TOML.
     pub config_path: Option<String>,
@@ -124,7 +124,7 @@ pub struct Reward {
 pub struct NewRun<'a> {
     /// Display name.
     pub name: &'a str,
-    /// `train`.
+    /// `train` or `rl`.
     pub kind: &'a str,
     /// `configs/<file>` or `None` for inline TOML.
     pub config_path: Option<&'a str>,

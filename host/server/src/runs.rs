@@ -38,7 +38,7 @@ pub enum RunError {
 /// Where runs live and how their processes are started.
 #[derive(Clone, Debug)]
 pub struct Launch {
-    /// The `anneal` binary (runs `supervise` and `train`).
+    /// The `anneal` binary (runs `supervise`, and `train` or `rl`).
     pub exe: PathBuf,
     /// The children's working directory (the project root: `configs/`, data caches).
     pub work_dir: PathBuf,
@@ -169,6 +169,7 @@ impl Manager {
             &self.launch.exe,
             &self.launch.work_dir,
             &run_dir,
+            crate::config::Kind::parse(&run.kind),
             &config_file,
             &run.overrides,
         )

@@ -1,8 +1,10 @@
-//! `GET /api/configs`, `GET /api/configs/{name}`, `POST /api/configs/validate`.
+//! `GET /api/configs`, `GET /api/configs/{name}`, `POST /api/configs/validate`, and the checks
+//! a new run's config passes (the same for both).
 
 use super::{ApiError, ApiResult};
-use crate::config;
+use crate::config::{self, Kind, Problem};
 use crate::AppState;
+use anneal_reward::{MemberSpec, RewardSet, SetError};
 use axum::extract::{Path, State};
 use axum::Json;
 use serde::Deserialize;
@@ -32,7 +34,8 @@ pub fn read_config(state: &AppState, requested: &str) -> ApiResult<(String, Stri
     Ok((path, text))
 }
 
-/// A config to check: inline text or a file under `configs/`, plus overrides.
+/// A config to check: inline text or a file under `configs/`, plus overrides, plus (for RL jobs)
+/// reward modules picked from those uploaded.
 #[derive(Deserialize)]
 pub struct ConfigRequest {
     /// Inline TOML.
@@ -42,6 +45,38 @@ pub struct ConfigRequest {
     /// `key.path=value` overrides.
     #[serde(default)]
     pub overrides: Vec<String>,
+    /// Uploaded reward modules to train with: they become `rl.rewards` (an override after the
+    /// others), which makes the job an RL job.
+    #[serde(default)]
+    pub rewards: Vec<RewardPick>,
+}
+
+/// One uploaded reward module and its weight.
+#[derive(Clone, Debug, Deserialize)]
+pub struct RewardPick {
+    /// The module's id (`GET /api/rewards`).
+    pub id: i64,
+    /// Its weight in the combined reward (default 1).
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// A config that resolved: what a run is created with.
+pub struct Checked {
+    /// The config text as given (or as read from `configs/`).
+    pub text: String,
+    /// The full resolved config as TOML.
+    pub resolved: String,
+    /// `configs/<file>`, when it came from one.
+    pub path: Option<String>,
+    /// The overrides the process gets: the request's, then `rl.rewards` for picked modules.
+    pub overrides: Vec<String>,
+    /// Training or RL.
+    pub kind: Kind,
 }
 
 impl ConfigRequest {
@@ -59,26 +94,116 @@ impl ConfigRequest {
         }
     }
 
-    /// Resolves the config: the full TOML, or a 422 with the problem by key path.
-    pub fn resolve(&self, state: &AppState) -> ApiResult<(String, String, Option<String>)> {
+    /// Resolves the config (a 422 with the problem by key path when it does not), and for an RL
+    /// job loads its reward modules as the run will (a module that does not load or does not
+    /// match the reward ABI is a 422 naming `rl.rewards[i].path`).
+    pub fn check(&self, state: &AppState) -> ApiResult<Checked> {
         let (text, name, path) = self.source(state)?;
-        match config::resolve(&text, &name, &self.overrides) {
-            Ok(resolved) => Ok((text, resolved, path)),
-            Err(problem) => Err(ApiError::invalid_config(vec![problem])),
+        let mut overrides = self.overrides.clone();
+        if !self.rewards.is_empty() {
+            overrides.push(rewards_override(state, &self.rewards)?);
+        }
+        let kind = Kind::of(&text, &overrides);
+        let cfg = config::resolve(&text, &name, &overrides)
+            .map_err(|problem| ApiError::invalid_config(vec![problem]))?;
+        if kind == Kind::Rl {
+            check_rewards(state, &cfg)?;
+        }
+        Ok(Checked {
+            text,
+            resolved: cfg.to_toml(),
+            path,
+            overrides,
+            kind,
+        })
+    }
+}
+
+fn problem(key_path: &str, message: impl Into<String>) -> ApiError {
+    ApiError::invalid_config(vec![Problem {
+        key_path: Some(key_path.to_string()),
+        message: message.into(),
+    }])
+}
+
+/// `rl.rewards=[{ path = "<home>/rewards/<sha256>.wasm", weight = .., name = ".." }, ..]` for the
+/// picked modules.
+fn rewards_override(state: &AppState, picks: &[RewardPick]) -> ApiResult<String> {
+    let mut items = Vec::with_capacity(picks.len());
+    for (i, pick) in picks.iter().enumerate() {
+        let reward = state.registry.reward(pick.id)?.ok_or_else(|| {
+            problem(
+                "rl.rewards",
+                format!(
+                    "rewards[{i}]: no uploaded reward module with id {}",
+                    pick.id
+                ),
+            )
+        })?;
+        if !pick.weight.is_finite() {
+            return Err(problem(
+                &format!("rl.rewards[{i}].weight"),
+                "must be a finite number",
+            ));
+        }
+        let path = state.stored_reward_path(&reward);
+        // JSON string escapes are TOML basic-string escapes; `{:?}` prints a TOML float.
+        items.push(format!(
+            "{{ path = {}, weight = {:?}, name = {} }}",
+            json!(path.to_string_lossy()),
+            pick.weight,
+            json!(reward.name)
+        ));
+    }
+    Ok(format!("rl.rewards=[{}]", items.join(", ")))
+}
+
+/// Loads the job's reward modules as one set, as `anneal rl` will (relative paths are from the
+/// runs' working directory).
+fn check_rewards(state: &AppState, cfg: &anneal_config::JobConfig) -> ApiResult<()> {
+    let work_dir = &state.options.work_dir;
+    let specs: Vec<MemberSpec> = cfg
+        .rl
+        .rewards
+        .iter()
+        .map(|r| MemberSpec {
+            path: work_dir.join(&r.path),
+            name: r.name.clone(),
+            weight: r.weight,
+        })
+        .collect();
+    match RewardSet::load(state.sandbox()?.clone(), &specs, cfg.rl.error_reward) {
+        Ok(_) => Ok(()),
+        Err(e @ SetError::Empty) => Err(problem(
+            "rl.rewards",
+            format!("{e}: pick one of the uploaded modules, or set rl.rewards"),
+        )),
+        Err(e @ SetError::Weight { index, .. }) => Err(problem(
+            &format!("rl.rewards[{index}].weight"),
+            e.to_string(),
+        )),
+        Err(e @ (SetError::Load { index, .. } | SetError::Abi { index, .. })) => {
+            Err(problem(&format!("rl.rewards[{index}].path"), e.to_string()))
         }
     }
 }
 
-/// Resolves a config: `200 {"ok":true,"resolved":"<toml>"}` or `422` with the problems.
+/// Resolves a config: `200 {"ok":true,"kind":"train"|"rl","resolved":"<toml>","overrides":[..]}`
+/// or `422` with the problems.
 pub async fn validate(
     State(state): State<Arc<AppState>>,
     Json(request): Json<ConfigRequest>,
 ) -> ApiResult<Json<Value>> {
-    let (_, resolved, _) = tokio::task::spawn_blocking({
+    let checked = tokio::task::spawn_blocking({
         let state = Arc::clone(&state);
-        move || request.resolve(&state)
+        move || request.check(&state)
     })
     .await
     .map_err(|e| ApiError::internal(format!("validation failed: {e}")))??;
-    Ok(Json(json!({ "ok": true, "resolved": resolved })))
+    Ok(Json(json!({
+        "ok": true,
+        "kind": checked.kind,
+        "resolved": checked.resolved,
+        "overrides": checked.overrides,
+    })))
 }

@@ -47,6 +47,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/runs/{id}/metrics", get(runs::metrics))
         .route("/runs/{id}/logs", get(runs::logs))
         .route("/runs/{id}/checkpoints", get(runs::checkpoints))
+        .route("/runs/{id}/samples", get(runs::samples))
         .route("/runs/{id}/generate", post(runs::generate))
         .route("/runs/{id}/events", get(events::run_events))
         .route(
@@ -54,6 +55,10 @@ pub fn routes(state: Arc<AppState>) -> Router {
             get(rewards::list)
                 .post(rewards::upload)
                 .layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .route(
+            "/rewards/score",
+            post(reward_test::score).layer(DefaultBodyLimit::max(reward_test::MAX_BODY_BYTES)),
         )
         .route("/rewards/{id}", get(rewards::show).delete(rewards::delete))
         .route(

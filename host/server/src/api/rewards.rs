@@ -1,5 +1,6 @@
 //! Reward modules: upload (size-limited, compiled and checked against the reward ABI before it is
-//! stored), list, show, delete. Scoring sample inputs is in `reward_test.rs`.
+//! stored), list, show, delete. Scoring sample inputs, with one module or several combined as
+//! an RL run combines them, is in `reward_test.rs`.
 
 use super::{parse_id, ApiError, ApiResult};
 use crate::registry::Reward;
@@ -139,21 +140,14 @@ pub async fn delete(
     let reward = find_reward(&state, &id)?;
     let shared = state.registry.delete_reward(reward.id, &reward.sha256)?;
     if !shared {
-        let path = state
-            .options
-            .rewards_dir()
-            .join(format!("{}.wasm", reward.sha256));
-        let _ = std::fs::remove_file(path);
+        let _ = std::fs::remove_file(state.stored_reward_path(&reward));
     }
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// The stored module of a record, compiled (or from the sandbox's cache).
 pub fn load_stored(state: &AppState, reward: &Reward) -> ApiResult<RewardModule> {
-    let path = state
-        .options
-        .rewards_dir()
-        .join(format!("{}.wasm", reward.sha256));
+    let path = state.stored_reward_path(reward);
     let bytes = std::fs::read(&path)
         .map_err(|e| ApiError::internal(format!("cannot read {}: {e}", path.display())))?;
     state

@@ -1,7 +1,7 @@
 //! The run endpoints: list, create, show, stop, resume, delete, metrics, logs, checkpoints,
-//! sampling.
+//! an RL run's samples, sampling from a checkpoint.
 
-use super::configs::ConfigRequest;
+use super::configs::{Checked, ConfigRequest};
 use super::{parse_id, ApiError, ApiResult};
 use crate::registry::{NewRun, Run};
 use crate::{files, process, AppState};
@@ -25,7 +25,16 @@ fn find_run(state: &AppState, raw: &str) -> ApiResult<Run> {
 /// The newest value of each headline metric (`step`, `loss`, `val_loss`, ...), read from the end
 /// of the metrics file.
 fn latest_metrics(run: &Run) -> Value {
-    const KEYS: [&str; 5] = ["step", "loss", "val_loss", "tokens_per_s", "mfu"];
+    const KEYS: [&str; 8] = [
+        "step",
+        "loss",
+        "val_loss",
+        "tokens_per_s",
+        "mfu",
+        "reward_mean",
+        "accuracy",
+        "eval_accuracy",
+    ];
     let path = PathBuf::from(&run.run_dir).join(files::METRICS_FILE);
     let Some(text) = files::tail_text(&path, 64 * 1024) else {
         return Value::Null;
@@ -85,22 +94,28 @@ pub struct CreateRun {
     pub config: ConfigRequest,
 }
 
-/// Validates the config, records a queued run and starts it when a slot is free:
-/// `201 {"id":..}`.
+/// Validates the config, records a queued run (an RL run when the config has an `[rl]` section
+/// or reward modules were picked) and starts it when a slot is free: `201 {"id":..}`.
 pub async fn create(
     State(state): State<Arc<AppState>>,
     Json(request): Json<CreateRun>,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    let checked = tokio::task::spawn_blocking({
+    let (request, checked) = tokio::task::spawn_blocking({
         let state = Arc::clone(&state);
         move || {
-            let (text, _resolved, path) = request.config.resolve(&state)?;
-            Ok::<_, ApiError>((request, text, path))
+            let checked = request.config.check(&state)?;
+            Ok::<_, ApiError>((request, checked))
         }
     })
     .await
     .map_err(|e| ApiError::internal(format!("validation failed: {e}")))??;
-    let (request, text, path) = checked;
+    let Checked {
+        text,
+        path,
+        overrides,
+        kind,
+        ..
+    } = checked;
     let name = match request.name.as_deref().map(str::trim) {
         Some(n) if !n.is_empty() => n.chars().take(200).collect(),
         _ => path
@@ -113,10 +128,10 @@ pub async fn create(
     let run = state.registry.create_run(
         &NewRun {
             name: &name,
-            kind: "train",
+            kind: kind.as_str(),
             config_path: path.as_deref(),
             config: &text,
-            overrides: &request.config.overrides,
+            overrides: &overrides,
         },
         &runs_dir,
     )?;
@@ -229,6 +244,25 @@ pub async fn checkpoints(
     Ok(Json(json!(files::checkpoints(std::path::Path::new(
         &run.run_dir
     )))))
+}
+
+/// A page of an RL run's samples (`samples.jsonl`), newest step first, filtered by step, failed
+/// (not correct, or a reward below `threshold`) and erroring (a reward module's call failed).
+pub async fn samples(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<crate::samples::Query>,
+) -> ApiResult<Json<Value>> {
+    let run = find_run(&state, &id)?;
+    if q.threshold.is_some_and(|t| !t.is_finite()) {
+        return Err(ApiError::bad_request("threshold must be a finite number"));
+    }
+    let page = tokio::task::spawn_blocking(move || {
+        crate::samples::read(std::path::Path::new(&run.run_dir), &q)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("reading samples failed: {e}")))?;
+    Ok(Json(json!(page)))
 }
 
 /// `POST /api/runs/{id}/generate` body.

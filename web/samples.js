@@ -1,0 +1,122 @@
+// An RL run's samples (its samples.jsonl, through GET /api/runs/{id}/samples): newest step
+// first, a page at a time, filtered by step, by failed samples (not correct, or a reward below a
+// threshold) and by erroring ones (a reward module's call failed).
+import { api, el, showError } from './app.js';
+
+/** A short number: at most four significant digits, no trailing zeros. */
+const num = (v) => (typeof v === 'number' && Number.isFinite(v) ? String(Number(v.toPrecision(4))) : '–');
+
+const PAGE = 20;
+
+export class SamplesView {
+  constructor(box, runId) {
+    this.box = box;
+    this.runId = runId;
+    this.offset = 0;
+    this.seq = 0;
+    this.lastLoad = 0;
+    this.status = null;
+    const reload = () => this.reload(true);
+    this.step = el('select', { id: 'samples-step', onchange: reload }, el('option', { value: '' }, 'all steps'));
+    this.failed = el('input', { type: 'checkbox', id: 'samples-failed', onchange: reload });
+    this.threshold = el('input', { type: 'number', id: 'samples-threshold', step: 'any', placeholder: 'reward below…', style: 'width:9em', oninput: reload });
+    this.erroring = el('input', { type: 'checkbox', id: 'samples-erroring', onchange: reload });
+    this.failedCount = el('span', { class: 'muted', id: 'samples-failed-count' });
+    this.erroringCount = el('span', { class: 'muted', id: 'samples-erroring-count' });
+    this.summary = el('span', { class: 'muted', id: 'samples-summary' });
+    this.newer = el('button', { id: 'samples-newer', onclick: () => this.turn(-1) }, '‹ newer');
+    this.older = el('button', { id: 'samples-older', onclick: () => this.turn(1) }, 'older ›');
+    this.tbody = el('tbody');
+    this.message = el('div');
+    box.append(
+      el('h2', {}, 'Samples'),
+      el('div', { class: 'filters' },
+        el('label', { for: 'samples-step' }, 'step '), this.step,
+        el('label', {}, this.failed, ' failed ', this.failedCount), this.threshold,
+        el('label', {}, this.erroring, ' erroring ', this.erroringCount),
+        this.newer, this.older, this.summary),
+      this.message,
+      el('table', { id: 'samples-table' },
+        el('thead', {}, el('tr', {}, ['step', 'prompt', 'completion', 'reward', 'correct', 'reward modules'].map((h) => el('th', {}, h)))),
+        this.tbody),
+    );
+    this.reload(true);
+  }
+
+  /** Reloads now and then while the run writes samples, and once more after it ends. */
+  refreshIfRunning(status) {
+    const changed = this.status !== null && this.status !== status;
+    this.status = status;
+    if (changed || (status === 'running' && Date.now() - this.lastLoad > 3000)) this.reload(false);
+  }
+
+  turn(direction) {
+    this.offset = Math.max(0, this.offset + direction * PAGE);
+    this.reload(false);
+  }
+
+  query() {
+    const q = new URLSearchParams({ offset: String(this.offset), limit: String(PAGE) });
+    if (this.step.value) q.set('step', this.step.value);
+    if (this.failed.checked) q.set('failed', 'true');
+    if (this.erroring.checked) q.set('erroring', 'true');
+    const t = this.threshold.value.trim();
+    if (t !== '' && Number.isFinite(Number(t))) q.set('threshold', t);
+    return q;
+  }
+
+  async reload(fromStart) {
+    if (fromStart) this.offset = 0;
+    const mine = ++this.seq;
+    this.lastLoad = Date.now();
+    try {
+      const page = await api(`/api/runs/${this.runId}/samples?${this.query()}`);
+      if (mine !== this.seq) return;
+      this.message.replaceChildren();
+      this.show(page);
+    } catch (e) {
+      if (mine === this.seq) showError(this.message, e);
+    }
+  }
+
+  show(page) {
+    const chosen = this.step.value;
+    const known = [...this.step.options].slice(1).map((o) => o.value);
+    if (known.join() !== page.steps.slice().reverse().join()) {
+      this.step.replaceChildren(el('option', { value: '' }, 'all steps'),
+        ...page.steps.slice().reverse().map((s) => el('option', { value: s }, `step ${s}`)));
+      this.step.value = page.steps.map(String).includes(chosen) ? chosen : '';
+    }
+    this.failedCount.textContent = `(${page.counts.failed})`;
+    this.erroringCount.textContent = `(${page.counts.erroring})`;
+    this.box.dataset.total = String(page.total);
+    const last = Math.min(page.offset + page.samples.length, page.total);
+    this.summary.textContent = page.total ? `${page.offset + 1}–${last} of ${page.total}` : 'no samples';
+    this.newer.disabled = page.offset === 0;
+    this.older.disabled = last >= page.total;
+    if (!page.samples.length) {
+      const why = page.counts.all ? 'No sample matches these filters.' : 'No samples yet (the run writes them at step 1 and every rl.samples_every steps).';
+      this.tbody.replaceChildren(el('tr', {}, el('td', { colspan: 6, class: 'muted' }, why)));
+      return;
+    }
+    this.tbody.replaceChildren(...page.samples.map((s) => {
+      const scores = s.scores || [];
+      const errors = scores.filter((m) => m.error);
+      return el('tr', {
+        'data-sample': `${s.step}-${s.prompt_index}-${s.sample}`,
+        'data-step': s.step,
+        'data-reward': s.reward,
+        'data-correct': String(s.correct),
+        'data-errors': errors.length,
+      },
+      el('td', { class: 'num' }, s.step),
+      el('td', {}, el('code', {}, s.prompt)),
+      el('td', {}, s.completion ? el('code', { class: 'completion' }, s.completion) : el('span', { class: 'muted' }, '(empty)')),
+      el('td', { class: 'num' }, num(s.reward)),
+      el('td', { class: s.correct === false ? 'error' : s.correct ? 'ok' : 'muted' }, s.correct === null || s.correct === undefined ? '–' : s.correct ? '✓' : '✗'),
+      el('td', {}, scores.map((m) => el('div', { class: m.error ? 'error' : '', title: m.message || '' },
+        `${m.name} (×${num(m.weight)}): `, m.error ? `${m.error} → ${num(m.reward)}` : num(m.score),
+        m.correct === true ? ' ✓' : m.correct === false ? ' ✗' : ''))));
+    }));
+  }
+}
