@@ -48,7 +48,7 @@ pub enum SetError {
         weight: f64,
     },
     /// A member could not be loaded (unreadable, not WebAssembly, disallowed imports).
-    #[error("reward module {index} ({path}): {source}")]
+    #[error("reward module {index}: {source}")]
     Load {
         /// The member's position.
         index: usize,
