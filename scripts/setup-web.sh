@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the browser UI and its tests need: the UI's npm packages (uPlot, served from
-# web/node_modules; playwright-core for the browser tests) and Debian's headless Chromium.
+# Installs what the browser UI's tests need: playwright-core (web/node_modules) and Debian's
+# headless Chromium. The UI itself needs no package: `anneal serve` serves web/ as it is.
 # Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +12,6 @@ fi
 if [ ! -x /usr/bin/chromium ]; then
   $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium
 fi
-if [ ! -f web/node_modules/uplot/dist/uPlot.esm.js ] || [ ! -d web/node_modules/playwright-core ]; then
+if [ ! -d web/node_modules/playwright-core ]; then
   (cd web && npm ci --no-audit --no-fund --loglevel=error)
 fi

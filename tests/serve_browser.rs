@@ -1,8 +1,10 @@
 //! The browser UI in real headless Chromium: `web/tests/browser.mjs` (playwright-core) drives a
 //! real `anneal serve` with real training runs (and samples from a real checkpoint), then RL
 //! runs started from the form with uploaded reward modules, their charts, samples view and
-//! comparison, and the charts' axes. Needs Debian's `chromium` and `npm install` in `web/` (both
-//! done by `scripts/setup.sh`). Screenshots land in `web/tests/screenshots/`.
+//! comparison, and the charts' axes. The server serves a copy of `web/` without `node_modules`:
+//! the UI must work with nothing installed, as after the README's first command. The test itself
+//! needs Debian's `chromium` and playwright-core in `web/node_modules` (both installed by
+//! `scripts/setup.sh`). Screenshots land in `web/tests/screenshots/`.
 
 use anneal_tests::serve as serve_common;
 
@@ -29,6 +31,8 @@ fn the_ui_creates_watches_stops_resumes_and_compares_training_and_rl_runs() {
             .display(),
         parity.display()
     );
+    let web = home.join("web");
+    copy_ui(&root.join("web"), &web);
     let server = Server::start(
         &home,
         &[
@@ -36,6 +40,8 @@ fn the_ui_creates_watches_stops_resumes_and_compares_training_and_rl_runs() {
             configs.to_str().expect("utf-8"),
             "--max-running",
             "2",
+            "--web",
+            web.to_str().expect("utf-8"),
         ],
     );
     let shots = root.join("web/tests/screenshots");
@@ -79,5 +85,22 @@ fn the_ui_creates_watches_stops_resumes_and_compares_training_and_rl_runs() {
         "12-chart-axes",
     ] {
         assert!(shots.join(format!("{shot}.png")).is_file(), "{shot}.png");
+    }
+}
+
+/// Copies the UI's files (not `node_modules`, not the tests) from `from` to `to`.
+fn copy_ui(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("create the UI copy");
+    for entry in std::fs::read_dir(from).expect("read web/") {
+        let entry = entry.expect("a web/ entry");
+        let name = entry.file_name();
+        if name == "node_modules" || name == "tests" {
+            continue;
+        }
+        if entry.file_type().expect("file type").is_dir() {
+            copy_ui(&entry.path(), &to.join(&name));
+        } else {
+            std::fs::copy(entry.path(), to.join(&name)).expect("copy a UI file");
+        }
     }
 }

@@ -1,18 +1,17 @@
-// Charts on top of uPlot (npm `uplot`, served from node_modules: no build step).
-import uPlot from '/node_modules/uplot/dist/uPlot.esm.js';
+// Line charts drawn as SVG with no library, so the UI runs from `web/` as it is, with nothing to
+// install: several series of [x, y] points, axes with readable ticks, a legend whose values
+// follow the pointer, and axis-less sparklines.
+
+const SVG = 'http://www.w3.org/2000/svg';
+/** The font of axis labels (style.css gives `.plot text` the same). */
+const AXIS_FONT = '11px sans-serif';
 
 export const COLORS = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2', '#ca8a04', '#db2777'];
 
-/** Aligns series of [x, y] points on the union of their x values (uPlot's data layout). */
-export function align(seriesPoints) {
-  const xs = [...new Set(seriesPoints.flatMap((pts) => pts.map((p) => p[0])))].sort((a, b) => a - b);
-  const index = new Map(xs.map((x, i) => [x, i]));
-  const ys = seriesPoints.map((pts) => {
-    const y = new Array(xs.length).fill(null);
-    for (const [x, v] of pts) y[index.get(x)] = v;
-    return y;
-  });
-  return [xs, ...ys];
+function svg(tag, attrs = {}) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  return e;
 }
 
 /** Points [step, value] of `key` from metric rows (later rows win for a repeated step). */
@@ -26,12 +25,12 @@ export function pointsOf(rows, key) {
 }
 
 /**
- * The y range: the data with 5% margins, widened to ±5% of the magnitude when the values are
- * (nearly) constant — uPlot finds no ticks in a span far below the values' precision (a learning
- * rate decaying by 1e-9 per step).
+ * The [lo, hi] range drawn for values in [min, max]: 5% margins, widened to ±5% of the
+ * magnitude when the values are (nearly) constant, so a learning rate that moves by 1e-9 per
+ * step still gets an axis with distinct ticks.
  */
-function yRange(u, min, max) {
-  if (min === null || max === null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+export function paddedRange(min, max) {
+  if (!Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
   const magnitude = Math.max(Math.abs(min), Math.abs(max));
   const span = max - min;
   if (span <= magnitude * 1e-4) {
@@ -42,10 +41,25 @@ function yRange(u, min, max) {
 }
 
 /**
+ * About `count` round ticks in [lo, hi], 1, 2 or 5 times a power of ten of `unit` apart (a
+ * byte axis passes its unit, so ticks fall on round numbers of what the labels show).
+ */
+export function niceTicks(lo, hi, count = 5, unit = 1) {
+  const span = (hi - lo) / unit;
+  if (!(span > 0) || !Number.isFinite(span)) return { values: [lo], step: unit };
+  const raw = span / count;
+  const power = 10 ** Math.floor(Math.log10(raw));
+  const step = ([1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw) || 10 * power) * unit;
+  const values = [];
+  for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) values.push(k * step);
+  return { values, step };
+}
+
+/**
  * Tick labels for `splits` (multiples of `incr`): the fewest decimals (or, for magnitudes below
  * 0.01 or from 1e6 up, significant digits in exponent form) with which every label reads back
- * as its tick. uPlot's default formatter rounds to 3 decimals, which turns the ticks of a
- * learning rate near 1e-3 into "0.001, 0.001, 0".
+ * as its tick. Rounding to a fixed 3 decimals turned the ticks of a learning rate near
+ * 1e-3 into "0.001, 0.001, 0".
  */
 export function formatTicks(splits, incr) {
   const finite = splits.filter((v) => v !== null && Number.isFinite(v));
@@ -73,24 +87,6 @@ function byteUnit(magnitude) {
   return k;
 }
 
-/** The unit of a byte axis: that of its scale's larger end. */
-function axisByteUnit(u) {
-  const { min, max } = u.scales.y;
-  return byteUnit(Math.max(Math.abs(min ?? 0), Math.abs(max ?? 0)));
-}
-
-/**
- * Tick steps of a byte axis: 1, 2 and 5 times powers of ten of the axis' unit (and at least a
- * byte), so that ticks fall on round numbers of what the labels show (0.05 MiB, 1 MiB, 2 GiB)
- * rather than on round numbers of bytes.
- */
-export function byteIncrs(u) {
-  const scale = 1024 ** axisByteUnit(u);
-  const out = [];
-  for (let e = -6; e <= 6; e++) for (const m of [1, 2, 5]) out.push(m * 10 ** e * scale);
-  return out.filter((incr) => incr >= 1);
-}
-
 /**
  * Byte tick labels in the axis' one unit, with the decimals that unit needs ("445 MiB, 446 MiB"
  * or "1.35 MiB, 1.40 MiB"), never a mix of units or digits lost to rounding.
@@ -109,72 +105,160 @@ function textWidth(text, font) {
   return measureCtx.measureText(text).width;
 }
 
+/** The extent of the x and y values of every series. */
+function extent(series) {
+  let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
+  for (const pts of series) {
+    for (const [x, y] of pts) {
+      x0 = Math.min(x0, x); x1 = Math.max(x1, x);
+      y0 = Math.min(y0, y); y1 = Math.max(y1, y);
+    }
+  }
+  return { x0, x1, y0, y1, empty: x0 > x1 };
+}
+
+/** The point of `pts` (sorted by x) nearest to `x`. */
+function nearest(pts, x) {
+  if (!pts.length) return null;
+  let lo = 0;
+  let hi = pts.length - 1;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (pts[mid][0] <= x) lo = mid; else hi = mid;
+  }
+  return Math.abs(pts[lo][0] - x) <= Math.abs(pts[hi][0] - x) ? pts[lo] : pts[hi];
+}
+
 /**
- * A line chart in `container`: `set(seriesPoints)` replaces its data. The container gets
- * `data-points` (points of the first series), `data-series` (series with points), and after
- * each draw `data-y-ticks` (the y tick labels as drawn, JSON), `data-y-axis` and
- * `data-y-labels` (the y axis' width and its widest label's, in CSS pixels), so that tests can
- * see the chart fill up and read its axis.
+ * A line chart in `container`: `set(seriesPoints)` replaces its data (one array of [x, y] points
+ * per label). The container gets `data-points` (points of the first series), `data-series`
+ * (series with points), and after each draw `data-y-ticks` (the y tick labels as drawn, JSON),
+ * `data-y-axis` and `data-y-labels` (the y axis' width and its widest label's, in CSS pixels),
+ * so that tests can see the chart fill up and read its axis.
  */
 export class LineChart {
   constructor(container, { title, labels, height = 200, yFormat, bytes = false } = {}) {
     this.container = container;
     this.labels = labels;
+    this.height = height;
+    this.bytes = bytes;
+    this.format = (v) => (v === null || v === undefined ? '–' : yFormat ? yFormat(v) : formatValue(v));
+    this.series = labels.map(() => []);
     container.classList.add('chart');
     container.append(Object.assign(document.createElement('h3'), { textContent: title }));
-    this.target = document.createElement('div');
-    container.append(this.target);
-    const width = Math.max(300, container.clientWidth - 24 || 400);
-    const ticks = bytes ? (u, splits, incr) => formatBytesTicks(splits, incr, axisByteUnit(u)) : (u, splits, incr) => formatTicks(splits, incr);
-    const value = (u, v) => (v === null || v === undefined ? '–' : yFormat ? yFormat(v) : formatValue(v));
-    this.plot = new uPlot({
-      width,
-      height,
-      scales: { x: { time: false }, y: { range: yRange } },
-      axes: [
-        { label: 'step' },
-        {
-          incrs: bytes ? byteIncrs : undefined,
-          values: (u, splits, axisIdx, space, incr) => ticks(u, splits, incr),
-          // As wide as the widest label: a fixed width cut "447.8 MiB" down to "7.8 MiB".
-          size: (u, values, axisIdx) => {
-            if (!values) return 50;
-            const axis = u.axes[axisIdx];
-            const font = axis.font ? axis.font[0].replace(/[\d.]+px/, `${axis.font[2]}px`) : '12px sans-serif';
-            const widest = Math.max(0, ...values.map((v) => textWidth(String(v), font)));
-            this.container.dataset.yLabels = String(Math.ceil(widest));
-            return Math.ceil(widest + (axis.ticks?.size ?? 10) + (axis.gap ?? 5) + 6);
-          },
-        },
-      ],
-      series: [
-        { label: 'step' },
-        ...labels.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: false }, value })),
-      ],
-      legend: { live: true },
-      hooks: {
-        draw: [(u) => {
-          const y = u.axes[1];
-          this.container.dataset.yTicks = JSON.stringify(y._values || []);
-          this.container.dataset.yAxis = String(Math.round(y._size || 0));
-        }],
-      },
-    }, align(labels.map(() => [])), this.target);
-    this.set(labels.map(() => []));
+    this.svg = svg('svg', { class: 'plot', height, role: 'img', 'aria-label': title });
+    container.append(this.svg);
+    const legend = Object.assign(document.createElement('div'), { className: 'legend' });
+    this.values = labels.map((label, i) => {
+      const item = document.createElement('span');
+      const swatch = document.createElement('i');
+      swatch.style.background = COLORS[i % COLORS.length];
+      const value = document.createElement('b');
+      item.append(swatch, document.createTextNode(` ${label} `), value);
+      legend.append(item);
+      return value;
+    });
+    container.append(legend);
+    this.svg.addEventListener('pointermove', (e) => this.hover(e));
+    this.svg.addEventListener('pointerleave', () => this.hover(null));
+    this.width = 0;
     new ResizeObserver(() => {
-      const w = Math.max(300, container.clientWidth - 24);
-      if (Math.abs(w - this.plot.width) > 4) this.plot.setSize({ width: w, height });
+      if (Math.abs(this.chartWidth() - this.width) > 4) this.draw();
     }).observe(container);
+    this.set(this.series);
+  }
+
+  chartWidth() {
+    return Math.max(300, this.container.clientWidth - 24 || 400);
   }
 
   set(seriesPoints) {
-    this.plot.setData(align(seriesPoints));
-    this.container.dataset.points = String(seriesPoints[0] ? seriesPoints[0].length : 0);
-    this.container.dataset.series = String(seriesPoints.filter((p) => p.length > 0).length);
+    this.series = seriesPoints.map((pts) => pts.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)));
+    this.container.dataset.points = String(this.series[0] ? this.series[0].length : 0);
+    this.container.dataset.series = String(this.series.filter((p) => p.length > 0).length);
+    this.draw();
+  }
+
+  /** The y ticks of [lo, hi] and their labels. */
+  yTicks(lo, hi) {
+    if (this.bytes) {
+      const k = byteUnit(Math.max(Math.abs(lo), Math.abs(hi)));
+      const t = niceTicks(lo, hi, 4, 1024 ** k);
+      return { values: t.values, labels: formatBytesTicks(t.values, t.step, k) };
+    }
+    const t = niceTicks(lo, hi, 4);
+    return { values: t.values, labels: formatTicks(t.values, t.step) };
+  }
+
+  draw() {
+    const width = this.chartWidth();
+    const height = this.height;
+    this.width = width;
+    this.svg.setAttribute('width', width);
+    this.svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
+    this.svg.replaceChildren();
+    const ext = extent(this.series);
+    const [xLo, xHi] = ext.empty ? [0, 1] : ext.x0 === ext.x1 ? [ext.x0 - 1, ext.x1 + 1] : [ext.x0, ext.x1];
+    const [yLo, yHi] = ext.empty ? [0, 1] : paddedRange(ext.y0, ext.y1);
+    const yt = this.yTicks(yLo, yHi);
+    // As wide as the widest label: a fixed width cut "447.8 MiB" down to "7.8 MiB".
+    const widest = Math.ceil(Math.max(0, ...yt.labels.map((l) => textWidth(l, AXIS_FONT))));
+    const box = { left: widest + 12, right: width - 10, top: 8, bottom: height - 22 };
+    const sx = (x) => box.left + ((x - xLo) / (xHi - xLo)) * (box.right - box.left);
+    const sy = (y) => box.bottom - ((y - yLo) / (yHi - yLo)) * (box.bottom - box.top);
+    this.scale = { sx, xLo, xHi, box };
+
+    const grid = svg('g', { class: 'grid' });
+    yt.values.forEach((v, i) => {
+      grid.append(svg('line', { x1: box.left, x2: box.right, y1: sy(v), y2: sy(v) }));
+      const t = svg('text', { x: box.left - 6, y: sy(v) + 4, 'text-anchor': 'end' });
+      t.textContent = yt.labels[i];
+      grid.append(t);
+    });
+    const xt = niceTicks(xLo, xHi, Math.max(2, Math.floor((box.right - box.left) / 80)));
+    const xLabels = formatTicks(xt.values, xt.step);
+    xt.values.forEach((v, i) => {
+      const t = svg('text', { x: sx(v), y: height - 6, 'text-anchor': 'middle' });
+      t.textContent = xLabels[i];
+      grid.append(t);
+    });
+    grid.append(svg('line', { class: 'axis', x1: box.left, x2: box.right, y1: box.bottom, y2: box.bottom }));
+    this.svg.append(grid);
+    this.series.forEach((pts, i) => {
+      if (!pts.length) return;
+      const d = pts.map(([x, y], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join('');
+      this.svg.append(svg('path', { d, fill: 'none', stroke: COLORS[i % COLORS.length], 'stroke-width': 1.5 }));
+    });
+    this.cursor = svg('line', { class: 'cursor', y1: box.top, y2: box.bottom, visibility: 'hidden' });
+    this.svg.append(this.cursor);
+    this.container.dataset.yTicks = JSON.stringify(yt.labels);
+    this.container.dataset.yAxis = String(box.left);
+    this.container.dataset.yLabels = String(widest);
+    this.hover(null);
+  }
+
+  /** Shows the values at the pointer's x in the legend (the last values when it leaves). */
+  hover(event) {
+    if (!this.scale) return;
+    const { sx, xLo, xHi, box } = this.scale;
+    let x = null;
+    if (event) {
+      const px = event.clientX - this.svg.getBoundingClientRect().left;
+      if (px >= box.left && px <= box.right) x = xLo + ((px - box.left) / (box.right - box.left)) * (xHi - xLo);
+    }
+    this.cursor.setAttribute('visibility', x === null ? 'hidden' : 'visible');
+    if (x !== null) {
+      this.cursor.setAttribute('x1', sx(x));
+      this.cursor.setAttribute('x2', sx(x));
+    }
+    this.series.forEach((pts, i) => {
+      const p = x === null ? pts[pts.length - 1] : nearest(pts, x);
+      this.values[i].textContent = p ? this.format(p[1]) : '–';
+    });
   }
 }
 
-/** A legend value: four significant digits (uPlot's default keeps only three decimals). */
+/** A legend value: four significant digits (three fixed decimals lose small values). */
 export function formatValue(v) {
   if (!Number.isFinite(v)) return String(v);
   if (Number.isInteger(v) && Math.abs(v) < 1e6) return String(v);
@@ -186,22 +270,29 @@ export function formatValue(v) {
 export class Sparkline {
   constructor(container, { width = 160, height = 36, color = COLORS[0] } = {}) {
     this.container = container;
-    this.plot = new uPlot({
-      width,
-      height,
-      class: 'spark',
-      cursor: { show: false },
-      legend: { show: false },
-      select: { show: false },
-      scales: { x: { time: false } },
-      axes: [{ show: false }, { show: false }],
-      series: [{}, { stroke: color, width: 1.25, points: { show: false }, spanGaps: true }],
-    }, [[], []], container);
+    this.size = { width, height };
+    this.svg = svg('svg', { class: 'spark', width, height, viewBox: `0 0 ${width} ${height}` });
+    this.path = svg('path', { fill: 'none', stroke: color, 'stroke-width': 1.25 });
+    this.svg.append(this.path);
+    container.append(this.svg);
     this.set([]);
   }
 
   set(points) {
-    this.plot.setData(align([points]));
-    this.container.dataset.points = String(points.length);
+    const pts = points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
+    const ext = extent([pts]);
+    const { width, height } = this.size;
+    let d = '';
+    if (!ext.empty) {
+      const [yLo, yHi] = paddedRange(ext.y0, ext.y1);
+      const xSpan = ext.x1 - ext.x0 || 1;
+      d = pts.map(([x, y], k) => {
+        const px = ((x - ext.x0) / xSpan) * (width - 2) + 1;
+        const py = height - 1 - ((y - yLo) / (yHi - yLo)) * (height - 2);
+        return `${k ? 'L' : 'M'}${px.toFixed(1)},${py.toFixed(1)}`;
+      }).join('');
+    }
+    this.path.setAttribute('d', d);
+    this.container.dataset.points = String(pts.length);
   }
 }
