@@ -94,6 +94,11 @@ enum Command {
         /// Where the run writes its files (default: runs/<job name>-<time>).
         #[arg(long)]
         run_dir: Option<std::path::PathBuf>,
+        /// Time every op of STEPS steps (`--profile` or `--profile=STEPS`, after 2 warm-up steps;
+        /// default 3): prints a per-op
+        /// table and writes it with a Chrome trace (Perfetto) to `<run dir>/profile/`.
+        #[arg(long, value_name = "STEPS", num_args = 0..=1, require_equals = true, default_missing_value = "3")]
+        profile: Option<u64>,
     },
     /// Post-train a policy with RL (GRPO / Dr.GRPO / DAPO) and WebAssembly rewards, from a job
     /// config with an `[rl]` section; metrics go to `<run dir>/metrics.jsonl`.
@@ -207,7 +212,8 @@ fn main() -> ExitCode {
             config,
             set,
             run_dir,
-        } => train_cmd::train(&config, &set, run_dir),
+            profile,
+        } => train_cmd::train(&config, &set, run_dir, profile),
         Command::Rl {
             config,
             set,

@@ -20,6 +20,7 @@ pub mod invariant;
 pub mod io;
 pub mod layout;
 pub mod ops;
+pub mod profile;
 pub mod rng;
 mod storage;
 mod tensor;

@@ -268,6 +268,7 @@ impl Tensor {
                 return Contig::Borrowed(guard, a, b, std::marker::PhantomData);
             }
         }
+        let _p = crate::profile::scope("copy");
         let mut out = Storage::any(T::DTYPE, self.numel());
         gather_dyn(&guard, self.layout(), &mut out);
         Contig::Owned(out, std::marker::PhantomData)
@@ -275,6 +276,7 @@ impl Tensor {
 
     /// A contiguous copy with a fresh storage of `dtype` (no autograd).
     pub(crate) fn materialize(&self, dtype: DType) -> Tensor {
+        let _p = crate::profile::scope("copy");
         let guard = self.storage();
         let mut out = Storage::any(dtype, self.numel());
         gather_dyn(&guard, self.layout(), &mut out);

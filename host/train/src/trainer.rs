@@ -225,6 +225,7 @@ impl Trainer {
         let t = &self.cfg.training;
         let n_micro = t.batch_size / t.micro_batch_size;
         let step = self.step + 1;
+        let _profiled = anneal_engine::profile::step(step);
         let mut loss_sum = 0.0f64;
         for _ in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);

@@ -65,7 +65,10 @@ fn recompute(
             }
         })
         .collect();
-    let out = f(&leaves)?;
+    let out = {
+        let _phase = crate::profile::phase("recompute");
+        f(&leaves)?
+    };
     if out.requires_grad() {
         out.backward_with(g.clone())?;
     }

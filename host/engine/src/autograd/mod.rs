@@ -163,6 +163,7 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
         });
     }
     let _guard = no_grad();
+    let _phase = crate::profile::phase("backward");
     let root_node = match root.grad_meta() {
         GradMeta::None => return Err(invalid("backward", "tensor does not require grad")),
         GradMeta::Leaf(l) => {

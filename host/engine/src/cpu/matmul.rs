@@ -26,6 +26,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     );
     let batch_shape = &a.shape()[..rank - 2];
     let batch: usize = batch_shape.iter().product();
+    let _p = crate::profile::scope_with("matmul", || shape_detail(a, b, batch, m, k, n));
     let mut out_shape = batch_shape.to_vec();
     out_shape.extend([m, n]);
     let out_dtype = if a.dtype() == b.dtype() && a.dtype().is_float() {
@@ -81,6 +82,32 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     drop((ga, gb));
     finish(out, &out_shape, out_dtype)
+}
+
+/// `batch=.. m=.. k=.. n=.. a=n|t b=n|t` for the profile (`t`: the operand's rows are strided,
+/// i.e. it is read transposed).
+pub(crate) fn shape_detail(
+    a: &Tensor,
+    b: &Tensor,
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> String {
+    let t = |x: &Tensor| {
+        let r = x.rank();
+        if x.layout().strides()[r - 1] == 1 || x.shape()[r - 1] == 1 {
+            "n"
+        } else {
+            "t"
+        }
+    };
+    let b_part = if batch > 1 {
+        format!("batch={batch} ")
+    } else {
+        String::new()
+    };
+    format!("{b_part}m={m} k={k} n={n} a={} b={}", t(a), t(b))
 }
 
 /// `dst[m, n] = a[m, k] @ b[k, n]` for one batch entry.
@@ -146,6 +173,7 @@ fn gemm_one(
 pub(crate) fn matmul_row_tiles(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     use crate::invariant::TILE;
     let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let _p = crate::profile::scope_with("matmul_tiles", || shape_detail(a, b, 1, m, k, n));
     let out_dtype = if a.dtype() == b.dtype() && a.dtype().is_float() {
         a.dtype()
     } else {

@@ -139,6 +139,7 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             rhs: src.shape().to_vec(),
         });
     }
+    let _p = crate::profile::scope("copy_into");
     // Convert (and detach from shared storage) first, then scatter by index.
     let vals = src.materialize(dst.dtype());
     let v = vals.storage();

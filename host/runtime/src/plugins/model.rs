@@ -85,6 +85,7 @@ impl PluginModel {
         positions: &Tensor,
         opts: &ForwardOpts,
     ) -> anneal_engine::Result<Tensor> {
+        let _phase = anneal_engine::profile::phase("forward");
         let mut hidden = run_stage(
             &self.inst,
             &self.name,

@@ -84,6 +84,7 @@ impl PluginOptimizer {
         step: u64,
         lr: f64,
     ) -> Result<(), PluginError> {
+        let _phase = anneal_engine::profile::phase("optimizer");
         for (pname, p) in params {
             let Some(grad) = p.grad() else { continue };
             let mut named = HashMap::new();
