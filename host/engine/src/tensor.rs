@@ -201,6 +201,11 @@ impl Tensor {
         self.0.layout.is_contiguous()
     }
 
+    /// Identifies the storage behind this tensor (equal for tensors that share it).
+    pub(crate) fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.0.storage) as usize
+    }
+
     /// True when two tensors share storage.
     pub fn shares_storage_with(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)

@@ -296,3 +296,12 @@ impl crate::backend::FusedBackend for CpuBackend {
         )
     }
 }
+
+mod optim;
+
+impl crate::backend::OptimBackend for CpuBackend {
+    fn adamw(&self, groups: &[crate::ops::AdamWTensors<'_>], hp: &crate::ops::AdamW) -> Result<()> {
+        let _p = crate::profile::scope("adamw");
+        optim::adamw(groups, &hp.consts())
+    }
+}
