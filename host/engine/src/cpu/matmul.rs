@@ -110,6 +110,12 @@ pub(crate) fn shape_detail(
     format!("{b_part}m={m} k={k} n={n} a={} b={}", t(a), t(b))
 }
 
+/// Whether a product with `m` rows runs on the packed AVX-512 kernel. A handful of rows (a
+/// decode step) stays on `gemm`'s matrix-vector path, which needs no packing.
+fn use_sgemm(m: usize) -> bool {
+    m >= 4 && super::sgemm::available()
+}
+
 /// `dst[m, n] = a[m, k] @ b[k, n]` for one batch entry.
 #[allow(clippy::too_many_arguments)]
 fn gemm_one(
@@ -134,6 +140,22 @@ fn gemm_one(
     );
     if k == 0 {
         dst.fill(0.0);
+        return;
+    }
+    if use_sgemm(m) {
+        let ra = super::sgemm::MatRef {
+            data: a.data,
+            off: a_off,
+            rs: a_rs as usize,
+            cs: a_cs as usize,
+        };
+        let rb = super::sgemm::MatRef {
+            data: b.data,
+            off: b_off,
+            rs: b_rs as usize,
+            cs: b_cs as usize,
+        };
+        super::sgemm::sgemm(m, n, k, ra, rb, dst, !matches!(par, Parallelism::None));
         return;
     }
     // Bounds: the last element each operand reaches lies inside its slice.

@@ -9,6 +9,7 @@ mod attention;
 mod elementwise;
 mod matmul;
 mod reduce;
+mod sgemm;
 pub(crate) mod simd;
 
 pub(crate) use matmul::matmul_row_tiles;
