@@ -90,4 +90,51 @@ fn records_a_window_of_steps_op_by_op() {
 
     // After the window, nothing is recorded.
     assert!(!profile::enabled());
+
+    // A linear layer (`x @ wᵀ`, batched x) runs its backward without copies: the weight's
+    // gradient is computed in the weight's own layout and kept without a copy.
+    let w = common_randn(&[48, 40], "w").requires_grad_();
+    let x = common_randn(&[2, 16, 40], "x").requires_grad_();
+    profile::configure(Window { skip: 0, steps: 1 });
+    {
+        let _s = profile::step(1);
+        let y = x.matmul(&w.transpose(0, 1).unwrap()).unwrap();
+        y.backward_with(Tensor::ones(&[2, 16, 48], DType::F32)).unwrap();
+    }
+    let p = profile::finish().unwrap();
+    let copies: Vec<_> = p
+        .rows()
+        .into_iter()
+        .filter(|r| r.phase == "backward" && r.name.starts_with("copy"))
+        .collect();
+    assert!(copies.is_empty(), "backward copied: {copies:?}");
+    let g = w.grad().unwrap();
+    assert!(g.is_contiguous());
+    // dw[o, i] = Σ_rows x[row, i] (the upstream gradient is all ones).
+    let xs = x
+        .reshape(&[32, 40])
+        .unwrap()
+        .sum_dims(&[0], false)
+        .unwrap()
+        .to_vec_f32();
+    for (o, row) in g.to_vec_f32().chunks(40).enumerate() {
+        for (i, (&a, &b)) in row.iter().zip(&xs).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "dw[{o}, {i}] = {a}, want {b}"
+            );
+        }
+    }
+}
+
+fn common_randn(shape: &[usize], name: &str) -> Tensor {
+    Tensor::rand_normal(
+        shape,
+        0.0,
+        1.0,
+        &anneal_engine::rng::RngKey::new(3, name),
+        0,
+        DType::F32,
+    )
+    .unwrap()
 }

@@ -74,7 +74,14 @@ impl LeafGrad {
     fn accumulate(&self, g: Tensor) -> Result<()> {
         let mut slot = self.grad.lock().expect("grad lock poisoned");
         match slot.as_ref() {
-            None => *slot = Some(g.materialize(g.dtype())),
+            // A gradient nothing else references is kept as is; anything else (a view, a
+            // tensor another consumer holds) is copied, since later passes add into it.
+            None => {
+                *slot = Some(
+                    g.into_exclusive()
+                        .unwrap_or_else(|g| g.materialize(g.dtype())),
+                )
+            }
             Some(existing) => crate::ops::add_assign(existing, &g)?,
         }
         Ok(())

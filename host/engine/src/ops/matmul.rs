@@ -65,7 +65,14 @@ impl Tensor {
                     let n = g.shape()[g.rank() - 1];
                     let a2 = a.reshape(&[a.numel() / k.max(1), k])?;
                     let g2 = g.reshape(&[g.numel() / n.max(1), n])?;
-                    Some(a2.transpose(0, 1)?.matmul(&g2)?)
+                    if is_transposed_matrix(&b) {
+                        // `b` is a weight `w [n, k]` read as `wᵀ` (a linear layer): compute
+                        // `dw = gᵀ·a` in w's own layout, so the gradient reaches the weight
+                        // contiguous instead of as a strided view that must be copied.
+                        Some(g2.transpose(0, 1)?.matmul(&a2)?.transpose(0, 1)?)
+                    } else {
+                        Some(a2.transpose(0, 1)?.matmul(&g2)?)
+                    }
                 } else {
                     Some(a.transpose(-1, -2)?.matmul(g)?.sum_to_shape(b.shape())?)
                 };
@@ -73,4 +80,10 @@ impl Tensor {
             }
         }))
     }
+}
+
+/// A 2-d view whose transpose is contiguous (strides `[1, rows]`).
+fn is_transposed_matrix(t: &Tensor) -> bool {
+    let (s, st) = (t.shape(), t.layout().strides());
+    t.rank() == 2 && s[0] > 1 && s[1] > 1 && st[0] == 1 && st[1] == s[0]
 }
