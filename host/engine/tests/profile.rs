@@ -99,7 +99,8 @@ fn records_a_window_of_steps_op_by_op() {
     {
         let _s = profile::step(1);
         let y = x.matmul(&w.transpose(0, 1).unwrap()).unwrap();
-        y.backward_with(Tensor::ones(&[2, 16, 48], DType::F32)).unwrap();
+        y.backward_with(Tensor::ones(&[2, 16, 48], DType::F32))
+            .unwrap();
     }
     let p = profile::finish().unwrap();
     let copies: Vec<_> = p

@@ -1,17 +1,20 @@
 //! Packed f32 matrix products with our own AVX-512 micro-kernel (BLIS-style blocking).
 //!
-//! The `gemm` crate only uses AVX2 kernels on stable Rust and reads a transposed operand
-//! through its generic strided path, which is where it loses most (the `dA = dC·Bᵀ` and
-//! `dB = Aᵀ·dC` products of backward). Here both operands are first packed into the layout
-//! the micro-kernel streams (`MR`-row strips of A, `NR`-column strips of B, k-major), so a
-//! transposed operand costs one copy and the kernel never sees a stride.
+//! Why not only the `gemm` crate: on stable Rust it has AVX2 kernels only, which halves the
+//! FMA width on cores with full-width AVX-512 (Intel, Zen 5); and it picks code paths by
+//! size, so a row's result depends on how many rows the product has. On Zen 4 (512-bit ops
+//! run as two 256-bit halves) both reach about the same FMA throughput in f32; measure with
+//! `examples/gemm_bench.rs`. A transposed operand (the `dA = dC·Bᵀ`, `dB = Aᵀ·dC` products of
+//! backward) is packed once into the layout the micro-kernel streams (`MR`-row strips of A,
+//! `NR`-column strips of B, k-major), so the kernel never sees a stride.
 //!
 //! A row-major A is read in place (each kernel row streams one row of A); any other A is
-//! packed. Loop nest, for `C[m×n] = A[m×k]·B[k×n]` (row-major C):
+//! packed per task. Loop nest, for `C[m×n] = A[m×k]·B[k×n]` (row-major C):
 //! ```text
-//! for each KC block of k:                 pack A[:, kc] unless A is row-major
-//!   for each NC block of columns:         pack B[kc, nc]
-//!     parallel over MC×NT tiles:          MR×NR micro-kernels, C += A_strip · B_strip
+//! for each KC block of k:
+//!   for each NC block of columns:         pack B[kc, nc] (shared by all tasks)
+//!     parallel over MC×NT tiles:          pack the tile's A rows unless A is row-major;
+//!                                         MR×NR micro-kernels, C += A_strip · B_strip
 //! ```
 //! Determinism: every element of C is `C + Σ_k a·b` as one FMA chain per KC block, the blocks
 //! added in order; tiles only decide *who* computes an element, never *how*. So results are
@@ -88,44 +91,38 @@ pub(crate) fn sgemm(
         c.fill(0.0);
         return;
     }
-    let strips_m = m.div_ceil(MR);
-    // Row-major A needs no packing: a row of A is already contiguous along k.
+    // A row-major A is read in place (each kernel row streams one row of A: measured no
+    // slower than packing, which costs a scatter); other layouts are packed per task.
     let direct_a = a.cs == 1;
-    let mut pa = Buffer::any(if direct_a {
-        0
-    } else {
-        strips_m * MR * KC.min(k) * 4
-    });
     let mut pb = Buffer::any(NC.min(n).div_ceil(NR) * NR * KC.min(k) * 4);
     let c_addr = c.as_mut_ptr() as usize;
     for (kb, p0) in (0..k).step_by(KC).enumerate() {
         let kc = KC.min(k - p0);
-        let pa = &mut bytemuck::cast_slice_mut::<u8, f32>(pa.as_bytes_mut())
-            [..if direct_a { 0 } else { strips_m * MR * kc }];
-        let a_src = if direct_a {
-            ASource::Direct { a, p0 }
-        } else {
-            pack_a(a, m, p0, kc, pa, parallel);
-            ASource::Packed(pa)
-        };
         for j0 in (0..n).step_by(NC) {
             let nc = NC.min(n - j0);
             let strips_n = nc.div_ceil(NR);
             let pb =
                 &mut bytemuck::cast_slice_mut::<u8, f32>(pb.as_bytes_mut())[..strips_n * NR * kc];
             pack_b(b, n, p0, j0, kc, nc, pb, parallel);
-            let (a_src, pb) = (&a_src, &*pb);
+            let pb = &*pb;
             let tiles_m = m.div_ceil(MC);
             let tiles_n = nc.div_ceil(NT);
             let tile = |t: usize| {
                 let (ti, tj) = (t / tiles_n, t % tiles_n);
                 let rows = ti * MC..(ti * MC + MC).min(m);
                 let cols = tj * NT..(tj * NT + NT).min(nc);
+                let block = Block {
+                    a,
+                    direct_a,
+                    p0,
+                    kc,
+                    j0,
+                    ldc: n,
+                    accumulate: kb > 0,
+                };
                 // SAFETY: tiles cover disjoint blocks of C (rows × j0+cols), so no element is
                 // written by two tasks; `c` outlives the parallel loop.
-                unsafe {
-                    compute_tile(a_src, pb, kc, rows, cols, j0, n, c_addr as *mut f32, kb > 0)
-                }
+                unsafe { compute_tile(&block, pb, rows, cols, c_addr as *mut f32) }
             };
             if parallel {
                 (0..tiles_m * tiles_n).into_par_iter().for_each(tile);
@@ -136,12 +133,21 @@ pub(crate) fn sgemm(
     }
 }
 
-/// Where the kernel reads A from for one KC block.
-enum ASource<'a> {
-    /// Rows of a row-major A in place, from column `p0`.
-    Direct { a: MatRef<'a>, p0: usize },
-    /// Strips packed by [`pack_a`].
-    Packed(&'a [f32]),
+/// What every task of one (KC block, NC block) shares.
+struct Block<'a> {
+    a: MatRef<'a>,
+    /// Read A's rows in place instead of packing them.
+    direct_a: bool,
+    /// First column of A (row of B) of this KC block.
+    p0: usize,
+    /// Depth of this block.
+    kc: usize,
+    /// First column of C of this NC block.
+    j0: usize,
+    /// Row stride of C.
+    ldc: usize,
+    /// Add to C (every KC block after the first).
+    accumulate: bool,
 }
 
 /// Zeros the kernel reads for rows past the end of a row-major A (an edge strip).
@@ -151,114 +157,127 @@ static ZERO_ROW: [f32; KC] = [0.0; KC];
 ///
 /// # Safety
 /// `c` points to a row-major `m × ldc` matrix of which this call alone writes the block
-/// `rows × (j0 + cols)`; `a` covers `rows` for depth `kc`; `pb` is packed as by [`pack_b`].
-#[allow(clippy::too_many_arguments)]
+/// `rows × (j0 + cols)`; `pb` is packed as by [`pack_b`] for the block's depth.
 unsafe fn compute_tile(
-    a: &ASource<'_>,
+    blk: &Block<'_>,
     pb: &[f32],
-    kc: usize,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
-    j0: usize,
-    ldc: usize,
     c: *mut f32,
-    accumulate: bool,
 ) {
+    let (kc, ldc, accumulate) = (blk.kc, blk.ldc, blk.accumulate);
+    let a = blk.a;
     let m_end = rows.end;
-    for i in rows.step_by(MR) {
-        let mr = MR.min(m_end - i);
-        let (a_rows, a_step) = match a {
-            ASource::Direct { a, p0 } => {
+    PACKED_A.with_borrow_mut(|packed| {
+        if !blk.direct_a {
+            packed.resize(MC * KC, 0.0);
+            pack_a_block(
+                a,
+                rows.clone(),
+                blk.p0,
+                kc,
+                &mut packed[..rows.len().div_ceil(MR) * MR * kc],
+            );
+        }
+        for i in rows.clone().step_by(MR) {
+            let mr = MR.min(m_end - i);
+            let (a_rows, a_step) = if blk.direct_a {
                 let mut r = [ZERO_ROW.as_ptr(); MR];
                 for (k, row) in r.iter_mut().enumerate().take(mr) {
-                    let start = a.off + (i + k) * a.rs + p0;
+                    let start = a.off + (i + k) * a.rs + blk.p0;
                     // Bounds: the whole row segment lies inside A (checked by `fits`).
                     *row = a.data[start..start + kc].as_ptr();
                 }
                 (r, 1)
-            }
-            ASource::Packed(pa) => {
-                let strip = &pa[(i / MR) * MR * kc..][..MR * kc];
-                (std::array::from_fn(|r| strip[r..].as_ptr()), MR)
-            }
-        };
-        for j in cols.clone().step_by(NR) {
-            let nr = NR.min(cols.end - j);
-            let b_strip = pb[(j / NR) * NR * kc..][..NR * kc].as_ptr();
-            // SAFETY: (i, j0 + j) and the mr × nr block after it are inside this task's block.
-            let dst = unsafe { c.add(i * ldc + j0 + j) };
-            if mr == MR && nr == NR {
-                // SAFETY: a full tile: MR rows of NR elements at stride ldc, all in bounds.
-                unsafe { avx512::kernel(kc, &a_rows, a_step, b_strip, dst, ldc, accumulate) };
             } else {
-                // Edge tile: the same kernel on a full-size copy, so edge rows round exactly
-                // like interior ones.
-                let mut tmp = [0f32; MR * NR];
-                if accumulate {
+                let s = &packed[((i - rows.start) / MR) * MR * kc..][..MR * kc];
+                (std::array::from_fn(|r| s[r..].as_ptr()), MR)
+            };
+            for j in cols.clone().step_by(NR) {
+                let nr = NR.min(cols.end - j);
+                let b_strip = pb[(j / NR) * NR * kc..][..NR * kc].as_ptr();
+                // SAFETY: (i, j0 + j) and the mr × nr block after it are inside this task's block.
+                let dst = unsafe { c.add(i * ldc + blk.j0 + j) };
+                if mr == MR && nr == NR {
+                    // SAFETY: a full tile: MR rows of NR elements at stride ldc, all in bounds.
+                    unsafe { avx512::kernel(kc, &a_rows, a_step, b_strip, dst, ldc, accumulate) };
+                } else {
+                    // Edge tile: the same kernel on a full-size copy, so edge rows round exactly
+                    // like interior ones.
+                    let mut tmp = [0f32; MR * NR];
+                    if accumulate {
+                        for r in 0..mr {
+                            // SAFETY: row r of the mr × nr block is in bounds.
+                            let src = unsafe { std::slice::from_raw_parts(dst.add(r * ldc), nr) };
+                            tmp[r * NR..r * NR + nr].copy_from_slice(src);
+                        }
+                    }
+                    // SAFETY: tmp is MR × NR with row stride NR.
+                    unsafe {
+                        avx512::kernel(
+                            kc,
+                            &a_rows,
+                            a_step,
+                            b_strip,
+                            tmp.as_mut_ptr(),
+                            NR,
+                            accumulate,
+                        )
+                    };
                     for r in 0..mr {
-                        // SAFETY: row r of the mr × nr block is in bounds.
-                        let src = unsafe { std::slice::from_raw_parts(dst.add(r * ldc), nr) };
-                        tmp[r * NR..r * NR + nr].copy_from_slice(src);
+                        // SAFETY: as above.
+                        let out = unsafe { std::slice::from_raw_parts_mut(dst.add(r * ldc), nr) };
+                        out.copy_from_slice(&tmp[r * NR..r * NR + nr]);
                     }
                 }
-                // SAFETY: tmp is MR × NR with row stride NR.
-                unsafe {
-                    avx512::kernel(
-                        kc,
-                        &a_rows,
-                        a_step,
-                        b_strip,
-                        tmp.as_mut_ptr(),
-                        NR,
-                        accumulate,
-                    )
-                };
-                for r in 0..mr {
-                    // SAFETY: as above.
-                    let out = unsafe { std::slice::from_raw_parts_mut(dst.add(r * ldc), nr) };
-                    out.copy_from_slice(&tmp[r * NR..r * NR + nr]);
-                }
             }
         }
-    }
+    });
 }
 
-/// Packs `a[0..m, p0..p0+kc]` into `MR`-row strips, k-major (`strip[p·MR + r]`), zero-padding
-/// the last strip's missing rows.
-fn pack_a(a: MatRef<'_>, m: usize, p0: usize, kc: usize, out: &mut [f32], parallel: bool) {
-    let strip = |(s, dst): (usize, &mut [f32])| {
-        let i0 = s * MR;
-        let rows = MR.min(m - i0);
-        if rows < MR {
-            dst.fill(0.0);
-        }
-        let base = a.off + i0 * a.rs + p0 * a.cs;
-        if a.rs == 1 {
-            // Column-major A (a transposed operand): each k gives `rows` contiguous values.
-            for p in 0..kc {
-                let src = &a.data[base + p * a.cs..][..rows];
-                dst[p * MR..p * MR + rows].copy_from_slice(src);
-            }
-        } else if a.cs == 1 {
-            // Row-major A: read each row contiguously, write it down a strip column.
-            for r in 0..rows {
-                let src = &a.data[base + r * a.rs..][..kc];
-                for (p, &v) in src.iter().enumerate() {
-                    dst[p * MR + r] = v;
-                }
-            }
-        } else {
-            for p in 0..kc {
-                for r in 0..rows {
-                    dst[p * MR + r] = a.data[base + r * a.rs + p * a.cs];
-                }
+thread_local! {
+    /// Each worker's packed block of A (`MC × KC` floats), reused across calls.
+    static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Packs rows `rows` of `a`, columns `p0..p0+kc`, into consecutive k-major strips of `MR`
+/// rows (`dst[strip·MR·kc + p·MR + r]`), zero-padding the last strip's missing rows.
+fn pack_a_block(
+    a: MatRef<'_>,
+    rows: std::ops::Range<usize>,
+    p0: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
+    let m = rows.len();
+    if !m.is_multiple_of(MR) {
+        dst[(m / MR) * MR * kc..].fill(0.0);
+    }
+    let base = a.off + rows.start * a.rs + p0 * a.cs;
+    if a.rs == 1 {
+        // Column-major A (a transposed operand): each k gives the block's rows contiguously.
+        for p in 0..kc {
+            let src = &a.data[base + p * a.cs..][..m];
+            for (s, chunk) in src.chunks(MR).enumerate() {
+                dst[s * MR * kc + p * MR..][..chunk.len()].copy_from_slice(chunk);
             }
         }
-    };
-    if parallel {
-        out.par_chunks_mut(MR * kc).enumerate().for_each(strip);
+    } else if a.cs == 1 {
+        // Row-major A: read each row contiguously, write it down its strip's column.
+        for r in 0..m {
+            let src = &a.data[base + r * a.rs..][..kc];
+            let strip = &mut dst[(r / MR) * MR * kc..][..MR * kc];
+            for (p, &v) in src.iter().enumerate() {
+                strip[p * MR + r % MR] = v;
+            }
+        }
     } else {
-        out.chunks_mut(MR * kc).enumerate().for_each(strip);
+        for r in 0..m {
+            let strip = &mut dst[(r / MR) * MR * kc..][..MR * kc];
+            for p in 0..kc {
+                strip[p * MR + r % MR] = a.data[base + r * a.rs + p * a.cs];
+            }
+        }
     }
 }
 
