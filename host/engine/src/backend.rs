@@ -220,3 +220,28 @@ pub fn optim_backend_for(device: Device) -> Result<&'static dyn OptimBackend> {
         }),
     }
 }
+
+/// Fused kernels of the training fast path (SwiGLU, ...): a trait of its own so it grows
+/// without touching the others' bodies.
+pub trait FusionBackend: Send + Sync {
+    /// `silu(gate) * up`, elementwise.
+    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+    /// Gradients `(d gate, d up)` of [`FusionBackend::swiglu`] given the output gradient.
+    fn swiglu_backward(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Tensor, Tensor)>;
+}
+
+/// The fusion backend computing on `device`, or why none can.
+pub fn fusion_backend_for(device: Device) -> Result<&'static dyn FusionBackend> {
+    match device {
+        Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
+            device: d,
+            reason: "this build has no CUDA backend yet".into(),
+        }),
+    }
+}

@@ -191,6 +191,11 @@ impl<'h> Tensor<'h> {
     pub fn silu(&self) -> Result<Tensor<'h>> {
         self.unary("silu")
     }
+    /// `silu(self) * up`: the gated activation of a SwiGLU feed-forward (`self` is the gate),
+    /// one fused host op.
+    pub fn swiglu(&self, up: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("swiglu", &[up], &[])
+    }
     /// Square root.
     pub fn sqrt(&self) -> Result<Tensor<'h>> {
         self.unary("sqrt")

@@ -306,3 +306,21 @@ impl crate::backend::OptimBackend for CpuBackend {
         optim::adamw(groups, &hp.consts())
     }
 }
+
+mod swiglu;
+
+impl crate::backend::FusionBackend for CpuBackend {
+    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope("swiglu");
+        swiglu::swiglu(gate, up)
+    }
+    fn swiglu_backward(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let _p = crate::profile::scope("swiglu_backward");
+        swiglu::swiglu_backward(gate, up, grad)
+    }
+}

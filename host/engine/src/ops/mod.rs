@@ -62,6 +62,7 @@ mod random;
 mod shape;
 
 mod optim;
+mod swiglu;
 pub(crate) use optim::AdamWConsts;
 pub use optim::{adamw_step, AdamW, AdamWTensors};
 

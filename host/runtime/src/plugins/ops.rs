@@ -104,6 +104,7 @@ pub(crate) fn run(
         "softplus" => one(x()?.softplus()),
         "abs" => one(x()?.abs()),
         "matmul" => one(x()?.matmul(y()?)),
+        "swiglu" => one(x()?.swiglu(y()?)),
         "linear" => {
             let (x, w) = (x()?, y()?);
             one(w.transpose(0, 1).and_then(|wt| x.matmul(&wt)))
