@@ -317,10 +317,13 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "must be a finite number ≥ 0",
         ));
     }
-    if !matches!(t.dtype.as_str(), "float32" | "f32") {
+    if !matches!(t.dtype.as_str(), "float32" | "f32" | "bfloat16" | "bf16") {
         return Err(ConfigError::at(
             "training.dtype",
-            format!("`{}` is not supported yet (use float32)", t.dtype),
+            format!(
+                "`{}` is not supported (use float32, or bfloat16 for bf16 mixed precision)",
+                t.dtype
+            ),
         ));
     }
     if !(c.optimizer.lr >= 0.0 && c.optimizer.lr.is_finite()) {

@@ -152,7 +152,9 @@ pub struct Training {
     pub seed: u64,
     /// Clip the global gradient norm to this (0 disables clipping).
     pub max_grad_norm: f64,
-    /// Compute dtype of parameters and activations (`float32` for now).
+    /// Compute dtype: `float32`, or `bfloat16` for mixed precision (matrix products on bf16
+    /// inputs with f32 accumulation and bf16 activations between them; parameters, gradients
+    /// and optimizer state stay f32).
     pub dtype: String,
     /// CPU threads (0 = all cores).
     pub threads: usize,

@@ -10,6 +10,7 @@
 //! ```
 
 pub mod alloc;
+pub mod autocast;
 pub mod autograd;
 pub mod backend;
 mod cpu;

@@ -201,6 +201,9 @@ impl Trainer {
 
     /// Mean cross-entropy of one batch; records the graph when grad mode is on.
     fn batch_loss(&self, b: &Batch, training: bool) -> Result<Tensor, TrainError> {
+        let _amp = anneal_engine::autocast::set_autocast(anneal_engine::DType::parse(
+            &self.cfg.training.dtype,
+        ));
         let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
         let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
         let logits = self.model.forward(

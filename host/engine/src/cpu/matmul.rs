@@ -34,6 +34,13 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     } else {
         DType::F32
     };
+    if a.dtype() == DType::BF16
+        && b.dtype() == DType::BF16
+        && m >= 4
+        && super::sgemm::bf16::available()
+    {
+        return matmul_bf16(a, b, batch_shape, m, k, n, &out_shape);
+    }
 
     // f32 operands are read in place; others are converted once.
     let (ta, tb) = (a.f32_or_converted(), b.f32_or_converted());
@@ -84,6 +91,69 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     finish(out, &out_shape, out_dtype)
 }
 
+/// bf16 × bf16 on AVX512-BF16 dot products with f32 accumulation, operands read in place;
+/// the f32 result is rounded to bf16 once at the end.
+fn matmul_bf16(
+    a: &Tensor,
+    b: &Tensor,
+    batch_shape: &[usize],
+    m: usize,
+    k: usize,
+    n: usize,
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    use super::sgemm::MatRef;
+    let rank = a.rank();
+    let batch: usize = batch_shape.iter().product();
+    let (ga, gb) = (a.storage(), b.storage());
+    let (da, db) = (ga.as_slice::<half::bf16>(), gb.as_slice::<half::bf16>());
+    let offsets = |l: &Layout| -> Vec<usize> {
+        let bl = Layout::from_parts(
+            batch_shape.to_vec(),
+            l.strides()[..rank - 2].to_vec(),
+            l.offset(),
+        );
+        let mut v = Vec::with_capacity(batch);
+        bl.for_each_index(|i| v.push(i));
+        v
+    };
+    let (la, lb) = (a.layout(), b.layout());
+    let (oa, ob) = (offsets(la), offsets(lb));
+    let mat = |data, l: &Layout, off| MatRef {
+        data,
+        off,
+        rs: l.strides()[rank - 2],
+        cs: l.strides()[rank - 1],
+    };
+    let mut out = Storage::any(DType::F32, batch * m * n);
+    if m * n > 0 {
+        let o = out.as_mut_slice::<f32>();
+        let run = |i: usize, dst: &mut [f32], parallel: bool| {
+            super::sgemm::bf16::gemm(
+                m,
+                n,
+                k,
+                mat(da, la, oa[i]),
+                mat(db, lb, ob[i]),
+                dst,
+                parallel,
+            );
+        };
+        if batch > 1 && m * n * k < SMALL {
+            o.par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(i, d)| run(i, d, false));
+        } else {
+            let parallel = rayon::current_num_threads() > 1;
+            for (i, d) in o.chunks_mut(m * n).enumerate() {
+                run(i, d, parallel);
+            }
+        }
+    }
+    drop((ga, gb));
+    finish(out, out_shape, DType::BF16)
+}
+
 /// `batch=.. m=.. k=.. n=.. a=n|t b=n|t` for the profile (`t`: the operand's rows are strided,
 /// i.e. it is read transposed).
 pub(crate) fn shape_detail(
@@ -107,7 +177,12 @@ pub(crate) fn shape_detail(
     } else {
         String::new()
     };
-    format!("{b_part}m={m} k={k} n={n} a={} b={}", t(a), t(b))
+    let dt = if a.dtype() == DType::F32 && b.dtype() == DType::F32 {
+        String::new()
+    } else {
+        format!(" {}x{}", a.dtype(), b.dtype())
+    };
+    format!("{b_part}m={m} k={k} n={n} a={} b={}{dt}", t(a), t(b))
 }
 
 /// Whether a product with `m` rows runs on the packed AVX-512 kernel. A handful of rows (a

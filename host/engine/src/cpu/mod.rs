@@ -6,6 +6,7 @@
 //! identical with any thread count.
 
 mod attention;
+pub(crate) mod convert;
 mod elementwise;
 mod matmul;
 mod reduce;

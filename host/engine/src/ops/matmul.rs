@@ -27,6 +27,22 @@ impl Tensor {
             return Err(mismatch());
         }
         self.check_cpu("matmul")?;
+        if let Some(dt) = crate::autocast::autocast_dtype() {
+            let cast = |t: &Tensor| t.dtype().is_float() && t.dtype() != dt;
+            if cast(self) || cast(rhs) {
+                let _off = crate::autocast::set_autocast(None);
+                // A transposed weight is cast in its own layout and transposed back, so the
+                // product still reads it transposed (and its gradient comes back in place).
+                let cast_to = |t: &Tensor| {
+                    if is_transposed_matrix(t) {
+                        t.transpose(0, 1)?.to_dtype(dt)?.transpose(0, 1)
+                    } else {
+                        t.to_dtype(dt)
+                    }
+                };
+                return cast_to(self)?.matmul(&cast_to(rhs)?);
+            }
+        }
         let out = if rb == 2 && ra > 2 {
             let rows = self.numel() / k.max(1);
             let a2 = match self.layout().reshape(&[rows, k]) {

@@ -22,6 +22,7 @@
 //! rows the product has or where the row sits (what batch-invariant mode needs).
 
 mod avx512;
+pub(crate) mod bf16;
 
 use super::simd::{self, SimdLevel};
 use crate::alloc::Buffer;
@@ -41,10 +42,9 @@ const MC: usize = 8 * MR;
 const NT: usize = 8 * NR;
 
 /// A read-only strided matrix: element `(i, j)` is `data[off + i·rs + j·cs]`.
-#[derive(Clone, Copy)]
-pub(crate) struct MatRef<'a> {
+pub(crate) struct MatRef<'a, T = f32> {
     /// The elements (the matrix lies inside).
-    pub data: &'a [f32],
+    pub data: &'a [T],
     /// Index of element (0, 0).
     pub off: usize,
     /// Row stride.
@@ -53,7 +53,15 @@ pub(crate) struct MatRef<'a> {
     pub cs: usize,
 }
 
-impl MatRef<'_> {
+impl<T> Clone for MatRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for MatRef<'_, T> {}
+
+impl<T> MatRef<'_, T> {
     /// Whether every element of a `rows × cols` matrix lies inside `data`.
     fn fits(&self, rows: usize, cols: usize) -> bool {
         rows == 0
