@@ -80,6 +80,14 @@ enum Command {
         /// The model plugin to run it with.
         #[arg(long, default_value = "llama")]
         plugin: String,
+        /// Decode this many rows together (the prompt repeated; row i samples with seed + i;
+        /// the output shows row 0).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Run the fast kernels instead of the batch-invariant ones (row 0's tokens may then
+        /// differ from a batch-1 run).
+        #[arg(long)]
+        fast: bool,
     },
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
@@ -187,6 +195,8 @@ fn main() -> ExitCode {
             seed,
             eos,
             plugin,
+            batch,
+            fast,
         } => {
             let sampling = anneal_runtime::infer::Sampling {
                 temperature,
@@ -205,6 +215,7 @@ fn main() -> ExitCode {
                 },
                 max_new_tokens,
                 sampling,
+                infer_cmd::GenerateMode { batch, fast },
             )
         }
         Command::Reward(command) => reward_cmd::run(command),
@@ -250,6 +261,7 @@ fn info() -> anyhow::Result<()> {
         anneal_engine::num_threads(),
         anneal_engine::simd_level()
     );
+    println!("cpu matmul: {}", anneal_engine::matmul_kernels());
     match backend_for(Device::Cuda(0)) {
         Ok(b) => println!("cuda backend: {}", b.name()),
         Err(e) => println!("cuda backend: unavailable ({e})"),

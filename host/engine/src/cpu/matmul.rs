@@ -154,6 +154,31 @@ fn matmul_bf16(
     finish(out, out_shape, DType::BF16)
 }
 
+/// `a [M, K] @ b [K, N]` on the packed kernel at any `M` (batch-invariant by construction).
+fn invariant_sgemm(a: &Tensor, b: &Tensor, m: usize, k: usize, n: usize) -> Result<Tensor> {
+    use super::sgemm::{sgemm, MatRef};
+    let (ga, gb) = (a.storage(), b.storage());
+    let mat = |data, t: &Tensor| MatRef {
+        data,
+        off: t.layout().offset(),
+        rs: t.layout().strides()[0],
+        cs: t.layout().strides()[1],
+    };
+    let mut out = Storage::any(DType::F32, m * n);
+    let parallel = rayon::current_num_threads() > 1;
+    sgemm(
+        m,
+        n,
+        k,
+        mat(ga.as_slice(), a),
+        mat(gb.as_slice(), b),
+        out.as_mut_slice(),
+        parallel,
+    );
+    drop((ga, gb));
+    finish(out, &[m, n], DType::F32)
+}
+
 /// `batch=.. m=.. k=.. n=.. a=n|t b=n|t` for the profile (`t`: the operand's rows are strided,
 /// i.e. it is read transposed).
 pub(crate) fn shape_detail(
@@ -271,6 +296,11 @@ pub(crate) fn matmul_row_tiles(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     use crate::invariant::TILE;
     let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
     let _p = crate::profile::scope_with("matmul_tiles", || shape_detail(a, b, 1, m, k, n));
+    if super::sgemm::available() && a.dtype() == DType::F32 && b.dtype() == DType::F32 {
+        // On the packed kernel a row's result never depends on how many rows there are, so
+        // no padding is needed (a decode step computes 1 row, not 64).
+        return invariant_sgemm(a, b, m, k, n);
+    }
     let out_dtype = if a.dtype() == b.dtype() && a.dtype().is_float() {
         a.dtype()
     } else {
