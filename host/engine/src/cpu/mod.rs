@@ -15,6 +15,16 @@ pub(crate) mod simd;
 
 pub(crate) use matmul::matmul_row_tiles;
 
+/// Whether f32 products run on the packed AVX-512 kernel.
+pub(crate) fn sgemm_available() -> bool {
+    sgemm::available()
+}
+
+/// Whether bf16 products run on AVX512-BF16 dot products.
+pub(crate) fn bf16_gemm_available() -> bool {
+    sgemm::bf16::available()
+}
+
 // Indexing and mixture-of-experts kernels.
 mod index;
 mod moe;
