@@ -17,6 +17,7 @@ mod cpu;
 mod device;
 mod dtype;
 mod error;
+pub mod flops;
 pub mod invariant;
 pub mod io;
 pub mod layout;

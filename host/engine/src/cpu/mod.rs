@@ -43,6 +43,17 @@ pub(crate) const CHUNK: usize = 1 << 14;
 /// The CPU backend.
 pub struct CpuBackend;
 
+/// `QKᵀ` and `PV` of an attention forward (halved when causal).
+fn attention_flops(q: &Tensor, k: &Tensor, v: &Tensor, spec: &crate::ops::AttentionSpec) -> u64 {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+        return 0;
+    }
+    let (b, h, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let full = 2 * b * h * tq * ks[2] * (d + vs[3]);
+    (if spec.causal { full / 2 } else { full }) as u64
+}
+
 /// A contiguous tensor of `dtype` from f32 results (converted when `dtype` is not f32).
 pub(crate) fn finish(out: Storage, shape: &[usize], dtype: DType) -> Result<Tensor> {
     let t = Tensor::from_storage(out, shape)?;
@@ -98,6 +109,9 @@ impl Backend for CpuBackend {
         reduce::reduce(op, x, dim)
     }
     fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        // batch · m · k multiply-adds per output column.
+        let n = b.shape()[b.rank() - 1];
+        crate::flops::add(2 * (a.numel() * n) as u64);
         matmul::matmul(a, b)
     }
     fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
@@ -182,6 +196,7 @@ impl Backend for CpuBackend {
         spec: &crate::ops::AttentionSpec,
     ) -> Result<(Tensor, Tensor)> {
         let _p = crate::profile::scope("attention");
+        crate::flops::add(attention_flops(q, k, v, spec));
         attention::forward(q, k, v, sinks, spec)
     }
     fn attention_backward(
