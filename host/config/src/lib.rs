@@ -358,6 +358,12 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    if !(0.0..=1.0).contains(&c.activation_checkpoint.memory_budget) {
+        return Err(ConfigError::at(
+            "activation_checkpoint.memory_budget",
+            "must be between 0 (recompute every block) and 1 (keep everything)",
+        ));
+    }
     if c.activation_checkpoint.every == 0 {
         return Err(ConfigError::at(
             "activation_checkpoint.every",

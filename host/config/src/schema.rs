@@ -239,16 +239,22 @@ pub enum RecomputeMode {
     Full,
     /// Recompute every `every`-th block.
     Selective,
+    /// Recompute the blocks that are cheapest to recompute until the kept activations fit
+    /// `memory_budget` × what no recompute keeps (measured at startup).
+    Budget,
 }
 
 /// `[activation_checkpoint]`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ActivationCheckpoint {
-    /// `none`, `full` or `selective`.
+    /// `none`, `full`, `selective` or `budget`.
     pub mode: RecomputeMode,
     /// For `selective`: recompute blocks whose index is a multiple of this.
     pub every: usize,
+    /// For `budget`: the fraction (0..=1) of the blocks' activation bytes to keep; 0 recomputes
+    /// every block, 1 none.
+    pub memory_budget: f64,
 }
 
 impl Default for ActivationCheckpoint {
@@ -256,6 +262,7 @@ impl Default for ActivationCheckpoint {
         ActivationCheckpoint {
             mode: RecomputeMode::None,
             every: 2,
+            memory_budget: 0.5,
         }
     }
 }

@@ -42,6 +42,8 @@ pub struct Trainer {
     loader: PackedLoader,
     val_batches: Vec<Batch>,
     positions: Tensor,
+    /// Blocks a memory-budget plan recomputes (`activation_checkpoint.mode = "budget"`).
+    recompute_plan: Option<Arc<Vec<bool>>>,
     step: u64,
     tokens: u64,
     last_lr: f64,
@@ -148,7 +150,25 @@ impl Trainer {
             note("data: the held-out split is shorter than one sequence; no validation loss");
         }
         let positions = Tensor::from_vec((0..t.seq_len as i64).collect(), &[t.seq_len])?;
+        let ac = &cfg.activation_checkpoint;
+        let recompute_plan = match ac.mode {
+            RecomputeMode::Budget => {
+                let amp = anneal_engine::DType::parse(&t.dtype);
+                let plan = anneal_runtime::plugins::recompute::plan_for_training(
+                    &model,
+                    &params,
+                    t.micro_batch_size,
+                    t.seq_len,
+                    amp,
+                    ac.memory_budget,
+                )?;
+                note(&plan.summary());
+                Some(Arc::new(plan.recompute))
+            }
+            _ => None,
+        };
         Ok(Trainer {
+            recompute_plan,
             schedule: LrSchedule::new(cfg.optimizer.lr, t.steps, &cfg.lr_scheduler),
             cfg: cfg.clone(),
             model,
@@ -191,10 +211,11 @@ impl Trainer {
         ForwardOpts {
             training,
             recompute_every: match ac.mode {
-                RecomputeMode::None => 0,
+                RecomputeMode::None | RecomputeMode::Budget => 0,
                 RecomputeMode::Full => 1,
                 RecomputeMode::Selective => ac.every,
             },
+            recompute_layers: self.recompute_plan.clone(),
             cache: None,
         }
     }

@@ -6,6 +6,7 @@ pub mod loader;
 pub mod model;
 mod ops;
 pub mod optimizer;
+pub mod recompute;
 
 pub use host::{HostSession, KvCache};
 pub use loader::{discover, find, load, search_paths, LoadedPlugin, PluginError};
