@@ -1,27 +1,27 @@
 """PyTorch peer of `bench/train_vs_pytorch.sh`: HF LlamaForCausalLM with the debug model's shape,
-AdamW, fp32, trained for N steps on random tokens; prints one JSON line with the per-step
-tokens/s (the first steps, which include compilation, are reported separately).
+AdamW, trained for N steps on random tokens; prints one JSON line with the per-step tokens/s
+(the first steps, which include compilation, are dropped by the caller).
 
-    python bench/train_vs_pytorch.py --mode eager|compile --steps 20 --threads 2
+  --mode eager|compile   torch eager or torch.compile of the whole step
+  --dtype f32|bf16       bf16: CPU autocast (bf16 matmuls, f32 master weights and AdamW state),
+                         the peer of Anneal's `training.dtype = "bf16"`
+
+    python bench/train_vs_pytorch.py --mode eager|compile --dtype f32|bf16 --steps 20 --threads 2
 """
 
 import argparse
+import contextlib
 import json
 import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+BATCH, SEQ, VOCAB = 8, 256, 8192
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=256)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+
+def build(mode="eager", dtype="f32", batch=BATCH, seq=SEQ):
+    """(step(x) -> loss, batch(generator) -> x) for the debug Llama."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
         hidden_size=256,
@@ -29,7 +29,7 @@ def main():
         num_attention_heads=4,
         num_key_value_heads=4,
         intermediate_size=1024,
-        vocab_size=8192,
+        vocab_size=VOCAB,
         max_position_embeddings=2048,
         rope_theta=500000.0,
         rms_norm_eps=1e-5,
@@ -39,27 +39,53 @@ def main():
     model = LlamaForCausalLM(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
+    def autocast():
+        if dtype == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def step(x):
-        logits = model(input_ids=x[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        with autocast():
+            logits = model(input_ids=x[:, :-1]).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1)
+            )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
 
-    if args.mode == "compile":
+    if mode == "compile":
         step = torch.compile(step)
+
+    def make_batch(g):
+        return torch.randint(0, VOCAB, (batch, seq + 1), generator=g)
+
+    return step, make_batch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=BATCH)
+    ap.add_argument("--seq", type=int, default=SEQ)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    step, make_batch = build(args.mode, args.dtype, args.batch, args.seq)
     g = torch.Generator().manual_seed(0)
     tokens = args.batch * args.seq
     per_step = []
     for _ in range(args.steps):
-        x = torch.randint(0, 8192, (args.batch, args.seq + 1), generator=g)
+        x = make_batch(g)
         t = time.perf_counter()
         loss = step(x)
         float(loss)
         per_step.append(tokens / (time.perf_counter() - t))
-    print(json.dumps({"mode": args.mode, "tokens_per_s": per_step, "params": sum(p.numel() for p in model.parameters())}))
+    print(json.dumps({"mode": args.mode, "dtype": args.dtype, "tokens_per_s": per_step}))
 
 
 if __name__ == "__main__":

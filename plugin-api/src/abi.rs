@@ -145,6 +145,16 @@ pub trait OptimizerPlugin: Send + Sync {
     /// `host.param` as `"<name>"`, `"<name>.grad"` and `"<name>.<state>"`.
     #[sabi(last_prefix_field)]
     fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> RResult<(), RString>;
+    /// Updates every parameter in `names` (reached as in `step`) in one call, so an optimizer
+    /// can fuse them into one host op. Since API version 2; it sits after the prefix so that
+    /// an older plugin still loads far enough for the version check to name the mismatch.
+    fn step_all(
+        &self,
+        host: &HostVTable,
+        names: RSlice<'_, RStr<'_>>,
+        step: u64,
+        lr: f64,
+    ) -> RResult<(), RString>;
 }
 
 /// An owned model instance across the boundary.

@@ -18,4 +18,5 @@ pub mod spec;
 pub use serde_json;
 
 /// The version of this interface. The host refuses plugins built for another one.
-pub const API_VERSION: u32 = 1;
+/// 2: optimizers update all parameters in one call (`OptimizerPlugin::step_all`).
+pub const API_VERSION: u32 = 2;

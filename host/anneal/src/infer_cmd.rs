@@ -92,16 +92,30 @@ pub fn logprobs(dir: &Path, plugin: &str, input: TokenSource<'_>) -> anyhow::Res
     Ok(())
 }
 
-/// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens (and `"text"` with a
-/// tokenizer).
+/// How `anneal generate` batches and which kernels it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct GenerateMode {
+    /// Rows decoded together (the prompt repeated; row `i` samples with seed `seed + i`).
+    pub batch: usize,
+    /// Fast kernels instead of batch-invariant ones (a row's tokens may then depend on the
+    /// batch it is in).
+    pub fast: bool,
+}
+
+/// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens of the first row (and
+/// `"text"` with a tokenizer), with the batch size and the prefill/decode timing.
 pub fn generate(
     dir: &Path,
     plugin: &str,
     input: TokenSource<'_>,
     max_new: usize,
     sampling: Sampling,
+    mode: GenerateMode,
 ) -> anyhow::Result<()> {
     sampling.validate()?;
+    if mode.batch == 0 {
+        user_bail!("--batch must be at least 1");
+    }
     let (prompt, tok) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &prompt)?;
@@ -113,9 +127,26 @@ pub fn generate(
             prompt.len()
         );
     }
-    let g = infer::generate(&model, &params, &prompt, budget, &sampling)?;
-    let mut out =
-        serde_json::json!({ "prompt_tokens": prompt, "tokens": g.tokens, "logprobs": g.logprobs });
+    let prompts = vec![&prompt[..]; mode.batch];
+    let samplings: Vec<Sampling> = (0..mode.batch as u64)
+        .map(|i| Sampling {
+            seed: sampling.seed.wrapping_add(i),
+            ..sampling.clone()
+        })
+        .collect();
+    let (mut rows, stats) =
+        infer::generate_batch_timed(&model, &params, &prompts, budget, &samplings, !mode.fast)?;
+    let g = rows.swap_remove(0);
+    let mut out = serde_json::json!({
+        "prompt_tokens": prompt,
+        "tokens": g.tokens,
+        "logprobs": g.logprobs,
+        "batch": mode.batch,
+        "batch_invariant": !mode.fast,
+        "prefill_s": stats.prefill_s,
+        "decode_s": stats.decode_s,
+        "decode_tokens_per_s": stats.decode_tokens as f64 / stats.decode_s.max(1e-12),
+    });
     if let Some(t) = tok {
         let ids: Vec<u32> = g.tokens.iter().map(|&i| i as u32).collect();
         out["text"] = t

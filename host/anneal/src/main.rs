@@ -81,6 +81,14 @@ enum Command {
         /// The model plugin to run it with.
         #[arg(long, default_value = "llama")]
         plugin: String,
+        /// Decode this many rows together (the prompt repeated; row i samples with seed + i;
+        /// the output shows row 0).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Run the fast kernels instead of the batch-invariant ones (row 0's tokens may then
+        /// differ from a batch-1 run).
+        #[arg(long)]
+        fast: bool,
     },
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
@@ -95,6 +103,11 @@ enum Command {
         /// Where the run writes its files (default: runs/<job name>-<time>).
         #[arg(long)]
         run_dir: Option<std::path::PathBuf>,
+        /// Time every op of STEPS steps (`--profile` or `--profile=STEPS`, after 2 warm-up steps;
+        /// default 3): prints a per-op
+        /// table and writes it with a Chrome trace (Perfetto) to `<run dir>/profile/`.
+        #[arg(long, value_name = "STEPS", num_args = 0..=1, require_equals = true, default_missing_value = "3")]
+        profile: Option<u64>,
     },
     /// Post-train a policy with RL (GRPO / Dr.GRPO / DAPO) and WebAssembly rewards, from a job
     /// config with an `[rl]` section; metrics go to `<run dir>/metrics.jsonl`.
@@ -186,6 +199,8 @@ fn main() -> ExitCode {
             seed,
             eos,
             plugin,
+            batch,
+            fast,
         } => {
             let sampling = anneal_runtime::infer::Sampling {
                 temperature,
@@ -204,6 +219,7 @@ fn main() -> ExitCode {
                 },
                 max_new_tokens,
                 sampling,
+                infer_cmd::GenerateMode { batch, fast },
             )
         }
         Command::Reward(command) => reward_cmd::run(command),
@@ -211,7 +227,8 @@ fn main() -> ExitCode {
             config,
             set,
             run_dir,
-        } => train_cmd::train(&config, &set, run_dir),
+            profile,
+        } => train_cmd::train(&config, &set, run_dir, profile),
         Command::Rl {
             config,
             set,
@@ -249,6 +266,7 @@ fn info() -> anyhow::Result<()> {
         anneal_engine::num_threads(),
         anneal_engine::simd_level()
     );
+    println!("cpu matmul: {}", anneal_engine::matmul_kernels());
     match backend_for(Device::Cuda(0)) {
         Ok(b) => println!("cuda backend: {}", b.name()),
         Err(e) => println!("cuda backend: unavailable ({e})"),

@@ -29,16 +29,67 @@ pub fn show(config: &Path, set: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Steps that run before a profile starts recording (allocator cache, lazy setup).
+const PROFILE_WARMUP_STEPS: u64 = 2;
+
 /// Trains until the configured steps, or until SIGINT/SIGTERM (a second signal exits at once).
-pub fn train(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow::Result<()> {
+/// With `profile = Some(n)`, steps 3..=2+n are timed op by op (see [`write_profile`]).
+pub fn train(
+    config: &Path,
+    set: &[String],
+    run_dir: Option<PathBuf>,
+    profile: Option<u64>,
+) -> anyhow::Result<()> {
     let cfg = load(config, set)?;
     if cfg.training.threads > 0 {
         anneal_engine::init_threads(cfg.training.threads)?;
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
     let stop = install_stop_signals()?;
+    if let Some(steps) = profile {
+        if steps == 0 {
+            crate::user_bail!("--profile: the number of steps to record must be at least 1");
+        }
+        anneal_engine::profile::configure(anneal_engine::profile::Window {
+            skip: PROFILE_WARMUP_STEPS,
+            steps,
+        });
+    }
+    let result = anneal_train::run(&cfg, &run_dir, &stop);
+    if profile.is_some() {
+        write_profile(&run_dir)?;
+    }
     // The exit code follows `TrainError::is_user_error` (see `errors::exit_code`).
-    anneal_train::run(&cfg, &run_dir, &stop)?;
+    result?;
+    Ok(())
+}
+
+/// Prints the recorded per-op table and writes `table.txt` and `trace.json` (Chrome trace
+/// format, for Perfetto) under `<run_dir>/profile/`.
+fn write_profile(run_dir: &Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let Some(p) = anneal_engine::profile::finish() else {
+        return Ok(());
+    };
+    if p.steps == 0 {
+        eprintln!(
+            "profile: no step was recorded (the run ended within the {PROFILE_WARMUP_STEPS} warm-up steps)"
+        );
+        return Ok(());
+    }
+    let dir = run_dir.join("profile");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let table = p.table();
+    for (name, text) in [("table.txt", &table), ("trace.json", &p.chrome_trace())] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    eprintln!("{table}");
+    eprintln!(
+        "profile: {} and {} (open the trace in https://ui.perfetto.dev)",
+        dir.join("table.txt").display(),
+        dir.join("trace.json").display()
+    );
     Ok(())
 }
 

@@ -340,10 +340,13 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "must be a finite number ≥ 0",
         ));
     }
-    if !matches!(t.dtype.as_str(), "float32" | "f32") {
+    if !matches!(t.dtype.as_str(), "float32" | "f32" | "bfloat16" | "bf16") {
         return Err(ConfigError::at(
             "training.dtype",
-            format!("`{}` is not supported yet (use float32)", t.dtype),
+            format!(
+                "`{}` is not supported (use float32, or bfloat16 for bf16 mixed precision)",
+                t.dtype
+            ),
         ));
     }
     if !(c.optimizer.lr >= 0.0 && c.optimizer.lr.is_finite()) {
@@ -377,6 +380,12 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
                 "only 1 is supported until the distributed runtime lands",
             ));
         }
+    }
+    if !(0.0..=1.0).contains(&c.activation_checkpoint.memory_budget) {
+        return Err(ConfigError::at(
+            "activation_checkpoint.memory_budget",
+            "must be between 0 (recompute every block) and 1 (keep everything)",
+        ));
     }
     if c.activation_checkpoint.every == 0 {
         return Err(ConfigError::at(

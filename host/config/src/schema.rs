@@ -152,7 +152,9 @@ pub struct Training {
     pub seed: u64,
     /// Clip the global gradient norm to this (0 disables clipping).
     pub max_grad_norm: f64,
-    /// Compute dtype of parameters and activations (`float32` for now).
+    /// Compute dtype: `float32`, or `bfloat16` for mixed precision (matrix products on bf16
+    /// inputs with f32 accumulation and bf16 activations between them; parameters, gradients
+    /// and optimizer state stay f32).
     pub dtype: String,
     /// CPU threads (0 = all cores).
     pub threads: usize,
@@ -253,16 +255,22 @@ pub enum RecomputeMode {
     Full,
     /// Recompute every `every`-th block.
     Selective,
+    /// Recompute the blocks that are cheapest to recompute until the kept activations fit
+    /// `memory_budget` × what no recompute keeps (measured at startup).
+    Budget,
 }
 
 /// `[activation_checkpoint]`
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ActivationCheckpoint {
-    /// `none`, `full` or `selective`.
+    /// `none`, `full`, `selective` or `budget`.
     pub mode: RecomputeMode,
     /// For `selective`: recompute blocks whose index is a multiple of this.
     pub every: usize,
+    /// For `budget`: the fraction (0..=1) of the blocks' activation bytes to keep; 0 recomputes
+    /// every block, 1 none.
+    pub memory_budget: f64,
 }
 
 impl Default for ActivationCheckpoint {
@@ -270,6 +278,7 @@ impl Default for ActivationCheckpoint {
         ActivationCheckpoint {
             mode: RecomputeMode::None,
             every: 2,
+            memory_budget: 0.5,
         }
     }
 }

@@ -202,3 +202,46 @@ pub fn fused_backend_for(device: Device) -> Result<&'static dyn FusedBackend> {
         }),
     }
 }
+
+/// Optimizer kernels: fused, in-place, multi-tensor updates (no autograd). The op in
+/// `ops/optim.rs` checks dtypes, shapes and aliasing first.
+pub trait OptimBackend: Send + Sync {
+    /// One AdamW step over every group, in place.
+    fn adamw(&self, groups: &[crate::ops::AdamWTensors<'_>], hp: &crate::ops::AdamW) -> Result<()>;
+}
+
+/// The optimizer-kernel backend computing on `device`, or why none can.
+pub fn optim_backend_for(device: Device) -> Result<&'static dyn OptimBackend> {
+    match device {
+        Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
+            device: d,
+            reason: "this build has no CUDA backend yet".into(),
+        }),
+    }
+}
+
+/// Fused kernels of the training fast path (SwiGLU, ...): a trait of its own so it grows
+/// without touching the others' bodies.
+pub trait FusionBackend: Send + Sync {
+    /// `silu(gate) * up`, elementwise.
+    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor>;
+    /// Gradients `(d gate, d up)` of [`FusionBackend::swiglu`] given the output gradient.
+    fn swiglu_backward(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Tensor, Tensor)>;
+}
+
+/// The fusion backend computing on `device`, or why none can.
+pub fn fusion_backend_for(device: Device) -> Result<&'static dyn FusionBackend> {
+    match device {
+        Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
+            device: d,
+            reason: "this build has no CUDA backend yet".into(),
+        }),
+    }
+}

@@ -10,16 +10,19 @@
 //! ```
 
 pub mod alloc;
+pub mod autocast;
 pub mod autograd;
 pub mod backend;
 mod cpu;
 mod device;
 mod dtype;
 mod error;
+pub mod flops;
 pub mod invariant;
 pub mod io;
 pub mod layout;
 pub mod ops;
+pub mod profile;
 pub mod rng;
 mod storage;
 mod tensor;
@@ -41,6 +44,22 @@ pub fn init_threads(n: usize) -> Result<()> {
             op: "init_threads",
             msg: e.to_string(),
         })
+}
+
+/// The matrix-product kernels this CPU runs, in words (chosen at run time by its features):
+/// `f32: ...; bf16: ...`.
+pub fn matmul_kernels() -> String {
+    let f32 = if cpu::sgemm_available() {
+        "packed AVX-512 (12x32 FMA micro-kernel)"
+    } else {
+        "gemm crate (AVX2/FMA or scalar)"
+    };
+    let bf16 = if cpu::bf16_gemm_available() {
+        "AVX512-BF16 dot products, f32 accumulation"
+    } else {
+        "converted to f32"
+    };
+    format!("f32: {f32}; bf16: {bf16}")
 }
 
 /// Threads the CPU backend computes with.

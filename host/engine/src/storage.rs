@@ -95,6 +95,22 @@ impl Storage {
     }
 }
 
+/// Converts a contiguous run with the vectorized kernels where they exist (f32 ↔ bf16, the
+/// mixed-precision casts); `false` when this pair of types has none.
+fn convert_run<S: Element, D: Element>(src: &[S], dst: &mut [D]) -> bool {
+    use crate::cpu::convert::{bf16_to_f32, f32_to_bf16};
+    match (S::DTYPE, D::DTYPE) {
+        (DType::F32, DType::BF16) => {
+            f32_to_bf16(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst))
+        }
+        (DType::BF16, DType::F32) => {
+            bf16_to_f32(bytemuck::cast_slice(src), bytemuck::cast_slice_mut(dst))
+        }
+        _ => return false,
+    }
+    true
+}
+
 /// Copies the elements of `layout` over `src` into `dst` in row-major order, converting types.
 pub(crate) fn gather_into<S: Element, D: Element>(src: &[S], layout: &Layout, dst: &mut [D]) {
     debug_assert_eq!(dst.len(), layout.numel());
@@ -111,12 +127,42 @@ pub(crate) fn gather_into<S: Element, D: Element>(src: &[S], layout: &Layout, ds
         } else {
             dst.par_chunks_mut(1 << 14)
                 .zip(src[a..b].par_chunks(1 << 14))
-                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = conv(s)));
+                .for_each(|(d, s)| {
+                    if !convert_run(s, d) {
+                        d.iter_mut().zip(s).for_each(|(d, &s)| *d = conv(s))
+                    }
+                });
         }
         return;
     }
     let shape = layout.shape();
     let rank = shape.len();
+    // A converting copy with a contiguous innermost dim: whole rows through the vectorized
+    // conversion.
+    if S::DTYPE != D::DTYPE
+        && rank >= 2
+        && layout.strides()[rank - 1] == 1
+        && shape[rank - 1] >= 16
+        && convert_run::<S, D>(&[], &mut [])
+    {
+        let inner = shape[rank - 1];
+        let outer = Layout::from_parts(
+            shape[..rank - 1].to_vec(),
+            layout.strides()[..rank - 1].to_vec(),
+            layout.offset(),
+        );
+        let mut starts = Vec::with_capacity(layout.numel() / inner);
+        outer.for_each_index(|i| starts.push(i));
+        let rows_per_task = ((1 << 14) / inner).max(1);
+        dst.par_chunks_mut(inner * rows_per_task)
+            .zip(starts.par_chunks(rows_per_task))
+            .for_each(|(d, starts)| {
+                for (row, &s) in d.chunks_mut(inner).zip(starts) {
+                    convert_run(&src[s..s + inner], row);
+                }
+            });
+        return;
+    }
     // Same dtype with a contiguous innermost dim (transposed heads, narrowed rows): copy whole
     // rows with memcpy instead of element by element.
     if S::DTYPE == D::DTYPE && rank >= 2 && layout.strides()[rank - 1] == 1 && shape[rank - 1] >= 8

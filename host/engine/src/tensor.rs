@@ -201,6 +201,27 @@ impl Tensor {
         self.0.layout.is_contiguous()
     }
 
+    /// This tensor detached, when it is the only reference to a storage it covers exactly
+    /// (contiguous, from offset 0): then in-place updates cannot be seen through any other
+    /// tensor. Otherwise gives the tensor back.
+    pub(crate) fn into_exclusive(self) -> std::result::Result<Tensor, Tensor> {
+        let whole = self.layout().contiguous_range() == Some((0, self.storage().len()));
+        if whole && Arc::strong_count(&self.0) == 1 && Arc::strong_count(&self.0.storage) == 1 {
+            Ok(Tensor::from_parts(
+                self.0.storage.clone(),
+                self.0.layout.clone(),
+                self.0.device,
+            ))
+        } else {
+            Err(self)
+        }
+    }
+
+    /// Identifies the storage behind this tensor (equal for tensors that share it).
+    pub(crate) fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.0.storage) as usize
+    }
+
     /// True when two tensors share storage.
     pub fn shares_storage_with(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
@@ -268,6 +289,7 @@ impl Tensor {
                 return Contig::Borrowed(guard, a, b, std::marker::PhantomData);
             }
         }
+        let _p = crate::profile::scope("copy");
         let mut out = Storage::any(T::DTYPE, self.numel());
         gather_dyn(&guard, self.layout(), &mut out);
         Contig::Owned(out, std::marker::PhantomData)
@@ -275,6 +297,7 @@ impl Tensor {
 
     /// A contiguous copy with a fresh storage of `dtype` (no autograd).
     pub(crate) fn materialize(&self, dtype: DType) -> Tensor {
+        let _p = crate::profile::scope("copy");
         let guard = self.storage();
         let mut out = Storage::any(dtype, self.numel());
         gather_dyn(&guard, self.layout(), &mut out);

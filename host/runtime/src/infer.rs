@@ -257,8 +257,35 @@ pub fn generate_batch(
     max_new: usize,
     samplings: &[Sampling],
 ) -> Result<Vec<Generation>> {
+    generate_batch_timed(model, params, prompts, max_new, samplings, true).map(|(g, _)| g)
+}
+
+/// Wall-clock split of a [`generate_batch_timed`] call.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DecodeStats {
+    /// Seconds of the prefill (the first forward, over the whole prompts).
+    pub prefill_s: f64,
+    /// Seconds of the decode steps after it.
+    pub decode_s: f64,
+    /// Tokens the decode steps produced, over all rows.
+    pub decode_tokens: usize,
+}
+
+/// [`generate_batch`] with the mode made explicit and the time split reported:
+/// `batch_invariant = false` runs the fast kernels (a row's tokens may then depend on the
+/// batch it is in, so only use it where that does not matter, such as throughput runs).
+pub fn generate_batch_timed(
+    model: &PluginModel,
+    params: &Params,
+    prompts: &[&[i64]],
+    max_new: usize,
+    samplings: &[Sampling],
+    batch_invariant: bool,
+) -> Result<(Vec<Generation>, DecodeStats)> {
     let _g = autograd::no_grad();
-    let _inv = set_batch_invariant(true);
+    let _inv = set_batch_invariant(batch_invariant);
+    let mut stats = DecodeStats::default();
+    let started = std::time::Instant::now();
     let width = prompts.first().map_or(0, |p| p.len());
     let invalid = |msg: &str| {
         Err(anneal_engine::Error::Invalid {
@@ -294,7 +321,7 @@ pub fn generate_batch(
         rows
     ];
     if rows == 0 {
-        return Ok(out);
+        return Ok((out, stats));
     }
     let cache = Arc::new(KvCache::new());
     let opts = ForwardOpts {
@@ -324,6 +351,12 @@ pub fn generate_batch(
             out[i].tokens.push(next as i64);
             out[i].logprobs.push(logprob);
             running[i] = s.eos != Some(next as i64);
+            if step > 0 {
+                stats.decode_tokens += 1;
+            }
+        }
+        if step == 0 {
+            stats.prefill_s = started.elapsed().as_secs_f64();
         }
         if !running.iter().any(|&r| r) {
             break;
@@ -334,7 +367,8 @@ pub fn generate_batch(
             .collect();
         width = 1;
     }
-    Ok(out)
+    stats.decode_s = started.elapsed().as_secs_f64() - stats.prefill_s;
+    Ok((out, stats))
 }
 
 #[cfg(test)]

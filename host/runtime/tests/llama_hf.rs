@@ -112,6 +112,7 @@ fn recompute_gives_identical_gradients() {
         let opts = ForwardOpts {
             training: true,
             recompute_every: recompute as usize,
+            recompute_layers: None,
             cache: None,
         };
         let logits = model

@@ -170,6 +170,15 @@ pub fn estimate(
         (Workload::Rl, _) | (_, RecomputeMode::None) => 0,
         (_, RecomputeMode::Full) => 1,
         (_, RecomputeMode::Selective) => cfg.activation_checkpoint.every,
+        // The budget plan is measured at startup; here its kept bytes are the budget's share
+        // of what no recompute keeps (below), plus one recomputed block.
+        (_, RecomputeMode::Budget) => 0,
+    };
+    let budget = match (workload, cfg.activation_checkpoint.mode) {
+        (Workload::Train, RecomputeMode::Budget) => {
+            Some(cfg.activation_checkpoint.memory_budget.clamp(0.0, 1.0))
+        }
+        _ => None,
     };
     let mut kept = outside;
     let mut largest_recomputed = 0u64;
@@ -190,6 +199,9 @@ pub fn estimate(
                 .min()
                 .unwrap_or(0);
             kept = kept.saturating_add(input);
+            largest_recomputed = largest_recomputed.max(block);
+        } else if let Some(b) = budget {
+            kept = kept.saturating_add((block as f64 * b).ceil() as u64);
             largest_recomputed = largest_recomputed.max(block);
         } else {
             kept = kept.saturating_add(block);

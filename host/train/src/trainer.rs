@@ -46,6 +46,8 @@ pub struct Trainer {
     loader: PackedLoader,
     val_batches: Vec<Batch>,
     positions: Tensor,
+    /// Blocks a memory-budget plan recomputes (`activation_checkpoint.mode = "budget"`).
+    recompute_plan: Option<Arc<Vec<bool>>>,
     step: u64,
     tokens: u64,
     last_lr: f64,
@@ -150,7 +152,25 @@ impl Trainer {
             note("data: the held-out split is shorter than one sequence; no validation loss");
         }
         let positions = Tensor::from_vec((0..t.seq_len as i64).collect(), &[t.seq_len])?;
+        let ac = &cfg.activation_checkpoint;
+        let recompute_plan = match ac.mode {
+            RecomputeMode::Budget => {
+                let amp = anneal_engine::DType::parse(&t.dtype);
+                let plan = anneal_runtime::plugins::recompute::plan_for_training(
+                    &model,
+                    &params,
+                    t.micro_batch_size,
+                    t.seq_len,
+                    amp,
+                    ac.memory_budget,
+                )?;
+                note(&plan.summary());
+                Some(Arc::new(plan.recompute))
+            }
+            _ => None,
+        };
         Ok(Trainer {
+            recompute_plan,
             schedule: LrSchedule::new(cfg.optimizer.lr, t.steps, &cfg.lr_scheduler),
             cfg: cfg.clone(),
             model,
@@ -199,16 +219,20 @@ impl Trainer {
         ForwardOpts {
             training,
             recompute_every: match ac.mode {
-                RecomputeMode::None => 0,
+                RecomputeMode::None | RecomputeMode::Budget => 0,
                 RecomputeMode::Full => 1,
                 RecomputeMode::Selective => ac.every,
             },
+            recompute_layers: self.recompute_plan.clone(),
             cache: None,
         }
     }
 
     /// Mean cross-entropy of one batch; records the graph when grad mode is on.
     fn batch_loss(&self, b: &Batch, training: bool) -> Result<Tensor, TrainError> {
+        let _amp = anneal_engine::autocast::set_autocast(anneal_engine::DType::parse(
+            &self.cfg.training.dtype,
+        ));
         let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
         let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
         let logits = self.model.forward(
@@ -233,6 +257,7 @@ impl Trainer {
         let t = &self.cfg.training;
         let n_micro = t.batch_size / t.micro_batch_size;
         let step = self.step + 1;
+        let _profiled = anneal_engine::profile::step(step);
         let mut loss_sum = 0.0f64;
         for _ in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);

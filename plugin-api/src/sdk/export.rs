@@ -3,7 +3,7 @@
 
 use super::{Ctx, Error, Host, Model, Optimizer, Result};
 use crate::abi::{ForwardCtx, Handle, HostVTable, ModelPlugin, OptimizerPlugin};
-use abi_stable::std_types::{RErr, ROk, RResult, RStr, RString, RVec};
+use abi_stable::std_types::{RErr, ROk, RResult, RSlice, RStr, RString, RVec};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs plugin code so that neither an error nor a panic crosses the boundary as anything but
@@ -110,6 +110,19 @@ impl<O: Optimizer> OptimizerPlugin for OptimizerAdapter<O> {
     fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> RResult<(), RString> {
         catch("step", || {
             self.0.step(Host::new(host), name.as_str(), step, lr)
+        })
+    }
+
+    fn step_all(
+        &self,
+        host: &HostVTable,
+        names: RSlice<'_, RStr<'_>>,
+        step: u64,
+        lr: f64,
+    ) -> RResult<(), RString> {
+        catch("step", || {
+            let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+            self.0.step_all(Host::new(host), &names, step, lr)
         })
     }
 }

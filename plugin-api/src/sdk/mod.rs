@@ -5,7 +5,7 @@ mod export;
 mod tensor;
 
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
-pub use tensor::{AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
+pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
 
 pub use crate::abi::{Attr, PluginKind};
 pub use crate::spec::*;
@@ -80,6 +80,16 @@ pub trait Optimizer: Send + Sync + 'static {
     /// Updates parameter `name` in place (reach it, its gradient and its state with
     /// `host.param(name)`, `host.param(&format!("{name}.grad"))`, ...).
     fn step(&self, host: Host<'_>, name: &str, step: u64, lr: f64) -> Result<()>;
+    /// Updates every parameter in `names` (the host calls this once per optimizer step). The
+    /// default runs [`Optimizer::step`] on each in order; override it to update all of them
+    /// with one fused host op.
+    fn step_all(&self, host: Host<'_>, names: &[&str], step: u64, lr: f64) -> Result<()> {
+        for name in names {
+            self.step(host, name, step, lr)
+                .map_err(|e| Error(format!("{name}: {e}")))?;
+        }
+        Ok(())
+    }
 }
 
 /// How a plugin is instantiated from a flavor and JSON arguments.

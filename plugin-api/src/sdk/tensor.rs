@@ -69,6 +69,22 @@ impl<'h> Host<'h> {
             .map_err(|e| Error(e.into()))
     }
 
+    /// One fused AdamW step over many parameters, in place (host op `adamw`): `tensors` holds
+    /// `[param, grad, exp_avg, exp_avg_sq]` per parameter. One pass over memory, no
+    /// temporaries, however many parameters.
+    pub fn adamw(&self, tensors: &[[Tensor<'h>; 4]], hp: &AdamWStep) -> Result<()> {
+        let inputs: Vec<&Tensor<'h>> = tensors.iter().flatten().collect();
+        let attrs = [
+            Attr::Float(hp.lr),
+            Attr::Float(hp.betas.0),
+            Attr::Float(hp.betas.1),
+            Attr::Float(hp.eps),
+            Attr::Float(hp.weight_decay),
+            Attr::Int(hp.step as i64),
+        ];
+        self.call("adamw", &inputs, &attrs).map(|_| ())
+    }
+
     /// Takes ownership of a handle the host passed in.
     pub fn adopt(&self, handle: Handle) -> Tensor<'h> {
         Tensor {
@@ -174,6 +190,11 @@ impl<'h> Tensor<'h> {
     /// SiLU.
     pub fn silu(&self) -> Result<Tensor<'h>> {
         self.unary("silu")
+    }
+    /// `silu(self) * up`: the gated activation of a SwiGLU feed-forward (`self` is the gate),
+    /// one fused host op.
+    pub fn swiglu(&self, up: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op("swiglu", &[up], &[])
     }
     /// Square root.
     pub fn sqrt(&self) -> Result<Tensor<'h>> {
@@ -408,6 +429,21 @@ pub struct Llama3Scaling {
     pub high_freq_factor: f64,
     /// The context length the model was first trained with.
     pub original_max_position_embeddings: usize,
+}
+
+/// Hyperparameters of one [`Host::adamw`] step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// (β₁, β₂): decay rates of the first and second moments.
+    pub betas: (f64, f64),
+    /// Added to the denominator.
+    pub eps: f64,
+    /// Decoupled weight decay λ.
+    pub weight_decay: f64,
+    /// The step being taken, counting from 1 (bias correction).
+    pub step: u64,
 }
 
 /// Rotary embedding settings.

@@ -4,8 +4,12 @@
 //!   m ← β₁·m + (1−β₁)·g            v ← β₂·v + (1−β₂)·g²
 //!   m̂ = m / (1−β₁ᵗ)               v̂ = v / (1−β₂ᵗ)
 //!   θ ← θ·(1 − lr·λ) − lr · m̂ / (√v̂ + ε)
+//!
+//! The host's fused `adamw` op computes this for every parameter in one pass.
 
-use anneal_plugin_api::sdk::{Factory, Host, Init, Optimizer, OptimizerSpec, Result, StateSpec};
+use anneal_plugin_api::sdk::{
+    AdamWStep, Factory, Host, Init, Optimizer, OptimizerSpec, Result, StateSpec,
+};
 use serde::{Deserialize, Serialize};
 
 /// AdamW hyperparameters (the learning rate comes from the host's schedule each step).
@@ -110,23 +114,30 @@ impl Optimizer for AdamW {
     }
 
     fn step(&self, host: Host<'_>, name: &str, step: u64, lr: f64) -> Result<()> {
-        let (b1, b2) = self.betas;
-        let p = host.param(name)?;
-        let g = host.param(&format!("{name}.grad"))?;
-        let m = host.param(&format!("{name}.exp_avg"))?;
-        let v = host.param(&format!("{name}.exp_avg_sq"))?;
+        self.step_all(host, &[name], step, lr)
+    }
 
-        let m_new = m.scale(b1)?.add(&g.scale(1.0 - b1)?)?;
-        let v_new = v.scale(b2)?.add(&g.mul(&g)?.scale(1.0 - b2)?)?;
-        m.assign(&m_new)?;
-        v.assign(&v_new)?;
-
-        let t = step.max(1) as i32;
-        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        let denom = v_new.scale(1.0 / bc2)?.sqrt()?.affine(1.0, self.eps)?;
-        let update = m_new.scale(1.0 / bc1)?.div(&denom)?;
-        let decayed = p.scale(1.0 - lr * self.weight_decay)?;
-        p.assign(&decayed.sub(&update.scale(lr)?)?)
+    /// Every parameter in one fused host op: one pass over memory, no temporaries.
+    fn step_all(&self, host: Host<'_>, names: &[&str], step: u64, lr: f64) -> Result<()> {
+        let tensors = names
+            .iter()
+            .map(|name| {
+                Ok([
+                    host.param(name)?,
+                    host.param(&format!("{name}.grad"))?,
+                    host.param(&format!("{name}.exp_avg"))?,
+                    host.param(&format!("{name}.exp_avg_sq"))?,
+                ])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let hp = AdamWStep {
+            lr,
+            betas: self.betas,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            step,
+        };
+        host.adamw(&tensors, &hp)
     }
 }
 

@@ -83,9 +83,7 @@ impl Llama {
     fn feed_forward<'h>(&self, l: &Block<'h>, x: &Tensor<'h>) -> Result<Tensor<'h>> {
         let gate = x.linear(&l.w("feed_forward.w1.weight")?)?;
         let up = x.linear(&l.w("feed_forward.w3.weight")?)?;
-        gate.silu()?
-            .mul(&up)?
-            .linear(&l.w("feed_forward.w2.weight")?)
+        gate.swiglu(&up)?.linear(&l.w("feed_forward.w2.weight")?)
     }
 }
 

@@ -21,6 +21,12 @@ pub fn checkpoint(inputs: &[Tensor], f: RegionFn) -> Result<Tensor> {
         f(&detached)?
     };
     let saved: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
+    // The recompute runs in backward, outside the forward's autocast region: replay its mode.
+    let amp = crate::autocast::autocast_dtype();
+    let f: RegionFn = Arc::new(move |xs: &[Tensor]| {
+        let _amp = crate::autocast::set_autocast(amp);
+        f(xs)
+    });
     let wants: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
     let refs: Vec<&Tensor> = inputs.iter().collect();
     // Parameters captured by `f` are not inputs of the node, so the region must be recorded
@@ -65,7 +71,10 @@ fn recompute(
             }
         })
         .collect();
-    let out = f(&leaves)?;
+    let out = {
+        let _phase = crate::profile::phase("recompute");
+        f(&leaves)?
+    };
     if out.requires_grad() {
         out.backward_with(g.clone())?;
     }

@@ -74,7 +74,14 @@ impl LeafGrad {
     fn accumulate(&self, g: Tensor) -> Result<()> {
         let mut slot = self.grad.lock().expect("grad lock poisoned");
         match slot.as_ref() {
-            None => *slot = Some(g.materialize(g.dtype())),
+            // A gradient nothing else references is kept as is; anything else (a view, a
+            // tensor another consumer holds) is copied, since later passes add into it.
+            None => {
+                *slot = Some(
+                    g.into_exclusive()
+                        .unwrap_or_else(|g| g.materialize(g.dtype())),
+                )
+            }
             Some(existing) => crate::ops::add_assign(existing, &g)?,
         }
         Ok(())
@@ -163,6 +170,7 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
         });
     }
     let _guard = no_grad();
+    let _phase = crate::profile::phase("backward");
     let root_node = match root.grad_meta() {
         GradMeta::None => return Err(invalid("backward", "tensor does not require grad")),
         GradMeta::Leaf(l) => {

@@ -26,6 +26,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     );
     let batch_shape = &a.shape()[..rank - 2];
     let batch: usize = batch_shape.iter().product();
+    let _p = crate::profile::scope_with("matmul", || shape_detail(a, b, batch, m, k, n));
     let mut out_shape = batch_shape.to_vec();
     out_shape.extend([m, n]);
     let out_dtype = if a.dtype() == b.dtype() && a.dtype().is_float() {
@@ -33,6 +34,13 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     } else {
         DType::F32
     };
+    if a.dtype() == DType::BF16
+        && b.dtype() == DType::BF16
+        && m >= 4
+        && super::sgemm::bf16::available()
+    {
+        return matmul_bf16(a, b, batch_shape, m, k, n, &out_shape);
+    }
 
     // f32 operands are read in place; others are converted once.
     let (ta, tb) = (a.f32_or_converted(), b.f32_or_converted());
@@ -83,6 +91,131 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     finish(out, &out_shape, out_dtype)
 }
 
+/// bf16 × bf16 on AVX512-BF16 dot products with f32 accumulation, operands read in place;
+/// the f32 result is rounded to bf16 once at the end.
+fn matmul_bf16(
+    a: &Tensor,
+    b: &Tensor,
+    batch_shape: &[usize],
+    m: usize,
+    k: usize,
+    n: usize,
+    out_shape: &[usize],
+) -> Result<Tensor> {
+    use super::sgemm::MatRef;
+    let rank = a.rank();
+    let batch: usize = batch_shape.iter().product();
+    let (ga, gb) = (a.storage(), b.storage());
+    let (da, db) = (ga.as_slice::<half::bf16>(), gb.as_slice::<half::bf16>());
+    let offsets = |l: &Layout| -> Vec<usize> {
+        let bl = Layout::from_parts(
+            batch_shape.to_vec(),
+            l.strides()[..rank - 2].to_vec(),
+            l.offset(),
+        );
+        let mut v = Vec::with_capacity(batch);
+        bl.for_each_index(|i| v.push(i));
+        v
+    };
+    let (la, lb) = (a.layout(), b.layout());
+    let (oa, ob) = (offsets(la), offsets(lb));
+    let mat = |data, l: &Layout, off| MatRef {
+        data,
+        off,
+        rs: l.strides()[rank - 2],
+        cs: l.strides()[rank - 1],
+    };
+    let mut out = Storage::any(DType::F32, batch * m * n);
+    if m * n > 0 {
+        let o = out.as_mut_slice::<f32>();
+        let run = |i: usize, dst: &mut [f32], parallel: bool| {
+            super::sgemm::bf16::gemm(
+                m,
+                n,
+                k,
+                mat(da, la, oa[i]),
+                mat(db, lb, ob[i]),
+                dst,
+                parallel,
+            );
+        };
+        if batch > 1 && m * n * k < SMALL {
+            o.par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(i, d)| run(i, d, false));
+        } else {
+            let parallel = rayon::current_num_threads() > 1;
+            for (i, d) in o.chunks_mut(m * n).enumerate() {
+                run(i, d, parallel);
+            }
+        }
+    }
+    drop((ga, gb));
+    finish(out, out_shape, DType::BF16)
+}
+
+/// `a [M, K] @ b [K, N]` on the packed kernel at any `M` (batch-invariant by construction).
+fn invariant_sgemm(a: &Tensor, b: &Tensor, m: usize, k: usize, n: usize) -> Result<Tensor> {
+    use super::sgemm::{sgemm, MatRef};
+    let (ga, gb) = (a.storage(), b.storage());
+    let mat = |data, t: &Tensor| MatRef {
+        data,
+        off: t.layout().offset(),
+        rs: t.layout().strides()[0],
+        cs: t.layout().strides()[1],
+    };
+    let mut out = Storage::any(DType::F32, m * n);
+    let parallel = rayon::current_num_threads() > 1;
+    sgemm(
+        m,
+        n,
+        k,
+        mat(ga.as_slice(), a),
+        mat(gb.as_slice(), b),
+        out.as_mut_slice(),
+        parallel,
+    );
+    drop((ga, gb));
+    finish(out, &[m, n], DType::F32)
+}
+
+/// `batch=.. m=.. k=.. n=.. a=n|t b=n|t` for the profile (`t`: the operand's rows are strided,
+/// i.e. it is read transposed).
+pub(crate) fn shape_detail(
+    a: &Tensor,
+    b: &Tensor,
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> String {
+    let t = |x: &Tensor| {
+        let r = x.rank();
+        if x.layout().strides()[r - 1] == 1 || x.shape()[r - 1] == 1 {
+            "n"
+        } else {
+            "t"
+        }
+    };
+    let b_part = if batch > 1 {
+        format!("batch={batch} ")
+    } else {
+        String::new()
+    };
+    let dt = if a.dtype() == DType::F32 && b.dtype() == DType::F32 {
+        String::new()
+    } else {
+        format!(" {}x{}", a.dtype(), b.dtype())
+    };
+    format!("{b_part}m={m} k={k} n={n} a={} b={}{dt}", t(a), t(b))
+}
+
+/// Whether a product with `m` rows runs on the packed AVX-512 kernel. A handful of rows (a
+/// decode step) stays on `gemm`'s matrix-vector path, which needs no packing.
+fn use_sgemm(m: usize) -> bool {
+    m >= 4 && super::sgemm::available()
+}
+
 /// `dst[m, n] = a[m, k] @ b[k, n]` for one batch entry.
 #[allow(clippy::too_many_arguments)]
 fn gemm_one(
@@ -107,6 +240,22 @@ fn gemm_one(
     );
     if k == 0 {
         dst.fill(0.0);
+        return;
+    }
+    if use_sgemm(m) {
+        let ra = super::sgemm::MatRef {
+            data: a.data,
+            off: a_off,
+            rs: a_rs as usize,
+            cs: a_cs as usize,
+        };
+        let rb = super::sgemm::MatRef {
+            data: b.data,
+            off: b_off,
+            rs: b_rs as usize,
+            cs: b_cs as usize,
+        };
+        super::sgemm::sgemm(m, n, k, ra, rb, dst, !matches!(par, Parallelism::None));
         return;
     }
     // Bounds: the last element each operand reaches lies inside its slice.
@@ -146,6 +295,12 @@ fn gemm_one(
 pub(crate) fn matmul_row_tiles(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     use crate::invariant::TILE;
     let (m, k, n) = (a.shape()[0], a.shape()[1], b.shape()[1]);
+    let _p = crate::profile::scope_with("matmul_tiles", || shape_detail(a, b, 1, m, k, n));
+    if super::sgemm::available() && a.dtype() == DType::F32 && b.dtype() == DType::F32 {
+        // On the packed kernel a row's result never depends on how many rows there are, so
+        // no padding is needed (a decode step computes 1 row, not 64).
+        return invariant_sgemm(a, b, m, k, n);
+    }
     let out_dtype = if a.dtype() == b.dtype() && a.dtype().is_float() {
         a.dtype()
     } else {

@@ -6,12 +6,24 @@
 //! identical with any thread count.
 
 mod attention;
+pub(crate) mod convert;
 mod elementwise;
 mod matmul;
 mod reduce;
+mod sgemm;
 pub(crate) mod simd;
 
 pub(crate) use matmul::matmul_row_tiles;
+
+/// Whether f32 products run on the packed AVX-512 kernel.
+pub(crate) fn sgemm_available() -> bool {
+    sgemm::available()
+}
+
+/// Whether bf16 products run on AVX512-BF16 dot products.
+pub(crate) fn bf16_gemm_available() -> bool {
+    sgemm::bf16::available()
+}
 
 // Indexing and mixture-of-experts kernels.
 mod index;
@@ -30,6 +42,17 @@ pub(crate) const CHUNK: usize = 1 << 14;
 
 /// The CPU backend.
 pub struct CpuBackend;
+
+/// `QKᵀ` and `PV` of an attention forward (halved when causal).
+fn attention_flops(q: &Tensor, k: &Tensor, v: &Tensor, spec: &crate::ops::AttentionSpec) -> u64 {
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    if qs.len() != 4 || ks.len() != 4 || vs.len() != 4 {
+        return 0;
+    }
+    let (b, h, tq, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let full = 2 * b * h * tq * ks[2] * (d + vs[3]);
+    (if spec.causal { full / 2 } else { full }) as u64
+}
 
 /// A contiguous tensor of `dtype` from f32 results (converted when `dtype` is not f32).
 pub(crate) fn finish(out: Storage, shape: &[usize], dtype: DType) -> Result<Tensor> {
@@ -55,36 +78,48 @@ impl Backend for CpuBackend {
         "cpu"
     }
     fn unary(&self, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope_sub("unary", op.name());
         elementwise::unary(op, x)
     }
     fn unary_grad(&self, op: UnaryOp, x: &Tensor, grad: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope_sub("unary_grad", op.name());
         elementwise::unary_grad(op, x, grad)
     }
     fn binary(&self, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope_sub("binary", op.name());
         elementwise::binary(op, a, b)
     }
     fn affine(&self, x: &Tensor, mul: f32, add: f32) -> Result<Tensor> {
+        let _p = crate::profile::scope("affine");
         elementwise::map(x, move |v| v * mul + add)
     }
     fn powf(&self, x: &Tensor, e: f32) -> Result<Tensor> {
+        let _p = crate::profile::scope("powf");
         if e == 2.0 {
             return elementwise::map(x, |v| v * v);
         }
         elementwise::map(x, move |v| v.powf(e))
     }
     fn clamp(&self, x: &Tensor, lo: f32, hi: f32) -> Result<Tensor> {
+        let _p = crate::profile::scope("clamp");
         elementwise::map(x, move |v| v.max(lo).min(hi))
     }
     fn reduce(&self, op: ReduceOp, x: &Tensor, dim: usize) -> Result<Tensor> {
+        let _p = crate::profile::scope_sub("reduce", op.name());
         reduce::reduce(op, x, dim)
     }
     fn matmul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        // batch · m · k multiply-adds per output column.
+        let n = b.shape()[b.rank() - 1];
+        crate::flops::add(2 * (a.numel() * n) as u64);
         matmul::matmul(a, b)
     }
     fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        let _p = crate::profile::scope("cast");
         Ok(x.materialize(dtype))
     }
     fn add_assign(&self, dst: &Tensor, src: &Tensor) -> Result<()> {
+        let _p = crate::profile::scope("add_assign");
         elementwise::add_assign(dst, src)
     }
     fn topk(
@@ -95,21 +130,27 @@ impl Backend for CpuBackend {
         largest: bool,
         sorted: bool,
     ) -> Result<(Tensor, Tensor)> {
+        let _p = crate::profile::scope("topk");
         index::topk(x, k, dim, largest, sorted)
     }
     fn index_select(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope("index_select");
         index::index_select(x, dim, idx)
     }
     fn index_add(&self, base: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope("index_add");
         index::index_add(base, dim, idx, src)
     }
     fn gather(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope("gather");
         index::gather(x, dim, idx)
     }
     fn scatter_add(&self, x: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope("scatter_add");
         index::scatter_add(x, dim, idx, src)
     }
     fn where_(&self, cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
+        let _p = crate::profile::scope("where_");
         index::where_(cond, a, b, dtype)
     }
     fn grouped_matmul(
@@ -119,6 +160,7 @@ impl Backend for CpuBackend {
         counts: &[usize],
         transpose_w: bool,
     ) -> Result<Tensor> {
+        let _p = crate::profile::scope("grouped_matmul");
         moe::grouped_matmul(x, w, counts, transpose_w)
     }
     fn grouped_matmul_weight_grad(
@@ -127,9 +169,11 @@ impl Backend for CpuBackend {
         g: &Tensor,
         counts: &[usize],
     ) -> Result<Tensor> {
+        let _p = crate::profile::scope("grouped_matmul_weight_grad");
         moe::grouped_matmul_weight_grad(x, g, counts)
     }
     fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {
+        let _p = crate::profile::scope("cat");
         shape::cat(tensors, dim)
     }
     fn dropout(
@@ -140,6 +184,7 @@ impl Backend for CpuBackend {
         key: &crate::rng::RngKey,
         offset: u64,
     ) -> Result<Tensor> {
+        let _p = crate::profile::scope("dropout");
         random::dropout(x, p, scale, key, offset)
     }
     fn attention(
@@ -150,6 +195,8 @@ impl Backend for CpuBackend {
         sinks: Option<&Tensor>,
         spec: &crate::ops::AttentionSpec,
     ) -> Result<(Tensor, Tensor)> {
+        let _p = crate::profile::scope("attention");
+        crate::flops::add(attention_flops(q, k, v, spec));
         attention::forward(q, k, v, sinks, spec)
     }
     fn attention_backward(
@@ -163,6 +210,7 @@ impl Backend for CpuBackend {
         grad: &Tensor,
         spec: &crate::ops::AttentionSpec,
     ) -> Result<crate::ops::AttentionGrads> {
+        let _p = crate::profile::scope("attention_backward");
         attention::backward(q, k, v, sinks, out, lse, grad, spec)
     }
 }
@@ -176,12 +224,15 @@ mod softmax;
 
 impl crate::backend::FusedBackend for CpuBackend {
     fn softmax(&self, x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+        let _p = crate::profile::scope("softmax");
         softmax::softmax(x, dim, log)
     }
     fn softmax_backward(&self, y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
+        let _p = crate::profile::scope("softmax_backward");
         softmax::softmax_backward(y, g, dim, log)
     }
     fn rms_norm(&self, x: &Tensor, w: Option<&Tensor>, eps: f32) -> Result<(Tensor, Tensor)> {
+        let _p = crate::profile::scope("rms_norm");
         norm::rms_norm(x, w, eps)
     }
     fn rms_norm_backward(
@@ -192,6 +243,7 @@ impl crate::backend::FusedBackend for CpuBackend {
         g: &Tensor,
         need_w: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        let _p = crate::profile::scope("rms_norm_backward");
         norm::rms_norm_backward(x, w, rstd, g, need_w)
     }
     fn layer_norm(
@@ -201,6 +253,7 @@ impl crate::backend::FusedBackend for CpuBackend {
         b: Option<&Tensor>,
         eps: f32,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let _p = crate::profile::scope("layer_norm");
         norm::layer_norm(x, w, b, eps)
     }
     fn layer_norm_backward(
@@ -212,6 +265,7 @@ impl crate::backend::FusedBackend for CpuBackend {
         g: &Tensor,
         need: (bool, bool),
     ) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
+        let _p = crate::profile::scope("layer_norm_backward");
         norm::layer_norm_backward(x, w, mean, rstd, g, need)
     }
     fn rope(
@@ -222,9 +276,11 @@ impl crate::backend::FusedBackend for CpuBackend {
         spec: crate::ops::RopeSpec,
         inverse: bool,
     ) -> Result<Tensor> {
+        let _p = crate::profile::scope("rope");
         rope::rope(x, cos, sin, spec, inverse)
     }
     fn embedding(&self, weight: &Tensor, ids: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope("embedding");
         embedding::embedding(weight, ids)
     }
     fn embedding_backward(
@@ -234,6 +290,7 @@ impl crate::backend::FusedBackend for CpuBackend {
         vocab: usize,
         dtype: DType,
     ) -> Result<Tensor> {
+        let _p = crate::profile::scope("embedding_backward");
         embedding::embedding_backward(ids, g, vocab, dtype)
     }
     fn cross_entropy(
@@ -243,6 +300,7 @@ impl crate::backend::FusedBackend for CpuBackend {
         ignore_index: Option<i64>,
         label_smoothing: f32,
     ) -> Result<(Tensor, Tensor)> {
+        let _p = crate::profile::scope("cross_entropy");
         loss::cross_entropy(logits, targets, ignore_index, label_smoothing)
     }
     fn cross_entropy_backward(
@@ -254,6 +312,7 @@ impl crate::backend::FusedBackend for CpuBackend {
         ignore_index: Option<i64>,
         label_smoothing: f32,
     ) -> Result<Tensor> {
+        let _p = crate::profile::scope("cross_entropy_backward");
         loss::cross_entropy_backward(
             logits,
             targets,
@@ -262,5 +321,32 @@ impl crate::backend::FusedBackend for CpuBackend {
             ignore_index,
             label_smoothing,
         )
+    }
+}
+
+mod optim;
+
+impl crate::backend::OptimBackend for CpuBackend {
+    fn adamw(&self, groups: &[crate::ops::AdamWTensors<'_>], hp: &crate::ops::AdamW) -> Result<()> {
+        let _p = crate::profile::scope("adamw");
+        optim::adamw(groups, &hp.consts())
+    }
+}
+
+mod swiglu;
+
+impl crate::backend::FusionBackend for CpuBackend {
+    fn swiglu(&self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        let _p = crate::profile::scope("swiglu");
+        swiglu::swiglu(gate, up)
+    }
+    fn swiglu_backward(
+        &self,
+        gate: &Tensor,
+        up: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let _p = crate::profile::scope("swiglu_backward");
+        swiglu::swiglu_backward(gate, up, grad)
     }
 }

@@ -132,9 +132,11 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
                     (ga.clone(), g.sub(&ga)?)
                 }
             };
+            // Each operand gets its gradient in its own dtype (a bf16 activation added to an
+            // f32 residual gets a bf16 gradient), so mixed-precision backward stays in bf16.
             Ok(vec![
-                Some(ga.sum_to_shape(a.shape())?),
-                Some(gb.sum_to_shape(b.shape())?),
+                Some(ga.sum_to_shape(a.shape())?.to_dtype(a.dtype())?),
+                Some(gb.sum_to_shape(b.shape())?.to_dtype(b.dtype())?),
             ])
         }
     }))

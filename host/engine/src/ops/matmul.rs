@@ -27,6 +27,22 @@ impl Tensor {
             return Err(mismatch());
         }
         self.check_cpu("matmul")?;
+        if let Some(dt) = crate::autocast::autocast_dtype() {
+            let cast = |t: &Tensor| t.dtype().is_float() && t.dtype() != dt;
+            if cast(self) || cast(rhs) {
+                let _off = crate::autocast::set_autocast(None);
+                // A transposed weight is cast in its own layout and transposed back, so the
+                // product still reads it transposed (and its gradient comes back in place).
+                let cast_to = |t: &Tensor| {
+                    if is_transposed_matrix(t) {
+                        t.transpose(0, 1)?.to_dtype(dt)?.transpose(0, 1)
+                    } else {
+                        t.to_dtype(dt)
+                    }
+                };
+                return cast_to(self)?.matmul(&cast_to(rhs)?);
+            }
+        }
         let out = if rb == 2 && ra > 2 {
             let rows = self.numel() / k.max(1);
             let a2 = match self.layout().reshape(&[rows, k]) {
@@ -65,7 +81,14 @@ impl Tensor {
                     let n = g.shape()[g.rank() - 1];
                     let a2 = a.reshape(&[a.numel() / k.max(1), k])?;
                     let g2 = g.reshape(&[g.numel() / n.max(1), n])?;
-                    Some(a2.transpose(0, 1)?.matmul(&g2)?)
+                    if is_transposed_matrix(&b) {
+                        // `b` is a weight `w [n, k]` read as `wᵀ` (a linear layer): compute
+                        // `dw = gᵀ·a` in w's own layout, so the gradient reaches the weight
+                        // contiguous instead of as a strided view that must be copied.
+                        Some(g2.transpose(0, 1)?.matmul(&a2)?.transpose(0, 1)?)
+                    } else {
+                        Some(a2.transpose(0, 1)?.matmul(&g2)?)
+                    }
                 } else {
                     Some(a.transpose(-1, -2)?.matmul(g)?.sum_to_shape(b.shape())?)
                 };
@@ -73,4 +96,10 @@ impl Tensor {
             }
         }))
     }
+}
+
+/// A 2-d view whose transpose is contiguous (strides `[1, rows]`).
+fn is_transposed_matrix(t: &Tensor) -> bool {
+    let (s, st) = (t.shape(), t.layout().strides());
+    t.rank() == 2 && s[0] > 1 && s[1] > 1 && st[0] == 1 && st[1] == s[0]
 }

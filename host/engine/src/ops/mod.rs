@@ -61,6 +61,11 @@ mod moe;
 mod random;
 mod shape;
 
+mod optim;
+mod swiglu;
+pub(crate) use optim::AdamWConsts;
+pub use optim::{adamw_step, AdamW, AdamWTensors};
+
 pub use index::where_;
 pub use moe::{histogram, sort_by_expert, ExpertCounts, ExpertRouting};
 pub use shape::{cat, stack};

@@ -179,6 +179,7 @@ impl Tensor {
     /// differentiable; meant for gradient norms.
     pub fn sum_of_squares(&self) -> f64 {
         use rayon::prelude::*;
+        let _p = crate::profile::scope("sum_of_squares");
         let values = self.contig::<f32>();
         let parts: Vec<f64> = values
             .par_chunks(1 << 15)

@@ -139,6 +139,7 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
             rhs: src.shape().to_vec(),
         });
     }
+    let _p = crate::profile::scope("copy_into");
     // Convert (and detach from shared storage) first, then scatter by index.
     let vals = src.materialize(dst.dtype());
     let v = vals.storage();
@@ -146,6 +147,24 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
     let src_bytes = v.as_bytes();
     let mut guard = dst.storage_mut();
     let dst_bytes = guard.as_bytes_mut();
+    let (shape, strides) = (dst.shape(), dst.layout().strides());
+    let rank = shape.len();
+    if rank >= 1 && strides[rank - 1] == 1 && shape[rank - 1] >= 8 {
+        // Rows contiguous in the destination (a slice of a KV cache, a narrowed block): copy
+        // whole rows instead of element by element.
+        let row = shape[rank - 1] * bytes;
+        let outer = crate::layout::Layout::from_parts(
+            shape[..rank - 1].to_vec(),
+            strides[..rank - 1].to_vec(),
+            dst.layout().offset(),
+        );
+        let mut k = 0;
+        outer.for_each_index(|i| {
+            dst_bytes[i * bytes..i * bytes + row].copy_from_slice(&src_bytes[k..k + row]);
+            k += row;
+        });
+        return Ok(());
+    }
     let mut k = 0;
     dst.layout().for_each_index(|i| {
         dst_bytes[i * bytes..(i + 1) * bytes]

@@ -7,6 +7,7 @@ pub mod loader;
 pub mod model;
 mod ops;
 pub mod optimizer;
+pub mod recompute;
 
 pub use host::HostSession;
 pub use kv_cache::KvCache;

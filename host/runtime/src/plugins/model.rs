@@ -25,6 +25,9 @@ pub struct ForwardOpts {
     /// Recompute blocks during backward instead of keeping their activations: 0 = none,
     /// `k` = every block whose index is a multiple of `k` (1 = all).
     pub recompute_every: usize,
+    /// Per block, whether to recompute it (a memory-budget plan, see
+    /// [`super::recompute`]); blocks it marks are recomputed in addition to `recompute_every`.
+    pub recompute_layers: Option<Arc<Vec<bool>>>,
     /// Per-layer KV cache for prefill/decode; positions then continue after the cached length.
     pub cache: Option<Arc<KvCache>>,
 }
@@ -93,20 +96,15 @@ impl PluginModel {
         positions: &Tensor,
         opts: &ForwardOpts,
     ) -> anneal_engine::Result<Tensor> {
-        let mut hidden = run_stage(
-            &self.inst,
-            &self.name,
-            params,
-            positions,
-            opts,
-            |inst, vt, ctx, s| {
-                let h = s.insert(tokens.clone());
-                inst.embed(vt, ctx, h).into_result()
-            },
-            "embed",
-        )?;
+        let _phase = anneal_engine::profile::phase("forward");
+        let mut hidden = self.embed(params, tokens, positions, opts)?;
         for i in 0..self.spec.n_layers {
-            hidden = if opts.training && opts.recompute_every > 0 && i % opts.recompute_every == 0 {
+            let planned = opts
+                .recompute_layers
+                .as_ref()
+                .is_some_and(|p| p.get(i) == Some(&true));
+            let every = opts.recompute_every > 0 && i % opts.recompute_every == 0;
+            hidden = if opts.training && (every || planned) {
                 self.checkpointed_layer(params, positions, opts, i, hidden)?
             } else {
                 layer(&self.inst, &self.name, params, positions, opts, i, &hidden)?
@@ -151,6 +149,40 @@ impl PluginModel {
             ));
         }
         Ok(logits)
+    }
+
+    /// The `embed` stage alone: the hidden state for token ids `[B, T]`.
+    pub fn embed(
+        &self,
+        params: &Params,
+        tokens: &Tensor,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+    ) -> anneal_engine::Result<Vec<Tensor>> {
+        run_stage(
+            &self.inst,
+            &self.name,
+            params,
+            positions,
+            opts,
+            |inst, vt, ctx, s| {
+                let h = s.insert(tokens.clone());
+                inst.embed(vt, ctx, h).into_result()
+            },
+            "embed",
+        )
+    }
+
+    /// Block `i` alone on `hidden` (never recomputed).
+    pub fn layer(
+        &self,
+        params: &Params,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+        i: usize,
+        hidden: &[Tensor],
+    ) -> anneal_engine::Result<Vec<Tensor>> {
+        layer(&self.inst, &self.name, params, positions, opts, i, hidden)
     }
 
     fn checkpointed_layer(

@@ -105,6 +105,7 @@ pub(crate) fn run(
         "softplus" => one(x()?.softplus()),
         "abs" => one(x()?.abs()),
         "matmul" => one(x()?.matmul(y()?)),
+        "swiglu" => one(x()?.swiglu(y()?)),
         "linear" => {
             let (x, w) = (x()?, y()?);
             one(w.transpose(0, 1).and_then(|wt| x.matmul(&wt)))
@@ -148,6 +149,7 @@ pub(crate) fn run(
             let dt = DType::parse(&name).ok_or_else(|| format!("{op}: unknown dtype '{name}'"))?;
             one(x()?.to_dtype(dt))
         }
+        "adamw" => adamw(inputs, attrs).map(|()| vec![]),
         "assign" => {
             x()?.copy_from(y()?).map_err(e)?;
             Ok(vec![])
@@ -255,6 +257,36 @@ fn opt_int(attrs: &[Attr], i: usize) -> Option<i64> {
         Some(Attr::Int(v)) => Some(*v),
         _ => None,
     }
+}
+
+/// `adamw([param, grad, exp_avg, exp_avg_sq] per parameter)`, attrs: lr, beta1, beta2, eps,
+/// weight decay, step. Updates in place, one fused pass over every parameter.
+fn adamw(inputs: &[Tensor], attrs: &[Attr]) -> R<()> {
+    let op = "adamw";
+    if inputs.is_empty() || !inputs.len().is_multiple_of(4) {
+        return Err(format!(
+            "{op}: needs [param, grad, exp_avg, exp_avg_sq] per parameter, got {} tensors",
+            inputs.len()
+        ));
+    }
+    let hp = anneal_engine::ops::AdamW {
+        lr: float(attrs, 0, op)?,
+        beta1: float(attrs, 1, op)?,
+        beta2: float(attrs, 2, op)?,
+        eps: float(attrs, 3, op)?,
+        weight_decay: float(attrs, 4, op)?,
+        step: u64::try_from(int(attrs, 5, op)?).map_err(|_| format!("{op}: negative step"))?,
+    };
+    let groups: Vec<_> = inputs
+        .chunks_exact(4)
+        .map(|c| anneal_engine::ops::AdamWTensors {
+            param: &c[0],
+            grad: &c[1],
+            exp_avg: &c[2],
+            exp_avg_sq: &c[3],
+        })
+        .collect();
+    anneal_engine::ops::adamw_step(&groups, &hp).map_err(e)
 }
 
 /// `rope(x [B, H, T, D], positions [T])`, attrs: theta, rot_dim, interleaved, then the four

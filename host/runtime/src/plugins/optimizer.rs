@@ -2,7 +2,7 @@
 //! and state; the plugin's `step` reaches them by name through a [`HostSession`].
 
 use super::{HostSession, PluginError};
-use abi_stable::std_types::RStr;
+use abi_stable::std_types::{RSlice, RStr};
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::abi::{OptimizerBox, PluginInstance};
 use anneal_plugin_api::spec::{Init, OptimizerSpec};
@@ -84,9 +84,13 @@ impl PluginOptimizer {
         step: u64,
         lr: f64,
     ) -> Result<(), PluginError> {
+        let _phase = anneal_engine::profile::phase("optimizer");
+        // One session and one plugin call for all parameters, so the plugin can fuse the
+        // update into one host op.
+        let mut named = HashMap::new();
+        let mut names = Vec::new();
         for (pname, p) in params {
             let Some(grad) = p.grad() else { continue };
-            let mut named = HashMap::new();
             named.insert(pname.clone(), p.detach());
             named.insert(format!("{pname}.grad"), grad);
             for s in &self.spec.state {
@@ -97,17 +101,20 @@ impl PluginOptimizer {
                     .or_insert_with(|| init_state(p.shape(), &s.init));
                 named.insert(key, t.clone());
             }
-            let session = HostSession::new(named);
-            let vt = session.vtable();
-            self.inst
-                .step(&vt, RStr::from(pname.as_str()), step, lr)
-                .into_result()
-                .map_err(|e| PluginError::Create {
-                    name: self.name.clone(),
-                    msg: format!("step on {pname}: {e}"),
-                })?;
+            names.push(RStr::from(pname.as_str()));
         }
-        Ok(())
+        if names.is_empty() {
+            return Ok(());
+        }
+        let session = HostSession::new(named);
+        let vt = session.vtable();
+        self.inst
+            .step_all(&vt, RSlice::from(&names[..]), step, lr)
+            .into_result()
+            .map_err(|e| PluginError::Create {
+                name: self.name.clone(),
+                msg: e.to_string(),
+            })
     }
 }
 
