@@ -1,13 +1,15 @@
 //! Batch-invariant mode: a sequence's results do not depend on what else is in the batch, or on
 //! whether it is computed in one forward or token by token with a KV cache.
 //!
-//! Plain kernels pick their code path by size (`gemm` has a separate path for one row, attention
-//! tiles by the number of queries present), so the same row can round differently in a decode
-//! step than in a full forward. In this mode the ops that reduce across a size that varies with
-//! the batch run on fixed tiles instead: matrix products on 64-row tiles (zero-padded), and
-//! attention on 64-aligned query and key blocks laid out by position. Each row then goes through
-//! exactly the same arithmetic wherever it sits. It costs padding work (most visible in decode),
-//! so it is a mode: RL rollouts and the trainer's logprob pass turn it on.
+//! Plain kernels may pick their code path by size (`gemm` has a separate path for one row, and
+//! attention's tile products go through it), so the same row can round differently in a decode
+//! step than in a full forward. In this mode every reduction a row goes through has a fixed
+//! order that ignores the other rows. On CPUs with the packed AVX-512 kernel that costs almost
+//! nothing: its products are row-independent by construction (`cpu::sgemm`), attention scores
+//! each query on its own with a fixed lane tree and aligns key blocks to position 0, and decode
+//! steps reuse packed weights. Elsewhere matrix products run on zero-padded 64-row tiles and
+//! attention on 64-aligned query and key blocks, which costs padding work in decode. RL rollouts
+//! and the trainer's logprob pass turn the mode on.
 //!
 //! The flag is per thread (ops decide on the calling thread before they fan out).
 

@@ -27,6 +27,7 @@ pub mod rng;
 mod storage;
 mod tensor;
 
+pub use cpu::logsumexp::logsumexp;
 pub use cpu::simd::{level as simd_level, SimdLevel};
 pub use device::Device;
 pub use dtype::{DType, Element};

@@ -11,6 +11,8 @@ pub struct Storage {
     buf: Buffer,
     dtype: DType,
     len: usize,
+    /// How many times a tensor took this storage for writing (see [`Storage::writes`]).
+    writes: u64,
 }
 
 impl Storage {
@@ -20,6 +22,7 @@ impl Storage {
             buf: Buffer::zeroed(len * dtype.size_in_bytes()),
             dtype,
             len,
+            writes: 0,
         }
     }
 
@@ -29,6 +32,7 @@ impl Storage {
             buf: Buffer::any(len * dtype.size_in_bytes()),
             dtype,
             len,
+            writes: 0,
         }
     }
 
@@ -47,6 +51,17 @@ impl Storage {
             .as_bytes_mut()
             .copy_from_slice(&bytes[..len * dtype.size_in_bytes()]);
         s
+    }
+
+    /// A count that changes whenever a tensor takes this storage for writing, so a copy derived
+    /// from it (a packed matrix operand) can tell whether it is still current.
+    pub(crate) fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    /// Records a write access (called by [`crate::Tensor`] when it locks the storage for writing).
+    pub(crate) fn note_write(&mut self) {
+        self.writes = self.writes.wrapping_add(1);
     }
 
     /// The element type.

@@ -232,7 +232,14 @@ impl Tensor {
     }
 
     pub(crate) fn storage_mut(&self) -> RwLockWriteGuard<'_, Storage> {
-        self.0.storage.write().expect("storage lock poisoned")
+        let mut guard = self.0.storage.write().expect("storage lock poisoned");
+        guard.note_write();
+        guard
+    }
+
+    /// The shared storage cell itself (for caches keyed by storage identity).
+    pub(crate) fn storage_cell(&self) -> &Arc<RwLock<Storage>> {
+        &self.0.storage
     }
 
     pub(crate) fn grad_meta(&self) -> &GradMeta {

@@ -87,8 +87,9 @@ fn decode_rows_equal_full_forward_rows_bitwise() {
 
 #[test]
 fn plain_mode_rows_agree_to_rounding() {
-    // Without the mode, a one-row product takes gemm's single-row path: the same values to a few
-    // ulp; this checks the plain path stays close while the mode above makes it exact.
+    // Without the mode, a one-row product may take another path (gemm's single-row path where
+    // the packed AVX-512 kernel is missing): the same values to a few ulp; this checks the plain
+    // path stays close while the mode above makes it exact.
     let x = randn(&[1, 80, 256], "x");
     let w = randn(&[512, 256], "w").transpose(0, 1).unwrap();
     let full = x.matmul(&w).unwrap();
@@ -101,4 +102,86 @@ fn plain_mode_rows_agree_to_rounding() {
         .iter()
         .zip(&b)
         .all(|(x, y)| (x - y).abs() <= 1e-4 * y.abs().max(1.0)));
+}
+
+#[test]
+fn attention_rows_are_invariant_with_windows_sinks_softcap_and_chunked_prefill() {
+    let _i = set_batch_invariant(true);
+    let (t, d) = (150usize, 16usize); // three key blocks, queries past two tile boundaries
+    let q = randn(&[2, 4, t, d], "q2");
+    let k = randn(&[2, 2, t, d], "k2");
+    let v = randn(&[2, 2, t, d], "v2");
+    let sinks = randn(&[4], "sinks");
+    let variants = [
+        ("causal", None, None, None),
+        ("window", Some(40usize), None, None),
+        ("softcap+sinks", None, Some(5.0f32), Some(sinks.clone())),
+        ("window+sinks", Some(70), None, Some(sinks)),
+    ];
+    for (name, window, softcap, sinks) in variants {
+        let params = |q0: usize, n: usize, keys: usize| AttentionParams {
+            causal: true,
+            sliding_window: window,
+            softcap,
+            sinks: sinks.clone(),
+            q_pos: Some(pos(q0, n)),
+            k_pos: Some(pos(0, keys)),
+            ..Default::default()
+        };
+        let full = q.attention(&k, &v, &params(0, t, t)).unwrap();
+        // A decode step (one query against the cache so far) and a chunk of a prefill.
+        for (q0, n) in [
+            (0, 1),
+            (63, 1),
+            (64, 1),
+            (100, 1),
+            (149, 1),
+            (60, 7),
+            (120, 30),
+        ] {
+            let keys = q0 + n;
+            let part = q
+                .narrow(2, q0, n)
+                .unwrap()
+                .attention(
+                    &k.narrow(2, 0, keys).unwrap(),
+                    &v.narrow(2, 0, keys).unwrap(),
+                    &params(q0, n, keys),
+                )
+                .unwrap();
+            assert_eq!(
+                bits(&part),
+                bits(&full.narrow(2, q0, n).unwrap()),
+                "{name}: queries {q0}..{}",
+                q0 + n
+            );
+        }
+    }
+}
+
+#[test]
+fn repeated_small_products_reuse_packed_weights_and_see_writes() {
+    // A decode step multiplies a few rows by the same weights again and again; the packed copy
+    // kept for them must give the bits of a fresh product, and a write to the weights must be
+    // seen at once.
+    let _i = set_batch_invariant(true);
+    let x = randn(&[1, 100, 300], "x3");
+    let w_store = randn(&[272, 300], "w3");
+    let w = w_store.transpose(0, 1).unwrap();
+    for round in 0..2 {
+        let full = x.matmul(&w).unwrap(); // 100 rows: packed per call, never cached
+        for step in 0..4 {
+            for rows in [1usize, 5, 13] {
+                let r0 = 7 * step;
+                let part = x.narrow(1, r0, rows).unwrap().matmul(&w).unwrap();
+                assert_eq!(
+                    bits(&part),
+                    bits(&full.narrow(1, r0, rows).unwrap()),
+                    "round {round} step {step} rows {rows}"
+                );
+            }
+        }
+        // Change the weights in place (as an optimizer step does).
+        w_store.copy_from(&randn(&[272, 300], "w3-next")).unwrap();
+    }
 }

@@ -128,13 +128,12 @@ pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<
     Ok((out, loss as f32))
 }
 
-/// `log softmax(row)[token]`, in f64 and in one fixed order. Every caller that reports a
+/// `log softmax(row)[token]`, normalised by [`anneal_engine::logsumexp`] (f64 sums, one fixed
+/// order, vectorized: a decode step scores a whole vocabulary per row). Every caller that reports a
 /// logprob (scoring, generation, the RL trainer) goes through here, so equal logits give equal
 /// logprobs bit for bit.
 pub fn token_logprob(row: &[f32], token: usize) -> f32 {
-    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let s: f64 = row.iter().map(|&x| (x as f64 - m).exp()).sum();
-    (row[token] as f64 - m - s.ln()) as f32
+    (row[token] as f64 - anneal_engine::logsumexp(row)) as f32
 }
 
 /// How to pick the next token.

@@ -17,7 +17,7 @@
 //! logprobs are the same, bit for bit, alone or next to any others, and equal those of
 //! [`crate::infer::generate`] with the same sampling settings (tested).
 
-use crate::infer::{pick, token_logprob, Generation, Sampling};
+use crate::infer::{pick, Generation, Sampling};
 use crate::plugins::{ForwardOpts, KvCache, Params, PluginModel};
 use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::rng::RngKey;
@@ -304,8 +304,10 @@ fn top_logprobs(logits: &[f32], k: usize) -> Vec<(i64, f32)> {
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     idx.truncate(k);
+    // The normaliser once for the row: the same bits `token_logprob` gives.
+    let lse = anneal_engine::logsumexp(logits);
     idx.into_iter()
-        .map(|i| (i as i64, token_logprob(logits, i)))
+        .map(|i| (i as i64, (logits[i] as f64 - lse) as f32))
         .collect()
 }
 

@@ -7,10 +7,18 @@ use crate::storage::Storage;
 use crate::{DType, Tensor};
 use gemm::Parallelism;
 use rayon::prelude::*;
+use std::sync::{Arc, RwLock};
 
 /// Below this many multiply-adds per matrix, batches run one matrix per task instead of
 /// splitting each matrix across threads.
 const SMALL: usize = 1 << 21;
+
+/// Products with at most this many rows keep their packed right operand for the next call
+/// when it does not change (decode steps reuse the weights; see `sgemm::pack_cache`).
+const PACK_CACHE_ROWS: usize = 64;
+
+/// Where a right operand lives, for the packed-operand cache: its storage and write count.
+type BCell<'a> = Option<(&'a Arc<RwLock<Storage>>, u64)>;
 
 struct Operand<'a> {
     data: &'a [f32],
@@ -69,8 +77,9 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             v
         };
         let (offs_a, offs_b) = (batch_offsets(&oa.layout), batch_offsets(&ob.layout));
+        let b_cell: BCell<'_> = (batch == 1).then(|| (tb.storage_cell(), gb.writes()));
         let run = |i: usize, dst: &mut [f32], par: Parallelism| {
-            gemm_one(&oa, offs_a[i], &ob, offs_b[i], m, k, n, dst, par);
+            gemm_one(&oa, offs_a[i], &ob, offs_b[i], b_cell, m, k, n, dst, par);
         };
         if batch > 1 && m * n * k < SMALL {
             o.par_chunks_mut(m * n)
@@ -166,12 +175,16 @@ fn invariant_sgemm(a: &Tensor, b: &Tensor, m: usize, k: usize, n: usize) -> Resu
     };
     let mut out = Storage::any(DType::F32, m * n);
     let parallel = rayon::current_num_threads() > 1;
+    let rb = mat(gb.as_slice(), b);
+    let source = (m <= PACK_CACHE_ROWS)
+        .then(|| super::sgemm::pack_cache::Source::new(b.storage_cell(), gb.writes(), &rb, k, n));
     sgemm(
         m,
         n,
         k,
         mat(ga.as_slice(), a),
-        mat(gb.as_slice(), b),
+        rb,
+        source.as_ref(),
         out.as_mut_slice(),
         parallel,
     );
@@ -210,10 +223,11 @@ pub(crate) fn shape_detail(
     format!("{b_part}m={m} k={k} n={n} a={} b={}{dt}", t(a), t(b))
 }
 
-/// Whether a product with `m` rows runs on the packed AVX-512 kernel. A handful of rows (a
-/// decode step) stays on `gemm`'s matrix-vector path, which needs no packing.
-fn use_sgemm(m: usize) -> bool {
-    m >= 4 && super::sgemm::available()
+/// Whether a product runs on the packed AVX-512 kernel: on every CPU that has it. A decode
+/// step's few rows reuse the packed weights of the step before (see `sgemm::pack_cache`), so
+/// they need `gemm`'s matrix-vector path no more.
+fn use_sgemm(_m: usize) -> bool {
+    super::sgemm::available()
 }
 
 /// `dst[m, n] = a[m, k] @ b[k, n]` for one batch entry.
@@ -223,6 +237,7 @@ fn gemm_one(
     a_off: usize,
     b: &Operand,
     b_off: usize,
+    b_cell: BCell<'_>,
     m: usize,
     k: usize,
     n: usize,
@@ -255,7 +270,11 @@ fn gemm_one(
             rs: b_rs as usize,
             cs: b_cs as usize,
         };
-        super::sgemm::sgemm(m, n, k, ra, rb, dst, !matches!(par, Parallelism::None));
+        let source = b_cell
+            .filter(|_| m <= PACK_CACHE_ROWS)
+            .map(|(cell, writes)| super::sgemm::pack_cache::Source::new(cell, writes, &rb, k, n));
+        let parallel = !matches!(par, Parallelism::None);
+        super::sgemm::sgemm(m, n, k, ra, rb, source.as_ref(), dst, parallel);
         return;
     }
     // Bounds: the last element each operand reaches lies inside its slice.
@@ -332,6 +351,7 @@ pub(crate) fn matmul_row_tiles(a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 0,
                 &ob,
                 ob.layout.offset(),
+                None,
                 TILE,
                 k,
                 n,

@@ -8,6 +8,7 @@
 mod attention;
 pub(crate) mod convert;
 mod elementwise;
+pub(crate) mod logsumexp;
 mod matmul;
 mod reduce;
 mod sgemm;

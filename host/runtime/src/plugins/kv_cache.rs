@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 /// row.
 #[derive(Default)]
 pub struct KvCache {
-    layers: Mutex<HashMap<usize, (Tensor, Tensor)>>,
+    layers: Mutex<HashMap<usize, Layer>>,
     rows: Vec<Arc<KvCache>>,
 }
 
@@ -60,12 +60,11 @@ impl KvCache {
             });
         }
         let mut layers = self.layers.lock().expect("kv cache lock poisoned");
-        let (k, v) = match layers.get(&layer) {
-            Some((pk, pv)) => (concat_seq(pk, k)?, concat_seq(pv, v)?),
-            None => (k.detach().contiguous()?, v.detach().contiguous()?),
+        let layer = match layers.entry(layer) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(Layer::for_first(k, v)?),
         };
-        layers.insert(layer, (k.clone(), v.clone()));
-        Ok((k, v))
+        layer.append(k, v)
     }
 
     /// Number of cached positions (0 when empty); for a per-row batch, the longest row's.
@@ -74,7 +73,7 @@ impl KvCache {
             return self.rows.iter().map(|r| r.len()).max().unwrap_or(0);
         }
         let layers = self.layers.lock().expect("kv cache lock poisoned");
-        layers.values().next().map_or(0, |(k, _)| k.shape()[2])
+        layers.values().next().map_or(0, |l| l.len)
     }
 
     /// True when nothing is cached.
@@ -83,19 +82,78 @@ impl KvCache {
     }
 }
 
-/// `[B, H, S1, D] ++ [B, H, S2, D]` along dim 2, without autograd (cached state is constant).
-fn concat_seq(a: &Tensor, b: &Tensor) -> anneal_engine::Result<Tensor> {
-    let (sa, sb) = (a.shape(), b.shape());
-    if sa.len() != 4 || sb.len() != 4 || sa[0] != sb[0] || sa[1] != sb[1] || sa[3] != sb[3] {
-        return Err(anneal_engine::Error::ShapeMismatch {
-            op: "kv_cache.append",
-            lhs: sa.to_vec(),
-            rhs: sb.to_vec(),
-        });
+/// Positions a layer's buffers have room for at first, at least.
+const MIN_CAPACITY: usize = 256;
+
+/// One layer's keys and values: buffers `[B, H, capacity, D]` of which the first `len`
+/// positions are filled. Appending writes after them (the positions before are never rewritten,
+/// so views handed out earlier stay valid) and doubles the buffers when full, so a decode step
+/// copies its new position only, not the whole cache.
+struct Layer {
+    k: Tensor,
+    v: Tensor,
+    len: usize,
+}
+
+impl Layer {
+    /// Empty buffers shaped for `k` and `v` (`[B, H, S, D]`).
+    fn for_first(k: &Tensor, v: &Tensor) -> anneal_engine::Result<Layer> {
+        let s = |t: &Tensor| -> anneal_engine::Result<Vec<usize>> {
+            match t.shape() {
+                [b, h, _, d] => Ok(vec![*b, *h, 0, *d]),
+                other => Err(anneal_engine::Error::ShapeMismatch {
+                    op: "kv_cache.append",
+                    lhs: other.to_vec(),
+                    rhs: vec![0, 0, 0, 0],
+                }),
+            }
+        };
+        Ok(Layer {
+            k: Tensor::zeros(&s(k)?, k.dtype()),
+            v: Tensor::zeros(&s(v)?, v.dtype()),
+            len: 0,
+        })
     }
-    let out = Tensor::zeros(&[sa[0], sa[1], sa[2] + sb[2], sa[3]], a.dtype());
-    out.narrow(2, 0, sa[2])?.copy_from(a)?;
-    out.narrow(2, sa[2], sb[2])?.copy_from(b)?;
+
+    /// Appends `k`, `v` `[B, H, S, D]`; returns views of every cached position.
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> anneal_engine::Result<(Tensor, Tensor)> {
+        for (buf, new) in [(&self.k, k), (&self.v, v)] {
+            let (sa, sb) = (buf.shape(), new.shape());
+            if sb.len() != 4 || sa[0] != sb[0] || sa[1] != sb[1] || sa[3] != sb[3] {
+                return Err(anneal_engine::Error::ShapeMismatch {
+                    op: "kv_cache.append",
+                    lhs: sa.to_vec(),
+                    rhs: sb.to_vec(),
+                });
+            }
+        }
+        let (added, len) = (k.shape()[2], self.len + k.shape()[2]);
+        if v.shape()[2] != added {
+            return Err(anneal_engine::Error::ShapeMismatch {
+                op: "kv_cache.append",
+                lhs: k.shape().to_vec(),
+                rhs: v.shape().to_vec(),
+            });
+        }
+        if len > self.k.shape()[2] {
+            let capacity = len.max(MIN_CAPACITY).next_power_of_two();
+            self.k = regrow(&self.k, self.len, capacity)?;
+            self.v = regrow(&self.v, self.len, capacity)?;
+        }
+        self.k.narrow(2, self.len, added)?.copy_from(&k.detach())?;
+        self.v.narrow(2, self.len, added)?.copy_from(&v.detach())?;
+        self.len = len;
+        Ok((self.k.narrow(2, 0, len)?, self.v.narrow(2, 0, len)?))
+    }
+}
+
+/// A zeroed `[B, H, capacity, D]` buffer holding the first `len` positions of `buf`.
+fn regrow(buf: &Tensor, len: usize, capacity: usize) -> anneal_engine::Result<Tensor> {
+    let s = buf.shape();
+    let out = Tensor::zeros(&[s[0], s[1], capacity, s[3]], buf.dtype());
+    if len > 0 {
+        out.narrow(2, 0, len)?.copy_from(&buf.narrow(2, 0, len)?)?;
+    }
     Ok(out)
 }
 

@@ -224,6 +224,7 @@ impl Ctx<'_> {
         let v_blk = &self.v[key0 * dvd..(key0 + cols) * dvd];
         let (p, dp) = (&mut t.p, &mut t.dp);
         scores(
+            false,
             p,
             &mut t.dcap,
             q_blk,

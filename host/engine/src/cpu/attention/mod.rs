@@ -2,6 +2,9 @@
 //!
 //! Forward: for each (batch, query head, query block) an online softmax runs over key blocks
 //! (`S = Q Kᵀ`, running max and sum, `O += P V` with `gemm`), keeping the per-row logsumexp.
+//! Keys and values are read in place when each head's rows are contiguous (a KV cache with room
+//! to grow), so a decode step does not copy the cache. In batch-invariant mode the scores are
+//! row-by-row dot products and `P V` runs on the packed kernel (see [`forward`]).
 //! Backward: for each (batch, kv head) the scores are recomputed block by block from `q`, `k`
 //! and the saved logsumexp; `dK`/`dV` of a key block accumulate over every query block and every
 //! query head sharing the kv head, in a fixed order. Key blocks that the causal / window mask
@@ -268,8 +271,11 @@ fn mask_tile(
 }
 
 /// Scores of one tile: `s = softcap(scale · Q Kᵀ)` masked, `rows × cols` with row stride `BK`.
+/// With `invariant`, the products run on the packed kernel, whose result for a row does not
+/// depend on the rows around it (see [`forward`]).
 #[allow(clippy::too_many_arguments)]
 fn scores(
+    invariant: bool,
     s: &mut [f32],
     dcap: &mut [f32],
     q: &[f32],
@@ -283,23 +289,27 @@ fn scores(
     k0: usize,
 ) {
     assert!(q.len() >= rows * d && k.len() >= cols * d && s.len() >= rows * BK);
-    // SAFETY: the assert bounds q (rows × d), k (cols × d, read transposed) and s (rows × BK).
-    unsafe {
-        mm(
-            rows,
-            cols,
-            d,
-            s.as_mut_ptr(),
-            BK,
-            false,
-            q.as_ptr(),
-            d,
-            1,
-            k.as_ptr(),
-            1,
-            d,
-            spec.scale,
-        );
+    if invariant {
+        invariant_scores(s, q, k, d, rows, cols, spec.scale);
+    } else {
+        // SAFETY: the assert bounds q (rows × d), k (cols × d, read transposed) and s (rows × BK).
+        unsafe {
+            mm(
+                rows,
+                cols,
+                d,
+                s.as_mut_ptr(),
+                BK,
+                false,
+                q.as_ptr(),
+                d,
+                1,
+                k.as_ptr(),
+                1,
+                d,
+                spec.scale,
+            );
+        }
     }
     if let Some(cap) = spec.softcap {
         for r in 0..rows {
@@ -316,7 +326,89 @@ fn scores(
     }
 }
 
+simd_kernel! {
+    /// `out[c] = scale · (q · k_c)` for `out.len()` keys (rows of `k`, `d` values each): 16 lane
+    /// sums over `d` folded by a fixed pairwise tree, so a score's bits depend on its query and
+    /// key only, never on how many rows or keys are scored together.
+    fn row_scores(q: &[f32], k: &[f32], d: usize, scale: f32, out: &mut [f32]) {
+        let q = &q[..d];
+        for (c, o) in out.iter_mut().enumerate() {
+            let kr = &k[c * d..(c + 1) * d];
+            let mut acc = [0f32; 16];
+            let mut cq = q.chunks_exact(16);
+            let mut ck = kr.chunks_exact(16);
+            for (x, y) in (&mut cq).zip(&mut ck) {
+                for l in 0..16 {
+                    acc[l] += x[l] * y[l];
+                }
+            }
+            for (l, (x, y)) in cq.remainder().iter().zip(ck.remainder()).enumerate() {
+                acc[l] += x * y;
+            }
+            let mut width = 8;
+            while width > 0 {
+                for l in 0..width {
+                    acc[l] += acc[l + width];
+                }
+                width /= 2;
+            }
+            *o = scale * acc[0];
+        }
+    }
+}
+
+/// `s[r·BK + c] = scale · (q_r · k_c)` in batch-invariant mode: row by row with
+/// [`row_scores`], so a decode step (one query) costs one pass over the keys and gets the bits
+/// the same query gets inside a prefill.
+fn invariant_scores(
+    s: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    d: usize,
+    rows: usize,
+    cols: usize,
+    scale: f32,
+) {
+    for (r, dst) in s.chunks_mut(BK).take(rows).enumerate() {
+        row_scores(&q[r * d..(r + 1) * d], k, d, scale, &mut dst[..cols]);
+    }
+}
+
+/// `o[rows × dv] += p[rows × cols] (row stride BK) · v[cols × dv]` on the packed kernel.
+fn invariant_pv(o: &mut [f32], p: &[f32], v: &[f32], rows: usize, cols: usize, dv: usize) {
+    use super::sgemm::{sgemm_into, MatRef};
+    let pa = MatRef {
+        data: p,
+        off: 0,
+        rs: BK,
+        cs: 1,
+    };
+    let vb = MatRef {
+        data: v,
+        off: 0,
+        rs: dv,
+        cs: 1,
+    };
+    sgemm_into(
+        rows,
+        dv,
+        cols,
+        pa,
+        vb,
+        None,
+        &mut o[..rows * dv],
+        true,
+        false,
+    );
+}
+
 /// Forward: returns the output (`q`'s dtype) and the f32 logsumexp `[B, Hq, Tq]`.
+///
+/// In batch-invariant mode (on the calling thread) and on CPUs with the packed kernel, the
+/// two products of each tile run on it: a query row then gets the same bits whether it is
+/// computed with 63 other rows in a prefill or alone in a decode step, so no padding is needed.
+/// Key blocks stay aligned to index 0, and the extra keys a prefill's tile holds are masked to
+/// exact zeros that change no sum.
 pub(crate) fn forward(
     q: &Tensor,
     k: &Tensor,
@@ -325,7 +417,9 @@ pub(crate) fn forward(
     spec: &AttentionSpec,
 ) -> Result<(Tensor, Tensor)> {
     let dm = Dims::of(q, k, v);
-    let (qd, kd, vd) = (q.contig::<f32>(), k.contig::<f32>(), v.contig::<f32>());
+    let invariant = invariant_kernels();
+    let qd = q.contig::<f32>();
+    let ((kd, k_base), (vd, v_base)) = (head_blocks(k), head_blocks(v));
     let sink_vals: Option<Vec<f32>> = sinks.map(|s| s.to_vec_f32());
     let br = BlockRanges::new(spec);
     let mut out = Storage::any(DType::F32, dm.b * dm.hq * dm.tq * dm.dv);
@@ -341,14 +435,14 @@ pub(crate) fn forward(
                 let (b, h) = (bh / dm.hq, bh % dm.hq);
                 let hk = h / dm.group();
                 let q_bh = &qd[bh * dm.tq * dm.d..(bh + 1) * dm.tq * dm.d];
-                let k_bh = &kd[(b * dm.hkv + hk) * dm.tk * dm.d..][..dm.tk * dm.d];
-                let v_bh = &vd[(b * dm.hkv + hk) * dm.tk * dm.dv..][..dm.tk * dm.dv];
+                let k_bh = &kd[k_base[b * dm.hkv + hk]..][..dm.tk * dm.d];
+                let v_bh = &vd[v_base[b * dm.hkv + hk]..][..dm.tk * dm.dv];
                 let sink = sink_vals.as_ref().map(|s| s[h]);
                 o_bh.par_chunks_mut(BQ * dm.dv)
                     .zip(l_bh.par_chunks_mut(BQ))
                     .enumerate()
                     .for_each(|(qb, (o, l))| {
-                        forward_block(dm, spec, &br, qb, q_bh, k_bh, v_bh, sink, o, l)
+                        forward_block(dm, spec, &br, invariant, qb, q_bh, k_bh, v_bh, sink, o, l)
                     });
             });
     }
@@ -359,12 +453,43 @@ pub(crate) fn forward(
     ))
 }
 
+/// The `B·H` blocks of a `[B, H, T, D]` operand as `T` contiguous rows of `D` each: the
+/// elements and where each block starts. Read in place when every block already is contiguous
+/// (a KV cache with room to grow is a view whose heads sit `capacity` rows apart), else from a
+/// contiguous copy.
+fn head_blocks(t: &Tensor) -> (crate::tensor::Contig<'_, f32>, Vec<usize>) {
+    let (shape, strides) = (t.shape(), t.layout().strides());
+    let (b, h, rows, d) = (shape[0], shape[1], shape[2], shape[3]);
+    let rows_contiguous = (d <= 1 || strides[3] == 1) && (rows <= 1 || strides[2] == d);
+    if t.dtype() == DType::F32 && rows_contiguous && t.layout().contiguous_range().is_none() {
+        let guard = t.storage();
+        let len = guard.len();
+        let off = t.layout().offset();
+        let bases = (0..b * h)
+            .map(|i| off + (i / h) * strides[0] + (i % h) * strides[1])
+            .collect();
+        return (
+            crate::tensor::Contig::Borrowed(guard, 0, len, std::marker::PhantomData),
+            bases,
+        );
+    }
+    let data = t.contig::<f32>();
+    (data, (0..b * h).map(|i| i * rows * d).collect())
+}
+
+/// Whether this call's tiles run on the row-independent packed kernel: batch-invariant mode on
+/// the calling thread, and a CPU that has the kernel.
+pub(crate) fn invariant_kernels() -> bool {
+    crate::invariant::batch_invariant() && super::sgemm::available()
+}
+
 /// One query block of one (batch, head): online softmax over the visible key blocks.
 #[allow(clippy::too_many_arguments)]
 fn forward_block(
     dm: Dims,
     spec: &AttentionSpec,
     br: &BlockRanges,
+    invariant: bool,
     qb: usize,
     q_bh: &[f32],
     k_bh: &[f32],
@@ -391,6 +516,7 @@ fn forward_block(
         let cols = BK.min(dm.tk - k0);
         let k_blk = &k_bh[k0 * d..(k0 + cols) * d];
         scores(
+            invariant,
             &mut s,
             &mut [],
             q_blk,
@@ -420,6 +546,10 @@ fn forward_block(
         }
         let v_blk = &v_bh[k0 * dv..(k0 + cols) * dv];
         assert!(o.len() >= rows * dv);
+        if invariant {
+            invariant_pv(o, &s, v_blk, rows, cols, dv);
+            continue;
+        }
         // SAFETY: s holds rows × BK, v_blk cols × dv, o rows × dv (asserted).
         unsafe {
             mm(

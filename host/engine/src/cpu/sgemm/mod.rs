@@ -23,6 +23,7 @@
 
 mod avx512;
 pub(crate) mod bf16;
+pub(crate) mod pack_cache;
 
 use super::simd::{self, SimdLevel};
 use crate::alloc::Buffer;
@@ -40,6 +41,12 @@ const NC: usize = 2048;
 const MC: usize = 8 * MR;
 /// Columns per parallel task (a multiple of `NR`).
 const NT: usize = 8 * NR;
+/// Below this many multiply-adds a product runs on the calling thread: waking the pool costs
+/// more than it saves (a decode step's products are this small).
+const PARALLEL_MIN_MACS: usize = 1 << 19;
+/// Columns per task when the product has a single row block: narrower tasks so that every
+/// thread gets work in a decode step.
+const NT_FEW_ROWS: usize = 2 * NR;
 
 /// A read-only strided matrix: element `(i, j)` is `data[off + i·rs + j·cs]`.
 pub(crate) struct MatRef<'a, T = f32> {
@@ -76,15 +83,36 @@ pub(crate) fn available() -> bool {
 }
 
 /// `c[m×n] = a[m×k] · b[k×n]` with `c` row-major and contiguous. Spreads over the rayon pool
-/// when `parallel`; the result is the same either way. Panics if an operand does not fit its
-/// slice or the CPU lacks AVX-512 (callers check [`available`]).
+/// when `parallel`; the result is the same either way. `b_source` names where B lives, so a B
+/// that stays unchanged across calls is packed once (see [`pack_cache`]); the result is the
+/// same with or without it. Panics if an operand does not fit its slice or the CPU lacks
+/// AVX-512 (callers check [`available`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm(
     m: usize,
     n: usize,
     k: usize,
     a: MatRef<'_>,
     b: MatRef<'_>,
+    b_source: Option<&pack_cache::Source>,
     c: &mut [f32],
+    parallel: bool,
+) {
+    sgemm_into(m, n, k, a, b, b_source, c, false, parallel)
+}
+
+/// [`sgemm`], adding to `c` when `accumulate` (each element's FMA chain then starts from its
+/// value in `c`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    b_source: Option<&pack_cache::Source>,
+    c: &mut [f32],
+    accumulate: bool,
     parallel: bool,
 ) {
     assert!(available(), "sgemm needs AVX-512");
@@ -96,29 +124,55 @@ pub(crate) fn sgemm(
         return;
     }
     if k == 0 {
-        c.fill(0.0);
+        if !accumulate {
+            c.fill(0.0);
+        }
         return;
     }
     // A row-major A is read in place (each kernel row streams one row of A: measured no
     // slower than packing, which costs a scatter); other layouts are packed per task.
+    let parallel = parallel && m * n * k >= PARALLEL_MIN_MACS;
     let direct_a = a.cs == 1;
-    let mut pb = Buffer::any(NC.min(n).div_ceil(NR) * NR * KC.min(k) * 4);
+    let cached = b_source.and_then(|src| pack_cache::get(src, b, parallel));
+    // A row-major B whose strips are all full is read in place when there is one strip of
+    // rows (each element of B is then loaded once either way, and packing would double that).
+    let direct_b = cached.is_none() && b.cs == 1 && n.is_multiple_of(NR) && m <= MR;
+    let mut pb = if cached.is_some() || direct_b {
+        Buffer::any(0)
+    } else {
+        Buffer::any(NC.min(n).div_ceil(NR) * NR * KC.min(k) * 4)
+    };
     let c_addr = c.as_mut_ptr() as usize;
+    let tiles_m = m.div_ceil(MC);
+    let nt = if tiles_m == 1 && parallel {
+        NT_FEW_ROWS
+    } else {
+        NT
+    };
     for (kb, p0) in (0..k).step_by(KC).enumerate() {
         let kc = KC.min(k - p0);
         for j0 in (0..n).step_by(NC) {
             let nc = NC.min(n - j0);
-            let strips_n = nc.div_ceil(NR);
-            let pb =
-                &mut bytemuck::cast_slice_mut::<u8, f32>(pb.as_bytes_mut())[..strips_n * NR * kc];
-            pack_b(b, n, p0, j0, kc, nc, pb, parallel);
-            let pb = &*pb;
-            let tiles_m = m.div_ceil(MC);
-            let tiles_n = nc.div_ceil(NT);
+            let bsrc = match &cached {
+                Some(packed) => BStrips::Packed(packed.block(p0, j0, kc, nc)),
+                None if direct_b => BStrips::InPlace {
+                    b,
+                    first: b.off + p0 * b.rs + j0,
+                },
+                None => {
+                    let strips_n = nc.div_ceil(NR);
+                    let pb = &mut bytemuck::cast_slice_mut::<u8, f32>(pb.as_bytes_mut())
+                        [..strips_n * NR * kc];
+                    pack_b(b, n, p0, j0, kc, nc, pb, parallel);
+                    BStrips::Packed(pb)
+                }
+            };
+            let bsrc = &bsrc;
+            let tiles_n = nc.div_ceil(nt);
             let tile = |t: usize| {
                 let (ti, tj) = (t / tiles_n, t % tiles_n);
                 let rows = ti * MC..(ti * MC + MC).min(m);
-                let cols = tj * NT..(tj * NT + NT).min(nc);
+                let cols = tj * nt..(tj * nt + nt).min(nc);
                 let block = Block {
                     a,
                     direct_a,
@@ -126,11 +180,11 @@ pub(crate) fn sgemm(
                     kc,
                     j0,
                     ldc: n,
-                    accumulate: kb > 0,
+                    accumulate: kb > 0 || accumulate,
                 };
                 // SAFETY: tiles cover disjoint blocks of C (rows × j0+cols), so no element is
                 // written by two tasks; `c` outlives the parallel loop.
-                unsafe { compute_tile(&block, pb, rows, cols, c_addr as *mut f32) }
+                unsafe { compute_tile(&block, bsrc, rows, cols, c_addr as *mut f32) }
             };
             if parallel {
                 (0..tiles_m * tiles_n).into_par_iter().for_each(tile);
@@ -139,6 +193,14 @@ pub(crate) fn sgemm(
             }
         }
     }
+}
+
+/// Where one (KC block, NC block) of B is read from.
+enum BStrips<'a> {
+    /// Packed NR-column strips, k-major (see [`pack_b`]).
+    Packed(&'a [f32]),
+    /// A row-major B read in place; `first` indexes element (p0, j0).
+    InPlace { b: MatRef<'a>, first: usize },
 }
 
 /// What every task of one (KC block, NC block) shares.
@@ -165,10 +227,11 @@ static ZERO_ROW: [f32; KC] = [0.0; KC];
 ///
 /// # Safety
 /// `c` points to a row-major `m × ldc` matrix of which this call alone writes the block
-/// `rows × (j0 + cols)`; `pb` is packed as by [`pack_b`] for the block's depth.
+/// `rows × (j0 + cols)`; `bsrc` holds the block's B (packed as by [`pack_b`] for its depth, or
+/// in place).
 unsafe fn compute_tile(
     blk: &Block<'_>,
-    pb: &[f32],
+    bsrc: &BStrips<'_>,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     c: *mut f32,
@@ -203,15 +266,27 @@ unsafe fn compute_tile(
             };
             for j in cols.clone().step_by(NR) {
                 let nr = NR.min(cols.end - j);
-                let b_strip = pb[(j / NR) * NR * kc..][..NR * kc].as_ptr();
+                let (b_strip, b_step) = match *bsrc {
+                    BStrips::Packed(pb) => (pb[(j / NR) * NR * kc..][..NR * kc].as_ptr(), NR),
+                    // Bounds: rows p0..p0+kc, columns j0+j..+NR of B lie inside it (`fits`,
+                    // and n is a multiple of NR on this path).
+                    BStrips::InPlace { b, first } => {
+                        let start = first + j;
+                        (b.data[start..start + (kc - 1) * b.rs + NR].as_ptr(), b.rs)
+                    }
+                };
                 // SAFETY: (i, j0 + j) and the mr × nr block after it are inside this task's block.
                 let dst = unsafe { c.add(i * ldc + blk.j0 + j) };
-                if mr == MR && nr == NR {
-                    // SAFETY: a full tile: MR rows of NR elements at stride ldc, all in bounds.
-                    unsafe { avx512::kernel(kc, &a_rows, a_step, b_strip, dst, ldc, accumulate) };
+                if nr == NR {
+                    // SAFETY: mr rows of NR elements at stride ldc, all in bounds.
+                    unsafe {
+                        avx512::kernel_rows(
+                            mr, kc, &a_rows, a_step, b_strip, b_step, dst, ldc, accumulate,
+                        )
+                    };
                 } else {
-                    // Edge tile: the same kernel on a full-size copy, so edge rows round exactly
-                    // like interior ones.
+                    // Edge columns: the same kernel on a full-width copy (each element is the
+                    // same FMA chain, so edge elements round exactly like interior ones).
                     let mut tmp = [0f32; MR * NR];
                     if accumulate {
                         for r in 0..mr {
@@ -222,11 +297,13 @@ unsafe fn compute_tile(
                     }
                     // SAFETY: tmp is MR × NR with row stride NR.
                     unsafe {
-                        avx512::kernel(
+                        avx512::kernel_rows(
+                            mr,
                             kc,
                             &a_rows,
                             a_step,
                             b_strip,
+                            b_step,
                             tmp.as_mut_ptr(),
                             NR,
                             accumulate,
