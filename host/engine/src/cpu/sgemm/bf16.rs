@@ -68,6 +68,10 @@ pub(crate) fn gemm(
         c.fill(0.0);
         return;
     }
+    // A row-major A with an even k already holds its pairs as adjacent bf16 (the even k in the
+    // low half): the kernel reads its rows in place instead of repacking them for every
+    // column tile.
+    let direct_a = a.cs == 1 && k.is_multiple_of(2);
     let kq_max = KC.min(k).div_ceil(2);
     let mut pb = Buffer::any(NC.min(n).div_ceil(NR) * NR * kq_max * 4);
     let c_addr = c.as_mut_ptr() as usize;
@@ -85,15 +89,32 @@ pub(crate) fn gemm(
                 let (ti, tj) = (t / tiles_n, t % tiles_n);
                 let rows = ti * MC..(ti * MC + MC).min(m);
                 let cols = tj * NT..(tj * NT + NT).min(nc);
-                PACKED_A.with_borrow_mut(|pa| {
-                    pa.resize(MC * KC.div_ceil(2), 0);
-                    let pa = &mut pa[..rows.len().div_ceil(MR) * MR * kq];
-                    pack_a(a, rows.clone(), p0, kc, pa);
+                let run = |asrc: ASource<'_>| {
                     // SAFETY: tiles write disjoint blocks of C; `c` outlives the loop.
                     unsafe {
-                        compute_tile(pa, pb, kq, rows, cols, j0, n, c_addr as *mut f32, kb > 0)
+                        compute_tile(
+                            asrc,
+                            pb,
+                            kq,
+                            rows.clone(),
+                            cols.clone(),
+                            j0,
+                            n,
+                            c_addr as *mut f32,
+                            kb > 0,
+                        )
                     }
-                });
+                };
+                if direct_a {
+                    run(ASource::InPlace { a, p0 });
+                } else {
+                    PACKED_A.with_borrow_mut(|pa| {
+                        pa.resize(MC * KC.div_ceil(2), 0);
+                        let pa = &mut pa[..rows.len().div_ceil(MR) * MR * kq];
+                        pack_a(a, rows.clone(), p0, kc, pa);
+                        run(ASource::Packed(pa));
+                    });
+                }
             };
             if parallel {
                 (0..tiles_m * tiles_n).into_par_iter().for_each(tile);
@@ -103,6 +124,18 @@ pub(crate) fn gemm(
         }
     }
 }
+
+/// Where a task's rows of A are read from.
+#[derive(Clone, Copy)]
+enum ASource<'a> {
+    /// Packed by [`pack_a`] for this task.
+    Packed(&'a [u32]),
+    /// A row-major A read in place from column `p0` (k even).
+    InPlace { a: MatRef<'a, bf16>, p0: usize },
+}
+
+/// Pairs of zeros the kernel reads for rows past the end of an in-place A.
+static ZERO_PAIRS: [u32; KC / 2] = [0; KC / 2];
 
 thread_local! {
     /// Each worker's packed block of A, reused across calls.
@@ -117,7 +150,7 @@ thread_local! {
 /// columns packed by [`pack_b`], both over `kq` pairs.
 #[allow(clippy::too_many_arguments)]
 unsafe fn compute_tile(
-    pa: &[u32],
+    asrc: ASource<'_>,
     pb: &[u32],
     kq: usize,
     rows: std::ops::Range<usize>,
@@ -129,7 +162,22 @@ unsafe fn compute_tile(
 ) {
     for i in rows.clone().step_by(MR) {
         let mr = MR.min(rows.end - i);
-        let a_strip = pa[((i - rows.start) / MR) * MR * kq..][..MR * kq].as_ptr();
+        let (a_rows, a_step) = match asrc {
+            ASource::Packed(pa) => {
+                let strip = pa[((i - rows.start) / MR) * MR * kq..][..MR * kq].as_ptr();
+                // SAFETY: r < MR, inside the strip.
+                (std::array::from_fn(|r| unsafe { strip.add(r) }), MR)
+            }
+            ASource::InPlace { a, p0 } => {
+                let mut ptrs = [ZERO_PAIRS.as_ptr(); MR];
+                for (r, ptr) in ptrs.iter_mut().enumerate().take(mr) {
+                    let start = a.off + (i + r) * a.rs + p0;
+                    // Bounds: the row's 2·kq values lie inside A (`fits`, and k is even).
+                    *ptr = a.data[start..start + 2 * kq].as_ptr().cast::<u32>();
+                }
+                (ptrs, 1)
+            }
+        };
         for j in cols.clone().step_by(NR) {
             let nr = NR.min(cols.end - j);
             let b_strip = pb[(j / NR) * NR * kq..][..NR * kq].as_ptr();
@@ -137,7 +185,7 @@ unsafe fn compute_tile(
             let dst = unsafe { c.add(i * ldc + j0 + j) };
             if mr == MR && nr == NR {
                 // SAFETY: a full MR × NR tile in bounds; strips hold kq pairs.
-                unsafe { kernel(kq, a_strip, b_strip, dst, ldc, accumulate) };
+                unsafe { kernel(kq, &a_rows, a_step, b_strip, dst, ldc, accumulate) };
             } else {
                 // Edge tile through a full-size copy: edge rows round like interior ones.
                 let mut tmp = [0f32; MR * NR];
@@ -149,7 +197,17 @@ unsafe fn compute_tile(
                     }
                 }
                 // SAFETY: tmp is MR × NR with stride NR.
-                unsafe { kernel(kq, a_strip, b_strip, tmp.as_mut_ptr(), NR, accumulate) };
+                unsafe {
+                    kernel(
+                        kq,
+                        &a_rows,
+                        a_step,
+                        b_strip,
+                        tmp.as_mut_ptr(),
+                        NR,
+                        accumulate,
+                    )
+                };
                 for r in 0..mr {
                     // SAFETY: as above.
                     let out = unsafe { std::slice::from_raw_parts_mut(dst.add(r * ldc), nr) };
@@ -160,16 +218,18 @@ unsafe fn compute_tile(
     }
 }
 
-/// `C[MR×NR] (+)= A·B` over `kq` pairs of k: `a[q·MR + r]` and `b[q·NR + c]` are pair words.
+/// `C[MR×NR] (+)= A·B` over `kq` pairs of k: row `r`'s pair `q` is the (possibly unaligned)
+/// word at `a[r] + q·a_step`, and `b[q·NR + c]` are pair words.
 ///
 /// # Safety
-/// AVX512-BF16 is available; `a` holds `kq·MR` words, `b` `kq·NR`; `c` has MR rows of NR
-/// writable floats at stride `ldc`.
+/// AVX512-BF16 is available; each `a[r] + q·a_step` for `q < kq` is readable, `b` holds
+/// `kq·NR` words; `c` has MR rows of NR writable floats at stride `ldc`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn kernel(
     kq: usize,
-    a: *const u32,
+    a: &[*const u32; MR],
+    a_step: usize,
     b: *const u32,
     c: *mut f32,
     ldc: usize,
@@ -192,9 +252,10 @@ unsafe fn kernel(
         unsafe {
             let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(q * NR).cast()));
             let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(q * NR + 16).cast()));
-            let ap = a.add(q * MR);
+            let off = q * a_step;
             for r in 0..MR {
-                let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(r) as i32));
+                let word = a[r].add(off).read_unaligned();
+                let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(word as i32));
                 lo[r] = _mm512_dpbf16_ps(lo[r], x, b0);
                 hi[r] = _mm512_dpbf16_ps(hi[r], x, b1);
             }
@@ -214,7 +275,15 @@ unsafe fn kernel(
 /// # Safety
 /// None needed; it panics.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn kernel(_: usize, _: *const u32, _: *const u32, _: *mut f32, _: usize, _: bool) {
+unsafe fn kernel(
+    _: usize,
+    _: &[*const u32; MR],
+    _: usize,
+    _: *const u32,
+    _: *mut f32,
+    _: usize,
+    _: bool,
+) {
     unreachable!("the AVX512-BF16 kernel is only built for x86-64")
 }
 
@@ -247,6 +316,26 @@ fn pack_a(
             for q in 0..kq {
                 let hi = row.get(2 * q + 1).copied().unwrap_or(bf16::ZERO);
                 strip[q * MR + i % MR] = pair(row[2 * q], hi);
+            }
+        }
+    } else if a.rs == 1 {
+        // Column-major A (the transposed activations of a weight gradient): each k gives the
+        // rows contiguously, so a pair is two contiguous runs zipped.
+        let zeros = vec![bf16::ZERO; m];
+        for q in 0..kq {
+            let run = |p: usize| -> &[bf16] {
+                if p < kc {
+                    &a.data[a.off + rows.start + (p0 + p) * a.cs..][..m]
+                } else {
+                    &zeros
+                }
+            };
+            let (even, odd) = (run(2 * q), run(2 * q + 1));
+            for (s, (e, o)) in even.chunks(MR).zip(odd.chunks(MR)).enumerate() {
+                let words = &mut dst[s * MR * kq + q * MR..][..e.len()];
+                for ((w, &lo), &hi) in words.iter_mut().zip(e).zip(o) {
+                    *w = pair(lo, hi);
+                }
             }
         }
     } else {
@@ -291,6 +380,22 @@ fn pack_b(
                 for q in 0..kq {
                     let hi = col.get(2 * q + 1).copied().unwrap_or(bf16::ZERO);
                     dst[q * NR + c] = pair(col[2 * q], hi);
+                }
+            }
+        } else if b.cs == 1 {
+            // Row-major B: each k gives the strip's columns contiguously.
+            let zeros = [bf16::ZERO; NR];
+            for q in 0..kq {
+                let run = |p: usize| -> &[bf16] {
+                    if p < kc {
+                        &b.data[b.off + (p0 + p) * b.rs + c0..][..cols]
+                    } else {
+                        &zeros[..cols]
+                    }
+                };
+                let words = &mut dst[q * NR..][..cols];
+                for ((w, &lo), &hi) in words.iter_mut().zip(run(2 * q)).zip(run(2 * q + 1)) {
+                    *w = pair(lo, hi);
                 }
             }
         } else {
