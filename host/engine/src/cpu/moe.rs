@@ -1,10 +1,14 @@
 //! Grouped matrix products for mixture-of-experts layers: rows sorted by expert, one weight
 //! matrix per expert.
 //!
-//! Work is cut into (expert, block of rows) tasks whose boundaries depend only on the counts, each
-//! a single-threaded `gemm`, so results are bitwise identical with any thread count.
+//! On AVX-512 each expert's product runs on the packed kernel ([`super::sgemm`]), whose result
+//! does not depend on threads or on how rows are split, so experts are scheduled freely: small
+//! experts one per task (each packs its weight once), large ones spread over the pool. Elsewhere,
+//! work is cut into (expert, block of rows) tasks whose boundaries depend only on the counts, each
+//! a single-threaded `gemm`. Either way results are bitwise identical with any thread count.
 
 use super::finish;
+use super::sgemm::{self, MatRef};
 use crate::error::Result;
 use crate::storage::Storage;
 use crate::{DType, Tensor};
@@ -94,6 +98,35 @@ pub(crate) fn grouped_matmul(
     let xs = x.contig::<f32>();
     let ws = w.contig::<f32>();
     let mut out = Storage::any(DType::F32, rows * cols);
+    crate::flops::add(2 * (rows * inner * cols) as u64);
+    if sgemm::available() {
+        // One product per expert: rows [r0, r0 + c) of x times w[e] (or its transpose).
+        let mut pieces = Vec::with_capacity(counts.len());
+        let (mut rest, mut r0) = (out.as_mut_slice::<f32>(), 0);
+        for (e, &c) in counts.iter().enumerate() {
+            let (head, tail) = rest.split_at_mut(c * cols);
+            pieces.push((e, r0, c, head));
+            rest = tail;
+            r0 += c;
+        }
+        per_expert(pieces, rows, |(e, r, c, dst), parallel| {
+            let a = MatRef {
+                data: &xs,
+                off: r * kx,
+                rs: kx,
+                cs: 1,
+            };
+            let b = MatRef {
+                data: &ws,
+                off: e * kw * mw,
+                rs: b_strides.0,
+                cs: b_strides.1,
+            };
+            sgemm::sgemm(c, cols, inner, a, b, dst, parallel);
+        });
+        drop((xs, ws));
+        return finish(out, &[rows, cols], product_dtype(x, w));
+    }
     // (expert, first row, rows) tasks, in row order so their outputs tile `out`.
     let mut tasks = Vec::new();
     let mut r0 = 0;
@@ -141,6 +174,36 @@ pub(crate) fn grouped_matmul_weight_grad(
     let xs = x.contig::<f32>();
     let gs = g.contig::<f32>();
     let mut out = Storage::any(DType::F32, counts.len() * k * m);
+    let rows: usize = counts.iter().sum();
+    crate::flops::add(2 * (rows * k * m) as u64);
+    if sgemm::available() {
+        // One product per expert: x_e^T (x's rows read as columns) times g_e.
+        let mut pieces = Vec::with_capacity(counts.len());
+        let (mut rest, mut r0) = (out.as_mut_slice::<f32>(), 0);
+        for &c in counts {
+            let (head, tail) = rest.split_at_mut(k * m);
+            pieces.push((r0, c, head));
+            rest = tail;
+            r0 += c;
+        }
+        per_expert(pieces, rows, |(r, c, dst), parallel| {
+            let a = MatRef {
+                data: &xs,
+                off: r * k,
+                rs: 1,
+                cs: k,
+            };
+            let b = MatRef {
+                data: &gs,
+                off: r * m,
+                rs: m,
+                cs: 1,
+            };
+            sgemm::sgemm(k, m, c, a, b, dst, parallel);
+        });
+        drop((xs, gs));
+        return finish(out, &[counts.len(), k, m], product_dtype(x, g));
+    }
     // (first row of x, rows, first output row within out[e], output rows) per task, in order.
     let mut tasks = Vec::new();
     let mut r0 = 0;
@@ -171,4 +234,37 @@ pub(crate) fn grouped_matmul_weight_grad(
     });
     drop((xs, gs));
     finish(out, &[counts.len(), k, m], product_dtype(x, g))
+}
+
+/// Runs one product per expert (`run(piece, spread_over_pool)`). Experts holding more than `1 / threads` of all `rows` run one after
+/// another, each spread over the pool (one task could not balance them); the rest run one
+/// expert per task. The packed kernel's result is the same either way, so this choice never
+/// changes a bit.
+fn per_expert<P: Send + RowCount>(pieces: Vec<P>, rows: usize, run: impl Fn(P, bool) + Sync) {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 {
+        pieces.into_iter().for_each(|p| run(p, false));
+        return;
+    }
+    let (big, small): (Vec<P>, Vec<P>) =
+        pieces.into_iter().partition(|p| p.rows() * threads > rows);
+    big.into_iter().for_each(|p| run(p, true));
+    small.into_par_iter().for_each(|p| run(p, false));
+}
+
+/// The rows of x an expert's product covers (its count).
+trait RowCount {
+    fn rows(&self) -> usize;
+}
+
+impl RowCount for (usize, usize, usize, &mut [f32]) {
+    fn rows(&self) -> usize {
+        self.2
+    }
+}
+
+impl RowCount for (usize, usize, &mut [f32]) {
+    fn rows(&self) -> usize {
+        self.1
+    }
 }
