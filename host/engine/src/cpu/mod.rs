@@ -28,6 +28,7 @@ pub(crate) fn bf16_gemm_available() -> bool {
 // Indexing and mixture-of-experts kernels.
 mod index;
 mod moe;
+pub(crate) mod moe_route;
 mod random;
 mod shape;
 

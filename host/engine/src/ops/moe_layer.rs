@@ -1,0 +1,219 @@
+//! The dropless mixture-of-experts feed-forward layer and its two data movements:
+//!
+//! ```text
+//! routing  = route(x · W_router)                       top-k experts and weights per token
+//! x_sorted = dispatch(x)                               token rows in expert order (stable)
+//! h        = swiglu(x_sorted ·ₑ W_gate, x_sorted ·ₑ W_up)   grouped products, no padding
+//! y_sorted = h ·ₑ W_down
+//! out      = combine(y_sorted, weights) [+ shared(x)]  weighted sum back in token order
+//! ```
+//! (`·ₑ` is [`Tensor::grouped_matmul`]: each expert's contiguous rows times its own weight.)
+//! Every token reaches all its k experts (no capacity, nothing dropped), and each step sums
+//! in a fixed order, so results are bitwise identical for any thread count.
+
+use super::moe::{sort_by_expert, ExpertRouting};
+use super::moe_balance::{load_balancing_loss, RouterStats};
+use super::moe_router::{route, RouterSpec};
+use crate::autograd::record;
+use crate::cpu::float_out;
+use crate::error::{invalid, Error, Result};
+use crate::{DType, Tensor};
+
+/// The routing permutations as plain indices (they are small: `N·k` each).
+struct Perm {
+    order: Vec<i64>,
+    token: Vec<i64>,
+    inverse: Vec<i64>,
+}
+
+impl Perm {
+    fn of(r: &ExpertRouting) -> Perm {
+        Perm {
+            order: r.order.to_vec::<i64>(),
+            token: r.token.to_vec::<i64>(),
+            inverse: r.inverse.to_vec::<i64>(),
+        }
+    }
+}
+
+impl Tensor {
+    /// The token rows of `self [N, D]` in expert order: row `s` is `self[routing.token[s]]`,
+    /// `[N·k, D]`. The gradient sums each token's k rows back (in choice order).
+    pub fn moe_dispatch(&self, routing: &ExpertRouting) -> Result<Tensor> {
+        const OP: &str = "moe_dispatch";
+        let p = Perm::of(routing);
+        let slots = p.token.len();
+        let n = self.shape().first().copied().unwrap_or(0);
+        if self.rank() != 2 || (slots > 0 && (n == 0 || !slots.is_multiple_of(n))) {
+            return Err(invalid(
+                OP,
+                format!(
+                    "x must be [tokens, hidden] with tokens dividing the {slots} routed slots, \
+                     got shape {:?}",
+                    self.shape()
+                ),
+            ));
+        }
+        self.check_cpu(OP)?;
+        let dtype = float_out(self.dtype());
+        let out = crate::cpu::moe_route::dispatch(&self.detach(), &p.token, dtype)?;
+        Ok(record(OP, out, &[self], || {
+            let k = slots / n.max(1);
+            move |g: &Tensor| {
+                let dx = crate::cpu::moe_route::dispatch_backward(g, &p.inverse, k, g.dtype())?;
+                Ok(vec![Some(dx)])
+            }
+        }))
+    }
+
+    /// The weighted combine of expert outputs `self [N·k, D]` (expert order, as from
+    /// [`Tensor::moe_dispatch`]) back into token order: `out[t] = Σ_j weights[t, j] ·
+    /// self[routing.inverse[t·k + j]]`, `[N, D]`. Gradients flow to the outputs and weights.
+    pub fn moe_combine(&self, weights: &Tensor, routing: &ExpertRouting) -> Result<Tensor> {
+        const OP: &str = "moe_combine";
+        let p = Perm::of(routing);
+        if self.rank() != 2
+            || weights.rank() != 2
+            || weights.numel() != p.inverse.len()
+            || self.shape()[0] != p.inverse.len()
+        {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: self.shape().to_vec(),
+                rhs: weights.shape().to_vec(),
+            });
+        }
+        self.check_cpu(OP)?;
+        let dtype = float_out(self.dtype());
+        let out =
+            crate::cpu::moe_route::combine(&self.detach(), &weights.detach(), &p.inverse, dtype)?;
+        Ok(record(OP, out, &[self, weights], || {
+            let (y, w) = (self.detach(), weights.detach());
+            let need = (self.requires_grad(), weights.requires_grad());
+            let dtypes = (y.dtype(), float_out(w.dtype()));
+            move |g: &Tensor| {
+                let (dy, dw) = crate::cpu::moe_route::combine_backward(
+                    &y, &w, g, &p.order, &p.inverse, need, dtypes,
+                )?;
+                Ok(vec![dy, dw])
+            }
+        }))
+    }
+}
+
+/// A dense SwiGLU feed-forward every token goes through next to the routed experts
+/// (DeepSeek's and Qwen2-MoE's shared experts): `swiglu(x·gate, x·up)·down`.
+#[derive(Clone, Copy, Debug)]
+pub struct SharedExpert<'a> {
+    /// `[D, F_shared]`.
+    pub gate: &'a Tensor,
+    /// `[D, F_shared]`.
+    pub up: &'a Tensor,
+    /// `[F_shared, D]`.
+    pub down: &'a Tensor,
+}
+
+/// The parameters of one MoE feed-forward layer with `E` experts, hidden size `D` and expert
+/// width `F`. Matrices are laid out for `x · W` (a Hugging Face `Linear` weight `[out, in]` is
+/// passed transposed).
+#[derive(Clone, Copy, Debug)]
+pub struct MoeWeights<'a> {
+    /// `[D, E]`: the router's logits are `x · router`, computed in f32.
+    pub router: &'a Tensor,
+    /// `[E]`, not trained: the aux-loss-free balancing bias (steers the choice only).
+    pub router_bias: Option<&'a Tensor>,
+    /// `[E, D, F]`.
+    pub gate: &'a Tensor,
+    /// `[E, D, F]`.
+    pub up: &'a Tensor,
+    /// `[E, F, D]`.
+    pub down: &'a Tensor,
+    /// Shared experts added to every token's output.
+    pub shared: Option<SharedExpert<'a>>,
+}
+
+/// What one MoE layer computes besides its weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    /// The router.
+    pub router: RouterSpec,
+    /// Coefficient of the auxiliary load-balancing loss; 0 computes none.
+    pub aux_loss_coef: f32,
+}
+
+/// The result of [`moe_ffn`].
+#[derive(Clone, Debug)]
+pub struct MoeOutput {
+    /// The layer's output, shaped like its input.
+    pub out: Tensor,
+    /// `aux_loss_coef · load_balancing_loss`, a differentiable scalar to add to the training
+    /// loss, when the coefficient is not 0.
+    pub aux_loss: Option<Tensor>,
+    /// Tokens routed to each expert in this pass (feed [`super::ExpertLoad::add`]).
+    pub counts: Vec<usize>,
+    /// Router statistics of this pass.
+    pub stats: RouterStats,
+}
+
+/// Fails unless `t` has `want` as its shape, naming the weight.
+fn expect_shape(name: &str, t: &Tensor, want: &[usize]) -> Result<()> {
+    if t.shape() == want {
+        Ok(())
+    } else {
+        Err(invalid(
+            "moe_ffn",
+            format!("{name} must have shape {want:?}, got {:?}", t.shape()),
+        ))
+    }
+}
+
+/// The dropless MoE feed-forward layer (see the module docs) for `x [.., D]`.
+pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutput> {
+    spec.router.validate()?;
+    let d = *x
+        .shape()
+        .last()
+        .ok_or_else(|| invalid("moe_ffn", "x is a scalar"))?;
+    let e = spec.router.num_experts;
+    let f = w.gate.shape().get(2).copied().unwrap_or(0);
+    expect_shape("router", w.router, &[d, e])?;
+    expect_shape("gate", w.gate, &[e, d, f])?;
+    expect_shape("up", w.up, &[e, d, f])?;
+    expect_shape("down", w.down, &[e, f, d])?;
+    let n = x.numel() / d.max(1);
+    let x2 = x.reshape(&[n, d])?;
+    let logits = if x2.dtype() == DType::F32 && w.router.dtype() == DType::F32 {
+        x2.matmul(w.router)?
+    } else {
+        x2.to_dtype(DType::F32)?
+            .matmul(&w.router.to_dtype(DType::F32)?)?
+    };
+    let r = route(&logits, w.router_bias, &spec.router)?;
+    let routing = sort_by_expert(&r.experts, e)?;
+    let counts = routing.counts.clone();
+    let xs = x2.moe_dispatch(&routing)?;
+    let h = xs
+        .grouped_matmul(w.gate, &counts)?
+        .swiglu(&xs.grouped_matmul(w.up, &counts)?)?;
+    let ys = h.grouped_matmul(w.down, &counts)?;
+    let mut out = ys.moe_combine(&r.weights, &routing)?;
+    if let Some(s) = &w.shared {
+        let hs = x2.matmul(s.gate)?.swiglu(&x2.matmul(s.up)?)?;
+        out = out.add(&hs.matmul(s.down)?)?;
+    }
+    let aux_loss = if spec.aux_loss_coef != 0.0 {
+        Some(
+            load_balancing_loss(&r.scores, &counts, spec.router.score)?
+                .mul_scalar(spec.aux_loss_coef)?,
+        )
+    } else {
+        None
+    };
+    let stats = RouterStats::new(&r.scores, &counts, spec.router.score)?;
+    Ok(MoeOutput {
+        out: out.reshape(x.shape())?,
+        aux_loss,
+        counts,
+        stats,
+    })
+}
