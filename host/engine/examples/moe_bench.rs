@@ -3,6 +3,8 @@
 //! per iteration. Prints one JSON object: `{"seconds": [..], "counts": [..], ...}`;
 //! `bench/moe_vs_pytorch.sh` runs it next to PyTorch.
 //!
+//! With `--profile`, a per-kernel table of the iterations after the first goes to stderr.
+//!
 //! Run: `RAYON_NUM_THREADS=2 cargo run --release --example moe_bench -- \
 //!   --tokens 4096 --hidden 512 --experts 16 --topk 2 --ffn 1024 --iters 10`
 
@@ -53,9 +55,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         aux_loss_coef: 0.0,
     };
+    let profile = std::env::args().any(|a| a == "--profile");
+    if profile {
+        anneal_engine::profile::configure(anneal_engine::profile::Window {
+            skip: 1,
+            steps: iters.saturating_sub(1) as u64,
+        });
+    }
     let mut seconds = Vec::with_capacity(iters);
     let mut counts = Vec::new();
-    for _ in 0..iters {
+    for i in 0..iters {
+        let _step = anneal_engine::profile::step(i as u64);
         let start = Instant::now();
         let xl = x.detach().requires_grad_();
         let wl: Vec<Tensor> = weights
@@ -70,11 +80,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             down: &wl[3],
             shared: None,
         };
-        let out = moe_ffn(&xl, &w, &spec)?;
-        out.out.backward_with(g.clone())?;
+        let out = {
+            let _p = anneal_engine::profile::phase("forward");
+            moe_ffn(&xl, &w, &spec)?
+        };
+        {
+            let _p = anneal_engine::profile::phase("backward");
+            out.out.backward_with(g.clone())?;
+        }
         std::hint::black_box((xl.grad(), wl[1].grad()));
         seconds.push(start.elapsed().as_secs_f64());
         counts = out.counts;
+    }
+    if let Some(p) = anneal_engine::profile::finish() {
+        eprintln!("{}", p.table());
     }
     let list = |v: Vec<String>| v.join(", ");
     println!(

@@ -16,6 +16,7 @@ const ROWS_PER_TASK: usize = 16;
 
 /// `out[s] = x[token[s]]` for `x [N, D]`: the expert-sorted copy of the tokens.
 pub(crate) fn dispatch(x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor> {
+    let _p = crate::profile::scope("moe_dispatch");
     let d = x.shape()[1];
     let xs = x.contig::<f32>();
     let mut out = Storage::any(DType::F32, token.len() * d);
@@ -39,6 +40,7 @@ pub(crate) fn dispatch_backward(
     dtype: DType,
 ) -> Result<Tensor> {
     let d = g.shape()[1];
+    let _p = crate::profile::scope("moe_dispatch_backward");
     let n = inverse.len() / k.max(1);
     let gs = g.contig::<f32>();
     let mut out = Storage::any(DType::F32, n * d);
@@ -62,6 +64,7 @@ pub(crate) fn dispatch_backward(
 /// `out[t] = Σ_j w[t, j] · y[inverse[t·k + j]]` for expert outputs `y [N·k, D]` in sorted order
 /// and weights `w [N, k]`: the weighted combine back into token order.
 pub(crate) fn combine(y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor> {
+    let _p = crate::profile::scope("moe_combine");
     let (n, k) = (w.shape()[0], w.shape()[1]);
     let d = y.shape()[1];
     let (ys, ws) = (y.contig::<f32>(), w.contig::<f32>());
@@ -97,6 +100,7 @@ pub(crate) fn combine_backward(
     need: (bool, bool),
     dtypes: (DType, DType),
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let _p = crate::profile::scope("moe_combine_backward");
     let (n, k) = (w.shape()[0], w.shape()[1]);
     let d = y.shape()[1];
     let gs = g.contig::<f32>();

@@ -11,6 +11,7 @@
 //! Every token reaches all its k experts (no capacity, nothing dropped), and each step sums
 //! in a fixed order, so results are bitwise identical for any thread count.
 
+use super::be;
 use super::moe::{sort_by_expert, ExpertRouting};
 use super::moe_balance::{load_balancing_loss, RouterStats};
 use super::moe_router::{route, RouterSpec};
@@ -56,11 +57,11 @@ impl Tensor {
         }
         self.check_cpu(OP)?;
         let dtype = float_out(self.dtype());
-        let out = crate::cpu::moe_route::dispatch(&self.detach(), &p.token, dtype)?;
+        let out = be(self)?.moe_dispatch(&self.detach(), &p.token, dtype)?;
         Ok(record(OP, out, &[self], || {
             let k = slots / n.max(1);
             move |g: &Tensor| {
-                let dx = crate::cpu::moe_route::dispatch_backward(g, &p.inverse, k, g.dtype())?;
+                let dx = be(g)?.moe_dispatch_backward(g, &p.inverse, k, g.dtype())?;
                 Ok(vec![Some(dx)])
             }
         }))
@@ -85,16 +86,14 @@ impl Tensor {
         }
         self.check_cpu(OP)?;
         let dtype = float_out(self.dtype());
-        let out =
-            crate::cpu::moe_route::combine(&self.detach(), &weights.detach(), &p.inverse, dtype)?;
+        let out = be(self)?.moe_combine(&self.detach(), &weights.detach(), &p.inverse, dtype)?;
         Ok(record(OP, out, &[self, weights], || {
             let (y, w) = (self.detach(), weights.detach());
             let need = (self.requires_grad(), weights.requires_grad());
             let dtypes = (y.dtype(), float_out(w.dtype()));
             move |g: &Tensor| {
-                let (dy, dw) = crate::cpu::moe_route::combine_backward(
-                    &y, &w, g, &p.order, &p.inverse, need, dtypes,
-                )?;
+                let (dy, dw) =
+                    be(g)?.moe_combine_backward(&y, &w, g, &p.order, &p.inverse, need, dtypes)?;
                 Ok(vec![dy, dw])
             }
         }))
