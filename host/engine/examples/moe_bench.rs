@@ -45,16 +45,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         randn(&[e, f, d], 1.0 / (f as f32).sqrt(), "down")?,
     ];
     let g = randn(&[n, d], 1.0, "grad")?;
-    let spec = MoeSpec {
-        router: RouterSpec {
-            num_experts: e,
-            top_k: k,
-            score: RouterScore::Softmax,
-            renormalize: true,
-            route_scale: 1.0,
-        },
-        aux_loss_coef: 0.0,
-    };
+    let spec = MoeSpec::new(RouterSpec {
+        num_experts: e,
+        top_k: k,
+        score: RouterScore::Softmax,
+        renormalize: true,
+        route_scale: 1.0,
+    });
     let profile = std::env::args().any(|a| a == "--profile");
     if profile {
         anneal_engine::profile::configure(anneal_engine::profile::Window {
@@ -72,14 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .iter()
             .map(|w| w.detach().requires_grad_())
             .collect();
-        let w = MoeWeights {
-            router: &wl[0],
-            router_bias: None,
-            gate: &wl[1],
-            up: &wl[2],
-            down: &wl[3],
-            shared: None,
-        };
+        let w = MoeWeights::new(&wl[0], &wl[1], &wl[2], &wl[3]);
         let out = {
             let _p = anneal_engine::profile::phase("forward");
             moe_ffn(&xl, &w, &spec)?

@@ -5,8 +5,8 @@ mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::ops::{
-    load_balancing_loss, moe_ffn, route, sort_by_expert, update_router_bias, ExpertLoad, MoeSpec,
-    MoeWeights, RouterScore, RouterSpec, RouterStats, SharedExpert,
+    load_balancing_loss, moe_ffn, route, sort_by_expert, update_router_bias, ExpertActivation,
+    ExpertLoad, MoeSpec, MoeWeights, RouterScore, RouterSpec, RouterStats, SharedExpert,
 };
 use anneal_engine::{DType, Tensor};
 use common::*;
@@ -138,24 +138,26 @@ impl Layer {
 
     fn weights(&self) -> MoeWeights<'_> {
         MoeWeights {
-            router: &self.t["router"],
-            router_bias: Some(&self.t["bias"]),
-            gate: &self.t["gate"],
-            up: &self.t["up"],
-            down: &self.t["down"],
+            balance_bias: Some(&self.t["bias"]),
             shared: Some(SharedExpert {
                 gate: &self.t["shared_gate"],
                 up: &self.t["shared_up"],
                 down: &self.t["shared_down"],
             }),
+            ..MoeWeights::new(
+                &self.t["router"],
+                &self.t["gate"],
+                &self.t["up"],
+                &self.t["down"],
+            )
         }
     }
 }
 
 fn layer_spec(coef: f32) -> MoeSpec {
     MoeSpec {
-        router: spec(4, 2, RouterScore::Softmax, true, 1.0),
         aux_loss_coef: coef,
+        ..MoeSpec::new(spec(4, 2, RouterScore::Softmax, true, 1.0))
     }
 }
 
@@ -219,6 +221,85 @@ fn moe_ffn_matches_pytorch_loop_over_experts_with_grads() {
 }
 
 #[test]
+fn moe_ffn_with_gpt_oss_biases_and_clamped_swiglu_matches_pytorch() {
+    let f = fixtures();
+    let p = |s: &str| f[&format!("gptoss.{s}")].detach().requires_grad_();
+    let names = [
+        "x",
+        "router",
+        "router_bias",
+        "gate",
+        "up",
+        "down",
+        "gate_bias",
+        "up_bias",
+        "down_bias",
+    ];
+    let t: Vec<Tensor> = names.iter().map(|n| p(n)).collect();
+    let w = MoeWeights {
+        router_bias: Some(&t[2]),
+        gate_bias: Some(&t[6]),
+        up_bias: Some(&t[7]),
+        down_bias: Some(&t[8]),
+        ..MoeWeights::new(&t[1], &t[3], &t[4], &t[5])
+    };
+    let s = MoeSpec {
+        activation: ExpertActivation::ClampedSwiGlu {
+            alpha: 1.702,
+            limit: 1.0,
+        },
+        ..MoeSpec::new(spec(4, 2, RouterScore::Softmax, true, 1.0))
+    };
+    let m = moe_ffn(&t[0], &w, &s).unwrap();
+    assert_close(
+        "out",
+        &m.out.to_vec_f32(),
+        &f["gptoss.out"].to_vec_f32(),
+        1e-5,
+        1e-5,
+    );
+    m.out.backward_with(f["gptoss.grad_out"].clone()).unwrap();
+    for (name, leaf) in names.iter().zip(&t) {
+        let want = f[&format!("gptoss.grad_{name}")].to_vec_f32();
+        assert_close(name, &leaf.grad().unwrap().to_vec_f32(), &want, 1e-4, 1e-5);
+    }
+}
+
+#[test]
+fn moe_ffn_biases_and_clamped_activation_match_finite_differences() {
+    let (n, d, e, f) = (8, 5, 3, 4);
+    let inputs = [
+        randn(&[n, d], "x"),
+        randn(&[d, e], "router"),
+        randn(&[e], "router_bias"),
+        randn(&[e, d, f], "gate").mul_scalar(0.5).unwrap(),
+        randn(&[e, d, f], "up").mul_scalar(0.5).unwrap(),
+        randn(&[e, f, d], "down").mul_scalar(0.5).unwrap(),
+        randn(&[e, f], "gb"),
+        randn(&[e, f], "ub"),
+        randn(&[e, d], "db"),
+    ];
+    // A limit no value reaches: the kinks of the clamps stay out of the differences.
+    let s = MoeSpec {
+        activation: ExpertActivation::ClampedSwiGlu {
+            alpha: 1.702,
+            limit: 100.0,
+        },
+        ..MoeSpec::new(spec(e, 2, RouterScore::Softmax, true, 1.0))
+    };
+    check_grad_tol("moe_ffn_biases", &inputs, &[], 1e-3, 2e-2, 2e-3, |t| {
+        let w = MoeWeights {
+            router_bias: Some(&t[2]),
+            gate_bias: Some(&t[6]),
+            up_bias: Some(&t[7]),
+            down_bias: Some(&t[8]),
+            ..MoeWeights::new(&t[1], &t[3], &t[4], &t[5])
+        };
+        Ok(moe_ffn(&t[0], &w, &s)?.out)
+    });
+}
+
+#[test]
 fn moe_ffn_grads_match_finite_differences() {
     let (n, d, e, f, fs) = (10, 6, 4, 5, 3);
     let inputs = [
@@ -233,21 +314,17 @@ fn moe_ffn_grads_match_finite_differences() {
     ];
     for score in [RouterScore::Softmax, RouterScore::Sigmoid] {
         let s = MoeSpec {
-            router: spec(e, 2, score, true, 1.0),
             aux_loss_coef: 0.1,
+            ..MoeSpec::new(spec(e, 2, score, true, 1.0))
         };
         check_grad_tol("moe_ffn", &inputs, &[], 1e-3, 2e-2, 2e-3, |t| {
             let w = MoeWeights {
-                router: &t[1],
-                router_bias: None,
-                gate: &t[2],
-                up: &t[3],
-                down: &t[4],
                 shared: Some(SharedExpert {
                     gate: &t[5],
                     up: &t[6],
                     down: &t[7],
                 }),
+                ..MoeWeights::new(&t[1], &t[2], &t[3], &t[4])
             };
             let m = moe_ffn(&t[0], &w, &s)?;
             // The aux loss rides along on every element so its gradient is checked too.
@@ -270,20 +347,13 @@ fn moe_ffn_is_bitwise_identical_for_1_and_2_threads() {
     assert_thread_invariant("moe_ffn", || {
         let xl = x.detach().requires_grad_();
         let wl: Vec<Tensor> = ws.iter().map(|w| w.detach().requires_grad_()).collect();
-        let w = MoeWeights {
-            router: &wl[0],
-            router_bias: None,
-            gate: &wl[1],
-            up: &wl[2],
-            down: &wl[3],
-            shared: None,
-        };
+        let w = MoeWeights::new(&wl[0], &wl[1], &wl[2], &wl[3]);
         let m = moe_ffn(
             &xl,
             &w,
             &MoeSpec {
-                router: spec(e, 2, RouterScore::Softmax, true, 1.0),
                 aux_loss_coef: 0.01,
+                ..MoeSpec::new(spec(e, 2, RouterScore::Softmax, true, 1.0))
             },
         )
         .unwrap();

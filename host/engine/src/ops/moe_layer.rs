@@ -7,6 +7,8 @@
 //! y_sorted = h ·ₑ W_down
 //! out      = combine(y_sorted, weights) [+ shared(x)]  weighted sum back in token order
 //! ```
+//! Optional per-expert biases on the three products and GPT-OSS's clamped activation make the
+//! same function serve GPT-OSS.
 //! (`·ₑ` is [`Tensor::grouped_matmul`]: each expert's contiguous rows times its own weight.)
 //! Every token reaches all its k experts (no capacity, nothing dropped), and each step sums
 //! in a fixed order, so results are bitwise identical for any thread count.
@@ -114,21 +116,76 @@ pub struct SharedExpert<'a> {
 
 /// The parameters of one MoE feed-forward layer with `E` experts, hidden size `D` and expert
 /// width `F`. Matrices are laid out for `x · W` (a Hugging Face `Linear` weight `[out, in]` is
-/// passed transposed).
+/// passed transposed). Start from [`MoeWeights::new`] and set the optional parts.
 #[derive(Clone, Copy, Debug)]
 pub struct MoeWeights<'a> {
-    /// `[D, E]`: the router's logits are `x · router`, computed in f32.
+    /// `[D, E]`: the router's logits are `x · router (+ router_bias)`, computed in f32.
     pub router: &'a Tensor,
-    /// `[E]`, not trained: the aux-loss-free balancing bias (steers the choice only).
+    /// `[E]`: the router's trained logit bias (GPT-OSS).
     pub router_bias: Option<&'a Tensor>,
+    /// `[E]`, not trained: the aux-loss-free balancing bias (steers the choice only).
+    pub balance_bias: Option<&'a Tensor>,
     /// `[E, D, F]`.
     pub gate: &'a Tensor,
     /// `[E, D, F]`.
     pub up: &'a Tensor,
     /// `[E, F, D]`.
     pub down: &'a Tensor,
+    /// `[E, F]`, `[E, F]`, `[E, D]`: per-expert biases of the three products (GPT-OSS).
+    pub gate_bias: Option<&'a Tensor>,
+    /// See `gate_bias`.
+    pub up_bias: Option<&'a Tensor>,
+    /// See `gate_bias`.
+    pub down_bias: Option<&'a Tensor>,
     /// Shared experts added to every token's output.
     pub shared: Option<SharedExpert<'a>>,
+}
+
+impl<'a> MoeWeights<'a> {
+    /// The router and expert matrices, with no biases and no shared expert.
+    pub fn new(router: &'a Tensor, gate: &'a Tensor, up: &'a Tensor, down: &'a Tensor) -> Self {
+        MoeWeights {
+            router,
+            router_bias: None,
+            balance_bias: None,
+            gate,
+            up,
+            down,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+            shared: None,
+        }
+    }
+}
+
+/// The experts' gated activation of `(gate, up)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) · up` (Llama, Mixtral, Qwen-MoE, DeepSeek).
+    SwiGlu,
+    /// GPT-OSS's clamped variant: `gate' = min(gate, limit)`, `up' = clamp(up, ±limit)`,
+    /// `(up' + 1) · gate' · sigmoid(alpha · gate')` (alpha 1.702, limit 7 in gpt-oss).
+    ClampedSwiGlu {
+        /// Slope inside the sigmoid.
+        alpha: f32,
+        /// Clamp bound.
+        limit: f32,
+    },
+}
+
+impl ExpertActivation {
+    fn apply(self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        match self {
+            ExpertActivation::SwiGlu => gate.swiglu(up),
+            ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                let g = gate.clamp(f32::NEG_INFINITY, limit)?;
+                let u = up.clamp(-limit, limit)?;
+                let glu = g.mul(&g.mul_scalar(alpha)?.sigmoid()?)?;
+                u.add_scalar(1.0)?.mul(&glu)
+            }
+        }
+    }
 }
 
 /// What one MoE layer computes besides its weights.
@@ -138,6 +195,19 @@ pub struct MoeSpec {
     pub router: RouterSpec,
     /// Coefficient of the auxiliary load-balancing loss; 0 computes none.
     pub aux_loss_coef: f32,
+    /// The experts' activation.
+    pub activation: ExpertActivation,
+}
+
+impl MoeSpec {
+    /// SwiGLU experts behind `router`, without auxiliary loss.
+    pub fn new(router: RouterSpec) -> MoeSpec {
+        MoeSpec {
+            router,
+            aux_loss_coef: 0.0,
+            activation: ExpertActivation::SwiGlu,
+        }
+    }
 }
 
 /// The result of [`moe_ffn`].
@@ -179,22 +249,59 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
     expect_shape("gate", w.gate, &[e, d, f])?;
     expect_shape("up", w.up, &[e, d, f])?;
     expect_shape("down", w.down, &[e, f, d])?;
+    for (name, b, want) in [
+        ("router_bias", w.router_bias, vec![e]),
+        ("balance_bias", w.balance_bias, vec![e]),
+        ("gate_bias", w.gate_bias, vec![e, f]),
+        ("up_bias", w.up_bias, vec![e, f]),
+        ("down_bias", w.down_bias, vec![e, d]),
+    ] {
+        if let Some(b) = b {
+            expect_shape(name, b, &want)?;
+        }
+    }
     let n = x.numel() / d.max(1);
     let x2 = x.reshape(&[n, d])?;
-    let logits = if x2.dtype() == DType::F32 && w.router.dtype() == DType::F32 {
+    let mut logits = if x2.dtype() == DType::F32 && w.router.dtype() == DType::F32 {
         x2.matmul(w.router)?
     } else {
         x2.to_dtype(DType::F32)?
             .matmul(&w.router.to_dtype(DType::F32)?)?
     };
-    let r = route(&logits, w.router_bias, &spec.router)?;
+    if let Some(b) = w.router_bias {
+        logits = logits.add(&b.to_dtype(DType::F32)?)?;
+    }
+    let r = route(&logits, w.balance_bias, &spec.router)?;
     let routing = sort_by_expert(&r.experts, e)?;
     let counts = routing.counts.clone();
+    // The expert of each sorted row, for the per-expert biases.
+    let expert_of_row = || -> Result<Tensor> {
+        let ids: Vec<i64> = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(ex, &c)| std::iter::repeat_n(ex as i64, c))
+            .collect();
+        let len = ids.len();
+        Tensor::from_vec(ids, &[len])
+    };
+    let rows = if w.gate_bias.is_some() || w.up_bias.is_some() || w.down_bias.is_some() {
+        Some(expert_of_row()?)
+    } else {
+        None
+    };
+    let product = |a: &Tensor, m: &Tensor, bias: Option<&Tensor>| -> Result<Tensor> {
+        let y = a.grouped_matmul(m, &counts)?;
+        match (bias, &rows) {
+            (Some(b), Some(rows)) => y.add(&b.index_select(0, rows)?),
+            _ => Ok(y),
+        }
+    };
     let xs = x2.moe_dispatch(&routing)?;
-    let h = xs
-        .grouped_matmul(w.gate, &counts)?
-        .swiglu(&xs.grouped_matmul(w.up, &counts)?)?;
-    let ys = h.grouped_matmul(w.down, &counts)?;
+    let h = spec.activation.apply(
+        &product(&xs, w.gate, w.gate_bias)?,
+        &product(&xs, w.up, w.up_bias)?,
+    )?;
+    let ys = product(&h, w.down, w.down_bias)?;
     let mut out = ys.moe_combine(&r.weights, &routing)?;
     if let Some(s) = &w.shared {
         let hs = x2.matmul(s.gate)?.swiglu(&x2.matmul(s.up)?)?;

@@ -68,6 +68,30 @@ def make():
     t[p + "out"], t[p + "aux_loss"], t[p + "grad_out"] = out.reshape(x.shape), aux, gout
     t[p + "counts"] = torch.bincount(idx.flatten(), minlength=e)
 
+    # A GPT-OSS-style layer: router with a logit bias, softmax over the top-k logits, per-expert
+    # biases, the clamped SwiGLU (a small limit so that some values clamp).
+    n, d, e, k, fe, alpha, limit = 20, 8, 4, 2, 6, 1.702, 1.0
+    x = r(n, d).requires_grad_()
+    wr, br = (r(d, e) * 0.5).requires_grad_(), (r(e) * 0.1).requires_grad_()
+    gate, up, down = (r(e, d, fe) * 0.4).requires_grad_(), (r(e, d, fe) * 0.4).requires_grad_(), (r(e, fe, d) * 0.4).requires_grad_()
+    bg, bu, bd = (r(e, fe) * 0.1).requires_grad_(), (r(e, fe) * 0.1).requires_grad_(), (r(e, d) * 0.1).requires_grad_()
+    top, idx = torch.topk(x @ wr + br, k, dim=-1)
+    w = top.softmax(-1)
+    out = torch.zeros(n, d)
+    for ex in range(e):
+        tok, slot = torch.nonzero(idx == ex, as_tuple=True)
+        gt = (x[tok] @ gate[ex] + bg[ex]).clamp(max=limit)
+        ut = (x[tok] @ up[ex] + bu[ex]).clamp(-limit, limit)
+        h = (ut + 1) * (gt * torch.sigmoid(gt * alpha))
+        out = out.index_add(0, tok, (h @ down[ex] + bd[ex]) * w[tok, slot, None])
+    gout = r(n, d)
+    (out * gout).sum().backward()
+    p = "gptoss."
+    for name, v in [("x", x), ("router", wr), ("router_bias", br), ("gate", gate), ("up", up), ("down", down),
+                    ("gate_bias", bg), ("up_bias", bu), ("down_bias", bd)]:
+        t[p + name], t[p + "grad_" + name] = v, v.grad
+    t[p + "out"], t[p + "grad_out"] = out, gout
+
     # Aux-loss-free bias update (TorchTitan's form), u = 1e-3.
     counts = torch.tensor([7.0, 1.0, 3.0, 3.0, 0.0, 10.0])
     b = r(6) * 0.01
