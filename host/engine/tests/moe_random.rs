@@ -149,6 +149,59 @@ fn grouped_matmul_runs_each_expert_on_the_packed_kernel() {
 }
 
 #[test]
+fn grouped_matmul_in_bf16_and_under_autocast() {
+    let counts = [300usize, 0, 129, 5, 70];
+    let n: usize = counts.iter().sum();
+    let x = randn(&[n, 160], "x");
+    let w = randn(&[5, 160, 40], "w");
+    let g = randn(&[n, 40], "g");
+    let (xb, wb) = (
+        x.to_dtype(DType::BF16).unwrap(),
+        w.to_dtype(DType::BF16).unwrap(),
+    );
+    let out = xb.grouped_matmul(&wb, &counts).unwrap();
+    assert_eq!(out.dtype(), DType::BF16);
+    // Close to the f32 product of the rounded operands (f32 accumulation inside).
+    let want = xb
+        .to_dtype(DType::F32)
+        .unwrap()
+        .grouped_matmul(&wb.to_dtype(DType::F32).unwrap(), &counts)
+        .unwrap();
+    assert_close("bf16", &out.to_vec_f32(), &want.to_vec_f32(), 1e-2, 5e-2);
+    if anneal_engine::matmul_kernels().contains("bf16: AVX512-BF16") {
+        // On the bf16 kernel each expert's block is bitwise the dense bf16 product.
+        let mut start = 0;
+        for (e, &c) in counts.iter().enumerate() {
+            let we = wb.narrow(0, e, 1).unwrap().squeeze(0).unwrap();
+            let dense = xb.narrow(0, start, c).unwrap().matmul(&we).unwrap();
+            let got = out.narrow(0, start, c).unwrap();
+            assert!(
+                c < 4 || got.to_vec_f32() == dense.to_vec_f32(),
+                "expert {e}"
+            );
+            start += c;
+        }
+    }
+    // Autocast: f32 leaves, bf16 product, f32 gradients back to the leaves.
+    let (xl, wl) = (x.detach().requires_grad_(), w.detach().requires_grad_());
+    let out = {
+        let _amp = anneal_engine::autocast::set_autocast(Some(DType::BF16));
+        xl.grouped_matmul(&wl, &counts).unwrap()
+    };
+    assert_eq!(out.dtype(), DType::BF16);
+    out.backward_with(g.to_dtype(DType::BF16).unwrap()).unwrap();
+    let (gx, gw) = (xl.grad().unwrap(), wl.grad().unwrap());
+    assert_eq!((gx.dtype(), gw.dtype()), (DType::F32, DType::F32));
+    assert_eq!(gw.shape(), &[5, 160, 40]);
+    assert_thread_invariant("grouped_matmul bf16", || {
+        let (xl, wl) = (xb.detach().requires_grad_(), wb.detach().requires_grad_());
+        let out = xl.grouped_matmul(&wl, &counts).unwrap();
+        out.backward_with(g.to_dtype(DType::BF16).unwrap()).unwrap();
+        vec![out, xl.grad().unwrap(), wl.grad().unwrap()]
+    });
+}
+
+#[test]
 fn grouped_matmul_errors() {
     let x = randn(&[6, 4], "x");
     let w = randn(&[2, 4, 3], "w");

@@ -6,6 +6,8 @@
 //! experts one per task (each packs its weight once), large ones spread over the pool. Elsewhere,
 //! work is cut into (expert, block of rows) tasks whose boundaries depend only on the counts, each
 //! a single-threaded `gemm`. Either way results are bitwise identical with any thread count.
+//! bf16 operands run on the AVX512-BF16 kernel the same way (f32 accumulation) where the CPU
+//! has it.
 
 use super::finish;
 use super::sgemm::{self, MatRef};
@@ -13,6 +15,7 @@ use crate::error::Result;
 use crate::storage::Storage;
 use crate::{DType, Tensor};
 use gemm::Parallelism;
+use half::bf16;
 use rayon::prelude::*;
 
 /// Rows per task in the forward and input-gradient products.
@@ -95,35 +98,33 @@ pub(crate) fn grouped_matmul(
         (kw, mw, (mw, 1))
     };
     debug_assert_eq!(inner, kx);
-    let xs = x.contig::<f32>();
-    let ws = w.contig::<f32>();
     let mut out = Storage::any(DType::F32, rows * cols);
     crate::flops::add(2 * (rows * inner * cols) as u64);
+    let geo = Geometry {
+        kx,
+        w_stride: kw * mw,
+        inner,
+        cols,
+        b_strides,
+    };
+    if x.dtype() == DType::BF16 && w.dtype() == DType::BF16 && sgemm::bf16::available() {
+        // bf16 operands on AVX512-BF16 dot products, read in place, f32 accumulation.
+        let (xb, wb) = (x.contig::<bf16>(), w.contig::<bf16>());
+        packed_forward(
+            &xb,
+            &wb,
+            counts,
+            &geo,
+            out.as_mut_slice(),
+            sgemm::bf16::gemm,
+        );
+        drop((xb, wb));
+        return finish(out, &[rows, cols], DType::BF16);
+    }
+    let xs = x.contig::<f32>();
+    let ws = w.contig::<f32>();
     if sgemm::available() {
-        // One product per expert: rows [r0, r0 + c) of x times w[e] (or its transpose).
-        let mut pieces = Vec::with_capacity(counts.len());
-        let (mut rest, mut r0) = (out.as_mut_slice::<f32>(), 0);
-        for (e, &c) in counts.iter().enumerate() {
-            let (head, tail) = rest.split_at_mut(c * cols);
-            pieces.push((e, r0, c, head));
-            rest = tail;
-            r0 += c;
-        }
-        per_expert(pieces, rows, |(e, r, c, dst), parallel| {
-            let a = MatRef {
-                data: &xs,
-                off: r * kx,
-                rs: kx,
-                cs: 1,
-            };
-            let b = MatRef {
-                data: &ws,
-                off: e * kw * mw,
-                rs: b_strides.0,
-                cs: b_strides.1,
-            };
-            sgemm::sgemm(c, cols, inner, a, b, dst, parallel);
-        });
+        packed_forward(&xs, &ws, counts, &geo, out.as_mut_slice(), sgemm::sgemm);
         drop((xs, ws));
         return finish(out, &[rows, cols], product_dtype(x, w));
     }
@@ -171,36 +172,26 @@ pub(crate) fn grouped_matmul_weight_grad(
     counts: &[usize],
 ) -> Result<Tensor> {
     let (k, m) = (x.shape()[1], g.shape()[1]);
-    let xs = x.contig::<f32>();
-    let gs = g.contig::<f32>();
     let mut out = Storage::any(DType::F32, counts.len() * k * m);
     let rows: usize = counts.iter().sum();
     crate::flops::add(2 * (rows * k * m) as u64);
+    if x.dtype() == DType::BF16 && g.dtype() == DType::BF16 && sgemm::bf16::available() {
+        let (xb, gb) = (x.contig::<bf16>(), g.contig::<bf16>());
+        packed_weight_grad(
+            &xb,
+            &gb,
+            counts,
+            (k, m),
+            out.as_mut_slice(),
+            sgemm::bf16::gemm,
+        );
+        drop((xb, gb));
+        return finish(out, &[counts.len(), k, m], DType::BF16);
+    }
+    let xs = x.contig::<f32>();
+    let gs = g.contig::<f32>();
     if sgemm::available() {
-        // One product per expert: x_e^T (x's rows read as columns) times g_e.
-        let mut pieces = Vec::with_capacity(counts.len());
-        let (mut rest, mut r0) = (out.as_mut_slice::<f32>(), 0);
-        for &c in counts {
-            let (head, tail) = rest.split_at_mut(k * m);
-            pieces.push((r0, c, head));
-            rest = tail;
-            r0 += c;
-        }
-        per_expert(pieces, rows, |(r, c, dst), parallel| {
-            let a = MatRef {
-                data: &xs,
-                off: r * k,
-                rs: 1,
-                cs: k,
-            };
-            let b = MatRef {
-                data: &gs,
-                off: r * m,
-                rs: m,
-                cs: 1,
-            };
-            sgemm::sgemm(k, m, c, a, b, dst, parallel);
-        });
+        packed_weight_grad(&xs, &gs, counts, (k, m), out.as_mut_slice(), sgemm::sgemm);
         drop((xs, gs));
         return finish(out, &[counts.len(), k, m], product_dtype(x, g));
     }
@@ -234,6 +225,93 @@ pub(crate) fn grouped_matmul_weight_grad(
     });
     drop((xs, gs));
     finish(out, &[counts.len(), k, m], product_dtype(x, g))
+}
+
+/// A packed product `c[m×n] = a[m×k] · b[k×n]` (f32 or bf16 operands, f32 `c`), parallel over
+/// the pool when asked; the result does not depend on that choice.
+type PackedGemm<T> = fn(usize, usize, usize, MatRef<'_, T>, MatRef<'_, T>, &mut [f32], bool);
+
+/// Sizes of a grouped product: `x [N, kx]` row-major, `w` `[E, ..]` with `w_stride` elements
+/// per expert read with `b_strides`, each expert's product `[c, inner] · [inner, cols]`.
+struct Geometry {
+    kx: usize,
+    w_stride: usize,
+    inner: usize,
+    cols: usize,
+    b_strides: (usize, usize),
+}
+
+/// The forward (or input-gradient) product on a packed kernel, one product per expert.
+fn packed_forward<T: Sync>(
+    xs: &[T],
+    ws: &[T],
+    counts: &[usize],
+    geo: &Geometry,
+    out: &mut [f32],
+    gemm: PackedGemm<T>,
+) {
+    let rows: usize = counts.iter().sum();
+    // One product per expert: rows [r0, r0 + c) of x times w[e] (or its transpose).
+    let mut pieces = Vec::with_capacity(counts.len());
+    let (mut rest, mut r0) = (out, 0);
+    for (e, &c) in counts.iter().enumerate() {
+        let (head, tail) = rest.split_at_mut(c * geo.cols);
+        pieces.push((e, r0, c, head));
+        rest = tail;
+        r0 += c;
+    }
+    per_expert(pieces, rows, |(e, r, c, dst), parallel| {
+        let a = MatRef {
+            data: xs,
+            off: r * geo.kx,
+            rs: geo.kx,
+            cs: 1,
+        };
+        let b = MatRef {
+            data: ws,
+            off: e * geo.w_stride,
+            rs: geo.b_strides.0,
+            cs: geo.b_strides.1,
+        };
+        gemm(c, geo.cols, geo.inner, a, b, dst, parallel);
+    });
+}
+
+/// The weight gradient `out[e] = x_e^T · g_e` on a packed kernel, one product per expert
+/// (`x [N, k]`, `g [N, m]`).
+fn packed_weight_grad<T: Sync>(
+    xs: &[T],
+    gs: &[T],
+    counts: &[usize],
+    (k, m): (usize, usize),
+    out: &mut [f32],
+    gemm: PackedGemm<T>,
+) {
+    let rows: usize = counts.iter().sum();
+    let mut pieces = Vec::with_capacity(counts.len());
+    let (mut rest, mut r0) = (out, 0);
+    for &c in counts {
+        let (head, tail) = rest.split_at_mut(k * m);
+        pieces.push((r0, c, head));
+        rest = tail;
+        r0 += c;
+    }
+    per_expert(pieces, rows, |(r, c, dst), parallel| {
+        // x_e^T: x's rows read as columns.
+        let a = MatRef {
+            data: xs,
+            off: r * k,
+            rs: 1,
+            cs: k,
+        };
+        let b = MatRef {
+            data: gs,
+            off: r * m,
+            rs: m,
+            cs: 1,
+        };
+        gemm(k, m, c, a, b, dst, parallel);
+    });
 }
 
 /// Runs one product per expert (`run(piece, spread_over_pool)`). Experts holding more than `1 / threads` of all `rows` run one after

@@ -56,7 +56,8 @@ impl Tensor {
     /// The MoE expert product: for `self = x [N, K]` with rows sorted by expert and
     /// `w [E, K, M]`, the first `counts[0]` rows are multiplied by `w[0]`, the next `counts[1]`
     /// by `w[1]`, and so on, giving `[N, M]`. `counts` has `E` entries summing to `N`.
-    /// Gradients flow to `x` and `w`; results are identical with any thread count.
+    /// Gradients flow to `x` and `w`; results are identical with any thread count. Inside an
+    /// autocast region both operands are cast to its dtype first, as `matmul` does.
     pub fn grouped_matmul<C: ExpertCounts + ?Sized>(
         &self,
         w: &Tensor,
@@ -93,6 +94,17 @@ impl Tensor {
             ));
         }
         self.check_cpu("grouped_matmul")?;
+        if let Some(dt) = crate::autocast::autocast_dtype() {
+            // Mixed precision as for `matmul`: both operands in the low precision (the casts
+            // carry the gradients back to f32 master weights), f32 accumulation inside.
+            let cast = |t: &Tensor| t.dtype().is_float() && t.dtype() != dt;
+            if cast(self) || cast(w) {
+                let _off = crate::autocast::set_autocast(None);
+                return self
+                    .to_dtype(dt)?
+                    .grouped_matmul(&w.to_dtype(dt)?, counts.as_slice());
+            }
+        }
         let out = be(self)?.grouped_matmul(&self.detach(), &w.detach(), &counts, false)?;
         Ok(record("grouped_matmul", out, &[self, w], || {
             let (x, w_saved) = (self.detach(), w.detach());
