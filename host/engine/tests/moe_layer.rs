@@ -6,7 +6,8 @@ mod common;
 use anneal_engine::io::load_safetensors;
 use anneal_engine::ops::{
     load_balancing_loss, moe_ffn, route, sort_by_expert, update_router_bias, ExpertActivation,
-    ExpertLoad, MoeSpec, MoeWeights, RouterScore, RouterSpec, RouterStats, SharedExpert,
+    ExpertLayout, ExpertLoad, MoeSpec, MoeWeights, RouterScore, RouterSpec, RouterStats,
+    SharedExpert,
 };
 use anneal_engine::{DType, Tensor};
 use common::*;
@@ -297,6 +298,80 @@ fn moe_ffn_biases_and_clamped_activation_match_finite_differences() {
         };
         Ok(moe_ffn(&t[0], &w, &s)?.out)
     });
+}
+
+#[test]
+fn moe_ffn_takes_linear_layout_weights() {
+    // The fixture layer with every matrix stored [out, in] gives the same output and the
+    // transposed gradients.
+    let f = fixtures();
+    let l = Layer::from_fixture(&f);
+    let t = |name: &str| {
+        let m = &l.t[name];
+        m.transpose(-1, -2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .requires_grad_()
+    };
+    let names = [
+        "router",
+        "gate",
+        "up",
+        "down",
+        "shared_gate",
+        "shared_up",
+        "shared_down",
+    ];
+    let m: Vec<Tensor> = names.iter().map(|n| t(n)).collect();
+    let w = MoeWeights {
+        balance_bias: Some(&l.t["bias"]),
+        shared: Some(SharedExpert {
+            gate: &m[4],
+            up: &m[5],
+            down: &m[6],
+        }),
+        layout: ExpertLayout::OutIn,
+        ..MoeWeights::new(&m[0], &m[1], &m[2], &m[3])
+    };
+    let m_out = moe_ffn(&l.t["x"], &w, &layer_spec(0.01)).unwrap();
+    let out = m_out.out;
+    assert_close(
+        "out",
+        &out.to_vec_f32(),
+        &f["layer.out"].to_vec_f32(),
+        1e-5,
+        1e-5,
+    );
+    let loss = out
+        .reshape(&[24, 8])
+        .unwrap()
+        .mul(&f["layer.grad_out"])
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .add(&m_out.aux_loss.unwrap())
+        .unwrap();
+    loss.backward().unwrap();
+    for (name, leaf) in names.iter().zip(&m) {
+        let got = leaf.grad().unwrap().transpose(-1, -2).unwrap().to_vec_f32();
+        let want = f[&format!("layer.grad_{name}")].to_vec_f32();
+        assert_close(name, &got, &want, 1e-4, 1e-5);
+    }
+    let msg = moe_ffn(&l.t["x"], &l.weights(), &layer_spec(0.0))
+        .and_then(|_| {
+            moe_ffn(
+                &l.t["x"],
+                &MoeWeights {
+                    layout: ExpertLayout::OutIn,
+                    ..l.weights()
+                },
+                &layer_spec(0.0),
+            )
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("router must have shape [4, 8]"), "{msg}");
 }
 
 #[test]

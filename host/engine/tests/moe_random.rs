@@ -202,6 +202,24 @@ fn grouped_matmul_in_bf16_and_under_autocast() {
 }
 
 #[test]
+fn grouped_matmul_nt_reads_linear_weights_in_place() {
+    let counts = [7usize, 0, 20, 3];
+    let n: usize = counts.iter().sum();
+    let x = randn(&[n, 12], "x");
+    // [E, out, in]: each w[e] is a Linear weight.
+    let w_oi = randn(&[4, 9, 12], "w");
+    let w_io = w_oi.transpose(1, 2).unwrap().contiguous().unwrap();
+    let out = x.grouped_matmul_nt(&w_oi, &counts).unwrap();
+    let want = x.grouped_matmul(&w_io, &counts).unwrap();
+    assert_close("nt", &out.to_vec_f32(), &want.to_vec_f32(), 1e-6, 1e-6);
+    check_grad("grouped_matmul_nt", &[x.clone(), w_oi.clone()], &[], |t| {
+        t[0].grouped_matmul_nt(&t[1], &counts)
+    });
+    let msg = x.grouped_matmul_nt(&w_io, &counts).unwrap_err().to_string();
+    assert!(msg.contains("grouped_matmul: shape mismatch"), "{msg}");
+}
+
+#[test]
 fn grouped_matmul_errors() {
     let x = randn(&[6, 4], "x");
     let w = randn(&[2, 4, 3], "w");

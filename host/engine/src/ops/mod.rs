@@ -74,6 +74,8 @@ pub use moe::{histogram, sort_by_expert, ExpertCounts, ExpertRouting};
 pub use moe_balance::{
     load_balancing_loss, update_router_bias, ExpertLoad, RouterStats, DEFAULT_BIAS_UPDATE_RATE,
 };
-pub use moe_layer::{moe_ffn, ExpertActivation, MoeOutput, MoeSpec, MoeWeights, SharedExpert};
+pub use moe_layer::{
+    moe_ffn, ExpertActivation, ExpertLayout, MoeOutput, MoeSpec, MoeWeights, SharedExpert,
+};
 pub use moe_router::{route, RouterScore, RouterSpec, Routing};
 pub use shape::{cat, stack};

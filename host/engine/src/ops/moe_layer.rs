@@ -106,17 +106,28 @@ impl Tensor {
 /// (DeepSeek's and Qwen2-MoE's shared experts): `swiglu(x·gate, x·up)·down`.
 #[derive(Clone, Copy, Debug)]
 pub struct SharedExpert<'a> {
-    /// `[D, F_shared]`.
+    /// `[D, F_shared]` (`[F_shared, D]` in [`ExpertLayout::OutIn`]).
     pub gate: &'a Tensor,
-    /// `[D, F_shared]`.
+    /// Shaped like `gate`.
     pub up: &'a Tensor,
-    /// `[F_shared, D]`.
+    /// `[F_shared, D]` (`[D, F_shared]` in [`ExpertLayout::OutIn`]).
     pub down: &'a Tensor,
 }
 
+/// How a layer's matrices are stored; shapes below are for [`ExpertLayout::InOut`], and
+/// `OutIn` swaps the last two dims of every matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// `[.., in, out]`, multiplied as `x · W` (GPT-OSS's expert tensors).
+    InOut,
+    /// `[.., out, in]`, stacked `Linear` weights multiplied as `x · Wᵀ` without a transposed
+    /// copy (Mixtral's and Qwen-MoE's experts in transformers 5, every router).
+    OutIn,
+}
+
 /// The parameters of one MoE feed-forward layer with `E` experts, hidden size `D` and expert
-/// width `F`. Matrices are laid out for `x · W` (a Hugging Face `Linear` weight `[out, in]` is
-/// passed transposed). Start from [`MoeWeights::new`] and set the optional parts.
+/// width `F`, stored as `layout` says. Start from [`MoeWeights::new`] and set the optional
+/// parts.
 #[derive(Clone, Copy, Debug)]
 pub struct MoeWeights<'a> {
     /// `[D, E]`: the router's logits are `x · router (+ router_bias)`, computed in f32.
@@ -139,10 +150,13 @@ pub struct MoeWeights<'a> {
     pub down_bias: Option<&'a Tensor>,
     /// Shared experts added to every token's output.
     pub shared: Option<SharedExpert<'a>>,
+    /// How the matrices (router, experts, shared experts) are stored.
+    pub layout: ExpertLayout,
 }
 
 impl<'a> MoeWeights<'a> {
-    /// The router and expert matrices, with no biases and no shared expert.
+    /// The router and expert matrices in [`ExpertLayout::InOut`], with no biases and no shared
+    /// expert.
     pub fn new(router: &'a Tensor, gate: &'a Tensor, up: &'a Tensor, down: &'a Tensor) -> Self {
         MoeWeights {
             router,
@@ -155,6 +169,7 @@ impl<'a> MoeWeights<'a> {
             up_bias: None,
             down_bias: None,
             shared: None,
+            layout: ExpertLayout::InOut,
         }
     }
 }
@@ -244,11 +259,31 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
         .last()
         .ok_or_else(|| invalid("moe_ffn", "x is a scalar"))?;
     let e = spec.router.num_experts;
-    let f = w.gate.shape().get(2).copied().unwrap_or(0);
-    expect_shape("router", w.router, &[d, e])?;
-    expect_shape("gate", w.gate, &[e, d, f])?;
-    expect_shape("up", w.up, &[e, d, f])?;
-    expect_shape("down", w.down, &[e, f, d])?;
+    let out_in = w.layout == ExpertLayout::OutIn;
+    // `[.., a, b]` as stored: swapped in the out-in layout.
+    let stored = |lead: &[usize], a: usize, b: usize| -> Vec<usize> {
+        let mut v = lead.to_vec();
+        v.extend(if out_in { [b, a] } else { [a, b] });
+        v
+    };
+    let f = w
+        .gate
+        .shape()
+        .get(if out_in { 1 } else { 2 })
+        .copied()
+        .unwrap_or(0);
+    expect_shape("router", w.router, &stored(&[], d, e))?;
+    expect_shape("gate", w.gate, &stored(&[e], d, f))?;
+    expect_shape("up", w.up, &stored(&[e], d, f))?;
+    expect_shape("down", w.down, &stored(&[e], f, d))?;
+    // A 2-d matrix for `x · W`: a transposed view in the out-in layout.
+    let as_in_out = |m: &Tensor| {
+        if out_in {
+            m.transpose(0, 1)
+        } else {
+            Ok(m.clone())
+        }
+    };
     for (name, b, want) in [
         ("router_bias", w.router_bias, vec![e]),
         ("balance_bias", w.balance_bias, vec![e]),
@@ -262,11 +297,12 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
     }
     let n = x.numel() / d.max(1);
     let x2 = x.reshape(&[n, d])?;
-    let mut logits = if x2.dtype() == DType::F32 && w.router.dtype() == DType::F32 {
-        x2.matmul(w.router)?
+    let router = as_in_out(w.router)?;
+    let mut logits = if x2.dtype() == DType::F32 && router.dtype() == DType::F32 {
+        x2.matmul(&router)?
     } else {
         x2.to_dtype(DType::F32)?
-            .matmul(&w.router.to_dtype(DType::F32)?)?
+            .matmul(&router.to_dtype(DType::F32)?)?
     };
     if let Some(b) = w.router_bias {
         logits = logits.add(&b.to_dtype(DType::F32)?)?;
@@ -290,7 +326,11 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
         None
     };
     let product = |a: &Tensor, m: &Tensor, bias: Option<&Tensor>| -> Result<Tensor> {
-        let y = a.grouped_matmul(m, &counts)?;
+        let y = if out_in {
+            a.grouped_matmul_nt(m, &counts)?
+        } else {
+            a.grouped_matmul(m, &counts)?
+        };
         match (bias, &rows) {
             (Some(b), Some(rows)) => y.add(&b.index_select(0, rows)?),
             _ => Ok(y),
@@ -304,8 +344,10 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
     let ys = product(&h, w.down, w.down_bias)?;
     let mut out = ys.moe_combine(&r.weights, &routing)?;
     if let Some(s) = &w.shared {
-        let hs = x2.matmul(s.gate)?.swiglu(&x2.matmul(s.up)?)?;
-        out = out.add(&hs.matmul(s.down)?)?;
+        let hs = x2
+            .matmul(&as_in_out(s.gate)?)?
+            .swiglu(&x2.matmul(&as_in_out(s.up)?)?)?;
+        out = out.add(&hs.matmul(&as_in_out(s.down)?)?)?;
     }
     let aux_loss = if spec.aux_loss_coef != 0.0 {
         Some(
