@@ -557,3 +557,24 @@ fn router_stats_report_load_and_entropy() {
     let st = RouterStats::new(&certain, &[1, 1], RouterScore::Softmax).unwrap();
     assert_eq!((st.entropy, st.imbalance), (0.0, 1.0));
 }
+
+#[test]
+fn moe_ffn_on_an_empty_batch_is_empty() {
+    let (d, e, f) = (4, 3, 5);
+    let ws = [
+        randn(&[d, e], "router"),
+        randn(&[e, d, f], "gate"),
+        randn(&[e, d, f], "up"),
+        randn(&[e, f, d], "down"),
+    ];
+    let x = Tensor::zeros(&[2, 0, d], DType::F32).requires_grad_();
+    let spec = MoeSpec {
+        aux_loss_coef: 0.01,
+        ..MoeSpec::new(spec(e, 2, RouterScore::Softmax, true, 1.0))
+    };
+    let m = moe_ffn(&x, &MoeWeights::new(&ws[0], &ws[1], &ws[2], &ws[3]), &spec).unwrap();
+    assert_eq!(m.out.shape(), &[2, 0, d]);
+    assert_eq!(m.counts, vec![0; e]);
+    assert_eq!(m.aux_loss.unwrap().item().unwrap(), 0.0);
+    assert_eq!((m.stats.imbalance, m.stats.entropy), (0.0, 0.0));
+}
