@@ -477,6 +477,17 @@ fn dispatch_and_combine_round_trip_in_token_order() {
     let y = randn(&[10, 4], "y");
     check_grad("moe_dispatch", &[x.clone()], &[], |t| t[0].moe_dispatch(&r));
     check_grad("moe_combine", &[y, w], &[], |t| t[0].moe_combine(&t[1], &r));
+    // A routing for more tokens than x has is an error, not an out-of-bounds read.
+    let msg = x
+        .narrow(0, 0, 2)
+        .unwrap()
+        .moe_dispatch(&r)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("moe_dispatch: x must be [tokens, hidden]"),
+        "{msg}"
+    );
     // bf16 rows stay bf16.
     let xb = x.to_dtype(DType::BF16).unwrap();
     assert_eq!(xb.moe_dispatch(&r).unwrap().dtype(), DType::BF16);

@@ -7,11 +7,11 @@
 //! y_sorted = h ·ₑ W_down
 //! out      = combine(y_sorted, weights) [+ shared(x)]  weighted sum back in token order
 //! ```
-//! Optional per-expert biases on the three products and GPT-OSS's clamped activation make the
-//! same function serve GPT-OSS.
 //! (`·ₑ` is [`Tensor::grouped_matmul`]: each expert's contiguous rows times its own weight.)
 //! Every token reaches all its k experts (no capacity, nothing dropped), and each step sums
-//! in a fixed order, so results are bitwise identical for any thread count.
+//! in a fixed order, so results are bitwise identical for any thread count. Optional
+//! per-expert biases on the three products and GPT-OSS's clamped activation make the same
+//! function serve GPT-OSS.
 
 use super::be;
 use super::moe::{sort_by_expert, ExpertRouting};
@@ -47,12 +47,14 @@ impl Tensor {
         let p = Perm::of(routing);
         let slots = p.token.len();
         let n = self.shape().first().copied().unwrap_or(0);
-        if self.rank() != 2 || (slots > 0 && (n == 0 || !slots.is_multiple_of(n))) {
+        // A routing made for another batch would index past x: caught here, not in the kernel.
+        let fits = p.token.iter().all(|&t| t >= 0 && (t as usize) < n);
+        if self.rank() != 2 || !fits || (slots > 0 && !slots.is_multiple_of(n)) {
             return Err(invalid(
                 OP,
                 format!(
-                    "x must be [tokens, hidden] with tokens dividing the {slots} routed slots, \
-                     got shape {:?}",
+                    "x must be [tokens, hidden] for the routing's tokens ({slots} routed \
+                     slots), got shape {:?}",
                     self.shape()
                 ),
             ));
@@ -284,6 +286,17 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
             Ok(m.clone())
         }
     };
+    if let Some(s) = &w.shared {
+        let fs = s
+            .gate
+            .shape()
+            .get(usize::from(!out_in))
+            .copied()
+            .unwrap_or(0);
+        expect_shape("shared gate", s.gate, &stored(&[], d, fs))?;
+        expect_shape("shared up", s.up, &stored(&[], d, fs))?;
+        expect_shape("shared down", s.down, &stored(&[], fs, d))?;
+    }
     for (name, b, want) in [
         ("router_bias", w.router_bias, vec![e]),
         ("balance_bias", w.balance_bias, vec![e]),
