@@ -220,6 +220,36 @@ fn grouped_matmul_nt_reads_linear_weights_in_place() {
 }
 
 #[test]
+fn grouped_matmul_is_bitwise_identical_for_1_to_4_threads() {
+    // The split between experts spread over the pool and experts run one per task depends on
+    // the thread count; the bits must not.
+    let counts = [400usize, 3, 0, 150, 90, 60, 41];
+    let n: usize = counts.iter().sum();
+    let x = randn(&[n, 96], "x");
+    let w = randn(&[7, 96, 80], "w");
+    let g = randn(&[n, 80], "g");
+    let run = |threads: usize| -> Vec<Vec<u32>> {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                let (xl, wl) = (x.detach().requires_grad_(), w.detach().requires_grad_());
+                let out = xl.grouped_matmul(&wl, &counts).unwrap();
+                out.backward_with(g.clone()).unwrap();
+                [out, xl.grad().unwrap(), wl.grad().unwrap()]
+                    .iter()
+                    .map(|t| t.to_vec_f32().iter().map(|v| v.to_bits()).collect())
+                    .collect()
+            })
+    };
+    let one = run(1);
+    for threads in 2..=4 {
+        assert!(run(threads) == one, "{threads} threads differ from 1");
+    }
+}
+
+#[test]
 fn grouped_matmul_errors() {
     let x = randn(&[6, 4], "x");
     let w = randn(&[2, 4, 3], "w");
