@@ -589,3 +589,43 @@ fn moe_ffn_on_an_empty_batch_is_empty() {
     assert_eq!(m.aux_loss.unwrap().item().unwrap(), 0.0);
     assert_eq!((m.stats.imbalance, m.stats.entropy), (0.0, 0.0));
 }
+
+#[test]
+fn moe_ffn_rows_do_not_depend_on_the_batch_in_batch_invariant_mode() {
+    // A decode step (one token) must give the bits the same token gets inside a full forward.
+    // On the packed AVX-512 kernel each expert's rows are computed independently of how many
+    // rows the expert has; elsewhere the grouped product is not batch-invariant.
+    if !anneal_engine::matmul_kernels().starts_with("f32: packed AVX-512") {
+        return;
+    }
+    let _inv = anneal_engine::invariant::set_batch_invariant(true);
+    let (n, d, e, f, fs) = (70, 288, 6, 48, 24);
+    let x = randn(&[n, d], "x");
+    let ws = [
+        randn(&[d, e], "router"),
+        randn(&[e, d, f], "gate"),
+        randn(&[e, d, f], "up"),
+        randn(&[e, f, d], "down"),
+        randn(&[d, fs], "sg"),
+        randn(&[d, fs], "su"),
+        randn(&[fs, d], "sd"),
+    ];
+    let w = MoeWeights {
+        shared: Some(SharedExpert {
+            gate: &ws[4],
+            up: &ws[5],
+            down: &ws[6],
+        }),
+        ..MoeWeights::new(&ws[0], &ws[1], &ws[2], &ws[3])
+    };
+    let s = MoeSpec::new(spec(e, 2, RouterScore::Softmax, true, 1.0));
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+    let full = moe_ffn(&x, &w, &s).unwrap().out;
+    for r in [0, 1, 33, 69] {
+        let one = moe_ffn(&x.narrow(0, r, 1).unwrap(), &w, &s).unwrap().out;
+        assert!(
+            bits(&one) == bits(&full.narrow(0, r, 1).unwrap()),
+            "row {r}"
+        );
+    }
+}

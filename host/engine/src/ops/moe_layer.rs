@@ -310,12 +310,19 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
     }
     let n = x.numel() / d.max(1);
     let x2 = x.reshape(&[n, d])?;
+    // `a [n, in] · m [in, out]` as one batched product, the path on which batch-invariant mode
+    // makes a token's row independent of the other tokens (a decode step equals the forward).
+    let linear = |a: &Tensor, m: &Tensor| -> Result<Tensor> {
+        let out = m.shape()[1];
+        a.reshape(&[1, n, a.shape()[1]])?
+            .matmul(m)?
+            .reshape(&[n, out])
+    };
     let router = as_in_out(w.router)?;
     let mut logits = if x2.dtype() == DType::F32 && router.dtype() == DType::F32 {
-        x2.matmul(&router)?
+        linear(&x2, &router)?
     } else {
-        x2.to_dtype(DType::F32)?
-            .matmul(&router.to_dtype(DType::F32)?)?
+        linear(&x2.to_dtype(DType::F32)?, &router.to_dtype(DType::F32)?)?
     };
     if let Some(b) = w.router_bias {
         logits = logits.add(&b.to_dtype(DType::F32)?)?;
@@ -357,10 +364,8 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
     let ys = product(&h, w.down, w.down_bias)?;
     let mut out = ys.moe_combine(&r.weights, &routing)?;
     if let Some(s) = &w.shared {
-        let hs = x2
-            .matmul(&as_in_out(s.gate)?)?
-            .swiglu(&x2.matmul(&as_in_out(s.up)?)?)?;
-        out = out.add(&hs.matmul(&as_in_out(s.down)?)?)?;
+        let hs = linear(&x2, &as_in_out(s.gate)?)?.swiglu(&linear(&x2, &as_in_out(s.up)?)?)?;
+        out = out.add(&linear(&hs, &as_in_out(s.down)?)?)?;
     }
     let aux_loss = if spec.aux_loss_coef != 0.0 {
         Some(
