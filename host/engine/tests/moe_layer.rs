@@ -629,3 +629,40 @@ fn moe_ffn_rows_do_not_depend_on_the_batch_in_batch_invariant_mode() {
         );
     }
 }
+
+#[test]
+fn the_router_stays_f32_under_autocast() {
+    let (n, d, e, f) = (64, 48, 8, 32);
+    let x = randn(&[n, d], "x");
+    let scaled = |shape: &[usize], name: &str, fan_in: usize| {
+        randn(shape, name)
+            .mul_scalar(1.0 / (fan_in as f32).sqrt())
+            .unwrap()
+    };
+    let ws = [
+        randn(&[d, e], "router"),
+        scaled(&[e, d, f], "gate", d),
+        scaled(&[e, d, f], "up", d),
+        scaled(&[e, f, d], "down", f),
+    ];
+    let w = MoeWeights::new(&ws[0], &ws[1], &ws[2], &ws[3]);
+    let s = MoeSpec::new(spec(e, 2, RouterScore::Softmax, true, 1.0));
+    let plain = moe_ffn(&x, &w, &s).unwrap();
+    let amp = {
+        let _amp = anneal_engine::autocast::set_autocast(Some(DType::BF16));
+        moe_ffn(&x, &w, &s).unwrap()
+    };
+    // Same choices and the same f32 scores; the experts themselves ran in bf16.
+    assert_eq!(amp.counts, plain.counts);
+    assert_eq!(amp.stats.entropy.to_bits(), plain.stats.entropy.to_bits());
+    let (a, p) = (amp.out.to_vec_f32(), plain.out.to_vec_f32());
+    let scale = p.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = a
+        .iter()
+        .zip(&p)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(
+        err < 2e-2 * scale,
+        "bf16 experts off by {err} at scale {scale}"
+    );
+}

@@ -319,6 +319,9 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
             .reshape(&[n, out])
     };
     let router = as_in_out(w.router)?;
+    // The router stays in f32 even inside an autocast region: expert choice is sensitive to
+    // rounding of the logits (the gate is computed in f32, as in Megatron and TorchTitan).
+    let no_autocast = crate::autocast::set_autocast(None);
     let mut logits = if x2.dtype() == DType::F32 && router.dtype() == DType::F32 {
         linear(&x2, &router)?
     } else {
@@ -328,6 +331,7 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
         logits = logits.add(&b.to_dtype(DType::F32)?)?;
     }
     let r = route(&logits, w.balance_bias, &spec.router)?;
+    drop(no_autocast);
     let routing = sort_by_expert(&r.experts, e)?;
     let counts = routing.counts.clone();
     // The expert of each sorted row, for the per-expert biases.
