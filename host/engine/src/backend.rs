@@ -66,6 +66,32 @@ pub trait Backend: Send + Sync {
         g: &Tensor,
         counts: &[usize],
     ) -> Result<Tensor>;
+    /// MoE dispatch: `out[s] = x[token[s]]` for `x [N, D]`, `[token.len(), D]` in `dtype`.
+    fn moe_dispatch(&self, x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor>;
+    /// The gradient of [`Backend::moe_dispatch`]: `dx[t] = Σ_j g[inverse[t·k + j]]`, in
+    /// choice order.
+    fn moe_dispatch_backward(
+        &self,
+        g: &Tensor,
+        inverse: &[i64],
+        k: usize,
+        dtype: DType,
+    ) -> Result<Tensor>;
+    /// MoE combine: `out[t] = Σ_j w[t, j] · y[inverse[t·k + j]]` for `y [N·k, D]`, `w [N, k]`.
+    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor>;
+    /// The gradients of [`Backend::moe_combine`] for `y` and `w` (each when `need` asks),
+    /// returned in `dtypes`.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine_backward(
+        &self,
+        y: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+        order: &[i64],
+        inverse: &[i64],
+        need: (bool, bool),
+        dtypes: (DType, DType),
+    ) -> Result<(Option<Tensor>, Option<Tensor>)>;
     /// Joins tensors of one dtype (equal in every other dim) along `dim`, copying bytes.
     fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor>;
     /// `x * scale` where the uniform draw of `key` at `offset + i` is at least `p`, else 0.

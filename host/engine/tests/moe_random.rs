@@ -109,6 +109,147 @@ fn grouped_matmul_equals_per_expert_matmul_and_is_thread_invariant() {
 }
 
 #[test]
+fn grouped_matmul_runs_each_expert_on_the_packed_kernel() {
+    // The packed AVX-512 kernel gives a row the same bits whatever the product's size, so on
+    // such a CPU each expert's block (forward, input and weight gradients) is bitwise the
+    // dense product of that expert alone. Elsewhere the grouped product uses `gemm` tasks.
+    if !anneal_engine::matmul_kernels().starts_with("f32: packed AVX-512") {
+        return;
+    }
+    let counts = [300usize, 0, 129, 5, 70];
+    let n: usize = counts.iter().sum();
+    let x = randn(&[n, 160], "x").requires_grad_();
+    let w = randn(&[5, 160, 40], "w").requires_grad_();
+    let g = randn(&[n, 40], "g");
+    let out = x.grouped_matmul(&w, &counts).unwrap();
+    out.backward_with(g.clone()).unwrap();
+    let (gx, gw) = (x.grad().unwrap(), w.grad().unwrap());
+    let bits = |t: &Tensor| -> Vec<u32> { t.to_vec_f32().iter().map(|v| v.to_bits()).collect() };
+    let mut start = 0;
+    for (e, &c) in counts.iter().enumerate() {
+        let (xe, ge) = (
+            x.narrow(0, start, c).unwrap(),
+            g.narrow(0, start, c).unwrap(),
+        );
+        let we = w.narrow(0, e, 1).unwrap().squeeze(0).unwrap();
+        let rows = |t: &Tensor| t.narrow(0, start, c).unwrap();
+        if c >= 4 {
+            assert!(
+                bits(&rows(&out)) == bits(&xe.matmul(&we).unwrap()),
+                "out {e}"
+            );
+            let want = ge.matmul(&we.transpose(0, 1).unwrap()).unwrap();
+            assert!(bits(&rows(&gx)) == bits(&want), "grad_x {e}");
+        }
+        let want = xe.transpose(0, 1).unwrap().matmul(&ge).unwrap();
+        let got = gw.narrow(0, e, 1).unwrap().squeeze(0).unwrap();
+        assert!(bits(&got) == bits(&want), "grad_w {e}");
+        start += c;
+    }
+}
+
+#[test]
+fn grouped_matmul_in_bf16_and_under_autocast() {
+    let counts = [300usize, 0, 129, 5, 70];
+    let n: usize = counts.iter().sum();
+    let x = randn(&[n, 160], "x");
+    let w = randn(&[5, 160, 40], "w");
+    let g = randn(&[n, 40], "g");
+    let (xb, wb) = (
+        x.to_dtype(DType::BF16).unwrap(),
+        w.to_dtype(DType::BF16).unwrap(),
+    );
+    let out = xb.grouped_matmul(&wb, &counts).unwrap();
+    assert_eq!(out.dtype(), DType::BF16);
+    // Close to the f32 product of the rounded operands (f32 accumulation inside).
+    let want = xb
+        .to_dtype(DType::F32)
+        .unwrap()
+        .grouped_matmul(&wb.to_dtype(DType::F32).unwrap(), &counts)
+        .unwrap();
+    assert_close("bf16", &out.to_vec_f32(), &want.to_vec_f32(), 1e-2, 5e-2);
+    if anneal_engine::matmul_kernels().contains("bf16: AVX512-BF16") {
+        // On the bf16 kernel each expert's block is bitwise the dense bf16 product.
+        let mut start = 0;
+        for (e, &c) in counts.iter().enumerate() {
+            let we = wb.narrow(0, e, 1).unwrap().squeeze(0).unwrap();
+            let dense = xb.narrow(0, start, c).unwrap().matmul(&we).unwrap();
+            let got = out.narrow(0, start, c).unwrap();
+            assert!(
+                c < 4 || got.to_vec_f32() == dense.to_vec_f32(),
+                "expert {e}"
+            );
+            start += c;
+        }
+    }
+    // Autocast: f32 leaves, bf16 product, f32 gradients back to the leaves.
+    let (xl, wl) = (x.detach().requires_grad_(), w.detach().requires_grad_());
+    let out = {
+        let _amp = anneal_engine::autocast::set_autocast(Some(DType::BF16));
+        xl.grouped_matmul(&wl, &counts).unwrap()
+    };
+    assert_eq!(out.dtype(), DType::BF16);
+    out.backward_with(g.to_dtype(DType::BF16).unwrap()).unwrap();
+    let (gx, gw) = (xl.grad().unwrap(), wl.grad().unwrap());
+    assert_eq!((gx.dtype(), gw.dtype()), (DType::F32, DType::F32));
+    assert_eq!(gw.shape(), &[5, 160, 40]);
+    assert_thread_invariant("grouped_matmul bf16", || {
+        let (xl, wl) = (xb.detach().requires_grad_(), wb.detach().requires_grad_());
+        let out = xl.grouped_matmul(&wl, &counts).unwrap();
+        out.backward_with(g.to_dtype(DType::BF16).unwrap()).unwrap();
+        vec![out, xl.grad().unwrap(), wl.grad().unwrap()]
+    });
+}
+
+#[test]
+fn grouped_matmul_nt_reads_linear_weights_in_place() {
+    let counts = [7usize, 0, 20, 3];
+    let n: usize = counts.iter().sum();
+    let x = randn(&[n, 12], "x");
+    // [E, out, in]: each w[e] is a Linear weight.
+    let w_oi = randn(&[4, 9, 12], "w");
+    let w_io = w_oi.transpose(1, 2).unwrap().contiguous().unwrap();
+    let out = x.grouped_matmul_nt(&w_oi, &counts).unwrap();
+    let want = x.grouped_matmul(&w_io, &counts).unwrap();
+    assert_close("nt", &out.to_vec_f32(), &want.to_vec_f32(), 1e-6, 1e-6);
+    check_grad("grouped_matmul_nt", &[x.clone(), w_oi.clone()], &[], |t| {
+        t[0].grouped_matmul_nt(&t[1], &counts)
+    });
+    let msg = x.grouped_matmul_nt(&w_io, &counts).unwrap_err().to_string();
+    assert!(msg.contains("grouped_matmul: shape mismatch"), "{msg}");
+}
+
+#[test]
+fn grouped_matmul_is_bitwise_identical_for_1_to_4_threads() {
+    // The split between experts spread over the pool and experts run one per task depends on
+    // the thread count; the bits must not.
+    let counts = [400usize, 3, 0, 150, 90, 60, 41];
+    let n: usize = counts.iter().sum();
+    let x = randn(&[n, 96], "x");
+    let w = randn(&[7, 96, 80], "w");
+    let g = randn(&[n, 80], "g");
+    let run = |threads: usize| -> Vec<Vec<u32>> {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                let (xl, wl) = (x.detach().requires_grad_(), w.detach().requires_grad_());
+                let out = xl.grouped_matmul(&wl, &counts).unwrap();
+                out.backward_with(g.clone()).unwrap();
+                [out, xl.grad().unwrap(), wl.grad().unwrap()]
+                    .iter()
+                    .map(|t| t.to_vec_f32().iter().map(|v| v.to_bits()).collect())
+                    .collect()
+            })
+    };
+    let one = run(1);
+    for threads in 2..=4 {
+        assert!(run(threads) == one, "{threads} threads differ from 1");
+    }
+}
+
+#[test]
 fn grouped_matmul_errors() {
     let x = randn(&[6, 4], "x");
     let w = randn(&[2, 4, 3], "w");

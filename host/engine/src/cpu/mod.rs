@@ -29,6 +29,7 @@ pub(crate) fn bf16_gemm_available() -> bool {
 // Indexing and mixture-of-experts kernels.
 mod index;
 mod moe;
+mod moe_route;
 mod random;
 mod shape;
 
@@ -172,6 +173,33 @@ impl Backend for CpuBackend {
     ) -> Result<Tensor> {
         let _p = crate::profile::scope("grouped_matmul_weight_grad");
         moe::grouped_matmul_weight_grad(x, g, counts)
+    }
+    fn moe_dispatch(&self, x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor> {
+        moe_route::dispatch(x, token, dtype)
+    }
+    fn moe_dispatch_backward(
+        &self,
+        g: &Tensor,
+        inverse: &[i64],
+        k: usize,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        moe_route::dispatch_backward(g, inverse, k, dtype)
+    }
+    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor> {
+        moe_route::combine(y, w, inverse, dtype)
+    }
+    fn moe_combine_backward(
+        &self,
+        y: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+        order: &[i64],
+        inverse: &[i64],
+        need: (bool, bool),
+        dtypes: (DType, DType),
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        moe_route::combine_backward(y, w, g, order, inverse, need, dtypes)
     }
     fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {
         let _p = crate::profile::scope("cat");

@@ -58,6 +58,9 @@ pub(crate) fn require_float(op: &'static str, t: &Tensor) -> Result<()> {
 
 mod index;
 mod moe;
+mod moe_balance;
+mod moe_layer;
+mod moe_router;
 mod random;
 mod shape;
 
@@ -68,4 +71,11 @@ pub use optim::{adamw_step, AdamW, AdamWTensors};
 
 pub use index::where_;
 pub use moe::{histogram, sort_by_expert, ExpertCounts, ExpertRouting};
+pub use moe_balance::{
+    load_balancing_loss, update_router_bias, ExpertLoad, RouterStats, DEFAULT_BIAS_UPDATE_RATE,
+};
+pub use moe_layer::{
+    moe_ffn, ExpertActivation, ExpertLayout, MoeOutput, MoeSpec, MoeWeights, SharedExpert,
+};
+pub use moe_router::{route, RouterScore, RouterSpec, Routing};
 pub use shape::{cat, stack};

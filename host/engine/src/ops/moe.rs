@@ -56,23 +56,41 @@ impl Tensor {
     /// The MoE expert product: for `self = x [N, K]` with rows sorted by expert and
     /// `w [E, K, M]`, the first `counts[0]` rows are multiplied by `w[0]`, the next `counts[1]`
     /// by `w[1]`, and so on, giving `[N, M]`. `counts` has `E` entries summing to `N`.
-    /// Gradients flow to `x` and `w`; results are identical with any thread count.
+    /// Gradients flow to `x` and `w`; results are identical with any thread count. Inside an
+    /// autocast region both operands are cast to its dtype first, as `matmul` does.
     pub fn grouped_matmul<C: ExpertCounts + ?Sized>(
         &self,
         w: &Tensor,
         counts: &C,
     ) -> Result<Tensor> {
-        let counts = counts.to_counts()?;
-        if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[1] {
+        self.grouped(w, counts.to_counts()?, false)
+    }
+
+    /// [`Tensor::grouped_matmul`] with each expert's weight stored `[out, in]`, as a stack of
+    /// `Linear` weights (`w [E, M, K]`, Hugging Face's fused-expert layout): row block `e` of
+    /// `x [N, K]` times `w[e]ᵀ`, giving `[N, M]`. No transposed copy is made.
+    pub fn grouped_matmul_nt<C: ExpertCounts + ?Sized>(
+        &self,
+        w: &Tensor,
+        counts: &C,
+    ) -> Result<Tensor> {
+        self.grouped(w, counts.to_counts()?, true)
+    }
+
+    /// `x · w[e]` per row block, or `x · w[e]ᵀ` when `nt`.
+    fn grouped(&self, w: &Tensor, counts: Vec<usize>, nt: bool) -> Result<Tensor> {
+        const OP: &str = "grouped_matmul";
+        let k_dim = if nt { 2 } else { 1 };
+        if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[k_dim] {
             return Err(Error::ShapeMismatch {
-                op: "grouped_matmul",
+                op: OP,
                 lhs: self.shape().to_vec(),
                 rhs: w.shape().to_vec(),
             });
         }
         if counts.len() != w.shape()[0] {
             return Err(invalid(
-                "grouped_matmul",
+                OP,
                 format!(
                     "{} counts for {} experts (weights of shape {:?})",
                     counts.len(),
@@ -84,7 +102,7 @@ impl Tensor {
         let total: usize = counts.iter().sum();
         if total != self.shape()[0] {
             return Err(invalid(
-                "grouped_matmul",
+                OP,
                 format!(
                     "counts {counts:?} sum to {total}, but x of shape {:?} has {} rows",
                     self.shape(),
@@ -92,21 +110,34 @@ impl Tensor {
                 ),
             ));
         }
-        self.check_cpu("grouped_matmul")?;
-        let out = be(self)?.grouped_matmul(&self.detach(), &w.detach(), &counts, false)?;
-        Ok(record("grouped_matmul", out, &[self, w], || {
+        self.check_cpu(OP)?;
+        if let Some(dt) = crate::autocast::autocast_dtype() {
+            // Mixed precision as for `matmul`: both operands in the low precision (the casts
+            // carry the gradients back to f32 master weights), f32 accumulation inside.
+            let cast = |t: &Tensor| t.dtype().is_float() && t.dtype() != dt;
+            if cast(self) || cast(w) {
+                let _off = crate::autocast::set_autocast(None);
+                return self.to_dtype(dt)?.grouped(&w.to_dtype(dt)?, counts, nt);
+            }
+        }
+        let out = be(self)?.grouped_matmul(&self.detach(), &w.detach(), &counts, nt)?;
+        Ok(record(OP, out, &[self, w], || {
             let (x, w_saved) = (self.detach(), w.detach());
             let (need_x, need_w) = (self.requires_grad(), w.requires_grad());
             move |g: &Tensor| {
+                // dx = g · w[e]ᵀ (or g · w[e] when the forward read w transposed);
+                // dw[e] = x_eᵀ · g_e (or its transpose g_eᵀ · x_e, in w's own layout).
                 let gx = if need_x {
-                    Some(be(g)?.grouped_matmul(g, &w_saved, &counts, true)?)
+                    Some(be(g)?.grouped_matmul(g, &w_saved, &counts, !nt)?)
                 } else {
                     None
                 };
-                let gw = if need_w {
-                    Some(be(g)?.grouped_matmul_weight_grad(&x, g, &counts)?)
-                } else {
+                let gw = if !need_w {
                     None
+                } else if nt {
+                    Some(be(g)?.grouped_matmul_weight_grad(g, &x, &counts)?)
+                } else {
+                    Some(be(g)?.grouped_matmul_weight_grad(&x, g, &counts)?)
                 };
                 Ok(vec![gx, gw])
             }

@@ -1,0 +1,389 @@
+//! The dropless mixture-of-experts feed-forward layer and its two data movements:
+//!
+//! ```text
+//! routing  = route(x · W_router)                       top-k experts and weights per token
+//! x_sorted = dispatch(x)                               token rows in expert order (stable)
+//! h        = swiglu(x_sorted ·ₑ W_gate, x_sorted ·ₑ W_up)   grouped products, no padding
+//! y_sorted = h ·ₑ W_down
+//! out      = combine(y_sorted, weights) [+ shared(x)]  weighted sum back in token order
+//! ```
+//! (`·ₑ` is [`Tensor::grouped_matmul`]: each expert's contiguous rows times its own weight.)
+//! Every token reaches all its k experts (no capacity, nothing dropped), and each step sums
+//! in a fixed order, so results are bitwise identical for any thread count. Optional
+//! per-expert biases on the three products and GPT-OSS's clamped activation make the same
+//! function serve GPT-OSS.
+
+use super::be;
+use super::moe::{sort_by_expert, ExpertRouting};
+use super::moe_balance::{load_balancing_loss, RouterStats};
+use super::moe_router::{route, RouterSpec};
+use crate::autograd::record;
+use crate::cpu::float_out;
+use crate::error::{invalid, Error, Result};
+use crate::{DType, Tensor};
+
+/// The routing permutations as plain indices (they are small: `N·k` each).
+struct Perm {
+    order: Vec<i64>,
+    token: Vec<i64>,
+    inverse: Vec<i64>,
+}
+
+impl Perm {
+    fn of(r: &ExpertRouting) -> Perm {
+        Perm {
+            order: r.order.to_vec::<i64>(),
+            token: r.token.to_vec::<i64>(),
+            inverse: r.inverse.to_vec::<i64>(),
+        }
+    }
+}
+
+impl Tensor {
+    /// The token rows of `self [N, D]` in expert order: row `s` is `self[routing.token[s]]`,
+    /// `[N·k, D]`. The gradient sums each token's k rows back (in choice order).
+    pub fn moe_dispatch(&self, routing: &ExpertRouting) -> Result<Tensor> {
+        const OP: &str = "moe_dispatch";
+        let p = Perm::of(routing);
+        let slots = p.token.len();
+        let n = self.shape().first().copied().unwrap_or(0);
+        // A routing made for another batch would index past x: caught here, not in the kernel.
+        let fits = p.token.iter().all(|&t| t >= 0 && (t as usize) < n);
+        if self.rank() != 2 || !fits || (slots > 0 && !slots.is_multiple_of(n)) {
+            return Err(invalid(
+                OP,
+                format!(
+                    "x must be [tokens, hidden] for the routing's tokens ({slots} routed \
+                     slots), got shape {:?}",
+                    self.shape()
+                ),
+            ));
+        }
+        self.check_cpu(OP)?;
+        let dtype = float_out(self.dtype());
+        let out = be(self)?.moe_dispatch(&self.detach(), &p.token, dtype)?;
+        Ok(record(OP, out, &[self], || {
+            let k = slots / n.max(1);
+            move |g: &Tensor| {
+                let dx = be(g)?.moe_dispatch_backward(g, &p.inverse, k, g.dtype())?;
+                Ok(vec![Some(dx)])
+            }
+        }))
+    }
+
+    /// The weighted combine of expert outputs `self [N·k, D]` (expert order, as from
+    /// [`Tensor::moe_dispatch`]) back into token order: `out[t] = Σ_j weights[t, j] ·
+    /// self[routing.inverse[t·k + j]]`, `[N, D]`. Gradients flow to the outputs and weights.
+    pub fn moe_combine(&self, weights: &Tensor, routing: &ExpertRouting) -> Result<Tensor> {
+        const OP: &str = "moe_combine";
+        let p = Perm::of(routing);
+        if self.rank() != 2
+            || weights.rank() != 2
+            || weights.numel() != p.inverse.len()
+            || self.shape()[0] != p.inverse.len()
+        {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                lhs: self.shape().to_vec(),
+                rhs: weights.shape().to_vec(),
+            });
+        }
+        self.check_cpu(OP)?;
+        let dtype = float_out(self.dtype());
+        let out = be(self)?.moe_combine(&self.detach(), &weights.detach(), &p.inverse, dtype)?;
+        Ok(record(OP, out, &[self, weights], || {
+            let (y, w) = (self.detach(), weights.detach());
+            let need = (self.requires_grad(), weights.requires_grad());
+            let dtypes = (y.dtype(), float_out(w.dtype()));
+            move |g: &Tensor| {
+                let (dy, dw) =
+                    be(g)?.moe_combine_backward(&y, &w, g, &p.order, &p.inverse, need, dtypes)?;
+                Ok(vec![dy, dw])
+            }
+        }))
+    }
+}
+
+/// A dense SwiGLU feed-forward every token goes through next to the routed experts
+/// (DeepSeek's and Qwen2-MoE's shared experts): `swiglu(x·gate, x·up)·down`.
+#[derive(Clone, Copy, Debug)]
+pub struct SharedExpert<'a> {
+    /// `[D, F_shared]` (`[F_shared, D]` in [`ExpertLayout::OutIn`]).
+    pub gate: &'a Tensor,
+    /// Shaped like `gate`.
+    pub up: &'a Tensor,
+    /// `[F_shared, D]` (`[D, F_shared]` in [`ExpertLayout::OutIn`]).
+    pub down: &'a Tensor,
+}
+
+/// How a layer's matrices are stored; shapes below are for [`ExpertLayout::InOut`], and
+/// `OutIn` swaps the last two dims of every matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// `[.., in, out]`, multiplied as `x · W` (GPT-OSS's expert tensors).
+    InOut,
+    /// `[.., out, in]`, stacked `Linear` weights multiplied as `x · Wᵀ` without a transposed
+    /// copy (Mixtral's and Qwen-MoE's experts in transformers 5, every router).
+    OutIn,
+}
+
+/// The parameters of one MoE feed-forward layer with `E` experts, hidden size `D` and expert
+/// width `F`, stored as `layout` says. Start from [`MoeWeights::new`] and set the optional
+/// parts.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeWeights<'a> {
+    /// `[D, E]`: the router's logits are `x · router (+ router_bias)`, computed in f32.
+    pub router: &'a Tensor,
+    /// `[E]`: the router's trained logit bias (GPT-OSS).
+    pub router_bias: Option<&'a Tensor>,
+    /// `[E]`, not trained: the aux-loss-free balancing bias (steers the choice only).
+    pub balance_bias: Option<&'a Tensor>,
+    /// `[E, D, F]`.
+    pub gate: &'a Tensor,
+    /// `[E, D, F]`.
+    pub up: &'a Tensor,
+    /// `[E, F, D]`.
+    pub down: &'a Tensor,
+    /// `[E, F]`, `[E, F]`, `[E, D]`: per-expert biases of the three products (GPT-OSS).
+    pub gate_bias: Option<&'a Tensor>,
+    /// See `gate_bias`.
+    pub up_bias: Option<&'a Tensor>,
+    /// See `gate_bias`.
+    pub down_bias: Option<&'a Tensor>,
+    /// Shared experts added to every token's output.
+    pub shared: Option<SharedExpert<'a>>,
+    /// How the matrices (router, experts, shared experts) are stored.
+    pub layout: ExpertLayout,
+}
+
+impl<'a> MoeWeights<'a> {
+    /// The router and expert matrices in [`ExpertLayout::InOut`], with no biases and no shared
+    /// expert.
+    pub fn new(router: &'a Tensor, gate: &'a Tensor, up: &'a Tensor, down: &'a Tensor) -> Self {
+        MoeWeights {
+            router,
+            router_bias: None,
+            balance_bias: None,
+            gate,
+            up,
+            down,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+            shared: None,
+            layout: ExpertLayout::InOut,
+        }
+    }
+}
+
+/// The experts' gated activation of `(gate, up)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// `silu(gate) · up` (Llama, Mixtral, Qwen-MoE, DeepSeek).
+    SwiGlu,
+    /// GPT-OSS's clamped variant: `gate' = min(gate, limit)`, `up' = clamp(up, ±limit)`,
+    /// `(up' + 1) · gate' · sigmoid(alpha · gate')` (alpha 1.702, limit 7 in gpt-oss).
+    ClampedSwiGlu {
+        /// Slope inside the sigmoid.
+        alpha: f32,
+        /// Clamp bound.
+        limit: f32,
+    },
+}
+
+impl ExpertActivation {
+    fn apply(self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        match self {
+            ExpertActivation::SwiGlu => gate.swiglu(up),
+            ExpertActivation::ClampedSwiGlu { alpha, limit } => {
+                let g = gate.clamp(f32::NEG_INFINITY, limit)?;
+                let u = up.clamp(-limit, limit)?;
+                let glu = g.mul(&g.mul_scalar(alpha)?.sigmoid()?)?;
+                u.add_scalar(1.0)?.mul(&glu)
+            }
+        }
+    }
+}
+
+/// What one MoE layer computes besides its weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    /// The router.
+    pub router: RouterSpec,
+    /// Coefficient of the auxiliary load-balancing loss; 0 computes none.
+    pub aux_loss_coef: f32,
+    /// The experts' activation.
+    pub activation: ExpertActivation,
+}
+
+impl MoeSpec {
+    /// SwiGLU experts behind `router`, without auxiliary loss.
+    pub fn new(router: RouterSpec) -> MoeSpec {
+        MoeSpec {
+            router,
+            aux_loss_coef: 0.0,
+            activation: ExpertActivation::SwiGlu,
+        }
+    }
+}
+
+/// The result of [`moe_ffn`].
+#[derive(Clone, Debug)]
+pub struct MoeOutput {
+    /// The layer's output, shaped like its input.
+    pub out: Tensor,
+    /// `aux_loss_coef · load_balancing_loss`, a differentiable scalar to add to the training
+    /// loss, when the coefficient is not 0.
+    pub aux_loss: Option<Tensor>,
+    /// Tokens routed to each expert in this pass (feed [`super::ExpertLoad::add`]).
+    pub counts: Vec<usize>,
+    /// Router statistics of this pass.
+    pub stats: RouterStats,
+}
+
+/// Fails unless `t` has `want` as its shape, naming the weight.
+fn expect_shape(name: &str, t: &Tensor, want: &[usize]) -> Result<()> {
+    if t.shape() == want {
+        Ok(())
+    } else {
+        Err(invalid(
+            "moe_ffn",
+            format!("{name} must have shape {want:?}, got {:?}", t.shape()),
+        ))
+    }
+}
+
+/// The dropless MoE feed-forward layer (see the module docs) for `x [.., D]`.
+pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutput> {
+    spec.router.validate()?;
+    let d = *x
+        .shape()
+        .last()
+        .ok_or_else(|| invalid("moe_ffn", "x is a scalar"))?;
+    let e = spec.router.num_experts;
+    let out_in = w.layout == ExpertLayout::OutIn;
+    // `[.., a, b]` as stored: swapped in the out-in layout.
+    let stored = |lead: &[usize], a: usize, b: usize| -> Vec<usize> {
+        let mut v = lead.to_vec();
+        v.extend(if out_in { [b, a] } else { [a, b] });
+        v
+    };
+    let f = w
+        .gate
+        .shape()
+        .get(if out_in { 1 } else { 2 })
+        .copied()
+        .unwrap_or(0);
+    expect_shape("router", w.router, &stored(&[], d, e))?;
+    expect_shape("gate", w.gate, &stored(&[e], d, f))?;
+    expect_shape("up", w.up, &stored(&[e], d, f))?;
+    expect_shape("down", w.down, &stored(&[e], f, d))?;
+    // A 2-d matrix for `x · W`: a transposed view in the out-in layout.
+    let as_in_out = |m: &Tensor| {
+        if out_in {
+            m.transpose(0, 1)
+        } else {
+            Ok(m.clone())
+        }
+    };
+    if let Some(s) = &w.shared {
+        let fs = s
+            .gate
+            .shape()
+            .get(usize::from(!out_in))
+            .copied()
+            .unwrap_or(0);
+        expect_shape("shared gate", s.gate, &stored(&[], d, fs))?;
+        expect_shape("shared up", s.up, &stored(&[], d, fs))?;
+        expect_shape("shared down", s.down, &stored(&[], fs, d))?;
+    }
+    for (name, b, want) in [
+        ("router_bias", w.router_bias, vec![e]),
+        ("balance_bias", w.balance_bias, vec![e]),
+        ("gate_bias", w.gate_bias, vec![e, f]),
+        ("up_bias", w.up_bias, vec![e, f]),
+        ("down_bias", w.down_bias, vec![e, d]),
+    ] {
+        if let Some(b) = b {
+            expect_shape(name, b, &want)?;
+        }
+    }
+    let n = x.numel() / d.max(1);
+    let x2 = x.reshape(&[n, d])?;
+    // `a [n, in] · m [in, out]` as one batched product, the path on which batch-invariant mode
+    // makes a token's row independent of the other tokens (a decode step equals the forward).
+    let linear = |a: &Tensor, m: &Tensor| -> Result<Tensor> {
+        let out = m.shape()[1];
+        a.reshape(&[1, n, a.shape()[1]])?
+            .matmul(m)?
+            .reshape(&[n, out])
+    };
+    let router = as_in_out(w.router)?;
+    // The router stays in f32 even inside an autocast region: expert choice is sensitive to
+    // rounding of the logits (the gate is computed in f32, as in Megatron and TorchTitan).
+    let no_autocast = crate::autocast::set_autocast(None);
+    let mut logits = if x2.dtype() == DType::F32 && router.dtype() == DType::F32 {
+        linear(&x2, &router)?
+    } else {
+        linear(&x2.to_dtype(DType::F32)?, &router.to_dtype(DType::F32)?)?
+    };
+    if let Some(b) = w.router_bias {
+        logits = logits.add(&b.to_dtype(DType::F32)?)?;
+    }
+    let r = route(&logits, w.balance_bias, &spec.router)?;
+    drop(no_autocast);
+    let routing = sort_by_expert(&r.experts, e)?;
+    let counts = routing.counts.clone();
+    // The expert of each sorted row, for the per-expert biases.
+    let expert_of_row = || -> Result<Tensor> {
+        let ids: Vec<i64> = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(ex, &c)| std::iter::repeat_n(ex as i64, c))
+            .collect();
+        let len = ids.len();
+        Tensor::from_vec(ids, &[len])
+    };
+    let rows = if w.gate_bias.is_some() || w.up_bias.is_some() || w.down_bias.is_some() {
+        Some(expert_of_row()?)
+    } else {
+        None
+    };
+    let product = |a: &Tensor, m: &Tensor, bias: Option<&Tensor>| -> Result<Tensor> {
+        let y = if out_in {
+            a.grouped_matmul_nt(m, &counts)?
+        } else {
+            a.grouped_matmul(m, &counts)?
+        };
+        match (bias, &rows) {
+            (Some(b), Some(rows)) => y.add(&b.index_select(0, rows)?),
+            _ => Ok(y),
+        }
+    };
+    let xs = x2.moe_dispatch(&routing)?;
+    let h = spec.activation.apply(
+        &product(&xs, w.gate, w.gate_bias)?,
+        &product(&xs, w.up, w.up_bias)?,
+    )?;
+    let ys = product(&h, w.down, w.down_bias)?;
+    let mut out = ys.moe_combine(&r.weights, &routing)?;
+    if let Some(s) = &w.shared {
+        let hs = linear(&x2, &as_in_out(s.gate)?)?.swiglu(&linear(&x2, &as_in_out(s.up)?)?)?;
+        out = out.add(&linear(&hs, &as_in_out(s.down)?)?)?;
+    }
+    let aux_loss = if spec.aux_loss_coef != 0.0 {
+        Some(
+            load_balancing_loss(&r.scores, &counts, spec.router.score)?
+                .mul_scalar(spec.aux_loss_coef)?,
+        )
+    } else {
+        None
+    };
+    let stats = RouterStats::new(&r.scores, &counts, spec.router.score)?;
+    Ok(MoeOutput {
+        out: out.reshape(x.shape())?,
+        aux_loss,
+        counts,
+        stats,
+    })
+}
