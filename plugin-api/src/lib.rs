@@ -12,6 +12,7 @@
 //! [`export_plugin!`] macro, which also turns panics into errors so none crosses the boundary.
 
 pub mod abi;
+mod hf_map;
 pub mod sdk;
 pub mod spec;
 

@@ -392,6 +392,7 @@ mod tests {
             init: Init::Zeros,
             placement: Default::default(),
             layer,
+            hf: None,
         }
     }
 

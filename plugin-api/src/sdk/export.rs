@@ -41,6 +41,7 @@ fn handles(ts: Vec<super::Tensor<'_>>) -> RVec<Handle> {
 
 fn make_ctx<'h>(host: Host<'h>, ctx: &ForwardCtx) -> Ctx<'h> {
     Ctx {
+        host,
         training: ctx.training,
         positions: host.adopt(ctx.positions),
         use_cache: ctx.use_cache,

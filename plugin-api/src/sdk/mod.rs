@@ -2,9 +2,11 @@
 //! and [`Optimizer`] traits, and [`export_plugin!`](crate::export_plugin).
 
 mod export;
+mod params;
 mod tensor;
 
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
+pub use params::{Decl, LayerScope, Param, ParamTable};
 pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
 
 pub use crate::abi::{Attr, PluginKind};
@@ -46,6 +48,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The per-call context of a forward stage.
 pub struct Ctx<'h> {
+    /// The host's op table for this call.
+    pub host: Host<'h>,
     /// Training (activations kept for backward) or inference.
     pub training: bool,
     /// Absolute positions of this call's tokens (i64 `[T]`, or `[B, T]` when each row is its own
@@ -53,6 +57,13 @@ pub struct Ctx<'h> {
     pub positions: Tensor<'h>,
     /// Whether attention should use the host's KV cache.
     pub use_cache: bool,
+}
+
+impl<'h> Ctx<'h> {
+    /// The tensor of a declared parameter.
+    pub fn w(&self, p: &Param) -> Result<Tensor<'h>> {
+        self.host.w(p)
+    }
 }
 
 /// A model architecture, written with host ops. One implementation serves training,

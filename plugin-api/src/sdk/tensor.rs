@@ -69,6 +69,11 @@ impl<'h> Host<'h> {
             .map_err(|e| Error(e.into()))
     }
 
+    /// The tensor of a declared parameter (see [`super::ParamTable`]).
+    pub fn w(&self, p: &super::Param) -> Result<Tensor<'h>> {
+        self.param(p.name())
+    }
+
     /// One fused AdamW step over many parameters, in place (host op `adamw`): `tensors` holds
     /// `[param, grad, exp_avg, exp_avg_sq]` per parameter. One pass over memory, no
     /// temporaries, however many parameters.

@@ -41,6 +41,7 @@ fn table(name: &str) -> ParamSpec {
         init: Init::Normal { std: 0.02 },
         placement: Placement::default(),
         layer: None,
+        hf: None,
     }
 }
 

@@ -66,6 +66,9 @@ impl PluginModel {
         // The spec itself is not shown: it lists every parameter (thousands of characters).
         let spec: ModelSpec = serde_json::from_value(value)
             .map_err(|e| create_err(format!("bad model spec: {e}")))?;
+        // A slip in a declaration (a name twice, a mapping that does not fit its shape) fails
+        // here, when the plugin loads, naming the parameter.
+        spec.check().map_err(create_err)?;
         Ok(PluginModel {
             name: name.to_string(),
             inst: Arc::new(inst),
