@@ -63,6 +63,9 @@ pub struct PluginInfo {
     pub flavors: RVec<RString>,
     /// One line for `anneal plugins list`.
     pub description: RString,
+    /// The Hugging Face `model_type`s (`config.json`) a model plugin builds models for, so the
+    /// host can pick the plugin for a directory without being told; empty for optimizers.
+    pub model_types: RVec<RString>,
 }
 
 /// The host's op table, passed to every plugin call. `ctx` is the host's state for the call;

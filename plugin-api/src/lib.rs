@@ -20,4 +20,6 @@ pub use serde_json;
 
 /// The version of this interface. The host refuses plugins built for another one.
 /// 2: optimizers update all parameters in one call (`OptimizerPlugin::step_all`).
-pub const API_VERSION: u32 = 2;
+/// 3: plugins declare the Hugging Face model types they serve (`PluginInfo::model_types`);
+/// parameters carry their Hugging Face mapping (`ParamSpec::hf`).
+pub const API_VERSION: u32 = 3;

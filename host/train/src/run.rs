@@ -31,6 +31,7 @@ pub struct RunSummary {
 /// two only once a resume was accepted.
 pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSummary, TrainError> {
     let started = Instant::now();
+    let cfg = &crate::harness::with_model_plugin(cfg)?;
     let run = RunDir::open(run_dir)?;
     let total = cfg.training.steps;
     let mut console = Console::new(total, 0, cfg.metrics.progress_bar);

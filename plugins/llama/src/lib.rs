@@ -37,7 +37,7 @@ impl Factory for Llama {
     }
 }
 
-anneal_plugin_api::export_plugin!(model Llama, name = "llama", description = "Llama 3 / Qwen3 decoder (GQA, RoPE, SwiGLU, RMSNorm)");
+anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3"], description = "Llama 3 / Qwen3 decoder (GQA, RoPE, SwiGLU, RMSNorm)");
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 
 mod transform;
 
-use crate::plugins::{find, PluginModel};
+use crate::plugins::{find, find_for_model_type, LoadedPlugin, PluginModel};
 use anneal_engine::io::{load_safetensors, save_safetensors};
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::spec::ModelSpec;
@@ -88,27 +88,57 @@ pub fn read_config(dir: &Path) -> Result<serde_json::Value, HfError> {
     serde_json::from_str(&text).map_err(|e| io(&p, format!("not valid JSON: {e}")))
 }
 
-/// Builds the model `config.json` in `dir` describes with the model plugin called `plugin` and
-/// fills in its weights.
-pub fn load_model(
+/// The `model_type` of a directory's parsed `config.json`.
+pub fn model_type<'a>(dir: &Path, cfg: &'a serde_json::Value) -> Result<&'a str, HfError> {
+    cfg.get("model_type")
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| HfError::Plugin {
+            dir: dir.to_path_buf(),
+            msg: "config.json has no string 'model_type' to choose a model plugin by; name one"
+                .into(),
+        })
+}
+
+/// The model plugin for a directory: the one called `plugin` when given (an override), else
+/// the one that declares the `model_type` of its `config.json`.
+pub fn plugin_for(
     dir: &Path,
-    plugin: &str,
-) -> Result<(PluginModel, HashMap<String, Tensor>), HfError> {
-    let cfg = read_config(dir)?;
+    cfg: &serde_json::Value,
+    plugin: Option<&str>,
+) -> Result<LoadedPlugin, HfError> {
     let fail = |e: &dyn std::fmt::Display| HfError::Plugin {
         dir: dir.to_path_buf(),
         msg: e.to_string(),
     };
-    let loaded = find(plugin).map_err(|e| fail(&e))?;
+    let loaded = match plugin {
+        Some(name) => find(name).map_err(|e| fail(&e))?,
+        None => find_for_model_type(model_type(dir, cfg)?).map_err(|e| fail(&e))?,
+    };
     if loaded.kind() != anneal_plugin_api::abi::PluginKind::Model {
         return Err(fail(&format!(
-            "{plugin} is an optimizer plugin, not a model"
+            "{} is an optimizer plugin, not a model",
+            loaded.name()
         )));
     }
+    Ok(loaded)
+}
+
+/// Builds the model `config.json` in `dir` describes, with the model plugin called `plugin` or
+/// (when `None`) the one serving its `model_type`, and fills in its weights.
+pub fn load_model(
+    dir: &Path,
+    plugin: Option<&str>,
+) -> Result<(PluginModel, HashMap<String, Tensor>), HfError> {
+    let cfg = read_config(dir)?;
+    let loaded = plugin_for(dir, &cfg, plugin)?;
+    let fail = |e: &dyn std::fmt::Display| HfError::Plugin {
+        dir: dir.to_path_buf(),
+        msg: e.to_string(),
+    };
     let inst = loaded
         .create(None, &serde_json::json!({ "hf_config": cfg }))
         .map_err(|e| fail(&e))?;
-    let model = PluginModel::new(plugin, inst).map_err(|e| fail(&e))?;
+    let model = PluginModel::new(loaded.name(), inst).map_err(|e| fail(&e))?;
     let params = load_params(dir, model.spec())?;
     Ok((model, params))
 }
