@@ -92,6 +92,22 @@ pub struct HostVTable {
     pub retain: unsafe extern "C" fn(*const c_void, Handle) -> Handle,
     /// Gives a handle back; the tensor lives on while the host or other handles hold it.
     pub release: unsafe extern "C" fn(*const c_void, Handle),
+    /// Hands the host a named output of the forward besides the logits (an auxiliary loss or a
+    /// statistic), from any stage. Only model forwards accept them.
+    pub emit:
+        unsafe extern "C" fn(*const c_void, OutputKind, RStr<'_>, Handle) -> RResult<(), RString>,
+}
+
+/// What a named forward output is for.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    /// A scalar the trainer adds to the loss (times its weight from `training.aux_loss_weights`),
+    /// so gradients flow through it. Outputs of one name in one forward are summed.
+    AuxLoss,
+    /// A value (scalar or vector, no gradient) the trainer writes to `metrics.jsonl` under its
+    /// name, averaged over the step's micro-batches.
+    Stat,
 }
 
 /// Per-call context of a model forward: what kind of pass, and where in the sequence.

@@ -166,6 +166,9 @@ pub struct Training {
     pub memory_limit_mb: u64,
     /// Start even when the memory estimate exceeds the limit.
     pub skip_memory_check: bool,
+    /// Weight of each auxiliary loss the model returns, by name (a MoE router's load-balancing
+    /// loss); a loss not listed here is added with weight 1.
+    pub aux_loss_weights: std::collections::BTreeMap<String, f64>,
 }
 
 impl Default for Training {
@@ -181,6 +184,7 @@ impl Default for Training {
             threads: 0,
             memory_limit_mb: 0,
             skip_memory_check: false,
+            aux_loss_weights: Default::default(),
         }
     }
 }

@@ -6,13 +6,14 @@ use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
     restore_optimizer, Provenance,
 };
+use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
 use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{autograd, Tensor};
-use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer};
+use anneal_runtime::plugins::{ForwardOpts, ForwardOutput, Params, PluginModel, PluginOptimizer};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,6 +33,12 @@ pub struct StepOutcome {
     pub tokens: u64,
     /// Wall-clock seconds of the step.
     pub seconds: f64,
+    /// Mean weighted sum of the model's auxiliary losses (added to `loss` for backward), if
+    /// it returned any.
+    pub aux_loss: Option<f64>,
+    /// The model's auxiliary losses (`aux_loss.<name>`, unweighted) and statistics, averaged
+    /// over the step's micro-batches, as `metrics.jsonl` fields.
+    pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Everything a training run holds in memory.
@@ -230,23 +237,34 @@ impl Trainer {
 
     /// Mean cross-entropy of one batch; records the graph when grad mode is on.
     fn batch_loss(&self, b: &Batch, training: bool) -> Result<Tensor, TrainError> {
+        Ok(self.batch_forward(b, training)?.0)
+    }
+
+    /// The cross-entropy of a batch, with everything else the model returned beside the
+    /// logits.
+    fn batch_forward(
+        &self,
+        b: &Batch,
+        training: bool,
+    ) -> Result<(Tensor, ForwardOutput), TrainError> {
         let _amp = anneal_engine::autocast::set_autocast(anneal_engine::DType::parse(
             &self.cfg.training.dtype,
         ));
         let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
         let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
-        let logits = self.model.forward(
+        let out = self.model.forward_full(
             &self.params,
             &x,
             &self.positions,
             &self.forward_opts(training),
         )?;
-        let v = logits.shape()[2];
-        Ok(cross_entropy(
-            &logits.reshape(&[b.batch * b.seq_len, v])?,
+        let v = out.logits.shape()[2];
+        let ce = cross_entropy(
+            &out.logits.reshape(&[b.batch * b.seq_len, v])?,
             &y,
             &CrossEntropy::default(),
-        )?)
+        )?;
+        Ok((ce, out))
     }
 
     /// One optimizer step: accumulate gradients over the micro-batches, clip, update.
@@ -259,10 +277,17 @@ impl Trainer {
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
         let mut loss_sum = 0.0f64;
+        let mut outputs = StepOutputs::default();
         for _ in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);
-            let loss = self.batch_loss(&b, true)?;
+            let (loss, out) = self.batch_forward(&b, true)?;
             loss_sum += loss.item()? as f64;
+            let aux = weighted_aux(&t.aux_loss_weights, &out.aux_losses)?;
+            outputs.add(aux.as_ref(), &out.aux_losses, &out.stats)?;
+            let loss = match aux {
+                Some(aux) => loss.add(&aux)?,
+                None => loss,
+            };
             let loss = if n_micro > 1 {
                 loss.mul_scalar(1.0 / n_micro as f32)?
             } else {
@@ -271,8 +296,14 @@ impl Trainer {
             loss.backward()?;
         }
         let loss = loss_sum / n_micro as f64;
+        let aux_loss = outputs.aux_total();
         let grad_norm = global_grad_norm(&self.named);
-        for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
+        let checked = [
+            ("loss", loss),
+            ("auxiliary loss", aux_loss.unwrap_or(0.0)),
+            ("gradient norm", grad_norm),
+        ];
+        for (what, value) in checked {
             if !value.is_finite() {
                 self.zero_grad();
                 return Err(TrainError::NonFinite { step, what, value });
@@ -292,6 +323,8 @@ impl Trainer {
             lr,
             tokens: (t.batch_size * t.seq_len) as u64,
             seconds: started.elapsed().as_secs_f64(),
+            aux_loss,
+            outputs: outputs.fields(),
         })
     }
 

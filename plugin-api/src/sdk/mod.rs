@@ -9,7 +9,7 @@ pub use export::{catch, ModelAdapter, OptimizerAdapter};
 pub use params::{Decl, LayerScope, Param, ParamTable};
 pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
 
-pub use crate::abi::{Attr, PluginKind};
+pub use crate::abi::{Attr, OutputKind, PluginKind};
 pub use crate::spec::*;
 
 /// An error inside a plugin: a message for the user, which the host prefixes with the plugin
@@ -63,6 +63,19 @@ impl<'h> Ctx<'h> {
     /// The tensor of a declared parameter.
     pub fn w(&self, p: &Param) -> Result<Tensor<'h>> {
         self.host.w(p)
+    }
+
+    /// Adds a scalar auxiliary loss (a router's load-balancing loss): the trainer adds it to
+    /// the loss, times `training.aux_loss_weights.<name>` (1 when unset). Losses of one name
+    /// in one forward are summed.
+    pub fn aux_loss(&self, name: &str, loss: &Tensor<'h>) -> Result<()> {
+        self.host.emit(crate::abi::OutputKind::AuxLoss, name, loss)
+    }
+
+    /// Reports a named statistic (router load per expert, dropped tokens): a scalar or a
+    /// vector that reaches `metrics.jsonl`. No gradient flows through it.
+    pub fn stat(&self, name: &str, value: &Tensor<'h>) -> Result<()> {
+        self.host.emit(crate::abi::OutputKind::Stat, name, value)
     }
 }
 

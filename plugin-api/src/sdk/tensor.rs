@@ -79,6 +79,13 @@ impl<'h> Host<'h> {
             .map_err(|e| Error(e.into()))
     }
 
+    /// Hands the host a named output besides the logits (see [`crate::abi::OutputKind`]).
+    pub fn emit(&self, kind: crate::abi::OutputKind, name: &str, t: &Tensor<'h>) -> Result<()> {
+        // SAFETY: as in `call`.
+        let out = unsafe { (self.vt.emit)(self.vt.ctx, kind, RStr::from(name), t.handle) };
+        out.into_result().map_err(|e| Error(e.into()))
+    }
+
     /// The tensor of a declared parameter (see [`super::ParamTable`]).
     pub fn w(&self, p: &super::Param) -> Result<Tensor<'h>> {
         self.param(p.name())

@@ -1,7 +1,10 @@
 //! A deliberately broken model plugin for the host's tests, declared as `badlogits`: a one-table
 //! bigram model whose head returns logits of the wrong shape, so tests can check that the host
 //! reports it instead of crashing. Flavors: `rank2` returns `[B·T, V]`, `narrow` returns
-//! `[B, T, V − 1]`, `ok` returns the right `[B, T, V]` (a control). Arguments are ignored.
+//! `[B, T, V − 1]`, `ok` returns the right `[B, T, V]` (a control). Flavor `aux` returns the
+//! right logits and, from its one block, the auxiliary loss `l2` (mean square of the hidden
+//! state) and the statistic `hidden_mean` (`[DIM]`), so the host's handling of named outputs is
+//! tested. Arguments are ignored.
 
 use anneal_plugin_api::sdk::{
     Ctx, Factory, Init, Model, ModelSpec, ParamSpec, Placement, Result, Tensor,
@@ -19,13 +22,15 @@ pub struct BadLogits {
 
 impl Factory for BadLogits {
     fn flavors() -> Vec<String> {
-        vec!["rank2".into(), "narrow".into(), "ok".into()]
+        vec!["rank2".into(), "narrow".into(), "ok".into(), "aux".into()]
     }
 
     fn create(flavor: Option<&str>, _args: anneal_plugin_api::serde_json::Value) -> Result<Self> {
         let flavor = flavor.unwrap_or("rank2");
         if !Self::flavors().iter().any(|f| f == flavor) {
-            return Err(format!("unknown flavor '{flavor}' (known: rank2, narrow, ok)").into());
+            return Err(
+                format!("unknown flavor '{flavor}' (known: rank2, narrow, ok, aux)").into(),
+            );
         }
         Ok(BadLogits {
             flavor: flavor.into(),
@@ -49,7 +54,7 @@ impl Model for BadLogits {
     fn spec(&self) -> ModelSpec {
         ModelSpec {
             architecture: "badlogits".into(),
-            n_layers: 0,
+            n_layers: usize::from(self.flavor == "aux"),
             vocab_size: VOCAB,
             max_seq_len: 64,
             flops_per_token: (6 * VOCAB * DIM) as f64,
@@ -66,10 +71,13 @@ impl Model for BadLogits {
 
     fn layer<'h>(
         &self,
-        _ctx: &Ctx<'h>,
+        ctx: &Ctx<'h>,
         _index: usize,
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
+        let h = hidden.first().ok_or("layer: no hidden state")?;
+        ctx.aux_loss("l2", &h.mul(h)?.mean(&[0, 1, 2], false)?)?;
+        ctx.stat("hidden_mean", &h.mean(&[0, 1], false)?)?;
         Ok(hidden)
     }
 
@@ -84,4 +92,4 @@ impl Model for BadLogits {
     }
 }
 
-anneal_plugin_api::export_plugin!(model BadLogits, name = "badlogits", description = "test plugin: logits of the wrong shape");
+anneal_plugin_api::export_plugin!(model BadLogits, name = "badlogits", description = "test plugin: logits of the wrong shape, or auxiliary outputs");
