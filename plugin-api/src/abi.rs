@@ -153,6 +153,10 @@ pub trait ModelPlugin: Send + Sync {
         ctx: &ForwardCtx,
         hidden: RVec<Handle>,
     ) -> RResult<Handle, RString>;
+    /// Updates the model's buffers once per optimizer step, after backward and before the
+    /// update. `host.param` reaches every parameter and buffer by name, and `"stats.<name>"`:
+    /// each statistic the step's forwards emitted, summed over its micro-batches.
+    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> RResult<(), RString>;
 }
 
 /// An optimizer instance, as seen by the host.

@@ -86,6 +86,11 @@ pub struct ParamSpec {
     /// name and layout.
     #[serde(default)]
     pub hf: Option<HfMap>,
+    /// False for a buffer: saved in checkpoints and exported like a parameter, but not trained
+    /// (no gradient, no optimizer state); the model updates it in
+    /// `before_optimizer_step` (a router's load-balancing bias).
+    #[serde(default = "yes")]
+    pub trainable: bool,
 }
 
 /// A model: its parameters, module tree and costs.

@@ -393,6 +393,7 @@ mod tests {
             placement: Default::default(),
             layer,
             hf: None,
+            trainable: true,
         }
     }
 

@@ -47,6 +47,8 @@ pub struct StepOutputs {
     /// `aux_loss.<name>` (unweighted) and statistics by name: elementwise sums and whether the
     /// value is a scalar.
     sums: BTreeMap<String, (Vec<f64>, bool)>,
+    /// The statistics as tensors, summed over micro-batches (for the buffer hook).
+    stat_tensors: Vec<(String, Tensor)>,
 }
 
 impl StepOutputs {
@@ -58,6 +60,12 @@ impl StepOutputs {
         stats: &[(String, Tensor)],
     ) -> anneal_engine::Result<()> {
         self.micro_batches += 1;
+        for (name, t) in stats {
+            match self.stat_tensors.iter_mut().find(|(n, _)| n == name) {
+                Some((_, sum)) => *sum = sum.add(t)?,
+                None => self.stat_tensors.push((name.clone(), t.clone())),
+            }
+        }
         if let Some(t) = aux_total {
             *self.aux_total.get_or_insert(0.0) += t.item()? as f64;
         }
@@ -85,6 +93,11 @@ impl StepOutputs {
             }
         }
         Ok(())
+    }
+
+    /// Each statistic summed over the step's micro-batches (token counts of a whole step).
+    pub fn stat_sums(&self) -> &[(String, Tensor)] {
+        &self.stat_tensors
     }
 
     /// The weighted auxiliary total, if any.
@@ -133,6 +146,7 @@ mod tests {
         assert_eq!(step.aux_total(), Some(3.0));
         let f = step.fields();
         assert_eq!(f["load"], serde_json::json!([2.0, 4.0]));
+        assert_eq!(step.stat_sums()[0].1.to_vec_f32(), vec![4.0, 8.0]);
         assert_eq!(f["aux_loss.balance"], serde_json::json!(2.0));
         assert_eq!(f["aux_loss.z"], serde_json::json!(1.0));
         let clash = vec![("loss".to_string(), t(&[1.0], &[]))];

@@ -46,8 +46,10 @@ pub struct Trainer {
     cfg: JobConfig,
     model: PluginModel,
     params: Params,
-    /// The parameters sorted by name: the fixed order of norms and optimizer updates.
+    /// The trained parameters sorted by name: the fixed order of norms and optimizer updates.
     named: Vec<(String, Tensor)>,
+    /// The model's buffers (not trained; updated by its `before_optimizer_step`), by name.
+    buffers: Vec<(String, Tensor)>,
     optimizer: PluginOptimizer,
     schedule: LrSchedule,
     loader: PackedLoader,
@@ -128,12 +130,8 @@ impl Trainer {
             }
             None => model.init_params(t.seed)?,
         };
-        let mut named: Vec<(String, Tensor)> = initial
-            .into_iter()
-            .map(|(n, p)| (n, p.requires_grad_()))
-            .collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let params: Params = Arc::new(named.iter().cloned().collect());
+        let (named, buffers) = split_buffers(&model, initial.into_iter().collect());
+        let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         note(&format!(
             "model: {} {} ({} parameters, {} layers)",
             cfg.model.plugin,
@@ -183,6 +181,7 @@ impl Trainer {
             model,
             params,
             named,
+            buffers,
             optimizer,
             loader,
             val_batches,
@@ -310,6 +309,8 @@ impl Trainer {
             }
         }
         clip_grads(&self.named, t.max_grad_norm, grad_norm)?;
+        self.model
+            .before_optimizer_step(&self.params, outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);
         self.optimizer.step(&self.named, step, lr)?;
         self.zero_grad();
@@ -352,7 +353,11 @@ impl Trainer {
             rl: None,
         };
         self.provenance.stamp(&mut state);
-        let params = self.named.iter().map(|(n, p)| (format!("model/{n}"), p));
+        let params = self
+            .named
+            .iter()
+            .chain(&self.buffers)
+            .map(|(n, p)| (format!("model/{n}"), p));
         let optim = self
             .optimizer
             .state()
@@ -364,14 +369,13 @@ impl Trainer {
     /// Continues from a checkpoint that [`crate::harness::resume`] accepted: parameters,
     /// optimizer state, step and data position.
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
-        let named: Vec<(String, Tensor)> = params_from_checkpoint(&ckpt, &self.model, "model")?
-            .into_iter()
-            .map(|(n, t)| (n, t.requires_grad_()))
-            .collect();
+        let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
+        let (named, buffers) = split_buffers(&self.model, loaded);
         restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
         self.loader.restore(&ckpt.state.loader)?;
-        self.params = Arc::new(named.iter().cloned().collect());
+        self.params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         self.named = named;
+        self.buffers = buffers;
         self.step = ckpt.state.step;
         self.tokens = ckpt.state.tokens;
         self.last_lr = ckpt.state.lr;
@@ -396,4 +400,29 @@ impl Trainer {
         }
         Ok(Some(sum / self.val_batches.len() as f64))
     }
+}
+
+/// Tensors by name.
+type Named = Vec<(String, Tensor)>;
+
+/// Splits a model's tensors into trained parameters (leaves that require grad) and buffers
+/// (`ParamSpec::trainable == false`), each sorted by name.
+fn split_buffers(model: &PluginModel, all: Named) -> (Named, Named) {
+    let buffer_names: std::collections::HashSet<&str> = model
+        .spec()
+        .params
+        .iter()
+        .filter(|p| !p.trainable)
+        .map(|p| p.name.as_str())
+        .collect();
+    let (mut buffers, mut named): (Vec<_>, Vec<_>) = all
+        .into_iter()
+        .partition(|(n, _)| buffer_names.contains(n.as_str()));
+    named = named
+        .into_iter()
+        .map(|(n, p)| (n, p.requires_grad_()))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    buffers.sort_by(|a, b| a.0.cmp(&b.0));
+    (named, buffers)
 }

@@ -98,6 +98,12 @@ impl<M: Model> ModelPlugin for ModelAdapter<M> {
             Ok(self.0.head(&make_ctx(h, ctx), hidden)?.into_handle())
         })
     }
+
+    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> RResult<(), RString> {
+        catch("before_optimizer_step", || {
+            self.0.before_optimizer_step(Host::new(host), step)
+        })
+    }
 }
 
 /// Exposes an [`Optimizer`] through the boundary's [`OptimizerPlugin`] trait.

@@ -95,6 +95,13 @@ pub trait Model: Send + Sync + 'static {
     ) -> Result<Vec<Tensor<'h>>>;
     /// The hidden state to logits `[B, T, V]`.
     fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>>;
+    /// Updates buffers ([`Decl::buffer`]) once per optimizer step, before the update: read the
+    /// step's statistics (summed over micro-batches) with `host.param("stats.<name>")` and
+    /// write buffers in place with `assign`. The default changes nothing.
+    fn before_optimizer_step(&self, host: Host<'_>, step: u64) -> Result<()> {
+        let _ = (host, step);
+        Ok(())
+    }
 }
 
 /// An optimizer, written with host ops.

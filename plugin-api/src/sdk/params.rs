@@ -53,6 +53,7 @@ impl Decl {
                 init: Init::Zeros,
                 layer: None,
                 hf: None,
+                trainable: true,
             },
             dtype_set: false,
         }
@@ -105,6 +106,13 @@ impl Decl {
     /// The dim that indexes experts (expert parallelism splits it).
     pub fn expert_dim(mut self, dim: usize) -> Self {
         self.spec.placement.expert_dim = Some(dim);
+        self
+    }
+    /// A buffer rather than a trained parameter: checkpointed and exported, never given a
+    /// gradient or optimizer state; the model updates it in `Model::before_optimizer_step`.
+    pub fn buffer(mut self) -> Self {
+        self.spec.trainable = false;
+        self.spec.placement.fsdp = false;
         self
     }
     /// Kept whole on every rank (FSDP does not shard it).

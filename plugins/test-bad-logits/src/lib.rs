@@ -3,8 +3,9 @@
 //! reports it instead of crashing. Flavors: `rank2` returns `[B·T, V]`, `narrow` returns
 //! `[B, T, V − 1]`, `ok` returns the right `[B, T, V]` (a control). Flavor `aux` returns the
 //! right logits and, from its one block, the auxiliary loss `l2` (mean square of the hidden
-//! state) and the statistic `hidden_mean` (`[DIM]`), so the host's handling of named outputs is
-//! tested. Arguments are ignored.
+//! state) and the statistic `hidden_mean` (`[DIM]`), and keeps the buffer `seen` (`[DIM]`),
+//! to which its `before_optimizer_step` adds each step's `hidden_mean`, so the host's handling
+//! of named outputs and buffers is tested. Arguments are ignored.
 
 use anneal_plugin_api::sdk::{
     Ctx, Factory, Init, Model, ModelSpec, ParamSpec, Placement, Result, Tensor,
@@ -47,6 +48,18 @@ fn table(name: &str) -> ParamSpec {
         placement: Placement::default(),
         layer: None,
         hf: None,
+        trainable: true,
+    }
+}
+
+/// The `aux` flavor's buffer: the sum of every step's `hidden_mean`.
+fn seen() -> ParamSpec {
+    ParamSpec {
+        name: "seen".into(),
+        shape: vec![DIM],
+        init: Init::Zeros,
+        trainable: false,
+        ..table("seen")
     }
 }
 
@@ -58,7 +71,11 @@ impl Model for BadLogits {
             vocab_size: VOCAB,
             max_seq_len: 64,
             flops_per_token: (6 * VOCAB * DIM) as f64,
-            params: vec![table("embedding"), table("output")],
+            params: if self.flavor == "aux" {
+                vec![table("embedding"), table("output"), seen()]
+            } else {
+                vec![table("embedding"), table("output")]
+            },
             kv_cache: vec![],
             hf: None,
         }
@@ -89,6 +106,18 @@ impl Model for BadLogits {
             "narrow" => logits.narrow(2, 0, VOCAB - 1),
             _ => Ok(logits),
         }
+    }
+
+    fn before_optimizer_step(
+        &self,
+        host: anneal_plugin_api::sdk::Host<'_>,
+        _step: u64,
+    ) -> Result<()> {
+        if self.flavor != "aux" {
+            return Ok(());
+        }
+        let seen = host.param("seen")?;
+        seen.assign(&seen.add(&host.param("stats.hidden_mean")?)?)
     }
 }
 

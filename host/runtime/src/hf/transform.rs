@@ -160,6 +160,7 @@ mod tests {
             placement: Placement::default(),
             layer: None,
             hf: Some(hf),
+            trainable: true,
         }
     }
 

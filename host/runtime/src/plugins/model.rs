@@ -227,6 +227,28 @@ impl PluginModel {
         )
     }
 
+    /// Runs the model's `before_optimizer_step` hook: it reaches every parameter and buffer of
+    /// `params` by name and each of `stats` as `stats.<name>`, and updates buffers in place
+    /// (without recording gradients).
+    pub fn before_optimizer_step(
+        &self,
+        params: &Params,
+        stats: &[(String, Tensor)],
+        step: u64,
+    ) -> anneal_engine::Result<()> {
+        let mut named: HashMap<String, Tensor> = (**params).clone();
+        for (n, t) in stats {
+            named.insert(format!("stats.{n}"), t.clone());
+        }
+        let session = HostSession::new(named);
+        let vt = session.vtable();
+        let _no_grad = anneal_engine::autograd::no_grad();
+        self.inst
+            .before_optimizer_step(&vt, step)
+            .into_result()
+            .map_err(|e| stage_err(&self.name, "before_optimizer_step", e))
+    }
+
     /// Block `i` alone on `hidden` (never recomputed).
     pub fn layer(
         &self,
