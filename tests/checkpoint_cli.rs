@@ -321,7 +321,8 @@ fn hugging_face_export_round_trips_into_a_new_run() {
         serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
     assert_eq!(cfg["model_type"], "llama");
     assert_eq!(cfg["hidden_size"], 32);
-    // A run started from the export with a zero learning rate evaluates exactly as the source did.
+    // A run started from the export with a zero learning rate evaluates exactly as the source did;
+    // with no `model.plugin` it runs (and records) the plugin serving the export's model_type.
     let from_hf = format!("checkpoint.init_from_hf=\"{}\"", hf.display());
     let (out, run2) = job.train(
         "fromhf",
@@ -329,10 +330,13 @@ fn hugging_face_export_round_trips_into_a_new_run() {
             "training.steps=1",
             "optimizer.lr=0.0",
             "metrics.eval_freq=1",
+            "model.plugin=\"\"",
             &from_hf,
         ],
     );
     ok(&out);
+    let recorded = std::fs::read_to_string(run2.join("config.toml")).unwrap();
+    assert!(recorded.contains("plugin = \"llama\""), "{recorded}");
     let val = common::rows(&run2)
         .iter()
         .find_map(|r| r["val_loss"].as_f64())

@@ -481,6 +481,16 @@ fn plugins_are_listed() {
     for name in ["llama", "adamw"] {
         assert!(names.contains(&name), "{body}");
     }
+    // Each model plugin lists the Hugging Face model types it serves.
+    let llama = body["plugins"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "llama"))
+        .expect("llama");
+    assert_eq!(
+        llama["model_types"],
+        serde_json::json!(["llama", "qwen3"]),
+        "{body}"
+    );
 }
 
 #[test]

@@ -63,6 +63,9 @@ pub struct PluginInfo {
     pub flavors: RVec<RString>,
     /// One line for `anneal plugins list`.
     pub description: RString,
+    /// The Hugging Face `model_type`s (`config.json`) a model plugin builds models for, so the
+    /// host can pick the plugin for a directory without being told; empty for optimizers.
+    pub model_types: RVec<RString>,
 }
 
 /// The host's op table, passed to every plugin call. `ctx` is the host's state for the call;
@@ -89,6 +92,22 @@ pub struct HostVTable {
     pub retain: unsafe extern "C" fn(*const c_void, Handle) -> Handle,
     /// Gives a handle back; the tensor lives on while the host or other handles hold it.
     pub release: unsafe extern "C" fn(*const c_void, Handle),
+    /// Hands the host a named output of the forward besides the logits (an auxiliary loss or a
+    /// statistic), from any stage. Only model forwards accept them.
+    pub emit:
+        unsafe extern "C" fn(*const c_void, OutputKind, RStr<'_>, Handle) -> RResult<(), RString>,
+}
+
+/// What a named forward output is for.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    /// A scalar the trainer adds to the loss (times its weight from `training.aux_loss_weights`),
+    /// so gradients flow through it. Outputs of one name in one forward are summed.
+    AuxLoss,
+    /// A value (scalar or vector, no gradient) the trainer writes to `metrics.jsonl` under its
+    /// name, averaged over the step's micro-batches.
+    Stat,
 }
 
 /// Per-call context of a model forward: what kind of pass, and where in the sequence.
@@ -134,6 +153,10 @@ pub trait ModelPlugin: Send + Sync {
         ctx: &ForwardCtx,
         hidden: RVec<Handle>,
     ) -> RResult<Handle, RString>;
+    /// Updates the model's buffers once per optimizer step, after backward and before the
+    /// update. `host.param` reaches every parameter and buffer by name, and `"stats.<name>"`:
+    /// each statistic the step's forwards emitted, summed over its micro-batches.
+    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> RResult<(), RString>;
 }
 
 /// An optimizer instance, as seen by the host.

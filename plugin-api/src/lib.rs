@@ -12,6 +12,8 @@
 //! [`export_plugin!`] macro, which also turns panics into errors so none crosses the boundary.
 
 pub mod abi;
+mod hf_map;
+pub mod ops;
 pub mod sdk;
 pub mod spec;
 
@@ -19,4 +21,7 @@ pub use serde_json;
 
 /// The version of this interface. The host refuses plugins built for another one.
 /// 2: optimizers update all parameters in one call (`OptimizerPlugin::step_all`).
-pub const API_VERSION: u32 = 2;
+/// 3: plugins declare the Hugging Face model types they serve (`PluginInfo::model_types`);
+/// parameters carry their Hugging Face mapping (`ParamSpec::hf`); host-op attributes are the
+/// typed structs of [`ops`].
+pub const API_VERSION: u32 = 3;

@@ -82,6 +82,15 @@ pub struct ParamSpec {
     /// embedding and head parameters.
     #[serde(default)]
     pub layer: Option<usize>,
+    /// Where its values live in a Hugging Face checkpoint; `None` means a tensor of the same
+    /// name and layout.
+    #[serde(default)]
+    pub hf: Option<HfMap>,
+    /// False for a buffer: saved in checkpoints and exported like a parameter, but not trained
+    /// (no gradient, no optimizer state); the model updates it in
+    /// `before_optimizer_step` (a router's load-balancing bias).
+    #[serde(default = "yes")]
+    pub trainable: bool,
 }
 
 /// A model: its parameters, module tree and costs.
@@ -107,13 +116,12 @@ pub struct ModelSpec {
     pub hf: Option<HfAdapter>,
 }
 
-/// The state-dict adapter to Hugging Face: names (and the config) of the same weights.
+/// The Hugging Face side of a model besides its tensors (each parameter carries its own
+/// [`HfMap`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HfAdapter {
     /// `config.json` contents for export.
     pub config: serde_json::Value,
-    /// `(our name, Hugging Face name)` for every parameter; tensors keep their layout.
-    pub names: Vec<(String, String)>,
 }
 
 /// One piece of per-parameter optimizer state.
@@ -135,4 +143,77 @@ pub struct OptimizerSpec {
     /// True when `step` must see the full (unsharded) matrix of each parameter (Muon).
     #[serde(default)]
     pub needs_full_matrix: bool,
+}
+
+pub use crate::hf_map::{HfCombine, HfMap, HfStep};
+
+/// A parameter claiming a Hugging Face tensor, and which part of it (index, count) if fused.
+type Claim<'a> = (&'a str, Option<(usize, usize)>);
+
+impl ModelSpec {
+    /// Checks what a plugin declared fits together: parameter names are unique, shapes have no
+    /// zero dims, each Hugging Face mapping agrees with its parameter's shape, and no Hugging
+    /// Face tensor is claimed twice (except as distinct parts of one fused tensor). The message
+    /// names the parameter, so a slip in a declaration fails when the plugin loads.
+    pub fn check(&self) -> Result<(), String> {
+        let mut seen = std::collections::HashSet::new();
+        // Hugging Face tensor -> (parameter, part index, part count) claiming it.
+        let mut claimed: std::collections::HashMap<&str, Vec<Claim<'_>>> =
+            std::collections::HashMap::new();
+        for p in &self.params {
+            if !seen.insert(p.name.as_str()) {
+                return Err(format!("parameter '{}' is declared twice", p.name));
+            }
+            if p.shape.contains(&0) {
+                return Err(format!(
+                    "parameter '{}' has a zero dim in its shape {:?}",
+                    p.name, p.shape
+                ));
+            }
+            if let Some(e) = p.placement.expert_dim {
+                if e >= p.shape.len() {
+                    return Err(format!(
+                        "parameter '{}': expert_dim {e} is out of range for shape {:?}",
+                        p.name, p.shape
+                    ));
+                }
+            }
+            let Some(m) = &p.hf else { continue };
+            m.source_shape(&p.shape)
+                .map_err(|e| format!("parameter '{}': Hugging Face mapping: {e}", p.name))?;
+            for src in &m.sources {
+                claimed
+                    .entry(src.as_str())
+                    .or_default()
+                    .push((p.name.as_str(), m.part_of()));
+            }
+        }
+        for (src, users) in &claimed {
+            if users.len() < 2 && users[0].1.is_none_or(|(_, n)| n == 1) {
+                continue;
+            }
+            let parts: Option<Vec<(usize, usize)>> = users.iter().map(|u| u.1).collect();
+            let Some(mut parts) = parts else {
+                return Err(format!(
+                    "parameters '{}' and '{}' both map to Hugging Face tensor '{src}'",
+                    users[0].0, users[1].0
+                ));
+            };
+            parts.sort();
+            let n = parts[0].1;
+            if parts.len() != n
+                || parts
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &(k, m))| i != k || m != n)
+            {
+                let names: Vec<&str> = users.iter().map(|u| u.0).collect();
+                return Err(format!(
+                    "Hugging Face tensor '{src}' is split into {n} parts, but parameters {names:?} claim parts {:?}; each part must be claimed once",
+                    parts.iter().map(|p| p.0).collect::<Vec<_>>()
+                ));
+            }
+        }
+        Ok(())
+    }
 }

@@ -21,8 +21,9 @@ pub fn parse_tokens(s: &str) -> anyhow::Result<Vec<i64>> {
         .collect()
 }
 
-/// Loads the plugin, builds the model `config.json` describes and fills in its weights.
-pub fn load_hf_model(dir: &Path, plugin: &str) -> anyhow::Result<(PluginModel, Params)> {
+/// Loads the plugin (`plugin`, or the one serving the directory's `model_type`), builds the
+/// model `config.json` describes and fills in its weights.
+pub fn load_hf_model(dir: &Path, plugin: Option<&str>) -> anyhow::Result<(PluginModel, Params)> {
     let (model, params) = hf::load_model(dir, plugin)?;
     Ok((model, Arc::new(params)))
 }
@@ -79,7 +80,7 @@ impl TokenSource<'_> {
 }
 
 /// Prints `{"logprobs":[...],"loss":...}`.
-pub fn logprobs(dir: &Path, plugin: &str, input: TokenSource<'_>) -> anyhow::Result<()> {
+pub fn logprobs(dir: &Path, plugin: Option<&str>, input: TokenSource<'_>) -> anyhow::Result<()> {
     let (tokens, _) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &tokens)?;
@@ -106,7 +107,7 @@ pub struct GenerateMode {
 /// `"text"` with a tokenizer), with the batch size and the prefill/decode timing.
 pub fn generate(
     dir: &Path,
-    plugin: &str,
+    plugin: Option<&str>,
     input: TokenSource<'_>,
     max_new: usize,
     sampling: Sampling,

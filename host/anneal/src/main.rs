@@ -42,9 +42,9 @@ enum Command {
         /// A tokenizer.json for --text.
         #[arg(long)]
         tokenizer: Option<std::path::PathBuf>,
-        /// The model plugin to run it with.
-        #[arg(long, default_value = "llama")]
-        plugin: String,
+        /// The model plugin to run it with (default: the one serving config.json's model_type).
+        #[arg(long)]
+        plugin: Option<String>,
     },
     /// Generate tokens after a prompt (prefill + decode with a KV cache), as JSON.
     Generate {
@@ -78,9 +78,9 @@ enum Command {
         /// Stop after this token id.
         #[arg(long)]
         eos: Option<i64>,
-        /// The model plugin to run it with.
-        #[arg(long, default_value = "llama")]
-        plugin: String,
+        /// The model plugin to run it with (default: the one serving config.json's model_type).
+        #[arg(long)]
+        plugin: Option<String>,
         /// Decode this many rows together (the prompt repeated; row i samples with seed + i;
         /// the output shows row 0).
         #[arg(long, default_value_t = 1)]
@@ -185,7 +185,7 @@ fn main() -> ExitCode {
                 text: text.as_deref(),
                 tokenizer: tokenizer.as_deref(),
             };
-            infer_cmd::logprobs(&model_dir, &plugin, input)
+            infer_cmd::logprobs(&model_dir, plugin.as_deref(), input)
         }
         Command::Generate {
             model_dir,
@@ -211,7 +211,7 @@ fn main() -> ExitCode {
             };
             infer_cmd::generate(
                 &model_dir,
-                &plugin,
+                plugin.as_deref(),
                 infer_cmd::TokenSource {
                     ids: prompt_tokens.as_deref(),
                     text: prompt.as_deref(),

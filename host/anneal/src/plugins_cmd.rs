@@ -1,4 +1,5 @@
-//! `anneal plugins ...`: what plugins the host can see.
+//! `anneal plugins ...`: what plugins the host can see, and which Hugging Face model types each
+//! model plugin serves.
 
 use anneal_plugin_api::abi::PluginKind;
 use anneal_runtime::plugins::{discover, search_paths};
@@ -9,8 +10,8 @@ pub fn list() -> anyhow::Result<()> {
     let dirs = search_paths();
     let found = discover(&dirs);
     println!(
-        "{:<12} {:<10} {:<4} {:<28} FILE",
-        "NAME", "KIND", "API", "FLAVORS"
+        "{:<12} {:<10} {:<4} {:<28} {:<20} FILE",
+        "NAME", "KIND", "API", "FLAVORS", "MODEL TYPES"
     );
     let mut broken = 0;
     for entry in &found {
@@ -21,12 +22,18 @@ pub fn list() -> anyhow::Result<()> {
                     PluginKind::Optimizer => "optimizer",
                 };
                 let flavors: Vec<String> = p.info.flavors.iter().map(|f| f.to_string()).collect();
+                let types: Vec<&str> = p.model_types().collect();
                 println!(
-                    "{:<12} {:<10} {:<4} {:<28} {}",
+                    "{:<12} {:<10} {:<4} {:<28} {:<20} {}",
                     p.name(),
                     kind,
                     p.info.api_version,
                     flavors.join(","),
+                    if types.is_empty() {
+                        "-".into()
+                    } else {
+                        types.join(",")
+                    },
                     p.path.display()
                 );
             }

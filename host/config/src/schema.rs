@@ -57,7 +57,9 @@ impl Default for Job {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Model {
-    /// Plugin name, as `anneal plugins list` shows it.
+    /// Plugin name, as `anneal plugins list` shows it. Empty (the default): the plugin serving
+    /// the `model_type` of the Hugging Face directory the job starts from
+    /// (`checkpoint.init_from_hf`, or `rl.init_from` when it is one), otherwise `llama`.
     pub plugin: String,
     /// Named flavor of the plugin (its preset sizes).
     pub flavor: String,
@@ -68,7 +70,7 @@ pub struct Model {
 impl Default for Model {
     fn default() -> Self {
         Model {
-            plugin: "llama".into(),
+            plugin: String::new(),
             flavor: "debugmodel".into(),
             args: PluginArgs::new(),
         }
@@ -164,6 +166,9 @@ pub struct Training {
     pub memory_limit_mb: u64,
     /// Start even when the memory estimate exceeds the limit.
     pub skip_memory_check: bool,
+    /// Weight of each auxiliary loss the model returns, by name (a MoE router's load-balancing
+    /// loss); a loss not listed here is added with weight 1.
+    pub aux_loss_weights: std::collections::BTreeMap<String, f64>,
 }
 
 impl Default for Training {
@@ -179,6 +184,7 @@ impl Default for Training {
             threads: 0,
             memory_limit_mb: 0,
             skip_memory_check: false,
+            aux_loss_weights: Default::default(),
         }
     }
 }

@@ -61,6 +61,7 @@ pub fn run_rl(
     opts: &RlOptions,
 ) -> Result<RlSummary, TrainError> {
     let started = Instant::now();
+    let cfg = &anneal_train::harness::with_model_plugin(cfg)?;
     let r = &cfg.rl;
     let run = RunDir::open(run_dir)?;
     let total = cfg.training.steps;

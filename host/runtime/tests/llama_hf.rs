@@ -217,8 +217,12 @@ fn loss_and_every_gradient_match_transformers() {
         );
         loss.backward().unwrap();
         let mut worst = 0f32;
-        let names: std::collections::HashMap<String, String> =
-            model.spec().hf.clone().unwrap().names.into_iter().collect();
+        let names: std::collections::HashMap<String, String> = model
+            .spec()
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.hf.clone().unwrap().sources.concat()))
+            .collect();
         for (ours, leaf) in leaves.iter() {
             let g = leaf.grad().unwrap().to_vec_f32();
             let w = exp[&format!("grad.{}", names[ours])].to_vec_f32();

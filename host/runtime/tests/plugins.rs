@@ -272,3 +272,76 @@ fn finding_a_plugin_opens_only_its_own_file() {
     assert!(e.to_string().contains("declares plugin 'adamw'"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
+    use anneal_runtime::plugins::find_for_model_type_in;
+    let dirs = [plugin_dir().to_path_buf()];
+    for t in ["llama", "qwen3"] {
+        let p = find_for_model_type_in(&dirs, t).unwrap();
+        assert_eq!(p.name(), "llama", "{t}");
+    }
+    assert_eq!(plugin("adamw").model_types().count(), 0);
+    let err = find_for_model_type_in(&dirs, "gpt_oss").unwrap_err();
+    assert!(matches!(err, PluginError::NoModelType { .. }));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("'gpt_oss'") && msg.contains("llama (llama, qwen3)"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn auxiliary_losses_and_statistics_come_back_beside_the_logits() {
+    use anneal_runtime::plugins::{ForwardOpts, PluginModel};
+    let path = plugin_dir().join(format!(
+        "{}anneal_testplugin_bad_logits{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    let p = load(&path).unwrap();
+    let model = PluginModel::new(
+        "badlogits",
+        p.create(Some("aux"), &serde_json::json!({})).unwrap(),
+    )
+    .unwrap();
+    let params: std::collections::HashMap<String, Tensor> = model
+        .init_params(1)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.requires_grad_()))
+        .collect();
+    let params = std::sync::Arc::new(params);
+    let tokens = Tensor::from_vec(vec![1i64, 2, 3, 4], &[1, 4]).unwrap();
+    let positions = Tensor::from_vec(vec![0i64, 1, 2, 3], &[4]).unwrap();
+    let opts = ForwardOpts {
+        training: true,
+        ..Default::default()
+    };
+    let out = model
+        .forward_full(&params, &tokens, &positions, &opts)
+        .unwrap();
+    assert_eq!(out.logits.shape(), &[1, 4, 320]);
+    let names = |v: &[(String, Tensor)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&out.aux_losses), ["l2"]);
+    assert_eq!(names(&out.stats), ["hidden_mean"]);
+    assert_eq!(out.stats[0].1.shape(), &[8]);
+    // The auxiliary loss trains the embedding it was computed from.
+    out.aux_losses[0].1.backward().unwrap();
+    let g = params["embedding"].grad().expect("a gradient").to_vec_f32();
+    assert!(g.iter().any(|x| *x != 0.0));
+    // Recomputing the block would lose the loss's gradient: refused, with what to do.
+    let recompute = ForwardOpts {
+        recompute_every: 1,
+        ..opts
+    };
+    let err = model
+        .forward_full(&params, &tokens, &positions, &recompute)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("auxiliary loss 'l2'") && err.contains("activation_checkpoint"),
+        "{err}"
+    );
+}

@@ -360,8 +360,8 @@ fn refuse_above(estimate: &MemoryEstimate, avail: &Available) -> Result<(), Trai
 /// The line `anneal config show` prints: the estimate and what is available, or why there is
 /// no estimate.
 pub fn describe(cfg: &JobConfig, workload: Workload) -> String {
-    let spec = find(&cfg.model.plugin)
-        .map_err(TrainError::from)
+    let spec = crate::harness::model_plugin_name(cfg)
+        .and_then(|name| Ok(find(&name)?))
         .and_then(|p| {
             let args = serde_json::Value::Object(cfg.model.args.clone());
             let inst = p.create(Some(&cfg.model.flavor), &args)?;
@@ -392,6 +392,8 @@ mod tests {
             init: Init::Zeros,
             placement: Default::default(),
             layer,
+            hf: None,
+            trainable: true,
         }
     }
 

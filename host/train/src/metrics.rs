@@ -37,6 +37,13 @@ pub struct MetricsRow {
     /// Held-out loss.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
+    /// Weighted sum of the model's auxiliary losses (part of the loss trained on, not of
+    /// `loss`), when it returns any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aux_loss: Option<f64>,
+    /// The model's auxiliary losses (`aux_loss.<name>`) and named statistics, by name.
+    #[serde(flatten)]
+    pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
     /// Tokens trained on so far.
     pub tokens: u64,
     /// Seconds since the run (or this resumed process) started.

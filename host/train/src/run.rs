@@ -31,6 +31,7 @@ pub struct RunSummary {
 /// two only once a resume was accepted.
 pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSummary, TrainError> {
     let started = Instant::now();
+    let cfg = &crate::harness::with_model_plugin(cfg)?;
     let run = RunDir::open(run_dir)?;
     let total = cfg.training.steps;
     let mut console = Console::new(total, 0, cfg.metrics.progress_bar);
@@ -101,6 +102,8 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
                 row.tflops = Some(tflops);
                 row.mfu = (peak > 0.0).then(|| tflops / peak);
                 row.mem_peak_bytes = Some(alloc::memory_stats().peak_bytes as u64);
+                row.aux_loss = out.aux_loss;
+                row.outputs = out.outputs.clone();
                 (window_tokens, window_seconds) = (0, 0.0);
                 alloc::reset_peak();
             }

@@ -6,13 +6,14 @@ use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
     restore_optimizer, Provenance,
 };
+use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
 use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{autograd, Tensor};
-use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer};
+use anneal_runtime::plugins::{ForwardOpts, ForwardOutput, Params, PluginModel, PluginOptimizer};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,6 +33,12 @@ pub struct StepOutcome {
     pub tokens: u64,
     /// Wall-clock seconds of the step.
     pub seconds: f64,
+    /// Mean weighted sum of the model's auxiliary losses (added to `loss` for backward), if
+    /// it returned any.
+    pub aux_loss: Option<f64>,
+    /// The model's auxiliary losses (`aux_loss.<name>`, unweighted) and statistics, averaged
+    /// over the step's micro-batches, as `metrics.jsonl` fields.
+    pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// Everything a training run holds in memory.
@@ -39,8 +46,10 @@ pub struct Trainer {
     cfg: JobConfig,
     model: PluginModel,
     params: Params,
-    /// The parameters sorted by name: the fixed order of norms and optimizer updates.
+    /// The trained parameters sorted by name: the fixed order of norms and optimizer updates.
     named: Vec<(String, Tensor)>,
+    /// The model's buffers (not trained; updated by its `before_optimizer_step`), by name.
+    buffers: Vec<(String, Tensor)>,
     optimizer: PluginOptimizer,
     schedule: LrSchedule,
     loader: PackedLoader,
@@ -121,12 +130,8 @@ impl Trainer {
             }
             None => model.init_params(t.seed)?,
         };
-        let mut named: Vec<(String, Tensor)> = initial
-            .into_iter()
-            .map(|(n, p)| (n, p.requires_grad_()))
-            .collect();
-        named.sort_by(|a, b| a.0.cmp(&b.0));
-        let params: Params = Arc::new(named.iter().cloned().collect());
+        let (named, buffers) = split_buffers(&model, initial.into_iter().collect());
+        let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         note(&format!(
             "model: {} {} ({} parameters, {} layers)",
             cfg.model.plugin,
@@ -176,6 +181,7 @@ impl Trainer {
             model,
             params,
             named,
+            buffers,
             optimizer,
             loader,
             val_batches,
@@ -230,23 +236,34 @@ impl Trainer {
 
     /// Mean cross-entropy of one batch; records the graph when grad mode is on.
     fn batch_loss(&self, b: &Batch, training: bool) -> Result<Tensor, TrainError> {
+        Ok(self.batch_forward(b, training)?.0)
+    }
+
+    /// The cross-entropy of a batch, with everything else the model returned beside the
+    /// logits.
+    fn batch_forward(
+        &self,
+        b: &Batch,
+        training: bool,
+    ) -> Result<(Tensor, ForwardOutput), TrainError> {
         let _amp = anneal_engine::autocast::set_autocast(anneal_engine::DType::parse(
             &self.cfg.training.dtype,
         ));
         let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
         let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
-        let logits = self.model.forward(
+        let out = self.model.forward_full(
             &self.params,
             &x,
             &self.positions,
             &self.forward_opts(training),
         )?;
-        let v = logits.shape()[2];
-        Ok(cross_entropy(
-            &logits.reshape(&[b.batch * b.seq_len, v])?,
+        let v = out.logits.shape()[2];
+        let ce = cross_entropy(
+            &out.logits.reshape(&[b.batch * b.seq_len, v])?,
             &y,
             &CrossEntropy::default(),
-        )?)
+        )?;
+        Ok((ce, out))
     }
 
     /// One optimizer step: accumulate gradients over the micro-batches, clip, update.
@@ -259,10 +276,17 @@ impl Trainer {
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
         let mut loss_sum = 0.0f64;
+        let mut outputs = StepOutputs::default();
         for _ in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);
-            let loss = self.batch_loss(&b, true)?;
+            let (loss, out) = self.batch_forward(&b, true)?;
             loss_sum += loss.item()? as f64;
+            let aux = weighted_aux(&t.aux_loss_weights, &out.aux_losses)?;
+            outputs.add(aux.as_ref(), &out.aux_losses, &out.stats)?;
+            let loss = match aux {
+                Some(aux) => loss.add(&aux)?,
+                None => loss,
+            };
             let loss = if n_micro > 1 {
                 loss.mul_scalar(1.0 / n_micro as f32)?
             } else {
@@ -271,14 +295,22 @@ impl Trainer {
             loss.backward()?;
         }
         let loss = loss_sum / n_micro as f64;
+        let aux_loss = outputs.aux_total();
         let grad_norm = global_grad_norm(&self.named);
-        for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
+        let checked = [
+            ("loss", loss),
+            ("auxiliary loss", aux_loss.unwrap_or(0.0)),
+            ("gradient norm", grad_norm),
+        ];
+        for (what, value) in checked {
             if !value.is_finite() {
                 self.zero_grad();
                 return Err(TrainError::NonFinite { step, what, value });
             }
         }
         clip_grads(&self.named, t.max_grad_norm, grad_norm)?;
+        self.model
+            .before_optimizer_step(&self.params, outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);
         self.optimizer.step(&self.named, step, lr)?;
         self.zero_grad();
@@ -292,6 +324,8 @@ impl Trainer {
             lr,
             tokens: (t.batch_size * t.seq_len) as u64,
             seconds: started.elapsed().as_secs_f64(),
+            aux_loss,
+            outputs: outputs.fields(),
         })
     }
 
@@ -319,7 +353,11 @@ impl Trainer {
             rl: None,
         };
         self.provenance.stamp(&mut state);
-        let params = self.named.iter().map(|(n, p)| (format!("model/{n}"), p));
+        let params = self
+            .named
+            .iter()
+            .chain(&self.buffers)
+            .map(|(n, p)| (format!("model/{n}"), p));
         let optim = self
             .optimizer
             .state()
@@ -331,14 +369,13 @@ impl Trainer {
     /// Continues from a checkpoint that [`crate::harness::resume`] accepted: parameters,
     /// optimizer state, step and data position.
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
-        let named: Vec<(String, Tensor)> = params_from_checkpoint(&ckpt, &self.model, "model")?
-            .into_iter()
-            .map(|(n, t)| (n, t.requires_grad_()))
-            .collect();
+        let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
+        let (named, buffers) = split_buffers(&self.model, loaded);
         restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
         self.loader.restore(&ckpt.state.loader)?;
-        self.params = Arc::new(named.iter().cloned().collect());
+        self.params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         self.named = named;
+        self.buffers = buffers;
         self.step = ckpt.state.step;
         self.tokens = ckpt.state.tokens;
         self.last_lr = ckpt.state.lr;
@@ -363,4 +400,29 @@ impl Trainer {
         }
         Ok(Some(sum / self.val_batches.len() as f64))
     }
+}
+
+/// Tensors by name.
+type Named = Vec<(String, Tensor)>;
+
+/// Splits a model's tensors into trained parameters (leaves that require grad) and buffers
+/// (`ParamSpec::trainable == false`), each sorted by name.
+fn split_buffers(model: &PluginModel, all: Named) -> (Named, Named) {
+    let buffer_names: std::collections::HashSet<&str> = model
+        .spec()
+        .params
+        .iter()
+        .filter(|p| !p.trainable)
+        .map(|p| p.name.as_str())
+        .collect();
+    let (mut buffers, mut named): (Vec<_>, Vec<_>) = all
+        .into_iter()
+        .partition(|(n, _)| buffer_names.contains(n.as_str()));
+    named = named
+        .into_iter()
+        .map(|(n, p)| (n, p.requires_grad_()))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    buffers.sort_by(|a, b| a.0.cmp(&b.0));
+    (named, buffers)
 }

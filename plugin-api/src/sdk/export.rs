@@ -41,6 +41,7 @@ fn handles(ts: Vec<super::Tensor<'_>>) -> RVec<Handle> {
 
 fn make_ctx<'h>(host: Host<'h>, ctx: &ForwardCtx) -> Ctx<'h> {
     Ctx {
+        host,
         training: ctx.training,
         positions: host.adopt(ctx.positions),
         use_cache: ctx.use_cache,
@@ -97,6 +98,12 @@ impl<M: Model> ModelPlugin for ModelAdapter<M> {
             Ok(self.0.head(&make_ctx(h, ctx), hidden)?.into_handle())
         })
     }
+
+    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> RResult<(), RString> {
+        catch("before_optimizer_step", || {
+            self.0.before_optimizer_step(Host::new(host), step)
+        })
+    }
 }
 
 /// Exposes an [`Optimizer`] through the boundary's [`OptimizerPlugin`] trait.
@@ -131,12 +138,15 @@ impl<O: Optimizer> OptimizerPlugin for OptimizerAdapter<O> {
 /// crate).
 ///
 /// ```ignore
-/// anneal_plugin_api::export_plugin!(model Llama, name = "llama", description = "Llama 3 / Qwen3");
+/// anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3"],
+///     description = "Llama 3 / Qwen3");
 /// anneal_plugin_api::export_plugin!(optimizer AdamW, name = "adamw", description = "AdamW");
 /// ```
+/// `model_types` lists the Hugging Face `model_type`s the model is built for from a
+/// `config.json`, so `anneal logprobs --model-dir` and friends find the plugin by itself.
 #[macro_export]
 macro_rules! export_plugin {
-    (@root $kind:ident, $ty:ty, $name:expr, $desc:expr, $wrap:expr) => {
+    (@root $kind:ident, $ty:ty, $name:expr, $desc:expr, [$($mt:expr),*], $wrap:expr) => {
         #[::abi_stable::export_root_module]
         pub fn anneal_plugin_root() -> $crate::abi::PluginModRef {
             extern "C" fn info() -> $crate::abi::PluginInfo {
@@ -146,6 +156,7 @@ macro_rules! export_plugin {
                     name: ($name).into(),
                     flavors: <$ty as $crate::sdk::Factory>::flavors().into_iter().map(Into::into).collect(),
                     description: ($desc).into(),
+                    model_types: ::std::vec![$(::abi_stable::std_types::RString::from($mt)),*].into_iter().collect(),
                 }
             }
             extern "C" fn create(
@@ -168,12 +179,15 @@ macro_rules! export_plugin {
         }
     };
     (model $ty:ty, name = $name:expr, description = $desc:expr) => {
-        $crate::export_plugin!(@root Model, $ty, $name, $desc, |m: $ty| $crate::abi::PluginInstance::Model(
+        $crate::export_plugin!(model $ty, name = $name, model_types = [], description = $desc);
+    };
+    (model $ty:ty, name = $name:expr, model_types = [$($mt:expr),* $(,)?], description = $desc:expr) => {
+        $crate::export_plugin!(@root Model, $ty, $name, $desc, [$($mt),*], |m: $ty| $crate::abi::PluginInstance::Model(
             $crate::abi::ModelPlugin_TO::from_value($crate::sdk::ModelAdapter(m), ::abi_stable::sabi_trait::TD_Opaque)
         ));
     };
     (optimizer $ty:ty, name = $name:expr, description = $desc:expr) => {
-        $crate::export_plugin!(@root Optimizer, $ty, $name, $desc, |o: $ty| $crate::abi::PluginInstance::Optimizer(
+        $crate::export_plugin!(@root Optimizer, $ty, $name, $desc, [], |o: $ty| $crate::abi::PluginInstance::Optimizer(
             $crate::abi::OptimizerPlugin_TO::from_value($crate::sdk::OptimizerAdapter(o), ::abi_stable::sabi_trait::TD_Opaque)
         ));
     };

@@ -2,12 +2,14 @@
 //! and [`Optimizer`] traits, and [`export_plugin!`](crate::export_plugin).
 
 mod export;
+mod params;
 mod tensor;
 
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
+pub use params::{Decl, LayerScope, Param, ParamTable};
 pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
 
-pub use crate::abi::{Attr, PluginKind};
+pub use crate::abi::{Attr, OutputKind, PluginKind};
 pub use crate::spec::*;
 
 /// An error inside a plugin: a message for the user, which the host prefixes with the plugin
@@ -46,6 +48,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// The per-call context of a forward stage.
 pub struct Ctx<'h> {
+    /// The host's op table for this call.
+    pub host: Host<'h>,
     /// Training (activations kept for backward) or inference.
     pub training: bool,
     /// Absolute positions of this call's tokens (i64 `[T]`, or `[B, T]` when each row is its own
@@ -53,6 +57,26 @@ pub struct Ctx<'h> {
     pub positions: Tensor<'h>,
     /// Whether attention should use the host's KV cache.
     pub use_cache: bool,
+}
+
+impl<'h> Ctx<'h> {
+    /// The tensor of a declared parameter.
+    pub fn w(&self, p: &Param) -> Result<Tensor<'h>> {
+        self.host.w(p)
+    }
+
+    /// Adds a scalar auxiliary loss (a router's load-balancing loss): the trainer adds it to
+    /// the loss, times `training.aux_loss_weights.<name>` (1 when unset). Losses of one name
+    /// in one forward are summed.
+    pub fn aux_loss(&self, name: &str, loss: &Tensor<'h>) -> Result<()> {
+        self.host.emit(crate::abi::OutputKind::AuxLoss, name, loss)
+    }
+
+    /// Reports a named statistic (router load per expert, dropped tokens): a scalar or a
+    /// vector that reaches `metrics.jsonl`. No gradient flows through it.
+    pub fn stat(&self, name: &str, value: &Tensor<'h>) -> Result<()> {
+        self.host.emit(crate::abi::OutputKind::Stat, name, value)
+    }
 }
 
 /// A model architecture, written with host ops. One implementation serves training,
@@ -71,6 +95,13 @@ pub trait Model: Send + Sync + 'static {
     ) -> Result<Vec<Tensor<'h>>>;
     /// The hidden state to logits `[B, T, V]`.
     fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>>;
+    /// Updates buffers ([`Decl::buffer`]) once per optimizer step, before the update: read the
+    /// step's statistics (summed over micro-batches) with `host.param("stats.<name>")` and
+    /// write buffers in place with `assign`. The default changes nothing.
+    fn before_optimizer_step(&self, host: Host<'_>, step: u64) -> Result<()> {
+        let _ = (host, step);
+        Ok(())
+    }
 }
 
 /// An optimizer, written with host ops.

@@ -2,7 +2,8 @@
 
 use super::{Error, Result};
 use crate::abi::{Attr, Handle, HostVTable};
-use abi_stable::std_types::{RSlice, RStr, RVec};
+use crate::ops::{self, OpAttrs};
+use abi_stable::std_types::{RSlice, RStr};
 
 /// The host's op table for the duration of one plugin call.
 #[derive(Clone, Copy)]
@@ -45,6 +46,15 @@ impl<'h> Host<'h> {
         }
     }
 
+    /// Runs the host op `attrs` declares (see [`crate::ops`]) on `inputs`.
+    pub fn call_op<A: OpAttrs>(
+        &self,
+        attrs: &A,
+        inputs: &[&Tensor<'h>],
+    ) -> Result<Vec<Tensor<'h>>> {
+        self.call(A::OP, inputs, &attrs.to_attrs())
+    }
+
     /// Runs a host op with exactly one output.
     pub fn call1(&self, op: &str, inputs: &[&Tensor<'h>], attrs: &[Attr]) -> Result<Tensor<'h>> {
         let mut v = self.call(op, inputs, attrs)?;
@@ -69,20 +79,32 @@ impl<'h> Host<'h> {
             .map_err(|e| Error(e.into()))
     }
 
+    /// Hands the host a named output besides the logits (see [`crate::abi::OutputKind`]).
+    pub fn emit(&self, kind: crate::abi::OutputKind, name: &str, t: &Tensor<'h>) -> Result<()> {
+        // SAFETY: as in `call`.
+        let out = unsafe { (self.vt.emit)(self.vt.ctx, kind, RStr::from(name), t.handle) };
+        out.into_result().map_err(|e| Error(e.into()))
+    }
+
+    /// The tensor of a declared parameter (see [`super::ParamTable`]).
+    pub fn w(&self, p: &super::Param) -> Result<Tensor<'h>> {
+        self.param(p.name())
+    }
+
     /// One fused AdamW step over many parameters, in place (host op `adamw`): `tensors` holds
     /// `[param, grad, exp_avg, exp_avg_sq]` per parameter. One pass over memory, no
     /// temporaries, however many parameters.
     pub fn adamw(&self, tensors: &[[Tensor<'h>; 4]], hp: &AdamWStep) -> Result<()> {
         let inputs: Vec<&Tensor<'h>> = tensors.iter().flatten().collect();
-        let attrs = [
-            Attr::Float(hp.lr),
-            Attr::Float(hp.betas.0),
-            Attr::Float(hp.betas.1),
-            Attr::Float(hp.eps),
-            Attr::Float(hp.weight_decay),
-            Attr::Int(hp.step as i64),
-        ];
-        self.call("adamw", &inputs, &attrs).map(|_| ())
+        let attrs = ops::AdamW {
+            lr: hp.lr,
+            beta1: hp.betas.0,
+            beta2: hp.betas.1,
+            eps: hp.eps,
+            weight_decay: hp.weight_decay,
+            step: hp.step as i64,
+        };
+        self.call_op(&attrs, &inputs).map(|_| ())
     }
 
     /// Takes ownership of a handle the host passed in.
@@ -116,10 +138,6 @@ impl Drop for Tensor<'_> {
         // SAFETY: as in `Host::call`; each handle is released once.
         unsafe { (self.host.vt.release)(self.host.vt.ctx, self.handle) }
     }
-}
-
-fn ints(v: &[i64]) -> Attr {
-    Attr::Ints(RVec::from(v.to_vec()))
 }
 
 impl<'h> Tensor<'h> {
@@ -159,25 +177,30 @@ impl<'h> Tensor<'h> {
         self.host.call1(name, &inputs, attrs)
     }
 
+    /// The declared op `attrs` on `self` and `others`, with one output.
+    fn op_with<A: OpAttrs>(&self, attrs: A, others: &[&Tensor<'h>]) -> Result<Tensor<'h>> {
+        self.op(A::OP, others, &attrs.to_attrs())
+    }
+
     /// `self + rhs` (broadcasting).
     pub fn add(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("add", &[rhs], &[])
+        self.op_with(ops::Add {}, &[rhs])
     }
     /// `self - rhs` (broadcasting).
     pub fn sub(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("sub", &[rhs], &[])
+        self.op_with(ops::Sub {}, &[rhs])
     }
     /// `self * rhs` (broadcasting).
     pub fn mul(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("mul", &[rhs], &[])
+        self.op_with(ops::Mul {}, &[rhs])
     }
     /// `self / rhs` (broadcasting).
     pub fn div(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("div", &[rhs], &[])
+        self.op_with(ops::Div {}, &[rhs])
     }
     /// `self * mul + add` with scalars.
     pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor<'h>> {
-        self.op("affine", &[], &[Attr::Float(mul), Attr::Float(add)])
+        self.op_with(ops::Affine { mul, add }, &[])
     }
     /// `self * v`.
     pub fn scale(&self, v: f64) -> Result<Tensor<'h>> {
@@ -194,7 +217,7 @@ impl<'h> Tensor<'h> {
     /// `silu(self) * up`: the gated activation of a SwiGLU feed-forward (`self` is the gate),
     /// one fused host op.
     pub fn swiglu(&self, up: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("swiglu", &[up], &[])
+        self.op_with(ops::Swiglu {}, &[up])
     }
     /// Square root.
     pub fn sqrt(&self) -> Result<Tensor<'h>> {
@@ -202,68 +225,90 @@ impl<'h> Tensor<'h> {
     }
     /// `self @ rhs`.
     pub fn matmul(&self, rhs: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("matmul", &[rhs], &[])
+        self.op_with(ops::Matmul {}, &[rhs])
     }
     /// `self @ wᵀ` for a `[out, in]` weight: a linear layer without bias.
     pub fn linear(&self, w: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("linear", &[w], &[])
+        self.op_with(ops::Linear {}, &[w])
     }
     /// A view with a new shape (one dim may be -1).
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor<'h>> {
-        self.op("reshape", &[], &[ints(shape)])
+        self.op_with(
+            ops::Reshape {
+                shape: shape.to_vec(),
+            },
+            &[],
+        )
     }
     /// A view with two dims swapped.
     pub fn transpose(&self, a: i64, b: i64) -> Result<Tensor<'h>> {
-        self.op("transpose", &[], &[Attr::Int(a), Attr::Int(b)])
+        self.op_with(ops::Transpose { a, b }, &[])
     }
     /// A view with dims reordered.
     pub fn permute(&self, perm: &[i64]) -> Result<Tensor<'h>> {
-        self.op("permute", &[], &[ints(perm)])
+        self.op_with(
+            ops::Permute {
+                perm: perm.to_vec(),
+            },
+            &[],
+        )
     }
     /// Sum over dims.
     pub fn sum(&self, dims: &[i64], keepdim: bool) -> Result<Tensor<'h>> {
-        self.op("sum", &[], &[ints(dims), Attr::Bool(keepdim)])
+        self.op_with(
+            ops::Sum {
+                dims: dims.to_vec(),
+                keepdim,
+            },
+            &[],
+        )
     }
     /// Mean over dims.
     pub fn mean(&self, dims: &[i64], keepdim: bool) -> Result<Tensor<'h>> {
-        self.op("mean", &[], &[ints(dims), Attr::Bool(keepdim)])
+        self.op_with(
+            ops::Mean {
+                dims: dims.to_vec(),
+                keepdim,
+            },
+            &[],
+        )
     }
     /// Converts to a dtype by name.
     pub fn to_dtype(&self, dtype: &str) -> Result<Tensor<'h>> {
-        self.op("to_dtype", &[], &[Attr::Str(dtype.into())])
+        self.op_with(
+            ops::ToDtype {
+                dtype: dtype.into(),
+            },
+            &[],
+        )
     }
     /// Overwrites this tensor's elements with `src` in place (optimizer updates).
     pub fn assign(&self, src: &Tensor<'h>) -> Result<()> {
-        self.host.call("assign", &[self, src], &[]).map(|_| ())
+        self.host.call_op(&ops::Assign {}, &[self, src]).map(|_| ())
     }
 
     /// Embedding lookup: `self` is the table `[V, D]`, `ids` any shape of integer ids.
     pub fn embedding(&self, ids: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("embedding", &[ids], &[])
+        self.op_with(ops::Embedding {}, &[ids])
     }
     /// RMSNorm over the last dim with a `[D]` weight.
     pub fn rms_norm(&self, weight: &Tensor<'h>, eps: f64) -> Result<Tensor<'h>> {
-        self.op("rms_norm", &[weight], &[Attr::Float(eps)])
+        self.op_with(ops::RmsNorm { eps }, &[weight])
     }
     /// Rotary position embedding of `[B, H, T, D]` at absolute `positions` (i64 `[T]` or
     /// per-row `[B, T]`).
     pub fn rope(&self, positions: &Tensor<'h>, rope: &Rope) -> Result<Tensor<'h>> {
         let s = rope.llama3_scaling.as_ref();
-        self.op(
-            "rope",
-            &[positions],
-            &[
-                Attr::Float(rope.theta),
-                Attr::Int(rope.rot_dim as i64),
-                Attr::Bool(rope.interleaved),
-                s.map_or(Attr::None, |s| Attr::Float(s.factor)),
-                s.map_or(Attr::None, |s| Attr::Float(s.low_freq_factor)),
-                s.map_or(Attr::None, |s| Attr::Float(s.high_freq_factor)),
-                s.map_or(Attr::None, |s| {
-                    Attr::Int(s.original_max_position_embeddings as i64)
-                }),
-            ],
-        )
+        let attrs = ops::Rope {
+            theta: rope.theta,
+            rot_dim: rope.rot_dim as i64,
+            interleaved: rope.interleaved,
+            llama3_factor: s.map(|s| s.factor),
+            llama3_low_freq_factor: s.map(|s| s.low_freq_factor),
+            llama3_high_freq_factor: s.map(|s| s.high_freq_factor),
+            llama3_original_max_positions: s.map(|s| s.original_max_position_embeddings as i64),
+        };
+        self.op_with(attrs, &[positions])
     }
     /// Scaled dot-product attention of `q [B, Hq, T, D]` over `k`, `v` `[B, Hkv, S, D]` at
     /// absolute query `positions`. With `cache_layer`, the host appends `k`, `v` to that layer's
@@ -275,29 +320,25 @@ impl<'h> Tensor<'h> {
         positions: &Tensor<'h>,
         opts: &AttentionOpts,
     ) -> Result<Tensor<'h>> {
-        self.op(
-            "attention",
-            &[k, v, positions],
-            &[
-                Attr::Bool(opts.causal),
-                opts.sliding_window
-                    .map_or(Attr::None, |w| Attr::Int(w as i64)),
-                opts.scale.map_or(Attr::None, Attr::Float),
-                opts.softcap.map_or(Attr::None, Attr::Float),
-                opts.cache_layer.map_or(Attr::None, |l| Attr::Int(l as i64)),
-            ],
-        )
+        let attrs = ops::Attention {
+            causal: opts.causal,
+            sliding_window: opts.sliding_window.map(|w| w as i64),
+            scale: opts.scale,
+            softcap: opts.softcap,
+            cache_layer: opts.cache_layer.map(|l| l as i64),
+        };
+        self.op_with(attrs, &[k, v, positions])
     }
 }
 
 impl<'h> Tensor<'h> {
     /// Softmax over `dim`.
     pub fn softmax(&self, dim: i64) -> Result<Tensor<'h>> {
-        self.op("softmax", &[], &[Attr::Int(dim)])
+        self.op_with(ops::Softmax { dim }, &[])
     }
     /// Log-softmax over `dim`.
     pub fn log_softmax(&self, dim: i64) -> Result<Tensor<'h>> {
-        self.op("log_softmax", &[], &[Attr::Int(dim)])
+        self.op_with(ops::LogSoftmax { dim }, &[])
     }
     /// LayerNorm over the last dim with a `[D]` weight and optional bias.
     pub fn layer_norm(
@@ -306,40 +347,38 @@ impl<'h> Tensor<'h> {
         bias: Option<&Tensor<'h>>,
         eps: f64,
     ) -> Result<Tensor<'h>> {
-        let b = bias.map_or(Attr::None, |b| Attr::Tensor(b.handle));
-        self.op("layer_norm", &[weight], &[Attr::Float(eps), b])
+        let bias = bias.map(|b| b.handle);
+        self.op_with(ops::LayerNorm { eps, bias }, &[weight])
     }
     /// `len` entries of `dim` from `start`, as a view.
     pub fn narrow(&self, dim: i64, start: usize, len: usize) -> Result<Tensor<'h>> {
-        self.op(
-            "narrow",
-            &[],
-            &[
-                Attr::Int(dim),
-                Attr::Int(start as i64),
-                Attr::Int(len as i64),
-            ],
-        )
+        let attrs = ops::Narrow {
+            dim,
+            start: start as i64,
+            len: len as i64,
+        };
+        self.op_with(attrs, &[])
     }
     /// Rows (along `dim`) picked by a 1-d integer index.
     pub fn index_select(&self, dim: i64, idx: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("index_select", &[idx], &[Attr::Int(dim)])
+        self.op_with(ops::IndexSelect { dim }, &[idx])
     }
     /// PyTorch's `gather` along `dim`.
     pub fn gather(&self, dim: i64, idx: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("gather", &[idx], &[Attr::Int(dim)])
+        self.op_with(ops::Gather { dim }, &[idx])
     }
     /// PyTorch's `scatter_add` along `dim`.
     pub fn scatter_add(&self, dim: i64, idx: &Tensor<'h>, src: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("scatter_add", &[idx, src], &[Attr::Int(dim)])
+        self.op_with(ops::ScatterAdd { dim }, &[idx, src])
     }
     /// The `k` largest entries along `dim` (best first): (values, i64 indices).
     pub fn topk(&self, k: usize, dim: i64) -> Result<(Tensor<'h>, Tensor<'h>)> {
-        let mut v = self.host.call(
-            "topk",
-            &[self],
-            &[Attr::Int(k as i64), Attr::Int(dim), Attr::Bool(true)],
-        )?;
+        let attrs = ops::TopK {
+            k: k as i64,
+            dim,
+            largest: true,
+        };
+        let mut v = self.host.call_op(&attrs, &[self])?;
         if v.len() != 2 {
             return Err(Error(
                 "host op topk returned the wrong number of outputs".into(),
@@ -350,32 +389,29 @@ impl<'h> Tensor<'h> {
     }
     /// MoE expert product: rows of `self [N, K]` grouped by `counts` (i64 `[E]`) times `w [E, K, M]`.
     pub fn grouped_matmul(&self, w: &Tensor<'h>, counts: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.op("grouped_matmul", &[w, counts], &[])
+        self.op_with(ops::GroupedMatmul {}, &[w, counts])
     }
     /// Maximum over `dim`.
     pub fn max(&self, dim: i64, keepdim: bool) -> Result<Tensor<'h>> {
-        self.op("max", &[], &[Attr::Int(dim), Attr::Bool(keepdim)])
+        self.op_with(ops::Max { dim, keepdim }, &[])
     }
     /// Index of the maximum over `dim` (i64).
     pub fn argmax(&self, dim: i64, keepdim: bool) -> Result<Tensor<'h>> {
-        self.op("argmax", &[], &[Attr::Int(dim), Attr::Bool(keepdim)])
+        self.op_with(ops::Argmax { dim, keepdim }, &[])
     }
     /// `value` where `mask` is nonzero (broadcasting).
     pub fn masked_fill(&self, mask: &Tensor<'h>, value: f64) -> Result<Tensor<'h>> {
-        self.op("masked_fill", &[mask], &[Attr::Float(value)])
+        self.op_with(ops::MaskedFill { value }, &[mask])
     }
     /// Dropout with probability `p`; the mask is a pure function of (seed, stream, offset).
     pub fn dropout(&self, p: f64, seed: u64, stream: &str, offset: u64) -> Result<Tensor<'h>> {
-        self.op(
-            "dropout",
-            &[],
-            &[
-                Attr::Float(p),
-                Attr::Int(seed as i64),
-                Attr::Str(stream.into()),
-                Attr::Int(offset as i64),
-            ],
-        )
+        let attrs = ops::Dropout {
+            p,
+            seed: seed as i64,
+            stream: stream.into(),
+            offset: offset as i64,
+        };
+        self.op_with(attrs, &[])
     }
     /// Mean cross-entropy of logits `[N, V]` against i64 targets `[N]`.
     pub fn cross_entropy(
@@ -383,22 +419,18 @@ impl<'h> Tensor<'h> {
         targets: &Tensor<'h>,
         ignore_index: Option<i64>,
     ) -> Result<Tensor<'h>> {
-        self.op(
-            "cross_entropy",
-            &[targets],
-            &[ignore_index.map_or(Attr::None, Attr::Int)],
-        )
+        self.op_with(ops::CrossEntropy { ignore_index }, &[targets])
     }
 }
 
 impl<'h> Host<'h> {
     /// Joins tensors along `dim`.
     pub fn cat(&self, tensors: &[&Tensor<'h>], dim: i64) -> Result<Tensor<'h>> {
-        self.call1("cat", tensors, &[Attr::Int(dim)])
+        self.call1(ops::Cat::OP, tensors, &ops::Cat { dim }.to_attrs())
     }
     /// `cond ? a : b`, broadcasting.
     pub fn where_(&self, cond: &Tensor<'h>, a: &Tensor<'h>, b: &Tensor<'h>) -> Result<Tensor<'h>> {
-        self.call1("where", &[cond, a, b], &[])
+        self.call1(ops::Where::OP, &[cond, a, b], &[])
     }
     /// Groups top-k routing choices `[N, k]` by expert: (order, token, inverse, counts), see the
     /// engine's `sort_by_expert`.
@@ -407,11 +439,10 @@ impl<'h> Host<'h> {
         expert_ids: &Tensor<'h>,
         num_experts: usize,
     ) -> Result<[Tensor<'h>; 4]> {
-        let v = self.call(
-            "sort_by_expert",
-            &[expert_ids],
-            &[Attr::Int(num_experts as i64)],
-        )?;
+        let attrs = ops::SortByExpert {
+            num_experts: num_experts as i64,
+        };
+        let v = self.call_op(&attrs, &[expert_ids])?;
         v.try_into().map_err(|_| {
             Error("host op sort_by_expert returned the wrong number of outputs".into())
         })

@@ -1,40 +1,13 @@
-//! The Hugging Face layout of the same weights: names and `config.json`. HF's `rotate_half`
-//! RoPE is the half-split layout the model uses, so tensors map one to one, unpermuted.
+//! The Hugging Face `config.json` of a model (each parameter declares its own Hugging Face name
+//! in `spec.rs`). HF's `rotate_half` RoPE is the half-split layout the model uses, so tensors
+//! map one to one, unpermuted.
 
 use crate::config::LlamaArgs;
-use anneal_plugin_api::sdk::{HfAdapter, ParamSpec};
+use anneal_plugin_api::sdk::HfAdapter;
 use serde_json::json;
 
-/// The Hugging Face name of one of our parameters.
-pub fn hf_name(ours: &str) -> String {
-    if let Some(rest) = ours.strip_prefix("layers.") {
-        let (i, rest) = rest.split_once('.').unwrap_or((rest, ""));
-        let mapped = match rest {
-            "attention.wq.weight" => "self_attn.q_proj.weight",
-            "attention.wk.weight" => "self_attn.k_proj.weight",
-            "attention.wv.weight" => "self_attn.v_proj.weight",
-            "attention.wo.weight" => "self_attn.o_proj.weight",
-            "attention.q_norm.weight" => "self_attn.q_norm.weight",
-            "attention.k_norm.weight" => "self_attn.k_norm.weight",
-            "attention_norm.weight" => "input_layernorm.weight",
-            "ffn_norm.weight" => "post_attention_layernorm.weight",
-            "feed_forward.w1.weight" => "mlp.gate_proj.weight",
-            "feed_forward.w2.weight" => "mlp.down_proj.weight",
-            "feed_forward.w3.weight" => "mlp.up_proj.weight",
-            other => other,
-        };
-        return format!("model.layers.{i}.{mapped}");
-    }
-    match ours {
-        "tok_embeddings.weight" => "model.embed_tokens.weight".into(),
-        "norm.weight" => "model.norm.weight".into(),
-        "output.weight" => "lm_head.weight".into(),
-        other => other.into(),
-    }
-}
-
-/// Names and config for export and import.
-pub fn adapter(a: &LlamaArgs, params: &[ParamSpec]) -> HfAdapter {
+/// The config for export.
+pub fn adapter(a: &LlamaArgs) -> HfAdapter {
     let qwen = a.hf_model_type == "qwen3";
     let mut config = json!({
         "model_type": a.hf_model_type,
@@ -68,33 +41,33 @@ pub fn adapter(a: &LlamaArgs, params: &[ParamSpec]) -> HfAdapter {
         config["sliding_window"] = json!(w);
         config["use_sliding_window"] = json!(true);
     }
-    HfAdapter {
-        config,
-        names: params
-            .iter()
-            .map(|p| (p.name.clone(), hf_name(&p.name)))
-            .collect(),
-    }
+    HfAdapter { config }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::config::flavor;
+    use crate::spec::params;
+
+    fn hf_of(name: &str) -> String {
+        let a = flavor("debugmodel_qwen3").unwrap();
+        let p = params(&a).into_iter().find(|p| p.name == name).unwrap();
+        let m = p.hf.unwrap();
+        assert!(m.steps.is_empty());
+        m.sources.concat()
+    }
 
     #[test]
     fn names_map_to_transformers_layout() {
         assert_eq!(
-            hf_name("layers.3.feed_forward.w1.weight"),
+            hf_of("layers.3.feed_forward.w1.weight"),
             "model.layers.3.mlp.gate_proj.weight"
         );
         assert_eq!(
-            hf_name("layers.0.attention.k_norm.weight"),
+            hf_of("layers.0.attention.k_norm.weight"),
             "model.layers.0.self_attn.k_norm.weight"
         );
-        assert_eq!(
-            hf_name("tok_embeddings.weight"),
-            "model.embed_tokens.weight"
-        );
-        assert_eq!(hf_name("output.weight"), "lm_head.weight");
+        assert_eq!(hf_of("tok_embeddings.weight"), "model.embed_tokens.weight");
+        assert_eq!(hf_of("output.weight"), "lm_head.weight");
     }
 }

@@ -22,9 +22,7 @@ impl Factory for Llama {
             let base = config::from_hf_config(&hf)?;
             let mut merged = serde_json::to_value(base)?;
             merge_args(&mut merged, args);
-            let args: LlamaArgs = from_args(merged)?;
-            args.validate()?;
-            return Ok(Llama { args });
+            return Llama::new(from_args(merged)?);
         }
         let name = flavor.unwrap_or("debugmodel");
         let base = config::flavor(name).ok_or_else(|| {
@@ -35,13 +33,11 @@ impl Factory for Llama {
         })?;
         let mut merged = serde_json::to_value(base)?;
         merge_args(&mut merged, args);
-        let args: LlamaArgs = from_args(merged)?;
-        args.validate()?;
-        Ok(Llama { args })
+        Llama::new(from_args(merged)?)
     }
 }
 
-anneal_plugin_api::export_plugin!(model Llama, name = "llama", description = "Llama 3 / Qwen3 decoder (GQA, RoPE, SwiGLU, RMSNorm)");
+anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3"], description = "Llama 3 / Qwen3 decoder (GQA, RoPE, SwiGLU, RMSNorm)");
 
 #[cfg(test)]
 mod tests {
@@ -55,9 +51,9 @@ mod tests {
             .map(|p| p.shape.iter().product::<usize>())
             .sum();
         assert_eq!(n, 8_390_912); // 8.39M
-        let s = spec::model_spec(&m.args);
+        let s = &m.spec;
         assert_eq!(s.n_layers, 4);
-        assert_eq!(s.hf.unwrap().names.len(), s.params.len());
+        assert!(s.params.iter().all(|p| p.hf.is_some()));
     }
 
     #[test]

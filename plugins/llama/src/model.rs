@@ -7,27 +7,29 @@
 //! ```
 
 use crate::config::LlamaArgs;
-use anneal_plugin_api::sdk::{AttentionOpts, Ctx, Host, Model, ModelSpec, Result, Rope, Tensor};
+use crate::spec::{BlockParams, LlamaParams};
+use anneal_plugin_api::sdk::{AttentionOpts, Ctx, Model, ModelSpec, Result, Rope, Tensor};
 
-/// A Llama-family model: its arguments (the weights live in the host).
+/// A Llama-family model: its arguments and declared parameters (the weights live in the host).
 pub struct Llama {
     /// Shapes and options.
     pub args: LlamaArgs,
-}
-
-/// The parameters of block `i`, fetched by name from the host.
-struct Block<'h> {
-    host: Host<'h>,
-    prefix: String,
-}
-
-impl<'h> Block<'h> {
-    fn w(&self, name: &str) -> Result<Tensor<'h>> {
-        self.host.param(&format!("{}.{name}", self.prefix))
-    }
+    /// Handles to every parameter.
+    pub params: LlamaParams,
+    /// The spec, built (and checked) once when the model is created.
+    pub spec: ModelSpec,
 }
 
 impl Llama {
+    /// Declares the parameters of `args` and checks the spec they make.
+    pub fn new(args: LlamaArgs) -> Result<Self> {
+        args.validate()?;
+        let (params, specs) = crate::spec::declare(&args);
+        let spec = crate::spec::model_spec(&args, specs);
+        spec.check()?;
+        Ok(Llama { args, params, spec })
+    }
+
     fn rope(&self) -> Rope {
         Rope {
             theta: self.args.rope_theta,
@@ -40,7 +42,7 @@ impl Llama {
     fn attention<'h>(
         &self,
         ctx: &Ctx<'h>,
-        l: &Block<'h>,
+        l: &BlockParams,
         index: usize,
         x_btd: &Tensor<'h>,
     ) -> Result<Tensor<'h>> {
@@ -50,18 +52,12 @@ impl Llama {
             (s[0] as i64, s[1] as i64)
         };
         let (nh, nkv, hd) = (a.n_heads as i64, a.n_kv_heads as i64, a.head_dim() as i64);
-        let mut q_bthd = x_btd
-            .linear(&l.w("attention.wq.weight")?)?
-            .reshape(&[b, t, nh, hd])?;
-        let mut k_bthd = x_btd
-            .linear(&l.w("attention.wk.weight")?)?
-            .reshape(&[b, t, nkv, hd])?;
-        let v_bthd = x_btd
-            .linear(&l.w("attention.wv.weight")?)?
-            .reshape(&[b, t, nkv, hd])?;
-        if a.qk_norm {
-            q_bthd = q_bthd.rms_norm(&l.w("attention.q_norm.weight")?, a.norm_eps)?;
-            k_bthd = k_bthd.rms_norm(&l.w("attention.k_norm.weight")?, a.norm_eps)?;
+        let mut q_bthd = x_btd.linear(&ctx.w(&l.wq)?)?.reshape(&[b, t, nh, hd])?;
+        let mut k_bthd = x_btd.linear(&ctx.w(&l.wk)?)?.reshape(&[b, t, nkv, hd])?;
+        let v_bthd = x_btd.linear(&ctx.w(&l.wv)?)?.reshape(&[b, t, nkv, hd])?;
+        if let Some((q_norm, k_norm)) = &l.qk_norm {
+            q_bthd = q_bthd.rms_norm(&ctx.w(q_norm)?, a.norm_eps)?;
+            k_bthd = k_bthd.rms_norm(&ctx.w(k_norm)?, a.norm_eps)?;
         }
         let rope = self.rope();
         let q_bhtd = q_bthd.transpose(1, 2)?.rope(&ctx.positions, &rope)?;
@@ -77,24 +73,30 @@ impl Llama {
         o_bhtd
             .transpose(1, 2)?
             .reshape(&[b, t, nh * hd])?
-            .linear(&l.w("attention.wo.weight")?)
+            .linear(&ctx.w(&l.wo)?)
     }
 
-    fn feed_forward<'h>(&self, l: &Block<'h>, x: &Tensor<'h>) -> Result<Tensor<'h>> {
-        let gate = x.linear(&l.w("feed_forward.w1.weight")?)?;
-        let up = x.linear(&l.w("feed_forward.w3.weight")?)?;
-        gate.swiglu(&up)?.linear(&l.w("feed_forward.w2.weight")?)
+    fn feed_forward<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        l: &BlockParams,
+        x: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let gate = x.linear(&ctx.w(&l.w1)?)?;
+        let up = x.linear(&ctx.w(&l.w3)?)?;
+        gate.swiglu(&up)?.linear(&ctx.w(&l.w2)?)
     }
 }
 
 impl Model for Llama {
     fn spec(&self) -> ModelSpec {
-        crate::spec::model_spec(&self.args)
+        self.spec.clone()
     }
 
-    fn embed<'h>(&self, _ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        let table = tokens.host().param("tok_embeddings.weight")?;
-        Ok(vec![table.embedding(&tokens)?])
+    fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
+        Ok(vec![ctx
+            .w(&self.params.tok_embeddings)?
+            .embedding(&tokens)?])
     }
 
     fn layer<'h>(
@@ -107,33 +109,29 @@ impl Model for Llama {
             .into_iter()
             .next()
             .ok_or("layer: missing hidden state")?;
-        let l = Block {
-            host: x_btd.host(),
-            prefix: format!("layers.{index}"),
-        };
+        let l = self
+            .params
+            .layers
+            .get(index)
+            .ok_or_else(|| format!("layer {index}: the model has {}", self.args.n_layers))?;
         let eps = self.args.norm_eps;
         let h = x_btd.add(&self.attention(
             ctx,
-            &l,
+            l,
             index,
-            &x_btd.rms_norm(&l.w("attention_norm.weight")?, eps)?,
+            &x_btd.rms_norm(&ctx.w(&l.attention_norm)?, eps)?,
         )?)?;
-        let out = h.add(&self.feed_forward(&l, &h.rms_norm(&l.w("ffn_norm.weight")?, eps)?)?)?;
+        let out = h.add(&self.feed_forward(ctx, l, &h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?)?)?;
         Ok(vec![out])
     }
 
-    fn head<'h>(&self, _ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
+    fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
         let h = hidden
             .into_iter()
             .next()
             .ok_or("head: missing hidden state")?;
-        let host = h.host();
-        let out = if self.args.tie_embeddings {
-            "tok_embeddings.weight"
-        } else {
-            "output.weight"
-        };
-        h.rms_norm(&host.param("norm.weight")?, self.args.norm_eps)?
-            .linear(&host.param(out)?)
+        let p = &self.params;
+        h.rms_norm(&ctx.w(&p.norm)?, self.args.norm_eps)?
+            .linear(&ctx.w(&p.output)?)
     }
 }

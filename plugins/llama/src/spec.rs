@@ -1,173 +1,164 @@
-//! The parameter list, placements, initialization and costs of a Llama model.
+//! The parameters of a Llama model, each declared once: shape, init, placement and Hugging
+//! Face name together, giving the handle `model.rs` fetches it with. Also the costs.
 
 use crate::config::LlamaArgs;
 use crate::hf;
-use anneal_plugin_api::sdk::{Init, ModelSpec, ParamSpec, Placement, TensorParallel};
+use anneal_plugin_api::sdk::{Decl, ModelSpec, Param, ParamSpec, ParamTable};
 
-fn param(
-    name: String,
-    shape: Vec<usize>,
-    dtype: &str,
-    init: Init,
-    tp: Option<TensorParallel>,
-    layer: Option<usize>,
-) -> ParamSpec {
-    let fsdp = shape.len() > 1;
-    ParamSpec {
-        name,
-        shape,
-        dtype: dtype.to_string(),
-        init,
-        placement: Placement {
-            tensor_parallel: tp,
-            expert_dim: None,
-            fsdp,
-        },
-        layer,
-    }
+/// The parameters of one block.
+pub struct BlockParams {
+    /// RMSNorm before attention.
+    pub attention_norm: Param,
+    /// Query projection `[n_heads · head_dim, dim]`.
+    pub wq: Param,
+    /// Key projection `[n_kv_heads · head_dim, dim]`.
+    pub wk: Param,
+    /// Value projection `[n_kv_heads · head_dim, dim]`.
+    pub wv: Param,
+    /// Per-head RMSNorm of queries and keys (Qwen3).
+    pub qk_norm: Option<(Param, Param)>,
+    /// Output projection `[dim, n_heads · head_dim]`.
+    pub wo: Param,
+    /// RMSNorm before the feed-forward.
+    pub ffn_norm: Param,
+    /// SwiGLU gate `[ffn_dim, dim]`.
+    pub w1: Param,
+    /// SwiGLU down projection `[dim, ffn_dim]`.
+    pub w2: Param,
+    /// SwiGLU up projection `[ffn_dim, dim]`.
+    pub w3: Param,
 }
 
-fn trunc(std: f64) -> Init {
-    Init::TruncNormal {
-        std,
-        a: -3.0 * std,
-        b: 3.0 * std,
-    }
+/// Every parameter of the model.
+pub struct LlamaParams {
+    /// Token embeddings `[vocab, dim]`.
+    pub tok_embeddings: Param,
+    /// The blocks.
+    pub layers: Vec<BlockParams>,
+    /// Final RMSNorm.
+    pub norm: Param,
+    /// Output projection `[vocab, dim]` (the embedding table when tied).
+    pub output: Param,
 }
 
-/// Every parameter, TorchTitan-style: N(0,1) embeddings, truncated normal projections (depth-
-/// scaled for the ones writing into the residual stream), ones for norms.
+/// Declares every parameter, TorchTitan-style: N(0,1) embeddings, truncated normal
+/// projections (depth-scaled for the ones writing into the residual stream), ones for norms.
+pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
+    let (d, hd, f) = (a.dim, a.head_dim(), a.ffn_dim);
+    let (q_dim, kv_dim) = (a.n_heads * hd, a.n_kv_heads * hd);
+    let mut t = ParamTable::new(&a.dtype);
+    let tok_embeddings = t.add(
+        Decl::new("tok_embeddings.weight", [a.vocab_size, d])
+            .normal(1.0)
+            .vocab()
+            .hf_name("model.embed_tokens.weight"),
+    );
+    let layers = (0..a.n_layers)
+        .map(|i| {
+            let std = 0.02;
+            let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
+            let mut l = t.layer(i, &format!("layers.{i}"), &format!("model.layers.{i}"));
+            let mut norm =
+                |name: &str, n: usize, hf: &str| l.add(Decl::new(name, [n]).ones().hf_name(hf));
+            let attention_norm = norm("attention_norm.weight", d, "input_layernorm.weight");
+            let ffn_norm = norm("ffn_norm.weight", d, "post_attention_layernorm.weight");
+            let qk_norm = a.qk_norm.then(|| {
+                (
+                    norm("attention.q_norm.weight", hd, "self_attn.q_norm.weight"),
+                    norm("attention.k_norm.weight", hd, "self_attn.k_norm.weight"),
+                )
+            });
+            let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
+                let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
+                l.add(if col { decl.column() } else { decl.row() })
+            };
+            BlockParams {
+                wq: linear(
+                    "attention.wq.weight",
+                    [q_dim, d],
+                    std,
+                    "self_attn.q_proj.weight",
+                    true,
+                ),
+                wk: linear(
+                    "attention.wk.weight",
+                    [kv_dim, d],
+                    std,
+                    "self_attn.k_proj.weight",
+                    true,
+                ),
+                wv: linear(
+                    "attention.wv.weight",
+                    [kv_dim, d],
+                    std,
+                    "self_attn.v_proj.weight",
+                    true,
+                ),
+                wo: linear(
+                    "attention.wo.weight",
+                    [d, q_dim],
+                    depth_std,
+                    "self_attn.o_proj.weight",
+                    false,
+                ),
+                w1: linear(
+                    "feed_forward.w1.weight",
+                    [f, d],
+                    std,
+                    "mlp.gate_proj.weight",
+                    true,
+                ),
+                w3: linear(
+                    "feed_forward.w3.weight",
+                    [f, d],
+                    depth_std,
+                    "mlp.up_proj.weight",
+                    true,
+                ),
+                w2: linear(
+                    "feed_forward.w2.weight",
+                    [d, f],
+                    depth_std,
+                    "mlp.down_proj.weight",
+                    false,
+                ),
+                attention_norm,
+                ffn_norm,
+                qk_norm,
+            }
+        })
+        .collect();
+    let norm = t.add(
+        Decl::new("norm.weight", [d])
+            .ones()
+            .hf_name("model.norm.weight"),
+    );
+    let output = if a.tie_embeddings {
+        tok_embeddings.clone()
+    } else {
+        t.add(
+            Decl::new("output.weight", [a.vocab_size, d])
+                .trunc_normal((d as f64).powf(-0.5))
+                .column()
+                .hf_name("lm_head.weight"),
+        )
+    };
+    let params = LlamaParams {
+        tok_embeddings,
+        layers,
+        norm,
+        output,
+    };
+    (params, t.into_specs())
+}
+
+/// Every parameter's spec.
 pub fn params(a: &LlamaArgs) -> Vec<ParamSpec> {
-    use TensorParallel::{Column, Row, Vocab};
-    let (d, hd, dt) = (a.dim, a.head_dim(), a.dtype.as_str());
-    let mut v = vec![param(
-        "tok_embeddings.weight".into(),
-        vec![a.vocab_size, d],
-        dt,
-        Init::Normal { std: 1.0 },
-        Some(Vocab),
-        None,
-    )];
-    for i in 0..a.n_layers {
-        let p = |n: &str| format!("layers.{i}.{n}");
-        let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
-        let l = Some(i);
-        v.push(param(
-            p("attention_norm.weight"),
-            vec![d],
-            dt,
-            Init::Ones,
-            None,
-            l,
-        ));
-        v.push(param(
-            p("attention.wq.weight"),
-            vec![a.n_heads * hd, d],
-            dt,
-            trunc(0.02),
-            Some(Column),
-            l,
-        ));
-        v.push(param(
-            p("attention.wk.weight"),
-            vec![a.n_kv_heads * hd, d],
-            dt,
-            trunc(0.02),
-            Some(Column),
-            l,
-        ));
-        v.push(param(
-            p("attention.wv.weight"),
-            vec![a.n_kv_heads * hd, d],
-            dt,
-            trunc(0.02),
-            Some(Column),
-            l,
-        ));
-        if a.qk_norm {
-            v.push(param(
-                p("attention.q_norm.weight"),
-                vec![hd],
-                dt,
-                Init::Ones,
-                None,
-                l,
-            ));
-            v.push(param(
-                p("attention.k_norm.weight"),
-                vec![hd],
-                dt,
-                Init::Ones,
-                None,
-                l,
-            ));
-        }
-        v.push(param(
-            p("attention.wo.weight"),
-            vec![d, a.n_heads * hd],
-            dt,
-            trunc(depth_std),
-            Some(Row),
-            l,
-        ));
-        v.push(param(
-            p("ffn_norm.weight"),
-            vec![d],
-            dt,
-            Init::Ones,
-            None,
-            l,
-        ));
-        v.push(param(
-            p("feed_forward.w1.weight"),
-            vec![a.ffn_dim, d],
-            dt,
-            trunc(0.02),
-            Some(Column),
-            l,
-        ));
-        v.push(param(
-            p("feed_forward.w3.weight"),
-            vec![a.ffn_dim, d],
-            dt,
-            trunc(depth_std),
-            Some(Column),
-            l,
-        ));
-        v.push(param(
-            p("feed_forward.w2.weight"),
-            vec![d, a.ffn_dim],
-            dt,
-            trunc(depth_std),
-            Some(Row),
-            l,
-        ));
-    }
-    v.push(param(
-        "norm.weight".into(),
-        vec![d],
-        dt,
-        Init::Ones,
-        None,
-        None,
-    ));
-    if !a.tie_embeddings {
-        let std = (d as f64).powf(-0.5);
-        v.push(param(
-            "output.weight".into(),
-            vec![a.vocab_size, d],
-            dt,
-            trunc(std),
-            Some(Column),
-            None,
-        ));
-    }
-    v
+    declare(a).1
 }
 
-/// The full spec: parameters, layers, KV-cache needs, FLOPs and the Hugging Face adapter.
-pub fn model_spec(a: &LlamaArgs) -> ModelSpec {
-    let params = params(a);
+/// The full spec: parameters, layers, KV-cache needs, FLOPs and the Hugging Face config.
+pub fn model_spec(a: &LlamaArgs, params: Vec<ParamSpec>) -> ModelSpec {
     let n: usize = params
         .iter()
         .map(|p| p.shape.iter().product::<usize>())
@@ -184,7 +175,7 @@ pub fn model_spec(a: &LlamaArgs) -> ModelSpec {
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn,
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim())); a.n_layers],
-        hf: Some(hf::adapter(a, &params)),
+        hf: Some(hf::adapter(a)),
         params,
     }
 }

@@ -13,6 +13,7 @@ extern "C" fn info() -> PluginInfo {
         name: "bad-api".into(),
         flavors: RVec::new(),
         description: "test plugin with a future API version".into(),
+        model_types: RVec::new(),
     }
 }
 

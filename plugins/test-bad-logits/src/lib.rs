@@ -1,7 +1,11 @@
 //! A deliberately broken model plugin for the host's tests, declared as `badlogits`: a one-table
 //! bigram model whose head returns logits of the wrong shape, so tests can check that the host
 //! reports it instead of crashing. Flavors: `rank2` returns `[B·T, V]`, `narrow` returns
-//! `[B, T, V − 1]`, `ok` returns the right `[B, T, V]` (a control). Arguments are ignored.
+//! `[B, T, V − 1]`, `ok` returns the right `[B, T, V]` (a control). Flavor `aux` returns the
+//! right logits and, from its one block, the auxiliary loss `l2` (mean square of the hidden
+//! state) and the statistic `hidden_mean` (`[DIM]`), and keeps the buffer `seen` (`[DIM]`),
+//! to which its `before_optimizer_step` adds each step's `hidden_mean`, so the host's handling
+//! of named outputs and buffers is tested. Arguments are ignored.
 
 use anneal_plugin_api::sdk::{
     Ctx, Factory, Init, Model, ModelSpec, ParamSpec, Placement, Result, Tensor,
@@ -19,13 +23,15 @@ pub struct BadLogits {
 
 impl Factory for BadLogits {
     fn flavors() -> Vec<String> {
-        vec!["rank2".into(), "narrow".into(), "ok".into()]
+        vec!["rank2".into(), "narrow".into(), "ok".into(), "aux".into()]
     }
 
     fn create(flavor: Option<&str>, _args: anneal_plugin_api::serde_json::Value) -> Result<Self> {
         let flavor = flavor.unwrap_or("rank2");
         if !Self::flavors().iter().any(|f| f == flavor) {
-            return Err(format!("unknown flavor '{flavor}' (known: rank2, narrow, ok)").into());
+            return Err(
+                format!("unknown flavor '{flavor}' (known: rank2, narrow, ok, aux)").into(),
+            );
         }
         Ok(BadLogits {
             flavor: flavor.into(),
@@ -41,6 +47,19 @@ fn table(name: &str) -> ParamSpec {
         init: Init::Normal { std: 0.02 },
         placement: Placement::default(),
         layer: None,
+        hf: None,
+        trainable: true,
+    }
+}
+
+/// The `aux` flavor's buffer: the sum of every step's `hidden_mean`.
+fn seen() -> ParamSpec {
+    ParamSpec {
+        name: "seen".into(),
+        shape: vec![DIM],
+        init: Init::Zeros,
+        trainable: false,
+        ..table("seen")
     }
 }
 
@@ -48,11 +67,15 @@ impl Model for BadLogits {
     fn spec(&self) -> ModelSpec {
         ModelSpec {
             architecture: "badlogits".into(),
-            n_layers: 0,
+            n_layers: usize::from(self.flavor == "aux"),
             vocab_size: VOCAB,
             max_seq_len: 64,
             flops_per_token: (6 * VOCAB * DIM) as f64,
-            params: vec![table("embedding"), table("output")],
+            params: if self.flavor == "aux" {
+                vec![table("embedding"), table("output"), seen()]
+            } else {
+                vec![table("embedding"), table("output")]
+            },
             kv_cache: vec![],
             hf: None,
         }
@@ -65,10 +88,13 @@ impl Model for BadLogits {
 
     fn layer<'h>(
         &self,
-        _ctx: &Ctx<'h>,
+        ctx: &Ctx<'h>,
         _index: usize,
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
+        let h = hidden.first().ok_or("layer: no hidden state")?;
+        ctx.aux_loss("l2", &h.mul(h)?.mean(&[0, 1, 2], false)?)?;
+        ctx.stat("hidden_mean", &h.mean(&[0, 1], false)?)?;
         Ok(hidden)
     }
 
@@ -81,6 +107,18 @@ impl Model for BadLogits {
             _ => Ok(logits),
         }
     }
+
+    fn before_optimizer_step(
+        &self,
+        host: anneal_plugin_api::sdk::Host<'_>,
+        _step: u64,
+    ) -> Result<()> {
+        if self.flavor != "aux" {
+            return Ok(());
+        }
+        let seen = host.param("seen")?;
+        seen.assign(&seen.add(&host.param("stats.hidden_mean")?)?)
+    }
 }
 
-anneal_plugin_api::export_plugin!(model BadLogits, name = "badlogits", description = "test plugin: logits of the wrong shape");
+anneal_plugin_api::export_plugin!(model BadLogits, name = "badlogits", description = "test plugin: logits of the wrong shape, or auxiliary outputs");

@@ -5,7 +5,7 @@ use super::kv_cache::KvCache;
 use super::ops;
 use abi_stable::std_types::{RErr, ROk, RResult, RSlice, RStr, RString, RVec};
 use anneal_engine::Tensor;
-use anneal_plugin_api::abi::{Attr, Handle, HostVTable};
+use anneal_plugin_api::abi::{Attr, Handle, HostVTable, OutputKind};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,6 +18,20 @@ pub struct HostSession {
     named: std::sync::Arc<HashMap<String, Tensor>>,
     arena: Mutex<Arena>,
     cache: Option<std::sync::Arc<KvCache>>,
+    /// Named outputs a model forward emitted; `None` where nothing would read them (optimizer
+    /// steps), so an emit there is an error rather than lost.
+    emitted: Option<Mutex<Vec<Emitted>>>,
+}
+
+/// A named output of a forward besides the logits.
+#[derive(Clone)]
+pub struct Emitted {
+    /// Auxiliary loss or statistic.
+    pub kind: OutputKind,
+    /// Its name.
+    pub name: String,
+    /// Its value.
+    pub tensor: Tensor,
 }
 
 #[derive(Default)]
@@ -44,7 +58,22 @@ impl HostSession {
                 live: HashMap::new(),
             }),
             cache,
+            emitted: None,
         }
+    }
+
+    /// Accepts named outputs ([`Emitted`]) from the plugin (model forwards).
+    pub fn accepting_outputs(mut self) -> Self {
+        self.emitted = Some(Mutex::new(Vec::new()));
+        self
+    }
+
+    /// Takes the named outputs emitted so far.
+    pub fn take_emitted(&self) -> Vec<Emitted> {
+        self.emitted
+            .as_ref()
+            .map(|m| std::mem::take(&mut *m.lock().expect("emitted lock poisoned")))
+            .unwrap_or_default()
     }
 
     /// The KV cache attention ops use, if any.
@@ -93,6 +122,7 @@ impl HostSession {
             param: host_param,
             retain: host_retain,
             release: host_release,
+            emit: host_emit,
         }
     }
 }
@@ -172,4 +202,33 @@ unsafe extern "C" fn host_release(ctx: *const c_void, h: Handle) {
     // SAFETY: as in host_call.
     let s = unsafe { session(ctx) };
     let _ = s.take(h);
+}
+
+unsafe extern "C" fn host_emit(
+    ctx: *const c_void,
+    kind: OutputKind,
+    name: RStr<'_>,
+    h: Handle,
+) -> RResult<(), RString> {
+    // SAFETY: as in host_call.
+    let s = unsafe { session(ctx) };
+    guarded(&format!("emit {}", name.as_str()), || {
+        let sink = s
+            .emitted
+            .as_ref()
+            .ok_or("named outputs are only accepted from a model forward")?;
+        let tensor = s.get(h)?;
+        if kind == OutputKind::AuxLoss && tensor.numel() != 1 {
+            return Err(format!(
+                "an auxiliary loss must be a scalar, got shape {:?}",
+                tensor.shape()
+            ));
+        }
+        sink.lock().expect("emitted lock poisoned").push(Emitted {
+            kind,
+            name: name.as_str().to_string(),
+            tensor,
+        });
+        Ok(())
+    })
 }

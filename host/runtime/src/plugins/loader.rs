@@ -75,6 +75,14 @@ pub enum PluginError {
         /// The host's.
         host: u32,
     },
+    /// No model plugin in the search path declares a Hugging Face `model_type`.
+    #[error("no model plugin serves Hugging Face model_type '{model_type}' (served: {served})")]
+    NoModelType {
+        /// The `model_type` of the directory.
+        model_type: String,
+        /// `plugin (type, type)` for each model plugin found, joined.
+        served: String,
+    },
     /// The plugin refused its arguments or failed to build.
     #[error("plugin '{name}': {msg}")]
     Create {
@@ -113,6 +121,11 @@ impl LoadedPlugin {
     /// Model or optimizer.
     pub fn kind(&self) -> PluginKind {
         self.info.kind
+    }
+
+    /// The Hugging Face `model_type`s a model plugin serves.
+    pub fn model_types(&self) -> impl Iterator<Item = &str> {
+        self.info.model_types.iter().map(|t| t.as_str())
     }
 
     /// Instantiates `flavor` with JSON `args`.
@@ -208,6 +221,49 @@ pub fn discover(dirs: &[PathBuf]) -> Vec<Result<LoadedPlugin, PluginError>> {
         }
     }
     out
+}
+
+/// The model plugin of the search path that declares Hugging Face `model_type` (the first
+/// such plugin in search order).
+pub fn find_for_model_type(model_type: &str) -> Result<LoadedPlugin, PluginError> {
+    find_for_model_type_in(&search_paths(), model_type)
+}
+
+/// [`find_for_model_type`] over `dirs`. Plugin files that fail to load are passed over: they
+/// cannot serve anything, and `anneal plugins list` reports them.
+pub fn find_for_model_type_in(
+    dirs: &[PathBuf],
+    model_type: &str,
+) -> Result<LoadedPlugin, PluginError> {
+    let models: Vec<LoadedPlugin> = discover(dirs)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|p| p.kind() == PluginKind::Model)
+        .collect();
+    if let Some(p) = models
+        .iter()
+        .find(|p| p.model_types().any(|t| t == model_type))
+    {
+        return Ok(p.clone());
+    }
+    let served: Vec<String> = models
+        .iter()
+        .map(|p| {
+            format!(
+                "{} ({})",
+                p.name(),
+                p.model_types().collect::<Vec<_>>().join(", ")
+            )
+        })
+        .collect();
+    Err(PluginError::NoModelType {
+        model_type: model_type.to_string(),
+        served: if served.is_empty() {
+            "no model plugins found".into()
+        } else {
+            served.join("; ")
+        },
+    })
 }
 
 /// Finds the plugin called `name` in the search path.

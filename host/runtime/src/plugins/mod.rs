@@ -9,8 +9,11 @@ mod ops;
 pub mod optimizer;
 pub mod recompute;
 
-pub use host::HostSession;
+pub use host::{Emitted, HostSession};
 pub use kv_cache::KvCache;
-pub use loader::{discover, find, find_in, load, search_paths, LoadedPlugin, PluginError};
-pub use model::{ForwardOpts, Params, PluginModel};
+pub use loader::{
+    discover, find, find_for_model_type, find_for_model_type_in, find_in, load, search_paths,
+    LoadedPlugin, PluginError,
+};
+pub use model::{ForwardOpts, ForwardOutput, Params, PluginModel};
 pub use optimizer::PluginOptimizer;

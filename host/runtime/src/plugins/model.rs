@@ -2,17 +2,31 @@
 //! stages (`embed`, one `layer` per block, `head`), optionally recomputing each block in
 //! backward.
 
-use super::host::HostSession;
+use super::host::{Emitted, HostSession};
 use super::kv_cache::KvCache;
 use super::PluginError;
 use abi_stable::std_types::RVec;
 use anneal_engine::autograd::{checkpoint, RegionFn};
 use anneal_engine::rng::RngKey;
 use anneal_engine::{DType, Tensor};
-use anneal_plugin_api::abi::{ForwardCtx, Handle, ModelBox, PluginInstance};
+use anneal_plugin_api::abi::{ForwardCtx, Handle, ModelBox, OutputKind, PluginInstance};
 use anneal_plugin_api::spec::{Init, ModelSpec, ParamSpec};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// Where the stages of one forward put the named outputs the model emits.
+type Sink = Mutex<Vec<Emitted>>;
+
+/// A forward's logits and the named outputs the model emitted beside them.
+pub struct ForwardOutput {
+    /// `[B, T, V]`.
+    pub logits: Tensor,
+    /// Auxiliary losses (scalars, with gradients) by name, in the order first emitted; losses
+    /// of one name are summed.
+    pub aux_losses: Vec<(String, Tensor)>,
+    /// Statistics (no gradient) by name, in the order emitted.
+    pub stats: Vec<(String, Tensor)>,
+}
 
 /// Named parameter tensors (leaves that require grad when training).
 pub type Params = Arc<HashMap<String, Tensor>>;
@@ -66,6 +80,9 @@ impl PluginModel {
         // The spec itself is not shown: it lists every parameter (thousands of characters).
         let spec: ModelSpec = serde_json::from_value(value)
             .map_err(|e| create_err(format!("bad model spec: {e}")))?;
+        // A slip in a declaration (a name twice, a mapping that does not fit its shape) fails
+        // here, when the plugin loads, naming the parameter.
+        spec.check().map_err(create_err)?;
         Ok(PluginModel {
             name: name.to_string(),
             inst: Arc::new(inst),
@@ -88,7 +105,9 @@ impl PluginModel {
             .collect()
     }
 
-    /// Logits `[B, T, V]` for token ids `[B, T]` at `positions` (i64 `[T]`).
+    /// Logits `[B, T, V]` for token ids `[B, T]` at `positions` (i64 `[T]`). Auxiliary
+    /// losses and statistics the model emits are not needed for inference and are left out;
+    /// training uses [`PluginModel::forward_full`].
     pub fn forward(
         &self,
         params: &Params,
@@ -96,8 +115,32 @@ impl PluginModel {
         positions: &Tensor,
         opts: &ForwardOpts,
     ) -> anneal_engine::Result<Tensor> {
+        Ok(self.forward_full(params, tokens, positions, opts)?.logits)
+    }
+
+    /// [`PluginModel::forward`] with the auxiliary losses and statistics the model emitted.
+    pub fn forward_full(
+        &self,
+        params: &Params,
+        tokens: &Tensor,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+    ) -> anneal_engine::Result<ForwardOutput> {
         let _phase = anneal_engine::profile::phase("forward");
-        let mut hidden = self.embed(params, tokens, positions, opts)?;
+        let sink = Sink::default();
+        let mut hidden = run_stage(
+            &self.inst,
+            &self.name,
+            params,
+            positions,
+            opts,
+            &sink,
+            |inst, vt, ctx, s| {
+                let h = s.insert(tokens.clone());
+                inst.embed(vt, ctx, h).into_result()
+            },
+            "embed",
+        )?;
         for i in 0..self.spec.n_layers {
             let planned = opts
                 .recompute_layers
@@ -105,9 +148,11 @@ impl PluginModel {
                 .is_some_and(|p| p.get(i) == Some(&true));
             let every = opts.recompute_every > 0 && i % opts.recompute_every == 0;
             hidden = if opts.training && (every || planned) {
-                self.checkpointed_layer(params, positions, opts, i, hidden)?
+                self.checkpointed_layer(params, positions, opts, i, hidden, &sink)?
             } else {
-                layer(&self.inst, &self.name, params, positions, opts, i, &hidden)?
+                layer(
+                    &self.inst, &self.name, params, positions, opts, i, &hidden, &sink,
+                )?
             };
         }
         let out = run_stage(
@@ -116,6 +161,7 @@ impl PluginModel {
             params,
             positions,
             opts,
+            &sink,
             |inst, vt, ctx, s| {
                 let hs: RVec<Handle> = hidden.iter().map(|t| s.insert(t.clone())).collect();
                 inst.head(vt, ctx, hs)
@@ -148,7 +194,13 @@ impl PluginModel {
                 ),
             ));
         }
-        Ok(logits)
+        let emitted = sink.into_inner().expect("sink lock poisoned");
+        let (aux_losses, stats) = gather_outputs(&self.name, emitted)?;
+        Ok(ForwardOutput {
+            logits,
+            aux_losses,
+            stats,
+        })
     }
 
     /// The `embed` stage alone: the hidden state for token ids `[B, T]`.
@@ -159,18 +211,42 @@ impl PluginModel {
         positions: &Tensor,
         opts: &ForwardOpts,
     ) -> anneal_engine::Result<Vec<Tensor>> {
+        // A partial forward (cost measurements): named outputs have no one to go to.
         run_stage(
             &self.inst,
             &self.name,
             params,
             positions,
             opts,
+            &Sink::default(),
             |inst, vt, ctx, s| {
                 let h = s.insert(tokens.clone());
                 inst.embed(vt, ctx, h).into_result()
             },
             "embed",
         )
+    }
+
+    /// Runs the model's `before_optimizer_step` hook: it reaches every parameter and buffer of
+    /// `params` by name and each of `stats` as `stats.<name>`, and updates buffers in place
+    /// (without recording gradients).
+    pub fn before_optimizer_step(
+        &self,
+        params: &Params,
+        stats: &[(String, Tensor)],
+        step: u64,
+    ) -> anneal_engine::Result<()> {
+        let mut named: HashMap<String, Tensor> = (**params).clone();
+        for (n, t) in stats {
+            named.insert(format!("stats.{n}"), t.clone());
+        }
+        let session = HostSession::new(named);
+        let vt = session.vtable();
+        let _no_grad = anneal_engine::autograd::no_grad();
+        self.inst
+            .before_optimizer_step(&vt, step)
+            .into_result()
+            .map_err(|e| stage_err(&self.name, "before_optimizer_step", e))
     }
 
     /// Block `i` alone on `hidden` (never recomputed).
@@ -182,9 +258,15 @@ impl PluginModel {
         i: usize,
         hidden: &[Tensor],
     ) -> anneal_engine::Result<Vec<Tensor>> {
-        layer(&self.inst, &self.name, params, positions, opts, i, hidden)
+        let sink = Sink::default();
+        layer(
+            &self.inst, &self.name, params, positions, opts, i, hidden, &sink,
+        )
     }
 
+    /// Block `i` recomputed in backward. Its forward runs without recording gradients, so an
+    /// auxiliary loss it emits could not train anything: that is refused with a message, as is
+    /// a block passing more than one hidden tensor (the recompute region has one output).
     fn checkpointed_layer(
         &self,
         params: &Params,
@@ -192,27 +274,92 @@ impl PluginModel {
         opts: &ForwardOpts,
         i: usize,
         hidden: Vec<Tensor>,
+        sink: &Sink,
     ) -> anneal_engine::Result<Vec<Tensor>> {
         if hidden.len() != 1 {
-            return layer(&self.inst, &self.name, params, positions, opts, i, &hidden);
+            return Err(stage_err(
+                &self.name,
+                "layer",
+                format!(
+                    "block {i} passes {} hidden tensors, and recomputing a block supports one; set activation_checkpoint.mode = \"none\" for this model",
+                    hidden.len()
+                ),
+            ));
         }
-        let (inst, name, params, positions, opts) = (
+        // What the first (forward) run emitted; the recompute in backward emits it again.
+        let first: Arc<Mutex<Option<Vec<Emitted>>>> = Arc::default();
+        let (inst, name, params, positions, opts, first2) = (
             self.inst.clone(),
             self.name.clone(),
             params.clone(),
             positions.clone(),
             opts.clone(),
+            first.clone(),
         );
         let f: RegionFn = Arc::new(move |xs: &[Tensor]| {
-            let out = layer(&inst, &name, &params, &positions, &opts, i, xs)?;
+            let local = Sink::default();
+            let out = layer(&inst, &name, &params, &positions, &opts, i, xs, &local)?;
+            let mut f = first2.lock().expect("first-run lock poisoned");
+            if f.is_none() {
+                *f = Some(local.into_inner().expect("sink lock poisoned"));
+            }
             out.into_iter()
                 .next()
                 .ok_or_else(|| stage_err(&name, "layer", "returned nothing"))
         });
-        Ok(vec![checkpoint(&hidden, f)?])
+        let out = checkpoint(&hidden, f)?;
+        let emitted = first
+            .lock()
+            .expect("first-run lock poisoned")
+            .take()
+            .unwrap_or_default();
+        if let Some(e) = emitted.iter().find(|e| e.kind == OutputKind::AuxLoss) {
+            return Err(stage_err(
+                &self.name,
+                "layer",
+                format!(
+                    "block {i} emits the auxiliary loss '{}', which cannot be trained through a recomputed block; set activation_checkpoint.mode = \"none\"",
+                    e.name
+                ),
+            ));
+        }
+        sink.lock().expect("sink lock poisoned").extend(emitted);
+        Ok(vec![out])
     }
 }
 
+/// Named outputs of a forward, in order.
+type Named = Vec<(String, Tensor)>;
+
+/// Auxiliary losses summed by name, and statistics by name; a statistic emitted twice in one
+/// forward is the plugin's error (two layers must name theirs apart).
+fn gather_outputs(name: &str, emitted: Vec<Emitted>) -> anneal_engine::Result<(Named, Named)> {
+    let (mut aux, mut stats): (Named, Named) = (vec![], vec![]);
+    for e in emitted {
+        match e.kind {
+            OutputKind::AuxLoss => match aux.iter_mut().find(|(n, _)| *n == e.name) {
+                Some((_, t)) => *t = t.add(&e.tensor)?,
+                None => aux.push((e.name, e.tensor)),
+            },
+            OutputKind::Stat => {
+                if stats.iter().any(|(n, _)| *n == e.name) {
+                    return Err(stage_err(
+                        name,
+                        "forward",
+                        format!(
+                            "the statistic '{}' was emitted twice in one forward",
+                            e.name
+                        ),
+                    ));
+                }
+                stats.push((e.name, e.tensor.detach()));
+            }
+        }
+    }
+    Ok((aux, stats))
+}
+
+#[allow(clippy::too_many_arguments)]
 fn layer(
     inst: &ModelBox,
     name: &str,
@@ -221,6 +368,7 @@ fn layer(
     opts: &ForwardOpts,
     i: usize,
     hidden: &[Tensor],
+    sink: &Sink,
 ) -> anneal_engine::Result<Vec<Tensor>> {
     run_stage(
         inst,
@@ -228,6 +376,7 @@ fn layer(
         params,
         positions,
         opts,
+        sink,
         |inst, vt, ctx, s| {
             let hs: RVec<Handle> = hidden.iter().map(|t| s.insert(t.clone())).collect();
             inst.layer(vt, ctx, i as u64, hs).into_result()
@@ -239,12 +388,14 @@ fn layer(
 /// One plugin call of a forward: gets the instance, the op table, the context and the session.
 type StageResult = Result<RVec<Handle>, abi_stable::std_types::RString>;
 
+#[allow(clippy::too_many_arguments)]
 fn run_stage(
     inst: &ModelBox,
     name: &str,
     params: &Params,
     positions: &Tensor,
     opts: &ForwardOpts,
+    sink: &Sink,
     f: impl FnOnce(
         &ModelBox,
         &anneal_plugin_api::abi::HostVTable,
@@ -253,7 +404,7 @@ fn run_stage(
     ) -> StageResult,
     what: &str,
 ) -> anneal_engine::Result<Vec<Tensor>> {
-    let session = HostSession::with_cache(params.clone(), opts.cache.clone());
+    let session = HostSession::with_cache(params.clone(), opts.cache.clone()).accepting_outputs();
     let vt = session.vtable();
     let ctx = ForwardCtx {
         training: opts.training,
@@ -261,6 +412,9 @@ fn run_stage(
         use_cache: opts.cache.is_some(),
     };
     let out = f(inst, &vt, &ctx, &session).map_err(|e| stage_err(name, what, e))?;
+    sink.lock()
+        .expect("sink lock poisoned")
+        .extend(session.take_emitted());
     out.into_iter()
         .map(|h| session.take(h).map_err(|e| stage_err(name, what, e)))
         .collect()

@@ -1,10 +1,12 @@
-//! The host-op registry: op names and attributes, as plugins call them, mapped onto engine ops.
-//! Adding an op here changes no layout: plugins built earlier keep working.
+//! The host-op registry: the ops declared in `anneal_plugin_api::ops` (name and typed
+//! attributes, shared with the SDK), each mapped onto engine ops by one arm of [`run`]. Adding an
+//! op changes no layout: plugins built earlier keep working.
 
 use super::host::HostSession;
 use super::kv_cache::KvCache;
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::abi::Attr;
+use anneal_plugin_api::ops::{self as o, OpAttrs};
 
 type R<T> = Result<T, String>;
 
@@ -12,39 +14,14 @@ fn arg<'a>(inputs: &'a [Tensor], i: usize, op: &str) -> R<&'a Tensor> {
     inputs.get(i).ok_or_else(|| format!("{op} needs input {i}"))
 }
 
-fn int(attrs: &[Attr], i: usize, op: &str) -> R<i64> {
-    match attrs.get(i) {
-        Some(Attr::Int(v)) => Ok(*v),
-        other => Err(format!(
-            "{op}: attribute {i} must be an integer, got {other:?}"
-        )),
-    }
+/// The typed attributes of op `A` (the struct both sides share, see
+/// [`anneal_plugin_api::ops`]); a mismatch names the op, the attribute and the type.
+fn parse<A: OpAttrs>(attrs: &[Attr]) -> R<A> {
+    A::from_attrs(attrs)
 }
 
-fn float(attrs: &[Attr], i: usize, op: &str) -> R<f64> {
-    match attrs.get(i) {
-        Some(Attr::Float(v)) => Ok(*v),
-        Some(Attr::Int(v)) => Ok(*v as f64),
-        other => Err(format!(
-            "{op}: attribute {i} must be a number, got {other:?}"
-        )),
-    }
-}
-
-fn ints(attrs: &[Attr], i: usize, op: &str) -> R<Vec<i64>> {
-    match attrs.get(i) {
-        Some(Attr::Ints(v)) => Ok(v.to_vec()),
-        other => Err(format!(
-            "{op}: attribute {i} must be a list of integers, got {other:?}"
-        )),
-    }
-}
-
-fn boolean(attrs: &[Attr], i: usize, op: &str) -> R<bool> {
-    match attrs.get(i) {
-        Some(Attr::Bool(v)) => Ok(*v),
-        other => Err(format!("{op}: attribute {i} must be a bool, got {other:?}")),
-    }
+fn dims(v: &[i64]) -> Vec<isize> {
+    v.iter().map(|&d| d as isize).collect()
 }
 
 /// Resolves one `-1` in a requested shape against the element count.
@@ -70,27 +47,32 @@ fn e(err: anneal_engine::Error) -> String {
     err.to_string()
 }
 
-/// Runs host op `op`.
+/// Runs host op `op`: one arm per op, its attributes read as the struct the SDK sent.
 pub(crate) fn run(
     op: &str,
     inputs: &[Tensor],
     attrs: &[Attr],
     session: &HostSession,
 ) -> R<Vec<Tensor>> {
-    let _ = session;
     let x = || arg(inputs, 0, op);
     let y = || arg(inputs, 1, op);
     let one = |t: anneal_engine::Result<Tensor>| t.map(|t| vec![t]).map_err(e);
     match op {
-        "add" => one(x()?.add(y()?)),
-        "sub" => one(x()?.sub(y()?)),
-        "mul" => one(x()?.mul(y()?)),
-        "div" => one(x()?.div(y()?)),
-        "maximum" => one(x()?.maximum(y()?)),
-        "minimum" => one(x()?.minimum(y()?)),
-        "affine" => one(x()?.affine(float(attrs, 0, op)? as f32, float(attrs, 1, op)? as f32)),
-        "pow" => one(x()?.powf(float(attrs, 0, op)? as f32)),
-        "clamp" => one(x()?.clamp(float(attrs, 0, op)? as f32, float(attrs, 1, op)? as f32)),
+        o::Add::OP => one(x()?.add(y()?)),
+        o::Sub::OP => one(x()?.sub(y()?)),
+        o::Mul::OP => one(x()?.mul(y()?)),
+        o::Div::OP => one(x()?.div(y()?)),
+        o::Maximum::OP => one(x()?.maximum(y()?)),
+        o::Minimum::OP => one(x()?.minimum(y()?)),
+        o::Affine::OP => {
+            let a: o::Affine = parse(attrs)?;
+            one(x()?.affine(a.mul as f32, a.add as f32))
+        }
+        o::Pow::OP => one(x()?.powf(parse::<o::Pow>(attrs)?.exponent as f32)),
+        o::Clamp::OP => {
+            let a: o::Clamp = parse(attrs)?;
+            one(x()?.clamp(a.min as f32, a.max as f32))
+        }
         "neg" => one(x()?.neg()),
         "exp" => one(x()?.exp()),
         "log" => one(x()?.log()),
@@ -104,95 +86,85 @@ pub(crate) fn run(
         "relu" => one(x()?.relu()),
         "softplus" => one(x()?.softplus()),
         "abs" => one(x()?.abs()),
-        "matmul" => one(x()?.matmul(y()?)),
-        "swiglu" => one(x()?.swiglu(y()?)),
-        "linear" => {
+        o::Matmul::OP => one(x()?.matmul(y()?)),
+        o::Swiglu::OP => one(x()?.swiglu(y()?)),
+        o::Linear::OP => {
             let (x, w) = (x()?, y()?);
             one(w.transpose(0, 1).and_then(|wt| x.matmul(&wt)))
         }
-        "reshape" => {
+        o::Reshape::OP => {
             let t = x()?;
-            let shape = infer_shape(&ints(attrs, 0, op)?, t.numel())?;
+            let shape = infer_shape(&parse::<o::Reshape>(attrs)?.shape, t.numel())?;
             one(t.reshape(&shape))
         }
-        "transpose" => {
-            one(x()?.transpose(int(attrs, 0, op)? as isize, int(attrs, 1, op)? as isize))
+        o::Transpose::OP => {
+            let a: o::Transpose = parse(attrs)?;
+            one(x()?.transpose(a.a as isize, a.b as isize))
         }
-        "permute" => {
-            let p: Vec<usize> = ints(attrs, 0, op)?
+        o::Permute::OP => {
+            let p: Vec<usize> = parse::<o::Permute>(attrs)?
+                .perm
                 .into_iter()
                 .map(|d| d as usize)
                 .collect();
             one(x()?.permute(&p))
         }
-        "sum" | "mean" => {
-            let dims: Vec<isize> = ints(attrs, 0, op)?
-                .into_iter()
-                .map(|d| d as isize)
-                .collect();
-            let keep = boolean(attrs, 1, op)?;
-            one(if op == "sum" {
-                x()?.sum_dims(&dims, keep)
-            } else {
-                x()?.mean_dims(&dims, keep)
-            })
+        o::Sum::OP => {
+            let a: o::Sum = parse(attrs)?;
+            one(x()?.sum_dims(&dims(&a.dims), a.keepdim))
         }
-        "to_dtype" => {
-            let name = match attrs.first() {
-                Some(Attr::Str(s)) => s.to_string(),
-                other => {
-                    return Err(format!(
-                        "{op}: attribute 0 must be a dtype name, got {other:?}"
-                    ))
-                }
-            };
+        o::Mean::OP => {
+            let a: o::Mean = parse(attrs)?;
+            one(x()?.mean_dims(&dims(&a.dims), a.keepdim))
+        }
+        o::ToDtype::OP => {
+            let name = parse::<o::ToDtype>(attrs)?.dtype;
             let dt = DType::parse(&name).ok_or_else(|| format!("{op}: unknown dtype '{name}'"))?;
             one(x()?.to_dtype(dt))
         }
-        "adamw" => adamw(inputs, attrs).map(|()| vec![]),
-        "assign" => {
+        o::AdamW::OP => adamw(inputs, parse(attrs)?).map(|()| vec![]),
+        o::Assign::OP => {
             x()?.copy_from(y()?).map_err(e)?;
             Ok(vec![])
         }
-        "softmax" => one(x()?.softmax(int(attrs, 0, op)? as isize)),
-        "log_softmax" => one(x()?.log_softmax(int(attrs, 0, op)? as isize)),
-        "embedding" => one(x()?.embedding(y()?)),
-        "rms_norm" => one(x()?.rms_norm(Some(y()?), float(attrs, 0, op)? as f32)),
-        "rope" => rope(x()?, y()?, attrs).map(|t| vec![t]),
-        "attention" => attention(inputs, attrs, session).map(|t| vec![t]),
-        "layer_norm" => {
-            let b = match attrs.get(1) {
-                Some(Attr::Tensor(h)) => Some(session.get(*h)?),
-                _ => None,
-            };
-            one(x()?.layer_norm(Some(y()?), b.as_ref(), float(attrs, 0, op)? as f32))
+        o::Softmax::OP => one(x()?.softmax(parse::<o::Softmax>(attrs)?.dim as isize)),
+        o::LogSoftmax::OP => one(x()?.log_softmax(parse::<o::LogSoftmax>(attrs)?.dim as isize)),
+        o::Embedding::OP => one(x()?.embedding(y()?)),
+        o::RmsNorm::OP => one(x()?.rms_norm(Some(y()?), parse::<o::RmsNorm>(attrs)?.eps as f32)),
+        o::Rope::OP => rope(x()?, y()?, parse(attrs)?).map(|t| vec![t]),
+        o::Attention::OP => attention(inputs, parse(attrs)?, session).map(|t| vec![t]),
+        o::LayerNorm::OP => {
+            let a: o::LayerNorm = parse(attrs)?;
+            let b = a.bias.map(|h| session.get(h)).transpose()?;
+            one(x()?.layer_norm(Some(y()?), b.as_ref(), a.eps as f32))
         }
-        "narrow" => one(x()?.narrow(
-            int(attrs, 0, op)? as isize,
-            int(attrs, 1, op)? as usize,
-            int(attrs, 2, op)? as usize,
+        o::Narrow::OP => {
+            let a: o::Narrow = parse(attrs)?;
+            one(x()?.narrow(a.dim as isize, a.start as usize, a.len as usize))
+        }
+        o::Cat::OP => one(anneal_engine::ops::cat(
+            inputs,
+            parse::<o::Cat>(attrs)?.dim as isize,
         )),
-        "cat" => one(anneal_engine::ops::cat(inputs, int(attrs, 0, op)? as isize)),
-        "where" => one(anneal_engine::ops::where_(x()?, y()?, arg(inputs, 2, op)?)),
-        "index_select" => one(x()?.index_select(int(attrs, 0, op)? as isize, y()?)),
-        "gather" => one(x()?.gather(int(attrs, 0, op)? as isize, y()?)),
-        "scatter_add" => {
-            one(x()?.scatter_add(int(attrs, 0, op)? as isize, y()?, arg(inputs, 2, op)?))
+        o::Where::OP => one(anneal_engine::ops::where_(x()?, y()?, arg(inputs, 2, op)?)),
+        o::IndexSelect::OP => {
+            one(x()?.index_select(parse::<o::IndexSelect>(attrs)?.dim as isize, y()?))
         }
-        "topk" => {
+        o::Gather::OP => one(x()?.gather(parse::<o::Gather>(attrs)?.dim as isize, y()?)),
+        o::ScatterAdd::OP => {
+            let dim = parse::<o::ScatterAdd>(attrs)?.dim as isize;
+            one(x()?.scatter_add(dim, y()?, arg(inputs, 2, op)?))
+        }
+        o::TopK::OP => {
+            let a: o::TopK = parse(attrs)?;
             let (v, i) = x()?
-                .topk(
-                    int(attrs, 0, op)? as usize,
-                    int(attrs, 1, op)? as isize,
-                    boolean(attrs, 2, op)?,
-                    true,
-                )
+                .topk(a.k as usize, a.dim as isize, a.largest, true)
                 .map_err(e)?;
             Ok(vec![v, i])
         }
-        "sort_by_expert" => {
-            let r =
-                anneal_engine::ops::sort_by_expert(x()?, int(attrs, 0, op)? as usize).map_err(e)?;
+        o::SortByExpert::OP => {
+            let n = parse::<o::SortByExpert>(attrs)?.num_experts as usize;
+            let r = anneal_engine::ops::sort_by_expert(x()?, n).map_err(e)?;
             let counts: Vec<i64> = r.counts.iter().map(|&c| c as i64).collect();
             let n = counts.len();
             Ok(vec![
@@ -202,66 +174,51 @@ pub(crate) fn run(
                 Tensor::from_vec(counts, &[n]).map_err(e)?,
             ])
         }
-        "grouped_matmul" => one(x()?.grouped_matmul(y()?, arg(inputs, 2, op)?)),
-        "cross_entropy" => {
+        o::GroupedMatmul::OP => one(x()?.grouped_matmul(y()?, arg(inputs, 2, op)?)),
+        o::CrossEntropy::OP => {
             let opts = anneal_engine::ops::CrossEntropy {
-                ignore_index: opt_int(attrs, 0),
+                ignore_index: parse::<o::CrossEntropy>(attrs)?.ignore_index,
                 ..Default::default()
             };
             one(anneal_engine::ops::cross_entropy(x()?, y()?, &opts))
         }
-        "max" => one(x()?.max_dim(int(attrs, 0, op)? as isize, boolean(attrs, 1, op)?)),
-        "min" => one(x()?.min_dim(int(attrs, 0, op)? as isize, boolean(attrs, 1, op)?)),
-        "argmax" => one(x()?.argmax(int(attrs, 0, op)? as isize, boolean(attrs, 1, op)?)),
-        "var" => {
-            let dims: Vec<isize> = ints(attrs, 0, op)?
-                .into_iter()
-                .map(|d| d as isize)
-                .collect();
-            one(x()?.var_dims(&dims, int(attrs, 1, op)? as usize, boolean(attrs, 2, op)?))
+        o::Max::OP => {
+            let a: o::Max = parse(attrs)?;
+            one(x()?.max_dim(a.dim as isize, a.keepdim))
         }
-        "masked_fill" => one(x()?.masked_fill(y()?, float(attrs, 0, op)? as f32)),
-        "stack" => one(anneal_engine::ops::stack(
+        o::Min::OP => {
+            let a: o::Min = parse(attrs)?;
+            one(x()?.min_dim(a.dim as isize, a.keepdim))
+        }
+        o::Argmax::OP => {
+            let a: o::Argmax = parse(attrs)?;
+            one(x()?.argmax(a.dim as isize, a.keepdim))
+        }
+        o::Var::OP => {
+            let a: o::Var = parse(attrs)?;
+            one(x()?.var_dims(&dims(&a.dims), a.correction as usize, a.keepdim))
+        }
+        o::MaskedFill::OP => {
+            one(x()?.masked_fill(y()?, parse::<o::MaskedFill>(attrs)?.value as f32))
+        }
+        o::Stack::OP => one(anneal_engine::ops::stack(
             inputs,
-            int(attrs, 0, op)? as isize,
+            parse::<o::Stack>(attrs)?.dim as isize,
         )),
-        "dropout" => {
-            // The key is derived by the host from (seed, stream name) attrs, so recomputation
-            // and resharding draw the same mask.
-            let seed = int(attrs, 1, op)? as u64;
-            let stream = match attrs.get(2) {
-                Some(Attr::Str(s)) => s.to_string(),
-                other => {
-                    return Err(format!(
-                        "{op}: attribute 2 must be a stream name, got {other:?}"
-                    ))
-                }
-            };
-            let key = anneal_engine::rng::RngKey::new(seed, &stream);
-            one(x()?.dropout(float(attrs, 0, op)? as f32, &key, int(attrs, 3, op)? as u64))
+        o::Dropout::OP => {
+            // The key is derived by the host from (seed, stream name), so recomputation and
+            // resharding draw the same mask.
+            let a: o::Dropout = parse(attrs)?;
+            let key = anneal_engine::rng::RngKey::new(a.seed as u64, &a.stream);
+            one(x()?.dropout(a.p as f32, &key, a.offset as u64))
         }
         _ => Err(format!("this host has no op named '{op}'")),
     }
 }
 
-fn opt_float(attrs: &[Attr], i: usize) -> Option<f64> {
-    match attrs.get(i) {
-        Some(Attr::Float(v)) => Some(*v),
-        Some(Attr::Int(v)) => Some(*v as f64),
-        _ => None,
-    }
-}
-
-fn opt_int(attrs: &[Attr], i: usize) -> Option<i64> {
-    match attrs.get(i) {
-        Some(Attr::Int(v)) => Some(*v),
-        _ => None,
-    }
-}
-
-/// `adamw([param, grad, exp_avg, exp_avg_sq] per parameter)`, attrs: lr, beta1, beta2, eps,
-/// weight decay, step. Updates in place, one fused pass over every parameter.
-fn adamw(inputs: &[Tensor], attrs: &[Attr]) -> R<()> {
+/// `adamw([param, grad, exp_avg, exp_avg_sq] per parameter)`. Updates in place, one fused
+/// pass over every parameter.
+fn adamw(inputs: &[Tensor], a: o::AdamW) -> R<()> {
     let op = "adamw";
     if inputs.is_empty() || !inputs.len().is_multiple_of(4) {
         return Err(format!(
@@ -270,12 +227,12 @@ fn adamw(inputs: &[Tensor], attrs: &[Attr]) -> R<()> {
         ));
     }
     let hp = anneal_engine::ops::AdamW {
-        lr: float(attrs, 0, op)?,
-        beta1: float(attrs, 1, op)?,
-        beta2: float(attrs, 2, op)?,
-        eps: float(attrs, 3, op)?,
-        weight_decay: float(attrs, 4, op)?,
-        step: u64::try_from(int(attrs, 5, op)?).map_err(|_| format!("{op}: negative step"))?,
+        lr: a.lr,
+        beta1: a.beta1,
+        beta2: a.beta2,
+        eps: a.eps,
+        weight_decay: a.weight_decay,
+        step: u64::try_from(a.step).map_err(|_| format!("{op}: negative step"))?,
     };
     let groups: Vec<_> = inputs
         .chunks_exact(4)
@@ -289,19 +246,14 @@ fn adamw(inputs: &[Tensor], attrs: &[Attr]) -> R<()> {
     anneal_engine::ops::adamw_step(&groups, &hp).map_err(e)
 }
 
-/// `rope(x [B, H, T, D], positions [T])`, attrs: theta, rot_dim, interleaved, then the four
-/// Llama-3 scaling values (or None).
-fn rope(x: &Tensor, positions: &Tensor, attrs: &[Attr]) -> R<Tensor> {
+/// `rope(x [B, H, T, D], positions [T])`, with Llama-3 scaling when all four values are given.
+fn rope(x: &Tensor, positions: &Tensor, a: o::Rope) -> R<Tensor> {
     use anneal_engine::ops::{rope_tables, Llama3Scaling, RopeLayout, RopeSpec, RopeStyle};
-    let op = "rope";
-    let theta = float(attrs, 0, op)?;
-    let rot_dim = int(attrs, 1, op)? as usize;
-    let interleaved = boolean(attrs, 2, op)?;
     let scaling = match (
-        opt_float(attrs, 3),
-        opt_float(attrs, 4),
-        opt_float(attrs, 5),
-        opt_int(attrs, 6),
+        a.llama3_factor,
+        a.llama3_low_freq_factor,
+        a.llama3_high_freq_factor,
+        a.llama3_original_max_positions,
     ) {
         (Some(factor), Some(low), Some(high), Some(orig)) => Some(Llama3Scaling {
             factor,
@@ -312,6 +264,7 @@ fn rope(x: &Tensor, positions: &Tensor, attrs: &[Attr]) -> R<Tensor> {
         (None, None, None, None) => None,
         _ => return Err("rope: llama3 scaling needs all four values".into()),
     };
+    let (rot_dim, theta, interleaved) = (a.rot_dim as usize, a.theta, a.interleaved);
     let (cos, sin) = rope_tables(positions, rot_dim, theta, scaling).map_err(e)?;
     let style = if interleaved {
         RopeStyle::Interleaved
@@ -329,11 +282,10 @@ fn rope(x: &Tensor, positions: &Tensor, attrs: &[Attr]) -> R<Tensor> {
     .map_err(e)
 }
 
-/// `attention(q, k, v, positions)`, attrs: causal, window, scale, softcap, cache layer. With a
-/// cache layer, `k`/`v` are appended to the session's KV cache and the queries attend over all
+/// `attention(q, k, v, positions)`. With a cache layer, `k`/`v` are appended to the session's KV cache and the queries attend over all
 /// cached positions. Positions are `[T]` (every row at the same place) or `[B, T]` (each row at
 /// its own, as in continuous batching; see [`attention_rows`]).
-fn attention(inputs: &[Tensor], attrs: &[Attr], session: &HostSession) -> R<Tensor> {
+fn attention(inputs: &[Tensor], a: o::Attention, session: &HostSession) -> R<Tensor> {
     use anneal_engine::ops::AttentionParams;
     let op = "attention";
     let (q, k, v, positions) = (
@@ -342,11 +294,11 @@ fn attention(inputs: &[Tensor], attrs: &[Attr], session: &HostSession) -> R<Tens
         arg(inputs, 2, op)?,
         arg(inputs, 3, op)?,
     );
-    let causal = boolean(attrs, 0, op)?;
-    let window = opt_int(attrs, 1).map(|w| w as usize);
-    let scale = opt_float(attrs, 2).map(|s| s as f32);
-    let softcap = opt_float(attrs, 3).map(|s| s as f32);
-    let cache = match (opt_int(attrs, 4), session.cache()) {
+    let causal = a.causal;
+    let window = a.sliding_window.map(|w| w as usize);
+    let scale = a.scale.map(|s| s as f32);
+    let softcap = a.softcap.map(|s| s as f32);
+    let cache = match (a.cache_layer, session.cache()) {
         (Some(layer), Some(cache)) => Some((layer as usize, cache)),
         (Some(_), None) => {
             return Err(
@@ -514,7 +466,10 @@ mod tests {
         let err = run("frobnicate", &[x.clone()], &[], &s).unwrap_err();
         assert!(err.contains("no op named 'frobnicate'"), "{err}");
         let err = run("narrow", &[x.clone()], &[Attr::Str("0".into())], &s).unwrap_err();
-        assert!(err.contains("narrow") && err.contains("integer"), "{err}");
+        assert!(
+            err.contains("narrow: attribute 0 (dim) must be an integer"),
+            "{err}"
+        );
         let err = run("add", &[x], &[], &s).unwrap_err();
         assert!(err.contains("add needs input 1"), "{err}");
     }

@@ -27,6 +27,7 @@ pub async fn plugins() -> ApiResult<Json<Value>> {
                     },
                     "api_version": p.info.api_version,
                     "flavors": p.info.flavors.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
+                    "model_types": p.model_types().collect::<Vec<_>>(),
                     "description": p.info.description.to_string(),
                     "file": p.path.display().to_string(),
                 })),

@@ -15,9 +15,6 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The model plugin Hugging Face directories are run with.
-const HF_PLUGIN: &str = "llama";
-
 /// One served model.
 pub struct ServedModel {
     /// The name clients use (`model` in requests).
@@ -128,7 +125,7 @@ fn load(path: &Path, id: String, options: &SchedulerOptions) -> Result<ServedMod
         (m.model, m.params, tok)
     } else {
         let (model, params) =
-            anneal_runtime::hf::load_model(&full, HF_PLUGIN).map_err(|e| fail(e.to_string()))?;
+            anneal_runtime::hf::load_model(&full, None).map_err(|e| fail(e.to_string()))?;
         (model, params, full.join("tokenizer.json"))
     };
     if !tokenizer_path.is_file() {

@@ -34,7 +34,9 @@ pub fn load_model(step_dir: &Path) -> Result<CheckpointModel, CheckpointError> {
         &[],
     )
     .map_err(|e| fail(e.to_string()))?;
-    let plugin = find(&cfg.model.plugin).map_err(|e| fail(e.to_string()))?;
+    let plugin = crate::harness::model_plugin_name(&cfg)
+        .map_err(|e| fail(e.to_string()))
+        .and_then(|name| find(&name).map_err(|e| fail(e.to_string())))?;
     let args = serde_json::Value::Object(cfg.model.args.clone());
     let inst = plugin
         .create(Some(&cfg.model.flavor), &args)

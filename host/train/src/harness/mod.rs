@@ -21,7 +21,7 @@ mod run_dir;
 mod saver;
 
 pub use grads::{clip_grads, global_grad_norm};
-pub use plugins::{load_model, load_optimizer};
+pub use plugins::{load_model, load_optimizer, model_plugin_name, with_model_plugin};
 pub use resume::{
     params_from_checkpoint, restore_optimizer, resume, truncate_step_logs, Provenance, Resumed,
     RunKind, STEP_LOGS,

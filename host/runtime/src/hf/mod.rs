@@ -1,11 +1,15 @@
 //! Hugging Face model directories: `config.json` plus `model.safetensors` or a sharded
-//! `model.safetensors.index.json`, mapped onto a plugin's parameters through its adapter.
+//! `model.safetensors.index.json`, mapped onto a plugin's parameters through the Hugging Face
+//! mapping each parameter declares (renames, per-expert stacks, fused parts, transposes:
+//! `transform.rs`).
 
-use crate::plugins::{find, PluginModel};
+mod transform;
+
+use crate::plugins::{find, find_for_model_type, LoadedPlugin, PluginModel};
 use anneal_engine::io::{load_safetensors, save_safetensors};
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::spec::ModelSpec;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Why a Hugging Face directory could not be read, matched or written.
@@ -84,27 +88,57 @@ pub fn read_config(dir: &Path) -> Result<serde_json::Value, HfError> {
     serde_json::from_str(&text).map_err(|e| io(&p, format!("not valid JSON: {e}")))
 }
 
-/// Builds the model `config.json` in `dir` describes with the model plugin called `plugin` and
-/// fills in its weights.
-pub fn load_model(
+/// The `model_type` of a directory's parsed `config.json`.
+pub fn model_type<'a>(dir: &Path, cfg: &'a serde_json::Value) -> Result<&'a str, HfError> {
+    cfg.get("model_type")
+        .and_then(|t| t.as_str())
+        .ok_or_else(|| HfError::Plugin {
+            dir: dir.to_path_buf(),
+            msg: "config.json has no string 'model_type' to choose a model plugin by; name one"
+                .into(),
+        })
+}
+
+/// The model plugin for a directory: the one called `plugin` when given (an override), else
+/// the one that declares the `model_type` of its `config.json`.
+pub fn plugin_for(
     dir: &Path,
-    plugin: &str,
-) -> Result<(PluginModel, HashMap<String, Tensor>), HfError> {
-    let cfg = read_config(dir)?;
+    cfg: &serde_json::Value,
+    plugin: Option<&str>,
+) -> Result<LoadedPlugin, HfError> {
     let fail = |e: &dyn std::fmt::Display| HfError::Plugin {
         dir: dir.to_path_buf(),
         msg: e.to_string(),
     };
-    let loaded = find(plugin).map_err(|e| fail(&e))?;
+    let loaded = match plugin {
+        Some(name) => find(name).map_err(|e| fail(&e))?,
+        None => find_for_model_type(model_type(dir, cfg)?).map_err(|e| fail(&e))?,
+    };
     if loaded.kind() != anneal_plugin_api::abi::PluginKind::Model {
         return Err(fail(&format!(
-            "{plugin} is an optimizer plugin, not a model"
+            "{} is an optimizer plugin, not a model",
+            loaded.name()
         )));
     }
+    Ok(loaded)
+}
+
+/// Builds the model `config.json` in `dir` describes, with the model plugin called `plugin` or
+/// (when `None`) the one serving its `model_type`, and fills in its weights.
+pub fn load_model(
+    dir: &Path,
+    plugin: Option<&str>,
+) -> Result<(PluginModel, HashMap<String, Tensor>), HfError> {
+    let cfg = read_config(dir)?;
+    let loaded = plugin_for(dir, &cfg, plugin)?;
+    let fail = |e: &dyn std::fmt::Display| HfError::Plugin {
+        dir: dir.to_path_buf(),
+        msg: e.to_string(),
+    };
     let inst = loaded
         .create(None, &serde_json::json!({ "hf_config": cfg }))
         .map_err(|e| fail(&e))?;
-    let model = PluginModel::new(plugin, inst).map_err(|e| fail(&e))?;
+    let model = PluginModel::new(loaded.name(), inst).map_err(|e| fail(&e))?;
     let params = load_params(dir, model.spec())?;
     Ok((model, params))
 }
@@ -144,36 +178,42 @@ pub fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, HfError> {
 
 /// The model's parameters from a directory's tensors, in the dtypes the spec declares.
 pub fn load_params(dir: &Path, spec: &ModelSpec) -> Result<HashMap<String, Tensor>, HfError> {
-    let adapter = spec
-        .hf
-        .as_ref()
-        .ok_or_else(|| HfError::NoAdapter(spec.architecture.clone()))?;
+    if spec.hf.is_none() {
+        return Err(HfError::NoAdapter(spec.architecture.clone()));
+    }
     let tensors = read_tensors(dir)?;
-    let names: HashMap<&str, &str> = adapter
-        .names
-        .iter()
-        .map(|(o, h)| (o.as_str(), h.as_str()))
-        .collect();
     let mut params = HashMap::new();
     for p in &spec.params {
-        let hf = names
-            .get(p.name.as_str())
-            .copied()
-            .unwrap_or(p.name.as_str());
-        let t = tensors.get(hf).ok_or_else(|| HfError::Missing {
+        let map = transform::map_of(p);
+        let want = map.source_shape(&p.shape).map_err(|msg| HfError::Plugin {
             dir: dir.to_path_buf(),
-            hf: hf.into(),
-            ours: p.name.clone(),
+            msg: format!("parameter '{}': Hugging Face mapping: {msg}", p.name),
         })?;
-        if t.shape() != p.shape.as_slice() {
-            return Err(HfError::Shape {
-                dir: dir.to_path_buf(),
-                hf: hf.into(),
-                ours: p.name.clone(),
-                got: t.shape().to_vec(),
-                want: p.shape.clone(),
-            });
-        }
+        let sources = map
+            .sources
+            .iter()
+            .map(|hf| {
+                let t = tensors.get(hf).ok_or_else(|| HfError::Missing {
+                    dir: dir.to_path_buf(),
+                    hf: hf.clone(),
+                    ours: p.name.clone(),
+                })?;
+                if t.shape() != want.as_slice() {
+                    return Err(HfError::Shape {
+                        dir: dir.to_path_buf(),
+                        hf: hf.clone(),
+                        ours: p.name.clone(),
+                        got: t.shape().to_vec(),
+                        want: want.clone(),
+                    });
+                }
+                Ok(t.clone())
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let t = transform::import(&map, &sources).map_err(|msg| HfError::Plugin {
+            dir: dir.to_path_buf(),
+            msg: format!("parameter '{}': {msg}", p.name),
+        })?;
         let dtype = DType::parse(&p.dtype).unwrap_or(DType::F32);
         let t = t.to_dtype(dtype).map_err(|e| io(dir, e))?;
         params.insert(p.name.clone(), t);
@@ -200,13 +240,9 @@ pub fn export(
     let cfg = dir.join("config.json");
     let text = serde_json::to_string_pretty(&adapter.config).map_err(|e| io(&cfg, e))?;
     std::fs::write(&cfg, text).map_err(|e| io(&cfg, e))?;
-    let by_hf: BTreeMap<&str, &Tensor> = adapter
-        .names
-        .iter()
-        .filter_map(|(ours, hf)| params.get(ours).map(|t| (hf.as_str(), t)))
-        .collect();
-    let list: Vec<(&str, &Tensor)> = by_hf.into_iter().collect();
     let st = dir.join("model.safetensors");
+    let by_hf = transform::export(&spec.params, params).map_err(|e| io(&st, e))?;
+    let list: Vec<(&str, &Tensor)> = by_hf.iter().map(|(k, v)| (k.as_str(), v)).collect();
     save_safetensors(&st, &list).map_err(|e| io(&st, e))?;
     if let Some(tok) = tokenizer {
         let dst = dir.join("tokenizer.json");

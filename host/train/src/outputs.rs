@@ -1,0 +1,155 @@
+//! A model's auxiliary losses and statistics (see `PluginModel::forward_full`) over one
+//! optimizer step: the losses, weighted by `training.aux_loss_weights` (1 when unlisted), join
+//! the loss that is backpropagated; for `metrics.jsonl` everything is averaged over the step's
+//! micro-batches.
+
+use anneal_engine::Tensor;
+use std::collections::BTreeMap;
+
+/// `Σ weight(name) · loss` over a forward's auxiliary losses, or `None` when it has none.
+pub fn weighted_aux(
+    weights: &BTreeMap<String, f64>,
+    aux: &[(String, Tensor)],
+) -> anneal_engine::Result<Option<Tensor>> {
+    let mut total: Option<Tensor> = None;
+    for (name, loss) in aux {
+        let w = weights.get(name).copied().unwrap_or(1.0);
+        let term = loss.reshape(&[])?.mul_scalar(w as f32)?;
+        total = Some(match total {
+            Some(t) => t.add(&term)?,
+            None => term,
+        });
+    }
+    Ok(total)
+}
+
+/// The fields every `metrics.jsonl` row may carry, which a statistic must not be named.
+const RESERVED: [&str; 12] = [
+    "step",
+    "loss",
+    "grad_norm",
+    "lr",
+    "tokens_per_s",
+    "tflops",
+    "mfu",
+    "mem_peak_bytes",
+    "val_loss",
+    "aux_loss",
+    "tokens",
+    "time",
+];
+
+/// Running sums over the micro-batches of one step.
+#[derive(Default)]
+pub struct StepOutputs {
+    micro_batches: usize,
+    aux_total: Option<f64>,
+    /// `aux_loss.<name>` (unweighted) and statistics by name: elementwise sums and whether the
+    /// value is a scalar.
+    sums: BTreeMap<String, (Vec<f64>, bool)>,
+    /// The statistics as tensors, summed over micro-batches (for the buffer hook).
+    stat_tensors: Vec<(String, Tensor)>,
+}
+
+impl StepOutputs {
+    /// Adds one micro-batch: its weighted auxiliary total, its losses and its statistics.
+    pub fn add(
+        &mut self,
+        aux_total: Option<&Tensor>,
+        aux: &[(String, Tensor)],
+        stats: &[(String, Tensor)],
+    ) -> anneal_engine::Result<()> {
+        self.micro_batches += 1;
+        for (name, t) in stats {
+            match self.stat_tensors.iter_mut().find(|(n, _)| n == name) {
+                Some((_, sum)) => *sum = sum.add(t)?,
+                None => self.stat_tensors.push((name.clone(), t.clone())),
+            }
+        }
+        if let Some(t) = aux_total {
+            *self.aux_total.get_or_insert(0.0) += t.item()? as f64;
+        }
+        let named = aux
+            .iter()
+            .map(|(n, t)| (format!("aux_loss.{n}"), t))
+            .chain(stats.iter().map(|(n, t)| (n.clone(), t)));
+        for (name, t) in named {
+            if RESERVED.contains(&name.as_str()) {
+                return Err(anneal_engine::Error::Invalid {
+                    op: "plugin",
+                    msg: format!("the model named a statistic '{name}', a metrics.jsonl field"),
+                });
+            }
+            let values = t.to_vec_f32();
+            let scalar = t.numel() == 1 && t.rank() <= 1;
+            let (sum, _) = self
+                .sums
+                .entry(name)
+                .or_insert_with(|| (vec![0.0; values.len()], scalar));
+            if sum.len() == values.len() {
+                for (s, v) in sum.iter_mut().zip(values) {
+                    *s += v as f64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Each statistic summed over the step's micro-batches (token counts of a whole step).
+    pub fn stat_sums(&self) -> &[(String, Tensor)] {
+        &self.stat_tensors
+    }
+
+    /// The weighted auxiliary total, if any.
+    pub fn aux_total(&self) -> Option<f64> {
+        self.aux_total.map(|t| t / self.micro_batches.max(1) as f64)
+    }
+
+    /// Means over the micro-batches, as `metrics.jsonl` fields: numbers for scalars, lists for
+    /// vectors.
+    pub fn fields(&self) -> BTreeMap<String, serde_json::Value> {
+        let n = self.micro_batches.max(1) as f64;
+        self.sums
+            .iter()
+            .map(|(name, (sum, scalar))| {
+                let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
+                let v = if *scalar {
+                    serde_json::json!(mean[0])
+                } else {
+                    serde_json::json!(mean)
+                };
+                (name.clone(), v)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn losses_are_weighted_and_values_averaged_over_micro_batches() {
+        let t = |v: &[f32], s: &[usize]| Tensor::from_slice(v, s).unwrap();
+        let weights = BTreeMap::from([("balance".to_string(), 0.5)]);
+        let aux = vec![
+            ("balance".to_string(), t(&[2.0], &[])),
+            ("z".to_string(), t(&[1.0], &[1])),
+        ];
+        let total = weighted_aux(&weights, &aux).unwrap().unwrap();
+        assert_eq!(total.item().unwrap(), 2.0);
+        assert!(weighted_aux(&weights, &[]).unwrap().is_none());
+        let mut step = StepOutputs::default();
+        let stats = |a: f32| vec![("load".to_string(), t(&[a, 2.0 * a], &[2]))];
+        step.add(Some(&total), &aux, &stats(1.0)).unwrap();
+        step.add(Some(&t(&[4.0], &[])), &aux, &stats(3.0)).unwrap();
+        assert_eq!(step.aux_total(), Some(3.0));
+        let f = step.fields();
+        assert_eq!(f["load"], serde_json::json!([2.0, 4.0]));
+        assert_eq!(step.stat_sums()[0].1.to_vec_f32(), vec![4.0, 8.0]);
+        assert_eq!(f["aux_loss.balance"], serde_json::json!(2.0));
+        assert_eq!(f["aux_loss.z"], serde_json::json!(1.0));
+        let clash = vec![("loss".to_string(), t(&[1.0], &[]))];
+        assert!(step.add(None, &[], &clash).is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! A model's auxiliary losses and statistics through `anneal train`: the loss trained on gets
+//! the weighted auxiliary losses (`training.aux_loss_weights`), and `metrics.jsonl` carries
+//! `aux_loss`, each `aux_loss.<name>` and each statistic; a buffer is updated by the model's hook
+//! before each optimizer step and checkpointed. The test model is the `aux` flavor of the test
+//! plugin in plugins/test-bad-logits.
+
+use anneal_tests::cli::{anneal, built_dir, ok, root, rows, Job};
+use std::path::PathBuf;
+
+/// A folder on the plugin path holding the test plugin under the name it is looked up by.
+fn plugin_dir(job: &Job) -> PathBuf {
+    let dir = job.dir.join("aux-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libanneal_plugin_badlogits.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(
+        built_dir().join("libanneal_testplugin_bad_logits.so"),
+        &link,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
+    let job = Job::new("aux-outputs");
+    let dir = plugin_dir(&job);
+    let train = |run: &str, extra: &[&str]| {
+        let mut c = anneal();
+        c.env("ANNEAL_PLUGIN_PATH", &dir)
+            .arg("train")
+            .arg(job.config())
+            .arg("--run-dir")
+            .arg(job.dir.join(run))
+            .args(["--set", "model.plugin=\"badlogits\""])
+            .args(["--set", "model.flavor=\"aux\""])
+            .args(["--set", "training.steps=2"]);
+        for s in extra {
+            c.args(["--set", s]);
+        }
+        c.output().unwrap()
+    };
+    ok(&train(
+        "weighted",
+        &["training.aux_loss_weights.l2=0.5", "checkpoint.interval=1"],
+    ));
+    let rs = rows(&job.dir.join("weighted"));
+    let row = rs
+        .iter()
+        .find(|r| r["step"] == 1 && r["loss"].is_number())
+        .unwrap();
+    let l2 = row["aux_loss.l2"].as_f64().expect("aux_loss.l2");
+    let total = row["aux_loss"].as_f64().expect("aux_loss");
+    assert!(
+        (total - 0.5 * l2).abs() <= 1e-6 * l2.abs().max(1.0),
+        "{row}"
+    );
+    let mean = row["hidden_mean"].as_array().expect("hidden_mean");
+    assert_eq!(mean.len(), 8, "{row}");
+
+    // The buffer `seen` is not trained, is updated by the model's hook before each optimizer
+    // step with the step's `hidden_mean`, and is saved in the checkpoint.
+    let step = |s: u64| -> Vec<f64> {
+        let r = rs
+            .iter()
+            .find(|r| r["step"] == s && r["loss"].is_number())
+            .unwrap();
+        r["hidden_mean"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    let want: Vec<f64> = step(1).iter().zip(step(2)).map(|(a, b)| a + b).collect();
+    let shard = job
+        .dir
+        .join("weighted/checkpoints/step-2/shard-00000-of-00001.safetensors");
+    let saved = anneal_engine::io::load_safetensors(&shard).unwrap();
+    assert!(
+        !saved.contains_key("optim/seen.exp_avg"),
+        "no optimizer state"
+    );
+    let seen = saved["model/seen"].to_vec_f32();
+    for (s, w) in seen.iter().zip(&want) {
+        assert!((*s as f64 - w).abs() <= 1e-5, "{seen:?} vs {want:?}");
+    }
+
+    // `anneal rl` does not update buffers yet: it refuses such a model rather than leave the
+    // buffer at its start.
+    let reward = root().join("reward-wasm/examples/exact_match/reward.wat");
+    let tokenizer = job.dir.join("weighted/tokenizer.json");
+    let out = anneal()
+        .env("ANNEAL_PLUGIN_PATH", &dir)
+        .arg("rl")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(job.dir.join("rl"))
+        .args(["--set", "model.plugin=\"badlogits\""])
+        .args(["--set", "model.flavor=\"aux\""])
+        .args(["--set", "training.steps=1"])
+        .args([
+            "--set",
+            &format!("rl.tokenizer=\"{}\"", tokenizer.display()),
+        ])
+        .args([
+            "--set",
+            &format!("rl.rewards=[{{path=\"{}\"}}]", reward.display()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("buffer 'seen'"), "{err}");
+
+    // Recomputing the block that emits the loss would lose its gradient: one clear line.
+    let out = train("recompute", &["activation_checkpoint.mode=\"full\""]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("auxiliary loss 'l2'") && err.contains("activation_checkpoint.mode"),
+        "{err}"
+    );
+}
