@@ -10,19 +10,15 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 THREADS="${THREADS:-2}" NEW="${NEW:-64}" PROMPT="${PROMPT:-16}" ROUNDS="${ROUNDS:-2}"
 BATCHES="${BATCHES:-1 32}"
-VENV="${VENV:-$REPO/.venv}"
-if ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-    echo "creating $VENV with torch and transformers (one time, a few minutes)" >&2
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet torch transformers
-fi
+. "$REPO/bench/peer_env.sh"
+need_venv torch transformers
 cargo build --release --quiet --workspace
 BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/anneal"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 "$VENV/bin/python" bench/generate_vs_hf.py save "$OUT/model"
 PROMPT_IDS="$(seq -s, 11 $((10 + PROMPT)))"
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_bf16)$' | tr '\n' ' ')"
+cpu_features
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do
     for b in $BATCHES; do

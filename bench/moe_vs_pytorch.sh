@@ -15,12 +15,8 @@ cd "$REPO"
 THREADS="${THREADS:-2}" ITERS="${ITERS:-8}" WARMUP="${WARMUP:-2}" ROUNDS="${ROUNDS:-3}"
 SHAPE=(--tokens "${TOKENS:-4096}" --hidden "${HIDDEN:-512}" --experts "${EXPERTS:-16}"
        --topk "${TOPK:-2}" --ffn "${FFN:-1024}" --iters "$ITERS")
-VENV="${VENV:-$REPO/.venv}"
-if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    echo "creating $VENV with torch (one time, a few minutes)" >&2
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet torch
-fi
+. "$REPO/bench/peer_env.sh"
+need_venv torch
 cargo build --release --quiet -p anneal-engine --example moe_bench
 BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/examples/moe_bench"
 OUT="$(mktemp -d)"
@@ -29,7 +25,7 @@ MODES="loop"
 if "$VENV/bin/python" -c "import torch, sys; sys.exit(0 if hasattr(torch, '_grouped_mm') else 1)"; then
     MODES="loop grouped"
 fi
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)$' | tr '\n' ' ')"
+cpu_features
 echo "torch: $("$VENV/bin/python" -c 'import torch; print(torch.__version__, torch.backends.cpu.get_cpu_capability())')"
 echo "shape: ${SHAPE[*]} threads $THREADS"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -16,17 +16,13 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 THREADS="${THREADS:-2}" STEPS="${STEPS:-20}" WARMUP="${WARMUP:-5}" ROUNDS="${ROUNDS:-2}"
 MODES="${MODES:-f32 bf16}"
-VENV="${VENV:-$REPO/.venv}"
-if ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-    echo "creating $VENV with torch and transformers (one time, a few minutes)" >&2
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet torch transformers
-fi
+. "$REPO/bench/peer_env.sh"
+need_venv torch transformers
 cargo build --release --quiet --workspace
 BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/anneal"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(grep -m1 flags /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_bf16|amx_bf16|amx_tile)$' | tr '\n' ' ')"
+cpu_features
 echo "anneal: $("$BIN" info 2>/dev/null | grep -iE "simd|matmul" | tr "\n" " " || true)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 anneal_run() { # dtype round
