@@ -190,6 +190,49 @@ host_ops! {
     Where = "where" {}
     /// Rows of `x [N, K]` grouped by `counts [E]` times `w [E, K, M]` (inputs: x, w, counts).
     GroupedMatmul = "grouped_matmul" {}
+    /// [`GroupedMatmul`] with each expert's weight stored `[out, in]`: `w [E, M, K]`, row block
+    /// `e` of `x` times `w[e]ᵀ` (inputs: x, w, counts).
+    GroupedMatmulNt = "grouped_matmul_nt" {}
+    /// The MoE router on `logits [N, E]` (inputs: logits, then an optional `[E]` balancing bias
+    /// that steers the choice only): (weights `[N, k]` f32, experts `[N, k]` i64, scores
+    /// `[N, E]` f32). `score` is `softmax` or `sigmoid`.
+    MoeRoute = "moe_route" {
+        num_experts: i64,
+        top_k: i64,
+        score: String,
+        renormalize: bool,
+        route_scale: f64,
+    }
+    /// Token rows of `x [N, D]` in expert order for the choices `experts [N, k]` (inputs: x,
+    /// experts): `[N·k, D]`, the stable sort of `sort_by_expert`.
+    MoeDispatch = "moe_dispatch" { num_experts: i64 }
+    /// Expert outputs `[N·k, D]` in expert order back to token order, weighted (inputs: y,
+    /// weights `[N, k]`, experts `[N, k]`): `[N, D]`.
+    MoeCombine = "moe_combine" { num_experts: i64 }
+    /// The dropless MoE feed-forward layer (inputs: x `[.., D]`, router, gate, up, down; shapes
+    /// as the engine's `moe_ffn`, `[.., out, in]` when `out_in`). Outputs: (out, tokens per
+    /// expert `[E]` f32, load imbalance (max / mean) and router entropy as f32 scalars, then the
+    /// weighted auxiliary load-balancing loss when `aux_loss_coef` is not 0). With `clamp_alpha`
+    /// and `clamp_limit` the experts use GPT-OSS's clamped SwiGLU.
+    MoeFfn = "moe_ffn" {
+        num_experts: i64,
+        top_k: i64,
+        score: String,
+        renormalize: bool,
+        route_scale: f64,
+        aux_loss_coef: f64,
+        out_in: bool,
+        clamp_alpha: Option<f64>,
+        clamp_limit: Option<f64>,
+        router_bias: Option<Handle>,
+        balance_bias: Option<Handle>,
+        gate_bias: Option<Handle>,
+        up_bias: Option<Handle>,
+        down_bias: Option<Handle>,
+        shared_gate: Option<Handle>,
+        shared_up: Option<Handle>,
+        shared_down: Option<Handle>,
+    }
     /// `x * mul + add` with scalars.
     Affine = "affine" { mul: f64, add: f64 }
     /// `x ^ exponent`.
@@ -302,5 +345,25 @@ mod tests {
         assert!(Affine::from_attrs(&[Attr::Int(2), Attr::Float(0.5)]).is_ok());
         assert_eq!(Affine::OP, "affine");
         assert!(OPS.contains(&"sort_by_expert"));
+        let m = MoeFfn {
+            num_experts: 4,
+            top_k: 2,
+            score: "softmax".into(),
+            renormalize: true,
+            route_scale: 1.0,
+            aux_loss_coef: 0.01,
+            out_in: true,
+            clamp_alpha: None,
+            clamp_limit: Some(7.0),
+            router_bias: None,
+            balance_bias: Some(Handle(3)),
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+            shared_gate: None,
+            shared_up: None,
+            shared_down: None,
+        };
+        assert_eq!(MoeFfn::from_attrs(&m.to_attrs()).unwrap(), m);
     }
 }

@@ -2,10 +2,12 @@
 //! and [`Optimizer`] traits, and [`export_plugin!`](crate::export_plugin).
 
 mod export;
+mod moe;
 mod params;
 mod tensor;
 
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
+pub use moe::{MoeFfnOpts, MoeFfnOutput, Router, RouterScore};
 pub use params::{Decl, LayerScope, Param, ParamTable};
 pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
 

@@ -148,6 +148,11 @@ impl<'h> Tensor<'h> {
         h
     }
 
+    /// The raw handle, still owned by this tensor (to pass as an attribute).
+    pub(super) fn raw(&self) -> Handle {
+        self.handle
+    }
+
     /// The host this tensor lives in.
     pub fn host(&self) -> Host<'h> {
         self.host

@@ -6,6 +6,7 @@ mod kv_cache;
 pub mod loader;
 pub mod model;
 mod ops;
+mod ops_moe;
 pub mod optimizer;
 pub mod recompute;
 

@@ -175,6 +175,11 @@ pub(crate) fn run(
             ])
         }
         o::GroupedMatmul::OP => one(x()?.grouped_matmul(y()?, arg(inputs, 2, op)?)),
+        o::GroupedMatmulNt::OP => super::ops_moe::grouped_matmul_nt(inputs),
+        o::MoeRoute::OP => super::ops_moe::route(inputs, parse(attrs)?),
+        o::MoeDispatch::OP => super::ops_moe::dispatch(inputs, parse(attrs)?),
+        o::MoeCombine::OP => super::ops_moe::combine(inputs, parse(attrs)?),
+        o::MoeFfn::OP => super::ops_moe::ffn(inputs, parse(attrs)?, session),
         o::CrossEntropy::OP => {
             let opts = anneal_engine::ops::CrossEntropy {
                 ignore_index: parse::<o::CrossEntropy>(attrs)?.ignore_index,

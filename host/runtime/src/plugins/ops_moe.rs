@@ -1,0 +1,165 @@
+//! The mixture-of-experts host ops (`moe_route`, `moe_dispatch`, `moe_combine`, `moe_ffn`,
+//! `grouped_matmul_nt`): each maps its typed attributes (`anneal_plugin_api::ops`) onto the
+//! engine op of the same name, so a plugin's MoE layer computes exactly what the engine does.
+
+use super::host::HostSession;
+use anneal_engine::ops::{
+    self as eo, ExpertActivation, ExpertLayout, MoeSpec, MoeWeights, RouterScore, RouterSpec,
+    SharedExpert,
+};
+use anneal_engine::Tensor;
+use anneal_plugin_api::abi::Handle;
+use anneal_plugin_api::ops as o;
+
+type R<T> = Result<T, String>;
+
+fn e(err: anneal_engine::Error) -> String {
+    err.to_string()
+}
+
+fn arg<'a>(inputs: &'a [Tensor], i: usize, op: &str) -> R<&'a Tensor> {
+    inputs.get(i).ok_or_else(|| format!("{op} needs input {i}"))
+}
+
+/// A count attribute, refused when negative (it comes from a plugin).
+fn count(op: &str, name: &str, v: i64) -> R<usize> {
+    usize::try_from(v).map_err(|_| format!("{op}: {name} = {v} must not be negative"))
+}
+
+/// The router spec from the attributes both routing ops share.
+fn router_spec(
+    op: &str,
+    num_experts: i64,
+    top_k: i64,
+    score: &str,
+    renormalize: bool,
+    route_scale: f64,
+) -> R<RouterSpec> {
+    let score = match score {
+        "softmax" => RouterScore::Softmax,
+        "sigmoid" => RouterScore::Sigmoid,
+        other => {
+            return Err(format!(
+                "{op}: score must be 'softmax' or 'sigmoid', got '{other}'"
+            ))
+        }
+    };
+    Ok(RouterSpec {
+        num_experts: count(op, "num_experts", num_experts)?,
+        top_k: count(op, "top_k", top_k)?,
+        score,
+        renormalize,
+        route_scale: route_scale as f32,
+    })
+}
+
+/// `moe_route(logits [, bias])` → (weights, experts, scores).
+pub(crate) fn route(inputs: &[Tensor], a: o::MoeRoute) -> R<Vec<Tensor>> {
+    let op = o::MoeRoute::OP;
+    let spec = router_spec(
+        op,
+        a.num_experts,
+        a.top_k,
+        &a.score,
+        a.renormalize,
+        a.route_scale,
+    )?;
+    let r = eo::route(arg(inputs, 0, op)?, inputs.get(1), &spec).map_err(e)?;
+    Ok(vec![r.weights, r.experts, r.scores])
+}
+
+/// `moe_dispatch(x, experts)` → token rows in expert order.
+pub(crate) fn dispatch(inputs: &[Tensor], a: o::MoeDispatch) -> R<Vec<Tensor>> {
+    let op = o::MoeDispatch::OP;
+    let n = count(op, "num_experts", a.num_experts)?;
+    let routing = eo::sort_by_expert(arg(inputs, 1, op)?, n).map_err(e)?;
+    Ok(vec![arg(inputs, 0, op)?
+        .moe_dispatch(&routing)
+        .map_err(e)?])
+}
+
+/// `moe_combine(y, weights, experts)` → the weighted sum back in token order.
+pub(crate) fn combine(inputs: &[Tensor], a: o::MoeCombine) -> R<Vec<Tensor>> {
+    let op = o::MoeCombine::OP;
+    let n = count(op, "num_experts", a.num_experts)?;
+    let routing = eo::sort_by_expert(arg(inputs, 2, op)?, n).map_err(e)?;
+    Ok(vec![arg(inputs, 0, op)?
+        .moe_combine(arg(inputs, 1, op)?, &routing)
+        .map_err(e)?])
+}
+
+/// `moe_ffn(x, router, gate, up, down)` → (out, tokens per expert, imbalance, entropy
+/// [, aux loss]).
+pub(crate) fn ffn(inputs: &[Tensor], a: o::MoeFfn, session: &HostSession) -> R<Vec<Tensor>> {
+    let op = o::MoeFfn::OP;
+    let get = |h: Option<Handle>| h.map(|h| session.get(h)).transpose();
+    let (router_bias, balance_bias) = (get(a.router_bias)?, get(a.balance_bias)?);
+    let (gate_bias, up_bias, down_bias) = (get(a.gate_bias)?, get(a.up_bias)?, get(a.down_bias)?);
+    let shared = match (get(a.shared_gate)?, get(a.shared_up)?, get(a.shared_down)?) {
+        (Some(g), Some(u), Some(d)) => Some((g, u, d)),
+        (None, None, None) => None,
+        _ => return Err(format!("{op}: a shared expert needs gate, up and down")),
+    };
+    let activation = match (a.clamp_alpha, a.clamp_limit) {
+        (None, None) => ExpertActivation::SwiGlu,
+        (Some(alpha), Some(limit)) => ExpertActivation::ClampedSwiGlu {
+            alpha: alpha as f32,
+            limit: limit as f32,
+        },
+        _ => return Err(format!("{op}: clamped SwiGLU needs both alpha and limit")),
+    };
+    let spec = MoeSpec {
+        router: router_spec(
+            op,
+            a.num_experts,
+            a.top_k,
+            &a.score,
+            a.renormalize,
+            a.route_scale,
+        )?,
+        aux_loss_coef: a.aux_loss_coef as f32,
+        activation,
+    };
+    let w = MoeWeights {
+        router_bias: router_bias.as_ref(),
+        balance_bias: balance_bias.as_ref(),
+        gate_bias: gate_bias.as_ref(),
+        up_bias: up_bias.as_ref(),
+        down_bias: down_bias.as_ref(),
+        shared: shared
+            .as_ref()
+            .map(|(gate, up, down)| SharedExpert { gate, up, down }),
+        layout: if a.out_in {
+            ExpertLayout::OutIn
+        } else {
+            ExpertLayout::InOut
+        },
+        ..MoeWeights::new(
+            arg(inputs, 1, op)?,
+            arg(inputs, 2, op)?,
+            arg(inputs, 3, op)?,
+            arg(inputs, 4, op)?,
+        )
+    };
+    let out = eo::moe_ffn(arg(inputs, 0, op)?, &w, &spec).map_err(e)?;
+    let s = &out.stats;
+    let tokens: Vec<f32> = s.tokens_per_expert.iter().map(|&c| c as f32).collect();
+    let n = tokens.len();
+    let mut v = vec![
+        out.out,
+        Tensor::from_vec(tokens, &[n]).map_err(e)?,
+        Tensor::from_vec(vec![s.imbalance], &[]).map_err(e)?,
+        Tensor::from_vec(vec![s.entropy], &[]).map_err(e)?,
+    ];
+    v.extend(out.aux_loss);
+    Ok(v)
+}
+
+/// `grouped_matmul_nt(x, w, counts)`.
+pub(crate) fn grouped_matmul_nt(inputs: &[Tensor]) -> R<Vec<Tensor>> {
+    let op = o::GroupedMatmulNt::OP;
+    let y = arg(inputs, 0, op)?
+        .grouped_matmul_nt(arg(inputs, 1, op)?, arg(inputs, 2, op)?)
+        .map_err(e)?;
+    Ok(vec![y])
+}

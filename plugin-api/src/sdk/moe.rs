@@ -1,0 +1,233 @@
+//! Mixture-of-experts host ops on the plugin [`Tensor`]: the whole dropless MoE layer
+//! ([`Tensor::moe_ffn`]) and its parts (router, dispatch, grouped products, combine), each one
+//! host op computed by the engine, forward and backward.
+
+use super::{Error, Result, Tensor};
+use crate::ops;
+
+/// How router logits become per-expert scores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouterScore {
+    /// A softmax over the experts (Mixtral, Qwen3-MoE, GPT-OSS).
+    #[default]
+    Softmax,
+    /// An independent sigmoid per expert (DeepSeek-V3).
+    Sigmoid,
+}
+
+impl RouterScore {
+    fn name(self) -> String {
+        match self {
+            RouterScore::Softmax => "softmax".into(),
+            RouterScore::Sigmoid => "sigmoid".into(),
+        }
+    }
+}
+
+/// A top-k router: `weights = score[topk(score + bias)]`, optionally renormalised, times
+/// `route_scale`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Router {
+    /// Experts in the layer.
+    pub num_experts: usize,
+    /// Experts each token is sent to.
+    pub top_k: usize,
+    /// Softmax or sigmoid scores.
+    pub score: RouterScore,
+    /// Divide the chosen weights by their sum (Qwen3-MoE's `norm_topk_prob`, Mixtral).
+    pub renormalize: bool,
+    /// Factor on the final weights, 1 for none.
+    pub route_scale: f64,
+}
+
+impl Router {
+    /// A softmax router over `num_experts` choosing `top_k`, without renormalisation or scale.
+    pub fn new(num_experts: usize, top_k: usize) -> Router {
+        Router {
+            num_experts,
+            top_k,
+            score: RouterScore::Softmax,
+            renormalize: false,
+            route_scale: 1.0,
+        }
+    }
+}
+
+/// The optional parts of a [`Tensor::moe_ffn`] layer; start from [`MoeFfnOpts::new`].
+#[derive(Clone)]
+pub struct MoeFfnOpts<'a, 'h> {
+    /// The router.
+    pub router: Router,
+    /// Coefficient of the auxiliary load-balancing loss; 0 computes none.
+    pub aux_loss_coef: f64,
+    /// Matrices stored `[.., out, in]` (stacked `Linear` weights, Hugging Face's layout)
+    /// instead of `[.., in, out]`.
+    pub out_in: bool,
+    /// GPT-OSS's clamped SwiGLU experts, `(alpha, limit)`; plain SwiGLU when `None`.
+    pub clamped_swiglu: Option<(f64, f64)>,
+    /// `[E]`: the router's trained logit bias (GPT-OSS).
+    pub router_bias: Option<&'a Tensor<'h>>,
+    /// `[E]`, not trained: the aux-loss-free balancing bias (steers the choice only).
+    pub balance_bias: Option<&'a Tensor<'h>>,
+    /// `[E, F]`: per-expert bias of the gate product.
+    pub gate_bias: Option<&'a Tensor<'h>>,
+    /// `[E, F]`: per-expert bias of the up product.
+    pub up_bias: Option<&'a Tensor<'h>>,
+    /// `[E, D]`: per-expert bias of the down product.
+    pub down_bias: Option<&'a Tensor<'h>>,
+    /// A shared expert every token goes through: `[gate, up, down]`.
+    pub shared: Option<[&'a Tensor<'h>; 3]>,
+}
+
+impl<'a, 'h> MoeFfnOpts<'a, 'h> {
+    /// `router` with plain SwiGLU experts in the `[in, out]` layout, nothing optional.
+    pub fn new(router: Router) -> Self {
+        MoeFfnOpts {
+            router,
+            aux_loss_coef: 0.0,
+            out_in: false,
+            clamped_swiglu: None,
+            router_bias: None,
+            balance_bias: None,
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+            shared: None,
+        }
+    }
+}
+
+/// What [`Tensor::moe_ffn`] returns; pass `aux_loss` to `ctx.aux_loss` and the statistics to
+/// `ctx.stat`.
+pub struct MoeFfnOutput<'h> {
+    /// The layer's output, shaped like its input.
+    pub out: Tensor<'h>,
+    /// `[E]` f32: tokens routed to each expert in this pass.
+    pub tokens_per_expert: Tensor<'h>,
+    /// f32 scalar: max over mean of the tokens per expert (1 is perfectly even).
+    pub imbalance: Tensor<'h>,
+    /// f32 scalar: mean entropy (nats) of the router's probabilities.
+    pub entropy: Tensor<'h>,
+    /// `aux_loss_coef ·` the load-balancing loss, differentiable, when the coefficient is not 0.
+    pub aux_loss: Option<Tensor<'h>>,
+}
+
+impl<'h> Tensor<'h> {
+    /// The dropless MoE feed-forward layer on `self [.., D]`: route, dispatch, grouped SwiGLU
+    /// experts, weighted combine, shared experts. `router [D, E]`, `gate`/`up` `[E, D, F]`,
+    /// `down [E, F, D]` (last two dims swapped when `opts.out_in`).
+    pub fn moe_ffn(
+        &self,
+        router: &Tensor<'h>,
+        gate: &Tensor<'h>,
+        up: &Tensor<'h>,
+        down: &Tensor<'h>,
+        opts: &MoeFfnOpts<'_, 'h>,
+    ) -> Result<MoeFfnOutput<'h>> {
+        let h = |t: Option<&Tensor<'h>>| t.map(Tensor::raw);
+        let r = &opts.router;
+        let attrs = ops::MoeFfn {
+            num_experts: r.num_experts as i64,
+            top_k: r.top_k as i64,
+            score: r.score.name(),
+            renormalize: r.renormalize,
+            route_scale: r.route_scale,
+            aux_loss_coef: opts.aux_loss_coef,
+            out_in: opts.out_in,
+            clamp_alpha: opts.clamped_swiglu.map(|c| c.0),
+            clamp_limit: opts.clamped_swiglu.map(|c| c.1),
+            router_bias: h(opts.router_bias),
+            balance_bias: h(opts.balance_bias),
+            gate_bias: h(opts.gate_bias),
+            up_bias: h(opts.up_bias),
+            down_bias: h(opts.down_bias),
+            shared_gate: h(opts.shared.map(|s| s[0])),
+            shared_up: h(opts.shared.map(|s| s[1])),
+            shared_down: h(opts.shared.map(|s| s[2])),
+        };
+        let v = self
+            .host()
+            .call_op(&attrs, &[self, router, gate, up, down])?;
+        let want = 4 + usize::from(opts.aux_loss_coef != 0.0);
+        if v.len() != want {
+            return Err(Error(format!(
+                "host op moe_ffn returned {} outputs, expected {want}",
+                v.len()
+            )));
+        }
+        let mut v = v.into_iter();
+        let mut next = || {
+            v.next()
+                .ok_or_else(|| Error("moe_ffn: missing output".into()))
+        };
+        Ok(MoeFfnOutput {
+            out: next()?,
+            tokens_per_expert: next()?,
+            imbalance: next()?,
+            entropy: next()?,
+            aux_loss: next().ok(),
+        })
+    }
+
+    /// The router on `self = logits [N, E]`, with an optional `[E]` balancing bias that steers
+    /// the choice only: (weights `[N, k]` f32, experts `[N, k]` i64, scores `[N, E]` f32).
+    pub fn moe_route(
+        &self,
+        bias: Option<&Tensor<'h>>,
+        router: &Router,
+    ) -> Result<(Tensor<'h>, Tensor<'h>, Tensor<'h>)> {
+        let attrs = ops::MoeRoute {
+            num_experts: router.num_experts as i64,
+            top_k: router.top_k as i64,
+            score: router.score.name(),
+            renormalize: router.renormalize,
+            route_scale: router.route_scale,
+        };
+        let mut inputs = vec![self];
+        inputs.extend(bias);
+        let [w, e, s]: [Tensor<'h>; 3] = self
+            .host()
+            .call_op(&attrs, &inputs)?
+            .try_into()
+            .map_err(|_| Error("host op moe_route returned the wrong number of outputs".into()))?;
+        Ok((w, e, s))
+    }
+
+    /// The token rows of `self [N, D]` in expert order for the choices `experts [N, k]`:
+    /// `[N·k, D]`, ready for [`Tensor::grouped_matmul`] with the per-expert counts.
+    pub fn moe_dispatch(&self, experts: &Tensor<'h>, num_experts: usize) -> Result<Tensor<'h>> {
+        let attrs = ops::MoeDispatch {
+            num_experts: num_experts as i64,
+        };
+        self.host()
+            .call1(ops::MoeDispatch::OP, &[self, experts], &attrs_of(&attrs))
+    }
+
+    /// Expert outputs `self [N·k, D]` (expert order, as from [`Tensor::moe_dispatch`]) summed
+    /// back into token order with `weights [N, k]`: `[N, D]`.
+    pub fn moe_combine(
+        &self,
+        weights: &Tensor<'h>,
+        experts: &Tensor<'h>,
+        num_experts: usize,
+    ) -> Result<Tensor<'h>> {
+        let attrs = ops::MoeCombine {
+            num_experts: num_experts as i64,
+        };
+        self.host().call1(
+            ops::MoeCombine::OP,
+            &[self, weights, experts],
+            &attrs_of(&attrs),
+        )
+    }
+
+    /// [`Tensor::grouped_matmul`] with each expert's weight stored `[out, in]` (`w [E, M, K]`).
+    pub fn grouped_matmul_nt(&self, w: &Tensor<'h>, counts: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.host()
+            .call1(ops::GroupedMatmulNt::OP, &[self, w, counts], &[])
+    }
+}
+
+fn attrs_of<A: ops::OpAttrs>(a: &A) -> Vec<crate::abi::Attr> {
+    a.to_attrs()
+}
