@@ -462,3 +462,42 @@ fn rl_refuses_bad_input_with_the_key_and_exit_2() {
         );
     }
 }
+
+#[test]
+fn an_moe_model_asking_for_more_experts_than_it_has_or_with_misshapen_experts_is_refused() {
+    let job = Job::new("moe-args");
+    let line = error_line(
+        &train(
+            &job,
+            "topk",
+            &[
+                "model.flavor=\"debugmodel_qwen3_moe\"",
+                "model.args.moe.top_k=9",
+            ],
+        ),
+        2,
+    );
+    assert!(
+        line.contains("moe.top_k") && line.contains("more experts per token"),
+        "{line}"
+    );
+    // A transformers checkpoint whose expert 2 has an up projection of the wrong shape.
+    let dir = job.dir.join("hf-moe");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = fixture("tiny_qwen3_moe");
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let mut tensors = anneal_engine::io::load_safetensors(src.join("model.safetensors")).unwrap();
+    let bad = "model.layers.0.mlp.experts.2.up_proj.weight";
+    tensors.insert(
+        bad.to_string(),
+        anneal_engine::Tensor::zeros(&[40, 64], anneal_engine::DType::F32),
+    );
+    let named: Vec<(&str, &anneal_engine::Tensor)> =
+        tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    anneal_engine::io::save_safetensors(dir.join("model.safetensors"), &named).unwrap();
+    let mut cmd = anneal();
+    cmd.args(["logprobs", "--tokens", "1,2,3", "--model-dir"])
+        .arg(&dir);
+    let line = error_line(&run_within(cmd, 60), 2);
+    assert!(line.contains(bad) && line.contains("[40, 64]"), "{line}");
+}

@@ -36,7 +36,12 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn logits_match_transformers() {
-    for name in ["tiny_llama", "tiny_llama3_scaled", "tiny_qwen3"] {
+    for name in [
+        "tiny_llama",
+        "tiny_llama3_scaled",
+        "tiny_qwen3",
+        "tiny_qwen3_moe",
+    ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
@@ -137,6 +142,7 @@ fn recompute_gives_identical_gradients() {
 
 #[test]
 fn export_then_import_round_trips() {
+    export_round_trip_of("tiny_qwen3_moe");
     let dir = fixture("tiny_llama3_scaled");
     let (model, params) = model_for(&dir);
     let out = std::env::temp_dir().join(format!("anneal-hf-export-{}", std::process::id()));
@@ -150,6 +156,30 @@ fn export_then_import_round_trips() {
     assert_eq!(cfg["tie_word_embeddings"], true);
     let _ = std::fs::remove_dir_all(&out);
     let _ = DType::F32;
+}
+
+/// Export, then import: the same tensors (stacked experts split per expert and stacked back),
+/// and transformers' config keys.
+fn export_round_trip_of(name: &str) {
+    let (model, params) = model_for(&fixture(name));
+    let out = std::env::temp_dir().join(format!("anneal-hf-export-{name}-{}", std::process::id()));
+    hf::export(&out, model.spec(), &params, None).unwrap();
+    let back = hf::load_params(&out, model.spec()).unwrap();
+    for (k, v) in params.iter() {
+        assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{name}: {k}");
+    }
+    let cfg = hf::read_config(&out).unwrap();
+    let orig = hf::read_config(&fixture(name)).unwrap();
+    for key in [
+        "model_type",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        "mlp_only_layers",
+    ] {
+        assert_eq!(cfg[key], orig[key], "{name}: {key}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 #[test]
@@ -173,7 +203,12 @@ fn missing_weights_are_named() {
 #[test]
 fn loss_and_every_gradient_match_transformers() {
     use anneal_engine::ops::{cross_entropy, CrossEntropy};
-    for name in ["tiny_llama", "tiny_llama3_scaled", "tiny_qwen3"] {
+    for name in [
+        "tiny_llama",
+        "tiny_llama3_scaled",
+        "tiny_qwen3",
+        "tiny_qwen3_moe",
+    ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
@@ -217,15 +252,20 @@ fn loss_and_every_gradient_match_transformers() {
         );
         loss.backward().unwrap();
         let mut worst = 0f32;
-        let names: std::collections::HashMap<String, String> = model
+        // Each parameter's Hugging Face sources, in order (several when per-expert tensors are
+        // stacked into one parameter: their gradients, concatenated, are its gradient).
+        let sources: std::collections::HashMap<String, Vec<String>> = model
             .spec()
             .params
             .iter()
-            .map(|p| (p.name.clone(), p.hf.clone().unwrap().sources.concat()))
+            .map(|p| (p.name.clone(), p.hf.clone().unwrap().sources))
             .collect();
         for (ours, leaf) in leaves.iter() {
             let g = leaf.grad().unwrap().to_vec_f32();
-            let w = exp[&format!("grad.{}", names[ours])].to_vec_f32();
+            let w: Vec<f32> = sources[ours]
+                .iter()
+                .flat_map(|s| exp[&format!("grad.{s}")].to_vec_f32())
+                .collect();
             let scale = w.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
             let rel = max_abs_diff(&g, &w) / scale;
             worst = worst.max(rel);
@@ -240,7 +280,7 @@ fn loss_and_every_gradient_match_transformers() {
 
 #[test]
 fn logprobs_match_transformers() {
-    for name in ["tiny_llama", "tiny_qwen3"] {
+    for name in ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
@@ -314,7 +354,7 @@ fn generation_logprobs_equal_training_forward_bitwise_and_batch_invariant() {
 #[test]
 fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
     use anneal_runtime::infer::{generate, logprobs, Sampling};
-    for name in ["tiny_llama", "tiny_llama3_scaled"] {
+    for name in ["tiny_llama", "tiny_llama3_scaled", "tiny_qwen3_moe"] {
         let (model, params) = model_for(&fixture(name));
         let prompt: Vec<i64> = (0..58).map(|i| (i * 37 + 5) % 96).collect();
         let s = Sampling {

@@ -122,6 +122,9 @@ fn values_per_token<'a>(params: impl Iterator<Item = &'a [usize]>) -> u64 {
         let v = match shape {
             [out, inp] => (*out as u64).saturating_add(*inp as u64),
             [d] => 2 * *d as u64,
+            // Stacked experts `[E, out, in]`: a token passes through a few of them, not all
+            // (counted as two: the spec does not say the router's k).
+            [_, out, inp] => 2 * (*out as u64).saturating_add(*inp as u64),
             other => elements(other),
         };
         acc.saturating_add(v)

@@ -45,9 +45,42 @@ pub struct LlamaArgs {
     /// Parameter dtype (`f32` or `bf16`).
     #[serde(default = "f32_name")]
     pub dtype: String,
-    /// Name written to Hugging Face `config.json` (`llama` or `qwen3`).
+    /// Name written to Hugging Face `config.json` (`llama`, `qwen3` or `qwen3_moe`).
     #[serde(default = "llama_name")]
     pub hf_model_type: String,
+    /// A mixture-of-experts feed-forward in the sparse layers (Qwen3-MoE).
+    #[serde(default)]
+    pub moe: Option<MoeArgs>,
+}
+
+/// The mixture-of-experts feed-forward of Qwen3-MoE: a softmax top-k router over `n_experts`
+/// SwiGLU experts, dropless.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeArgs {
+    /// Experts per sparse layer (`num_experts`).
+    pub n_experts: usize,
+    /// Experts each token is sent to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Hidden size of one expert (`moe_intermediate_size`).
+    pub expert_ffn_dim: usize,
+    /// Renormalise the chosen experts' weights to sum to 1 (`norm_topk_prob`).
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    /// Every `sparse_step`-th layer is sparse (`decoder_sparse_step`; layer `i` when
+    /// `(i + 1) % sparse_step == 0`).
+    #[serde(default = "one")]
+    pub sparse_step: usize,
+    /// Layers that keep the dense feed-forward (`mlp_only_layers`).
+    #[serde(default)]
+    pub dense_layers: Vec<usize>,
+    /// Coefficient of the load-balancing loss (0: none).
+    #[serde(default)]
+    pub aux_loss_coef: f64,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn f32_name() -> String {
@@ -62,6 +95,12 @@ impl LlamaArgs {
     /// Per-head size.
     pub fn head_dim(&self) -> usize {
         self.head_dim.unwrap_or(self.dim / self.n_heads)
+    }
+
+    /// The MoE settings of layer `i` when it is sparse.
+    pub fn moe_of(&self, i: usize) -> Option<&MoeArgs> {
+        let m = self.moe.as_ref()?;
+        (!m.dense_layers.contains(&i) && (i + 1).is_multiple_of(m.sparse_step)).then_some(m)
     }
 
     /// The sliding window of layer `i`, if it has one.
@@ -136,6 +175,43 @@ impl LlamaArgs {
         if !matches!(self.dtype.as_str(), "f32" | "bf16") {
             return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
         }
+        if let Some(m) = &self.moe {
+            m.validate(self.n_layers)?;
+        }
+        Ok(())
+    }
+}
+
+impl MoeArgs {
+    /// Checks the settings fit together and the model's `n_layers`.
+    pub fn validate(&self, n_layers: usize) -> Result<(), String> {
+        for (name, v) in [
+            ("moe.n_experts", self.n_experts),
+            ("moe.top_k", self.top_k),
+            ("moe.expert_ffn_dim", self.expert_ffn_dim),
+            ("moe.sparse_step", self.sparse_step),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.top_k > self.n_experts {
+            return Err(format!(
+                "moe.top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (moe.n_experts)",
+                self.top_k, self.n_experts
+            ));
+        }
+        if let Some(l) = self.dense_layers.iter().find(|&&l| l >= n_layers) {
+            return Err(format!(
+                "moe.dense_layers names layer {l}, the model has {n_layers} layers"
+            ));
+        }
+        if !(self.aux_loss_coef >= 0.0 && self.aux_loss_coef.is_finite()) {
+            return Err(format!(
+                "moe.aux_loss_coef = {} must be a finite number ≥ 0",
+                self.aux_loss_coef
+            ));
+        }
         Ok(())
     }
 }
@@ -169,6 +245,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
         sliding_layers: vec![],
         dtype: "f32".into(),
         hf_model_type: "llama".into(),
+        moe: None,
     };
     let qwen3 = |dim, n_layers, n_heads, ffn_dim, tie| LlamaArgs {
         dim,
@@ -221,6 +298,37 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
             dtype: "bf16".into(),
             ..base
         },
+        "debugmodel_qwen3_moe" => LlamaArgs {
+            qk_norm: true,
+            n_kv_heads: 2,
+            hf_model_type: "qwen3_moe".into(),
+            norm_eps: 1e-6,
+            moe: Some(MoeArgs {
+                n_experts: 8,
+                top_k: 2,
+                expert_ffn_dim: 256,
+                norm_topk_prob: true,
+                sparse_step: 1,
+                dense_layers: vec![],
+                aux_loss_coef: 0.001,
+            }),
+            ..base
+        },
+        "qwen3_30b_a3b" => LlamaArgs {
+            n_kv_heads: 4,
+            max_seq_len: 40_960,
+            moe: Some(MoeArgs {
+                n_experts: 128,
+                top_k: 8,
+                expert_ffn_dim: 768,
+                norm_topk_prob: true,
+                sparse_step: 1,
+                dense_layers: vec![],
+                aux_loss_coef: 0.001,
+            }),
+            hf_model_type: "qwen3_moe".into(),
+            ..qwen3(2048, 48, 32, 6144, false)
+        },
         "qwen3_0.6b" => qwen3(1024, 28, 16, 3072, true),
         "qwen3_8b" => qwen3(4096, 36, 32, 12_288, false),
         _ => return None,
@@ -231,10 +339,12 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
 pub const FLAVORS: &[&str] = &[
     "debugmodel",
     "debugmodel_qwen3",
+    "debugmodel_qwen3_moe",
     "llama3_1b",
     "llama3_8b",
     "qwen3_0.6b",
     "qwen3_8b",
+    "qwen3_30b_a3b",
 ];
 
 /// Arguments from a Hugging Face `config.json` (`llama` and `qwen3` model types; RoPE settings
@@ -248,9 +358,9 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
             .ok_or_else(|| format!("config.json: missing integer '{k}'"))
     };
     let model_type = f.str("model_type")?.unwrap_or("llama").to_string();
-    if !matches!(model_type.as_str(), "llama" | "qwen3") {
+    if !matches!(model_type.as_str(), "llama" | "qwen3" | "qwen3_moe") {
         return Err(format!(
-            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3)"
+            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3, qwen3_moe)"
         ));
     }
     let rope_key = ["rope_parameters", "rope_scaling"]
@@ -311,7 +421,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         rope_scaling,
         max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(2048),
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        qk_norm: model_type == "qwen3",
+        qk_norm: model_type != "llama",
         sliding_window: if sliding {
             f.uint("sliding_window")?
         } else {
@@ -319,6 +429,11 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         },
         sliding_layers: vec![],
         dtype: "f32".into(),
+        moe: if model_type == "qwen3_moe" {
+            Some(moe_from_hf(&f, num("num_hidden_layers")?)?)
+        } else {
+            None
+        },
         hf_model_type: model_type,
     };
     if f.bool("attention_bias")?.unwrap_or(false) {
@@ -330,6 +445,48 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
 
 /// Typed reads of a `config.json` object: `Ok(None)` when a key is absent or `null`, an error
 /// naming the key when it holds another type.
+/// Qwen3-MoE's expert settings from `config.json`. The load-balancing loss counts only when
+/// transformers would add it (`output_router_logits`).
+fn moe_from_hf(f: &HfFields<'_>, n_layers: usize) -> Result<MoeArgs, String> {
+    let need = |k: &str| {
+        f.uint(k)?
+            .ok_or_else(|| format!("config.json: missing integer '{k}'"))
+    };
+    let dense_layers = match f.get("mlp_only_layers") {
+        None => vec![],
+        Some(v) => v
+            .as_array()
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                    .collect::<Option<Vec<_>>>()
+            })
+            .ok_or("config.json: 'mlp_only_layers' has the wrong type: expected a list of layer indices")?,
+    };
+    let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
+        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
+    } else {
+        0.0
+    };
+    // transformers 5 writes `num_local_experts`; earlier versions `num_experts`.
+    let n_experts = match f.uint("num_local_experts")? {
+        Some(n) => n,
+        None => need("num_experts")?,
+    };
+    let m = MoeArgs {
+        n_experts,
+        top_k: need("num_experts_per_tok")?,
+        expert_ffn_dim: need("moe_intermediate_size")?,
+        norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
+        sparse_step: f.uint("decoder_sparse_step")?.unwrap_or(1),
+        dense_layers,
+        aux_loss_coef: coef,
+    };
+    m.validate(n_layers)
+        .map_err(|e| format!("config.json: {e}"))?;
+    Ok(m)
+}
+
 struct HfFields<'a> {
     obj: &'a serde_json::Value,
     /// `rope_scaling.` for nested objects, so messages name the full key.

@@ -8,10 +8,14 @@ use serde_json::json;
 
 /// The config for export.
 pub fn adapter(a: &LlamaArgs) -> HfAdapter {
-    let qwen = a.hf_model_type == "qwen3";
+    let architecture = match a.hf_model_type.as_str() {
+        "qwen3" => "Qwen3ForCausalLM",
+        "qwen3_moe" => "Qwen3MoeForCausalLM",
+        _ => "LlamaForCausalLM",
+    };
     let mut config = json!({
         "model_type": a.hf_model_type,
-        "architectures": [if qwen { "Qwen3ForCausalLM" } else { "LlamaForCausalLM" }],
+        "architectures": [architecture],
         "hidden_size": a.dim,
         "intermediate_size": a.ffn_dim,
         "num_hidden_layers": a.n_layers,
@@ -36,6 +40,17 @@ pub fn adapter(a: &LlamaArgs) -> HfAdapter {
             "high_freq_factor": s.high_freq_factor,
             "original_max_position_embeddings": s.original_max_position_embeddings,
         });
+    }
+    if let Some(m) = &a.moe {
+        config["num_experts"] = json!(m.n_experts);
+        config["num_local_experts"] = json!(m.n_experts);
+        config["num_experts_per_tok"] = json!(m.top_k);
+        config["moe_intermediate_size"] = json!(m.expert_ffn_dim);
+        config["norm_topk_prob"] = json!(m.norm_topk_prob);
+        config["decoder_sparse_step"] = json!(m.sparse_step);
+        config["mlp_only_layers"] = json!(m.dense_layers);
+        config["router_aux_loss_coef"] = json!(m.aux_loss_coef);
+        config["output_router_logits"] = json!(m.aux_loss_coef > 0.0);
     }
     if let Some(w) = a.sliding_window {
         config["sliding_window"] = json!(w);

@@ -1,4 +1,4 @@
-//! The Llama plugin: Llama 3 and Qwen3 in one model file, with named flavors from the debug
+//! The Llama plugin: Llama 3, Qwen3 and Qwen3-MoE in one model file, with named flavors from the debug
 //! model to the released sizes.
 
 pub mod config;
@@ -37,7 +37,7 @@ impl Factory for Llama {
     }
 }
 
-anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3"], description = "Llama 3 / Qwen3 decoder (GQA, RoPE, SwiGLU, RMSNorm)");
+anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe"], description = "Llama 3 / Qwen3 / Qwen3-MoE decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm)");
 
 #[cfg(test)]
 mod tests {
@@ -68,6 +68,47 @@ mod tests {
         assert_eq!(count("llama3_8b"), 8_030_261_248);
         assert_eq!(count("llama3_1b"), 1_235_814_400);
         assert_eq!(count("qwen3_0.6b"), 596_049_920);
+        // Qwen3-30B-A3B: 128 experts of 768 in each of 48 layers.
+        assert_eq!(count("qwen3_30b_a3b"), 30_532_122_624);
+    }
+
+    #[test]
+    fn moe_flavors_route_and_cost_only_the_active_experts() {
+        let m = Llama::create(Some("debugmodel_qwen3_moe"), serde_json::json!({})).unwrap();
+        let moe = m.args.moe.as_ref().unwrap();
+        assert!((0..m.args.n_layers).all(|i| m.args.moe_of(i).is_some()));
+        let w1 = m
+            .spec
+            .params
+            .iter()
+            .find(|p| p.name == "layers.0.feed_forward.experts.w1")
+            .unwrap();
+        assert_eq!(w1.shape, [moe.n_experts, moe.expert_ffn_dim, m.args.dim]);
+        assert_eq!(w1.placement.expert_dim, Some(0));
+        let hf = w1.hf.as_ref().unwrap();
+        assert_eq!(hf.sources.len(), moe.n_experts);
+        assert_eq!(
+            hf.sources[7],
+            "model.layers.0.mlp.experts.7.gate_proj.weight"
+        );
+        // Dense layers keep the plain MLP; FLOPs count top-k of the experts.
+        let mixed = Llama::create(
+            Some("debugmodel_qwen3_moe"),
+            serde_json::json!({"moe": {"dense_layers": [1]}}),
+        )
+        .unwrap();
+        assert!(mixed.args.moe_of(1).is_none());
+        assert!(mixed
+            .spec
+            .params
+            .iter()
+            .any(|p| p.name == "layers.1.feed_forward.w1.weight"));
+        let all_active = Llama::create(
+            Some("debugmodel_qwen3_moe"),
+            serde_json::json!({"moe": {"top_k": 8}}),
+        )
+        .unwrap();
+        assert!(all_active.spec.flops_per_token > m.spec.flops_per_token);
     }
 
     #[test]

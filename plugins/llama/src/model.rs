@@ -1,14 +1,18 @@
-//! Llama 3 (and Qwen3): pre-norm decoder blocks of grouped-query attention with rotary
-//! positions and a SwiGLU feed-forward, written with host ops.
+//! Llama 3 (and Qwen3, Qwen3-MoE): pre-norm decoder blocks of grouped-query attention with
+//! rotary positions and a SwiGLU feed-forward, written with host ops.
 //!
 //! ```text
 //! h   = x + Attention(RMSNorm(x))
 //! out = h + W2 · (SiLU(W1 · RMSNorm(h)) ⊙ W3 · RMSNorm(h))
 //! ```
+//! In Qwen3-MoE's sparse layers the feed-forward is `Σ_{e ∈ topk(softmax(Wr · x))} g_e · FFN_e(x)`
+//! over SwiGLU experts (dropless, one host op).
 
 use crate::config::LlamaArgs;
-use crate::spec::{BlockParams, LlamaParams};
-use anneal_plugin_api::sdk::{AttentionOpts, Ctx, Model, ModelSpec, Result, Rope, Tensor};
+use crate::spec::{BlockParams, FeedForward, LlamaParams};
+use anneal_plugin_api::sdk::{
+    AttentionOpts, Ctx, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
+};
 
 /// A Llama-family model: its arguments and declared parameters (the weights live in the host).
 pub struct Llama {
@@ -80,11 +84,41 @@ impl Llama {
         &self,
         ctx: &Ctx<'h>,
         l: &BlockParams,
+        index: usize,
         x: &Tensor<'h>,
     ) -> Result<Tensor<'h>> {
-        let gate = x.linear(&ctx.w(&l.w1)?)?;
-        let up = x.linear(&ctx.w(&l.w3)?)?;
-        gate.swiglu(&up)?.linear(&ctx.w(&l.w2)?)
+        match &l.ffn {
+            FeedForward::Dense { w1, w2, w3 } => {
+                let gate = x.linear(&ctx.w(w1)?)?;
+                let up = x.linear(&ctx.w(w3)?)?;
+                gate.swiglu(&up)?.linear(&ctx.w(w2)?)
+            }
+            FeedForward::Experts { router, w1, w2, w3 } => {
+                let m = self
+                    .args
+                    .moe_of(index)
+                    .ok_or_else(|| format!("layer {index} has experts but no MoE settings"))?;
+                let mut opts = MoeFfnOpts::new(Router {
+                    renormalize: m.norm_topk_prob,
+                    ..Router::new(m.n_experts, m.top_k)
+                });
+                opts.out_in = true;
+                opts.aux_loss_coef = m.aux_loss_coef;
+                let moe = x.moe_ffn(
+                    &ctx.w(router)?,
+                    &ctx.w(w1)?,
+                    &ctx.w(w3)?,
+                    &ctx.w(w2)?,
+                    &opts,
+                )?;
+                if let Some(aux) = &moe.aux_loss {
+                    ctx.aux_loss("load_balance", aux)?;
+                }
+                ctx.stat(&format!("moe.layer{index}.imbalance"), &moe.imbalance)?;
+                ctx.stat(&format!("moe.layer{index}.entropy"), &moe.entropy)?;
+                Ok(moe.out)
+            }
+        }
     }
 }
 
@@ -121,7 +155,8 @@ impl Model for Llama {
             index,
             &x_btd.rms_norm(&ctx.w(&l.attention_norm)?, eps)?,
         )?)?;
-        let out = h.add(&self.feed_forward(ctx, l, &h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?)?)?;
+        let normed = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
+        let out = h.add(&self.feed_forward(ctx, l, index, &normed)?)?;
         Ok(vec![out])
     }
 

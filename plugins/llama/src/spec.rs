@@ -3,7 +3,7 @@
 
 use crate::config::LlamaArgs;
 use crate::hf;
-use anneal_plugin_api::sdk::{Decl, ModelSpec, Param, ParamSpec, ParamTable};
+use anneal_plugin_api::sdk::{Decl, HfMap, ModelSpec, Param, ParamSpec, ParamTable};
 
 /// The parameters of one block.
 pub struct BlockParams {
@@ -21,12 +21,32 @@ pub struct BlockParams {
     pub wo: Param,
     /// RMSNorm before the feed-forward.
     pub ffn_norm: Param,
-    /// SwiGLU gate `[ffn_dim, dim]`.
-    pub w1: Param,
-    /// SwiGLU down projection `[dim, ffn_dim]`.
-    pub w2: Param,
-    /// SwiGLU up projection `[ffn_dim, dim]`.
-    pub w3: Param,
+    /// The feed-forward's weights.
+    pub ffn: FeedForward,
+}
+
+/// A block's feed-forward: one SwiGLU, or a mixture of SwiGLU experts.
+pub enum FeedForward {
+    /// `W2 · (SiLU(W1 x) ⊙ W3 x)`.
+    Dense {
+        /// Gate `[ffn_dim, dim]`.
+        w1: Param,
+        /// Down projection `[dim, ffn_dim]`.
+        w2: Param,
+        /// Up projection `[ffn_dim, dim]`.
+        w3: Param,
+    },
+    /// Top-k routed experts (Qwen3-MoE), stacked along a leading expert dim.
+    Experts {
+        /// Router `[n_experts, dim]`.
+        router: Param,
+        /// Gates `[n_experts, expert_ffn_dim, dim]`.
+        w1: Param,
+        /// Down projections `[n_experts, dim, expert_ffn_dim]`.
+        w2: Param,
+        /// Ups `[n_experts, expert_ffn_dim, dim]`.
+        w3: Param,
+    },
 }
 
 /// Every parameter of the model.
@@ -101,27 +121,68 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                     "self_attn.o_proj.weight",
                     false,
                 ),
-                w1: linear(
-                    "feed_forward.w1.weight",
-                    [f, d],
-                    std,
-                    "mlp.gate_proj.weight",
-                    true,
-                ),
-                w3: linear(
-                    "feed_forward.w3.weight",
-                    [f, d],
-                    depth_std,
-                    "mlp.up_proj.weight",
-                    true,
-                ),
-                w2: linear(
-                    "feed_forward.w2.weight",
-                    [d, f],
-                    depth_std,
-                    "mlp.down_proj.weight",
-                    false,
-                ),
+                ffn: match a.moe_of(i) {
+                    None => FeedForward::Dense {
+                        w1: linear(
+                            "feed_forward.w1.weight",
+                            [f, d],
+                            std,
+                            "mlp.gate_proj.weight",
+                            true,
+                        ),
+                        w3: linear(
+                            "feed_forward.w3.weight",
+                            [f, d],
+                            depth_std,
+                            "mlp.up_proj.weight",
+                            true,
+                        ),
+                        w2: linear(
+                            "feed_forward.w2.weight",
+                            [d, f],
+                            depth_std,
+                            "mlp.down_proj.weight",
+                            false,
+                        ),
+                    },
+                    Some(m) => {
+                        let (e, ef) = (m.n_experts, m.expert_ffn_dim);
+                        let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
+                            l.add(
+                                Decl::new(name, shape)
+                                    .trunc_normal(std)
+                                    .expert_dim(0)
+                                    .hf(HfMap::stack(hf, e)),
+                            )
+                        };
+                        FeedForward::Experts {
+                            w1: experts(
+                                "feed_forward.experts.w1",
+                                [e, ef, d],
+                                std,
+                                "mlp.experts.{e}.gate_proj.weight",
+                            ),
+                            w3: experts(
+                                "feed_forward.experts.w3",
+                                [e, ef, d],
+                                depth_std,
+                                "mlp.experts.{e}.up_proj.weight",
+                            ),
+                            w2: experts(
+                                "feed_forward.experts.w2",
+                                [e, d, ef],
+                                depth_std,
+                                "mlp.experts.{e}.down_proj.weight",
+                            ),
+                            router: l.add(
+                                Decl::new("feed_forward.router.weight", [e, d])
+                                    .trunc_normal(std)
+                                    .replicated()
+                                    .hf_name("mlp.gate.weight"),
+                            ),
+                        }
+                    }
+                },
                 attention_norm,
                 ffn_norm,
                 qk_norm,
@@ -164,9 +225,14 @@ pub fn model_spec(a: &LlamaArgs, params: Vec<ParamSpec>) -> ModelSpec {
         .map(|p| p.shape.iter().product::<usize>())
         .sum();
     let embedding = a.vocab_size * a.dim;
-    // 6 FLOPs per parameter per token (forward + backward) for the matmuls, plus attention
-    // scores and values: 12 · layers · heads · head_dim · seq_len.
-    let dense = (n - embedding) as f64;
+    // 6 FLOPs per parameter per token (forward + backward) for the matmuls a token goes through
+    // (of a sparse layer's experts, only the top-k it is routed to), plus attention scores and
+    // values: 12 · layers · heads · head_dim · seq_len.
+    let idle_experts: usize = (0..a.n_layers)
+        .filter_map(|i| a.moe_of(i))
+        .map(|m| (m.n_experts - m.top_k) * 3 * a.dim * m.expert_ffn_dim)
+        .sum();
+    let dense = (n - embedding - idle_experts) as f64;
     let attn = 12.0 * (a.n_layers * a.n_heads * a.head_dim() * a.max_seq_len) as f64;
     ModelSpec {
         architecture: "llama".into(),

@@ -3,21 +3,24 @@
 
 Run from the repository root (needs torch, safetensors and transformers):
 
-    .venv/bin/python host/runtime/tests/reference/make_hf_fixtures.py
+    .venv/bin/python host/runtime/tests/reference/make_hf_fixtures.py [--only NAME]
 
 For each model it writes `host/runtime/tests/fixtures/<name>/` with `config.json`,
 `model.safetensors` (as `save_pretrained` writes them) and `expected.safetensors` holding
 `tokens` (i64 [B, T]), `logits` (f32 [B, T, V]) and `logprobs` (f32 [B, T-1], the log-probability
-of each next token).
+of each next token), the loss and `grad.<name>` of every parameter under the names the
+checkpoint uses (a fused expert tensor's gradient is split per expert like the checkpoint).
 """
 import json
 import os
 import pathlib
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -46,6 +49,30 @@ def models():
         )
     )
     yield "tiny_qwen3", Qwen3ForCausalLM(Qwen3Config(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=32, rope_theta=1e6))
+    # Layer 0 routes over 4 experts (top 2, renormalised), layer 1 keeps the dense MLP.
+    yield "tiny_qwen3_moe", Qwen3MoeForCausalLM(
+        Qwen3MoeConfig(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=16, rope_theta=1e6, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+                       decoder_sparse_step=1, mlp_only_layers=[1])
+    )
+
+
+def checkpoint_grads(name, grad):
+    """`grad` of parameter `name` under the checkpoint's names: transformers 5 keeps experts
+    fused in memory (`experts.gate_up_proj [E, 2F, D]`, `experts.down_proj [E, D, F]`) and saves
+    them per expert (`experts.{e}.gate_proj.weight`, ...)."""
+    if name.endswith("experts.gate_up_proj"):
+        base = name[: -len("gate_up_proj")]
+        gate, up = grad.chunk(2, dim=1)
+        for e in range(grad.shape[0]):
+            yield f"{base}{e}.gate_proj.weight", gate[e]
+            yield f"{base}{e}.up_proj.weight", up[e]
+    elif name.endswith("experts.down_proj"):
+        base = name[: -len("down_proj")]
+        for e in range(grad.shape[0]):
+            yield f"{base}{e}.down_proj.weight", grad[e]
+    else:
+        yield name, grad
 
 
 def tiny_tokenizer():
@@ -62,9 +89,18 @@ def tiny_tokenizer():
 
 
 def main():
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     torch.manual_seed(0)
-    tiny_tokenizer()
+    if only is None:
+        tiny_tokenizer()
     for name, model in models():
+        if only is not None and name != only:
+            # Draw the same numbers as a full run, so the other fixtures stay as they are.
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.uniform_(0.5, 1.5) if p.dim() == 1 else p.normal_(0.0, 0.2)
+            torch.randint(0, COMMON["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
+            continue
         model = model.float().eval()
         # Random init is small; widen it so the test distinguishes real differences.
         with torch.no_grad():
@@ -85,7 +121,8 @@ def main():
         out = {"tokens": tokens.contiguous(), "logits": logits.detach().contiguous(),
                "logprobs": lp.detach().contiguous(), "loss": loss.detach().reshape(1)}
         for pname, p in model.named_parameters():
-            out["grad." + pname] = p.grad.detach().contiguous()
+            for gname, g in checkpoint_grads(pname, p.grad.detach()):
+                out["grad." + gname] = g.contiguous()
         save_file(out, str(d / "expected.safetensors"))
         for junk in ("generation_config.json",):
             (d / junk).unlink(missing_ok=True)
