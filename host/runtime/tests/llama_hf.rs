@@ -41,6 +41,7 @@ fn logits_match_transformers() {
         "tiny_llama3_scaled",
         "tiny_qwen3",
         "tiny_qwen3_moe",
+        "tiny_mixtral",
     ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
@@ -143,6 +144,7 @@ fn recompute_gives_identical_gradients() {
 #[test]
 fn export_then_import_round_trips() {
     export_round_trip_of("tiny_qwen3_moe");
+    export_round_trip_of("tiny_mixtral");
     let dir = fixture("tiny_llama3_scaled");
     let (model, params) = model_for(&dir);
     let out = std::env::temp_dir().join(format!("anneal-hf-export-{}", std::process::id()));
@@ -173,9 +175,12 @@ fn export_round_trip_of(name: &str) {
     for key in [
         "model_type",
         "num_experts_per_tok",
+        "num_local_experts",
         "moe_intermediate_size",
+        "intermediate_size",
         "norm_topk_prob",
         "mlp_only_layers",
+        "sliding_window",
     ] {
         assert_eq!(cfg[key], orig[key], "{name}: {key}");
     }
@@ -208,6 +213,7 @@ fn loss_and_every_gradient_match_transformers() {
         "tiny_llama3_scaled",
         "tiny_qwen3",
         "tiny_qwen3_moe",
+        "tiny_mixtral",
     ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
@@ -280,7 +286,7 @@ fn loss_and_every_gradient_match_transformers() {
 
 #[test]
 fn logprobs_match_transformers() {
-    for name in ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"] {
+    for name in ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral"] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
@@ -354,7 +360,12 @@ fn generation_logprobs_equal_training_forward_bitwise_and_batch_invariant() {
 #[test]
 fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
     use anneal_runtime::infer::{generate, logprobs, Sampling};
-    for name in ["tiny_llama", "tiny_llama3_scaled", "tiny_qwen3_moe"] {
+    for name in [
+        "tiny_llama",
+        "tiny_llama3_scaled",
+        "tiny_qwen3_moe",
+        "tiny_mixtral",
+    ] {
         let (model, params) = model_for(&fixture(name));
         let prompt: Vec<i64> = (0..58).map(|i| (i * 37 + 5) % 96).collect();
         let s = Sampling {

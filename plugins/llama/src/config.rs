@@ -329,6 +329,44 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
             hf_model_type: "qwen3_moe".into(),
             ..qwen3(2048, 48, 32, 6144, false)
         },
+        "debugmodel_mixtral" => LlamaArgs {
+            n_kv_heads: 2,
+            ffn_dim: 256,
+            rope_theta: 1_000_000.0,
+            hf_model_type: "mixtral".into(),
+            moe: Some(MoeArgs {
+                n_experts: 8,
+                top_k: 2,
+                expert_ffn_dim: 256,
+                norm_topk_prob: true,
+                sparse_step: 1,
+                dense_layers: vec![],
+                aux_loss_coef: 0.001,
+            }),
+            ..base
+        },
+        "mixtral_8x7b" => LlamaArgs {
+            dim: 4096,
+            n_layers: 32,
+            n_heads: 32,
+            n_kv_heads: 8,
+            ffn_dim: 14_336,
+            vocab_size: 32_000,
+            rope_theta: 1_000_000.0,
+            max_seq_len: 32_768,
+            dtype: "bf16".into(),
+            hf_model_type: "mixtral".into(),
+            moe: Some(MoeArgs {
+                n_experts: 8,
+                top_k: 2,
+                expert_ffn_dim: 14_336,
+                norm_topk_prob: true,
+                sparse_step: 1,
+                dense_layers: vec![],
+                aux_loss_coef: 0.02,
+            }),
+            ..base
+        },
         "qwen3_0.6b" => qwen3(1024, 28, 16, 3072, true),
         "qwen3_8b" => qwen3(4096, 36, 32, 12_288, false),
         _ => return None,
@@ -340,11 +378,13 @@ pub const FLAVORS: &[&str] = &[
     "debugmodel",
     "debugmodel_qwen3",
     "debugmodel_qwen3_moe",
+    "debugmodel_mixtral",
     "llama3_1b",
     "llama3_8b",
     "qwen3_0.6b",
     "qwen3_8b",
     "qwen3_30b_a3b",
+    "mixtral_8x7b",
 ];
 
 /// Arguments from a Hugging Face `config.json` (`llama` and `qwen3` model types; RoPE settings
@@ -358,11 +398,15 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
             .ok_or_else(|| format!("config.json: missing integer '{k}'"))
     };
     let model_type = f.str("model_type")?.unwrap_or("llama").to_string();
-    if !matches!(model_type.as_str(), "llama" | "qwen3" | "qwen3_moe") {
+    if !matches!(
+        model_type.as_str(),
+        "llama" | "qwen3" | "qwen3_moe" | "mixtral"
+    ) {
         return Err(format!(
-            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3, qwen3_moe)"
+            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3, qwen3_moe, mixtral)"
         ));
     }
+    let mixtral = model_type == "mixtral";
     let rope_key = ["rope_parameters", "rope_scaling"]
         .into_iter()
         .find(|k| f.get(k).is_some());
@@ -407,7 +451,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         }
     };
     let n_heads = num("num_attention_heads")?;
-    let sliding = f.bool("use_sliding_window")?.unwrap_or(false);
+    // Mixtral applies `sliding_window` whenever it is set; Qwen3 only with `use_sliding_window`.
+    let sliding = mixtral || f.bool("use_sliding_window")?.unwrap_or(false);
     let args = LlamaArgs {
         dim: num("hidden_size")?,
         n_layers: num("num_hidden_layers")?,
@@ -421,7 +466,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         rope_scaling,
         max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(2048),
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        qk_norm: model_type != "llama",
+        qk_norm: matches!(model_type.as_str(), "qwen3" | "qwen3_moe"),
         sliding_window: if sliding {
             f.uint("sliding_window")?
         } else {
@@ -429,10 +474,10 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         },
         sliding_layers: vec![],
         dtype: "f32".into(),
-        moe: if model_type == "qwen3_moe" {
-            Some(moe_from_hf(&f, num("num_hidden_layers")?)?)
-        } else {
-            None
+        moe: match model_type.as_str() {
+            "qwen3_moe" => Some(moe_from_hf(&f, num("num_hidden_layers")?)?),
+            "mixtral" => Some(mixtral_moe_from_hf(&f, num("num_hidden_layers")?)?),
+            _ => None,
         },
         hf_model_type: model_type,
     };
@@ -480,6 +525,32 @@ fn moe_from_hf(f: &HfFields<'_>, n_layers: usize) -> Result<MoeArgs, String> {
         norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
         sparse_step: f.uint("decoder_sparse_step")?.unwrap_or(1),
         dense_layers,
+        aux_loss_coef: coef,
+    };
+    m.validate(n_layers)
+        .map_err(|e| format!("config.json: {e}"))?;
+    Ok(m)
+}
+
+/// Mixtral's experts: every layer sparse, `intermediate_size` per expert, the top-k softmax
+/// weights renormalised.
+fn mixtral_moe_from_hf(f: &HfFields<'_>, n_layers: usize) -> Result<MoeArgs, String> {
+    let need = |k: &str| {
+        f.uint(k)?
+            .ok_or_else(|| format!("config.json: missing integer '{k}'"))
+    };
+    let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
+        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
+    } else {
+        0.0
+    };
+    let m = MoeArgs {
+        n_experts: need("num_local_experts")?,
+        top_k: need("num_experts_per_tok")?,
+        expert_ffn_dim: need("intermediate_size")?,
+        norm_topk_prob: true,
+        sparse_step: 1,
+        dense_layers: vec![],
         aux_loss_coef: coef,
     };
     m.validate(n_layers)

@@ -11,6 +11,7 @@ pub fn adapter(a: &LlamaArgs) -> HfAdapter {
     let architecture = match a.hf_model_type.as_str() {
         "qwen3" => "Qwen3ForCausalLM",
         "qwen3_moe" => "Qwen3MoeForCausalLM",
+        "mixtral" => "MixtralForCausalLM",
         _ => "LlamaForCausalLM",
     };
     let mut config = json!({
@@ -42,17 +43,24 @@ pub fn adapter(a: &LlamaArgs) -> HfAdapter {
         });
     }
     if let Some(m) = &a.moe {
-        config["num_experts"] = json!(m.n_experts);
         config["num_local_experts"] = json!(m.n_experts);
         config["num_experts_per_tok"] = json!(m.top_k);
-        config["moe_intermediate_size"] = json!(m.expert_ffn_dim);
-        config["norm_topk_prob"] = json!(m.norm_topk_prob);
-        config["decoder_sparse_step"] = json!(m.sparse_step);
-        config["mlp_only_layers"] = json!(m.dense_layers);
         config["router_aux_loss_coef"] = json!(m.aux_loss_coef);
         config["output_router_logits"] = json!(m.aux_loss_coef > 0.0);
+        if a.hf_model_type == "qwen3_moe" {
+            config["num_experts"] = json!(m.n_experts);
+            config["moe_intermediate_size"] = json!(m.expert_ffn_dim);
+            config["norm_topk_prob"] = json!(m.norm_topk_prob);
+            config["decoder_sparse_step"] = json!(m.sparse_step);
+            config["mlp_only_layers"] = json!(m.dense_layers);
+        }
     }
-    if let Some(w) = a.sliding_window {
+    if a.hf_model_type == "mixtral" {
+        if let Some(m) = &a.moe {
+            config["intermediate_size"] = json!(m.expert_ffn_dim);
+        }
+        config["sliding_window"] = json!(a.sliding_window);
+    } else if let Some(w) = a.sliding_window {
         config["sliding_window"] = json!(w);
         config["use_sliding_window"] = json!(true);
     }

@@ -37,7 +37,7 @@ impl Factory for Llama {
     }
 }
 
-anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe"], description = "Llama 3 / Qwen3 / Qwen3-MoE decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm)");
+anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe", "mixtral"], description = "Llama 3 / Qwen3 / Qwen3-MoE / Mixtral decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm)");
 
 #[cfg(test)]
 mod tests {
@@ -70,6 +70,7 @@ mod tests {
         assert_eq!(count("qwen3_0.6b"), 596_049_920);
         // Qwen3-30B-A3B: 128 experts of 768 in each of 48 layers.
         assert_eq!(count("qwen3_30b_a3b"), 30_532_122_624);
+        assert_eq!(count("mixtral_8x7b"), 46_702_792_704);
     }
 
     #[test]

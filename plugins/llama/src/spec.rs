@@ -147,6 +147,7 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                     },
                     Some(m) => {
                         let (e, ef) = (m.n_experts, m.expert_ffn_dim);
+                        let names = ExpertNames::of(&a.hf_model_type);
                         let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
                             l.add(
                                 Decl::new(name, shape)
@@ -156,29 +157,19 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                             )
                         };
                         FeedForward::Experts {
-                            w1: experts(
-                                "feed_forward.experts.w1",
-                                [e, ef, d],
-                                std,
-                                "mlp.experts.{e}.gate_proj.weight",
-                            ),
-                            w3: experts(
-                                "feed_forward.experts.w3",
-                                [e, ef, d],
-                                depth_std,
-                                "mlp.experts.{e}.up_proj.weight",
-                            ),
+                            w1: experts("feed_forward.experts.w1", [e, ef, d], std, names.gate),
+                            w3: experts("feed_forward.experts.w3", [e, ef, d], depth_std, names.up),
                             w2: experts(
                                 "feed_forward.experts.w2",
                                 [e, d, ef],
                                 depth_std,
-                                "mlp.experts.{e}.down_proj.weight",
+                                names.down,
                             ),
                             router: l.add(
                                 Decl::new("feed_forward.router.weight", [e, d])
                                     .trunc_normal(std)
                                     .replicated()
-                                    .hf_name("mlp.gate.weight"),
+                                    .hf_name(names.router),
                             ),
                         }
                     }
@@ -211,6 +202,34 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
         output,
     };
     (params, t.into_specs())
+}
+
+/// Where a model type keeps its router and experts in a Hugging Face checkpoint (`{e}`: the
+/// expert's index).
+struct ExpertNames {
+    router: &'static str,
+    gate: &'static str,
+    up: &'static str,
+    down: &'static str,
+}
+
+impl ExpertNames {
+    fn of(model_type: &str) -> ExpertNames {
+        match model_type {
+            "mixtral" => ExpertNames {
+                router: "block_sparse_moe.gate.weight",
+                gate: "block_sparse_moe.experts.{e}.w1.weight",
+                up: "block_sparse_moe.experts.{e}.w3.weight",
+                down: "block_sparse_moe.experts.{e}.w2.weight",
+            },
+            _ => ExpertNames {
+                router: "mlp.gate.weight",
+                gate: "mlp.experts.{e}.gate_proj.weight",
+                up: "mlp.experts.{e}.up_proj.weight",
+                down: "mlp.experts.{e}.down_proj.weight",
+            },
+        }
+    }
 }
 
 /// Every parameter's spec.

@@ -19,8 +19,8 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -55,22 +55,33 @@ def models():
                        num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
                        decoder_sparse_step=1, mlp_only_layers=[1])
     )
+    # 4 experts of 40, top 2, a sliding window of 4 (the fixture's 11 tokens cross it).
+    yield "tiny_mixtral", MixtralForCausalLM(
+        MixtralConfig(**{**COMMON, "intermediate_size": 40}, num_local_experts=4, num_experts_per_tok=2,
+                      sliding_window=4, rope_theta=1e6)
+    )
 
 
-def checkpoint_grads(name, grad):
+def checkpoint_grads(name, grad, model_type):
     """`grad` of parameter `name` under the checkpoint's names: transformers 5 keeps experts
-    fused in memory (`experts.gate_up_proj [E, 2F, D]`, `experts.down_proj [E, D, F]`) and saves
-    them per expert (`experts.{e}.gate_proj.weight`, ...)."""
-    if name.endswith("experts.gate_up_proj"):
-        base = name[: -len("gate_up_proj")]
+    fused in memory (`mlp.experts.gate_up_proj [E, 2F, D]`, `mlp.experts.down_proj [E, D, F]`)
+    and saves them per expert (`experts.{e}.gate_proj.weight`, ...; Mixtral's
+    `block_sparse_moe.experts.{e}.w1/w3/w2.weight` and `block_sparse_moe.gate.weight`)."""
+    mixtral = model_type == "mixtral"
+    moe = "block_sparse_moe." if mixtral else "mlp."
+    gate_n, up_n, down_n = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    if name.endswith("mlp.experts.gate_up_proj"):
+        base = name[: -len("mlp.experts.gate_up_proj")] + moe + "experts."
         gate, up = grad.chunk(2, dim=1)
         for e in range(grad.shape[0]):
-            yield f"{base}{e}.gate_proj.weight", gate[e]
-            yield f"{base}{e}.up_proj.weight", up[e]
-    elif name.endswith("experts.down_proj"):
-        base = name[: -len("down_proj")]
+            yield f"{base}{e}.{gate_n}.weight", gate[e]
+            yield f"{base}{e}.{up_n}.weight", up[e]
+    elif name.endswith("mlp.experts.down_proj"):
+        base = name[: -len("mlp.experts.down_proj")] + moe + "experts."
         for e in range(grad.shape[0]):
-            yield f"{base}{e}.down_proj.weight", grad[e]
+            yield f"{base}{e}.{down_n}.weight", grad[e]
+    elif mixtral and name.endswith("mlp.gate.weight"):
+        yield name[: -len("mlp.gate.weight")] + "block_sparse_moe.gate.weight", grad
     else:
         yield name, grad
 
@@ -121,7 +132,7 @@ def main():
         out = {"tokens": tokens.contiguous(), "logits": logits.detach().contiguous(),
                "logprobs": lp.detach().contiguous(), "loss": loss.detach().reshape(1)}
         for pname, p in model.named_parameters():
-            for gname, g in checkpoint_grads(pname, p.grad.detach()):
+            for gname, g in checkpoint_grads(pname, p.grad.detach(), model.config.model_type):
                 out["grad." + gname] = g.contiguous()
         save_file(out, str(d / "expected.safetensors"))
         for junk in ("generation_config.json",):
