@@ -122,3 +122,62 @@ fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
         "{err}"
     );
 }
+
+#[test]
+fn rl_trains_on_the_weighted_auxiliary_losses_and_logs_the_statistics() {
+    let job = Job::new("aux-outputs-rl");
+    let dir = plugin_dir(&job);
+    let model = [
+        "model.plugin=\"badlogits\"",
+        "model.flavor=\"aux_rl\"",
+        "training.steps=1",
+    ];
+    // A short training run of the same model leaves the tokenizer the RL runs read.
+    let mut c = anneal();
+    c.env("ANNEAL_PLUGIN_PATH", &dir)
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(job.dir.join("train"));
+    for s in model {
+        c.args(["--set", s]);
+    }
+    ok(&c.output().unwrap());
+    let reward = root().join("reward-wasm/examples/exact_match/reward.wat");
+    let tokenizer = job.dir.join("train/tokenizer.json");
+    let rl = |run: &str, weight: f64| {
+        let mut c = anneal();
+        c.env("ANNEAL_PLUGIN_PATH", &dir)
+            .arg("rl")
+            .arg(job.config())
+            .arg("--run-dir")
+            .arg(job.dir.join(run));
+        for s in model {
+            c.args(["--set", s]);
+        }
+        c.args(["--set", &format!("training.aux_loss_weights.l2={weight}")])
+            .args([
+                "--set",
+                &format!("rl.tokenizer=\"{}\"", tokenizer.display()),
+            ])
+            .args([
+                "--set",
+                &format!("rl.rewards=[{{path=\"{}\"}}]", reward.display()),
+            ]);
+        ok(&c.output().unwrap());
+        rows(&job.dir.join(run))
+            .into_iter()
+            .find(|r| r["step"] == 1)
+            .expect("a row for step 1")
+    };
+    let (off, on) = (rl("rl-off", 0.0), rl("rl-on", 1000.0));
+    let l2 = on["aux_loss.l2"].as_f64().expect("aux_loss.l2");
+    let total = on["aux_loss"].as_f64().expect("aux_loss");
+    assert!(l2 > 0.0, "{on}");
+    assert!((total - 1000.0 * l2).abs() <= 1e-4 * total.abs(), "{on}");
+    assert_eq!(on["hidden_mean"].as_array().map(Vec::len), Some(8), "{on}");
+    assert_eq!(off["aux_loss"].as_f64(), Some(0.0), "{off}");
+    // Same seed, same rollouts: only the weighted auxiliary loss changes the gradient.
+    let norm = |r: &serde_json::Value| r["grad_norm"].as_f64().expect("grad_norm");
+    assert!(norm(&on) > norm(&off), "{off}\n{on}");
+}

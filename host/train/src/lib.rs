@@ -7,7 +7,7 @@ pub mod checkpoint;
 pub mod harness;
 pub mod memory;
 mod metrics;
-mod outputs;
+pub mod outputs;
 mod run;
 mod schedule;
 mod trainer;

@@ -5,7 +5,8 @@
 //! right logits and, from its one block, the auxiliary loss `l2` (mean square of the hidden
 //! state) and the statistic `hidden_mean` (`[DIM]`), and keeps the buffer `seen` (`[DIM]`),
 //! to which its `before_optimizer_step` adds each step's `hidden_mean`, so the host's handling
-//! of named outputs and buffers is tested. Arguments are ignored.
+//! of named outputs and buffers is tested. Flavor `aux_rl` is `aux` without the buffer (which
+//! `anneal rl` refuses), for RL runs. Arguments are ignored.
 
 use anneal_plugin_api::sdk::{
     Ctx, Factory, Init, Model, ModelSpec, ParamSpec, Placement, Result, Tensor,
@@ -23,15 +24,22 @@ pub struct BadLogits {
 
 impl Factory for BadLogits {
     fn flavors() -> Vec<String> {
-        vec!["rank2".into(), "narrow".into(), "ok".into(), "aux".into()]
+        vec![
+            "rank2".into(),
+            "narrow".into(),
+            "ok".into(),
+            "aux".into(),
+            "aux_rl".into(),
+        ]
     }
 
     fn create(flavor: Option<&str>, _args: anneal_plugin_api::serde_json::Value) -> Result<Self> {
         let flavor = flavor.unwrap_or("rank2");
         if !Self::flavors().iter().any(|f| f == flavor) {
-            return Err(
-                format!("unknown flavor '{flavor}' (known: rank2, narrow, ok, aux)").into(),
-            );
+            return Err(format!(
+                "unknown flavor '{flavor}' (known: rank2, narrow, ok, aux, aux_rl)"
+            )
+            .into());
         }
         Ok(BadLogits {
             flavor: flavor.into(),
@@ -67,7 +75,7 @@ impl Model for BadLogits {
     fn spec(&self) -> ModelSpec {
         ModelSpec {
             architecture: "badlogits".into(),
-            n_layers: usize::from(self.flavor == "aux"),
+            n_layers: usize::from(self.flavor.starts_with("aux")),
             vocab_size: VOCAB,
             max_seq_len: 64,
             flops_per_token: (6 * VOCAB * DIM) as f64,
