@@ -113,9 +113,10 @@ fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("buffer 'seen'"), "{err}");
 
-    // Recomputing the block that emits the loss would lose its gradient: one clear line.
+    // Recomputing the block that emits the loss would lose its gradient: one clear line, exit
+    // code 2 (the user's setting).
     let out = train("recompute", &["activation_checkpoint.mode=\"full\""]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("auxiliary loss 'l2'") && err.contains("activation_checkpoint.mode"),

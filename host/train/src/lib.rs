@@ -79,6 +79,10 @@ impl TrainError {
                 | TrainError::Data(_)
                 | TrainError::Plugin(_)
                 | TrainError::RunDirBusy { .. }
+                | TrainError::Engine(anneal_engine::Error::Invalid {
+                    op: anneal_runtime::plugins::model::RECOMPUTE_REFUSED,
+                    ..
+                })
                 | TrainError::Checkpoint(
                     C::NoneUsable { .. }
                         | C::NoSuchStep { .. }
