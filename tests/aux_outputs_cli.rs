@@ -182,3 +182,45 @@ fn rl_trains_on_the_weighted_auxiliary_losses_and_logs_the_statistics() {
     let norm = |r: &serde_json::Value| r["grad_norm"].as_f64().expect("grad_norm");
     assert!(norm(&on) > norm(&off), "{off}\n{on}");
 }
+
+#[test]
+fn a_plugin_moe_layer_trains_with_its_balancing_loss_and_router_statistics() {
+    let job = Job::new("aux-outputs-moe");
+    let dir = plugin_dir(&job);
+    let out = anneal()
+        .env("ANNEAL_PLUGIN_PATH", &dir)
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(job.dir.join("moe"))
+        .args(["--set", "model.plugin=\"badlogits\""])
+        .args(["--set", "model.flavor=\"moe\""])
+        .args(["--set", "training.steps=2"])
+        .output()
+        .unwrap();
+    ok(&out);
+    let rs = rows(&job.dir.join("moe"));
+    let row = rs
+        .iter()
+        .find(|r| r["step"] == 2 && r["loss"].is_number())
+        .unwrap();
+    let balance = row["aux_loss.balance"].as_f64().expect("aux_loss.balance");
+    // 0.01 · E · Σ f·p is 0.01 · k = 0.02 when the load is even, more when it is not.
+    assert!((0.0199..0.08).contains(&balance), "{row}");
+    assert_eq!(row["aux_loss"].as_f64(), Some(balance), "{row}");
+    assert!(
+        row["router_imbalance"].as_f64().expect("imbalance") >= 1.0,
+        "{row}"
+    );
+    let entropy = row["router_entropy"].as_f64().expect("entropy");
+    assert!(entropy > 0.0 && entropy <= 4f64.ln() + 1e-6, "{row}");
+    // Every token of the micro-batch (4 × 32) went to its 2 experts.
+    let tokens: f64 = row["tokens_per_expert"]
+        .as_array()
+        .expect("tokens_per_expert")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert_eq!(tokens, 256.0, "{row}");
+    assert!(row["loss"].as_f64().unwrap().is_finite());
+}

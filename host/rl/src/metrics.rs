@@ -164,3 +164,33 @@ impl RlRow {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RlRow;
+
+    #[test]
+    fn statistics_may_not_take_the_name_of_a_row_field() {
+        for taken in [
+            "entropy",
+            "reward_mean",
+            "eval_accuracy",
+            "aux_loss",
+            "loss",
+        ] {
+            assert!(RlRow::has_field(taken), "{taken}");
+        }
+        assert!(!RlRow::has_field("router_entropy"));
+        // The model's outputs are flattened into the row beside its own fields.
+        let row = RlRow {
+            outputs: [("router_entropy".to_string(), serde_json::json!(1.5))].into(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(row).unwrap();
+        assert_eq!(v["router_entropy"], 1.5);
+        assert!(
+            v.get("aux_loss").is_none(),
+            "left out when the model has none"
+        );
+    }
+}
