@@ -113,12 +113,114 @@ fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("buffer 'seen'"), "{err}");
 
-    // Recomputing the block that emits the loss would lose its gradient: one clear line.
+    // Recomputing the block that emits the loss would lose its gradient: one clear line, exit
+    // code 2 (the user's setting).
     let out = train("recompute", &["activation_checkpoint.mode=\"full\""]);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("auxiliary loss 'l2'") && err.contains("activation_checkpoint.mode"),
         "{err}"
     );
+}
+
+#[test]
+fn rl_trains_on_the_weighted_auxiliary_losses_and_logs_the_statistics() {
+    let job = Job::new("aux-outputs-rl");
+    let dir = plugin_dir(&job);
+    let model = [
+        "model.plugin=\"badlogits\"",
+        "model.flavor=\"aux_rl\"",
+        "training.steps=1",
+    ];
+    // A short training run of the same model leaves the tokenizer the RL runs read.
+    let mut c = anneal();
+    c.env("ANNEAL_PLUGIN_PATH", &dir)
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(job.dir.join("train"));
+    for s in model {
+        c.args(["--set", s]);
+    }
+    ok(&c.output().unwrap());
+    let reward = root().join("reward-wasm/examples/exact_match/reward.wat");
+    let tokenizer = job.dir.join("train/tokenizer.json");
+    let rl = |run: &str, weight: f64| {
+        let mut c = anneal();
+        c.env("ANNEAL_PLUGIN_PATH", &dir)
+            .arg("rl")
+            .arg(job.config())
+            .arg("--run-dir")
+            .arg(job.dir.join(run));
+        for s in model {
+            c.args(["--set", s]);
+        }
+        c.args(["--set", &format!("training.aux_loss_weights.l2={weight}")])
+            .args([
+                "--set",
+                &format!("rl.tokenizer=\"{}\"", tokenizer.display()),
+            ])
+            .args([
+                "--set",
+                &format!("rl.rewards=[{{path=\"{}\"}}]", reward.display()),
+            ]);
+        ok(&c.output().unwrap());
+        rows(&job.dir.join(run))
+            .into_iter()
+            .find(|r| r["step"] == 1)
+            .expect("a row for step 1")
+    };
+    let (off, on) = (rl("rl-off", 0.0), rl("rl-on", 1000.0));
+    let l2 = on["aux_loss.l2"].as_f64().expect("aux_loss.l2");
+    let total = on["aux_loss"].as_f64().expect("aux_loss");
+    assert!(l2 > 0.0, "{on}");
+    assert!((total - 1000.0 * l2).abs() <= 1e-4 * total.abs(), "{on}");
+    assert_eq!(on["hidden_mean"].as_array().map(Vec::len), Some(8), "{on}");
+    assert_eq!(off["aux_loss"].as_f64(), Some(0.0), "{off}");
+    // Same seed, same rollouts: only the weighted auxiliary loss changes the gradient.
+    let norm = |r: &serde_json::Value| r["grad_norm"].as_f64().expect("grad_norm");
+    assert!(norm(&on) > norm(&off), "{off}\n{on}");
+}
+
+#[test]
+fn a_plugin_moe_layer_trains_with_its_balancing_loss_and_router_statistics() {
+    let job = Job::new("aux-outputs-moe");
+    let dir = plugin_dir(&job);
+    let out = anneal()
+        .env("ANNEAL_PLUGIN_PATH", &dir)
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(job.dir.join("moe"))
+        .args(["--set", "model.plugin=\"badlogits\""])
+        .args(["--set", "model.flavor=\"moe\""])
+        .args(["--set", "training.steps=2"])
+        .output()
+        .unwrap();
+    ok(&out);
+    let rs = rows(&job.dir.join("moe"));
+    let row = rs
+        .iter()
+        .find(|r| r["step"] == 2 && r["loss"].is_number())
+        .unwrap();
+    let balance = row["aux_loss.balance"].as_f64().expect("aux_loss.balance");
+    // 0.01 · E · Σ f·p is 0.01 · k = 0.02 when the load is even, more when it is not.
+    assert!((0.0199..0.08).contains(&balance), "{row}");
+    assert_eq!(row["aux_loss"].as_f64(), Some(balance), "{row}");
+    assert!(
+        row["router_imbalance"].as_f64().expect("imbalance") >= 1.0,
+        "{row}"
+    );
+    let entropy = row["router_entropy"].as_f64().expect("entropy");
+    assert!(entropy > 0.0 && entropy <= 4f64.ln() + 1e-6, "{row}");
+    // Every token of the micro-batch (4 × 32) went to its 2 experts.
+    let tokens: f64 = row["tokens_per_expert"]
+        .as_array()
+        .expect("tokens_per_expert")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert_eq!(tokens, 256.0, "{row}");
+    assert!(row["loss"].as_f64().unwrap().is_finite());
 }

@@ -56,9 +56,29 @@ pub struct RlRow {
     pub eval_accuracy: Option<f64>,
     /// Seconds since the start.
     pub time: f64,
+    /// The model's weighted auxiliary losses, added to the loss trained on (`loss` is
+    /// without them, as in `anneal train`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aux_loss: Option<f64>,
+    /// Each `aux_loss.<name>` (unweighted) and each statistic the model reported.
+    #[serde(flatten)]
+    pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 impl RlRow {
+    /// Whether `name` is one of the row's own fields, which a model's statistic must not take.
+    pub(crate) fn has_field(name: &str) -> bool {
+        let full = RlRow {
+            eval_accuracy: Some(0.0),
+            aux_loss: Some(0.0),
+            ..Default::default()
+        };
+        serde_json::to_value(full)
+            .ok()
+            .and_then(|v| v.as_object().map(|o| o.contains_key(name)))
+            .unwrap_or(false)
+    }
+
     /// The row of `step`: statistics of the batch `taken` (taken at policy `version`) and of
     /// the trainer's first update on it (`out`).
     pub(crate) fn of_step(
@@ -117,6 +137,8 @@ impl RlRow {
             samples_per_s: n / seconds_since_last_row.max(1e-9),
             eval_accuracy: None,
             time: 0.0,
+            aux_loss: out.aux_loss,
+            outputs: out.outputs.clone(),
         }
     }
 
@@ -140,5 +162,35 @@ impl RlRow {
             ));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RlRow;
+
+    #[test]
+    fn statistics_may_not_take_the_name_of_a_row_field() {
+        for taken in [
+            "entropy",
+            "reward_mean",
+            "eval_accuracy",
+            "aux_loss",
+            "loss",
+        ] {
+            assert!(RlRow::has_field(taken), "{taken}");
+        }
+        assert!(!RlRow::has_field("router_entropy"));
+        // The model's outputs are flattened into the row beside its own fields.
+        let row = RlRow {
+            outputs: [("router_entropy".to_string(), serde_json::json!(1.5))].into(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(row).unwrap();
+        assert_eq!(v["router_entropy"], 1.5);
+        assert!(
+            v.get("aux_loss").is_none(),
+            "left out when the model has none"
+        );
     }
 }

@@ -183,6 +183,7 @@ pub fn run_rl(
         reference,
         settings: LossSettings::from_config(r),
         group_size: r.group_size,
+        aux_weights: cfg.training.aux_loss_weights.clone(),
     };
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
@@ -208,7 +209,12 @@ pub fn run_rl(
             let mut first: Option<StepOut> = None;
             for update in 0..r.updates_per_batch as u64 {
                 let out = trainer.step(&taken.items, version, cfg.training.max_grad_norm)?;
-                for (what, value) in [("loss", out.loss), ("gradient norm", out.grad_norm)] {
+                let checked = [
+                    ("loss", out.loss),
+                    ("auxiliary loss", out.aux_loss.unwrap_or(0.0)),
+                    ("gradient norm", out.grad_norm),
+                ];
+                for (what, value) in checked {
                     if !value.is_finite() {
                         trainer.zero_grad();
                         return Err(TrainError::NonFinite { step, what, value });

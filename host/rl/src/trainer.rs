@@ -12,7 +12,9 @@ use anneal_runtime::infer::token_logprob;
 use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer};
 use anneal_train::checkpoint::Snapshot;
 use anneal_train::harness::{clip_grads, global_grad_norm, Provenance};
+use anneal_train::outputs::{weighted_aux, StepOutputs};
 use anneal_train::TrainError;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Detached copies of the parameters: what the rollout side gets for one version (the
@@ -40,6 +42,10 @@ pub(crate) struct StepOut {
     pub kl: Option<f64>,
     pub mismatch_max: f64,
     pub dropped_groups: usize,
+    /// The model's weighted auxiliary losses, added to the loss that was backpropagated.
+    pub aux_loss: Option<f64>,
+    /// `aux_loss.<name>` and the model's statistics, as `metrics.jsonl` fields.
+    pub outputs: BTreeMap<String, serde_json::Value>,
 }
 
 /// The trainer side: the policy's parameters (leaves with grad) and the frozen reference.
@@ -53,6 +59,8 @@ pub(crate) struct RlTrainer<'a> {
     pub reference: Option<Params>,
     pub settings: LossSettings,
     pub group_size: usize,
+    /// `training.aux_loss_weights`: each auxiliary loss's weight (1 when unlisted).
+    pub aux_weights: BTreeMap<String, f64>,
 }
 
 /// The padded batch layout shared by the trainer forward and the loss: row `i` holds sample
@@ -151,7 +159,15 @@ impl RlTrainer<'_> {
             training: true,
             ..Default::default()
         };
-        let logits = self.model.forward(&self.params, &ids, &positions, &fwd)?;
+        // The model's auxiliary losses (a router's balancing loss) train the policy as they do
+        // in `anneal train`; its statistics are reported.
+        let full = self
+            .model
+            .forward_full(&self.params, &ids, &positions, &fwd)?;
+        let aux = weighted_aux(&self.aux_weights, &full.aux_losses)?;
+        let mut outputs = StepOutputs::default();
+        outputs.add(aux.as_ref(), &full.aux_losses, &full.stats)?;
+        let logits = full.logits;
         let v = logits.shape()[2];
         // Trainer logprobs through the same function as the rollout's, and the entropy.
         let rows = logits.to_vec_f32();
@@ -216,8 +232,19 @@ impl RlTrainer<'_> {
             },
             &self.settings,
         )?;
+        let fields = outputs.fields();
+        if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
+            return Err(anneal_engine::Error::Invalid {
+                op: "plugin",
+                msg: format!("the model named a statistic '{name}', an anneal rl metrics field"),
+            }
+            .into());
+        }
         let loss = out.loss.item()? as f64;
-        out.loss.backward()?;
+        match aux {
+            Some(aux) => out.loss.add(&aux)?.backward()?,
+            None => out.loss.backward()?,
+        }
         let grad_norm = global_grad_norm(&self.named);
         clip_grads(&self.named, max_grad_norm, grad_norm)?;
         Ok(StepOut {
@@ -227,6 +254,8 @@ impl RlTrainer<'_> {
             kl: self.reference.as_ref().map(|_| out.kl_mean),
             mismatch_max: mismatch,
             dropped_groups: out.dropped_groups,
+            aux_loss: outputs.aux_total(),
+            outputs: fields,
         })
     }
 }

@@ -7,7 +7,7 @@ pub mod checkpoint;
 pub mod harness;
 pub mod memory;
 mod metrics;
-mod outputs;
+pub mod outputs;
 mod run;
 mod schedule;
 mod trainer;
@@ -79,6 +79,10 @@ impl TrainError {
                 | TrainError::Data(_)
                 | TrainError::Plugin(_)
                 | TrainError::RunDirBusy { .. }
+                | TrainError::Engine(anneal_engine::Error::Invalid {
+                    op: anneal_runtime::plugins::model::RECOMPUTE_REFUSED,
+                    ..
+                })
                 | TrainError::Checkpoint(
                     C::NoneUsable { .. }
                         | C::NoSuchStep { .. }

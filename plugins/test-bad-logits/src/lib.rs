@@ -5,16 +5,24 @@
 //! right logits and, from its one block, the auxiliary loss `l2` (mean square of the hidden
 //! state) and the statistic `hidden_mean` (`[DIM]`), and keeps the buffer `seen` (`[DIM]`),
 //! to which its `before_optimizer_step` adds each step's `hidden_mean`, so the host's handling
-//! of named outputs and buffers is tested. Arguments are ignored.
+//! of named outputs and buffers is tested. Flavor `aux_rl` is `aux` without the buffer (which
+//! `anneal rl` refuses), for RL runs. Flavor `moe` puts the host's MoE layer (`moe_ffn`, 4
+//! experts, top-2, `[out, in]` weights) in its block and reports the layer's balancing loss as
+//! `balance` and its statistics `router_imbalance`, `router_entropy` and `tokens_per_expert`.
+//! Arguments are ignored.
 
 use anneal_plugin_api::sdk::{
-    Ctx, Factory, Init, Model, ModelSpec, ParamSpec, Placement, Result, Tensor,
+    Ctx, Factory, Init, Model, ModelSpec, MoeFfnOpts, ParamSpec, Placement, Result, Router, Tensor,
 };
 
 /// Vocabulary of the logits (the end-to-end tests' tokenizers have 320 tokens).
 const VOCAB: usize = 320;
 /// Width of the embedding.
 const DIM: usize = 8;
+/// Experts of the `moe` flavor.
+const EXPERTS: usize = 4;
+/// Width of each expert.
+const EXPERT_FFN: usize = 16;
 
 /// Which wrong shape the head returns.
 pub struct BadLogits {
@@ -23,15 +31,23 @@ pub struct BadLogits {
 
 impl Factory for BadLogits {
     fn flavors() -> Vec<String> {
-        vec!["rank2".into(), "narrow".into(), "ok".into(), "aux".into()]
+        vec![
+            "rank2".into(),
+            "narrow".into(),
+            "ok".into(),
+            "aux".into(),
+            "aux_rl".into(),
+            "moe".into(),
+        ]
     }
 
     fn create(flavor: Option<&str>, _args: anneal_plugin_api::serde_json::Value) -> Result<Self> {
         let flavor = flavor.unwrap_or("rank2");
         if !Self::flavors().iter().any(|f| f == flavor) {
-            return Err(
-                format!("unknown flavor '{flavor}' (known: rank2, narrow, ok, aux)").into(),
-            );
+            return Err(format!(
+                "unknown flavor '{flavor}' (known: rank2, narrow, ok, aux, aux_rl, moe)"
+            )
+            .into());
         }
         Ok(BadLogits {
             flavor: flavor.into(),
@@ -63,16 +79,33 @@ fn seen() -> ParamSpec {
     }
 }
 
+/// A parameter of `shape` initialised like the tables.
+fn weight(name: &str, shape: &[usize]) -> ParamSpec {
+    ParamSpec {
+        shape: shape.to_vec(),
+        ..table(name)
+    }
+}
+
 impl Model for BadLogits {
     fn spec(&self) -> ModelSpec {
         ModelSpec {
             architecture: "badlogits".into(),
-            n_layers: usize::from(self.flavor == "aux"),
+            n_layers: usize::from(self.flavor.starts_with("aux") || self.flavor == "moe"),
             vocab_size: VOCAB,
             max_seq_len: 64,
             flops_per_token: (6 * VOCAB * DIM) as f64,
             params: if self.flavor == "aux" {
                 vec![table("embedding"), table("output"), seen()]
+            } else if self.flavor == "moe" {
+                vec![
+                    table("embedding"),
+                    table("output"),
+                    weight("router", &[EXPERTS, DIM]),
+                    weight("gate", &[EXPERTS, EXPERT_FFN, DIM]),
+                    weight("up", &[EXPERTS, EXPERT_FFN, DIM]),
+                    weight("down", &[EXPERTS, DIM, EXPERT_FFN]),
+                ]
             } else {
                 vec![table("embedding"), table("output")]
             },
@@ -93,6 +126,25 @@ impl Model for BadLogits {
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
         let h = hidden.first().ok_or("layer: no hidden state")?;
+        if self.flavor == "moe" {
+            let p = |n: &str| h.host().param(n);
+            let opts = MoeFfnOpts {
+                aux_loss_coef: 0.01,
+                out_in: true,
+                ..MoeFfnOpts::new(Router {
+                    renormalize: true,
+                    ..Router::new(EXPERTS, 2)
+                })
+            };
+            let moe = h.moe_ffn(&p("router")?, &p("gate")?, &p("up")?, &p("down")?, &opts)?;
+            if let Some(aux) = &moe.aux_loss {
+                ctx.aux_loss("balance", aux)?;
+            }
+            ctx.stat("router_imbalance", &moe.imbalance)?;
+            ctx.stat("router_entropy", &moe.entropy)?;
+            ctx.stat("tokens_per_expert", &moe.tokens_per_expert)?;
+            return Ok(vec![h.add(&moe.out)?]);
+        }
         ctx.aux_loss("l2", &h.mul(h)?.mean(&[0, 1, 2], false)?)?;
         ctx.stat("hidden_mean", &h.mean(&[0, 1], false)?)?;
         Ok(hidden)

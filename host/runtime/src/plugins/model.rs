@@ -53,6 +53,18 @@ pub struct PluginModel {
     spec: ModelSpec,
 }
 
+/// The op tag of a forward refused because of `activation_checkpoint` (a block recompute cannot
+/// serve): the user's setting, which callers report as such (exit code 2).
+pub const RECOMPUTE_REFUSED: &str = "activation_checkpoint";
+
+/// A refusal of the recompute `activation_checkpoint` asked for, tagged [`RECOMPUTE_REFUSED`].
+fn recompute_err(name: &str, msg: String) -> anneal_engine::Error {
+    anneal_engine::Error::Invalid {
+        op: RECOMPUTE_REFUSED,
+        msg: format!("{name}: layer: {msg}"),
+    }
+}
+
 fn stage_err(name: &str, stage: &str, e: impl std::fmt::Display) -> anneal_engine::Error {
     anneal_engine::Error::Invalid {
         op: "plugin",
@@ -277,9 +289,8 @@ impl PluginModel {
         sink: &Sink,
     ) -> anneal_engine::Result<Vec<Tensor>> {
         if hidden.len() != 1 {
-            return Err(stage_err(
+            return Err(recompute_err(
                 &self.name,
-                "layer",
                 format!(
                     "block {i} passes {} hidden tensors, and recomputing a block supports one; set activation_checkpoint.mode = \"none\" for this model",
                     hidden.len()
@@ -314,9 +325,8 @@ impl PluginModel {
             .take()
             .unwrap_or_default();
         if let Some(e) = emitted.iter().find(|e| e.kind == OutputKind::AuxLoss) {
-            return Err(stage_err(
+            return Err(recompute_err(
                 &self.name,
-                "layer",
                 format!(
                     "block {i} emits the auxiliary loss '{}', which cannot be trained through a recomputed block; set activation_checkpoint.mode = \"none\"",
                     e.name
