@@ -77,6 +77,10 @@ pub struct MoeArgs {
     /// Coefficient of the load-balancing loss (0: none).
     #[serde(default)]
     pub aux_loss_coef: f64,
+    /// Aux-loss-free balancing (DeepSeek-V3): after each step every expert's routing bias moves
+    /// by this much towards balance, `bias += u · sign(mean − tokens)` (mean-centred); 0: off.
+    #[serde(default)]
+    pub balance_rate: f64,
 }
 
 fn one() -> usize {
@@ -206,6 +210,12 @@ impl MoeArgs {
                 "moe.dense_layers names layer {l}, the model has {n_layers} layers"
             ));
         }
+        if !(self.balance_rate >= 0.0 && self.balance_rate.is_finite()) {
+            return Err(format!(
+                "moe.balance_rate = {} must be a finite number ≥ 0",
+                self.balance_rate
+            ));
+        }
         if !(self.aux_loss_coef >= 0.0 && self.aux_loss_coef.is_finite()) {
             return Err(format!(
                 "moe.aux_loss_coef = {} must be a finite number ≥ 0",
@@ -311,6 +321,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
                 sparse_step: 1,
                 dense_layers: vec![],
                 aux_loss_coef: 0.001,
+                balance_rate: 0.0,
             }),
             ..base
         },
@@ -325,6 +336,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
                 sparse_step: 1,
                 dense_layers: vec![],
                 aux_loss_coef: 0.001,
+                balance_rate: 0.0,
             }),
             hf_model_type: "qwen3_moe".into(),
             ..qwen3(2048, 48, 32, 6144, false)
@@ -342,6 +354,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
                 sparse_step: 1,
                 dense_layers: vec![],
                 aux_loss_coef: 0.001,
+                balance_rate: 0.0,
             }),
             ..base
         },
@@ -364,6 +377,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
                 sparse_step: 1,
                 dense_layers: vec![],
                 aux_loss_coef: 0.02,
+                balance_rate: 0.0,
             }),
             ..base
         },
@@ -526,6 +540,7 @@ fn moe_from_hf(f: &HfFields<'_>, n_layers: usize) -> Result<MoeArgs, String> {
         sparse_step: f.uint("decoder_sparse_step")?.unwrap_or(1),
         dense_layers,
         aux_loss_coef: coef,
+        balance_rate: 0.0,
     };
     m.validate(n_layers)
         .map_err(|e| format!("config.json: {e}"))?;
@@ -552,6 +567,7 @@ fn mixtral_moe_from_hf(f: &HfFields<'_>, n_layers: usize) -> Result<MoeArgs, Str
         sparse_step: 1,
         dense_layers: vec![],
         aux_loss_coef: coef,
+        balance_rate: 0.0,
     };
     m.validate(n_layers)
         .map_err(|e| format!("config.json: {e}"))?;

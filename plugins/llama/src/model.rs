@@ -11,8 +11,13 @@
 use crate::config::LlamaArgs;
 use crate::spec::{BlockParams, FeedForward, LlamaParams};
 use anneal_plugin_api::sdk::{
-    AttentionOpts, Ctx, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
+    AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
 };
+
+/// The statistic carrying layer `index`'s tokens per expert (summed over a step for the hook).
+fn tokens_stat(index: usize) -> String {
+    format!("moe.layer{index}.tokens_per_expert")
+}
 
 /// A Llama-family model: its arguments and declared parameters (the weights live in the host).
 pub struct Llama {
@@ -93,7 +98,13 @@ impl Llama {
                 let up = x.linear(&ctx.w(w3)?)?;
                 gate.swiglu(&up)?.linear(&ctx.w(w2)?)
             }
-            FeedForward::Experts { router, w1, w2, w3 } => {
+            FeedForward::Experts {
+                router,
+                w1,
+                w2,
+                w3,
+                balance_bias,
+            } => {
                 let m = self
                     .args
                     .moe_of(index)
@@ -104,6 +115,8 @@ impl Llama {
                 });
                 opts.out_in = true;
                 opts.aux_loss_coef = m.aux_loss_coef;
+                let bias = balance_bias.as_ref().map(|b| ctx.w(b)).transpose()?;
+                opts.balance_bias = bias.as_ref();
                 let moe = x.moe_ffn(
                     &ctx.w(router)?,
                     &ctx.w(w1)?,
@@ -116,6 +129,9 @@ impl Llama {
                 }
                 ctx.stat(&format!("moe.layer{index}.imbalance"), &moe.imbalance)?;
                 ctx.stat(&format!("moe.layer{index}.entropy"), &moe.entropy)?;
+                if bias.is_some() {
+                    ctx.stat(&tokens_stat(index), &moe.tokens_per_expert)?;
+                }
                 Ok(moe.out)
             }
         }
@@ -158,6 +174,32 @@ impl Model for Llama {
         let normed = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
         let out = h.add(&self.feed_forward(ctx, l, index, &normed)?)?;
         Ok(vec![out])
+    }
+
+    /// Aux-loss-free balancing: each sparse layer's routing bias moves by `balance_rate`
+    /// towards the experts that got fewer tokens than the mean over the step, and away from
+    /// those that got more (`sign(mean − tokens)`, mean-centred so the biases do not drift).
+    fn before_optimizer_step(&self, host: Host<'_>, _step: u64) -> Result<()> {
+        for (index, l) in self.params.layers.iter().enumerate() {
+            let (
+                FeedForward::Experts {
+                    balance_bias: Some(bias),
+                    ..
+                },
+                Some(m),
+            ) = (&l.ffn, self.args.moe_of(index))
+            else {
+                continue;
+            };
+            let tokens = host.param(&format!("stats.{}", tokens_stat(index)))?;
+            let below = tokens.mean(&[0], true)?.sub(&tokens)?;
+            // tanh of a large multiple is sign(): counts differ by whole tokens or not at all.
+            let step = below.scale(1e6)?.unary("tanh")?.scale(m.balance_rate)?;
+            let centred = step.sub(&step.mean(&[0], true)?)?;
+            let b = host.param(bias.name())?;
+            b.assign(&b.add(&centred)?)?;
+        }
+        Ok(())
     }
 
     fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {

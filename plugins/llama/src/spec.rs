@@ -3,7 +3,7 @@
 
 use crate::config::LlamaArgs;
 use crate::hf;
-use anneal_plugin_api::sdk::{Decl, HfMap, ModelSpec, Param, ParamSpec, ParamTable};
+use anneal_plugin_api::sdk::{Decl, HfMap, Init, ModelSpec, Param, ParamSpec, ParamTable};
 
 /// The parameters of one block.
 pub struct BlockParams {
@@ -46,6 +46,8 @@ pub enum FeedForward {
         w2: Param,
         /// Ups `[n_experts, expert_ffn_dim, dim]`.
         w3: Param,
+        /// Aux-loss-free balancing bias `[n_experts]` (a buffer), when balancing is on.
+        balance_bias: Option<Param>,
     },
 }
 
@@ -171,6 +173,15 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                                     .replicated()
                                     .hf_name(names.router),
                             ),
+                            // Named as DeepSeek-V3 names the same bias in its checkpoints.
+                            balance_bias: (m.balance_rate > 0.0).then(|| {
+                                l.add(
+                                    Decl::new("feed_forward.router.balance_bias", [e])
+                                        .init(Init::Zeros)
+                                        .buffer()
+                                        .hf_name(names.balance_bias),
+                                )
+                            }),
                         }
                     }
                 },
@@ -208,6 +219,7 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
 /// expert's index).
 struct ExpertNames {
     router: &'static str,
+    balance_bias: &'static str,
     gate: &'static str,
     up: &'static str,
     down: &'static str,
@@ -218,12 +230,14 @@ impl ExpertNames {
         match model_type {
             "mixtral" => ExpertNames {
                 router: "block_sparse_moe.gate.weight",
+                balance_bias: "block_sparse_moe.gate.e_score_correction_bias",
                 gate: "block_sparse_moe.experts.{e}.w1.weight",
                 up: "block_sparse_moe.experts.{e}.w3.weight",
                 down: "block_sparse_moe.experts.{e}.w2.weight",
             },
             _ => ExpertNames {
                 router: "mlp.gate.weight",
+                balance_bias: "mlp.gate.e_score_correction_bias",
                 gate: "mlp.experts.{e}.gate_proj.weight",
                 up: "mlp.experts.{e}.up_proj.weight",
                 down: "mlp.experts.{e}.down_proj.weight",
