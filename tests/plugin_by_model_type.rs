@@ -64,7 +64,7 @@ fn plugins_list_shows_the_model_types_each_plugin_serves() {
         .lines()
         .find(|l| l.starts_with("llama "))
         .expect("a llama row");
-    assert!(llama.contains("llama,qwen3"), "{llama}");
+    assert!(llama.contains("llama,qwen3,qwen3_moe,mixtral"), "{llama}");
     let adamw = text.lines().find(|l| l.starts_with("adamw ")).unwrap();
     assert!(
         adamw.contains(" - "),
@@ -94,16 +94,17 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
     ok(&out);
 
     // A type no plugin serves: one line naming it and what is served, exit 2.
-    let mixtral = hf_dir(&job, "mixtral", Some("mixtral"));
-    let line = error_line(&logprobs(&mixtral, &[]), 2);
+    let unserved = hf_dir(&job, "gpt_oss", Some("gpt_oss"));
+    let line = error_line(&logprobs(&unserved, &[]), 2);
     assert!(
-        line.contains("model_type 'mixtral'") && line.contains("llama (llama, qwen3)"),
+        line.contains("model_type 'gpt_oss'")
+            && line.contains("llama (llama, qwen3, qwen3_moe, mixtral)"),
         "{line}"
     );
     // --plugin overrides the choice: the llama plugin is asked, and refuses the type itself.
-    let line = error_line(&logprobs(&mixtral, &["--plugin", "llama"]), 2);
+    let line = error_line(&logprobs(&unserved, &["--plugin", "llama"]), 2);
     assert!(
-        line.contains("'mixtral' is not served by this plugin"),
+        line.contains("'gpt_oss' is not served by this plugin"),
         "{line}"
     );
     // No model_type at all.
@@ -115,13 +116,13 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
     let home = job.dir.join("home");
     let out = anneal()
         .args(["serve", "--addr", "127.0.0.1:0", "--model"])
-        .arg(&mixtral)
+        .arg(&unserved)
         .arg("--home")
         .arg(&home)
         .output()
         .unwrap();
     let line = error_line(&out, 2);
-    assert!(line.contains("model_type 'mixtral'"), "{line}");
+    assert!(line.contains("model_type 'gpt_oss'"), "{line}");
 
     // A run starting from a Hugging Face directory with no `model.plugin` takes the directory's.
     let out = anneal()
@@ -132,13 +133,13 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
         .args(["--set", "model.plugin=\"\""])
         .args([
             "--set",
-            &format!("checkpoint.init_from_hf=\"{}\"", mixtral.display()),
+            &format!("checkpoint.init_from_hf=\"{}\"", unserved.display()),
         ])
         .output()
         .unwrap();
     let line = error_line(&out, 2);
     assert!(
-        line.contains("checkpoint.init_from_hf") && line.contains("model_type 'mixtral'"),
+        line.contains("checkpoint.init_from_hf") && line.contains("model_type 'gpt_oss'"),
         "{line}"
     );
 }

@@ -488,7 +488,7 @@ fn plugins_are_listed() {
         .expect("llama");
     assert_eq!(
         llama["model_types"],
-        serde_json::json!(["llama", "qwen3"]),
+        serde_json::json!(["llama", "qwen3", "qwen3_moe", "mixtral"]),
         "{body}"
     );
 }

@@ -277,7 +277,7 @@ fn finding_a_plugin_opens_only_its_own_file() {
 fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
     use anneal_runtime::plugins::find_for_model_type_in;
     let dirs = [plugin_dir().to_path_buf()];
-    for t in ["llama", "qwen3"] {
+    for t in ["llama", "qwen3", "qwen3_moe", "mixtral"] {
         let p = find_for_model_type_in(&dirs, t).unwrap();
         assert_eq!(p.name(), "llama", "{t}");
     }
@@ -286,7 +286,7 @@ fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
     assert!(matches!(err, PluginError::NoModelType { .. }));
     let msg = err.to_string();
     assert!(
-        msg.contains("'gpt_oss'") && msg.contains("llama (llama, qwen3)"),
+        msg.contains("'gpt_oss'") && msg.contains("llama (llama, qwen3, qwen3_moe, mixtral)"),
         "{msg}"
     );
 }
