@@ -1,5 +1,7 @@
-"""PyTorch peer of `bench/train_vs_pytorch.sh`: HF LlamaForCausalLM with the debug model's shape,
-AdamW, trained for N steps on random tokens; prints one JSON line with the per-step tokens/s
+"""PyTorch peer of `bench/train_vs_pytorch.sh`: HF LlamaForCausalLM with the debug model's shape
+(or, with `--model moe`, HF Qwen3MoeForCausalLM with the shape of `configs/qwen3_moe_debug.toml`:
+8 experts of 256, top 2, renormalised, load-balancing loss 0.001), AdamW, trained for N steps on
+random tokens; prints one JSON line with the per-step tokens/s
 (the first steps, which include compilation, are dropped by the caller).
 
   --mode eager|compile   torch eager or torch.compile of the whole step
@@ -15,13 +17,40 @@ import json
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 BATCH, SEQ, VOCAB = 8, 256, 8192
 
 
-def build(mode="eager", dtype="f32", batch=BATCH, seq=SEQ):
-    """(step(x) -> loss, batch(generator) -> x) for the debug Llama."""
+AUX_COEF = 0.001
+
+
+def moe_model():
+    """The debug Qwen3-MoE of configs/qwen3_moe_debug.toml."""
+    cfg = Qwen3MoeConfig(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=1024,
+        moe_intermediate_size=256,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        vocab_size=VOCAB,
+        max_position_embeddings=2048,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    return Qwen3MoeForCausalLM(cfg).train()
+
+
+def build(mode="eager", dtype="f32", batch=BATCH, seq=SEQ, arch="llama"):
+    """(step(x) -> loss, batch(generator) -> x) for the debug Llama (or Qwen3-MoE)."""
     torch.manual_seed(0)
     cfg = LlamaConfig(
         hidden_size=256,
@@ -36,7 +65,7 @@ def build(mode="eager", dtype="f32", batch=BATCH, seq=SEQ):
         tie_word_embeddings=False,
         attn_implementation="sdpa",
     )
-    model = LlamaForCausalLM(cfg).train()
+    model = moe_model() if arch == "moe" else LlamaForCausalLM(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
     def autocast():
@@ -46,10 +75,13 @@ def build(mode="eager", dtype="f32", batch=BATCH, seq=SEQ):
 
     def step(x):
         with autocast():
-            logits = model(input_ids=x[:, :-1]).logits
+            out = model(input_ids=x[:, :-1], **({"output_router_logits": True} if arch == "moe" else {}))
+            logits = out.logits
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1)
             )
+            if arch == "moe":
+                loss = loss + AUX_COEF * out.aux_loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -73,9 +105,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=BATCH)
     ap.add_argument("--seq", type=int, default=SEQ)
+    ap.add_argument("--model", choices=["llama", "moe"], default="llama")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    step, make_batch = build(args.mode, args.dtype, args.batch, args.seq)
+    step, make_batch = build(args.mode, args.dtype, args.batch, args.seq, args.model)
     g = torch.Generator().manual_seed(0)
     tokens = args.batch * args.seq
     per_step = []

@@ -10,12 +10,16 @@
 # load average next to the table.
 #   bash bench/train_vs_pytorch.sh            # STEPS=20 WARMUP=5 ROUNDS=2 THREADS=2
 #   MODES="f32" bash bench/train_vs_pytorch.sh   # only the f32 half
+#   MODEL=moe MODES=f32 bash bench/train_vs_pytorch.sh   # the debug Qwen3-MoE
+#     (configs/qwen3_moe_debug.toml) vs HF Qwen3MoeForCausalLM, PyTorch eager only
 # Needs the corpus and tokenizer of configs/llama3_debug.toml (bash scripts/setup.sh).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 THREADS="${THREADS:-2}" STEPS="${STEPS:-20}" WARMUP="${WARMUP:-5}" ROUNDS="${ROUNDS:-2}"
 MODES="${MODES:-f32 bf16}"
+MODEL="${MODEL:-llama}"
+CONFIG="$([ "$MODEL" = moe ] && echo configs/qwen3_moe_debug.toml || echo configs/llama3_debug.toml)"
 . "$REPO/bench/peer_env.sh"
 need_venv torch transformers
 cargo build --release --quiet --workspace
@@ -26,13 +30,13 @@ cpu_features
 echo "anneal: $("$BIN" info 2>/dev/null | grep -iE "simd|matmul" | tr "\n" " " || true)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 anneal_run() { # dtype round
-    RAYON_NUM_THREADS="$THREADS" "$BIN" train configs/llama3_debug.toml --run-dir "$OUT/anneal-$1-$2" \
+    RAYON_NUM_THREADS="$THREADS" "$BIN" train "$CONFIG" --run-dir "$OUT/anneal-$1-$2" \
         --set training.steps="$STEPS" --set metrics.log_freq=1 --set metrics.eval_freq=0 \
         --set checkpoint.interval=0 --set metrics.progress_bar=false \
         --set training.dtype="\"$([ "$1" = bf16 ] && echo bfloat16 || echo float32)\"" >"$OUT/anneal-$1-$2.log"
 }
 torch_run() { # mode dtype round
-    OMP_NUM_THREADS="$THREADS" "$VENV/bin/python" bench/train_vs_pytorch.py --mode "$1" --dtype "$2" \
+    OMP_NUM_THREADS="$THREADS" "$VENV/bin/python" bench/train_vs_pytorch.py --mode "$1" --dtype "$2" --model "$MODEL" \
         --steps "$STEPS" --threads "$THREADS" >"$OUT/$1-$2-$3.json" 2>"$OUT/$1-$2-$3.err" \
         || { echo "torch $1 $2 failed:"; tail -5 "$OUT/$1-$2-$3.err"; exit 1; }
 }
@@ -40,14 +44,15 @@ for r in $(seq 1 "$ROUNDS"); do
     for d in $MODES; do anneal_run "$d" "$r"; done
     for d in $MODES; do
         torch_run eager "$d" "$r"
-        [ "$d" = f32 ] && torch_run compile f32 "$r"
+        if [ "$d" = f32 ] && [ "$MODEL" != moe ]; then torch_run compile f32 "$r"; fi
     done
     echo "round $r done, load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$VENV/bin/python" - "$OUT" "$ROUNDS" "$WARMUP" "$MODES" <<'PY'
+"$VENV/bin/python" - "$OUT" "$ROUNDS" "$WARMUP" "$MODES" "$MODEL" <<'PY'
 import json, statistics, sys
 out, rounds, warmup, modes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
+moe = sys.argv[5] == "moe"
 def med(xs): return statistics.median(xs[warmup:]) if len(xs) > warmup else float("nan")
 def anneal(d, r):
     steps = [json.loads(l) for l in open(f"{out}/anneal-{d}-{r}/metrics.jsonl")]
@@ -56,6 +61,8 @@ def torch(m, d, r): return med(json.load(open(f"{out}/{m}-{d}-{r}.json"))["token
 rows = []
 for d in modes:
     peers = [("eager", "f32"), ("compile", "f32")] if d == "f32" else [("eager", "bf16")]
+    if moe:
+        peers = [("eager", d)]
     for r in range(1, rounds + 1):
         a = anneal(d, r)
         rows.append((d, str(r), a, [(f"{m} {pd}", torch(m, pd, r)) for m, pd in peers]))
