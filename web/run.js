@@ -42,6 +42,10 @@ const RL_CHARTS = [
   { id: 'reward_errors', title: 'Reward errors', series: [['errors', 'reward_errors'], ['of which timeouts', 'reward_timeouts']] },
   { id: 'dropped', title: 'Dropped', series: [['groups (equal rewards)', 'dropped_groups'], ['stale rollouts', 'dropped_stale']] },
 ];
+const MOE_TITLES = {
+  imbalance: 'Expert load imbalance (max / mean tokens), by layer',
+  entropy: 'Router entropy (nats), by layer',
+};
 const NOT_CHARTED = new Set(['step', 'time', 'epoch', 'tokens', 'elapsed_s', 'reward_std']);
 
 function seriesPoints(spec, rows) {
@@ -105,6 +109,36 @@ function redraw() {
     const known = new Set(chartSet.flatMap(keysOf));
     if (isRl()) ['reward_std', 'eval_accuracy'].forEach((k) => known.add(k));
     const specs = chartSet.filter((c) => seriesPoints(c, rows).some((p) => p.length));
+    // A mixture of experts reports per layer (`moe.layer<i>.<name>`): one chart per name with a
+    // series per layer.
+    const perLayer = new Map();
+    for (const key of present) {
+      const m = /^moe\.layer(\d+)\.(.+)$/.exec(key);
+      if (!m || !rows.some((r) => typeof r[key] === 'number')) continue;
+      if (!perLayer.has(m[2])) perLayer.set(m[2], []);
+      perLayer.get(m[2]).push([Number(m[1]), key]);
+      known.add(key);
+    }
+    // The weighted auxiliary total and each named auxiliary loss, on one chart.
+    const auxKeys = [...present].filter((k) => /^aux_loss\./.test(k)).sort();
+    if (rows.some((r) => typeof r.aux_loss === 'number')) {
+      specs.push({
+        id: 'aux_loss',
+        title: 'Auxiliary loss (weighted total, and each)',
+        series: [['total', 'aux_loss'], ...auxKeys.map((k) => [k.slice('aux_loss.'.length), k])],
+        rl: isRl(),
+      });
+      ['aux_loss', ...auxKeys].forEach((k) => known.add(k));
+    }
+    for (const [name, layers] of [...perLayer].sort()) {
+      layers.sort((a, b) => a[0] - b[0]);
+      specs.push({
+        id: `moe.${name}`,
+        title: MOE_TITLES[name] || `${name} by layer`,
+        series: layers.map(([i, key]) => [`layer ${i}`, key]),
+        rl: isRl(),
+      });
+    }
     for (const key of present) {
       if (!known.has(key) && !NOT_CHARTED.has(key) && rows.some((r) => typeof r[key] === 'number')) {
         specs.push({ id: key, title: key, series: [[key, key]], rl: isRl() });

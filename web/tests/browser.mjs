@@ -118,6 +118,28 @@ try {
   await waitStatus('completed', 120_000);
   step(`run ${shortId} completed`);
 
+  // 4b. A mixture-of-experts run: its load imbalance and router entropy are charted with a series
+  //     per layer, its auxiliary loss on a chart of its own.
+  const moe = await page.evaluate(async (overrides) => {
+    const res = await fetch('/api/runs', {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name: 'browser-moe', config_path: 'configs/tiny.toml', overrides }),
+    });
+    return { status: res.status, body: await res.json() };
+  }, ['training.steps=6', 'model.flavor="debugmodel_qwen3_moe"', 'model.args.moe.n_experts=4', 'model.args.moe.expert_ffn_dim=16']);
+  if (moe.status !== 201) throw new Error(`creating the MoE run: ${JSON.stringify(moe)}`);
+  await page.goto(`${base}/run.html?id=${moe.body.id}`);
+  await waitStatus('completed', 120_000);
+  for (const chart of ['moe.imbalance', 'moe.entropy']) {
+    await page.waitForFunction((c) => Number(document.querySelector(`[data-chart="${c}"]`)?.dataset.series || 0) === 2, chart, { timeout: 30_000 });
+  }
+  await page.waitForFunction(() => Number(document.querySelector('[data-chart="aux_loss"]')?.dataset.series || 0) === 2, null, { timeout: 30_000 });
+  for (const own of ['moe.layer0.imbalance', 'aux_loss.load_balance']) {
+    if (await page.$(`[data-chart="${own}"]`)) throw new Error(`${own} has a chart of its own`);
+  }
+  step('MoE run: imbalance and entropy by layer, aux loss');
+  await shot('04b-moe-run');
+
   // 5. Compare both: one loss chart with two series.
   await page.goto(`${base}/compare.html?ids=${longId},${shortId}`);
   await page.waitForFunction(() => Number(document.querySelector('[data-chart="loss"]')?.dataset.series || 0) === 2, null, { timeout: 30_000 });

@@ -129,8 +129,9 @@ impl Llama {
                 }
                 ctx.stat(&format!("moe.layer{index}.imbalance"), &moe.imbalance)?;
                 ctx.stat(&format!("moe.layer{index}.entropy"), &moe.entropy)?;
-                if bias.is_some() {
+                if let Some(b) = &bias {
                     ctx.stat(&tokens_stat(index), &moe.tokens_per_expert)?;
+                    ctx.stat(&format!("moe.layer{index}.balance_bias"), b)?;
                 }
                 Ok(moe.out)
             }
