@@ -187,6 +187,26 @@ impl LlamaArgs {
 }
 
 impl MoeArgs {
+    /// `n_experts` experts of `expert_ffn_dim` in every layer, `top_k` per token with their
+    /// weights renormalised, a load-balancing loss of `aux_loss_coef`, no aux-loss-free bias.
+    pub fn routed(
+        n_experts: usize,
+        top_k: usize,
+        expert_ffn_dim: usize,
+        aux_loss_coef: f64,
+    ) -> Self {
+        MoeArgs {
+            n_experts,
+            top_k,
+            expert_ffn_dim,
+            norm_topk_prob: true,
+            sparse_step: 1,
+            dense_layers: vec![],
+            aux_loss_coef,
+            balance_rate: 0.0,
+        }
+    }
+
     /// Checks the settings fit together and the model's `n_layers`.
     pub fn validate(&self, n_layers: usize) -> Result<(), String> {
         for (name, v) in [
@@ -313,31 +333,13 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
             n_kv_heads: 2,
             hf_model_type: "qwen3_moe".into(),
             norm_eps: 1e-6,
-            moe: Some(MoeArgs {
-                n_experts: 8,
-                top_k: 2,
-                expert_ffn_dim: 256,
-                norm_topk_prob: true,
-                sparse_step: 1,
-                dense_layers: vec![],
-                aux_loss_coef: 0.001,
-                balance_rate: 0.0,
-            }),
+            moe: Some(MoeArgs::routed(8, 2, 256, 0.001)),
             ..base
         },
         "qwen3_30b_a3b" => LlamaArgs {
             n_kv_heads: 4,
             max_seq_len: 40_960,
-            moe: Some(MoeArgs {
-                n_experts: 128,
-                top_k: 8,
-                expert_ffn_dim: 768,
-                norm_topk_prob: true,
-                sparse_step: 1,
-                dense_layers: vec![],
-                aux_loss_coef: 0.001,
-                balance_rate: 0.0,
-            }),
+            moe: Some(MoeArgs::routed(128, 8, 768, 0.001)),
             hf_model_type: "qwen3_moe".into(),
             ..qwen3(2048, 48, 32, 6144, false)
         },
@@ -346,16 +348,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
             ffn_dim: 256,
             rope_theta: 1_000_000.0,
             hf_model_type: "mixtral".into(),
-            moe: Some(MoeArgs {
-                n_experts: 8,
-                top_k: 2,
-                expert_ffn_dim: 256,
-                norm_topk_prob: true,
-                sparse_step: 1,
-                dense_layers: vec![],
-                aux_loss_coef: 0.001,
-                balance_rate: 0.0,
-            }),
+            moe: Some(MoeArgs::routed(8, 2, 256, 0.001)),
             ..base
         },
         "mixtral_8x7b" => LlamaArgs {
@@ -369,16 +362,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
             max_seq_len: 32_768,
             dtype: "bf16".into(),
             hf_model_type: "mixtral".into(),
-            moe: Some(MoeArgs {
-                n_experts: 8,
-                top_k: 2,
-                expert_ffn_dim: 14_336,
-                norm_topk_prob: true,
-                sparse_step: 1,
-                dense_layers: vec![],
-                aux_loss_coef: 0.02,
-                balance_rate: 0.0,
-            }),
+            moe: Some(MoeArgs::routed(8, 2, 14_336, 0.02)),
             ..base
         },
         "qwen3_0.6b" => qwen3(1024, 28, 16, 3072, true),
@@ -489,8 +473,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         sliding_layers: vec![],
         dtype: "f32".into(),
         moe: match model_type.as_str() {
-            "qwen3_moe" => Some(moe_from_hf(&f, num("num_hidden_layers")?)?),
-            "mixtral" => Some(mixtral_moe_from_hf(&f, num("num_hidden_layers")?)?),
+            "qwen3_moe" => Some(moe_from_hf(&f, num("num_hidden_layers")?, false)?),
+            "mixtral" => Some(moe_from_hf(&f, num("num_hidden_layers")?, true)?),
             _ => None,
         },
         hf_model_type: model_type,
@@ -504,70 +488,53 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
 
 /// Typed reads of a `config.json` object: `Ok(None)` when a key is absent or `null`, an error
 /// naming the key when it holds another type.
-/// Qwen3-MoE's expert settings from `config.json`. The load-balancing loss counts only when
-/// transformers would add it (`output_router_logits`).
-fn moe_from_hf(f: &HfFields<'_>, n_layers: usize) -> Result<MoeArgs, String> {
+/// The expert settings of a `qwen3_moe` or (`mixtral = true`) `mixtral` `config.json`. Mixtral
+/// routes in every layer over experts of `intermediate_size`, renormalising the top-k weights. The
+/// load-balancing loss counts only when transformers would add it (`output_router_logits`).
+fn moe_from_hf(f: &HfFields<'_>, n_layers: usize, mixtral: bool) -> Result<MoeArgs, String> {
     let need = |k: &str| {
         f.uint(k)?
             .ok_or_else(|| format!("config.json: missing integer '{k}'"))
-    };
-    let dense_layers = match f.get("mlp_only_layers") {
-        None => vec![],
-        Some(v) => v
-            .as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .ok_or("config.json: 'mlp_only_layers' has the wrong type: expected a list of layer indices")?,
     };
     let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
         f.float("router_aux_loss_coef")?.unwrap_or(0.001)
     } else {
         0.0
     };
-    // transformers 5 writes `num_local_experts`; earlier versions `num_experts`.
+    // transformers 5 writes `num_local_experts`; earlier Qwen3-MoE configs `num_experts`.
     let n_experts = match f.uint("num_local_experts")? {
         Some(n) => n,
         None => need("num_experts")?,
     };
-    let m = MoeArgs {
-        n_experts,
-        top_k: need("num_experts_per_tok")?,
-        expert_ffn_dim: need("moe_intermediate_size")?,
-        norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
-        sparse_step: f.uint("decoder_sparse_step")?.unwrap_or(1),
-        dense_layers,
-        aux_loss_coef: coef,
-        balance_rate: 0.0,
-    };
-    m.validate(n_layers)
-        .map_err(|e| format!("config.json: {e}"))?;
-    Ok(m)
-}
-
-/// Mixtral's experts: every layer sparse, `intermediate_size` per expert, the top-k softmax
-/// weights renormalised.
-fn mixtral_moe_from_hf(f: &HfFields<'_>, n_layers: usize) -> Result<MoeArgs, String> {
-    let need = |k: &str| {
-        f.uint(k)?
-            .ok_or_else(|| format!("config.json: missing integer '{k}'"))
-    };
-    let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
-        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
+    let m = if mixtral {
+        MoeArgs::routed(
+            n_experts,
+            need("num_experts_per_tok")?,
+            need("intermediate_size")?,
+            coef,
+        )
     } else {
-        0.0
-    };
-    let m = MoeArgs {
-        n_experts: need("num_local_experts")?,
-        top_k: need("num_experts_per_tok")?,
-        expert_ffn_dim: need("intermediate_size")?,
-        norm_topk_prob: true,
-        sparse_step: 1,
-        dense_layers: vec![],
-        aux_loss_coef: coef,
-        balance_rate: 0.0,
+        let dense_layers = match f.get("mlp_only_layers") {
+            None => vec![],
+            Some(v) => v
+                .as_array()
+                .and_then(|a| {
+                    a.iter()
+                        .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+                        .collect::<Option<Vec<_>>>()
+                })
+                .ok_or("config.json: 'mlp_only_layers' has the wrong type: expected a list of layer indices")?,
+        };
+        MoeArgs {
+            n_experts,
+            top_k: need("num_experts_per_tok")?,
+            expert_ffn_dim: need("moe_intermediate_size")?,
+            norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
+            sparse_step: f.uint("decoder_sparse_step")?.unwrap_or(1),
+            dense_layers,
+            aux_loss_coef: coef,
+            balance_rate: 0.0,
+        }
     };
     m.validate(n_layers)
         .map_err(|e| format!("config.json: {e}"))?;
