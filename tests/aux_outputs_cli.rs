@@ -4,27 +4,12 @@
 //! before each optimizer step and checkpointed. The test model is the `aux` flavor of the test
 //! plugin in plugins/test-bad-logits.
 
-use anneal_tests::cli::{anneal, built_dir, ok, root, rows, Job};
-use std::path::PathBuf;
-
-/// A folder on the plugin path holding the test plugin under the name it is looked up by.
-fn plugin_dir(job: &Job) -> PathBuf {
-    let dir = job.dir.join("aux-plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libanneal_plugin_badlogits.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(
-        built_dir().join("libanneal_testplugin_bad_logits.so"),
-        &link,
-    )
-    .unwrap();
-    dir
-}
+use anneal_tests::cli::{anneal, badlogits_plugin_dir, ok, root, rows, Job};
 
 #[test]
 fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
     let job = Job::new("aux-outputs");
-    let dir = plugin_dir(&job);
+    let dir = badlogits_plugin_dir(&job.dir);
     let train = |run: &str, extra: &[&str]| {
         let mut c = anneal();
         c.env("ANNEAL_PLUGIN_PATH", &dir)
@@ -127,7 +112,7 @@ fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
 #[test]
 fn rl_trains_on_the_weighted_auxiliary_losses_and_logs_the_statistics() {
     let job = Job::new("aux-outputs-rl");
-    let dir = plugin_dir(&job);
+    let dir = badlogits_plugin_dir(&job.dir);
     let model = [
         "model.plugin=\"badlogits\"",
         "model.flavor=\"aux_rl\"",
@@ -186,7 +171,7 @@ fn rl_trains_on_the_weighted_auxiliary_losses_and_logs_the_statistics() {
 #[test]
 fn a_plugin_moe_layer_trains_with_its_balancing_loss_and_router_statistics() {
     let job = Job::new("aux-outputs-moe");
-    let dir = plugin_dir(&job);
+    let dir = badlogits_plugin_dir(&job.dir);
     let out = anneal()
         .env("ANNEAL_PLUGIN_PATH", &dir)
         .arg("train")

@@ -3,7 +3,7 @@
 //! checks that it ends promptly with one clean error line and the right exit code (2 for the
 //! user's input, 1 for a failure of the run).
 
-use anneal_tests::cli::{anneal, anneal_bin, built_dir, ok, root, Job};
+use anneal_tests::cli::{anneal, anneal_bin, badlogits_plugin_dir, ok, root, Job};
 use anneal_tests::serve::{temp_home, tiny_configs, Server};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -343,25 +343,10 @@ fn errors_are_one_line_each_cause_once_with_the_right_exit_code() {
     assert!(line.contains("found: adamw, llama, sgd"), "{line}");
 }
 
-/// A folder on the plugin path holding the test plugin whose head returns logits of the wrong
-/// shape, under the name the host looks it up by.
-fn bad_logits_dir(job: &Job) -> PathBuf {
-    let dir = job.dir.join("bad-plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libanneal_plugin_badlogits.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(
-        built_dir().join("libanneal_testplugin_bad_logits.so"),
-        &link,
-    )
-    .unwrap();
-    dir
-}
-
 #[test]
 fn logits_of_the_wrong_shape_are_an_error_not_a_crash() {
     let job = Job::new("bad-logits");
-    let dir = bad_logits_dir(&job);
+    let dir = badlogits_plugin_dir(&job.dir);
     for (flavor, code) in [("rank2", 1), ("narrow", 1), ("ok", 0)] {
         let mut c = Command::new(anneal_bin());
         c.env("ANNEAL_PLUGIN_PATH", &dir)

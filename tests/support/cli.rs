@@ -143,6 +143,21 @@ progress_bar = false
     )
 }
 
+/// A folder under `dir` to put on `ANNEAL_PLUGIN_PATH`: it holds the test plugin of
+/// plugins/test-bad-logits under the name the host looks `badlogits` up by.
+pub fn badlogits_plugin_dir(dir: &Path) -> PathBuf {
+    let dir = dir.join("badlogits-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libanneal_plugin_badlogits.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(
+        built_dir().join("libanneal_testplugin_bad_logits.so"),
+        &link,
+    )
+    .unwrap();
+    dir
+}
+
 /// A fresh folder with a small English corpus and a config for a tiny Llama trained on it.
 pub struct Job {
     /// The folder (corpus, cache, config, run dirs).

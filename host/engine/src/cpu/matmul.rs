@@ -223,13 +223,6 @@ pub(crate) fn shape_detail(
     format!("{b_part}m={m} k={k} n={n} a={} b={}{dt}", t(a), t(b))
 }
 
-/// Whether a product runs on the packed AVX-512 kernel: on every CPU that has it. A decode
-/// step's few rows reuse the packed weights of the step before (see `sgemm::pack_cache`), so
-/// they need `gemm`'s matrix-vector path no more.
-fn use_sgemm(_m: usize) -> bool {
-    super::sgemm::available()
-}
-
 /// `dst[m, n] = a[m, k] @ b[k, n]` for one batch entry.
 #[allow(clippy::too_many_arguments)]
 fn gemm_one(
@@ -257,7 +250,9 @@ fn gemm_one(
         dst.fill(0.0);
         return;
     }
-    if use_sgemm(m) {
+    // The packed kernel wherever the CPU has it, at any number of rows: a decode step's few
+    // rows reuse the packed weights of the step before (see `sgemm::pack_cache`).
+    if super::sgemm::available() {
         let ra = super::sgemm::MatRef {
             data: a.data,
             off: a_off,

@@ -321,7 +321,12 @@ fn pack_a(
     } else if a.rs == 1 {
         // Column-major A (the transposed activations of a weight gradient): each k gives the
         // rows contiguously, so a pair is two contiguous runs zipped.
-        let zeros = vec![bf16::ZERO; m];
+        // The odd last k pairs with zeros (allocated only then).
+        let zeros = if kc.is_multiple_of(2) {
+            Vec::new()
+        } else {
+            vec![bf16::ZERO; m]
+        };
         for q in 0..kq {
             let run = |p: usize| -> &[bf16] {
                 if p < kc {

@@ -129,9 +129,9 @@ pub(crate) fn sgemm_into(
         }
         return;
     }
+    let parallel = parallel && m * n * k >= PARALLEL_MIN_MACS;
     // A row-major A is read in place (each kernel row streams one row of A: measured no
     // slower than packing, which costs a scatter); other layouts are packed per task.
-    let parallel = parallel && m * n * k >= PARALLEL_MIN_MACS;
     let direct_a = a.cs == 1;
     let cached = b_source.and_then(|src| pack_cache::get(src, b, parallel));
     // A row-major B whose strips are all full is read in place when there is one strip of
