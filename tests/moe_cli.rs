@@ -1,7 +1,8 @@
-//! A mixture-of-experts model through `anneal train`: the Llama plugin's Qwen3-MoE flavor
+//! Mixture-of-experts models through `anneal train`: the Llama plugin's Qwen3-MoE flavor
 //! reports each layer's tokens per expert, load imbalance and router entropy, and with
 //! aux-loss-free balancing on it moves a checkpointed routing bias once per step, mean-centred,
-//! by `balance_rate` per expert (towards the experts that got fewer tokens).
+//! by `balance_rate` per expert (towards the experts that got fewer tokens); gpt-oss does the
+//! same and resumes from a checkpoint (bias included) on the same curve, bit for bit.
 
 use anneal_tests::cli::{anneal, ok, rows, Job};
 
@@ -77,4 +78,82 @@ fn aux_loss_free_balancing_moves_the_routing_bias_and_metrics_carry_the_load() {
     let off = train("off", "0");
     assert!(!shard(&off).keys().any(|k| k.contains("balance_bias")));
     assert!(rows(&off).last().unwrap()["moe.layer0.tokens_per_expert"].is_null());
+}
+
+#[test]
+fn gpt_oss_trains_balances_and_resumes_bitwise() {
+    let job = Job::new("gpt-oss");
+    let config = job.config_with_model(
+        "gpt_oss",
+        "gpt_oss",
+        "{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 1, head_dim = 16, vocab_size = 320, \
+         max_seq_len = 64, sliding_window = 8, n_experts = 4, expert_ffn_dim = 16, \
+         balance_rate = 0.01 }",
+    );
+    let train = |run: &std::path::Path| {
+        let mut c = anneal();
+        c.arg("train").arg(&config).arg("--run-dir").arg(run);
+        for s in ["training.steps=4", "checkpoint.interval=2"] {
+            c.args(["--set", s]);
+        }
+        ok(&c.output().unwrap())
+    };
+    let bias_at_4 = |run: &std::path::Path| {
+        anneal_engine::io::load_safetensors(
+            run.join("checkpoints/step-4/shard-00000-of-00001.safetensors"),
+        )
+        .unwrap()["model/layers.1.feed_forward.router.balance_bias"]
+            .to_vec_f32()
+    };
+    let full = job.dir.join("full");
+    train(&full);
+    let last = rows(&full).last().unwrap().clone();
+    assert_eq!(last["step"], 4);
+    for key in [
+        "aux_loss.load_balance",
+        "moe.imbalance",
+        "moe.imbalance_max",
+    ] {
+        assert!(last[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {last}");
+    }
+    let bias = bias_at_4(&full);
+    assert!(bias.iter().any(|b| b.abs() > 1e-3), "{bias:?}");
+
+    // The same run stopped after its step-2 checkpoint continues on the same curve.
+    let resumed = job.dir.join("resumed");
+    std::fs::create_dir_all(resumed.join("checkpoints")).unwrap();
+    for f in ["config.toml", "tokenizer.json", "metrics.jsonl"] {
+        let _ = std::fs::copy(full.join(f), resumed.join(f));
+    }
+    copy_dir(
+        &full.join("checkpoints/step-2"),
+        &resumed.join("checkpoints/step-2"),
+    );
+    let stdout = train(&resumed);
+    let from = format!(
+        "resuming from {}",
+        resumed.join("checkpoints/step-2").display()
+    );
+    assert!(stdout.contains(&from), "{stdout}");
+    // The balancing bias came back with the weights: four steps of moves, as in the full run.
+    assert_eq!(bias_at_4(&resumed), bias);
+    let loss_at = |run: &std::path::Path, step: u64| {
+        rows(run)
+            .iter()
+            .rev()
+            .find(|r| r["step"] == step)
+            .and_then(|r| r["loss"].as_f64())
+            .map(f64::to_bits)
+    };
+    for step in [3, 4] {
+        assert_eq!(loss_at(&resumed, step), loss_at(&full, step), "step {step}");
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
 }

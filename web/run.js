@@ -132,12 +132,15 @@ function redraw() {
     }
     for (const [name, layers] of [...perLayer].sort()) {
       layers.sort((a, b) => a[0] - b[0]);
-      specs.push({
-        id: `moe.${name}`,
-        title: MOE_TITLES[name] || `${name} by layer`,
-        series: layers.map(([i, key]) => [`layer ${i}`, key]),
-        rl: isRl(),
-      });
+      const series = layers.map(([i, key]) => [`layer ${i}`, key]);
+      // The run's summary over layers (`moe.imbalance`, `moe.imbalance_max`) joins its chart.
+      for (const [label, key] of [['mean', `moe.${name}`], ['max', `moe.${name}_max`]]) {
+        if (present.has(key)) {
+          series.push([label, key]);
+          known.add(key);
+        }
+      }
+      specs.push({ id: `moe.${name}`, title: MOE_TITLES[name] || `${name} by layer`, series, rl: isRl() });
     }
     for (const key of present) {
       if (!known.has(key) && !NOT_CHARTED.has(key) && rows.some((r) => typeof r[key] === 'number')) {

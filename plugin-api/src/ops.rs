@@ -268,7 +268,8 @@ host_ops! {
     /// LayerNorm over the last dim (inputs: x, weight), with an optional bias.
     LayerNorm = "layer_norm" { eps: f64, bias: Option<Handle> }
     /// Rotary embedding of `[B, H, T, D]` (inputs: x, positions), with optional Llama-3
-    /// frequency scaling (all four values or none).
+    /// frequency scaling (all four values or none) or YaRN scaling (`yarn_factor` and
+    /// `yarn_original_max_positions` at least).
     Rope = "rope" {
         theta: f64,
         rot_dim: i64,
@@ -277,15 +278,25 @@ host_ops! {
         llama3_low_freq_factor: Option<f64>,
         llama3_high_freq_factor: Option<f64>,
         llama3_original_max_positions: Option<i64>,
+        yarn_factor: Option<f64>,
+        yarn_original_max_positions: Option<i64>,
+        yarn_beta_fast: Option<f64>,
+        yarn_beta_slow: Option<f64>,
+        yarn_truncate: Option<bool>,
+        yarn_attention_factor: Option<f64>,
+        yarn_mscale: Option<f64>,
+        yarn_mscale_all_dim: Option<f64>,
     }
     /// Scaled dot-product attention (inputs: q, k, v, positions); with `cache_layer` the host
-    /// appends k, v to that layer's KV cache and attends over everything cached.
+    /// appends k, v to that layer's KV cache and attends over everything cached. `sinks`
+    /// (`[Hq]`, trained) join every row's softmax denominator without a value (gpt-oss).
     Attention = "attention" {
         causal: bool,
         sliding_window: Option<i64>,
         scale: Option<f64>,
         softcap: Option<f64>,
         cache_layer: Option<i64>,
+        sinks: Option<Handle>,
     }
     /// `len` entries of `dim` from `start`, as a view.
     Narrow = "narrow" { dim: i64, start: i64, len: i64 }
@@ -332,6 +343,7 @@ mod tests {
             scale: None,
             softcap: None,
             cache_layer: Some(2),
+            sinks: Some(Handle(5)),
         };
         assert_eq!(Attention::from_attrs(&a.to_attrs()).unwrap(), a);
         // Trailing optional attributes may be left off.

@@ -31,6 +31,7 @@ pub fn built_dir() -> &'static Path {
         for p in [
             "anneal",
             "anneal-plugin-llama",
+            "anneal-plugin-gpt-oss",
             "anneal-plugin-adamw",
             "anneal-plugin-sgd",
             "anneal-testplugin-bad-api",
@@ -179,6 +180,27 @@ impl Job {
     /// The config file.
     pub fn config(&self) -> PathBuf {
         self.dir.join("tiny.toml")
+    }
+
+    /// `tiny.toml` with another model: the `[model]` section's plugin and args replaced
+    /// (`args` as an inline TOML table), written as `<name>.toml`.
+    pub fn config_with_model(&self, name: &str, plugin: &str, args: &str) -> PathBuf {
+        let toml = std::fs::read_to_string(self.config()).unwrap();
+        let model: String = toml
+            .lines()
+            .map(|l| {
+                if l.starts_with("plugin = \"llama\"") {
+                    format!("plugin = \"{plugin}\"\n")
+                } else if l.starts_with("args = { dim") {
+                    format!("args = {args}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        let path = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&path, model).unwrap();
+        path
     }
 
     /// Starts `anneal train` in `run_dir` in the background, with extra environment variables

@@ -118,8 +118,8 @@ try {
   await waitStatus('completed', 120_000);
   step(`run ${shortId} completed`);
 
-  // 4b. A mixture-of-experts run: its load imbalance and router entropy are charted with a series
-  //     per layer, its auxiliary loss on a chart of its own.
+  // 4b. A mixture-of-experts run: its load imbalance (with the run's mean and max over layers) and
+  //     router entropy are charted with a series per layer, its auxiliary loss on a chart of its own.
   const moe = await page.evaluate(async (overrides) => {
     const res = await fetch('/api/runs', {
       method: 'POST', headers: { 'Content-Type': 'application/json' },
@@ -130,11 +130,11 @@ try {
   if (moe.status !== 201) throw new Error(`creating the MoE run: ${JSON.stringify(moe)}`);
   await page.goto(`${base}/run.html?id=${moe.body.id}`);
   await waitStatus('completed', 120_000);
-  for (const chart of ['moe.imbalance', 'moe.entropy']) {
-    await page.waitForFunction((c) => Number(document.querySelector(`[data-chart="${c}"]`)?.dataset.series || 0) === 2, chart, { timeout: 30_000 });
+  for (const [chart, series] of [['moe.imbalance', 4], ['moe.entropy', 2]]) {
+    await page.waitForFunction(([c, n]) => Number(document.querySelector(`[data-chart="${c}"]`)?.dataset.series || 0) === n, [chart, series], { timeout: 30_000 });
   }
   await page.waitForFunction(() => Number(document.querySelector('[data-chart="aux_loss"]')?.dataset.series || 0) === 2, null, { timeout: 30_000 });
-  for (const own of ['moe.layer0.imbalance', 'aux_loss.load_balance']) {
+  for (const own of ['moe.layer0.imbalance', 'moe.imbalance_max', 'aux_loss.load_balance']) {
     if (await page.$(`[data-chart="${own}"]`)) throw new Error(`${own} has a chart of its own`);
   }
   step('MoE run: imbalance and entropy by layer, aux loss');

@@ -105,14 +105,14 @@ fn rope_tables_match_reference_formula() {
     for (k, rot, theta, sc) in [
         ("plain", 16, 10000.0, None),
         ("partial", 8, 500.0, None),
-        ("llama3", 16, 500000.0, Some(llama3)),
+        ("llama3", 16, 500000.0, Some(llama3.into())),
     ] {
         let (c, s) = rope_tables(pos, rot, theta, sc).unwrap();
         check(&f, &format!("rope.{k}.cos"), &c, 1e-6);
         check(&f, &format!("rope.{k}.sin"), &s, 1e-6);
     }
     // Hugging Face computes in f32; the f64 tables agree to f32 angle rounding.
-    let (c, _) = rope_tables(pos, 16, 500000.0, Some(llama3)).unwrap();
+    let (c, _) = rope_tables(pos, 16, 500000.0, Some(llama3.into())).unwrap();
     check(&f, "rope.llama3.cos_f32", &c, 1e-4);
 }
 

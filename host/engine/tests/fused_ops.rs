@@ -146,13 +146,65 @@ fn llama3_scaling_keeps_high_and_scales_low_frequencies() {
         original_max_position_embeddings: 8192,
     };
     let plain = anneal_engine::ops::rope_inv_freq(128, 500000.0, None);
-    let scaled = anneal_engine::ops::rope_inv_freq(128, 500000.0, Some(sc));
+    let scaled = anneal_engine::ops::rope_inv_freq(128, 500000.0, Some(sc.into()));
     assert_eq!(plain[0], scaled[0]);
     assert!((scaled[63] - plain[63] / 8.0).abs() < 1e-18);
     assert!(scaled
         .iter()
         .zip(&plain)
         .all(|(s, p)| s <= p && *s >= p / 8.0));
+}
+
+#[test]
+fn yarn_scaling_matches_transformers() {
+    use anneal_engine::ops::{rope_inv_freq, YarnScaling};
+    // transformers 5.24 `_compute_yarn_parameters` for head_dim 16, theta 150000, factor 32,
+    // beta 32/1, original context 64, truncate off and on.
+    let want = |second: f64| {
+        [
+            1.0,
+            second,
+            0.0015879147686064243,
+            0.0003579445765353739,
+            8.068715396802872e-05,
+            1.818833698052913e-05,
+            4.099978468730114e-06,
+            9.242089618055616e-07,
+        ]
+    };
+    for (truncate, second) in [(false, 0.08524909615516663), (true, 0.11623115837574005)] {
+        let y = YarnScaling {
+            factor: 32.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: 64,
+            truncate,
+            attention_factor: None,
+            mscale: None,
+            mscale_all_dim: None,
+        };
+        let got = rope_inv_freq(16, 150000.0, Some(y.into()));
+        for (g, w) in got.iter().zip(want(second)) {
+            assert!((g - w).abs() <= 1e-6 * w, "truncate {truncate}: {g} vs {w}");
+        }
+        assert!((y.attention_factor() - 1.3465735902799727).abs() < 1e-12);
+        // The tables carry the attention factor.
+        let pos = Tensor::from_vec(vec![0i64, 3], &[2]).unwrap();
+        let (c, _) = rope_tables(&pos, 16, 150000.0, Some(y.into())).unwrap();
+        assert!((c.to_vec_f32()[0] as f64 - 1.3465735902799727).abs() < 1e-6);
+    }
+    // DeepSeek-V3 derives the factor from mscale / mscale_all_dim (equal: a factor of 1).
+    let ds = YarnScaling {
+        factor: 40.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        original_max_position_embeddings: 4096,
+        truncate: true,
+        attention_factor: None,
+        mscale: Some(1.0),
+        mscale_all_dim: Some(1.0),
+    };
+    assert_eq!(ds.attention_factor(), 1.0);
 }
 
 #[test]

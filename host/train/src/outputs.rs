@@ -106,8 +106,29 @@ impl StepOutputs {
     }
 
     /// Means over the micro-batches, as `metrics.jsonl` fields: numbers for scalars, lists for
-    /// vectors.
+    /// vectors. A model reporting per-layer load imbalance (`moe.layer<i>.imbalance`) also gets
+    /// the run's summary over its layers: `moe.imbalance` (the mean) and `moe.imbalance_max`.
     pub fn fields(&self) -> BTreeMap<String, serde_json::Value> {
+        let mut f = self.means();
+        let layers: Vec<f64> = f
+            .iter()
+            .filter(|(k, _)| {
+                k.strip_prefix("moe.layer")
+                    .and_then(|r| r.strip_suffix(".imbalance"))
+                    .is_some_and(|i| i.parse::<usize>().is_ok())
+            })
+            .filter_map(|(_, v)| v.as_f64())
+            .collect();
+        if !layers.is_empty() {
+            let mean = layers.iter().sum::<f64>() / layers.len() as f64;
+            let max = layers.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            f.entry("moe.imbalance".into()).or_insert(mean.into());
+            f.entry("moe.imbalance_max".into()).or_insert(max.into());
+        }
+        f
+    }
+
+    fn means(&self) -> BTreeMap<String, serde_json::Value> {
         let n = self.micro_batches.max(1) as f64;
         self.sums
             .iter()
@@ -149,6 +170,19 @@ mod tests {
         assert_eq!(step.stat_sums()[0].1.to_vec_f32(), vec![4.0, 8.0]);
         assert_eq!(f["aux_loss.balance"], serde_json::json!(2.0));
         assert_eq!(f["aux_loss.z"], serde_json::json!(1.0));
+        assert!(!f.contains_key("moe.imbalance"));
+        let mut moe = StepOutputs::default();
+        let layers = |a: f32, b: f32| {
+            vec![
+                ("moe.layer0.imbalance".to_string(), t(&[a], &[])),
+                ("moe.layer1.imbalance".to_string(), t(&[b], &[])),
+            ]
+        };
+        moe.add(None, &[], &layers(1.5, 1.0)).unwrap();
+        moe.add(None, &[], &layers(2.5, 1.0)).unwrap();
+        let f = moe.fields();
+        assert_eq!(f["moe.imbalance"], serde_json::json!(1.5));
+        assert_eq!(f["moe.imbalance_max"], serde_json::json!(2.0));
         let clash = vec![("loss".to_string(), t(&[1.0], &[]))];
         assert!(step.add(None, &[], &clash).is_err());
     }

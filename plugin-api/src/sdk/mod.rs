@@ -2,14 +2,16 @@
 //! and [`Optimizer`] traits, and [`export_plugin!`](crate::export_plugin).
 
 mod export;
+mod hf_config;
 mod moe;
 mod params;
 mod tensor;
 
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
-pub use moe::{MoeFfnOpts, MoeFfnOutput, Router, RouterScore};
+pub use hf_config::{HfConfig, HfRope};
+pub use moe::{tokens_per_expert_stat, MoeFfnOpts, MoeFfnOutput, Router, RouterScore};
 pub use params::{Decl, LayerScope, Param, ParamTable};
-pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor};
+pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor, YarnScaling};
 
 pub use crate::abi::{Attr, OutputKind, PluginKind};
 pub use crate::spec::*;

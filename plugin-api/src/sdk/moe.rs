@@ -2,7 +2,7 @@
 //! ([`Tensor::moe_ffn`]) and its parts (router, dispatch, grouped products, combine), each one
 //! host op computed by the engine, forward and backward.
 
-use super::{Error, Result, Tensor};
+use super::{Ctx, Error, Host, Param, Result, Tensor};
 use crate::ops::{self, OpAttrs};
 
 /// How router logits become per-expert scores.
@@ -110,6 +110,52 @@ pub struct MoeFfnOutput<'h> {
     pub entropy: Tensor<'h>,
     /// `aux_loss_coef ·` the load-balancing loss, differentiable, when the coefficient is not 0.
     pub aux_loss: Option<Tensor<'h>>,
+}
+
+/// The statistic that carries MoE layer `layer`'s tokens per expert (summed over a step, which
+/// [`Host::update_balance_bias`] reads).
+pub fn tokens_per_expert_stat(layer: usize) -> String {
+    format!("moe.layer{layer}.tokens_per_expert")
+}
+
+impl<'h> MoeFfnOutput<'h> {
+    /// Hands layer `layer`'s auxiliary loss and statistics to the host (`moe.layer<i>.` load
+    /// imbalance, router entropy and, with a balancing bias, tokens per expert and the bias)
+    /// and returns the layer's output.
+    pub fn report(
+        self,
+        ctx: &Ctx<'h>,
+        layer: usize,
+        balance_bias: Option<&Tensor<'h>>,
+    ) -> Result<Tensor<'h>> {
+        if let Some(aux) = &self.aux_loss {
+            ctx.aux_loss("load_balance", aux)?;
+        }
+        ctx.stat(&format!("moe.layer{layer}.imbalance"), &self.imbalance)?;
+        ctx.stat(&format!("moe.layer{layer}.entropy"), &self.entropy)?;
+        if let Some(b) = balance_bias {
+            ctx.stat(&tokens_per_expert_stat(layer), &self.tokens_per_expert)?;
+            ctx.stat(&format!("moe.layer{layer}.balance_bias"), b)?;
+        }
+        Ok(self.out)
+    }
+}
+
+impl Host<'_> {
+    /// Aux-loss-free balancing (DeepSeek-V3), for a plugin's `before_optimizer_step`: layer
+    /// `layer`'s routing bias moves by `rate` towards the experts that got fewer tokens than
+    /// the mean over the step and away from those that got more (`sign(mean − tokens)`,
+    /// mean-centred so the biases do not drift). Needs the layer's forward to have reported
+    /// its tokens per expert ([`MoeFfnOutput::report`] with the bias).
+    pub fn update_balance_bias(&self, layer: usize, bias: &Param, rate: f64) -> Result<()> {
+        let tokens = self.param(&format!("stats.{}", tokens_per_expert_stat(layer)))?;
+        let below = tokens.mean(&[0], true)?.sub(&tokens)?;
+        // tanh of a large multiple is sign(): counts differ by whole tokens or not at all.
+        let step = below.scale(1e6)?.unary("tanh")?.scale(rate)?;
+        let centred = step.sub(&step.mean(&[0], true)?)?;
+        let b = self.param(bias.name())?;
+        b.assign(&b.add(&centred)?)
+    }
 }
 
 impl<'h> Tensor<'h> {

@@ -304,6 +304,7 @@ impl<'h> Tensor<'h> {
     /// per-row `[B, T]`).
     pub fn rope(&self, positions: &Tensor<'h>, rope: &Rope) -> Result<Tensor<'h>> {
         let s = rope.llama3_scaling.as_ref();
+        let y = rope.yarn.as_ref();
         let attrs = ops::Rope {
             theta: rope.theta,
             rot_dim: rope.rot_dim as i64,
@@ -312,6 +313,14 @@ impl<'h> Tensor<'h> {
             llama3_low_freq_factor: s.map(|s| s.low_freq_factor),
             llama3_high_freq_factor: s.map(|s| s.high_freq_factor),
             llama3_original_max_positions: s.map(|s| s.original_max_position_embeddings as i64),
+            yarn_factor: y.map(|y| y.factor),
+            yarn_original_max_positions: y.map(|y| y.original_max_position_embeddings as i64),
+            yarn_beta_fast: y.map(|y| y.beta_fast),
+            yarn_beta_slow: y.map(|y| y.beta_slow),
+            yarn_truncate: y.map(|y| y.truncate),
+            yarn_attention_factor: y.and_then(|y| y.attention_factor),
+            yarn_mscale: y.and_then(|y| y.mscale),
+            yarn_mscale_all_dim: y.and_then(|y| y.mscale_all_dim),
         };
         self.op_with(attrs, &[positions])
     }
@@ -323,7 +332,7 @@ impl<'h> Tensor<'h> {
         k: &Tensor<'h>,
         v: &Tensor<'h>,
         positions: &Tensor<'h>,
-        opts: &AttentionOpts,
+        opts: &AttentionOpts<'_, 'h>,
     ) -> Result<Tensor<'h>> {
         let attrs = ops::Attention {
             causal: opts.causal,
@@ -331,6 +340,7 @@ impl<'h> Tensor<'h> {
             scale: opts.scale,
             softcap: opts.softcap,
             cache_layer: opts.cache_layer.map(|l| l as i64),
+            sinks: opts.sinks.map(Tensor::raw),
         };
         self.op_with(attrs, &[k, v, positions])
     }
@@ -493,11 +503,53 @@ pub struct Rope {
     pub interleaved: bool,
     /// Optional Llama-3 frequency scaling.
     pub llama3_scaling: Option<Llama3Scaling>,
+    /// Optional YaRN frequency scaling (exclusive with `llama3_scaling`).
+    pub yarn: Option<YarnScaling>,
+}
+
+/// YaRN RoPE scaling (the `yarn` rope type of Hugging Face: gpt-oss, DeepSeek-V3).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct YarnScaling {
+    /// How much longer the context is than the original one.
+    pub factor: f64,
+    /// The context length the model was first trained with.
+    pub original_max_position_embeddings: usize,
+    /// Dims turning at least this many times over the original context keep their frequency.
+    #[serde(default = "beta_fast")]
+    pub beta_fast: f64,
+    /// Dims turning at most this many times are fully interpolated.
+    #[serde(default = "beta_slow")]
+    pub beta_slow: f64,
+    /// Round the ramp's ends to whole dims.
+    #[serde(default = "yes")]
+    pub truncate: bool,
+    /// The factor on `cos`/`sin`; derived from `factor` (and the mscales) when absent.
+    #[serde(default)]
+    pub attention_factor: Option<f64>,
+    /// DeepSeek's numerator scale of the derived attention factor.
+    #[serde(default)]
+    pub mscale: Option<f64>,
+    /// DeepSeek's denominator scale of the derived attention factor.
+    #[serde(default)]
+    pub mscale_all_dim: Option<f64>,
+}
+
+fn beta_fast() -> f64 {
+    32.0
+}
+
+fn beta_slow() -> f64 {
+    1.0
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Options of [`Tensor::attention`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AttentionOpts {
+#[derive(Clone, Default)]
+pub struct AttentionOpts<'a, 'h> {
     /// Mask future positions.
     pub causal: bool,
     /// Only attend to the last `w` positions (including the query's own).
@@ -508,4 +560,7 @@ pub struct AttentionOpts {
     pub softcap: Option<f64>,
     /// The layer whose KV cache to use (inference with a cache).
     pub cache_layer: Option<usize>,
+    /// `[Hq]` learned logits that join every row's softmax denominator without a value
+    /// (gpt-oss's attention sinks); they receive a gradient.
+    pub sinks: Option<&'a Tensor<'h>>,
 }

@@ -1,6 +1,6 @@
 //! Model arguments and the named flavors.
 
-use anneal_plugin_api::sdk::Llama3Scaling;
+use anneal_plugin_api::sdk::{HfConfig, Llama3Scaling, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// Everything that defines a Llama-family model.
@@ -29,6 +29,9 @@ pub struct LlamaArgs {
     /// Llama-3 RoPE scaling, if any.
     #[serde(default)]
     pub rope_scaling: Option<Llama3Scaling>,
+    /// YaRN RoPE scaling, if any (exclusive with `rope_scaling`).
+    #[serde(default)]
+    pub yarn: Option<YarnScaling>,
     /// Longest sequence.
     pub max_seq_len: usize,
     /// Share the embedding table with the output projection.
@@ -146,6 +149,15 @@ impl LlamaArgs {
                 return Err("rope_scaling: factor, low_freq_factor and high_freq_factor must be finite numbers > 0, original_max_position_embeddings at least 1".into());
             }
         }
+        if self.rope_scaling.is_some() && self.yarn.is_some() {
+            return Err("rope_scaling (llama3) and yarn are exclusive".into());
+        }
+        let rope = anneal_plugin_api::sdk::HfRope {
+            theta: self.rope_theta,
+            llama3: None,
+            yarn: self.yarn.clone(),
+        };
+        rope.validate()?;
         if self.sliding_window == Some(0) {
             return Err("sliding_window must be at least 1".into());
         }
@@ -268,6 +280,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
         norm_eps: 1e-5,
         rope_theta: 500_000.0,
         rope_scaling: None,
+        yarn: None,
         max_seq_len: 2048,
         tie_embeddings: false,
         qk_norm: false,
@@ -385,16 +398,11 @@ pub const FLAVORS: &[&str] = &[
     "mixtral_8x7b",
 ];
 
-/// Arguments from a Hugging Face `config.json` (`llama` and `qwen3` model types; RoPE settings
-/// from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (earlier)). A key
-/// that is absent takes its default (or is reported missing when there is none); a key of the
-/// wrong type is reported as such, never silently defaulted.
+/// Arguments from a Hugging Face `config.json` (`llama`, `qwen3`, `qwen3_moe` and `mixtral`
+/// model types). A key that is absent takes its default (or is reported missing when there is
+/// none); a key of the wrong type is reported as such, never silently defaulted.
 pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
-    let f = HfFields { obj: c, prefix: "" };
-    let num = |k: &str| {
-        f.uint(k)?
-            .ok_or_else(|| format!("config.json: missing integer '{k}'"))
-    };
+    let f = HfConfig::new(c);
     let model_type = f.str("model_type")?.unwrap_or("llama").to_string();
     if !matches!(
         model_type.as_str(),
@@ -405,63 +413,23 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         ));
     }
     let mixtral = model_type == "mixtral";
-    let rope_key = ["rope_parameters", "rope_scaling"]
-        .into_iter()
-        .find(|k| f.get(k).is_some());
-    let rope = match rope_key {
-        Some(k) => Some(f.object(k)?),
-        None => None,
-    };
-    let theta = match (f.float("rope_theta")?, &rope) {
-        (Some(t), _) => t,
-        (None, Some(r)) => r.float("rope_theta")?.unwrap_or(10_000.0),
-        (None, None) => 10_000.0,
-    };
-    let rope_type = match &rope {
-        Some(r) => match r.str("rope_type")? {
-            Some(t) => t,
-            None => r.str("type")?.unwrap_or("default"),
-        },
-        None => "default",
-    };
-    let rope_scaling = match rope_type {
-        "default" => None,
-        "llama3" => {
-            let r = rope.ok_or("config.json: llama3 rope without parameters")?;
-            let need = |k: &str| {
-                r.float(k)?
-                    .ok_or_else(|| format!("config.json: rope parameter '{k}' missing"))
-            };
-            let original = r
-                .uint("original_max_position_embeddings")?
-                .ok_or("config.json: rope parameter 'original_max_position_embeddings' missing")?;
-            Some(Llama3Scaling {
-                factor: need("factor")?,
-                low_freq_factor: need("low_freq_factor")?,
-                high_freq_factor: need("high_freq_factor")?,
-                original_max_position_embeddings: original,
-            })
-        }
-        other => {
-            return Err(format!(
-                "config.json: rope type '{other}' is not supported (default, llama3)"
-            ))
-        }
-    };
-    let n_heads = num("num_attention_heads")?;
+    let rope = f.rope(10_000.0)?;
+    let n_heads = f.need_uint("num_attention_heads")?;
+    let n_layers = f.need_uint("num_hidden_layers")?;
     // Mixtral applies `sliding_window` whenever it is set; Qwen3 only with `use_sliding_window`.
     let sliding = mixtral || f.bool("use_sliding_window")?.unwrap_or(false);
     let args = LlamaArgs {
-        dim: num("hidden_size")?,
-        n_layers: num("num_hidden_layers")?,
+        dim: f.need_uint("hidden_size")?,
+        n_layers,
         n_heads,
         n_kv_heads: f.uint("num_key_value_heads")?.unwrap_or(n_heads),
         head_dim: f.uint("head_dim")?,
-        ffn_dim: num("intermediate_size")?,
-        vocab_size: num("vocab_size")?,
+        ffn_dim: f.need_uint("intermediate_size")?,
+        vocab_size: f.need_uint("vocab_size")?,
         norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-5),
-        rope_theta: theta,
-        rope_scaling,
+        rope_theta: rope.theta,
+        rope_scaling: rope.llama3,
+        yarn: rope.yarn,
         max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(2048),
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
         qk_norm: matches!(model_type.as_str(), "qwen3" | "qwen3_moe"),
@@ -473,8 +441,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         sliding_layers: vec![],
         dtype: "f32".into(),
         moe: match model_type.as_str() {
-            "qwen3_moe" => Some(moe_from_hf(&f, num("num_hidden_layers")?, false)?),
-            "mixtral" => Some(moe_from_hf(&f, num("num_hidden_layers")?, true)?),
+            "qwen3_moe" => Some(moe_from_hf(&f, n_layers, false)?),
+            "mixtral" => Some(moe_from_hf(&f, n_layers, true)?),
             _ => None,
         },
         hf_model_type: model_type,
@@ -486,16 +454,10 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
     Ok(args)
 }
 
-/// Typed reads of a `config.json` object: `Ok(None)` when a key is absent or `null`, an error
-/// naming the key when it holds another type.
 /// The expert settings of a `qwen3_moe` or (`mixtral = true`) `mixtral` `config.json`. Mixtral
 /// routes in every layer over experts of `intermediate_size`, renormalising the top-k weights. The
 /// load-balancing loss counts only when transformers would add it (`output_router_logits`).
-fn moe_from_hf(f: &HfFields<'_>, n_layers: usize, mixtral: bool) -> Result<MoeArgs, String> {
-    let need = |k: &str| {
-        f.uint(k)?
-            .ok_or_else(|| format!("config.json: missing integer '{k}'"))
-    };
+fn moe_from_hf(f: &HfConfig<'_>, n_layers: usize, mixtral: bool) -> Result<MoeArgs, String> {
     let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
         f.float("router_aux_loss_coef")?.unwrap_or(0.001)
     } else {
@@ -504,34 +466,23 @@ fn moe_from_hf(f: &HfFields<'_>, n_layers: usize, mixtral: bool) -> Result<MoeAr
     // transformers 5 writes `num_local_experts`; earlier Qwen3-MoE configs `num_experts`.
     let n_experts = match f.uint("num_local_experts")? {
         Some(n) => n,
-        None => need("num_experts")?,
+        None => f.need_uint("num_experts")?,
     };
     let m = if mixtral {
         MoeArgs::routed(
             n_experts,
-            need("num_experts_per_tok")?,
-            need("intermediate_size")?,
+            f.need_uint("num_experts_per_tok")?,
+            f.need_uint("intermediate_size")?,
             coef,
         )
     } else {
-        let dense_layers = match f.get("mlp_only_layers") {
-            None => vec![],
-            Some(v) => v
-                .as_array()
-                .and_then(|a| {
-                    a.iter()
-                        .map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
-                        .collect::<Option<Vec<_>>>()
-                })
-                .ok_or("config.json: 'mlp_only_layers' has the wrong type: expected a list of layer indices")?,
-        };
         MoeArgs {
             n_experts,
-            top_k: need("num_experts_per_tok")?,
-            expert_ffn_dim: need("moe_intermediate_size")?,
+            top_k: f.need_uint("num_experts_per_tok")?,
+            expert_ffn_dim: f.need_uint("moe_intermediate_size")?,
             norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
             sparse_step: f.uint("decoder_sparse_step")?.unwrap_or(1),
-            dense_layers,
+            dense_layers: f.uint_list("mlp_only_layers")?.unwrap_or_default(),
             aux_loss_coef: coef,
             balance_rate: 0.0,
         }
@@ -539,84 +490,6 @@ fn moe_from_hf(f: &HfFields<'_>, n_layers: usize, mixtral: bool) -> Result<MoeAr
     m.validate(n_layers)
         .map_err(|e| format!("config.json: {e}"))?;
     Ok(m)
-}
-
-struct HfFields<'a> {
-    obj: &'a serde_json::Value,
-    /// `rope_scaling.` for nested objects, so messages name the full key.
-    prefix: &'a str,
-}
-
-impl<'a> HfFields<'a> {
-    fn get(&self, k: &str) -> Option<&'a serde_json::Value> {
-        self.obj.get(k).filter(|v| !v.is_null())
-    }
-
-    fn typed<T>(
-        &self,
-        k: &str,
-        expected: &str,
-        read: impl FnOnce(&'a serde_json::Value) -> Option<T>,
-    ) -> Result<Option<T>, String> {
-        let Some(v) = self.get(k) else {
-            return Ok(None);
-        };
-        read(v).map(Some).ok_or_else(|| {
-            format!(
-                "config.json: '{}{k}' has the wrong type: expected {expected}, found {}",
-                self.prefix,
-                json_kind(v)
-            )
-        })
-    }
-
-    fn uint(&self, k: &str) -> Result<Option<usize>, String> {
-        self.typed(k, "a non-negative integer", |v| {
-            v.as_u64().and_then(|n| usize::try_from(n).ok())
-        })
-    }
-
-    fn float(&self, k: &str) -> Result<Option<f64>, String> {
-        self.typed(k, "a number", serde_json::Value::as_f64)
-    }
-
-    fn bool(&self, k: &str) -> Result<Option<bool>, String> {
-        self.typed(k, "true or false", serde_json::Value::as_bool)
-    }
-
-    fn str(&self, k: &str) -> Result<Option<&'a str>, String> {
-        self.typed(k, "a string", serde_json::Value::as_str)
-    }
-
-    fn object(&self, k: &'a str) -> Result<HfFields<'a>, String> {
-        let obj = self
-            .typed(k, "an object", |v| v.is_object().then_some(v))?
-            .ok_or_else(|| format!("config.json: missing object '{k}'"))?;
-        Ok(HfFields {
-            obj,
-            prefix: if k == "rope_parameters" {
-                "rope_parameters."
-            } else {
-                "rope_scaling."
-            },
-        })
-    }
-}
-
-/// What a JSON value is, for messages (never the value itself, which may be large).
-fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(n) if n.is_f64() => "a fractional number",
-        serde_json::Value::Number(n) if n.is_i64() && n.as_i64().is_some_and(|x| x < 0) => {
-            "a negative integer"
-        }
-        serde_json::Value::Number(_) => "an integer",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! map one to one, unpermuted.
 
 use crate::config::LlamaArgs;
-use anneal_plugin_api::sdk::HfAdapter;
+use anneal_plugin_api::sdk::{HfAdapter, HfRope};
 use serde_json::json;
 
 /// The config for export.
@@ -41,6 +41,14 @@ pub fn adapter(a: &LlamaArgs) -> HfAdapter {
             "high_freq_factor": s.high_freq_factor,
             "original_max_position_embeddings": s.original_max_position_embeddings,
         });
+    }
+    if a.yarn.is_some() {
+        let rope = HfRope {
+            theta: a.rope_theta,
+            llama3: None,
+            yarn: a.yarn.clone(),
+        };
+        config["rope_scaling"] = rope.to_hf();
     }
     if let Some(m) = &a.moe {
         config["num_local_experts"] = json!(m.n_experts);

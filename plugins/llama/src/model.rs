@@ -14,11 +14,6 @@ use anneal_plugin_api::sdk::{
     AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
 };
 
-/// The statistic carrying layer `index`'s tokens per expert (summed over a step for the hook).
-fn tokens_stat(index: usize) -> String {
-    format!("moe.layer{index}.tokens_per_expert")
-}
-
 /// A Llama-family model: its arguments and declared parameters (the weights live in the host).
 pub struct Llama {
     /// Shapes and options.
@@ -45,6 +40,7 @@ impl Llama {
             rot_dim: self.args.head_dim(),
             interleaved: false,
             llama3_scaling: self.args.rope_scaling.clone(),
+            yarn: self.args.yarn.clone(),
         }
     }
 
@@ -124,16 +120,7 @@ impl Llama {
                     &ctx.w(w2)?,
                     &opts,
                 )?;
-                if let Some(aux) = &moe.aux_loss {
-                    ctx.aux_loss("load_balance", aux)?;
-                }
-                ctx.stat(&format!("moe.layer{index}.imbalance"), &moe.imbalance)?;
-                ctx.stat(&format!("moe.layer{index}.entropy"), &moe.entropy)?;
-                if let Some(b) = &bias {
-                    ctx.stat(&tokens_stat(index), &moe.tokens_per_expert)?;
-                    ctx.stat(&format!("moe.layer{index}.balance_bias"), b)?;
-                }
-                Ok(moe.out)
+                moe.report(ctx, index, bias.as_ref())
             }
         }
     }
@@ -177,28 +164,19 @@ impl Model for Llama {
         Ok(vec![out])
     }
 
-    /// Aux-loss-free balancing: each sparse layer's routing bias moves by `balance_rate`
-    /// towards the experts that got fewer tokens than the mean over the step, and away from
-    /// those that got more (`sign(mean − tokens)`, mean-centred so the biases do not drift).
+    /// Aux-loss-free balancing: each sparse layer's routing bias moves towards balance.
     fn before_optimizer_step(&self, host: Host<'_>, _step: u64) -> Result<()> {
         for (index, l) in self.params.layers.iter().enumerate() {
-            let (
+            if let (
                 FeedForward::Experts {
                     balance_bias: Some(bias),
                     ..
                 },
                 Some(m),
             ) = (&l.ffn, self.args.moe_of(index))
-            else {
-                continue;
-            };
-            let tokens = host.param(&format!("stats.{}", tokens_stat(index)))?;
-            let below = tokens.mean(&[0], true)?.sub(&tokens)?;
-            // tanh of a large multiple is sign(): counts differ by whole tokens or not at all.
-            let step = below.scale(1e6)?.unary("tanh")?.scale(m.balance_rate)?;
-            let centred = step.sub(&step.mean(&[0], true)?)?;
-            let b = host.param(bias.name())?;
-            b.assign(&b.add(&centred)?)?;
+            {
+                host.update_balance_bias(index, bias, m.balance_rate)?;
+            }
         }
         Ok(())
     }

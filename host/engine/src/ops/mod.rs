@@ -36,7 +36,10 @@ mod rope;
 mod softmax;
 
 pub use loss::{cross_entropy, CrossEntropy, Reduction};
-pub use rope::{rope_inv_freq, rope_tables, Llama3Scaling, RopeLayout, RopeSpec, RopeStyle};
+pub use rope::{
+    rope_inv_freq, rope_tables, Llama3Scaling, RopeLayout, RopeScaling, RopeSpec, RopeStyle,
+    YarnScaling,
+};
 
 /// The fused-kernel backend for `t`'s device.
 pub(crate) fn fused(t: &Tensor) -> Result<&'static dyn crate::backend::FusedBackend> {

@@ -50,38 +50,144 @@ pub struct Llama3Scaling {
     pub original_max_position_embeddings: usize,
 }
 
-/// The `rot_dim / 2` inverse frequencies `theta^(-2i / rot_dim)`, with optional Llama 3 scaling,
-/// computed in f64 by the same formula as Hugging Face's `_compute_llama3_parameters`.
-pub fn rope_inv_freq(rot_dim: usize, theta: f64, scaling: Option<Llama3Scaling>) -> Vec<f64> {
-    let half = rot_dim / 2;
-    (0..half)
-        .map(|i| {
-            let f = 1.0 / theta.powf((2 * i) as f64 / rot_dim as f64);
-            let Some(s) = scaling else { return f };
-            let old = s.original_max_position_embeddings as f64;
-            let (low_wl, high_wl) = (old / s.low_freq_factor, old / s.high_freq_factor);
-            let wavelen = 2.0 * std::f64::consts::PI / f;
-            if wavelen < high_wl {
-                f
-            } else if wavelen > low_wl {
-                f / s.factor
+/// YaRN frequency scaling (Hugging Face `rope_type = "yarn"`, gpt-oss and DeepSeek-V3):
+/// high frequencies are kept, low ones divided by `factor`, with a linear ramp between the
+/// dims that turn `beta_fast` and `beta_slow` times over the original context; the tables are
+/// multiplied by an attention factor that sharpens the softmax at long range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnScaling {
+    /// How much longer the context is than the original one.
+    pub factor: f64,
+    /// Dims that rotate at least this many times over the original context are kept.
+    pub beta_fast: f64,
+    /// Dims that rotate at most this many times are fully interpolated.
+    pub beta_slow: f64,
+    /// The context length the model was pretrained with.
+    pub original_max_position_embeddings: usize,
+    /// Round the ramp's ends to whole dims (Hugging Face's default; gpt-oss turns it off).
+    pub truncate: bool,
+    /// The factor on `cos` and `sin`; `None` derives it from `factor` (and `mscale`,
+    /// `mscale_all_dim` when both are given) as Hugging Face does.
+    pub attention_factor: Option<f64>,
+    /// DeepSeek's numerator scale of the derived attention factor.
+    pub mscale: Option<f64>,
+    /// DeepSeek's denominator scale of the derived attention factor.
+    pub mscale_all_dim: Option<f64>,
+}
+
+impl YarnScaling {
+    /// The factor `cos` and `sin` are multiplied by.
+    pub fn attention_factor(&self) -> f64 {
+        let m = |scale: f64, mscale: f64| {
+            if scale <= 1.0 {
+                1.0
             } else {
-                let smooth =
-                    (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-                (1.0 - smooth) * f / s.factor + smooth * f
+                0.1 * mscale * scale.ln() + 1.0
             }
-        })
-        .collect()
+        };
+        match (self.attention_factor, self.mscale, self.mscale_all_dim) {
+            (Some(a), _, _) => a,
+            (None, Some(ms), Some(all)) if ms != 0.0 && all != 0.0 => {
+                m(self.factor, ms) / m(self.factor, all)
+            }
+            _ => m(self.factor, 1.0),
+        }
+    }
+
+    /// The `rot_dim / 2` frequencies from the unscaled `base` ones (`theta^(-2i / rot_dim)`).
+    fn scale(&self, base: &[f64], rot_dim: usize, theta: f64) -> Vec<f64> {
+        let orig = self.original_max_position_embeddings as f64;
+        // The (fractional) dim whose wavelength fits `turns` times into the original context.
+        let dim_of = |turns: f64| {
+            rot_dim as f64 * (orig / (turns * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (dim_of(self.beta_fast), dim_of(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, high) = (low.max(0.0), high.min(rot_dim as f64 - 1.0));
+        let span = if low == high { 0.001 } else { high - low };
+        base.iter()
+            .enumerate()
+            .map(|(i, &f)| {
+                let ramp = ((i as f64 - low) / span).clamp(0.0, 1.0);
+                // `ramp` is 0 for the fast dims (kept) and 1 for the slow ones (interpolated).
+                f / self.factor * ramp + f * (1.0 - ramp)
+            })
+            .collect()
+    }
+}
+
+/// How the base frequencies are stretched for a longer context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Llama 3's wavelength bands.
+    Llama3(Llama3Scaling),
+    /// YaRN's ramp and attention factor.
+    Yarn(YarnScaling),
+}
+
+impl From<Llama3Scaling> for RopeScaling {
+    fn from(s: Llama3Scaling) -> Self {
+        RopeScaling::Llama3(s)
+    }
+}
+
+impl From<YarnScaling> for RopeScaling {
+    fn from(s: YarnScaling) -> Self {
+        RopeScaling::Yarn(s)
+    }
+}
+
+impl RopeScaling {
+    /// The factor on the `cos` and `sin` tables (1 but for YaRN).
+    pub fn attention_factor(&self) -> f64 {
+        match self {
+            RopeScaling::Llama3(_) => 1.0,
+            RopeScaling::Yarn(y) => y.attention_factor(),
+        }
+    }
+}
+
+/// The `rot_dim / 2` inverse frequencies `theta^(-2i / rot_dim)`, with optional Llama 3 or
+/// YaRN scaling, computed in f64 by the same formulas as Hugging Face's
+/// `_compute_llama3_parameters` and `_compute_yarn_parameters`.
+pub fn rope_inv_freq(rot_dim: usize, theta: f64, scaling: Option<RopeScaling>) -> Vec<f64> {
+    let half = rot_dim / 2;
+    let base: Vec<f64> = (0..half)
+        .map(|i| 1.0 / theta.powf((2 * i) as f64 / rot_dim as f64))
+        .collect();
+    match scaling {
+        None => base,
+        Some(RopeScaling::Yarn(y)) => y.scale(&base, rot_dim, theta),
+        Some(RopeScaling::Llama3(s)) => base
+            .into_iter()
+            .map(|f| {
+                let old = s.original_max_position_embeddings as f64;
+                let (low_wl, high_wl) = (old / s.low_freq_factor, old / s.high_freq_factor);
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                if wavelen < high_wl {
+                    f
+                } else if wavelen > low_wl {
+                    f / s.factor
+                } else {
+                    let smooth = (old / wavelen - s.low_freq_factor)
+                        / (s.high_freq_factor - s.low_freq_factor);
+                    (1.0 - smooth) * f / s.factor + smooth * f
+                }
+            })
+            .collect(),
+    }
 }
 
 /// `(cos, sin)` tables of shape `positions.shape + [rot_dim / 2]` for integer `positions`
 /// (`[T]` gives `[T, R]`, `[B, T]` gives per-sequence `[B, T, R]`), angles
-/// `position * inv_freq` computed in f64 and rounded to f32.
+/// `position * inv_freq` computed in f64 and rounded to f32 (times YaRN's attention factor).
 pub fn rope_tables(
     positions: &Tensor,
     rot_dim: usize,
     theta: f64,
-    scaling: Option<Llama3Scaling>,
+    scaling: Option<RopeScaling>,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "rope_tables";
     if positions.dtype().is_float() {
@@ -101,14 +207,21 @@ pub fn rope_tables(
         return Err(invalid(OP, format!("theta must be > 0, got {theta}")));
     }
     let inv = rope_inv_freq(rot_dim, theta, scaling);
+    let gain = scaling.map_or(1.0, |s| s.attention_factor());
+    if !(gain.is_finite() && gain > 0.0) {
+        return Err(invalid(
+            OP,
+            format!("the attention factor must be > 0, got {gain}"),
+        ));
+    }
     let pos = positions.to_vec::<i64>();
     let mut cos = Vec::with_capacity(pos.len() * inv.len());
     let mut sin = Vec::with_capacity(pos.len() * inv.len());
     for &p in &pos {
         for &f in &inv {
             let a = p as f64 * f;
-            cos.push(a.cos() as f32);
-            sin.push(a.sin() as f32);
+            cos.push((a.cos() * gain) as f32);
+            sin.push((a.sin() * gain) as f32);
         }
     }
     let mut shape = positions.shape().to_vec();

@@ -181,7 +181,17 @@ pub fn load_params(dir: &Path, spec: &ModelSpec) -> Result<HashMap<String, Tenso
     if spec.hf.is_none() {
         return Err(HfError::NoAdapter(spec.architecture.clone()));
     }
-    let tensors = read_tensors(dir)?;
+    params_from_tensors(dir, &read_tensors(dir)?, spec)
+}
+
+/// The model's parameters from Hugging Face tensors by name (read from `dir`, which errors
+/// name), each through its declared mapping (experts stacked, fused tensors split, transposes),
+/// in the dtypes the spec declares.
+pub fn params_from_tensors(
+    dir: &Path,
+    tensors: &HashMap<String, Tensor>,
+    spec: &ModelSpec,
+) -> Result<HashMap<String, Tensor>, HfError> {
     let mut params = HashMap::new();
     for p in &spec.params {
         let map = transform::map_of(p);

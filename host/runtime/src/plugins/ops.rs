@@ -251,24 +251,11 @@ fn adamw(inputs: &[Tensor], a: o::AdamW) -> R<()> {
     anneal_engine::ops::adamw_step(&groups, &hp).map_err(e)
 }
 
-/// `rope(x [B, H, T, D], positions [T])`, with Llama-3 scaling when all four values are given.
+/// `rope(x [B, H, T, D], positions [T])`, with Llama-3 scaling when all four of its values are
+/// given, or YaRN scaling when its factor and original context are.
 fn rope(x: &Tensor, positions: &Tensor, a: o::Rope) -> R<Tensor> {
-    use anneal_engine::ops::{rope_tables, Llama3Scaling, RopeLayout, RopeSpec, RopeStyle};
-    let scaling = match (
-        a.llama3_factor,
-        a.llama3_low_freq_factor,
-        a.llama3_high_freq_factor,
-        a.llama3_original_max_positions,
-    ) {
-        (Some(factor), Some(low), Some(high), Some(orig)) => Some(Llama3Scaling {
-            factor,
-            low_freq_factor: low,
-            high_freq_factor: high,
-            original_max_position_embeddings: orig as usize,
-        }),
-        (None, None, None, None) => None,
-        _ => return Err("rope: llama3 scaling needs all four values".into()),
-    };
+    use anneal_engine::ops::{rope_tables, RopeLayout, RopeSpec, RopeStyle};
+    let scaling = rope_scaling(&a)?;
     let (rot_dim, theta, interleaved) = (a.rot_dim as usize, a.theta, a.interleaved);
     let (cos, sin) = rope_tables(positions, rot_dim, theta, scaling).map_err(e)?;
     let style = if interleaved {
@@ -287,6 +274,53 @@ fn rope(x: &Tensor, positions: &Tensor, a: o::Rope) -> R<Tensor> {
     .map_err(e)
 }
 
+/// The frequency scaling a rope call asks for: Llama 3's, YaRN's or none; a partial set of
+/// values is an error rather than a silently plain RoPE.
+fn rope_scaling(a: &o::Rope) -> R<Option<anneal_engine::ops::RopeScaling>> {
+    use anneal_engine::ops::{Llama3Scaling, YarnScaling};
+    let llama3 = match (
+        a.llama3_factor,
+        a.llama3_low_freq_factor,
+        a.llama3_high_freq_factor,
+        a.llama3_original_max_positions,
+    ) {
+        (Some(factor), Some(low), Some(high), Some(orig)) => Some(Llama3Scaling {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: orig.max(1) as usize,
+        }),
+        (None, None, None, None) => None,
+        _ => return Err("rope: llama3 scaling needs all four values".into()),
+    };
+    let yarn = match (a.yarn_factor, a.yarn_original_max_positions) {
+        (Some(factor), Some(orig)) => {
+            if !(factor.is_finite() && factor > 0.0) || orig < 1 {
+                return Err(format!(
+                    "rope: yarn needs a factor > 0 and an original context of at least 1, got {factor} and {orig}"
+                ));
+            }
+            Some(YarnScaling {
+                factor,
+                beta_fast: a.yarn_beta_fast.unwrap_or(32.0),
+                beta_slow: a.yarn_beta_slow.unwrap_or(1.0),
+                original_max_position_embeddings: orig as usize,
+                truncate: a.yarn_truncate.unwrap_or(true),
+                attention_factor: a.yarn_attention_factor,
+                mscale: a.yarn_mscale,
+                mscale_all_dim: a.yarn_mscale_all_dim,
+            })
+        }
+        (None, None) => None,
+        _ => return Err("rope: yarn scaling needs its factor and original context".into()),
+    };
+    match (llama3, yarn) {
+        (Some(_), Some(_)) => Err("rope: llama3 and yarn scaling are exclusive".into()),
+        (Some(l), None) => Ok(Some(l.into())),
+        (None, y) => Ok(y.map(Into::into)),
+    }
+}
+
 /// `attention(q, k, v, positions)`. With a cache layer, `k`/`v` are appended to the session's KV cache and the queries attend over all
 /// cached positions. Positions are `[T]` (every row at the same place) or `[B, T]` (each row at
 /// its own, as in continuous batching; see [`attention_rows`]).
@@ -303,6 +337,7 @@ fn attention(inputs: &[Tensor], a: o::Attention, session: &HostSession) -> R<Ten
     let window = a.sliding_window.map(|w| w as usize);
     let scale = a.scale.map(|s| s as f32);
     let softcap = a.softcap.map(|s| s as f32);
+    let sinks = a.sinks.map(|h| session.get(h)).transpose()?;
     let cache = match (a.cache_layer, session.cache()) {
         (Some(layer), Some(cache)) => Some((layer as usize, cache)),
         (Some(_), None) => {
@@ -317,7 +352,7 @@ fn attention(inputs: &[Tensor], a: o::Attention, session: &HostSession) -> R<Ten
         causal,
         sliding_window: window,
         softcap,
-        sinks: None,
+        sinks: sinks.clone(),
         q_pos: Some(q_pos),
         k_pos: Some(k_pos),
     };

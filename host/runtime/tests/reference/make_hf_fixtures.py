@@ -9,7 +9,8 @@ For each model it writes `host/runtime/tests/fixtures/<name>/` with `config.json
 `model.safetensors` (as `save_pretrained` writes them) and `expected.safetensors` holding
 `tokens` (i64 [B, T]), `logits` (f32 [B, T, V]) and `logprobs` (f32 [B, T-1], the log-probability
 of each next token), the loss and `grad.<name>` of every parameter under the names the
-checkpoint uses (a fused expert tensor's gradient is split per expert like the checkpoint).
+checkpoint uses (a fused expert tensor's gradient is split per expert like the checkpoint, except
+for gpt_oss, which keeps them fused).
 """
 import json
 import os
@@ -19,8 +20,8 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -60,6 +61,15 @@ def models():
         MixtralConfig(**{**COMMON, "intermediate_size": 40}, num_local_experts=4, num_experts_per_tok=2,
                       sliding_window=4, rope_theta=1e6)
     )
+    # 4 experts of 40 with biases, top 2; layers sliding (window 4), full, sliding; YaRN whose ramp
+    # spans the head's frequencies; a clamp low enough that some gate/up values reach it.
+    yield "tiny_gpt_oss", GptOssForCausalLM(
+        GptOssConfig(**{**COMMON, "intermediate_size": 40, "num_hidden_layers": 3, "attention_bias": True}, head_dim=16,
+                     num_local_experts=4, num_experts_per_tok=2, sliding_window=4, swiglu_limit=2.0,
+                     attn_implementation="eager",
+                     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                          beta_slow=1.0, truncate=False, original_max_position_embeddings=64))
+    )
 
 
 def checkpoint_grads(name, grad, model_type):
@@ -67,6 +77,10 @@ def checkpoint_grads(name, grad, model_type):
     fused in memory (`mlp.experts.gate_up_proj [E, 2F, D]`, `mlp.experts.down_proj [E, D, F]`)
     and saves them per expert (`experts.{e}.gate_proj.weight`, ...; Mixtral's
     `block_sparse_moe.experts.{e}.w1/w3/w2.weight` and `block_sparse_moe.gate.weight`)."""
+    if model_type == "gpt_oss":
+        # Saved as it is held: fused, interleaved experts.
+        yield name, grad
+        return
     mixtral = model_type == "mixtral"
     moe = "block_sparse_moe." if mixtral else "mlp."
     gate_n, up_n, down_n = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")

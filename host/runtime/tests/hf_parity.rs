@@ -1,27 +1,40 @@
-//! The Llama plugin against Hugging Face transformers: the same weights give the same logits
+//! The model plugins against Hugging Face transformers (Llama, Qwen3, Qwen3-MoE and Mixtral from
+//! the Llama plugin, gpt-oss from its own): the same weights give the same logits and gradients
 //! (fixtures written by tests/reference/make_hf_fixtures.py), decode with a KV cache matches the
-//! full forward, recompute matches plain backward, and export/import round-trips.
+//! full forward bit for bit, recompute matches plain backward, and export/import round-trips.
 
 mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::hf;
-use anneal_runtime::plugins::{ForwardOpts, KvCache, PluginModel};
-use common::{fixture, plugin};
+use anneal_runtime::plugins::{find_for_model_type_in, ForwardOpts, KvCache, PluginModel};
+use common::{fixture, plugin, plugin_dir};
 use std::sync::Arc;
 
 fn model_for(
     dir: &std::path::Path,
 ) -> (PluginModel, Arc<std::collections::HashMap<String, Tensor>>) {
     let cfg = hf::read_config(dir).unwrap();
-    let inst = plugin("llama")
+    let model_type = hf::model_type(dir, &cfg).unwrap();
+    let loaded = find_for_model_type_in(&[plugin_dir().to_path_buf()], model_type).unwrap();
+    let inst = loaded
         .create(None, &serde_json::json!({ "hf_config": cfg }))
         .unwrap();
-    let model = PluginModel::new("llama", inst).unwrap();
+    let model = PluginModel::new(loaded.name(), inst).unwrap();
     let params = hf::load_params(dir, model.spec()).unwrap();
     (model, Arc::new(params))
 }
+
+/// Every fixture with a transformers reference.
+const FIXTURES: [&str; 6] = [
+    "tiny_llama",
+    "tiny_llama3_scaled",
+    "tiny_qwen3",
+    "tiny_qwen3_moe",
+    "tiny_mixtral",
+    "tiny_gpt_oss",
+];
 
 fn positions(start: usize, n: usize) -> Tensor {
     Tensor::from_vec((start as i64..(start + n) as i64).collect(), &[n]).unwrap()
@@ -36,13 +49,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 #[test]
 fn logits_match_transformers() {
-    for name in [
-        "tiny_llama",
-        "tiny_llama3_scaled",
-        "tiny_qwen3",
-        "tiny_qwen3_moe",
-        "tiny_mixtral",
-    ] {
+    for name in FIXTURES {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
@@ -146,6 +153,11 @@ fn export_then_import_round_trips() {
     for name in ["tiny_qwen3_moe", "tiny_mixtral"] {
         export_round_trip_of(name);
     }
+    let cfg = export_round_trip_of("tiny_gpt_oss");
+    let orig = hf::read_config(&fixture("tiny_gpt_oss")).unwrap();
+    for key in ["layer_types", "rope_parameters", "swiglu_limit", "head_dim"] {
+        assert_eq!(cfg[key], orig[key], "tiny_gpt_oss: {key}");
+    }
     let cfg = export_round_trip_of("tiny_llama3_scaled");
     assert_eq!(cfg["rope_scaling"]["rope_type"], "llama3");
     assert_eq!(cfg["tie_word_embeddings"], true);
@@ -201,13 +213,7 @@ fn missing_weights_are_named() {
 #[test]
 fn loss_and_every_gradient_match_transformers() {
     use anneal_engine::ops::{cross_entropy, CrossEntropy};
-    for name in [
-        "tiny_llama",
-        "tiny_llama3_scaled",
-        "tiny_qwen3",
-        "tiny_qwen3_moe",
-        "tiny_mixtral",
-    ] {
+    for name in FIXTURES {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
@@ -251,20 +257,16 @@ fn loss_and_every_gradient_match_transformers() {
         );
         loss.backward().unwrap();
         let mut worst = 0f32;
-        // Each parameter's Hugging Face sources, in order (several when per-expert tensors are
-        // stacked into one parameter: their gradients, concatenated, are its gradient).
-        let sources: std::collections::HashMap<String, Vec<String>> = model
-            .spec()
-            .params
+        // transformers' gradients under the checkpoint's names, mapped onto our parameters as
+        // the weights are (per-expert tensors stacked, fused ones split, transposes).
+        let hf_grads: std::collections::HashMap<String, Tensor> = exp
             .iter()
-            .map(|p| (p.name.clone(), p.hf.clone().unwrap().sources))
+            .filter_map(|(k, v)| Some((k.strip_prefix("grad.")?.to_string(), v.clone())))
             .collect();
+        let want = hf::params_from_tensors(&dir, &hf_grads, model.spec()).unwrap();
         for (ours, leaf) in leaves.iter() {
             let g = leaf.grad().unwrap().to_vec_f32();
-            let w: Vec<f32> = sources[ours]
-                .iter()
-                .flat_map(|s| exp[&format!("grad.{s}")].to_vec_f32())
-                .collect();
+            let w = want[ours].to_vec_f32();
             let scale = w.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
             let rel = max_abs_diff(&g, &w) / scale;
             worst = worst.max(rel);
@@ -279,7 +281,13 @@ fn loss_and_every_gradient_match_transformers() {
 
 #[test]
 fn logprobs_match_transformers() {
-    for name in ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe", "tiny_mixtral"] {
+    for name in [
+        "tiny_llama",
+        "tiny_qwen3",
+        "tiny_qwen3_moe",
+        "tiny_mixtral",
+        "tiny_gpt_oss",
+    ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
@@ -358,6 +366,7 @@ fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
         "tiny_llama3_scaled",
         "tiny_qwen3_moe",
         "tiny_mixtral",
+        "tiny_gpt_oss",
     ] {
         let (model, params) = model_for(&fixture(name));
         let prompt: Vec<i64> = (0..58).map(|i| (i * 37 + 5) % 96).collect();

@@ -1,0 +1,353 @@
+//! Model arguments, the named flavors and the reader of a Hugging Face `config.json`.
+
+use anneal_plugin_api::sdk::{HfConfig, HfRope, YarnScaling};
+use serde::{Deserialize, Serialize};
+
+/// Which attention a block uses (`layer_types` in `config.json`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    /// Attends to the last `sliding_window` positions.
+    SlidingAttention,
+    /// Attends to every earlier position.
+    FullAttention,
+}
+
+/// Everything that defines a gpt-oss model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GptOssArgs {
+    /// Hidden size.
+    pub dim: usize,
+    /// Number of blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads.
+    pub n_kv_heads: usize,
+    /// Per-head size.
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// RMSNorm epsilon.
+    pub norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// YaRN RoPE scaling (gpt-oss extends a 4k context 32×).
+    #[serde(default)]
+    pub yarn: Option<YarnScaling>,
+    /// Longest sequence.
+    pub max_seq_len: usize,
+    /// Window of the sliding-attention layers.
+    pub sliding_window: usize,
+    /// Each block's attention; empty means alternating, sliding first (transformers' default).
+    #[serde(default)]
+    pub layer_types: Vec<LayerType>,
+    /// Experts per block (`num_local_experts`).
+    pub n_experts: usize,
+    /// Experts each token is sent to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Hidden size of one expert (`intermediate_size`).
+    pub expert_ffn_dim: usize,
+    /// Slope inside the experts' sigmoid (`swiglu_alpha`).
+    pub swiglu_alpha: f64,
+    /// Clamp of the experts' gate and up products (`swiglu_limit`).
+    pub swiglu_limit: f64,
+    /// Coefficient of the load-balancing loss (0: none).
+    #[serde(default)]
+    pub aux_loss_coef: f64,
+    /// Aux-loss-free balancing: after each step every expert's routing bias moves by this much
+    /// towards balance (0: off).
+    #[serde(default)]
+    pub balance_rate: f64,
+    /// Share the embedding table with the output projection.
+    #[serde(default)]
+    pub tie_embeddings: bool,
+    /// Parameter dtype (`f32` or `bf16`).
+    #[serde(default = "f32_name")]
+    pub dtype: String,
+}
+
+fn f32_name() -> String {
+    "f32".into()
+}
+
+impl GptOssArgs {
+    /// The attention of block `i`.
+    pub fn layer_type(&self, i: usize) -> LayerType {
+        match self.layer_types.get(i) {
+            Some(t) => *t,
+            None if i.is_multiple_of(2) => LayerType::SlidingAttention,
+            None => LayerType::FullAttention,
+        }
+    }
+
+    /// The sliding window of block `i`, if it has one.
+    pub fn window_of(&self, i: usize) -> Option<usize> {
+        (self.layer_type(i) == LayerType::SlidingAttention).then_some(self.sliding_window)
+    }
+
+    /// The RoPE settings.
+    pub fn rope(&self) -> HfRope {
+        HfRope {
+            theta: self.rope_theta,
+            llama3: None,
+            yarn: self.yarn.clone(),
+        }
+    }
+
+    /// Checks the arguments fit together, naming the one that does not.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("dim", self.dim),
+            ("n_layers", self.n_layers),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+            ("sliding_window", self.sliding_window),
+            ("n_experts", self.n_experts),
+            ("top_k", self.top_k),
+            ("expert_ffn_dim", self.expert_ffn_dim),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.top_k > self.n_experts {
+            return Err(format!(
+                "top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (n_experts)",
+                self.top_k, self.n_experts
+            ));
+        }
+        if self.n_heads == 0
+            || self.n_kv_heads == 0
+            || !self.n_heads.is_multiple_of(self.n_kv_heads)
+        {
+            return Err(format!(
+                "n_heads ({}) must be a positive multiple of n_kv_heads ({})",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "head_dim ({}) must be even for RoPE",
+                self.head_dim
+            ));
+        }
+        if !self.layer_types.is_empty() && self.layer_types.len() != self.n_layers {
+            return Err(format!(
+                "layer_types lists {} layers, the model has {}",
+                self.layer_types.len(),
+                self.n_layers
+            ));
+        }
+        for (name, v, min) in [
+            ("norm_eps", self.norm_eps, 0.0),
+            ("aux_loss_coef", self.aux_loss_coef, 0.0),
+            ("balance_rate", self.balance_rate, 0.0),
+        ] {
+            if !(v >= min && v.is_finite()) {
+                return Err(format!("{name} = {v} must be a finite number ≥ {min}"));
+            }
+        }
+        for (name, v) in [
+            ("swiglu_alpha", self.swiglu_alpha),
+            ("swiglu_limit", self.swiglu_limit),
+        ] {
+            if !(v > 0.0 && v.is_finite()) {
+                return Err(format!("{name} = {v} must be a finite number > 0"));
+            }
+        }
+        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
+            return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
+        }
+        self.rope().validate()
+    }
+}
+
+/// gpt-oss's YaRN: a 4096-token context stretched 32×.
+fn gpt_oss_yarn() -> Option<YarnScaling> {
+    Some(YarnScaling {
+        factor: 32.0,
+        original_max_position_embeddings: 4096,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        truncate: false,
+        attention_factor: None,
+        mscale: None,
+        mscale_all_dim: None,
+    })
+}
+
+/// The named flavors.
+pub fn flavor(name: &str) -> Option<GptOssArgs> {
+    let released = |n_layers, n_experts| GptOssArgs {
+        dim: 2880,
+        n_layers,
+        n_heads: 64,
+        n_kv_heads: 8,
+        head_dim: 64,
+        vocab_size: 201_088,
+        norm_eps: 1e-5,
+        rope_theta: 150_000.0,
+        yarn: gpt_oss_yarn(),
+        max_seq_len: 131_072,
+        sliding_window: 128,
+        layer_types: vec![],
+        n_experts,
+        top_k: 4,
+        expert_ffn_dim: 2880,
+        swiglu_alpha: 1.702,
+        swiglu_limit: 7.0,
+        aux_loss_coef: 0.0,
+        balance_rate: 0.0,
+        tie_embeddings: false,
+        dtype: "bf16".into(),
+    };
+    Some(match name {
+        // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with gpt-oss's blocks: 8
+        // experts of 256, top 2, a 128-token window on blocks 0 and 2.
+        "debugmodel" => GptOssArgs {
+            dim: 256,
+            n_layers: 4,
+            n_heads: 4,
+            n_kv_heads: 2,
+            vocab_size: 8192,
+            max_seq_len: 2048,
+            n_experts: 8,
+            top_k: 2,
+            expert_ffn_dim: 256,
+            aux_loss_coef: 0.001,
+            dtype: "f32".into(),
+            ..released(4, 8)
+        },
+        "gpt_oss_20b" => released(24, 32),
+        "gpt_oss_120b" => released(36, 128),
+        _ => return None,
+    })
+}
+
+/// Flavor names, in the order `anneal plugins list` shows them.
+pub const FLAVORS: &[&str] = &["debugmodel", "gpt_oss_20b", "gpt_oss_120b"];
+
+/// Arguments from a Hugging Face `gpt_oss` `config.json`. A key that is absent takes
+/// transformers' default; a key of the wrong type is reported as such.
+pub fn from_hf_config(c: &serde_json::Value) -> Result<GptOssArgs, String> {
+    let f = HfConfig::new(c);
+    let model_type = f.str("model_type")?.unwrap_or("gpt_oss");
+    if model_type != "gpt_oss" {
+        return Err(format!(
+            "config.json: model_type '{model_type}' is not served by this plugin (gpt_oss)"
+        ));
+    }
+    let rope = f.rope(150_000.0)?;
+    if rope.llama3.is_some() {
+        return Err("config.json: gpt_oss with llama3 rope scaling is not supported".into());
+    }
+    let n_heads = f.need_uint("num_attention_heads")?;
+    let dim = f.need_uint("hidden_size")?;
+    let layer_types = match f.str_list("layer_types")? {
+        None => vec![],
+        Some(names) => names
+            .iter()
+            .map(|n| match *n {
+                "sliding_attention" => Ok(LayerType::SlidingAttention),
+                "full_attention" => Ok(LayerType::FullAttention),
+                other => Err(format!(
+                    "config.json: layer_types: '{other}' is not sliding_attention or full_attention"
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    // The router's load-balancing loss counts only when transformers would add it.
+    let aux_loss_coef = if f.bool("output_router_logits")?.unwrap_or(false) {
+        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
+    } else {
+        0.0
+    };
+    if f.bool("attention_bias")? == Some(false) {
+        return Err("config.json: gpt_oss without attention biases is not supported".into());
+    }
+    let args = GptOssArgs {
+        dim,
+        n_layers: f.need_uint("num_hidden_layers")?,
+        n_heads,
+        n_kv_heads: f.uint("num_key_value_heads")?.unwrap_or(n_heads),
+        head_dim: f.uint("head_dim")?.unwrap_or(dim / n_heads.max(1)),
+        vocab_size: f.need_uint("vocab_size")?,
+        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-5),
+        rope_theta: rope.theta,
+        yarn: rope.yarn,
+        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(131_072),
+        sliding_window: f.uint("sliding_window")?.unwrap_or(128),
+        layer_types,
+        n_experts: f.need_uint("num_local_experts")?,
+        top_k: f.uint("num_experts_per_tok")?.unwrap_or(4),
+        expert_ffn_dim: f.need_uint("intermediate_size")?,
+        swiglu_alpha: f.float("swiglu_alpha")?.unwrap_or(1.702),
+        swiglu_limit: f.float("swiglu_limit")?.unwrap_or(7.0),
+        aux_loss_coef,
+        balance_rate: 0.0,
+        tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
+        dtype: "f32".into(),
+    };
+    args.validate().map_err(|e| format!("config.json: {e}"))?;
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tiny() -> serde_json::Value {
+        json!({
+            "model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 40, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "vocab_size": 100, "sliding_window": 4,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": false,
+                "original_max_position_embeddings": 4096}
+        })
+    }
+
+    #[test]
+    fn a_tiny_config_reads_with_alternating_layers() {
+        let a = from_hf_config(&tiny()).unwrap();
+        assert_eq!(
+            (a.window_of(0), a.window_of(1), a.window_of(2)),
+            (Some(4), None, Some(4))
+        );
+        assert!(!a.yarn.as_ref().unwrap().truncate);
+        let mut c = tiny();
+        c["layer_types"] = json!(["full_attention", "full_attention", "sliding_attention"]);
+        let a = from_hf_config(&c).unwrap();
+        assert_eq!((a.window_of(0), a.window_of(2)), (None, Some(4)));
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        for (k, v, want) in [
+            ("num_experts_per_tok", json!(5), "more experts per token"),
+            (
+                "layer_types",
+                json!(["full_attention"]),
+                "layer_types lists 1",
+            ),
+            ("layer_types", json!(["local"]), "'local'"),
+            ("swiglu_limit", json!(-1.0), "swiglu_limit"),
+            (
+                "sliding_window",
+                json!("4"),
+                "'sliding_window' has the wrong type",
+            ),
+            ("model_type", json!("llama"), "not served by this plugin"),
+        ] {
+            let mut c = tiny();
+            c[k] = v;
+            let e = from_hf_config(&c).unwrap_err();
+            assert!(e.contains(want), "{k}: {e}");
+        }
+    }
+}
