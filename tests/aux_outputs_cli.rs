@@ -1,8 +1,8 @@
 //! A model's auxiliary losses and statistics through `anneal train`: the loss trained on gets
 //! the weighted auxiliary losses (`training.aux_loss_weights`), and `metrics.jsonl` carries
 //! `aux_loss`, each `aux_loss.<name>` and each statistic; a buffer is updated by the model's hook
-//! before each optimizer step and checkpointed. The test model is the `aux` flavor of the test
-//! plugin in plugins/test-bad-logits.
+//! before each optimizer step (in `anneal train` and `anneal rl`) and checkpointed. The test
+//! model is the `aux` flavor of the test plugin in plugins/test-bad-logits.
 
 use anneal_tests::cli::{anneal, badlogits_plugin_dir, ok, root, rows, Job};
 
@@ -71,8 +71,8 @@ fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
         assert!((*s as f64 - w).abs() <= 1e-5, "{seen:?} vs {want:?}");
     }
 
-    // `anneal rl` does not update buffers yet: it refuses such a model rather than leave the
-    // buffer at its start.
+    // `anneal rl` calls the hook too: after its one step the buffer in its checkpoint holds
+    // that step's `hidden_mean`, and the frozen KL reference keeps the buffer at its start.
     let reward = root().join("reward-wasm/examples/exact_match/reward.wat");
     let tokenizer = job.dir.join("weighted/tokenizer.json");
     let out = anneal()
@@ -84,6 +84,8 @@ fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
         .args(["--set", "model.plugin=\"badlogits\""])
         .args(["--set", "model.flavor=\"aux\""])
         .args(["--set", "training.steps=1"])
+        .args(["--set", "checkpoint.interval=1"])
+        .args(["--set", "rl.kl_coef=0.1"])
         .args([
             "--set",
             &format!("rl.tokenizer=\"{}\"", tokenizer.display()),
@@ -94,9 +96,28 @@ fn auxiliary_losses_are_weighted_and_statistics_reach_metrics() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("buffer 'seen'"), "{err}");
+    ok(&out);
+    let row = rows(&job.dir.join("rl"))
+        .into_iter()
+        .find(|r| r["step"] == 1)
+        .expect("an RL row for step 1");
+    let saved = anneal_engine::io::load_safetensors(
+        job.dir
+            .join("rl/checkpoints/step-1/shard-00000-of-00001.safetensors"),
+    )
+    .unwrap();
+    let mean: Vec<f64> = row["hidden_mean"]
+        .as_array()
+        .expect("hidden_mean")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let seen = saved["model/seen"].to_vec_f32();
+    for (s, w) in seen.iter().zip(&mean) {
+        assert!((*s as f64 - w).abs() <= 1e-5, "{seen:?} vs {mean:?}");
+    }
+    assert!(saved["ref/seen"].to_vec_f32().iter().all(|v| *v == 0.0));
+    assert!(!saved.contains_key("optim/seen.exp_avg"));
 
     // Recomputing the block that emits the loss would lose its gradient: one clear line, exit
     // code 2 (the user's setting).

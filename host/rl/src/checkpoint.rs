@@ -9,7 +9,7 @@ use anneal_data::LoaderState;
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::{Params, PluginModel, PluginOptimizer};
 use anneal_train::checkpoint::{Loaded, RlState, Snapshot, TrainState};
-use anneal_train::harness::{params_from_checkpoint, restore_optimizer, Provenance};
+use anneal_train::harness::{params_from_checkpoint, restore_optimizer, split_buffers, Provenance};
 use anneal_train::TrainError;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -95,6 +95,8 @@ pub(crate) fn snapshot(
 pub(crate) struct Restored {
     /// The policy, sorted by name, as leaves that take gradients.
     pub named: Vec<(String, Tensor)>,
+    /// The model's buffers (not trained), sorted by name.
+    pub buffers: Vec<(String, Tensor)>,
     /// The frozen KL reference, when `rl.kl_coef > 0`.
     pub reference: Option<Params>,
     /// The counters.
@@ -112,7 +114,7 @@ pub(crate) fn restore(
     ckpt: Loaded,
 ) -> Result<Restored, TrainError> {
     let rl = ckpt.state.rl.clone().unwrap_or_default();
-    let named = params_from_checkpoint(&ckpt, model, "model")?;
+    let (named, buffers) = split_buffers(model, params_from_checkpoint(&ckpt, model, "model")?);
     let reference = if cfg.rl.kl_coef > 0.0 {
         if !ckpt.tensors.keys().any(|k| k.starts_with("ref/")) {
             return Err(TrainError::Checkpoint(
@@ -132,10 +134,8 @@ pub(crate) fn restore(
     };
     restore_optimizer(&ckpt, &named, optimizer)?;
     Ok(Restored {
-        named: named
-            .into_iter()
-            .map(|(n, t)| (n, t.requires_grad_()))
-            .collect(),
+        named,
+        buffers,
         reference,
         progress: Progress {
             step: ckpt.state.step,

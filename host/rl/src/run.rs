@@ -14,7 +14,7 @@ use anneal_config::JobConfig;
 use anneal_engine::Tensor;
 use anneal_runtime::infer::Sampling;
 use anneal_runtime::plugins::Params;
-use anneal_train::harness::{resume, RunDir, RunKind, Saver};
+use anneal_train::harness::{resume, split_buffers, RunDir, RunKind, Saver};
 use anneal_train::{io_err, Console, LrSchedule, MetricsLog, TrainError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,23 +80,22 @@ pub fn run_rl(
         restored = Some(restore(cfg, &model, &mut optimizer, l)?);
         Ok(())
     })?;
-    let (named, reference, mut progress) = match restored {
-        Some(r) => (r.named, r.reference, r.progress),
+    let (named, buffers, reference, mut progress) = match restored {
+        Some(r) => (r.named, r.buffers, r.reference, r.progress),
         None => {
-            let named: Vec<(String, Tensor)> = initial_params(cfg, &model, &|m| console.note(m))?
-                .into_iter()
-                .map(|(n, p)| (n, p.requires_grad_()))
-                .collect();
+            let (named, buffers) =
+                split_buffers(&model, initial_params(cfg, &model, &|m| console.note(m))?);
+            let all: Vec<(String, Tensor)> = named.iter().chain(&buffers).cloned().collect();
             let reference: Option<Params> = (r.kl_coef > 0.0)
-                .then(|| publishable(&named, 0.0))
+                .then(|| publishable(&all, 0.0))
                 .transpose()?;
-            (named, reference, Progress::default())
+            (named, buffers, reference, Progress::default())
         }
     };
     run.record(cfg, &tokenizer_path)?;
     // Metric times continue across restarts of the same run.
     let clock = || resumed.elapsed_s + started.elapsed().as_secs_f64();
-    let params: Params = Arc::new(named.iter().cloned().collect());
+    let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
     let schedule = LrSchedule::new(cfg.optimizer.lr, total, &cfg.lr_scheduler);
 
     let held_out = (r.eval_freq > 0).then(|| prompts.held_out(r.eval_prompts));
@@ -119,7 +118,8 @@ pub fn run_rl(
         failed: Mutex::new(None),
     });
     let capacity = r.prompts_per_step * (r.max_staleness as usize + 1);
-    let weights = publishable(&named, opts.perturb_rollout_weights)?;
+    let all: Vec<(String, Tensor)> = named.iter().chain(&buffers).cloned().collect();
+    let weights = publishable(&all, opts.perturb_rollout_weights)?;
     let buffer = Arc::new(RolloutBuffer::<Group, Params>::new(
         weights.clone(),
         r.max_staleness,
@@ -180,6 +180,7 @@ pub fn run_rl(
         model: &model,
         params,
         named,
+        buffers,
         reference,
         settings: LossSettings::from_config(r),
         group_size: r.group_size,
@@ -221,6 +222,7 @@ pub fn run_rl(
                     }
                 }
                 let optimizer_step = version * r.updates_per_batch as u64 + update + 1;
+                model.before_optimizer_step(&trainer.params, &out.stat_sums, optimizer_step)?;
                 optimizer.step(&trainer.named, optimizer_step, lr)?;
                 trainer.zero_grad();
                 first.get_or_insert(out);
@@ -228,7 +230,7 @@ pub fn run_rl(
             let out = first.expect("updates_per_batch is at least 1");
             buffer.publish(
                 step,
-                publishable(&trainer.named, opts.perturb_rollout_weights)?,
+                publishable(&trainer.all(), opts.perturb_rollout_weights)?,
             );
             let t_train = train_started.elapsed().as_secs_f64();
             let groups: Vec<&Group> = taken.items.iter().map(|it| &it.value).collect();

@@ -34,16 +34,6 @@ pub(crate) fn prepare(cfg: &JobConfig) -> Result<Setup, TrainError> {
     let tokenizer = Arc::new(TextTokenizer::from_file(&tokenizer_path)?);
     let (prompts, prompts_sha256) = load_prompts(cfg)?;
     let model = Arc::new(load_model(cfg)?);
-    // RL updates parameters only; a buffer its model keeps would silently stay at its start.
-    if let Some(b) = model.spec().params.iter().find(|p| !p.trainable) {
-        return Err(cfg_err(
-            "model.plugin",
-            format!(
-                "the model keeps the buffer '{}', which anneal rl does not update yet; train it with anneal train",
-                b.name
-            ),
-        ));
-    }
     if tokenizer.vocab_size() > model.spec().vocab_size {
         return Err(cfg_err(
             "model.args.vocab_size",

@@ -46,6 +46,8 @@ pub(crate) struct StepOut {
     pub aux_loss: Option<f64>,
     /// `aux_loss.<name>` and the model's statistics, as `metrics.jsonl` fields.
     pub outputs: BTreeMap<String, serde_json::Value>,
+    /// The model's statistics as tensors, for its `before_optimizer_step`.
+    pub stat_sums: Vec<(String, Tensor)>,
 }
 
 /// The trainer side: the policy's parameters (leaves with grad) and the frozen reference.
@@ -55,6 +57,8 @@ pub(crate) struct RlTrainer<'a> {
     pub params: Params,
     /// The policy sorted by name, as leaves that take gradients.
     pub named: Vec<(String, Tensor)>,
+    /// The model's buffers (not trained; its `before_optimizer_step` updates them), by name.
+    pub buffers: Vec<(String, Tensor)>,
     /// The frozen KL reference.
     pub reference: Option<Params>,
     pub settings: LossSettings,
@@ -126,11 +130,16 @@ impl RlTrainer<'_> {
             progress,
             provenance,
             elapsed_s,
-            &self.named,
+            &self.all(),
             optimizer,
             self.reference.as_ref(),
             spare,
         )
+    }
+
+    /// The policy's parameters and buffers, sorted by name within each.
+    pub fn all(&self) -> Vec<(String, Tensor)> {
+        self.named.iter().chain(&self.buffers).cloned().collect()
     }
 
     pub fn zero_grad(&self) {
@@ -256,6 +265,7 @@ impl RlTrainer<'_> {
             dropped_groups: out.dropped_groups,
             aux_loss: outputs.aux_total(),
             outputs: fields,
+            stat_sums: outputs.stat_sums().to_vec(),
         })
     }
 }

@@ -130,7 +130,7 @@ impl Trainer {
             }
             None => model.init_params(t.seed)?,
         };
-        let (named, buffers) = split_buffers(&model, initial.into_iter().collect());
+        let (named, buffers) = crate::harness::split_buffers(&model, initial.into_iter().collect());
         let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         note(&format!(
             "model: {} {} ({} parameters, {} layers)",
@@ -370,7 +370,7 @@ impl Trainer {
     /// optimizer state, step and data position.
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
         let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
-        let (named, buffers) = split_buffers(&self.model, loaded);
+        let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
         restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
         self.loader.restore(&ckpt.state.loader)?;
         self.params = Arc::new(named.iter().chain(&buffers).cloned().collect());
@@ -400,29 +400,4 @@ impl Trainer {
         }
         Ok(Some(sum / self.val_batches.len() as f64))
     }
-}
-
-/// Tensors by name.
-type Named = Vec<(String, Tensor)>;
-
-/// Splits a model's tensors into trained parameters (leaves that require grad) and buffers
-/// (`ParamSpec::trainable == false`), each sorted by name.
-fn split_buffers(model: &PluginModel, all: Named) -> (Named, Named) {
-    let buffer_names: std::collections::HashSet<&str> = model
-        .spec()
-        .params
-        .iter()
-        .filter(|p| !p.trainable)
-        .map(|p| p.name.as_str())
-        .collect();
-    let (mut buffers, mut named): (Vec<_>, Vec<_>) = all
-        .into_iter()
-        .partition(|(n, _)| buffer_names.contains(n.as_str()));
-    named = named
-        .into_iter()
-        .map(|(n, p)| (n, p.requires_grad_()))
-        .collect();
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    buffers.sort_by(|a, b| a.0.cmp(&b.0));
-    (named, buffers)
 }

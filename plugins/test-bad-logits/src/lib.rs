@@ -5,8 +5,8 @@
 //! right logits and, from its one block, the auxiliary loss `l2` (mean square of the hidden
 //! state) and the statistic `hidden_mean` (`[DIM]`), and keeps the buffer `seen` (`[DIM]`),
 //! to which its `before_optimizer_step` adds each step's `hidden_mean`, so the host's handling
-//! of named outputs and buffers is tested. Flavor `aux_rl` is `aux` without the buffer (which
-//! `anneal rl` refuses), for RL runs. Flavor `moe` puts the host's MoE layer (`moe_ffn`, 4
+//! of named outputs and buffers is tested. Flavor `aux_rl` is `aux` without the buffer, for RL
+//! runs that compare gradients. Flavor `moe` puts the host's MoE layer (`moe_ffn`, 4
 //! experts, top-2, `[out, in]` weights) in its block and reports the layer's balancing loss as
 //! `balance` and its statistics `router_imbalance`, `router_entropy` and `tokens_per_expert`.
 //! Arguments are ignored.

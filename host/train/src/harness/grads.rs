@@ -1,6 +1,32 @@
-//! Gradient norm and clipping, the same for pretraining and RL.
+//! Which tensors train, their gradient norm and clipping, the same for pretraining and RL.
 
 use anneal_engine::Tensor;
+use anneal_runtime::plugins::PluginModel;
+
+type Named = Vec<(String, Tensor)>;
+
+/// Splits a model's tensors into trained parameters (leaves that require grad) and buffers
+/// (`ParamSpec::trainable == false`: no gradient, no optimizer state; the model's
+/// `before_optimizer_step` updates them), each sorted by name.
+pub fn split_buffers(model: &PluginModel, all: Named) -> (Named, Named) {
+    let buffer_names: std::collections::HashSet<&str> = model
+        .spec()
+        .params
+        .iter()
+        .filter(|p| !p.trainable)
+        .map(|p| p.name.as_str())
+        .collect();
+    let (mut buffers, mut named): (Vec<_>, Vec<_>) = all
+        .into_iter()
+        .partition(|(n, _)| buffer_names.contains(n.as_str()));
+    named = named
+        .into_iter()
+        .map(|(n, p)| (n, p.requires_grad_()))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    buffers.sort_by(|a, b| a.0.cmp(&b.0));
+    (named, buffers)
+}
 
 /// The global L2 norm of the parameters' gradients (f64 sums, so it does not depend on the
 /// thread count).

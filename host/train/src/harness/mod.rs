@@ -9,7 +9,7 @@
 //!              seed, tokenizer and data hashes), parameters and optimizer state read back
 //!              with their shapes and dtypes checked, step logs cut back to the checkpoint
 //! saver.rs     saving: when a save is due, how long the step was blocked, failed saves
-//! grads.rs     the global gradient norm and clipping
+//! grads.rs     trained parameters apart from buffers, the global gradient norm, clipping
 //! ```
 //! The console and `metrics.jsonl` are in [`crate::metrics`], the schedule in
 //! [`crate::LrSchedule`].
@@ -20,7 +20,7 @@ mod resume;
 mod run_dir;
 mod saver;
 
-pub use grads::{clip_grads, global_grad_norm};
+pub use grads::{clip_grads, global_grad_norm, split_buffers};
 pub use plugins::{load_model, load_optimizer, model_plugin_name, with_model_plugin};
 pub use resume::{
     params_from_checkpoint, restore_optimizer, resume, truncate_step_logs, Provenance, Resumed,
