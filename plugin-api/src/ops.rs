@@ -298,6 +298,14 @@ host_ops! {
         cache_layer: Option<i64>,
         sinks: Option<Handle>,
     }
+    /// Appends input 0 to layer `layer`'s inference cache `name` along `dim` and returns all
+    /// that is cached (a latent cache); without a cache in this forward, returns the input.
+    CacheAppend = "cache_append" { layer: i64, name: String, dim: i64 }
+    /// Layer `layer`'s inference state `name` (a recurrent state): one output when it is set,
+    /// none otherwise (the sequence's first call, or no cache in this forward).
+    StateGet = "state_get" { layer: i64, name: String }
+    /// Replaces layer `layer`'s inference state `name` with input 0; nothing without a cache.
+    StateSet = "state_set" { layer: i64, name: String }
     /// `len` entries of `dim` from `start`, as a view.
     Narrow = "narrow" { dim: i64, start: i64, len: i64 }
     /// Tensors joined along `dim`.

@@ -59,7 +59,8 @@ pub struct Ctx<'h> {
     /// Absolute positions of this call's tokens (i64 `[T]`, or `[B, T]` when each row is its own
     /// sequence at its own place; hand them to `rope` and `attention` unchanged).
     pub positions: Tensor<'h>,
-    /// Whether attention should use the host's KV cache.
+    /// Whether attention should use the host's KV cache (and [`Ctx::cache_append`],
+    /// [`Ctx::state`] keep state between calls).
     pub use_cache: bool,
 }
 
@@ -80,6 +81,48 @@ impl<'h> Ctx<'h> {
     /// vector that reaches `metrics.jsonl`. No gradient flows through it.
     pub fn stat(&self, name: &str, value: &Tensor<'h>) -> Result<()> {
         self.host.emit(crate::abi::OutputKind::Stat, name, value)
+    }
+
+    /// Appends `x` to layer `layer`'s inference cache `name` along `dim` and returns all that
+    /// is cached for this sequence (MLA's latent cache, of any shape); without a cache in this
+    /// forward (training), returns `x`. The host owns the cache, as it owns the KV cache.
+    pub fn cache_append(
+        &self,
+        layer: usize,
+        name: &str,
+        x: &Tensor<'h>,
+        dim: usize,
+    ) -> Result<Tensor<'h>> {
+        let attrs = crate::ops::CacheAppend {
+            layer: layer as i64,
+            name: name.into(),
+            dim: dim as i64,
+        };
+        let [t]: [Tensor<'h>; 1] = self.host.call_op(&attrs, &[x])?.try_into().map_err(|_| {
+            Error("host op cache_append returned the wrong number of outputs".into())
+        })?;
+        Ok(t)
+    }
+
+    /// Layer `layer`'s inference state `name` from this sequence's previous call (a
+    /// linear-attention recurrent state, of any shape); `None` at the sequence's start or
+    /// without a cache.
+    pub fn state(&self, layer: usize, name: &str) -> Result<Option<Tensor<'h>>> {
+        let attrs = crate::ops::StateGet {
+            layer: layer as i64,
+            name: name.into(),
+        };
+        Ok(self.host.call_op(&attrs, &[])?.into_iter().next())
+    }
+
+    /// Keeps `x` as layer `layer`'s inference state `name` for this sequence's next call
+    /// (dropped without a cache).
+    pub fn set_state(&self, layer: usize, name: &str, x: &Tensor<'h>) -> Result<()> {
+        let attrs = crate::ops::StateSet {
+            layer: layer as i64,
+            name: name.into(),
+        };
+        self.host.call_op(&attrs, &[x]).map(|_| ())
     }
 }
 

@@ -7,6 +7,9 @@
 //! at any step and leave it when done. Rows then keep their own positions (`[B, T]`), and the
 //! attention op attends each row over its own cache only, so a row's arithmetic is the same
 //! whatever else is in the batch.
+//!
+//! Besides keys and values, a layer may keep named state of any shape (see `ops_state.rs`): a
+//! cache grown along a dim (a latent cache) or a tensor replaced each call (a recurrent state).
 
 use anneal_engine::Tensor;
 use std::collections::HashMap;
@@ -18,6 +21,8 @@ use std::sync::{Arc, Mutex};
 #[derive(Default)]
 pub struct KvCache {
     layers: Mutex<HashMap<usize, Layer>>,
+    /// Named per-layer state: `(layer, name)` to its tensor.
+    states: Mutex<HashMap<(usize, String), Tensor>>,
     rows: Vec<Arc<KvCache>>,
 }
 
@@ -31,8 +36,8 @@ impl KvCache {
     /// shared with later batches: the same row can sit at another index next step).
     pub fn per_row(rows: Vec<Arc<KvCache>>) -> Self {
         KvCache {
-            layers: Mutex::default(),
             rows,
+            ..Default::default()
         }
     }
 
@@ -65,6 +70,37 @@ impl KvCache {
             std::collections::hash_map::Entry::Vacant(e) => e.insert(Layer::for_first(k, v)?),
         };
         layer.append(k, v)
+    }
+
+    /// Layer `layer`'s state `name`, if set (a shared cache's own; see [`KvCache::rows`]).
+    pub fn state(&self, layer: usize, name: &str) -> Option<Tensor> {
+        let states = self.states.lock().expect("kv cache lock poisoned");
+        states.get(&(layer, name.to_string())).cloned()
+    }
+
+    /// Replaces layer `layer`'s state `name` (kept detached: inference state has no gradient).
+    pub fn set_state(&self, layer: usize, name: &str, t: &Tensor) {
+        let mut states = self.states.lock().expect("kv cache lock poisoned");
+        states.insert((layer, name.to_string()), t.detach());
+    }
+
+    /// Appends `x` to layer `layer`'s cache `name` along `dim` (starting it when empty);
+    /// returns everything cached.
+    pub fn append_state(
+        &self,
+        layer: usize,
+        name: &str,
+        x: &Tensor,
+        dim: usize,
+    ) -> anneal_engine::Result<Tensor> {
+        let mut states = self.states.lock().expect("kv cache lock poisoned");
+        let key = (layer, name.to_string());
+        let all = match states.get(&key) {
+            Some(old) => anneal_engine::ops::cat(&[old.clone(), x.detach()], dim as isize)?,
+            None => x.detach(),
+        };
+        states.insert(key, all.clone());
+        Ok(all)
     }
 
     /// Number of cached positions (0 when empty); for a per-row batch, the longest row's.
@@ -179,5 +215,25 @@ mod tests {
             .append(0, &kv(1, 1, 3.0), &kv(1, 1, 3.0))
             .unwrap();
         assert_eq!((a.len(), b.len()), (4, 5));
+    }
+
+    #[test]
+    fn named_state_is_kept_per_layer_and_grows_along_its_dim() {
+        let c = KvCache::new();
+        assert!(c.state(0, "s").is_none());
+        let t = |v: &[f32], s: &[usize]| Tensor::from_slice(v, s).unwrap();
+        c.set_state(0, "s", &t(&[1.0, 2.0], &[1, 2]));
+        c.set_state(1, "s", &t(&[3.0], &[1, 1]));
+        assert_eq!(c.state(0, "s").unwrap().to_vec_f32(), [1.0, 2.0]);
+        c.append_state(2, "latent", &t(&[1.0, 2.0], &[1, 1, 2]), 1)
+            .unwrap();
+        let all = c
+            .append_state(2, "latent", &t(&[3.0, 4.0, 5.0, 6.0], &[1, 2, 2]), 1)
+            .unwrap();
+        assert_eq!(all.shape(), [1, 3, 2]);
+        assert_eq!(all.to_vec_f32(), [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert!(c
+            .append_state(2, "latent", &t(&[0.0; 3], &[1, 1, 3]), 1)
+            .is_err());
     }
 }

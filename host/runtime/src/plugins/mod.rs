@@ -7,6 +7,7 @@ pub mod loader;
 pub mod model;
 mod ops;
 mod ops_moe;
+mod ops_state;
 pub mod optimizer;
 pub mod recompute;
 

@@ -180,6 +180,11 @@ pub(crate) fn run(
         o::MoeDispatch::OP => super::ops_moe::dispatch(inputs, parse(attrs)?),
         o::MoeCombine::OP => super::ops_moe::combine(inputs, parse(attrs)?),
         o::MoeFfn::OP => super::ops_moe::ffn(inputs, parse(attrs)?, session),
+        o::CacheAppend::OP => {
+            super::ops_state::cache_append(inputs, parse(attrs)?, session).map(|t| vec![t])
+        }
+        o::StateGet::OP => super::ops_state::state_get(parse(attrs)?, session),
+        o::StateSet::OP => super::ops_state::state_set(inputs, parse(attrs)?, session),
         o::CrossEntropy::OP => {
             let opts = anneal_engine::ops::CrossEntropy {
                 ignore_index: parse::<o::CrossEntropy>(attrs)?.ignore_index,
