@@ -202,6 +202,8 @@ host_ops! {
         score: String,
         renormalize: bool,
         route_scale: f64,
+        n_group: Option<i64>,
+        topk_group: Option<i64>,
     }
     /// Token rows of `x [N, D]` in expert order for the choices `experts [N, k]` (inputs: x,
     /// experts): `[N·k, D]`, the stable sort of `sort_by_expert`.
@@ -232,6 +234,8 @@ host_ops! {
         shared_gate: Option<Handle>,
         shared_up: Option<Handle>,
         shared_down: Option<Handle>,
+        n_group: Option<i64>,
+        topk_group: Option<i64>,
     }
     /// `x * mul + add` with scalars.
     Affine = "affine" { mul: f64, add: f64 }
@@ -383,6 +387,8 @@ mod tests {
             shared_gate: None,
             shared_up: None,
             shared_down: None,
+            n_group: Some(4),
+            topk_group: Some(2),
         };
         assert_eq!(MoeFfn::from_attrs(&m.to_attrs()).unwrap(), m);
     }

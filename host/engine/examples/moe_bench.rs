@@ -51,6 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         score: RouterScore::Softmax,
         renormalize: true,
         route_scale: 1.0,
+        groups: None,
     });
     let profile = std::env::args().any(|a| a == "--profile");
     if profile {

@@ -28,6 +28,7 @@ fn spec(e: usize, k: usize, score: RouterScore, renormalize: bool, scale: f32) -
         score,
         renormalize,
         route_scale: scale,
+        groups: None,
     }
 }
 

@@ -38,6 +38,9 @@ pub struct Router {
     pub renormalize: bool,
     /// Factor on the final weights, 1 for none.
     pub route_scale: f64,
+    /// Group-limited routing `(n_group, topk_group)` (DeepSeek-V3): a token chooses among the
+    /// experts of its `topk_group` best groups (a group scores the sum of its best two).
+    pub groups: Option<(usize, usize)>,
 }
 
 impl Router {
@@ -49,6 +52,7 @@ impl Router {
             score: RouterScore::Softmax,
             renormalize: false,
             route_scale: 1.0,
+            groups: None,
         }
     }
 }
@@ -190,6 +194,8 @@ impl<'h> Tensor<'h> {
             shared_gate: h(opts.shared.map(|s| s[0])),
             shared_up: h(opts.shared.map(|s| s[1])),
             shared_down: h(opts.shared.map(|s| s[2])),
+            n_group: r.groups.map(|g| g.0 as i64),
+            topk_group: r.groups.map(|g| g.1 as i64),
         };
         let v = self
             .host()
@@ -229,6 +235,8 @@ impl<'h> Tensor<'h> {
             score: router.score.name(),
             renormalize: router.renormalize,
             route_scale: router.route_scale,
+            n_group: router.groups.map(|g| g.0 as i64),
+            topk_group: router.groups.map(|g| g.1 as i64),
         };
         let mut inputs = vec![self];
         inputs.extend(bias);

@@ -34,6 +34,10 @@ pub struct RouterSpec {
     pub renormalize: bool,
     /// Factor on the final weights (DeepSeek-V3's `routed_scaling_factor`), 1 for none.
     pub route_scale: f32,
+    /// Group-limited routing `(n_group, topk_group)` (DeepSeek-V3): the experts form `n_group`
+    /// equal groups, a group's score is the sum of its best two `score + bias`, and a token
+    /// chooses its top-k among the experts of its `topk_group` best groups only.
+    pub groups: Option<(usize, usize)>,
 }
 
 impl RouterSpec {
@@ -45,6 +49,7 @@ impl RouterSpec {
             score: RouterScore::Softmax,
             renormalize: false,
             route_scale: 1.0,
+            groups: None,
         }
     }
 
@@ -58,6 +63,25 @@ impl RouterSpec {
                     self.top_k, self.num_experts
                 ),
             ));
+        }
+        if let Some((n_group, topk_group)) = self.groups {
+            let e = self.num_experts;
+            let fits = n_group >= 1
+                && e.is_multiple_of(n_group)
+                && e / n_group >= 2
+                && (1..=n_group).contains(&topk_group)
+                && self.top_k <= topk_group * (e / n_group);
+            if !fits {
+                return Err(invalid(
+                    "moe_router",
+                    format!(
+                        "groups: n_group = {n_group} must split the {e} experts into equal groups \
+                         of at least 2, topk_group = {topk_group} must be between 1 and n_group, \
+                         and top_k = {} must fit in topk_group groups",
+                        self.top_k
+                    ),
+                ));
+            }
         }
         if !self.route_scale.is_finite() {
             return Err(invalid(
@@ -79,6 +103,38 @@ pub struct Routing {
     /// `[N, E]` f32: every expert's score (differentiable), for the auxiliary loss and
     /// statistics.
     pub scores: Tensor,
+}
+
+/// `choice [N, E]` with the experts outside each row's `topk_group` best groups set to -inf;
+/// a group's score is the sum of its two best entries (DeepSeek-V3's `n_group` routing).
+fn limit_to_groups(choice: &Tensor, n_group: usize, topk_group: usize) -> Result<Tensor> {
+    let e = choice.shape()[1];
+    let size = e / n_group;
+    let mut v = choice.contiguous()?.to_vec_f32();
+    for row in v.chunks_mut(e) {
+        let group_score = |g: &[f32]| {
+            let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for &x in g {
+                if x > a {
+                    (a, b) = (x, a);
+                } else if x > b {
+                    b = x;
+                }
+            }
+            a + b
+        };
+        let mut groups: Vec<(f32, usize)> = row
+            .chunks(size)
+            .enumerate()
+            .map(|(i, g)| (group_score(g), i))
+            .collect();
+        // Best first; ties keep the lower group, as a stable sort does.
+        groups.sort_by(|x, y| y.0.total_cmp(&x.0));
+        for &(_, g) in &groups[topk_group..] {
+            row[g * size..(g + 1) * size].fill(f32::NEG_INFINITY);
+        }
+    }
+    Tensor::from_vec(v, choice.shape())
 }
 
 /// Routes tokens from `logits [N, E]` (any float dtype; scores are computed in f32). `bias`
@@ -115,10 +171,13 @@ pub fn route(logits: &Tensor, bias: Option<&Tensor>, spec: &RouterSpec) -> Resul
     };
     let experts = {
         let _g = crate::autograd::no_grad();
-        let choice = match bias {
+        let mut choice = match bias {
             Some(b) => scores.detach().add(&b.detach().to_dtype(DType::F32)?)?,
             None => scores.detach(),
         };
+        if let Some((n_group, topk_group)) = spec.groups {
+            choice = limit_to_groups(&choice, n_group, topk_group)?;
+        }
         choice.topk(spec.top_k, -1, true, true)?.1
     };
     let mut weights = scores.gather(1, &experts)?;
@@ -136,4 +195,30 @@ pub fn route(logits: &Tensor, bias: Option<&Tensor>, spec: &RouterSpec) -> Resul
         experts,
         scores,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_limited_routing_chooses_inside_the_best_groups() {
+        // 6 experts in 3 groups of 2, sigmoid scores: by the sum of their two, groups 2
+        // (0.88 + 0.62) and 1 (0.73 + 0.71) beat group 0 (0.95 + 0.01), whose expert 0 is
+        // the single best.
+        let logits = Tensor::from_vec(vec![3.0f32, -5.0, 1.0, 0.9, 2.0, 0.5], &[1, 6]).unwrap();
+        let spec = RouterSpec {
+            score: RouterScore::Sigmoid,
+            groups: Some((3, 2)),
+            ..RouterSpec::new(6, 2)
+        };
+        let r = route(&logits, None, &spec).unwrap();
+        assert_eq!(r.experts.to_vec::<i64>(), [4, 2]);
+        let plain = route(&logits, None, &RouterSpec { groups: None, ..spec }).unwrap();
+        assert_eq!(plain.experts.to_vec::<i64>(), [0, 4]);
+        for bad in [(4, 1), (3, 0), (3, 4), (6, 1)] {
+            let s = RouterSpec { groups: Some(bad), ..spec };
+            assert!(s.validate().is_err(), "{bad:?}");
+        }
+    }
 }

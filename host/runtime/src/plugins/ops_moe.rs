@@ -34,6 +34,7 @@ fn router_spec(
     score: &str,
     renormalize: bool,
     route_scale: f64,
+    groups: (Option<i64>, Option<i64>),
 ) -> R<RouterSpec> {
     let score = match score {
         "softmax" => RouterScore::Softmax,
@@ -50,6 +51,11 @@ fn router_spec(
         score,
         renormalize,
         route_scale: route_scale as f32,
+        groups: match groups {
+            (Some(n), Some(k)) => Some((count(op, "n_group", n)?, count(op, "topk_group", k)?)),
+            (None, None) => None,
+            _ => return Err(format!("{op}: group-limited routing needs n_group and topk_group")),
+        },
     })
 }
 
@@ -63,6 +69,7 @@ pub(crate) fn route(inputs: &[Tensor], a: o::MoeRoute) -> R<Vec<Tensor>> {
         &a.score,
         a.renormalize,
         a.route_scale,
+        (a.n_group, a.topk_group),
     )?;
     let r = eo::route(arg(inputs, 0, op)?, inputs.get(1), &spec).map_err(e)?;
     Ok(vec![r.weights, r.experts, r.scores])
@@ -116,6 +123,7 @@ pub(crate) fn ffn(inputs: &[Tensor], a: o::MoeFfn, session: &HostSession) -> R<V
             &a.score,
             a.renormalize,
             a.route_scale,
+            (a.n_group, a.topk_group),
         )?,
         aux_loss_coef: a.aux_loss_coef as f32,
         activation,
