@@ -32,6 +32,7 @@ pub fn built_dir() -> &'static Path {
             "anneal",
             "anneal-plugin-llama",
             "anneal-plugin-gpt-oss",
+            "anneal-plugin-deepseek-v3",
             "anneal-plugin-adamw",
             "anneal-plugin-sgd",
             "anneal-testplugin-bad-api",

@@ -214,10 +214,21 @@ mod tests {
         };
         let r = route(&logits, None, &spec).unwrap();
         assert_eq!(r.experts.to_vec::<i64>(), [4, 2]);
-        let plain = route(&logits, None, &RouterSpec { groups: None, ..spec }).unwrap();
+        let plain = route(
+            &logits,
+            None,
+            &RouterSpec {
+                groups: None,
+                ..spec
+            },
+        )
+        .unwrap();
         assert_eq!(plain.experts.to_vec::<i64>(), [0, 4]);
         for bad in [(4, 1), (3, 0), (3, 4), (6, 1)] {
-            let s = RouterSpec { groups: Some(bad), ..spec };
+            let s = RouterSpec {
+                groups: Some(bad),
+                ..spec
+            };
             assert!(s.validate().is_err(), "{bad:?}");
         }
     }

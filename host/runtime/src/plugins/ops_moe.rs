@@ -54,7 +54,11 @@ fn router_spec(
         groups: match groups {
             (Some(n), Some(k)) => Some((count(op, "n_group", n)?, count(op, "topk_group", k)?)),
             (None, None) => None,
-            _ => return Err(format!("{op}: group-limited routing needs n_group and topk_group")),
+            _ => {
+                return Err(format!(
+                    "{op}: group-limited routing needs n_group and topk_group"
+                ))
+            }
         },
     })
 }

@@ -20,7 +20,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from safetensors.torch import save_file
-from transformers import (GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig,
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig,
                           MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
@@ -70,6 +70,26 @@ def models():
                      rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                           beta_slow=1.0, truncate=False, original_max_position_embeddings=64))
     )
+    # MLA with a query latent, a dense first block, 8 routed experts in 4 groups (top 2 of 2
+    # groups) and a shared one; YaRN with mscale (which also scales the softmax).
+    yield "tiny_deepseek_v3", DeepseekV3ForCausalLM(
+        DeepseekV3Config(**{**COMMON, "num_key_value_heads": 4, "num_hidden_layers": 3}, moe_intermediate_size=24,
+                         n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=16,
+                         q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16, n_group=4,
+                         topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1, attn_implementation="eager",
+                         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, beta_fast=32.0,
+                                              beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                              original_max_position_embeddings=32))
+    )
+    # Queries without a latent, RoPE in halves, two dense blocks, 6 experts in 3 groups (top 3 of 2
+    # groups), two shared experts, no renormalisation.
+    yield "tiny_deepseek_v3_plain_q", DeepseekV3ForCausalLM(
+        DeepseekV3Config(**{**COMMON, "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 3},
+                         moe_intermediate_size=16, n_shared_experts=2, n_routed_experts=6, routed_scaling_factor=1.5,
+                         kv_lora_rank=12, q_lora_rank=None, qk_rope_head_dim=4, v_head_dim=20, qk_nope_head_dim=12,
+                         n_group=3, topk_group=2, num_experts_per_tok=3, first_k_dense_replace=2, norm_topk_prob=False,
+                         rope_interleave=False, attn_implementation="eager", rope_theta=10000.0)
+    )
 
 
 def checkpoint_grads(name, grad, model_type):
@@ -113,6 +133,17 @@ def tiny_tokenizer():
     tok.save(str(OUT / "tiny_tokenizer.json"))
 
 
+def widen(model):
+    """Random init is small; widen it so the tests distinguish real differences."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(0.5, 1.5) if p.dim() == 1 else p.normal_(0.0, 0.2)
+        # DeepSeek-V3's routing bias is a buffer: give it values that change some choices.
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                b.uniform_(-0.1, 0.1)
+
+
 def main():
     only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
     torch.manual_seed(0)
@@ -121,19 +152,11 @@ def main():
     for name, model in models():
         if only is not None and name != only:
             # Draw the same numbers as a full run, so the other fixtures stay as they are.
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.uniform_(0.5, 1.5) if p.dim() == 1 else p.normal_(0.0, 0.2)
+            widen(model)
             torch.randint(0, COMMON["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
             continue
         model = model.float().eval()
-        # Random init is small; widen it so the test distinguishes real differences.
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.dim() == 1:
-                    p.uniform_(0.5, 1.5)
-                else:
-                    p.normal_(0.0, 0.2)
+        widen(model)
         d = OUT / name
         d.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(d, safe_serialization=True)

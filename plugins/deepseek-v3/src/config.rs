@@ -1,0 +1,448 @@
+//! Model arguments, the named flavors and the reader of a Hugging Face `config.json`.
+
+use anneal_plugin_api::sdk::{HfConfig, HfRope, YarnScaling};
+use serde::{Deserialize, Serialize};
+
+/// Everything that defines a DeepSeek-V3-family model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeepseekArgs {
+    /// Hidden size.
+    pub dim: usize,
+    /// Number of blocks.
+    pub n_layers: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// RMSNorm epsilon of the blocks and the final norm.
+    pub norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// YaRN RoPE scaling; with `mscale_all_dim` it also scales the softmax.
+    #[serde(default)]
+    pub yarn: Option<YarnScaling>,
+    /// Longest sequence.
+    pub max_seq_len: usize,
+    /// Rank of the query compression (`q_lora_rank`); `None` projects queries directly.
+    #[serde(default)]
+    pub q_lora_rank: Option<usize>,
+    /// Rank of the key/value compression (`kv_lora_rank`): the latent a token caches.
+    pub kv_lora_rank: usize,
+    /// Per-head query/key dims without RoPE (`qk_nope_head_dim`).
+    pub qk_nope_head_dim: usize,
+    /// Per-head query/key dims with RoPE (`qk_rope_head_dim`), one key shared by the heads.
+    pub qk_rope_head_dim: usize,
+    /// Per-head value dims (`v_head_dim`).
+    pub v_head_dim: usize,
+    /// RoPE pairs `(2i, 2i+1)` (DeepSeek's layout) rather than `(i, i + d/2)`.
+    #[serde(default = "yes")]
+    pub rope_interleave: bool,
+    /// Hidden size of the dense feed-forward of the first blocks (`intermediate_size`).
+    pub ffn_dim: usize,
+    /// The first `first_k_dense` blocks are dense (`first_k_dense_replace`).
+    pub first_k_dense: usize,
+    /// Routed experts per sparse block (`n_routed_experts`).
+    pub n_experts: usize,
+    /// Experts each token is sent to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Hidden size of one expert (`moe_intermediate_size`).
+    pub expert_ffn_dim: usize,
+    /// Shared experts every token goes through, fused into one of `n_shared · expert_ffn_dim`.
+    pub n_shared_experts: usize,
+    /// Expert groups (`n_group`); 1 routes over all experts.
+    #[serde(default = "one")]
+    pub n_group: usize,
+    /// Groups a token may choose from (`topk_group`).
+    #[serde(default = "one")]
+    pub topk_group: usize,
+    /// Renormalise the chosen experts' weights to sum to 1 (`norm_topk_prob`).
+    #[serde(default = "yes")]
+    pub norm_topk_prob: bool,
+    /// Factor on the routed experts' weights (`routed_scaling_factor`).
+    pub routed_scaling_factor: f64,
+    /// Coefficient of the load-balancing loss (0: none).
+    #[serde(default)]
+    pub aux_loss_coef: f64,
+    /// Aux-loss-free balancing rate of `e_score_correction_bias` (0: the bias stays as loaded).
+    #[serde(default)]
+    pub balance_rate: f64,
+    /// Share the embedding table with the output projection.
+    #[serde(default)]
+    pub tie_embeddings: bool,
+    /// Parameter dtype (`f32` or `bf16`).
+    #[serde(default = "f32_name")]
+    pub dtype: String,
+    /// The Hugging Face `model_type` written on export (`deepseek_v3` or `kimi_k2`).
+    #[serde(default = "model_type")]
+    pub hf_model_type: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> usize {
+    1
+}
+
+fn f32_name() -> String {
+    "f32".into()
+}
+
+fn model_type() -> String {
+    "deepseek_v3".into()
+}
+
+impl DeepseekArgs {
+    /// Query/key dims per head.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// Whether block `i` routes over experts.
+    pub fn is_sparse(&self, i: usize) -> bool {
+        i >= self.first_k_dense
+    }
+
+    /// The RoPE settings.
+    pub fn rope(&self) -> HfRope {
+        HfRope {
+            theta: self.rope_theta,
+            llama3: None,
+            yarn: self.yarn.clone(),
+        }
+    }
+
+    /// The softmax scale: `1/sqrt(qk_head_dim)`, times YaRN's `mscale²` when `mscale_all_dim`
+    /// is set (the attention then sharpens with the context extension, as DeepSeek-V3 does).
+    pub fn softmax_scale(&self) -> f64 {
+        let base = (self.qk_head_dim() as f64).powf(-0.5);
+        match &self.yarn {
+            Some(y) if y.mscale_all_dim.is_some_and(|m| m != 0.0) && y.factor > 1.0 => {
+                let m = 0.1 * y.mscale_all_dim.unwrap_or(0.0) * y.factor.ln() + 1.0;
+                base * m * m
+            }
+            _ => base,
+        }
+    }
+
+    /// Checks the arguments fit together, naming the one that does not.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("dim", self.dim),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_nope_head_dim", self.qk_nope_head_dim),
+            ("qk_rope_head_dim", self.qk_rope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+            ("ffn_dim", self.ffn_dim),
+            ("n_experts", self.n_experts),
+            ("top_k", self.top_k),
+            ("expert_ffn_dim", self.expert_ffn_dim),
+            ("n_group", self.n_group),
+            ("topk_group", self.topk_group),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if self.q_lora_rank == Some(0) {
+            return Err("q_lora_rank must be at least 1 (or absent)".into());
+        }
+        if !self.qk_rope_head_dim.is_multiple_of(2) {
+            return Err(format!(
+                "qk_rope_head_dim ({}) must be even for RoPE",
+                self.qk_rope_head_dim
+            ));
+        }
+        if self.topk_group > self.n_group {
+            return Err(format!(
+                "topk_group ({}) must not exceed n_group ({})",
+                self.topk_group, self.n_group
+            ));
+        }
+        if !self.n_experts.is_multiple_of(self.n_group)
+            || (self.n_group > 1 && self.n_experts / self.n_group < 2)
+        {
+            return Err(format!(
+                "n_group ({}) must split the {} experts (n_routed_experts) into equal groups of at least 2",
+                self.n_group, self.n_experts
+            ));
+        }
+        let reachable = self.topk_group * (self.n_experts / self.n_group);
+        if self.top_k > reachable {
+            return Err(format!(
+                "top_k (num_experts_per_tok) = {} asks for more experts per token than the {reachable} experts of topk_group groups",
+                self.top_k
+            ));
+        }
+        for (name, v) in [
+            ("norm_eps", self.norm_eps),
+            ("aux_loss_coef", self.aux_loss_coef),
+            ("balance_rate", self.balance_rate),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(format!("{name} = {v} must be a finite number ≥ 0"));
+            }
+        }
+        if !(self.routed_scaling_factor.is_finite() && self.routed_scaling_factor > 0.0) {
+            return Err(format!(
+                "routed_scaling_factor = {} must be a finite number > 0",
+                self.routed_scaling_factor
+            ));
+        }
+        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
+            return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
+        }
+        self.rope().validate()
+    }
+}
+
+/// DeepSeek-V3's YaRN: a 4096-token context stretched 40×, the softmax sharpened to match.
+fn deepseek_yarn(factor: f64) -> Option<YarnScaling> {
+    Some(YarnScaling {
+        factor,
+        original_max_position_embeddings: 4096,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        truncate: true,
+        attention_factor: None,
+        mscale: Some(1.0),
+        mscale_all_dim: Some(1.0),
+    })
+}
+
+/// The named flavors.
+pub fn flavor(name: &str) -> Option<DeepseekArgs> {
+    let v3 = DeepseekArgs {
+        dim: 7168,
+        n_layers: 61,
+        n_heads: 128,
+        vocab_size: 129_280,
+        norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        yarn: deepseek_yarn(40.0),
+        max_seq_len: 163_840,
+        q_lora_rank: Some(1536),
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+        rope_interleave: true,
+        ffn_dim: 18_432,
+        first_k_dense: 3,
+        n_experts: 256,
+        top_k: 8,
+        expert_ffn_dim: 2048,
+        n_shared_experts: 1,
+        n_group: 8,
+        topk_group: 4,
+        norm_topk_prob: true,
+        routed_scaling_factor: 2.5,
+        aux_loss_coef: 0.0,
+        balance_rate: 0.0,
+        tie_embeddings: false,
+        dtype: "bf16".into(),
+        hf_model_type: "deepseek_v3".into(),
+    };
+    Some(match name {
+        // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with DeepSeek-V3's blocks:
+        // MLA with a 64-rank query and 32-rank key/value latent, a dense first block, then 8
+        // routed experts of 128 in 4 groups (top 2 of 2 groups) plus one shared expert.
+        "debugmodel" => DeepseekArgs {
+            dim: 256,
+            n_layers: 4,
+            n_heads: 4,
+            vocab_size: 8192,
+            yarn: None,
+            max_seq_len: 2048,
+            q_lora_rank: Some(64),
+            kv_lora_rank: 32,
+            qk_nope_head_dim: 32,
+            qk_rope_head_dim: 16,
+            v_head_dim: 32,
+            ffn_dim: 512,
+            first_k_dense: 1,
+            n_experts: 8,
+            top_k: 2,
+            expert_ffn_dim: 128,
+            n_group: 4,
+            topk_group: 2,
+            aux_loss_coef: 0.0,
+            balance_rate: 0.001,
+            dtype: "f32".into(),
+            ..v3.clone()
+        },
+        "deepseek_v3_671b" => v3,
+        "kimi_k2_1t" => DeepseekArgs {
+            n_heads: 64,
+            vocab_size: 163_840,
+            rope_theta: 50_000.0,
+            yarn: deepseek_yarn(32.0),
+            max_seq_len: 131_072,
+            first_k_dense: 1,
+            n_experts: 384,
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 2.827,
+            hf_model_type: "kimi_k2".into(),
+            ..v3
+        },
+        "moonlight_16b_a3b" => DeepseekArgs {
+            dim: 2048,
+            n_layers: 27,
+            n_heads: 16,
+            vocab_size: 163_840,
+            rope_theta: 50_000.0,
+            yarn: None,
+            max_seq_len: 8192,
+            q_lora_rank: None,
+            ffn_dim: 11_264,
+            first_k_dense: 1,
+            n_experts: 64,
+            top_k: 6,
+            expert_ffn_dim: 1408,
+            n_shared_experts: 2,
+            n_group: 1,
+            topk_group: 1,
+            routed_scaling_factor: 2.446,
+            ..v3
+        },
+        _ => return None,
+    })
+}
+
+/// Flavor names, in the order `anneal plugins list` shows them.
+pub const FLAVORS: &[&str] = &[
+    "debugmodel",
+    "deepseek_v3_671b",
+    "kimi_k2_1t",
+    "moonlight_16b_a3b",
+];
+
+/// Arguments from a Hugging Face `deepseek_v3` (or `kimi_k2`) `config.json`. A key that is
+/// absent takes transformers' default; a key of the wrong type is reported as such.
+pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
+    let f = HfConfig::new(c);
+    let model_type = f.str("model_type")?.unwrap_or("deepseek_v3");
+    if !matches!(model_type, "deepseek_v3" | "kimi_k2") {
+        return Err(format!(
+            "config.json: model_type '{model_type}' is not served by this plugin (deepseek_v3, kimi_k2)"
+        ));
+    }
+    let rope = f.rope(10_000.0)?;
+    if rope.llama3.is_some() {
+        return Err("config.json: deepseek_v3 with llama3 rope scaling is not supported".into());
+    }
+    if f.bool("attention_bias")?.unwrap_or(false) {
+        return Err("config.json: attention_bias = true is not supported".into());
+    }
+    if let Some(s) = f.str("scoring_func")? {
+        if s != "sigmoid" {
+            return Err(format!(
+                "config.json: scoring_func '{s}' is not supported (sigmoid)"
+            ));
+        }
+    }
+    let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
+        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
+    } else {
+        0.0
+    };
+    let n_experts = match f.uint("n_routed_experts")? {
+        Some(n) => n,
+        None => f.need_uint("num_local_experts")?,
+    };
+    let args = DeepseekArgs {
+        dim: f.need_uint("hidden_size")?,
+        n_layers: f.need_uint("num_hidden_layers")?,
+        n_heads: f.need_uint("num_attention_heads")?,
+        vocab_size: f.need_uint("vocab_size")?,
+        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-6),
+        rope_theta: rope.theta,
+        yarn: rope.yarn,
+        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(4096),
+        q_lora_rank: f.uint("q_lora_rank")?,
+        kv_lora_rank: f.need_uint("kv_lora_rank")?,
+        qk_nope_head_dim: f.need_uint("qk_nope_head_dim")?,
+        qk_rope_head_dim: f.need_uint("qk_rope_head_dim")?,
+        v_head_dim: f.need_uint("v_head_dim")?,
+        rope_interleave: f.bool("rope_interleave")?.unwrap_or(true),
+        ffn_dim: f.need_uint("intermediate_size")?,
+        first_k_dense: f.uint("first_k_dense_replace")?.unwrap_or(0),
+        n_experts,
+        top_k: f.need_uint("num_experts_per_tok")?,
+        expert_ffn_dim: f.need_uint("moe_intermediate_size")?,
+        n_shared_experts: f.uint("n_shared_experts")?.unwrap_or(0),
+        n_group: f.uint("n_group")?.unwrap_or(1),
+        topk_group: f.uint("topk_group")?.unwrap_or(1),
+        norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(true),
+        routed_scaling_factor: f.float("routed_scaling_factor")?.unwrap_or(1.0),
+        aux_loss_coef: coef,
+        balance_rate: 0.0,
+        tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
+        dtype: "f32".into(),
+        hf_model_type: model_type.to_string(),
+    };
+    args.validate().map_err(|e| format!("config.json: {e}"))?;
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tiny() -> serde_json::Value {
+        json!({
+            "model_type": "deepseek_v3", "hidden_size": 64, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "intermediate_size": 112, "moe_intermediate_size": 24,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1,
+            "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1, "kv_lora_rank": 16,
+            "q_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+            "routed_scaling_factor": 2.5, "vocab_size": 96,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                "original_max_position_embeddings": 32, "mscale": 1.0, "mscale_all_dim": 1.0}
+        })
+    }
+
+    #[test]
+    fn a_tiny_config_reads_and_the_softmax_scale_takes_mscale() {
+        let a = from_hf_config(&tiny()).unwrap();
+        assert_eq!(
+            (a.qk_head_dim(), a.is_sparse(0), a.is_sparse(1)),
+            (24, false, true)
+        );
+        let m = 0.1 * 4f64.ln() + 1.0;
+        assert!((a.softmax_scale() - m * m / 24f64.sqrt()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_configs_name_the_key() {
+        for (k, v, want) in [
+            (
+                "topk_group",
+                json!(5),
+                "topk_group (5) must not exceed n_group (4)",
+            ),
+            ("n_group", json!(3), "n_group (3) must split"),
+            ("num_experts_per_tok", json!(5), "more experts per token"),
+            (
+                "qk_rope_head_dim",
+                json!(7),
+                "qk_rope_head_dim (7) must be even",
+            ),
+            ("kv_lora_rank", json!(0), "kv_lora_rank must be at least 1"),
+            ("scoring_func", json!("softmax"), "scoring_func 'softmax'"),
+        ] {
+            let mut c = tiny();
+            c[k] = v;
+            let e = from_hf_config(&c).unwrap_err();
+            assert!(e.contains(want), "{k}: {e}");
+        }
+    }
+}

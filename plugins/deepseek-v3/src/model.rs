@@ -1,0 +1,223 @@
+//! DeepSeek-V3 (DeepSeek-AI, 2024) and Kimi K2: pre-norm decoder blocks of multi-head latent
+//! attention and a mixture of experts (the first blocks dense), written with host ops.
+//!
+//! ```text
+//! q        = W_qb · RMSNorm(W_qa · x)                      (or W_q · x without q_lora_rank)
+//! c, k_r   = split(W_kva · x)                              the latent [kv_lora_rank] and one
+//! k_n, v   = split(W_kvb · RMSNorm(c))                     RoPE key shared by the heads
+//! o        = softmax(([q_n, RoPE(q_r)] · [k_n, RoPE(k_r)]ᵀ) · mscale² / √d_qk) · v
+//! h        = x + W_o · o
+//! out      = h + Σ_{e ∈ topk_groups(σ(W_r · y) + b)} g_e · FFN_e(y) + FFN_shared(y),  y = RMSNorm(h)
+//! ```
+//! The router scores with a sigmoid, chooses inside the best `topk_group` of `n_group` expert
+//! groups with the aux-loss-free bias `b`, and weighs with the unbiased scores, renormalised and
+//! times `routed_scaling_factor`.
+
+use crate::config::DeepseekArgs;
+use crate::spec::{AttentionParams, BlockParams, DeepseekParams, FeedForward, QueryParams};
+use anneal_plugin_api::sdk::{
+    AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, RouterScore,
+    Tensor,
+};
+
+/// The RMSNorm epsilon of the two latents (transformers' default, not the config's).
+const LATENT_NORM_EPS: f64 = 1e-6;
+
+/// A DeepSeek-V3 model: its arguments and declared parameters (the weights live in the host).
+pub struct DeepseekV3 {
+    /// Shapes and options.
+    pub args: DeepseekArgs,
+    /// Handles to every parameter.
+    pub params: DeepseekParams,
+    /// The spec, built (and checked) once when the model is created.
+    pub spec: ModelSpec,
+}
+
+impl DeepseekV3 {
+    /// Declares the parameters of `args` and checks the spec they make.
+    pub fn new(args: DeepseekArgs) -> Result<Self> {
+        args.validate()?;
+        let (params, specs) = crate::spec::declare(&args);
+        let spec = crate::spec::model_spec(&args, specs);
+        spec.check()?;
+        Ok(DeepseekV3 { args, params, spec })
+    }
+
+    fn rope(&self) -> Rope {
+        let a = &self.args;
+        Rope {
+            theta: a.rope_theta,
+            rot_dim: a.qk_rope_head_dim,
+            interleaved: a.rope_interleave,
+            llama3_scaling: None,
+            yarn: a.yarn.clone(),
+        }
+    }
+
+    fn attention<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        p: &AttentionParams,
+        index: usize,
+        x: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let a = &self.args;
+        let (b, t) = {
+            let s = x.shape()?;
+            (s[0] as i64, s[1] as i64)
+        };
+        let h = a.n_heads as i64;
+        let (dn, dr, dv) = (a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
+        let rope = self.rope();
+        let q = match &p.q {
+            QueryParams::Direct(wq) => x.linear(&ctx.w(wq)?)?,
+            QueryParams::LowRank(wq_a, q_norm, wq_b) => x
+                .linear(&ctx.w(wq_a)?)?
+                .rms_norm(&ctx.w(q_norm)?, LATENT_NORM_EPS)?
+                .linear(&ctx.w(wq_b)?)?,
+        };
+        let q = q.reshape(&[b, t, h, (dn + dr) as i64])?.transpose(1, 2)?;
+        let q_rope = q.narrow(3, dn, dr)?.rope(&ctx.positions, &rope)?;
+        let q = ctx.host.cat(&[&q.narrow(3, 0, dn)?, &q_rope], 3)?;
+
+        let kv = x.linear(&ctx.w(&p.wkv_a)?)?;
+        let latent = kv
+            .narrow(2, 0, a.kv_lora_rank)?
+            .rms_norm(&ctx.w(&p.kv_norm)?, LATENT_NORM_EPS)?;
+        let k_rope = kv
+            .narrow(2, a.kv_lora_rank, dr)?
+            .reshape(&[b, t, 1, dr as i64])?
+            .transpose(1, 2)?
+            .rope(&ctx.positions, &rope)?;
+        let kv = latent
+            .linear(&ctx.w(&p.wkv_b)?)?
+            .reshape(&[b, t, h, (dn + dv) as i64])?
+            .transpose(1, 2)?;
+        let v = kv.narrow(3, dn, dv)?;
+        let k_rope_heads: Vec<&Tensor<'h>> = (0..a.n_heads).map(|_| &k_rope).collect();
+        let k_rope = ctx.host.cat(&k_rope_heads, 1)?;
+        let k = ctx.host.cat(&[&kv.narrow(3, 0, dn)?, &k_rope], 3)?;
+        let opts = AttentionOpts {
+            causal: true,
+            scale: Some(a.softmax_scale()),
+            cache_layer: ctx.use_cache.then_some(index),
+            ..Default::default()
+        };
+        let o = q.attention(&k, &v, &ctx.positions, &opts)?;
+        o.transpose(1, 2)?
+            .reshape(&[b, t, h * dv as i64])?
+            .linear(&ctx.w(&p.wo)?)
+    }
+
+    fn feed_forward<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        ffn: &FeedForward,
+        index: usize,
+        x: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let a = &self.args;
+        match ffn {
+            FeedForward::Dense { w1, w2, w3 } => {
+                let gate = x.linear(&ctx.w(w1)?)?;
+                gate.swiglu(&x.linear(&ctx.w(w3)?)?)?.linear(&ctx.w(w2)?)
+            }
+            FeedForward::Experts {
+                router,
+                bias,
+                w1,
+                w2,
+                w3,
+                shared,
+            } => {
+                let mut opts = MoeFfnOpts::new(Router {
+                    score: RouterScore::Sigmoid,
+                    renormalize: a.norm_topk_prob,
+                    route_scale: a.routed_scaling_factor,
+                    groups: (a.n_group > 1).then_some((a.n_group, a.topk_group)),
+                    ..Router::new(a.n_experts, a.top_k)
+                });
+                opts.out_in = true;
+                opts.aux_loss_coef = a.aux_loss_coef;
+                let bias = ctx.w(bias)?;
+                opts.balance_bias = Some(&bias);
+                let shared = shared
+                    .as_ref()
+                    .map(|[g, u, d]| {
+                        Ok::<_, anneal_plugin_api::sdk::Error>([ctx.w(g)?, ctx.w(u)?, ctx.w(d)?])
+                    })
+                    .transpose()?;
+                opts.shared = shared.as_ref().map(|[g, u, d]| [g, u, d]);
+                let reported = (a.balance_rate > 0.0).then_some(&bias);
+                x.moe_ffn(
+                    &ctx.w(router)?,
+                    &ctx.w(w1)?,
+                    &ctx.w(w3)?,
+                    &ctx.w(w2)?,
+                    &opts,
+                )?
+                .report(ctx, index, reported)
+            }
+        }
+    }
+}
+
+impl Model for DeepseekV3 {
+    fn spec(&self) -> ModelSpec {
+        self.spec.clone()
+    }
+
+    fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
+        Ok(vec![ctx
+            .w(&self.params.tok_embeddings)?
+            .embedding(&tokens)?])
+    }
+
+    fn layer<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        index: usize,
+        hidden: Vec<Tensor<'h>>,
+    ) -> Result<Vec<Tensor<'h>>> {
+        let x = hidden
+            .into_iter()
+            .next()
+            .ok_or("layer: missing hidden state")?;
+        let l: &BlockParams = self
+            .params
+            .layers
+            .get(index)
+            .ok_or_else(|| format!("layer {index}: the model has {}", self.args.n_layers))?;
+        let eps = self.args.norm_eps;
+        let attn_in = x.rms_norm(&ctx.w(&l.attention_norm)?, eps)?;
+        let h = x.add(&self.attention(ctx, &l.attention, index, &attn_in)?)?;
+        let ffn_in = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
+        Ok(vec![
+            h.add(&self.feed_forward(ctx, &l.ffn, index, &ffn_in)?)?
+        ])
+    }
+
+    /// Aux-loss-free balancing: each sparse block's `e_score_correction_bias` moves towards
+    /// balance by `balance_rate` per step (nothing when it is 0).
+    fn before_optimizer_step(&self, host: Host<'_>, _step: u64) -> Result<()> {
+        if self.args.balance_rate <= 0.0 {
+            return Ok(());
+        }
+        for (index, l) in self.params.layers.iter().enumerate() {
+            if let FeedForward::Experts { bias, .. } = &l.ffn {
+                host.update_balance_bias(index, bias, self.args.balance_rate)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
+        let h = hidden
+            .into_iter()
+            .next()
+            .ok_or("head: missing hidden state")?;
+        let p = &self.params;
+        h.rms_norm(&ctx.w(&p.norm)?, self.args.norm_eps)?
+            .linear(&ctx.w(&p.output)?)
+    }
+}

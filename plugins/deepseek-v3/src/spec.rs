@@ -1,0 +1,335 @@
+//! The parameters of a DeepSeek-V3 model, each declared once with its shape, init, placement
+//! and Hugging Face name (transformers saves routed experts one by one, which we stack into
+//! `[experts, ..]` parameters, and the aux-loss-free bias `e_score_correction_bias` as a
+//! buffer of the router).
+
+use crate::config::DeepseekArgs;
+use anneal_plugin_api::sdk::{Decl, HfMap, Init, ModelSpec, Param, ParamSpec, ParamTable};
+
+/// How queries are made: projected directly, or through a normalised low-rank latent.
+pub enum QueryParams {
+    /// `wq [n_heads · qk_head_dim, dim]`.
+    Direct(Param),
+    /// `wq_a [q_lora_rank, dim]`, its RMSNorm `[q_lora_rank]`, `wq_b [n_heads · qk_head_dim,
+    /// q_lora_rank]`.
+    LowRank(Param, Param, Param),
+}
+
+/// Multi-head latent attention's parameters in one block.
+pub struct AttentionParams {
+    /// The query path.
+    pub q: QueryParams,
+    /// `wkv_a [kv_lora_rank + qk_rope_head_dim, dim]`: the latent and the shared RoPE key.
+    pub wkv_a: Param,
+    /// RMSNorm of the latent `[kv_lora_rank]`.
+    pub kv_norm: Param,
+    /// `wkv_b [n_heads · (qk_nope_head_dim + v_head_dim), kv_lora_rank]`: keys and values
+    /// from the latent.
+    pub wkv_b: Param,
+    /// `wo [dim, n_heads · v_head_dim]`.
+    pub wo: Param,
+}
+
+/// A block's feed-forward.
+pub enum FeedForward {
+    /// `W2 · (SiLU(W1 x) ⊙ W3 x)` (the first blocks).
+    Dense {
+        /// Gate `[ffn_dim, dim]`.
+        w1: Param,
+        /// Down `[dim, ffn_dim]`.
+        w2: Param,
+        /// Up `[ffn_dim, dim]`.
+        w3: Param,
+    },
+    /// Routed experts plus shared ones.
+    Experts {
+        /// Router `[n_experts, dim]`.
+        router: Param,
+        /// `e_score_correction_bias [n_experts]`, a buffer.
+        bias: Param,
+        /// Gates, ups `[n_experts, expert_ffn_dim, dim]`, downs `[n_experts, dim, expert_ffn_dim]`.
+        w1: Param,
+        /// See `w1`.
+        w2: Param,
+        /// See `w1`.
+        w3: Param,
+        /// The shared experts as one SwiGLU `[gate, up, down]`, when there are any.
+        shared: Option<[Param; 3]>,
+    },
+}
+
+/// The parameters of one block.
+pub struct BlockParams {
+    /// RMSNorm before attention.
+    pub attention_norm: Param,
+    /// Attention.
+    pub attention: AttentionParams,
+    /// RMSNorm before the feed-forward.
+    pub ffn_norm: Param,
+    /// The feed-forward.
+    pub ffn: FeedForward,
+}
+
+/// Every parameter of the model.
+pub struct DeepseekParams {
+    /// Token embeddings `[vocab, dim]`.
+    pub tok_embeddings: Param,
+    /// The blocks.
+    pub layers: Vec<BlockParams>,
+    /// Final RMSNorm.
+    pub norm: Param,
+    /// Output projection `[vocab, dim]` (the embedding table when tied).
+    pub output: Param,
+}
+
+/// Declares every parameter: N(0,1) embeddings, truncated normal projections (depth-scaled
+/// for those writing into the residual stream), ones for norms, a zero routing bias.
+pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
+    let (d, h) = (a.dim, a.n_heads);
+    let mut t = ParamTable::new(&a.dtype);
+    let tok_embeddings = t.add(
+        Decl::new("tok_embeddings.weight", [a.vocab_size, d])
+            .normal(1.0)
+            .vocab()
+            .hf_name("model.embed_tokens.weight"),
+    );
+    let layers = (0..a.n_layers)
+        .map(|i| {
+            let std = 0.02;
+            let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
+            let mut l = t.layer(i, &format!("layers.{i}"), &format!("model.layers.{i}"));
+            let mut norm =
+                |name: &str, n: usize, hf: &str| l.add(Decl::new(name, [n]).ones().hf_name(hf));
+            let attention_norm = norm("attention_norm.weight", d, "input_layernorm.weight");
+            let ffn_norm = norm("ffn_norm.weight", d, "post_attention_layernorm.weight");
+            let kv_norm = norm(
+                "attention.kv_norm.weight",
+                a.kv_lora_rank,
+                "self_attn.kv_a_layernorm.weight",
+            );
+            let q_norm = a.q_lora_rank.map(|r| {
+                norm(
+                    "attention.q_norm.weight",
+                    r,
+                    "self_attn.q_a_layernorm.weight",
+                )
+            });
+            let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
+                let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
+                l.add(if col { decl.column() } else { decl.row() })
+            };
+            let q_out = h * a.qk_head_dim();
+            let q = match (a.q_lora_rank, q_norm) {
+                (Some(r), Some(q_norm)) => QueryParams::LowRank(
+                    linear(
+                        "attention.wq_a.weight",
+                        [r, d],
+                        std,
+                        "self_attn.q_a_proj.weight",
+                        false,
+                    ),
+                    q_norm,
+                    linear(
+                        "attention.wq_b.weight",
+                        [q_out, r],
+                        std,
+                        "self_attn.q_b_proj.weight",
+                        true,
+                    ),
+                ),
+                _ => QueryParams::Direct(linear(
+                    "attention.wq.weight",
+                    [q_out, d],
+                    std,
+                    "self_attn.q_proj.weight",
+                    true,
+                )),
+            };
+            let attention = AttentionParams {
+                q,
+                wkv_a: linear(
+                    "attention.wkv_a.weight",
+                    [a.kv_lora_rank + a.qk_rope_head_dim, d],
+                    std,
+                    "self_attn.kv_a_proj_with_mqa.weight",
+                    false,
+                ),
+                kv_norm,
+                wkv_b: linear(
+                    "attention.wkv_b.weight",
+                    [h * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank],
+                    std,
+                    "self_attn.kv_b_proj.weight",
+                    true,
+                ),
+                wo: linear(
+                    "attention.wo.weight",
+                    [d, h * a.v_head_dim],
+                    depth_std,
+                    "self_attn.o_proj.weight",
+                    false,
+                ),
+            };
+            let ffn = if !a.is_sparse(i) {
+                FeedForward::Dense {
+                    w1: linear(
+                        "feed_forward.w1.weight",
+                        [a.ffn_dim, d],
+                        std,
+                        "mlp.gate_proj.weight",
+                        true,
+                    ),
+                    w3: linear(
+                        "feed_forward.w3.weight",
+                        [a.ffn_dim, d],
+                        depth_std,
+                        "mlp.up_proj.weight",
+                        true,
+                    ),
+                    w2: linear(
+                        "feed_forward.w2.weight",
+                        [d, a.ffn_dim],
+                        depth_std,
+                        "mlp.down_proj.weight",
+                        false,
+                    ),
+                }
+            } else {
+                let (e, ef) = (a.n_experts, a.expert_ffn_dim);
+                let shared_f = ef * a.n_shared_experts;
+                let shared = (a.n_shared_experts > 0).then(|| {
+                    [
+                        linear(
+                            "feed_forward.shared.w1.weight",
+                            [shared_f, d],
+                            std,
+                            "mlp.shared_experts.gate_proj.weight",
+                            true,
+                        ),
+                        linear(
+                            "feed_forward.shared.w3.weight",
+                            [shared_f, d],
+                            depth_std,
+                            "mlp.shared_experts.up_proj.weight",
+                            true,
+                        ),
+                        linear(
+                            "feed_forward.shared.w2.weight",
+                            [d, shared_f],
+                            depth_std,
+                            "mlp.shared_experts.down_proj.weight",
+                            false,
+                        ),
+                    ]
+                });
+                let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
+                    l.add(
+                        Decl::new(name, shape)
+                            .trunc_normal(std)
+                            .expert_dim(0)
+                            .hf(HfMap::stack(hf, e)),
+                    )
+                };
+                FeedForward::Experts {
+                    w1: experts(
+                        "feed_forward.experts.w1",
+                        [e, ef, d],
+                        std,
+                        "mlp.experts.{e}.gate_proj.weight",
+                    ),
+                    w3: experts(
+                        "feed_forward.experts.w3",
+                        [e, ef, d],
+                        depth_std,
+                        "mlp.experts.{e}.up_proj.weight",
+                    ),
+                    w2: experts(
+                        "feed_forward.experts.w2",
+                        [e, d, ef],
+                        depth_std,
+                        "mlp.experts.{e}.down_proj.weight",
+                    ),
+                    shared,
+                    router: l.add(
+                        Decl::new("feed_forward.router.weight", [e, d])
+                            .trunc_normal(std)
+                            .replicated()
+                            .hf_name("mlp.gate.weight"),
+                    ),
+                    bias: l.add(
+                        Decl::new("feed_forward.router.balance_bias", [e])
+                            .init(Init::Zeros)
+                            .buffer()
+                            .hf_name("mlp.gate.e_score_correction_bias"),
+                    ),
+                }
+            };
+            BlockParams {
+                attention_norm,
+                attention,
+                ffn_norm,
+                ffn,
+            }
+        })
+        .collect();
+    let norm = t.add(
+        Decl::new("norm.weight", [d])
+            .ones()
+            .hf_name("model.norm.weight"),
+    );
+    let output = if a.tie_embeddings {
+        tok_embeddings.clone()
+    } else {
+        t.add(
+            Decl::new("output.weight", [a.vocab_size, d])
+                .trunc_normal((d as f64).powf(-0.5))
+                .column()
+                .hf_name("lm_head.weight"),
+        )
+    };
+    let params = DeepseekParams {
+        tok_embeddings,
+        layers,
+        norm,
+        output,
+    };
+    (params, t.into_specs())
+}
+
+/// Every parameter's spec.
+pub fn params(a: &DeepseekArgs) -> Vec<ParamSpec> {
+    declare(a).1
+}
+
+/// Parameters a token does not go through: the routed experts it is not sent to.
+pub fn idle_params(a: &DeepseekArgs) -> usize {
+    let sparse = (0..a.n_layers).filter(|&i| a.is_sparse(i)).count();
+    sparse * (a.n_experts - a.top_k) * 3 * a.dim * a.expert_ffn_dim
+}
+
+/// The full spec: parameters, layers, KV-cache needs, FLOPs and the Hugging Face config.
+pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
+    let n: usize = params
+        .iter()
+        .map(|p| p.shape.iter().product::<usize>())
+        .sum();
+    let embedding = a.vocab_size * a.dim;
+    // 6 FLOPs per parameter per token (forward + backward) for the products a token goes
+    // through (of the routed experts, only its top-k), plus attention scores (qk_head_dim)
+    // and values (v_head_dim) over the sequence.
+    let dense = (n - embedding - idle_params(a)) as f64;
+    let attn =
+        6.0 * (a.n_layers * a.n_heads * (a.qk_head_dim() + a.v_head_dim) * a.max_seq_len) as f64;
+    ModelSpec {
+        architecture: "deepseek_v3".into(),
+        n_layers: a.n_layers,
+        vocab_size: a.vocab_size,
+        max_seq_len: a.max_seq_len,
+        flops_per_token: 6.0 * dense + attn,
+        // The cache holds expanded keys (qk_head_dim) and values (v_head_dim) per head; the
+        // estimate counts the larger of the two for both.
+        kv_cache: vec![Some((a.n_heads, a.qk_head_dim().max(a.v_head_dim))); a.n_layers],
+        hf: Some(crate::hf::adapter(a)),
+        params,
+    }
+}
