@@ -483,6 +483,24 @@ fn an_moe_model_asking_for_more_experts_than_it_has_or_with_misshapen_experts_is
         line.contains("top_k") && line.contains("more experts per token"),
         "{line}"
     );
+    // DeepSeek-V3 names the group keys.
+    let config = job.config_with_model(
+        "deepseek_v3",
+        "deepseek_v3",
+        "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
+         kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, v_head_dim = 8, \
+         ffn_dim = 64, n_experts = 4, top_k = 2, expert_ffn_dim = 16, n_group = 2, topk_group = 3 }",
+    );
+    let mut cmd = anneal();
+    cmd.arg("train")
+        .arg(&config)
+        .arg("--run-dir")
+        .arg(job.dir.join("groups"));
+    let line = error_line(&run_within(cmd, 120), 2);
+    assert!(
+        line.contains("topk_group (3) must not exceed n_group (2)"),
+        "{line}"
+    );
     // Transformers checkpoints whose experts have the wrong shape: Qwen3-MoE's expert 2 up
     // projection (stacked per expert) and gpt-oss's fused gate/up tensor.
     for (fixture_name, bad, shape) in [

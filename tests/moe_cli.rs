@@ -157,3 +157,51 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
         std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
     }
 }
+
+#[test]
+fn deepseek_v3_trains_with_multi_token_prediction_and_balances_every_sparse_block() {
+    let job = Job::new("deepseek-v3");
+    let config = job.config_with_model(
+        "deepseek_v3",
+        "deepseek_v3",
+        "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
+         q_lora_rank = 16, kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, \
+         v_head_dim = 8, ffn_dim = 64, first_k_dense = 1, n_experts = 4, top_k = 2, \
+         expert_ffn_dim = 16, n_group = 2, topk_group = 1, mtp_layers = 1, balance_rate = 0.01 }",
+    );
+    let run = job.dir.join("run");
+    let mut c = anneal();
+    c.arg("train").arg(&config).arg("--run-dir").arg(&run);
+    for s in ["training.steps=3", "checkpoint.interval=3"] {
+        c.args(["--set", s]);
+    }
+    ok(&c.output().unwrap());
+    let last = rows(&run).last().unwrap().clone();
+    for key in [
+        "mtp_loss",
+        "aux_loss.mtp",
+        "moe.layer1.imbalance",
+        "moe.layer2.imbalance",
+    ] {
+        assert!(last[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {last}");
+    }
+    // The MTP loss is near the main loss's scale (both start near ln(320)).
+    let (mtp, loss) = (
+        last["mtp_loss"].as_f64().unwrap(),
+        last["loss"].as_f64().unwrap(),
+    );
+    assert!((mtp - loss).abs() < 2.0, "{last}");
+    let saved = anneal_engine::io::load_safetensors(
+        run.join("checkpoints/step-3/shard-00000-of-00001.safetensors"),
+    )
+    .unwrap();
+    assert!(saved.contains_key("model/mtp.eh_proj.weight"));
+    // Both sparse blocks (block 1 and the MTP block) moved their routing bias.
+    for bias in [
+        "model/layers.1.feed_forward.router.balance_bias",
+        "model/mtp.block.feed_forward.router.balance_bias",
+    ] {
+        let b = saved[bias].to_vec_f32();
+        assert!(b.iter().any(|v| v.abs() > 1e-3), "{bias}: {b:?}");
+    }
+}

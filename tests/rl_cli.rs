@@ -325,3 +325,38 @@ fn trapping_and_endless_rewards_are_counted_and_the_run_completes() {
         assert_eq!(module["message"].is_string(), !error.is_null(), "{s}");
     }
 }
+
+#[test]
+fn a_deepseek_v3_policy_keeps_rollout_and_trainer_logprobs_equal_and_balances() {
+    let job = RlJob::new("deepseek", None);
+    let config = std::fs::read_to_string(job.dir.join("rl.toml")).unwrap();
+    let config = config.replace("plugin = \"llama\"", "plugin = \"deepseek_v3\"").replace(
+        "args = { dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 272, max_seq_len = 64 }",
+        "args = { dim = 32, n_layers = 2, n_heads = 2, vocab_size = 272, max_seq_len = 64, \
+         q_lora_rank = 16, kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, \
+         v_head_dim = 8, ffn_dim = 64, first_k_dense = 1, n_experts = 4, top_k = 2, \
+         expert_ffn_dim = 16, n_group = 2, topk_group = 1, mtp_layers = 1, balance_rate = 0.01 }",
+    );
+    assert!(config.contains("deepseek_v3") && config.contains("mtp_layers"));
+    std::fs::write(job.dir.join("rl.toml"), config).unwrap();
+    let (out, run) = job.run("run", &["training.steps=3", "checkpoint.interval=3"]);
+    ok(&out);
+    let rows = computed_rows(&run);
+    let trained: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["step"].as_u64() > Some(0))
+        .collect();
+    assert_eq!(trained.len(), 3);
+    for r in trained {
+        // Synchronous RL: the trainer's forward (MLA over the whole sequence) reproduces the
+        // rollout's cached decode bit for bit.
+        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
+        assert!(r["mtp_loss"].as_f64().is_some_and(|v| v > 0.0), "{r}");
+    }
+    let saved = anneal_engine::io::load_safetensors(
+        run.join("checkpoints/step-3/shard-00000-of-00001.safetensors"),
+    )
+    .unwrap();
+    let bias = saved["model/layers.1.feed_forward.router.balance_bias"].to_vec_f32();
+    assert!(bias.iter().any(|b| b.abs() > 1e-3), "{bias:?}");
+}

@@ -67,6 +67,11 @@ pub struct DeepseekArgs {
     /// Aux-loss-free balancing rate of `e_score_correction_bias` (0: the bias stays as loaded).
     #[serde(default)]
     pub balance_rate: f64,
+    /// Multi-token prediction modules (`num_nextn_predict_layers`; 0 or 1): in training, one
+    /// more block predicts the token after next, its loss an auxiliary loss `mtp` (weighted by
+    /// `training.aux_loss_weights.mtp`) and logged as `mtp_loss`; off at inference.
+    #[serde(default)]
+    pub mtp_layers: usize,
     /// Share the embedding table with the output projection.
     #[serde(default)]
     pub tie_embeddings: bool,
@@ -149,6 +154,12 @@ impl DeepseekArgs {
             if v == 0 {
                 return Err(format!("{name} must be at least 1"));
             }
+        }
+        if self.mtp_layers > 1 {
+            return Err(format!(
+                "mtp_layers = {} is not supported (0 or 1)",
+                self.mtp_layers
+            ));
         }
         if self.q_lora_rank == Some(0) {
             return Err("q_lora_rank must be at least 1 (or absent)".into());
@@ -245,6 +256,7 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
         routed_scaling_factor: 2.5,
         aux_loss_coef: 0.0,
         balance_rate: 0.0,
+        mtp_layers: 1,
         tie_embeddings: false,
         dtype: "bf16".into(),
         hf_model_type: "deepseek_v3".into(),
@@ -289,6 +301,7 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
             n_group: 1,
             topk_group: 1,
             routed_scaling_factor: 2.827,
+            mtp_layers: 0,
             hf_model_type: "kimi_k2".into(),
             ..v3
         },
@@ -310,6 +323,7 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
             n_group: 1,
             topk_group: 1,
             routed_scaling_factor: 2.446,
+            mtp_layers: 0,
             ..v3
         },
         _ => return None,
@@ -384,6 +398,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         routed_scaling_factor: f.float("routed_scaling_factor")?.unwrap_or(1.0),
         aux_loss_coef: coef,
         balance_rate: 0.0,
+        // transformers' checkpoints carry no MTP weights (DeepSeek's own do, as block 61).
+        mtp_layers: 0,
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
         dtype: "f32".into(),
         hf_model_type: model_type.to_string(),

@@ -35,7 +35,7 @@ pub fn adapter(a: &DeepseekArgs) -> HfAdapter {
         "norm_topk_prob": a.norm_topk_prob,
         "routed_scaling_factor": a.routed_scaling_factor,
         "scoring_func": "sigmoid",
-        "num_nextn_predict_layers": 0,
+        "num_nextn_predict_layers": a.mtp_layers,
         "attention_bias": false,
         "tie_word_embeddings": a.tie_embeddings,
         "hidden_act": "silu",

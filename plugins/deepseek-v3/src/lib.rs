@@ -43,15 +43,15 @@ anneal_plugin_api::export_plugin!(model DeepseekV3, name = "deepseek_v3", model_
 mod tests {
     use super::*;
 
-    /// Trained parameters (the routing biases are buffers, as in transformers) and those a
-    /// token goes through.
+    /// Trained parameters (the routing biases are buffers, as in transformers, which has no
+    /// MTP module) and those a token goes through.
     fn count(flavor: &str) -> (usize, usize) {
         let m = DeepseekV3::create(Some(flavor), serde_json::json!({})).unwrap();
         let total: usize = m
             .spec
             .params
             .iter()
-            .filter(|p| p.trainable)
+            .filter(|p| p.trainable && !p.name.starts_with("mtp."))
             .map(|p| p.shape.iter().product::<usize>())
             .sum();
         (total, total - spec::idle_params(&m.args))
@@ -82,6 +82,14 @@ mod tests {
             ["model.layers.1.mlp.gate.e_score_correction_bias"]
         );
         assert!(m.spec.params.iter().all(|p| p.hf.is_some()));
+        // The MTP module: one more (sparse) block where DeepSeek's checkpoints keep it.
+        let eh = find("mtp.eh_proj.weight").unwrap();
+        assert_eq!(eh.shape, [256, 512]);
+        assert_eq!(
+            eh.hf.as_ref().unwrap().sources,
+            ["model.layers.4.eh_proj.weight"]
+        );
+        assert!(find("mtp.block.feed_forward.experts.w1").is_some());
     }
 
     #[test]

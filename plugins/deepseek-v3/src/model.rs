@@ -12,9 +12,16 @@
 //! The router scores with a sigmoid, chooses inside the best `topk_group` of `n_group` expert
 //! groups with the aux-loss-free bias `b`, and weighs with the unbiased scores, renormalised and
 //! times `routed_scaling_factor`.
+//!
+//! Multi-token prediction (training only): `h'_i = Block(W_eh · [RMSNorm(Emb(t_{i+1}));
+//! RMSNorm(h_i)])` predicts `t_{i+2}` through the shared head; its cross-entropy is the
+//! auxiliary loss `mtp`. The next tokens' embeddings and targets travel from `embed` to `head`
+//! as extra hidden tensors, which the blocks pass through.
 
 use crate::config::DeepseekArgs;
-use crate::spec::{AttentionParams, BlockParams, DeepseekParams, FeedForward, QueryParams};
+use crate::spec::{
+    AttentionParams, BlockParams, DeepseekParams, FeedForward, MtpParams, QueryParams,
+};
 use anneal_plugin_api::sdk::{
     AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, RouterScore,
     Tensor,
@@ -60,6 +67,7 @@ impl DeepseekV3 {
         p: &AttentionParams,
         index: usize,
         x: &Tensor<'h>,
+        positions: &Tensor<'h>,
     ) -> Result<Tensor<'h>> {
         let a = &self.args;
         let (b, t) = {
@@ -77,7 +85,7 @@ impl DeepseekV3 {
                 .linear(&ctx.w(wq_b)?)?,
         };
         let q = q.reshape(&[b, t, h, (dn + dr) as i64])?.transpose(1, 2)?;
-        let q_rope = q.narrow(3, dn, dr)?.rope(&ctx.positions, &rope)?;
+        let q_rope = q.narrow(3, dn, dr)?.rope(positions, &rope)?;
         let q = ctx.host.cat(&[&q.narrow(3, 0, dn)?, &q_rope], 3)?;
 
         let kv = x.linear(&ctx.w(&p.wkv_a)?)?;
@@ -88,7 +96,7 @@ impl DeepseekV3 {
             .narrow(2, a.kv_lora_rank, dr)?
             .reshape(&[b, t, 1, dr as i64])?
             .transpose(1, 2)?
-            .rope(&ctx.positions, &rope)?;
+            .rope(positions, &rope)?;
         let kv = latent
             .linear(&ctx.w(&p.wkv_b)?)?
             .reshape(&[b, t, h, (dn + dv) as i64])?
@@ -103,10 +111,56 @@ impl DeepseekV3 {
             cache_layer: ctx.use_cache.then_some(index),
             ..Default::default()
         };
-        let o = q.attention(&k, &v, &ctx.positions, &opts)?;
+        let o = q.attention(&k, &v, positions, &opts)?;
         o.transpose(1, 2)?
             .reshape(&[b, t, h * dv as i64])?
             .linear(&ctx.w(&p.wo)?)
+    }
+
+    /// Block `index` (attention then feed-forward, pre-norm) on `x` at `positions`.
+    fn block<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        l: &BlockParams,
+        index: usize,
+        x: &Tensor<'h>,
+        positions: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let eps = self.args.norm_eps;
+        let attn_in = x.rms_norm(&ctx.w(&l.attention_norm)?, eps)?;
+        let h = x.add(&self.attention(ctx, &l.attention, index, &attn_in, positions)?)?;
+        let ffn_in = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
+        h.add(&self.feed_forward(ctx, &l.ffn, index, &ffn_in)?)
+    }
+
+    /// The MTP loss from the main model's last hidden state `h [B, T, D]`, the embeddings of
+    /// tokens `1..T-1` and the targets `2..T` (`[B, T-2]` each): reported as the auxiliary
+    /// loss `mtp` and the statistic `mtp_loss`.
+    fn mtp_loss<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        m: &MtpParams,
+        h: &Tensor<'h>,
+        next_embedding: &Tensor<'h>,
+        targets: &Tensor<'h>,
+    ) -> Result<()> {
+        let a = &self.args;
+        let s = targets.shape()?;
+        let (b, t) = (s[0], s[1]);
+        let positions = ctx
+            .positions
+            .narrow(ctx.positions.shape()?.len() as i64 - 1, 0, t)?;
+        let e = next_embedding.rms_norm(&ctx.w(&m.enorm)?, a.norm_eps)?;
+        let hm = h.narrow(1, 0, t)?.rms_norm(&ctx.w(&m.hnorm)?, a.norm_eps)?;
+        let x = ctx.host.cat(&[&e, &hm], 2)?.linear(&ctx.w(&m.eh_proj)?)?;
+        let y = self.block(ctx, &m.block, a.n_layers, &x, &positions)?;
+        let logits = y
+            .rms_norm(&ctx.w(&m.norm)?, a.norm_eps)?
+            .linear(&ctx.w(&self.params.output)?)?
+            .reshape(&[(b * t) as i64, a.vocab_size as i64])?;
+        let loss = logits.cross_entropy(&targets.reshape(&[(b * t) as i64])?, None)?;
+        ctx.aux_loss("mtp", &loss)?;
+        ctx.stat("mtp_loss", &loss)
     }
 
     fn feed_forward<'h>(
@@ -167,10 +221,17 @@ impl Model for DeepseekV3 {
         self.spec.clone()
     }
 
+    /// The hidden state; in training with MTP, also the next tokens' embeddings and the
+    /// targets two ahead, for `head`.
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        Ok(vec![ctx
-            .w(&self.params.tok_embeddings)?
-            .embedding(&tokens)?])
+        let table = ctx.w(&self.params.tok_embeddings)?;
+        let h = table.embedding(&tokens)?;
+        let t = tokens.shape()?[1];
+        if !(ctx.training && self.params.mtp.is_some() && t > 2) {
+            return Ok(vec![h]);
+        }
+        let next = table.embedding(&tokens.narrow(1, 1, t - 2)?)?;
+        Ok(vec![h, next, tokens.narrow(1, 2, t - 2)?])
     }
 
     fn layer<'h>(
@@ -179,22 +240,17 @@ impl Model for DeepseekV3 {
         index: usize,
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
-        let x = hidden
-            .into_iter()
-            .next()
-            .ok_or("layer: missing hidden state")?;
+        let mut hidden = hidden.into_iter();
+        let x = hidden.next().ok_or("layer: missing hidden state")?;
         let l: &BlockParams = self
             .params
             .layers
             .get(index)
             .ok_or_else(|| format!("layer {index}: the model has {}", self.args.n_layers))?;
-        let eps = self.args.norm_eps;
-        let attn_in = x.rms_norm(&ctx.w(&l.attention_norm)?, eps)?;
-        let h = x.add(&self.attention(ctx, &l.attention, index, &attn_in)?)?;
-        let ffn_in = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
-        Ok(vec![
-            h.add(&self.feed_forward(ctx, &l.ffn, index, &ffn_in)?)?
-        ])
+        // MTP's inputs pass through untouched.
+        let mut out = vec![self.block(ctx, l, index, &x, &ctx.positions)?];
+        out.extend(hidden);
+        Ok(out)
     }
 
     /// Aux-loss-free balancing: each sparse block's `e_score_correction_bias` moves towards
@@ -203,20 +259,29 @@ impl Model for DeepseekV3 {
         if self.args.balance_rate <= 0.0 {
             return Ok(());
         }
-        for (index, l) in self.params.layers.iter().enumerate() {
+        let mtp = self.params.mtp.as_ref().map(|m| &m.block);
+        for (index, l) in self.params.layers.iter().chain(mtp).enumerate() {
             if let FeedForward::Experts { bias, .. } = &l.ffn {
-                host.update_balance_bias(index, bias, self.args.balance_rate)?;
+                // The MTP block reports its tokens only when its loss was computed.
+                let seen = host.param(&format!(
+                    "stats.{}",
+                    anneal_plugin_api::sdk::tokens_per_expert_stat(index)
+                ));
+                if seen.is_ok() {
+                    host.update_balance_bias(index, bias, self.args.balance_rate)?;
+                }
             }
         }
         Ok(())
     }
 
     fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
-        let h = hidden
-            .into_iter()
-            .next()
-            .ok_or("head: missing hidden state")?;
+        let mut hidden = hidden.into_iter();
+        let h = hidden.next().ok_or("head: missing hidden state")?;
         let p = &self.params;
+        if let (Some(m), Some(next), Some(targets)) = (&p.mtp, hidden.next(), hidden.next()) {
+            self.mtp_loss(ctx, m, &h, &next, &targets)?;
+        }
         h.rms_norm(&ctx.w(&p.norm)?, self.args.norm_eps)?
             .linear(&ctx.w(&p.output)?)
     }

@@ -80,12 +80,30 @@ pub struct DeepseekParams {
     pub norm: Param,
     /// Output projection `[vocab, dim]` (the embedding table when tied).
     pub output: Param,
+    /// The multi-token prediction module, when `mtp_layers` is 1.
+    pub mtp: Option<MtpParams>,
+}
+
+/// DeepSeek-V3's multi-token prediction module (depth 1): from the main model's last hidden
+/// state at `i` and the embedding of token `i + 1`, one more block predicts token `i + 2`
+/// through the shared embedding and output head.
+pub struct MtpParams {
+    /// RMSNorm of the next token's embedding.
+    pub enorm: Param,
+    /// RMSNorm of the main model's hidden state.
+    pub hnorm: Param,
+    /// `[dim, 2·dim]`: the two, concatenated, down to the hidden size.
+    pub eh_proj: Param,
+    /// The block.
+    pub block: BlockParams,
+    /// RMSNorm before the shared output head.
+    pub norm: Param,
 }
 
 /// Declares every parameter: N(0,1) embeddings, truncated normal projections (depth-scaled
 /// for those writing into the residual stream), ones for norms, a zero routing bias.
 pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
-    let (d, h) = (a.dim, a.n_heads);
+    let d = a.dim;
     let mut t = ParamTable::new(&a.dtype);
     let tok_embeddings = t.add(
         Decl::new("tok_embeddings.weight", [a.vocab_size, d])
@@ -95,183 +113,34 @@ pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
     );
     let layers = (0..a.n_layers)
         .map(|i| {
-            let std = 0.02;
-            let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
-            let mut l = t.layer(i, &format!("layers.{i}"), &format!("model.layers.{i}"));
-            let mut norm =
-                |name: &str, n: usize, hf: &str| l.add(Decl::new(name, [n]).ones().hf_name(hf));
-            let attention_norm = norm("attention_norm.weight", d, "input_layernorm.weight");
-            let ffn_norm = norm("ffn_norm.weight", d, "post_attention_layernorm.weight");
-            let kv_norm = norm(
-                "attention.kv_norm.weight",
-                a.kv_lora_rank,
-                "self_attn.kv_a_layernorm.weight",
-            );
-            let q_norm = a.q_lora_rank.map(|r| {
-                norm(
-                    "attention.q_norm.weight",
-                    r,
-                    "self_attn.q_a_layernorm.weight",
-                )
-            });
-            let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
-                let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
-                l.add(if col { decl.column() } else { decl.row() })
-            };
-            let q_out = h * a.qk_head_dim();
-            let q = match (a.q_lora_rank, q_norm) {
-                (Some(r), Some(q_norm)) => QueryParams::LowRank(
-                    linear(
-                        "attention.wq_a.weight",
-                        [r, d],
-                        std,
-                        "self_attn.q_a_proj.weight",
-                        false,
-                    ),
-                    q_norm,
-                    linear(
-                        "attention.wq_b.weight",
-                        [q_out, r],
-                        std,
-                        "self_attn.q_b_proj.weight",
-                        true,
-                    ),
-                ),
-                _ => QueryParams::Direct(linear(
-                    "attention.wq.weight",
-                    [q_out, d],
-                    std,
-                    "self_attn.q_proj.weight",
-                    true,
-                )),
-            };
-            let attention = AttentionParams {
-                q,
-                wkv_a: linear(
-                    "attention.wkv_a.weight",
-                    [a.kv_lora_rank + a.qk_rope_head_dim, d],
-                    std,
-                    "self_attn.kv_a_proj_with_mqa.weight",
-                    false,
-                ),
-                kv_norm,
-                wkv_b: linear(
-                    "attention.wkv_b.weight",
-                    [h * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank],
-                    std,
-                    "self_attn.kv_b_proj.weight",
-                    true,
-                ),
-                wo: linear(
-                    "attention.wo.weight",
-                    [d, h * a.v_head_dim],
-                    depth_std,
-                    "self_attn.o_proj.weight",
-                    false,
-                ),
-            };
-            let ffn = if !a.is_sparse(i) {
-                FeedForward::Dense {
-                    w1: linear(
-                        "feed_forward.w1.weight",
-                        [a.ffn_dim, d],
-                        std,
-                        "mlp.gate_proj.weight",
-                        true,
-                    ),
-                    w3: linear(
-                        "feed_forward.w3.weight",
-                        [a.ffn_dim, d],
-                        depth_std,
-                        "mlp.up_proj.weight",
-                        true,
-                    ),
-                    w2: linear(
-                        "feed_forward.w2.weight",
-                        [d, a.ffn_dim],
-                        depth_std,
-                        "mlp.down_proj.weight",
-                        false,
-                    ),
-                }
-            } else {
-                let (e, ef) = (a.n_experts, a.expert_ffn_dim);
-                let shared_f = ef * a.n_shared_experts;
-                let shared = (a.n_shared_experts > 0).then(|| {
-                    [
-                        linear(
-                            "feed_forward.shared.w1.weight",
-                            [shared_f, d],
-                            std,
-                            "mlp.shared_experts.gate_proj.weight",
-                            true,
-                        ),
-                        linear(
-                            "feed_forward.shared.w3.weight",
-                            [shared_f, d],
-                            depth_std,
-                            "mlp.shared_experts.up_proj.weight",
-                            true,
-                        ),
-                        linear(
-                            "feed_forward.shared.w2.weight",
-                            [d, shared_f],
-                            depth_std,
-                            "mlp.shared_experts.down_proj.weight",
-                            false,
-                        ),
-                    ]
-                });
-                let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
-                    l.add(
-                        Decl::new(name, shape)
-                            .trunc_normal(std)
-                            .expert_dim(0)
-                            .hf(HfMap::stack(hf, e)),
-                    )
-                };
-                FeedForward::Experts {
-                    w1: experts(
-                        "feed_forward.experts.w1",
-                        [e, ef, d],
-                        std,
-                        "mlp.experts.{e}.gate_proj.weight",
-                    ),
-                    w3: experts(
-                        "feed_forward.experts.w3",
-                        [e, ef, d],
-                        depth_std,
-                        "mlp.experts.{e}.up_proj.weight",
-                    ),
-                    w2: experts(
-                        "feed_forward.experts.w2",
-                        [e, d, ef],
-                        depth_std,
-                        "mlp.experts.{e}.down_proj.weight",
-                    ),
-                    shared,
-                    router: l.add(
-                        Decl::new("feed_forward.router.weight", [e, d])
-                            .trunc_normal(std)
-                            .replicated()
-                            .hf_name("mlp.gate.weight"),
-                    ),
-                    bias: l.add(
-                        Decl::new("feed_forward.router.balance_bias", [e])
-                            .init(Init::Zeros)
-                            .buffer()
-                            .hf_name("mlp.gate.e_score_correction_bias"),
-                    ),
-                }
-            };
-            BlockParams {
-                attention_norm,
-                attention,
-                ffn_norm,
-                ffn,
-            }
+            let (prefix, hf) = (format!("layers.{i}"), format!("model.layers.{i}"));
+            declare_block(&mut t, a, i, &prefix, &hf, a.is_sparse(i))
         })
         .collect();
+    // The MTP module sits after the blocks, where DeepSeek's checkpoints keep it.
+    let mtp = (a.mtp_layers > 0).then(|| {
+        let (i, hf) = (a.n_layers, format!("model.layers.{}", a.n_layers));
+        let block = declare_block(&mut t, a, i, "mtp.block", &hf, true);
+        let mut l = t.layer(i, "mtp", &hf);
+        let mut norm = |name: &str, hf: &str| l.add(Decl::new(name, [d]).ones().hf_name(hf));
+        let (enorm, hnorm) = (
+            norm("enorm.weight", "enorm.weight"),
+            norm("hnorm.weight", "hnorm.weight"),
+        );
+        let out_norm = norm("norm.weight", "shared_head.norm.weight");
+        MtpParams {
+            enorm,
+            hnorm,
+            eh_proj: l.add(
+                Decl::new("eh_proj.weight", [d, 2 * d])
+                    .trunc_normal(0.02)
+                    .row()
+                    .hf_name("eh_proj.weight"),
+            ),
+            block,
+            norm: out_norm,
+        }
+    });
     let norm = t.add(
         Decl::new("norm.weight", [d])
             .ones()
@@ -292,8 +161,196 @@ pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
         layers,
         norm,
         output,
+        mtp,
     };
     (params, t.into_specs())
+}
+
+/// Declares block `i` (attention and a dense or sparse feed-forward) under `prefix` and
+/// Hugging Face's `hf_prefix`.
+fn declare_block(
+    t: &mut ParamTable,
+    a: &DeepseekArgs,
+    i: usize,
+    prefix: &str,
+    hf_prefix: &str,
+    sparse: bool,
+) -> BlockParams {
+    let (d, h) = (a.dim, a.n_heads);
+    let std = 0.02;
+    let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
+    let mut l = t.layer(i, prefix, hf_prefix);
+    let mut norm = |name: &str, n: usize, hf: &str| l.add(Decl::new(name, [n]).ones().hf_name(hf));
+    let attention_norm = norm("attention_norm.weight", d, "input_layernorm.weight");
+    let ffn_norm = norm("ffn_norm.weight", d, "post_attention_layernorm.weight");
+    let kv_norm = norm(
+        "attention.kv_norm.weight",
+        a.kv_lora_rank,
+        "self_attn.kv_a_layernorm.weight",
+    );
+    let q_norm = a.q_lora_rank.map(|r| {
+        norm(
+            "attention.q_norm.weight",
+            r,
+            "self_attn.q_a_layernorm.weight",
+        )
+    });
+    let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
+        let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
+        l.add(if col { decl.column() } else { decl.row() })
+    };
+    let q_out = h * a.qk_head_dim();
+    let q = match (a.q_lora_rank, q_norm) {
+        (Some(r), Some(q_norm)) => QueryParams::LowRank(
+            linear(
+                "attention.wq_a.weight",
+                [r, d],
+                std,
+                "self_attn.q_a_proj.weight",
+                false,
+            ),
+            q_norm,
+            linear(
+                "attention.wq_b.weight",
+                [q_out, r],
+                std,
+                "self_attn.q_b_proj.weight",
+                true,
+            ),
+        ),
+        _ => QueryParams::Direct(linear(
+            "attention.wq.weight",
+            [q_out, d],
+            std,
+            "self_attn.q_proj.weight",
+            true,
+        )),
+    };
+    let attention = AttentionParams {
+        q,
+        wkv_a: linear(
+            "attention.wkv_a.weight",
+            [a.kv_lora_rank + a.qk_rope_head_dim, d],
+            std,
+            "self_attn.kv_a_proj_with_mqa.weight",
+            false,
+        ),
+        kv_norm,
+        wkv_b: linear(
+            "attention.wkv_b.weight",
+            [h * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank],
+            std,
+            "self_attn.kv_b_proj.weight",
+            true,
+        ),
+        wo: linear(
+            "attention.wo.weight",
+            [d, h * a.v_head_dim],
+            depth_std,
+            "self_attn.o_proj.weight",
+            false,
+        ),
+    };
+    let ffn = if !sparse {
+        FeedForward::Dense {
+            w1: linear(
+                "feed_forward.w1.weight",
+                [a.ffn_dim, d],
+                std,
+                "mlp.gate_proj.weight",
+                true,
+            ),
+            w3: linear(
+                "feed_forward.w3.weight",
+                [a.ffn_dim, d],
+                depth_std,
+                "mlp.up_proj.weight",
+                true,
+            ),
+            w2: linear(
+                "feed_forward.w2.weight",
+                [d, a.ffn_dim],
+                depth_std,
+                "mlp.down_proj.weight",
+                false,
+            ),
+        }
+    } else {
+        let (e, ef) = (a.n_experts, a.expert_ffn_dim);
+        let shared_f = ef * a.n_shared_experts;
+        let shared = (a.n_shared_experts > 0).then(|| {
+            [
+                linear(
+                    "feed_forward.shared.w1.weight",
+                    [shared_f, d],
+                    std,
+                    "mlp.shared_experts.gate_proj.weight",
+                    true,
+                ),
+                linear(
+                    "feed_forward.shared.w3.weight",
+                    [shared_f, d],
+                    depth_std,
+                    "mlp.shared_experts.up_proj.weight",
+                    true,
+                ),
+                linear(
+                    "feed_forward.shared.w2.weight",
+                    [d, shared_f],
+                    depth_std,
+                    "mlp.shared_experts.down_proj.weight",
+                    false,
+                ),
+            ]
+        });
+        let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
+            l.add(
+                Decl::new(name, shape)
+                    .trunc_normal(std)
+                    .expert_dim(0)
+                    .hf(HfMap::stack(hf, e)),
+            )
+        };
+        FeedForward::Experts {
+            w1: experts(
+                "feed_forward.experts.w1",
+                [e, ef, d],
+                std,
+                "mlp.experts.{e}.gate_proj.weight",
+            ),
+            w3: experts(
+                "feed_forward.experts.w3",
+                [e, ef, d],
+                depth_std,
+                "mlp.experts.{e}.up_proj.weight",
+            ),
+            w2: experts(
+                "feed_forward.experts.w2",
+                [e, d, ef],
+                depth_std,
+                "mlp.experts.{e}.down_proj.weight",
+            ),
+            shared,
+            router: l.add(
+                Decl::new("feed_forward.router.weight", [e, d])
+                    .trunc_normal(std)
+                    .replicated()
+                    .hf_name("mlp.gate.weight"),
+            ),
+            bias: l.add(
+                Decl::new("feed_forward.router.balance_bias", [e])
+                    .init(Init::Zeros)
+                    .buffer()
+                    .hf_name("mlp.gate.e_score_correction_bias"),
+            ),
+        }
+    };
+    BlockParams {
+        attention_norm,
+        attention,
+        ffn_norm,
+        ffn,
+    }
 }
 
 /// Every parameter's spec.
