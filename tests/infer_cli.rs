@@ -114,3 +114,64 @@ fn bad_inputs_exit_2_with_one_line() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("config.json"));
 }
+
+#[test]
+fn deepseek_v3_decodes_from_its_latent_cache_like_its_training_forward() {
+    let dir = fixtures().join("tiny_deepseek_v3");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let n = |k: &str| cfg[k].as_u64().unwrap();
+    let prompt = "5,17,3,88,41,9";
+    let out = anneal()
+        .args(["generate", "--model-dir"])
+        .arg(&dir)
+        .args(["--prompt-tokens", prompt, "--max-new-tokens", "8"])
+        .args(["--temperature", "0.8", "--seed", "3"])
+        .output()
+        .unwrap();
+    let g = json_of(&out);
+    // One latent [kv_lora_rank] and shared RoPE key per token and layer, kept as the key
+    // [latent, RoPE key] and the value (the latent), f32: not the heads' expanded keys/values.
+    let (layers, r, dr) = (
+        n("num_hidden_layers"),
+        n("kv_lora_rank"),
+        n("qk_rope_head_dim"),
+    );
+    assert_eq!(g["cache_bytes_per_token"], layers * (2 * r + dr) * 4, "{g}");
+    let expanded =
+        layers * n("num_attention_heads") * (n("qk_nope_head_dim") + dr + n("v_head_dim")) * 4;
+    assert!(g["cache_bytes_per_token"].as_u64().unwrap() * 3 < expanded);
+    // The training forward over the generated sequence gives the same logprobs, bit for bit.
+    let new: Vec<i64> = g["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect();
+    let all = format!(
+        "{prompt},{}",
+        new.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let lp = json_of(
+        &anneal()
+            .args(["logprobs", "--model-dir"])
+            .arg(&dir)
+            .args(["--tokens", &all])
+            .output()
+            .unwrap(),
+    );
+    let tail: Vec<f64> = lp["logprobs"].as_array().unwrap()[5..]
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    let decoded: Vec<f64> = g["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(tail, decoded);
+}

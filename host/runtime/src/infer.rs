@@ -268,6 +268,9 @@ pub struct DecodeStats {
     pub decode_s: f64,
     /// Tokens the decode steps produced, over all rows.
     pub decode_tokens: usize,
+    /// Bytes the KV cache holds per token of one sequence, over all layers (keys and values
+    /// as the model hands them to attention: a latent cache is as small as its latent).
+    pub cache_bytes_per_token: usize,
 }
 
 /// [`generate_batch`] with the mode made explicit and the time split reported:
@@ -324,7 +327,7 @@ pub fn generate_batch_timed(
     }
     let cache = Arc::new(KvCache::new());
     let opts = ForwardOpts {
-        cache: Some(cache),
+        cache: Some(cache.clone()),
         ..Default::default()
     };
     let mut running = vec![true; rows];
@@ -367,6 +370,7 @@ pub fn generate_batch_timed(
         width = 1;
     }
     stats.decode_s = started.elapsed().as_secs_f64() - stats.prefill_s;
+    stats.cache_bytes_per_token = cache.bytes_per_token();
     Ok((out, stats))
 }
 

@@ -6,6 +6,7 @@
 //! c, k_r   = split(W_kva · x)                              the latent [kv_lora_rank] and one
 //! k_n, v   = split(W_kvb · RMSNorm(c))                     RoPE key shared by the heads
 //! o        = softmax(([q_n, RoPE(q_r)] · [k_n, RoPE(k_r)]ᵀ) · mscale² / √d_qk) · v
+//!          (computed with W_kvb absorbed into q and o, so only [c, k_r] is cached)
 //! h        = x + W_o · o
 //! out      = h + Σ_{e ∈ topk_groups(σ(W_r · y) + b)} g_e · FFN_e(y) + FFN_shared(y),  y = RMSNorm(h)
 //! ```
@@ -88,30 +89,33 @@ impl DeepseekV3 {
         let q_rope = q.narrow(3, dn, dr)?.rope(positions, &rope)?;
         let q = ctx.host.cat(&[&q.narrow(3, 0, dn)?, &q_rope], 3)?;
 
+        let r = a.kv_lora_rank;
         let kv = x.linear(&ctx.w(&p.wkv_a)?)?;
         let latent = kv
-            .narrow(2, 0, a.kv_lora_rank)?
-            .rms_norm(&ctx.w(&p.kv_norm)?, LATENT_NORM_EPS)?;
+            .narrow(2, 0, r)?
+            .rms_norm(&ctx.w(&p.kv_norm)?, LATENT_NORM_EPS)?
+            .reshape(&[b, 1, t, r as i64])?;
         let k_rope = kv
-            .narrow(2, a.kv_lora_rank, dr)?
+            .narrow(2, r, dr)?
             .reshape(&[b, t, 1, dr as i64])?
             .transpose(1, 2)?
             .rope(positions, &rope)?;
-        let kv = latent
-            .linear(&ctx.w(&p.wkv_b)?)?
-            .reshape(&[b, t, h, (dn + dv) as i64])?
-            .transpose(1, 2)?;
-        let v = kv.narrow(3, dn, dv)?;
-        let k_rope_heads: Vec<&Tensor<'h>> = (0..a.n_heads).map(|_| &k_rope).collect();
-        let k_rope = ctx.host.cat(&k_rope_heads, 1)?;
-        let k = ctx.host.cat(&[&kv.narrow(3, 0, dn)?, &k_rope], 3)?;
+        // The up-projection absorbed: per head, q_n · (W_uk c)ᵀ = (q_n W_uk) · cᵀ, and the
+        // values W_uv c are applied after attending over c. Attention then runs as one shared
+        // key head [c, k_r] and value head c (what the cache holds), in training and decode
+        // alike, so a decode step computes exactly the training forward's arithmetic.
+        let w_ukv = ctx.w(&p.wkv_b)?.reshape(&[h, (dn + dv) as i64, r as i64])?;
+        let q_latent = q.narrow(3, 0, dn)?.matmul(&w_ukv.narrow(1, 0, dn)?)?;
+        let q = ctx.host.cat(&[&q_latent, &q_rope], 3)?;
+        let k = ctx.host.cat(&[&latent, &k_rope], 3)?;
         let opts = AttentionOpts {
             causal: true,
             scale: Some(a.softmax_scale()),
             cache_layer: ctx.use_cache.then_some(index),
             ..Default::default()
         };
-        let o = q.attention(&k, &v, positions, &opts)?;
+        let o_latent = q.attention(&k, &latent, positions, &opts)?;
+        let o = o_latent.matmul(&w_ukv.narrow(1, dn, dv)?.transpose(1, 2)?)?;
         o.transpose(1, 2)?
             .reshape(&[b, t, h * dv as i64])?
             .linear(&ctx.w(&p.wo)?)

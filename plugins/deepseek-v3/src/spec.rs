@@ -383,9 +383,9 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn,
-        // The cache holds expanded keys (qk_head_dim) and values (v_head_dim) per head; the
-        // estimate counts the larger of the two for both.
-        kv_cache: vec![Some((a.n_heads, a.qk_head_dim().max(a.v_head_dim))); a.n_layers],
+        // The cache holds one shared key head [latent, RoPE key] and value head (the latent);
+        // the estimate counts the key's size for both.
+        kv_cache: vec![Some((1, a.kv_lora_rank + a.qk_rope_head_dim)); a.n_layers],
         hf: Some(crate::hf::adapter(a)),
         params,
     }

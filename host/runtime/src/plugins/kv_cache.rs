@@ -103,6 +103,25 @@ impl KvCache {
         Ok(all)
     }
 
+    /// Bytes of keys and values one cached position of one sequence takes, summed over the
+    /// layers (0 when empty).
+    pub fn bytes_per_token(&self) -> usize {
+        if self.is_per_row() {
+            return self.rows.first().map_or(0, |r| r.bytes_per_token());
+        }
+        let layers = self.layers.lock().expect("kv cache lock poisoned");
+        layers
+            .values()
+            .map(|l| {
+                let row = |t: &Tensor| {
+                    let s = t.shape();
+                    s[1] * s[3] * t.dtype().size_in_bytes()
+                };
+                row(&l.k) + row(&l.v)
+            })
+            .sum()
+    }
+
     /// Number of cached positions (0 when empty); for a per-row batch, the longest row's.
     pub fn len(&self) -> usize {
         if self.is_per_row() {
