@@ -94,17 +94,18 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
     ok(&out);
 
     // A type no plugin serves: one line naming it and what is served, exit 2.
-    let unserved = hf_dir(&job, "gpt_oss", Some("gpt_oss"));
+    let unserved = hf_dir(&job, "falcon_h1", Some("falcon_h1"));
     let line = error_line(&logprobs(&unserved, &[]), 2);
     assert!(
-        line.contains("model_type 'gpt_oss'")
-            && line.contains("llama (llama, qwen3, qwen3_moe, mixtral)"),
+        line.contains("model_type 'falcon_h1'")
+            && line.contains("llama (llama, qwen3, qwen3_moe, mixtral)")
+            && line.contains("gpt_oss (gpt_oss)"),
         "{line}"
     );
     // --plugin overrides the choice: the llama plugin is asked, and refuses the type itself.
     let line = error_line(&logprobs(&unserved, &["--plugin", "llama"]), 2);
     assert!(
-        line.contains("'gpt_oss' is not served by this plugin"),
+        line.contains("'falcon_h1' is not served by this plugin"),
         "{line}"
     );
     // No model_type at all.
@@ -122,7 +123,7 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
         .output()
         .unwrap();
     let line = error_line(&out, 2);
-    assert!(line.contains("model_type 'gpt_oss'"), "{line}");
+    assert!(line.contains("model_type 'falcon_h1'"), "{line}");
 
     // A run starting from a Hugging Face directory with no `model.plugin` takes the directory's.
     let out = anneal()
@@ -139,7 +140,32 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
         .unwrap();
     let line = error_line(&out, 2);
     assert!(
-        line.contains("checkpoint.init_from_hf") && line.contains("model_type 'gpt_oss'"),
+        line.contains("checkpoint.init_from_hf") && line.contains("model_type 'falcon_h1'"),
         "{line}"
     );
+}
+
+#[test]
+fn plugins_show_prints_total_and_active_parameters_without_allocating() {
+    let out = anneal()
+        .args([
+            "plugins",
+            "show",
+            "deepseek_v3",
+            "--flavor",
+            "deepseek_v3_671b",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    // 671.0B as transformers counts DeepSeek-V3, plus the 11.6B MTP module; 37.6B per token.
+    assert!(text.contains("parameters        682.64B"), "{text}");
+    assert!(text.contains("active per token  37.55B"), "{text}");
+    let out = anneal()
+        .args(["plugins", "show", "gpt_oss", "--flavor", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flavor 'nope'"));
 }

@@ -106,6 +106,10 @@ pub struct ModelSpec {
     pub max_seq_len: usize,
     /// Training FLOPs per token at sequence length `max_seq_len` (for MFU).
     pub flops_per_token: f64,
+    /// Parameters one token goes through, when fewer than all (a mixture of experts counts
+    /// only the experts a token is routed to).
+    #[serde(default)]
+    pub active_params: Option<usize>,
     /// Every parameter.
     pub params: Vec<ParamSpec>,
     /// Per-layer attention cache needs: `(n_kv_heads, head_dim)` for attention layers.

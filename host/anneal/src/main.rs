@@ -166,6 +166,15 @@ enum ConfigCommand {
 enum PluginsCommand {
     /// List the plugins in the search path: name, kind, API version, flavors, file.
     List,
+    /// What a model flavor holds and costs: parameters (total and per token for a mixture of
+    /// experts), buffers, FLOPs per token, KV cache per token. Allocates nothing.
+    Show {
+        /// The model plugin (`anneal plugins list` names them).
+        plugin: String,
+        /// The flavor (default: the plugin's first).
+        #[arg(long)]
+        flavor: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -173,6 +182,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info => info(),
         Command::Plugins(PluginsCommand::List) => plugins_cmd::list(),
+        Command::Plugins(PluginsCommand::Show { plugin, flavor }) => {
+            plugins_cmd::show(&plugin, flavor.as_deref())
+        }
         Command::Logprobs {
             model_dir,
             tokens,

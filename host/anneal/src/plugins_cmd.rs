@@ -54,3 +54,55 @@ pub fn list() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// `anneal plugins show NAME [--flavor F]`: what a model flavor costs before anything is
+/// allocated: parameters (all, and those one token goes through for a mixture of experts),
+/// buffers, FLOPs per token and the KV cache per token.
+pub fn show(name: &str, flavor: Option<&str>) -> anyhow::Result<()> {
+    use anneal_runtime::plugins::{find, PluginModel};
+    let loaded = find(name).map_err(|e| crate::errors::UserError(e.to_string()))?;
+    if loaded.kind() != PluginKind::Model {
+        crate::user_bail!("{name} is an optimizer plugin; `plugins show` describes models");
+    }
+    let inst = loaded
+        .create(flavor, &serde_json::json!({}))
+        .map_err(|e| crate::errors::UserError(e.to_string()))?;
+    let model = PluginModel::new(loaded.name(), inst)?;
+    let spec = model.spec();
+    let count = |trainable: bool| -> usize {
+        spec.params
+            .iter()
+            .filter(|p| p.trainable == trainable)
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum()
+    };
+    let (trained, buffers) = (count(true), count(false));
+    let billions = |n: usize| format!("{:.2}B ({n})", n as f64 / 1e9);
+    println!("{} / {}", loaded.name(), flavor.unwrap_or("default flavor"));
+    println!("parameters        {}", billions(trained));
+    if let Some(active) = spec.active_params {
+        println!("active per token  {}", billions(active));
+    }
+    if buffers > 0 {
+        println!("buffers           {buffers} (not trained)");
+    }
+    println!(
+        "layers {}, vocab {}, context {}",
+        spec.n_layers, spec.vocab_size, spec.max_seq_len
+    );
+    println!(
+        "training FLOPs    {:.3e} per token at the full context",
+        spec.flops_per_token
+    );
+    let cache: usize = spec
+        .kv_cache
+        .iter()
+        .flatten()
+        .map(|(heads, dim)| 2 * heads * dim)
+        .sum();
+    println!(
+        "KV cache          {cache} values per token ({} bytes in bf16)",
+        2 * cache
+    );
+    Ok(())
+}

@@ -403,6 +403,7 @@ mod tests {
     /// Embedding [10, 4], one block with a norm [4] and a matrix [8, 4], head [10, 4].
     fn spec() -> ModelSpec {
         ModelSpec {
+            active_params: None,
             architecture: "test".into(),
             n_layers: 1,
             vocab_size: 10,

@@ -250,6 +250,7 @@ mod tests {
 
     fn spec(params: Vec<ParamSpec>) -> ModelSpec {
         ModelSpec {
+            active_params: None,
             architecture: "t".into(),
             n_layers: 1,
             vocab_size: 4,

@@ -371,6 +371,11 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
         .map(|p| p.shape.iter().product::<usize>())
         .sum();
     let embedding = a.vocab_size * a.dim;
+    let mtp: usize = params
+        .iter()
+        .filter(|p| p.name.starts_with("mtp."))
+        .map(|p| p.shape.iter().product::<usize>())
+        .sum();
     // 6 FLOPs per parameter per token (forward + backward) for the products a token goes
     // through (of the routed experts, only its top-k), plus attention scores (qk_head_dim)
     // and values (v_head_dim) over the sequence.
@@ -383,6 +388,8 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn,
+        // What a token goes through when the model runs: the MTP module trains only.
+        active_params: Some(n - idle_params(a) - mtp),
         // The cache holds one shared key head [latent, RoPE key] and value head (the latent);
         // the estimate counts the key's size for both.
         kv_cache: vec![Some((1, a.kv_lora_rank + a.qk_rope_head_dim)); a.n_layers],

@@ -252,6 +252,7 @@ pub fn model_spec(a: &GptOssArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn as f64,
+        active_params: Some(n - idle_experts),
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim)); a.n_layers],
         hf: Some(crate::hf::adapter(a)),
         params,

@@ -90,6 +90,7 @@ fn weight(name: &str, shape: &[usize]) -> ParamSpec {
 impl Model for BadLogits {
     fn spec(&self) -> ModelSpec {
         ModelSpec {
+            active_params: None,
             architecture: "badlogits".into(),
             n_layers: usize::from(self.flavor.starts_with("aux") || self.flavor == "moe"),
             vocab_size: VOCAB,

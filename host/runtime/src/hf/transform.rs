@@ -189,6 +189,7 @@ mod tests {
     /// Checks the mapping is consistent, imports `hf`, exports again, and returns the params.
     fn round_trip(specs: &[ParamSpec], hf: BTreeMap<String, Tensor>) -> HashMap<String, Tensor> {
         let model = ModelSpec {
+            active_params: None,
             architecture: "t".into(),
             n_layers: 0,
             vocab_size: 1,
