@@ -279,6 +279,17 @@ pub fn init() -> Result<Box<dyn Collective>, DistError> {
     }
 }
 
+/// Ends this process with `code` without finalising MPI. A launcher treats a rank that exits
+/// without finalising (or with a non-zero code) as failed and stops every other rank, so a
+/// failed rank never leaves the others waiting in a collective; unlike `MPI_Abort`, whatever
+/// the rank printed reaches the launcher first (its pipes close only at exit).
+pub fn abort_job(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code)
+}
+
 /// How many ranks of this job share this machine, from the launcher's environment (MPICH:
 /// `MPI_LOCALNRANKS`, Open MPI: `OMPI_COMM_WORLD_LOCAL_SIZE`), or `None` when it does not say:
 /// what divides the machine's cores between ranks.

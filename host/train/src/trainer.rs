@@ -2,6 +2,7 @@
 //! loader, advanced one optimizer step at a time.
 
 use crate::checkpoint::{Loaded, Snapshot, TrainState};
+use crate::dist::Dist;
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
     restore_optimizer, Provenance,
@@ -39,6 +40,8 @@ pub struct StepOutcome {
     /// The model's auxiliary losses (`aux_loss.<name>`, unweighted) and statistics, averaged
     /// over the step's micro-batches, as `metrics.jsonl` fields.
     pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
+    /// Bytes this rank handed to collectives during the step (`None` in a single process).
+    pub comm_bytes: Option<u64>,
 }
 
 /// Everything a training run holds in memory.
@@ -63,12 +66,21 @@ pub struct Trainer {
     tokenizer: TextTokenizer,
     tokenizer_path: PathBuf,
     provenance: Provenance,
+    /// The job's processes: which micro-batches this rank trains on, the gradient all-reduce.
+    dist: Dist,
 }
 
 impl Trainer {
-    /// Prepares data (tokenizer, tokenized corpus, loader), the model and the optimizer.
-    /// `note` receives progress messages for the user.
+    /// Prepares data (tokenizer, tokenized corpus, loader), the model and the optimizer, for a
+    /// single process. `note` receives progress messages for the user.
     pub fn new(cfg: &JobConfig, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
+        Self::with_dist(cfg, Dist::single(), note)
+    }
+
+    /// [`Trainer::new`] for one rank of a data-parallel job: every rank builds the same model
+    /// (initialisation depends on the seed only) and reads the same batches; `dist` says which
+    /// share of each step this rank trains on.
+    pub fn with_dist(cfg: &JobConfig, dist: Dist, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
         let d = &cfg.data;
         let t = &cfg.training;
         let data_path = PathBuf::from(&d.path);
@@ -192,6 +204,7 @@ impl Trainer {
             tokenizer,
             tokenizer_path,
             provenance,
+            dist,
         })
     }
 
@@ -275,12 +288,19 @@ impl Trainer {
         let n_micro = t.batch_size / t.micro_batch_size;
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
-        let mut loss_sum = 0.0f64;
+        let comm_before = self.dist.comm_bytes();
+        // Every rank reads the whole global batch (so the order never depends on the number of
+        // ranks) and trains on its own consecutive micro-batches.
+        let mine = self.dist.my_micro_batches(n_micro);
+        let mut losses = Vec::with_capacity(mine.len());
         let mut outputs = StepOutputs::default();
-        for _ in 0..n_micro {
+        for i in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);
+            if !mine.contains(&i) {
+                continue;
+            }
             let (loss, out) = self.batch_forward(&b, true)?;
-            loss_sum += loss.item()? as f64;
+            losses.push(loss.item()?);
             let aux = weighted_aux(&t.aux_loss_weights, &out.aux_losses)?;
             outputs.add(aux.as_ref(), &out.aux_losses, &out.stats)?;
             let loss = match aux {
@@ -294,7 +314,15 @@ impl Trainer {
             };
             loss.backward()?;
         }
-        let loss = loss_sum / n_micro as f64;
+        let distributed = self.dist.size() > 1;
+        if distributed {
+            losses = self.dist.gather_f32(&losses)?;
+            outputs.reduce_across(self.dist.dp())?;
+            self.dist.all_reduce_grads(&self.named)?;
+        }
+        // Summed in micro-batch order whatever the layout, so the step's loss is bitwise the
+        // same for any number of ranks.
+        let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
         let aux_loss = outputs.aux_total();
         let grad_norm = global_grad_norm(&self.named);
         let checked = [
@@ -326,7 +354,13 @@ impl Trainer {
             seconds: started.elapsed().as_secs_f64(),
             aux_loss,
             outputs: outputs.fields(),
+            comm_bytes: distributed.then(|| self.dist.comm_bytes() - comm_before),
         })
+    }
+
+    /// The job's processes as this trainer sees them.
+    pub fn dist(&self) -> &Dist {
+        &self.dist
     }
 
     /// Tokens trained on so far.

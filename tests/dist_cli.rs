@@ -1,0 +1,225 @@
+//! Data-parallel `anneal train` on real MPI ranks (2 processes, one compute thread each):
+//! the step-1 loss is bitwise the single process's, later losses stay within 1e-4 and a rerun
+//! is bitwise identical; `--nproc` launches and resumes; meshes that do not fit are one-line
+//! errors with exit code 2; a rank killed with SIGKILL ends the job.
+
+use anneal_tests::cli as common;
+
+use common::{anneal, anneal_bin, losses, ok, rows, Job};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// Two micro-batches of 2 sequences per step, so 2 ranks take one each; one thread per rank.
+const LAYOUT: [&str; 4] = [
+    "training.micro_batch_size=2",
+    "training.steps=20",
+    "training.threads=1",
+    "metrics.eval_freq=10",
+];
+
+/// `mpiexec -n <n> anneal train <config> --run-dir <run_dir> --set ...`.
+fn mpiexec_train(n: usize, job: &Job, run_dir: &Path, set: &[&str]) -> Output {
+    let mut c = anneal_dist::launch::mpiexec_command(n, &anneal_bin(), &[]).expect("mpiexec");
+    c.env_remove("ANNEAL_PLUGIN_PATH")
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(run_dir);
+    for s in set {
+        c.args(["--set", s]);
+    }
+    c.output().expect("run mpiexec")
+}
+
+fn loss_values(run_dir: &Path) -> Vec<f64> {
+    losses(run_dir).into_iter().map(f64::from_bits).collect()
+}
+
+#[test]
+fn ddp_matches_the_single_process_and_reruns_bitwise() {
+    let job = Job::new("ddp");
+    let (single, single_dir) = job.train("single", &LAYOUT);
+    ok(&single);
+    let ddp_dir = job.dir.join("ddp-a");
+    let out = mpiexec_train(2, &job, &ddp_dir, &LAYOUT);
+    let stdout = ok(&out);
+    assert!(stdout.contains("rank 0 of 2"), "{stdout}");
+    let again_dir = job.dir.join("ddp-b");
+    ok(&mpiexec_train(2, &job, &again_dir, &LAYOUT));
+
+    let (one, two) = (loss_values(&single_dir), loss_values(&ddp_dir));
+    assert_eq!((one.len(), two.len()), (20, 20));
+    assert_eq!(
+        one[0].to_bits(),
+        two[0].to_bits(),
+        "step 1: same global batch, same seed: {} vs {}",
+        one[0],
+        two[0]
+    );
+    for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+        let rel = (a - b).abs() / a.abs();
+        assert!(rel < 1e-4, "step {}: {a} vs {b} (rel {rel:e})", step + 1);
+    }
+    assert!(
+        two[19] < two[0] - 0.5,
+        "DDP learns: {} -> {}",
+        two[0],
+        two[19]
+    );
+    assert_eq!(
+        losses(&ddp_dir),
+        losses(&again_dir),
+        "DDP(2) twice is bitwise identical"
+    );
+
+    // Rank 0 writes the metrics (with the collectives' bytes); rank 1 logs to its own file.
+    let ddp_rows = rows(&ddp_dir);
+    let comm = ddp_rows[0]["comm_bytes"]
+        .as_u64()
+        .expect("comm_bytes in a DDP row");
+    assert!(
+        comm > 40_000 * 4,
+        "the gradients of ~41k parameters: {comm} B"
+    );
+    assert!(ddp_rows[0]["mem_peak_bytes"]
+        .as_u64()
+        .is_some_and(|m| m > 0));
+    assert!(ddp_rows.iter().any(|r| r["val_loss"].is_number()));
+    assert!(rows(&single_dir)[0].get("comm_bytes").is_none());
+    let log = std::fs::read_to_string(ddp_dir.join("logs/rank-1.log")).expect("rank 1's log");
+    assert!(log.contains("rank 1 of 2"), "{log}");
+    assert!(log.contains("done after step 20"), "{log}");
+    assert!(!ddp_dir.join("logs/rank-0.log").exists());
+}
+
+#[test]
+fn nproc_launches_and_resumes_from_the_checkpoint() {
+    let job = Job::new("nproc");
+    let run_dir = job.dir.join("run");
+    let run = |steps: &str| {
+        anneal()
+            .args(["train", "--nproc", "2"])
+            .arg(job.config())
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(["--set", "training.micro_batch_size=2", "--set", steps])
+            .output()
+            .unwrap()
+    };
+    let first = ok(&run("training.steps=4"));
+    assert!(first.contains("rank 0 of 2"), "{first}");
+    assert!(run_dir.join("checkpoints/step-4").is_dir());
+    let second = ok(&run("training.steps=6"));
+    assert!(second.contains("resuming from"), "{second}");
+    let log = std::fs::read_to_string(run_dir.join("logs/rank-1.log")).unwrap();
+    assert!(log.contains("resuming from"), "rank 1 resumes too: {log}");
+    assert_eq!(losses(&run_dir).len(), 6);
+
+    // The same two runs (4 steps, resumed to 6) in one process give the same losses.
+    let mut single_dir = job.dir.join("single");
+    for steps in ["training.steps=4", "training.steps=6"] {
+        let (out, dir) = job.train("single", &["training.micro_batch_size=2", steps]);
+        ok(&out);
+        single_dir = dir;
+    }
+    let (one, two) = (loss_values(&single_dir), loss_values(&run_dir));
+    assert_eq!(one.len(), 6);
+    for (a, b) in one.iter().zip(&two) {
+        assert!((a - b).abs() / a < 1e-4, "{a} vs {b}");
+    }
+}
+
+/// Exit code 2 and the error on one line that names `needles`.
+fn user_error(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    for n in needles {
+        assert!(line.contains(n), "{n} not in {line}");
+    }
+}
+
+#[test]
+fn meshes_that_do_not_fit_are_user_errors() {
+    let job = Job::new("mesh");
+    // Degrees that do not multiply to the world size, under mpiexec and in one process.
+    let out = mpiexec_train(2, &job, &job.dir.join("a"), &["parallelism.dp_replicate=3"]);
+    user_error(&out, &["dp_replicate (3)", "2 process"]);
+    let (out, _) = job.train("b", &["parallelism.dp_replicate=2"]);
+    user_error(&out, &["dp_replicate (2)", "1 process"]);
+    // Dimensions that do not run yet.
+    let (out, _) = job.train("c", &["parallelism.tp=2"]);
+    user_error(&out, &["parallelism.tp", "not implemented"]);
+    // The old keys are gone.
+    let (out, _) = job.train("d", &["parallelism.data_parallel=2"]);
+    user_error(&out, &["data_parallel"]);
+    // A global batch that does not split over the ranks.
+    let out = mpiexec_train(2, &job, &job.dir.join("e"), &[]);
+    user_error(&out, &["training.batch_size", "micro_batch_size"]);
+}
+
+#[test]
+fn a_killed_rank_ends_the_job() {
+    let job = Job::new("kill");
+    let run_dir = job.dir.join("run");
+    let mut child = anneal()
+        .args(["train", "--nproc", "2"])
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args([
+            "--set",
+            "training.micro_batch_size=2",
+            "--set",
+            "training.steps=100000",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rows_now(&run_dir) < 2 {
+        assert!(Instant::now() < deadline, "no metrics after 120 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Rank 1 is the `anneal` process that writes logs/rank-1.log: find its pid.
+    let pid = rank_pid(&run_dir, 1).expect("rank 1's pid");
+    let killed = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the job still runs 30 s after rank 1 was killed");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "a killed rank fails the job: {status}");
+}
+
+fn rows_now(run_dir: &Path) -> usize {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |s| s.lines().count())
+}
+
+/// The pid of the process whose stdout is `<run_dir>/logs/rank-<rank>.log`.
+fn rank_pid(run_dir: &Path, rank: usize) -> Option<u32> {
+    let log = run_dir
+        .join(format!("logs/rank-{rank}.log"))
+        .canonicalize()
+        .ok()?;
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let out = std::fs::read_link(format!("/proc/{pid}/fd/1")).ok()?;
+        (out == log).then_some(pid)
+    })
+}
