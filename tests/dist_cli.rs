@@ -94,6 +94,30 @@ fn ddp_matches_the_single_process_and_reruns_bitwise() {
 }
 
 #[test]
+fn ddp_on_4_ranks_matches_the_single_process() {
+    let job = Job::new("ddp4");
+    // Four micro-batches of one sequence: one per rank (4 ranks oversubscribe 2 cores).
+    let layout = [
+        "training.micro_batch_size=1",
+        "training.steps=10",
+        "training.threads=1",
+    ];
+    let (single, single_dir) = job.train("single", &layout);
+    ok(&single);
+    let ddp_dir = job.dir.join("ddp");
+    ok(&mpiexec_train(4, &job, &ddp_dir, &layout));
+    let (one, four) = (loss_values(&single_dir), loss_values(&ddp_dir));
+    assert_eq!(four.len(), 10);
+    assert_eq!(one[0].to_bits(), four[0].to_bits(), "step 1 bitwise");
+    for (a, b) in one.iter().zip(&four) {
+        assert!((a - b).abs() / a < 1e-4, "{a} vs {b}");
+    }
+    for r in 1..4 {
+        assert!(ddp_dir.join(format!("logs/rank-{r}.log")).is_file());
+    }
+}
+
+#[test]
 fn nproc_launches_and_resumes_from_the_checkpoint() {
     let job = Job::new("nproc");
     let run_dir = job.dir.join("run");
