@@ -154,6 +154,48 @@ fn nproc_launches_and_resumes_from_the_checkpoint() {
     }
 }
 
+#[test]
+fn sigterm_to_nproc_stops_every_rank_with_a_checkpoint() {
+    let job = Job::new("term");
+    let run_dir = job.dir.join("run");
+    let child = anneal()
+        .args(["train", "--nproc", "2"])
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args([
+            "--set",
+            "training.micro_batch_size=2",
+            "--set",
+            "training.steps=100000",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rows_now(&run_dir) < 2 {
+        assert!(Instant::now() < deadline, "no metrics after 120 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let out = child.wait_with_output().unwrap();
+    let stdout = ok(&out);
+    assert!(stdout.contains("stop requested"), "{stdout}");
+    let step = losses(&run_dir).len();
+    assert!(step < 100_000);
+    assert!(
+        run_dir.join(format!("checkpoints/step-{step}")).is_dir(),
+        "rank 0 saved the last step ({step})"
+    );
+    let log = std::fs::read_to_string(run_dir.join("logs/rank-1.log")).unwrap();
+    assert!(log.contains(&format!("stopped after step {step}")), "{log}");
+}
+
 /// Exit code 2 and the error on one line that names `needles`.
 fn user_error(out: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);

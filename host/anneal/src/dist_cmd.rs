@@ -43,13 +43,42 @@ pub fn launch(
     if let Some(steps) = profile {
         cmd.arg(format!("--profile={steps}"));
     }
-    let status = cmd.status().context("running mpiexec")?;
+    let status = wait_forwarding_term(&mut cmd)?;
     // A rank's failure reaches us as mpiexec's exit code (the rank's own code under MPICH).
     Ok(match status.code() {
         Some(0) => 0,
         Some(c) => u8::try_from(c).unwrap_or(1).max(1),
         None => 1,
     })
+}
+
+/// Runs `cmd` (mpiexec) to its end. This process outlives the ranks: Ctrl-C reaches mpiexec
+/// through the terminal's process group, and a SIGTERM sent to this process alone is passed on
+/// to mpiexec, which forwards it to every rank (each stops after its step and rank 0 saves).
+fn wait_forwarding_term(
+    cmd: &mut std::process::Command,
+) -> anyhow::Result<std::process::ExitStatus> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let term = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(SIGTERM, term.clone())?;
+    signal_hook::flag::register(SIGINT, Arc::new(AtomicBool::new(false)))?;
+    let mut child = cmd.spawn().context("running mpiexec")?;
+    let mut forwarded = false;
+    loop {
+        if let Some(status) = child.try_wait().context("waiting for mpiexec")? {
+            return Ok(status);
+        }
+        if term.load(Ordering::SeqCst) && !forwarded {
+            forwarded = true;
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: kill(2) on the pid of a child we have not reaped yet.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
 }
 
 /// Cores per rank when `nproc` ranks share this machine: at least one.
