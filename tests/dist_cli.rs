@@ -90,6 +90,14 @@ fn ddp_matches_the_single_process_and_reruns_bitwise() {
     let log = std::fs::read_to_string(ddp_dir.join("logs/rank-1.log")).expect("rank 1's log");
     assert!(log.contains("rank 1 of 2"), "{log}");
     assert!(log.contains("done after step 20"), "{log}");
+    // Every replica ends with the same parameters, bit for bit.
+    let digest = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("replicas identical"))
+            .map(str::to_string)
+    };
+    assert!(digest(&stdout).is_some(), "{stdout}");
+    assert_eq!(digest(&stdout), digest(&log));
     assert!(!ddp_dir.join("logs/rank-0.log").exists());
 }
 
@@ -220,6 +228,10 @@ fn meshes_that_do_not_fit_are_user_errors() {
     // Dimensions that do not run yet.
     let (out, _) = job.train("c", &["parallelism.tp=2"]);
     user_error(&out, &["parallelism.tp", "not implemented"]);
+    // RL runs in one process so far.
+    let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
+    let out = c.arg("rl").arg(job.config()).output().unwrap();
+    user_error(&out, &["anneal rl", "one process"]);
     // The old keys are gone.
     let (out, _) = job.train("d", &["parallelism.data_parallel=2"]);
     user_error(&out, &["data_parallel"]);

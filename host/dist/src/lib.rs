@@ -73,6 +73,16 @@ pub enum DistError {
         /// The tag.
         tag: u16,
     },
+    /// Replicas that must hold the same values do not.
+    #[error("rank {rank}'s replica differs from rank 0's (digest {digest:016x} vs {root:016x})")]
+    Diverged {
+        /// The rank that differs.
+        rank: usize,
+        /// Its digest.
+        digest: u64,
+        /// Rank 0's digest.
+        root: u64,
+    },
     /// MPI could not be initialised (or was already).
     #[error("MPI: {0}")]
     Init(String),
@@ -267,6 +277,14 @@ pub fn launched_by_mpi() -> bool {
     ["PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"]
         .iter()
         .any(|k| std::env::var_os(k).is_some())
+}
+
+/// The number of processes the launcher started, from its environment (`PMI_SIZE`,
+/// `OMPI_COMM_WORLD_SIZE`), without initialising MPI; `None` outside a launcher.
+pub fn launcher_world_size() -> Option<usize> {
+    ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse().ok())
 }
 
 /// The job's world: MPI's world communicator when a launcher started this process

@@ -111,7 +111,7 @@ impl Dist {
         }
         // One flag per parameter: how many ranks had a gradient for it.
         buf.extend(named.iter().map(|(_, p)| p.grad().map_or(0.0, |_| 1.0)));
-        self.dp.all_reduce_sum(&mut buf)?;
+        self.sum_identically(&mut buf)?;
         let flags = &buf[total..];
         let mut at = 0;
         for ((_, p), &flag) in named.iter().zip(flags) {
@@ -127,6 +127,43 @@ impl Dist {
             at += n;
         }
         Ok(())
+    }
+
+    /// Sums `buf` over the ranks so that every rank holds the very same bits: a reduce-scatter
+    /// (each block summed once, by its owner) then an all-gather of the blocks. An all-reduce
+    /// may round differently on different ranks, which would let the replicas drift apart.
+    fn sum_identically(&self, buf: &mut Vec<f32>) -> Result<(), TrainError> {
+        let n = self.size();
+        let len = buf.len();
+        buf.resize(len.div_ceil(n) * n, 0.0);
+        let mut block = vec![0f32; buf.len() / n];
+        self.dp.reduce_scatter_sum(buf, &mut block)?;
+        self.dp
+            .all_gather((&block[..]).into(), (&mut buf[..]).into())?;
+        buf.truncate(len);
+        Ok(())
+    }
+
+    /// Fails when the replicas' parameters differ (they must stay bitwise equal: the same
+    /// start, the same summed gradients, the same update): every rank compares its digest
+    /// of `named` with rank 0's. Returns the digest.
+    pub fn check_replicas(&self, named: &[(String, Tensor)]) -> Result<u64, TrainError> {
+        // FNV-1a over the parameters' bytes in name order: cheap, and any differing bit shows.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for (_, p) in named {
+            for b in p.to_bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        let root = self.broadcast_u64(h, 0)?;
+        if root != h {
+            return Err(TrainError::Dist(anneal_dist::DistError::Diverged {
+                rank: self.rank(),
+                digest: h,
+                root,
+            }));
+        }
+        Ok(h)
     }
 
     /// Every rank's values of `local`, concatenated in rank order.

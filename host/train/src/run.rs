@@ -184,6 +184,12 @@ pub fn run_dist(
         }
         console.progress(out.step);
     }
+    if ranks > 1 {
+        let digest = trainer.check_replicas()?;
+        console.note(&format!(
+            "replicas identical: parameter digest {digest:016x}"
+        ));
+    }
     let elapsed = clock(Instant::now());
     if let Some(saver) = &mut saver {
         saver.finish(

@@ -358,6 +358,12 @@ impl Trainer {
         })
     }
 
+    /// Checks that every data-parallel replica holds the same parameters (see
+    /// [`Dist::check_replicas`]); returns their digest.
+    pub fn check_replicas(&self) -> Result<u64, TrainError> {
+        self.dist.check_replicas(&self.named)
+    }
+
     /// The job's processes as this trainer sees them.
     pub fn dist(&self) -> &Dist {
         &self.dist
