@@ -6,6 +6,8 @@
 //! launch.rs   the `mpiexec` command line for N ranks on this machine (`anneal train --nproc`)
 //! mpi.rs      `Mpi`: the trait over an MPI communicator (the `mpi` crate; MPICH or Open MPI)
 //! single.rs   `Single`: world size 1, so a plain process needs no MPI at run time
+//! shard.rs    `Dim0Shard`: a rank's rows of a tensor sharded on dim 0 (FSDP's layout), and
+//!             the padded gathers and reduce-scatters that move them
 //! mesh.rs     `Mesh`: degrees per dimension (dp_replicate, dp_shard, tp, pp, cp, ep), a rank's
 //!             coordinates, and one sub-communicator per dimension
 //! ```
@@ -16,10 +18,12 @@
 pub mod launch;
 mod mesh;
 mod mpi;
+mod shard;
 mod single;
 
 pub use crate::mpi::Mpi;
 pub use mesh::{Mesh, MeshDim, MeshError, MESH_KEYS};
+pub use shard::Dim0Shard;
 pub use single::Single;
 
 /// Why a collective could not run.

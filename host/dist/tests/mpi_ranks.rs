@@ -3,7 +3,7 @@
 //! every rank and checks each collective's result against the values the ranks must hold.
 
 use anneal_dist::launch::mpiexec_command;
-use anneal_dist::{Collective, DistError, Mesh, MeshDim, RecvBuf, SendBuf};
+use anneal_dist::{Collective, Dim0Shard, DistError, Mesh, MeshDim, RecvBuf, SendBuf};
 
 /// Set in the ranks' environment: `rank_checks` only runs under it.
 const RANK_ENV: &str = "ANNEAL_DIST_RANK_CHECKS";
@@ -51,6 +51,7 @@ fn rank_checks() {
     check_point_to_point(world.as_ref());
     check_non_blocking(world.as_ref());
     check_mesh(world.as_ref());
+    check_dim0_shards(world.as_ref());
     check_errors(world.as_ref());
     assert!(world.comm_bytes() > 0);
     world.barrier().unwrap();
@@ -187,6 +188,27 @@ fn check_mesh(world: &dyn Collective) {
     let mut y = [r as f32];
     rep.all_reduce_sum(&mut y).unwrap();
     assert_eq!(y[0], (2 * (r % shard) + shard) as f32, "replicate group");
+}
+
+fn check_dim0_shards(c: &dyn Collective) {
+    let (r, n) = (c.rank(), c.size());
+    // 5 rows of 3 over n ranks: with 4 ranks the last holds none.
+    let shape = [5, 3];
+    let s = Dim0Shard::new(&shape, r, n);
+    let full: Vec<f32> = (0..15).map(|v| v as f32).collect();
+    let gathered = s.all_gather(c, s.slice(&full)).unwrap();
+    assert_eq!(gathered, full, "all_gather_dim0");
+    // Each rank's gradient is (r + 1) × full, so the sum is n(n+1)/2 × full.
+    let grad: Vec<f32> = full.iter().map(|v| v * (r + 1) as f32).collect();
+    let tri = (n * (n + 1) / 2) as f32;
+    let mine = s.reduce_scatter(c, &grad).unwrap();
+    let want: Vec<f32> = s.slice(&full).iter().map(|v| v * tri).collect();
+    assert_eq!(mine, want, "reduce_scatter_dim0");
+    // The same, non-blocking and overlapped.
+    let g = s.start_all_gather(c, s.slice(&full)).unwrap();
+    let p = s.start_reduce_scatter(c, &grad).unwrap();
+    assert_eq!(s.finish_scatter(p).unwrap(), want);
+    assert_eq!(s.finish_gather(g).unwrap(), full);
 }
 
 fn check_errors(c: &dyn Collective) {
