@@ -177,18 +177,36 @@ impl Mesh {
         world: &dyn Collective,
         dim: MeshDim,
     ) -> Result<Box<dyn Collective>, DistError> {
-        let d = dim as usize;
-        // The color is this rank's linear index with `dim`'s coordinate set to 0.
-        let mut color = 0usize;
+        self.comm_of(world, &[dim])
+    }
+
+    /// The communicator of several dimensions together (`dp_replicate` and `dp_shard`: every
+    /// data-parallel rank): the ranks that share every coordinate outside `dims`, ordered
+    /// row-major by their coordinates along `dims`. Collective over `world`.
+    pub fn comm_of(
+        &self,
+        world: &dyn Collective,
+        dims: &[MeshDim],
+    ) -> Result<Box<dyn Collective>, DistError> {
+        let inside = |i: usize| dims.iter().any(|d| *d as usize == i);
+        // The color is this rank's linear index with the coordinates inside `dims` set to 0;
+        // the key is its linear index within `dims`.
+        let (mut color, mut key) = (0usize, 0usize);
         for i in 0..6 {
-            let c = if i == d { 0 } else { self.coords[i] };
-            color = color * self.degrees[i] + c;
+            if inside(i) {
+                key = key * self.degrees[i] + self.coords[i];
+                color *= self.degrees[i];
+            } else {
+                color = color * self.degrees[i] + self.coords[i];
+            }
         }
-        let color = u32::try_from(color).map_err(|_| DistError::TooLarge {
+        let too_large = |count| DistError::TooLarge {
             op: "mesh split",
-            count: color,
-        })?;
-        world.split(color, self.coords[d] as u32)
+            count,
+        };
+        let color = u32::try_from(color).map_err(|_| too_large(color))?;
+        let key = u32::try_from(key).map_err(|_| too_large(key))?;
+        world.split(color, key)
     }
 
     /// `dp_replicate = 2, dp_shard = 1, ...`: the resolved degrees, for logs.

@@ -188,6 +188,11 @@ fn check_mesh(world: &dyn Collective) {
     let mut y = [r as f32];
     rep.all_reduce_sum(&mut y).unwrap();
     assert_eq!(y[0], (2 * (r % shard) + shard) as f32, "replicate group");
+    // Both data-parallel dimensions together: every rank, in world order.
+    let dp = mesh
+        .comm_of(world, &[MeshDim::DpReplicate, MeshDim::DpShard])
+        .unwrap();
+    assert_eq!((dp.rank(), dp.size()), (r, n));
 }
 
 fn check_dim0_shards(c: &dyn Collective) {
