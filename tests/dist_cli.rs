@@ -125,6 +125,113 @@ fn ddp_on_4_ranks_matches_the_single_process() {
     }
 }
 
+/// The losses and the `state_bytes` of the last row of a run.
+fn losses_and_state(run_dir: &Path) -> (Vec<f64>, u64) {
+    let rows = rows(run_dir);
+    let state = rows
+        .iter()
+        .filter_map(|r| r["state_bytes"].as_u64())
+        .next_back()
+        .unwrap_or(0);
+    (loss_values(run_dir), state)
+}
+
+#[test]
+fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
+    let job = Job::new("fsdp");
+    let base = [
+        "training.micro_batch_size=1",
+        "training.steps=10",
+        "training.threads=1",
+        "checkpoint.interval=5",
+    ];
+    let with =
+        |extra: &[&'static str]| -> Vec<&str> { base.iter().chain(extra).copied().collect() };
+    let (single, single_dir) = job.train("single", &base);
+    ok(&single);
+    let (one, _) = losses_and_state(&single_dir);
+    let layouts: [(&str, usize, &[&str]); 4] = [
+        ("ddp2", 2, &[]),
+        ("fsdp2", 2, &["parallelism.dp_shard=2"]),
+        (
+            "fsdp4",
+            4,
+            &["parallelism.dp_shard=-1", "parallelism.dp_replicate=1"],
+        ),
+        ("hsdp2x2", 4, &["parallelism.dp_shard=2"]),
+    ];
+    let mut state = std::collections::BTreeMap::new();
+    for (name, n, extra) in layouts {
+        let dir = job.dir.join(name);
+        ok(&mpiexec_train(n, &job, &dir, &with(extra)));
+        let (losses, bytes) = losses_and_state(&dir);
+        assert_eq!(losses.len(), 10, "{name}");
+        assert_eq!(
+            one[0].to_bits(),
+            losses[0].to_bits(),
+            "{name}: step 1 bitwise"
+        );
+        for (step, (a, b)) in one.iter().zip(&losses).enumerate() {
+            assert!(
+                (a - b).abs() / a < 1e-4,
+                "{name} step {}: {a} vs {b}",
+                step + 1
+            );
+        }
+        state.insert(name, bytes);
+    }
+    // Parameters + gradients + AdamW's two moments: 4 copies of 41k f32 with DDP; sharding
+    // divides them by dp_shard (up to the padding of the last rows).
+    println!("per-rank parameter + gradient + optimizer bytes: {state:?}");
+    let ddp = state["ddp2"] as f64;
+    assert!(ddp > 4.0 * 4.0 * 40_000.0, "{state:?}");
+    for (name, part) in [("fsdp2", 0.5), ("hsdp2x2", 0.5), ("fsdp4", 0.25)] {
+        let ratio = state[name] as f64 / ddp;
+        assert!(
+            (ratio - part).abs() < 0.05,
+            "{name}: {ratio} of DDP's bytes"
+        );
+    }
+
+    // FSDP(2)'s checkpoint of step 5 resumes on 1 and on 4 ranks: step 6 is bitwise the
+    // 2-rank run's (the same parameters, data and kernels), the rest within 1e-4.
+    let fsdp2 = loss_values(&job.dir.join("fsdp2"));
+    for (name, n, extra) in [
+        ("resume1", 1, &[][..]),
+        (
+            "resume4",
+            4,
+            &["parallelism.dp_shard=-1", "parallelism.dp_replicate=1"][..],
+        ),
+    ] {
+        let dir = job.dir.join(name);
+        let copied = Command::new("cp")
+            .arg("-r")
+            .arg(job.dir.join("fsdp2"))
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        std::fs::remove_dir_all(dir.join("checkpoints/step-10")).unwrap();
+        let out = if n == 1 {
+            job.train(name, &with(extra)).0
+        } else {
+            mpiexec_train(n, &job, &dir, &with(extra))
+        };
+        let stdout = ok(&out);
+        assert!(
+            stdout.contains("step 5"),
+            "{name} resumes from step 5: {stdout}"
+        );
+        let resumed = loss_values(&dir);
+        assert_eq!(resumed.len(), 10, "{name}");
+        assert_eq!(resumed[5].to_bits(), fsdp2[5].to_bits(), "{name}: step 6");
+        for (a, b) in fsdp2.iter().zip(&resumed) {
+            assert!((a - b).abs() / a < 1e-4, "{name}: {a} vs {b}");
+        }
+    }
+}
+
 #[test]
 fn nproc_launches_and_resumes_from_the_checkpoint() {
     let job = Job::new("nproc");

@@ -391,12 +391,11 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             format!("{a} is already -1; only one degree may take the rest of the world size"),
         ));
     }
-    // Data parallelism by replicas is what runs today; a mesh that needs the others is refused
-    // before anything starts (so is -1 on them: it could resolve to more than 1).
-    for (k, v) in &degrees[1..] {
+    // Data parallelism (replicas and shards) is what runs today; a mesh that needs the others
+    // is refused before anything starts (so is -1 on them: it could resolve to more than 1).
+    for (k, v) in &degrees[2..] {
         if *v != 1 {
             let what = match *k {
-                "parallelism.dp_shard" => "sharded data parallelism (FSDP)",
                 "parallelism.tp" => "tensor parallelism",
                 "parallelism.pp" => "pipeline parallelism",
                 "parallelism.cp" => "context parallelism",
@@ -404,7 +403,7 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             };
             return Err(ConfigError::at(
                 k,
-                format!("{what} is not implemented yet; set it to 1 (parallelism.dp_replicate spreads the batch over processes)"),
+                format!("{what} is not implemented yet; set it to 1 (parallelism.dp_replicate and dp_shard spread the batch over processes)"),
             ));
         }
     }

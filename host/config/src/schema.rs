@@ -191,8 +191,8 @@ impl Default for Training {
 
 /// `[parallelism]`: the device mesh, a degree per dimension. The degrees multiply to the
 /// number of processes (`mpiexec -n N`, `anneal train --nproc N`); one of them may be -1 to take
-/// the rest. Today only data parallelism by replicas (DDP) runs: `dp_shard`, `tp`, `pp`, `cp`
-/// and `ep` must be 1.
+/// the rest. Today only data parallelism runs (DDP: `dp_replicate`; FSDP: `dp_shard`; HSDP:
+/// both): `tp`, `pp`, `cp` and `ep` must be 1.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Parallelism {

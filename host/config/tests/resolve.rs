@@ -95,6 +95,7 @@ fn bad_values_and_relations() {
         ("optimizer.lr=-1.0", "optimizer.lr"),
         ("parallelism.tp=2", "parallelism.tp"),
         ("parallelism.dp_shard=-1", "parallelism.dp_shard"),
+        ("parallelism.cp=-1", "parallelism.cp"),
         ("parallelism.dp_replicate=0", "parallelism.dp_replicate"),
         ("data.val_fraction=0.9", "data.val_fraction"),
     ] {

@@ -6,6 +6,8 @@
 //! of ranks) and trains on its consecutive share of the step's micro-batches; the gradients are
 //! summed (each micro-batch's loss already carries `1 / micro-batches`, so the sum is the
 //! average) before the norm, clipping and the optimizer, so every replica applies the same update.
+//! With `dp_shard > 1` the parameters are sharded ([`crate::fsdp`]); `dp_replicate` × `dp_shard`
+//! is HSDP, and the data is split over all of their ranks.
 
 use crate::TrainError;
 use anneal_config::JobConfig;
@@ -16,8 +18,12 @@ use std::ops::Range;
 /// The trainer's view of the job's processes.
 pub struct Dist {
     mesh: Mesh,
-    /// The data-parallel communicator (the `dp_replicate` dimension).
+    /// Every data-parallel rank (`dp_replicate` × `dp_shard`): the batch is split over it.
     dp: Box<dyn Collective>,
+    /// The `dp_shard` communicator, when parameters are sharded.
+    shard: Option<Box<dyn Collective>>,
+    /// The `dp_replicate` communicator, when sharded parameters are also replicated (HSDP).
+    replicate: Option<Box<dyn Collective>>,
 }
 
 impl Dist {
@@ -26,6 +32,8 @@ impl Dist {
         Dist {
             mesh: Mesh::new([1; 6], 1, 0).expect("a mesh of ones fits one process"),
             dp: Box::new(Single::new()),
+            shard: None,
+            replicate: None,
         }
     }
 
@@ -35,21 +43,41 @@ impl Dist {
     pub fn new(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
         let mesh = Mesh::new(cfg.parallelism.degrees(), world.size(), world.rank())?;
         for dim in MeshDim::ALL {
-            if dim != MeshDim::DpReplicate && mesh.degree(dim) > 1 {
+            if !matches!(dim, MeshDim::DpReplicate | MeshDim::DpShard) && mesh.degree(dim) > 1 {
                 return Err(TrainError::Config(format!(
-                    "config: `parallelism.{}` resolves to {}: only dp_replicate (DDP) runs across processes so far; set parallelism.{} = 1",
+                    "config: `parallelism.{}` resolves to {}: only data parallelism (dp_replicate, dp_shard) runs across processes so far; set parallelism.{} = 1",
                     dim.key(),
                     mesh.degree(dim),
                     dim.key()
                 )));
             }
         }
+        let (rep, shard) = (
+            mesh.degree(MeshDim::DpReplicate),
+            mesh.degree(MeshDim::DpShard),
+        );
+        // Every rank splits the same communicators in the same order (collective calls).
         let dp = if world.size() == 1 {
             Box::new(Single::new()) as Box<dyn Collective>
         } else {
-            mesh.comm(world, MeshDim::DpReplicate)?
+            mesh.comm_of(world, &[MeshDim::DpReplicate, MeshDim::DpShard])?
         };
-        let dist = Dist { mesh, dp };
+        let shard = if shard > 1 {
+            Some(mesh.comm(world, MeshDim::DpShard)?)
+        } else {
+            None
+        };
+        let replicate = if shard.is_some() && rep > 1 {
+            Some(mesh.comm(world, MeshDim::DpReplicate)?)
+        } else {
+            None
+        };
+        let dist = Dist {
+            mesh,
+            dp,
+            shard,
+            replicate,
+        };
         dist.check_batch(cfg)?;
         Ok(dist)
     }
@@ -88,6 +116,28 @@ impl Dist {
         self.dp.as_ref()
     }
 
+    /// The `dp_shard` communicator when parameters are sharded (FSDP / HSDP).
+    pub fn shard(&self) -> Option<&dyn Collective> {
+        self.shard.as_deref()
+    }
+
+    /// The `dp_replicate` communicator of an HSDP mesh.
+    pub fn replicate(&self) -> Option<&dyn Collective> {
+        self.replicate.as_deref()
+    }
+
+    /// For each parameter, whether any data-parallel rank has a gradient for it.
+    pub fn any_grads(&self, named: &[(String, Tensor)]) -> Result<Vec<bool>, TrainError> {
+        let mut flags: Vec<f32> = named
+            .iter()
+            .map(|(_, p)| p.grad().map_or(0.0, |_| 1.0))
+            .collect();
+        if self.size() > 1 {
+            self.dp.all_reduce_sum(&mut flags)?;
+        }
+        Ok(flags.into_iter().map(|f| f > 0.0).collect())
+    }
+
     /// The step's micro-batches (of `n_micro`, in loader order) this rank trains on.
     pub fn my_micro_batches(&self, n_micro: usize) -> Range<usize> {
         let per = n_micro / self.size();
@@ -111,7 +161,7 @@ impl Dist {
         }
         // One flag per parameter: how many ranks had a gradient for it.
         buf.extend(named.iter().map(|(_, p)| p.grad().map_or(0.0, |_| 1.0)));
-        self.sum_identically(&mut buf)?;
+        sum_identically(self.dp.as_ref(), &mut buf)?;
         let flags = &buf[total..];
         let mut at = 0;
         for ((_, p), &flag) in named.iter().zip(flags) {
@@ -129,24 +179,10 @@ impl Dist {
         Ok(())
     }
 
-    /// Sums `buf` over the ranks so that every rank holds the very same bits: a reduce-scatter
-    /// (each block summed once, by its owner) then an all-gather of the blocks. An all-reduce
-    /// may round differently on different ranks, which would let the replicas drift apart.
-    fn sum_identically(&self, buf: &mut Vec<f32>) -> Result<(), TrainError> {
-        let n = self.size();
-        let len = buf.len();
-        buf.resize(len.div_ceil(n) * n, 0.0);
-        let mut block = vec![0f32; buf.len() / n];
-        self.dp.reduce_scatter_sum(buf, &mut block)?;
-        self.dp
-            .all_gather((&block[..]).into(), (&mut buf[..]).into())?;
-        buf.truncate(len);
-        Ok(())
-    }
-
     /// Fails when the replicas' parameters differ (they must stay bitwise equal: the same
     /// start, the same summed gradients, the same update): every rank compares its digest
-    /// of `named` with rank 0's. Returns the digest.
+    /// of `named` (its shards, under FSDP) with that of the first rank of its replica group.
+    /// Returns the digest.
     pub fn check_replicas(&self, named: &[(String, Tensor)]) -> Result<u64, TrainError> {
         // FNV-1a over the parameters' bytes in name order: cheap, and any differing bit shows.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -155,7 +191,15 @@ impl Dist {
                 h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
             }
         }
-        let root = self.broadcast_u64(h, 0)?;
+        let group = match (&self.shard, &self.replicate) {
+            (None, _) => self.dp.as_ref(),
+            (Some(_), Some(rep)) => rep.as_ref(),
+            // Pure FSDP: each rank's shard is its own; nothing to compare.
+            (Some(_), None) => return Ok(h),
+        };
+        let mut bytes = h.to_le_bytes();
+        group.broadcast(&mut bytes, 0)?;
+        let root = u64::from_le_bytes(bytes);
         if root != h {
             return Err(TrainError::Dist(anneal_dist::DistError::Diverged {
                 rank: self.rank(),
@@ -204,4 +248,18 @@ impl Dist {
     pub fn comm_bytes(&self) -> u64 {
         self.dp.comm_bytes()
     }
+}
+
+/// Sums `buf` over `comm`'s ranks so that every rank holds the very same bits: a reduce-scatter
+/// (each block summed once, by its owner) then an all-gather of the blocks. An all-reduce may
+/// round differently on different ranks, which would let replicas drift apart.
+pub(crate) fn sum_identically(comm: &dyn Collective, buf: &mut Vec<f32>) -> Result<(), TrainError> {
+    let n = comm.size();
+    let len = buf.len();
+    buf.resize(len.div_ceil(n) * n, 0.0);
+    let mut block = vec![0f32; buf.len() / n];
+    comm.reduce_scatter_sum(buf, &mut block)?;
+    comm.all_gather((&block[..]).into(), (&mut buf[..]).into())?;
+    buf.truncate(len);
+    Ok(())
 }

@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 mod dist;
+mod fsdp;
 pub mod harness;
 pub mod memory;
 mod metrics;

@@ -163,14 +163,20 @@ pub fn run_dist(
                 let peak = alloc::memory_stats().peak_bytes as u64;
                 row.mem_peak_bytes = Some(trainer.dist().max_u64(peak)?);
                 row.comm_bytes = out.comm_bytes;
+                row.state_bytes = out.state_bytes;
                 row.aux_loss = out.aux_loss;
                 row.outputs = out.outputs.clone();
                 (window_tokens, window_seconds) = (0, 0.0);
                 alloc::reset_peak();
             }
-            if eval_now && main {
-                row.val_loss = trainer.evaluate()?;
-                summary.last_val_loss = row.val_loss.or(summary.last_val_loss);
+            // Sharded parameters are gathered for evaluation by every rank; otherwise rank 0
+            // evaluates alone.
+            if eval_now && (main || trainer.is_sharded()) {
+                let val_loss = trainer.evaluate()?;
+                if main {
+                    row.val_loss = val_loss;
+                    summary.last_val_loss = val_loss.or(summary.last_val_loss);
+                }
             }
             row.time = clock(Instant::now());
             if let Some(log) = &mut log {
@@ -179,6 +185,9 @@ pub fn run_dist(
             console.row(&row);
         }
         let elapsed = clock(Instant::now());
+        if Saver::due_for(cfg, out.step) {
+            trainer.gather_for_save(main)?;
+        }
         if let Some(saver) = &mut saver {
             saver.save_if_due(out.step, &console, |spare| trainer.snapshot(elapsed, spare))?;
         }
@@ -191,6 +200,11 @@ pub fn run_dist(
         ));
     }
     let elapsed = clock(Instant::now());
+    // A stop saves the last step unless it was saved already (as `Saver::finish` decides).
+    let step = trainer.step();
+    if summary.stopped && step > resumed_from && !Saver::due_for(cfg, step) {
+        trainer.gather_for_save(main)?;
+    }
     if let Some(saver) = &mut saver {
         saver.finish(
             summary.stopped,
