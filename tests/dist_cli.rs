@@ -233,6 +233,46 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
 }
 
 #[test]
+fn fsdp_composes_with_recompute_and_moe() {
+    let job = Job::new("fsdp-more");
+    let moe = [
+        "model.flavor=\"debugmodel_qwen3_moe\"",
+        "model.args.moe.n_experts=4",
+        "model.args.moe.expert_ffn_dim=16",
+        "model.args.moe.balance_rate=0.01",
+    ];
+    let common = [
+        "training.micro_batch_size=1",
+        "training.steps=6",
+        "training.threads=1",
+    ];
+    let recompute = ["activation_checkpoint.mode=\"full\""];
+    for (name, extra) in [("recompute", &recompute[..]), ("moe", &moe[..])] {
+        let set: Vec<&str> = common.iter().chain(extra).copied().collect();
+        let (single, single_dir) = job.train(&format!("{name}-single"), &set);
+        ok(&single);
+        let mut sharded = set.clone();
+        sharded.push("parallelism.dp_shard=2");
+        let dir = job.dir.join(format!("{name}-fsdp2"));
+        let out = ok(&mpiexec_train(2, &job, &dir, &sharded));
+        assert!(
+            !out.contains("replicas identical"),
+            "FSDP(2) has no replicas: {out}"
+        );
+        let (one, two) = (loss_values(&single_dir), loss_values(&dir));
+        assert_eq!(one[0].to_bits(), two[0].to_bits(), "{name}: step 1");
+        for (a, b) in one.iter().zip(&two) {
+            assert!((a - b).abs() / a < 1e-4, "{name}: {a} vs {b}");
+        }
+        if name == "moe" {
+            // The experts' token counts (and so the balancing bias) are the whole step's.
+            let last = |d: &Path| rows(d).last().unwrap()["moe.layer0.tokens_per_expert"].clone();
+            assert_eq!(last(&single_dir), last(&dir));
+        }
+    }
+}
+
+#[test]
 fn nproc_launches_and_resumes_from_the_checkpoint() {
     let job = Job::new("nproc");
     let run_dir = job.dir.join("run");

@@ -182,8 +182,9 @@ impl Dist {
     /// Fails when the replicas' parameters differ (they must stay bitwise equal: the same
     /// start, the same summed gradients, the same update): every rank compares its digest
     /// of `named` (its shards, under FSDP) with that of the first rank of its replica group.
-    /// Returns the digest.
-    pub fn check_replicas(&self, named: &[(String, Tensor)]) -> Result<u64, TrainError> {
+    /// Returns the digest, or `None` when no rank holds a replica of this one's parameters
+    /// (pure FSDP).
+    pub fn check_replicas(&self, named: &[(String, Tensor)]) -> Result<Option<u64>, TrainError> {
         // FNV-1a over the parameters' bytes in name order: cheap, and any differing bit shows.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for (_, p) in named {
@@ -195,7 +196,7 @@ impl Dist {
             (None, _) => self.dp.as_ref(),
             (Some(_), Some(rep)) => rep.as_ref(),
             // Pure FSDP: each rank's shard is its own; nothing to compare.
-            (Some(_), None) => return Ok(h),
+            (Some(_), None) => return Ok(None),
         };
         let mut bytes = h.to_le_bytes();
         group.broadcast(&mut bytes, 0)?;
@@ -207,7 +208,7 @@ impl Dist {
                 root,
             }));
         }
-        Ok(h)
+        Ok(Some(h))
     }
 
     /// Every rank's values of `local`, concatenated in rank order.

@@ -194,10 +194,11 @@ pub fn run_dist(
         console.progress(out.step);
     }
     if ranks > 1 {
-        let digest = trainer.check_replicas()?;
-        console.note(&format!(
-            "replicas identical: parameter digest {digest:016x}"
-        ));
+        if let Some(digest) = trainer.check_replicas()? {
+            console.note(&format!(
+                "replicas identical: parameter digest {digest:016x}"
+            ));
+        }
     }
     let elapsed = clock(Instant::now());
     // A stop saves the last step unless it was saved already (as `Saver::finish` decides).

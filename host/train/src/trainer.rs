@@ -434,8 +434,8 @@ impl Trainer {
     }
 
     /// Checks that every data-parallel replica holds the same parameters (see
-    /// [`Dist::check_replicas`]); returns their digest.
-    pub fn check_replicas(&self) -> Result<u64, TrainError> {
+    /// [`Dist::check_replicas`]); returns their digest, if this rank has replicas.
+    pub fn check_replicas(&self) -> Result<Option<u64>, TrainError> {
         self.dist.check_replicas(&self.named)
     }
 
