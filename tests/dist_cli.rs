@@ -397,6 +397,14 @@ fn meshes_that_do_not_fit_are_user_errors() {
     let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
     let out = c.arg("rl").arg(job.config()).output().unwrap();
     user_error(&out, &["anneal rl", "one process"]);
+    // --nproc without an MPI launcher on PATH.
+    let out = anneal()
+        .args(["train", "--nproc", "2"])
+        .arg(job.config())
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    user_error(&out, &["mpiexec", "PATH"]);
     // The old keys are gone.
     let (out, _) = job.train("d", &["parallelism.data_parallel=2"]);
     user_error(&out, &["data_parallel"]);
