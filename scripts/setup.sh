@@ -2,6 +2,8 @@
 # Installs the toolchain pieces Anneal's builds and tests need. Idempotent.
 set -euo pipefail
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# MPI and libclang: the workspace builds against libmpich (host/dist), and the tests run ranks.
+bash "$(dirname "$0")/setup-mpi.sh"
 bash "$(dirname "$0")/setup-reward.sh"
 # The built-in corpus (data/shakespeare); no default test needs it, so a failed download only warns.
 bash "$(dirname "$0")/fetch-corpus.sh" || echo "setup: cannot fetch the Shakespeare corpus (data/shakespeare)" >&2

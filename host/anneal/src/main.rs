@@ -1,6 +1,7 @@
 //! `anneal`: the command-line edge of the host. Parses arguments, calls into the library crates,
 //! and turns their errors into one clear line (exit code 2 for user errors, 1 for failures).
 
+mod dist_cmd;
 mod errors;
 mod infer_cmd;
 mod plugins_cmd;
@@ -108,6 +109,10 @@ enum Command {
         /// table and writes it with a Chrome trace (Perfetto) to `<run dir>/profile/`.
         #[arg(long, value_name = "STEPS", num_args = 0..=1, require_equals = true, default_missing_value = "3")]
         profile: Option<u64>,
+        /// Train as N processes on this machine: runs `mpiexec -n N` on this command for you
+        /// (the same as `mpiexec -n N anneal train ...`; needs MPI, see scripts/setup-mpi.sh).
+        #[arg(long, value_name = "N")]
+        nproc: Option<usize>,
     },
     /// Post-train a policy with RL (GRPO / Dr.GRPO / DAPO) and WebAssembly rewards, from a job
     /// config with an `[rl]` section; metrics go to `<run dir>/metrics.jsonl`.
@@ -240,7 +245,14 @@ fn main() -> ExitCode {
             set,
             run_dir,
             profile,
-        } => train_cmd::train(&config, &set, run_dir, profile),
+            nproc,
+        } => match nproc {
+            Some(n) => match dist_cmd::launch(&config, &set, run_dir, profile, n) {
+                Ok(code) => return ExitCode::from(code),
+                Err(e) => Err(e),
+            },
+            None => train_cmd::train(&config, &set, run_dir, profile),
+        },
         Command::Rl {
             config,
             set,

@@ -91,6 +91,12 @@ fn scorer(cfg: &anneal_config::JobConfig) -> anyhow::Result<WasmScorer> {
 
 /// Post-trains until the configured steps, or until SIGINT/SIGTERM.
 pub fn rl(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    if let Some(n) = anneal_dist::launcher_world_size().filter(|&n| n > 1) {
+        // Each rank would run the whole job on its own and race for the run directory.
+        crate::user_bail!(
+            "`anneal rl` runs in one process so far, but mpiexec started {n}; run it without mpiexec"
+        );
+    }
     let cfg = load(config, set)?;
     if cfg.training.threads > 0 {
         anneal_engine::init_threads(cfg.training.threads)?;

@@ -45,6 +45,31 @@ pub fn train(
         anneal_engine::init_threads(cfg.training.threads)?;
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
+    // MPI only when a launcher started this process; a plain run never touches it.
+    let world = anneal_dist::init()?;
+    if world.size() == 1 {
+        return train_on(&cfg, &run_dir, profile, world.as_ref());
+    }
+    let run_dir = crate::dist_cmd::prepare_rank(world.as_ref(), cfg.training.threads, run_dir)?;
+    // A rank that fails ends every rank (with its exit code) rather than leave them waiting.
+    match train_on(
+        &cfg,
+        &run_dir,
+        profile.filter(|_| world.rank() == 0),
+        world.as_ref(),
+    ) {
+        Ok(()) => Ok(()),
+        Err(e) => crate::dist_cmd::fail_job(e),
+    }
+}
+
+/// [`train`] in `run_dir` as one rank of `world`.
+fn train_on(
+    cfg: &JobConfig,
+    run_dir: &Path,
+    profile: Option<u64>,
+    world: &dyn anneal_dist::Collective,
+) -> anyhow::Result<()> {
     let stop = install_stop_signals()?;
     if let Some(steps) = profile {
         if steps == 0 {
@@ -55,9 +80,9 @@ pub fn train(
             steps,
         });
     }
-    let result = anneal_train::run(&cfg, &run_dir, &stop);
+    let result = anneal_train::run_dist(cfg, run_dir, &stop, world);
     if profile.is_some() {
-        write_profile(&run_dir)?;
+        write_profile(run_dir)?;
     }
     // The exit code follows `TrainError::is_user_error` (see `errors::exit_code`).
     result?;

@@ -369,15 +369,41 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         ));
     }
     let p = &c.parallelism;
-    for (k, v) in [
-        ("parallelism.data_parallel", p.data_parallel),
-        ("parallelism.tensor_parallel", p.tensor_parallel),
-        ("parallelism.pipeline_parallel", p.pipeline_parallel),
-    ] {
-        if v != 1 {
+    let degrees = [
+        ("parallelism.dp_replicate", p.dp_replicate),
+        ("parallelism.dp_shard", p.dp_shard),
+        ("parallelism.tp", p.tp),
+        ("parallelism.pp", p.pp),
+        ("parallelism.cp", p.cp),
+        ("parallelism.ep", p.ep),
+    ];
+    for (k, v) in degrees {
+        if v == 0 || v < -1 {
             return Err(ConfigError::at(
                 k,
-                "only 1 is supported until the distributed runtime lands",
+                "must be at least 1, or -1 for the rest of the world size",
+            ));
+        }
+    }
+    if let [(a, _), (b, _), ..] = degrees.iter().filter(|(_, v)| *v == -1).collect::<Vec<_>>()[..] {
+        return Err(ConfigError::at(
+            b,
+            format!("{a} is already -1; only one degree may take the rest of the world size"),
+        ));
+    }
+    // Data parallelism (replicas and shards) is what runs today; a mesh that needs the others
+    // is refused before anything starts (so is -1 on them: it could resolve to more than 1).
+    for (k, v) in &degrees[2..] {
+        if *v != 1 {
+            let what = match *k {
+                "parallelism.tp" => "tensor parallelism",
+                "parallelism.pp" => "pipeline parallelism",
+                "parallelism.cp" => "context parallelism",
+                _ => "expert parallelism",
+            };
+            return Err(ConfigError::at(
+                k,
+                format!("{what} is not implemented yet; set it to 1 (parallelism.dp_replicate and dp_shard spread the batch over processes)"),
             ));
         }
     }

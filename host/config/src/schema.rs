@@ -189,24 +189,51 @@ impl Default for Training {
     }
 }
 
-/// `[parallelism]` (reserved: every degree must be 1 until the distributed runtime lands).
+/// `[parallelism]`: the device mesh, a degree per dimension. The degrees multiply to the
+/// number of processes (`mpiexec -n N`, `anneal train --nproc N`); one of them may be -1 to take
+/// the rest. Today only data parallelism runs (DDP: `dp_replicate`; FSDP: `dp_shard`; HSDP:
+/// both): `tp`, `pp`, `cp` and `ep` must be 1.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Parallelism {
-    /// Data-parallel replicas.
-    pub data_parallel: usize,
+    /// Data-parallel replicas: each holds the whole model and trains on its slice of the
+    /// global batch; gradients are averaged across them. Default -1: every process.
+    pub dp_replicate: i64,
+    /// Data-parallel shards (FSDP: parameters, gradients and optimizer state split on dim 0).
+    pub dp_shard: i64,
     /// Tensor-parallel degree.
-    pub tensor_parallel: usize,
+    pub tp: i64,
     /// Pipeline stages.
-    pub pipeline_parallel: usize,
+    pub pp: i64,
+    /// Context (sequence) parallel degree.
+    pub cp: i64,
+    /// Expert-parallel degree.
+    pub ep: i64,
+}
+
+impl Parallelism {
+    /// The degrees in the device mesh's order: `pp, dp_replicate, dp_shard, cp, ep, tp`.
+    pub fn degrees(&self) -> [i64; 6] {
+        [
+            self.pp,
+            self.dp_replicate,
+            self.dp_shard,
+            self.cp,
+            self.ep,
+            self.tp,
+        ]
+    }
 }
 
 impl Default for Parallelism {
     fn default() -> Self {
         Parallelism {
-            data_parallel: 1,
-            tensor_parallel: 1,
-            pipeline_parallel: 1,
+            dp_replicate: -1,
+            dp_shard: 1,
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            ep: 1,
         }
     }
 }

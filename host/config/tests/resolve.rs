@@ -93,7 +93,10 @@ fn bad_values_and_relations() {
         ("training.micro_batch_size=3", "training.batch_size"),
         ("training.steps=0", "training.steps"),
         ("optimizer.lr=-1.0", "optimizer.lr"),
-        ("parallelism.data_parallel=2", "parallelism.data_parallel"),
+        ("parallelism.tp=2", "parallelism.tp"),
+        ("parallelism.dp_shard=-1", "parallelism.dp_shard"),
+        ("parallelism.cp=-1", "parallelism.cp"),
+        ("parallelism.dp_replicate=0", "parallelism.dp_replicate"),
         ("data.val_fraction=0.9", "data.val_fraction"),
     ] {
         let e = resolve_with_env(Source::Defaults, &set(&[set_]), &[]).unwrap_err();

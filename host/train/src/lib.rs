@@ -4,6 +4,8 @@
 //! `anneal train` ([`run`]).
 
 pub mod checkpoint;
+mod dist;
+mod fsdp;
 pub mod harness;
 pub mod memory;
 mod metrics;
@@ -12,8 +14,9 @@ mod run;
 mod schedule;
 mod trainer;
 
+pub use dist::Dist;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
-pub use run::{run, RunSummary};
+pub use run::{run, run_dist, RunSummary};
 pub use schedule::LrSchedule;
 pub use trainer::{StepOutcome, Trainer};
 
@@ -58,6 +61,12 @@ pub enum TrainError {
     /// The rollout workers of an RL run failed (generation or scoring), so no batch came.
     #[error("rollouts failed: {0}")]
     Rollout(String),
+    /// The `[parallelism]` mesh does not fit the job's processes.
+    #[error(transparent)]
+    Mesh(#[from] anneal_dist::MeshError),
+    /// A collective between the job's processes failed.
+    #[error("distributed: {0}")]
+    Dist(#[from] anneal_dist::DistError),
     /// Reading or writing a run file.
     #[error("{}: {source}", path.display())]
     Io {
@@ -79,6 +88,7 @@ impl TrainError {
                 | TrainError::Data(_)
                 | TrainError::Plugin(_)
                 | TrainError::RunDirBusy { .. }
+                | TrainError::Mesh(_)
                 | TrainError::Engine(anneal_engine::Error::Invalid {
                     op: anneal_runtime::plugins::model::RECOMPUTE_REFUSED,
                     ..

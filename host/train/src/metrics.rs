@@ -34,6 +34,13 @@ pub struct MetricsRow {
     /// Peak bytes held by tensors since the previous row.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem_peak_bytes: Option<u64>,
+    /// Bytes this rank handed to collectives in the logged step (multi-process runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm_bytes: Option<u64>,
+    /// Bytes of parameters, gradients and optimizer state rank 0 holds after the step
+    /// (multi-process runs only; FSDP divides them by `dp_shard`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_bytes: Option<u64>,
     /// Held-out loss.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
@@ -163,6 +170,11 @@ impl Console {
             "mem",
             r.mem_peak_bytes
                 .map(|v| format!("{:.0}MiB", v as f64 / (1 << 20) as f64)),
+        );
+        field(
+            "comm",
+            r.comm_bytes
+                .map(|v| format!("{:.1}MiB", v as f64 / (1 << 20) as f64)),
         );
         self.clear();
         println!("{s}");

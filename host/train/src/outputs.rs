@@ -95,6 +95,52 @@ impl StepOutputs {
         Ok(())
     }
 
+    /// Sums everything over the data-parallel ranks (each rank saw its share of the step's
+    /// micro-batches), so the fields, the auxiliary total and the statistics the model's buffer
+    /// hook gets are those of the whole step, the same on every rank. Every rank's model emits
+    /// the same names, so the buffers line up.
+    pub fn reduce_across(
+        &mut self,
+        comm: &dyn anneal_dist::Collective,
+    ) -> Result<(), crate::TrainError> {
+        if comm.size() == 1 {
+            return Ok(());
+        }
+        let mut buf = vec![
+            self.micro_batches as f32,
+            self.aux_total.unwrap_or(0.0) as f32,
+        ];
+        let stats: Vec<Vec<f32>> = self
+            .stat_tensors
+            .iter()
+            .map(|(_, t)| t.to_vec_f32())
+            .collect();
+        for v in &stats {
+            buf.extend(v);
+        }
+        for (sum, _) in self.sums.values() {
+            buf.extend(sum.iter().map(|&v| v as f32));
+        }
+        comm.all_reduce_sum(&mut buf)?;
+        self.micro_batches = buf[0].round() as usize;
+        if self.aux_total.is_some() {
+            self.aux_total = Some(buf[1] as f64);
+        }
+        let mut at = 2;
+        for ((_, t), v) in self.stat_tensors.iter_mut().zip(&stats) {
+            let summed = Tensor::from_slice(&buf[at..at + v.len()], t.shape())?;
+            *t = summed.to_dtype(t.dtype())?;
+            at += v.len();
+        }
+        for (sum, _) in self.sums.values_mut() {
+            for s in sum.iter_mut() {
+                *s = buf[at] as f64;
+                at += 1;
+            }
+        }
+        Ok(())
+    }
+
     /// Each statistic summed over the step's micro-batches (token counts of a whole step).
     pub fn stat_sums(&self) -> &[(String, Tensor)] {
         &self.stat_tensors

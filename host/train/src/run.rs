@@ -1,6 +1,10 @@
 //! The loop behind `anneal train`: resume, step, log, evaluate, checkpoint, stop on request.
+//! In a data-parallel job every rank runs it; rank 0 alone holds the run directory (lock,
+//! `config.toml`, `metrics.jsonl`, checkpoints: the replicas are identical, so its checkpoint
+//! is the job's) and evaluates.
 
-use crate::harness::{resume, RunDir, RunKind, Saver};
+use crate::dist::Dist;
+use crate::harness::{resume, Resumed, RunDir, RunKind, Saver};
 use crate::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use crate::{io_err, TrainError, Trainer};
 use anneal_config::JobConfig;
@@ -30,18 +34,68 @@ pub struct RunSummary {
 /// writes `config.toml`, `tokenizer.json`, `metrics.jsonl` and `checkpoints/` there, the first
 /// two only once a resume was accepted.
 pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSummary, TrainError> {
+    run_dist(cfg, run_dir, stop, &anneal_dist::Single::new())
+}
+
+/// [`run`] as one rank of the job whose world is `world` (`anneal_dist::init`): the mesh comes
+/// from `[parallelism]`; every rank must call it.
+pub fn run_dist(
+    cfg: &JobConfig,
+    run_dir: &Path,
+    stop: &AtomicBool,
+    world: &dyn anneal_dist::Collective,
+) -> Result<RunSummary, TrainError> {
     let started = Instant::now();
     let cfg = &crate::harness::with_model_plugin(cfg)?;
-    let run = RunDir::open(run_dir)?;
+    let dist = Dist::new(cfg, world)?;
+    let (main, ranks) = (world.rank() == 0, world.size());
+    let run = if main {
+        Some(RunDir::open(run_dir)?)
+    } else {
+        None
+    };
     let total = cfg.training.steps;
-    let mut console = Console::new(total, 0, cfg.metrics.progress_bar);
+    let mut console = Console::new(total, 0, cfg.metrics.progress_bar && main);
     console.note(&format!("run dir: {}", run_dir.display()));
-    let mut trainer = Trainer::new(cfg, &|m| console.note(m))?;
+    if ranks > 1 {
+        console.note(&format!(
+            "distributed: rank {} of {ranks}; mesh {}",
+            world.rank(),
+            dist.mesh().describe()
+        ));
+    }
+    // Rank 0 builds (and caches) the tokenizer and the tokenized corpus before the others
+    // read them, so no two processes write one cache file.
+    if ranks > 1 && !main {
+        world.barrier()?;
+    }
+    let mut trainer = Trainer::with_dist(cfg, dist, &|m| console.note(m))?;
+    if ranks > 1 && main {
+        world.barrier()?;
+    }
     let provenance = trainer.provenance().clone();
-    let resumed = resume(cfg, &run, RunKind::Train, &provenance, &console, |l| {
-        trainer.restore(l)
-    })?;
-    run.record(cfg, trainer.tokenizer().1)?;
+    let resumed = match &run {
+        Some(run) => {
+            let resumed = resume(cfg, run, RunKind::Train, &provenance, &console, |l| {
+                trainer.restore(l)
+            })?;
+            run.record(cfg, trainer.tokenizer().1)?;
+            resumed
+        }
+        None => Resumed::default(),
+    };
+    // The other ranks continue from the checkpoint rank 0 accepted (after its checks).
+    let resumed = if ranks > 1 {
+        let step = trainer.dist().broadcast_u64(resumed.step, 0)?;
+        if !main && step > 0 {
+            let dir = run_dir.join("checkpoints").join(format!("step-{step}"));
+            console.note(&format!("resuming from {} (step {step})", dir.display()));
+            trainer.restore(crate::checkpoint::load_dir(&dir)?)?;
+        }
+        Resumed { step, ..resumed }
+    } else {
+        resumed
+    };
     let (resumed_from, elapsed_before) = (resumed.step, resumed.elapsed_s);
     // Metric times continue across restarts of the same run.
     let clock = |now: Instant| elapsed_before + now.duration_since(started).as_secs_f64();
@@ -57,8 +111,11 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
         cfg.training.batch_size,
         cfg.training.seq_len
     ));
-    let mut saver = Saver::new(cfg, &run);
-    let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
+    let mut saver = run.as_ref().map(|run| Saver::new(cfg, run));
+    let mut log = match main {
+        true => Some(MetricsLog::open(run_dir).map_err(io_err(run_dir))?),
+        false => None,
+    };
     let (log_freq, eval_freq) = (cfg.metrics.log_freq, cfg.metrics.eval_freq);
     let (mut window_tokens, mut window_seconds) = (0u64, 0f64);
     let mut summary = RunSummary {
@@ -70,7 +127,8 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
     };
     alloc::reset_peak();
     while trainer.step() < total {
-        if stop.load(Ordering::SeqCst) {
+        // Ranks see a signal at different steps; they stop together.
+        if trainer.dist().any(stop.load(Ordering::SeqCst))? {
             summary.stopped = true;
             console.note(&format!(
                 "stop requested: ending after step {}",
@@ -101,32 +159,62 @@ pub fn run(cfg: &JobConfig, run_dir: &Path, stop: &AtomicBool) -> Result<RunSumm
                 row.tokens_per_s = Some(tps);
                 row.tflops = Some(tflops);
                 row.mfu = (peak > 0.0).then(|| tflops / peak);
-                row.mem_peak_bytes = Some(alloc::memory_stats().peak_bytes as u64);
+                // The peak of the busiest rank (a collective: every rank logs the same steps).
+                let peak = alloc::memory_stats().peak_bytes as u64;
+                row.mem_peak_bytes = Some(trainer.dist().max_u64(peak)?);
+                row.comm_bytes = out.comm_bytes;
+                row.state_bytes = out.state_bytes;
                 row.aux_loss = out.aux_loss;
                 row.outputs = out.outputs.clone();
                 (window_tokens, window_seconds) = (0, 0.0);
                 alloc::reset_peak();
             }
-            if eval_now {
-                row.val_loss = trainer.evaluate()?;
-                summary.last_val_loss = row.val_loss.or(summary.last_val_loss);
+            // Sharded parameters are gathered for evaluation by every rank; otherwise rank 0
+            // evaluates alone.
+            if eval_now && (main || trainer.is_sharded()) {
+                let val_loss = trainer.evaluate()?;
+                if main {
+                    row.val_loss = val_loss;
+                    summary.last_val_loss = val_loss.or(summary.last_val_loss);
+                }
             }
             row.time = clock(Instant::now());
-            log.write(&row).map_err(io_err(log.path()))?;
+            if let Some(log) = &mut log {
+                log.write(&row).map_err(io_err(log.path()))?;
+            }
             console.row(&row);
         }
         let elapsed = clock(Instant::now());
-        saver.save_if_due(out.step, &console, |spare| trainer.snapshot(elapsed, spare))?;
+        if Saver::due_for(cfg, out.step) {
+            trainer.gather_for_save(main)?;
+        }
+        if let Some(saver) = &mut saver {
+            saver.save_if_due(out.step, &console, |spare| trainer.snapshot(elapsed, spare))?;
+        }
         console.progress(out.step);
     }
+    if ranks > 1 {
+        if let Some(digest) = trainer.check_replicas()? {
+            console.note(&format!(
+                "replicas identical: parameter digest {digest:016x}"
+            ));
+        }
+    }
     let elapsed = clock(Instant::now());
-    saver.finish(
-        summary.stopped,
-        trainer.step(),
-        resumed_from,
-        &console,
-        |spare| trainer.snapshot(elapsed, spare),
-    )?;
+    // A stop saves the last step unless it was saved already (as `Saver::finish` decides).
+    let step = trainer.step();
+    if summary.stopped && step > resumed_from && !Saver::due_for(cfg, step) {
+        trainer.gather_for_save(main)?;
+    }
+    if let Some(saver) = &mut saver {
+        saver.finish(
+            summary.stopped,
+            trainer.step(),
+            resumed_from,
+            &console,
+            |spare| trainer.snapshot(elapsed, spare),
+        )?;
+    }
     console.done(
         summary.stopped,
         summary.steps,

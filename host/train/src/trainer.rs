@@ -2,9 +2,11 @@
 //! loader, advanced one optimizer step at a time.
 
 use crate::checkpoint::{Loaded, Snapshot, TrainState};
+use crate::dist::Dist;
+use crate::fsdp::Fsdp;
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
-    restore_optimizer, Provenance,
+    restore_optimizer, restore_optimizer_with, Provenance,
 };
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
@@ -39,14 +41,22 @@ pub struct StepOutcome {
     /// The model's auxiliary losses (`aux_loss.<name>`, unweighted) and statistics, averaged
     /// over the step's micro-batches, as `metrics.jsonl` fields.
     pub outputs: std::collections::BTreeMap<String, serde_json::Value>,
+    /// Bytes this rank handed to collectives during the step (`None` in a single process).
+    pub comm_bytes: Option<u64>,
+    /// Bytes of parameters, gradients and optimizer state this rank holds at the end of the
+    /// step (`None` in a single process): what sharding divides by `dp_shard`.
+    pub state_bytes: Option<u64>,
 }
 
 /// Everything a training run holds in memory.
 pub struct Trainer {
     cfg: JobConfig,
     model: PluginModel,
+    /// What the forward reads by name: the trained parameters and the buffers (under FSDP the
+    /// gathered full parameters during a step, the buffers alone between steps).
     params: Params,
-    /// The trained parameters sorted by name: the fixed order of norms and optimizer updates.
+    /// The trained parameters sorted by name: the fixed order of norms and optimizer updates
+    /// (under FSDP this rank's dim-0 shards of them, which the optimizer steps on).
     named: Vec<(String, Tensor)>,
     /// The model's buffers (not trained; updated by its `before_optimizer_step`), by name.
     buffers: Vec<(String, Tensor)>,
@@ -63,12 +73,25 @@ pub struct Trainer {
     tokenizer: TextTokenizer,
     tokenizer_path: PathBuf,
     provenance: Provenance,
+    /// The job's processes: which micro-batches this rank trains on, the gradient all-reduce.
+    dist: Dist,
+    /// The sharding of `named` when `dp_shard > 1`.
+    fsdp: Option<Fsdp>,
+    /// Full parameters and optimizer state gathered for rank 0's next snapshot (FSDP).
+    gathered: Option<(Named, std::collections::BTreeMap<String, Tensor>)>,
 }
 
 impl Trainer {
-    /// Prepares data (tokenizer, tokenized corpus, loader), the model and the optimizer.
-    /// `note` receives progress messages for the user.
+    /// Prepares data (tokenizer, tokenized corpus, loader), the model and the optimizer, for a
+    /// single process. `note` receives progress messages for the user.
     pub fn new(cfg: &JobConfig, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
+        Self::with_dist(cfg, Dist::single(), note)
+    }
+
+    /// [`Trainer::new`] for one rank of a data-parallel job: every rank builds the same model
+    /// (initialisation depends on the seed only) and reads the same batches; `dist` says which
+    /// share of each step this rank trains on.
+    pub fn with_dist(cfg: &JobConfig, dist: Dist, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
         let d = &cfg.data;
         let t = &cfg.training;
         let data_path = PathBuf::from(&d.path);
@@ -174,7 +197,7 @@ impl Trainer {
             }
             _ => None,
         };
-        Ok(Trainer {
+        let mut trainer = Trainer {
             recompute_plan,
             schedule: LrSchedule::new(cfg.optimizer.lr, t.steps, &cfg.lr_scheduler),
             cfg: cfg.clone(),
@@ -192,7 +215,55 @@ impl Trainer {
             tokenizer,
             tokenizer_path,
             provenance,
-        })
+            dist,
+            fsdp: None,
+            gathered: None,
+        };
+        if let Some(comm) = trainer.dist.shard() {
+            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size());
+            trainer.named = fsdp.shard(&trainer.named)?;
+            trainer.fsdp = Some(fsdp);
+            trainer.release_full();
+        }
+        Ok(trainer)
+    }
+
+    /// Under FSDP, gathers the full parameters for the forward (fresh leaves, which collect
+    /// this step's gradients) and returns them; `None` otherwise. Collective.
+    fn gather_full(&mut self) -> Result<Option<Named>, TrainError> {
+        let (Some(fsdp), Some(comm)) = (&self.fsdp, self.dist.shard()) else {
+            return Ok(None);
+        };
+        let full = fsdp.gather(comm, &self.named)?;
+        self.params = Arc::new(full.iter().chain(&self.buffers).cloned().collect());
+        Ok(Some(full))
+    }
+
+    /// Under FSDP, lets go of the full parameters (the forward's map keeps the buffers only).
+    fn release_full(&mut self) {
+        if self.fsdp.is_some() {
+            self.params = Arc::new(self.buffers.iter().cloned().collect());
+        }
+    }
+
+    /// Whether the parameters are sharded (FSDP / HSDP): evaluation and saving then gather
+    /// them on every rank, so every rank must call [`Trainer::evaluate`] and
+    /// [`Trainer::gather_for_save`].
+    pub fn is_sharded(&self) -> bool {
+        self.fsdp.is_some()
+    }
+
+    /// Under FSDP, gathers the full parameters and optimizer state that the next
+    /// [`Trainer::snapshot`] saves, keeping them only when `keep` (rank 0). Collective; a no-op
+    /// otherwise.
+    pub fn gather_for_save(&mut self, keep: bool) -> Result<(), TrainError> {
+        let (Some(fsdp), Some(comm)) = (&self.fsdp, self.dist.shard()) else {
+            return Ok(());
+        };
+        let full = fsdp.gather(comm, &self.named)?;
+        let state = fsdp.gather_state(comm, &self.named, self.optimizer.state())?;
+        self.gathered = keep.then_some((full, state));
+        Ok(())
     }
 
     /// The digests of the tokenizer and the training stream that checkpoints record.
@@ -271,16 +342,25 @@ impl Trainer {
     /// parameter changes.
     pub fn train_step(&mut self) -> Result<StepOutcome, TrainError> {
         let started = Instant::now();
-        let t = &self.cfg.training;
+        // A copy: the step borrows `self` mutably to gather and release FSDP parameters.
+        let t = &self.cfg.training.clone();
         let n_micro = t.batch_size / t.micro_batch_size;
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
-        let mut loss_sum = 0.0f64;
+        let comm_before = self.dist.comm_bytes();
+        let full = self.gather_full()?;
+        // Every rank reads the whole global batch (so the order never depends on the number of
+        // ranks) and trains on its own consecutive micro-batches.
+        let mine = self.dist.my_micro_batches(n_micro);
+        let mut losses = Vec::with_capacity(mine.len());
         let mut outputs = StepOutputs::default();
-        for _ in 0..n_micro {
+        for i in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);
+            if !mine.contains(&i) {
+                continue;
+            }
             let (loss, out) = self.batch_forward(&b, true)?;
-            loss_sum += loss.item()? as f64;
+            losses.push(loss.item()?);
             let aux = weighted_aux(&t.aux_loss_weights, &out.aux_losses)?;
             outputs.add(aux.as_ref(), &out.aux_losses, &out.stats)?;
             let loss = match aux {
@@ -294,9 +374,26 @@ impl Trainer {
             };
             loss.backward()?;
         }
-        let loss = loss_sum / n_micro as f64;
+        let distributed = self.dist.size() > 1;
+        if distributed {
+            losses = self.dist.gather_f32(&losses)?;
+            outputs.reduce_across(self.dist.dp())?;
+            match (&full, &self.fsdp, self.dist.shard()) {
+                (Some(full), Some(fsdp), Some(comm)) => {
+                    let has_grad = self.dist.any_grads(full)?;
+                    fsdp.reduce_grads(comm, self.dist.replicate(), full, &self.named, &has_grad)?;
+                }
+                _ => self.dist.all_reduce_grads(&self.named)?,
+            }
+        }
+        // Summed in micro-batch order whatever the layout, so the step's loss is bitwise the
+        // same for any number of ranks.
+        let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
         let aux_loss = outputs.aux_total();
-        let grad_norm = global_grad_norm(&self.named);
+        let grad_norm = match (&self.fsdp, self.dist.shard()) {
+            (Some(fsdp), Some(comm)) => fsdp.grad_norm(comm, &self.named)?,
+            _ => global_grad_norm(&self.named),
+        };
         let checked = [
             ("loss", loss),
             ("auxiliary loss", aux_loss.unwrap_or(0.0)),
@@ -305,6 +402,7 @@ impl Trainer {
         for (what, value) in checked {
             if !value.is_finite() {
                 self.zero_grad();
+                self.release_full();
                 return Err(TrainError::NonFinite { step, what, value });
             }
         }
@@ -313,7 +411,11 @@ impl Trainer {
             .before_optimizer_step(&self.params, outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);
         self.optimizer.step(&self.named, step, lr)?;
+        let state_bytes =
+            distributed.then(|| Fsdp::resident_bytes(&self.named, self.optimizer.state()));
         self.zero_grad();
+        drop(full);
+        self.release_full();
         self.step = step;
         self.last_lr = lr;
         self.tokens += (t.batch_size * t.seq_len) as u64;
@@ -326,7 +428,20 @@ impl Trainer {
             seconds: started.elapsed().as_secs_f64(),
             aux_loss,
             outputs: outputs.fields(),
+            comm_bytes: distributed.then(|| self.dist.comm_bytes() - comm_before),
+            state_bytes,
         })
+    }
+
+    /// Checks that every data-parallel replica holds the same parameters (see
+    /// [`Dist::check_replicas`]); returns their digest, if this rank has replicas.
+    pub fn check_replicas(&self) -> Result<Option<u64>, TrainError> {
+        self.dist.check_replicas(&self.named)
+    }
+
+    /// The job's processes as this trainer sees them.
+    pub fn dist(&self) -> &Dist {
+        &self.dist
     }
 
     /// Tokens trained on so far.
@@ -337,7 +452,8 @@ impl Trainer {
     /// A host-memory copy of everything an exact resume needs: parameters (`model/<name>`),
     /// optimizer state (`optim/<param>.<state>`), step, data position.
     /// `spare` buffers (from a previous snapshot) are reused.
-    pub fn snapshot(&self, elapsed_s: f64, spare: Vec<Vec<u8>>) -> Snapshot {
+    /// Under FSDP this saves what [`Trainer::gather_for_save`] gathered.
+    pub fn snapshot(&mut self, elapsed_s: f64, spare: Vec<Vec<u8>>) -> Snapshot {
         let mut state = TrainState {
             elapsed_s,
             step: self.step,
@@ -353,16 +469,16 @@ impl Trainer {
             rl: None,
         };
         self.provenance.stamp(&mut state);
-        let params = self
-            .named
+        let gathered = self.gathered.take();
+        let (named, optim_state) = match &gathered {
+            Some((full, st)) => (full, st),
+            None => (&self.named, self.optimizer.state()),
+        };
+        let params = named
             .iter()
             .chain(&self.buffers)
             .map(|(n, p)| (format!("model/{n}"), p));
-        let optim = self
-            .optimizer
-            .state()
-            .iter()
-            .map(|(n, t)| (format!("optim/{n}"), t));
+        let optim = optim_state.iter().map(|(n, t)| (format!("optim/{n}"), t));
         Snapshot::capture(state, params.chain(optim), spare)
     }
 
@@ -371,11 +487,25 @@ impl Trainer {
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
         let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
         let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
-        restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
+        let named = match &self.fsdp {
+            // Checkpoints hold full tensors: keep this rank's rows (any world size resumes).
+            Some(fsdp) => {
+                let shards = fsdp.shard(&named)?;
+                restore_optimizer_with(&ckpt, &shards, &mut self.optimizer, |state| {
+                    fsdp.shard_state(&named, state)
+                })?;
+                shards
+            }
+            None => {
+                restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
+                named
+            }
+        };
         self.loader.restore(&ckpt.state.loader)?;
         self.params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         self.named = named;
         self.buffers = buffers;
+        self.release_full();
         self.step = ckpt.state.step;
         self.tokens = ckpt.state.tokens;
         self.last_lr = ckpt.state.lr;
@@ -388,16 +518,23 @@ impl Trainer {
         }
     }
 
-    /// Mean loss over the held-out batches (`None` without a validation split).
-    pub fn evaluate(&self) -> Result<Option<f64>, TrainError> {
+    /// Mean loss over the held-out batches (`None` without a validation split). Under FSDP it
+    /// gathers the parameters: every rank must call it.
+    pub fn evaluate(&mut self) -> Result<Option<f64>, TrainError> {
         if self.val_batches.is_empty() {
             return Ok(None);
         }
+        let full = self.gather_full()?;
         let _g = autograd::no_grad();
         let mut sum = 0.0f64;
         for b in &self.val_batches {
             sum += self.batch_loss(b, false)?.item()? as f64;
         }
+        drop(full);
+        self.release_full();
         Ok(Some(sum / self.val_batches.len() as f64))
     }
 }
+
+/// Tensors by name.
+type Named = Vec<(String, Tensor)>;

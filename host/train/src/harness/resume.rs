@@ -228,13 +228,26 @@ pub fn restore_optimizer(
     named: &[(String, Tensor)],
     optimizer: &mut PluginOptimizer,
 ) -> Result<(), TrainError> {
+    restore_optimizer_with(ckpt, named, optimizer, Ok)
+}
+
+/// [`restore_optimizer`] with the state passed through `map` first (FSDP keeps this rank's
+/// rows of it).
+pub fn restore_optimizer_with(
+    ckpt: &Loaded,
+    named: &[(String, Tensor)],
+    optimizer: &mut PluginOptimizer,
+    map: impl FnOnce(
+        std::collections::BTreeMap<String, Tensor>,
+    ) -> Result<std::collections::BTreeMap<String, Tensor>, TrainError>,
+) -> Result<(), TrainError> {
     let state = ckpt
         .tensors
         .iter()
         .filter_map(|(n, t)| n.strip_prefix("optim/").map(|k| (k.to_string(), t.clone())))
         .collect();
     optimizer
-        .load_state(named, state)
+        .load_state(named, map(state)?)
         .map_err(|m| mismatch(ckpt, m))
 }
 

@@ -36,6 +36,13 @@ impl Saver {
         (self.interval > 0 && step.is_multiple_of(self.interval)) || step == self.total
     }
 
+    /// [`Saver::due`] from the config alone, for ranks that hold no saver but must take part
+    /// in gathering what rank 0 saves.
+    pub fn due_for(cfg: &JobConfig, step: u64) -> bool {
+        let interval = cfg.checkpoint.interval;
+        (interval > 0 && step.is_multiple_of(interval)) || step == cfg.training.steps
+    }
+
     /// Saves step `step` when [`Saver::due`], with the snapshot `capture` builds.
     pub fn save_if_due(
         &mut self,

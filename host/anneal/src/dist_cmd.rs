@@ -1,0 +1,161 @@
+//! The process side of multi-process training: `anneal train --nproc N` (runs `mpiexec` for the
+//! user), and what a rank started by `mpiexec` does before training: agree on the run
+//! directory, take its share of the cores, send its output to `<run_dir>/logs/rank-<r>.log`
+//! (rank 0 keeps the terminal), and end the whole job when it fails.
+
+use anneal_dist::Collective;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+
+/// `anneal train --nproc N CONFIG ...`: resolves the config here (so a bad one fails before
+/// any process starts), then runs `mpiexec -n N <this binary> train CONFIG ...` with the run
+/// directory fixed for every rank and, unless `training.threads` is set, an equal share of the
+/// cores per rank. Returns the launcher's exit code.
+pub fn launch(
+    config: &Path,
+    set: &[String],
+    run_dir: Option<PathBuf>,
+    profile: Option<u64>,
+    nproc: usize,
+) -> anyhow::Result<u8> {
+    use crate::errors::UserError;
+    if anneal_dist::launched_by_mpi() {
+        crate::user_bail!(
+            "--nproc starts mpiexec itself; under mpiexec, run `anneal train` without --nproc"
+        );
+    }
+    let cfg = crate::train_cmd::load(config, set)?;
+    let run_dir = run_dir.unwrap_or_else(|| crate::train_cmd::default_run_dir(&cfg.job.name));
+    let exe = std::env::current_exe().context("finding the anneal binary")?;
+    let mut env = Vec::new();
+    if cfg.training.threads == 0 {
+        env.push((
+            "ANNEAL_TRAINING__THREADS",
+            threads_per_rank(nproc).to_string(),
+        ));
+    }
+    let mut cmd = anneal_dist::launch::mpiexec_command(nproc, &exe, &env)
+        .map_err(|e| UserError(e.to_string()))?;
+    cmd.arg("train").arg(config).arg("--run-dir").arg(&run_dir);
+    for s in set {
+        cmd.arg("--set").arg(s);
+    }
+    if let Some(steps) = profile {
+        cmd.arg(format!("--profile={steps}"));
+    }
+    let status = wait_forwarding_term(&mut cmd)?;
+    // A rank's failure reaches us as mpiexec's exit code (the rank's own code under MPICH).
+    Ok(match status.code() {
+        Some(0) => 0,
+        Some(c) => u8::try_from(c).unwrap_or(1).max(1),
+        None => 1,
+    })
+}
+
+/// Runs `cmd` (mpiexec) to its end. This process outlives the ranks: Ctrl-C reaches mpiexec
+/// through the terminal's process group, and a SIGTERM sent to this process alone is passed on
+/// to mpiexec, which forwards it to every rank (each stops after its step and rank 0 saves).
+fn wait_forwarding_term(
+    cmd: &mut std::process::Command,
+) -> anyhow::Result<std::process::ExitStatus> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let term = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(SIGTERM, term.clone())?;
+    signal_hook::flag::register(SIGINT, Arc::new(AtomicBool::new(false)))?;
+    let mut child = cmd.spawn().context("running mpiexec")?;
+    let mut forwarded = false;
+    loop {
+        if let Some(status) = child.try_wait().context("waiting for mpiexec")? {
+            return Ok(status);
+        }
+        if term.load(Ordering::SeqCst) && !forwarded {
+            forwarded = true;
+            if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                // SAFETY: kill(2) on the pid of a child we have not reaped yet.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Cores per rank when `nproc` ranks share this machine: at least one.
+fn threads_per_rank(nproc: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / nproc.max(1)).max(1)
+}
+
+/// Prepares this process as rank `world.rank()` of a multi-process job: sets the compute
+/// threads when the config leaves them to us (the cores shared by the ranks on this machine),
+/// makes a panic end the whole job, agrees on rank 0's run directory, and sends the output of
+/// every other rank to its log file. Returns the run directory.
+pub fn prepare_rank(
+    world: &dyn Collective,
+    threads: usize,
+    run_dir: PathBuf,
+) -> anyhow::Result<PathBuf> {
+    if threads == 0 {
+        let local = anneal_dist::local_ranks().unwrap_or(world.size());
+        anneal_engine::init_threads(threads_per_rank(local))?;
+    }
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        // Unwinding would finalize MPI and leave the other ranks waiting; abort them all.
+        anneal_dist::abort_job(101);
+    }));
+    let run_dir = shared_path(world, &run_dir)?;
+    if world.rank() > 0 {
+        redirect_output(&run_dir, world.rank())?;
+    }
+    Ok(run_dir)
+}
+
+/// Rank 0's `path` on every rank (a default run dir is named after the time, which ranks
+/// would each read differently).
+fn shared_path(world: &dyn Collective, path: &Path) -> anyhow::Result<PathBuf> {
+    let mine = path.to_string_lossy().into_owned().into_bytes();
+    let mut len = (mine.len() as u64).to_le_bytes();
+    world.broadcast(&mut len, 0)?;
+    let mut bytes = if world.rank() == 0 {
+        mine
+    } else {
+        vec![0u8; u64::from_le_bytes(len) as usize]
+    };
+    world.broadcast(&mut bytes, 0)?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// Points stdout and stderr at `<run_dir>/logs/rank-<rank>.log` (appending), so everything this
+/// rank prints, panics included, lands in its own file.
+fn redirect_output(run_dir: &Path, rank: usize) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let dir = run_dir.join("logs");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("rank-{rank}.log"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+        // SAFETY: dup2 on two open descriptors; `file` stays open for the call, and the
+        // duplicated descriptors live independently of it.
+        if unsafe { libc::dup2(file.as_raw_fd(), fd) } < 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("sending output to {}", path.display()));
+        }
+    }
+    Ok(())
+}
+
+/// Reports `e` and ends the whole job with its exit code (every rank's error ends every rank).
+pub fn fail_job(e: anyhow::Error) -> ! {
+    use std::io::Write;
+    // One write, so the launcher never splits the line around another rank's output.
+    let line = format!("error: {}\n", crate::errors::one_line(&e));
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    anneal_dist::abort_job(i32::from(crate::errors::exit_code(&e)))
+}

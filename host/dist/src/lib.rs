@@ -1,0 +1,411 @@
+//! Collectives between the processes of one training job, and the device mesh that lays the
+//! job's ranks out along its parallel dimensions.
+//!
+//! ```text
+//! lib.rs      the `Collective` trait, its buffers and errors, `init` (MPI only under a launcher)
+//! launch.rs   the `mpiexec` command line for N ranks on this machine (`anneal train --nproc`)
+//! mpi.rs      `Mpi`: the trait over an MPI communicator (the `mpi` crate; MPICH or Open MPI)
+//! single.rs   `Single`: world size 1, so a plain process needs no MPI at run time
+//! shard.rs    `Dim0Shard`: a rank's rows of a tensor sharded on dim 0 (FSDP's layout), and
+//!             the padded gathers and reduce-scatters that move them
+//! mesh.rs     `Mesh`: degrees per dimension (dp_replicate, dp_shard, tp, pp, cp, ep), a rank's
+//!             coordinates, and one sub-communicator per dimension
+//! ```
+//! Reductions are sums in f32 whatever the parameter dtype (gradients are reduced in f32). The
+//! element types are explicit ([`SendBuf`], [`RecvBuf`]: f32, u8, i64) so that a device-buffer
+//! implementation (NCCL) can add its own variants without changing the trait's shape.
+
+pub mod launch;
+mod mesh;
+mod mpi;
+mod shard;
+mod single;
+
+pub use crate::mpi::Mpi;
+pub use mesh::{Mesh, MeshDim, MeshError, MESH_KEYS};
+pub use shard::Dim0Shard;
+pub use single::Single;
+
+/// Why a collective could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    /// A buffer's length does not fit the operation.
+    #[error("{op}: {what}: expected {expected} elements, got {got}")]
+    Size {
+        /// The collective.
+        op: &'static str,
+        /// Which buffer or count.
+        what: &'static str,
+        /// What the operation needs.
+        expected: usize,
+        /// What was passed.
+        got: usize,
+    },
+    /// The send and receive buffers hold different element types.
+    #[error("{op}: the send buffer holds {send} and the receive buffer {recv}")]
+    TypeMismatch {
+        /// The collective.
+        op: &'static str,
+        /// The send buffer's element type.
+        send: &'static str,
+        /// The receive buffer's element type.
+        recv: &'static str,
+    },
+    /// A rank outside the communicator.
+    #[error("{op}: rank {rank} is outside the communicator of size {size}")]
+    Rank {
+        /// The operation.
+        op: &'static str,
+        /// The rank named.
+        rank: usize,
+        /// The communicator's size.
+        size: usize,
+    },
+    /// A count too large for MPI's 32-bit counts.
+    #[error("{op}: {count} elements exceed MPI's 32-bit counts")]
+    TooLarge {
+        /// The collective.
+        op: &'static str,
+        /// The count.
+        count: usize,
+    },
+    /// A receive found no matching message (world size 1 queues its sends).
+    #[error("recv from rank {src} with tag {tag}: no such message was sent")]
+    NoMessage {
+        /// The source rank.
+        src: usize,
+        /// The tag.
+        tag: u16,
+    },
+    /// Replicas that must hold the same values do not.
+    #[error("rank {rank}'s replica differs from rank 0's (digest {digest:016x} vs {root:016x})")]
+    Diverged {
+        /// The rank that differs.
+        rank: usize,
+        /// Its digest.
+        digest: u64,
+        /// Rank 0's digest.
+        root: u64,
+    },
+    /// MPI could not be initialised (or was already).
+    #[error("MPI: {0}")]
+    Init(String),
+}
+
+/// A send buffer of one of the element types the collectives move.
+#[derive(Clone, Copy, Debug)]
+pub enum SendBuf<'a> {
+    /// 32-bit floats (activations, gradients, parameters).
+    F32(&'a [f32]),
+    /// Bytes (anything serialized; bf16 travels as bytes too).
+    U8(&'a [u8]),
+    /// 64-bit integers (token ids, counts, sizes).
+    I64(&'a [i64]),
+}
+
+/// A receive buffer of one of the element types the collectives move.
+#[derive(Debug)]
+pub enum RecvBuf<'a> {
+    /// 32-bit floats.
+    F32(&'a mut [f32]),
+    /// Bytes.
+    U8(&'a mut [u8]),
+    /// 64-bit integers.
+    I64(&'a mut [i64]),
+}
+
+impl SendBuf<'_> {
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        match self {
+            SendBuf::F32(b) => b.len(),
+            SendBuf::U8(b) => b.len(),
+            SendBuf::I64(b) => b.len(),
+        }
+    }
+
+    /// Whether the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes in the buffer (what [`Collective::comm_bytes`] counts).
+    pub fn bytes(&self) -> usize {
+        self.len() * self.elem_size()
+    }
+
+    fn elem_size(&self) -> usize {
+        match self {
+            SendBuf::F32(_) => 4,
+            SendBuf::U8(_) => 1,
+            SendBuf::I64(_) => 8,
+        }
+    }
+
+    fn type_name(&self) -> &'static str {
+        match self {
+            SendBuf::F32(_) => "f32",
+            SendBuf::U8(_) => "u8",
+            SendBuf::I64(_) => "i64",
+        }
+    }
+}
+
+impl RecvBuf<'_> {
+    /// Elements in the buffer.
+    pub fn len(&self) -> usize {
+        match self {
+            RecvBuf::F32(b) => b.len(),
+            RecvBuf::U8(b) => b.len(),
+            RecvBuf::I64(b) => b.len(),
+        }
+    }
+
+    /// Whether the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn type_name(&self) -> &'static str {
+        match self {
+            RecvBuf::F32(_) => "f32",
+            RecvBuf::U8(_) => "u8",
+            RecvBuf::I64(_) => "i64",
+        }
+    }
+}
+
+impl<'a> From<&'a [f32]> for SendBuf<'a> {
+    fn from(b: &'a [f32]) -> Self {
+        SendBuf::F32(b)
+    }
+}
+impl<'a> From<&'a [u8]> for SendBuf<'a> {
+    fn from(b: &'a [u8]) -> Self {
+        SendBuf::U8(b)
+    }
+}
+impl<'a> From<&'a [i64]> for SendBuf<'a> {
+    fn from(b: &'a [i64]) -> Self {
+        SendBuf::I64(b)
+    }
+}
+impl<'a> From<&'a mut [f32]> for RecvBuf<'a> {
+    fn from(b: &'a mut [f32]) -> Self {
+        RecvBuf::F32(b)
+    }
+}
+impl<'a> From<&'a mut [u8]> for RecvBuf<'a> {
+    fn from(b: &'a mut [u8]) -> Self {
+        RecvBuf::U8(b)
+    }
+}
+impl<'a> From<&'a mut [i64]> for RecvBuf<'a> {
+    fn from(b: &'a mut [i64]) -> Self {
+        RecvBuf::I64(b)
+    }
+}
+
+/// A non-blocking collective in flight; [`Pending::wait`] completes it and returns its result
+/// (dropping it unwaited also waits, so its buffers are never freed under the transport).
+pub trait Pending {
+    /// Blocks until the operation completes and returns the received values.
+    fn wait(self: Box<Self>) -> Result<Vec<f32>, DistError>;
+}
+
+/// The collectives of one communicator. Every rank of the communicator must call the same
+/// collectives in the same order (as with MPI); point-to-point `send`/`recv` pair up by rank
+/// and tag.
+pub trait Collective {
+    /// This process's rank in the communicator, `0..size()`.
+    fn rank(&self) -> usize;
+
+    /// Processes in the communicator.
+    fn size(&self) -> usize;
+
+    /// Sums `buf` element-wise over all ranks, in place; every rank gets the sum.
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), DistError>;
+
+    /// Sums `send` (length `size() × recv.len()`) over all ranks and leaves block `rank()` of
+    /// the sum in `recv`.
+    fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<(), DistError>;
+
+    /// Concatenates every rank's `send` (all the same length) in rank order into `recv`.
+    fn all_gather(&self, send: SendBuf<'_>, recv: RecvBuf<'_>) -> Result<(), DistError>;
+
+    /// Sends `send_counts[r]` consecutive elements of `send` to rank `r` and receives
+    /// `recv_counts[r]` elements from rank `r`, packed in rank order into `recv`.
+    fn all_to_all_v(
+        &self,
+        send: SendBuf<'_>,
+        send_counts: &[usize],
+        recv: RecvBuf<'_>,
+        recv_counts: &[usize],
+    ) -> Result<(), DistError>;
+
+    /// Copies `root`'s `buf` into every rank's `buf` (all the same length).
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<(), DistError>;
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<(), DistError>;
+
+    /// Sends `buf` to rank `dest` with `tag` (blocking until the buffer may be reused).
+    fn send(&self, buf: SendBuf<'_>, dest: usize, tag: u16) -> Result<(), DistError>;
+
+    /// Receives exactly `buf.len()` elements from rank `src` with `tag`.
+    fn recv(&self, buf: RecvBuf<'_>, src: usize, tag: u16) -> Result<(), DistError>;
+
+    /// Starts [`Collective::all_reduce_sum`] of `buf`; the handle returns the sum.
+    fn iall_reduce_sum(&self, buf: Vec<f32>) -> Result<Box<dyn Pending>, DistError>;
+
+    /// Starts [`Collective::reduce_scatter_sum`] of `send`; the handle returns this rank's
+    /// block of the sum.
+    fn ireduce_scatter_sum(&self, send: Vec<f32>) -> Result<Box<dyn Pending>, DistError>;
+
+    /// Starts [`Collective::all_gather`] of `send`; the handle returns the concatenation.
+    fn iall_gather(&self, send: Vec<f32>) -> Result<Box<dyn Pending>, DistError>;
+
+    /// A new communicator of the ranks that pass the same `color`, ordered by `key` (then by
+    /// rank): how the mesh builds one communicator per dimension. Collective: every rank calls it.
+    fn split(&self, color: u32, key: u32) -> Result<Box<dyn Collective>, DistError>;
+
+    /// Bytes of the send buffers this rank has handed to collectives and sends so far (an
+    /// all-reduce counts its buffer once): a counter to take differences of, per step.
+    fn comm_bytes(&self) -> u64;
+}
+
+/// Whether an MPI launcher started this process: MPICH's Hydra sets `PMI_RANK`/`PMI_SIZE`,
+/// Open MPI's `mpirun` sets `OMPI_COMM_WORLD_SIZE`, Slurm's `srun --mpi=pmix` sets
+/// `PMIX_RANK`.
+pub fn launched_by_mpi() -> bool {
+    ["PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some())
+}
+
+/// The number of processes the launcher started, from its environment (`PMI_SIZE`,
+/// `OMPI_COMM_WORLD_SIZE`), without initialising MPI; `None` outside a launcher.
+pub fn launcher_world_size() -> Option<usize> {
+    ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+}
+
+/// The job's world: MPI's world communicator when a launcher started this process
+/// ([`launched_by_mpi`]), otherwise [`Single`] (MPI is then never touched).
+pub fn init() -> Result<Box<dyn Collective>, DistError> {
+    if launched_by_mpi() {
+        Ok(Box::new(Mpi::init()?))
+    } else {
+        Ok(Box::new(Single::new()))
+    }
+}
+
+/// Ends this process with `code` without finalising MPI. A launcher treats a rank that exits
+/// without finalising (or with a non-zero code) as failed and stops every other rank, so a
+/// failed rank never leaves the others waiting in a collective; unlike `MPI_Abort`, whatever
+/// the rank printed reaches the launcher first (its pipes close only at exit).
+pub fn abort_job(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    std::process::exit(code)
+}
+
+/// How many ranks of this job share this machine, from the launcher's environment (MPICH:
+/// `MPI_LOCALNRANKS`, Open MPI: `OMPI_COMM_WORLD_LOCAL_SIZE`), or `None` when it does not say:
+/// what divides the machine's cores between ranks.
+pub fn local_ranks() -> Option<usize> {
+    ["MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.parse().ok())
+        .filter(|&n: &usize| n > 0)
+}
+
+/// Checks the lengths of an all-gather: `recv` holds `size` copies of `send`'s length, and
+/// both have the same element type.
+fn check_gather(send: &SendBuf<'_>, recv: &RecvBuf<'_>, size: usize) -> Result<(), DistError> {
+    if send.type_name() != recv.type_name() {
+        return Err(DistError::TypeMismatch {
+            op: "all_gather",
+            send: send.type_name(),
+            recv: recv.type_name(),
+        });
+    }
+    if recv.len() != send.len() * size {
+        return Err(DistError::Size {
+            op: "all_gather",
+            what: "receive buffer",
+            expected: send.len() * size,
+            got: recv.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks an all-to-all's counts against the communicator size and the buffers.
+fn check_all_to_all(
+    send: &SendBuf<'_>,
+    send_counts: &[usize],
+    recv: &RecvBuf<'_>,
+    recv_counts: &[usize],
+    size: usize,
+) -> Result<(), DistError> {
+    const OP: &str = "all_to_all_v";
+    if send.type_name() != recv.type_name() {
+        return Err(DistError::TypeMismatch {
+            op: OP,
+            send: send.type_name(),
+            recv: recv.type_name(),
+        });
+    }
+    for (what, counts) in [
+        ("send counts", send_counts),
+        ("receive counts", recv_counts),
+    ] {
+        if counts.len() != size {
+            return Err(DistError::Size {
+                op: OP,
+                what,
+                expected: size,
+                got: counts.len(),
+            });
+        }
+    }
+    for (what, counts, len) in [
+        ("send buffer", send_counts, send.len()),
+        ("receive buffer", recv_counts, recv.len()),
+    ] {
+        let total: usize = counts.iter().sum();
+        if total != len {
+            return Err(DistError::Size {
+                op: OP,
+                what,
+                expected: total,
+                got: len,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that a reduce-scatter's input holds `size` blocks of the output's length.
+fn check_reduce_scatter(send: usize, recv: usize, size: usize) -> Result<(), DistError> {
+    if send != recv * size {
+        return Err(DistError::Size {
+            op: "reduce_scatter_sum",
+            what: "send buffer",
+            expected: recv * size,
+            got: send,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `rank` is in a communicator of `size`.
+fn check_rank(op: &'static str, rank: usize, size: usize) -> Result<(), DistError> {
+    if rank >= size {
+        return Err(DistError::Rank { op, rank, size });
+    }
+    Ok(())
+}

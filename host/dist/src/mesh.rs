@@ -1,0 +1,256 @@
+//! The device mesh: the job's ranks laid out along its parallel dimensions, row-major in the
+//! order of [`MeshDim::ALL`] (`tp` varies fastest, so a tensor-parallel group is on
+//! consecutive ranks, which a launcher puts on one machine).
+
+use crate::{Collective, DistError};
+
+/// The config keys of the mesh degrees, in [`MeshDim::ALL`] order (`[parallelism]`).
+pub const MESH_KEYS: [&str; 6] = ["pp", "dp_replicate", "dp_shard", "cp", "ep", "tp"];
+
+/// One parallel dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MeshDim {
+    /// Pipeline stages.
+    Pp,
+    /// Data-parallel replicas (DDP, and the replicate dimension of HSDP).
+    DpReplicate,
+    /// Data-parallel shards (FSDP).
+    DpShard,
+    /// Context (sequence) parallelism.
+    Cp,
+    /// Expert parallelism.
+    Ep,
+    /// Tensor parallelism.
+    Tp,
+}
+
+impl MeshDim {
+    /// Every dimension, outermost first.
+    pub const ALL: [MeshDim; 6] = [
+        MeshDim::Pp,
+        MeshDim::DpReplicate,
+        MeshDim::DpShard,
+        MeshDim::Cp,
+        MeshDim::Ep,
+        MeshDim::Tp,
+    ];
+
+    /// Its key in `[parallelism]`.
+    pub fn key(self) -> &'static str {
+        MESH_KEYS[self as usize]
+    }
+}
+
+/// Why a mesh does not fit the job.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MeshError {
+    /// A degree is neither positive nor -1.
+    #[error("parallelism.{key} = {degree}: a degree must be at least 1, or -1 for the rest of the world size")]
+    BadDegree {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        degree: i64,
+    },
+    /// More than one degree is -1.
+    #[error("parallelism.{first} and parallelism.{second} are both -1; at most one degree may take the rest of the world size")]
+    TwoWildcards {
+        /// The first -1 key.
+        first: &'static str,
+        /// The second.
+        second: &'static str,
+    },
+    /// The degrees do not multiply to the world size.
+    #[error("parallelism: {product_text} = {product}, but the job has {world} process(es); make the degrees multiply to {world}{hint}")]
+    WorldSize {
+        /// `dp_replicate (2) × dp_shard (1) × ...`.
+        product_text: String,
+        /// The product of the fixed degrees.
+        product: usize,
+        /// Processes in the job.
+        world: usize,
+        /// What a -1 would need, when there is one.
+        hint: String,
+    },
+}
+
+/// The job's mesh: a degree per dimension (multiplying to the world size) and this rank's
+/// coordinates.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mesh {
+    degrees: [usize; 6],
+    coords: [usize; 6],
+}
+
+impl Mesh {
+    /// The mesh of a job of `world` processes, seen from `rank`, from the config's degrees in
+    /// [`MeshDim::ALL`] order (one may be -1: the world size over the others' product).
+    pub fn new(degrees: [i64; 6], world: usize, rank: usize) -> Result<Mesh, MeshError> {
+        let mut wildcard: Option<usize> = None;
+        for (i, &d) in degrees.iter().enumerate() {
+            if d == -1 {
+                if let Some(first) = wildcard {
+                    return Err(MeshError::TwoWildcards {
+                        first: MESH_KEYS[first],
+                        second: MESH_KEYS[i],
+                    });
+                }
+                wildcard = Some(i);
+            } else if d < 1 {
+                return Err(MeshError::BadDegree {
+                    key: MESH_KEYS[i],
+                    degree: d,
+                });
+            }
+        }
+        let fixed: usize = degrees
+            .iter()
+            .filter(|&&d| d > 0)
+            .map(|&d| d as usize)
+            .product();
+        let mut resolved = [1usize; 6];
+        for (r, &d) in resolved.iter_mut().zip(&degrees) {
+            *r = d.max(1) as usize;
+        }
+        let fits = match wildcard {
+            Some(i) if fixed > 0 && world.is_multiple_of(fixed) => {
+                resolved[i] = world / fixed;
+                true
+            }
+            Some(_) => false,
+            None => fixed == world,
+        };
+        if !fits {
+            let product_text = MeshDim::ALL
+                .iter()
+                .zip(&degrees)
+                .filter(|(_, &d)| d != -1)
+                .map(|(dim, d)| format!("{} ({d})", dim.key()))
+                .collect::<Vec<_>>()
+                .join(" × ");
+            let hint = match wildcard {
+                Some(i) => format!(
+                    " (parallelism.{} = -1 takes the rest, so the others must divide {world})",
+                    MESH_KEYS[i]
+                ),
+                None => String::new(),
+            };
+            return Err(MeshError::WorldSize {
+                product_text,
+                product: fixed,
+                world,
+                hint,
+            });
+        }
+        let mut coords = [0usize; 6];
+        let mut rest = rank;
+        for i in (0..6).rev() {
+            coords[i] = rest % resolved[i];
+            rest /= resolved[i];
+        }
+        Ok(Mesh {
+            degrees: resolved,
+            coords,
+        })
+    }
+
+    /// The degree of `dim`.
+    pub fn degree(&self, dim: MeshDim) -> usize {
+        self.degrees[dim as usize]
+    }
+
+    /// This rank's coordinate along `dim`.
+    pub fn coord(&self, dim: MeshDim) -> usize {
+        self.coords[dim as usize]
+    }
+
+    /// Processes in the mesh.
+    pub fn world_size(&self) -> usize {
+        self.degrees.iter().product()
+    }
+
+    /// The communicator of `dim`: the ranks that share every other coordinate with this one,
+    /// ordered by their coordinate along `dim`. Collective over `world`: every rank must ask
+    /// for the same dimensions in the same order.
+    pub fn comm(
+        &self,
+        world: &dyn Collective,
+        dim: MeshDim,
+    ) -> Result<Box<dyn Collective>, DistError> {
+        self.comm_of(world, &[dim])
+    }
+
+    /// The communicator of several dimensions together (`dp_replicate` and `dp_shard`: every
+    /// data-parallel rank): the ranks that share every coordinate outside `dims`, ordered
+    /// row-major by their coordinates along `dims`. Collective over `world`.
+    pub fn comm_of(
+        &self,
+        world: &dyn Collective,
+        dims: &[MeshDim],
+    ) -> Result<Box<dyn Collective>, DistError> {
+        let inside = |i: usize| dims.iter().any(|d| *d as usize == i);
+        // The color is this rank's linear index with the coordinates inside `dims` set to 0;
+        // the key is its linear index within `dims`.
+        let (mut color, mut key) = (0usize, 0usize);
+        for i in 0..6 {
+            if inside(i) {
+                key = key * self.degrees[i] + self.coords[i];
+                color *= self.degrees[i];
+            } else {
+                color = color * self.degrees[i] + self.coords[i];
+            }
+        }
+        let too_large = |count| DistError::TooLarge {
+            op: "mesh split",
+            count,
+        };
+        let color = u32::try_from(color).map_err(|_| too_large(color))?;
+        let key = u32::try_from(key).map_err(|_| too_large(key))?;
+        world.split(color, key)
+    }
+
+    /// `dp_replicate = 2, dp_shard = 1, ...`: the resolved degrees, for logs.
+    pub fn describe(&self) -> String {
+        MeshDim::ALL
+            .iter()
+            .map(|d| format!("{} = {}", d.key(), self.degree(*d)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn degrees_resolve_against_the_world() {
+        // pp, dp_replicate, dp_shard, cp, ep, tp
+        let m = Mesh::new([1, 2, -1, 1, 1, 1], 4, 3).unwrap();
+        assert_eq!(m.degree(MeshDim::DpShard), 2);
+        assert_eq!(
+            (m.coord(MeshDim::DpReplicate), m.coord(MeshDim::DpShard)),
+            (1, 1)
+        );
+        let m = Mesh::new([1, 1, 1, 1, 1, 2], 2, 1).unwrap();
+        assert_eq!(m.coord(MeshDim::Tp), 1);
+        let e = Mesh::new([1, 2, 1, 1, 1, 1], 3, 0).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("dp_replicate (2)") && text.contains("3 process"),
+            "{text}"
+        );
+        let e = Mesh::new([1, 2, -1, 1, 1, 1], 3, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("parallelism.dp_shard = -1"), "{e}");
+        assert!(matches!(
+            Mesh::new([1, -1, -1, 1, 1, 1], 4, 0),
+            Err(MeshError::TwoWildcards { .. })
+        ));
+        assert!(matches!(
+            Mesh::new([0, 1, 1, 1, 1, 1], 1, 0),
+            Err(MeshError::BadDegree { key: "pp", .. })
+        ));
+    }
+}

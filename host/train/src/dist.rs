@@ -1,0 +1,266 @@
+//! The job's processes as the trainer sees them: the device mesh from `[parallelism]`, the
+//! data-parallel communicator, and which slice of the global batch this rank trains on.
+//!
+//! Data parallelism by replicas (DDP) is what runs: every rank holds the whole model, reads
+//! the same global batch from the same loader (so the data order does not depend on the number
+//! of ranks) and trains on its consecutive share of the step's micro-batches; the gradients are
+//! summed (each micro-batch's loss already carries `1 / micro-batches`, so the sum is the
+//! average) before the norm, clipping and the optimizer, so every replica applies the same update.
+//! With `dp_shard > 1` the parameters are sharded ([`crate::fsdp`]); `dp_replicate` × `dp_shard`
+//! is HSDP, and the data is split over all of their ranks.
+
+use crate::TrainError;
+use anneal_config::JobConfig;
+use anneal_dist::{Collective, Mesh, MeshDim, Single};
+use anneal_engine::Tensor;
+use std::ops::Range;
+
+/// The trainer's view of the job's processes.
+pub struct Dist {
+    mesh: Mesh,
+    /// Every data-parallel rank (`dp_replicate` × `dp_shard`): the batch is split over it.
+    dp: Box<dyn Collective>,
+    /// The `dp_shard` communicator, when parameters are sharded.
+    shard: Option<Box<dyn Collective>>,
+    /// The `dp_replicate` communicator, when sharded parameters are also replicated (HSDP).
+    replicate: Option<Box<dyn Collective>>,
+}
+
+impl Dist {
+    /// One process: no MPI.
+    pub fn single() -> Dist {
+        Dist {
+            mesh: Mesh::new([1; 6], 1, 0).expect("a mesh of ones fits one process"),
+            dp: Box::new(Single::new()),
+            shard: None,
+            replicate: None,
+        }
+    }
+
+    /// The mesh `cfg.parallelism` asks for over `world`'s processes, and its data-parallel
+    /// communicator; a mesh that does not fit the world size, or that needs a dimension other
+    /// than `dp_replicate`, is a user error naming the keys. Collective over `world`.
+    pub fn new(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
+        let mesh = Mesh::new(cfg.parallelism.degrees(), world.size(), world.rank())?;
+        for dim in MeshDim::ALL {
+            if !matches!(dim, MeshDim::DpReplicate | MeshDim::DpShard) && mesh.degree(dim) > 1 {
+                return Err(TrainError::Config(format!(
+                    "config: `parallelism.{}` resolves to {}: only data parallelism (dp_replicate, dp_shard) runs across processes so far; set parallelism.{} = 1",
+                    dim.key(),
+                    mesh.degree(dim),
+                    dim.key()
+                )));
+            }
+        }
+        let (rep, shard) = (
+            mesh.degree(MeshDim::DpReplicate),
+            mesh.degree(MeshDim::DpShard),
+        );
+        // Every rank splits the same communicators in the same order (collective calls).
+        let dp = if world.size() == 1 {
+            Box::new(Single::new()) as Box<dyn Collective>
+        } else {
+            mesh.comm_of(world, &[MeshDim::DpReplicate, MeshDim::DpShard])?
+        };
+        let shard = if shard > 1 {
+            Some(mesh.comm(world, MeshDim::DpShard)?)
+        } else {
+            None
+        };
+        let replicate = if shard.is_some() && rep > 1 {
+            Some(mesh.comm(world, MeshDim::DpReplicate)?)
+        } else {
+            None
+        };
+        let dist = Dist {
+            mesh,
+            dp,
+            shard,
+            replicate,
+        };
+        dist.check_batch(cfg)?;
+        Ok(dist)
+    }
+
+    /// The global batch must split into whole micro-batches per data-parallel rank.
+    fn check_batch(&self, cfg: &JobConfig) -> Result<(), TrainError> {
+        let t = &cfg.training;
+        let n = self.dp.size();
+        let micro = t.batch_size / t.micro_batch_size;
+        if !micro.is_multiple_of(n) {
+            return Err(TrainError::Config(format!(
+                "config: `training.batch_size` ({}) / `training.micro_batch_size` ({}) = {micro} micro-batches per step do not split evenly over {n} data-parallel ranks (parallelism.dp_replicate); make the micro-batch count a multiple of {n}",
+                t.batch_size, t.micro_batch_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// This process's rank in the data-parallel group.
+    pub fn rank(&self) -> usize {
+        self.dp.rank()
+    }
+
+    /// Data-parallel ranks.
+    pub fn size(&self) -> usize {
+        self.dp.size()
+    }
+
+    /// The resolved mesh.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// The data-parallel communicator.
+    pub fn dp(&self) -> &dyn Collective {
+        self.dp.as_ref()
+    }
+
+    /// The `dp_shard` communicator when parameters are sharded (FSDP / HSDP).
+    pub fn shard(&self) -> Option<&dyn Collective> {
+        self.shard.as_deref()
+    }
+
+    /// The `dp_replicate` communicator of an HSDP mesh.
+    pub fn replicate(&self) -> Option<&dyn Collective> {
+        self.replicate.as_deref()
+    }
+
+    /// For each parameter, whether any data-parallel rank has a gradient for it.
+    pub fn any_grads(&self, named: &[(String, Tensor)]) -> Result<Vec<bool>, TrainError> {
+        let mut flags: Vec<f32> = named
+            .iter()
+            .map(|(_, p)| p.grad().map_or(0.0, |_| 1.0))
+            .collect();
+        if self.size() > 1 {
+            self.dp.all_reduce_sum(&mut flags)?;
+        }
+        Ok(flags.into_iter().map(|f| f > 0.0).collect())
+    }
+
+    /// The step's micro-batches (of `n_micro`, in loader order) this rank trains on.
+    pub fn my_micro_batches(&self, n_micro: usize) -> Range<usize> {
+        let per = n_micro / self.size();
+        self.rank() * per..(self.rank() + 1) * per
+    }
+
+    /// Sums the parameters' gradients over the data-parallel ranks, in f32, in one buffer. A
+    /// parameter that got no gradient on any rank keeps none (so an optimizer skips it as in a
+    /// single process); one that got a gradient on some rank gets the sum on every rank.
+    pub fn all_reduce_grads(&self, named: &[(String, Tensor)]) -> Result<(), TrainError> {
+        if self.size() == 1 {
+            return Ok(());
+        }
+        let total: usize = named.iter().map(|(_, p)| p.numel()).sum();
+        let mut buf = Vec::with_capacity(total + named.len());
+        for (_, p) in named {
+            match p.grad() {
+                Some(g) => buf.extend(g.to_vec_f32()),
+                None => buf.resize(buf.len() + p.numel(), 0.0),
+            }
+        }
+        // One flag per parameter: how many ranks had a gradient for it.
+        buf.extend(named.iter().map(|(_, p)| p.grad().map_or(0.0, |_| 1.0)));
+        sum_identically(self.dp.as_ref(), &mut buf)?;
+        let flags = &buf[total..];
+        let mut at = 0;
+        for ((_, p), &flag) in named.iter().zip(flags) {
+            let n = p.numel();
+            if flag > 0.0 {
+                let g = Tensor::from_slice(&buf[at..at + n], p.shape())?;
+                let g = match p.grad() {
+                    Some(old) if old.dtype() != g.dtype() => g.to_dtype(old.dtype())?,
+                    _ => g,
+                };
+                p.set_grad(Some(g))?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Fails when the replicas' parameters differ (they must stay bitwise equal: the same
+    /// start, the same summed gradients, the same update): every rank compares its digest
+    /// of `named` (its shards, under FSDP) with that of the first rank of its replica group.
+    /// Returns the digest, or `None` when no rank holds a replica of this one's parameters
+    /// (pure FSDP).
+    pub fn check_replicas(&self, named: &[(String, Tensor)]) -> Result<Option<u64>, TrainError> {
+        // FNV-1a over the parameters' bytes in name order: cheap, and any differing bit shows.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for (_, p) in named {
+            for b in p.to_bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        let group = match (&self.shard, &self.replicate) {
+            (None, _) => self.dp.as_ref(),
+            (Some(_), Some(rep)) => rep.as_ref(),
+            // Pure FSDP: each rank's shard is its own; nothing to compare.
+            (Some(_), None) => return Ok(None),
+        };
+        let mut bytes = h.to_le_bytes();
+        group.broadcast(&mut bytes, 0)?;
+        let root = u64::from_le_bytes(bytes);
+        if root != h {
+            return Err(TrainError::Dist(anneal_dist::DistError::Diverged {
+                rank: self.rank(),
+                digest: h,
+                root,
+            }));
+        }
+        Ok(Some(h))
+    }
+
+    /// Every rank's values of `local`, concatenated in rank order.
+    pub fn gather_f32(&self, local: &[f32]) -> Result<Vec<f32>, TrainError> {
+        let mut out = vec![0f32; local.len() * self.size()];
+        self.dp.all_gather(local.into(), (&mut out[..]).into())?;
+        Ok(out)
+    }
+
+    /// The largest of every rank's `v`.
+    pub fn max_u64(&self, v: u64) -> Result<u64, TrainError> {
+        let mut out = vec![0i64; self.size()];
+        let local = [i64::try_from(v).unwrap_or(i64::MAX)];
+        self.dp
+            .all_gather((&local[..]).into(), (&mut out[..]).into())?;
+        Ok(out.into_iter().max().unwrap_or(0).max(0) as u64)
+    }
+
+    /// Whether any rank's `flag` is set (a stop request reaches ranks at different steps; they
+    /// must stop at the same one).
+    pub fn any(&self, flag: bool) -> Result<bool, TrainError> {
+        if self.size() == 1 {
+            return Ok(flag);
+        }
+        let mut v = [f32::from(u8::from(flag))];
+        self.dp.all_reduce_sum(&mut v)?;
+        Ok(v[0] > 0.0)
+    }
+
+    /// `root`'s `v` on every rank.
+    pub fn broadcast_u64(&self, v: u64, root: usize) -> Result<u64, TrainError> {
+        let mut bytes = v.to_le_bytes();
+        self.dp.broadcast(&mut bytes, root)?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+
+    /// Bytes this rank has handed to collectives so far.
+    pub fn comm_bytes(&self) -> u64 {
+        self.dp.comm_bytes()
+    }
+}
+
+/// Sums `buf` over `comm`'s ranks so that every rank holds the very same bits: a reduce-scatter
+/// (each block summed once, by its owner) then an all-gather of the blocks. An all-reduce may
+/// round differently on different ranks, which would let replicas drift apart.
+pub(crate) fn sum_identically(comm: &dyn Collective, buf: &mut Vec<f32>) -> Result<(), TrainError> {
+    let n = comm.size();
+    let len = buf.len();
+    buf.resize(len.div_ceil(n) * n, 0.0);
+    let mut block = vec![0f32; buf.len() / n];
+    comm.reduce_scatter_sum(buf, &mut block)?;
+    comm.all_gather((&block[..]).into(), (&mut buf[..]).into())?;
+    buf.truncate(len);
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! Sharded data parallelism (FSDP, ZeRO-3 layout) with the whole model as one unit: between
+//! steps every rank holds only its dim-0 rows of each parameter, of its gradient and of its
+//! optimizer state ([`anneal_dist::Dim0Shard`]), so those bytes fall as 1/N. A step gathers the
+//! full parameters (fresh leaves the forward and backward use), reduce-scatters the full
+//! gradients back to the shards (then, in HSDP, sums them over the replicas), and the optimizer
+//! steps on the shards. Checkpoints gather everything to rank 0 and stay ordinary full
+//! checkpoints, so any world size or layout resumes them.
+//!
+//! Not yet: per-block units (gather each block right before its forward, prefetch the next,
+//! free after use and gather again for backward, reduce-scatter as each block's backward
+//! ends); the full parameters live for the whole step here.
+
+use crate::TrainError;
+use anneal_dist::{Collective, Dim0Shard};
+use anneal_engine::Tensor;
+use std::collections::BTreeMap;
+
+/// Tensors by name.
+type Named = Vec<(String, Tensor)>;
+
+/// How each trained parameter (in the trainer's name order) is sharded over `dp_shard`.
+pub(crate) struct Fsdp {
+    /// Per parameter: its full shape and this rank's rows.
+    layout: Vec<(Vec<usize>, Dim0Shard)>,
+}
+
+impl Fsdp {
+    /// The layout of `named` (full parameters) for rank `rank` of `ranks` shards.
+    pub fn new(named: &[(String, Tensor)], rank: usize, ranks: usize) -> Fsdp {
+        Fsdp {
+            layout: named
+                .iter()
+                .map(|(_, p)| (p.shape().to_vec(), Dim0Shard::new(p.shape(), rank, ranks)))
+                .collect(),
+        }
+    }
+
+    /// This rank's rows of each full parameter, as trainable leaves.
+    pub fn shard(&self, full: &[(String, Tensor)]) -> Result<Named, TrainError> {
+        full.iter()
+            .zip(&self.layout)
+            .map(|((n, p), (shape, s))| {
+                let rows = s.slice(&p.to_vec_f32()).to_vec();
+                let t = Tensor::from_vec(rows, &s.shape(shape))?.to_dtype(p.dtype())?;
+                Ok((n.clone(), t.requires_grad_()))
+            })
+            .collect()
+    }
+
+    /// The full parameters from every rank's shards, as fresh trainable leaves.
+    pub fn gather(
+        &self,
+        comm: &dyn Collective,
+        shards: &[(String, Tensor)],
+    ) -> Result<Named, TrainError> {
+        // Every gather starts before the first is waited for, so they overlap each other.
+        let pending = shards
+            .iter()
+            .zip(&self.layout)
+            .map(|((_, p), (_, s))| s.start_all_gather(comm, &p.to_vec_f32()))
+            .collect::<Result<Vec<_>, _>>()?;
+        shards
+            .iter()
+            .zip(&self.layout)
+            .zip(pending)
+            .map(|(((n, p), (shape, s)), h)| {
+                let t = Tensor::from_vec(s.finish_gather(h)?, shape)?.to_dtype(p.dtype())?;
+                Ok((n.clone(), t.requires_grad_()))
+            })
+            .collect()
+    }
+
+    /// Sums the full parameters' gradients over the shard ranks into each shard's gradient
+    /// (then over the replicas, when `replicate` is given). A parameter that no data-parallel
+    /// rank got a gradient for (`has_grad[i]` false) keeps none, as in one process.
+    pub fn reduce_grads(
+        &self,
+        shard_comm: &dyn Collective,
+        replicate: Option<&dyn Collective>,
+        full: &[(String, Tensor)],
+        shards: &[(String, Tensor)],
+        has_grad: &[bool],
+    ) -> Result<(), TrainError> {
+        let pending = full
+            .iter()
+            .zip(&self.layout)
+            .map(|((_, p), (_, s))| {
+                let g = p
+                    .grad()
+                    .map_or_else(|| vec![0.0; s.full_len()], |g| g.to_vec_f32());
+                s.start_reduce_scatter(shard_comm, &g)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for ((((_, shard), (shape, s)), h), &any) in
+            shards.iter().zip(&self.layout).zip(pending).zip(has_grad)
+        {
+            let mut rows = s.finish_scatter(h)?;
+            if let Some(rep) = replicate {
+                crate::dist::sum_identically(rep, &mut rows)?;
+            }
+            if any {
+                let g = Tensor::from_vec(rows, &s.shape(shape))?.to_dtype(shard.dtype())?;
+                shard.set_grad(Some(g))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The global gradient norm from the shards: each rank's f64 sum of squares, gathered over
+    /// the shard ranks and added in rank order (so every rank gets the same bits).
+    pub fn grad_norm(
+        &self,
+        shard_comm: &dyn Collective,
+        shards: &[(String, Tensor)],
+    ) -> Result<f64, TrainError> {
+        let local: f64 = shards
+            .iter()
+            .filter_map(|(_, p)| p.grad())
+            .map(|g| g.sum_of_squares())
+            .sum();
+        let mut all = vec![0i64; shard_comm.size()];
+        let bits = [local.to_bits() as i64];
+        shard_comm.all_gather((&bits[..]).into(), (&mut all[..]).into())?;
+        Ok(all
+            .iter()
+            .map(|&b| f64::from_bits(b as u64))
+            .sum::<f64>()
+            .sqrt())
+    }
+
+    /// The optimizer state `<param>.<state>` of the shards, gathered to full tensors (for a
+    /// checkpoint). `names` are the parameters in layout order.
+    pub fn gather_state(
+        &self,
+        comm: &dyn Collective,
+        names: &[(String, Tensor)],
+        state: &BTreeMap<String, Tensor>,
+    ) -> Result<BTreeMap<String, Tensor>, TrainError> {
+        let mut out = BTreeMap::new();
+        for (key, t) in state {
+            let (shape, s) = self.layout_of(names, key)?;
+            let full = s.all_gather(comm, &t.to_vec_f32())?;
+            out.insert(
+                key.clone(),
+                Tensor::from_vec(full, shape)?.to_dtype(t.dtype())?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// This rank's rows of full optimizer state tensors (from a checkpoint).
+    pub fn shard_state(
+        &self,
+        names: &[(String, Tensor)],
+        state: BTreeMap<String, Tensor>,
+    ) -> Result<BTreeMap<String, Tensor>, TrainError> {
+        state
+            .into_iter()
+            .map(|(key, t)| {
+                let (shape, s) = self.layout_of(names, &key)?;
+                if t.shape() != shape {
+                    // Left for the optimizer's own shape check to report.
+                    return Ok((key, t));
+                }
+                let rows = s.slice(&t.to_vec_f32()).to_vec();
+                let sharded = Tensor::from_vec(rows, &s.shape(shape))?.to_dtype(t.dtype())?;
+                Ok((key, sharded))
+            })
+            .collect()
+    }
+
+    /// The layout of the parameter a state key `<param>.<state>` belongs to (the longest
+    /// parameter name that prefixes it, since names hold dots).
+    fn layout_of<'a>(
+        &'a self,
+        names: &[(String, Tensor)],
+        key: &str,
+    ) -> Result<(&'a [usize], &'a Dim0Shard), TrainError> {
+        names
+            .iter()
+            .zip(&self.layout)
+            .filter(|((n, _), _)| {
+                key.len() > n.len()
+                    && key.starts_with(n.as_str())
+                    && key.as_bytes()[n.len()] == b'.'
+            })
+            .max_by_key(|((n, _), _)| n.len())
+            .map(|(_, (shape, s))| (shape.as_slice(), s))
+            .ok_or_else(|| {
+                TrainError::Config(format!("optimizer state {key} belongs to no parameter"))
+            })
+    }
+
+    /// Bytes of parameters, gradients and optimizer state this rank holds between steps.
+    pub fn resident_bytes(shards: &[(String, Tensor)], state: &BTreeMap<String, Tensor>) -> u64 {
+        let params: usize = shards
+            .iter()
+            .map(|(_, p)| p.numel() * p.dtype().size_in_bytes())
+            .sum();
+        let grads: usize = shards
+            .iter()
+            .filter_map(|(_, p)| p.grad())
+            .map(|g| g.numel() * g.dtype().size_in_bytes())
+            .sum();
+        let opt: usize = state
+            .values()
+            .map(|t| t.numel() * t.dtype().size_in_bytes())
+            .sum();
+        (params + grads + opt) as u64
+    }
+}
