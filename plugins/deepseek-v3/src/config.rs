@@ -56,6 +56,9 @@ pub struct DeepseekArgs {
     /// Groups a token may choose from (`topk_group`).
     #[serde(default = "one")]
     pub topk_group: usize,
+    /// Router scores: `sigmoid` (DeepSeek-V3, Kimi K2) or `softmax` (DeepSeek-V2).
+    #[serde(default = "sigmoid")]
+    pub scoring: String,
     /// Renormalise the chosen experts' weights to sum to 1 (`norm_topk_prob`).
     #[serde(default = "yes")]
     pub norm_topk_prob: bool,
@@ -93,6 +96,10 @@ fn one() -> usize {
 
 fn f32_name() -> String {
     "f32".into()
+}
+
+fn sigmoid() -> String {
+    "sigmoid".into()
 }
 
 fn model_type() -> String {
@@ -209,6 +216,12 @@ impl DeepseekArgs {
         if !matches!(self.dtype.as_str(), "f32" | "bf16") {
             return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
         }
+        if !matches!(self.scoring.as_str(), "sigmoid" | "softmax") {
+            return Err(format!(
+                "scoring must be sigmoid or softmax, got {}",
+                self.scoring
+            ));
+        }
         self.rope().validate()
     }
 }
@@ -252,6 +265,7 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
         n_shared_experts: 1,
         n_group: 8,
         topk_group: 4,
+        scoring: sigmoid(),
         norm_topk_prob: true,
         routed_scaling_factor: 2.5,
         aux_loss_coef: 0.0,
@@ -305,6 +319,33 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
             hf_model_type: "kimi_k2".into(),
             ..v3
         },
+        // DeepSeek-V2-Lite (model type deepseek_v2): the same blocks with softmax routing over
+        // 64 experts, no query latent and no routing groups.
+        "deepseek_v2_lite_16b" => DeepseekArgs {
+            dim: 2048,
+            n_layers: 27,
+            n_heads: 16,
+            vocab_size: 102_400,
+            yarn: Some(YarnScaling {
+                mscale: Some(0.707),
+                mscale_all_dim: Some(0.707),
+                ..deepseek_yarn(40.0)?
+            }),
+            q_lora_rank: None,
+            ffn_dim: 10_944,
+            first_k_dense: 1,
+            n_experts: 64,
+            top_k: 6,
+            expert_ffn_dim: 1408,
+            n_shared_experts: 2,
+            n_group: 1,
+            topk_group: 1,
+            scoring: "softmax".into(),
+            norm_topk_prob: false,
+            routed_scaling_factor: 1.0,
+            mtp_layers: 0,
+            ..v3.clone()
+        },
         "moonlight_16b_a3b" => DeepseekArgs {
             dim: 2048,
             n_layers: 27,
@@ -335,6 +376,7 @@ pub const FLAVORS: &[&str] = &[
     "debugmodel",
     "deepseek_v3_671b",
     "kimi_k2_1t",
+    "deepseek_v2_lite_16b",
     "moonlight_16b_a3b",
 ];
 
@@ -355,11 +397,24 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
     if f.bool("attention_bias")?.unwrap_or(false) {
         return Err("config.json: attention_bias = true is not supported".into());
     }
-    if let Some(s) = f.str("scoring_func")? {
-        if s != "sigmoid" {
-            return Err(format!(
-                "config.json: scoring_func '{s}' is not supported (sigmoid)"
-            ));
+    let scoring = f.str("scoring_func")?.unwrap_or("sigmoid").to_string();
+    if !matches!(scoring.as_str(), "sigmoid" | "softmax") {
+        return Err(format!(
+            "config.json: scoring_func '{scoring}' is not supported (sigmoid, softmax)"
+        ));
+    }
+    let (nope, rope_dim) = (
+        f.need_uint("qk_nope_head_dim")?,
+        f.need_uint("qk_rope_head_dim")?,
+    );
+    // A head split that does not add up: transformers derives these two from the others.
+    for (key, want) in [("qk_head_dim", nope + rope_dim), ("head_dim", rope_dim)] {
+        if let Some(got) = f.uint(key)? {
+            if got != want {
+                return Err(format!(
+                    "config.json: {key} = {got} does not match qk_nope_head_dim + qk_rope_head_dim = {nope} + {rope_dim} (qk_head_dim) and qk_rope_head_dim (head_dim): expected {want}"
+                ));
+            }
         }
     }
     let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
@@ -382,8 +437,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(4096),
         q_lora_rank: f.uint("q_lora_rank")?,
         kv_lora_rank: f.need_uint("kv_lora_rank")?,
-        qk_nope_head_dim: f.need_uint("qk_nope_head_dim")?,
-        qk_rope_head_dim: f.need_uint("qk_rope_head_dim")?,
+        qk_nope_head_dim: nope,
+        qk_rope_head_dim: rope_dim,
         v_head_dim: f.need_uint("v_head_dim")?,
         rope_interleave: f.bool("rope_interleave")?.unwrap_or(true),
         ffn_dim: f.need_uint("intermediate_size")?,
@@ -394,6 +449,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         n_shared_experts: f.uint("n_shared_experts")?.unwrap_or(0),
         n_group: f.uint("n_group")?.unwrap_or(1),
         topk_group: f.uint("topk_group")?.unwrap_or(1),
+        scoring,
         norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(true),
         routed_scaling_factor: f.float("routed_scaling_factor")?.unwrap_or(1.0),
         aux_loss_coef: coef,
@@ -453,7 +509,9 @@ mod tests {
                 "qk_rope_head_dim (7) must be even",
             ),
             ("kv_lora_rank", json!(0), "kv_lora_rank must be at least 1"),
-            ("scoring_func", json!("softmax"), "scoring_func 'softmax'"),
+            ("scoring_func", json!("relu"), "scoring_func 'relu'"),
+            ("qk_head_dim", json!(25), "qk_head_dim = 25 does not match"),
+            ("head_dim", json!(16), "head_dim = 16 does not match"),
         ] {
             let mut c = tiny();
             c[k] = v;

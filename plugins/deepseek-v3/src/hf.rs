@@ -34,7 +34,7 @@ pub fn adapter(a: &DeepseekArgs) -> HfAdapter {
         "topk_group": a.topk_group,
         "norm_topk_prob": a.norm_topk_prob,
         "routed_scaling_factor": a.routed_scaling_factor,
-        "scoring_func": "sigmoid",
+        "scoring_func": a.scoring,
         "num_nextn_predict_layers": a.mtp_layers,
         "attention_bias": false,
         "tie_word_embeddings": a.tie_embeddings,

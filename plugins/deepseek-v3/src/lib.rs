@@ -63,6 +63,8 @@ mod tests {
         assert_eq!(count("deepseek_v3_671b").0, 671_026_404_352);
         assert_eq!(count("kimi_k2_1t").0, 1_026_408_209_408);
         assert_eq!(count("moonlight_16b_a3b").0, 15_960_108_544);
+        // transformers' `DeepseekV2ForCausalLM` for V2-Lite.
+        assert_eq!(count("deepseek_v2_lite_16b").0, 15_706_484_224);
         // DeepSeek-V3's 37B active parameters per token.
         let active = count("deepseek_v3_671b").1 as f64 / 1e9;
         assert!((36.5..38.0).contains(&active), "{active}");

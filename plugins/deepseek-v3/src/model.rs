@@ -188,8 +188,13 @@ impl DeepseekV3 {
                 w3,
                 shared,
             } => {
+                let score = if a.scoring == "softmax" {
+                    RouterScore::Softmax
+                } else {
+                    RouterScore::Sigmoid
+                };
                 let mut opts = MoeFfnOpts::new(Router {
-                    score: RouterScore::Sigmoid,
+                    score,
                     renormalize: a.norm_topk_prob,
                     route_scale: a.routed_scaling_factor,
                     groups: (a.n_group > 1).then_some((a.n_group, a.topk_group)),
