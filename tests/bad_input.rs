@@ -340,7 +340,10 @@ fn errors_are_one_line_each_cause_once_with_the_right_exit_code() {
     error_line(&run_within(c, 60), 1);
     // Exactly what the plugin file is named after is opened: an unknown name lists the others.
     let line = error_line(&train(&job, "a", &["model.plugin=\"nope\""]), 2);
-    assert!(line.contains("found: adamw, gpt_oss, llama, sgd"), "{line}");
+    assert!(
+        line.contains("found: adamw, deepseek_v3, gpt_oss, llama, sgd"),
+        "{line}"
+    );
 }
 
 #[test]

@@ -277,16 +277,24 @@ fn finding_a_plugin_opens_only_its_own_file() {
 fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
     use anneal_runtime::plugins::find_for_model_type_in;
     let dirs = [plugin_dir().to_path_buf()];
-    for t in ["llama", "qwen3", "qwen3_moe", "mixtral"] {
+    for (t, want) in [
+        ("llama", "llama"),
+        ("qwen3", "llama"),
+        ("qwen3_moe", "llama"),
+        ("mixtral", "llama"),
+        ("gpt_oss", "gpt_oss"),
+        ("deepseek_v3", "deepseek_v3"),
+        ("kimi_k2", "deepseek_v3"),
+    ] {
         let p = find_for_model_type_in(&dirs, t).unwrap();
-        assert_eq!(p.name(), "llama", "{t}");
+        assert_eq!(p.name(), want, "{t}");
     }
     assert_eq!(plugin("adamw").model_types().count(), 0);
-    let err = find_for_model_type_in(&dirs, "gpt_oss").unwrap_err();
+    let err = find_for_model_type_in(&dirs, "falcon_h1").unwrap_err();
     assert!(matches!(err, PluginError::NoModelType { .. }));
     let msg = err.to_string();
     assert!(
-        msg.contains("'gpt_oss'") && msg.contains("llama (llama, qwen3, qwen3_moe, mixtral)"),
+        msg.contains("'falcon_h1'") && msg.contains("llama (llama, qwen3, qwen3_moe, mixtral)"),
         "{msg}"
     );
 }
