@@ -192,6 +192,31 @@ pub fn from_args<T: serde::de::DeserializeOwned>(args: serde_json::Value) -> Res
     })
 }
 
+/// The arguments a model plugin builds its model from, as every `Factory::create` wants them:
+/// with `"hf_config"` in `args` (a Hugging Face directory's `config.json`), what `from_hf` reads
+/// from it; otherwise the flavor `flavor` (the first of `flavors` when `None`) that `flavor_of`
+/// names, an unknown name listing the known ones. The other keys of `args` then override single
+/// fields, and an unknown key is an error naming it.
+pub fn model_args<A: serde::Serialize + serde::de::DeserializeOwned>(
+    flavor: Option<&str>,
+    mut args: serde_json::Value,
+    flavors: &[&str],
+    flavor_of: impl Fn(&str) -> Option<A>,
+    from_hf: impl Fn(&serde_json::Value) -> Result<A, String>,
+) -> Result<A> {
+    let base = match args.as_object_mut().and_then(|o| o.remove("hf_config")) {
+        Some(hf) => from_hf(&hf)?,
+        None => {
+            let name = flavor.or(flavors.first().copied()).unwrap_or("default");
+            flavor_of(name)
+                .ok_or_else(|| format!("unknown flavor '{name}' (known: {})", flavors.join(", ")))?
+        }
+    };
+    let mut merged = serde_json::to_value(base)?;
+    merge_args(&mut merged, args);
+    from_args(merged)
+}
+
 /// Merges `overrides` (a JSON object) into `base`, so `args` in a config can change single
 /// fields of a flavor.
 pub fn merge_args(base: &mut serde_json::Value, overrides: serde_json::Value) {

@@ -152,6 +152,43 @@ impl ParamTable {
         self.push(d, "", "", None)
     }
 
+    /// A decoder's token embedding `tok_embeddings.weight [vocab, dim]`: N(0, 1), split over
+    /// the vocabulary by tensor parallelism, Hugging Face's `model.embed_tokens.weight`.
+    pub fn token_embedding(&mut self, vocab: usize, dim: usize) -> Param {
+        self.add(
+            Decl::new("tok_embeddings.weight", [vocab, dim])
+                .normal(1.0)
+                .vocab()
+                .hf_name("model.embed_tokens.weight"),
+        )
+    }
+
+    /// A decoder's final RMSNorm `norm.weight [dim]` and output projection `output.weight
+    /// [vocab, dim]` (truncated normal of std `dim^-0.5`; `tied` instead when the embedding is
+    /// shared), Hugging Face's `model.norm.weight` and `lm_head.weight`.
+    pub fn final_norm_and_output(
+        &mut self,
+        vocab: usize,
+        dim: usize,
+        tied: Option<&Param>,
+    ) -> (Param, Param) {
+        let norm = self.add(
+            Decl::new("norm.weight", [dim])
+                .ones()
+                .hf_name("model.norm.weight"),
+        );
+        let output = match tied {
+            Some(embedding) => embedding.clone(),
+            None => self.add(
+                Decl::new("output.weight", [vocab, dim])
+                    .trunc_normal((dim as f64).powf(-0.5))
+                    .column()
+                    .hf_name("lm_head.weight"),
+            ),
+        };
+        (norm, output)
+    }
+
     /// A scope for block `index`: names get `prefix.` and Hugging Face names `hf_prefix.`.
     pub fn layer<'a>(&'a mut self, index: usize, prefix: &str, hf_prefix: &str) -> LayerScope<'a> {
         LayerScope {

@@ -7,7 +7,7 @@ pub mod hf;
 pub mod model;
 pub mod spec;
 
-use anneal_plugin_api::sdk::{from_args, merge_args, Factory, Result};
+use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::DeepseekArgs;
 pub use model::DeepseekV3;
 
@@ -18,22 +18,14 @@ impl Factory for DeepseekV3 {
 
     /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
     /// directory describes; its other keys override single fields.
-    fn create(flavor: Option<&str>, mut args: serde_json::Value) -> Result<Self> {
-        let base = match args.as_object_mut().and_then(|o| o.remove("hf_config")) {
-            Some(hf) => config::from_hf_config(&hf)?,
-            None => {
-                let name = flavor.unwrap_or("debugmodel");
-                config::flavor(name).ok_or_else(|| {
-                    format!(
-                        "unknown flavor '{name}' (known: {})",
-                        config::FLAVORS.join(", ")
-                    )
-                })?
-            }
-        };
-        let mut merged = serde_json::to_value(base)?;
-        merge_args(&mut merged, args);
-        DeepseekV3::new(from_args(merged)?)
+    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
+        DeepseekV3::new(model_args(
+            flavor,
+            args,
+            config::FLAVORS,
+            config::flavor,
+            config::from_hf_config,
+        )?)
     }
 }
 

@@ -105,12 +105,7 @@ pub struct MtpParams {
 pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
     let d = a.dim;
     let mut t = ParamTable::new(&a.dtype);
-    let tok_embeddings = t.add(
-        Decl::new("tok_embeddings.weight", [a.vocab_size, d])
-            .normal(1.0)
-            .vocab()
-            .hf_name("model.embed_tokens.weight"),
-    );
+    let tok_embeddings = t.token_embedding(a.vocab_size, d);
     let layers = (0..a.n_layers)
         .map(|i| {
             let (prefix, hf) = (format!("layers.{i}"), format!("model.layers.{i}"));
@@ -141,21 +136,8 @@ pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
             norm: out_norm,
         }
     });
-    let norm = t.add(
-        Decl::new("norm.weight", [d])
-            .ones()
-            .hf_name("model.norm.weight"),
-    );
-    let output = if a.tie_embeddings {
-        tok_embeddings.clone()
-    } else {
-        t.add(
-            Decl::new("output.weight", [a.vocab_size, d])
-                .trunc_normal((d as f64).powf(-0.5))
-                .column()
-                .hf_name("lm_head.weight"),
-        )
-    };
+    let (norm, output) =
+        t.final_norm_and_output(a.vocab_size, d, a.tie_embeddings.then_some(&tok_embeddings));
     let params = DeepseekParams {
         tok_embeddings,
         layers,

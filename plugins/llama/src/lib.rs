@@ -6,7 +6,7 @@ pub mod hf;
 pub mod model;
 pub mod spec;
 
-use anneal_plugin_api::sdk::{from_args, merge_args, Factory, Result};
+use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::LlamaArgs;
 pub use model::Llama;
 
@@ -17,23 +17,14 @@ impl Factory for Llama {
 
     /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
     /// directory describes; its other keys override single fields.
-    fn create(flavor: Option<&str>, mut args: serde_json::Value) -> Result<Self> {
-        if let Some(hf) = args.as_object_mut().and_then(|o| o.remove("hf_config")) {
-            let base = config::from_hf_config(&hf)?;
-            let mut merged = serde_json::to_value(base)?;
-            merge_args(&mut merged, args);
-            return Llama::new(from_args(merged)?);
-        }
-        let name = flavor.unwrap_or("debugmodel");
-        let base = config::flavor(name).ok_or_else(|| {
-            format!(
-                "unknown flavor '{name}' (known: {})",
-                config::FLAVORS.join(", ")
-            )
-        })?;
-        let mut merged = serde_json::to_value(base)?;
-        merge_args(&mut merged, args);
-        Llama::new(from_args(merged)?)
+    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
+        Llama::new(model_args(
+            flavor,
+            args,
+            config::FLAVORS,
+            config::flavor,
+            config::from_hf_config,
+        )?)
     }
 }
 
