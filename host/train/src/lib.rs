@@ -89,10 +89,6 @@ impl TrainError {
                 | TrainError::Plugin(_)
                 | TrainError::RunDirBusy { .. }
                 | TrainError::Mesh(_)
-                | TrainError::Engine(anneal_engine::Error::Invalid {
-                    op: anneal_runtime::plugins::model::RECOMPUTE_REFUSED,
-                    ..
-                })
                 | TrainError::Checkpoint(
                     C::NoneUsable { .. }
                         | C::NoSuchStep { .. }

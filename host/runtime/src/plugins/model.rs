@@ -53,18 +53,6 @@ pub struct PluginModel {
     spec: ModelSpec,
 }
 
-/// The op tag of a forward refused because of `activation_checkpoint` (a block recompute cannot
-/// serve): the user's setting, which callers report as such (exit code 2).
-pub const RECOMPUTE_REFUSED: &str = "activation_checkpoint";
-
-/// A refusal of the recompute `activation_checkpoint` asked for, tagged [`RECOMPUTE_REFUSED`].
-fn recompute_err(name: &str, msg: String) -> anneal_engine::Error {
-    anneal_engine::Error::Invalid {
-        op: RECOMPUTE_REFUSED,
-        msg: format!("{name}: layer: {msg}"),
-    }
-}
-
 fn stage_err(name: &str, stage: &str, e: impl std::fmt::Display) -> anneal_engine::Error {
     anneal_engine::Error::Invalid {
         op: "plugin",
@@ -276,9 +264,12 @@ impl PluginModel {
         )
     }
 
-    /// Block `i` recomputed in backward. Its forward runs without recording gradients, so an
-    /// auxiliary loss it emits could not train anything: that is refused with a message, as is
-    /// a block passing more than one hidden tensor (the recompute region has one output).
+    /// Block `i` recomputed in backward. The recompute region has one output, so the block's
+    /// floating hidden tensors and the auxiliary losses it emits travel packed into one flat f32
+    /// tensor and are unpacked after it: the losses keep their gradient into the block (the
+    /// recompute in backward differentiates the packed whole). Integer hidden tensors (token
+    /// ids passed through) and statistics come from the first run; the recompute's own emitted
+    /// outputs are dropped.
     fn checkpointed_layer(
         &self,
         params: &Params,
@@ -288,17 +279,8 @@ impl PluginModel {
         hidden: Vec<Tensor>,
         sink: &Sink,
     ) -> anneal_engine::Result<Vec<Tensor>> {
-        if hidden.len() != 1 {
-            return Err(recompute_err(
-                &self.name,
-                format!(
-                    "block {i} passes {} hidden tensors, and recomputing a block supports one; set activation_checkpoint.mode = \"none\" for this model",
-                    hidden.len()
-                ),
-            ));
-        }
-        // What the first (forward) run emitted; the recompute in backward emits it again.
-        let first: Arc<Mutex<Option<Vec<Emitted>>>> = Arc::default();
+        // What the first (forward) run produced: every output and what it emitted.
+        let first: Arc<Mutex<Option<(Vec<Tensor>, Vec<Emitted>)>>> = Arc::default();
         let (inst, name, params, positions, opts, first2) = (
             self.inst.clone(),
             self.name.clone(),
@@ -310,32 +292,94 @@ impl PluginModel {
         let f: RegionFn = Arc::new(move |xs: &[Tensor]| {
             let local = Sink::default();
             let out = layer(&inst, &name, &params, &positions, &opts, i, xs, &local)?;
+            let emitted = local.into_inner().expect("sink lock poisoned");
+            let packed = pack(&out, &emitted)?;
             let mut f = first2.lock().expect("first-run lock poisoned");
             if f.is_none() {
-                *f = Some(local.into_inner().expect("sink lock poisoned"));
+                *f = Some((out, emitted));
             }
-            out.into_iter()
-                .next()
-                .ok_or_else(|| stage_err(&name, "layer", "returned nothing"))
+            Ok(packed)
         });
-        let out = checkpoint(&hidden, f)?;
-        let emitted = first
+        let packed = checkpoint(&hidden, f)?;
+        let (outs, emitted) = first
             .lock()
             .expect("first-run lock poisoned")
             .take()
-            .unwrap_or_default();
-        if let Some(e) = emitted.iter().find(|e| e.kind == OutputKind::AuxLoss) {
-            return Err(recompute_err(
-                &self.name,
-                format!(
-                    "block {i} emits the auxiliary loss '{}', which cannot be trained through a recomputed block; set activation_checkpoint.mode = \"none\"",
-                    e.name
-                ),
-            ));
+            .ok_or_else(|| stage_err(&self.name, "layer", "returned nothing"))?;
+        let (outs, aux) = unpack(&packed, outs, &emitted)?;
+        let mut aux = aux.into_iter();
+        let mut sink = sink.lock().expect("sink lock poisoned");
+        for e in emitted {
+            let tensor = match e.kind {
+                OutputKind::AuxLoss => aux.next().unwrap_or(e.tensor),
+                OutputKind::Stat => e.tensor,
+            };
+            sink.push(Emitted { tensor, ..e });
         }
-        sink.lock().expect("sink lock poisoned").extend(emitted);
-        Ok(vec![out])
+        Ok(outs)
     }
+}
+
+/// Whether a recomputed block's output travels through the packed tensor (floating point).
+fn packed_kind(t: &Tensor) -> bool {
+    t.dtype().is_float()
+}
+
+/// A block's floating outputs, then its auxiliary losses, flattened into one f32 tensor.
+fn pack(outs: &[Tensor], emitted: &[Emitted]) -> anneal_engine::Result<Tensor> {
+    let parts = outs
+        .iter()
+        .filter(|t| packed_kind(t))
+        .chain(
+            emitted
+                .iter()
+                .filter(|e| e.kind == OutputKind::AuxLoss)
+                .map(|e| &e.tensor),
+        )
+        .map(|t| t.to_dtype(DType::F32)?.reshape(&[t.numel()]))
+        .collect::<anneal_engine::Result<Vec<_>>>()?;
+    match parts.len() {
+        0 => Ok(Tensor::zeros(&[0], DType::F32)),
+        1 => Ok(parts.into_iter().next().expect("one part")),
+        _ => anneal_engine::ops::cat(&parts, 0),
+    }
+}
+
+/// The inverse of [`pack`] on `packed` (shaped and typed like the first run's `outs` and
+/// auxiliary losses): the block's outputs in order (integer ones from `outs` as they are) and
+/// its auxiliary losses, both carrying `packed`'s gradient.
+fn unpack(
+    packed: &Tensor,
+    outs: Vec<Tensor>,
+    emitted: &[Emitted],
+) -> anneal_engine::Result<(Vec<Tensor>, Vec<Tensor>)> {
+    let mut at = 0;
+    let mut take = |like: &Tensor| -> anneal_engine::Result<Tensor> {
+        let n = like.numel();
+        let t = packed.narrow(0, at, n)?.reshape(like.shape())?;
+        at += n;
+        if like.dtype() == DType::F32 {
+            Ok(t)
+        } else {
+            t.to_dtype(like.dtype())
+        }
+    };
+    let outs = outs
+        .iter()
+        .map(|t| {
+            if packed_kind(t) {
+                take(t)
+            } else {
+                Ok(t.clone())
+            }
+        })
+        .collect::<anneal_engine::Result<Vec<_>>>()?;
+    let aux = emitted
+        .iter()
+        .filter(|e| e.kind == OutputKind::AuxLoss)
+        .map(|e| take(&e.tensor))
+        .collect::<anneal_engine::Result<Vec<_>>>()?;
+    Ok((outs, aux))
 }
 
 /// Named outputs of a forward, in order.
