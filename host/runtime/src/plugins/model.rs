@@ -279,8 +279,7 @@ impl PluginModel {
         hidden: Vec<Tensor>,
         sink: &Sink,
     ) -> anneal_engine::Result<Vec<Tensor>> {
-        // What the first (forward) run produced: every output and what it emitted.
-        let first: Arc<Mutex<Option<(Vec<Tensor>, Vec<Emitted>)>>> = Arc::default();
+        let first: FirstRun = Arc::default();
         let (inst, name, params, positions, opts, first2) = (
             self.inst.clone(),
             self.name.clone(),
@@ -319,6 +318,9 @@ impl PluginModel {
         Ok(outs)
     }
 }
+
+/// What a recomputed block's first (forward) run produced: its outputs and what it emitted.
+type FirstRun = Arc<Mutex<Option<(Vec<Tensor>, Vec<Emitted>)>>>;
 
 /// Whether a recomputed block's output travels through the packed tensor (floating point).
 fn packed_kind(t: &Tensor) -> bool {
