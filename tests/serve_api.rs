@@ -620,3 +620,38 @@ fn listening_beyond_loopback_needs_a_token() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("token"), "{err}");
 }
+
+#[test]
+fn a_run_whose_mesh_asks_for_two_processes_runs_on_two_ranks_and_shows_both_logs() {
+    let server = start("two-ranks", &[]);
+    let id = create(
+        &server,
+        "ddp",
+        &["parallelism.dp_replicate=2", "training.micro_batch_size=2"],
+    );
+    let run = server.wait_status(id, &["completed", "failed"], 3 * MINUTE);
+    assert_eq!(run["status"], "completed", "{run}");
+    let (code, main) = server.get(&format!("/api/runs/{id}/logs?tail=400"));
+    assert_eq!(code, 200, "{main}");
+    assert_eq!(main["ranks"], json!([0, 1]), "{main}");
+    let text = main["lines"].to_string();
+    assert!(text.contains("--nproc=2"), "{text}");
+    let (code, rank1) = server.get(&format!("/api/runs/{id}/logs?rank=1&tail=50"));
+    assert_eq!(code, 200, "{rank1}");
+    assert!(
+        rank1["lines"].as_array().is_some_and(|l| !l.is_empty()),
+        "{rank1}"
+    );
+    let (code, none) = server.get(&format!("/api/runs/{id}/logs?rank=5"));
+    assert_eq!(code, 404, "{none}");
+    // Every step reached metrics.jsonl once, written by rank 0.
+    let (_, metrics) = server.get(&format!("/api/runs/{id}/metrics"));
+    let steps: Vec<i64> = metrics
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|r| r["loss"].is_number())
+        .map(|r| r["step"].as_i64().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>(), "{metrics}");
+}

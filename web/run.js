@@ -62,6 +62,9 @@ const facts = el('div', { class: 'muted', id: 'run-facts' });
 const chartsBox = el('div', { class: 'charts', id: 'charts' });
 const samplesBox = el('div', { class: 'panel', id: 'samples', hidden: true, style: 'margin-top:16px' });
 const logs = el('pre', { class: 'logs', id: 'logs' });
+// A multi-process run: which rank's log to show (rank 0 writes the run's log).
+const rankPick = el('select', { id: 'log-rank', hidden: true });
+rankPick.addEventListener('change', () => refreshSide());
 const ckptBody = el('tbody');
 const configText = el('pre', { class: 'toml', id: 'config' });
 
@@ -72,7 +75,7 @@ main.append(
   chartsBox,
   samplesBox,
   el('div', { class: 'row', style: 'margin-top:16px' },
-    el('div', { class: 'panel grow' }, el('h2', {}, 'Log'), logs),
+    el('div', { class: 'panel grow' }, el('h2', {}, 'Log ', rankPick), logs),
     el('div', { class: 'panel grow' },
       el('h2', {}, 'Checkpoints'),
       el('table', { id: 'checkpoints' }, el('thead', {}, el('tr', {}, ['step', 'size', 'written', 'files'].map((h) => el('th', {}, h)))), ckptBody),
@@ -201,7 +204,7 @@ function connect() {
 async function refreshSide() {
   const [now, log, ckpts] = await Promise.all([
     api(`/api/runs/${id}`),
-    api(`/api/runs/${id}/logs?tail=300`),
+    api(`/api/runs/${id}/logs?tail=300&rank=${rankPick.value || 0}`),
     api(`/api/runs/${id}/checkpoints`),
   ]);
   // Status events are the fast path; this poll repairs a stop/resume answer that arrived after
@@ -209,6 +212,13 @@ async function refreshSide() {
   showRun(now);
   const atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 8;
   logs.textContent = log.lines.join('\n') || '(no output yet)';
+  const ranks = log.ranks || [0];
+  if (ranks.length > 1 && rankPick.options.length !== ranks.length) {
+    const chosen = rankPick.value || '0';
+    rankPick.replaceChildren(...ranks.map((r) => el('option', { value: String(r) }, `rank ${r}`)));
+    rankPick.value = chosen;
+    rankPick.hidden = false;
+  }
   if (atBottom) logs.scrollTop = logs.scrollHeight;
   ckptBody.replaceChildren(...(ckpts.length ? ckpts.slice().reverse().map((c) =>
     el('tr', {}, el('td', { class: 'num' }, c.step), el('td', {}, fmtBytes(c.bytes)), el('td', {}, fmtTime(c.modified)), el('td', { class: 'muted' }, c.files.join(', '))))

@@ -35,6 +35,17 @@ pub fn resolve(
     })
 }
 
+/// How many processes a run's device mesh asks for: the product of its `[parallelism]`
+/// degrees, a `-1` degree (the rest of the world size) counting 1. Above 1 the server starts
+/// the run through `anneal train --nproc N` (MPI).
+pub fn processes(cfg: &anneal_config::JobConfig) -> usize {
+    cfg.parallelism
+        .degrees()
+        .iter()
+        .map(|&d| usize::try_from(d).unwrap_or(1).max(1))
+        .product()
+}
+
 /// What a run's process runs: `anneal train`, or `anneal rl` for a post-training job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

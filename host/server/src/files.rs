@@ -137,6 +137,31 @@ pub fn tail_text(path: &Path, max_bytes: u64) -> Option<String> {
     Some(text)
 }
 
+/// Where rank `r` (≥ 1) of a multi-process run writes its log.
+pub fn rank_log(run_dir: &Path, r: usize) -> std::path::PathBuf {
+    run_dir.join("logs").join(format!("rank-{r}.log"))
+}
+
+/// The ranks with a log in `run_dir`: 0 (the run's own log) and every `logs/rank-<r>.log`,
+/// sorted.
+pub fn rank_logs(run_dir: &Path) -> Vec<usize> {
+    let mut ranks = vec![0];
+    if let Ok(rd) = std::fs::read_dir(run_dir.join("logs")) {
+        ranks.extend(rd.filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let r: usize = name
+                .strip_prefix("rank-")?
+                .strip_suffix(".log")?
+                .parse()
+                .ok()?;
+            (r > 0).then_some(r)
+        }));
+    }
+    ranks.sort_unstable();
+    ranks.dedup();
+    ranks
+}
+
 /// The last `n` lines of a log file.
 pub fn tail_lines(path: &Path, n: usize) -> Vec<String> {
     // Lines are short; 256 bytes a line is a generous read budget, capped at 8 MiB.

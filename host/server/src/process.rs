@@ -140,8 +140,8 @@ pub fn flag(name: &str, value: &std::ffi::OsStr) -> OsString {
     arg
 }
 
-/// The command line that starts a run: `exe supervise --run-dir=DIR -- train|rl CONFIG --set=..
-/// --run-dir=DIR`, in its own process group so that a terminal's Ctrl-C to the server does not
+/// The command line that starts a run: `exe supervise --run-dir=DIR -- train|rl [--nproc=N]
+/// CONFIG --set=.. --run-dir=DIR`, in its own process group so that a terminal's Ctrl-C to the server does not
 /// reach it and a forced stop can kill the whole group. Values are joined to their flags (see
 /// [`flag`]); the config is the run dir's absolute `source.toml`.
 pub fn run_command(
@@ -151,13 +151,18 @@ pub fn run_command(
     kind: Kind,
     config_file: &Path,
     overrides: &[String],
+    processes: usize,
 ) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("supervise")
         .arg(flag("--run-dir", run_dir.as_os_str()))
         .arg("--")
-        .arg(kind.as_str())
-        .arg(config_file);
+        .arg(kind.as_str());
+    // A mesh of several processes runs through `--nproc` (mpiexec), which passes a stop on.
+    if processes > 1 {
+        cmd.arg(flag("--nproc", processes.to_string().as_ref()));
+    }
+    cmd.arg(config_file);
     for o in overrides {
         cmd.arg(flag("--set", o.as_ref()));
     }

@@ -165,13 +165,24 @@ impl Manager {
         // Always the text the run was created with (relative paths in configs are from the
         // working directory, not the file's folder, so the copy resolves the same way).
         let config_file = process::source_file(&run_dir);
+        let kind = crate::config::Kind::parse(&run.kind);
+        // The mesh the config asks for (it resolved when the run was created; a failure now
+        // leaves one process, which reports the problem itself).
+        let processes = match kind {
+            crate::config::Kind::Train => {
+                crate::config::resolve(&run.config, "config", &run.overrides)
+                    .map_or(1, |cfg| crate::config::processes(&cfg))
+            }
+            crate::config::Kind::Rl => 1,
+        };
         let mut child = process::run_command(
             &self.launch.exe,
             &self.launch.work_dir,
             &run_dir,
-            crate::config::Kind::parse(&run.kind),
+            kind,
             &config_file,
             &run.overrides,
+            processes,
         )
         .spawn()
         .map_err(|e| RunError::Io(format!("cannot run {}: {e}", self.launch.exe.display())))?;

@@ -220,9 +220,13 @@ pub async fn metrics(
 #[derive(Deserialize)]
 pub struct LogsQuery {
     tail: Option<usize>,
+    /// The rank whose log to read: 0 (the default) is the run's log, which rank 0 writes to;
+    /// another rank of a multi-process run writes `logs/rank-<r>.log`.
+    rank: Option<usize>,
 }
 
-/// The last `tail` (default 200, at most 10000) lines of the run's log.
+/// The last `tail` (default 200, at most 10000) lines of the run's log (or of rank `rank`'s),
+/// and `ranks`: the ranks that have a log (`[0]` for a single process).
 pub async fn logs(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -230,9 +234,19 @@ pub async fn logs(
 ) -> ApiResult<Json<Value>> {
     let run = find_run(&state, &id)?;
     let n = q.tail.unwrap_or(200).min(10_000);
-    let path = PathBuf::from(&run.run_dir).join(process::LOG_FILE);
+    let run_dir = PathBuf::from(&run.run_dir);
+    let ranks = files::rank_logs(&run_dir);
+    let path = match q.rank.unwrap_or(0) {
+        0 => run_dir.join(process::LOG_FILE),
+        r if ranks.contains(&r) => files::rank_log(&run_dir, r),
+        r => {
+            return Err(ApiError::not_found(format!(
+                "run {id} has no log of rank {r} (ranks: {ranks:?})"
+            )))
+        }
+    };
     let lines = files::tail_lines(&path, n);
-    Ok(Json(json!({ "lines": lines })))
+    Ok(Json(json!({ "lines": lines, "ranks": ranks })))
 }
 
 /// The run's finished checkpoints, oldest first.
