@@ -140,6 +140,25 @@ try {
   step('MoE run: imbalance and entropy by layer, aux loss');
   await shot('04b-moe-run');
 
+  // 4c. A run on two processes (its mesh asks for two replicas): the log panel picks a rank.
+  const ddp = await page.evaluate(async (overrides) => {
+    const res = await fetch('/api/runs', {
+      method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ name: 'browser-ddp', config_path: 'configs/tiny.toml', overrides }),
+    });
+    return { status: res.status, body: await res.json() };
+  }, ['training.steps=2', 'parallelism.dp_replicate=2', 'training.micro_batch_size=2']);
+  if (ddp.status !== 201) throw new Error(`creating the 2-process run: ${JSON.stringify(ddp)}`);
+  await page.goto(`${base}/run.html?id=${ddp.body.id}`);
+  await waitStatus('completed', 120_000);
+  await page.waitForFunction(() => {
+    const pick = document.querySelector('#log-rank');
+    return pick && !pick.hidden && pick.options.length === 2;
+  }, null, { timeout: 30_000 });
+  await page.selectOption('#log-rank', '1');
+  await page.waitForFunction(() => document.querySelector('#logs').textContent.includes('rank 1 of 2'), null, { timeout: 30_000 });
+  step('2-process run: rank 1 log shown');
+
   // 5. Compare both: one loss chart with two series.
   await page.goto(`${base}/compare.html?ids=${longId},${shortId}`);
   await page.waitForFunction(() => Number(document.querySelector('[data-chart="loss"]')?.dataset.series || 0) === 2, null, { timeout: 30_000 });
