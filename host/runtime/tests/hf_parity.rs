@@ -27,13 +27,14 @@ fn model_for(
 }
 
 /// Every fixture with a transformers reference.
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     "tiny_llama",
     "tiny_llama3_scaled",
     "tiny_qwen3",
     "tiny_qwen3_moe",
     "tiny_mixtral",
     "tiny_gpt_oss",
+    "tiny_gpt_oss_other",
     "tiny_deepseek_v3",
     "tiny_deepseek_v3_plain_q",
 ];
@@ -297,6 +298,7 @@ fn logprobs_match_transformers() {
         "tiny_qwen3_moe",
         "tiny_mixtral",
         "tiny_gpt_oss",
+        "tiny_gpt_oss_other",
         "tiny_deepseek_v3",
         "tiny_deepseek_v3_plain_q",
     ] {
@@ -379,6 +381,7 @@ fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
         "tiny_qwen3_moe",
         "tiny_mixtral",
         "tiny_gpt_oss",
+        "tiny_gpt_oss_other",
         "tiny_deepseek_v3",
     ] {
         let (model, params) = model_for(&fixture(name));

@@ -90,6 +90,17 @@ def models():
                          n_group=3, topk_group=2, num_experts_per_tok=3, first_k_dense_replace=2, norm_topk_prob=False,
                          rope_interleave=False, attn_implementation="eager", rope_theta=10000.0)
     )
+    # gpt-oss of other shapes: 6 heads of 8 over 3 KV heads, 8 experts top 3, a window of 3 on
+    # the middle layers only, YaRN with truncation, a tighter clamp.
+    yield "tiny_gpt_oss_other", GptOssForCausalLM(
+        GptOssConfig(**{**COMMON, "hidden_size": 48, "intermediate_size": 24, "num_hidden_layers": 4,
+                        "num_attention_heads": 6, "num_key_value_heads": 3, "attention_bias": True},
+                     head_dim=8, num_local_experts=8, num_experts_per_tok=3, sliding_window=3, swiglu_limit=1.5,
+                     layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                     attn_implementation="eager",
+                     rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=8.0, beta_fast=16.0,
+                                          beta_slow=2.0, truncate=True, original_max_position_embeddings=32))
+    )
 
 
 def checkpoint_grads(name, grad, model_type):
