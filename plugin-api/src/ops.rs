@@ -294,6 +294,8 @@ host_ops! {
     /// Scaled dot-product attention (inputs: q, k, v, positions); with `cache_layer` the host
     /// appends k, v to that layer's KV cache and attends over everything cached. `sinks`
     /// (`[Hq]`, trained) join every row's softmax denominator without a value (gpt-oss).
+    /// `value_from_key = n`: the values are the keys' first `n` features (MLA's latent), so a
+    /// cache keeps the keys only.
     Attention = "attention" {
         causal: bool,
         sliding_window: Option<i64>,
@@ -301,6 +303,7 @@ host_ops! {
         softcap: Option<f64>,
         cache_layer: Option<i64>,
         sinks: Option<Handle>,
+        value_from_key: Option<i64>,
     }
     /// Appends input 0 to layer `layer`'s inference cache `name` along `dim` and returns all
     /// that is cached (a latent cache); without a cache in this forward, returns the input.
@@ -356,6 +359,7 @@ mod tests {
             softcap: None,
             cache_layer: Some(2),
             sinks: Some(Handle(5)),
+            value_from_key: None,
         };
         assert_eq!(Attention::from_attrs(&a.to_attrs()).unwrap(), a);
         // Trailing optional attributes may be left off.

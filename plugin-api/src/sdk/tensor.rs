@@ -341,6 +341,7 @@ impl<'h> Tensor<'h> {
             softcap: opts.softcap,
             cache_layer: opts.cache_layer.map(|l| l as i64),
             sinks: opts.sinks.map(Tensor::raw),
+            value_from_key: opts.value_from_key.map(|n| n as i64),
         };
         self.op_with(attrs, &[k, v, positions])
     }
@@ -563,4 +564,7 @@ pub struct AttentionOpts<'a, 'h> {
     /// `[Hq]` learned logits that join every row's softmax denominator without a value
     /// (gpt-oss's attention sinks); they receive a gradient.
     pub sinks: Option<&'a Tensor<'h>>,
+    /// The values are the keys' first `n` features (MLA's latent, `v` = that prefix): with a
+    /// cache, the host keeps only the keys and reads the values from them.
+    pub value_from_key: Option<usize>,
 }

@@ -112,6 +112,8 @@ impl DeepseekV3 {
             causal: true,
             scale: Some(a.softmax_scale()),
             cache_layer: ctx.use_cache.then_some(index),
+            // The values are the keys' latent part: the cache keeps [c, k_r] once.
+            value_from_key: Some(r),
             ..Default::default()
         };
         let o_latent = q.attention(&k, &latent, positions, &opts)?;

@@ -372,8 +372,8 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
         flops_per_token: 6.0 * dense + attn,
         // What a token goes through when the model runs: the MTP module trains only.
         active_params: Some(n - idle_params(a) - mtp),
-        // The cache holds one shared key head [latent, RoPE key] and value head (the latent);
-        // the estimate counts the key's size for both.
+        // The cache holds one shared key head [latent, RoPE key], the values read from it; the
+        // estimate (which counts keys and values alike) counts it twice.
         kv_cache: vec![Some((1, a.kv_lora_rank + a.qk_rope_head_dim)); a.n_layers],
         hf: Some(crate::hf::adapter(a)),
         params,

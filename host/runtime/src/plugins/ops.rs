@@ -361,12 +361,16 @@ fn attention(inputs: &[Tensor], a: o::Attention, session: &HostSession) -> R<Ten
         q_pos: Some(q_pos),
         k_pos: Some(k_pos),
     };
+    let value_from_key = a
+        .value_from_key
+        .map(|n| usize::try_from(n).map_err(|_| format!("attention: value_from_key = {n}")))
+        .transpose()?;
     if positions.rank() == 2 || cache.is_some_and(|(_, c)| c.is_per_row()) {
-        return attention_rows(q, k, v, positions, cache, params);
+        return attention_rows(q, k, v, positions, cache, value_from_key, params);
     }
     let (k, v, k_pos) = match cache {
         Some((layer, cache)) => {
-            let (k, v) = cache.append(layer, k, v).map_err(e)?;
+            let (k, v) = append_kv(cache, layer, k, v, value_from_key)?;
             let s = k.shape()[2];
             (k, v, arange(s)?)
         }
@@ -386,6 +390,7 @@ fn attention_rows(
     v: &Tensor,
     positions: &Tensor,
     cache: Option<(usize, &KvCache)>,
+    value_from_key: Option<usize>,
     params: impl Fn(Tensor, Tensor) -> anneal_engine::ops::AttentionParams,
 ) -> R<Tensor> {
     let b = q.shape().first().copied().unwrap_or(0);
@@ -417,7 +422,8 @@ fn attention_rows(
             };
             let (k, v, k_pos) = match cache {
                 Some((layer, c)) => {
-                    let (k, v) = c.rows()[r].append(layer, &row(k)?, &row(v)?).map_err(e)?;
+                    let (k, v) =
+                        append_kv(&c.rows()[r], layer, &row(k)?, &row(v)?, value_from_key)?;
                     let s = k.shape()[2];
                     (k, v, arange(s)?)
                 }
@@ -427,6 +433,32 @@ fn attention_rows(
         })
         .collect::<R<Vec<_>>>()?;
     anneal_engine::ops::cat(&outs, 0).map_err(e)
+}
+
+/// Appends `k`, `v` to `layer` of `cache` and returns everything cached. With
+/// `value_from_key = n` the values are the keys' first `n` features (MLA's latent): only the
+/// keys are kept, and the values are read back from them, bit for bit what was given.
+fn append_kv(
+    cache: &KvCache,
+    layer: usize,
+    k: &Tensor,
+    v: &Tensor,
+    value_from_key: Option<usize>,
+) -> R<(Tensor, Tensor)> {
+    let Some(n) = value_from_key else {
+        return cache.append(layer, k, v).map_err(e);
+    };
+    let s = k.shape();
+    if s.len() != 4 || n == 0 || n > s[3] || v.shape() != [s[0], s[1], s[2], n] {
+        return Err(format!(
+            "attention: value_from_key = {n} needs values [B, H, T, {n}] that are the keys' first {n} features; keys {s:?}, values {:?}",
+            v.shape()
+        ));
+    }
+    let none = Tensor::zeros(&[s[0], s[1], s[2], 0], v.dtype());
+    let (keys, _) = cache.append(layer, k, &none).map_err(e)?;
+    let values = keys.narrow(3, 0, n).map_err(e)?;
+    Ok((keys, values))
 }
 
 /// Positions `0..n` (i64 `[n]`).
