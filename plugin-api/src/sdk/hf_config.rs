@@ -186,13 +186,25 @@ pub struct HfRope {
 }
 
 impl HfRope {
-    /// Checks the numbers are usable (finite, positive), naming the one that is not.
+    /// Checks the numbers are usable (finite, positive) and at most one scaling is set, naming
+    /// what is not.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.theta > 0.0 && self.theta.is_finite()) {
             return Err(format!(
                 "rope_theta = {} must be a finite number > 0",
                 self.theta
             ));
+        }
+        if let Some(s) = &self.llama3 {
+            let factors = [s.factor, s.low_freq_factor, s.high_freq_factor];
+            if factors.iter().any(|f| !(*f > 0.0 && f.is_finite()))
+                || s.original_max_position_embeddings == 0
+            {
+                return Err("rope_scaling: factor, low_freq_factor and high_freq_factor must be finite numbers > 0, original_max_position_embeddings at least 1".into());
+            }
+            if self.yarn.is_some() {
+                return Err("rope_scaling (llama3) and yarn are exclusive".into());
+            }
         }
         if let Some(y) = &self.yarn {
             let betas = [y.factor, y.beta_fast, y.beta_slow];

@@ -1,6 +1,6 @@
 //! Model arguments and the named flavors.
 
-use anneal_plugin_api::sdk::{HfConfig, Llama3Scaling, YarnScaling};
+use anneal_plugin_api::sdk::{HfConfig, HfRope, Llama3Scaling, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// Everything that defines a Llama-family model.
@@ -135,26 +135,9 @@ impl LlamaArgs {
                 self.norm_eps
             ));
         }
-        if !(self.rope_theta > 0.0 && self.rope_theta.is_finite()) {
-            return Err(format!(
-                "rope_theta = {} must be a finite number > 0",
-                self.rope_theta
-            ));
-        }
-        if let Some(s) = &self.rope_scaling {
-            let factors = [s.factor, s.low_freq_factor, s.high_freq_factor];
-            if factors.iter().any(|f| !(*f > 0.0 && f.is_finite()))
-                || s.original_max_position_embeddings == 0
-            {
-                return Err("rope_scaling: factor, low_freq_factor and high_freq_factor must be finite numbers > 0, original_max_position_embeddings at least 1".into());
-            }
-        }
-        if self.rope_scaling.is_some() && self.yarn.is_some() {
-            return Err("rope_scaling (llama3) and yarn are exclusive".into());
-        }
-        let rope = anneal_plugin_api::sdk::HfRope {
+        let rope = HfRope {
             theta: self.rope_theta,
-            llama3: None,
+            llama3: self.rope_scaling.clone(),
             yarn: self.yarn.clone(),
         };
         rope.validate()?;
