@@ -1,6 +1,7 @@
 //! The safe SDK plugin authors write against: [`Tensor`] (host ops as methods), the [`Model`]
 //! and [`Optimizer`] traits, and [`export_plugin!`](crate::export_plugin).
 
+pub mod checks;
 mod export;
 mod hf_config;
 mod moe;

@@ -1,6 +1,6 @@
 //! Model arguments, the named flavors and the reader of a Hugging Face `config.json`.
 
-use anneal_plugin_api::sdk::{HfConfig, HfRope, YarnScaling};
+use anneal_plugin_api::sdk::{checks, HfConfig, HfRope, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// Everything that defines a DeepSeek-V3-family model.
@@ -141,7 +141,7 @@ impl DeepseekArgs {
 
     /// Checks the arguments fit together, naming the one that does not.
     pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
+        checks::at_least_one(&[
             ("dim", self.dim),
             ("n_layers", self.n_layers),
             ("n_heads", self.n_heads),
@@ -157,11 +157,7 @@ impl DeepseekArgs {
             ("expert_ffn_dim", self.expert_ffn_dim),
             ("n_group", self.n_group),
             ("topk_group", self.topk_group),
-        ] {
-            if v == 0 {
-                return Err(format!("{name} must be at least 1"));
-            }
-        }
+        ])?;
         if self.mtp_layers > 1 {
             return Err(format!(
                 "mtp_layers = {} is not supported (0 or 1)",
@@ -198,21 +194,12 @@ impl DeepseekArgs {
                 self.top_k
             ));
         }
-        for (name, v) in [
+        checks::finite_non_negative(&[
             ("norm_eps", self.norm_eps),
             ("aux_loss_coef", self.aux_loss_coef),
             ("balance_rate", self.balance_rate),
-        ] {
-            if !(v >= 0.0 && v.is_finite()) {
-                return Err(format!("{name} = {v} must be a finite number ≥ 0"));
-            }
-        }
-        if !(self.routed_scaling_factor.is_finite() && self.routed_scaling_factor > 0.0) {
-            return Err(format!(
-                "routed_scaling_factor = {} must be a finite number > 0",
-                self.routed_scaling_factor
-            ));
-        }
+        ])?;
+        checks::finite_positive(&[("routed_scaling_factor", self.routed_scaling_factor)])?;
         if !matches!(self.dtype.as_str(), "f32" | "bf16") {
             return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
         }

@@ -1,6 +1,6 @@
 //! Model arguments, the named flavors and the reader of a Hugging Face `config.json`.
 
-use anneal_plugin_api::sdk::{HfConfig, HfRope, YarnScaling};
+use anneal_plugin_api::sdk::{checks, HfConfig, HfRope, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// Which attention a block uses (`layer_types` in `config.json`).
@@ -98,7 +98,7 @@ impl GptOssArgs {
 
     /// Checks the arguments fit together, naming the one that does not.
     pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
+        checks::at_least_one(&[
             ("dim", self.dim),
             ("n_layers", self.n_layers),
             ("head_dim", self.head_dim),
@@ -108,11 +108,7 @@ impl GptOssArgs {
             ("n_experts", self.n_experts),
             ("top_k", self.top_k),
             ("expert_ffn_dim", self.expert_ffn_dim),
-        ] {
-            if v == 0 {
-                return Err(format!("{name} must be at least 1"));
-            }
-        }
+        ])?;
         if self.top_k > self.n_experts {
             return Err(format!(
                 "top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (n_experts)",
@@ -141,23 +137,15 @@ impl GptOssArgs {
                 self.n_layers
             ));
         }
-        for (name, v, min) in [
-            ("norm_eps", self.norm_eps, 0.0),
-            ("aux_loss_coef", self.aux_loss_coef, 0.0),
-            ("balance_rate", self.balance_rate, 0.0),
-        ] {
-            if !(v >= min && v.is_finite()) {
-                return Err(format!("{name} = {v} must be a finite number ≥ {min}"));
-            }
-        }
-        for (name, v) in [
+        checks::finite_non_negative(&[
+            ("norm_eps", self.norm_eps),
+            ("aux_loss_coef", self.aux_loss_coef),
+            ("balance_rate", self.balance_rate),
+        ])?;
+        checks::finite_positive(&[
             ("swiglu_alpha", self.swiglu_alpha),
             ("swiglu_limit", self.swiglu_limit),
-        ] {
-            if !(v > 0.0 && v.is_finite()) {
-                return Err(format!("{name} = {v} must be a finite number > 0"));
-            }
-        }
+        ])?;
         if !matches!(self.dtype.as_str(), "f32" | "bf16") {
             return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
         }

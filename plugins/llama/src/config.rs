@@ -1,6 +1,6 @@
 //! Model arguments and the named flavors.
 
-use anneal_plugin_api::sdk::{HfConfig, HfRope, Llama3Scaling, YarnScaling};
+use anneal_plugin_api::sdk::{checks, HfConfig, HfRope, Llama3Scaling, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// Everything that defines a Llama-family model.
@@ -118,23 +118,14 @@ impl LlamaArgs {
 
     /// Checks the arguments fit together.
     pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
+        checks::at_least_one(&[
             ("dim", self.dim),
             ("ffn_dim", self.ffn_dim),
             ("vocab_size", self.vocab_size),
             ("max_seq_len", self.max_seq_len),
-        ] {
-            if v == 0 {
-                return Err(format!("{name} must be at least 1"));
-            }
-        }
+        ])?;
         // A negative epsilon can make RMSNorm divide by zero or take the root of a negative.
-        if !(self.norm_eps >= 0.0 && self.norm_eps.is_finite()) {
-            return Err(format!(
-                "norm_eps (rms_norm_eps) = {} must be a finite number ≥ 0",
-                self.norm_eps
-            ));
-        }
+        checks::finite_non_negative(&[("norm_eps (rms_norm_eps)", self.norm_eps)])?;
         let rope = HfRope {
             theta: self.rope_theta,
             llama3: self.rope_scaling.clone(),
@@ -204,16 +195,12 @@ impl MoeArgs {
 
     /// Checks the settings fit together and the model's `n_layers`.
     pub fn validate(&self, n_layers: usize) -> Result<(), String> {
-        for (name, v) in [
+        checks::at_least_one(&[
             ("moe.n_experts", self.n_experts),
             ("moe.top_k", self.top_k),
             ("moe.expert_ffn_dim", self.expert_ffn_dim),
             ("moe.sparse_step", self.sparse_step),
-        ] {
-            if v == 0 {
-                return Err(format!("{name} must be at least 1"));
-            }
-        }
+        ])?;
         if self.top_k > self.n_experts {
             return Err(format!(
                 "moe.top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (moe.n_experts)",
@@ -225,18 +212,10 @@ impl MoeArgs {
                 "moe.dense_layers names layer {l}, the model has {n_layers} layers"
             ));
         }
-        if !(self.balance_rate >= 0.0 && self.balance_rate.is_finite()) {
-            return Err(format!(
-                "moe.balance_rate = {} must be a finite number ≥ 0",
-                self.balance_rate
-            ));
-        }
-        if !(self.aux_loss_coef >= 0.0 && self.aux_loss_coef.is_finite()) {
-            return Err(format!(
-                "moe.aux_loss_coef = {} must be a finite number ≥ 0",
-                self.aux_loss_coef
-            ));
-        }
+        checks::finite_non_negative(&[
+            ("moe.balance_rate", self.balance_rate),
+            ("moe.aux_loss_coef", self.aux_loss_coef),
+        ])?;
         Ok(())
     }
 }
