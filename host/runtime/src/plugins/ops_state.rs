@@ -59,19 +59,26 @@ pub fn cache_append(inputs: &[Tensor], a: o::CacheAppend, session: &HostSession)
     if !cache.is_per_row() {
         return append(cache, x);
     }
+    // The rows' caches stack only if they are as long: checked before any row grows, so a
+    // refused call leaves every row as it was.
     let rows = cache.rows();
+    let lengths: Vec<usize> = rows
+        .iter()
+        .map(|c| c.state(layer, &a.name).map_or(0, |t| t.shape()[dim]))
+        .collect();
+    if lengths.windows(2).any(|w| w[0] != w[1]) {
+        return Err(format!(
+            "{op} '{}' of layer {layer}: the rows' caches differ in length ({lengths:?}); a \
+             per-row batch needs an op that reads each row's cache on its own",
+            a.name
+        ));
+    }
     let all = rows
         .iter()
         .enumerate()
         .map(|(r, c)| append(c, &row_of(op, x, rows.len(), r)?))
         .collect::<R<Vec<_>>>()?;
-    anneal_engine::ops::cat(&all, 0).map_err(|err| {
-        format!(
-            "{op} '{}' of layer {layer}: the rows' caches differ in length ({err}); a per-row \
-             batch needs an op that reads each row's cache on its own",
-            a.name
-        )
-    })
+    anneal_engine::ops::cat(&all, 0).map_err(|err| format!("{op} '{}': {err}", a.name))
 }
 
 /// `state_get()`: the state of `(layer, name)`, when set.
@@ -214,5 +221,9 @@ mod tests {
             .unwrap();
         let err = append(&mixed, &t(&[1.0; 4], &[2, 1, 2])).unwrap_err();
         assert!(err.contains("differ in length"), "{err}");
+        // Refused before any row grew.
+        let row0_latent =
+            |s: &HostSession| s.cache().unwrap().rows()[0].state(1, "latent").unwrap();
+        assert_eq!(row0_latent(&mixed).shape(), [1, 1, 2]);
     }
 }
