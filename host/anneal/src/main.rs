@@ -295,6 +295,10 @@ fn info() -> anyhow::Result<()> {
         Ok(b) => println!("cuda backend: {}", b.name()),
         Err(e) => println!("cuda backend: unavailable ({e})"),
     }
+    match anneal_dist::nccl::unavailable() {
+        None => println!("nccl: available"),
+        Some(why) => println!("nccl: unavailable ({why})"),
+    }
     let m = anneal_engine::alloc::memory_stats();
     println!(
         "cpu allocator: {} B in use, {} B cached",

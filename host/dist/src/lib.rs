@@ -5,6 +5,8 @@
 //! lib.rs      the `Collective` trait, its buffers and errors, `init` (MPI only under a launcher)
 //! launch.rs   the `mpiexec` command line for N ranks on this machine (`anneal train --nproc`)
 //! mpi.rs      `Mpi`: the trait over an MPI communicator (the `mpi` crate; MPICH or Open MPI)
+//! nccl.rs     `Nccl`: the trait over an NCCL communicator between GPUs (cudarc, loaded at run
+//!             time), bootstrapped over another communicator (feature `nccl`, on by default)
 //! single.rs   `Single`: world size 1, so a plain process needs no MPI at run time
 //! shard.rs    `Dim0Shard`: a rank's rows of a tensor sharded on dim 0 (FSDP's layout), and
 //!             the padded gathers and reduce-scatters that move them
@@ -18,6 +20,8 @@
 pub mod launch;
 mod mesh;
 mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 mod shard;
 mod single;
 
@@ -90,6 +94,12 @@ pub enum DistError {
     /// MPI could not be initialised (or was already).
     #[error("MPI: {0}")]
     Init(String),
+    /// The transport's libraries or devices are not on this machine (what is missing).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The transport failed (NCCL or CUDA error).
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// A send buffer of one of the element types the collectives move.
