@@ -294,20 +294,42 @@ pub fn launched_by_mpi() -> bool {
 }
 
 /// The number of processes the launcher started, from its environment (`PMI_SIZE`,
-/// `OMPI_COMM_WORLD_SIZE`), without initialising MPI; `None` outside a launcher.
+/// `OMPI_COMM_WORLD_SIZE`, Slurm's `SLURM_STEP_NUM_TASKS`), without initialising MPI; `None`
+/// outside a launcher.
 pub fn launcher_world_size() -> Option<usize> {
-    ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE"]
+    ["PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"]
         .iter()
         .find_map(|k| std::env::var(k).ok()?.parse().ok())
 }
 
 /// The job's world: MPI's world communicator when a launcher started this process
 /// ([`launched_by_mpi`]), otherwise [`Single`] (MPI is then never touched).
+///
+/// Under Slurm, `srun` tells each task how many tasks the step has; a step of several tasks in
+/// which MPI does not see them (no `--mpi=pmi2`/`--mpi=pmix`) would otherwise train as that many
+/// independent single-process runs over one run directory, so it is refused.
 pub fn init() -> Result<Box<dyn Collective>, DistError> {
-    if launched_by_mpi() {
-        Ok(Box::new(Mpi::init()?))
+    let world: Box<dyn Collective> = if launched_by_mpi() {
+        Box::new(Mpi::init()?)
     } else {
-        Ok(Box::new(Single::new()))
+        Box::new(Single::new())
+    };
+    check_slurm_step(slurm_step_tasks(), world.size())?;
+    Ok(world)
+}
+
+/// Tasks of the Slurm job step this process belongs to (`srun` sets `SLURM_STEP_NUM_TASKS`).
+fn slurm_step_tasks() -> Option<usize> {
+    std::env::var("SLURM_STEP_NUM_TASKS").ok()?.parse().ok()
+}
+
+/// Fails when `srun` started `tasks` > 1 tasks but the world holds fewer.
+fn check_slurm_step(tasks: Option<usize>, world: usize) -> Result<(), DistError> {
+    match tasks {
+        Some(n) if n > 1 && world != n => Err(DistError::Init(format!(
+            "srun started {n} tasks but MPI sees {world}: launch with `srun --mpi=pmi2` (MPICH) or `srun --mpi=pmix` (Open MPI) so the tasks join one job"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -330,6 +352,21 @@ pub fn local_ranks() -> Option<usize> {
         .iter()
         .find_map(|k| std::env::var(k).ok()?.parse().ok())
         .filter(|&n: &usize| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_slurm_step;
+
+    #[test]
+    fn an_srun_step_that_mpi_does_not_see_is_refused() {
+        assert!(check_slurm_step(None, 1).is_ok());
+        assert!(check_slurm_step(Some(1), 1).is_ok());
+        assert!(check_slurm_step(Some(4), 4).is_ok());
+        let err = check_slurm_step(Some(4), 1).unwrap_err().to_string();
+        assert!(err.contains("srun started 4 tasks but MPI sees 1"), "{err}");
+        assert!(err.contains("--mpi=pmix"), "{err}");
+    }
 }
 
 /// Checks the lengths of an all-gather: `recv` holds `size` copies of `send`'s length, and
