@@ -354,21 +354,6 @@ pub fn local_ranks() -> Option<usize> {
         .filter(|&n: &usize| n > 0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::check_slurm_step;
-
-    #[test]
-    fn an_srun_step_that_mpi_does_not_see_is_refused() {
-        assert!(check_slurm_step(None, 1).is_ok());
-        assert!(check_slurm_step(Some(1), 1).is_ok());
-        assert!(check_slurm_step(Some(4), 4).is_ok());
-        let err = check_slurm_step(Some(4), 1).unwrap_err().to_string();
-        assert!(err.contains("srun started 4 tasks but MPI sees 1"), "{err}");
-        assert!(err.contains("--mpi=pmix"), "{err}");
-    }
-}
-
 /// Checks the lengths of an all-gather: `recv` holds `size` copies of `send`'s length, and
 /// both have the same element type.
 fn check_gather(send: &SendBuf<'_>, recv: &RecvBuf<'_>, size: usize) -> Result<(), DistError> {
@@ -455,4 +440,19 @@ fn check_rank(op: &'static str, rank: usize, size: usize) -> Result<(), DistErro
         return Err(DistError::Rank { op, rank, size });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_slurm_step;
+
+    #[test]
+    fn an_srun_step_that_mpi_does_not_see_is_refused() {
+        assert!(check_slurm_step(None, 1).is_ok());
+        assert!(check_slurm_step(Some(1), 1).is_ok());
+        assert!(check_slurm_step(Some(4), 4).is_ok());
+        let err = check_slurm_step(Some(4), 1).unwrap_err().to_string();
+        assert!(err.contains("srun started 4 tasks but MPI sees 1"), "{err}");
+        assert!(err.contains("--mpi=pmix"), "{err}");
+    }
 }
