@@ -84,6 +84,30 @@ pub enum CheckpointError {
     },
 }
 
+/// The size and hex SHA-256 of the file at `path`, read in chunks (never whole in memory).
+pub(crate) fn sha256_file(path: &std::path::Path) -> std::io::Result<(u64, String)> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    let hex = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((total, hex))
+}
+
 pub(crate) fn io_err(
     path: &std::path::Path,
 ) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {

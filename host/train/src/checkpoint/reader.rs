@@ -3,9 +3,8 @@
 use super::format::{
     FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION, MANIFEST, TRAIN_STATE,
 };
-use super::CheckpointError;
+use super::{sha256_file, CheckpointError};
 use anneal_engine::{DType, Storage, Tensor};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -195,22 +194,10 @@ pub fn load_dir_with(dir: &Path, contents: Contents) -> Result<Loaded, Checkpoin
 
 /// Checks one file's size and SHA-256, streaming it.
 fn verify_file(dir: &Path, f: &FileEntry) -> Result<(), CheckpointError> {
-    let path = dir.join(&f.name);
-    let mut file =
-        File::open(&path).map_err(|e| corrupt(dir, format!("missing file {} ({e})", f.name)))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = file
-            .read(&mut buf)
-            .map_err(|e| corrupt(dir, format!("cannot read {} ({e})", f.name)))?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-        hasher.update(&buf[..n]);
-    }
+    let (total, sum) = sha256_file(&dir.join(&f.name)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => corrupt(dir, format!("missing file {} ({e})", f.name)),
+        _ => corrupt(dir, format!("cannot read {} ({e})", f.name)),
+    })?;
     if total != f.bytes {
         return Err(corrupt(
             dir,
@@ -220,11 +207,6 @@ fn verify_file(dir: &Path, f: &FileEntry) -> Result<(), CheckpointError> {
             ),
         ));
     }
-    let sum: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
     if sum != f.sha256 {
         return Err(corrupt(dir, format!("checksum mismatch in {}", f.name)));
     }

@@ -4,12 +4,12 @@
 use super::format::{
     shard_name, FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION, MANIFEST, TRAIN_STATE,
 };
-use super::{io_err, CheckpointError};
+use super::{io_err, sha256_file, CheckpointError};
 use anneal_engine::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -119,6 +119,20 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Where the data of the safetensors file at `path` starts, and its header.
+fn read_header(path: &Path) -> Result<(u64, safetensors::tensor::Metadata), CheckpointError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(io_err(path))?;
+    let n = u64::from_le_bytes(len);
+    let mut header = vec![0u8; usize::try_from(n).unwrap_or(usize::MAX).min(1 << 30)];
+    f.read_exact(&mut header).map_err(io_err(path))?;
+    let meta = serde_json::from_slice(&header).map_err(|e| {
+        CheckpointError::Mismatch(format!("{}: unreadable header: {e}", path.display()))
+    })?;
+    Ok((8 + n, meta))
+}
+
 /// Writes `bytes` to `path` and fsyncs it.
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let mut f = File::create(path).map_err(io_err(path))?;
@@ -178,11 +192,14 @@ pub fn write_piece(
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CheckpointError::Mismatch(format!("checkpoint tensor: {e}")))?;
-    let bytes = safetensors::serialize(views, None)
+    // Streamed to the file, so writing needs no second copy of the snapshot in memory.
+    let path = tmp.join(&shard);
+    safetensors::serialize_to_file(views, None, &path)
         .map_err(|e| CheckpointError::Mismatch(format!("checkpoint shard: {e}")))?;
-    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-        .map_err(|e| CheckpointError::Mismatch(format!("checkpoint shard: {e}")))?;
-    let data_start = 8 + header_len as u64;
+    File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(&path))?;
+    let (data_start, meta) = read_header(&path)?;
     let mut tensors = Vec::with_capacity(snap.tensors.len());
     for t in &snap.tensors {
         let info = meta
@@ -200,12 +217,12 @@ pub fn write_piece(
             ],
         });
     }
-    write_synced(&tmp.join(&shard), &bytes)?;
     fault_injection_pause();
+    let (bytes, sha256) = sha256_file(&path).map_err(io_err(&path))?;
     let mut files = vec![FileEntry {
         name: shard,
-        bytes: bytes.len() as u64,
-        sha256: sha256_hex(&bytes),
+        bytes,
+        sha256,
     }];
     if with_state {
         let state = serde_json::to_vec_pretty(&snap.state).expect("train state serializes");

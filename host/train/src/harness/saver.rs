@@ -35,14 +35,7 @@ impl Saver {
 
     /// Whether step `step` is saved: every `checkpoint.interval` steps and at the last one.
     pub fn due(&self, step: u64) -> bool {
-        (self.interval > 0 && step.is_multiple_of(self.interval)) || step == self.total
-    }
-
-    /// [`Saver::due`] from the config alone, for ranks that hold no saver but must take part
-    /// in gathering what rank 0 saves.
-    pub fn due_for(cfg: &JobConfig, step: u64) -> bool {
-        let interval = cfg.checkpoint.interval;
-        (interval > 0 && step.is_multiple_of(interval)) || step == cfg.training.steps
+        is_due(self.interval, self.total, step)
     }
 
     /// Saves step `step` when [`Saver::due`], with the snapshot `capture` builds.
@@ -139,7 +132,7 @@ impl ShardSaver {
     }
 
     /// At the end of step `step`: publishes a save whose writes have all ended, then saves
-    /// `step` when it is due ([`Saver::due_for`]).
+    /// `step` when it is due (as [`Saver::due`]).
     pub fn step_end(
         &mut self,
         step: u64,
@@ -150,7 +143,7 @@ impl ShardSaver {
         if let Some(dir) = self.checkpointer.publish_when_written(comm)? {
             console.note(&format!("checkpoint: {} published", dir.display()));
         }
-        if (self.interval > 0 && step.is_multiple_of(self.interval)) || step == self.total {
+        if is_due(self.interval, self.total, step) {
             self.save(step, comm, console, capture)?;
         }
         Ok(())
@@ -192,6 +185,11 @@ impl ShardSaver {
         }
         Ok(())
     }
+}
+
+/// Every `interval` steps (none for 0) and at the last one, `total`.
+fn is_due(interval: u64, total: u64, step: u64) -> bool {
+    (interval > 0 && step.is_multiple_of(interval)) || step == total
 }
 
 fn save_failed(step: u64, reason: String) -> TrainError {
