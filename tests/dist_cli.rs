@@ -195,6 +195,11 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
         );
     }
 
+    // DDP saves whole on rank 0; FSDP and HSDP save a shard per rank of one replica group.
+    for (name, shards) in [("ddp2", 1), ("fsdp2", 2), ("fsdp4", 4), ("hsdp2x2", 2)] {
+        let manifest = manifest_of(&job.dir.join(name).join("checkpoints/step-10"));
+        assert_eq!(manifest["world_size"], shards, "{name}");
+    }
     // FSDP(2) saved step 5 as two shards, each with its rows of every parameter and moment.
     let manifest = manifest_of(&job.dir.join("fsdp2/checkpoints/step-5"));
     assert_eq!(manifest["world_size"], 2);
