@@ -12,7 +12,7 @@
 
 use super::writer::{prune, publish, tmp_dir, write_piece, Piece, SaveReport, Snapshot};
 use super::CheckpointError;
-use anneal_dist::Collective;
+use anneal_dist::{Collective, DistError};
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -21,7 +21,7 @@ use std::time::Instant;
 const PIECE_TAG: u16 = 0x5ce;
 
 /// What a writer thread hands back: its piece (or why not) and the snapshot's buffers.
-type WriteOutcome = (Result<Piece, String>, Vec<Vec<u8>>);
+type WriteOutcome = (RankPiece, Vec<Vec<u8>>);
 
 /// One rank's save that rank 0 has not published yet.
 struct Pending {
@@ -32,7 +32,7 @@ struct Pending {
 
 enum Write {
     Background(JoinHandle<WriteOutcome>),
-    Done(Result<Piece, String>),
+    Done(RankPiece),
 }
 
 /// Saves one shard rank's part of each checkpoint under one folder; rank 0 of the shard group
@@ -70,9 +70,9 @@ impl ShardedCheckpointer {
         self.last_saved
     }
 
-    /// Publishes the previous save (waiting for it; its failure is returned), then builds this rank's snapshot with
-    /// `capture` and starts writing it as shard `comm.rank()` of `comm.size()`; shard 0 also
-    /// writes the train state. Collective over `comm`.
+    /// Publishes the previous save (waiting for it; its failure is returned), then builds this
+    /// rank's snapshot with `capture` and starts writing it as shard `comm.rank()` of
+    /// `comm.size()`; shard 0 also writes the train state. Collective over `comm`.
     pub fn save(
         &mut self,
         comm: &dyn Collective,
@@ -139,7 +139,8 @@ impl ShardedCheckpointer {
                 Write::Done(_) => true,
             };
             let mut ready = [f32::from(u8::from(done))];
-            comm.all_reduce_sum(&mut ready).map_err(dist_err)?;
+            comm.all_reduce_sum(&mut ready)
+                .map_err(dist_err(pending.step))?;
             if (ready[0] as usize) < comm.size() {
                 self.pending = Some(pending);
                 return Ok(None);
@@ -155,7 +156,7 @@ impl ShardedCheckpointer {
             },
             Write::Done(result) => result,
         };
-        let gathered = gather_pieces(comm, &result)?;
+        let gathered = gather_pieces(comm, &result).map_err(dist_err(pending.step))?;
         let published = match gathered {
             // Rank 0: every rank's piece, in rank order.
             Some(all) => all
@@ -173,7 +174,8 @@ impl ShardedCheckpointer {
         };
         // Every rank learns whether rank 0 published, so they fail together.
         let mut flag = [u8::from(published.is_err())];
-        comm.broadcast(&mut flag, 0).map_err(dist_err)?;
+        comm.broadcast(&mut flag, 0)
+            .map_err(dist_err(pending.step))?;
         let failed = |reason| CheckpointError::SaveFailed {
             step: pending.step,
             reason,
@@ -188,30 +190,28 @@ impl ShardedCheckpointer {
     }
 }
 
+/// A rank's piece, or why it has none.
+type RankPiece = Result<Piece, String>;
+
 /// Sends every rank's piece (JSON) to rank 0, which gets them all in rank order; the others get
 /// `None`.
-#[allow(clippy::type_complexity)]
 fn gather_pieces(
     comm: &dyn Collective,
-    mine: &Result<Piece, String>,
-) -> Result<Option<Vec<Result<Piece, String>>>, CheckpointError> {
+    mine: &RankPiece,
+) -> Result<Option<Vec<RankPiece>>, DistError> {
     let bytes = serde_json::to_vec(mine).expect("a piece serializes");
     if comm.rank() != 0 {
         let len = [bytes.len() as i64];
-        comm.send((&len[..]).into(), 0, PIECE_TAG)
-            .map_err(dist_err)?;
-        comm.send((&bytes[..]).into(), 0, PIECE_TAG)
-            .map_err(dist_err)?;
+        comm.send((&len[..]).into(), 0, PIECE_TAG)?;
+        comm.send((&bytes[..]).into(), 0, PIECE_TAG)?;
         return Ok(None);
     }
     let mut all = vec![serde_json::from_slice(&bytes).expect("our own piece parses")];
     for r in 1..comm.size() {
         let mut len = [0i64];
-        comm.recv((&mut len[..]).into(), r, PIECE_TAG)
-            .map_err(dist_err)?;
+        comm.recv((&mut len[..]).into(), r, PIECE_TAG)?;
         let mut buf = vec![0u8; usize::try_from(len[0]).unwrap_or(0)];
-        comm.recv((&mut buf[..]).into(), r, PIECE_TAG)
-            .map_err(dist_err)?;
+        comm.recv((&mut buf[..]).into(), r, PIECE_TAG)?;
         all.push(
             serde_json::from_slice(&buf)
                 .map_err(|e| format!("the piece of rank {r} does not parse: {e}"))
@@ -221,6 +221,11 @@ fn gather_pieces(
     Ok(Some(all))
 }
 
-fn dist_err(e: anneal_dist::DistError) -> CheckpointError {
-    CheckpointError::Mismatch(format!("collecting the checkpoint's shards: {e}"))
+/// A collective that failed while step `step` was being published fails that save (a runtime
+/// failure, not the user's).
+fn dist_err(step: u64) -> impl FnOnce(DistError) -> CheckpointError {
+    move |e| CheckpointError::SaveFailed {
+        step,
+        reason: format!("collecting the ranks' shards: {e}"),
+    }
 }

@@ -127,8 +127,9 @@ fn read_header(path: &Path) -> Result<(u64, safetensors::tensor::Metadata), Chec
     let n = u64::from_le_bytes(len);
     let mut header = vec![0u8; usize::try_from(n).unwrap_or(usize::MAX).min(1 << 30)];
     f.read_exact(&mut header).map_err(io_err(path))?;
-    let meta = serde_json::from_slice(&header).map_err(|e| {
-        CheckpointError::Mismatch(format!("{}: unreadable header: {e}", path.display()))
+    let meta = serde_json::from_slice(&header).map_err(|e| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     })?;
     Ok((8 + n, meta))
 }
