@@ -3,8 +3,9 @@
 //! optimizer state ([`anneal_dist::Dim0Shard`]), so those bytes fall as 1/N. A step gathers the
 //! full parameters (fresh leaves the forward and backward use), reduce-scatters the full
 //! gradients back to the shards (then, in HSDP, sums them over the replicas), and the optimizer
-//! steps on the shards. Checkpoints gather everything to rank 0 and stay ordinary full
-//! checkpoints, so any world size or layout resumes them.
+//! steps on the shards. Checkpoints are sharded too: every rank saves its own rows
+//! ([`Fsdp::param_rows`], [`Fsdp::state_piece`]) and reads back just its rows of any
+//! checkpoint, whatever layout wrote it ([`Fsdp::state_rows`]).
 //!
 //! Not yet: per-block units (gather each block right before its forward, prefetch the next,
 //! free after use and gather again for backward, reduce-scatter as each block's backward
@@ -14,6 +15,7 @@ use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};
 use anneal_engine::Tensor;
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 /// Tensors by name.
 type Named = Vec<(String, Tensor)>;
@@ -128,45 +130,43 @@ impl Fsdp {
             .sqrt())
     }
 
-    /// The optimizer state `<param>.<state>` of the shards, gathered to full tensors (for a
-    /// checkpoint). `names` are the parameters in layout order.
-    pub fn gather_state(
-        &self,
-        comm: &dyn Collective,
-        names: &[(String, Tensor)],
-        state: &BTreeMap<String, Tensor>,
-    ) -> Result<BTreeMap<String, Tensor>, TrainError> {
-        let mut out = BTreeMap::new();
-        for (key, t) in state {
-            let (shape, s) = self.layout_of(names, key)?;
-            let full = s.all_gather(comm, &t.to_vec_f32())?;
-            out.insert(
-                key.clone(),
-                Tensor::from_vec(full, shape)?.to_dtype(t.dtype())?,
-            );
-        }
-        Ok(out)
+    /// This rank's rows of each trained parameter (in layout order) and its full shape: where
+    /// its shard sits in the whole, for checkpoint pieces and for reading a checkpoint back.
+    pub fn param_rows(&self) -> impl Iterator<Item = (&[usize], Range<usize>)> {
+        self.layout
+            .iter()
+            .map(|(shape, s)| (shape.as_slice(), s.start..s.end))
     }
 
-    /// This rank's rows of full optimizer state tensors (from a checkpoint).
-    pub fn shard_state(
+    /// For the optimizer state `key` (`<param>.<state>`) of the whole shape `shape`: this rank's
+    /// rows of it when it is sharded like its parameter (the same whole shape), `None` when it
+    /// is not (a replicated state, such as a scalar, is kept whole). `names` are the trained
+    /// parameters in layout order.
+    pub fn state_rows(
         &self,
         names: &[(String, Tensor)],
-        state: BTreeMap<String, Tensor>,
-    ) -> Result<BTreeMap<String, Tensor>, TrainError> {
-        state
-            .into_iter()
-            .map(|(key, t)| {
-                let (shape, s) = self.layout_of(names, &key)?;
-                if t.shape() != shape {
-                    // Left for the optimizer's own shape check to report.
-                    return Ok((key, t));
-                }
-                let rows = s.slice(&t.to_vec_f32()).to_vec();
-                let sharded = Tensor::from_vec(rows, &s.shape(shape))?.to_dtype(t.dtype())?;
-                Ok((key, sharded))
-            })
-            .collect()
+        key: &str,
+        shape: &[usize],
+    ) -> Option<Range<usize>> {
+        self.layout_of(names, key)
+            .ok()
+            .filter(|(full, _)| *full == shape)
+            .map(|(_, s)| s.start..s.end)
+    }
+
+    /// Where this rank's optimizer state `key`, of its local shape `local`, sits in the whole:
+    /// `(whole shape, first row)` when it is a shard of a parameter-shaped state, `None` when
+    /// it is held whole.
+    pub fn state_piece(
+        &self,
+        names: &[(String, Tensor)],
+        key: &str,
+        local: &[usize],
+    ) -> Option<(Vec<usize>, usize)> {
+        self.layout_of(names, key)
+            .ok()
+            .filter(|(full, s)| s.shape(full) == local)
+            .map(|(full, s)| (full.to_vec(), s.start))
     }
 
     /// The layout of the parameter a state key `<param>.<state>` belongs to (the longest

@@ -1,13 +1,16 @@
 //! The loop behind `anneal train`: resume, step, log, evaluate, checkpoint, stop on request.
 //! In a data-parallel job every rank runs it; rank 0 alone holds the run directory (lock,
-//! `config.toml`, `metrics.jsonl`, checkpoints: the replicas are identical, so its checkpoint
-//! is the job's) and evaluates.
+//! `config.toml`, `metrics.jsonl`) and publishes checkpoints: under DDP it saves them whole
+//! (the replicas are identical), under FSDP / HSDP every rank of the first replica group writes
+//! its own shard and rank 0 publishes the step once it has every rank's piece.
 
+use crate::checkpoint::{load_dir_with, Contents};
 use crate::dist::Dist;
-use crate::harness::{resume, Resumed, RunDir, RunKind, Saver};
+use crate::harness::{resume_with, Resumed, RunDir, RunKind, Saver, ShardSaver};
 use crate::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use crate::{io_err, TrainError, Trainer};
 use anneal_config::JobConfig;
+use anneal_dist::MeshDim;
 use anneal_engine::alloc;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,11 +77,22 @@ pub fn run_dist(
         world.barrier()?;
     }
     let provenance = trainer.provenance().clone();
+    // A sharded rank reads just its rows of the checkpoint, never the whole model.
+    let contents = match trainer.is_sharded() {
+        true => Contents::OnDemand,
+        false => Contents::All,
+    };
     let resumed = match &run {
         Some(run) => {
-            let resumed = resume(cfg, run, RunKind::Train, &provenance, &console, |l| {
-                trainer.restore(l)
-            })?;
+            let resumed = resume_with(
+                cfg,
+                run,
+                RunKind::Train,
+                &provenance,
+                &console,
+                contents,
+                |l| trainer.restore(l),
+            )?;
             run.record(cfg, trainer.tokenizer().1)?;
             resumed
         }
@@ -90,7 +104,12 @@ pub fn run_dist(
         if !main && step > 0 {
             let dir = run_dir.join("checkpoints").join(format!("step-{step}"));
             console.note(&format!("resuming from {} (step {step})", dir.display()));
-            trainer.restore(crate::checkpoint::load_dir(&dir)?)?;
+            // Rank 0 has verified it; the others read their rows without hashing it again.
+            let trusted = match contents {
+                Contents::All => Contents::All,
+                _ => Contents::Trusted,
+            };
+            trainer.restore(load_dir_with(&dir, trusted)?)?;
         }
         Resumed { step, ..resumed }
     } else {
@@ -111,7 +130,24 @@ pub fn run_dist(
         cfg.training.batch_size,
         cfg.training.seq_len
     ));
-    let mut saver = run.as_ref().map(|run| Saver::new(cfg, run));
+    // Under FSDP / HSDP the ranks of the first replica group each save their own shard and
+    // rank 0 publishes; otherwise rank 0 saves the whole (the replicas are identical).
+    let mut shard_saver = match trainer.dist().shard() {
+        Some(_) if trainer.dist().mesh().coord(MeshDim::DpReplicate) == 0 => {
+            // One name for every rank's temporary directory of a save.
+            let tag = trainer.dist().broadcast_u64(tag_seed(), 0)?;
+            Some(ShardSaver::new(cfg, run_dir, format!("{tag:016x}")))
+        }
+        Some(_) => {
+            trainer.dist().broadcast_u64(0, 0)?;
+            None
+        }
+        None => None,
+    };
+    let mut saver = match shard_saver {
+        Some(_) => None,
+        None => run.as_ref().map(|run| Saver::new(cfg, run)),
+    };
     let mut log = match main {
         true => Some(MetricsLog::open(run_dir).map_err(io_err(run_dir))?),
         false => None,
@@ -185,8 +221,10 @@ pub fn run_dist(
             console.row(&row);
         }
         let elapsed = clock(Instant::now());
-        if Saver::due_for(cfg, out.step) {
-            trainer.gather_for_save(main)?;
+        if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().shard()) {
+            saver.step_end(out.step, comm, &console, |spare| {
+                trainer.snapshot(elapsed, spare)
+            })?;
         }
         if let Some(saver) = &mut saver {
             saver.save_if_due(out.step, &console, |spare| trainer.snapshot(elapsed, spare))?;
@@ -201,10 +239,15 @@ pub fn run_dist(
         }
     }
     let elapsed = clock(Instant::now());
-    // A stop saves the last step unless it was saved already (as `Saver::finish` decides).
-    let step = trainer.step();
-    if summary.stopped && step > resumed_from && !Saver::due_for(cfg, step) {
-        trainer.gather_for_save(main)?;
+    if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().shard()) {
+        saver.finish(
+            summary.stopped,
+            trainer.step(),
+            resumed_from,
+            comm,
+            &console,
+            |spare| trainer.snapshot(elapsed, spare),
+        )?;
     }
     if let Some(saver) = &mut saver {
         saver.finish(
@@ -221,4 +264,13 @@ pub fn run_dist(
         started.elapsed().as_secs_f64(),
     );
     Ok(summary)
+}
+
+/// A value for the name of a save's temporary directories, unique to this process and moment.
+fn tag_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ u64::from(std::process::id()).rotate_left(40)
 }

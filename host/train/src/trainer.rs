@@ -1,12 +1,12 @@
 //! The trainer: a model plugin, its parameters, an optimizer plugin, a schedule and a data
 //! loader, advanced one optimizer step at a time.
 
-use crate::checkpoint::{Loaded, Snapshot, TrainState};
+use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
 use crate::dist::Dist;
 use crate::fsdp::Fsdp;
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
-    restore_optimizer, restore_optimizer_with, Provenance,
+    params_rows_from_checkpoint, restore_optimizer, restore_optimizer_with, Provenance,
 };
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
@@ -77,8 +77,6 @@ pub struct Trainer {
     dist: Dist,
     /// The sharding of `named` when `dp_shard > 1`.
     fsdp: Option<Fsdp>,
-    /// Full parameters and optimizer state gathered for rank 0's next snapshot (FSDP).
-    gathered: Option<(Named, std::collections::BTreeMap<String, Tensor>)>,
 }
 
 impl Trainer {
@@ -217,7 +215,6 @@ impl Trainer {
             provenance,
             dist,
             fsdp: None,
-            gathered: None,
         };
         if let Some(comm) = trainer.dist.shard() {
             let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size());
@@ -246,24 +243,11 @@ impl Trainer {
         }
     }
 
-    /// Whether the parameters are sharded (FSDP / HSDP): evaluation and saving then gather
-    /// them on every rank, so every rank must call [`Trainer::evaluate`] and
-    /// [`Trainer::gather_for_save`].
+    /// Whether the parameters are sharded (FSDP / HSDP): evaluation then gathers them on every
+    /// rank, so every rank must call [`Trainer::evaluate`]; checkpoints are saved as one shard
+    /// per rank of the first replica group.
     pub fn is_sharded(&self) -> bool {
         self.fsdp.is_some()
-    }
-
-    /// Under FSDP, gathers the full parameters and optimizer state that the next
-    /// [`Trainer::snapshot`] saves, keeping them only when `keep` (rank 0). Collective; a no-op
-    /// otherwise.
-    pub fn gather_for_save(&mut self, keep: bool) -> Result<(), TrainError> {
-        let (Some(fsdp), Some(comm)) = (&self.fsdp, self.dist.shard()) else {
-            return Ok(());
-        };
-        let full = fsdp.gather(comm, &self.named)?;
-        let state = fsdp.gather_state(comm, &self.named, self.optimizer.state())?;
-        self.gathered = keep.then_some((full, state));
-        Ok(())
     }
 
     /// The digests of the tokenizer and the training stream that checkpoints record.
@@ -452,8 +436,10 @@ impl Trainer {
     /// A host-memory copy of everything an exact resume needs: parameters (`model/<name>`),
     /// optimizer state (`optim/<param>.<state>`), step, data position.
     /// `spare` buffers (from a previous snapshot) are reused.
-    /// Under FSDP this saves what [`Trainer::gather_for_save`] gathered.
-    pub fn snapshot(&mut self, elapsed_s: f64, spare: Vec<Vec<u8>>) -> Snapshot {
+    /// Under FSDP it holds this rank's piece of the checkpoint: its rows of the parameters and
+    /// of their optimizer state (and, on shard rank 0, the buffers and any state held whole),
+    /// so no rank ever holds the whole model to save it.
+    pub fn snapshot(&self, elapsed_s: f64, spare: Vec<Vec<u8>>) -> Snapshot {
         let mut state = TrainState {
             elapsed_s,
             step: self.step,
@@ -469,36 +455,71 @@ impl Trainer {
             rl: None,
         };
         self.provenance.stamp(&mut state);
-        let gathered = self.gathered.take();
-        let (named, optim_state) = match &gathered {
-            Some((full, st)) => (full, st),
-            None => (&self.named, self.optimizer.state()),
+        let optim_state = self.optimizer.state();
+        let Some(fsdp) = &self.fsdp else {
+            let params = self
+                .named
+                .iter()
+                .chain(&self.buffers)
+                .map(|(n, p)| (format!("model/{n}"), p));
+            let optim = optim_state.iter().map(|(n, t)| (format!("optim/{n}"), t));
+            return Snapshot::capture(state, params.chain(optim), spare);
         };
-        let params = named
-            .iter()
-            .chain(&self.buffers)
-            .map(|(n, p)| (format!("model/{n}"), p));
-        let optim = optim_state.iter().map(|(n, t)| (format!("optim/{n}"), t));
-        Snapshot::capture(state, params.chain(optim), spare)
+        // Tensors held whole (buffers, replicated state) are saved by shard rank 0 alone.
+        let first = self.dist.shard().is_none_or(|c| c.rank() == 0);
+        let mut pieces: Vec<PieceRef<'_>> = Vec::new();
+        for ((n, p), (shape, rows)) in self.named.iter().zip(fsdp.param_rows()) {
+            // A rank past the last rows holds none; the others' pieces cover the tensor.
+            if !rows.is_empty() || (first && shape.first().is_none_or(|&r| r == 0)) {
+                pieces.push((format!("model/{n}"), p, Some((shape.to_vec(), rows.start))));
+            }
+        }
+        if first {
+            pieces.extend(
+                self.buffers
+                    .iter()
+                    .map(|(n, p)| (format!("model/{n}"), p, None)),
+            );
+        }
+        for (key, t) in optim_state {
+            match fsdp.state_piece(&self.named, key, t.shape()) {
+                Some((shape, start)) if t.numel() > 0 || (first && shape.first() == Some(&0)) => {
+                    pieces.push((format!("optim/{key}"), t, Some((shape, start))))
+                }
+                Some(_) => {}
+                None if first => pieces.push((format!("optim/{key}"), t, None)),
+                None => {}
+            }
+        }
+        Snapshot::capture_pieces(state, pieces, spare)
     }
 
     /// Continues from a checkpoint that [`crate::harness::resume`] accepted: parameters,
-    /// optimizer state, step and data position.
+    /// optimizer state, step and data position. Under FSDP each rank reads just its rows, from
+    /// whichever shards of whatever layout hold them.
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
-        let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
-        let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
-        let named = match &self.fsdp {
-            // Checkpoints hold full tensors: keep this rank's rows (any world size resumes).
+        let (named, buffers) = match &self.fsdp {
             Some(fsdp) => {
-                let shards = fsdp.shard(&named)?;
-                restore_optimizer_with(&ckpt, &shards, &mut self.optimizer, |state| {
-                    fsdp.shard_state(&named, state)
+                let rows: std::collections::HashMap<&str, std::ops::Range<usize>> = self
+                    .named
+                    .iter()
+                    .zip(fsdp.param_rows())
+                    .map(|((n, _), (_, r))| (n.as_str(), r))
+                    .collect();
+                let loaded = params_rows_from_checkpoint(&ckpt, &self.model, "model", &|n, _| {
+                    rows.get(n).cloned()
                 })?;
-                shards
+                let (shards, buffers) = crate::harness::split_buffers(&self.model, loaded);
+                restore_optimizer_with(&ckpt, &shards, &mut self.optimizer, &|key, shape| {
+                    fsdp.state_rows(&self.named, key, shape)
+                })?;
+                (shards, buffers)
             }
             None => {
+                let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
+                let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
                 restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
-                named
+                (named, buffers)
             }
         };
         self.loader.restore(&ckpt.state.loader)?;

@@ -5,19 +5,31 @@
 //!
 //! Saving is asynchronous: the step copies tensors into a host-memory [`Snapshot`] and returns;
 //! a background writer writes into `step-<N>.tmp-*`, fsyncs, and publishes by renaming the
-//! directory. Loading verifies checksums and falls back to older checkpoints.
+//! directory. Under FSDP every shard rank writes its own rows as its own shard and rank 0
+//! publishes once it has every rank's piece ([`ShardedCheckpointer`]). Loading verifies
+//! checksums, falls back to older checkpoints, and reads for each tensor just the rows the
+//! resuming rank needs from whichever shards hold them, so any world size or layout resumes
+//! any checkpoint.
 
 mod export;
 mod format;
 mod model;
 mod reader;
+mod sharded;
 mod writer;
 
 pub use export::export_hf;
 pub use format::{FileEntry, Manifest, RlState, TensorEntry, TrainState, FORMAT_VERSION};
 pub use model::{load_model, CheckpointModel};
-pub use reader::{list_steps, load_dir, load_latest, remove_stale_tmp, Loaded};
-pub use writer::{write_checkpoint, Checkpointer, SaveReport, SnapTensor, Snapshot};
+pub use reader::{
+    list_steps, load_dir, load_dir_with, load_latest, load_latest_with, remove_stale_tmp, Contents,
+    Loaded,
+};
+pub use sharded::ShardedCheckpointer;
+pub use writer::{
+    fresh_tag, publish, tmp_dir, write_checkpoint, write_piece, Checkpointer, Piece, PieceRef,
+    SaveReport, SnapTensor, Snapshot,
+};
 
 use std::path::PathBuf;
 
@@ -72,6 +84,30 @@ pub enum CheckpointError {
     },
 }
 
+/// The size and hex SHA-256 of the file at `path`, read in chunks (never whole in memory).
+pub(crate) fn sha256_file(path: &std::path::Path) -> std::io::Result<(u64, String)> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    let hex = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((total, hex))
+}
+
 pub(crate) fn io_err(
     path: &std::path::Path,
 ) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -80,3 +116,6 @@ pub(crate) fn io_err(
         source,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,13 +1,30 @@
 //! Finding, verifying and loading checkpoints, falling back past damaged ones.
 
-use super::format::{Manifest, TrainState, FORMAT_VERSION, MANIFEST, TRAIN_STATE};
-use super::CheckpointError;
-use anneal_engine::Tensor;
-use sha2::{Digest, Sha256};
+use super::format::{
+    FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION, MANIFEST, TRAIN_STATE,
+};
+use super::{sha256_file, CheckpointError};
+use anneal_engine::{DType, Storage, Tensor};
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-/// A verified checkpoint in memory.
+/// How much of a checkpoint [`load_dir_with`] reads up front.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contents {
+    /// Every file verified; every tensor assembled whole in [`Loaded::tensors`].
+    All,
+    /// Every file verified (streamed, not kept); tensors are read from disk when asked for,
+    /// just the rows asked for ([`Loaded::rows`]).
+    OnDemand,
+    /// [`Contents::OnDemand`] without verifying the files again: for the ranks that follow a
+    /// checkpoint rank 0 has verified.
+    Trusted,
+}
+
+/// A verified checkpoint.
 pub struct Loaded {
     /// The step directory it came from.
     pub dir: PathBuf,
@@ -15,8 +32,60 @@ pub struct Loaded {
     pub manifest: Manifest,
     /// Its train state.
     pub state: TrainState,
-    /// Every tensor by global name.
+    /// Every tensor by global name, whole ([`Contents::All`]); empty when loaded on demand.
     pub tensors: BTreeMap<String, Tensor>,
+}
+
+impl Loaded {
+    /// The global names of the checkpoint's tensors.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::BTreeSet::new();
+        self.manifest
+            .tensors
+            .iter()
+            .map(|e| e.name.as_str())
+            .filter(move |n| seen.insert(*n))
+    }
+
+    /// The shape and dtype of the whole tensor `name`, if the checkpoint has it.
+    pub fn describe(&self, name: &str) -> Option<(&[usize], &str)> {
+        self.manifest
+            .tensors
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| (e.global_shape.as_slice(), e.dtype.as_str()))
+    }
+
+    /// The whole tensor `name`.
+    pub fn tensor(&self, name: &str) -> Result<Tensor, CheckpointError> {
+        if let Some(t) = self.tensors.get(name) {
+            return Ok(t.clone());
+        }
+        let rows = self
+            .describe(name)
+            .map(|(shape, _)| shape.first().copied().unwrap_or(1))
+            .ok_or_else(|| corrupt(&self.dir, format!("no tensor {name}")))?;
+        read_rows(&self.dir, &self.manifest, name, 0..rows)
+    }
+
+    /// Rows `rows` of dim 0 of the tensor `name` (a scalar has one row), read from the shards
+    /// that hold them: what one FSDP rank keeps of it.
+    pub fn rows(&self, name: &str, rows: Range<usize>) -> Result<Tensor, CheckpointError> {
+        match self.tensors.get(name) {
+            Some(t) if t.shape().is_empty() => Ok(t.clone()),
+            Some(t) => {
+                // A copy: the rows must not keep the whole tensor's storage alive.
+                let fail = |e: anneal_engine::Error| corrupt(&self.dir, format!("{name}: {e}"));
+                let view = t.narrow(0, rows.start, rows.len()).map_err(fail)?;
+                Tensor::from_storage(
+                    Storage::from_bytes(view.dtype(), &view.to_bytes()),
+                    view.shape(),
+                )
+                .map_err(fail)
+            }
+            None => read_rows(&self.dir, &self.manifest, name, rows),
+        }
+    }
 }
 
 /// Published checkpoint directories (`step-<N>`, never `*.tmp-*`), newest first.
@@ -61,8 +130,13 @@ fn corrupt(dir: &Path, reason: impl Into<String>) -> CheckpointError {
 }
 
 /// Reads a step directory, checking the format version, every file's size and SHA-256, and
-/// that the shards hold every tensor the manifest lists with its shape and dtype.
+/// that the pieces of every tensor fit it and tile it exactly; assembles every tensor whole.
 pub fn load_dir(dir: &Path) -> Result<Loaded, CheckpointError> {
+    load_dir_with(dir, Contents::All)
+}
+
+/// [`load_dir`], reading as much as `contents` says.
+pub fn load_dir_with(dir: &Path, contents: Contents) -> Result<Loaded, CheckpointError> {
     let manifest_path = dir.join(MANIFEST);
     let text = std::fs::read(&manifest_path)
         .map_err(|e| corrupt(dir, format!("cannot read {MANIFEST}: {e}")))?;
@@ -80,35 +154,20 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, CheckpointError> {
     }
     let manifest: Manifest =
         serde_json::from_value(version).map_err(|e| corrupt(dir, format!("{MANIFEST}: {e}")))?;
-    let mut contents = BTreeMap::new();
-    for f in &manifest.files {
-        let path = dir.join(&f.name);
-        let bytes = std::fs::read(&path)
-            .map_err(|e| corrupt(dir, format!("missing file {} ({e})", f.name)))?;
-        if bytes.len() as u64 != f.bytes {
-            return Err(corrupt(
-                dir,
-                format!(
-                    "{} has {} bytes, the manifest says {}",
-                    f.name,
-                    bytes.len(),
-                    f.bytes
-                ),
-            ));
+    if contents != Contents::Trusted {
+        for f in &manifest.files {
+            verify_file(dir, f)?;
         }
-        let sum: String = Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        if sum != f.sha256 {
-            return Err(corrupt(dir, format!("checksum mismatch in {}", f.name)));
-        }
-        contents.insert(f.name.clone(), bytes);
     }
-    let state_bytes = contents
-        .get(TRAIN_STATE)
-        .ok_or_else(|| corrupt(dir, format!("the manifest does not list {TRAIN_STATE}")))?;
-    let state: TrainState = serde_json::from_slice(state_bytes)
+    if !manifest.files.iter().any(|f| f.name == TRAIN_STATE) {
+        return Err(corrupt(
+            dir,
+            format!("the manifest does not list {TRAIN_STATE}"),
+        ));
+    }
+    let state_bytes = std::fs::read(dir.join(TRAIN_STATE))
+        .map_err(|e| corrupt(dir, format!("missing file {TRAIN_STATE} ({e})")))?;
+    let state: TrainState = serde_json::from_slice(&state_bytes)
         .map_err(|e| corrupt(dir, format!("{TRAIN_STATE}: {e}")))?;
     if state.step != manifest.step {
         return Err(corrupt(
@@ -116,43 +175,163 @@ pub fn load_dir(dir: &Path) -> Result<Loaded, CheckpointError> {
             "train state and manifest disagree on the step",
         ));
     }
-    let mut tensors = BTreeMap::new();
-    for entry in &manifest.tensors {
-        if !tensors.contains_key(&entry.shard) {
-            let bytes = contents.get(&entry.shard).ok_or_else(|| {
-                corrupt(
-                    dir,
-                    format!("shard {} is not listed with a checksum", entry.shard),
-                )
-            })?;
-            let path = dir.join(&entry.shard);
-            let loaded = anneal_engine::io::load_safetensors_bytes(&path, bytes)
-                .map_err(|e| corrupt(dir, e.to_string()))?;
-            tensors.insert(entry.shard.clone(), loaded);
-        }
-    }
-    let mut out = BTreeMap::new();
-    for entry in &manifest.tensors {
-        let t = tensors[&entry.shard].get(&entry.name).ok_or_else(|| {
-            corrupt(
-                dir,
-                format!("tensor {} missing from {}", entry.name, entry.shard),
-            )
-        })?;
-        if t.shape() != entry.global_shape.as_slice() || t.dtype().name() != entry.dtype {
-            return Err(corrupt(
-                dir,
-                format!("tensor {} does not match the manifest", entry.name),
-            ));
-        }
-        out.insert(entry.name.clone(), t.clone());
-    }
-    Ok(Loaded {
+    check_pieces(dir, &manifest)?;
+    let mut loaded = Loaded {
         dir: dir.to_path_buf(),
         manifest,
         state,
-        tensors: out,
-    })
+        tensors: BTreeMap::new(),
+    };
+    if contents == Contents::All {
+        let names: Vec<String> = loaded.names().map(str::to_string).collect();
+        for name in names {
+            let t = loaded.tensor(&name)?;
+            loaded.tensors.insert(name, t);
+        }
+    }
+    Ok(loaded)
+}
+
+/// Checks one file's size and SHA-256, streaming it.
+fn verify_file(dir: &Path, f: &FileEntry) -> Result<(), CheckpointError> {
+    let (total, sum) = sha256_file(&dir.join(&f.name)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => corrupt(dir, format!("missing file {} ({e})", f.name)),
+        _ => corrupt(dir, format!("cannot read {} ({e})", f.name)),
+    })?;
+    if total != f.bytes {
+        return Err(corrupt(
+            dir,
+            format!(
+                "{} has {total} bytes, the manifest says {}",
+                f.name, f.bytes
+            ),
+        ));
+    }
+    if sum != f.sha256 {
+        return Err(corrupt(dir, format!("checksum mismatch in {}", f.name)));
+    }
+    Ok(())
+}
+
+/// Rows of a shape (a scalar has one) and elements per row.
+fn rows_and_len(shape: &[usize]) -> (usize, usize) {
+    (
+        shape.first().copied().unwrap_or(1),
+        shape.iter().skip(1).product(),
+    )
+}
+
+/// Every piece lies in a listed shard, within its size, with as many bytes as its slice holds,
+/// cuts only dim 0, and the pieces of each tensor tile its rows exactly.
+fn check_pieces(dir: &Path, manifest: &Manifest) -> Result<(), CheckpointError> {
+    let mut by_name: BTreeMap<&str, Vec<&TensorEntry>> = BTreeMap::new();
+    for e in &manifest.tensors {
+        let bad = |why: String| corrupt(dir, format!("tensor {} in {}: {why}", e.name, e.shard));
+        let file = manifest
+            .files
+            .iter()
+            .find(|f| f.name == e.shard)
+            .ok_or_else(|| {
+                corrupt(
+                    dir,
+                    format!("shard {} is not listed with a checksum", e.shard),
+                )
+            })?;
+        let dtype = DType::parse(&e.dtype).ok_or_else(|| bad(format!("dtype {}", e.dtype)))?;
+        let full_dims = e.slice.len() == e.global_shape.len().max(1)
+            && e.slice
+                .iter()
+                .zip(&e.global_shape)
+                .skip(1)
+                .all(|(s, &n)| *s == [0, n]);
+        let (rows, row_len) = rows_and_len(&e.global_shape);
+        let [start, end] = *e.slice.first().unwrap_or(&[0, 1]);
+        if !(full_dims || e.global_shape.is_empty()) || start > end || end > rows {
+            return Err(bad(format!(
+                "slice {:?} does not fit shape {:?} (only dim 0 may be cut)",
+                e.slice, e.global_shape
+            )));
+        }
+        let want = ((end - start) * row_len * dtype.size_in_bytes()) as u64;
+        let [a, b] = e.byte_range;
+        if a > b || b - a != want || b > file.bytes {
+            return Err(bad(format!(
+                "bytes {a}..{b} do not hold {want} bytes within the {} of the file",
+                file.bytes
+            )));
+        }
+        by_name.entry(&e.name).or_default().push(e);
+    }
+    for (name, mut pieces) in by_name {
+        pieces.sort_by_key(|e| e.slice.first().map_or(0, |s| s[0]));
+        let first = pieces[0];
+        let (rows, _) = rows_and_len(&first.global_shape);
+        let mut at = 0;
+        for e in &pieces {
+            let [start, end] = *e.slice.first().unwrap_or(&[0, 1]);
+            if e.global_shape != first.global_shape || e.dtype != first.dtype || start != at {
+                return Err(corrupt(
+                    dir,
+                    format!("the pieces of tensor {name} do not fit together"),
+                ));
+            }
+            at = end;
+        }
+        if at != rows {
+            return Err(corrupt(
+                dir,
+                format!("the pieces of tensor {name} cover rows 0..{at} of {rows}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Rows `rows` of the tensor `name`, read (by byte range) from the shards whose pieces hold
+/// them. The manifest passed [`check_pieces`].
+fn read_rows(
+    dir: &Path,
+    manifest: &Manifest,
+    name: &str,
+    rows: Range<usize>,
+) -> Result<Tensor, CheckpointError> {
+    let pieces: Vec<&TensorEntry> = manifest.tensors.iter().filter(|e| e.name == name).collect();
+    let first = pieces
+        .first()
+        .ok_or_else(|| corrupt(dir, format!("no tensor {name}")))?;
+    let dtype = DType::parse(&first.dtype)
+        .ok_or_else(|| corrupt(dir, format!("tensor {name}: dtype {}", first.dtype)))?;
+    let shape = &first.global_shape;
+    let (total, row_len) = rows_and_len(shape);
+    if rows.start > rows.end || rows.end > total {
+        return Err(corrupt(
+            dir,
+            format!("tensor {name} has {total} rows, not {rows:?}"),
+        ));
+    }
+    let row_bytes = row_len * dtype.size_in_bytes();
+    let mut out = vec![0u8; rows.len() * row_bytes];
+    for e in pieces {
+        let [start, end] = *e.slice.first().unwrap_or(&[0, 1]);
+        let (lo, hi) = (start.max(rows.start), end.min(rows.end));
+        if lo >= hi {
+            continue;
+        }
+        let path = dir.join(&e.shard);
+        let mut file = File::open(&path)
+            .map_err(|err| corrupt(dir, format!("missing file {} ({err})", e.shard)))?;
+        let offset = e.byte_range[0] + ((lo - start) * row_bytes) as u64;
+        let dst = &mut out[(lo - rows.start) * row_bytes..(hi - rows.start) * row_bytes];
+        file.seek(SeekFrom::Start(offset))
+            .and_then(|_| file.read_exact(dst))
+            .map_err(|err| corrupt(dir, format!("cannot read {name} from {} ({err})", e.shard)))?;
+    }
+    let mut piece_shape = shape.clone();
+    if let Some(d0) = piece_shape.first_mut() {
+        *d0 = rows.len();
+    }
+    Tensor::from_storage(Storage::from_bytes(dtype, &out), &piece_shape)
+        .map_err(|e| corrupt(dir, format!("tensor {name}: {e}")))
 }
 
 /// The newest usable checkpoint under `root` (or the one of `load_step`). Damaged candidates are
@@ -161,6 +340,16 @@ pub fn load_latest(
     root: &Path,
     load_step: Option<u64>,
     warn: &dyn Fn(&str),
+) -> Result<Option<Loaded>, CheckpointError> {
+    load_latest_with(root, load_step, warn, Contents::All)
+}
+
+/// [`load_latest`], reading as much as `contents` says.
+pub fn load_latest_with(
+    root: &Path,
+    load_step: Option<u64>,
+    warn: &dyn Fn(&str),
+    contents: Contents,
 ) -> Result<Option<Loaded>, CheckpointError> {
     let steps = list_steps(root);
     if let Some(want) = load_step {
@@ -172,14 +361,14 @@ pub fn load_latest(
                     step: want,
                     root: root.to_path_buf(),
                 })?;
-        return load_dir(dir).map(Some);
+        return load_dir_with(dir, contents).map(Some);
     }
     if steps.is_empty() {
         return Ok(None);
     }
     let mut reasons = Vec::new();
     for (_, dir) in &steps {
-        match load_dir(dir) {
+        match load_dir_with(dir, contents) {
             Ok(l) => return Ok(Some(l)),
             Err(e) => {
                 warn(&format!("checkpoint skipped: {e}"));

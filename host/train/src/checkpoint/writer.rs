@@ -4,26 +4,51 @@
 use super::format::{
     shard_name, FileEntry, Manifest, TensorEntry, TrainState, FORMAT_VERSION, MANIFEST, TRAIN_STATE,
 };
-use super::{io_err, CheckpointError};
+use super::{io_err, sha256_file, CheckpointError};
 use anneal_engine::{DType, Tensor};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-/// One tensor's bytes, copied out of the live tensor.
+/// One tensor's bytes, copied out of the live tensor: the whole tensor, or (under FSDP) the
+/// dim-0 rows of it this rank holds.
 pub struct SnapTensor {
     /// Global name (`model/...` or `optim/...`).
     pub name: String,
     /// Element type.
     pub dtype: DType,
-    /// Shape.
+    /// Shape of the piece.
     pub shape: Vec<usize>,
+    /// Shape of the whole tensor (`shape` unless the piece is a slice of rows).
+    pub global_shape: Vec<usize>,
+    /// The first row of the whole tensor the piece holds (0 for a whole tensor).
+    pub row_start: usize,
     /// Row-major little-endian data.
     pub bytes: Vec<u8>,
 }
+
+impl SnapTensor {
+    /// The `[start, end)` range of each dim of the whole tensor the piece covers: rows on
+    /// dim 0, everything on the others.
+    fn slice(&self) -> Vec<[usize; 2]> {
+        self.global_shape
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| match (d, self.shape.first()) {
+                (0, Some(&rows)) => [self.row_start, self.row_start + rows],
+                _ => [0, n],
+            })
+            .collect()
+    }
+}
+
+/// A tensor to snapshot: its global name, the live tensor (whole or this rank's rows), and for
+/// a piece the whole tensor's shape and the first row it holds.
+pub type PieceRef<'a> = (String, &'a Tensor, Option<(Vec<usize>, usize)>);
 
 /// Everything a checkpoint will hold, in host memory, independent of further training.
 pub struct Snapshot {
@@ -42,20 +67,33 @@ impl Snapshot {
         tensors: impl IntoIterator<Item = (String, &'a Tensor)>,
         spare: Vec<Vec<u8>>,
     ) -> Self {
+        Self::capture_pieces(state, tensors.into_iter().map(|(n, t)| (n, t, None)), spare)
+    }
+
+    /// [`Snapshot::capture`] of tensors that may be pieces (dim-0 rows) of larger ones: what
+    /// one FSDP rank saves of its shards.
+    pub fn capture_pieces<'a>(
+        state: TrainState,
+        tensors: impl IntoIterator<Item = PieceRef<'a>>,
+        spare: Vec<Vec<u8>>,
+    ) -> Self {
         use rayon::prelude::*;
-        let list: Vec<(String, &Tensor)> = tensors.into_iter().collect();
+        let list: Vec<PieceRef<'a>> = tensors.into_iter().collect();
         let mut buffers = spare;
         buffers.resize_with(list.len().max(buffers.len()), Vec::new);
         buffers.truncate(list.len());
         let tensors = list
             .into_par_iter()
             .zip(buffers)
-            .map(|((name, t), mut bytes)| {
+            .map(|((name, t, piece), mut bytes)| {
                 t.copy_bytes_into(&mut bytes);
+                let (global_shape, row_start) = piece.unwrap_or_else(|| (t.shape().to_vec(), 0));
                 SnapTensor {
                     name,
                     dtype: t.dtype(),
                     shape: t.shape().to_vec(),
+                    global_shape,
+                    row_start,
                     bytes,
                 }
             })
@@ -81,6 +119,21 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Where the data of the safetensors file at `path` starts, and its header.
+fn read_header(path: &Path) -> Result<(u64, safetensors::tensor::Metadata), CheckpointError> {
+    let mut f = File::open(path).map_err(io_err(path))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(io_err(path))?;
+    let n = u64::from_le_bytes(len);
+    let mut header = vec![0u8; usize::try_from(n).unwrap_or(usize::MAX).min(1 << 30)];
+    f.read_exact(&mut header).map_err(io_err(path))?;
+    let meta = serde_json::from_slice(&header).map_err(|e| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    Ok((8 + n, meta))
+}
+
 /// Writes `bytes` to `path` and fsyncs it.
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let mut f = File::create(path).map_err(io_err(path))?;
@@ -95,20 +148,42 @@ fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
         .map_err(io_err(dir))
 }
 
-/// Writes `snap` as `<root>/step-<N>/` and returns that path: everything goes into
-/// `step-<N>.tmp-<pid>-<nanos>/` first, is fsynced, and the directory is renamed into place, so
-/// `step-<N>` exists only when complete.
-pub fn write_checkpoint(root: &Path, snap: &Snapshot) -> Result<PathBuf, CheckpointError> {
-    let step = snap.state.step;
-    std::fs::create_dir_all(root).map_err(io_err(root))?;
+/// What one rank wrote into a step's temporary directory: its tensor pieces and its files
+/// with their checksums. Rank 0 collects every rank's into the manifest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Piece {
+    /// The tensor pieces of this rank's shard.
+    pub tensors: Vec<TensorEntry>,
+    /// The files this rank wrote (its shard; rank 0 also `train_state.json`).
+    pub files: Vec<FileEntry>,
+}
+
+/// The temporary directory a save of `step` goes into before it is published; `tag` tells
+/// saves apart (every rank of one save uses the same one).
+pub fn tmp_dir(root: &Path, step: u64, tag: &str) -> PathBuf {
+    root.join(format!("step-{step}.tmp-{tag}"))
+}
+
+/// A tag for [`tmp_dir`] unique to this process and moment.
+pub fn fresh_tag() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
-    let tmp = root.join(format!("step-{step}.tmp-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(io_err(&tmp))?;
+    format!("{}-{nanos}", std::process::id())
+}
 
-    let shard = shard_name(0, 1);
+/// Writes `snap`'s tensors as shard `rank` of `world` into `tmp` (created if needed), and the
+/// train state too when `with_state`; every file is fsynced. Returns what the manifest needs.
+pub fn write_piece(
+    tmp: &Path,
+    snap: &Snapshot,
+    rank: usize,
+    world: usize,
+    with_state: bool,
+) -> Result<Piece, CheckpointError> {
+    std::fs::create_dir_all(tmp).map_err(io_err(tmp))?;
+    let shard = shard_name(rank, world);
     let views = snap
         .tensors
         .iter()
@@ -118,11 +193,14 @@ pub fn write_checkpoint(root: &Path, snap: &Snapshot) -> Result<PathBuf, Checkpo
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CheckpointError::Mismatch(format!("checkpoint tensor: {e}")))?;
-    let bytes = safetensors::serialize(views, None)
+    // Streamed to the file, so writing needs no second copy of the snapshot in memory.
+    let path = tmp.join(&shard);
+    safetensors::serialize_to_file(views, None, &path)
         .map_err(|e| CheckpointError::Mismatch(format!("checkpoint shard: {e}")))?;
-    let (header_len, meta) = safetensors::SafeTensors::read_metadata(&bytes)
-        .map_err(|e| CheckpointError::Mismatch(format!("checkpoint shard: {e}")))?;
-    let data_start = 8 + header_len as u64;
+    File::open(&path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(&path))?;
+    let (data_start, meta) = read_header(&path)?;
     let mut tensors = Vec::with_capacity(snap.tensors.len());
     for t in &snap.tensors {
         let info = meta
@@ -131,8 +209,8 @@ pub fn write_checkpoint(root: &Path, snap: &Snapshot) -> Result<PathBuf, Checkpo
         tensors.push(TensorEntry {
             name: t.name.clone(),
             dtype: t.dtype.name().to_string(),
-            global_shape: t.shape.clone(),
-            slice: t.shape.iter().map(|&n| [0, n]).collect(),
+            global_shape: t.global_shape.clone(),
+            slice: t.slice(),
             shard: shard.clone(),
             byte_range: [
                 data_start + info.data_offsets.0 as u64,
@@ -140,44 +218,74 @@ pub fn write_checkpoint(root: &Path, snap: &Snapshot) -> Result<PathBuf, Checkpo
             ],
         });
     }
-    write_synced(&tmp.join(&shard), &bytes)?;
     fault_injection_pause();
-    let state = serde_json::to_vec_pretty(&snap.state).expect("train state serializes");
-    write_synced(&tmp.join(TRAIN_STATE), &state)?;
+    let (bytes, sha256) = sha256_file(&path).map_err(io_err(&path))?;
+    let mut files = vec![FileEntry {
+        name: shard,
+        bytes,
+        sha256,
+    }];
+    if with_state {
+        let state = serde_json::to_vec_pretty(&snap.state).expect("train state serializes");
+        write_synced(&tmp.join(TRAIN_STATE), &state)?;
+        files.push(FileEntry {
+            name: TRAIN_STATE.into(),
+            bytes: state.len() as u64,
+            sha256: sha256_hex(&state),
+        });
+    }
+    Ok(Piece { tensors, files })
+}
+
+/// Publishes the save in `tmp` as `<root>/step-<step>/`: writes `manifest.json` from every
+/// rank's [`Piece`] (in rank order; `world` shards), fsyncs, and renames the directory into
+/// place, so `step-<N>` exists only when complete. Returns the published path.
+pub fn publish(
+    root: &Path,
+    tmp: &Path,
+    step: u64,
+    world: usize,
+    pieces: Vec<Piece>,
+) -> Result<PathBuf, CheckpointError> {
+    let (mut tensors, mut files) = (Vec::new(), Vec::new());
+    for p in pieces {
+        tensors.extend(p.tensors);
+        files.extend(p.files);
+    }
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         step,
-        world_size: 1,
+        world_size: world,
         tensors,
-        files: vec![
-            FileEntry {
-                name: shard,
-                bytes: bytes.len() as u64,
-                sha256: sha256_hex(&bytes),
-            },
-            FileEntry {
-                name: TRAIN_STATE.into(),
-                bytes: state.len() as u64,
-                sha256: sha256_hex(&state),
-            },
-        ],
+        files,
     };
     let text = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     write_synced(&tmp.join(MANIFEST), &text)?;
-    sync_dir(&tmp)?;
+    sync_dir(tmp)?;
 
     let dst = root.join(format!("step-{step}"));
     if dst.exists() {
         // The same step saved again (a stop right after a resume): the new copy replaces it.
         std::fs::remove_dir_all(&dst).map_err(io_err(&dst))?;
     }
-    std::fs::rename(&tmp, &dst).map_err(io_err(&dst))?;
+    std::fs::rename(tmp, &dst).map_err(io_err(&dst))?;
     sync_dir(root)?;
     Ok(dst)
 }
 
+/// Writes `snap` whole (one shard) as `<root>/step-<N>/` and returns that path: everything
+/// goes into a temporary directory first, is fsynced, and is renamed into place.
+pub fn write_checkpoint(root: &Path, snap: &Snapshot) -> Result<PathBuf, CheckpointError> {
+    let step = snap.state.step;
+    std::fs::create_dir_all(root).map_err(io_err(root))?;
+    let tmp = tmp_dir(root, step, &fresh_tag());
+    let piece = write_piece(&tmp, snap, 0, 1, true)?;
+    publish(root, &tmp, step, 1, vec![piece])
+}
+
 /// Tests that kill a run in the middle of a save set `ANNEAL_TEST_CHECKPOINT_PAUSE_MS` to widen
-/// the window between the shard and the manifest being written.
+/// the window between a shard being written and the manifest (every rank's writer pauses right
+/// after its shard).
 fn fault_injection_pause() {
     if let Some(ms) = std::env::var("ANNEAL_TEST_CHECKPOINT_PAUSE_MS")
         .ok()
@@ -188,7 +296,7 @@ fn fault_injection_pause() {
 }
 
 /// Removes complete checkpoints beyond the newest `keep` (only ever after a newer one exists).
-fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
+pub(crate) fn prune(root: &Path, keep: usize) -> Result<(), CheckpointError> {
     for (_, dir) in super::list_steps(root).into_iter().skip(keep) {
         std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
     }

@@ -2,11 +2,14 @@
 //! anything of the run directory changes.
 
 use super::RunDir;
-use crate::checkpoint::{load_latest, remove_stale_tmp, CheckpointError, Loaded, TrainState};
+use crate::checkpoint::{
+    load_latest_with, remove_stale_tmp, CheckpointError, Contents, Loaded, TrainState,
+};
 use crate::{io_err, Console, TrainError};
 use anneal_config::JobConfig;
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::{PluginModel, PluginOptimizer};
+use std::ops::Range;
 use std::path::Path;
 
 /// The files of a run directory with one JSON row per step (`{"step": N, ...}`), cut back to
@@ -123,11 +126,30 @@ pub fn resume(
     console: &Console,
     restore: impl FnOnce(Loaded) -> Result<(), TrainError>,
 ) -> Result<Resumed, TrainError> {
+    resume_with(cfg, run, kind, provenance, console, Contents::All, restore)
+}
+
+/// [`resume`] loading the checkpoint as `contents` says: an FSDP rank reads its rows on demand
+/// ([`Contents::OnDemand`]) rather than every tensor whole.
+pub fn resume_with(
+    cfg: &JobConfig,
+    run: &RunDir,
+    kind: RunKind,
+    provenance: &Provenance,
+    console: &Console,
+    contents: Contents,
+    restore: impl FnOnce(Loaded) -> Result<(), TrainError>,
+) -> Result<Resumed, TrainError> {
     let root = run.path().join("checkpoints");
     for name in remove_stale_tmp(&root) {
         console.note(&format!("checkpoint: removed the incomplete save {name}"));
     }
-    let loaded = match load_latest(&root, cfg.checkpoint.load_step, &|m| console.note(m)) {
+    let loaded = match load_latest_with(
+        &root,
+        cfg.checkpoint.load_step,
+        &|m| console.note(m),
+        contents,
+    ) {
         Ok(l) => l,
         Err(e @ CheckpointError::NoneUsable { .. }) if cfg.checkpoint.allow_fresh_start => {
             console.note(&format!(
@@ -189,6 +211,10 @@ pub fn resume(
     Ok(resumed)
 }
 
+/// Which dim-0 rows of a checkpoint tensor a rank keeps, given its global name and whole
+/// shape: `None` keeps it whole.
+pub type RowsOf<'a> = &'a dyn Fn(&str, &[usize]) -> Option<Range<usize>>;
+
 /// The parameters `model` declares, read from `<prefix>/<name>` of `ckpt` with their shapes and
 /// dtypes checked, sorted by name (the fixed order of norms and updates), detached.
 pub fn params_from_checkpoint(
@@ -196,26 +222,37 @@ pub fn params_from_checkpoint(
     model: &PluginModel,
     prefix: &str,
 ) -> Result<Vec<(String, Tensor)>, TrainError> {
+    params_rows_from_checkpoint(ckpt, model, prefix, &|_, _| None)
+}
+
+/// [`params_from_checkpoint`] keeping of each parameter the rows `rows` picks (an FSDP rank's
+/// shard), read from whichever of the checkpoint's shards hold them.
+pub fn params_rows_from_checkpoint(
+    ckpt: &Loaded,
+    model: &PluginModel,
+    prefix: &str,
+    rows: RowsOf<'_>,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
     let spec = model.spec();
     let mut named = Vec::with_capacity(spec.params.len());
     for p in &spec.params {
         let key = format!("{prefix}/{}", p.name);
-        let t = ckpt
-            .tensors
-            .get(&key)
+        let (shape, dtype) = ckpt
+            .describe(&key)
             .ok_or_else(|| mismatch(ckpt, format!("no tensor {key}")))?;
-        if t.shape() != p.shape.as_slice() || t.dtype().name() != p.dtype {
+        if shape != p.shape.as_slice() || dtype != p.dtype {
             return Err(mismatch(
                 ckpt,
                 format!(
-                    "{key} is {} {:?}, the model wants {} {:?}",
-                    t.dtype(),
-                    t.shape(),
-                    p.dtype,
-                    p.shape
+                    "{key} is {dtype} {shape:?}, the model wants {} {:?}",
+                    p.dtype, p.shape
                 ),
             ));
         }
+        let t = match rows(&p.name, shape) {
+            Some(r) => ckpt.rows(&key, r)?,
+            None => ckpt.tensor(&key)?,
+        };
         named.push((p.name.clone(), t.detach()));
     }
     named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -228,26 +265,31 @@ pub fn restore_optimizer(
     named: &[(String, Tensor)],
     optimizer: &mut PluginOptimizer,
 ) -> Result<(), TrainError> {
-    restore_optimizer_with(ckpt, named, optimizer, Ok)
+    restore_optimizer_with(ckpt, named, optimizer, &|_, _| None)
 }
 
-/// [`restore_optimizer`] with the state passed through `map` first (FSDP keeps this rank's
-/// rows of it).
+/// [`restore_optimizer`] keeping of each state tensor the rows `rows` picks (given the state's
+/// key `<param>.<state>` and whole shape): an FSDP rank's rows of it.
 pub fn restore_optimizer_with(
     ckpt: &Loaded,
     named: &[(String, Tensor)],
     optimizer: &mut PluginOptimizer,
-    map: impl FnOnce(
-        std::collections::BTreeMap<String, Tensor>,
-    ) -> Result<std::collections::BTreeMap<String, Tensor>, TrainError>,
+    rows: RowsOf<'_>,
 ) -> Result<(), TrainError> {
-    let state = ckpt
-        .tensors
-        .iter()
-        .filter_map(|(n, t)| n.strip_prefix("optim/").map(|k| (k.to_string(), t.clone())))
-        .collect();
+    let mut state = std::collections::BTreeMap::new();
+    for name in ckpt.names() {
+        let Some(key) = name.strip_prefix("optim/") else {
+            continue;
+        };
+        let shape = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
+        let t = match rows(key, shape) {
+            Some(r) => ckpt.rows(name, r)?,
+            None => ckpt.tensor(name)?,
+        };
+        state.insert(key.to_string(), t);
+    }
     optimizer
-        .load_state(named, map(state)?)
+        .load_state(named, state)
         .map_err(|m| mismatch(ckpt, m))
 }
 

@@ -1,9 +1,11 @@
 //! The run loop's side of saving checkpoints.
 
 use super::RunDir;
-use crate::checkpoint::{CheckpointError, Checkpointer, Snapshot};
+use crate::checkpoint::{CheckpointError, Checkpointer, ShardedCheckpointer, Snapshot};
 use crate::{Console, TrainError};
 use anneal_config::JobConfig;
+use anneal_dist::Collective;
+use std::path::Path;
 use std::time::Instant;
 
 /// Saves a run's checkpoints into `<run_dir>/checkpoints` as `checkpoint.*` configures: every
@@ -33,14 +35,7 @@ impl Saver {
 
     /// Whether step `step` is saved: every `checkpoint.interval` steps and at the last one.
     pub fn due(&self, step: u64) -> bool {
-        (self.interval > 0 && step.is_multiple_of(self.interval)) || step == self.total
-    }
-
-    /// [`Saver::due`] from the config alone, for ranks that hold no saver but must take part
-    /// in gathering what rank 0 saves.
-    pub fn due_for(cfg: &JobConfig, step: u64) -> bool {
-        let interval = cfg.checkpoint.interval;
-        (interval > 0 && step.is_multiple_of(interval)) || step == cfg.training.steps
+        is_due(self.interval, self.total, step)
     }
 
     /// Saves step `step` when [`Saver::due`], with the snapshot `capture` builds.
@@ -108,6 +103,93 @@ impl Saver {
             None => Ok(()),
         }
     }
+}
+
+/// [`Saver`] for one rank of a sharded (FSDP / HSDP) run's writing group: each rank writes its
+/// own shard of every save, and rank 0 of `comm` (the job's rank 0) publishes the step once it
+/// has every rank's piece. Every method is collective over the group's `comm`.
+pub struct ShardSaver {
+    checkpointer: ShardedCheckpointer,
+    interval: u64,
+    total: u64,
+}
+
+impl ShardSaver {
+    /// The saver into `<run_dir>/checkpoints`; `tag` (the same on every rank of the job) names
+    /// the saves' temporary directories.
+    pub fn new(cfg: &JobConfig, run_dir: &Path, tag: String) -> ShardSaver {
+        let ck = &cfg.checkpoint;
+        ShardSaver {
+            checkpointer: ShardedCheckpointer::new(
+                run_dir.join("checkpoints"),
+                ck.keep_latest,
+                ck.async_save,
+                tag,
+            ),
+            interval: ck.interval,
+            total: cfg.training.steps,
+        }
+    }
+
+    /// At the end of step `step`: publishes a save whose writes have all ended, then saves
+    /// `step` when it is due (as [`Saver::due`]).
+    pub fn step_end(
+        &mut self,
+        step: u64,
+        comm: &dyn Collective,
+        console: &Console,
+        capture: impl FnOnce(Vec<Vec<u8>>) -> Snapshot,
+    ) -> Result<(), TrainError> {
+        if let Some(dir) = self.checkpointer.publish_when_written(comm)? {
+            console.note(&format!("checkpoint: {} published", dir.display()));
+        }
+        if is_due(self.interval, self.total, step) {
+            self.save(step, comm, console, capture)?;
+        }
+        Ok(())
+    }
+
+    fn save(
+        &mut self,
+        step: u64,
+        comm: &dyn Collective,
+        console: &Console,
+        capture: impl FnOnce(Vec<Vec<u8>>) -> Snapshot,
+    ) -> Result<(), TrainError> {
+        let report = self.checkpointer.save(comm, capture)?;
+        console.note(&format!(
+            "checkpoint: step {step} saving its shard {} of {}; training blocked {:.3}s",
+            comm.rank(),
+            comm.size(),
+            report.blocked_s
+        ));
+        Ok(())
+    }
+
+    /// As [`Saver::finish`]: a stopped run saves its last step unless saved already; then the
+    /// save in flight is written and published.
+    pub fn finish(
+        &mut self,
+        stopped: bool,
+        step: u64,
+        resumed_from: u64,
+        comm: &dyn Collective,
+        console: &Console,
+        capture: impl FnOnce(Vec<Vec<u8>>) -> Snapshot,
+    ) -> Result<(), TrainError> {
+        if stopped && step > resumed_from && self.checkpointer.last_saved() != Some(step) {
+            self.save(step, comm, console, capture)?;
+        }
+        if let Some(dir) = self.checkpointer.wait(comm)? {
+            console.note(&format!("checkpoint: {} published", dir.display()));
+        }
+        Ok(())
+    }
+}
+
+/// Every `interval` steps (none for 0) and at the last one, `total`.
+fn is_due(interval: u64, total: u64, step: u64) -> bool {
+    (interval > 0 && step.is_multiple_of(interval)) || step == total
 }
 
 fn save_failed(step: u64, reason: String) -> TrainError {
