@@ -6,7 +6,8 @@
 //! (one addition, which commutes), so every loss of FSDP(2) is bitwise the single process's:
 //! the parameters after each step are the same bits. With four ranks MPI adds four gradients
 //! in its own order, so FSDP(4) and HSDP(2×2) are bitwise DDP(4) (the same sums, the plain
-//! unsharded step) and stay within 1e-6 of the single process.
+//! unsharded step) and stay within 1e-6 of the single process, while the optimizer state stays
+//! sharded.
 
 use anneal_tests::cli as common;
 
@@ -109,4 +110,18 @@ fn muon_under_fsdp_steps_the_full_matrices() {
             );
         }
     }
+    // The optimizer state stays sharded between steps: FSDP(4) holds a quarter of DDP's
+    // parameter + gradient + optimizer bytes (up to the padding of the last rows).
+    let state = |d: &Path| -> f64 {
+        rows(d)
+            .iter()
+            .filter_map(|r| r["state_bytes"].as_u64())
+            .next_back()
+            .expect("state_bytes") as f64
+    };
+    let ratio = state(&job.dir.join("fsdp4")) / state(&ddp_dir);
+    assert!(
+        (ratio - 0.25).abs() < 0.05,
+        "FSDP(4): {ratio} of DDP's bytes"
+    );
 }
