@@ -419,10 +419,15 @@ fn meshes_that_do_not_fit_are_user_errors() {
     // Dimensions that do not run yet.
     let (out, _) = job.train("c", &["parallelism.tp=2"]);
     user_error(&out, &["parallelism.tp", "not implemented"]);
-    // RL runs in one process so far.
+    // RL runs data parallel, without sharding.
     let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
-    let out = c.arg("rl").arg(job.config()).output().unwrap();
-    user_error(&out, &["anneal rl", "one process"]);
+    let out = c
+        .arg("rl")
+        .arg(job.config())
+        .args(["--set", "parallelism.dp_shard=2"])
+        .output()
+        .unwrap();
+    user_error(&out, &["parallelism.dp_shard", "anneal rl", "FSDP"]);
     // --nproc without an MPI launcher on PATH.
     let out = anneal()
         .args(["train", "--nproc", "2"])

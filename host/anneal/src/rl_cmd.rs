@@ -4,7 +4,7 @@ use crate::errors::UserError;
 use crate::train_cmd::{default_run_dir, install_stop_signals, load};
 use anneal_reward::{ErrorKind, MemberSpec, RewardSet, Sandbox, SandboxConfig, ScoreInput};
 use anneal_rl::rollout::{ModuleScore, Prompt, RewardFailure, Scored, Scorer};
-use anneal_rl::{run_rl, RlOptions};
+use anneal_rl::{run_rl_dist, RlOptions};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,22 +89,39 @@ fn scorer(cfg: &anneal_config::JobConfig) -> anyhow::Result<WasmScorer> {
     Ok(WasmScorer { set })
 }
 
-/// Post-trains until the configured steps, or until SIGINT/SIGTERM.
+/// Post-trains until the configured steps, or until SIGINT/SIGTERM. Under `mpiexec -n N`
+/// (N > 1) every process is one data-parallel rank (`parallelism.dp_replicate`); rank 0 holds
+/// the run dir, the others log to `<run_dir>/logs/rank-<r>.log`.
 pub fn rl(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow::Result<()> {
-    if let Some(n) = anneal_dist::launcher_world_size().filter(|&n| n > 1) {
-        // Each rank would run the whole job on its own and race for the run directory.
-        crate::user_bail!(
-            "`anneal rl` runs in one process so far, but mpiexec started {n}; run it without mpiexec"
-        );
-    }
     let cfg = load(config, set)?;
     if cfg.training.threads > 0 {
         anneal_engine::init_threads(cfg.training.threads)?;
     }
-    let scorer = Arc::new(scorer(&cfg)?);
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
+    // MPI only when a launcher started this process; a plain run never touches it.
+    let world = anneal_dist::init()?;
+    if world.size() == 1 {
+        return rl_on(&cfg, &run_dir, world.as_ref());
+    }
+    let run_dir = crate::dist_cmd::prepare_rank(world.as_ref(), cfg.training.threads, run_dir)?;
+    // A rank that fails ends every rank (with its exit code) rather than leave them waiting.
+    match rl_on(&cfg, &run_dir, world.as_ref()) {
+        Ok(()) => Ok(()),
+        Err(e) => crate::dist_cmd::fail_job(e),
+    }
+}
+
+fn rl_on(
+    cfg: &anneal_config::JobConfig,
+    run_dir: &Path,
+    world: &dyn anneal_dist::Collective,
+) -> anyhow::Result<()> {
+    // The layout first: a refused mesh is the error, whatever else the config lacks.
+    let dist = anneal_train::Dist::unbatched(cfg, world)?;
+    anneal_rl::check_layout(cfg, &dist)?;
+    let scorer = Arc::new(scorer(cfg)?);
     let stop = install_stop_signals()?;
     // The exit code follows `TrainError::is_user_error` (see `errors::exit_code`).
-    run_rl(&cfg, &run_dir, scorer, &stop, &RlOptions::default())?;
+    run_rl_dist(cfg, run_dir, scorer, &stop, &RlOptions::default(), dist)?;
     Ok(())
 }

@@ -25,4 +25,4 @@ mod setup;
 mod trainer;
 
 pub use metrics::RlRow;
-pub use run::{run_rl, RlOptions, RlSummary};
+pub use run::{check_layout, run_rl, run_rl_dist, RlOptions, RlSummary};

@@ -77,12 +77,37 @@ pub struct LossBatch<'a> {
     pub entropy_nl: Option<&'a Tensor>,
     /// Sequences per group.
     pub group_size: usize,
+    /// The whole step's counts when this batch is one data-parallel rank's share of it (the
+    /// normalizers must be the step's, so the ranks' losses add up to the whole batch's);
+    /// `None`: this batch is the whole step.
+    pub whole: Option<WholeStep>,
+}
+
+/// Counts of the whole step across data-parallel ranks (see [`LossBatch::whole`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WholeStep {
+    /// Sequences in the step.
+    pub samples: usize,
+    /// Completion tokens of the sequences that take part (`dapo`'s normalizer).
+    pub kept_tokens: f64,
+}
+
+/// Completion tokens of the sequences that take part, given each sequence's `keep` flag.
+pub fn kept_tokens(mask: &[f32], keep: &[bool]) -> f64 {
+    let l = mask.len() / keep.len().max(1);
+    (0..keep.len())
+        .filter(|&i| keep[i])
+        .map(|i| mask[i * l..(i + 1) * l].iter().sum::<f32>() as f64)
+        .sum()
 }
 
 /// The loss and what it saw.
 pub struct LossOut {
     /// The scalar to call `backward` on.
     pub loss: Tensor,
+    /// Each token's term of `loss`, `[N, L]` (detached): the loss is their sum, so ranks
+    /// holding parts of a step can add them up in the whole batch's order.
+    pub terms: Tensor,
     /// Advantage of each sequence.
     pub advantages: Vec<f32>,
     /// Mean k3 KL over the kept tokens (0 without a reference).
@@ -129,10 +154,10 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
         .filter(|g| !g.iter().any(|&k| k))
         .count();
     // Per-token weight: which tokens count and how the sum is normalized.
-    let kept_tokens: f64 = (0..n)
-        .filter(|&i| keep[i])
-        .map(|i| b.mask[i * l..(i + 1) * l].iter().sum::<f32>() as f64)
-        .sum();
+    let whole = b.whole.unwrap_or(WholeStep {
+        samples: n,
+        kept_tokens: kept_tokens(b.mask, &keep),
+    });
     let mut weight = vec![0f32; n * l];
     for i in 0..n {
         if !keep[i] {
@@ -140,9 +165,9 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
         }
         let len: f32 = b.mask[i * l..(i + 1) * l].iter().sum();
         let norm = match s.kind {
-            RlLoss::Grpo => len as f64 * n as f64,
-            RlLoss::DrGrpo => (n * s.norm_len.max(1)) as f64,
-            RlLoss::Dapo => kept_tokens,
+            RlLoss::Grpo => len as f64 * whole.samples as f64,
+            RlLoss::DrGrpo => (whole.samples * s.norm_len.max(1)) as f64,
+            RlLoss::Dapo => whole.kept_tokens,
         };
         if len == 0.0 || norm == 0.0 {
             continue;
@@ -196,11 +221,11 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
     if let (Some(h), true) = (b.entropy_nl, s.entropy_coef > 0.0) {
         per_token = per_token.sub(&h.mul_scalar(s.entropy_coef as f32)?)?;
     }
-    let loss = per_token
-        .mul(&Tensor::from_vec(weight, &[n, l])?)?
-        .sum_all()?;
+    let weighted = per_token.mul(&Tensor::from_vec(weight, &[n, l])?)?;
+    let loss = weighted.sum_all()?;
     Ok(LossOut {
         loss,
+        terms: weighted.detach(),
         advantages: adv,
         kl_mean,
         dropped_groups,
@@ -285,6 +310,7 @@ mod tests {
                 rewards: &c.rewards,
                 entropy_nl: None,
                 group_size: 2,
+                whole: None,
             },
             s,
         )
@@ -363,6 +389,7 @@ mod tests {
                 rewards: &c.rewards,
                 entropy_nl: None,
                 group_size: 2,
+                whole: None,
             },
             &settings(RlLoss::Grpo),
         )
@@ -435,6 +462,7 @@ mod tests {
                     rewards: &c.rewards,
                     entropy_nl: None,
                     group_size: 2,
+                    whole: None,
                 },
                 &s,
             )
@@ -515,6 +543,7 @@ mod tests {
                     mask: &mask,
                     rewards: &[1.0, 1.0],
                     group_size: 2,
+                    whole: None,
                 },
                 &s,
             )

@@ -93,7 +93,7 @@ impl PromptSource {
 }
 
 /// Why a reward call failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RewardFailure {
     /// It ran past its deadline.
     Timeout,
@@ -102,7 +102,7 @@ pub enum RewardFailure {
 }
 
 /// The combined reward of one completion.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Scored {
     /// The weighted sum of the modules' rewards (a failed call contributes its error reward).
     pub reward: f64,
@@ -116,7 +116,7 @@ pub struct Scored {
 }
 
 /// One reward module's part of a [`Scored`] completion, as `samples.jsonl` records it.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModuleScore {
     /// The module's name (its file name, or the name given in `rl.rewards`).
     pub name: String,
@@ -140,8 +140,8 @@ pub trait Scorer: Send + Sync {
     fn score(&self, prompt: &Prompt, completion: &str) -> Scored;
 }
 
-/// One sampled completion.
-#[derive(Clone, Debug)]
+/// One sampled completion (serialized when data-parallel ranks gather a step's groups).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
     /// Prompt then completion token ids.
     pub tokens: Vec<i64>,
@@ -156,7 +156,7 @@ pub struct Sample {
 }
 
 /// The completions of one prompt.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Group {
     /// The index of the prompt (in the run's [`PromptSource`]).
     pub index: u64,
@@ -186,10 +186,46 @@ pub struct RolloutCtx {
     pub max_new_tokens: usize,
     /// Sampling settings (the seed is the run's; each sample derives its own).
     pub sampling: Sampling,
-    /// Next prompt index.
+    /// This rank's next prompt, counted in its own share (see [`Share`]).
     pub next_prompt: AtomicU64,
+    /// Which prompts this rank rolls out.
+    pub share: Share,
     /// The first error a worker hit (the run stops on it).
     pub failed: Mutex<Option<String>>,
+}
+
+/// Which prompts a data-parallel rank rolls out: of each step's `per_step` prompts, the
+/// `per_step / ranks` consecutive ones from `rank · per_step / ranks`. Every rank's groups are
+/// whole (advantages stay per group) and the prompts of a step are the same whatever the number
+/// of ranks. One rank (`ranks = 1`) takes every prompt in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// This rank.
+    pub rank: u64,
+    /// Data-parallel ranks; divides `per_step`.
+    pub ranks: u64,
+    /// Prompts per step, over all ranks.
+    pub per_step: u64,
+}
+
+impl Share {
+    /// Prompts per step of this rank.
+    fn local(&self) -> u64 {
+        (self.per_step / self.ranks).max(1)
+    }
+
+    /// The global index of this rank's `c`-th prompt.
+    pub fn global(&self, c: u64) -> u64 {
+        let k = self.local();
+        (c / k) * self.per_step + self.rank * k + c % k
+    }
+
+    /// This rank's count of prompts taken when the run's prompts up to `cursor` (a step
+    /// boundary) are taken.
+    pub fn local_of(&self, cursor: u64) -> u64 {
+        let k = self.local();
+        (cursor / self.per_step) * k + (cursor % self.per_step).min(k)
+    }
 }
 
 /// The end of a completion: up to and excluding the first end-of-sequence token.
@@ -295,7 +331,9 @@ pub fn rollout_groups(
 pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>, max_groups: usize) {
     while let Some((version, params, k)) = buffer.begin_many(max_groups) {
         let first = ctx.next_prompt.fetch_add(k as u64, Ordering::SeqCst);
-        let indices: Vec<u64> = (first..first + k as u64).collect();
+        let indices: Vec<u64> = (first..first + k as u64)
+            .map(|c| ctx.share.global(c))
+            .collect();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             rollout_groups(&ctx, &params, &indices)
         }));
@@ -376,6 +414,28 @@ pub fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranks_share_each_step_in_order() {
+        let one = Share {
+            rank: 0,
+            ranks: 1,
+            per_step: 4,
+        };
+        assert_eq!(
+            (0..9).map(|c| one.global(c)).collect::<Vec<_>>(),
+            (0..9).collect::<Vec<_>>()
+        );
+        let of = |rank| Share {
+            rank,
+            ranks: 2,
+            per_step: 4,
+        };
+        let r0: Vec<u64> = (0..4).map(|c| of(0).global(c)).collect();
+        let r1: Vec<u64> = (0..4).map(|c| of(1).global(c)).collect();
+        assert_eq!((r0, r1), (vec![0, 1, 4, 5], vec![2, 3, 6, 7]));
+        assert_eq!((of(1).local_of(8), one.local_of(8)), (4, 8));
+    }
 
     #[test]
     fn digits_tasks_are_sorted_and_reproducible() {

@@ -4,18 +4,20 @@
 //! ([`anneal_train::harness`]), as for `anneal train`.
 
 use crate::buffer::RolloutBuffer;
+use crate::buffer::{Item, Taken};
 use crate::checkpoint::{restore, Progress};
 use crate::loss::LossSettings;
 use crate::metrics::RlRow;
-use crate::rollout::{evaluate, worker, Group, Prompt, RolloutCtx, Scorer};
+use crate::rollout::{evaluate, worker, Group, Prompt, RolloutCtx, Scorer, Share};
 use crate::setup::{initial_params, prepare, Setup};
 use crate::trainer::{publishable, RlTrainer, StepOut};
 use anneal_config::JobConfig;
 use anneal_engine::Tensor;
 use anneal_runtime::infer::Sampling;
 use anneal_runtime::plugins::Params;
+use anneal_train::harness::Resumed;
 use anneal_train::harness::{resume, split_buffers, RunDir, RunKind, Saver};
-use anneal_train::{io_err, Console, LrSchedule, MetricsLog, TrainError};
+use anneal_train::{io_err, Console, Dist, LrSchedule, MetricsLog, TrainError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,13 +62,58 @@ pub fn run_rl(
     stop: &AtomicBool,
     opts: &RlOptions,
 ) -> Result<RlSummary, TrainError> {
+    run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
+}
+
+/// Refuses what multi-rank RL does not run: sharded parameters (FSDP), and a step's prompts
+/// that do not split into whole groups per rank. User errors naming the keys.
+pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
+    let (r, ranks) = (&cfg.rl, dist.size());
+    if dist.shard().is_some() {
+        return Err(TrainError::Config(
+            "config: `parallelism.dp_shard`: `anneal rl` runs data parallel with whole replicas only (parallelism.dp_replicate); sharded parameters (FSDP) are not implemented for RL yet; set parallelism.dp_shard = 1".into(),
+        ));
+    }
+    if !r.prompts_per_step.is_multiple_of(ranks) {
+        return Err(TrainError::Config(format!(
+            "config: `rl.prompts_per_step` ({}) does not split evenly over {ranks} data-parallel ranks (each rank takes whole groups); make it a multiple of {ranks}",
+            r.prompts_per_step
+        )));
+    }
+    Ok(())
+}
+
+/// [`run_rl`] as one rank of a data-parallel job (`parallelism.dp_replicate` ranks, from
+/// [`Dist::unbatched`]): each rank rolls out and scores its share of every step's prompts
+/// ([`Share`]: whole groups, the same prompts whatever the number of ranks), trains on them
+/// and sums the gradients with the others, so every replica applies the same update. Rank 0
+/// alone holds the run directory, evaluates and writes metrics, samples (the step's groups
+/// from every rank) and checkpoints; the others continue from the checkpoint it resumed.
+/// Sharded parameters (FSDP) are refused.
+pub fn run_rl_dist(
+    cfg: &JobConfig,
+    run_dir: &Path,
+    scorer: Arc<dyn Scorer>,
+    stop: &AtomicBool,
+    opts: &RlOptions,
+    dist: Dist,
+) -> Result<RlSummary, TrainError> {
     let started = Instant::now();
     let cfg = &anneal_train::harness::with_model_plugin(cfg)?;
     let r = &cfg.rl;
-    let run = RunDir::open(run_dir)?;
+    let (ranks, main) = (dist.size(), dist.rank() == 0);
+    check_layout(cfg, &dist)?;
+    let run = main.then(|| RunDir::open(run_dir)).transpose()?;
     let total = cfg.training.steps;
-    let console = Console::new(total, 0, cfg.metrics.progress_bar);
+    let console = Console::new(total, 0, cfg.metrics.progress_bar && main);
     console.note(&format!("run dir: {}", run_dir.display()));
+    if ranks > 1 {
+        console.note(&format!(
+            "distributed: rank {} of {ranks}; mesh {}",
+            dist.rank(),
+            dist.mesh().describe()
+        ));
+    }
     let Setup {
         tokenizer,
         tokenizer_path,
@@ -76,10 +123,26 @@ pub fn run_rl(
         provenance,
     } = prepare(cfg)?;
     let mut restored = None;
-    let resumed = resume(cfg, &run, RunKind::Rl, &provenance, &console, |l| {
-        restored = Some(restore(cfg, &model, &mut optimizer, l)?);
-        Ok(())
-    })?;
+    let resumed = match &run {
+        Some(run) => resume(cfg, run, RunKind::Rl, &provenance, &console, |l| {
+            restored = Some(restore(cfg, &model, &mut optimizer, l)?);
+            Ok(())
+        })?,
+        None => Resumed::default(),
+    };
+    // The other ranks continue from the checkpoint rank 0 accepted (after its checks).
+    let resumed = if ranks > 1 {
+        let step = dist.broadcast_u64(resumed.step, 0)?;
+        if !main && step > 0 {
+            let dir = run_dir.join("checkpoints").join(format!("step-{step}"));
+            console.note(&format!("resuming from {} (step {step})", dir.display()));
+            let loaded = anneal_train::checkpoint::load_dir(&dir)?;
+            restored = Some(restore(cfg, &model, &mut optimizer, loaded)?);
+        }
+        Resumed { step, ..resumed }
+    } else {
+        resumed
+    };
     let (named, buffers, reference, mut progress) = match restored {
         Some(r) => (r.named, r.buffers, r.reference, r.progress),
         None => {
@@ -92,13 +155,20 @@ pub fn run_rl(
             (named, buffers, reference, Progress::default())
         }
     };
-    run.record(cfg, &tokenizer_path)?;
+    if let Some(run) = &run {
+        run.record(cfg, &tokenizer_path)?;
+    }
     // Metric times continue across restarts of the same run.
     let clock = || resumed.elapsed_s + started.elapsed().as_secs_f64();
     let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
     let schedule = LrSchedule::new(cfg.optimizer.lr, total, &cfg.lr_scheduler);
 
-    let held_out = (r.eval_freq > 0).then(|| prompts.held_out(r.eval_prompts));
+    let held_out = (r.eval_freq > 0 && main).then(|| prompts.held_out(r.eval_prompts));
+    let share = Share {
+        rank: dist.rank() as u64,
+        ranks: ranks as u64,
+        per_step: r.prompts_per_step as u64,
+    };
     let ctx = Arc::new(RolloutCtx {
         model: model.clone(),
         tokenizer: tokenizer.clone(),
@@ -114,10 +184,12 @@ pub fn run_rl(
             seed: cfg.training.seed,
             eos: None,
         },
-        next_prompt: AtomicU64::new(progress.rl.next_prompt),
+        next_prompt: AtomicU64::new(share.local_of(progress.rl.next_prompt)),
+        share,
         failed: Mutex::new(None),
     });
-    let capacity = r.prompts_per_step * (r.max_staleness as usize + 1);
+    let per_rank = r.prompts_per_step / ranks;
+    let capacity = per_rank * (r.max_staleness as usize + 1);
     let all: Vec<(String, Tensor)> = named.iter().chain(&buffers).cloned().collect();
     let weights = publishable(&all, opts.perturb_rollout_weights)?;
     let buffer = Arc::new(RolloutBuffer::<Group, Params>::new(
@@ -134,9 +206,14 @@ pub fn run_rl(
         total, r.prompts_per_step, r.group_size, r.loss, r.max_staleness, r.rollout_threads
     ));
 
-    let mut saver = Saver::new(cfg, &run);
-    let mut log = MetricsLog::open(run_dir).map_err(io_err(run_dir))?;
-    let mut sample_log = crate::samples::SampleLog::open(run_dir, r, ctx.prompts.clone())?;
+    let mut saver = run.as_ref().map(|run| Saver::new(cfg, run));
+    let mut logs = match main {
+        true => Some((
+            MetricsLog::open(run_dir).map_err(io_err(run_dir))?,
+            crate::samples::SampleLog::open(run_dir, r, ctx.prompts.clone())?,
+        )),
+        false => None,
+    };
     let mut summary = RlSummary {
         steps: resumed.step,
         resumed_from: resumed.step,
@@ -168,14 +245,16 @@ pub fn run_rl(
                 ..Default::default()
             };
             console.note(&format!("step      0  eval_accuracy {acc:.3}"));
-            log.write(&row).map_err(io_err(log.path()))?;
+            if let Some((log, _)) = &mut logs {
+                log.write(&row).map_err(io_err(log.path()))?;
+            }
             summary.eval_first = Some(acc);
             summary.eval_last = Some(acc);
             summary.rows.push(row);
         }
     }
 
-    let workers = spawn_workers(cfg, &ctx, &buffer)?;
+    let workers = spawn_workers(cfg, per_rank, &ctx, &buffer)?;
     let mut trainer = RlTrainer {
         model: &model,
         params,
@@ -189,13 +268,14 @@ pub fn run_rl(
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
         for version in resumed.step..total {
-            if stop.load(Ordering::SeqCst) {
+            // Ranks see a signal at different steps; they stop together.
+            if dist.any(stop.load(Ordering::SeqCst))? {
                 console.note(&format!("stop requested: ending after step {version}"));
                 summary.stopped = true;
                 break;
             }
             let waited = Instant::now();
-            let Some(taken) = buffer.take(r.prompts_per_step, version) else {
+            let Some(taken) = buffer.take(per_rank, version) else {
                 let failed = ctx.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 return Err(TrainError::Rollout(
                     failed.unwrap_or_else(|| "the rollout workers stopped".into()),
@@ -209,7 +289,7 @@ pub fn run_rl(
             // reports the first, on-policy pass (where the mismatch must be 0).
             let mut first: Option<StepOut> = None;
             for update in 0..r.updates_per_batch as u64 {
-                let out = trainer.step(&taken.items, version, cfg.training.max_grad_norm)?;
+                let out = trainer.step(&taken.items, version, cfg.training.max_grad_norm, &dist)?;
                 let checked = [
                     ("loss", out.loss),
                     ("auxiliary loss", out.aux_loss.unwrap_or(0.0)),
@@ -233,6 +313,12 @@ pub fn run_rl(
                 publishable(&trainer.all(), opts.perturb_rollout_weights)?,
             );
             let t_train = train_started.elapsed().as_secs_f64();
+            // The step's groups from every rank, in prompt order.
+            let taken = if ranks > 1 {
+                gather_taken(&dist, taken)?
+            } else {
+                taken
+            };
             let groups: Vec<&Group> = taken.items.iter().map(|it| &it.value).collect();
             progress.record(step, lr, &groups);
 
@@ -241,22 +327,33 @@ pub fn run_rl(
             let mut row = RlRow::of_step(step, version, lr, &taken, &out, since_last);
             row.t_train = t_train;
             row.t_wait = t_wait;
-            if r.eval_freq > 0 && (step % r.eval_freq == 0 || step == total) {
+            if main && r.eval_freq > 0 && (step % r.eval_freq == 0 || step == total) {
                 row.eval_accuracy = eval(&trainer.params, &held_out)?;
                 summary.eval_last = row.eval_accuracy;
             }
             row.time = clock();
-            log.write(&row).map_err(io_err(log.path()))?;
-            sample_log.write(step, &taken.items)?;
+            if let Some((log, sample_log)) = &mut logs {
+                log.write(&row).map_err(io_err(log.path()))?;
+                sample_log.write(step, &taken.items)?;
+            }
             if step % cfg.metrics.log_freq == 0 || step == total || row.eval_accuracy.is_some() {
                 console.note(&row.console_line());
             }
             summary.steps = step;
             summary.rows.push(row);
             let elapsed = clock();
-            saver.save_if_due(step, &console, |spare| {
-                trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare)
-            })?;
+            if let Some(saver) = &mut saver {
+                saver.save_if_due(step, &console, |spare| {
+                    trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare)
+                })?;
+            }
+        }
+        if ranks > 1 {
+            if let Some(digest) = dist.check_replicas(&trainer.named)? {
+                console.note(&format!(
+                    "replicas identical: parameter digest {digest:016x}"
+                ));
+            }
         }
         Ok(())
     })();
@@ -266,13 +363,15 @@ pub fn run_rl(
     }
     result?;
     let elapsed = clock();
-    saver.finish(
-        summary.stopped,
-        progress.step,
-        resumed.step,
-        &console,
-        |spare| trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare),
-    )?;
+    if let Some(saver) = &mut saver {
+        saver.finish(
+            summary.stopped,
+            progress.step,
+            resumed.step,
+            &console,
+            |spare| trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare),
+        )?;
+    }
     console.done(
         summary.stopped,
         summary.steps,
@@ -287,11 +386,12 @@ pub fn run_rl(
 /// rather than taking turns on all of them.
 fn spawn_workers(
     cfg: &JobConfig,
+    per_step: usize,
     ctx: &Arc<RolloutCtx>,
     buffer: &Arc<RolloutBuffer<Group, Params>>,
 ) -> Result<Vec<JoinHandle<()>>, TrainError> {
     let r = &cfg.rl;
-    let max_groups = r.prompts_per_step.div_ceil(r.rollout_threads);
+    let max_groups = per_step.div_ceil(r.rollout_threads);
     let pools = (0..r.rollout_threads)
         .map(|_| {
             (r.rollout_compute_threads > 0)
@@ -314,4 +414,44 @@ fn spawn_workers(
             })
         })
         .collect())
+}
+
+/// Every data-parallel rank's taken groups, in rank order (which is prompt order: see
+/// [`Share`]), on every rank: what the step's metrics and `samples.jsonl` report. The groups
+/// travel as JSON, padded to the longest rank's bytes.
+fn gather_taken(dist: &Dist, taken: Taken<Group>) -> Result<Taken<Group>, TrainError> {
+    let mine: Vec<(u64, &Group)> = taken
+        .items
+        .iter()
+        .map(|it| (it.version, &it.value))
+        .collect();
+    let bytes = serde_json::to_vec(&(taken.dropped, mine))
+        .map_err(|e| TrainError::Rollout(format!("cannot encode this rank's groups: {e}")))?;
+    let mut lens = vec![0i64; dist.size()];
+    let len = [bytes.len() as i64];
+    dist.dp()
+        .all_gather((&len[..]).into(), (&mut lens[..]).into())?;
+    let block = lens.iter().copied().max().unwrap_or(0).max(0) as usize;
+    let mut padded = bytes;
+    padded.resize(block, 0);
+    let mut all = vec![0u8; block * dist.size()];
+    dist.dp()
+        .all_gather((&padded[..]).into(), (&mut all[..]).into())?;
+    let mut out = Taken {
+        items: Vec::new(),
+        dropped: 0,
+    };
+    for (chunk, &n) in all.chunks(block.max(1)).zip(&lens) {
+        let (dropped, items): (usize, Vec<(u64, Group)>) =
+            serde_json::from_slice(&chunk[..n as usize]).map_err(|e| {
+                TrainError::Rollout(format!("cannot decode another rank's groups: {e}"))
+            })?;
+        out.dropped += dropped;
+        out.items.extend(
+            items
+                .into_iter()
+                .map(|(version, value)| Item { version, value }),
+        );
+    }
+    Ok(out)
 }

@@ -3,7 +3,10 @@
 
 use crate::buffer::Item;
 use crate::checkpoint::{snapshot, Progress};
-use crate::loss::{entropies, gather_logprobs, rl_loss, LossBatch, LossSettings};
+use crate::loss::{
+    advantages, entropies, gather_logprobs, kept_tokens, rl_loss, LossBatch, LossSettings,
+    WholeStep,
+};
 use crate::rollout::{Group, Sample};
 use anneal_config::JobConfig;
 use anneal_engine::invariant::set_batch_invariant;
@@ -13,7 +16,7 @@ use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer}
 use anneal_train::checkpoint::Snapshot;
 use anneal_train::harness::{clip_grads, global_grad_norm, Provenance};
 use anneal_train::outputs::{weighted_aux, StepOutputs};
-use anneal_train::TrainError;
+use anneal_train::{Dist, TrainError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -79,18 +82,24 @@ struct Layout {
     current: Vec<bool>,
 }
 
-fn layout(items: &[Item<Group>], version: u64) -> Layout {
+/// The longest input row of `items` (at least 1).
+fn longest(items: &[Item<Group>]) -> usize {
+    items
+        .iter()
+        .flat_map(|it| it.value.samples.iter())
+        .map(|s| s.tokens.len() - 1)
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// `items` padded to `t` positions (at least [`longest`]).
+fn layout(items: &[Item<Group>], version: u64, t: usize) -> Layout {
     let samples: Vec<(u64, &Sample)> = items
         .iter()
         .flat_map(|it| it.value.samples.iter().map(move |s| (it.version, s)))
         .collect();
     let n = samples.len();
-    let t = samples
-        .iter()
-        .map(|(_, s)| s.tokens.len() - 1)
-        .max()
-        .unwrap_or(1)
-        .max(1);
     let mut l = Layout {
         n,
         t,
@@ -150,14 +159,26 @@ impl RlTrainer<'_> {
 
     /// Forward (batch-invariant, like the rollouts), metrics from the logits, loss, backward
     /// and clipping. The caller applies the optimizer.
+    ///
+    /// With several data-parallel ranks `items` are this rank's whole groups of the step: rows
+    /// are padded to the step's longest, the loss is normalized by the step's counts, the
+    /// gradients are summed over the ranks before the norm, and the measured values are the
+    /// step's (the reported loss adds every rank's token terms in the one-process order, so
+    /// it is that loss's bits).
     pub fn step(
         &mut self,
         items: &[Item<Group>],
         version: u64,
         max_grad_norm: f64,
+        dist: &Dist,
     ) -> Result<StepOut, TrainError> {
         let _inv = set_batch_invariant(true);
-        let l = layout(items, version);
+        let ranks = dist.size();
+        let t = match ranks {
+            1 => longest(items),
+            _ => dist.max_u64(longest(items) as u64)? as usize,
+        };
+        let l = layout(items, version, t);
         let rewards: Vec<f64> = items
             .iter()
             .flat_map(|it| it.value.samples.iter().map(|s| s.scored.reward))
@@ -229,6 +250,16 @@ impl RlTrainer<'_> {
         let entropy_nl = (self.settings.entropy_coef > 0.0)
             .then(|| entropies(&log_probs))
             .transpose()?;
+        let whole = if ranks > 1 {
+            let (_, keep) = advantages(self.settings.kind, &rewards, self.group_size);
+            let kept = sum_over(dist, &[kept_tokens(&l.mask, &keep)])?;
+            Some(WholeStep {
+                samples: l.n * ranks,
+                kept_tokens: kept[0],
+            })
+        } else {
+            None
+        };
         let out = rl_loss(
             &LossBatch {
                 logp_nl: &logp,
@@ -238,9 +269,13 @@ impl RlTrainer<'_> {
                 mask: &l.mask,
                 rewards: &rewards,
                 group_size: self.group_size,
+                whole,
             },
             &self.settings,
         )?;
+        if ranks > 1 {
+            outputs.reduce_across(dist.dp())?;
+        }
         let fields = outputs.fields();
         if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
             return Err(anneal_engine::Error::Invalid {
@@ -249,23 +284,79 @@ impl RlTrainer<'_> {
             }
             .into());
         }
-        let loss = out.loss.item()? as f64;
+        let loss = if ranks > 1 {
+            // Every rank's terms in rank order are the one-process batch's rows in order.
+            let all = dist.gather_f32(&out.terms.to_vec_f32())?;
+            Tensor::from_vec(all, &[l.n * ranks, l.t])?
+                .sum_all()?
+                .item()? as f64
+        } else {
+            out.loss.item()? as f64
+        };
         match aux {
+            // Each rank's auxiliary loss is its share's; the summed gradients average them.
+            Some(aux) if ranks > 1 => out
+                .loss
+                .add(&aux.mul_scalar(1.0 / ranks as f32)?)?
+                .backward()?,
             Some(aux) => out.loss.add(&aux)?.backward()?,
             None => out.loss.backward()?,
         }
+        dist.all_reduce_grads(&self.named)?;
         let grad_norm = global_grad_norm(&self.named);
         clip_grads(&self.named, max_grad_norm, grad_norm)?;
+        let (mut entropy, mut kl, mut dropped) = (
+            ent_sum / tokens.max(1) as f64,
+            out.kl_mean,
+            out.dropped_groups,
+        );
+        if ranks > 1 {
+            let t = tokens as f64;
+            let local = [ent_sum, t, out.kl_mean * t, out.dropped_groups as f64];
+            let sums = sum_over(dist, &local)?;
+            entropy = sums[0] / sums[1].max(1.0);
+            kl = sums[2] / sums[1].max(1.0);
+            dropped = sums[3] as usize;
+            mismatch = max_over(dist, mismatch)?;
+        }
         Ok(StepOut {
             loss,
             grad_norm,
-            entropy: ent_sum / tokens.max(1) as f64,
-            kl: self.reference.as_ref().map(|_| out.kl_mean),
+            entropy,
+            kl: self.reference.as_ref().map(|_| kl),
             mismatch_max: mismatch,
-            dropped_groups: out.dropped_groups,
+            dropped_groups: dropped,
             aux_loss: outputs.aux_total(),
             outputs: fields,
             stat_sums: outputs.stat_sums().to_vec(),
         })
     }
+}
+
+/// Every data-parallel rank's `local`, gathered and added in rank order (so every rank gets
+/// the same bits).
+fn sum_over(dist: &Dist, local: &[f64]) -> Result<Vec<f64>, TrainError> {
+    let bits: Vec<i64> = local.iter().map(|v| v.to_bits() as i64).collect();
+    let mut all = vec![0i64; bits.len() * dist.size()];
+    dist.dp()
+        .all_gather((&bits[..]).into(), (&mut all[..]).into())?;
+    let mut sums = vec![0f64; local.len()];
+    for rank in all.chunks(local.len()) {
+        for (s, &b) in sums.iter_mut().zip(rank) {
+            *s += f64::from_bits(b as u64);
+        }
+    }
+    Ok(sums)
+}
+
+/// The largest of every data-parallel rank's `local`.
+fn max_over(dist: &Dist, local: f64) -> Result<f64, TrainError> {
+    let bits = [local.to_bits() as i64];
+    let mut all = vec![0i64; dist.size()];
+    dist.dp()
+        .all_gather((&bits[..]).into(), (&mut all[..]).into())?;
+    Ok(all
+        .into_iter()
+        .map(|b| f64::from_bits(b as u64))
+        .fold(f64::NEG_INFINITY, f64::max))
 }

@@ -41,6 +41,14 @@ impl Dist {
     /// communicator; a mesh that does not fit the world size, or that needs a dimension other
     /// than `dp_replicate`, is a user error naming the keys. Collective over `world`.
     pub fn new(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
+        let dist = Dist::unbatched(cfg, world)?;
+        dist.check_batch(cfg)?;
+        Ok(dist)
+    }
+
+    /// [`Dist::new`] without the check that `training.batch_size` splits into whole
+    /// micro-batches per rank: for `anneal rl`, whose ranks split a step's prompts instead.
+    pub fn unbatched(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
         let mesh = Mesh::new(cfg.parallelism.degrees(), world.size(), world.rank())?;
         for dim in MeshDim::ALL {
             if !matches!(dim, MeshDim::DpReplicate | MeshDim::DpShard) && mesh.degree(dim) > 1 {
@@ -78,7 +86,6 @@ impl Dist {
             shard,
             replicate,
         };
-        dist.check_batch(cfg)?;
         Ok(dist)
     }
 

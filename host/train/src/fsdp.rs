@@ -37,6 +37,11 @@ impl Fsdp {
         }
     }
 
+    /// Each trained parameter's full shape and this rank's rows, in the trainer's name order.
+    pub fn layouts(&self) -> &[(Vec<usize>, Dim0Shard)] {
+        &self.layout
+    }
+
     /// This rank's rows of each full parameter, as trainable leaves.
     pub fn shard(&self, full: &[(String, Tensor)]) -> Result<Named, TrainError> {
         full.iter()

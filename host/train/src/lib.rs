@@ -6,6 +6,7 @@
 pub mod checkpoint;
 mod dist;
 mod fsdp;
+mod full_matrix;
 pub mod harness;
 pub mod memory;
 mod metrics;

@@ -394,7 +394,8 @@ impl Trainer {
         self.model
             .before_optimizer_step(&self.params, outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);
-        self.optimizer.step(&self.named, step, lr)?;
+        let sharding = self.fsdp.as_ref().zip(self.dist.shard());
+        crate::full_matrix::optimizer_step(&mut self.optimizer, sharding, &self.named, step, lr)?;
         let state_bytes =
             distributed.then(|| Fsdp::resident_bytes(&self.named, self.optimizer.state()));
         self.zero_grad();

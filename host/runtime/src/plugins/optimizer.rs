@@ -77,10 +77,32 @@ impl PluginOptimizer {
         Ok(())
     }
 
+    /// State tensors by `"<param>.<state>"`, to replace single entries: under FSDP with an
+    /// optimizer that steps full matrices, the caller keeps this rank's rows of each one.
+    pub fn state_mut(&mut self) -> &mut BTreeMap<String, Tensor> {
+        &mut self.state
+    }
+
     /// Applies one update to every parameter that has a gradient. `step` counts from 1.
     pub fn step(
         &mut self,
         params: &[(String, Tensor)],
+        step: u64,
+        lr: f64,
+    ) -> Result<(), PluginError> {
+        let mut state = std::mem::take(&mut self.state);
+        let done = self.step_with_state(params, &mut state, step, lr);
+        self.state = state;
+        done
+    }
+
+    /// [`PluginOptimizer::step`] with `state` (keyed like [`PluginOptimizer::state`]) in place
+    /// of the optimizer's own: entries missing from it are created with the plugin's initial
+    /// values. For a caller that assembles a parameter's full state from shards.
+    pub fn step_with_state(
+        &self,
+        params: &[(String, Tensor)],
+        state: &mut BTreeMap<String, Tensor>,
         step: u64,
         lr: f64,
     ) -> Result<(), PluginError> {
@@ -95,8 +117,7 @@ impl PluginOptimizer {
             named.insert(format!("{pname}.grad"), grad);
             for s in &self.spec.state {
                 let key = format!("{pname}.{}", s.name);
-                let t = self
-                    .state
+                let t = state
                     .entry(key.clone())
                     .or_insert_with(|| init_state(p.shape(), &s.init));
                 named.insert(key, t.clone());

@@ -1,0 +1,278 @@
+//! Muon (Keller Jordan, 2024; "MomentUm Orthogonalized by Newton–Schulz"), with the scaling
+//! Moonlight (Liu et al., 2025, "Muon is Scalable for LLM Training") uses to share AdamW's
+//! learning rate and weight decay. For a 2-D matrix parameter θ of shape `[A, B]`:
+//!
+//!   m ← μ·m + (1−μ)·g                         (the momentum, an exponential average)
+//!   u = (1−μ)·g + μ·m if Nesterov, else m
+//!   O = NS₅(u)                                 (≈ U·Vᵀ of u = U·S·Vᵀ, in f32)
+//!   θ ← θ·(1 − lr·λ) − lr·s·O                  s = 0.2·√max(A, B)  (`match_rms_adamw`)
+//!                                              s = √max(1, A/B)     (`original`)
+//!
+//! NS₅ is the quintic Newton–Schulz iteration with the published coefficients
+//! (a, b, c) = (3.4445, −4.7750, 2.0315): X ← u / (‖u‖_F + ε) (transposed when A > B, so
+//! X·Xᵀ is the smaller Gram matrix), then five times `Y = X·Xᵀ; X ← a·X + (b·Y + c·Y·Y)·X`.
+//!
+//! Everything else (vectors such as norms and biases, tensors of other ranks, and matrices
+//! whose name contains one of `exclude`, by default the embeddings and the output head, as
+//! both references do) is stepped by AdamW with `adamw_betas` / `adamw_eps` and the same
+//! learning rate and decay. With `match_rms_adamw` the update's RMS is about 0.2, AdamW's
+//! typical RMS, so one learning rate serves both groups.
+//!
+//! Orthogonalization needs the whole matrix (`needs_full_matrix`): under FSDP the host gathers
+//! each parameter, its gradient and its state before the step and keeps its own rows after.
+//!
+//! State: `exp_avg` (Muon's momentum for matrices, AdamW's first moment for the rest) and
+//! `exp_avg_sq` (AdamW's second moment; the host gives every parameter the same state, so
+//! matrices carry one they leave at zero).
+
+use anneal_plugin_api::sdk::{
+    AdamWStep, Factory, Host, Init, Optimizer, OptimizerSpec, Result, StateSpec, Tensor,
+};
+use serde::{Deserialize, Serialize};
+
+/// The quintic Newton–Schulz coefficients of Keller Jordan's Muon (also PyTorch's default):
+/// chosen to push every singular value of the normalized matrix toward 1 within five steps.
+const NS_COEFFICIENTS: (f64, f64, f64) = (3.4445, -4.7750, 2.0315);
+
+/// How the orthogonalized update is scaled for a matrix of shape `[A, B]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdjustLr {
+    /// `0.2·√max(A, B)` (Moonlight): the update's RMS matches AdamW's, so Muon takes AdamW's
+    /// learning rate and weight decay.
+    MatchRmsAdamw,
+    /// `√max(1, A/B)` (Keller Jordan's Muon): wants its own, larger learning rate (about 0.02).
+    Original,
+}
+
+/// Muon hyperparameters (the learning rate comes from the host's schedule each step).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Muon {
+    /// μ: decay of the momentum of the matrices.
+    pub momentum: f64,
+    /// Nesterov momentum: orthogonalize `(1−μ)·g + μ·m` rather than `m`.
+    pub nesterov: bool,
+    /// Newton–Schulz iterations.
+    pub ns_steps: usize,
+    /// Added to the Frobenius norm before the first iteration divides by it.
+    pub eps: f64,
+    /// Decoupled weight decay λ (both groups).
+    pub weight_decay: f64,
+    /// The shape scale of the update.
+    pub adjust_lr: AdjustLr,
+    /// (β₁, β₂) of the AdamW group.
+    pub adamw_betas: (f64, f64),
+    /// ε of the AdamW group.
+    pub adamw_eps: f64,
+    /// Matrices whose name contains one of these go to the AdamW group.
+    pub exclude: Vec<String>,
+}
+
+impl Default for Muon {
+    fn default() -> Self {
+        Muon {
+            momentum: 0.95,
+            nesterov: true,
+            ns_steps: 5,
+            eps: 1e-7,
+            weight_decay: 0.1,
+            adjust_lr: AdjustLr::MatchRmsAdamw,
+            adamw_betas: (0.9, 0.95),
+            adamw_eps: 1e-8,
+            exclude: vec!["embed".into(), "output".into(), "lm_head".into()],
+        }
+    }
+}
+
+impl Factory for Muon {
+    fn flavors() -> Vec<String> {
+        vec!["default".into()]
+    }
+
+    fn create(flavor: Option<&str>, args: anneal_plugin_api::serde_json::Value) -> Result<Self> {
+        if let Some(f) = flavor.filter(|f| *f != "default") {
+            return Err(format!("unknown flavor '{f}' (known: default)").into());
+        }
+        let mut base = anneal_plugin_api::serde_json::to_value(Muon::default())?;
+        anneal_plugin_api::sdk::merge_args(&mut base, args);
+        let m: Muon = anneal_plugin_api::sdk::from_args(base)?;
+        m.validate()?;
+        Ok(m)
+    }
+}
+
+impl Muon {
+    /// Refuses values that make the update meaningless, naming the key.
+    fn validate(&self) -> Result<()> {
+        let (b1, b2) = self.adamw_betas;
+        for (name, b) in [
+            ("momentum", self.momentum),
+            ("adamw_betas[0]", b1),
+            ("adamw_betas[1]", b2),
+        ] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(format!("{name} = {b} must be within [0, 1)").into());
+            }
+        }
+        for (name, v) in [
+            ("eps", self.eps),
+            ("adamw_eps", self.adamw_eps),
+            ("weight_decay", self.weight_decay),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                return Err(format!("{name} = {v} must be a finite number ≥ 0").into());
+            }
+        }
+        if !(1..=100).contains(&self.ns_steps) {
+            return Err(format!("ns_steps = {} must be within 1..=100", self.ns_steps).into());
+        }
+        if self.exclude.iter().any(String::is_empty) {
+            return Err("exclude: an empty pattern would exclude every parameter".into());
+        }
+        Ok(())
+    }
+
+    /// Whether `name` of shape `shape` is stepped by Muon (rather than AdamW).
+    fn is_muon(&self, name: &str, shape: &[usize]) -> bool {
+        shape.len() == 2 && !self.exclude.iter().any(|p| name.contains(p.as_str()))
+    }
+
+    /// The Muon update of one matrix parameter (see the crate docs).
+    fn muon_step<'h>(&self, host: Host<'h>, name: &str, p: &Tensor<'h>, lr: f64) -> Result<()> {
+        let shape = p.shape()?;
+        let (rows, cols) = (shape[0] as f64, shape[1] as f64);
+        let g = host.param(&format!("{name}.grad"))?.to_dtype("f32")?;
+        let m = host.param(&format!("{name}.exp_avg"))?;
+        let mu = self.momentum;
+        let m_new = m.scale(mu)?.add(&g.scale(1.0 - mu)?)?;
+        m.assign(&m_new)?;
+        let u = if self.nesterov {
+            g.scale(1.0 - mu)?.add(&m_new.scale(mu)?)?
+        } else {
+            m_new
+        };
+        let o = newton_schulz(&u, rows > cols, self.ns_steps, self.eps)?;
+        let s = match self.adjust_lr {
+            AdjustLr::MatchRmsAdamw => 0.2 * rows.max(cols).sqrt(),
+            AdjustLr::Original => (rows / cols).max(1.0).sqrt(),
+        };
+        let decayed = p.to_dtype("f32")?.scale(1.0 - lr * self.weight_decay)?;
+        p.assign(&decayed.sub(&o.scale(lr * s)?)?)
+    }
+}
+
+/// NS₅: `u` with its singular values pushed toward 1 (crate docs), in f32. `tall` (more rows
+/// than columns) works on `uᵀ` so that the Gram matrix `X·Xᵀ` is the smaller one.
+fn newton_schulz<'h>(u: &Tensor<'h>, tall: bool, steps: usize, eps: f64) -> Result<Tensor<'h>> {
+    let (a, b, c) = NS_COEFFICIENTS;
+    let x = if tall { u.transpose(0, 1)? } else { u.clone() };
+    let norm = x.mul(&x)?.sum(&[0, 1], false)?.sqrt()?.affine(1.0, eps)?;
+    let mut x = x.div(&norm)?;
+    for _ in 0..steps {
+        let gram = x.linear(&x)?; // X·Xᵀ
+        let poly = gram.scale(b)?.add(&gram.matmul(&gram)?.scale(c)?)?;
+        x = x.scale(a)?.add(&poly.matmul(&x)?)?;
+    }
+    if tall {
+        x.transpose(0, 1)
+    } else {
+        Ok(x)
+    }
+}
+
+impl Optimizer for Muon {
+    fn spec(&self) -> OptimizerSpec {
+        OptimizerSpec {
+            algorithm: "muon".into(),
+            state: vec![
+                StateSpec {
+                    name: "exp_avg".into(),
+                    init: Init::Zeros,
+                },
+                StateSpec {
+                    name: "exp_avg_sq".into(),
+                    init: Init::Zeros,
+                },
+            ],
+            needs_full_matrix: true,
+        }
+    }
+
+    fn step(&self, host: Host<'_>, name: &str, step: u64, lr: f64) -> Result<()> {
+        self.step_all(host, &[name], step, lr)
+    }
+
+    /// Muon for each matrix in turn; everything else in one fused AdamW host op.
+    fn step_all(&self, host: Host<'_>, names: &[&str], step: u64, lr: f64) -> Result<()> {
+        let mut adamw = Vec::new();
+        for name in names {
+            let p = host.param(name)?;
+            if self.is_muon(name, &p.shape()?) {
+                self.muon_step(host, name, &p, lr)?;
+            } else {
+                adamw.push([
+                    p,
+                    host.param(&format!("{name}.grad"))?,
+                    host.param(&format!("{name}.exp_avg"))?,
+                    host.param(&format!("{name}.exp_avg_sq"))?,
+                ]);
+            }
+        }
+        if adamw.is_empty() {
+            return Ok(());
+        }
+        let hp = AdamWStep {
+            lr,
+            betas: self.adamw_betas,
+            eps: self.adamw_eps,
+            weight_decay: self.weight_decay,
+            step,
+        };
+        host.adamw(&adamw, &hp)
+    }
+}
+
+anneal_plugin_api::export_plugin!(optimizer Muon, name = "muon", description = "Muon: Newton–Schulz orthogonalized momentum for matrices, AdamW for the rest");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anneal_plugin_api::serde_json::json;
+
+    #[test]
+    fn arguments_out_of_range_are_refused_by_name() {
+        for (args, key) in [
+            (json!({"momentum": 1.0}), "momentum"),
+            (json!({"adamw_betas": [0.9, 1.5]}), "adamw_betas[1]"),
+            (json!({"eps": -1.0}), "eps"),
+            (json!({"adamw_eps": f64::NAN}), "bad plugin arguments"),
+            (json!({"weight_decay": -0.1}), "weight_decay"),
+            (json!({"ns_steps": 0}), "ns_steps"),
+            (json!({"exclude": ["embed", ""]}), "exclude"),
+            (
+                json!({"adjust_lr": "sideways"}),
+                "bad plugin arguments: adjust_lr",
+            ),
+            (json!({"nesterov": "yes"}), "bad plugin arguments: nesterov"),
+        ] {
+            let e = Muon::create(None, args.clone()).expect_err("refused");
+            assert!(e.0.starts_with(key), "{args}: {e}");
+        }
+    }
+
+    #[test]
+    fn matrices_go_to_muon_unless_excluded() {
+        let m = Muon::create(None, json!({})).expect("defaults");
+        assert!(m.is_muon("layers.0.attention.wq.weight", &[32, 32]));
+        assert!(!m.is_muon("tok_embeddings.weight", &[320, 32]));
+        assert!(!m.is_muon("output.weight", &[320, 32]));
+        assert!(!m.is_muon("norm.weight", &[32]));
+        assert!(!m.is_muon("layers.0.feed_forward.experts.w1", &[4, 8, 8]));
+        // A list given by the user replaces the default one.
+        let m = Muon::create(None, json!({"exclude": ["wq"]})).expect("custom list");
+        assert!(m.is_muon("output.weight", &[320, 32]));
+        assert!(!m.is_muon("layers.0.attention.wq.weight", &[32, 32]));
+        assert!(m.spec().needs_full_matrix);
+    }
+}
