@@ -424,6 +424,8 @@ fn meshes_that_do_not_fit_are_user_errors() {
     let out = c
         .arg("rl")
         .arg(job.config())
+        .arg("--run-dir")
+        .arg(job.dir.join("rl"))
         .args(["--set", "parallelism.dp_shard=2"])
         .output()
         .unwrap();
