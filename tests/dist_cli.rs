@@ -272,6 +272,64 @@ fn fsdp_composes_with_recompute_and_moe() {
     }
 }
 
+/// The byte counts of the trainer's `fsdp: ...` note: (largest block, outer unit).
+fn unit_bytes(stdout: &str) -> (u64, u64) {
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("fsdp: ") && l.contains("block units"))
+        .unwrap_or_else(|| panic!("no FSDP unit note: {stdout}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "<n> block units (largest <block> bytes in full) and an outer unit of <outer> bytes"
+    match numbers[..] {
+        [_, block, outer, ..] => (block, outer),
+        _ => panic!("unexpected FSDP unit note: {line}"),
+    }
+}
+
+#[test]
+fn fsdp_holds_a_few_blocks_in_full_not_the_whole_model() {
+    let job = Job::new("fsdp-blocks");
+    let base = [
+        "training.micro_batch_size=1",
+        "training.steps=3",
+        "training.threads=1",
+        "parallelism.dp_shard=2",
+    ];
+    for (name, layers, mode) in [
+        ("deep", 8u64, "none"),
+        ("deep-recompute", 8, "full"),
+        ("deep-selective", 8, "selective"),
+    ] {
+        let layers_set = format!("model.args.n_layers={layers}");
+        let mode_set = format!("activation_checkpoint.mode=\"{mode}\"");
+        let mut set: Vec<&str> = base.to_vec();
+        set.extend([layers_set.as_str(), mode_set.as_str()]);
+        let dir = job.dir.join(name);
+        let stdout = ok(&mpiexec_train(2, &job, &dir, &set));
+        let (block, outer) = unit_bytes(&stdout);
+        let whole = outer + layers * block;
+        let peaks: Vec<u64> = rows(&dir)
+            .iter()
+            .filter_map(|r| r["fsdp_full_bytes_peak"].as_u64())
+            .collect();
+        assert_eq!(peaks.len(), 3, "{name}: a peak per step");
+        let peak = peaks.iter().copied().max().unwrap_or(0);
+        println!(
+            "{name}: full parameters held at once {peak} B of {whole} B (outer {outer} B, blocks {block} B)"
+        );
+        // The outer unit, the block running and the one prefetched (one more at the turn from
+        // a block's backward to the next one's, while its reduce-scatter is not issued yet).
+        assert!(
+            peak >= outer + block && peak <= outer + 3 * block,
+            "{name}: {peak} B held, outer {outer} B, blocks {block} B"
+        );
+        assert!(2 * peak < whole, "{name}: {peak} B of {whole} B");
+    }
+}
+
 #[test]
 fn nproc_launches_and_resumes_from_the_checkpoint() {
     let job = Job::new("nproc");
