@@ -327,6 +327,15 @@ fn fsdp_holds_a_few_blocks_in_full_not_the_whole_model() {
             "{name}: {peak} B held, outer {outer} B, blocks {block} B"
         );
         assert!(2 * peak < whole, "{name}: {peak} B of {whole} B");
+        // Every block's reduce-scatter started while the backward was still running (2
+        // micro-batches per rank), none was left for the end.
+        for r in rows(&dir) {
+            assert_eq!(
+                r["fsdp_early_scatters"].as_u64(),
+                Some(2 * layers),
+                "{name}"
+            );
+        }
     }
 }
 

@@ -414,21 +414,21 @@ impl Trainer {
             }
         }
         let distributed = self.dist.size() > 1;
-        let mut full_peak = None;
+        let mut fsdp_figures = None;
         if distributed {
             losses = self.dist.gather_f32(&losses)?;
             outputs.reduce_across(self.dist.dp())?;
             match &units {
                 Some(u) => {
-                    let (rows, got, peak) = u.borrow_mut().take_grads();
+                    let grads = u.borrow_mut().take_grads();
                     Fsdp::set_shard_grads(
                         self.dist.dp(),
                         self.dist.replicate(),
                         &self.named,
-                        rows,
-                        &got,
+                        grads.rows,
+                        &grads.got,
                     )?;
-                    full_peak = Some(peak);
+                    fsdp_figures = Some((grads.full_bytes_peak, grads.early_scatters));
                 }
                 None => self.dist.all_reduce_grads(&self.named)?,
             }
@@ -475,10 +475,12 @@ impl Trainer {
             aux_loss,
             outputs: {
                 let mut fields = outputs.fields();
-                if let Some(peak) = full_peak {
+                if let Some((peak, early)) = fsdp_figures {
                     // Bytes of full (gathered) parameters this rank held at once during the
                     // step: about the outer unit and two blocks, not the whole model.
                     fields.insert("fsdp_full_bytes_peak".into(), peak.into());
+                    // Block reduce-scatters that overlapped the rest of the backward.
+                    fields.insert("fsdp_early_scatters".into(), early.into());
                 }
                 fields
             },

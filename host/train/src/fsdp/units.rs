@@ -102,7 +102,23 @@ pub(crate) struct Units {
     /// Bytes of full parameters held (gathered and not released or dropped), and their peak.
     full_bytes: u64,
     full_bytes_peak: u64,
+    /// Block units whose reduce-scatter started while the backward was still running, this step.
+    early_scatters: u64,
     mb: Option<MicroBatch>,
+}
+
+/// What a step's units hand to the optimizer side.
+pub(crate) struct StepGrads {
+    /// This rank's rows of every parameter's gradient (trainer order), summed over the shard
+    /// ranks and this rank's micro-batches.
+    pub rows: Vec<Vec<f32>>,
+    /// Whether this rank got a gradient for each parameter.
+    pub got: Vec<bool>,
+    /// The most bytes of full parameters held at once during the step.
+    pub full_bytes_peak: u64,
+    /// Block units whose reduce-scatter started before their micro-batch's backward returned
+    /// (overlapping it), over the step's micro-batches.
+    pub early_scatters: u64,
 }
 
 thread_local! {
@@ -203,6 +219,7 @@ impl Units {
             got_grad: Vec::new(),
             full_bytes: 0,
             full_bytes_peak: 0,
+            early_scatters: 0,
             mb: None,
         }
     }
@@ -252,6 +269,7 @@ impl Units {
             u.got_grad = vec![false; u.n_params];
             u.full_bytes = 0;
             u.full_bytes_peak = 0;
+            u.early_scatters = 0;
             u.mb = None;
         }
         ACTIVE.with(|a| *a.borrow_mut() = Some(this.clone()));
@@ -525,6 +543,9 @@ impl Units {
                 return Ok(());
             }
             self.start_scatter(u)?;
+            if !all {
+                self.early_scatters += 1;
+            }
             self.mb()?.scattered += 1;
             while self.mb()?.scatters.len() > 2 {
                 self.finish_oldest_scatter()?;
@@ -617,16 +638,15 @@ impl Units {
         Ok(())
     }
 
-    /// The step's gradient rows (this rank's rows of every parameter's gradient, summed over the
-    /// shard ranks and this rank's micro-batches), whether this rank got a gradient for each,
-    /// and the peak bytes of full parameters held during the step.
-    pub fn take_grads(&mut self) -> (Vec<Vec<f32>>, Vec<bool>, u64) {
+    /// The step's gradients and figures; the step's copies of shards and buffers go.
+    pub fn take_grads(&mut self) -> StepGrads {
         self.local = Vec::new();
         self.buffers = Vec::new();
-        (
-            std::mem::take(&mut self.grad_rows),
-            std::mem::take(&mut self.got_grad),
-            self.full_bytes_peak,
-        )
+        StepGrads {
+            rows: std::mem::take(&mut self.grad_rows),
+            got: std::mem::take(&mut self.got_grad),
+            full_bytes_peak: self.full_bytes_peak,
+            early_scatters: self.early_scatters,
+        }
     }
 }
