@@ -311,6 +311,8 @@ impl PluginModel {
         sink: &Sink,
     ) -> anneal_engine::Result<Vec<Tensor>> {
         let first: FirstRun = Arc::default();
+        // Whether the first (forward) run ended: `first` is emptied before the recompute runs.
+        let ran = Arc::new(AtomicBool::new(false));
         let (inst, name, params, positions, opts, first2) = (
             self.inst.clone(),
             self.name.clone(),
@@ -337,9 +339,11 @@ impl PluginModel {
             drop(block_params);
             let emitted = local.into_inner().expect("sink lock poisoned");
             let packed = pack(&out, &emitted)?;
+            if !ran.swap(true, Ordering::SeqCst) {
+                opts.forward_done(Stage::Layer(i))?;
+            }
             let mut f = first2.lock().expect("first-run lock poisoned");
             if f.is_none() {
-                opts.forward_done(Stage::Layer(i))?;
                 *f = Some((out, emitted));
             }
             Ok(packed)
