@@ -126,6 +126,13 @@ fn ddp_on_4_ranks_matches_the_single_process() {
 }
 
 /// The losses and the `state_bytes` of the last row of a run.
+fn val_losses(run_dir: &Path) -> Vec<f64> {
+    rows(run_dir)
+        .iter()
+        .filter_map(|r| r["val_loss"].as_f64())
+        .collect()
+}
+
 fn losses_and_state(run_dir: &Path) -> (Vec<f64>, u64) {
     let rows = rows(run_dir);
     let state = rows
@@ -177,6 +184,13 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
                 "{name} step {}: {a} vs {b}",
                 step + 1
             );
+        }
+        // Evaluation (block by block under FSDP) sees the same parameters.
+        let (v1, v2) = (val_losses(&single_dir), val_losses(&dir));
+        assert_eq!(v1.len(), 2, "evaluations at steps 4 and 8");
+        assert_eq!(v1.len(), v2.len(), "{name}");
+        for (a, b) in v1.iter().zip(&v2) {
+            assert!((a - b).abs() / a < 1e-4, "{name} val_loss: {a} vs {b}");
         }
         state.insert(name, bytes);
     }

@@ -3,7 +3,7 @@
 
 use crate::checkpoint::{Loaded, Snapshot, TrainState};
 use crate::dist::Dist;
-use crate::fsdp::{Fsdp, Hook, Units};
+use crate::fsdp::{Active, Fsdp, Hook, Units};
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
     restore_optimizer, restore_optimizer_with, Provenance,
@@ -250,17 +250,6 @@ impl Trainer {
         Ok(trainer)
     }
 
-    /// Under FSDP, gathers the whole model for an evaluation and returns it; `None` otherwise.
-    /// Collective.
-    fn gather_full(&mut self) -> Result<Option<Named>, TrainError> {
-        let (Some(fsdp), Some(comm)) = (&self.fsdp, self.dist.shard()) else {
-            return Ok(None);
-        };
-        let full = fsdp.gather(comm, &self.named)?;
-        self.params = Arc::new(full.iter().chain(&self.buffers).cloned().collect());
-        Ok(Some(full))
-    }
-
     /// Under FSDP, lets go of the full parameters (the forward's map keeps the buffers only).
     fn release_full(&mut self) {
         if self.fsdp.is_some() {
@@ -313,6 +302,21 @@ impl Trainer {
         !self.val_batches.is_empty()
     }
 
+    /// Under FSDP, activates the per-block driver (each block's parameters gathered and freed
+    /// around its forward and its backward) and returns its guard with forward options that
+    /// route the stages through it; plain options otherwise. Collective under FSDP.
+    fn block_forward(&self, training: bool) -> Result<(Option<Active>, ForwardOpts), TrainError> {
+        let mut opts = self.forward_opts(training);
+        let active = match (&self.units, self.dist.shard()) {
+            (Some(u), Some(comm)) => {
+                opts.stage_params = Some(Arc::new(Hook) as Arc<dyn StageParams>);
+                Some(Units::activate(u, comm, &self.named, &self.buffers)?)
+            }
+            _ => None,
+        };
+        Ok((active, opts))
+    }
+
     fn forward_opts(&self, training: bool) -> ForwardOpts {
         let ac = &self.cfg.activation_checkpoint;
         ForwardOpts {
@@ -326,11 +330,6 @@ impl Trainer {
             cache: None,
             stage_params: None,
         }
-    }
-
-    /// Mean cross-entropy of one batch; records the graph when grad mode is on.
-    fn batch_loss(&self, b: &Batch, training: bool) -> Result<Tensor, TrainError> {
-        Ok(self.batch_forward(b, &self.forward_opts(training))?.0)
     }
 
     /// The cross-entropy of a batch, with everything else the model returned beside the
@@ -368,17 +367,8 @@ impl Trainer {
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
         let comm_before = self.dist.comm_bytes();
-        // Under FSDP each block's parameters are gathered and freed around its forward and its
-        // backward, by the driver active for this step.
         let units = self.units.clone();
-        let _active = match (&units, self.dist.shard()) {
-            (Some(u), Some(comm)) => Some(Units::activate(u, comm, &self.named, &self.buffers)?),
-            _ => None,
-        };
-        let mut opts = self.forward_opts(true);
-        if units.is_some() {
-            opts.stage_params = Some(Arc::new(Hook) as Arc<dyn StageParams>);
-        }
+        let (_active, opts) = self.block_forward(true)?;
         // Every rank reads the whole global batch (so the order never depends on the number of
         // ranks) and trains on its own consecutive micro-batches.
         let mine = self.dist.my_micro_batches(n_micro);
@@ -575,19 +565,25 @@ impl Trainer {
     }
 
     /// Mean loss over the held-out batches (`None` without a validation split). Under FSDP it
-    /// gathers the parameters: every rank must call it.
+    /// gathers the parameters block by block: every rank must call it.
     pub fn evaluate(&mut self) -> Result<Option<f64>, TrainError> {
         if self.val_batches.is_empty() {
             return Ok(None);
         }
-        let full = self.gather_full()?;
+        // Under FSDP block by block, as in training (one micro-batch per held-out batch).
+        let (active, opts) = self.block_forward(false)?;
         let _g = autograd::no_grad();
         let mut sum = 0.0f64;
         for b in &self.val_batches {
-            sum += self.batch_loss(b, false)?.item()? as f64;
+            if let Some(u) = &self.units {
+                u.borrow_mut().begin_micro_batch()?;
+            }
+            sum += self.batch_forward(b, &opts)?.0.item()? as f64;
+            if let Some(u) = &self.units {
+                u.borrow_mut().end_forward_only()?;
+            }
         }
-        drop(full);
-        self.release_full();
+        drop(active);
         Ok(Some(sum / self.val_batches.len() as f64))
     }
 }

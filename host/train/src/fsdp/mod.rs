@@ -4,12 +4,12 @@
 //! parameters block by block ([`units`]: each block's right before its forward and again for
 //! its backward, freed in between, its gradients reduce-scattered as its backward ends); then,
 //! in HSDP, the gradient rows are summed over the replicas, and the optimizer steps on the
-//! shards. Evaluation and checkpoints gather the whole model (checkpoints stay ordinary full
-//! checkpoints, so any world size or layout resumes them).
+//! shards. Evaluation runs block by block too; checkpoints gather the whole model (they stay
+//! ordinary full checkpoints, so any world size or layout resumes them).
 
 mod units;
 
-pub(crate) use units::{Hook, Units};
+pub(crate) use units::{Active, Hook, Units};
 
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};

@@ -615,6 +615,18 @@ impl Units {
         Ok(())
     }
 
+    /// A forward without backward (evaluation) ended: waits for what it left in flight and
+    /// lets go of its parameters.
+    pub fn end_forward_only(&mut self) -> Result<(), TrainError> {
+        let gathers = std::mem::take(&mut self.mb()?.gathers);
+        for (_, g) in gathers {
+            g.wait()?;
+        }
+        self.mb = None;
+        self.full_bytes = 0;
+        Ok(())
+    }
+
     /// The backward returned: issues what is left, waits for every collective of the
     /// micro-batch and lets go of its parameters.
     pub fn end_backward(&mut self) -> Result<(), TrainError> {
