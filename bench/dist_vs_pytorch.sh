@@ -6,8 +6,9 @@
 # Prints the median global tokens/s over the steps after WARMUP, each side's peak resident memory
 # per rank (maximum RSS: what the OS charged the process, libraries included) and Anneal's own
 # figures from metrics.jsonl: tensor peak, comm_bytes per step against the theoretical FSDP volume
-# (each rank sends (N-1)/N of the parameters in the all-gather and of the gradients in the
-# reduce-scatter), and the per-rank parameter + gradient + optimizer bytes.
+# (each rank sends (N-1)/N of the parameters in the all-gather before the forward, of the blocks'
+# again before their backward and of the gradients in the reduce-scatter), and the per-rank
+# parameter + gradient + optimizer bytes.
 #   bash bench/dist_vs_pytorch.sh            # STEPS=20 WARMUP=5 ROUNDS=2
 # Needs the corpus of configs/llama3_debug.toml (bash scripts/setup.sh), MPI
 # (scripts/setup-mpi.sh) and torch + transformers in $VENV (default .venv, made once).
@@ -61,8 +62,13 @@ for r in range(1, rounds + 1):
     mems.append(rss_a / rss_t)
     print(f"{r:>5} {a:>13.0f} {p:>12.0f} {a / p:>5.2f}x {rss_a / 2**20:>15.0f} {rss_t / 2**20:>14.0f}")
 last = rows[-1]
-params = int(re.search(r"\((\d+) parameters", open(f"{out}/anneal-{rounds}.log").read()).group(1))
-theory = 2 * (n - 1) / n * params * 4
+log = open(f"{out}/anneal-{rounds}.log").read()
+params = int(re.search(r"\((\d+) parameters", log).group(1))
+# Per block units (reshard after forward): every parameter is all-gathered before its forward
+# and reduce-scattered, and the blocks' are all-gathered again before their backward.
+units = re.search(r"fsdp: (\d+) block units \(largest (\d+) bytes", log)
+regather = int(units.group(1)) * int(units.group(2)) if units else 0
+theory = (n - 1) / n * (2 * params * 4 + regather)
 print(f"median: tokens/s {statistics.median(ratios):.2f}x PyTorch (> 1: Anneal faster); "
       f"peak RSS {statistics.median(mems):.2f}x PyTorch's (< 1: Anneal smaller)")
 print(f"anneal per rank: tensor peak {last['mem_peak_bytes'] / 2**20:.0f} MiB, parameter + gradient + "

@@ -128,6 +128,13 @@ fn ddp_on_4_ranks_matches_the_single_process() {
 }
 
 /// The losses and the `state_bytes` of the last row of a run.
+fn val_losses(run_dir: &Path) -> Vec<f64> {
+    rows(run_dir)
+        .iter()
+        .filter_map(|r| r["val_loss"].as_f64())
+        .collect()
+}
+
 fn losses_and_state(run_dir: &Path) -> (Vec<f64>, u64) {
     let rows = rows(run_dir);
     let state = rows
@@ -179,6 +186,13 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
                 "{name} step {}: {a} vs {b}",
                 step + 1
             );
+        }
+        // Evaluation (block by block under FSDP) sees the same parameters.
+        let (v1, v2) = (val_losses(&single_dir), val_losses(&dir));
+        assert_eq!(v1.len(), 2, "evaluations at steps 4 and 8");
+        assert_eq!(v1.len(), v2.len(), "{name}");
+        for (a, b) in v1.iter().zip(&v2) {
+            assert!((a - b).abs() / a < 1e-4, "{name} val_loss: {a} vs {b}");
         }
         state.insert(name, bytes);
     }
@@ -294,6 +308,73 @@ fn fsdp_composes_with_recompute_and_moe() {
             // The experts' token counts (and so the balancing bias) are the whole step's.
             let last = |d: &Path| rows(d).last().unwrap()["moe.layer0.tokens_per_expert"].clone();
             assert_eq!(last(&single_dir), last(&dir));
+        }
+    }
+}
+
+/// The byte counts of the trainer's `fsdp: ...` note: (largest block, outer unit).
+fn unit_bytes(stdout: &str) -> (u64, u64) {
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("fsdp: ") && l.contains("block units"))
+        .unwrap_or_else(|| panic!("no FSDP unit note: {stdout}"));
+    let numbers: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "<n> block units (largest <block> bytes in full) and an outer unit of <outer> bytes"
+    match numbers[..] {
+        [_, block, outer, ..] => (block, outer),
+        _ => panic!("unexpected FSDP unit note: {line}"),
+    }
+}
+
+#[test]
+fn fsdp_holds_a_few_blocks_in_full_not_the_whole_model() {
+    let job = Job::new("fsdp-blocks");
+    let base = [
+        "training.micro_batch_size=1",
+        "training.steps=3",
+        "training.threads=1",
+        "parallelism.dp_shard=2",
+    ];
+    for (name, layers, mode) in [
+        ("deep", 8u64, "none"),
+        ("deep-recompute", 8, "full"),
+        ("deep-selective", 8, "selective"),
+    ] {
+        let layers_set = format!("model.args.n_layers={layers}");
+        let mode_set = format!("activation_checkpoint.mode=\"{mode}\"");
+        let mut set: Vec<&str> = base.to_vec();
+        set.extend([layers_set.as_str(), mode_set.as_str()]);
+        let dir = job.dir.join(name);
+        let stdout = ok(&mpiexec_train(2, &job, &dir, &set));
+        let (block, outer) = unit_bytes(&stdout);
+        let whole = outer + layers * block;
+        let peaks: Vec<u64> = rows(&dir)
+            .iter()
+            .filter_map(|r| r["fsdp_full_bytes_peak"].as_u64())
+            .collect();
+        assert_eq!(peaks.len(), 3, "{name}: a peak per step");
+        let peak = peaks.iter().copied().max().unwrap_or(0);
+        println!(
+            "{name}: full parameters held at once {peak} B of {whole} B (outer {outer} B, blocks {block} B)"
+        );
+        // The outer unit, the block running and the one prefetched (one more at the turn from
+        // a block's backward to the next one's, while its reduce-scatter is not issued yet).
+        assert!(
+            peak >= outer + block && peak <= outer + 3 * block,
+            "{name}: {peak} B held, outer {outer} B, blocks {block} B"
+        );
+        assert!(2 * peak < whole, "{name}: {peak} B of {whole} B");
+        // Every block's reduce-scatter started while the backward was still running (2
+        // micro-batches per rank), none was left for the end.
+        for r in rows(&dir) {
+            assert_eq!(
+                r["fsdp_early_scatters"].as_u64(),
+                Some(2 * layers),
+                "{name}"
+            );
         }
     }
 }

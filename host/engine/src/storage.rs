@@ -8,7 +8,8 @@ use rayon::prelude::*;
 
 /// The memory behind one or more tensors: a buffer and the dtype of its elements.
 pub struct Storage {
-    buf: Buffer,
+    /// `None` once released ([`Storage::release`]): the shape and dtype stay, the memory goes.
+    buf: Option<Buffer>,
     dtype: DType,
     len: usize,
     /// How many times a tensor took this storage for writing (see [`Storage::writes`]).
@@ -19,7 +20,7 @@ impl Storage {
     /// `len` zeroed elements of `dtype`.
     pub fn zeros(dtype: DType, len: usize) -> Storage {
         Storage {
-            buf: Buffer::zeroed(len * dtype.size_in_bytes()),
+            buf: Some(Buffer::zeroed(len * dtype.size_in_bytes())),
             dtype,
             len,
             writes: 0,
@@ -29,7 +30,7 @@ impl Storage {
     /// `len` elements with unspecified values, for kernels that write every element.
     pub fn any(dtype: DType, len: usize) -> Storage {
         Storage {
-            buf: Buffer::any(len * dtype.size_in_bytes()),
+            buf: Some(Buffer::any(len * dtype.size_in_bytes())),
             dtype,
             len,
             writes: 0,
@@ -47,8 +48,7 @@ impl Storage {
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
         let len = bytes.len() / dtype.size_in_bytes();
         let mut s = Storage::any(dtype, len);
-        s.buf
-            .as_bytes_mut()
+        s.as_bytes_mut()
             .copy_from_slice(&bytes[..len * dtype.size_in_bytes()]);
         s
     }
@@ -62,6 +62,42 @@ impl Storage {
     /// Records a write access (called by [`crate::Tensor`] when it locks the storage for writing).
     pub(crate) fn note_write(&mut self) {
         self.writes = self.writes.wrapping_add(1);
+    }
+
+    /// Frees the memory, keeping the dtype and length: what FSDP does to a block's gathered
+    /// parameters between its forward and its backward, while the graph still holds tensors
+    /// over them. Reading a released storage is a bug and panics (see [`Storage::as_bytes`]);
+    /// [`Storage::restore`] gives it values again.
+    pub(crate) fn release(&mut self) {
+        self.buf = None;
+        // Copies derived from the old values (packed operands) must never be taken as current.
+        self.note_write();
+    }
+
+    /// Whether [`Storage::release`] freed the memory (and no restore followed).
+    pub fn is_released(&self) -> bool {
+        self.buf.is_none()
+    }
+
+    /// Gives a storage new memory holding `bytes` (exactly its length in its dtype); counts as a
+    /// write, so a packed copy of the values before the release is never reused.
+    pub(crate) fn restore(&mut self, bytes: &[u8]) {
+        let mut buf = Buffer::any(self.len * self.dtype.size_in_bytes());
+        buf.as_bytes_mut().copy_from_slice(bytes);
+        self.buf = Some(buf);
+        self.note_write();
+    }
+
+    fn buf(&self) -> &Buffer {
+        self.buf
+            .as_ref()
+            .expect("read of a released storage: restore it before any op uses it")
+    }
+
+    fn buf_mut(&mut self) -> &mut Buffer {
+        self.buf
+            .as_mut()
+            .expect("write to a released storage: restore it before any op uses it")
     }
 
     /// The element type.
@@ -79,14 +115,15 @@ impl Storage {
         self.len == 0
     }
 
-    /// The raw bytes.
+    /// The raw bytes. Panics on a released storage: every access goes through here or
+    /// [`Storage::as_bytes_mut`], so a released tensor can never be read as stale or zero values.
     pub fn as_bytes(&self) -> &[u8] {
-        self.buf.as_bytes()
+        self.buf().as_bytes()
     }
 
-    /// The raw bytes, mutably.
+    /// The raw bytes, mutably (panics on a released storage, as [`Storage::as_bytes`]).
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
-        self.buf.as_bytes_mut()
+        self.buf_mut().as_bytes_mut()
     }
 
     /// The elements as `T`, which must be this storage's dtype.
@@ -96,7 +133,7 @@ impl Storage {
             self.dtype,
             "storage accessed with the wrong element type"
         );
-        bytemuck::cast_slice(self.buf.as_bytes())
+        bytemuck::cast_slice(self.as_bytes())
     }
 
     /// The elements as `T`, mutably.
@@ -106,7 +143,7 @@ impl Storage {
             self.dtype,
             "storage accessed with the wrong element type"
         );
-        bytemuck::cast_slice_mut(self.buf.as_bytes_mut())
+        bytemuck::cast_slice_mut(self.as_bytes_mut())
     }
 }
 

@@ -227,6 +227,57 @@ impl Tensor {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
     }
 
+    /// Frees the memory behind this tensor (and every view and clone sharing its storage),
+    /// keeping shapes and dtype: FSDP frees a block's gathered parameters after its forward while
+    /// the graph's saved tensors still point at them, and [`Tensor::restore_storage`] fills them
+    /// again before the block's backward. Any read or write of a released tensor panics.
+    pub fn release_storage(&self) {
+        self.0
+            .storage
+            .write()
+            .expect("storage lock poisoned")
+            .release();
+    }
+
+    /// Whether this tensor's storage was released ([`Tensor::release_storage`]) and not restored.
+    pub fn is_released(&self) -> bool {
+        self.storage().is_released()
+    }
+
+    /// Gives a released storage back its values, in place (every tensor sharing it sees them):
+    /// `values` must hold exactly the storage's elements, in its dtype. Counts as a write.
+    pub fn restore_storage(&self, values: &Tensor) -> Result<()> {
+        if self.shares_storage_with(values) {
+            return Err(invalid(
+                "restore_storage",
+                "the values share the storage being restored",
+            ));
+        }
+        let mut guard = self.0.storage.write().expect("storage lock poisoned");
+        if !guard.is_released() {
+            return Err(invalid(
+                "restore_storage",
+                "the storage was not released (restoring would overwrite live values)",
+            ));
+        }
+        if values.numel() != guard.len() || values.dtype() != guard.dtype() {
+            return Err(invalid(
+                "restore_storage",
+                format!(
+                    "values of {} {} elements for a storage of {} {}",
+                    values.numel(),
+                    values.dtype(),
+                    guard.len(),
+                    guard.dtype()
+                ),
+            ));
+        }
+        let mut bytes = Vec::with_capacity(values.numel() * values.dtype().size_in_bytes());
+        values.copy_bytes_into(&mut bytes);
+        guard.restore(&bytes);
+        Ok(())
+    }
+
     pub(crate) fn storage(&self) -> RwLockReadGuard<'_, Storage> {
         self.0.storage.read().expect("storage lock poisoned")
     }

@@ -130,6 +130,7 @@ fn recompute_gives_identical_gradients() {
             recompute_every: recompute as usize,
             recompute_layers: None,
             cache: None,
+            stage_params: None,
         };
         let logits = model
             .forward(&leaves, tokens, &positions(0, t), &opts)

@@ -341,7 +341,7 @@ fn auxiliary_losses_and_statistics_come_back_beside_the_logits() {
     // Recomputing the block keeps the loss's gradient: the same loss and embedding gradient.
     let recompute = ForwardOpts {
         recompute_every: 1,
-        ..opts
+        ..opts.clone()
     };
     let g_plain = g;
     params["embedding"].zero_grad();

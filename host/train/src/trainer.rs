@@ -3,7 +3,7 @@
 
 use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
 use crate::dist::Dist;
-use crate::fsdp::Fsdp;
+use crate::fsdp::{Active, Fsdp, Hook, Units};
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
     params_rows_from_checkpoint, restore_optimizer, restore_optimizer_with, Provenance,
@@ -15,8 +15,12 @@ use anneal_config::{JobConfig, RecomputeMode};
 use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{autograd, Tensor};
-use anneal_runtime::plugins::{ForwardOpts, ForwardOutput, Params, PluginModel, PluginOptimizer};
+use anneal_runtime::plugins::{
+    ForwardOpts, ForwardOutput, Params, PluginModel, PluginOptimizer, StageParams,
+};
+use std::cell::RefCell;
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -77,6 +81,8 @@ pub struct Trainer {
     dist: Dist,
     /// The sharding of `named` when `dp_shard > 1`.
     fsdp: Option<Fsdp>,
+    /// The per-block gathers and reduce-scatters of a training step under FSDP.
+    units: Option<Rc<RefCell<Units>>>,
 }
 
 impl Trainer {
@@ -215,25 +221,30 @@ impl Trainer {
             provenance,
             dist,
             fsdp: None,
+            units: None,
         };
         if let Some(comm) = trainer.dist.shard() {
+            let spec = trainer.model.spec();
+            let layers: std::collections::HashMap<&str, Option<usize>> = spec
+                .params
+                .iter()
+                .map(|p| (p.name.as_str(), p.layer))
+                .collect();
+            let units = Units::new(
+                &trainer.named,
+                |name| layers.get(name).copied().flatten(),
+                spec.n_layers,
+                comm.rank(),
+                comm.size(),
+            );
+            note(&units.summary());
             let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size());
             trainer.named = fsdp.shard(&trainer.named)?;
             trainer.fsdp = Some(fsdp);
+            trainer.units = Some(Rc::new(RefCell::new(units)));
             trainer.release_full();
         }
         Ok(trainer)
-    }
-
-    /// Under FSDP, gathers the full parameters for the forward (fresh leaves, which collect
-    /// this step's gradients) and returns them; `None` otherwise. Collective.
-    fn gather_full(&mut self) -> Result<Option<Named>, TrainError> {
-        let (Some(fsdp), Some(comm)) = (&self.fsdp, self.dist.shard()) else {
-            return Ok(None);
-        };
-        let full = fsdp.gather(comm, &self.named)?;
-        self.params = Arc::new(full.iter().chain(&self.buffers).cloned().collect());
-        Ok(Some(full))
     }
 
     /// Under FSDP, lets go of the full parameters (the forward's map keeps the buffers only).
@@ -275,6 +286,21 @@ impl Trainer {
         !self.val_batches.is_empty()
     }
 
+    /// Under FSDP, activates the per-block driver (each block's parameters gathered and freed
+    /// around its forward and its backward) and returns its guard with forward options that
+    /// route the stages through it; plain options otherwise. Collective under FSDP.
+    fn block_forward(&self, training: bool) -> Result<(Option<Active>, ForwardOpts), TrainError> {
+        let mut opts = self.forward_opts(training);
+        let active = match (&self.units, self.dist.shard()) {
+            (Some(u), Some(comm)) => {
+                opts.stage_params = Some(Arc::new(Hook) as Arc<dyn StageParams>);
+                Some(Units::activate(u, comm, &self.named, &self.buffers)?)
+            }
+            _ => None,
+        };
+        Ok((active, opts))
+    }
+
     fn forward_opts(&self, training: bool) -> ForwardOpts {
         let ac = &self.cfg.activation_checkpoint;
         ForwardOpts {
@@ -286,12 +312,8 @@ impl Trainer {
             },
             recompute_layers: self.recompute_plan.clone(),
             cache: None,
+            stage_params: None,
         }
-    }
-
-    /// Mean cross-entropy of one batch; records the graph when grad mode is on.
-    fn batch_loss(&self, b: &Batch, training: bool) -> Result<Tensor, TrainError> {
-        Ok(self.batch_forward(b, training)?.0)
     }
 
     /// The cross-entropy of a batch, with everything else the model returned beside the
@@ -299,19 +321,16 @@ impl Trainer {
     fn batch_forward(
         &self,
         b: &Batch,
-        training: bool,
+        opts: &ForwardOpts,
     ) -> Result<(Tensor, ForwardOutput), TrainError> {
         let _amp = anneal_engine::autocast::set_autocast(anneal_engine::DType::parse(
             &self.cfg.training.dtype,
         ));
         let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
         let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
-        let out = self.model.forward_full(
-            &self.params,
-            &x,
-            &self.positions,
-            &self.forward_opts(training),
-        )?;
+        let out = self
+            .model
+            .forward_full(&self.params, &x, &self.positions, opts)?;
         let v = out.logits.shape()[2];
         let ce = cross_entropy(
             &out.logits.reshape(&[b.batch * b.seq_len, v])?,
@@ -332,7 +351,8 @@ impl Trainer {
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
         let comm_before = self.dist.comm_bytes();
-        let full = self.gather_full()?;
+        let units = self.units.clone();
+        let (_active, opts) = self.block_forward(true)?;
         // Every rank reads the whole global batch (so the order never depends on the number of
         // ranks) and trains on its own consecutive micro-batches.
         let mine = self.dist.my_micro_batches(n_micro);
@@ -343,7 +363,10 @@ impl Trainer {
             if !mine.contains(&i) {
                 continue;
             }
-            let (loss, out) = self.batch_forward(&b, true)?;
+            if let Some(u) = &units {
+                u.borrow_mut().begin_micro_batch()?;
+            }
+            let (loss, out) = self.batch_forward(&b, &opts)?;
             losses.push(loss.item()?);
             let aux = weighted_aux(&t.aux_loss_weights, &out.aux_losses)?;
             outputs.add(aux.as_ref(), &out.aux_losses, &out.stats)?;
@@ -356,20 +379,35 @@ impl Trainer {
             } else {
                 loss
             };
+            if let Some(u) = &units {
+                u.borrow_mut().begin_backward()?;
+            }
             loss.backward()?;
+            if let Some(u) = &units {
+                u.borrow_mut().end_backward()?;
+            }
         }
         let distributed = self.dist.size() > 1;
+        let mut fsdp_figures = None;
         if distributed {
             losses = self.dist.gather_f32(&losses)?;
             outputs.reduce_across(self.dist.dp())?;
-            match (&full, &self.fsdp, self.dist.shard()) {
-                (Some(full), Some(fsdp), Some(comm)) => {
-                    let has_grad = self.dist.any_grads(full)?;
-                    fsdp.reduce_grads(comm, self.dist.replicate(), full, &self.named, &has_grad)?;
+            match &units {
+                Some(u) => {
+                    let grads = u.borrow_mut().take_grads();
+                    Fsdp::set_shard_grads(
+                        self.dist.dp(),
+                        self.dist.replicate(),
+                        &self.named,
+                        grads.rows,
+                        &grads.got,
+                    )?;
+                    fsdp_figures = Some((grads.full_bytes_peak, grads.early_scatters));
                 }
-                _ => self.dist.all_reduce_grads(&self.named)?,
+                None => self.dist.all_reduce_grads(&self.named)?,
             }
         }
+        drop(_active);
         // Summed in micro-batch order whatever the layout, so the step's loss is bitwise the
         // same for any number of ranks.
         let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
@@ -399,8 +437,6 @@ impl Trainer {
         let state_bytes =
             distributed.then(|| Fsdp::resident_bytes(&self.named, self.optimizer.state()));
         self.zero_grad();
-        drop(full);
-        self.release_full();
         self.step = step;
         self.last_lr = lr;
         self.tokens += (t.batch_size * t.seq_len) as u64;
@@ -412,7 +448,17 @@ impl Trainer {
             tokens: (t.batch_size * t.seq_len) as u64,
             seconds: started.elapsed().as_secs_f64(),
             aux_loss,
-            outputs: outputs.fields(),
+            outputs: {
+                let mut fields = outputs.fields();
+                if let Some((peak, early)) = fsdp_figures {
+                    // Bytes of full (gathered) parameters this rank held at once during the
+                    // step: about the outer unit and two blocks, not the whole model.
+                    fields.insert("fsdp_full_bytes_peak".into(), peak.into());
+                    // Block reduce-scatters that overlapped the rest of the backward.
+                    fields.insert("fsdp_early_scatters".into(), early.into());
+                }
+                fields
+            },
             comm_bytes: distributed.then(|| self.dist.comm_bytes() - comm_before),
             state_bytes,
         })
@@ -541,19 +587,25 @@ impl Trainer {
     }
 
     /// Mean loss over the held-out batches (`None` without a validation split). Under FSDP it
-    /// gathers the parameters: every rank must call it.
+    /// gathers the parameters block by block: every rank must call it.
     pub fn evaluate(&mut self) -> Result<Option<f64>, TrainError> {
         if self.val_batches.is_empty() {
             return Ok(None);
         }
-        let full = self.gather_full()?;
+        // Under FSDP block by block, as in training (one micro-batch per held-out batch).
+        let (active, opts) = self.block_forward(false)?;
         let _g = autograd::no_grad();
         let mut sum = 0.0f64;
         for b in &self.val_batches {
-            sum += self.batch_loss(b, false)?.item()? as f64;
+            if let Some(u) = &self.units {
+                u.borrow_mut().begin_micro_batch()?;
+            }
+            sum += self.batch_forward(b, &opts)?.0.item()? as f64;
+            if let Some(u) = &self.units {
+                u.borrow_mut().end_forward_only()?;
+            }
         }
-        drop(full);
-        self.release_full();
+        drop(active);
         Ok(Some(sum / self.val_batches.len() as f64))
     }
 }

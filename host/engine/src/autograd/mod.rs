@@ -9,8 +9,10 @@
 //!   gradient for this pass is final (what overlapping gradient communication waits for).
 
 pub mod checkpoint;
+pub mod hook;
 
 pub use checkpoint::{checkpoint, RegionFn};
+pub use hook::{before_backward, BeforeBackwardFn};
 
 use crate::error::{invalid, Result};
 use crate::tensor::{GradMeta, Tensor};

@@ -10,6 +10,7 @@ mod ops_moe;
 mod ops_state;
 pub mod optimizer;
 pub mod recompute;
+pub mod stage_params;
 
 pub use host::{Emitted, HostSession};
 pub use kv_cache::KvCache;
@@ -19,3 +20,4 @@ pub use loader::{
 };
 pub use model::{ForwardOpts, ForwardOutput, Params, PluginModel};
 pub use optimizer::PluginOptimizer;
+pub use stage_params::{Stage, StageParams};

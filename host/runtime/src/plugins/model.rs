@@ -4,14 +4,16 @@
 
 use super::host::{Emitted, HostSession};
 use super::kv_cache::KvCache;
+use super::stage_params::{Stage, StageParams};
 use super::PluginError;
 use abi_stable::std_types::RVec;
-use anneal_engine::autograd::{checkpoint, RegionFn};
+use anneal_engine::autograd::{before_backward, checkpoint, RegionFn};
 use anneal_engine::rng::RngKey;
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::abi::{ForwardCtx, Handle, ModelBox, OutputKind, PluginInstance};
 use anneal_plugin_api::spec::{Init, ModelSpec, ParamSpec};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Where the stages of one forward put the named outputs the model emits.
@@ -44,6 +46,27 @@ pub struct ForwardOpts {
     pub recompute_layers: Option<Arc<Vec<bool>>>,
     /// Per-layer KV cache for prefill/decode; positions then continue after the cached length.
     pub cache: Option<Arc<KvCache>>,
+    /// Where each stage gets its parameters when they are not all resident (FSDP's per-block
+    /// gathers); `None`: every stage reads the `params` passed to the forward.
+    pub stage_params: Option<Arc<dyn StageParams>>,
+}
+
+impl ForwardOpts {
+    /// The parameters `stage` reads: from [`ForwardOpts::stage_params`] when set, else `params`.
+    fn params_of(&self, params: &Params, stage: Stage) -> anneal_engine::Result<Params> {
+        match &self.stage_params {
+            Some(s) => s.params(stage),
+            None => Ok(params.clone()),
+        }
+    }
+
+    /// Tells [`ForwardOpts::stage_params`] that `stage`'s forward has ended.
+    fn forward_done(&self, stage: Stage) -> anneal_engine::Result<()> {
+        match &self.stage_params {
+            Some(s) => s.after_forward(stage),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A model plugin instance and its spec.
@@ -128,10 +151,11 @@ impl PluginModel {
     ) -> anneal_engine::Result<ForwardOutput> {
         let _phase = anneal_engine::profile::phase("forward");
         let sink = Sink::default();
+        let embed_params = opts.params_of(params, Stage::Embed)?;
         let mut hidden = run_stage(
             &self.inst,
             &self.name,
-            params,
+            &embed_params,
             positions,
             opts,
             &sink,
@@ -141,6 +165,8 @@ impl PluginModel {
             },
             "embed",
         )?;
+        drop(embed_params);
+        opts.forward_done(Stage::Embed)?;
         for i in 0..self.spec.n_layers {
             let planned = opts
                 .recompute_layers
@@ -149,16 +175,19 @@ impl PluginModel {
             let every = opts.recompute_every > 0 && i % opts.recompute_every == 0;
             hidden = if opts.training && (every || planned) {
                 self.checkpointed_layer(params, positions, opts, i, hidden, &sink)?
+            } else if opts.stage_params.is_some() {
+                self.gathered_layer(params, positions, opts, i, &hidden, &sink)?
             } else {
                 layer(
                     &self.inst, &self.name, params, positions, opts, i, &hidden, &sink,
                 )?
             };
         }
+        let head_params = opts.params_of(params, Stage::Head)?;
         let out = run_stage(
             &self.inst,
             &self.name,
-            params,
+            &head_params,
             positions,
             opts,
             &sink,
@@ -170,6 +199,8 @@ impl PluginModel {
             },
             "head",
         )?;
+        drop(head_params);
+        opts.forward_done(Stage::Head)?;
         let logits = out
             .into_iter()
             .next()
@@ -280,6 +311,8 @@ impl PluginModel {
         sink: &Sink,
     ) -> anneal_engine::Result<Vec<Tensor>> {
         let first: FirstRun = Arc::default();
+        // Whether the first (forward) run ended: `first` is emptied before the recompute runs.
+        let ran = Arc::new(AtomicBool::new(false));
         let (inst, name, params, positions, opts, first2) = (
             self.inst.clone(),
             self.name.clone(),
@@ -290,9 +323,25 @@ impl PluginModel {
         );
         let f: RegionFn = Arc::new(move |xs: &[Tensor]| {
             let local = Sink::default();
-            let out = layer(&inst, &name, &params, &positions, &opts, i, xs, &local)?;
+            // Under FSDP the first run and the recompute in backward each ask for the block's
+            // parameters: the recompute's fresh copies collect its gradients.
+            let block_params = opts.params_of(&params, Stage::Layer(i))?;
+            let out = layer(
+                &inst,
+                &name,
+                &block_params,
+                &positions,
+                &opts,
+                i,
+                xs,
+                &local,
+            )?;
+            drop(block_params);
             let emitted = local.into_inner().expect("sink lock poisoned");
             let packed = pack(&out, &emitted)?;
+            if !ran.swap(true, Ordering::SeqCst) {
+                opts.forward_done(Stage::Layer(i))?;
+            }
             let mut f = first2.lock().expect("first-run lock poisoned");
             if f.is_none() {
                 *f = Some((out, emitted));
@@ -311,6 +360,69 @@ impl PluginModel {
         for e in emitted {
             let tensor = match e.kind {
                 OutputKind::AuxLoss => aux.next().unwrap_or(e.tensor),
+                OutputKind::Stat => e.tensor,
+            };
+            sink.push(Emitted { tensor, ..e });
+        }
+        Ok(outs)
+    }
+}
+
+impl PluginModel {
+    /// Block `i` (not recomputed) with its parameters from [`ForwardOpts::stage_params`]: once
+    /// its forward ends they may be freed, so every output that carries a gradient back into
+    /// the block (its new floating outputs and its auxiliary losses) passes through an identity
+    /// op whose backward asks for them again before any of the block's own backward runs.
+    /// Outputs that share storage with an input (passed through) lead into no parameter of the
+    /// block and are left as they are.
+    fn gathered_layer(
+        &self,
+        params: &Params,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+        i: usize,
+        hidden: &[Tensor],
+        sink: &Sink,
+    ) -> anneal_engine::Result<Vec<Tensor>> {
+        let block_params = opts.params_of(params, Stage::Layer(i))?;
+        let local = Sink::default();
+        let outs = layer(
+            &self.inst,
+            &self.name,
+            &block_params,
+            positions,
+            opts,
+            i,
+            hidden,
+            &local,
+        )?;
+        drop(block_params);
+        opts.forward_done(Stage::Layer(i))?;
+        let Some(stages) = opts.stage_params.clone() else {
+            return Err(stage_err(&self.name, "layer", "no stage parameters"));
+        };
+        // Several outputs lead into the block; the first gradient to arrive restores it.
+        let entered = Arc::new(AtomicBool::new(false));
+        let restore: anneal_engine::autograd::BeforeBackwardFn = Arc::new(move || {
+            if entered.swap(true, Ordering::SeqCst) {
+                return Ok(());
+            }
+            stages.before_backward(i)
+        });
+        let guard = |t: Tensor| -> Tensor {
+            let passed_through = hidden.iter().any(|h| h.shares_storage_with(&t));
+            if t.requires_grad() && !passed_through {
+                before_backward(&t, restore.clone())
+            } else {
+                t
+            }
+        };
+        let outs = outs.into_iter().map(guard).collect();
+        let emitted = local.into_inner().expect("sink lock poisoned");
+        let mut sink = sink.lock().expect("sink lock poisoned");
+        for e in emitted {
+            let tensor = match e.kind {
+                OutputKind::AuxLoss => guard(e.tensor),
                 OutputKind::Stat => e.tensor,
             };
             sink.push(Emitted { tensor, ..e });

@@ -1,15 +1,16 @@
-//! Sharded data parallelism (FSDP, ZeRO-3 layout) with the whole model as one unit: between
-//! steps every rank holds only its dim-0 rows of each parameter, of its gradient and of its
-//! optimizer state ([`anneal_dist::Dim0Shard`]), so those bytes fall as 1/N. A step gathers the
-//! full parameters (fresh leaves the forward and backward use), reduce-scatters the full
-//! gradients back to the shards (then, in HSDP, sums them over the replicas), and the optimizer
-//! steps on the shards. Checkpoints are sharded too: every rank saves its own rows
-//! ([`Fsdp::param_rows`], [`Fsdp::state_piece`]) and reads back just its rows of any
+//! Sharded data parallelism (FSDP, ZeRO-3 layout): between steps every rank holds only its
+//! dim-0 rows of each parameter, of its gradient and of its optimizer state
+//! ([`anneal_dist::Dim0Shard`]), so those bytes fall as 1/N. A training step gathers the
+//! parameters block by block ([`units`]: each block's right before its forward and again for
+//! its backward, freed in between, its gradients reduce-scattered as its backward ends); then,
+//! in HSDP, the gradient rows are summed over the replicas, and the optimizer steps on the
+//! shards. Evaluation runs block by block too. Checkpoints are sharded: every rank saves its own
+//! rows ([`Fsdp::param_rows`], [`Fsdp::state_piece`]) and reads back just its rows of any
 //! checkpoint, whatever layout wrote it ([`Fsdp::state_rows`]).
-//!
-//! Not yet: per-block units (gather each block right before its forward, prefetch the next,
-//! free after use and gather again for backward, reduce-scatter as each block's backward
-//! ends); the full parameters live for the whole step here.
+
+mod units;
+
+pub(crate) use units::{Active, Hook, Units};
 
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};
@@ -77,36 +78,39 @@ impl Fsdp {
             .collect()
     }
 
-    /// Sums the full parameters' gradients over the shard ranks into each shard's gradient
-    /// (then over the replicas, when `replicate` is given). A parameter that no data-parallel
-    /// rank got a gradient for (`has_grad[i]` false) keeps none, as in one process.
-    pub fn reduce_grads(
-        &self,
-        shard_comm: &dyn Collective,
+    /// Sets each shard's gradient from the step's gradient rows ([`Units::take_grads`]), first
+    /// summed over the replicas when `replicate` is given (HSDP). A parameter that no
+    /// data-parallel rank got a gradient for (`got` false on every rank of `dp`) keeps none, as
+    /// in one process.
+    pub fn set_shard_grads(
+        dp: &dyn Collective,
         replicate: Option<&dyn Collective>,
-        full: &[(String, Tensor)],
         shards: &[(String, Tensor)],
-        has_grad: &[bool],
+        rows: Vec<Vec<f32>>,
+        got: &[bool],
     ) -> Result<(), TrainError> {
-        let pending = full
-            .iter()
-            .zip(&self.layout)
-            .map(|((_, p), (_, s))| {
-                let g = p
-                    .grad()
-                    .map_or_else(|| vec![0.0; s.full_len()], |g| g.to_vec_f32());
-                s.start_reduce_scatter(shard_comm, &g)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        for ((((_, shard), (shape, s)), h), &any) in
-            shards.iter().zip(&self.layout).zip(pending).zip(has_grad)
-        {
-            let mut rows = s.finish_scatter(h)?;
-            if let Some(rep) = replicate {
-                crate::dist::sum_identically(rep, &mut rows)?;
+        let mut flags: Vec<f32> = got.iter().map(|&g| if g { 1.0 } else { 0.0 }).collect();
+        if dp.size() > 1 {
+            dp.all_reduce_sum(&mut flags)?;
+        }
+        let rows = match replicate {
+            Some(rep) => {
+                // One buffer for every parameter: one collective instead of one per parameter.
+                let mut flat = rows.concat();
+                crate::dist::sum_identically(rep, &mut flat)?;
+                let mut at = 0;
+                rows.iter()
+                    .map(|r| {
+                        at += r.len();
+                        flat[at - r.len()..at].to_vec()
+                    })
+                    .collect()
             }
-            if any {
-                let g = Tensor::from_vec(rows, &s.shape(shape))?.to_dtype(shard.dtype())?;
+            None => rows,
+        };
+        for (((_, shard), rows), flag) in shards.iter().zip(rows).zip(flags) {
+            if flag > 0.0 {
+                let g = Tensor::from_vec(rows, shard.shape())?.to_dtype(shard.dtype())?;
                 shard.set_grad(Some(g))?;
             }
         }

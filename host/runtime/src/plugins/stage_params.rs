@@ -1,0 +1,36 @@
+//! Where each stage of a forward gets its parameters when they are not all resident: under
+//! FSDP a block's parameters exist in full only around its own forward and backward. The runner
+//! ([`super::PluginModel::forward_full`]) asks a [`StageParams`] for each stage's map, says when
+//! a stage's forward has ended, and (through an identity op on a block's outputs) when the
+//! backward is about to enter the block.
+
+use super::Params;
+
+/// A stage of the forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Token ids to the first hidden state.
+    Embed,
+    /// Block `i`.
+    Layer(usize),
+    /// The last hidden state to logits.
+    Head,
+}
+
+/// Supplies the parameters of each stage of a forward and learns when a block's forward and
+/// backward start and end. Called on the thread that runs the forward and the backward.
+pub trait StageParams: Send + Sync {
+    /// Everything `stage` reads by name (parameters and buffers). For a block this runs once
+    /// for its forward and, when the block is recomputed, again in backward (a recompute's
+    /// leaves then collect the block's gradients).
+    fn params(&self, stage: Stage) -> anneal_engine::Result<Params>;
+
+    /// The forward of `stage` has ended: what it read may be freed until
+    /// [`StageParams::before_backward`] (a recomputed block's first run too: its recompute asks
+    /// [`StageParams::params`] again).
+    fn after_forward(&self, stage: Stage) -> anneal_engine::Result<()>;
+
+    /// The backward is about to run block `i`'s ops (a block that is not recomputed): its
+    /// parameters must hold their values again. Called at most once per block and backward.
+    fn before_backward(&self, layer: usize) -> anneal_engine::Result<()>;
+}

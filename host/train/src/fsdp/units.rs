@@ -1,0 +1,664 @@
+//! Per-block FSDP units (ZeRO-3 as FSDP2 runs it): one unit per block (the parameters whose
+//! `ParamSpec::layer` is that block) and one outer unit (embedding, final norm, output: every
+//! other trained parameter). Each micro-batch:
+//! - the outer unit is gathered before `embed` and kept until its backward ends (FSDP2's root);
+//! - block `i`'s parameters are gathered right before its forward, with block `i + 1`'s gather
+//!   started meanwhile (prefetch), and their memory is released when its forward ends
+//!   (`reshard_after_forward`): the graph keeps the tensors, without their values;
+//! - the backward gathers them again right before it enters the block (block `i - 1`'s gather
+//!   prefetched meanwhile): in place for a block that kept its activations, as fresh leaves for
+//!   a recomputed one (the recompute asks for them);
+//! - once every parameter of a unit has its final gradient (the engine's leaf hooks), the unit's
+//!   reduce-scatter starts while the backward goes on; units are issued strictly in the order
+//!   last block, ..., first block, outer, so every rank starts the same collectives in the same
+//!   order (a unit not complete yet holds back the ones after it; what is left when the
+//!   backward returns is issued then, a parameter without gradient sending zeros).
+//!
+//! Gathers and reduce-scatters each have their own communicator, so each keeps one fixed order
+//! whatever the interleaving of the two. Every rank runs the same model on the same shapes, so
+//! its graph (and so the sequence of collectives it starts and waits for) is the same.
+//!
+//! The driver lives in a thread-local for the length of a step ([`Units::activate`]): the
+//! runner's hook and the engine's gradient hooks must be `Send + Sync`, the communicators are
+//! not, and both only ever run on the training thread.
+
+use crate::TrainError;
+use anneal_dist::{Collective, Dim0Shard, Pending};
+use anneal_engine::{DType, Tensor};
+use anneal_runtime::plugins::{Params, Stage, StageParams};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Tensors by name.
+type Named = Vec<(String, Tensor)>;
+
+/// One trained parameter as the units see it.
+struct Member {
+    /// Its index in the trainer's name-ordered parameters.
+    index: usize,
+    name: String,
+    shape: Vec<usize>,
+    dtype: DType,
+    shard: Dim0Shard,
+}
+
+/// Whether the micro-batch is in its forward or its backward.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Forward,
+    Backward,
+}
+
+/// A unit's gathered parameters during a micro-batch.
+#[derive(Default)]
+struct Live {
+    /// The full parameters (leaves), in member order; empty before the first gather.
+    leaves: Vec<Tensor>,
+    /// Bumped whenever `leaves` are replaced, so hooks of older leaves are ignored.
+    generation: u64,
+    /// Which leaves' gradients are final in this backward.
+    fired: Vec<bool>,
+    /// Whether the leaves' storages are released (between forward and backward).
+    released: bool,
+}
+
+/// What one micro-batch holds.
+struct MicroBatch {
+    phase: Phase,
+    /// Per block, then the outer unit last.
+    live: Vec<Live>,
+    /// Gathers started and not yet taken, by unit.
+    gathers: BTreeMap<usize, Box<dyn Pending>>,
+    /// The next block whose forward gather starts.
+    next_forward: usize,
+    /// The next block whose backward gather starts (counting down); `None` once all started.
+    next_backward: Option<usize>,
+    /// How many units (in scatter order) were issued.
+    scattered: usize,
+    /// Reduce-scatters in flight, oldest first.
+    scatters: VecDeque<(usize, Box<dyn Pending>)>,
+    /// The first failure inside a gradient hook (which cannot return one).
+    failed: Option<TrainError>,
+}
+
+/// The per-block FSDP driver of one rank (see the module docs).
+pub(crate) struct Units {
+    /// Members per unit: blocks `0..n`, then the outer unit at index `n`.
+    units: Vec<Vec<Member>>,
+    /// Parameters in the trainer's order (for the step's gradient rows).
+    n_params: usize,
+    /// The gathers' and the reduce-scatters' communicators, split from `dp_shard`'s at the first
+    /// step (not at construction: rank 0 builds its trainer while the others wait for it).
+    comms: Option<(Box<dyn Collective>, Box<dyn Collective>)>,
+    /// This step's shard rows of every parameter (as f32), by trainer index.
+    local: Vec<Vec<f32>>,
+    buffers: Named,
+    /// The step's gradient rows of every parameter, summed over its micro-batches.
+    grad_rows: Vec<Vec<f32>>,
+    /// Whether this rank got a gradient for each parameter this step.
+    got_grad: Vec<bool>,
+    /// Bytes of full parameters held (gathered and not released or dropped), and their peak.
+    full_bytes: u64,
+    full_bytes_peak: u64,
+    /// Block units whose reduce-scatter started while the backward was still running, this step.
+    early_scatters: u64,
+    mb: Option<MicroBatch>,
+}
+
+/// What a step's units hand to the optimizer side.
+pub(crate) struct StepGrads {
+    /// This rank's rows of every parameter's gradient (trainer order), summed over the shard
+    /// ranks and this rank's micro-batches.
+    pub rows: Vec<Vec<f32>>,
+    /// Whether this rank got a gradient for each parameter.
+    pub got: Vec<bool>,
+    /// The most bytes of full parameters held at once during the step.
+    pub full_bytes_peak: u64,
+    /// Block units whose reduce-scatter started before their micro-batch's backward returned
+    /// (overlapping it), over the step's micro-batches.
+    pub early_scatters: u64,
+}
+
+thread_local! {
+    /// The driver of the step running on this thread.
+    static ACTIVE: RefCell<Option<Rc<RefCell<Units>>>> = const { RefCell::new(None) };
+}
+
+/// Keeps a driver active on this thread until dropped.
+pub(crate) struct Active(());
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.borrow_mut().take());
+    }
+}
+
+fn engine_err(msg: impl std::fmt::Display) -> anneal_engine::Error {
+    anneal_engine::Error::Invalid {
+        op: "fsdp",
+        msg: msg.to_string(),
+    }
+}
+
+/// Runs `f` on the active driver.
+fn with_active<T>(f: impl FnOnce(&mut Units) -> Result<T, TrainError>) -> anneal_engine::Result<T> {
+    let units = ACTIVE
+        .with(|a| a.borrow().clone())
+        .ok_or_else(|| engine_err("block parameters were asked for outside a training step"))?;
+    let mut units = units
+        .try_borrow_mut()
+        .map_err(|_| engine_err("block parameters were asked for while the driver was busy"))?;
+    f(&mut units).map_err(|e| match e {
+        TrainError::Engine(e) => e,
+        other => engine_err(other),
+    })
+}
+
+/// The runner's view of the active driver ([`StageParams`]).
+pub(crate) struct Hook;
+
+impl StageParams for Hook {
+    fn params(&self, stage: Stage) -> anneal_engine::Result<Params> {
+        with_active(|u| u.params(stage))
+    }
+
+    fn after_forward(&self, stage: Stage) -> anneal_engine::Result<()> {
+        with_active(|u| u.after_forward(stage))
+    }
+
+    fn before_backward(&self, layer: usize) -> anneal_engine::Result<()> {
+        with_active(|u| u.before_backward(layer))
+    }
+}
+
+/// A leaf's gradient became final: `unit`'s member `k` of leaf generation `generation`.
+fn grad_final(unit: usize, generation: u64, k: usize) {
+    let Some(units) = ACTIVE.with(|a| a.borrow().clone()) else {
+        return;
+    };
+    // Hooks run between the driver's own calls, never inside one.
+    let Ok(mut units) = units.try_borrow_mut() else {
+        return;
+    };
+    let res = units.mark_final(unit, generation, k);
+    if let (Err(e), Some(mb)) = (res, units.mb.as_mut()) {
+        mb.failed.get_or_insert(e);
+    }
+}
+
+impl Units {
+    /// The units of `named` (the trainer's name-ordered full parameters) for `n_layers` blocks,
+    /// `layer_of` giving each parameter's block, sharded over `ranks` with this rank `rank`.
+    pub fn new(
+        named: &[(String, Tensor)],
+        layer_of: impl Fn(&str) -> Option<usize>,
+        n_layers: usize,
+        rank: usize,
+        ranks: usize,
+    ) -> Units {
+        let mut units: Vec<Vec<Member>> = (0..=n_layers).map(|_| Vec::new()).collect();
+        for (index, (name, p)) in named.iter().enumerate() {
+            let unit = layer_of(name).filter(|&l| l < n_layers).unwrap_or(n_layers);
+            units[unit].push(Member {
+                index,
+                name: name.clone(),
+                shape: p.shape().to_vec(),
+                dtype: p.dtype(),
+                shard: Dim0Shard::new(p.shape(), rank, ranks),
+            });
+        }
+        Units {
+            units,
+            n_params: named.len(),
+            comms: None,
+            local: Vec::new(),
+            buffers: Vec::new(),
+            grad_rows: Vec::new(),
+            got_grad: Vec::new(),
+            full_bytes: 0,
+            full_bytes_peak: 0,
+            early_scatters: 0,
+            mb: None,
+        }
+    }
+
+    fn n_layers(&self) -> usize {
+        self.units.len() - 1
+    }
+
+    /// Bytes of unit `u`'s full parameters.
+    fn unit_bytes(&self, u: usize) -> u64 {
+        self.units[u]
+            .iter()
+            .map(|m| (m.shard.full_len() * m.dtype.size_in_bytes()) as u64)
+            .sum()
+    }
+
+    /// The units in words: the outer unit's and the largest block's full bytes.
+    pub fn summary(&self) -> String {
+        let n = self.n_layers();
+        let block = (0..n).map(|u| self.unit_bytes(u)).max().unwrap_or(0);
+        format!(
+            "fsdp: {n} block units (largest {block} bytes in full) and an outer unit of {} bytes; a step holds about the outer unit and two blocks in full",
+            self.unit_bytes(n)
+        )
+    }
+
+    /// Starts a step on `this`: `shards` are this rank's parameter shards (read once here; the
+    /// optimizer changes them only after the step), `buffers` go to every stage as they are;
+    /// `comm` is the `dp_shard` communicator (collective at the first step, which splits it).
+    /// The returned guard keeps the driver reachable from the hooks until dropped.
+    pub fn activate(
+        this: &Rc<RefCell<Units>>,
+        comm: &dyn Collective,
+        shards: &[(String, Tensor)],
+        buffers: &[(String, Tensor)],
+    ) -> Result<Active, TrainError> {
+        {
+            let mut u = this.borrow_mut();
+            if u.comms.is_none() {
+                let gather = comm.split(0, comm.rank() as u32)?;
+                let scatter = comm.split(0, comm.rank() as u32)?;
+                u.comms = Some((gather, scatter));
+            }
+            u.local = shards.iter().map(|(_, p)| p.to_vec_f32()).collect();
+            u.buffers = buffers.to_vec();
+            u.grad_rows = shards.iter().map(|(_, p)| vec![0.0; p.numel()]).collect();
+            u.got_grad = vec![false; u.n_params];
+            u.full_bytes = 0;
+            u.full_bytes_peak = 0;
+            u.early_scatters = 0;
+            u.mb = None;
+        }
+        ACTIVE.with(|a| *a.borrow_mut() = Some(this.clone()));
+        Ok(Active(()))
+    }
+
+    /// The gathers' and the reduce-scatters' communicators.
+    fn comms(&self) -> Result<(&dyn Collective, &dyn Collective), TrainError> {
+        let (g, s) = self.comms.as_ref().ok_or_else(|| {
+            TrainError::Engine(engine_err(
+                "a collective before the first step's activation",
+            ))
+        })?;
+        Ok((g.as_ref(), s.as_ref()))
+    }
+
+    fn hold(&mut self, bytes: u64) {
+        self.full_bytes += bytes;
+        self.full_bytes_peak = self.full_bytes_peak.max(self.full_bytes);
+    }
+
+    fn let_go(&mut self, bytes: u64) {
+        self.full_bytes = self.full_bytes.saturating_sub(bytes);
+    }
+
+    fn mb(&mut self) -> Result<&mut MicroBatch, TrainError> {
+        self.mb.as_mut().ok_or_else(|| {
+            TrainError::Engine(engine_err("a block was reached outside a micro-batch"))
+        })
+    }
+
+    /// Starts unit `u`'s all-gather: every member's rows, padded to its block, in one buffer.
+    fn start_gather(&mut self, u: usize) -> Result<(), TrainError> {
+        let members = &self.units[u];
+        let mut send = Vec::with_capacity(members.iter().map(|m| m.shard.block_len()).sum());
+        for m in members {
+            send.extend_from_slice(&self.local[m.index]);
+            send.resize(send.len() + m.shard.block_len() - m.shard.len(), 0.0);
+        }
+        let pending = self.comms()?.0.iall_gather(send)?;
+        let bytes = self.unit_bytes(u);
+        self.hold(bytes);
+        self.mb()?.gathers.insert(u, pending);
+        Ok(())
+    }
+
+    /// Unit `u`'s full parameters from its gather (started now if it was not), as tensors of
+    /// each member's shape and dtype.
+    fn take_gather(&mut self, u: usize) -> Result<Vec<Tensor>, TrainError> {
+        let pending = match self.mb()?.gathers.remove(&u) {
+            Some(p) => p,
+            None => {
+                self.start_gather(u)?;
+                self.mb()?.gathers.remove(&u).expect("just started")
+            }
+        };
+        let all = pending.wait()?;
+        let members = &self.units[u];
+        let stride: usize = members.iter().map(|m| m.shard.block_len()).sum();
+        let mut at = 0;
+        members
+            .iter()
+            .map(|m| {
+                let mut full = Vec::with_capacity(m.shard.block_len() * m.shard.ranks);
+                for r in 0..m.shard.ranks {
+                    let from = r * stride + at;
+                    full.extend_from_slice(&all[from..from + m.shard.block_len()]);
+                }
+                full.truncate(m.shard.full_len());
+                at += m.shard.block_len();
+                Ok(Tensor::from_vec(full, &m.shape)?.to_dtype(m.dtype)?)
+            })
+            .collect()
+    }
+
+    /// Fresh leaves for unit `u` from `values`, each telling the driver when its gradient is
+    /// final.
+    fn new_leaves(&mut self, u: usize, values: Vec<Tensor>) -> Result<(), TrainError> {
+        let mb = self.mb()?;
+        let live = &mut mb.live[u];
+        live.generation += 1;
+        let generation = live.generation;
+        live.leaves = values.into_iter().map(|t| t.requires_grad_()).collect();
+        live.fired = vec![false; live.leaves.len()];
+        live.released = false;
+        for (k, leaf) in live.leaves.iter().enumerate() {
+            leaf.register_grad_hook(Box::new(move |_| grad_final(u, generation, k)))?;
+        }
+        Ok(())
+    }
+
+    /// Starts a micro-batch: gathers the outer unit (kept until its backward ends).
+    pub fn begin_micro_batch(&mut self) -> Result<(), TrainError> {
+        let n = self.n_layers();
+        self.mb = Some(MicroBatch {
+            phase: Phase::Forward,
+            live: (0..=n).map(|_| Live::default()).collect(),
+            gathers: BTreeMap::new(),
+            next_forward: 0,
+            next_backward: n.checked_sub(1),
+            scattered: 0,
+            scatters: VecDeque::new(),
+            failed: None,
+        });
+        let outer = self.take_gather(n)?;
+        self.new_leaves(n, outer)
+    }
+
+    /// The map a stage reads: the outer unit, block `block`'s parameters, the buffers.
+    fn map(&self, block: Option<usize>) -> Result<Params, TrainError> {
+        let mb = self
+            .mb
+            .as_ref()
+            .ok_or_else(|| TrainError::Engine(engine_err("a stage ran outside a micro-batch")))?;
+        let n = self.n_layers();
+        let units = std::iter::once(n).chain(block);
+        let mut map = HashMap::new();
+        for u in units {
+            for (m, leaf) in self.units[u].iter().zip(&mb.live[u].leaves) {
+                map.insert(m.name.clone(), leaf.clone());
+            }
+        }
+        for (name, b) in &self.buffers {
+            map.insert(name.clone(), b.clone());
+        }
+        Ok(Arc::new(map))
+    }
+
+    fn params(&mut self, stage: Stage) -> Result<Params, TrainError> {
+        let n = self.n_layers();
+        let phase = self.mb()?.phase;
+        match (stage, phase) {
+            (Stage::Layer(i), _) if i >= n => Err(TrainError::Engine(engine_err(format!(
+                "block {i} of a model with {n} blocks"
+            )))),
+            (Stage::Layer(i), Phase::Forward) => {
+                // Forward gathers start in block order, each block's with the next one's.
+                while self.mb()?.next_forward <= (i + 1).min(n - 1) {
+                    let next = self.mb()?.next_forward;
+                    self.start_gather(next)?;
+                    self.mb()?.next_forward += 1;
+                }
+                let values = self.take_gather(i)?;
+                self.new_leaves(i, values)?;
+                self.map(Some(i))
+            }
+            (Stage::Layer(i), Phase::Backward) => {
+                // A recomputed block: fresh leaves collect its gradients.
+                let values = self.backward_gather(i)?;
+                let old = std::mem::take(&mut self.mb()?.live[i].leaves);
+                let was_released = self.mb()?.live[i].released;
+                if !was_released && !old.is_empty() {
+                    let bytes = self.unit_bytes(i);
+                    self.let_go(bytes);
+                }
+                self.new_leaves(i, values)?;
+                self.map(Some(i))
+            }
+            (Stage::Embed, Phase::Forward) => {
+                if n > 0 && self.mb()?.next_forward == 0 {
+                    self.start_gather(0)?;
+                    self.mb()?.next_forward = 1;
+                }
+                self.map(None)
+            }
+            _ => self.map(None),
+        }
+    }
+
+    /// Unit `i`'s values for its backward: backward gathers start strictly from the last block
+    /// down (so every rank starts them in one order), and the one after `i` is prefetched.
+    fn backward_gather(&mut self, i: usize) -> Result<Vec<Tensor>, TrainError> {
+        self.start_backward_gathers(Some(i.saturating_sub(1)))?;
+        if self.mb()?.gathers.contains_key(&i) {
+            self.take_gather(i)
+        } else {
+            Err(TrainError::Engine(engine_err(format!(
+                "block {i}'s backward came twice or out of order"
+            ))))
+        }
+    }
+
+    /// Starts the backward gathers down to block `down_to` (all of them with `None`).
+    fn start_backward_gathers(&mut self, down_to: Option<usize>) -> Result<(), TrainError> {
+        while let Some(next) = self.mb()?.next_backward {
+            if down_to.is_some_and(|d| next < d) {
+                break;
+            }
+            self.start_gather(next)?;
+            self.mb()?.next_backward = next.checked_sub(1);
+        }
+        Ok(())
+    }
+
+    fn after_forward(&mut self, stage: Stage) -> Result<(), TrainError> {
+        let Stage::Layer(i) = stage else {
+            return Ok(());
+        };
+        if self.mb()?.phase != Phase::Forward {
+            return Ok(());
+        }
+        let live = &mut self.mb()?.live[i];
+        if live.released {
+            return Ok(());
+        }
+        for leaf in &live.leaves {
+            leaf.release_storage();
+        }
+        live.released = true;
+        let bytes = self.unit_bytes(i);
+        self.let_go(bytes);
+        Ok(())
+    }
+
+    fn before_backward(&mut self, i: usize) -> Result<(), TrainError> {
+        if i >= self.n_layers() || !self.mb()?.live[i].released {
+            return Ok(());
+        }
+        let values = self.backward_gather(i)?;
+        let live = &mut self.mb()?.live[i];
+        for (leaf, v) in live.leaves.iter().zip(&values) {
+            leaf.restore_storage(v)?;
+        }
+        live.released = false;
+        Ok(())
+    }
+
+    /// The forward is done: the backward is about to start (the last block's gather starts,
+    /// overlapping the head's backward).
+    pub fn begin_backward(&mut self) -> Result<(), TrainError> {
+        self.mb()?.phase = Phase::Backward;
+        let n = self.n_layers();
+        self.start_backward_gathers(Some(n.saturating_sub(1)))
+    }
+
+    fn mark_final(&mut self, u: usize, generation: u64, k: usize) -> Result<(), TrainError> {
+        let live = &mut self.mb()?.live[u];
+        if live.generation != generation || k >= live.fired.len() {
+            return Ok(());
+        }
+        live.fired[k] = true;
+        self.issue_scatters(false)
+    }
+
+    /// The unit at position `pos` of the scatter order (last block first, outer last).
+    fn scatter_unit(&self, pos: usize) -> usize {
+        let n = self.n_layers();
+        if pos < n {
+            n - 1 - pos
+        } else {
+            n
+        }
+    }
+
+    /// Starts the reduce-scatters of the units, in scatter order, whose gradients are all final
+    /// (of every remaining unit with `all`); keeps at most two in flight.
+    fn issue_scatters(&mut self, all: bool) -> Result<(), TrainError> {
+        let total = self.units.len();
+        let n = self.n_layers();
+        loop {
+            let pos = self.mb()?.scattered;
+            if pos >= total {
+                return Ok(());
+            }
+            let u = self.scatter_unit(pos);
+            let live = &self.mb()?.live[u];
+            // The outer unit goes when the backward returns: its leaves may be reached by
+            // several passes (a recompute's own, then the main one), and a hook fires per pass.
+            let ready = u < n && !live.leaves.is_empty() && live.fired.iter().all(|&f| f);
+            if !(all || ready) {
+                return Ok(());
+            }
+            self.start_scatter(u)?;
+            if !all {
+                self.early_scatters += 1;
+            }
+            self.mb()?.scattered += 1;
+            while self.mb()?.scatters.len() > 2 {
+                self.finish_oldest_scatter()?;
+            }
+        }
+    }
+
+    /// Starts unit `u`'s reduce-scatter (members' gradients, zeros for none, in one buffer laid
+    /// out rank block by rank block) and lets go of its leaves.
+    fn start_scatter(&mut self, u: usize) -> Result<(), TrainError> {
+        let live = std::mem::take(&mut self.mb()?.live[u]);
+        let members = &self.units[u];
+        let ranks = self.comms()?.1.size();
+        let grads: Vec<Option<Vec<f32>>> = members
+            .iter()
+            .enumerate()
+            .map(|(k, _)| {
+                live.leaves
+                    .get(k)
+                    .and_then(|l| l.grad())
+                    .map(|g| g.to_vec_f32())
+            })
+            .collect();
+        let stride: usize = members.iter().map(|m| m.shard.block_len()).sum();
+        let mut send = vec![0f32; stride * ranks];
+        for r in 0..ranks {
+            let mut at = r * stride;
+            for (m, g) in members.iter().zip(&grads) {
+                let block = m.shard.block_len();
+                if let Some(g) = g {
+                    let from = (r * block).min(g.len());
+                    let to = ((r + 1) * block).min(g.len());
+                    send[at..at + (to - from)].copy_from_slice(&g[from..to]);
+                }
+                at += block;
+            }
+        }
+        for (m, g) in members.iter().zip(&grads) {
+            if g.is_some() {
+                self.got_grad[m.index] = true;
+            }
+        }
+        let pending = self.comms()?.1.ireduce_scatter_sum(send)?;
+        if !live.leaves.is_empty() && !live.released {
+            let bytes = self.unit_bytes(u);
+            self.let_go(bytes);
+        }
+        drop(live);
+        self.mb()?.scatters.push_back((u, pending));
+        Ok(())
+    }
+
+    /// Waits for the oldest reduce-scatter in flight and adds this rank's rows to the step's.
+    fn finish_oldest_scatter(&mut self) -> Result<(), TrainError> {
+        let Some((u, pending)) = self.mb()?.scatters.pop_front() else {
+            return Ok(());
+        };
+        let block = pending.wait()?;
+        let mut at = 0;
+        for m in &self.units[u] {
+            let rows = &block[at..at + m.shard.len()];
+            for (acc, v) in self.grad_rows[m.index].iter_mut().zip(rows) {
+                *acc += v;
+            }
+            at += m.shard.block_len();
+        }
+        Ok(())
+    }
+
+    /// A forward without backward (evaluation) ended: waits for what it left in flight and
+    /// lets go of its parameters.
+    pub fn end_forward_only(&mut self) -> Result<(), TrainError> {
+        let gathers = std::mem::take(&mut self.mb()?.gathers);
+        for (_, g) in gathers {
+            g.wait()?;
+        }
+        self.mb = None;
+        self.full_bytes = 0;
+        Ok(())
+    }
+
+    /// The backward returned: issues what is left, waits for every collective of the
+    /// micro-batch and lets go of its parameters.
+    pub fn end_backward(&mut self) -> Result<(), TrainError> {
+        self.issue_scatters(true)?;
+        while !self.mb()?.scatters.is_empty() {
+            self.finish_oldest_scatter()?;
+        }
+        // Gathers a rank's backward did not reach still run, so every rank ran the same ones.
+        self.start_backward_gathers(None)?;
+        let gathers = std::mem::take(&mut self.mb()?.gathers);
+        for (u, g) in gathers {
+            g.wait()?;
+            let bytes = self.unit_bytes(u);
+            self.let_go(bytes);
+        }
+        let mb = self.mb.take().expect("checked above");
+        if let Some(e) = mb.failed {
+            return Err(e);
+        }
+        self.full_bytes = 0;
+        Ok(())
+    }
+
+    /// The step's gradients and figures; the step's copies of shards and buffers go.
+    pub fn take_grads(&mut self) -> StepGrads {
+        self.local = Vec::new();
+        self.buffers = Vec::new();
+        StepGrads {
+            rows: std::mem::take(&mut self.grad_rows),
+            got: std::mem::take(&mut self.got_grad),
+            full_bytes_peak: self.full_bytes_peak,
+            early_scatters: self.early_scatters,
+        }
+    }
+}
