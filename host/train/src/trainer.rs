@@ -609,6 +609,3 @@ impl Trainer {
         Ok(Some(sum / self.val_batches.len() as f64))
     }
 }
-
-/// Tensors by name.
-type Named = Vec<(String, Tensor)>;

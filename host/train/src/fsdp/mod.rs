@@ -55,29 +55,6 @@ impl Fsdp {
             .collect()
     }
 
-    /// The full parameters from every rank's shards, as fresh trainable leaves.
-    pub fn gather(
-        &self,
-        comm: &dyn Collective,
-        shards: &[(String, Tensor)],
-    ) -> Result<Named, TrainError> {
-        // Every gather starts before the first is waited for, so they overlap each other.
-        let pending = shards
-            .iter()
-            .zip(&self.layout)
-            .map(|((_, p), (_, s))| s.start_all_gather(comm, &p.to_vec_f32()))
-            .collect::<Result<Vec<_>, _>>()?;
-        shards
-            .iter()
-            .zip(&self.layout)
-            .zip(pending)
-            .map(|(((n, p), (shape, s)), h)| {
-                let t = Tensor::from_vec(s.finish_gather(h)?, shape)?.to_dtype(p.dtype())?;
-                Ok((n.clone(), t.requires_grad_()))
-            })
-            .collect()
-    }
-
     /// Sets each shard's gradient from the step's gradient rows ([`Units::take_grads`]), first
     /// summed over the replicas when `replicate` is given (HSDP). A parameter that no
     /// data-parallel rank got a gradient for (`got` false on every rank of `dp`) keeps none, as
