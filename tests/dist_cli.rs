@@ -189,7 +189,7 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
         }
         // Evaluation (block by block under FSDP) sees the same parameters.
         let (v1, v2) = (val_losses(&single_dir), val_losses(&dir));
-        assert_eq!(v1.len(), 2, "evaluations at steps 4 and 8");
+        assert!(v1.len() >= 2, "evaluations every 4 steps: {v1:?}");
         assert_eq!(v1.len(), v2.len(), "{name}");
         for (a, b) in v1.iter().zip(&v2) {
             assert!((a - b).abs() / a < 1e-4, "{name} val_loss: {a} vs {b}");
