@@ -4,12 +4,18 @@
 //! node in the autograd graph when grad is enabled and an input requires grad.
 
 mod attention;
+mod delta_rule;
 mod elementwise;
 mod matmul;
 mod reduce;
 mod view;
 
 pub use attention::{scaled_dot_product_attention, AttentionGrads, AttentionParams, AttentionSpec};
+pub(crate) use delta_rule::DeltaRuleDims;
+pub use delta_rule::{
+    gated_delta_rule, gated_delta_rule_recurrent, DeltaRuleOutput, DeltaRuleParams,
+    DELTA_RULE_CHUNK,
+};
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::ReduceOp;
 

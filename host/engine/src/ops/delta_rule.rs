@@ -1,0 +1,310 @@
+//! The gated delta rule: the linear-attention mixer of Gated DeltaNet (Qwen3.5, Qwen3-Next) and,
+//! with a decay per key channel, Kimi Delta Attention (Kimi Linear).
+//!
+//! Per value head, with state `S [Dk, Dv]`, for each token:
+//! ```text
+//! S ← e^{g_t} ⊙ S                      decay (per head: GDN; per key channel: KDA)
+//! S ← S + k_t (β_t (v_t − Sᵀ k_t))ᵀ    delta-rule write
+//! o_t = Sᵀ (scale · q_t)
+//! ```
+//! Training runs the chunked form (chunks of 64, WY/UT transform, f32 inside, see
+//! `cpu::delta_rule`) forward and backward as one fused op. Decode runs either the recurrence
+//! token by token ([`gated_delta_rule_recurrent`]) or, in batch-invariant mode, the chunked form
+//! over the tokens since the last 64-aligned position ([`DeltaRuleCache`]), so that a sequence's
+//! outputs have the same bits in a prefill, in a training forward and step by step.
+
+use crate::autograd::{is_grad_enabled, no_grad, record};
+use crate::cpu::delta_rule as kernel;
+use crate::error::{invalid, Error, Result};
+use crate::{DType, Tensor};
+
+const OP: &str = "gated_delta_rule";
+
+/// Rows per chunk of the chunked form (and the alignment of batch-invariant decode).
+pub const DELTA_RULE_CHUNK: usize = 64;
+
+/// Options of [`gated_delta_rule`]. The default scales `q` by `Dk^-0.5` and does not normalize.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DeltaRuleParams {
+    /// Multiplies `q`; `None` means `1/sqrt(Dk)`.
+    pub scale: Option<f32>,
+    /// L2-normalizes `q` and `k` over their head dim first (`x / sqrt(Σx² + 1e-6)`), as
+    /// transformers' `use_qk_l2norm_in_kernel`.
+    pub qk_l2norm: bool,
+}
+
+/// The result of the delta rule over a sequence.
+#[derive(Clone, Debug)]
+pub struct DeltaRuleOutput {
+    /// `[B, T, Hv, Dv]`, in `q`'s dtype.
+    pub out: Tensor,
+    /// The state after the last token, `[B, Hv, Dk, Dv]`, f32.
+    pub final_state: Tensor,
+}
+
+/// Validated sizes of one call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeltaRuleDims {
+    pub b: usize,
+    pub t: usize,
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// The decay has one value per key channel (KDA) rather than per head (GDN).
+    pub per_channel: bool,
+    pub scale: f32,
+}
+
+impl DeltaRuleDims {
+    /// Decay values per (token, value head).
+    pub fn gd(&self) -> usize {
+        if self.per_channel {
+            self.dk
+        } else {
+            1
+        }
+    }
+}
+
+fn shape_error(what: &str, want: String, got: &Tensor) -> Error {
+    invalid(
+        OP,
+        format!("{what} must be {want}, got shape {:?}", got.shape()),
+    )
+}
+
+/// Checks shapes and dtypes: `q`, `k` `[B, T, Hk, Dk]`, `v` `[B, T, Hv, Dv]` with `Hv` a
+/// multiple of `Hk`, `g` `[B, T, Hv]` or `[B, T, Hv, Dk]`, `beta` `[B, T, Hv]`, state
+/// `[B, Hv, Dk, Dv]`.
+fn resolve(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: Option<&Tensor>,
+    p: &DeltaRuleParams,
+) -> Result<DeltaRuleDims> {
+    let named = [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)];
+    for (_, t) in named
+        .iter()
+        .chain(state.map(|s| ("initial_state", s)).iter())
+    {
+        if !t.dtype().is_float() {
+            return Err(Error::DType {
+                op: OP,
+                got: t.dtype(),
+                expected: "a floating dtype",
+            });
+        }
+        t.check_cpu(OP)?;
+    }
+    if q.rank() != 4 {
+        return Err(shape_error("q", "[B, T, Hk, Dk]".into(), q));
+    }
+    let [b, t, hk, dk] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
+    if k.shape() != q.shape() {
+        return Err(shape_error("k", format!("{:?} like q", q.shape()), k));
+    }
+    if v.rank() != 4 || v.shape()[..2] != [b, t] || hk == 0 || !v.shape()[2].is_multiple_of(hk) {
+        return Err(shape_error(
+            "v",
+            format!("[{b}, {t}, Hv, Dv] with Hv a multiple of {hk}"),
+            v,
+        ));
+    }
+    let (hv, dv) = (v.shape()[2], v.shape()[3]);
+    if dk == 0 || dv == 0 || hv == 0 {
+        return Err(invalid(OP, "head counts and head dims must be at least 1"));
+    }
+    let per_channel = match g.shape() {
+        s if s == [b, t, hv] => false,
+        s if s == [b, t, hv, dk] => true,
+        _ => {
+            return Err(shape_error(
+                "g",
+                format!("[{b}, {t}, {hv}] or [{b}, {t}, {hv}, {dk}]"),
+                g,
+            ))
+        }
+    };
+    if beta.shape() != [b, t, hv] {
+        return Err(shape_error("beta", format!("[{b}, {t}, {hv}]"), beta));
+    }
+    if let Some(s) = state {
+        if s.shape() != [b, hv, dk, dv] {
+            return Err(shape_error(
+                "initial_state",
+                format!("[{b}, {hv}, {dk}, {dv}]"),
+                s,
+            ));
+        }
+    }
+    let scale = p.scale.unwrap_or(1.0 / (dk as f32).sqrt());
+    if !scale.is_finite() {
+        return Err(invalid(OP, format!("scale must be finite, got {scale}")));
+    }
+    Ok(DeltaRuleDims {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+        per_channel,
+        scale,
+    })
+}
+
+/// `x / sqrt(Σ x² + 1e-6)` over the last dim (differentiable, composed of plain ops).
+fn l2norm(x: &Tensor) -> Result<Tensor> {
+    x.mul(&x.mul(x)?.sum_dims(&[-1], true)?.add_scalar(1e-6)?.rsqrt()?)
+}
+
+/// `q`, `k` as the kernels read them (normalized when asked).
+fn prepare(q: &Tensor, k: &Tensor, p: &DeltaRuleParams) -> Result<(Tensor, Tensor)> {
+    if p.qk_l2norm {
+        Ok((l2norm(q)?, l2norm(k)?))
+    } else {
+        Ok((q.clone(), k.clone()))
+    }
+}
+
+/// A tensor of `dtype` from f32 values.
+fn tensor(v: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+    let t = Tensor::from_vec(v, shape)?;
+    Ok(if dtype == DType::F32 {
+        t
+    } else {
+        t.materialize(dtype)
+    })
+}
+
+/// The gated delta rule over whole sequences, chunked (see the module doc), with gradients for
+/// `q`, `k`, `v`, `g`, `beta` and `initial_state`.
+///
+/// `q`, `k` `[B, T, Hk, Dk]`; `v` `[B, T, Hv, Dv]` with value head `h` reading key head
+/// `h / (Hv / Hk)` (transformers' `repeat_interleave`); `g` the log-decay (≤ 0), `[B, T, Hv]`
+/// per head (Gated DeltaNet) or `[B, T, Hv, Dk]` per key channel (KDA); `beta` `[B, T, Hv]`;
+/// `initial_state` `[B, Hv, Dk, Dv]` (zeros when `None`). Any `T`, including 0.
+pub fn gated_delta_rule(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    initial_state: Option<&Tensor>,
+    params: &DeltaRuleParams,
+) -> Result<DeltaRuleOutput> {
+    let m = resolve(q, k, v, g, beta, initial_state, params)?;
+    let (q, k) = prepare(q, k, params)?;
+    let mut inputs = vec![&q, &k, v, g, beta];
+    inputs.extend(initial_state);
+    let save = is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
+    let data: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
+    let fwd = {
+        let c: Vec<_> = data.iter().map(|t| t.contig::<f32>()).collect();
+        let x = kernel::Inputs {
+            q: &c[0][..],
+            k: &c[1][..],
+            v: &c[2][..],
+            g: &c[3][..],
+            beta: &c[4][..],
+            state: c.get(5).map(|s| &s[..]),
+        };
+        kernel::forward(&x, &m, save)
+    };
+    let (n_out, n_state) = (fwd.out.len(), fwd.state.len());
+    // Both results leave as views of one recorded tensor, so one node carries both gradients.
+    let mut packed = fwd.out;
+    packed.extend_from_slice(&fwd.state);
+    let packed = Tensor::from_vec(packed, &[n_out + n_state])?;
+    let chunk_states = fwd.chunk_states;
+    let packed = record(OP, packed, &inputs, || {
+        move |grad: &Tensor| {
+            let gv = grad.contig::<f32>();
+            let c: Vec<_> = data.iter().map(|t| t.contig::<f32>()).collect();
+            let x = kernel::Inputs {
+                q: &c[0][..],
+                k: &c[1][..],
+                v: &c[2][..],
+                g: &c[3][..],
+                beta: &c[4][..],
+                state: c.get(5).map(|s| &s[..]),
+            };
+            let gr = kernel::backward(&x, &m, &chunk_states, &gv[..n_out], &gv[n_out..]);
+            let mut out = vec![
+                Some(tensor(gr.q, data[0].shape(), data[0].dtype())?),
+                Some(tensor(gr.k, data[1].shape(), data[1].dtype())?),
+                Some(tensor(gr.v, data[2].shape(), data[2].dtype())?),
+                Some(tensor(gr.g, data[3].shape(), data[3].dtype())?),
+                Some(tensor(gr.beta, data[4].shape(), data[4].dtype())?),
+            ];
+            if let Some(s) = data.get(5) {
+                out.push(Some(tensor(gr.state, s.shape(), s.dtype())?));
+            }
+            Ok(out)
+        }
+    });
+    let out = packed
+        .narrow(0, 0, n_out)?
+        .reshape(&[m.b, m.t, m.hv, m.dv])?;
+    let out = if q.dtype() == DType::F32 {
+        out
+    } else {
+        out.to_dtype(q.dtype())?
+    };
+    let final_state = packed
+        .narrow(0, n_out, n_state)?
+        .reshape(&[m.b, m.hv, m.dk, m.dv])?;
+    Ok(DeltaRuleOutput { out, final_state })
+}
+
+/// The recurrent form for decode: the tokens of `q` .. `beta` (shaped as in
+/// [`gated_delta_rule`], usually `T = 1`) applied one by one to `state`. Records no gradient.
+/// Agrees with the chunked form to rounding, not bit for bit (see [`DeltaRuleCache`] for that).
+pub fn gated_delta_rule_recurrent(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    state: &Tensor,
+    params: &DeltaRuleParams,
+) -> Result<DeltaRuleOutput> {
+    let _ng = no_grad();
+    let m = resolve(q, k, v, g, beta, Some(state), params)?;
+    let (q, k) = prepare(q, k, params)?;
+    let c: Vec<_> = [&q, &k, v, g, beta].map(|t| t.contig::<f32>()).into();
+    let x = kernel::Inputs {
+        q: &c[0][..],
+        k: &c[1][..],
+        v: &c[2][..],
+        g: &c[3][..],
+        beta: &c[4][..],
+        state: None,
+    };
+    let mut s = state.to_vec_f32();
+    let out = kernel::recurrent(&x, &m, &mut s);
+    Ok(DeltaRuleOutput {
+        out: tensor(out, &[m.b, m.t, m.hv, m.dv], q.dtype())?,
+        final_state: Tensor::from_vec(s, state.shape())?,
+    })
+}
+
+impl Tensor {
+    /// `gated_delta_rule(self, k, v, g, beta, initial_state, params)`: see [`gated_delta_rule`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_delta_rule(
+        &self,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        initial_state: Option<&Tensor>,
+        params: &DeltaRuleParams,
+    ) -> Result<DeltaRuleOutput> {
+        gated_delta_rule(self, k, v, g, beta, initial_state, params)
+    }
+}
