@@ -77,7 +77,7 @@ fn shape_error(what: &str, want: String, got: &Tensor) -> Error {
 /// Checks shapes and dtypes: `q`, `k` `[B, T, Hk, Dk]`, `v` `[B, T, Hv, Dv]` with `Hv` a
 /// multiple of `Hk`, `g` `[B, T, Hv]` or `[B, T, Hv, Dk]`, `beta` `[B, T, Hv]`, state
 /// `[B, Hv, Dk, Dv]`.
-fn resolve(
+pub(super) fn resolve(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -163,7 +163,7 @@ fn l2norm(x: &Tensor) -> Result<Tensor> {
 }
 
 /// `q`, `k` as the kernels read them (normalized when asked).
-fn prepare(q: &Tensor, k: &Tensor, p: &DeltaRuleParams) -> Result<(Tensor, Tensor)> {
+pub(super) fn prepare(q: &Tensor, k: &Tensor, p: &DeltaRuleParams) -> Result<(Tensor, Tensor)> {
     if p.qk_l2norm {
         Ok((l2norm(q)?, l2norm(k)?))
     } else {
@@ -172,7 +172,7 @@ fn prepare(q: &Tensor, k: &Tensor, p: &DeltaRuleParams) -> Result<(Tensor, Tenso
 }
 
 /// A tensor of `dtype` from f32 values.
-fn tensor(v: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+pub(super) fn tensor(v: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
     let t = Tensor::from_vec(v, shape)?;
     Ok(if dtype == DType::F32 {
         t

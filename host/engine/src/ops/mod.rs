@@ -5,6 +5,7 @@
 
 mod attention;
 mod delta_rule;
+mod delta_rule_cache;
 mod elementwise;
 mod matmul;
 mod reduce;
@@ -16,6 +17,7 @@ pub use delta_rule::{
     gated_delta_rule, gated_delta_rule_recurrent, DeltaRuleOutput, DeltaRuleParams,
     DELTA_RULE_CHUNK,
 };
+pub use delta_rule_cache::DeltaRuleCache;
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::ReduceOp;
 
