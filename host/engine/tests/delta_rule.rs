@@ -180,3 +180,11 @@ fn bad_shapes_are_refused() {
     let v_wrong = Tensor::zeros(&[1, 4, 3, 2], anneal_engine::DType::F32);
     assert!(gated_delta_rule(&x[0], &x[1], &v_wrong, &x[3], &x[4], None, &c.params).is_err());
 }
+
+#[test]
+fn empty_sequence_returns_the_initial_state() {
+    let c = case("empty", (1, 0, 1, 2, 3, 2), false, -0.3, true, false);
+    let r = run(&c.inputs, &c.params).unwrap();
+    assert_eq!(r.out.shape(), [1, 0, 2, 2]);
+    assert_eq!(r.final_state.to_vec_f32(), c.inputs[5].to_vec_f32());
+}
