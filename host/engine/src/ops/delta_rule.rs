@@ -14,7 +14,7 @@
 //! outputs have the same bits in a prefill, in a training forward and step by step.
 
 use crate::autograd::{is_grad_enabled, no_grad, record};
-use crate::cpu::delta_rule as kernel;
+use crate::backend::{delta_rule_backend_for, DeltaRuleBackend};
 use crate::error::{invalid, Error, Result};
 use crate::{DType, Tensor};
 
@@ -42,27 +42,66 @@ pub struct DeltaRuleOutput {
     pub final_state: Tensor,
 }
 
-/// Validated sizes of one call.
+/// The validated sizes and scale of one call, as the kernels compute with them.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct DeltaRuleDims {
+pub struct DeltaRuleSpec {
+    /// Batch size.
     pub b: usize,
+    /// Tokens per sequence.
     pub t: usize,
+    /// Query/key heads.
     pub hk: usize,
+    /// Value heads (a multiple of `hk`).
     pub hv: usize,
+    /// Query/key head dim.
     pub dk: usize,
+    /// Value head dim.
     pub dv: usize,
     /// The decay has one value per key channel (KDA) rather than per head (GDN).
     pub per_channel: bool,
+    /// Multiplies `q`.
     pub scale: f32,
 }
 
-impl DeltaRuleDims {
-    /// Decay values per (token, value head).
+impl DeltaRuleSpec {
+    /// Decay values per (token, value head): `dk` per channel, else 1.
     pub fn gd(&self) -> usize {
         if self.per_channel {
             self.dk
         } else {
             1
+        }
+    }
+}
+
+/// The tensors a delta-rule kernel reads (shapes as in [`gated_delta_rule`]; `q`, `k` already
+/// normalized when asked, `q` not yet scaled).
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaRuleInputs<'a> {
+    /// `[B, T, Hk, Dk]`.
+    pub q: &'a Tensor,
+    /// `[B, T, Hk, Dk]`.
+    pub k: &'a Tensor,
+    /// `[B, T, Hv, Dv]`.
+    pub v: &'a Tensor,
+    /// `[B, T, Hv]` or `[B, T, Hv, Dk]`.
+    pub g: &'a Tensor,
+    /// `[B, T, Hv]`.
+    pub beta: &'a Tensor,
+    /// `[B, Hv, Dk, Dv]`; zeros when `None`.
+    pub state: Option<&'a Tensor>,
+}
+
+impl<'a> DeltaRuleInputs<'a> {
+    /// The inputs in recording order (`q, k, v, g, beta[, state]`).
+    fn of(t: &'a [Tensor]) -> DeltaRuleInputs<'a> {
+        DeltaRuleInputs {
+            q: &t[0],
+            k: &t[1],
+            v: &t[2],
+            g: &t[3],
+            beta: &t[4],
+            state: t.get(5),
         }
     }
 }
@@ -85,7 +124,7 @@ pub(super) fn resolve(
     beta: &Tensor,
     state: Option<&Tensor>,
     p: &DeltaRuleParams,
-) -> Result<DeltaRuleDims> {
+) -> Result<DeltaRuleSpec> {
     let named = [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)];
     for (_, t) in named
         .iter()
@@ -145,7 +184,7 @@ pub(super) fn resolve(
     if !scale.is_finite() {
         return Err(invalid(OP, format!("scale must be finite, got {scale}")));
     }
-    Ok(DeltaRuleDims {
+    Ok(DeltaRuleSpec {
         b,
         t,
         hk,
@@ -171,14 +210,18 @@ pub(super) fn prepare(q: &Tensor, k: &Tensor, p: &DeltaRuleParams) -> Result<(Te
     }
 }
 
-/// A tensor of `dtype` from f32 values.
-pub(super) fn tensor(v: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
-    let t = Tensor::from_vec(v, shape)?;
+/// `t` (f32, from a kernel) in `dtype`.
+pub(super) fn to_dtype(t: Tensor, dtype: DType) -> Result<Tensor> {
     Ok(if dtype == DType::F32 {
         t
     } else {
         t.materialize(dtype)
     })
+}
+
+/// The delta-rule backend for `t`'s device.
+pub(super) fn be(t: &Tensor) -> Result<&'static dyn DeltaRuleBackend> {
+    delta_rule_backend_for(t.device())
 }
 
 /// The gated delta rule over whole sequences, chunked (see the module doc), with gradients for
@@ -203,48 +246,23 @@ pub fn gated_delta_rule(
     inputs.extend(initial_state);
     let save = is_grad_enabled() && inputs.iter().any(|t| t.requires_grad());
     let data: Vec<Tensor> = inputs.iter().map(|t| t.detach()).collect();
-    let fwd = {
-        let c: Vec<_> = data.iter().map(|t| t.contig::<f32>()).collect();
-        let x = kernel::Inputs {
-            q: &c[0][..],
-            k: &c[1][..],
-            v: &c[2][..],
-            g: &c[3][..],
-            beta: &c[4][..],
-            state: c.get(5).map(|s| &s[..]),
-        };
-        kernel::forward(&x, &m, save)
-    };
-    let (n_out, n_state) = (fwd.out.len(), fwd.state.len());
+    let (out, state, chunk_states) = be(&q)?.delta_rule(&DeltaRuleInputs::of(&data), &m, save)?;
+    let (n_out, n_state) = (out.numel(), state.numel());
     // Both results leave as views of one recorded tensor, so one node carries both gradients.
-    let mut packed = fwd.out;
-    packed.extend_from_slice(&fwd.state);
-    let packed = Tensor::from_vec(packed, &[n_out + n_state])?;
-    let chunk_states = fwd.chunk_states;
+    let packed = super::cat(&[out.reshape(&[n_out])?, state.reshape(&[n_state])?], 0)?;
     let packed = record(OP, packed, &inputs, || {
         move |grad: &Tensor| {
-            let gv = grad.contig::<f32>();
-            let c: Vec<_> = data.iter().map(|t| t.contig::<f32>()).collect();
-            let x = kernel::Inputs {
-                q: &c[0][..],
-                k: &c[1][..],
-                v: &c[2][..],
-                g: &c[3][..],
-                beta: &c[4][..],
-                state: c.get(5).map(|s| &s[..]),
-            };
-            let gr = kernel::backward(&x, &m, &chunk_states, &gv[..n_out], &gv[n_out..]);
-            let mut out = vec![
-                Some(tensor(gr.q, data[0].shape(), data[0].dtype())?),
-                Some(tensor(gr.k, data[1].shape(), data[1].dtype())?),
-                Some(tensor(gr.v, data[2].shape(), data[2].dtype())?),
-                Some(tensor(gr.g, data[3].shape(), data[3].dtype())?),
-                Some(tensor(gr.beta, data[4].shape(), data[4].dtype())?),
-            ];
-            if let Some(s) = data.get(5) {
-                out.push(Some(tensor(gr.state, s.shape(), s.dtype())?));
-            }
-            Ok(out)
+            let cs = chunk_states
+                .as_ref()
+                .expect("saved whenever the graph is recorded");
+            let (d_out, d_state) = (grad.narrow(0, 0, n_out)?, grad.narrow(0, n_out, n_state)?);
+            let x = DeltaRuleInputs::of(&data);
+            let grads = be(&data[0])?.delta_rule_backward(&x, &m, cs, &d_out, &d_state)?;
+            grads
+                .into_iter()
+                .zip(&data)
+                .map(|(g, t)| Ok(Some(to_dtype(g, t.dtype())?)))
+                .collect()
         }
     });
     let out = packed
@@ -276,20 +294,18 @@ pub fn gated_delta_rule_recurrent(
     let _ng = no_grad();
     let m = resolve(q, k, v, g, beta, Some(state), params)?;
     let (q, k) = prepare(q, k, params)?;
-    let c: Vec<_> = [&q, &k, v, g, beta].map(|t| t.contig::<f32>()).into();
-    let x = kernel::Inputs {
-        q: &c[0][..],
-        k: &c[1][..],
-        v: &c[2][..],
-        g: &c[3][..],
-        beta: &c[4][..],
-        state: None,
+    let x = DeltaRuleInputs {
+        q: &q,
+        k: &k,
+        v,
+        g,
+        beta,
+        state: Some(state),
     };
-    let mut s = state.to_vec_f32();
-    let out = kernel::recurrent(&x, &m, &mut s);
+    let (out, final_state) = be(&q)?.delta_rule_recurrent(&x, &m)?;
     Ok(DeltaRuleOutput {
-        out: tensor(out, &[m.b, m.t, m.hv, m.dv], q.dtype())?,
-        final_state: Tensor::from_vec(s, state.shape())?,
+        out: to_dtype(out, q.dtype())?,
+        final_state,
     })
 }
 

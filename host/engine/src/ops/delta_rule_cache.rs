@@ -15,9 +15,8 @@
 //! and the anchor is brought forward one whole chunk at a time, so the cache stays usable in
 //! either mode.
 
-use super::delta_rule::{prepare, resolve, tensor, DeltaRuleParams, DELTA_RULE_CHUNK};
+use super::delta_rule::{be, prepare, resolve, DeltaRuleInputs, DeltaRuleParams, DELTA_RULE_CHUNK};
 use crate::autograd::no_grad;
-use crate::cpu::delta_rule as kernel;
 use crate::error::Result;
 use crate::ops::cat;
 use crate::{DType, Tensor};
@@ -110,54 +109,47 @@ impl DeltaRuleCache {
         let (v, g, beta) = (&new[1], &new[2], &new[3]);
         let out = if crate::invariant::batch_invariant() {
             let pend = self.pending.as_ref().map_or(0, |p| p[0].shape()[1]);
-            let hk_dk = [m.b, pend, m.hk, m.dk];
-            let q_all = join(Some(&Tensor::zeros(&hk_dk, DType::F32)), &q)?;
+            let q_all = join(
+                Some(&Tensor::zeros(&[m.b, pend, m.hk, m.dk], DType::F32)),
+                &q,
+            )?;
             let all = self.joined(&new)?;
-            let (fwd, total) = self.chunked(&q_all, &all, true)?;
+            let total = pend + m.t;
+            let (out, state, chunk_states) = self.chunked(&q_all, &all)?;
             let full = total / DELTA_RULE_CHUNK * DELTA_RULE_CHUNK;
-            let out = tensor(fwd.out, &[m.b, total, m.hv, m.dv], DType::F32)?;
-            self.state = Tensor::from_vec(fwd.state.clone(), self.state.shape())?;
-            if full > 0 {
-                self.anchor = if full == total {
-                    self.state.clone()
-                } else {
-                    self.boundary_state(&fwd.chunk_states, full / DELTA_RULE_CHUNK, total)?
-                };
+            if full == total {
+                self.anchor = state.clone();
+            } else if full > 0 {
+                // The state entering chunk `full / 64` of this run.
+                let at = chunk_states.narrow(1, full / DELTA_RULE_CHUNK, 1)?;
+                self.anchor = at.reshape(self.anchor.shape())?.contiguous()?;
             }
+            self.state = state;
             self.keep_after(&all, full, total)?;
             rows(&out, pend, m.t)?
         } else {
-            let c: Vec<_> = [&q, &new[0], v, g, beta].map(|t| t.contig::<f32>()).into();
-            let x = kernel::Inputs {
-                q: &c[0][..],
-                k: &c[1][..],
-                v: &c[2][..],
-                g: &c[3][..],
-                beta: &c[4][..],
-                state: None,
+            let x = DeltaRuleInputs {
+                q: &q,
+                k: &new[0],
+                v,
+                g,
+                beta,
+                state: Some(&self.state),
             };
-            let mut s = self.state.to_vec_f32();
-            let out = kernel::recurrent(&x, &m, &mut s);
-            self.state = Tensor::from_vec(s, self.state.shape())?;
+            let (out, state) = be(&q)?.delta_rule_recurrent(&x, &m)?;
+            self.state = state;
             let all = self.joined(&new)?;
             let total = all[0].shape()[1];
             let full = total / DELTA_RULE_CHUNK * DELTA_RULE_CHUNK;
             if full > 0 {
-                let head: Vec<Tensor> = all
-                    .iter()
-                    .map(|t| rows(t, 0, full))
-                    .collect::<Result<_>>()?;
-                let [hk_, hv_, hg, hb] = [&head[0], &head[1], &head[2], &head[3]];
-                let zq = Tensor::zeros(hk_.shape(), DType::F32);
-                let (fwd, _) = self.chunked(
-                    &zq,
-                    &[hk_.clone(), hv_.clone(), hg.clone(), hb.clone()],
-                    false,
-                )?;
-                self.anchor = Tensor::from_vec(fwd.state, self.anchor.shape())?;
+                let head = all.each_ref().map(|t| rows(t, 0, full));
+                let [hk, hv, hg, hb] = head;
+                let head = [hk?, hv?, hg?, hb?];
+                let zq = Tensor::zeros(head[0].shape(), DType::F32);
+                self.anchor = self.chunked(&zq, &head)?.1;
             }
             self.keep_after(&all, full, total)?;
-            tensor(out, &[m.b, m.t, m.hv, m.dv], DType::F32)?
+            out
         };
         self.len += m.t;
         Ok(if out_dtype == DType::F32 {
@@ -189,44 +181,25 @@ impl DeltaRuleCache {
         Ok(())
     }
 
-    /// The chunked kernel over `[k, v, g, beta]` (with queries `q`) from the anchor; returns its
-    /// result and the token count.
-    fn chunked(
-        &self,
-        q: &Tensor,
-        all: &[Tensor; 4],
-        save: bool,
-    ) -> Result<(kernel::Forward, usize)> {
+    /// The chunked kernel over `[k, v, g, beta]` (with queries `q`) from the anchor: outputs,
+    /// final state and the state entering each chunk.
+    fn chunked(&self, q: &Tensor, all: &[Tensor; 4]) -> Result<(Tensor, Tensor, Tensor)> {
         let raw = DeltaRuleParams {
             qk_l2norm: false,
             ..self.params
         };
         let [k, v, g, beta] = all;
         let m = resolve(q, k, v, g, beta, Some(&self.anchor), &raw)?;
-        let c: Vec<_> = [q, k, v, g, beta, &self.anchor]
-            .map(|t| t.contig::<f32>())
-            .into();
-        let x = kernel::Inputs {
-            q: &c[0][..],
-            k: &c[1][..],
-            v: &c[2][..],
-            g: &c[3][..],
-            beta: &c[4][..],
-            state: Some(&c[5][..]),
+        let x = DeltaRuleInputs {
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state: Some(&self.anchor),
         };
-        Ok((kernel::forward(&x, &m, save), m.t))
-    }
-
-    /// The state entering chunk `c` of a run over `total` tokens, from its chunk states.
-    fn boundary_state(&self, chunk_states: &[f32], c: usize, total: usize) -> Result<Tensor> {
-        let s = self.anchor.shape();
-        let ss = s[2] * s[3];
-        let chunks = total.div_ceil(DELTA_RULE_CHUNK);
-        let mut out = Vec::with_capacity(s[0] * s[1] * ss);
-        for bh in 0..s[0] * s[1] {
-            let at = (bh * chunks + c) * ss;
-            out.extend_from_slice(&chunk_states[at..at + ss]);
-        }
-        Tensor::from_vec(out, s)
+        let (out, state, chunk_states) = be(q)?.delta_rule(&x, &m, true)?;
+        let chunk_states = chunk_states.expect("the kernel returns chunk states when asked");
+        Ok((out, state, chunk_states))
     }
 }

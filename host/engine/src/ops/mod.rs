@@ -12,10 +12,9 @@ mod reduce;
 mod view;
 
 pub use attention::{scaled_dot_product_attention, AttentionGrads, AttentionParams, AttentionSpec};
-pub(crate) use delta_rule::DeltaRuleDims;
 pub use delta_rule::{
-    gated_delta_rule, gated_delta_rule_recurrent, DeltaRuleOutput, DeltaRuleParams,
-    DELTA_RULE_CHUNK,
+    gated_delta_rule, gated_delta_rule_recurrent, DeltaRuleInputs, DeltaRuleOutput,
+    DeltaRuleParams, DeltaRuleSpec, DELTA_RULE_CHUNK,
 };
 pub use delta_rule_cache::DeltaRuleCache;
 pub use elementwise::{BinaryOp, UnaryOp};

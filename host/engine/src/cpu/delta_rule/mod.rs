@@ -7,7 +7,10 @@
 mod chunk;
 
 use super::sgemm;
-use crate::ops::DeltaRuleDims;
+use crate::backend::DeltaRuleBackend;
+use crate::error::Result;
+use crate::ops::{DeltaRuleInputs, DeltaRuleSpec as DeltaRuleDims};
+use crate::Tensor;
 use chunk::{RowGrads, Rows, Sizes, Work, CHUNK};
 use rayon::prelude::*;
 
@@ -99,14 +102,14 @@ pub(crate) fn mm(
 }
 
 /// The inputs of one call, as contiguous f32 `[B, T, H, ·]` slices (q unscaled).
-pub(crate) struct Inputs<'a> {
-    pub q: &'a [f32],
-    pub k: &'a [f32],
-    pub v: &'a [f32],
-    pub g: &'a [f32],
-    pub beta: &'a [f32],
+struct Inputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    beta: &'a [f32],
     /// `[B, Hv, Dk, Dv]`, zeros when absent.
-    pub state: Option<&'a [f32]>,
+    state: Option<&'a [f32]>,
 }
 
 /// One value head's rows, gathered contiguous (`q` scaled).
@@ -165,14 +168,14 @@ fn sizes(m: &DeltaRuleDims) -> Sizes {
 
 /// What the forward returns: output `[B, T, Hv, Dv]`, final state `[B, Hv, Dk, Dv]` and, when
 /// asked, the state entering every chunk `[B·Hv, chunks, Dk, Dv]` (the backward's checkpoints).
-pub(crate) struct Forward {
-    pub out: Vec<f32>,
-    pub state: Vec<f32>,
-    pub chunk_states: Vec<f32>,
+struct Forward {
+    out: Vec<f32>,
+    state: Vec<f32>,
+    chunk_states: Vec<f32>,
 }
 
 /// The chunked forward.
-pub(crate) fn forward(x: &Inputs, m: &DeltaRuleDims, save: bool) -> Forward {
+fn forward(x: &Inputs, m: &DeltaRuleDims, save: bool) -> Forward {
     let z = sizes(m);
     let chunks = m.t.div_ceil(CHUNK);
     let ss = m.dk * m.dv;
@@ -219,18 +222,18 @@ pub(crate) fn forward(x: &Inputs, m: &DeltaRuleDims, save: bool) -> Forward {
 }
 
 /// Gradients of every input, laid out like the inputs (`state` always computed).
-pub(crate) struct Grads {
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub g: Vec<f32>,
-    pub beta: Vec<f32>,
-    pub state: Vec<f32>,
+struct Grads {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    state: Vec<f32>,
 }
 
 /// The chunked backward from the forward's chunk states, the output gradient `d_out` and the
 /// final state's gradient `d_state`.
-pub(crate) fn backward(
+fn backward(
     x: &Inputs,
     m: &DeltaRuleDims,
     chunk_states: &[f32],
@@ -315,7 +318,7 @@ pub(crate) fn backward(
 
 /// The recurrence token by token from `state` (updated in place): for each token,
 /// `S ← e^g ⊙ S`, `S ← S + k (β (v − Sᵀk))ᵀ`, `o = Sᵀ q`. Returns the outputs `[B, T, Hv, Dv]`.
-pub(crate) fn recurrent(x: &Inputs, m: &DeltaRuleDims, state: &mut [f32]) -> Vec<f32> {
+fn recurrent(x: &Inputs, m: &DeltaRuleDims, state: &mut [f32]) -> Vec<f32> {
     let ss = m.dk * m.dv;
     let gd = m.gd();
     let per_head: Vec<Vec<f32>> = state
@@ -362,4 +365,83 @@ pub(crate) fn recurrent(x: &Inputs, m: &DeltaRuleDims, state: &mut [f32]) -> Vec
         }
     }
     out
+}
+
+/// Runs `f` on contiguous f32 views of the inputs.
+fn with_slices<R>(x: &DeltaRuleInputs<'_>, f: impl FnOnce(&Inputs) -> R) -> R {
+    let c: Vec<_> = [x.q, x.k, x.v, x.g, x.beta]
+        .map(|t| t.contig::<f32>())
+        .into();
+    let s = x.state.map(|s| s.contig::<f32>());
+    f(&Inputs {
+        q: &c[0][..],
+        k: &c[1][..],
+        v: &c[2][..],
+        g: &c[3][..],
+        beta: &c[4][..],
+        state: s.as_ref().map(|s| &s[..]),
+    })
+}
+
+impl DeltaRuleBackend for super::CpuBackend {
+    fn delta_rule(
+        &self,
+        x: &DeltaRuleInputs<'_>,
+        m: &DeltaRuleDims,
+        save: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let _p = crate::profile::scope("delta_rule");
+        let f = with_slices(x, |i| forward(i, m, save));
+        let chunks = m.t.div_ceil(CHUNK);
+        Ok((
+            Tensor::from_vec(f.out, &[m.b, m.t, m.hv, m.dv])?,
+            Tensor::from_vec(f.state, &[m.b, m.hv, m.dk, m.dv])?,
+            save.then(|| Tensor::from_vec(f.chunk_states, &[m.b * m.hv, chunks, m.dk, m.dv]))
+                .transpose()?,
+        ))
+    }
+
+    fn delta_rule_backward(
+        &self,
+        x: &DeltaRuleInputs<'_>,
+        m: &DeltaRuleDims,
+        chunk_states: &Tensor,
+        d_out: &Tensor,
+        d_state: &Tensor,
+    ) -> Result<[Tensor; 6]> {
+        let _p = crate::profile::scope("delta_rule_backward");
+        let (cs, dout, dst) = (
+            chunk_states.contig::<f32>(),
+            d_out.contig::<f32>(),
+            d_state.contig::<f32>(),
+        );
+        let g = with_slices(x, |i| backward(i, m, &cs, &dout, &dst));
+        let qk = [m.b, m.t, m.hk, m.dk];
+        Ok([
+            Tensor::from_vec(g.q, &qk)?,
+            Tensor::from_vec(g.k, &qk)?,
+            Tensor::from_vec(g.v, &[m.b, m.t, m.hv, m.dv])?,
+            Tensor::from_vec(g.g, x.g.shape())?,
+            Tensor::from_vec(g.beta, &[m.b, m.t, m.hv])?,
+            Tensor::from_vec(g.state, &[m.b, m.hv, m.dk, m.dv])?,
+        ])
+    }
+
+    fn delta_rule_recurrent(
+        &self,
+        x: &DeltaRuleInputs<'_>,
+        m: &DeltaRuleDims,
+    ) -> Result<(Tensor, Tensor)> {
+        let _p = crate::profile::scope("delta_rule_recurrent");
+        let shape = [m.b, m.hv, m.dk, m.dv];
+        let mut s = match x.state {
+            Some(s) => s.to_vec_f32(),
+            None => vec![0.0; shape.iter().product()],
+        };
+        let out = with_slices(x, |i| recurrent(i, m, &mut s));
+        Ok((
+            Tensor::from_vec(out, &[m.b, m.t, m.hv, m.dv])?,
+            Tensor::from_vec(s, &shape)?,
+        ))
+    }
 }
