@@ -9,9 +9,10 @@
 //! results do not depend on how many rows they have (see `cpu::delta_rule::mm`). So every
 //! output and the state have the same bits either way. The cost: a step redoes the partial
 //! chunk, `O(L · (L + Dk) · (Dk + Dv))` per head for `L ≤ 64` tokens since the anchor, instead
-//! of the recurrence's `O(Dk · Dv)`; on average about 30× the recurrence's work for
-//! `Dk = Dv = 128` (still small next to a layer's projections), plus 63 tokens of k, v, g and
-//! β per sequence and head. Outside that mode a step runs the recurrence on the current state,
+//! of the recurrence's `O(Dk · Dv)`. Measured for 16 heads of `Dk = Dv = 128` after a 2048-token
+//! prompt, 2 threads: 2.6 ms per step against 0.5 ms for the recurrence (`delta_rule_bench
+//! --decode`), about 5×; and the cache holds up to 63 tokens of k, v, g and β per sequence and
+//! head. Outside that mode a step runs the recurrence on the current state,
 //! and the anchor is brought forward one whole chunk at a time, so the cache stays usable in
 //! either mode.
 
