@@ -188,3 +188,42 @@ fn empty_sequence_returns_the_initial_state() {
     assert_eq!(r.out.shape(), [1, 0, 2, 2]);
     assert_eq!(r.final_state.to_vec_f32(), c.inputs[5].to_vec_f32());
 }
+
+#[test]
+fn bf16_inputs_compute_in_f32_and_return_their_dtype() {
+    use anneal_engine::DType;
+    let c = case("bf16", (1, 70, 1, 2, 8, 4), false, -0.3, true, true);
+    let x16: Vec<Tensor> = c.inputs[..5]
+        .iter()
+        .map(|t| t.to_dtype(DType::BF16).unwrap().requires_grad_())
+        .collect();
+    let r16 =
+        gated_delta_rule(&x16[0], &x16[1], &x16[2], &x16[3], &x16[4], None, &c.params).unwrap();
+    assert_eq!(r16.out.dtype(), DType::BF16);
+    assert_eq!(r16.final_state.dtype(), DType::F32);
+    r16.out
+        .to_dtype(DType::F32)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    for t in &x16 {
+        assert_eq!(t.grad().unwrap().dtype(), DType::BF16);
+    }
+    // The same values in f32 give the same result up to the output's bf16 rounding.
+    let x32: Vec<Tensor> = x16
+        .iter()
+        .map(|t| t.to_dtype(DType::F32).unwrap())
+        .collect();
+    let r32 =
+        gated_delta_rule(&x32[0], &x32[1], &x32[2], &x32[3], &x32[4], None, &c.params).unwrap();
+    assert_close(
+        "bf16 out",
+        &r16.out.to_vec_f32(),
+        &r32.out.to_vec_f32(),
+        1e-2,
+        1e-2,
+    );
+    assert_eq!(r16.final_state.to_vec_f32(), r32.final_state.to_vec_f32());
+}

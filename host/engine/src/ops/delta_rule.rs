@@ -204,7 +204,15 @@ fn l2norm(x: &Tensor) -> Result<Tensor> {
 /// `q`, `k` as the kernels read them (normalized when asked).
 pub(super) fn prepare(q: &Tensor, k: &Tensor, p: &DeltaRuleParams) -> Result<(Tensor, Tensor)> {
     if p.qk_l2norm {
-        Ok((l2norm(q)?, l2norm(k)?))
+        // In f32 whatever the storage dtype, as transformers and FLA normalize.
+        let f32 = |t: &Tensor| -> Result<Tensor> {
+            if t.dtype() == DType::F32 {
+                Ok(t.clone())
+            } else {
+                t.to_dtype(DType::F32)
+            }
+        };
+        Ok((l2norm(&f32(q)?)?, l2norm(&f32(k)?)?))
     } else {
         Ok((q.clone(), k.clone()))
     }
@@ -241,6 +249,7 @@ pub fn gated_delta_rule(
     params: &DeltaRuleParams,
 ) -> Result<DeltaRuleOutput> {
     let m = resolve(q, k, v, g, beta, initial_state, params)?;
+    let out_dtype = q.dtype();
     let (q, k) = prepare(q, k, params)?;
     let mut inputs = vec![&q, &k, v, g, beta];
     inputs.extend(initial_state);
@@ -268,10 +277,10 @@ pub fn gated_delta_rule(
     let out = packed
         .narrow(0, 0, n_out)?
         .reshape(&[m.b, m.t, m.hv, m.dv])?;
-    let out = if q.dtype() == DType::F32 {
+    let out = if out_dtype == DType::F32 {
         out
     } else {
-        out.to_dtype(q.dtype())?
+        out.to_dtype(out_dtype)?
     };
     let final_state = packed
         .narrow(0, n_out, n_state)?
@@ -293,6 +302,7 @@ pub fn gated_delta_rule_recurrent(
 ) -> Result<DeltaRuleOutput> {
     let _ng = no_grad();
     let m = resolve(q, k, v, g, beta, Some(state), params)?;
+    let out_dtype = q.dtype();
     let (q, k) = prepare(q, k, params)?;
     let x = DeltaRuleInputs {
         q: &q,
@@ -304,7 +314,7 @@ pub fn gated_delta_rule_recurrent(
     };
     let (out, final_state) = be(&q)?.delta_rule_recurrent(&x, &m)?;
     Ok(DeltaRuleOutput {
-        out: to_dtype(out, q.dtype())?,
+        out: to_dtype(out, out_dtype)?,
         final_state,
     })
 }
