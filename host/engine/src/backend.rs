@@ -271,3 +271,45 @@ pub fn fusion_backend_for(device: Device) -> Result<&'static dyn FusionBackend> 
         }),
     }
 }
+
+/// Kernels of the gated delta rule (`ops::gated_delta_rule`): a trait of its own, like
+/// [`FusionBackend`]. Results are f32 whatever the inputs' dtypes.
+pub trait DeltaRuleBackend: Send + Sync {
+    /// The chunked forward: `(out [B, T, Hv, Dv], final state [B, Hv, Dk, Dv], chunk states)`,
+    /// the last (when `save`) the state entering every chunk, `[B·Hv, chunks, Dk, Dv]`, which
+    /// the backward starts each chunk from.
+    fn delta_rule(
+        &self,
+        x: &crate::ops::DeltaRuleInputs<'_>,
+        spec: &crate::ops::DeltaRuleSpec,
+        save: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)>;
+    /// Gradients `[q, k, v, g, beta, initial state]` shaped like the inputs (the state's even
+    /// when none was given), from the forward's chunk states and the gradients of its output and
+    /// final state.
+    fn delta_rule_backward(
+        &self,
+        x: &crate::ops::DeltaRuleInputs<'_>,
+        spec: &crate::ops::DeltaRuleSpec,
+        chunk_states: &Tensor,
+        d_out: &Tensor,
+        d_state: &Tensor,
+    ) -> Result<[Tensor; 6]>;
+    /// The recurrence token by token from `x.state` (zeros when absent): `(out, new state)`.
+    fn delta_rule_recurrent(
+        &self,
+        x: &crate::ops::DeltaRuleInputs<'_>,
+        spec: &crate::ops::DeltaRuleSpec,
+    ) -> Result<(Tensor, Tensor)>;
+}
+
+/// The delta-rule backend computing on `device`, or why none can.
+pub fn delta_rule_backend_for(device: Device) -> Result<&'static dyn DeltaRuleBackend> {
+    match device {
+        Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
+            device: d,
+            reason: "this build has no CUDA backend yet".into(),
+        }),
+    }
+}

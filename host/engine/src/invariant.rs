@@ -8,8 +8,10 @@
 //! nothing: its products are row-independent by construction (`cpu::sgemm`), attention scores
 //! each query on its own with a fixed lane tree and aligns key blocks to position 0, and decode
 //! steps reuse packed weights. Elsewhere matrix products run on zero-padded 64-row tiles and
-//! attention on 64-aligned query and key blocks, which costs padding work in decode. RL rollouts
-//! and the trainer's logprob pass turn the mode on.
+//! attention on 64-aligned query and key blocks, which costs padding work in decode. The gated
+//! delta rule's decode (`ops::DeltaRuleCache`) reruns the chunked kernel over the tokens since
+//! the last 64-aligned state instead of the recurrence, so a step sees the same chunks as a full
+//! forward. RL rollouts and the trainer's logprob pass turn the mode on.
 //!
 //! The flag is per thread (ops decide on the calling thread before they fan out).
 

@@ -7,6 +7,7 @@
 
 mod attention;
 pub(crate) mod convert;
+pub(crate) mod delta_rule;
 mod elementwise;
 pub(crate) mod logsumexp;
 mod matmul;

@@ -4,12 +4,19 @@
 //! node in the autograd graph when grad is enabled and an input requires grad.
 
 mod attention;
+mod delta_rule;
+mod delta_rule_cache;
 mod elementwise;
 mod matmul;
 mod reduce;
 mod view;
 
 pub use attention::{scaled_dot_product_attention, AttentionGrads, AttentionParams, AttentionSpec};
+pub use delta_rule::{
+    gated_delta_rule, gated_delta_rule_recurrent, DeltaRuleInputs, DeltaRuleOutput,
+    DeltaRuleParams, DeltaRuleSpec, DELTA_RULE_CHUNK,
+};
+pub use delta_rule_cache::DeltaRuleCache;
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::ReduceOp;
 
