@@ -127,7 +127,7 @@ fn ddp_on_4_ranks_matches_the_single_process() {
     }
 }
 
-/// The losses and the `state_bytes` of the last row of a run.
+/// The held-out losses of a run.
 fn val_losses(run_dir: &Path) -> Vec<f64> {
     rows(run_dir)
         .iter()
@@ -135,6 +135,7 @@ fn val_losses(run_dir: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// The losses and the `state_bytes` of the last row of a run.
 fn losses_and_state(run_dir: &Path) -> (Vec<f64>, u64) {
     let rows = rows(run_dir);
     let state = rows
@@ -150,15 +151,16 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
     let job = Job::new("fsdp");
     let base = [
         "training.micro_batch_size=1",
-        "training.steps=10",
+        "training.steps=50",
         "training.threads=1",
-        "checkpoint.interval=5",
+        "checkpoint.interval=10",
+        "checkpoint.keep_latest=5",
     ];
     let with =
         |extra: &[&'static str]| -> Vec<&str> { base.iter().chain(extra).copied().collect() };
     let (single, single_dir) = job.train("single", &base);
     ok(&single);
-    let (one, _) = losses_and_state(&single_dir);
+    let (one, one_bytes) = losses_and_state(&single_dir);
     let layouts: [(&str, usize, &[&str]); 4] = [
         ("ddp2", 2, &[]),
         ("fsdp2", 2, &["parallelism.dp_shard=2"]),
@@ -174,7 +176,7 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
         let dir = job.dir.join(name);
         ok(&mpiexec_train(n, &job, &dir, &with(extra)));
         let (losses, bytes) = losses_and_state(&dir);
-        assert_eq!(losses.len(), 10, "{name}");
+        assert_eq!(losses.len(), 50, "{name}");
         assert_eq!(
             one[0].to_bits(),
             losses[0].to_bits(),
@@ -196,26 +198,35 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
         }
         state.insert(name, bytes);
     }
-    // Parameters + gradients + AdamW's two moments: 4 copies of 41k f32 with DDP; sharding
-    // divides them by dp_shard (up to the padding of the last rows).
+    // Parameters + gradients + AdamW's two moments: 4 copies of 41k f32 in one process and
+    // with DDP; sharding divides them by dp_shard (up to the padding of the last rows).
+    state.insert("single", one_bytes);
+    for (n, name) in [(1, "single"), (2, "fsdp2"), (4, "fsdp4")] {
+        println!(
+            "FSDP({n}): {} parameter + gradient + optimizer bytes per rank ({:.3} of one process)",
+            state[name],
+            state[name] as f64 / one_bytes as f64
+        );
+    }
     println!("per-rank parameter + gradient + optimizer bytes: {state:?}");
-    let ddp = state["ddp2"] as f64;
-    assert!(ddp > 4.0 * 4.0 * 40_000.0, "{state:?}");
+    let single = one_bytes as f64;
+    assert!(single > 4.0 * 4.0 * 40_000.0, "{state:?}");
+    assert_eq!(state["ddp2"], one_bytes, "DDP holds the whole model");
     for (name, part) in [("fsdp2", 0.5), ("hsdp2x2", 0.5), ("fsdp4", 0.25)] {
-        let ratio = state[name] as f64 / ddp;
+        let ratio = state[name] as f64 / single;
         assert!(
             (ratio - part).abs() < 0.05,
-            "{name}: {ratio} of DDP's bytes"
+            "{name}: {ratio} of one process's bytes"
         );
     }
 
     // DDP saves whole on rank 0; FSDP and HSDP save a shard per rank of one replica group.
     for (name, shards) in [("ddp2", 1), ("fsdp2", 2), ("fsdp4", 4), ("hsdp2x2", 2)] {
-        let manifest = manifest_of(&job.dir.join(name).join("checkpoints/step-10"));
+        let manifest = manifest_of(&job.dir.join(name).join("checkpoints/step-50"));
         assert_eq!(manifest["world_size"], shards, "{name}");
     }
-    // FSDP(2) saved step 5 as two shards, each with its rows of every parameter and moment.
-    let manifest = manifest_of(&job.dir.join("fsdp2/checkpoints/step-5"));
+    // FSDP(2) saved step 10 as two shards, each with its rows of every parameter and moment.
+    let manifest = manifest_of(&job.dir.join("fsdp2/checkpoints/step-10"));
     assert_eq!(manifest["world_size"], 2);
     for (rank, rows) in [(0, [0, 16]), (1, [16, 32])] {
         let shard = format!("shard-{rank:05}-of-00002.safetensors");
@@ -230,9 +241,9 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
         }
     }
 
-    // FSDP(2)'s sharded checkpoint of step 5 resumes on 1, 2 and 4 ranks and as HSDP(2x2):
-    // step 6 is bitwise the 2-rank run's (the same parameters, data and kernels), the rest
-    // within 1e-4.
+    // FSDP(2)'s sharded checkpoint of step 10 resumes on 1, 2 and 4 ranks and as HSDP(2x2):
+    // step 11 is bitwise the 2-rank run's (the same parameters, data and kernels; the issue
+    // asks for 1e-6).
     let fsdp2 = loss_values(&job.dir.join("fsdp2"));
     for (name, n, extra) in [
         ("resume1", 1, &[][..]),
@@ -252,23 +263,36 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
             .status()
             .unwrap();
         assert!(copied.success());
-        std::fs::remove_dir_all(dir.join("checkpoints/step-10")).unwrap();
+        for later in [20, 30, 40, 50] {
+            std::fs::remove_dir_all(dir.join(format!("checkpoints/step-{later}"))).unwrap();
+        }
+        // One step past the checkpoint: the loss of step 11 is computed before its update, so
+        // it depends only on the resumed parameters and data.
+        let mut set = with(extra);
+        set.push("training.steps=11");
         let out = if n == 1 {
-            job.train(name, &with(extra)).0
+            job.train(name, &set).0
         } else {
-            mpiexec_train(n, &job, &dir, &with(extra))
+            mpiexec_train(n, &job, &dir, &set)
         };
         let stdout = ok(&out);
         assert!(
-            stdout.contains("step 5"),
-            "{name} resumes from step 5: {stdout}"
+            stdout.contains("step 10"),
+            "{name} resumes from step 10: {stdout}"
         );
         let resumed = loss_values(&dir);
-        assert_eq!(resumed.len(), 10, "{name}");
-        assert_eq!(resumed[5].to_bits(), fsdp2[5].to_bits(), "{name}: step 6");
-        for (a, b) in fsdp2.iter().zip(&resumed) {
-            assert!((a - b).abs() / a < 1e-4, "{name}: {a} vs {b}");
-        }
+        assert_eq!(resumed.len(), 11, "{name}");
+        assert!(
+            (resumed[10] - fsdp2[10]).abs() <= 1e-6 * fsdp2[10].abs(),
+            "{name}: step 11 {} vs {}",
+            resumed[10],
+            fsdp2[10]
+        );
+        assert_eq!(
+            resumed[10].to_bits(),
+            fsdp2[10].to_bits(),
+            "{name}: step 11"
+        );
     }
 }
 

@@ -37,8 +37,8 @@ pub struct MetricsRow {
     /// Bytes this rank handed to collectives in the logged step (multi-process runs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comm_bytes: Option<u64>,
-    /// Bytes of parameters, gradients and optimizer state rank 0 holds after the step
-    /// (multi-process runs only; FSDP divides them by `dp_shard`).
+    /// Bytes of parameters, gradients and optimizer state rank 0 holds after the step (FSDP
+    /// divides them by `dp_shard`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_bytes: Option<u64>,
     /// Held-out loss.

@@ -48,7 +48,7 @@ pub struct StepOutcome {
     /// Bytes this rank handed to collectives during the step (`None` in a single process).
     pub comm_bytes: Option<u64>,
     /// Bytes of parameters, gradients and optimizer state this rank holds at the end of the
-    /// step (`None` in a single process): what sharding divides by `dp_shard`.
+    /// step: what sharding divides by `dp_shard`.
     pub state_bytes: Option<u64>,
 }
 
@@ -434,8 +434,8 @@ impl Trainer {
         let lr = self.schedule.lr(step);
         let sharding = self.fsdp.as_ref().zip(self.dist.shard());
         crate::full_matrix::optimizer_step(&mut self.optimizer, sharding, &self.named, step, lr)?;
-        let state_bytes =
-            distributed.then(|| Fsdp::resident_bytes(&self.named, self.optimizer.state()));
+        // Reported in one process too: the baseline the 1/N of sharding is measured against.
+        let state_bytes = Some(Fsdp::resident_bytes(&self.named, self.optimizer.state()));
         self.zero_grad();
         self.step = step;
         self.last_lr = lr;
