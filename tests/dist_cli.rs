@@ -7,7 +7,7 @@
 
 use anneal_tests::cli as common;
 
-use common::{anneal, anneal_bin, losses, ok, rows, Job};
+use common::{anneal, anneal_bin, losses, ok, rows, user_error, Job};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -498,19 +498,6 @@ fn sigterm_to_nproc_stops_every_rank_with_a_checkpoint() {
     );
     let log = std::fs::read_to_string(run_dir.join("logs/rank-1.log")).unwrap();
     assert!(log.contains(&format!("stopped after step {step}")), "{log}");
-}
-
-/// Exit code 2 and the error on one line that names `needles`.
-fn user_error(out: &Output, needles: &[&str]) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("error: "))
-        .unwrap_or_else(|| panic!("no error line in {stderr}"));
-    for n in needles {
-        assert!(line.contains(n), "{n} not in {line}");
-    }
 }
 
 #[test]

@@ -5,7 +5,7 @@
 
 use anneal_tests::cli as common;
 
-use common::{anneal, anneal_bin, ok, rows};
+use common::{anneal, anneal_bin, ok, rows, user_error};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -215,14 +215,6 @@ fn layouts_rl_does_not_run_are_user_errors() {
         ("rl.prompts_per_step=3", &["rl.prompts_per_step", "2"][..]),
     ] {
         let (out, _) = rl(2, &dir, "refused", &[set]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{set}: {stderr}");
-        let line = stderr
-            .lines()
-            .find(|l| l.starts_with("error: "))
-            .unwrap_or_else(|| panic!("no error line in {stderr}"));
-        for n in needles {
-            assert!(line.contains(n), "{n} not in {line}");
-        }
+        user_error(&out, needles);
     }
 }

@@ -269,3 +269,16 @@ pub fn ok(out: &Output) -> String {
     );
     stdout
 }
+
+/// Asserts exit code 2 and an `error: ` line that names every one of `needles`.
+pub fn user_error(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in {stderr}"));
+    for n in needles {
+        assert!(line.contains(n), "{n} not in {line}");
+    }
+}
