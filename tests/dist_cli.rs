@@ -198,6 +198,19 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
         }
         state.insert(name, bytes);
     }
+    // The same sharded layouts run twice give the same bits.
+    for (name, n, extra) in [
+        ("fsdp2", 2, &["parallelism.dp_shard=2"][..]),
+        ("hsdp2x2", 4, &["parallelism.dp_shard=2"][..]),
+    ] {
+        let again = job.dir.join(format!("{name}-again"));
+        ok(&mpiexec_train(n, &job, &again, &with(extra)));
+        assert_eq!(
+            losses(&again),
+            losses(&job.dir.join(name)),
+            "{name} twice is bitwise identical"
+        );
+    }
     // Parameters + gradients + AdamW's two moments: 4 copies of 41k f32 in one process and
     // with DDP; sharding divides them by dp_shard (up to the padding of the last rows).
     state.insert("single", one_bytes);
