@@ -2,15 +2,19 @@
 //! the step-1 loss is bitwise the single process's, later losses stay within 1e-4 and a rerun
 //! is bitwise identical; `--nproc` launches and resumes; meshes that do not fit are one-line
 //! errors with exit code 2; a rank killed with SIGKILL ends the job. Checkpoints of sharded runs
-//! are one shard per rank and reshard: they resume on other world sizes and layouts, export
-//! like whole ones, and a missing shard or a writer killed mid-save loses nothing.
+//! are one shard per rank and reshard: they resume on other world sizes and layouts (the rest
+//! of the sharded-checkpoint tests are in dist_checkpoint_cli.rs).
+
+mod dist_support;
 
 use anneal_tests::cli as common;
 
 use common::{anneal, anneal_bin, losses, ok, rows, user_error, Job};
+use dist_support::{
+    copy_run, kill_rank_and_wait, loss_values, manifest_of, mpiexec_train, piece, wait_for_rows,
+};
 use std::path::Path;
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 /// Two micro-batches of 2 sequences per step, so 2 ranks take one each; one thread per rank.
 const LAYOUT: [&str; 4] = [
@@ -19,24 +23,6 @@ const LAYOUT: [&str; 4] = [
     "training.threads=1",
     "metrics.eval_freq=10",
 ];
-
-/// `mpiexec -n <n> anneal train <config> --run-dir <run_dir> --set ...`.
-fn mpiexec_train(n: usize, job: &Job, run_dir: &Path, set: &[&str]) -> Output {
-    let mut c = anneal_dist::launch::mpiexec_command(n, &anneal_bin(), &[]).expect("mpiexec");
-    c.env_remove("ANNEAL_PLUGIN_PATH")
-        .arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(run_dir);
-    for s in set {
-        c.args(["--set", s]);
-    }
-    c.output().expect("run mpiexec")
-}
-
-fn loss_values(run_dir: &Path) -> Vec<f64> {
-    losses(run_dir).into_iter().map(f64::from_bits).collect()
-}
 
 #[test]
 fn ddp_matches_the_single_process_and_reruns_bitwise() {
@@ -269,16 +255,7 @@ fn fsdp_and_hsdp_match_the_single_process_and_shard_the_state() {
         ("resume2x2", 4, &["parallelism.dp_shard=2"][..]),
     ] {
         let dir = job.dir.join(name);
-        let copied = Command::new("cp")
-            .arg("-r")
-            .arg(job.dir.join("fsdp2"))
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(copied.success());
-        for later in [20, 30, 40, 50] {
-            std::fs::remove_dir_all(dir.join(format!("checkpoints/step-{later}"))).unwrap();
-        }
+        copy_run(&job.dir.join("fsdp2"), &dir, &[20, 30, 40, 50]);
         // One step past the checkpoint: the loss of step 11 is computed before its update, so
         // it depends only on the resumed parameters and data.
         let mut set = with(extra);
@@ -490,11 +467,7 @@ fn sigterm_to_nproc_stops_every_rank_with_a_checkpoint() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while rows_now(&run_dir) < 2 {
-        assert!(Instant::now() < deadline, "no metrics after 120 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_rows(&run_dir, 2);
     let sent = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -570,306 +543,8 @@ fn a_killed_rank_ends_the_job() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while rows_now(&run_dir) < 2 {
-        assert!(Instant::now() < deadline, "no metrics after 120 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // Rank 1 is the `anneal` process that writes logs/rank-1.log: find its pid.
-    let pid = rank_pid(&run_dir, 1).expect("rank 1's pid");
-    let killed = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("the job still runs 30 s after rank 1 was killed");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    wait_for_rows(&run_dir, 2);
+    // Rank 1 is the `anneal` process that writes logs/rank-1.log.
+    let status = kill_rank_and_wait(&mut child, &run_dir, 1);
     assert!(!status.success(), "a killed rank fails the job: {status}");
-}
-
-fn rows_now(run_dir: &Path) -> usize {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |s| s.lines().count())
-}
-
-/// The pid of the process whose stdout is `<run_dir>/logs/rank-<rank>.log`.
-fn rank_pid(run_dir: &Path, rank: usize) -> Option<u32> {
-    let log = run_dir
-        .join(format!("logs/rank-{rank}.log"))
-        .canonicalize()
-        .ok()?;
-    std::fs::read_dir("/proc").ok()?.find_map(|e| {
-        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
-        let out = std::fs::read_link(format!("/proc/{pid}/fd/1")).ok()?;
-        (out == log).then_some(pid)
-    })
-}
-
-/// `manifest.json` of a checkpoint's step directory.
-fn manifest_of(step_dir: &Path) -> serde_json::Value {
-    let text = std::fs::read(step_dir.join("manifest.json")).expect("manifest.json");
-    serde_json::from_slice(&text).expect("the manifest is JSON")
-}
-
-/// The piece of tensor `name` stored in `shard`, if any.
-fn piece<'a>(
-    manifest: &'a serde_json::Value,
-    name: &str,
-    shard: &str,
-) -> Option<&'a serde_json::Value> {
-    manifest["tensors"]
-        .as_array()?
-        .iter()
-        .find(|t| t["name"] == name && t["shard"] == shard)
-}
-
-/// Copies the run dir `from` to `to`, without its checkpoint of `drop_step` if given.
-fn copy_run(from: &Path, to: &Path, drop_step: Option<u64>) {
-    let copied = Command::new("cp").arg("-r").arg(from).arg(to).status();
-    assert!(copied.is_ok_and(|s| s.success()));
-    if let Some(step) = drop_step {
-        std::fs::remove_dir_all(to.join(format!("checkpoints/step-{step}"))).unwrap();
-    }
-}
-
-#[test]
-fn a_single_process_checkpoint_resumes_on_fsdp4_and_saves_four_shards() {
-    let job = Job::new("one-to-four");
-    let set = [
-        "training.micro_batch_size=1",
-        "training.steps=10",
-        "training.threads=1",
-        "checkpoint.interval=5",
-    ];
-    let (single, single_dir) = job.train("single", &set);
-    ok(&single);
-    let dir = job.dir.join("fsdp4");
-    copy_run(&single_dir, &dir, Some(10));
-    let mut sharded = set.to_vec();
-    sharded.push("parallelism.dp_shard=4");
-    let stdout = ok(&mpiexec_train(4, &job, &dir, &sharded));
-    assert!(stdout.contains("step 5"), "resumes from step 5: {stdout}");
-    let log = std::fs::read_to_string(dir.join("logs/rank-3.log")).unwrap();
-    assert!(log.contains("resuming from"), "rank 3 resumes too: {log}");
-    let (one, four) = (loss_values(&single_dir), loss_values(&dir));
-    assert_eq!(four.len(), 10);
-    assert!(
-        (one[5] - four[5]).abs() < 1e-6,
-        "step 6: {} vs {}",
-        one[5],
-        four[5]
-    );
-    for (a, b) in one.iter().zip(&four) {
-        assert!((a - b).abs() / a < 1e-4, "{a} vs {b}");
-    }
-    let step10 = dir.join("checkpoints/step-10");
-    assert_eq!(manifest_of(&step10)["world_size"], 4);
-    for r in 0..4 {
-        let shard = step10.join(format!("shard-{r:05}-of-00004.safetensors"));
-        assert!(shard.is_file(), "{}", shard.display());
-    }
-}
-
-#[test]
-fn export_of_a_sharded_checkpoint_equals_the_whole_one() {
-    use anneal_engine::{Storage, Tensor};
-    use anneal_train::checkpoint::{write_checkpoint, Snapshot, TrainState};
-    let job = Job::new("export-sharded");
-    let set = [
-        "training.micro_batch_size=1",
-        "training.steps=4",
-        "training.threads=1",
-        "parallelism.dp_shard=2",
-    ];
-    let run = job.dir.join("fsdp2");
-    ok(&mpiexec_train(2, &job, &run, &set));
-    let sharded = run.join("checkpoints/step-4");
-    let manifest = manifest_of(&sharded);
-    assert_eq!(manifest["world_size"], 2);
-
-    // The same step saved whole, assembled here from the shard files' own tensors (not
-    // through the checkpoint reader): every piece's rows, in order.
-    type Parts = Vec<(u64, Tensor)>;
-    let mut pieces: std::collections::BTreeMap<String, Parts> = Default::default();
-    for r in 0..2 {
-        let shard = format!("shard-{r:05}-of-00002.safetensors");
-        for (name, t) in anneal_engine::io::load_safetensors(sharded.join(&shard)).unwrap() {
-            let listed = piece(&manifest, &name, &shard).expect("every tensor is listed");
-            let start = listed["slice"][0][0].as_u64().unwrap_or(0);
-            pieces.entry(name).or_default().push((start, t));
-        }
-    }
-    let whole: Vec<(String, Tensor)> = pieces
-        .into_iter()
-        .map(|(name, mut parts)| {
-            parts.sort_by_key(|p| p.0);
-            let entry = (0..2)
-                .find_map(|r| {
-                    piece(
-                        &manifest,
-                        &name,
-                        &format!("shard-{r:05}-of-00002.safetensors"),
-                    )
-                })
-                .expect("listed");
-            let shape: Vec<usize> = serde_json::from_value(entry["global_shape"].clone()).unwrap();
-            let bytes: Vec<u8> = parts.iter().flat_map(|(_, t)| t.to_bytes()).collect();
-            let dtype = parts[0].1.dtype();
-            let t = Tensor::from_storage(Storage::from_bytes(dtype, &bytes), &shape).unwrap();
-            (name, t)
-        })
-        .collect();
-    let state: TrainState =
-        serde_json::from_slice(&std::fs::read(sharded.join("train_state.json")).unwrap()).unwrap();
-    let whole_run = job.dir.join("whole");
-    std::fs::create_dir_all(&whole_run).unwrap();
-    std::fs::copy(run.join("tokenizer.json"), whole_run.join("tokenizer.json")).unwrap();
-    let snap = Snapshot::capture(state, whole.iter().map(|(n, t)| (n.clone(), t)), Vec::new());
-    let whole_dir = write_checkpoint(&whole_run.join("checkpoints"), &snap).unwrap();
-    assert_eq!(manifest_of(&whole_dir)["world_size"], 1);
-
-    let export = |step_dir: &Path, out: &str| {
-        let out = job.dir.join(out);
-        let res = anneal()
-            .args(["checkpoint", "export", "--to-hf"])
-            .arg(&out)
-            .arg(step_dir)
-            .output()
-            .unwrap();
-        ok(&res);
-        out
-    };
-    let (a, b) = (
-        export(&sharded, "hf-sharded"),
-        export(&whole_dir, "hf-whole"),
-    );
-    for f in ["model.safetensors", "config.json", "tokenizer.json"] {
-        let (x, y) = (
-            std::fs::read(a.join(f)).unwrap(),
-            std::fs::read(b.join(f)).unwrap(),
-        );
-        assert!(
-            x == y,
-            "{f} differs between the sharded and the whole export"
-        );
-    }
-}
-
-#[test]
-fn a_missing_shard_or_a_killed_writer_loses_nothing() {
-    let job = Job::new("shard-loss");
-    let set = [
-        "training.micro_batch_size=1",
-        "training.steps=10",
-        "training.threads=1",
-        "checkpoint.interval=5",
-        "parallelism.dp_shard=2",
-    ];
-    let reference = job.dir.join("reference");
-    ok(&mpiexec_train(2, &job, &reference, &set));
-    let want = losses(&reference);
-
-    // A shard gone from the newest checkpoint: it is skipped with the file's name, and the
-    // one before it resumes to the same curve.
-    let dir = job.dir.join("missing");
-    copy_run(&reference, &dir, None);
-    std::fs::remove_file(dir.join("checkpoints/step-10/shard-00001-of-00002.safetensors")).unwrap();
-    let stdout = ok(&mpiexec_train(2, &job, &dir, &set));
-    assert!(
-        stdout.contains("missing file shard-00001-of-00002.safetensors"),
-        "{stdout}"
-    );
-    let step5 = dir.join("checkpoints/step-5");
-    assert!(
-        stdout.contains(&format!("resuming from {}", step5.display())),
-        "{stdout}"
-    );
-    assert_eq!(losses(&dir), want);
-
-    // Rank 1 killed while its shard of step 80 is written (every writer pauses after its
-    // shard): the job ends, step 80 never appears, and the same command resumes from the
-    // newest complete checkpoint to the reference's curve.
-    let long = [
-        "training.micro_batch_size=1",
-        "training.steps=200",
-        "training.threads=1",
-        "checkpoint.interval=40",
-        "metrics.eval_freq=0",
-        "parallelism.dp_shard=2",
-    ];
-    let reference = job.dir.join("reference-long");
-    ok(&mpiexec_train(2, &job, &reference, &long));
-    let want = losses(&reference);
-    let run_dir = job.dir.join("killed");
-    let pause = [("ANNEAL_TEST_CHECKPOINT_PAUSE_MS", "1500".to_string())];
-    let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &pause).unwrap();
-    c.env_remove("ANNEAL_PLUGIN_PATH")
-        .arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    for s in long {
-        c.args(["--set", s]);
-    }
-    let mut child = c.spawn().unwrap();
-    let ckpt = run_dir.join("checkpoints");
-    let half_written = || {
-        std::fs::read_dir(&ckpt).is_ok_and(|d| {
-            d.filter_map(|e| e.ok()).any(|e| {
-                e.file_name().to_string_lossy().starts_with("step-80.tmp-")
-                    && e.path().join("shard-00001-of-00002.safetensors").exists()
-            })
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !(ckpt.join("step-40").is_dir() && half_written()) {
-        assert!(Instant::now() < deadline, "no half-written step 80");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let pid = rank_pid(&run_dir, 1).expect("rank 1's pid");
-    let killed = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the job outlived rank 1"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(!status.success());
-    assert!(
-        !ckpt.join("step-80").exists(),
-        "a half-written save is never published"
-    );
-    let stdout = ok(&mpiexec_train(2, &job, &run_dir, &long));
-    assert!(
-        stdout.contains("removed the incomplete save step-80.tmp-"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains(&format!("resuming from {}", ckpt.join("step-40").display())),
-        "{stdout}"
-    );
-    assert_eq!(
-        losses(&run_dir),
-        want,
-        "the resumed curve is the reference's"
-    );
 }

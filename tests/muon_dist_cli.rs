@@ -9,25 +9,13 @@
 //! unsharded step) and stay within 1e-6 of the single process, while the optimizer state stays
 //! sharded.
 
+mod dist_support;
+
 use anneal_tests::cli as common;
 
-use common::{anneal_bin, losses, ok, rows, Job};
+use common::{losses, ok, rows, Job};
+use dist_support::mpiexec_train;
 use std::path::Path;
-use std::process::Output;
-
-/// `mpiexec -n <n> anneal train <config> --run-dir <run_dir> --set ...`.
-fn mpiexec_train(n: usize, job: &Job, run_dir: &Path, set: &[&str]) -> Output {
-    let mut c = anneal_dist::launch::mpiexec_command(n, &anneal_bin(), &[]).expect("mpiexec");
-    c.env_remove("ANNEAL_PLUGIN_PATH")
-        .arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(run_dir);
-    for s in set {
-        c.args(["--set", s]);
-    }
-    c.output().expect("run mpiexec")
-}
 
 /// Training and validation losses of a run, as bits.
 fn all_losses(run_dir: &Path) -> (Vec<u64>, Vec<u64>) {

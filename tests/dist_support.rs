@@ -1,0 +1,122 @@
+//! Launching and inspecting multi-rank `anneal train` jobs, shared by the distributed tests
+//! (a module of each, not of `anneal-tests`' support library, which depends on no Anneal crate).
+
+// Each test file uses its own part of these.
+#![allow(dead_code)]
+
+use anneal_tests::cli::{anneal_bin, rows, Job};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Output};
+use std::time::{Duration, Instant};
+
+/// `mpiexec -n <n> anneal train <job's config> --run-dir <run_dir> --set ...`, with `env`
+/// exported to every rank (the plugins found next to the binary, as a launched rank finds them).
+pub fn mpiexec_train_command(
+    n: usize,
+    job: &Job,
+    run_dir: &Path,
+    set: &[&str],
+    env: &[(&str, String)],
+) -> Command {
+    let mut c = anneal_dist::launch::mpiexec_command(n, &anneal_bin(), env).expect("mpiexec");
+    c.env_remove("ANNEAL_PLUGIN_PATH")
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(run_dir);
+    for s in set {
+        c.args(["--set", s]);
+    }
+    c
+}
+
+/// [`mpiexec_train_command`] run to its end.
+pub fn mpiexec_train(n: usize, job: &Job, run_dir: &Path, set: &[&str]) -> Output {
+    mpiexec_train_command(n, job, run_dir, set, &[])
+        .output()
+        .expect("run mpiexec")
+}
+
+/// The logged training losses.
+pub fn loss_values(run_dir: &Path) -> Vec<f64> {
+    rows(run_dir)
+        .iter()
+        .filter_map(|r| r["loss"].as_f64())
+        .collect()
+}
+
+/// Rows of `metrics.jsonl` so far (0 before it exists).
+pub fn rows_now(run_dir: &Path) -> usize {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |s| s.lines().count())
+}
+
+/// Waits (up to 120 s) until a job has logged `n` rows.
+pub fn wait_for_rows(run_dir: &Path, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rows_now(run_dir) < n {
+        assert!(Instant::now() < deadline, "no metrics after 120 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pid of the process whose stdout is `<run_dir>/logs/rank-<rank>.log`.
+pub fn rank_pid(run_dir: &Path, rank: usize) -> Option<u32> {
+    let log = run_dir
+        .join(format!("logs/rank-{rank}.log"))
+        .canonicalize()
+        .ok()?;
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let out = std::fs::read_link(format!("/proc/{pid}/fd/1")).ok()?;
+        (out == log).then_some(pid)
+    })
+}
+
+/// Kills rank `rank` of the job `child` launched (SIGKILL) and returns the job's exit status,
+/// failing when the job still runs 30 s later.
+pub fn kill_rank_and_wait(child: &mut Child, run_dir: &Path, rank: usize) -> ExitStatus {
+    let pid = rank_pid(run_dir, rank).expect("the rank's pid");
+    let killed = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let started = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the job still runs 30 s after rank {rank} was killed");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `manifest.json` of a checkpoint's step directory.
+pub fn manifest_of(step_dir: &Path) -> serde_json::Value {
+    let text = std::fs::read(step_dir.join("manifest.json")).expect("manifest.json");
+    serde_json::from_slice(&text).expect("the manifest is JSON")
+}
+
+/// The piece of tensor `name` stored in `shard`, if any.
+pub fn piece<'a>(
+    manifest: &'a serde_json::Value,
+    name: &str,
+    shard: &str,
+) -> Option<&'a serde_json::Value> {
+    manifest["tensors"]
+        .as_array()?
+        .iter()
+        .find(|t| t["name"] == name && t["shard"] == shard)
+}
+
+/// Copies the run dir `from` to `to`, without its checkpoints of `drop_steps`.
+pub fn copy_run(from: &Path, to: &Path, drop_steps: &[u64]) {
+    let copied = Command::new("cp").arg("-r").arg(from).arg(to).status();
+    assert!(copied.is_ok_and(|s| s.success()));
+    for step in drop_steps {
+        std::fs::remove_dir_all(to.join(format!("checkpoints/step-{step}"))).unwrap();
+    }
+}
