@@ -313,6 +313,19 @@ host_ops! {
     StateGet = "state_get" { layer: i64, name: String }
     /// Replaces layer `layer`'s inference state `name` with input 0; nothing without a cache.
     StateSet = "state_set" { layer: i64, name: String }
+    /// The gated delta rule (inputs: q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, the log-decay g
+    /// `[B, T, Hv]` per head or `[B, T, Hv, Dk]` per key channel, beta `[B, T, Hv]`): the output
+    /// `[B, T, Hv, Dv]`. `scale` multiplies q (`Dk^-0.5` when absent); `qk_l2norm` normalizes q
+    /// and k first. With `cache_layer` the host keeps that layer's recurrent state across calls.
+    GatedDeltaRule = "gated_delta_rule" {
+        scale: Option<f64>,
+        qk_l2norm: bool,
+        cache_layer: Option<i64>,
+    }
+    /// Causal depthwise convolution along the sequence (inputs: x `[B, T, C]`, w `[C, K]`), no
+    /// bias, then SiLU when `silu`. With `cache_layer` the host keeps the sequence's last `K - 1`
+    /// inputs and prepends them on the next call.
+    CausalConv1d = "causal_conv1d" { silu: bool, cache_layer: Option<i64> }
     /// `len` entries of `dim` from `start`, as a view.
     Narrow = "narrow" { dim: i64, start: i64, len: i64 }
     /// Tensors joined along `dim`.

@@ -148,6 +148,7 @@ pub fn generate(
         "decode_s": stats.decode_s,
         "decode_tokens_per_s": stats.decode_tokens as f64 / stats.decode_s.max(1e-12),
         "cache_bytes_per_token": stats.cache_bytes_per_token,
+        "state_bytes_per_sequence": stats.state_bytes_per_sequence,
     });
     if let Some(t) = tok {
         let ids: Vec<u32> = g.tokens.iter().map(|&i| i as u32).collect();

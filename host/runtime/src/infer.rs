@@ -271,6 +271,9 @@ pub struct DecodeStats {
     /// Bytes the KV cache holds per token of one sequence, over all layers (keys and values
     /// as the model hands them to attention: a latent cache is as small as its latent).
     pub cache_bytes_per_token: usize,
+    /// Bytes of fixed-size state one sequence holds whatever its length (linear attention's
+    /// recurrent state and convolution tail).
+    pub state_bytes_per_sequence: usize,
 }
 
 /// [`generate_batch`] with the mode made explicit and the time split reported:
@@ -371,6 +374,7 @@ pub fn generate_batch_timed(
     }
     stats.decode_s = started.elapsed().as_secs_f64() - stats.prefill_s;
     stats.cache_bytes_per_token = cache.bytes_per_token();
+    stats.state_bytes_per_sequence = cache.state_bytes_per_sequence();
     Ok((out, stats))
 }
 

@@ -4,12 +4,14 @@
 pub mod checks;
 mod export;
 mod hf_config;
+mod linear_attention;
 mod moe;
 mod params;
 mod tensor;
 
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
 pub use hf_config::{HfConfig, HfRope};
+pub use linear_attention::DeltaRuleOpts;
 pub use moe::{tokens_per_expert_stat, MoeFfnOpts, MoeFfnOutput, Router, RouterScore};
 pub use params::{Decl, LayerScope, Param, ParamTable};
 pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor, YarnScaling};

@@ -176,14 +176,23 @@ impl<'h> Tensor<'h> {
             .map_err(|e| Error(e.into()))
     }
 
-    fn op(&self, name: &str, others: &[&Tensor<'h>], attrs: &[Attr]) -> Result<Tensor<'h>> {
+    pub(super) fn op(
+        &self,
+        name: &str,
+        others: &[&Tensor<'h>],
+        attrs: &[Attr],
+    ) -> Result<Tensor<'h>> {
         let mut inputs = vec![self];
         inputs.extend_from_slice(others);
         self.host.call1(name, &inputs, attrs)
     }
 
     /// The declared op `attrs` on `self` and `others`, with one output.
-    fn op_with<A: OpAttrs>(&self, attrs: A, others: &[&Tensor<'h>]) -> Result<Tensor<'h>> {
+    pub(super) fn op_with<A: OpAttrs>(
+        &self,
+        attrs: A,
+        others: &[&Tensor<'h>],
+    ) -> Result<Tensor<'h>> {
         self.op(A::OP, others, &attrs.to_attrs())
     }
 

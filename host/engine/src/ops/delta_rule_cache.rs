@@ -80,6 +80,14 @@ impl DeltaRuleCache {
         &self.state
     }
 
+    /// Bytes the cache holds: the state, the anchor state and the pending tokens since the
+    /// anchor (for all `B` sequences).
+    pub fn bytes(&self) -> usize {
+        let size = |t: &Tensor| t.numel() * t.dtype().size_in_bytes();
+        let pending: usize = self.pending.iter().flatten().map(size).sum();
+        size(&self.state) + size(&self.anchor) + pending
+    }
+
     /// Tokens seen.
     pub fn len(&self) -> usize {
         self.len

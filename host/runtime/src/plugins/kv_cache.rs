@@ -11,9 +11,13 @@
 //! Besides keys and values, a layer may keep named state of any shape (see `ops_state.rs`): a
 //! cache grown along a dim (a latent cache) or a tensor replaced each call (a recurrent state).
 
+use anneal_engine::ops::{DeltaRuleCache, DeltaRuleParams};
 use anneal_engine::Tensor;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+
+/// A named state of a layer: `(layer, name)`.
+type StateKey = (usize, String);
 
 /// Per-layer inference state kept by the host: keys and values `[B, Hkv, S, D]` of every
 /// position seen so far, addressed by layer index; or, for a per-row batch, one such cache per
@@ -21,8 +25,11 @@ use std::sync::{Arc, Mutex};
 #[derive(Default)]
 pub struct KvCache {
     layers: Mutex<HashMap<usize, Layer>>,
-    /// Named per-layer state: `(layer, name)` to its tensor.
-    states: Mutex<HashMap<(usize, String), Tensor>>,
+    /// Named per-layer state: `(layer, name)` to its tensor and, for a cache grown by
+    /// [`KvCache::append_state`], the dim it grows along.
+    states: Mutex<HashMap<StateKey, (Tensor, Option<usize>)>>,
+    /// The delta rule's decode state per layer (linear attention).
+    delta_rules: Mutex<HashMap<usize, DeltaRuleCache>>,
     rows: Vec<Arc<KvCache>>,
 }
 
@@ -75,13 +82,73 @@ impl KvCache {
     /// Layer `layer`'s state `name`, if set (a shared cache's own; see [`KvCache::rows`]).
     pub fn state(&self, layer: usize, name: &str) -> Option<Tensor> {
         let states = self.states.lock().expect("kv cache lock poisoned");
-        states.get(&(layer, name.to_string())).cloned()
+        states
+            .get(&(layer, name.to_string()))
+            .map(|(t, _)| t.clone())
     }
 
     /// Replaces layer `layer`'s state `name` (kept detached: inference state has no gradient).
     pub fn set_state(&self, layer: usize, name: &str, t: &Tensor) {
         let mut states = self.states.lock().expect("kv cache lock poisoned");
-        states.insert((layer, name.to_string()), t.detach());
+        states.insert((layer, name.to_string()), (t.detach(), None));
+    }
+
+    /// Feeds the tokens `q` .. `beta` (shaped as for `anneal_engine::ops::gated_delta_rule`) to
+    /// layer `layer`'s delta-rule state, started from zeros on the first call; returns their
+    /// outputs. A shared cache's state covers its whole batch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn delta_rule_step(
+        &self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        g: &Tensor,
+        beta: &Tensor,
+        params: DeltaRuleParams,
+    ) -> anneal_engine::Result<Tensor> {
+        let mut caches = self.delta_rules.lock().expect("kv cache lock poisoned");
+        let cache = match caches.entry(layer) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let (qs, vs) = (q.shape(), v.shape());
+                if qs.len() != 4 || vs.len() != 4 {
+                    return Err(anneal_engine::Error::ShapeMismatch {
+                        op: "kv_cache.delta_rule_step",
+                        lhs: qs.to_vec(),
+                        rhs: vs.to_vec(),
+                    });
+                }
+                e.insert(DeltaRuleCache::zeros(qs[0], vs[2], qs[3], vs[3], params)?)
+            }
+        };
+        cache.step(q, k, v, g, beta)
+    }
+
+    /// Bytes of fixed-size inference state one sequence holds, over all layers: recurrent
+    /// states (the delta rule's, with what its exact decode keeps) and convolution tails; what
+    /// grows with the tokens is in [`KvCache::bytes_per_token`] instead.
+    pub fn state_bytes_per_sequence(&self) -> usize {
+        if self.is_per_row() {
+            return self
+                .rows
+                .first()
+                .map_or(0, |r| r.state_bytes_per_sequence());
+        }
+        let per_row =
+            |bytes: usize, t: &Tensor| bytes / t.shape().first().copied().unwrap_or(1).max(1);
+        let states = self.states.lock().expect("kv cache lock poisoned");
+        let fixed: usize = states
+            .values()
+            .filter(|(_, grows)| grows.is_none())
+            .map(|(t, _)| per_row(t.numel() * t.dtype().size_in_bytes(), t))
+            .sum();
+        let deltas = self.delta_rules.lock().expect("kv cache lock poisoned");
+        fixed
+            + deltas
+                .values()
+                .map(|c| per_row(c.bytes(), c.state()))
+                .sum::<usize>()
     }
 
     /// Appends `x` to layer `layer`'s cache `name` along `dim` (starting it when empty);
@@ -96,21 +163,21 @@ impl KvCache {
         let mut states = self.states.lock().expect("kv cache lock poisoned");
         let key = (layer, name.to_string());
         let all = match states.get(&key) {
-            Some(old) => anneal_engine::ops::cat(&[old.clone(), x.detach()], dim as isize)?,
+            Some((old, _)) => anneal_engine::ops::cat(&[old.clone(), x.detach()], dim as isize)?,
             None => x.detach(),
         };
-        states.insert(key, all.clone());
+        states.insert(key, (all.clone(), Some(dim)));
         Ok(all)
     }
 
     /// Bytes of keys and values one cached position of one sequence takes, summed over the
-    /// layers (0 when empty).
+    /// layers, latent caches included (0 when empty).
     pub fn bytes_per_token(&self) -> usize {
         if self.is_per_row() {
             return self.rows.first().map_or(0, |r| r.bytes_per_token());
         }
         let layers = self.layers.lock().expect("kv cache lock poisoned");
-        layers
+        let kv: usize = layers
             .values()
             .map(|l| {
                 let row = |t: &Tensor| {
@@ -119,7 +186,18 @@ impl KvCache {
                 };
                 row(&l.k) + row(&l.v)
             })
-            .sum()
+            .sum();
+        // Caches grown along a dim (a latent cache): their bytes per row and position.
+        let states = self.states.lock().expect("kv cache lock poisoned");
+        let grown: usize = states
+            .values()
+            .filter_map(|(t, dim)| {
+                let s = t.shape();
+                let (rows, len) = (s.first().copied()?, s.get((*dim)?).copied()?);
+                (rows > 0 && len > 0).then(|| t.numel() * t.dtype().size_in_bytes() / rows / len)
+            })
+            .sum();
+        kv + grown
     }
 
     /// Number of cached positions (0 when empty); for a per-row batch, the longest row's.

@@ -184,6 +184,12 @@ pub(crate) fn run(
             super::ops_state::cache_append(inputs, parse(attrs)?, session).map(|t| vec![t])
         }
         o::StateGet::OP => super::ops_state::state_get(parse(attrs)?, session),
+        o::GatedDeltaRule::OP => {
+            super::ops_linear::gated_delta_rule(inputs, parse(attrs)?, session).map(|t| vec![t])
+        }
+        o::CausalConv1d::OP => {
+            super::ops_linear::causal_conv1d(inputs, parse(attrs)?, session).map(|t| vec![t])
+        }
         o::StateSet::OP => super::ops_state::state_set(inputs, parse(attrs)?, session),
         o::CrossEntropy::OP => {
             let opts = anneal_engine::ops::CrossEntropy {
