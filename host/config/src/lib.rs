@@ -407,6 +407,22 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    const GATHER_DTYPES: [&str; 6] = ["float32", "f32", "bfloat16", "bf16", "int8", "fp8_e4m3"];
+    if !GATHER_DTYPES.contains(&p.fsdp_all_gather_dtype.as_str()) {
+        return Err(ConfigError::at(
+            "parallelism.fsdp_all_gather_dtype",
+            format!(
+                "unknown dtype '{}' (float32, bfloat16, int8 or fp8_e4m3)",
+                p.fsdp_all_gather_dtype
+            ),
+        ));
+    }
+    if !(1..=1 << 20).contains(&p.fsdp_all_gather_block) {
+        return Err(ConfigError::at(
+            "parallelism.fsdp_all_gather_block",
+            "must be between 1 and 1048576 values per scale",
+        ));
+    }
     if !(0.0..=1.0).contains(&c.activation_checkpoint.memory_budget) {
         return Err(ConfigError::at(
             "activation_checkpoint.memory_budget",

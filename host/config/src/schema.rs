@@ -209,6 +209,12 @@ pub struct Parallelism {
     pub cp: i64,
     /// Expert-parallel degree.
     pub ep: i64,
+    /// How FSDP's parameter all-gathers travel: `float32` (exact), `bfloat16`, or quantized
+    /// blockwise (`int8`, `fp8_e4m3`: one f32 scale per `fsdp_all_gather_block` values,
+    /// dequantized on receipt). Gradients and optimizer state stay full precision.
+    pub fsdp_all_gather_dtype: String,
+    /// Values per scale of a quantized all-gather (128 or 256 are usual).
+    pub fsdp_all_gather_block: i64,
 }
 
 impl Parallelism {
@@ -234,6 +240,8 @@ impl Default for Parallelism {
             pp: 1,
             cp: 1,
             ep: 1,
+            fsdp_all_gather_dtype: "float32".into(),
+            fsdp_all_gather_block: 128,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
 use crate::dist::Dist;
-use crate::fsdp::{Active, Fsdp, Hook, Units};
+use crate::fsdp::{Active, Fsdp, GatherCodec, Hook, Units};
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
     params_rows_from_checkpoint, restore_optimizer, restore_optimizer_with, Provenance,
@@ -230,12 +230,15 @@ impl Trainer {
                 .iter()
                 .map(|p| (p.name.as_str(), p.layer))
                 .collect();
+            let par = &cfg.parallelism;
+            let block = usize::try_from(par.fsdp_all_gather_block).unwrap_or(0);
+            let codec = GatherCodec::parse(&par.fsdp_all_gather_dtype, block)?;
             let units = Units::new(
                 &trainer.named,
                 |name| layers.get(name).copied().flatten(),
                 spec.n_layers,
-                comm.rank(),
-                comm.size(),
+                (comm.rank(), comm.size()),
+                codec,
             );
             note(&units.summary());
             let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size());
@@ -402,7 +405,11 @@ impl Trainer {
                         grads.rows,
                         &grads.got,
                     )?;
-                    fsdp_figures = Some((grads.full_bytes_peak, grads.early_scatters));
+                    fsdp_figures = Some((
+                        grads.full_bytes_peak,
+                        grads.early_scatters,
+                        grads.gather_bytes,
+                    ));
                 }
                 None => self.dist.all_reduce_grads(&self.named)?,
             }
@@ -450,12 +457,14 @@ impl Trainer {
             aux_loss,
             outputs: {
                 let mut fields = outputs.fields();
-                if let Some((peak, early)) = fsdp_figures {
+                if let Some((peak, early, gathered)) = fsdp_figures {
                     // Bytes of full (gathered) parameters this rank held at once during the
                     // step: about the outer unit and two blocks, not the whole model.
                     fields.insert("fsdp_full_bytes_peak".into(), peak.into());
                     // Block reduce-scatters that overlapped the rest of the backward.
                     fields.insert("fsdp_early_scatters".into(), early.into());
+                    // Bytes this rank sent in parameter all-gathers (as encoded).
+                    fields.insert("fsdp_gather_bytes".into(), gathered.into());
                 }
                 fields
             },

@@ -8,8 +8,10 @@
 //! rows ([`Fsdp::param_rows`], [`Fsdp::state_piece`]) and reads back just its rows of any
 //! checkpoint, whatever layout wrote it ([`Fsdp::state_rows`]).
 
+mod gather_codec;
 mod units;
 
+pub(crate) use gather_codec::GatherCodec;
 pub(crate) use units::{Active, Hook, Units};
 
 use crate::TrainError;

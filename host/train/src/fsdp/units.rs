@@ -22,6 +22,7 @@
 //! runner's hook and the engine's gradient hooks must be `Send + Sync`, the communicators are
 //! not, and both only ever run on the training thread.
 
+use super::GatherCodec;
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard, Pending};
 use anneal_engine::{DType, Tensor};
@@ -104,6 +105,10 @@ pub(crate) struct Units {
     full_bytes_peak: u64,
     /// Block units whose reduce-scatter started while the backward was still running, this step.
     early_scatters: u64,
+    /// How the parameter gathers travel.
+    codec: GatherCodec,
+    /// Bytes this rank sent in parameter gathers this step.
+    gather_bytes: u64,
     mb: Option<MicroBatch>,
 }
 
@@ -119,6 +124,8 @@ pub(crate) struct StepGrads {
     /// Block units whose reduce-scatter started before their micro-batch's backward returned
     /// (overlapping it), over the step's micro-batches.
     pub early_scatters: u64,
+    /// Bytes this rank sent in parameter all-gathers during the step.
+    pub gather_bytes: u64,
 }
 
 thread_local! {
@@ -190,13 +197,14 @@ fn grad_final(unit: usize, generation: u64, k: usize) {
 
 impl Units {
     /// The units of `named` (the trainer's name-ordered full parameters) for `n_layers` blocks,
-    /// `layer_of` giving each parameter's block, sharded over `ranks` with this rank `rank`.
+    /// `layer_of` giving each parameter's block, sharded over `ranks` with this rank `rank`; the
+    /// parameter gathers travel encoded by `codec`.
     pub fn new(
         named: &[(String, Tensor)],
         layer_of: impl Fn(&str) -> Option<usize>,
         n_layers: usize,
-        rank: usize,
-        ranks: usize,
+        (rank, ranks): (usize, usize),
+        codec: GatherCodec,
     ) -> Units {
         let mut units: Vec<Vec<Member>> = (0..=n_layers).map(|_| Vec::new()).collect();
         for (index, (name, p)) in named.iter().enumerate() {
@@ -220,6 +228,8 @@ impl Units {
             full_bytes: 0,
             full_bytes_peak: 0,
             early_scatters: 0,
+            codec,
+            gather_bytes: 0,
             mb: None,
         }
     }
@@ -270,6 +280,7 @@ impl Units {
             u.full_bytes = 0;
             u.full_bytes_peak = 0;
             u.early_scatters = 0;
+            u.gather_bytes = 0;
             u.mb = None;
         }
         ACTIVE.with(|a| *a.borrow_mut() = Some(this.clone()));
@@ -309,6 +320,8 @@ impl Units {
             send.extend_from_slice(&self.local[m.index]);
             send.resize(send.len() + m.shard.block_len() - m.shard.len(), 0.0);
         }
+        let send = self.codec.encode(send);
+        self.gather_bytes += 4 * send.len() as u64;
         let pending = self.comms()?.0.iall_gather(send)?;
         let bytes = self.unit_bytes(u);
         self.hold(bytes);
@@ -326,9 +339,15 @@ impl Units {
                 self.mb()?.gathers.remove(&u).expect("just started")
             }
         };
-        let all = pending.wait()?;
+        let words = pending.wait()?;
         let members = &self.units[u];
         let stride: usize = members.iter().map(|m| m.shard.block_len()).sum();
+        // Each rank's run decoded back to its padded rows.
+        let run = self.codec.words(stride);
+        let all: Vec<f32> = words
+            .chunks(run.max(1))
+            .flat_map(|w| self.codec.decode(w, stride))
+            .collect();
         let mut at = 0;
         members
             .iter()
@@ -659,6 +678,7 @@ impl Units {
             got: std::mem::take(&mut self.got_grad),
             full_bytes_peak: self.full_bytes_peak,
             early_scatters: self.early_scatters,
+            gather_bytes: self.gather_bytes,
         }
     }
 }
