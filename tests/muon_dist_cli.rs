@@ -1,6 +1,7 @@
 //! Muon (an optimizer that needs whole matrices) under FSDP on real MPI ranks (one compute
-//! thread each): every rank gathers each parameter, its gradient and its state, steps on the
-//! full matrix and keeps its rows, so the run follows the single process's.
+//! thread each), in the owner layout: each matrix's rows, gradient and state go to one owner
+//! rank, which steps on the full matrix and sends the updated rows back, so the run follows the
+//! single process's while each matrix is orthogonalized once.
 //!
 //! With two micro-batches over two ranks the summed gradient is bitwise the single process's
 //! (one addition, which commutes), so every loss of FSDP(2) is bitwise the single process's:
@@ -64,6 +65,19 @@ fn muon_under_fsdp_steps_the_full_matrices() {
     ));
     let (fsdp2, fsdp2_val) = all_losses(&dir);
     assert_eq!(fsdp2, one, "FSDP(2) training losses bitwise");
+    // Rank 0 owns part of the matrices, not all of them, and sent their rows and updates.
+    let total = rows(&single_dir)[0]["state_bytes"].as_u64().unwrap();
+    for r in rows(&dir).iter().filter(|r| r["loss"].is_number()) {
+        let owned = r["owner_matrices"].as_u64().unwrap();
+        assert!(owned > 0 && r["owner_work"].as_f64().unwrap() > 0.0, "{r}");
+        let bytes = r["owner_bytes"].as_u64().unwrap();
+        assert!(
+            bytes > 0 && bytes < total,
+            "owner bytes {bytes} vs state {total}"
+        );
+    }
+    let owned0 = rows(&dir)[0]["owner_matrices"].as_u64().unwrap();
+    println!("FSDP(2): rank 0 owns {owned0} matrices");
     assert_eq!(fsdp2_val, one_val, "FSDP(2) validation losses bitwise");
 
     // Four micro-batches over four ranks.

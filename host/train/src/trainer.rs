@@ -440,7 +440,13 @@ impl Trainer {
             .before_optimizer_step(&self.params, outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);
         let sharding = self.fsdp.as_ref().zip(self.dist.shard());
-        crate::full_matrix::optimizer_step(&mut self.optimizer, sharding, &self.named, step, lr)?;
+        let owner = crate::full_matrix::optimizer_step(
+            &mut self.optimizer,
+            sharding,
+            &self.named,
+            step,
+            lr,
+        )?;
         // Reported in one process too: the baseline the 1/N of sharding is measured against.
         let state_bytes = Some(Fsdp::resident_bytes(&self.named, self.optimizer.state()));
         self.zero_grad();
@@ -465,6 +471,13 @@ impl Trainer {
                     fields.insert("fsdp_early_scatters".into(), early.into());
                     // Bytes this rank sent in parameter all-gathers (as encoded).
                     fields.insert("fsdp_gather_bytes".into(), gathered.into());
+                }
+                if let Some(o) = owner {
+                    // The owner layout of a whole-matrix optimizer (Muon) on this rank: the
+                    // matrices it updated whole, their estimated work and the bytes it sent.
+                    fields.insert("owner_matrices".into(), o.owned.into());
+                    fields.insert("owner_work".into(), o.work.into());
+                    fields.insert("owner_bytes".into(), o.bytes.into());
                 }
                 fields
             },
