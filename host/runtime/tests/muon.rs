@@ -1,6 +1,7 @@
 //! The Muon plugin against its PyTorch reference (plugins/muon/tests/reference/
-//! muon_reference.py, which writes the fixture): a wide and a tall matrix (Muon), a vector and
-//! an excluded embedding (AdamW), several steps, three argument sets.
+//! muon_reference.py, which writes the fixture): a wide and a tall matrix and a stack of expert
+//! matrices (Muon), a vector and an excluded embedding and router (AdamW), several steps, five
+//! argument sets, Newton–Schulz in f32 (within 2e-6) and in bf16 (within 1e-3).
 
 mod common;
 
@@ -30,6 +31,13 @@ fn muon_steps_match_the_pytorch_reference() {
         .enumerate()
     {
         let inst = plugin("muon").create(None, &case["args"]).expect("create");
+        // f32 on both sides differs only in the order of the sums; in bf16 a product's
+        // rounding may land one bf16 step apart, which the small learning rate scales down.
+        let tol = if case["args"]["ns_dtype"] == "float32" {
+            2e-6
+        } else {
+            1e-3
+        };
         let mut opt = PluginOptimizer::new("muon", inst).expect("an optimizer");
         assert!(opt.spec().needs_full_matrix);
         let shapes = case["shapes"].as_object().expect("shapes");
@@ -63,9 +71,7 @@ fn muon_steps_match_the_pytorch_reference() {
                     .zip(&want)
                     .map(|(a, b)| (a - b).abs())
                     .fold(0.0f32, f32::max);
-                // f32 throughout on both sides; only the order of the sums inside the
-                // products and the norm differs.
-                assert!(worst < 2e-6, "case {ci} step {} {n}: off by {worst}", t + 1);
+                assert!(worst < tol, "case {ci} step {} {n}: off by {worst}", t + 1);
             }
         }
     }

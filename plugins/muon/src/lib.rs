@@ -4,22 +4,26 @@
 //!
 //!   m ← μ·m + (1−μ)·g                         (the momentum, an exponential average)
 //!   u = (1−μ)·g + μ·m if Nesterov, else m
-//!   O = NS₅(u)                                 (≈ U·Vᵀ of u = U·S·Vᵀ, in f32)
+//!   O = NS₅(u)                                 (≈ U·Vᵀ of u = U·S·Vᵀ, in `ns_dtype`)
 //!   θ ← θ·(1 − lr·λ) − lr·s·O                  s = 0.2·√max(A, B)  (`match_rms_adamw`)
 //!                                              s = √max(1, A/B)     (`original`)
 //!
 //! NS₅ is the quintic Newton–Schulz iteration with the published coefficients
 //! (a, b, c) = (3.4445, −4.7750, 2.0315): X ← u / (‖u‖_F + ε) (transposed when A > B, so
-//! X·Xᵀ is the smaller Gram matrix), then five times `Y = X·Xᵀ; X ← a·X + (b·Y + c·Y·Y)·X`.
+//! X·Xᵀ is the smaller Gram matrix), then five times `Y = X·Xᵀ; X ← a·X + (b·Y + c·Y·Y)·X`,
+//! in bf16 by default (`ns_dtype`; products accumulate in f32, as the reference runs it) after
+//! the normalization in f32. A 3-D stack `[E, A, B]` (a mixture of experts' weights) is
+//! orthogonalized matrix by matrix in one batched iteration.
 //!
-//! Everything else (vectors such as norms and biases, tensors of other ranks, and matrices
-//! whose name contains one of `exclude`, by default the embeddings and the output head, as
-//! both references do) is stepped by AdamW with `adamw_betas` / `adamw_eps` and the same
-//! learning rate and decay. With `match_rms_adamw` the update's RMS is about 0.2, AdamW's
+//! Which tensors Muon takes is a rule on rank and name: tensors of a rank in `muon_ranks`
+//! (default 2 and 3) unless their name contains one of `exclude` (by default the embeddings,
+//! the output head and the routers, as the references do). Everything else (vectors such as
+//! norms and biases, excluded matrices) is stepped by AdamW with `adamw_betas` / `adamw_eps`
+//! and the same learning rate and decay. With `match_rms_adamw` the update's RMS is about 0.2, AdamW's
 //! typical RMS, so one learning rate serves both groups.
 //!
-//! Orthogonalization needs the whole matrix (`needs_full_matrix`): under FSDP the host gathers
-//! each parameter, its gradient and its state before the step and keeps its own rows after.
+//! Orthogonalization needs the whole matrix (`needs_full_matrix`): under FSDP the host steps each
+//! parameter whole on one owner rank and hands every rank back its rows.
 //!
 //! State: `exp_avg` (Muon's momentum for matrices, AdamW's first moment for the rest) and
 //! `exp_avg_sq` (AdamW's second moment; the host gives every parameter the same state, so
@@ -67,6 +71,10 @@ pub struct Muon {
     pub adamw_eps: f64,
     /// Matrices whose name contains one of these go to the AdamW group.
     pub exclude: Vec<String>,
+    /// Ranks of the tensors Muon takes (2: matrices; 3: stacks of matrices, batched).
+    pub muon_ranks: Vec<usize>,
+    /// The dtype of the Newton–Schulz iterations: `bfloat16` or `float32`.
+    pub ns_dtype: String,
 }
 
 impl Default for Muon {
@@ -80,7 +88,14 @@ impl Default for Muon {
             adjust_lr: AdjustLr::MatchRmsAdamw,
             adamw_betas: (0.9, 0.95),
             adamw_eps: 1e-8,
-            exclude: vec!["embed".into(), "output".into(), "lm_head".into()],
+            exclude: vec![
+                "embed".into(),
+                "output".into(),
+                "lm_head".into(),
+                "router".into(),
+            ],
+            muon_ranks: vec![2, 3],
+            ns_dtype: "bfloat16".into(),
         }
     }
 }
@@ -130,18 +145,27 @@ impl Muon {
         if self.exclude.iter().any(String::is_empty) {
             return Err("exclude: an empty pattern would exclude every parameter".into());
         }
+        if let Some(r) = self.muon_ranks.iter().find(|r| !(2..=3).contains(*r)) {
+            return Err(format!("muon_ranks: {r} is not 2 (matrices) or 3 (stacks)").into());
+        }
+        if !matches!(self.ns_dtype.as_str(), "bfloat16" | "float32") {
+            return Err(
+                format!("ns_dtype = '{}' must be bfloat16 or float32", self.ns_dtype).into(),
+            );
+        }
         Ok(())
     }
 
     /// Whether `name` of shape `shape` is stepped by Muon (rather than AdamW).
     fn is_muon(&self, name: &str, shape: &[usize]) -> bool {
-        shape.len() == 2 && !self.exclude.iter().any(|p| name.contains(p.as_str()))
+        self.muon_ranks.contains(&shape.len())
+            && !self.exclude.iter().any(|p| name.contains(p.as_str()))
     }
 
     /// The Muon update of one matrix parameter (see the crate docs).
     fn muon_step<'h>(&self, host: Host<'h>, name: &str, p: &Tensor<'h>, lr: f64) -> Result<()> {
         let shape = p.shape()?;
-        let (rows, cols) = (shape[0] as f64, shape[1] as f64);
+        let (rows, cols) = (shape[shape.len() - 2] as f64, shape[shape.len() - 1] as f64);
         let g = host.param(&format!("{name}.grad"))?.to_dtype("f32")?;
         let m = host.param(&format!("{name}.exp_avg"))?;
         let mu = self.momentum;
@@ -152,7 +176,7 @@ impl Muon {
         } else {
             m_new
         };
-        let o = newton_schulz(&u, rows > cols, self.ns_steps, self.eps)?;
+        let o = newton_schulz(&u, rows > cols, self.ns_steps, self.eps, &self.ns_dtype)?;
         let s = match self.adjust_lr {
             AdjustLr::MatchRmsAdamw => 0.2 * rows.max(cols).sqrt(),
             AdjustLr::Original => (rows / cols).max(1.0).sqrt(),
@@ -162,20 +186,32 @@ impl Muon {
     }
 }
 
-/// NS₅: `u` with its singular values pushed toward 1 (crate docs), in f32. `tall` (more rows
-/// than columns) works on `uᵀ` so that the Gram matrix `X·Xᵀ` is the smaller one.
-fn newton_schulz<'h>(u: &Tensor<'h>, tall: bool, steps: usize, eps: f64) -> Result<Tensor<'h>> {
+/// NS₅: `u` (a matrix `[A, B]` or a stack `[E, A, B]`) with each matrix's singular values
+/// pushed toward 1 (crate docs), iterated in `dtype` after an f32 normalization. `tall` (more
+/// rows than columns) works on the transposes so that the Gram matrices `X·Xᵀ` are the smaller.
+fn newton_schulz<'h>(
+    u: &Tensor<'h>,
+    tall: bool,
+    steps: usize,
+    eps: f64,
+    dtype: &str,
+) -> Result<Tensor<'h>> {
     let (a, b, c) = NS_COEFFICIENTS;
-    let x = if tall { u.transpose(0, 1)? } else { u.clone() };
-    let norm = x.mul(&x)?.sum(&[0, 1], false)?.sqrt()?.affine(1.0, eps)?;
-    let mut x = x.div(&norm)?;
+    let rank = u.shape()?.len() as i64;
+    let (r, k) = (rank - 2, rank - 1);
+    let x = if tall { u.transpose(r, k)? } else { u.clone() };
+    let norm = x.mul(&x)?.sum(&[r, k], true)?.sqrt()?.affine(1.0, eps)?;
+    let mut x = x
+        .div(&norm)?
+        .to_dtype(if dtype == "float32" { "f32" } else { "bf16" })?;
     for _ in 0..steps {
-        let gram = x.linear(&x)?; // X·Xᵀ
+        let gram = x.matmul(&x.transpose(r, k)?)?; // X·Xᵀ
         let poly = gram.scale(b)?.add(&gram.matmul(&gram)?.scale(c)?)?;
         x = x.scale(a)?.add(&poly.matmul(&x)?)?;
     }
+    let x = x.to_dtype("f32")?;
     if tall {
-        x.transpose(0, 1)
+        x.transpose(r, k)
     } else {
         Ok(x)
     }
@@ -255,6 +291,8 @@ mod tests {
                 "bad plugin arguments: adjust_lr",
             ),
             (json!({"nesterov": "yes"}), "bad plugin arguments: nesterov"),
+            (json!({"muon_ranks": [1, 2]}), "muon_ranks"),
+            (json!({"ns_dtype": "fp8"}), "ns_dtype"),
         ] {
             let e = Muon::create(None, args.clone()).expect_err("refused");
             assert!(e.0.starts_with(key), "{args}: {e}");
@@ -268,7 +306,10 @@ mod tests {
         assert!(!m.is_muon("tok_embeddings.weight", &[320, 32]));
         assert!(!m.is_muon("output.weight", &[320, 32]));
         assert!(!m.is_muon("norm.weight", &[32]));
-        assert!(!m.is_muon("layers.0.feed_forward.experts.w1", &[4, 8, 8]));
+        assert!(m.is_muon("layers.0.feed_forward.experts.w1", &[4, 8, 8]));
+        assert!(!m.is_muon("layers.0.feed_forward.router.weight", &[4, 32]));
+        let m2 = Muon::create(None, json!({"muon_ranks": [2]})).expect("matrices only");
+        assert!(!m2.is_muon("layers.0.feed_forward.experts.w1", &[4, 8, 8]));
         // A list given by the user replaces the default one.
         let m = Muon::create(None, json!({"exclude": ["wq"]})).expect("custom list");
         assert!(m.is_muon("output.weight", &[320, 32]));

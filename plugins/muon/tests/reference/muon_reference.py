@@ -1,5 +1,6 @@
-"""Reference Muon steps in PyTorch (f32), written from Keller Jordan's Muon and Moonlight's
-scaling, with AdamW for the parameters Muon leaves out. Writes ../fixtures/muon_steps.json,
+"""Reference Muon steps in PyTorch, written from Keller Jordan's Muon and Moonlight's scaling,
+with AdamW for the parameters Muon leaves out; Newton-Schulz in bf16 (the default) or f32, on a
+matrix or batched over a stack of them. Writes ../fixtures/muon_steps.json,
 which host/runtime/tests/muon.rs replays through the built plugin.
 
     /work/main/.venv/bin/python plugins/muon/tests/reference/muon_reference.py
@@ -20,27 +21,33 @@ DEFAULTS = dict(
     adjust_lr="match_rms_adamw",
     adamw_betas=(0.9, 0.95),
     adamw_eps=1e-8,
-    exclude=["embed", "output", "lm_head"],
+    exclude=["embed", "output", "lm_head", "router"],
+    muon_ranks=[2, 3],
+    ns_dtype="bfloat16",
 )
 
 
-def newton_schulz(u, steps, eps):
-    """Quintic Newton-Schulz in f32: X <- aX + (bA + cA^2)X with A = X X^T."""
+def newton_schulz(u, steps, eps, dtype):
+    """Quintic Newton-Schulz: X <- aX + (bA + cA^2)X with A = X X^T, per matrix of the last two
+    dims, normalized in f32 and iterated in `dtype`."""
     a, b, c = NS
-    x = u.T if u.shape[0] > u.shape[1] else u
-    x = x / (torch.sqrt((x * x).sum()) + eps)
+    tall = u.shape[-2] > u.shape[-1]
+    x = u.mT if tall else u
+    x = x / (torch.sqrt((x * x).sum(dim=(-2, -1), keepdim=True)) + eps)
+    x = x.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     for _ in range(steps):
-        gram = x @ x.T
+        gram = x @ x.mT
         x = a * x + (b * gram + c * (gram @ gram)) @ x
-    return x.T if u.shape[0] > u.shape[1] else x
+    x = x.float()
+    return x.mT if tall else x
 
 
 def muon_step(p, g, m, lr, h):
     mu = h["momentum"]
     m.copy_(mu * m + (1 - mu) * g)
     u = (1 - mu) * g + mu * m if h["nesterov"] else m
-    o = newton_schulz(u, h["ns_steps"], h["eps"])
-    rows, cols = p.shape
+    o = newton_schulz(u, h["ns_steps"], h["eps"], h["ns_dtype"])
+    rows, cols = p.shape[-2:]
     if h["adjust_lr"] == "match_rms_adamw":
         s = 0.2 * math.sqrt(max(rows, cols))
     else:
@@ -58,7 +65,7 @@ def adamw_step(p, g, m, v, t, lr, h):
 
 
 def is_muon(name, shape, h):
-    return len(shape) == 2 and not any(x in name for x in h["exclude"])
+    return len(shape) in h["muon_ranks"] and not any(x in name for x in h["exclude"])
 
 
 def case(args, shapes, lrs, seed):
@@ -98,16 +105,21 @@ def main():
         "layers.0.feed_forward.w2.weight": (12, 5),  # tall: orthogonalized transposed
         "layers.0.attention_norm.weight": (5,),  # a vector: AdamW
         "tok_embeddings.weight": (9, 4),  # excluded by name: AdamW
+        "layers.0.feed_forward.experts.w1": (3, 7, 4),  # a stack of expert matrices: batched
+        "layers.0.feed_forward.router.weight": (3, 4),  # excluded by name: AdamW
     }
+    f32 = dict(ns_dtype="float32")
     cases = [
-        case({}, shapes, [1e-2, 2e-2, 5e-3], seed=1),
+        case(f32, shapes, [1e-2, 2e-2, 5e-3], seed=1),
         case(
-            dict(adjust_lr="original", nesterov=False, momentum=0.9, weight_decay=0.0, ns_steps=3),
+            dict(adjust_lr="original", nesterov=False, momentum=0.9, weight_decay=0.0, ns_steps=3, **f32),
             shapes,
             [2e-2, 2e-2],
             seed=2,
         ),
-        case(dict(exclude=["wq"]), shapes, [1e-2, 1e-2], seed=3),
+        case(dict(exclude=["wq"], **f32), shapes, [1e-2, 1e-2], seed=3),
+        case({}, shapes, [1e-2, 2e-2, 5e-3], seed=4),
+        case(dict(muon_ranks=[2]), shapes, [1e-2, 1e-2], seed=5),
     ]
     out = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "muon_steps.json"
     out.parent.mkdir(exist_ok=True)
