@@ -27,7 +27,7 @@ fn model_for(
 }
 
 /// Every fixture with a transformers reference.
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 11] = [
     "tiny_llama",
     "tiny_llama3_scaled",
     "tiny_qwen3",
@@ -37,6 +37,8 @@ const FIXTURES: [&str; 9] = [
     "tiny_gpt_oss_other",
     "tiny_deepseek_v3",
     "tiny_deepseek_v3_plain_q",
+    "tiny_kimi_linear",
+    "tiny_kimi_linear_other",
 ];
 
 fn positions(start: usize, n: usize) -> Tensor {
@@ -166,6 +168,28 @@ fn export_then_import_round_trips() {
     let orig = hf::read_config(&fixture("tiny_gpt_oss")).unwrap();
     for key in ["layer_types", "rope_parameters", "swiglu_limit", "head_dim"] {
         assert_eq!(cfg[key], orig[key], "tiny_gpt_oss: {key}");
+    }
+    for name in ["tiny_kimi_linear", "tiny_kimi_linear_other"] {
+        let cfg = export_round_trip_of(name);
+        let orig = hf::read_config(&fixture(name)).unwrap();
+        for key in [
+            "layer_types",
+            "mlp_layer_types",
+            "linear_num_heads",
+            "linear_head_dim",
+            "linear_conv_kernel_dim",
+            "num_experts",
+            "num_experts_per_token",
+            "num_shared_experts",
+            "num_expert_group",
+            "topk_group",
+            "moe_renormalize",
+            "q_lora_rank",
+            "rms_norm_eps",
+            "model_max_length",
+        ] {
+            assert_eq!(cfg[key], orig[key], "{name}: {key}");
+        }
     }
     let cfg = export_round_trip_of("tiny_llama3_scaled");
     assert_eq!(cfg["rope_scaling"]["rope_type"], "llama3");
@@ -302,6 +326,8 @@ fn logprobs_match_transformers() {
         "tiny_gpt_oss_other",
         "tiny_deepseek_v3",
         "tiny_deepseek_v3_plain_q",
+        "tiny_kimi_linear",
+        "tiny_kimi_linear_other",
     ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
@@ -384,6 +410,8 @@ fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
         "tiny_gpt_oss",
         "tiny_gpt_oss_other",
         "tiny_deepseek_v3",
+        "tiny_kimi_linear",
+        "tiny_kimi_linear_other",
     ] {
         let (model, params) = model_for(&fixture(name));
         let prompt: Vec<i64> = (0..58).map(|i| (i * 37 + 5) % 96).collect();
@@ -506,4 +534,51 @@ fn batched_generation_equals_one_prompt_at_a_time_bitwise() {
     let uneven = [prompts[0].as_slice(), &prompts[1][..5]];
     let err = generate_batch(&model, &params, &uneven, 4, &samplings[..2]).unwrap_err();
     assert!(err.to_string().contains("same length"), "{err}");
+}
+
+#[test]
+fn kda_decode_with_the_recurrent_state_matches_the_full_forward() {
+    // Kimi Linear keeps a convolution tail and a delta-rule state per KDA block instead of a
+    // KV cache: a prefill that ends inside the second 64-token chunk, then token by token
+    // across the next chunk boundary, gives the full forward's logits.
+    for name in ["tiny_kimi_linear", "tiny_kimi_linear_other"] {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let tokens = exp["tokens"].narrow(0, 1, 1).unwrap();
+        let t = tokens.shape()[1];
+        let full = model
+            .forward(&params, &tokens, &positions(0, t), &ForwardOpts::default())
+            .unwrap()
+            .to_vec_f32();
+        let v = full.len() / t;
+        let opts = ForwardOpts {
+            cache: Some(Arc::new(KvCache::new())),
+            ..Default::default()
+        };
+        let prefill = 100;
+        let first = model
+            .forward(
+                &params,
+                &tokens.narrow(1, 0, prefill).unwrap(),
+                &positions(0, prefill),
+                &opts,
+            )
+            .unwrap()
+            .to_vec_f32();
+        assert!(max_abs_diff(&first, &full[..prefill * v]) < 1e-4, "{name}");
+        for pos in prefill..t {
+            let step = model
+                .forward(
+                    &params,
+                    &tokens.narrow(1, pos, 1).unwrap(),
+                    &positions(pos, 1),
+                    &opts,
+                )
+                .unwrap()
+                .to_vec_f32();
+            let d = max_abs_diff(&step, &full[pos * v..(pos + 1) * v]);
+            assert!(d < 1e-4, "{name} position {pos}: {d}");
+        }
+    }
 }
