@@ -582,3 +582,64 @@ fn kda_decode_with_the_recurrent_state_matches_the_full_forward() {
         }
     }
 }
+
+#[test]
+fn kimi_linear_reads_and_writes_the_released_checkpoint_layout() {
+    // Moonshot's checkpoints keep the dense block's MLP under `mlp.` (transformers'
+    // save_pretrained writes `block_sparse_moe.`) and give the layer pattern as
+    // linear_attn_config's 1-based lists: the fixture's weights so laid out give transformers'
+    // logits, and an export writes that layout back.
+    let src = fixture("tiny_kimi_linear");
+    let dir = std::env::temp_dir().join(format!("anneal-kimi-released-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = hf::read_config(&src).unwrap();
+    let obj = cfg.as_object_mut().unwrap();
+    obj.remove("layer_types");
+    obj.remove("mlp_layer_types");
+    obj.insert(
+        "linear_attn_config".into(),
+        serde_json::json!({"kda_layers": [1, 2, 4], "full_attn_layers": [3], "num_heads": 4,
+                           "head_dim": 16, "short_conv_kernel_size": 4}),
+    );
+    obj.insert("first_k_dense_replace".into(), 1.into());
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let tensors = hf::read_tensors(&src).unwrap();
+    let renamed: Vec<(String, &Tensor)> = tensors
+        .iter()
+        .map(|(k, v)| (k.replace("layers.0.block_sparse_moe.", "layers.0.mlp."), v))
+        .collect();
+    assert!(renamed
+        .iter()
+        .any(|(k, _)| k == "model.layers.0.mlp.gate_proj.weight"));
+    let list: Vec<(&str, &Tensor)> = renamed.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    anneal_engine::io::save_safetensors(dir.join("model.safetensors"), &list).unwrap();
+
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(src.join("expected.safetensors")).unwrap();
+    let t = exp["tokens"].shape()[1];
+    let logits = model
+        .forward(
+            &params,
+            &exp["tokens"],
+            &positions(0, t),
+            &ForwardOpts::default(),
+        )
+        .unwrap();
+    let d = max_abs_diff(&logits.to_vec_f32(), &exp["logits"].to_vec_f32());
+    assert!(d <= 1e-4, "max |logit difference| {d}");
+
+    let out = dir.join("export");
+    hf::export(&out, model.spec(), &params, None).unwrap();
+    let back = hf::load_params(&out, model.spec()).unwrap();
+    for (k, v) in params.iter() {
+        assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{k}");
+    }
+    let written = hf::read_config(&out).unwrap();
+    assert_eq!(written["linear_attn_config"], cfg["linear_attn_config"]);
+    assert_eq!(written["first_k_dense_replace"], 1);
+    assert!(written["mlp_layer_types"].is_null() && written["layer_types"].is_null());
+    assert!(hf::read_tensors(&out)
+        .unwrap()
+        .contains_key("model.layers.0.mlp.down_proj.weight"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -96,6 +96,11 @@ pub struct DeepseekArgs {
     /// Kimi Delta Attention (Kimi Linear): the blocks that use it instead of MLA, and its shapes.
     #[serde(default)]
     pub kda: Option<KdaArgs>,
+    /// Kimi Linear as Moonshot's released checkpoints lay it out: the dense blocks' MLP under
+    /// `mlp.` (transformers' `save_pretrained` writes `block_sparse_moe.`) and the layer
+    /// pattern as `linear_attn_config` (1-based lists) in `config.json`.
+    #[serde(default)]
+    pub hf_released_layout: bool,
 }
 
 /// Kimi Delta Attention's shapes and the blocks it replaces MLA in.
@@ -283,6 +288,17 @@ impl DeepseekArgs {
         if let Some(dense) = &self.dense_layers {
             in_range("dense_layers", dense)?;
         }
+        // That layout's config.json names the dense blocks by their count
+        // (`first_k_dense_replace`).
+        let first_dense = (0..self.n_layers)
+            .take_while(|&i| !self.is_sparse(i))
+            .count();
+        if self.hf_released_layout && (first_dense..self.n_layers).any(|i| !self.is_sparse(i)) {
+            return Err(
+                "hf_released_layout needs the dense blocks to be the first ones (first_k_dense_replace)"
+                    .into(),
+            );
+        }
         if let Some(k) = &self.kda {
             checks::at_least_one(&[
                 ("kda.n_heads", k.n_heads),
@@ -346,6 +362,7 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
         mla_rope: true,
         dense_layers: None,
         kda: None,
+        hf_released_layout: false,
     };
     Some(match name {
         // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with DeepSeek-V3's blocks:
@@ -542,6 +559,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         mla_rope: true,
         dense_layers: None,
         kda: None,
+        hf_released_layout: false,
     };
     args.validate().map_err(|e| format!("config.json: {e}"))?;
     Ok(args)

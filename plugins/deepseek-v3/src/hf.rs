@@ -61,7 +61,7 @@ fn kimi_linear_adapter(a: &DeepseekArgs) -> HfAdapter {
     let mlp_layer_types: Vec<&str> = (0..a.n_layers)
         .map(|i| if a.is_sparse(i) { "sparse" } else { "dense" })
         .collect();
-    let config = json!({
+    let mut config = json!({
         "model_type": "kimi_linear",
         "architectures": ["KimiLinearForCausalLM"],
         "hidden_size": a.dim,
@@ -98,5 +98,33 @@ fn kimi_linear_adapter(a: &DeepseekArgs) -> HfAdapter {
         "eos_token_id": null,
         "torch_dtype": if a.dtype == "bf16" { "bfloat16" } else { "float32" },
     });
+    if a.hf_released_layout {
+        // As the released configs spell it (1-based lists), which is also how the reader
+        // tells this layout from transformers' (`mlp_layer_types` absent).
+        let (kda_layers, full): (Vec<usize>, Vec<usize>) =
+            (1..=a.n_layers).partition(|&l| a.kda_at(l - 1).is_some());
+        let obj = config.as_object_mut().expect("a JSON object");
+        obj.remove("layer_types");
+        obj.remove("mlp_layer_types");
+        for k in [
+            "linear_num_heads",
+            "linear_head_dim",
+            "linear_conv_kernel_dim",
+        ] {
+            obj.remove(k);
+        }
+        obj.insert(
+            "linear_attn_config".into(),
+            json!({
+                "kda_layers": kda_layers,
+                "full_attn_layers": full,
+                "num_heads": kda.map(|k| k.n_heads),
+                "head_dim": kda.map(|k| k.head_dim),
+                "short_conv_kernel_size": kda.map(|k| k.conv_kernel),
+            }),
+        );
+        let first_dense = (0..a.n_layers).take_while(|&i| !a.is_sparse(i)).count();
+        obj.insert("first_k_dense_replace".into(), first_dense.into());
+    }
     HfAdapter { config }
 }

@@ -52,6 +52,7 @@ pub fn kimi_linear_48b_a3b() -> DeepseekArgs {
             conv_kernel: 4,
             layers: (0..n_layers).filter(|i| !full.contains(i)).collect(),
         }),
+        hf_released_layout: true,
     }
 }
 
@@ -82,6 +83,7 @@ pub fn kimi_linear_debug() -> DeepseekArgs {
             conv_kernel: 4,
             layers: vec![0, 1, 2],
         }),
+        hf_released_layout: false,
         ..kimi_linear_48b_a3b()
     }
 }
@@ -185,6 +187,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
             conv_kernel,
             layers: kda_layers,
         }),
+        // transformers always writes both lists; the released configs have neither.
+        hf_released_layout: f.get("layer_types").is_none() && f.get("mlp_layer_types").is_none(),
         ..d
     };
     args.validate().map_err(|e| format!("config.json: {e}"))?;

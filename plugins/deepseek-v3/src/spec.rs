@@ -185,7 +185,7 @@ fn declare_block(
         let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
         l.add(if col { decl.column() } else { decl.row() })
     };
-    let names = HfFfnNames::of(a);
+    let names = HfFfnNames::of(a, sparse);
     let ffn = if !sparse {
         FeedForward::Dense {
             w1: linear(
@@ -284,8 +284,9 @@ fn declare_block(
 }
 
 /// The Hugging Face names of a block's feed-forward: DeepSeek-V3's `mlp.` with
-/// `gate_proj`/`up_proj`/`down_proj` experts, or what transformers writes for Kimi Linear
-/// (`block_sparse_moe.`, experts `w1`/`w3`/`w2`; the dense blocks' MLP under that prefix too).
+/// `gate_proj`/`up_proj`/`down_proj` experts, or Kimi Linear's `block_sparse_moe.` with experts
+/// `w1`/`w3`/`w2` (a dense block's MLP under `mlp.` in the released checkpoints, under
+/// `block_sparse_moe.` where transformers' `save_pretrained` wrote it).
 struct HfFfnNames {
     prefix: &'static str,
     /// Experts' gate, up and down.
@@ -293,17 +294,22 @@ struct HfFfnNames {
 }
 
 impl HfFfnNames {
-    fn of(a: &DeepseekArgs) -> Self {
-        if a.hf_model_type == "kimi_linear" {
-            HfFfnNames {
-                prefix: "block_sparse_moe.",
-                experts: ["w1", "w3", "w2"],
-            }
-        } else {
-            HfFfnNames {
+    /// The names in block `i` (`sparse` or not).
+    fn of(a: &DeepseekArgs, sparse: bool) -> Self {
+        if a.hf_model_type != "kimi_linear" {
+            return HfFfnNames {
                 prefix: "mlp.",
                 experts: ["gate_proj", "up_proj", "down_proj"],
-            }
+            };
+        }
+        HfFfnNames {
+            // The released checkpoints keep a dense block's MLP under `mlp.`.
+            prefix: if a.hf_released_layout && !sparse {
+                "mlp."
+            } else {
+                "block_sparse_moe."
+            },
+            experts: ["w1", "w3", "w2"],
         }
     }
 
