@@ -360,3 +360,34 @@ fn a_deepseek_v3_policy_keeps_rollout_and_trainer_logprobs_equal_and_balances() 
     let bias = saved["model/layers.1.feed_forward.router.balance_bias"].to_vec_f32();
     assert!(bias.iter().any(|b| b.abs() > 1e-3), "{bias:?}");
 }
+
+#[test]
+fn a_kimi_linear_policy_keeps_rollout_and_trainer_logprobs_equal() {
+    // KDA blocks decode from the host-kept convolution tail and delta-rule state; MLA (no RoPE)
+    // from its latent cache.
+    let job = RlJob::new("kimi-linear", None);
+    let config = std::fs::read_to_string(job.dir.join("rl.toml")).unwrap();
+    let config = config
+        .replace("plugin = \"llama\"", "plugin = \"deepseek_v3\"")
+        .replace("flavor = \"debugmodel\"", "flavor = \"kimi_linear_debug\"")
+        .replace(
+            "args = { dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 272, max_seq_len = 64 }",
+            "args = { dim = 32, n_layers = 2, n_heads = 2, vocab_size = 272, max_seq_len = 64, \
+             kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, v_head_dim = 8, \
+             ffn_dim = 64, n_experts = 4, top_k = 2, expert_ffn_dim = 16, \
+             kda = { n_heads = 2, head_dim = 16, conv_kernel = 4, layers = [0] } }",
+        );
+    assert!(config.contains("kimi_linear_debug") && config.contains("kda"));
+    std::fs::write(job.dir.join("rl.toml"), config).unwrap();
+    let (out, run) = job.run("run", &["training.steps=3", "checkpoint.interval=3"]);
+    ok(&out);
+    let rows = computed_rows(&run);
+    let trained: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["step"].as_u64() > Some(0))
+        .collect();
+    assert_eq!(trained.len(), 3);
+    for r in trained {
+        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
+    }
+}

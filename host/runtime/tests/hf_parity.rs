@@ -27,7 +27,7 @@ fn model_for(
 }
 
 /// Every fixture with a transformers reference.
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 11] = [
     "tiny_llama",
     "tiny_llama3_scaled",
     "tiny_qwen3",
@@ -37,6 +37,8 @@ const FIXTURES: [&str; 9] = [
     "tiny_gpt_oss_other",
     "tiny_deepseek_v3",
     "tiny_deepseek_v3_plain_q",
+    "tiny_kimi_linear",
+    "tiny_kimi_linear_other",
 ];
 
 fn positions(start: usize, n: usize) -> Tensor {
@@ -166,6 +168,28 @@ fn export_then_import_round_trips() {
     let orig = hf::read_config(&fixture("tiny_gpt_oss")).unwrap();
     for key in ["layer_types", "rope_parameters", "swiglu_limit", "head_dim"] {
         assert_eq!(cfg[key], orig[key], "tiny_gpt_oss: {key}");
+    }
+    for name in ["tiny_kimi_linear", "tiny_kimi_linear_other"] {
+        let cfg = export_round_trip_of(name);
+        let orig = hf::read_config(&fixture(name)).unwrap();
+        for key in [
+            "layer_types",
+            "mlp_layer_types",
+            "linear_num_heads",
+            "linear_head_dim",
+            "linear_conv_kernel_dim",
+            "num_experts",
+            "num_experts_per_token",
+            "num_shared_experts",
+            "num_expert_group",
+            "topk_group",
+            "moe_renormalize",
+            "q_lora_rank",
+            "rms_norm_eps",
+            "model_max_length",
+        ] {
+            assert_eq!(cfg[key], orig[key], "{name}: {key}");
+        }
     }
     let cfg = export_round_trip_of("tiny_llama3_scaled");
     assert_eq!(cfg["rope_scaling"]["rope_type"], "llama3");
@@ -302,6 +326,8 @@ fn logprobs_match_transformers() {
         "tiny_gpt_oss_other",
         "tiny_deepseek_v3",
         "tiny_deepseek_v3_plain_q",
+        "tiny_kimi_linear",
+        "tiny_kimi_linear_other",
     ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
@@ -384,6 +410,8 @@ fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
         "tiny_gpt_oss",
         "tiny_gpt_oss_other",
         "tiny_deepseek_v3",
+        "tiny_kimi_linear",
+        "tiny_kimi_linear_other",
     ] {
         let (model, params) = model_for(&fixture(name));
         let prompt: Vec<i64> = (0..58).map(|i| (i * 37 + 5) % 96).collect();
@@ -506,4 +534,112 @@ fn batched_generation_equals_one_prompt_at_a_time_bitwise() {
     let uneven = [prompts[0].as_slice(), &prompts[1][..5]];
     let err = generate_batch(&model, &params, &uneven, 4, &samplings[..2]).unwrap_err();
     assert!(err.to_string().contains("same length"), "{err}");
+}
+
+#[test]
+fn kda_decode_with_the_recurrent_state_matches_the_full_forward() {
+    // Kimi Linear keeps a convolution tail and a delta-rule state per KDA block instead of a
+    // KV cache: a prefill that ends inside the second 64-token chunk, then token by token
+    // across the next chunk boundary, gives the full forward's logits.
+    for name in ["tiny_kimi_linear", "tiny_kimi_linear_other"] {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let tokens = exp["tokens"].narrow(0, 1, 1).unwrap();
+        let t = tokens.shape()[1];
+        let full = model
+            .forward(&params, &tokens, &positions(0, t), &ForwardOpts::default())
+            .unwrap()
+            .to_vec_f32();
+        let v = full.len() / t;
+        let opts = ForwardOpts {
+            cache: Some(Arc::new(KvCache::new())),
+            ..Default::default()
+        };
+        let prefill = 100;
+        let first = model
+            .forward(
+                &params,
+                &tokens.narrow(1, 0, prefill).unwrap(),
+                &positions(0, prefill),
+                &opts,
+            )
+            .unwrap()
+            .to_vec_f32();
+        assert!(max_abs_diff(&first, &full[..prefill * v]) < 1e-4, "{name}");
+        for pos in prefill..t {
+            let step = model
+                .forward(
+                    &params,
+                    &tokens.narrow(1, pos, 1).unwrap(),
+                    &positions(pos, 1),
+                    &opts,
+                )
+                .unwrap()
+                .to_vec_f32();
+            let d = max_abs_diff(&step, &full[pos * v..(pos + 1) * v]);
+            assert!(d < 1e-4, "{name} position {pos}: {d}");
+        }
+    }
+}
+
+#[test]
+fn kimi_linear_reads_and_writes_the_released_checkpoint_layout() {
+    // Moonshot's checkpoints keep the dense block's MLP under `mlp.` (transformers'
+    // save_pretrained writes `block_sparse_moe.`) and give the layer pattern as
+    // linear_attn_config's 1-based lists: the fixture's weights so laid out give transformers'
+    // logits, and an export writes that layout back.
+    let src = fixture("tiny_kimi_linear");
+    let dir = std::env::temp_dir().join(format!("anneal-kimi-released-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg = hf::read_config(&src).unwrap();
+    let obj = cfg.as_object_mut().unwrap();
+    obj.remove("layer_types");
+    obj.remove("mlp_layer_types");
+    obj.insert(
+        "linear_attn_config".into(),
+        serde_json::json!({"kda_layers": [1, 2, 4], "full_attn_layers": [3], "num_heads": 4,
+                           "head_dim": 16, "short_conv_kernel_size": 4}),
+    );
+    obj.insert("first_k_dense_replace".into(), 1.into());
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let tensors = hf::read_tensors(&src).unwrap();
+    let renamed: Vec<(String, &Tensor)> = tensors
+        .iter()
+        .map(|(k, v)| (k.replace("layers.0.block_sparse_moe.", "layers.0.mlp."), v))
+        .collect();
+    assert!(renamed
+        .iter()
+        .any(|(k, _)| k == "model.layers.0.mlp.gate_proj.weight"));
+    let list: Vec<(&str, &Tensor)> = renamed.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    anneal_engine::io::save_safetensors(dir.join("model.safetensors"), &list).unwrap();
+
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(src.join("expected.safetensors")).unwrap();
+    let t = exp["tokens"].shape()[1];
+    let logits = model
+        .forward(
+            &params,
+            &exp["tokens"],
+            &positions(0, t),
+            &ForwardOpts::default(),
+        )
+        .unwrap();
+    let d = max_abs_diff(&logits.to_vec_f32(), &exp["logits"].to_vec_f32());
+    assert!(d <= 1e-4, "max |logit difference| {d}");
+
+    let out = dir.join("export");
+    hf::export(&out, model.spec(), &params, None).unwrap();
+    let back = hf::load_params(&out, model.spec()).unwrap();
+    for (k, v) in params.iter() {
+        assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{k}");
+    }
+    let written = hf::read_config(&out).unwrap();
+    assert_eq!(written["linear_attn_config"], cfg["linear_attn_config"]);
+    assert_eq!(written["first_k_dense_replace"], 1);
+    assert!(written["mlp_layer_types"].is_null() && written["layer_types"].is_null());
+    assert!(hf::read_tensors(&out)
+        .unwrap()
+        .contains_key("model.layers.0.mlp.down_proj.weight"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

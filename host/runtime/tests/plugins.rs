@@ -285,6 +285,7 @@ fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
         ("gpt_oss", "gpt_oss"),
         ("deepseek_v3", "deepseek_v3"),
         ("kimi_k2", "deepseek_v3"),
+        ("kimi_linear", "deepseek_v3"),
     ] {
         let p = find_for_model_type_in(&dirs, t).unwrap();
         assert_eq!(p.name(), want, "{t}");

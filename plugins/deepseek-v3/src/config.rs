@@ -81,9 +81,52 @@ pub struct DeepseekArgs {
     /// Parameter dtype (`f32` or `bf16`).
     #[serde(default = "f32_name")]
     pub dtype: String,
-    /// The Hugging Face `model_type` written on export (`deepseek_v3` or `kimi_k2`).
+    /// The Hugging Face `model_type` written on export (`deepseek_v3`, `kimi_k2` or
+    /// `kimi_linear`).
     #[serde(default = "model_type")]
     pub hf_model_type: String,
+    /// Rotate the `qk_rope_head_dim` part of queries and the shared key (false: Kimi Linear's
+    /// MLA, which keeps that part but applies no position encoding at all).
+    #[serde(default = "yes")]
+    pub mla_rope: bool,
+    /// Blocks with a dense feed-forward, when not just the first `first_k_dense` (Kimi
+    /// Linear's `mlp_layer_types`).
+    #[serde(default)]
+    pub dense_layers: Option<Vec<usize>>,
+    /// Kimi Delta Attention (Kimi Linear): the blocks that use it instead of MLA, and its shapes.
+    #[serde(default)]
+    pub kda: Option<KdaArgs>,
+    /// Kimi Linear as Moonshot's released checkpoints lay it out: the dense blocks' MLP under
+    /// `mlp.` (transformers' `save_pretrained` writes `block_sparse_moe.`) and the layer
+    /// pattern as `linear_attn_config` (1-based lists) in `config.json`.
+    #[serde(default)]
+    pub hf_released_layout: bool,
+}
+
+/// Kimi Delta Attention's shapes and the blocks it replaces MLA in.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KdaArgs {
+    /// Heads (`linear_num_heads`); queries, keys and values have as many.
+    pub n_heads: usize,
+    /// Dims per head of queries, keys and values (`linear_head_dim`).
+    pub head_dim: usize,
+    /// Kernel of the causal depthwise convolution over `[q, k, v]` (`linear_conv_kernel_dim`).
+    #[serde(default = "four")]
+    pub conv_kernel: usize,
+    /// The blocks (0-based) that are KDA (`layer_types[i] == "linear_attention"`).
+    pub layers: Vec<usize>,
+}
+
+impl KdaArgs {
+    /// Channels of the fused `[q, k, v]` convolution.
+    pub fn conv_dim(&self) -> usize {
+        3 * self.n_heads * self.head_dim
+    }
+}
+
+fn four() -> usize {
+    4
 }
 
 fn yes() -> bool {
@@ -114,7 +157,15 @@ impl DeepseekArgs {
 
     /// Whether block `i` routes over experts.
     pub fn is_sparse(&self, i: usize) -> bool {
-        i >= self.first_k_dense
+        match &self.dense_layers {
+            Some(dense) => !dense.contains(&i),
+            None => i >= self.first_k_dense,
+        }
+    }
+
+    /// The KDA shapes when block `i` is a Kimi Delta Attention block.
+    pub fn kda_at(&self, i: usize) -> Option<&KdaArgs> {
+        self.kda.as_ref().filter(|k| k.layers.contains(&i))
     }
 
     /// The RoPE settings.
@@ -167,7 +218,7 @@ impl DeepseekArgs {
         if self.q_lora_rank == Some(0) {
             return Err("q_lora_rank must be at least 1 (or absent)".into());
         }
-        if !self.qk_rope_head_dim.is_multiple_of(2) {
+        if self.mla_rope && !self.qk_rope_head_dim.is_multiple_of(2) {
             return Err(format!(
                 "qk_rope_head_dim ({}) must be even for RoPE",
                 self.qk_rope_head_dim
@@ -209,7 +260,54 @@ impl DeepseekArgs {
                 self.scoring
             ));
         }
+        if !self.mla_rope && self.yarn.is_some() {
+            return Err("yarn scaling needs mla_rope (MLA without RoPE has no positions)".into());
+        }
+        self.validate_layer_lists()?;
         self.rope().validate()
+    }
+
+    /// The KDA shapes and the lists of block indices (KDA blocks, dense blocks).
+    fn validate_layer_lists(&self) -> Result<(), String> {
+        let in_range = |what: &str, list: &[usize]| {
+            let mut seen = vec![false; self.n_layers];
+            for &i in list {
+                match seen.get_mut(i) {
+                    None => {
+                        return Err(format!(
+                            "{what}: block {i} is out of range (the model has {} blocks)",
+                            self.n_layers
+                        ))
+                    }
+                    Some(true) => return Err(format!("{what}: block {i} is listed twice")),
+                    Some(s) => *s = true,
+                }
+            }
+            Ok(())
+        };
+        if let Some(dense) = &self.dense_layers {
+            in_range("dense_layers", dense)?;
+        }
+        // That layout's config.json names the dense blocks by their count
+        // (`first_k_dense_replace`).
+        let first_dense = (0..self.n_layers)
+            .take_while(|&i| !self.is_sparse(i))
+            .count();
+        if self.hf_released_layout && (first_dense..self.n_layers).any(|i| !self.is_sparse(i)) {
+            return Err(
+                "hf_released_layout needs the dense blocks to be the first ones (first_k_dense_replace)"
+                    .into(),
+            );
+        }
+        if let Some(k) = &self.kda {
+            checks::at_least_one(&[
+                ("kda.n_heads", k.n_heads),
+                ("kda.head_dim", k.head_dim),
+                ("kda.conv_kernel", k.conv_kernel),
+            ])?;
+            in_range("kda.layers", &k.layers)?;
+        }
+        Ok(())
     }
 }
 
@@ -261,6 +359,10 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
         tie_embeddings: false,
         dtype: "bf16".into(),
         hf_model_type: "deepseek_v3".into(),
+        mla_rope: true,
+        dense_layers: None,
+        kda: None,
+        hf_released_layout: false,
     };
     Some(match name {
         // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with DeepSeek-V3's blocks:
@@ -354,6 +456,8 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
             mtp_layers: 0,
             ..v3
         },
+        "kimi_linear_debug" => crate::kimi_config::kimi_linear_debug(),
+        "kimi_linear_48b_a3b" => crate::kimi_config::kimi_linear_48b_a3b(),
         _ => return None,
     })
 }
@@ -365,16 +469,22 @@ pub const FLAVORS: &[&str] = &[
     "kimi_k2_1t",
     "deepseek_v2_lite_16b",
     "moonlight_16b_a3b",
+    "kimi_linear_debug",
+    "kimi_linear_48b_a3b",
 ];
 
-/// Arguments from a Hugging Face `deepseek_v3` (or `kimi_k2`) `config.json`. A key that is
-/// absent takes transformers' default; a key of the wrong type is reported as such.
+/// Arguments from a Hugging Face `deepseek_v3` (or `kimi_k2`, or `kimi_linear`, see
+/// [`crate::kimi_config`]) `config.json`. A key that is absent takes transformers' default; a
+/// key of the wrong type is reported as such.
 pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
     let f = HfConfig::new(c);
     let model_type = f.str("model_type")?.unwrap_or("deepseek_v3");
+    if model_type == "kimi_linear" {
+        return crate::kimi_config::from_hf_config(c);
+    }
     if !matches!(model_type, "deepseek_v3" | "kimi_k2") {
         return Err(format!(
-            "config.json: model_type '{model_type}' is not served by this plugin (deepseek_v3, kimi_k2)"
+            "config.json: model_type '{model_type}' is not served by this plugin (deepseek_v3, kimi_k2, kimi_linear)"
         ));
     }
     let rope = f.rope(10_000.0)?;
@@ -446,6 +556,10 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
         dtype: "f32".into(),
         hf_model_type: model_type.to_string(),
+        mla_rope: true,
+        dense_layers: None,
+        kda: None,
+        hf_released_layout: false,
     };
     args.validate().map_err(|e| format!("config.json: {e}"))?;
     Ok(args)

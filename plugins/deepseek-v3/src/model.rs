@@ -10,6 +10,9 @@
 //! h        = x + W_o · o
 //! out      = h + Σ_{e ∈ topk_groups(σ(W_r · y) + b)} g_e · FFN_e(y) + FFN_shared(y),  y = RMSNorm(h)
 //! ```
+//! Kimi Linear: the same blocks with MLA that encodes no positions (`RoPE` left out, the dims
+//! kept) and Kimi Delta Attention (`kda.rs`) instead of MLA in three blocks of four.
+//!
 //! The router scores with a sigmoid, chooses inside the best `topk_group` of `n_group` expert
 //! groups with the aux-loss-free bias `b`, and weighs with the unbiased scores, renormalised and
 //! times `routed_scaling_factor`.
@@ -21,7 +24,7 @@
 
 use crate::config::DeepseekArgs;
 use crate::spec::{
-    AttentionParams, BlockParams, DeepseekParams, FeedForward, MtpParams, QueryParams,
+    AttentionParams, BlockParams, DeepseekParams, FeedForward, Mixer, MtpParams, QueryParams,
 };
 use anneal_plugin_api::sdk::{
     AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, RouterScore,
@@ -77,7 +80,14 @@ impl DeepseekV3 {
         };
         let h = a.n_heads as i64;
         let (dn, dr, dv) = (a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
-        let rope = self.rope();
+        // Kimi Linear's MLA keeps the "RoPE" dims but encodes no positions.
+        let rope = |x: Tensor<'h>| {
+            if a.mla_rope {
+                x.rope(positions, &self.rope())
+            } else {
+                Ok(x)
+            }
+        };
         let q = match &p.q {
             QueryParams::Direct(wq) => x.linear(&ctx.w(wq)?)?,
             QueryParams::LowRank(wq_a, q_norm, wq_b) => x
@@ -86,7 +96,7 @@ impl DeepseekV3 {
                 .linear(&ctx.w(wq_b)?)?,
         };
         let q = q.reshape(&[b, t, h, (dn + dr) as i64])?.transpose(1, 2)?;
-        let q_rope = q.narrow(3, dn, dr)?.rope(positions, &rope)?;
+        let q_rope = rope(q.narrow(3, dn, dr)?)?;
         let q = ctx.host.cat(&[&q.narrow(3, 0, dn)?, &q_rope], 3)?;
 
         let r = a.kv_lora_rank;
@@ -95,11 +105,11 @@ impl DeepseekV3 {
             .narrow(2, 0, r)?
             .rms_norm(&ctx.w(&p.kv_norm)?, LATENT_NORM_EPS)?
             .reshape(&[b, 1, t, r as i64])?;
-        let k_rope = kv
-            .narrow(2, r, dr)?
-            .reshape(&[b, t, 1, dr as i64])?
-            .transpose(1, 2)?
-            .rope(positions, &rope)?;
+        let k_rope = rope(
+            kv.narrow(2, r, dr)?
+                .reshape(&[b, t, 1, dr as i64])?
+                .transpose(1, 2)?,
+        )?;
         // The up-projection absorbed: per head, q_n · (W_uk c)ᵀ = (q_n W_uk) · cᵀ, and the
         // values W_uv c are applied after attending over c. Attention then runs as one shared
         // key head [c, k_r] and value head c (what the cache holds), in training and decode
@@ -134,7 +144,18 @@ impl DeepseekV3 {
     ) -> Result<Tensor<'h>> {
         let eps = self.args.norm_eps;
         let attn_in = x.rms_norm(&ctx.w(&l.attention_norm)?, eps)?;
-        let h = x.add(&self.attention(ctx, &l.attention, index, &attn_in, positions)?)?;
+        let mixed = match &l.attention {
+            Mixer::Mla(p) => self.attention(ctx, p, index, &attn_in, positions)?,
+            Mixer::Kda(p) => {
+                let k = self
+                    .args
+                    .kda
+                    .as_ref()
+                    .ok_or("a KDA block without kda args")?;
+                crate::kda::forward(ctx, p, k, index, &attn_in, eps)?
+            }
+        };
+        let h = x.add(&mixed)?;
         let ffn_in = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
         h.add(&self.feed_forward(ctx, &l.ffn, index, &ffn_in)?)
     }

@@ -4,7 +4,10 @@
 //! buffer of the router).
 
 use crate::config::DeepseekArgs;
-use anneal_plugin_api::sdk::{Decl, HfMap, Init, ModelSpec, Param, ParamSpec, ParamTable};
+use crate::kda::KdaParams;
+use anneal_plugin_api::sdk::{
+    Decl, HfMap, Init, LayerScope, ModelSpec, Param, ParamSpec, ParamTable,
+};
 
 /// How queries are made: projected directly, or through a normalised low-rank latent.
 pub enum QueryParams {
@@ -58,12 +61,20 @@ pub enum FeedForward {
     },
 }
 
+/// A block's token mixer.
+pub enum Mixer {
+    /// Multi-head latent attention.
+    Mla(AttentionParams),
+    /// Kimi Delta Attention (Kimi Linear's linear-attention blocks).
+    Kda(KdaParams),
+}
+
 /// The parameters of one block.
 pub struct BlockParams {
     /// RMSNorm before attention.
     pub attention_norm: Param,
-    /// Attention.
-    pub attention: AttentionParams,
+    /// Attention (MLA) or KDA.
+    pub attention: Mixer,
     /// RMSNorm before the feed-forward.
     pub ffn_norm: Param,
     /// The feed-forward.
@@ -148,8 +159,8 @@ pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
     (params, t.into_specs())
 }
 
-/// Declares block `i` (attention and a dense or sparse feed-forward) under `prefix` and
-/// Hugging Face's `hf_prefix`.
+/// Declares block `i` (attention or KDA, and a dense or sparse feed-forward) under `prefix`
+/// and Hugging Face's `hf_prefix`.
 fn declare_block(
     t: &mut ParamTable,
     a: &DeepseekArgs,
@@ -158,13 +169,169 @@ fn declare_block(
     hf_prefix: &str,
     sparse: bool,
 ) -> BlockParams {
-    let (d, h) = (a.dim, a.n_heads);
+    let d = a.dim;
     let std = 0.02;
     let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
     let mut l = t.layer(i, prefix, hf_prefix);
     let mut norm = |name: &str, n: usize, hf: &str| l.add(Decl::new(name, [n]).ones().hf_name(hf));
     let attention_norm = norm("attention_norm.weight", d, "input_layernorm.weight");
     let ffn_norm = norm("ffn_norm.weight", d, "post_attention_layernorm.weight");
+    // The MTP block (DeepSeek-V3 only) is always MLA.
+    let attention = match a.kda_at(i).filter(|_| prefix != "mtp.block") {
+        Some(k) => Mixer::Kda(crate::kda::declare(&mut l, d, k, depth_std)),
+        None => Mixer::Mla(declare_mla(&mut l, a, depth_std)),
+    };
+    let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
+        let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
+        l.add(if col { decl.column() } else { decl.row() })
+    };
+    let names = HfFfnNames::of(a, sparse);
+    let ffn = if !sparse {
+        FeedForward::Dense {
+            w1: linear(
+                "feed_forward.w1.weight",
+                [a.ffn_dim, d],
+                std,
+                &names.at("gate_proj.weight"),
+                true,
+            ),
+            w3: linear(
+                "feed_forward.w3.weight",
+                [a.ffn_dim, d],
+                depth_std,
+                &names.at("up_proj.weight"),
+                true,
+            ),
+            w2: linear(
+                "feed_forward.w2.weight",
+                [d, a.ffn_dim],
+                depth_std,
+                &names.at("down_proj.weight"),
+                false,
+            ),
+        }
+    } else {
+        let (e, ef) = (a.n_experts, a.expert_ffn_dim);
+        let shared_f = ef * a.n_shared_experts;
+        let shared = (a.n_shared_experts > 0).then(|| {
+            [
+                linear(
+                    "feed_forward.shared.w1.weight",
+                    [shared_f, d],
+                    std,
+                    &names.at("shared_experts.gate_proj.weight"),
+                    true,
+                ),
+                linear(
+                    "feed_forward.shared.w3.weight",
+                    [shared_f, d],
+                    depth_std,
+                    &names.at("shared_experts.up_proj.weight"),
+                    true,
+                ),
+                linear(
+                    "feed_forward.shared.w2.weight",
+                    [d, shared_f],
+                    depth_std,
+                    &names.at("shared_experts.down_proj.weight"),
+                    false,
+                ),
+            ]
+        });
+        let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
+            l.add(
+                Decl::new(name, shape)
+                    .trunc_normal(std)
+                    .expert_dim(0)
+                    .hf(HfMap::stack(hf, e)),
+            )
+        };
+        FeedForward::Experts {
+            w1: experts("feed_forward.experts.w1", [e, ef, d], std, &names.expert(0)),
+            w3: experts(
+                "feed_forward.experts.w3",
+                [e, ef, d],
+                depth_std,
+                &names.expert(1),
+            ),
+            w2: experts(
+                "feed_forward.experts.w2",
+                [e, d, ef],
+                depth_std,
+                &names.expert(2),
+            ),
+            shared,
+            router: l.add(
+                Decl::new("feed_forward.router.weight", [e, d])
+                    .trunc_normal(std)
+                    .replicated()
+                    .hf_name(&names.at("gate.weight")),
+            ),
+            bias: l.add(
+                Decl::new("feed_forward.router.balance_bias", [e])
+                    .init(Init::Zeros)
+                    .buffer()
+                    .hf_name(&names.at("gate.e_score_correction_bias")),
+            ),
+        }
+    };
+    BlockParams {
+        attention_norm,
+        attention,
+        ffn_norm,
+        ffn,
+    }
+}
+
+/// The Hugging Face names of a block's feed-forward: DeepSeek-V3's `mlp.` with
+/// `gate_proj`/`up_proj`/`down_proj` experts, or Kimi Linear's `block_sparse_moe.` with experts
+/// `w1`/`w3`/`w2` (a dense block's MLP under `mlp.` in the released checkpoints, under
+/// `block_sparse_moe.` where transformers' `save_pretrained` wrote it).
+struct HfFfnNames {
+    prefix: &'static str,
+    /// Experts' gate, up and down.
+    experts: [&'static str; 3],
+}
+
+impl HfFfnNames {
+    /// The names in block `i` (`sparse` or not).
+    fn of(a: &DeepseekArgs, sparse: bool) -> Self {
+        if a.hf_model_type != "kimi_linear" {
+            return HfFfnNames {
+                prefix: "mlp.",
+                experts: ["gate_proj", "up_proj", "down_proj"],
+            };
+        }
+        HfFfnNames {
+            // The released checkpoints keep a dense block's MLP under `mlp.`.
+            prefix: if a.hf_released_layout && !sparse {
+                "mlp."
+            } else {
+                "block_sparse_moe."
+            },
+            experts: ["w1", "w3", "w2"],
+        }
+    }
+
+    /// `prefix` + `name`.
+    fn at(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// The per-expert template of expert tensor `which` (0 gate, 1 up, 2 down).
+    fn expert(&self, which: usize) -> String {
+        format!(
+            "{}experts.{{e}}.{}.weight",
+            self.prefix, self.experts[which]
+        )
+    }
+}
+
+/// Declares multi-head latent attention's parameters in block scope `l`.
+fn declare_mla(l: &mut LayerScope, a: &DeepseekArgs, depth_std: f64) -> AttentionParams {
+    let (d, h) = (a.dim, a.n_heads);
+    let std = 0.02;
+    let mut norm = |name: &str, n: usize, hf: &str| l.add(Decl::new(name, [n]).ones().hf_name(hf));
     let kv_norm = norm(
         "attention.kv_norm.weight",
         a.kv_lora_rank,
@@ -208,7 +375,7 @@ fn declare_block(
             true,
         )),
     };
-    let attention = AttentionParams {
+    AttentionParams {
         q,
         wkv_a: linear(
             "attention.wkv_a.weight",
@@ -232,106 +399,6 @@ fn declare_block(
             "self_attn.o_proj.weight",
             false,
         ),
-    };
-    let ffn = if !sparse {
-        FeedForward::Dense {
-            w1: linear(
-                "feed_forward.w1.weight",
-                [a.ffn_dim, d],
-                std,
-                "mlp.gate_proj.weight",
-                true,
-            ),
-            w3: linear(
-                "feed_forward.w3.weight",
-                [a.ffn_dim, d],
-                depth_std,
-                "mlp.up_proj.weight",
-                true,
-            ),
-            w2: linear(
-                "feed_forward.w2.weight",
-                [d, a.ffn_dim],
-                depth_std,
-                "mlp.down_proj.weight",
-                false,
-            ),
-        }
-    } else {
-        let (e, ef) = (a.n_experts, a.expert_ffn_dim);
-        let shared_f = ef * a.n_shared_experts;
-        let shared = (a.n_shared_experts > 0).then(|| {
-            [
-                linear(
-                    "feed_forward.shared.w1.weight",
-                    [shared_f, d],
-                    std,
-                    "mlp.shared_experts.gate_proj.weight",
-                    true,
-                ),
-                linear(
-                    "feed_forward.shared.w3.weight",
-                    [shared_f, d],
-                    depth_std,
-                    "mlp.shared_experts.up_proj.weight",
-                    true,
-                ),
-                linear(
-                    "feed_forward.shared.w2.weight",
-                    [d, shared_f],
-                    depth_std,
-                    "mlp.shared_experts.down_proj.weight",
-                    false,
-                ),
-            ]
-        });
-        let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
-            l.add(
-                Decl::new(name, shape)
-                    .trunc_normal(std)
-                    .expert_dim(0)
-                    .hf(HfMap::stack(hf, e)),
-            )
-        };
-        FeedForward::Experts {
-            w1: experts(
-                "feed_forward.experts.w1",
-                [e, ef, d],
-                std,
-                "mlp.experts.{e}.gate_proj.weight",
-            ),
-            w3: experts(
-                "feed_forward.experts.w3",
-                [e, ef, d],
-                depth_std,
-                "mlp.experts.{e}.up_proj.weight",
-            ),
-            w2: experts(
-                "feed_forward.experts.w2",
-                [e, d, ef],
-                depth_std,
-                "mlp.experts.{e}.down_proj.weight",
-            ),
-            shared,
-            router: l.add(
-                Decl::new("feed_forward.router.weight", [e, d])
-                    .trunc_normal(std)
-                    .replicated()
-                    .hf_name("mlp.gate.weight"),
-            ),
-            bias: l.add(
-                Decl::new("feed_forward.router.balance_bias", [e])
-                    .init(Init::Zeros)
-                    .buffer()
-                    .hf_name("mlp.gate.e_score_correction_bias"),
-            ),
-        }
-    };
-    BlockParams {
-        attention_norm,
-        attention,
-        ffn_norm,
-        ffn,
     }
 }
 
@@ -359,22 +426,35 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
         .map(|p| p.shape.iter().product::<usize>())
         .sum();
     // 6 FLOPs per parameter per token (forward + backward) for the products a token goes
-    // through (of the routed experts, only its top-k), plus attention scores (qk_head_dim)
-    // and values (v_head_dim) over the sequence.
+    // through (of the routed experts, only its top-k; KDA's projections and convolution),
+    // plus, in MLA blocks, attention scores (qk_head_dim) and values (v_head_dim) over the
+    // sequence and, in KDA blocks, the chunked delta rule's work.
     let dense = (n - embedding - idle_params(a)) as f64;
+    let kda_layers = (0..a.n_layers).filter(|&i| a.kda_at(i).is_some()).count();
+    let mla_layers = a.n_layers - kda_layers;
     let attn =
-        6.0 * (a.n_layers * a.n_heads * (a.qk_head_dim() + a.v_head_dim) * a.max_seq_len) as f64;
+        6.0 * (mla_layers * a.n_heads * (a.qk_head_dim() + a.v_head_dim) * a.max_seq_len) as f64;
+    let delta_rule = a.kda.as_ref().map_or(0.0, |k| {
+        kda_layers as f64 * crate::kda::train_flops_per_token(k)
+    });
     ModelSpec {
         architecture: "deepseek_v3".into(),
         n_layers: a.n_layers,
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
-        flops_per_token: 6.0 * dense + attn,
+        flops_per_token: 6.0 * dense + attn + delta_rule,
         // What a token goes through when the model runs: the MTP module trains only.
         active_params: Some(n - idle_params(a) - mtp),
         // The cache holds one shared key head [latent, RoPE key], the values read from it; the
         // estimate (which counts keys and values alike) counts it twice.
-        kv_cache: vec![Some((1, a.kv_lora_rank + a.qk_rope_head_dim)); a.n_layers],
+        // KDA blocks keep a fixed-size recurrent state instead.
+        kv_cache: (0..a.n_layers)
+            .map(|i| {
+                a.kda_at(i)
+                    .is_none()
+                    .then_some((1, a.kv_lora_rank + a.qk_rope_head_dim))
+            })
+            .collect(),
         hf: Some(crate::hf::adapter(a)),
         params,
     }

@@ -20,8 +20,9 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from safetensors.torch import save_file
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig,
-                          MixtralForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GptOssConfig, GptOssForCausalLM, KimiLinearConfig,
+                          KimiLinearForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -101,6 +102,36 @@ def models():
                      rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=8.0, beta_fast=16.0,
                                           beta_slow=2.0, truncate=True, original_max_position_embeddings=32))
     )
+    # Kimi Linear: KDA (4 heads of 16, conv kernel 4) in blocks 0, 1, 3 and MLA without RoPE in
+    # block 2, a dense first block, then 8 experts in 4 groups (top 2 of 2 groups) plus a shared one.
+    no_special = dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    yield "tiny_kimi_linear", KimiLinearForCausalLM(
+        KimiLinearConfig(**{**COMMON, "num_key_value_heads": 4, "num_hidden_layers": 4, "max_position_embeddings": 512}, **no_special,
+                         moe_intermediate_size=24, n_shared_experts=1, num_local_experts=8, num_experts_per_tok=2,
+                         n_group=4, topk_group=2, routed_scaling_factor=2.446, kv_lora_rank=16, q_lora_rank=None,
+                         qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16, linear_num_heads=4, linear_head_dim=16,
+                         linear_conv_kernel_dim=4, first_k_dense_replace=1, attn_implementation="eager",
+                         layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"])
+    )
+    # Other shapes and patterns: MLA first (2 heads, a query latent), then two KDA blocks (2 heads
+    # of 24, conv kernel 3); the middle block dense (mlp_layer_types), 6 experts top 3 without
+    # groups or renormalisation, two shared experts, another norm epsilon.
+    yield "tiny_kimi_linear_other", KimiLinearForCausalLM(
+        KimiLinearConfig(**{**COMMON, "hidden_size": 48, "num_attention_heads": 2, "num_key_value_heads": 2,
+                            "num_hidden_layers": 3, "rms_norm_eps": 1e-6, "max_position_embeddings": 512},
+                         **no_special,
+                         moe_intermediate_size=16, n_shared_experts=2, num_local_experts=6, num_experts_per_tok=3,
+                         n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.5, kv_lora_rank=12,
+                         q_lora_rank=20, qk_rope_head_dim=4, v_head_dim=20, qk_nope_head_dim=12, linear_num_heads=2,
+                         linear_head_dim=24, linear_conv_kernel_dim=3, attn_implementation="eager",
+                         layer_types=["full_attention", "linear_attention", "linear_attention"],
+                         mlp_layer_types=["sparse", "dense", "sparse"])
+    )
+
+
+# Tokens per row where 11 is too few: the delta rule's chunks are 64 tokens, so these cross two
+# chunk boundaries.
+SEQ_LEN = {"tiny_kimi_linear": 160, "tiny_kimi_linear_other": 150}
 
 
 def checkpoint_grads(name, grad, model_type):
@@ -108,6 +139,9 @@ def checkpoint_grads(name, grad, model_type):
     fused in memory (`mlp.experts.gate_up_proj [E, 2F, D]`, `mlp.experts.down_proj [E, D, F]`)
     and saves them per expert (`experts.{e}.gate_proj.weight`, ...; Mixtral's
     `block_sparse_moe.experts.{e}.w1/w3/w2.weight` and `block_sparse_moe.gate.weight`)."""
+    if model_type == "kimi_linear":
+        yield from kimi_linear_grads(name, grad)
+        return
     if model_type == "gpt_oss":
         # Saved as it is held: fused, interleaved experts.
         yield name, grad
@@ -127,6 +161,29 @@ def checkpoint_grads(name, grad, model_type):
             yield f"{base}{e}.{down_n}.weight", grad[e]
     elif mixtral and name.endswith("mlp.gate.weight"):
         yield name[: -len("mlp.gate.weight")] + "block_sparse_moe.gate.weight", grad
+    else:
+        yield name, grad
+
+
+def kimi_linear_grads(name, grad):
+    """Kimi Linear saves its MoE and dense MLP under `block_sparse_moe.` (experts `w1`/`w3`/`w2`),
+    the forget gate's tensors directly under `self_attn.`, and the one `conv1d [3HD, 1, K]` as
+    `q_conv1d`, `k_conv1d`, `v_conv1d`."""
+    name = name.replace(".mlp.", ".block_sparse_moe.").replace("self_attn.forget_gate.", "self_attn.")
+    if name.endswith("self_attn.conv1d.weight"):
+        base = name[: -len("conv1d.weight")]
+        for part, g in zip("qkv", grad.chunk(3, dim=0)):
+            yield f"{base}{part}_conv1d.weight", g
+    elif name.endswith("experts.gate_up_proj"):
+        base = name[: -len("gate_up_proj")]
+        gate, up = grad.chunk(2, dim=1)
+        for e in range(grad.shape[0]):
+            yield f"{base}{e}.w1.weight", gate[e]
+            yield f"{base}{e}.w3.weight", up[e]
+    elif name.endswith("experts.down_proj"):
+        base = name[: -len("down_proj")]
+        for e in range(grad.shape[0]):
+            yield f"{base}{e}.w2.weight", grad[e]
     else:
         yield name, grad
 
@@ -153,6 +210,11 @@ def widen(model):
         for bname, b in model.named_buffers():
             if bname.endswith("e_score_correction_bias"):
                 b.uniform_(-0.1, 0.1)
+        # KDA: a decay of about 0.05 per token (softplus(dt_bias + ..) ≈ 0.05, rate ≈ 1), so the
+        # state carries across the 64-token chunks rather than forgetting within a few tokens.
+        for pname, p in model.named_parameters():
+            if pname.endswith("forget_gate.dt_bias"):
+                p.uniform_(-4.0, -2.0)
 
 
 def main():
@@ -171,7 +233,8 @@ def main():
         d = OUT / name
         d.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(d, safe_serialization=True)
-        tokens = torch.randint(0, COMMON["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
+        tokens = torch.randint(0, COMMON["vocab_size"], (2, SEQ_LEN.get(name, 11)),
+                               generator=torch.Generator().manual_seed(1))
         logits = model(tokens).logits.float()
         vocab = logits.shape[-1]
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
