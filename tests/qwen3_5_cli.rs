@@ -109,6 +109,15 @@ fn logprobs_and_generation_on_the_transformers_checkpoint() {
         .map(|t| t.to_string())
         .collect();
     assert_eq!(new.len(), 12, "{g}");
+    // Only the attention block caches keys and values per token (2 KV heads of 16, f32); the
+    // three Gated DeltaNet blocks keep a state of fixed size per sequence.
+    assert_eq!(g["cache_bytes_per_token"], 2 * 2 * 16 * 4, "{g}");
+    assert!(
+        g["state_bytes_per_sequence"]
+            .as_u64()
+            .is_some_and(|b| b > 0),
+        "{g}"
+    );
     let all = format!("{prompt},{}", new.join(","));
     let lp = json_of(
         &anneal()
