@@ -86,10 +86,17 @@ impl Qwen35 {
             .narrow(2, 2 * key_dim, a.linear_value_dim())?
             .reshape(&[b, t, hv, dv])?;
         let beta_bth = x_btd.linear(&ctx.w(&l.in_proj_b)?)?.unary("sigmoid")?;
-        let decay_rate = ctx.w(&l.a_log)?.unary("exp")?.scale(-1.0)?;
+        // The log-decay in f32 whatever the parameters' dtype, as transformers computes it: a
+        // sum of many of them must not round to the next bf16 step.
+        let decay_rate = ctx
+            .w(&l.a_log)?
+            .to_dtype("f32")?
+            .unary("exp")?
+            .scale(-1.0)?;
         let g_bth = x_btd
             .linear(&ctx.w(&l.in_proj_a)?)?
-            .add(&ctx.w(&l.dt_bias)?)?
+            .to_dtype("f32")?
+            .add(&ctx.w(&l.dt_bias)?.to_dtype("f32")?)?
             .unary("softplus")?
             .mul(&decay_rate)?;
         let opts = DeltaRuleOpts {
