@@ -33,6 +33,7 @@ pub fn built_dir() -> &'static Path {
             "anneal-plugin-llama",
             "anneal-plugin-gpt-oss",
             "anneal-plugin-deepseek-v3",
+            "anneal-plugin-qwen3-5",
             "anneal-plugin-adamw",
             "anneal-plugin-muon",
             "anneal-plugin-sgd",

@@ -1,5 +1,5 @@
 //! The model plugins against Hugging Face transformers (Llama, Qwen3, Qwen3-MoE and Mixtral from
-//! the Llama plugin, gpt-oss from its own): the same weights give the same logits and gradients
+//! the Llama plugin; gpt-oss, DeepSeek-V3 and Qwen3.5 from their own): the same weights give the same logits and gradients
 //! (fixtures written by tests/reference/make_hf_fixtures.py), decode with a KV cache matches the
 //! full forward bit for bit, recompute matches plain backward, and export/import round-trips.
 
@@ -27,7 +27,7 @@ fn model_for(
 }
 
 /// Every fixture with a transformers reference.
-const FIXTURES: [&str; 11] = [
+const FIXTURES: [&str; 14] = [
     "tiny_llama",
     "tiny_llama3_scaled",
     "tiny_qwen3",
@@ -37,6 +37,18 @@ const FIXTURES: [&str; 11] = [
     "tiny_gpt_oss_other",
     "tiny_deepseek_v3",
     "tiny_deepseek_v3_plain_q",
+    "tiny_kimi_linear",
+    "tiny_kimi_linear_other",
+    "tiny_qwen3_5",
+    "tiny_qwen3_5_moe",
+    "tiny_qwen3_5_other",
+];
+
+/// The linear-attention fixtures (rows of 150 to 200 tokens: the delta rule's 64-token chunks).
+const LINEAR_ATTENTION: [&str; 5] = [
+    "tiny_qwen3_5",
+    "tiny_qwen3_5_moe",
+    "tiny_qwen3_5_other",
     "tiny_kimi_linear",
     "tiny_kimi_linear_other",
 ];
@@ -115,6 +127,62 @@ fn decode_with_kv_cache_matches_the_full_forward() {
 }
 
 #[test]
+fn linear_attention_decode_equals_the_full_forward_bitwise() {
+    // A prefill that ends inside the second 64-token chunk, then one token at a time past the
+    // next boundary: with batch-invariant kernels the host's convolution tail and recurrent
+    // state give every step the bits of the full forward (the RL invariant).
+    let _inv = anneal_engine::invariant::set_batch_invariant(true);
+    for name in LINEAR_ATTENTION {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let (t, prefill) = (140, 70);
+        let tokens = exp["tokens"]
+            .narrow(0, 1, 1)
+            .unwrap()
+            .narrow(1, 0, t)
+            .unwrap();
+        let full = model
+            .forward(&params, &tokens, &positions(0, t), &ForwardOpts::default())
+            .unwrap()
+            .to_vec_f32();
+        let v = full.len() / t;
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let cache = Arc::new(KvCache::new());
+        let opts = ForwardOpts {
+            cache: Some(cache.clone()),
+            ..Default::default()
+        };
+        let first = model
+            .forward(
+                &params,
+                &tokens.narrow(1, 0, prefill).unwrap(),
+                &positions(0, prefill),
+                &opts,
+            )
+            .unwrap()
+            .to_vec_f32();
+        assert_eq!(bits(&first), bits(&full[..prefill * v]), "{name}: prefill");
+        for pos in prefill..t {
+            let step = model
+                .forward(
+                    &params,
+                    &tokens.narrow(1, pos, 1).unwrap(),
+                    &positions(pos, 1),
+                    &opts,
+                )
+                .unwrap()
+                .to_vec_f32();
+            assert_eq!(
+                bits(&step),
+                bits(&full[pos * v..(pos + 1) * v]),
+                "{name}: position {pos}"
+            );
+        }
+    }
+}
+
+#[test]
 fn recompute_gives_identical_gradients() {
     let dir = fixture("tiny_llama");
     let (model, params) = model_for(&dir);
@@ -163,6 +231,20 @@ fn export_then_import_round_trips() {
         "tiny_deepseek_v3_plain_q",
     ] {
         export_round_trip_of(name);
+    }
+    for name in LINEAR_ATTENTION {
+        let cfg = export_round_trip_of(name);
+        let orig = hf::read_config(&fixture(name)).unwrap();
+        for key in [
+            "layer_types",
+            "rope_parameters",
+            "linear_conv_kernel_dim",
+            "linear_num_value_heads",
+            "shared_expert_intermediate_size",
+            "tie_word_embeddings",
+        ] {
+            assert_eq!(cfg[key], orig[key], "{name}: {key}");
+        }
     }
     let cfg = export_round_trip_of("tiny_gpt_oss");
     let orig = hf::read_config(&fixture("tiny_gpt_oss")).unwrap();
@@ -328,6 +410,9 @@ fn logprobs_match_transformers() {
         "tiny_deepseek_v3_plain_q",
         "tiny_kimi_linear",
         "tiny_kimi_linear_other",
+        "tiny_qwen3_5",
+        "tiny_qwen3_5_moe",
+        "tiny_qwen3_5_other",
     ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
@@ -412,6 +497,9 @@ fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
         "tiny_deepseek_v3",
         "tiny_kimi_linear",
         "tiny_kimi_linear_other",
+        "tiny_qwen3_5",
+        "tiny_qwen3_5_moe",
+        "tiny_qwen3_5_other",
     ] {
         let (model, params) = model_for(&fixture(name));
         let prompt: Vec<i64> = (0..58).map(|i| (i * 37 + 5) % 96).collect();

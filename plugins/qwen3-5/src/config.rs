@@ -1,0 +1,536 @@
+//! Model arguments, the named flavors and the reading of a Hugging Face `config.json`.
+
+use anneal_plugin_api::sdk::{checks, HfConfig};
+use serde::{Deserialize, Serialize};
+
+/// What a block mixes its tokens with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerType {
+    /// Gated DeltaNet: a recurrent state of fixed size per sequence.
+    LinearAttention,
+    /// Output-gated softmax attention with a KV cache.
+    FullAttention,
+}
+
+/// Everything that defines a Qwen3.5 (or Qwen3.5-MoE) model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen35Args {
+    /// Hidden size.
+    pub dim: usize,
+    /// Number of blocks.
+    pub n_layers: usize,
+    /// Query heads of the full-attention layers.
+    pub n_heads: usize,
+    /// Key/value heads of the full-attention layers.
+    pub n_kv_heads: usize,
+    /// Per-head size of the full-attention layers.
+    pub head_dim: usize,
+    /// Share of each full-attention head that RoPE rotates (`partial_rotary_factor`).
+    pub partial_rotary_factor: f64,
+    /// Hidden size of the dense SwiGLU feed-forward (unused by the MoE model).
+    pub ffn_dim: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// RMSNorm epsilon (every norm, the gated one included).
+    pub norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// Longest sequence.
+    pub max_seq_len: usize,
+    /// Share the embedding table with the output projection.
+    pub tie_embeddings: bool,
+    /// Each block's token mixer; empty: every `full_attention_interval`-th block is full
+    /// attention, the others linear.
+    #[serde(default)]
+    pub layer_types: Vec<LayerType>,
+    /// The period of full-attention blocks when `layer_types` is empty.
+    #[serde(default = "four")]
+    pub full_attention_interval: usize,
+    /// Kernel size of the causal convolution before the delta rule.
+    pub linear_conv_kernel: usize,
+    /// Query/key heads of the linear-attention layers.
+    pub linear_n_key_heads: usize,
+    /// Value heads of the linear-attention layers (a multiple of the key heads).
+    pub linear_n_value_heads: usize,
+    /// Per-head query/key size of the linear-attention layers.
+    pub linear_key_head_dim: usize,
+    /// Per-head value size of the linear-attention layers.
+    pub linear_value_head_dim: usize,
+    /// Parameter dtype (`f32` or `bf16`).
+    #[serde(default = "f32_name")]
+    pub dtype: String,
+    /// The `model_type` of the Hugging Face checkpoint: `qwen3_5_text`, `qwen3_5_moe_text`, or
+    /// `qwen3_5` / `qwen3_5_moe`, whose text model nests under `text_config` and keeps its
+    /// tensors under `model.language_model.`.
+    #[serde(default = "text_name")]
+    pub hf_model_type: String,
+    /// A mixture of experts with a gated shared expert in every block (Qwen3.5-MoE).
+    #[serde(default)]
+    pub moe: Option<MoeArgs>,
+}
+
+/// Qwen3.5-MoE's feed-forward: a softmax top-k router over SwiGLU experts (the chosen weights
+/// renormalised) plus a shared SwiGLU expert scaled by `sigmoid(shared_expert_gate · x)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeArgs {
+    /// Routed experts per block (`num_experts`).
+    pub n_experts: usize,
+    /// Experts each token is sent to (`num_experts_per_tok`).
+    pub top_k: usize,
+    /// Hidden size of one routed expert (`moe_intermediate_size`).
+    pub expert_ffn_dim: usize,
+    /// Hidden size of the shared expert (`shared_expert_intermediate_size`).
+    pub shared_ffn_dim: usize,
+    /// Coefficient of the load-balancing loss (0: none).
+    #[serde(default)]
+    pub aux_loss_coef: f64,
+}
+
+fn four() -> usize {
+    4
+}
+
+fn f32_name() -> String {
+    "f32".into()
+}
+
+fn text_name() -> String {
+    "qwen3_5_text".into()
+}
+
+impl Qwen35Args {
+    /// Block `i`'s token mixer.
+    pub fn layer_type(&self, i: usize) -> LayerType {
+        match self.layer_types.get(i) {
+            Some(t) => *t,
+            None if (i + 1).is_multiple_of(self.full_attention_interval) => {
+                LayerType::FullAttention
+            }
+            None => LayerType::LinearAttention,
+        }
+    }
+
+    /// How many blocks are of type `t`.
+    pub fn count(&self, t: LayerType) -> usize {
+        (0..self.n_layers)
+            .filter(|&i| self.layer_type(i) == t)
+            .count()
+    }
+
+    /// The leading dims of each full-attention head that RoPE rotates.
+    pub fn rot_dim(&self) -> usize {
+        // transformers: int(head_dim * partial_rotary_factor).
+        (self.head_dim as f64 * self.partial_rotary_factor) as usize
+    }
+
+    /// Query/key width of a linear-attention layer (`key_dim`).
+    pub fn linear_key_dim(&self) -> usize {
+        self.linear_n_key_heads * self.linear_key_head_dim
+    }
+
+    /// Value width of a linear-attention layer (`value_dim`).
+    pub fn linear_value_dim(&self) -> usize {
+        self.linear_n_value_heads * self.linear_value_head_dim
+    }
+
+    /// Channels of the causal convolution: queries, keys and values together.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.linear_key_dim() + self.linear_value_dim()
+    }
+
+    /// Whether the checkpoint nests the text model (`qwen3_5`, `qwen3_5_moe`).
+    pub fn nested(&self) -> bool {
+        matches!(self.hf_model_type.as_str(), "qwen3_5" | "qwen3_5_moe")
+    }
+
+    /// Checks the arguments fit together.
+    pub fn validate(&self) -> Result<(), String> {
+        checks::at_least_one(&[
+            ("dim", self.dim),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+            ("full_attention_interval", self.full_attention_interval),
+            ("linear_conv_kernel", self.linear_conv_kernel),
+            ("linear_n_key_heads", self.linear_n_key_heads),
+            ("linear_n_value_heads", self.linear_n_value_heads),
+            ("linear_key_head_dim", self.linear_key_head_dim),
+            ("linear_value_head_dim", self.linear_value_head_dim),
+        ])?;
+        if self.moe.is_none() {
+            checks::at_least_one(&[("ffn_dim", self.ffn_dim)])?;
+        }
+        // A negative epsilon can make RMSNorm divide by zero or take the root of a negative.
+        checks::finite_non_negative(&[("norm_eps (rms_norm_eps)", self.norm_eps)])?;
+        checks::finite_positive(&[
+            ("rope_theta", self.rope_theta),
+            ("partial_rotary_factor", self.partial_rotary_factor),
+        ])?;
+        if self.partial_rotary_factor > 1.0 {
+            return Err(format!(
+                "partial_rotary_factor = {} must be at most 1",
+                self.partial_rotary_factor
+            ));
+        }
+        let rot = self.rot_dim();
+        if rot == 0 || !rot.is_multiple_of(2) {
+            return Err(format!(
+                "head_dim ({}) x partial_rotary_factor ({}) = {rot} rotated dims: must be even and at least 2",
+                self.head_dim, self.partial_rotary_factor
+            ));
+        }
+        if !self.layer_types.is_empty() && self.layer_types.len() != self.n_layers {
+            return Err(format!(
+                "layer_types lists {} blocks, the model has {} layers",
+                self.layer_types.len(),
+                self.n_layers
+            ));
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err(format!(
+                "n_heads ({}) must be a multiple of n_kv_heads ({})",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !self
+            .linear_n_value_heads
+            .is_multiple_of(self.linear_n_key_heads)
+        {
+            return Err(format!(
+                "linear_n_value_heads ({}) must be a multiple of linear_n_key_heads ({})",
+                self.linear_n_value_heads, self.linear_n_key_heads
+            ));
+        }
+        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
+            return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
+        }
+        if !matches!(
+            self.hf_model_type.as_str(),
+            "qwen3_5_text" | "qwen3_5_moe_text" | "qwen3_5" | "qwen3_5_moe"
+        ) {
+            return Err(format!(
+                "hf_model_type '{}' is not one of qwen3_5_text, qwen3_5_moe_text, qwen3_5, qwen3_5_moe",
+                self.hf_model_type
+            ));
+        }
+        if let Some(m) = &self.moe {
+            checks::at_least_one(&[
+                ("moe.n_experts", m.n_experts),
+                ("moe.top_k", m.top_k),
+                ("moe.expert_ffn_dim", m.expert_ffn_dim),
+                ("moe.shared_ffn_dim", m.shared_ffn_dim),
+            ])?;
+            if m.top_k > m.n_experts {
+                return Err(format!(
+                    "moe.top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (moe.n_experts)",
+                    m.top_k, m.n_experts
+                ));
+            }
+            checks::finite_non_negative(&[("moe.aux_loss_coef", m.aux_loss_coef)])?;
+        }
+        Ok(())
+    }
+}
+
+/// The named flavors.
+pub fn flavor(name: &str) -> Option<Qwen35Args> {
+    // Small enough that 300 steps of 8 x 256 tokens train in minutes on 2 cores: 3 Gated
+    // DeltaNet blocks and 1 full-attention block, as Qwen3.5 interleaves them.
+    let debug = Qwen35Args {
+        dim: 256,
+        n_layers: 4,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        partial_rotary_factor: 0.25,
+        ffn_dim: 768,
+        vocab_size: 8192,
+        norm_eps: 1e-6,
+        rope_theta: 10_000_000.0,
+        max_seq_len: 2048,
+        tie_embeddings: false,
+        layer_types: vec![],
+        full_attention_interval: 4,
+        linear_conv_kernel: 4,
+        linear_n_key_heads: 2,
+        linear_n_value_heads: 4,
+        linear_key_head_dim: 64,
+        linear_value_head_dim: 64,
+        dtype: "f32".into(),
+        hf_model_type: "qwen3_5_text".into(),
+        moe: None,
+    };
+    // transformers' `Qwen3_5TextConfig()` defaults: the Qwen3.5-9B shape.
+    let qwen3_5_9b = Qwen35Args {
+        dim: 4096,
+        n_layers: 32,
+        n_heads: 16,
+        n_kv_heads: 4,
+        head_dim: 256,
+        ffn_dim: 12_288,
+        vocab_size: 248_320,
+        max_seq_len: 32_768,
+        linear_n_key_heads: 16,
+        linear_n_value_heads: 32,
+        linear_key_head_dim: 128,
+        linear_value_head_dim: 128,
+        dtype: "bf16".into(),
+        ..debug.clone()
+    };
+    Some(match name {
+        "debugmodel" => debug,
+        "debugmodel_moe" => Qwen35Args {
+            hf_model_type: "qwen3_5_moe_text".into(),
+            ffn_dim: 0,
+            moe: Some(MoeArgs {
+                n_experts: 8,
+                top_k: 2,
+                expert_ffn_dim: 256,
+                shared_ffn_dim: 256,
+                aux_loss_coef: 0.001,
+            }),
+            ..debug
+        },
+        "qwen3_5_9b" => qwen3_5_9b,
+        // transformers' `Qwen3_5MoeTextConfig()` defaults: the Qwen3.5-35B-A3B shape.
+        "qwen3_5_35b_a3b" => Qwen35Args {
+            dim: 2048,
+            n_layers: 40,
+            n_kv_heads: 2,
+            ffn_dim: 0,
+            hf_model_type: "qwen3_5_moe_text".into(),
+            moe: Some(MoeArgs {
+                n_experts: 256,
+                top_k: 8,
+                expert_ffn_dim: 512,
+                shared_ffn_dim: 512,
+                aux_loss_coef: 0.0,
+            }),
+            ..qwen3_5_9b
+        },
+        _ => return None,
+    })
+}
+
+/// Flavor names, in the order `anneal plugins list` shows them.
+pub const FLAVORS: &[&str] = &[
+    "debugmodel",
+    "debugmodel_moe",
+    "qwen3_5_9b",
+    "qwen3_5_35b_a3b",
+];
+
+/// Arguments from a Hugging Face `config.json` of model type `qwen3_5_text`,
+/// `qwen3_5_moe_text`, or `qwen3_5` / `qwen3_5_moe` (the text model's keys under
+/// `text_config`; `tie_word_embeddings` at the top level). A key that is absent takes
+/// transformers' default; a key of the wrong type is reported as such.
+pub fn from_hf_config(c: &serde_json::Value) -> Result<Qwen35Args, String> {
+    let top = HfConfig::new(c);
+    let model_type = top.str("model_type")?.unwrap_or("qwen3_5_text").to_string();
+    let nested = match model_type.as_str() {
+        "qwen3_5_text" | "qwen3_5_moe_text" => false,
+        "qwen3_5" | "qwen3_5_moe" => true,
+        other => {
+            return Err(format!(
+                "config.json: model_type '{other}' is not served by this plugin (qwen3_5_text, qwen3_5_moe_text, qwen3_5, qwen3_5_moe)"
+            ))
+        }
+    };
+    let f = if nested {
+        top.object("text_config")?
+    } else {
+        HfConfig::new(c)
+    };
+    let moe = model_type.starts_with("qwen3_5_moe");
+    let n_layers = f.need_uint("num_hidden_layers")?;
+    let n_heads = f.uint("num_attention_heads")?.unwrap_or(16);
+    let rope = f.rope(10_000.0)?;
+    if rope.llama3.is_some() || rope.yarn.is_some() {
+        return Err("config.json: only the default rope type is supported".into());
+    }
+    // transformers 5 keeps the factor in `rope_parameters`; older configs at the top level.
+    let partial = match f.get("rope_parameters") {
+        Some(_) => f
+            .object("rope_parameters")?
+            .float("partial_rotary_factor")?,
+        None => None,
+    };
+    let partial = match partial {
+        Some(p) => p,
+        None => f.float("partial_rotary_factor")?.unwrap_or(0.25),
+    };
+    let layer_types = match f.str_list("layer_types")? {
+        Some(list) => list
+            .iter()
+            .map(|t| match *t {
+                "linear_attention" => Ok(LayerType::LinearAttention),
+                "full_attention" => Ok(LayerType::FullAttention),
+                other => Err(format!(
+                    "config.json: layer_types holds '{other}' (linear_attention or full_attention)"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => vec![],
+    };
+    // The nested configs tie at the top level (`Qwen3_5Config.tie_word_embeddings`).
+    let tie = match top.bool("tie_word_embeddings")? {
+        Some(t) if nested => t,
+        _ => f.bool("tie_word_embeddings")?.unwrap_or(false),
+    };
+    if f.bool("attention_bias")?.unwrap_or(false) {
+        return Err("config.json: attention_bias = true is not supported".into());
+    }
+    if let Some(act) = f.str("hidden_act")? {
+        if act != "silu" {
+            return Err(format!(
+                "config.json: hidden_act '{act}' is not supported (silu)"
+            ));
+        }
+    }
+    let args = Qwen35Args {
+        dim: f.need_uint("hidden_size")?,
+        n_layers,
+        n_heads,
+        n_kv_heads: f
+            .uint("num_key_value_heads")?
+            .unwrap_or(if moe { 2 } else { 4 }),
+        head_dim: f.uint("head_dim")?.unwrap_or(256),
+        partial_rotary_factor: partial,
+        ffn_dim: if moe {
+            0
+        } else {
+            f.need_uint("intermediate_size")?
+        },
+        vocab_size: f.need_uint("vocab_size")?,
+        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-6),
+        rope_theta: rope.theta,
+        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(32_768),
+        tie_embeddings: tie,
+        full_attention_interval: f.uint("full_attention_interval")?.unwrap_or(4),
+        layer_types,
+        linear_conv_kernel: f.uint("linear_conv_kernel_dim")?.unwrap_or(4),
+        linear_n_key_heads: f.uint("linear_num_key_heads")?.unwrap_or(16),
+        linear_n_value_heads: f.uint("linear_num_value_heads")?.unwrap_or(32),
+        linear_key_head_dim: f.uint("linear_key_head_dim")?.unwrap_or(128),
+        linear_value_head_dim: f.uint("linear_value_head_dim")?.unwrap_or(128),
+        dtype: "f32".into(),
+        moe: if moe {
+            Some(MoeArgs {
+                n_experts: f.uint("num_experts")?.unwrap_or(256),
+                top_k: f.uint("num_experts_per_tok")?.unwrap_or(8),
+                expert_ffn_dim: f.uint("moe_intermediate_size")?.unwrap_or(512),
+                shared_ffn_dim: f.uint("shared_expert_intermediate_size")?.unwrap_or(512),
+                // transformers adds the balancing loss only with `output_router_logits`.
+                aux_loss_coef: if f.bool("output_router_logits")?.unwrap_or(false) {
+                    f.float("router_aux_loss_coef")?.unwrap_or(0.001)
+                } else {
+                    0.0
+                },
+            })
+        } else {
+            None
+        },
+        hf_model_type: model_type,
+    };
+    args.validate().map_err(|e| format!("config.json: {e}"))?;
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tiny() -> serde_json::Value {
+        json!({
+            "model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 112, "vocab_size": 96,
+            "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.5}
+        })
+    }
+
+    #[test]
+    fn a_tiny_config_reads_with_transformers_defaults() {
+        let a = from_hf_config(&tiny()).unwrap();
+        assert_eq!((a.dim, a.rot_dim(), a.conv_dim()), (64, 8, 96));
+        let types: Vec<LayerType> = (0..4).map(|i| a.layer_type(i)).collect();
+        assert_eq!(
+            types,
+            [
+                LayerType::LinearAttention,
+                LayerType::LinearAttention,
+                LayerType::LinearAttention,
+                LayerType::FullAttention
+            ]
+        );
+        assert_eq!((a.linear_conv_kernel, a.norm_eps), (4, 1e-6));
+        assert!(!a.nested() && a.moe.is_none());
+    }
+
+    #[test]
+    fn nested_configs_read_the_text_config_and_tie_at_the_top() {
+        let mut text = tiny();
+        for (k, v) in [
+            ("model_type", json!("qwen3_5_moe_text")),
+            ("num_experts", json!(4)),
+            ("num_experts_per_tok", json!(2)),
+            ("moe_intermediate_size", json!(8)),
+            ("shared_expert_intermediate_size", json!(12)),
+            ("tie_word_embeddings", json!(false)),
+            (
+                "layer_types",
+                json!([
+                    "full_attention",
+                    "linear_attention",
+                    "full_attention",
+                    "linear_attention"
+                ]),
+            ),
+        ] {
+            text[k] = v;
+        }
+        let c =
+            json!({"model_type": "qwen3_5_moe", "tie_word_embeddings": true, "text_config": text});
+        let a = from_hf_config(&c).unwrap();
+        assert!(a.nested() && a.tie_embeddings);
+        assert_eq!(a.moe.as_ref().unwrap().shared_ffn_dim, 12);
+        assert_eq!(a.layer_type(0), LayerType::FullAttention);
+        assert_eq!(a.count(LayerType::LinearAttention), 2);
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_name() {
+        for (k, v, what) in [
+            (
+                "hidden_size",
+                json!("64"),
+                "'hidden_size' has the wrong type",
+            ),
+            ("rms_norm_eps", json!(-1e-5), "rms_norm_eps"),
+            ("linear_num_value_heads", json!(3), "linear_n_value_heads"),
+            ("layer_types", json!(["linear_attention"]), "layer_types"),
+            ("layer_types", json!(["x", "y", "z", "w"]), "'x'"),
+            ("model_type", json!("llama"), "not served"),
+            ("hidden_act", json!("gelu"), "hidden_act"),
+        ] {
+            let mut c = tiny();
+            c[k] = v;
+            let e = from_hf_config(&c).unwrap_err();
+            assert!(e.contains(what), "{k}: {e}");
+        }
+        let mut c = tiny();
+        c["rope_parameters"]["partial_rotary_factor"] = json!(0.1);
+        let e = from_hf_config(&c).unwrap_err();
+        assert!(e.contains("rotated dims"), "{e}");
+    }
+}

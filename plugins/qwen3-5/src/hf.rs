@@ -1,0 +1,99 @@
+//! The Hugging Face `config.json` of a model (each parameter declares its own Hugging Face name
+//! in `spec.rs`). transformers' `rotate_half` partial RoPE is the half-split layout over the
+//! first `rot_dim` dims that the host's RoPE uses, so tensors map one to one.
+
+use crate::config::{LayerType, Qwen35Args};
+use anneal_plugin_api::sdk::HfAdapter;
+use serde_json::json;
+
+/// The config for export: the text model's keys, nested under `text_config` for the
+/// `qwen3_5` / `qwen3_5_moe` model types (which tie at the top level).
+pub fn adapter(a: &Qwen35Args) -> HfAdapter {
+    let moe = a.moe.is_some();
+    let text_type = if moe {
+        "qwen3_5_moe_text"
+    } else {
+        "qwen3_5_text"
+    };
+    let layer_types: Vec<LayerType> = (0..a.n_layers).map(|i| a.layer_type(i)).collect();
+    let mut text = json!({
+        "model_type": text_type,
+        "architectures": [if moe { "Qwen3_5MoeForCausalLM" } else { "Qwen3_5ForCausalLM" }],
+        "hidden_size": a.dim,
+        "num_hidden_layers": a.n_layers,
+        "num_attention_heads": a.n_heads,
+        "num_key_value_heads": a.n_kv_heads,
+        "head_dim": a.head_dim,
+        "vocab_size": a.vocab_size,
+        "rms_norm_eps": a.norm_eps,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": a.rope_theta,
+            "partial_rotary_factor": a.partial_rotary_factor,
+        },
+        "max_position_embeddings": a.max_seq_len,
+        "tie_word_embeddings": a.tie_embeddings,
+        "layer_types": layer_types,
+        "linear_conv_kernel_dim": a.linear_conv_kernel,
+        "linear_num_key_heads": a.linear_n_key_heads,
+        "linear_num_value_heads": a.linear_n_value_heads,
+        "linear_key_head_dim": a.linear_key_head_dim,
+        "linear_value_head_dim": a.linear_value_head_dim,
+        "hidden_act": "silu",
+        "attention_bias": false,
+        "dtype": if a.dtype == "bf16" { "bfloat16" } else { "float32" },
+    });
+    match &a.moe {
+        Some(m) => {
+            text["num_experts"] = json!(m.n_experts);
+            text["num_experts_per_tok"] = json!(m.top_k);
+            text["moe_intermediate_size"] = json!(m.expert_ffn_dim);
+            text["shared_expert_intermediate_size"] = json!(m.shared_ffn_dim);
+            text["output_router_logits"] = json!(m.aux_loss_coef > 0.0);
+            text["router_aux_loss_coef"] = json!(m.aux_loss_coef);
+        }
+        None => text["intermediate_size"] = json!(a.ffn_dim),
+    }
+    if !a.nested() {
+        return HfAdapter { config: text };
+    }
+    let architecture = if moe {
+        "Qwen3_5MoeForConditionalGeneration"
+    } else {
+        "Qwen3_5ForConditionalGeneration"
+    };
+    HfAdapter {
+        config: json!({
+            "model_type": a.hf_model_type,
+            "architectures": [architecture],
+            "tie_word_embeddings": a.tie_embeddings,
+            "text_config": text,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{flavor, from_hf_config};
+
+    #[test]
+    fn the_exported_config_reads_back_the_same() {
+        for name in ["debugmodel", "debugmodel_moe"] {
+            let mut a = flavor(name).unwrap();
+            a.layer_types = (0..a.n_layers).map(|i| a.layer_type(i)).rev().collect();
+            a.full_attention_interval = 4;
+            let back = from_hf_config(&adapter(&a).config).unwrap();
+            assert_eq!(back, a, "{name}");
+            a.hf_model_type = if a.moe.is_some() {
+                "qwen3_5_moe"
+            } else {
+                "qwen3_5"
+            }
+            .into();
+            a.tie_embeddings = true;
+            let back = from_hf_config(&adapter(&a).config).unwrap();
+            assert_eq!(back, a, "{name} nested");
+        }
+    }
+}
