@@ -200,7 +200,7 @@ fn step_bucket(
     let (got, mut sent) = exchange(comm, send, &recv_counts)?;
 
     // The owner's full tensors (rank r's rows come r-th), stepped as one process would.
-    let mut at: Vec<usize> = (0..ranks).map(|r| recv_counts[..r].iter().sum()).collect();
+    let mut at = run_starts(&recv_counts);
     let mut take = |r: usize, n: usize| {
         let v = &got[at[r]..at[r] + n];
         at[r] += n;
@@ -261,7 +261,7 @@ fn step_bucket(
         .collect();
     let (got, sent_back) = exchange(comm, back, &recv_counts)?;
     sent += sent_back;
-    let mut at: Vec<usize> = (0..ranks).map(|r| recv_counts[..r].iter().sum()).collect();
+    let mut at = run_starts(&recv_counts);
     for &(i, owner) in bucket {
         let (name, shard_param) = &named[i];
         let shard = &layouts[i].1;
@@ -286,6 +286,18 @@ fn step_bucket(
         }
     }
     Ok(sent)
+}
+
+/// Where each source rank's run starts in an all-to-all's result.
+fn run_starts(counts: &[usize]) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |at, &n| {
+            let start = *at;
+            *at += n;
+            Some(start)
+        })
+        .collect()
 }
 
 /// A variable-count all-to-all of f32 runs: `send[r]` goes to rank `r`, `recv_counts[r]` values

@@ -11,6 +11,7 @@
 
 use super::host::HostSession;
 use super::kv_cache::KvCache;
+use super::ops_state::layer_of;
 use anneal_engine::ops::DeltaRuleParams;
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::ops as o;
@@ -25,10 +26,6 @@ fn inputs_of<'a, const N: usize>(inputs: &'a [Tensor], op: &str) -> R<[&'a Tenso
         return Err(format!("{op} takes {N} inputs, got {}", inputs.len()));
     }
     Ok(std::array::from_fn(|i| &inputs[i]))
-}
-
-fn layer_of(op: &str, layer: i64) -> R<usize> {
-    usize::try_from(layer).map_err(|_| format!("{op}: layer {layer} must not be negative"))
 }
 
 /// Row `r` of each tensor along dim 0.

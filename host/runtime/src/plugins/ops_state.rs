@@ -25,7 +25,8 @@ fn input<'a>(inputs: &'a [Tensor], op: &str) -> R<&'a Tensor> {
     inputs.first().ok_or_else(|| format!("{op} needs an input"))
 }
 
-fn layer_of(op: &str, layer: i64) -> R<usize> {
+/// A layer attribute as an index, refused when negative.
+pub(super) fn layer_of(op: &str, layer: i64) -> R<usize> {
     usize::try_from(layer).map_err(|_| format!("{op}: layer {layer} must not be negative"))
 }
 
