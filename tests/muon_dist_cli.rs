@@ -5,10 +5,13 @@
 //!
 //! With two micro-batches over two ranks the summed gradient is bitwise the single process's
 //! (one addition, which commutes), so every loss of FSDP(2) is bitwise the single process's:
-//! the parameters after each step are the same bits. With four ranks MPI adds four gradients
-//! in its own order, so FSDP(4) and HSDP(2×2) are bitwise DDP(4) (the same sums, the plain
-//! unsharded step) and stay within 1e-6 of the single process, while the optimizer state stays
-//! sharded.
+//! the parameters after each step are the same bits. With four ranks the gradients are summed
+//! pairwise in rank order whatever the layout (`anneal_dist::rank_order_sum`), so FSDP(4) and
+//! HSDP(2×2) are bitwise DDP(4) (the same sums, the plain unsharded step) and stay within 1e-5
+//! of the single process, which adds its four micro-batches in sequence, while the optimizer
+//! state stays sharded. (Newton–Schulz runs in bf16, Muon's default: a gradient that differs in
+//! its last f32 bit can round to another bf16 value, so the 4-rank curve drifts from the single
+//! process's by about 1e-6 after a few steps.)
 
 mod dist_support;
 
@@ -106,7 +109,7 @@ fn muon_under_fsdp_steps_the_full_matrices() {
         for (step, (a, b)) in one.iter().zip(&got).enumerate() {
             let b = f64::from_bits(*b);
             assert!(
-                (a - b).abs() / a < 1e-6,
+                (a - b).abs() / a < 1e-5,
                 "{name} step {}: {a} vs {b}",
                 step + 1
             );

@@ -13,8 +13,10 @@
 //! mesh.rs     `Mesh`: degrees per dimension (dp_replicate, dp_shard, tp, pp, cp, ep), a rank's
 //!             coordinates, and one sub-communicator per dimension
 //! ```
-//! Reductions are sums in f32 whatever the parameter dtype (gradients are reduced in f32). The
-//! element types are explicit ([`SendBuf`], [`RecvBuf`]: f32, u8, i64) so that a device-buffer
+//! Reductions are sums in f32 whatever the parameter dtype (gradients are reduced in f32), in
+//! one fixed order ([`rank_order_sum`]): pairwise over the ranks, so that summing over a group
+//! of `2^k` consecutive ranks and then over the groups gives the same bits as summing over all
+//! of them at once (HSDP's two-level gradient sum equals DDP's and FSDP's). The element types are explicit ([`SendBuf`], [`RecvBuf`]: f32, u8, i64) so that a device-buffer
 //! implementation (NCCL) can add its own variants without changing the trait's shape.
 
 pub mod launch;
@@ -29,6 +31,34 @@ pub use crate::mpi::Mpi;
 pub use mesh::{Mesh, MeshDim, MeshError, MESH_KEYS};
 pub use shard::Dim0Shard;
 pub use single::Single;
+
+/// Sums `rows` equal-length rows of `buf` (row `i` is rank `i`'s contribution) into row 0,
+/// pairwise in rank order: the sum over ranks `lo..hi` is the sum over `lo..mid` plus the sum
+/// over `mid..hi`, where `mid - lo` is the largest power of two below `hi - lo`. Every split
+/// falls on a multiple of each power of two that fits, so for a group size `g = 2^k` the
+/// sum over `n` ranks equals the sum over `n / g` consecutive groups of their own sums, bit for
+/// bit: the reduction's result does not depend on how the mesh nests the ranks. (MPI's own
+/// reductions pick an order by message size and communicator, so three ranks' sum of sums and
+/// four ranks' one sum would round differently.) The other rows are overwritten.
+pub fn rank_order_sum(buf: &mut [f32], rows: usize) {
+    if rows <= 1 {
+        return;
+    }
+    let n = buf.len() / rows;
+    fn sum(buf: &mut [f32], n: usize, lo: usize, hi: usize) {
+        if hi - lo <= 1 {
+            return;
+        }
+        let mid = lo + (hi - lo).next_power_of_two() / 2;
+        sum(buf, n, lo, mid);
+        sum(buf, n, mid, hi);
+        let (head, tail) = buf.split_at_mut(mid * n);
+        for (a, b) in head[lo * n..(lo + 1) * n].iter_mut().zip(&tail[..n]) {
+            *a += *b;
+        }
+    }
+    sum(buf, n, 0, rows);
+}
 
 /// Why a collective could not run.
 #[derive(Debug, thiserror::Error)]
@@ -233,11 +263,13 @@ pub trait Collective {
     /// Processes in the communicator.
     fn size(&self) -> usize;
 
-    /// Sums `buf` element-wise over all ranks, in place; every rank gets the sum.
+    /// Sums `buf` element-wise over all ranks, in place; every rank gets the sum. Over MPI
+    /// (and trivially in a single process) the sum is [`rank_order_sum`]'s, so it does not
+    /// depend on how the ranks are grouped; NCCL sums in its own order.
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), DistError>;
 
     /// Sums `send` (length `size() × recv.len()`) over all ranks and leaves block `rank()` of
-    /// the sum in `recv`.
+    /// the sum in `recv`, summed in [`rank_order_sum`]'s order as [`Collective::all_reduce_sum`].
     fn reduce_scatter_sum(&self, send: &[f32], recv: &mut [f32]) -> Result<(), DistError>;
 
     /// Concatenates every rank's `send` (all the same length) in rank order into `recv`.
@@ -444,7 +476,59 @@ fn check_rank(op: &'static str, rank: usize, size: usize) -> Result<(), DistErro
 
 #[cfg(test)]
 mod tests {
-    use super::check_slurm_step;
+    use super::{check_slurm_step, rank_order_sum};
+
+    /// Values whose f32 sum depends on the order they are added in.
+    fn contributions(rows: usize, n: usize) -> Vec<f32> {
+        (0..rows * n)
+            .map(|i| {
+                let x = (i as f32 * 0.618_034).fract() - 0.5;
+                x * 10f32.powi((i % 9) as i32)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_rank_order_sum_is_pairwise() {
+        let mut b = vec![1.0e8f32, 1.0, -1.0e8, 1.0];
+        rank_order_sum(&mut b, 4);
+        // (1e8 + 1) + (-1e8 + 1): each bracket rounds its 1 away.
+        assert_eq!(b[0], 0.0);
+        let mut b = vec![1.0e8f32, -1.0e8, 1.0];
+        rank_order_sum(&mut b, 3);
+        assert_eq!(b[0], 1.0, "(r0 + r1) + r2");
+        let mut one = vec![3.5f32, 4.5];
+        rank_order_sum(&mut one, 1);
+        assert_eq!(one, [3.5, 4.5]);
+    }
+
+    #[test]
+    fn summing_groups_of_a_power_of_two_then_the_groups_is_the_same_sum() {
+        let n = 7;
+        for (groups, g) in [(2, 2), (3, 2), (2, 4), (3, 4), (5, 2), (1, 8)] {
+            let rows = groups * g;
+            let all = contributions(rows, n);
+            let mut flat = all.clone();
+            rank_order_sum(&mut flat, rows);
+            let mut partial = Vec::new();
+            for grp in all.chunks(g * n) {
+                let mut grp = grp.to_vec();
+                rank_order_sum(&mut grp, g);
+                partial.extend_from_slice(&grp[..n]);
+            }
+            rank_order_sum(&mut partial, groups);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&flat[..n]), bits(&partial[..n]), "{groups} x {g}");
+        }
+        // A sequential sum rounds otherwise: the order matters for these values.
+        let all = contributions(8, n);
+        let mut flat = all.clone();
+        rank_order_sum(&mut flat, 8);
+        let seq: Vec<f32> = (0..n)
+            .map(|j| (0..8).fold(0.0f32, |acc, r| acc + all[r * n + j]))
+            .collect();
+        assert_ne!(flat[..n], seq[..]);
+    }
 
     #[test]
     fn an_srun_step_that_mpi_does_not_see_is_refused() {

@@ -1,13 +1,15 @@
-//! [`Collective`] over an MPI communicator, through the `mpi` crate (rsmpi). MPI has no
-//! in-place form in rsmpi, so reductions go through a copy of the input. rsmpi aborts the job
+//! [`Collective`] over an MPI communicator, through the `mpi` crate (rsmpi). Sums do not use
+//! MPI's reductions, whose order depends on the implementation, the message size and the
+//! communicator: a reduce-scatter is an all-to-all of the blocks, each rank summing the
+//! contributions to its block in [`rank_order_sum`]'s order (the same bytes on the wire as a
+//! pairwise-exchange reduce-scatter), and an all-reduce is that plus an all-gather. rsmpi aborts the job
 //! on an MPI error (MPI's default handler), so every length and rank is checked here first and
 //! returned as a [`DistError`].
 
 use crate::{
-    check_all_to_all, check_gather, check_rank, check_reduce_scatter, Collective, DistError,
-    Pending, RecvBuf, SendBuf,
+    check_all_to_all, check_gather, check_rank, check_reduce_scatter, rank_order_sum, Collective,
+    DistError, Pending, RecvBuf, SendBuf,
 };
-use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
@@ -128,6 +130,34 @@ impl Drop for MpiPending {
     }
 }
 
+/// A non-blocking all-to-all of `rows` contributions whose rank-order sum is the result.
+struct OrderedSum {
+    exchange: MpiPending,
+    rows: usize,
+    /// The result's length (the rest is padding or other ranks' rows).
+    len: usize,
+}
+
+impl Pending for OrderedSum {
+    fn wait(mut self: Box<Self>) -> Result<Vec<f32>, DistError> {
+        let mut all = self.exchange.finish();
+        rank_order_sum(&mut all, self.rows);
+        all.truncate(self.len);
+        Ok(all)
+    }
+}
+
+impl Mpi {
+    /// Block `rank()` of the rank-order sum of `send` (`size()` blocks): every rank sends each
+    /// block to its owner, which sums what it received.
+    fn ordered_reduce_scatter(&self, send: &[f32], recv: &mut [f32]) {
+        let mut all = vec![0f32; send.len()];
+        self.comm.all_to_all_into(send, &mut all[..]);
+        rank_order_sum(&mut all, self.size());
+        recv.copy_from_slice(&all[..recv.len()]);
+    }
+}
+
 impl Collective for Mpi {
     fn rank(&self) -> usize {
         self.comm.rank() as usize
@@ -138,11 +168,16 @@ impl Collective for Mpi {
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), DistError> {
-        mpi_count("all_reduce_sum", buf.len())?;
+        let size = self.size();
+        let block = buf.len().div_ceil(size);
+        mpi_count("all_reduce_sum", block * size)?;
         self.count(buf.len() * 4);
-        let send = buf.to_vec();
-        self.comm
-            .all_reduce_into(&send[..], buf, SystemOperation::sum());
+        let mut padded = buf.to_vec();
+        padded.resize(block * size, 0.0);
+        let mut mine = vec![0f32; block];
+        self.ordered_reduce_scatter(&padded, &mut mine);
+        self.comm.all_gather_into(&mine[..], &mut padded[..]);
+        buf.copy_from_slice(&padded[..buf.len()]);
         Ok(())
     }
 
@@ -150,8 +185,7 @@ impl Collective for Mpi {
         check_reduce_scatter(send.len(), recv.len(), self.size())?;
         mpi_count("reduce_scatter_sum", send.len())?;
         self.count(send.len() * 4);
-        self.comm
-            .reduce_scatter_block_into(send, recv, SystemOperation::sum());
+        self.ordered_reduce_scatter(send, recv);
         Ok(())
     }
 
@@ -256,14 +290,21 @@ impl Collective for Mpi {
         Ok(())
     }
 
+    /// Non-blocking, so it cannot chain a reduce-scatter into an all-gather: every rank gathers
+    /// every rank's whole buffer and sums it locally (`size()` times the bytes of
+    /// [`Collective::all_reduce_sum`]; for small buffers such as flags and statistics).
     fn iall_reduce_sum(&self, buf: Vec<f32>) -> Result<Box<dyn Pending>, DistError> {
-        mpi_count("iall_reduce_sum", buf.len())?;
-        self.count(buf.len() * 4);
-        let n = buf.len();
-        Ok(Box::new(MpiPending::start(buf, n, |s, r| {
-            self.comm
-                .immediate_all_reduce_into(StaticScope, s, r, SystemOperation::sum())
-        })))
+        let (len, rows) = (buf.len(), self.size());
+        mpi_count("iall_reduce_sum", len * rows)?;
+        self.count(len * 4);
+        let exchange = MpiPending::start(buf, len * rows, |s, r| {
+            self.comm.immediate_all_gather_into(StaticScope, s, r)
+        });
+        Ok(Box::new(OrderedSum {
+            exchange,
+            rows,
+            len,
+        }))
     }
 
     fn ireduce_scatter_sum(&self, send: Vec<f32>) -> Result<Box<dyn Pending>, DistError> {
@@ -278,11 +319,15 @@ impl Collective for Mpi {
         }
         mpi_count("ireduce_scatter_sum", send.len())?;
         self.count(send.len() * 4);
-        let n = send.len() / size;
-        Ok(Box::new(MpiPending::start(send, n, |s, r| {
-            self.comm
-                .immediate_reduce_scatter_block_into(StaticScope, s, r, SystemOperation::sum())
-        })))
+        let (all, len) = (send.len(), send.len() / size);
+        let exchange = MpiPending::start(send, all, |s, r| {
+            self.comm.immediate_all_to_all_into(StaticScope, s, r)
+        });
+        Ok(Box::new(OrderedSum {
+            exchange,
+            rows: size,
+            len,
+        }))
     }
 
     fn iall_gather(&self, send: Vec<f32>) -> Result<Box<dyn Pending>, DistError> {

@@ -165,6 +165,10 @@ fn check_non_blocking(c: &dyn Collective) {
     drop(c.iall_reduce_sum(vec![1.0; 8]).unwrap());
 }
 
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 fn check_mesh(world: &dyn Collective) {
     let (r, n) = (world.rank(), world.size());
     // pp, dp_replicate, dp_shard, cp, ep, tp: 2 replicas × the rest sharded.
@@ -193,6 +197,38 @@ fn check_mesh(world: &dyn Collective) {
         .comm_of(world, &[MeshDim::DpReplicate, MeshDim::DpShard])
         .unwrap();
     assert_eq!((dp.rank(), dp.size()), (r, n));
+    // Gradients summed over the shard group and then over the replicas have the same bits
+    // as summed over every rank at once (HSDP = DDP), for values whose order matters.
+    let value = |rank: usize, i: usize| -> f32 {
+        let x = ((rank * 7 + i) as f32 * 0.618_034).fract() - 0.5;
+        x * 10f32.powi(((rank * 4 + i) % 9) as i32)
+    };
+    let mine: Vec<f32> = (0..6).map(|i| value(r, i)).collect();
+    let mut flat = mine.clone();
+    dp.all_reduce_sum(&mut flat).unwrap();
+    let mut nested = mine;
+    sh.all_reduce_sum(&mut nested).unwrap();
+    rep.all_reduce_sum(&mut nested).unwrap();
+    assert_eq!(bits(&flat), bits(&nested), "sum of sums");
+    let mut every: Vec<f32> = (0..n)
+        .flat_map(|s| (0..6).map(move |i| value(s, i)))
+        .collect();
+    anneal_dist::rank_order_sum(&mut every, n);
+    assert_eq!(bits(&flat), bits(&every[..6]), "rank order");
+    // The reduce-scatter sums each block in the same order: 12 values split over 2 or 4 ranks.
+    let k = 12 / n;
+    let mut block = vec![0f32; k];
+    let send: Vec<f32> = (0..12).map(|i| value(r, i)).collect();
+    dp.reduce_scatter_sum(&send, &mut block).unwrap();
+    let mut every: Vec<f32> = (0..n)
+        .flat_map(|s| (0..12).map(move |i| value(s, i)))
+        .collect();
+    anneal_dist::rank_order_sum(&mut every, n);
+    assert_eq!(
+        bits(&block),
+        bits(&every[r * k..(r + 1) * k]),
+        "reduce-scatter"
+    );
 }
 
 fn check_dim0_shards(c: &dyn Collective) {

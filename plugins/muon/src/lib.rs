@@ -11,8 +11,10 @@
 //! NS₅ is the quintic Newton–Schulz iteration with the published coefficients
 //! (a, b, c) = (3.4445, −4.7750, 2.0315): X ← u / (‖u‖_F + ε) (transposed when A > B, so
 //! X·Xᵀ is the smaller Gram matrix), then five times `Y = X·Xᵀ; X ← a·X + (b·Y + c·Y·Y)·X`,
-//! in f32 by default or in bf16 (`ns_dtype = "bfloat16"`; products accumulate in f32, as the
-//! reference runs it) after the normalization in f32. A 3-D stack `[E, A, B]` (a mixture of experts' weights) is
+//! in bf16 by default (`ns_dtype = "bfloat16"`: products accumulate in f32, as the reference
+//! runs it, after the normalization in f32) or in f32 (`"float32"`: twice the cost, and the
+//! update no longer rounds away the last bits of a gradient, so runs whose gradients are summed
+//! in another order stay closer). A 3-D stack `[E, A, B]` (a mixture of experts' weights) is
 //! orthogonalized matrix by matrix in one batched iteration.
 //!
 //! Which tensors Muon takes is a rule on rank and name: tensors of a rank in `muon_ranks`
@@ -73,7 +75,7 @@ pub struct Muon {
     pub exclude: Vec<String>,
     /// Ranks of the tensors Muon takes (2: matrices; 3: stacks of matrices, batched).
     pub muon_ranks: Vec<usize>,
-    /// The dtype of the Newton–Schulz iterations: `float32` (default) or `bfloat16`.
+    /// The dtype of the Newton–Schulz iterations: `bfloat16` (default) or `float32`.
     pub ns_dtype: String,
 }
 
@@ -95,7 +97,7 @@ impl Default for Muon {
                 "router".into(),
             ],
             muon_ranks: vec![2, 3],
-            ns_dtype: "float32".into(),
+            ns_dtype: "bfloat16".into(),
         }
     }
 }

@@ -1,5 +1,5 @@
 """Reference Muon steps in PyTorch, written from Keller Jordan's Muon and Moonlight's scaling,
-with AdamW for the parameters Muon leaves out; Newton-Schulz in f32 (the default) or bf16, on a
+with AdamW for the parameters Muon leaves out; Newton-Schulz in bf16 (the default) or f32, on a
 matrix or batched over a stack of them. Writes ../fixtures/muon_steps.json,
 which host/runtime/tests/muon.rs replays through the built plugin.
 
@@ -23,7 +23,7 @@ DEFAULTS = dict(
     adamw_eps=1e-8,
     exclude=["embed", "output", "lm_head", "router"],
     muon_ranks=[2, 3],
-    ns_dtype="float32",
+    ns_dtype="bfloat16",
 )
 
 
