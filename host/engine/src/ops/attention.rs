@@ -97,7 +97,12 @@ fn positions(t: &Tensor, n: usize, what: &str) -> Result<Vec<i64>> {
 }
 
 /// Checks shapes and options; returns the spec the kernels use.
-fn resolve(q: &Tensor, k: &Tensor, v: &Tensor, p: &AttentionParams) -> Result<AttentionSpec> {
+pub(crate) fn resolve(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    p: &AttentionParams,
+) -> Result<AttentionSpec> {
     for (name, t) in [("q", q), ("k", k), ("v", v)] {
         if t.rank() != 4 {
             return Err(invalid(

@@ -9,6 +9,7 @@ mod delta_rule_cache;
 mod elementwise;
 mod matmul;
 mod reduce;
+mod ring_attention;
 mod view;
 
 pub use attention::{scaled_dot_product_attention, AttentionGrads, AttentionParams, AttentionSpec};
@@ -19,6 +20,7 @@ pub use delta_rule::{
 pub use delta_rule_cache::DeltaRuleCache;
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use reduce::ReduceOp;
+pub use ring_attention::{ring_attention, KvRing};
 
 pub(crate) use elementwise::add;
 
