@@ -4,6 +4,7 @@
 //! `anneal train` ([`run`]).
 
 pub mod checkpoint;
+mod context;
 mod dist;
 mod fsdp;
 mod full_matrix;
@@ -15,6 +16,7 @@ mod run;
 mod schedule;
 mod trainer;
 
+pub use context::RankRing;
 pub use dist::Dist;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, run_dist, RunSummary};

@@ -1,0 +1,105 @@
+//! Context parallelism's ring: the [`KvRing`] that ring attention passes key/value blocks
+//! around, over the `cp` communicator of the mesh.
+
+use anneal_dist::{Collective, RecvBuf, SendBuf};
+use anneal_engine::ops::KvRing;
+use anneal_engine::{Error, Result, Storage, Tensor};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// The tag of ring passes (point-to-point messages between the ranks of one `cp` group).
+const RING_TAG: u16 = 0x5243;
+
+thread_local! {
+    /// The `cp` communicator of the step running on this thread (MPI is called from the
+    /// training thread only, so the communicator stays here; the ring handle the autograd
+    /// graph keeps only names it).
+    static RING: RefCell<Option<Rc<dyn Collective>>> = const { RefCell::new(None) };
+}
+
+/// Rank `r` of a `cp` group sends to `r + 1` and receives from `r − 1` (mod the group size),
+/// over the communicator [`RankRing::activate`] installed on this thread.
+pub struct RankRing {
+    size: usize,
+}
+
+/// Keeps a ring's communicator installed on this thread until dropped.
+pub struct ActiveRing(());
+
+impl Drop for ActiveRing {
+    fn drop(&mut self) {
+        RING.with(|r| r.borrow_mut().take());
+    }
+}
+
+impl RankRing {
+    /// Installs `comm` (the `cp` group, in rank order) on this thread and returns the guard
+    /// that removes it and the ring handle for [`anneal_engine::ops::ring_attention`].
+    pub fn activate(comm: Box<dyn Collective>) -> (ActiveRing, Arc<dyn KvRing>) {
+        let size = comm.size();
+        RING.with(|r| *r.borrow_mut() = Some(Rc::from(comm)));
+        (ActiveRing(()), Arc::new(RankRing { size }))
+    }
+}
+
+fn ring_err(what: impl std::fmt::Display) -> Error {
+    Error::Invalid {
+        op: "ring_attention",
+        msg: format!("context-parallel ring: {what}"),
+    }
+}
+
+impl KvRing for RankRing {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Blocking sends and receives, even ranks sending first and odd ranks receiving first,
+    /// so the ring never waits on itself (for an odd size, the two neighbouring even ranks
+    /// serialise: one finishes sending before it receives). MPI keeps the messages between
+    /// two ranks in order, so the tensors arrive in the order they were sent.
+    fn pass(&self, blocks: &[Tensor]) -> Result<Vec<Tensor>> {
+        let comm = RING
+            .with(|r| r.borrow().clone())
+            .ok_or_else(|| ring_err("no ring is active on this thread"))?;
+        let (r, n) = (comm.rank(), comm.size());
+        if n != self.size {
+            return Err(ring_err(format!(
+                "the active ring has {n} ranks, this handle {}",
+                self.size
+            )));
+        }
+        if n == 1 {
+            return Ok(blocks.to_vec());
+        }
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let send = || -> Result<()> {
+            for t in blocks {
+                let bytes = t.to_bytes();
+                comm.send(SendBuf::U8(&bytes), next, RING_TAG)
+                    .map_err(ring_err)?;
+            }
+            Ok(())
+        };
+        let recv = || -> Result<Vec<Tensor>> {
+            blocks
+                .iter()
+                .map(|t| {
+                    let mut bytes = vec![0u8; t.numel() * t.dtype().size_in_bytes()];
+                    comm.recv(RecvBuf::U8(&mut bytes), prev, RING_TAG)
+                        .map_err(ring_err)?;
+                    Tensor::from_storage(Storage::from_bytes(t.dtype(), &bytes), t.shape())
+                })
+                .collect()
+        };
+        if r % 2 == 0 {
+            send()?;
+            recv()
+        } else {
+            let got = recv()?;
+            send()?;
+            Ok(got)
+        }
+    }
+}
