@@ -128,16 +128,21 @@ impl GatherCodec {
                 .collect(),
             GatherCodec::Int8 { block } | GatherCodec::Fp8E4m3 { block } => {
                 let fp8 = matches!(self, GatherCodec::Fp8E4m3 { .. });
+                // Every code's value, looked up rather than recomputed per element.
+                let table: [f32; 256] = std::array::from_fn(|c| {
+                    if fp8 {
+                        e4m3_to_f32(c as u8)
+                    } else {
+                        c as u8 as i8 as f32
+                    }
+                });
                 let n_scales = n.div_ceil(block);
                 let (scales, codes) = words.split_at(n_scales);
                 bytes(codes)
                     .into_iter()
                     .take(n)
                     .enumerate()
-                    .map(|(i, c)| {
-                        let q = if fp8 { e4m3_to_f32(c) } else { c as i8 as f32 };
-                        q * scales[i / block]
-                    })
+                    .map(|(i, c)| table[c as usize] * scales[i / block])
                     .collect()
             }
         }
@@ -159,28 +164,23 @@ fn e4m3_to_f32(c: u8) -> f32 {
     sign * mag
 }
 
-/// The nearest fp8 e4m3 code to `x` (ties to the even code), saturating at ±448.
+/// The nearest fp8 e4m3 code to `x` (ties to the even code), saturating at ±448. Rounds the
+/// f32 bits directly: in the normal range the exponent and the top three mantissa bits are the
+/// code once the 20 bits below are rounded off (a carry rolls into the exponent, as it should);
+/// below 2⁻⁶ the codes are multiples of 2⁻⁹.
 fn e4m3_from_f32(x: f32) -> u8 {
     let sign = if x.is_sign_negative() { 0x80 } else { 0 };
     let a = x.abs().min(E4M3_MAX);
     if a.is_nan() {
         return 0x7f;
     }
-    // The positive codes 0..=0x7e are increasing in value: find the nearest by bisection.
-    let (mut lo, mut hi) = (0u8, 0x7eu8);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if e4m3_to_f32(mid) <= a {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    let (dl, dh) = (a - e4m3_to_f32(lo), e4m3_to_f32(hi) - a);
-    let code = if dl < dh || (dl == dh && lo % 2 == 0) {
-        lo
+    let code = if a < 2f32.powi(-6) {
+        (a * 512.0).round_ties_even() as u8
     } else {
-        hi
+        let bits = a.to_bits();
+        let rounded = (bits + 0x7_ffff + ((bits >> 20) & 1)) >> 20;
+        // f32's exponent bias is 127, e4m3's 7.
+        (rounded - (120 << 3)) as u8
     };
     sign | code
 }
@@ -237,6 +237,37 @@ mod tests {
             assert!(ratio <= 0.55, "{codec:?}: {ratio}");
         }
         assert_eq!(GatherCodec::F32.words(n), 2 * GatherCodec::Bf16.words(n));
+    }
+
+    /// The nearest code by search over the code table (the definition, slowly).
+    fn e4m3_nearest(x: f32) -> u8 {
+        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+        let a = x.abs().min(E4M3_MAX);
+        let mut best = 0u8;
+        for c in 1..=0x7eu8 {
+            let (d, db) = ((e4m3_to_f32(c) - a).abs(), (e4m3_to_f32(best) - a).abs());
+            if d < db || (d == db && c % 2 == 0) {
+                best = c;
+            }
+        }
+        sign | best
+    }
+
+    #[test]
+    fn e4m3_rounding_is_the_nearest_code_ties_to_even() {
+        // Every code, every midpoint between neighbours (a tie), and points just off them.
+        let mut xs = Vec::new();
+        for c in 0..0x7eu8 {
+            let (lo, hi) = (e4m3_to_f32(c), e4m3_to_f32(c + 1));
+            let mid = (lo + hi) / 2.0;
+            xs.extend([lo, mid, mid * (1.0 + 1e-6), mid * (1.0 - 1e-6), hi]);
+        }
+        xs.extend([500.0, 1e9, 1e-12, 0.0, 2f32.powi(-10), 3.0 * 2f32.powi(-10)]);
+        for x in xs {
+            for v in [x, -x] {
+                assert_eq!(e4m3_from_f32(v), e4m3_nearest(v), "{v}");
+            }
+        }
     }
 
     #[test]
