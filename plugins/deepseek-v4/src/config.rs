@@ -241,7 +241,7 @@ fn default_mlp_types(n: usize) -> Vec<MlpType> {
 }
 
 /// The named flavors.
-pub const FLAVORS: &[&str] = &["debugmodel", "deepseek_v4_flash", "deepseek_v4_pro"];
+pub const FLAVORS: &[&str] = &["debugmodel", "deepseek_v4_flash"];
 
 /// Flavor `name`.
 pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
@@ -312,7 +312,7 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         norm_eps: 1e-6,
         rope_theta: 10_000.0,
         compress_rope_theta: 160_000.0,
-        compress_yarn: Some(yarn.clone()),
+        compress_yarn: Some(yarn),
         max_seq_len: 1_048_576,
         layer_types: default_layer_types(43),
         csa_rate: 4,
@@ -338,23 +338,9 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         tie_embeddings: false,
         dtype: "bf16".into(),
     };
-    // V4-Pro (transformers' GroupedLinear notes: 128 heads of 512, 16 groups, hidden 7168).
-    let pro = DeepseekV4Args {
-        dim: 7168,
-        n_layers: 61,
-        n_heads: 128,
-        o_groups: 16,
-        n_experts: 384,
-        expert_ffn_dim: 3072,
-        index_topk: 1024,
-        layer_types: default_layer_types(61),
-        mlp_layer_types: default_mlp_types(61),
-        ..flash.clone()
-    };
     Some(match name {
         "debugmodel" => debug,
         "deepseek_v4_flash" => flash,
-        "deepseek_v4_pro" => pro,
         _ => return None,
     })
 }
