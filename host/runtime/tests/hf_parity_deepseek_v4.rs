@@ -217,3 +217,58 @@ fn generation_logprobs_equal_the_training_forward_bitwise() {
         assert_eq!(bits(&lp[prompt.len() - 1..]), bits(&g.logprobs), "{name}");
     }
 }
+
+#[test]
+fn recompute_carries_every_stream_and_gives_identical_gradients() {
+    // The blocks pass the residual streams, the token ids (hash routing) and the positions to
+    // each other; activation recompute replays each block from all three.
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let tokens = &exp["tokens"];
+        let t = tokens.shape()[1];
+        let trainable: Vec<String> = model
+            .spec()
+            .params
+            .iter()
+            .filter(|p| p.trainable)
+            .map(|p| p.name.clone())
+            .collect();
+        let run = |recompute: bool| {
+            let leaves: HashMap<String, Tensor> = params
+                .iter()
+                .map(|(k, v)| {
+                    let leaf = v.detach();
+                    let leaf = if trainable.contains(k) {
+                        leaf.requires_grad_()
+                    } else {
+                        leaf
+                    };
+                    (k.clone(), leaf)
+                })
+                .collect();
+            let leaves = Arc::new(leaves);
+            let opts = ForwardOpts {
+                training: true,
+                recompute_every: recompute as usize,
+                ..Default::default()
+            };
+            let logits = model
+                .forward(&leaves, tokens, &positions(t), &opts)
+                .unwrap();
+            logits
+                .mul(&logits)
+                .unwrap()
+                .mean_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            trainable
+                .iter()
+                .map(|n| leaves[n].grad().map(|g| g.to_vec_f32()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(false), run(true), "{name}");
+    }
+}
