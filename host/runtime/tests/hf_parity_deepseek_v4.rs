@@ -14,7 +14,11 @@ use common::{fixture, plugin_dir};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-const FIXTURES: [&str; 2] = ["tiny_deepseek_v4", "tiny_deepseek_v4_other"];
+const FIXTURES: [&str; 3] = [
+    "tiny_deepseek_v4",
+    "tiny_deepseek_v4_other",
+    "tiny_deepseek_v4_yarn",
+];
 
 fn model_for(dir: &std::path::Path) -> (PluginModel, Arc<HashMap<String, Tensor>>) {
     let cfg = hf::read_config(dir).unwrap();

@@ -369,27 +369,56 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekV4Args, String> {
         Some(_) => Some(f.object("compress_rates")?),
         None => None,
     };
-    let rate = |k: &str, d: usize| -> Result<usize, String> {
+    // DeepSeek's own config.json (before transformers' names) gives the rates as
+    // `compress_rate_csa` / `compress_rate_hca`, the layer pattern as per-layer
+    // `compress_ratios` (0, 4, 128) and the hash-routed blocks as `num_hash_layers`.
+    let rate = |k: &str, legacy: &str, d: usize| -> Result<usize, String> {
+        if let Some(r) = f.uint(legacy)? {
+            return Ok(r);
+        }
         Ok(match &rates {
             Some(r) => r.uint(k)?.unwrap_or(d),
             None => d,
         })
     };
-    let layer_types = match f.str_list("layer_types")? {
-        Some(v) => v
+    let layer_types = match (f.str_list("layer_types")?, f.uint_list("compress_ratios")?) {
+        (Some(v), _) => v
             .iter()
             .map(|s| serde_json::from_value(serde_json::Value::String(s.to_string())))
             .collect::<Result<Vec<AttentionType>, _>>()
             .map_err(|e| format!("config.json: layer_types: {e}"))?,
-        None => default_layer_types(n_layers),
+        (None, Some(ratios)) => ratios
+            .iter()
+            .map(|r| match r {
+                0 => Ok(AttentionType::SlidingAttention),
+                4 => Ok(AttentionType::CompressedSparseAttention),
+                128 => Ok(AttentionType::HeavilyCompressedAttention),
+                r => Err(format!(
+                    "config.json: compress_ratios holds {r}; expected 0, 4 or 128"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        (None, None) => default_layer_types(n_layers),
     };
+    let layer_types: Vec<AttentionType> = layer_types.into_iter().take(n_layers).collect();
     let mlp_layer_types = match f.str_list("mlp_layer_types")? {
         Some(v) => v
             .iter()
             .map(|s| serde_json::from_value(serde_json::Value::String(s.to_string())))
             .collect::<Result<Vec<MlpType>, _>>()
             .map_err(|e| format!("config.json: mlp_layer_types: {e}"))?,
-        None => default_mlp_types(n_layers),
+        None => match f.uint("num_hash_layers")? {
+            Some(h) => (0..n_layers)
+                .map(|i| {
+                    if i < h {
+                        MlpType::HashMoe
+                    } else {
+                        MlpType::Moe
+                    }
+                })
+                .collect(),
+            None => default_mlp_types(n_layers),
+        },
     };
     let rope_theta = f.float("rope_theta")?.unwrap_or(10_000.0);
     let mut compress_rope_theta = f.float("compress_rope_theta")?.unwrap_or(160_000.0);
@@ -425,8 +454,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekV4Args, String> {
         compress_yarn,
         max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(1_048_576),
         layer_types,
-        csa_rate: rate("compressed_sparse_attention", 4)?,
-        hca_rate: rate("heavily_compressed_attention", 128)?,
+        csa_rate: rate("compressed_sparse_attention", "compress_rate_csa", 4)?,
+        hca_rate: rate("heavily_compressed_attention", "compress_rate_hca", 128)?,
         sliding_window: f.uint("sliding_window")?.unwrap_or(128),
         o_groups: f.uint("o_groups")?.unwrap_or(8),
         o_lora_rank: f.uint("o_lora_rank")?.unwrap_or(1024),

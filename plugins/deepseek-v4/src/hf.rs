@@ -106,4 +106,32 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn deepseeks_own_config_keys_read_like_transformers_names() {
+        let a = flavor("deepseek_v4_flash").unwrap();
+        let mut c = adapter(&a).config;
+        let obj = c.as_object_mut().unwrap();
+        for k in ["layer_types", "mlp_layer_types", "compress_rates"] {
+            obj.remove(k);
+        }
+        // 43 blocks: 2 HCA, then CSA and HCA alternating, as transformers' default.
+        let ratios: Vec<usize> = (0..43)
+            .map(|i| if i >= 2 && (i - 2) % 2 == 1 { 4 } else { 128 })
+            .collect();
+        obj.insert("compress_ratios".into(), json!(ratios));
+        obj.insert("num_hash_layers".into(), json!(3));
+        obj.insert("compress_rate_csa".into(), json!(4));
+        obj.insert("compress_rate_hca".into(), json!(128));
+        assert_eq!(
+            from_hf_config(&c).unwrap(),
+            DeepseekV4Args {
+                balance_rate: 0.0,
+                ..a
+            }
+        );
+        c["compress_ratios"][0] = json!(7);
+        let e = from_hf_config(&c).unwrap_err();
+        assert!(e.contains("compress_ratios holds 7"), "{e}");
+    }
 }

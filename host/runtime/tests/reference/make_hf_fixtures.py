@@ -185,11 +185,26 @@ def models():
                          mlp_layer_types=["moe", "hash_moe", "moe"])
     )
 
+    torch.manual_seed(6)
+    # The released RoPE of the compressed blocks: YaRN (factor 8 over 64 positions, attention factor
+    # 1) with its own base; three streams, HCA then CSA with the indexer keeping every block.
+    yield "tiny_deepseek_v4_yarn", DeepseekV4ForCausalLM(
+        DeepseekV4Config(**v4, num_hidden_layers=2, num_attention_heads=2, head_dim=16, q_lora_rank=16,
+                         partial_rotary_factor=0.5, num_experts_per_tok=2, n_routed_experts=4, hc_mult=3,
+                         hc_sinkhorn_iters=4, sliding_window=7, o_groups=2, o_lora_rank=8, index_n_heads=2,
+                         index_head_dim=16, index_topk=64, compress_rope_theta=160000.0,
+                         rope_parameters=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64,
+                                              beta_fast=32.0, beta_slow=1.0),
+                         layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+                         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                         mlp_layer_types=["hash_moe", "moe"])
+    )
+
 
 # Tokens per row where the fixture needs more than 11: the delta rule's chunks are 64 tokens, so
 # the linear-attention models' rows cross two or three chunk boundaries.
 SEQ_LEN = {"tiny_kimi_linear": 160, "tiny_kimi_linear_other": 150, "tiny_qwen3_5": 160, "tiny_qwen3_5_moe": 150,
-           "tiny_qwen3_5_other": 200, "tiny_deepseek_v4": 48, "tiny_deepseek_v4_other": 70}
+           "tiny_qwen3_5_other": 200, "tiny_deepseek_v4": 48, "tiny_deepseek_v4_other": 70, "tiny_deepseek_v4_yarn": 100}
 
 
 def checkpoint_grads(name, grad, model_type):
