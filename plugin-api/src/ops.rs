@@ -326,6 +326,23 @@ host_ops! {
     /// bias, then SiLU when `silu`. With `cache_layer` the host keeps the sequence's last `K - 1`
     /// inputs and prepends them on the next call.
     CausalConv1d = "causal_conv1d" { silu: bool, cache_layer: Option<i64> }
+    /// The additive mask (f32, 0 where visible, -inf elsewhere) of compressed sparse attention
+    /// (DeepSeek-V4): queries at positions input 0 (`[T]` or `[B, T]`) over `[window keys;
+    /// n_blocks compressed blocks]`. With `window`, input 1 holds the window keys' positions
+    /// (`[S]` or `[B, S]`), visible when `0 <= q - k < window`; block `w` covers positions
+    /// `[w·rate, (w+1)·rate)` and is visible once complete (`w < (q + 1) / rate`) and, with
+    /// `selected`, only when the last input (i64 `[B, T, k]`) names it. Output
+    /// `[B, T, S + n_blocks]` (`B` = 1 when no input has a batch dim): the window keys then the
+    /// blocks, or with `interleaved` each block right after its last key (keys `w·rate ..
+    /// (w+1)·rate - 1`, block `w`, ..., then the keys after the last block), so a row's visible
+    /// columns come first and a shorter sequence's columns are a prefix. No gradient.
+    CompressedMask = "compressed_mask" {
+        window: Option<i64>,
+        compress_rate: i64,
+        n_blocks: i64,
+        selected: bool,
+        interleaved: bool,
+    }
     /// `len` entries of `dim` from `start`, as a view.
     Narrow = "narrow" { dim: i64, start: i64, len: i64 }
     /// Tensors joined along `dim`.

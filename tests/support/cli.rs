@@ -34,6 +34,7 @@ pub fn built_dir() -> &'static Path {
             "anneal-plugin-gpt-oss",
             "anneal-plugin-deepseek-v3",
             "anneal-plugin-qwen3-5",
+            "anneal-plugin-deepseek-v4",
             "anneal-plugin-adamw",
             "anneal-plugin-muon",
             "anneal-plugin-sgd",

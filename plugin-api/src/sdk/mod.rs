@@ -2,6 +2,7 @@
 //! and [`Optimizer`] traits, and [`export_plugin!`](crate::export_plugin).
 
 pub mod checks;
+mod compressed;
 mod export;
 mod hf_config;
 mod linear_attention;
@@ -9,6 +10,7 @@ mod moe;
 mod params;
 mod tensor;
 
+pub use compressed::CompressedMaskOpts;
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
 pub use hf_config::{HfConfig, HfRope};
 pub use linear_attention::DeltaRuleOpts;

@@ -6,6 +6,7 @@ mod kv_cache;
 pub mod loader;
 pub mod model;
 mod ops;
+mod ops_compressed;
 mod ops_linear;
 mod ops_moe;
 mod ops_state;

@@ -20,7 +20,7 @@ import sys
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from safetensors.torch import save_file
-from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, GptOssConfig, GptOssForCausalLM, KimiLinearConfig,
+from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV4Config, DeepseekV4ForCausalLM, GptOssConfig, GptOssForCausalLM, KimiLinearConfig,
                           KimiLinearForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
                           Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config,
                           Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
@@ -153,11 +153,58 @@ def models():
                           rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.5))
     )
 
+    # DeepSeek-V4: each reseeded, so it draws the same numbers whatever models come before it.
+    torch.manual_seed(9)
+    v4 = dict(vocab_size=96, hidden_size=32, moe_intermediate_size=24, num_key_value_heads=1, rms_norm_eps=1e-6,
+              max_position_embeddings=512, attn_implementation="eager", n_shared_experts=1)
+    # Two streams; a window of 8; CSA blocks of 4 (the indexer keeps 3 of up to 12) and HCA blocks of 8;
+    # hash-routed first and last blocks, 6 experts top 2 with the square-root-softplus router.
+    yield "tiny_deepseek_v4", DeepseekV4ForCausalLM(
+        DeepseekV4Config(**v4, num_hidden_layers=4, num_attention_heads=4, head_dim=16, q_lora_rank=24,
+                         partial_rotary_factor=0.25, num_experts_per_tok=2, n_routed_experts=6, hc_mult=2,
+                         hc_sinkhorn_iters=6, sliding_window=8, o_groups=2, o_lora_rank=12, index_n_heads=4,
+                         index_head_dim=8, index_topk=3,
+                         layer_types=["sliding_attention", "compressed_sparse_attention",
+                                      "heavily_compressed_attention", "compressed_sparse_attention"],
+                         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                         mlp_layer_types=["hash_moe", "moe", "moe", "hash_moe"])
+    )
+    torch.manual_seed(5)
+    # Other shapes: one stream (hc_mult 1); HCA first (blocks of 16), then CSA with blocks of 2 where the
+    # indexer keeps every complete block, then sliding only; half of each head rotates, 4 output groups,
+    # a sigmoid router over 4 experts top 3, a tied table.
+    yield "tiny_deepseek_v4_other", DeepseekV4ForCausalLM(
+        DeepseekV4Config(**{**v4, "hidden_size": 48}, num_hidden_layers=3, num_attention_heads=2, head_dim=24,
+                         q_lora_rank=16, partial_rotary_factor=0.5, num_experts_per_tok=3, n_routed_experts=4,
+                         scoring_func="sigmoid", routed_scaling_factor=2.0, swiglu_limit=3.0, hc_mult=1,
+                         hc_sinkhorn_iters=3, sliding_window=5, o_groups=4, o_lora_rank=6, index_n_heads=2,
+                         index_head_dim=12, index_topk=64, tie_word_embeddings=True, compress_rope_theta=50000.0,
+                         layer_types=["heavily_compressed_attention", "compressed_sparse_attention",
+                                      "sliding_attention"],
+                         compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 16},
+                         mlp_layer_types=["moe", "hash_moe", "moe"])
+    )
+
+    torch.manual_seed(6)
+    # The released RoPE of the compressed blocks: YaRN (factor 8 over 64 positions, attention factor
+    # 1) with its own base; three streams, HCA then CSA with the indexer keeping every block.
+    yield "tiny_deepseek_v4_yarn", DeepseekV4ForCausalLM(
+        DeepseekV4Config(**v4, num_hidden_layers=2, num_attention_heads=2, head_dim=16, q_lora_rank=16,
+                         partial_rotary_factor=0.5, num_experts_per_tok=2, n_routed_experts=4, hc_mult=3,
+                         hc_sinkhorn_iters=4, sliding_window=7, o_groups=2, o_lora_rank=8, index_n_heads=2,
+                         index_head_dim=16, index_topk=64, compress_rope_theta=160000.0,
+                         rope_parameters=dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=64,
+                                              beta_fast=32.0, beta_slow=1.0),
+                         layer_types=["heavily_compressed_attention", "compressed_sparse_attention"],
+                         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+                         mlp_layer_types=["hash_moe", "moe"])
+    )
+
 
 # Tokens per row where the fixture needs more than 11: the delta rule's chunks are 64 tokens, so
 # the linear-attention models' rows cross two or three chunk boundaries.
 SEQ_LEN = {"tiny_kimi_linear": 160, "tiny_kimi_linear_other": 150, "tiny_qwen3_5": 160, "tiny_qwen3_5_moe": 150,
-           "tiny_qwen3_5_other": 200}
+           "tiny_qwen3_5_other": 200, "tiny_deepseek_v4": 48, "tiny_deepseek_v4_other": 70, "tiny_deepseek_v4_yarn": 100}
 
 
 def checkpoint_grads(name, grad, model_type):
@@ -243,6 +290,64 @@ def widen(model):
                 p.uniform_(-4.0, -2.0)
 
 
+def deepseek_v4_tables(model):
+    """DeepSeek-V4's hash routing table is a buffer transformers starts at zeros: give every token
+    distinct random experts, and the learned routers' balancing bias values that change choices."""
+    with torch.no_grad():
+        for bname, b in model.named_buffers():
+            if bname.endswith("tid2eid"):
+                experts = model.config.n_routed_experts
+                b.copy_(torch.stack([torch.randperm(experts)[: b.shape[1]] for _ in range(b.shape[0])]))
+
+
+def deepseek_v4_check_topk(model, tokens):
+    """The indexer's top-k must not hang on a tie (ReLU scores can be exactly equal), or another
+    implementation could keep another block: every query's k-th best complete block must beat the
+    next one clearly."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Indexer
+
+    margins = []
+
+    def scorer_hook(module, args, scores):
+        rate, k = module.rate, module.k
+        t = scores.shape[1]
+        ready = (torch.arange(t) + 1) // rate
+        for q in range(t):
+            n = int(ready[q])
+            if n > k:
+                top = scores[:, q, :n].sort(dim=-1, descending=True).values
+                margins.append(float((top[:, k - 1] - top[:, k]).min()))
+
+    handles = []
+    for m in model.modules():
+        if isinstance(m, DeepseekV4Indexer):
+            m.scorer.rate, m.scorer.k = m.compress_rate, m.index_topk
+            handles.append(m.scorer.register_forward_hook(scorer_hook))
+    with torch.no_grad():
+        model(tokens)
+    for h in handles:
+        h.remove()
+    if margins:
+        print("  indexer top-k margin", min(margins), "over", len(margins), "queries")
+        assert min(margins) > 1e-3, "an indexer tie at the top-k boundary: change the fixture"
+
+
+def deepseek_v4_grads(model, tmp):
+    """Every gradient under the name the checkpoint uses, found by saving the gradients as the
+    weights with transformers' own save_pretrained (which renames and splits the experts); the
+    indexer's weights, which the top-k choice gives no gradient, get zeros; buffers are left out."""
+    import copy
+    from safetensors.torch import load_file
+
+    grads = copy.deepcopy(model)
+    with torch.no_grad():
+        for (name, p), (_, g) in zip(model.named_parameters(), grads.named_parameters()):
+            g.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+    grads.save_pretrained(tmp, safe_serialization=True)
+    out = load_file(str(pathlib.Path(tmp) / "model.safetensors"))
+    return {k: v for k, v in out.items() if not k.endswith(("tid2eid", "gate.bias"))}
+
+
 def tame(model):
     """The Qwen3.5 models run 150-200 tokens through 4-5 blocks: widened like the others,
     their forward amplifies rounding so much that transformers' own f32 and f64 logits differ by
@@ -275,11 +380,15 @@ def main():
         widen(model)
         if name.startswith("tiny_qwen3_5"):
             tame(model)
+        if name.startswith("tiny_deepseek_v4"):
+            deepseek_v4_tables(model)
         d = OUT / name
         d.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(d, safe_serialization=True)
         tokens = torch.randint(0, COMMON["vocab_size"], (2, SEQ_LEN.get(name, 11)),
                                generator=torch.Generator().manual_seed(1))
+        if name.startswith("tiny_deepseek_v4"):
+            deepseek_v4_check_topk(model, tokens)
         logits = model(tokens).logits.float()
         vocab = logits.shape[-1]
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
@@ -287,9 +396,15 @@ def main():
         lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
         out = {"tokens": tokens.contiguous(), "logits": logits.detach().contiguous(),
                "logprobs": lp.detach().contiguous(), "loss": loss.detach().reshape(1)}
-        for pname, p in model.named_parameters():
-            for gname, g in checkpoint_grads(pname, p.grad.detach(), model.config.model_type):
-                out["grad." + gname] = g.contiguous()
+        if model.config.model_type == "deepseek_v4":
+            import tempfile
+            with tempfile.TemporaryDirectory() as tmp:
+                for gname, g in deepseek_v4_grads(model, tmp).items():
+                    out["grad." + gname] = g.contiguous()
+        else:
+            for pname, p in model.named_parameters():
+                for gname, g in checkpoint_grads(pname, p.grad.detach(), model.config.model_type):
+                    out["grad." + gname] = g.contiguous()
         save_file(out, str(d / "expected.safetensors"))
         for junk in ("generation_config.json",):
             (d / junk).unlink(missing_ok=True)
