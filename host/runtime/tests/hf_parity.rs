@@ -8,23 +8,9 @@ mod common;
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::hf;
-use anneal_runtime::plugins::{find_for_model_type_in, ForwardOpts, KvCache, PluginModel};
-use common::{fixture, plugin, plugin_dir};
+use anneal_runtime::plugins::{ForwardOpts, KvCache, PluginModel};
+use common::{fixture, max_abs_diff, model_for, plugin, positions};
 use std::sync::Arc;
-
-fn model_for(
-    dir: &std::path::Path,
-) -> (PluginModel, Arc<std::collections::HashMap<String, Tensor>>) {
-    let cfg = hf::read_config(dir).unwrap();
-    let model_type = hf::model_type(dir, &cfg).unwrap();
-    let loaded = find_for_model_type_in(&[plugin_dir().to_path_buf()], model_type).unwrap();
-    let inst = loaded
-        .create(None, &serde_json::json!({ "hf_config": cfg }))
-        .unwrap();
-    let model = PluginModel::new(loaded.name(), inst).unwrap();
-    let params = hf::load_params(dir, model.spec()).unwrap();
-    (model, Arc::new(params))
-}
 
 /// Every fixture with a transformers reference.
 const FIXTURES: [&str; 14] = [
@@ -52,17 +38,6 @@ const LINEAR_ATTENTION: [&str; 5] = [
     "tiny_kimi_linear",
     "tiny_kimi_linear_other",
 ];
-
-fn positions(start: usize, n: usize) -> Tensor {
-    Tensor::from_vec((start as i64..(start + n) as i64).collect(), &[n]).unwrap()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn logits_match_transformers() {

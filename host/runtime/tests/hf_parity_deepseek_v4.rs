@@ -9,8 +9,8 @@ mod common;
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::hf;
-use anneal_runtime::plugins::{find_for_model_type_in, ForwardOpts, PluginModel};
-use common::{fixture, plugin_dir};
+use anneal_runtime::plugins::ForwardOpts;
+use common::{fixture, max_abs_diff, model_for, positions};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -19,29 +19,6 @@ const FIXTURES: [&str; 3] = [
     "tiny_deepseek_v4_other",
     "tiny_deepseek_v4_yarn",
 ];
-
-fn model_for(dir: &std::path::Path) -> (PluginModel, Arc<HashMap<String, Tensor>>) {
-    let cfg = hf::read_config(dir).unwrap();
-    let model_type = hf::model_type(dir, &cfg).unwrap();
-    let loaded = find_for_model_type_in(&[plugin_dir().to_path_buf()], model_type).unwrap();
-    let inst = loaded
-        .create(None, &serde_json::json!({ "hf_config": cfg }))
-        .unwrap();
-    let model = PluginModel::new(loaded.name(), inst).unwrap();
-    let params = hf::load_params(dir, model.spec()).unwrap();
-    (model, Arc::new(params))
-}
-
-fn positions(n: usize) -> Tensor {
-    Tensor::from_vec((0..n as i64).collect(), &[n]).unwrap()
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
-}
 
 #[test]
 fn logits_and_logprobs_match_transformers() {
@@ -52,7 +29,7 @@ fn logits_and_logprobs_match_transformers() {
         let tokens = &exp["tokens"];
         let t = tokens.shape()[1];
         let logits = model
-            .forward(&params, tokens, &positions(t), &ForwardOpts::default())
+            .forward(&params, tokens, &positions(0, t), &ForwardOpts::default())
             .unwrap();
         assert_eq!(logits.shape(), exp["logits"].shape(), "{name}");
         let d = max_abs_diff(&logits.to_vec_f32(), &exp["logits"].to_vec_f32());
@@ -104,7 +81,7 @@ fn loss_and_every_gradient_match_transformers() {
             ..Default::default()
         };
         let logits = model
-            .forward(&leaves, tokens, &positions(t), &opts)
+            .forward(&leaves, tokens, &positions(0, t), &opts)
             .unwrap();
         let v = logits.shape()[2];
         let inputs = logits
@@ -259,7 +236,7 @@ fn recompute_carries_every_stream_and_gives_identical_gradients() {
                 ..Default::default()
             };
             let logits = model
-                .forward(&leaves, tokens, &positions(t), &opts)
+                .forward(&leaves, tokens, &positions(0, t), &opts)
                 .unwrap();
             logits
                 .mul(&logits)

@@ -1,8 +1,12 @@
 //! Shared by the plugin tests: builds the workspace's plugin crates once per test binary.
 #![allow(dead_code)]
 
-use anneal_runtime::plugins::{discover, LoadedPlugin};
+use anneal_engine::Tensor;
+use anneal_runtime::hf;
+use anneal_runtime::plugins::{discover, find_for_model_type_in, LoadedPlugin, PluginModel};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The folder of the freshly built plugin crates (the test's `target/<profile>/`).
 pub fn plugin_dir() -> &'static Path {
@@ -23,4 +27,31 @@ pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(name)
+}
+
+/// The plugin model serving the Hugging Face directory `dir` (by its `model_type`), with the
+/// directory's weights.
+pub fn model_for(dir: &Path) -> (PluginModel, Arc<HashMap<String, Tensor>>) {
+    let cfg = hf::read_config(dir).unwrap();
+    let model_type = hf::model_type(dir, &cfg).unwrap();
+    let loaded = find_for_model_type_in(&[plugin_dir().to_path_buf()], model_type).unwrap();
+    let inst = loaded
+        .create(None, &serde_json::json!({ "hf_config": cfg }))
+        .unwrap();
+    let model = PluginModel::new(loaded.name(), inst).unwrap();
+    let params = hf::load_params(dir, model.spec()).unwrap();
+    (model, Arc::new(params))
+}
+
+/// Positions `start..start + n`.
+pub fn positions(start: usize, n: usize) -> Tensor {
+    Tensor::from_vec((start as i64..(start + n) as i64).collect(), &[n]).unwrap()
+}
+
+/// The largest element-wise difference of two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
