@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 mod dist;
+mod ep;
 mod fsdp;
 mod full_matrix;
 pub mod harness;
