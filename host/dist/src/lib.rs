@@ -26,7 +26,7 @@ mod shard;
 mod single;
 
 pub use crate::mpi::Mpi;
-pub use mesh::{Mesh, MeshDim, MeshError, MESH_KEYS};
+pub use mesh::{ExpertComms, Mesh, MeshDim, MeshError, MESH_KEYS};
 pub use shard::Dim0Shard;
 pub use single::Single;
 

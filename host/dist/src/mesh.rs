@@ -87,6 +87,10 @@ pub enum MeshError {
     },
 }
 
+/// The communicators of expert parallelism: the expert group and the expert-FSDP group
+/// ([`Mesh::expert_comms`]).
+pub type ExpertComms = (Box<dyn Collective>, Box<dyn Collective>);
+
 /// The job's mesh: a degree per dimension (multiplying to the world size) and this rank's
 /// coordinates.
 #[derive(Clone, Debug, PartialEq)]
@@ -212,10 +216,7 @@ impl Mesh {
     /// `dp_shard` ranks that split the experts between them, ordered by expert coordinate)
     /// and the expert-FSDP group (the `dp_shard / ep` ranks that hold the same experts,
     /// ordered by their `dp_shard` coordinate). Collective over `world`.
-    pub fn expert_comms(
-        &self,
-        world: &dyn Collective,
-    ) -> Result<(Box<dyn Collective>, Box<dyn Collective>), DistError> {
+    pub fn expert_comms(&self, world: &dyn Collective) -> Result<ExpertComms, DistError> {
         let shard = MeshDim::DpShard as usize;
         // Every coordinate but dp_shard's, linear: ranks in different places of the other
         // dimensions never share a group.

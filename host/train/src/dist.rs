@@ -28,7 +28,7 @@ pub struct Dist {
     replicate: Option<Box<dyn Collective>>,
     /// Under expert parallelism: the expert group (the ranks splitting the experts) and the
     /// expert-FSDP group (the ranks holding the same experts).
-    experts: Option<(Box<dyn Collective>, Box<dyn Collective>)>,
+    experts: Option<anneal_dist::ExpertComms>,
 }
 
 impl Dist {

@@ -49,6 +49,9 @@ struct Member {
     group: usize,
 }
 
+/// A group's gather and reduce-scatter communicators.
+type GroupComms = (Box<dyn Collective>, Box<dyn Collective>);
+
 /// Collectives in flight for one unit, one per group it has members in.
 type InFlight = Vec<(usize, Box<dyn Pending>)>;
 
@@ -100,7 +103,7 @@ pub(crate) struct Units {
     /// The gathers' and the reduce-scatters' communicators of each group, split from
     /// `dp_shard`'s (and the expert-FSDP one's) at the first step (not at construction: rank 0
     /// builds its trainer while the others wait for it).
-    comms: Option<Vec<(Box<dyn Collective>, Box<dyn Collective>)>>,
+    comms: Option<Vec<GroupComms>>,
     /// This step's shard rows of every parameter (as f32), by trainer index.
     local: Vec<Vec<f32>>,
     buffers: Named,
