@@ -7,12 +7,16 @@
 # against the exact-gather AdamW run (the quantized goal: within 1% after 300 steps). Muon's line
 # adds what rank 0 owned: matrices, estimated Newton-Schulz work and the bytes of its all-to-alls;
 # `adamw4e-3` is AdamW at Muon's learning rate (the debug config's 8e-4 is AdamW's default there).
-#   bash bench/scale_features.sh          # STEPS=300 WARMUP=5 VARIANTS="f32 bf16 int8 fp8 muon"
+# `moe` and `ep2` are the debug Qwen3-MoE (configs/qwen3_moe_debug.toml, 8 experts) on FSDP(2)
+# without and with expert parallelism (ep = 2: each rank keeps 4 experts, never gathered, and
+# the MoE layers send token rows to them); their line adds the bytes rank 0 sent per step in
+# the expert all-to-alls (ep_a2a_bytes). Their losses are compared with each other, not with f32.
+#   bash bench/scale_features.sh          # STEPS=300 WARMUP=5 VARIANTS="f32 bf16 int8 fp8 muon moe ep2"
 # Needs the corpus of configs/llama3_debug.toml (bash scripts/setup.sh) and MPI (scripts/setup-mpi.sh).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-STEPS="${STEPS:-300}" WARMUP="${WARMUP:-5}" VARIANTS="${VARIANTS:-f32 bf16 int8 fp8 muon}"
+STEPS="${STEPS:-300}" WARMUP="${WARMUP:-5}" VARIANTS="${VARIANTS:-f32 bf16 int8 fp8 muon moe ep2}"
 . "$REPO/bench/peer_env.sh"
 cargo build --release --quiet --workspace
 BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/anneal"
@@ -28,6 +32,8 @@ for v in $VARIANTS; do
         fp8) set -- configs/llama3_debug.toml --set parallelism.fsdp_all_gather_dtype=fp8_e4m3 ;;
         adamw4e-3) set -- configs/llama3_debug.toml --set optimizer.lr=4e-3 ;;
         muon) set -- configs/llama3_debug_muon.toml ;;
+        moe) set -- configs/qwen3_moe_debug.toml ;;
+        ep2) set -- configs/qwen3_moe_debug.toml --set parallelism.ep=2 ;;
         *) echo "unknown variant $v"; exit 2 ;;
     esac
     mpiexec -n 2 "$BIN" train "$@" --run-dir "$OUT/$v" --set parallelism.dp_shard=2 \
@@ -44,6 +50,7 @@ out, warmup, variants = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def rows(v):
     return [json.loads(l) for l in open(f"{out}/{v}/metrics.jsonl") if '"loss"' in l]
 ref = rows("f32")[-1]["loss"] if "f32" in variants else None
+moe_ref = rows("moe")[-1]["loss"] if "moe" in variants else None
 print(f"{'run':>9} {'tokens/s':>9} {'gather B/step':>14} {'comm B/step':>12} {'last loss':>10} {'vs f32':>8}")
 for v in variants:
     r = rows(v)
@@ -51,8 +58,11 @@ for v in variants:
     gather = r[-1].get("fsdp_gather_bytes", 0)
     comm = statistics.median(x.get("comm_bytes", 0) for x in r)
     last = r[-1]["loss"]
-    rel = f"{(last - ref) / ref * 100:+7.2f}%" if ref else "-"
+    base = moe_ref if v in ("moe", "ep2") else ref
+    rel = f"{(last - base) / base * 100:+7.2f}%" if base else "-"
     print(f"{v:>9} {tps:>9.0f} {gather:>14,} {comm:>12,.0f} {last:>10.4f} {rel:>8}")
+    if "ep_a2a_bytes" in r[-1]:
+        print(f"{'':>9} expert all-to-all bytes sent {r[-1]['ep_a2a_bytes']:,} per step (vs moe)")
     if "owner_matrices" in r[-1]:
         print(f"{'':>9} rank 0 owned {r[-1]['owner_matrices']} matrices, work {r[-1]['owner_work']:.3g}, "
               f"all-to-all bytes sent {r[-1]['owner_bytes']:,} per step")

@@ -385,6 +385,12 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    if p.ep == -1 {
+        return Err(ConfigError::at(
+            "parallelism.ep",
+            "expert parallelism borrows the ranks of dp_shard, so it takes no rest of the world size; set a degree that divides parallelism.dp_shard",
+        ));
+    }
     if let [(a, _), (b, _), ..] = degrees.iter().filter(|(_, v)| *v == -1).collect::<Vec<_>>()[..] {
         return Err(ConfigError::at(
             b,
@@ -394,7 +400,8 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
     // Data parallelism (replicas and shards) is what runs today; a mesh that needs the others
     // is refused before anything starts (so is -1 on them: it could resolve to more than 1).
     for (k, v) in &degrees[2..] {
-        if *v != 1 {
+        // Expert parallelism runs (within dp_shard, which the trainer checks).
+        if *v != 1 && *k != "parallelism.ep" {
             let what = match *k {
                 "parallelism.tp" => "tensor parallelism",
                 "parallelism.pp" => "pipeline parallelism",

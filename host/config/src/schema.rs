@@ -191,8 +191,9 @@ impl Default for Training {
 
 /// `[parallelism]`: the device mesh, a degree per dimension. The degrees multiply to the
 /// number of processes (`mpiexec -n N`, `anneal train --nproc N`); one of them may be -1 to take
-/// the rest. Today only data parallelism runs (DDP: `dp_replicate`; FSDP: `dp_shard`; HSDP:
-/// both): `tp`, `pp`, `cp` and `ep` must be 1.
+/// the rest (`ep` borrows from `dp_shard` and is not counted). Today data parallelism runs
+/// (DDP: `dp_replicate`; FSDP: `dp_shard`; HSDP: both) and expert parallelism within
+/// `dp_shard`: `tp`, `pp` and `cp` must be 1.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Parallelism {
@@ -207,7 +208,9 @@ pub struct Parallelism {
     pub pp: i64,
     /// Context (sequence) parallel degree.
     pub cp: i64,
-    /// Expert-parallel degree.
+    /// Expert-parallel degree: the experts are split over `ep` ranks borrowed from `dp_shard`
+    /// (it must divide it; it adds no processes), the MoE layers sending each token to its
+    /// experts' rank and back; expert parameters are then sharded over `dp_shard / ep`.
     pub ep: i64,
     /// How FSDP's parameter all-gathers travel: `float32` (exact), `bfloat16`, or quantized
     /// blockwise (`int8`, `fp8_e4m3`: one f32 scale per `fsdp_all_gather_block` values,

@@ -28,7 +28,7 @@ mod shard;
 mod single;
 
 pub use crate::mpi::Mpi;
-pub use mesh::{Mesh, MeshDim, MeshError, MESH_KEYS};
+pub use mesh::{ExpertComms, Mesh, MeshDim, MeshError, MESH_KEYS};
 pub use shard::Dim0Shard;
 pub use single::Single;
 
@@ -306,6 +306,25 @@ pub trait Collective {
 
     /// Starts [`Collective::all_gather`] of `send`; the handle returns the concatenation.
     fn iall_gather(&self, send: Vec<f32>) -> Result<Box<dyn Pending>, DistError>;
+
+    /// Starts [`Collective::all_to_all_v`] of f32 `send`; the handle returns what arrived,
+    /// packed in rank order (`recv_counts` elements from each rank). The default completes it
+    /// before returning: a transport without a non-blocking form still gives the right values.
+    fn iall_to_all_v(
+        &self,
+        send: Vec<f32>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+    ) -> Result<Box<dyn Pending>, DistError> {
+        let mut recv = vec![0f32; recv_counts.iter().sum()];
+        self.all_to_all_v(
+            (&send[..]).into(),
+            send_counts,
+            (&mut recv[..]).into(),
+            recv_counts,
+        )?;
+        Ok(Box::new(single::Done(recv)))
+    }
 
     /// A new communicator of the ranks that pass the same `color`, ordered by `key` (then by
     /// rank): how the mesh builds one communicator per dimension. Collective: every rank calls it.

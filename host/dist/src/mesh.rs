@@ -1,6 +1,11 @@
 //! The device mesh: the job's ranks laid out along its parallel dimensions, row-major in the
 //! order of [`MeshDim::ALL`] (`tp` varies fastest, so a tensor-parallel group is on
 //! consecutive ranks, which a launcher puts on one machine).
+//!
+//! Expert parallelism is not a dimension of its own in the world: as in TorchTitan, `ep` borrows
+//! the ranks of `dp_shard` (it must divide it). `dp_shard`'s coordinate `s` splits into an expert
+//! coordinate `s % ep` (the inner part: an expert group is `ep` consecutive shard ranks) and an
+//! expert-FSDP coordinate `s / ep` (`efsdp = dp_shard / ep`), see [`Mesh::expert_comms`].
 
 use crate::{Collective, DistError};
 
@@ -72,20 +77,50 @@ pub enum MeshError {
         /// What a -1 would need, when there is one.
         hint: String,
     },
+    /// `ep` does not divide `dp_shard` (or is -1).
+    #[error("parallelism.ep = {ep} must divide parallelism.dp_shard = {dp_shard}: expert parallelism borrows the ranks of dp_shard (it is not an extra dimension of the world)")]
+    EpNotDividing {
+        /// The `ep` degree as configured.
+        ep: i64,
+        /// The resolved `dp_shard` degree.
+        dp_shard: usize,
+    },
 }
+
+/// The communicators of expert parallelism: the expert group and the expert-FSDP group
+/// ([`Mesh::expert_comms`]).
+pub type ExpertComms = (Box<dyn Collective>, Box<dyn Collective>);
 
 /// The job's mesh: a degree per dimension (multiplying to the world size) and this rank's
 /// coordinates.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mesh {
+    /// The world's degrees (the `ep` slot is 1: it is no dimension of the world).
     degrees: [usize; 6],
     coords: [usize; 6],
+    /// The expert-parallel degree, borrowed from `dp_shard`.
+    ep: usize,
 }
 
 impl Mesh {
     /// The mesh of a job of `world` processes, seen from `rank`, from the config's degrees in
-    /// [`MeshDim::ALL`] order (one may be -1: the world size over the others' product).
+    /// [`MeshDim::ALL`] order (one may be -1: the world size over the others' product). `ep`
+    /// takes no part in the product: it must divide the resolved `dp_shard`.
     pub fn new(degrees: [i64; 6], world: usize, rank: usize) -> Result<Mesh, MeshError> {
+        let ep = degrees[MeshDim::Ep as usize];
+        let mut degrees = degrees;
+        degrees[MeshDim::Ep as usize] = 1;
+        let mut mesh = Mesh::world_mesh(degrees, world, rank)?;
+        let dp_shard = mesh.degree(MeshDim::DpShard);
+        match usize::try_from(ep) {
+            Ok(e) if e >= 1 && dp_shard.is_multiple_of(e) => mesh.ep = e,
+            _ => return Err(MeshError::EpNotDividing { ep, dp_shard }),
+        }
+        Ok(mesh)
+    }
+
+    /// [`Mesh::new`] without `ep` (its slot is 1).
+    fn world_mesh(degrees: [i64; 6], world: usize, rank: usize) -> Result<Mesh, MeshError> {
         let mut wildcard: Option<usize> = None;
         for (i, &d) in degrees.iter().enumerate() {
             if d == -1 {
@@ -151,22 +186,57 @@ impl Mesh {
         Ok(Mesh {
             degrees: resolved,
             coords,
+            ep: 1,
         })
     }
 
-    /// The degree of `dim`.
+    /// The degree of `dim` (`ep`: the expert-parallel degree, borrowed from `dp_shard`).
     pub fn degree(&self, dim: MeshDim) -> usize {
-        self.degrees[dim as usize]
+        match dim {
+            MeshDim::Ep => self.ep,
+            _ => self.degrees[dim as usize],
+        }
     }
 
-    /// This rank's coordinate along `dim`.
+    /// This rank's coordinate along `dim` (`ep`: its place in its expert group, the inner part
+    /// of its `dp_shard` coordinate).
     pub fn coord(&self, dim: MeshDim) -> usize {
-        self.coords[dim as usize]
+        match dim {
+            MeshDim::Ep => self.coords[MeshDim::DpShard as usize] % self.ep,
+            _ => self.coords[dim as usize],
+        }
     }
 
-    /// Processes in the mesh.
+    /// Processes in the mesh (`ep` borrows ranks and adds none).
     pub fn world_size(&self) -> usize {
         self.degrees.iter().product()
+    }
+
+    /// The expert communicators of an `ep > 1` mesh: the expert group (the `ep` consecutive
+    /// `dp_shard` ranks that split the experts between them, ordered by expert coordinate)
+    /// and the expert-FSDP group (the `dp_shard / ep` ranks that hold the same experts,
+    /// ordered by their `dp_shard` coordinate). Collective over `world`.
+    pub fn expert_comms(&self, world: &dyn Collective) -> Result<ExpertComms, DistError> {
+        let shard = MeshDim::DpShard as usize;
+        // Every coordinate but dp_shard's, linear: ranks in different places of the other
+        // dimensions never share a group.
+        let mut base = 0usize;
+        for i in 0..6 {
+            if i != shard {
+                base = base * self.degrees[i] + self.coords[i];
+            }
+        }
+        let s = self.coords[shard];
+        let groups = self.degrees[shard] / self.ep;
+        let id = |v: usize| {
+            u32::try_from(v).map_err(|_| DistError::TooLarge {
+                op: "mesh split",
+                count: v,
+            })
+        };
+        let ep = world.split(id(base * groups + s / self.ep)?, id(s % self.ep)?)?;
+        let efsdp = world.split(id(base * self.ep + s % self.ep)?, id(s / self.ep)?)?;
+        Ok((ep, efsdp))
     }
 
     /// The communicator of `dim`: the ranks that share every other coordinate with this one,
@@ -234,6 +304,17 @@ mod tests {
         );
         let m = Mesh::new([1, 1, 1, 1, 1, 2], 2, 1).unwrap();
         assert_eq!(m.coord(MeshDim::Tp), 1);
+        // ep borrows dp_shard's ranks: 4 processes, dp_shard 4 (the rest), ep 2.
+        let m = Mesh::new([1, 1, -1, 1, 2, 1], 4, 3).unwrap();
+        assert_eq!(m.world_size(), 4);
+        assert_eq!((m.degree(MeshDim::DpShard), m.degree(MeshDim::Ep)), (4, 2));
+        assert_eq!(m.coord(MeshDim::Ep), 1);
+        let e = Mesh::new([1, 1, 2, 1, 4, 1], 2, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("parallelism.ep = 4") && e.contains("parallelism.dp_shard = 2"),
+            "{e}"
+        );
+        assert!(Mesh::new([1, 1, 2, 1, -1, 1], 2, 0).is_err());
         let e = Mesh::new([1, 2, 1, 1, 1, 1], 3, 0).unwrap_err();
         let text = e.to_string();
         assert!(

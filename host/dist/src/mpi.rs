@@ -158,6 +158,83 @@ impl Mpi {
     }
 }
 
+/// The partitioned buffers of a variable all-to-all in flight.
+type Parts = (Vec<Count>, Vec<Count>);
+type SendPart = Partition<'static, [f32], Vec<Count>, Vec<Count>>;
+type RecvPart = PartitionMut<'static, [f32], Vec<Count>, Vec<Count>>;
+
+/// A variable all-to-all in flight (`MPI_Ialltoallv`): like [`MpiPending`], the buffers and
+/// the count and displacement arrays MPI reads until completion are boxed and leaked until
+/// the request completes, then freed.
+struct MpiVPending {
+    request: Option<Request<'static, RecvPart, StaticScope>>,
+    send: *mut SendPart,
+    send_buf: *mut [f32],
+    recv: *mut RecvPart,
+    recv_buf: *mut [f32],
+}
+
+impl MpiVPending {
+    /// Starts the exchange of `send` on `comm` (counts and displacements already checked).
+    fn start(
+        comm: &SimpleCommunicator,
+        send: Vec<f32>,
+        recv: Vec<f32>,
+        sp: Parts,
+        rp: Parts,
+    ) -> MpiVPending {
+        let send_buf = Box::into_raw(send.into_boxed_slice());
+        let recv_buf = Box::into_raw(recv.into_boxed_slice());
+        // SAFETY: the buffers and partitions live (leaked) until `finish` waits for the request
+        // and only then frees them; nothing else touches them meanwhile.
+        unsafe {
+            let send = Box::into_raw(Box::new(Partition::new(&*send_buf, sp.0, sp.1)));
+            let recv = Box::into_raw(Box::new(PartitionMut::new(&mut *recv_buf, rp.0, rp.1)));
+            let request = comm.immediate_all_to_all_varcount_into(StaticScope, &*send, &mut *recv);
+            MpiVPending {
+                request: Some(request),
+                send,
+                send_buf,
+                recv,
+                recv_buf,
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Vec<f32> {
+        if let Some(r) = self.request.take() {
+            r.wait_without_status();
+        }
+        // SAFETY: the request completed (or never started), so MPI no longer reads or writes
+        // the buffers; each pointer came from `Box::into_raw` and is freed exactly once.
+        unsafe {
+            drop(Box::from_raw(self.send));
+            drop(Box::from_raw(self.recv));
+            drop(Box::from_raw(self.send_buf));
+            let out = Box::from_raw(self.recv_buf).into_vec();
+            self.send_buf = std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0);
+            self.recv_buf = std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0);
+            self.send = std::ptr::null_mut();
+            self.recv = std::ptr::null_mut();
+            out
+        }
+    }
+}
+
+impl Pending for MpiVPending {
+    fn wait(mut self: Box<Self>) -> Result<Vec<f32>, DistError> {
+        Ok(self.finish())
+    }
+}
+
+impl Drop for MpiVPending {
+    fn drop(&mut self) {
+        if self.request.is_some() {
+            self.finish();
+        }
+    }
+}
+
 impl Collective for Mpi {
     fn rank(&self) -> usize {
         self.comm.rank() as usize
@@ -337,6 +414,27 @@ impl Collective for Mpi {
         Ok(Box::new(MpiPending::start(send, n, |s, r| {
             self.comm.immediate_all_gather_into(StaticScope, s, r)
         })))
+    }
+
+    fn iall_to_all_v(
+        &self,
+        send: Vec<f32>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+    ) -> Result<Box<dyn Pending>, DistError> {
+        const OP: &str = "iall_to_all_v";
+        let mut recv = vec![0f32; recv_counts.iter().sum()];
+        check_all_to_all(
+            &(&send[..]).into(),
+            send_counts,
+            &(&mut recv[..]).into(),
+            recv_counts,
+            self.size(),
+        )?;
+        let sp = partition(OP, send_counts)?;
+        let rp = partition(OP, recv_counts)?;
+        self.count(send.len() * 4);
+        Ok(Box::new(MpiVPending::start(&self.comm, send, recv, sp, rp)))
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Collective>, DistError> {

@@ -23,7 +23,7 @@ impl Single {
 }
 
 /// A completed operation's result.
-struct Done(Vec<f32>);
+pub(crate) struct Done(pub(crate) Vec<f32>);
 
 impl Pending for Done {
     fn wait(self: Box<Self>) -> Result<Vec<f32>, DistError> {

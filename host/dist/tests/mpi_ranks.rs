@@ -163,6 +163,28 @@ fn check_non_blocking(c: &dyn Collective) {
     assert_eq!(a.wait().unwrap(), vec![tri; 4], "iall_reduce_sum");
     // Dropping a handle unwaited completes it (no buffer is freed under MPI).
     drop(c.iall_reduce_sum(vec![1.0; 8]).unwrap());
+    // Two variable all-to-alls in flight at once (the expert exchange's halves): rank r sends
+    // d + 1 copies of r·100 + d (+ 0.5 in the second) to rank d.
+    let send_counts: Vec<usize> = (0..n).map(|d| d + 1).collect();
+    let recv_counts = vec![r + 1; n];
+    let send = |off: f32| -> Vec<f32> {
+        (0..n)
+            .flat_map(|d| std::iter::repeat_n((r * 100 + d) as f32 + off, d + 1))
+            .collect()
+    };
+    let first = c
+        .iall_to_all_v(send(0.0), &send_counts, &recv_counts)
+        .unwrap();
+    let second = c
+        .iall_to_all_v(send(0.5), &send_counts, &recv_counts)
+        .unwrap();
+    let want = |off: f32| -> Vec<f32> {
+        (0..n)
+            .flat_map(|s| std::iter::repeat_n((s * 100 + r) as f32 + off, r + 1))
+            .collect()
+    };
+    assert_eq!(first.wait().unwrap(), want(0.0), "iall_to_all_v");
+    assert_eq!(second.wait().unwrap(), want(0.5), "iall_to_all_v (second)");
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {
@@ -228,6 +250,23 @@ fn check_mesh(world: &dyn Collective) {
         bits(&block),
         bits(&every[r * k..(r + 1) * k]),
         "reduce-scatter"
+    );
+    // Expert parallelism borrows dp_shard's ranks: all of them sharded, ep 2.
+    let mesh = Mesh::new([1, 1, -1, 1, 2, 1], n, r).unwrap();
+    assert_eq!((mesh.world_size(), mesh.degree(MeshDim::Ep)), (n, 2));
+    let (ep, efsdp) = mesh.expert_comms(world).unwrap();
+    assert_eq!((ep.rank(), ep.size()), (r % 2, 2), "expert group");
+    assert_eq!(
+        (efsdp.rank(), efsdp.size()),
+        (r / 2, n / 2),
+        "expert-FSDP group"
+    );
+    let mut z = [r as f32];
+    ep.all_reduce_sum(&mut z).unwrap();
+    assert_eq!(
+        z[0],
+        (2 * (r / 2) * 2 + 1) as f32,
+        "an expert group is consecutive ranks"
     );
 }
 

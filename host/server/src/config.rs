@@ -36,11 +36,12 @@ pub fn resolve(
 }
 
 /// How many processes a run's device mesh asks for: the product of its `[parallelism]`
-/// degrees, a `-1` degree (the rest of the world size) counting 1. Above 1 the server starts
-/// the run through `anneal train --nproc N` (MPI).
+/// degrees, a `-1` degree (the rest of the world size) counting 1 (`ep` borrows ranks from
+/// `dp_shard` and adds none). Above 1 the server starts the run through
+/// `anneal train --nproc N` (MPI).
 pub fn processes(cfg: &anneal_config::JobConfig) -> usize {
-    cfg.parallelism
-        .degrees()
+    let p = &cfg.parallelism;
+    [p.pp, p.dp_replicate, p.dp_shard, p.cp, p.tp]
         .iter()
         .map(|&d| usize::try_from(d).unwrap_or(1).max(1))
         .product()

@@ -7,7 +7,9 @@
 //! summed (each micro-batch's loss already carries `1 / micro-batches`, so the sum is the
 //! average) before the norm, clipping and the optimizer, so every replica applies the same update.
 //! With `dp_shard > 1` the parameters are sharded ([`crate::fsdp`]); `dp_replicate` × `dp_shard`
-//! is HSDP, and the data is split over all of their ranks.
+//! is HSDP, and the data is split over all of their ranks. Expert parallelism (`ep`, which must
+//! divide `dp_shard`) borrows the shard ranks: each keeps `1 / ep` of the experts
+//! ([`crate::fsdp::Experts`]) and the MoE layers send token rows to them ([`crate::ep`]).
 
 use crate::TrainError;
 use anneal_config::JobConfig;
@@ -24,6 +26,9 @@ pub struct Dist {
     shard: Option<Box<dyn Collective>>,
     /// The `dp_replicate` communicator, when sharded parameters are also replicated (HSDP).
     replicate: Option<Box<dyn Collective>>,
+    /// Under expert parallelism: the expert group (the ranks splitting the experts) and the
+    /// expert-FSDP group (the ranks holding the same experts).
+    experts: Option<anneal_dist::ExpertComms>,
 }
 
 impl Dist {
@@ -34,12 +39,14 @@ impl Dist {
             dp: Box::new(Single::new()),
             shard: None,
             replicate: None,
+            experts: None,
         }
     }
 
     /// The mesh `cfg.parallelism` asks for over `world`'s processes, and its data-parallel
     /// communicator; a mesh that does not fit the world size, or that needs a dimension other
-    /// than `dp_replicate`, is a user error naming the keys. Collective over `world`.
+    /// than `dp_replicate`, `dp_shard` and `ep`, is a user error naming the keys. Collective
+    /// over `world`.
     pub fn new(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
         let dist = Dist::unbatched(cfg, world)?;
         dist.check_batch(cfg)?;
@@ -51,9 +58,11 @@ impl Dist {
     pub fn unbatched(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
         let mesh = Mesh::new(cfg.parallelism.degrees(), world.size(), world.rank())?;
         for dim in MeshDim::ALL {
-            if !matches!(dim, MeshDim::DpReplicate | MeshDim::DpShard) && mesh.degree(dim) > 1 {
+            if !matches!(dim, MeshDim::DpReplicate | MeshDim::DpShard | MeshDim::Ep)
+                && mesh.degree(dim) > 1
+            {
                 return Err(TrainError::Config(format!(
-                    "config: `parallelism.{}` resolves to {}: only data parallelism (dp_replicate, dp_shard) runs across processes so far; set parallelism.{} = 1",
+                    "config: `parallelism.{}` resolves to {}: only data and expert parallelism (dp_replicate, dp_shard, ep) run across processes so far; set parallelism.{} = 1",
                     dim.key(),
                     mesh.degree(dim),
                     dim.key()
@@ -80,11 +89,17 @@ impl Dist {
         } else {
             None
         };
+        let experts = if mesh.degree(MeshDim::Ep) > 1 {
+            Some(mesh.expert_comms(world)?)
+        } else {
+            None
+        };
         let dist = Dist {
             mesh,
             dp,
             shard,
             replicate,
+            experts,
         };
         Ok(dist)
     }
@@ -131,6 +146,30 @@ impl Dist {
     /// The `dp_replicate` communicator of an HSDP mesh.
     pub fn replicate(&self) -> Option<&dyn Collective> {
         self.replicate.as_deref()
+    }
+
+    /// Under expert parallelism: the expert group (ranks ordered by the expert slice they
+    /// hold) and the expert-FSDP group (the ranks holding this rank's slice).
+    pub fn experts(&self) -> Option<(&dyn Collective, &dyn Collective)> {
+        self.experts.as_ref().map(|(e, f)| (e.as_ref(), f.as_ref()))
+    }
+
+    /// Fails unless every data-parallel rank holds the same bits in `named` (tensors every rank
+    /// keeps whole, such as the aux-loss-free balancing bias, which the ranks update from the
+    /// same summed token counts); returns their digest.
+    pub fn check_same(&self, named: &[(String, Tensor)]) -> Result<u64, TrainError> {
+        let h = digest(named);
+        let mut bytes = h.to_le_bytes();
+        self.dp.broadcast(&mut bytes, 0)?;
+        let root = u64::from_le_bytes(bytes);
+        if root != h {
+            return Err(TrainError::Dist(anneal_dist::DistError::Diverged {
+                rank: self.rank(),
+                digest: h,
+                root,
+            }));
+        }
+        Ok(h)
     }
 
     /// For each parameter, whether any data-parallel rank has a gradient for it.
@@ -192,13 +231,7 @@ impl Dist {
     /// Returns the digest, or `None` when no rank holds a replica of this one's parameters
     /// (pure FSDP).
     pub fn check_replicas(&self, named: &[(String, Tensor)]) -> Result<Option<u64>, TrainError> {
-        // FNV-1a over the parameters' bytes in name order: cheap, and any differing bit shows.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for (_, p) in named {
-            for b in p.to_bytes() {
-                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
+        let h = digest(named);
         let group = match (&self.shard, &self.replicate) {
             (None, _) => self.dp.as_ref(),
             (Some(_), Some(rep)) => rep.as_ref(),
@@ -256,6 +289,17 @@ impl Dist {
     pub fn comm_bytes(&self) -> u64 {
         self.dp.comm_bytes()
     }
+}
+
+/// FNV-1a over the tensors' bytes in name order: cheap, and any differing bit shows.
+fn digest(named: &[(String, Tensor)]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (_, p) in named {
+        for b in p.to_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }
 
 /// Sums `buf` over `comm`'s ranks so that every rank holds the very same bits: a reduce-scatter

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 mod context;
 mod dist;
+mod ep;
 mod fsdp;
 mod full_matrix;
 pub mod harness;

@@ -237,6 +237,11 @@ pub fn run_dist(
                 "replicas identical: parameter digest {digest:016x}"
             ));
         }
+        if let Some(digest) = trainer.check_buffers()? {
+            console.note(&format!(
+                "buffers identical on every rank: digest {digest:016x}"
+            ));
+        }
     }
     let elapsed = clock(Instant::now());
     if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().shard()) {

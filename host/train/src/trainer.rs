@@ -3,7 +3,8 @@
 
 use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
 use crate::dist::Dist;
-use crate::fsdp::{Active, Fsdp, GatherCodec, Hook, Units};
+use crate::ep::{ActiveGroup, ExpertGroup};
+use crate::fsdp::{Active, Experts, Fsdp, GatherCodec, Hook, Units};
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
     params_rows_from_checkpoint, restore_optimizer, restore_optimizer_with, Provenance,
@@ -83,7 +84,12 @@ pub struct Trainer {
     fsdp: Option<Fsdp>,
     /// The per-block gathers and reduce-scatters of a training step under FSDP.
     units: Option<Rc<RefCell<Units>>>,
+    /// The expert group the MoE layers exchange rows over, under expert parallelism.
+    experts: Option<Rc<ExpertGroup>>,
 }
+
+/// What keeps a step's per-block driver and expert group reachable from the model's hooks.
+type Guards = (Option<Active>, Option<ActiveGroup>);
 
 impl Trainer {
     /// Prepares data (tokenizer, tokenized corpus, loader), the model and the optimizer, for a
@@ -222,6 +228,7 @@ impl Trainer {
             dist,
             fsdp: None,
             units: None,
+            experts: None,
         };
         if let Some(comm) = trainer.dist.shard() {
             let spec = trainer.model.spec();
@@ -233,15 +240,31 @@ impl Trainer {
             let par = &cfg.parallelism;
             let block = usize::try_from(par.fsdp_all_gather_block).unwrap_or(0);
             let codec = GatherCodec::parse(&par.fsdp_all_gather_dtype, block)?;
+            let experts = match trainer.dist.experts() {
+                Some((ep, efsdp)) => {
+                    let e = expert_layout(cfg, spec, &trainer.optimizer, ep, efsdp)?;
+                    note(&format!(
+                        "ep: {} expert parameters in {} slices of experts (this rank: slice {}), each sharded over {} rank(s)",
+                        e.names.len(),
+                        e.slice.1,
+                        e.slice.0,
+                        e.efsdp.1
+                    ));
+                    trainer.experts = Some(ExpertGroup::new());
+                    Some(e)
+                }
+                None => None,
+            };
             let units = Units::new(
                 &trainer.named,
                 |name| layers.get(name).copied().flatten(),
                 spec.n_layers,
                 (comm.rank(), comm.size()),
+                experts.as_ref(),
                 codec,
             );
             note(&units.summary());
-            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size());
+            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size(), experts.as_ref());
             trainer.named = fsdp.shard(&trainer.named)?;
             trainer.fsdp = Some(fsdp);
             trainer.units = Some(Rc::new(RefCell::new(units)));
@@ -292,16 +315,23 @@ impl Trainer {
     /// Under FSDP, activates the per-block driver (each block's parameters gathered and freed
     /// around its forward and its backward) and returns its guard with forward options that
     /// route the stages through it; plain options otherwise. Collective under FSDP.
-    fn block_forward(&self, training: bool) -> Result<(Option<Active>, ForwardOpts), TrainError> {
+    /// Under expert parallelism the expert group is activated too (the hook hands it to the
+    /// MoE layers).
+    fn block_forward(&self, training: bool) -> Result<(Guards, ForwardOpts), TrainError> {
         let mut opts = self.forward_opts(training);
+        let efsdp = self.dist.experts().map(|(_, f)| f);
         let active = match (&self.units, self.dist.shard()) {
             (Some(u), Some(comm)) => {
                 opts.stage_params = Some(Arc::new(Hook) as Arc<dyn StageParams>);
-                Some(Units::activate(u, comm, &self.named, &self.buffers)?)
+                Some(Units::activate(u, comm, efsdp, &self.named, &self.buffers)?)
             }
             _ => None,
         };
-        Ok((active, opts))
+        let group = match (&self.experts, self.dist.experts()) {
+            (Some(g), Some((ep, _))) => Some(ExpertGroup::activate(g, ep)?),
+            _ => None,
+        };
+        Ok(((active, group), opts))
     }
 
     fn forward_opts(&self, training: bool) -> ForwardOpts {
@@ -354,6 +384,10 @@ impl Trainer {
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
         let comm_before = self.dist.comm_bytes();
+        if let Some(g) = &self.experts {
+            // Evaluation's exchanges are not the step's.
+            g.take_bytes();
+        }
         let units = self.units.clone();
         let (_active, opts) = self.block_forward(true)?;
         // Every rank reads the whole global batch (so the order never depends on the number of
@@ -472,6 +506,11 @@ impl Trainer {
                     // Bytes this rank sent in parameter all-gathers (as encoded).
                     fields.insert("fsdp_gather_bytes".into(), gathered.into());
                 }
+                if let Some(g) = &self.experts {
+                    // Bytes this rank sent in the MoE layers' expert exchanges (counts and
+                    // token rows, forward and backward).
+                    fields.insert("ep_a2a_bytes".into(), g.take_bytes().into());
+                }
                 if let Some(o) = owner {
                     // The owner layout of a whole-matrix optimizer (Muon) on this rank: the
                     // matrices it updated whole, their estimated work and the bytes it sent.
@@ -490,6 +529,16 @@ impl Trainer {
     /// [`Dist::check_replicas`]); returns their digest, if this rank has replicas.
     pub fn check_replicas(&self) -> Result<Option<u64>, TrainError> {
         self.dist.check_replicas(&self.named)
+    }
+
+    /// Checks that every data-parallel rank holds the same buffers (the aux-loss-free
+    /// balancing bias, updated from token counts summed over every rank); returns their
+    /// digest, `None` without buffers or in one process.
+    pub fn check_buffers(&self) -> Result<Option<u64>, TrainError> {
+        if self.dist.size() == 1 || self.buffers.is_empty() {
+            return Ok(None);
+        }
+        self.dist.check_same(&self.buffers).map(Some)
     }
 
     /// The job's processes as this trainer sees them.
@@ -630,4 +679,56 @@ impl Trainer {
         drop(active);
         Ok(Some(sum / self.val_batches.len() as f64))
     }
+}
+
+/// The expert-parallel layout of the model's expert parameters for this rank, or the user error
+/// naming the keys: a model without experts, experts that do not split over `ep`, an expert
+/// dim other than 0, an optimizer that needs whole matrices.
+fn expert_layout(
+    cfg: &JobConfig,
+    spec: &anneal_plugin_api::spec::ModelSpec,
+    optimizer: &PluginOptimizer,
+    ep: &dyn anneal_dist::Collective,
+    efsdp: &dyn anneal_dist::Collective,
+) -> Result<Experts, TrainError> {
+    let n = ep.size();
+    let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
+    let mut names = std::collections::HashSet::new();
+    for p in &spec.params {
+        match p.placement.expert_dim {
+            None => {}
+            Some(0) => {
+                let e = p.shape.first().copied().unwrap_or(0);
+                if !e.is_multiple_of(n) {
+                    return Err(TrainError::Config(format!(
+                        "config: `parallelism.ep` = {n} does not divide the {e} experts of {model} (parameter {}); pick an ep that divides {e}",
+                        p.name
+                    )));
+                }
+                names.insert(p.name.clone());
+            }
+            Some(d) => {
+                return Err(TrainError::Config(format!(
+                    "config: `parallelism.ep` = {n}: parameter {} of {model} indexes its experts on dim {d}, and expert parallelism splits dim 0 only; set parallelism.ep = 1",
+                    p.name
+                )))
+            }
+        }
+    }
+    if names.is_empty() {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.ep` = {n}, but {model} has no experts (no parameter declares an expert dim); set parallelism.ep = 1"
+        )));
+    }
+    if optimizer.spec().needs_full_matrix {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.ep` = {n} with `optimizer.plugin` = {}: an optimizer that steps whole matrices does not run under expert parallelism yet; set parallelism.ep = 1 or use adamw",
+            cfg.optimizer.plugin
+        )));
+    }
+    Ok(Experts {
+        names,
+        slice: (ep.rank(), n),
+        efsdp: (efsdp.rank(), efsdp.size()),
+    })
 }

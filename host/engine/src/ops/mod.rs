@@ -71,6 +71,7 @@ pub(crate) fn require_float(op: &'static str, t: &Tensor) -> Result<()> {
 mod index;
 mod moe;
 mod moe_balance;
+mod moe_ep;
 mod moe_layer;
 mod moe_router;
 mod random;
@@ -86,8 +87,10 @@ pub use moe::{histogram, sort_by_expert, ExpertCounts, ExpertRouting};
 pub use moe_balance::{
     load_balancing_loss, update_router_bias, ExpertLoad, RouterStats, DEFAULT_BIAS_UPDATE_RATE,
 };
+pub use moe_ep::{ExpertExchange, ExpertParallel, RowsInFlight};
 pub use moe_layer::{
-    moe_ffn, ExpertActivation, ExpertLayout, MoeOutput, MoeSpec, MoeWeights, SharedExpert,
+    moe_ffn, moe_ffn_ep, ExpertActivation, ExpertLayout, MoeOutput, MoeSpec, MoeWeights,
+    SharedExpert,
 };
 pub use moe_router::{route, RouterScore, RouterSpec, Routing};
 pub use shape::{cat, stack};

@@ -16,6 +16,7 @@
 use super::be;
 use super::moe::{sort_by_expert, ExpertRouting};
 use super::moe_balance::{load_balancing_loss, RouterStats};
+use super::moe_ep::{run_experts, ExpertParallel};
 use super::moe_router::{route, RouterSpec};
 use crate::autograd::record;
 use crate::cpu::float_out;
@@ -255,12 +256,40 @@ fn expect_shape(name: &str, t: &Tensor, want: &[usize]) -> Result<()> {
 
 /// The dropless MoE feed-forward layer (see the module docs) for `x [.., D]`.
 pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutput> {
+    moe_ffn_ep(x, w, spec, None)
+}
+
+/// [`moe_ffn`] with the experts split over an expert group when `ep` is given: the expert
+/// weights (and per-expert biases) are this rank's `E / ranks` experts, routing and combine
+/// stay on this rank's tokens, and the rows travel to their experts' ranks and back
+/// ([`super::moe_ep`]). Router statistics and the auxiliary loss are this rank's tokens', as
+/// in data parallelism.
+pub fn moe_ffn_ep(
+    x: &Tensor,
+    w: &MoeWeights<'_>,
+    spec: &MoeSpec,
+    ep: Option<&ExpertParallel>,
+) -> Result<MoeOutput> {
     spec.router.validate()?;
     let d = *x
         .shape()
         .last()
         .ok_or_else(|| invalid("moe_ffn", "x is a scalar"))?;
     let e = spec.router.num_experts;
+    // The experts this rank holds.
+    let el = match ep {
+        Some(p) if p.exchange.ranks() == 0 || !e.is_multiple_of(p.exchange.ranks()) => {
+            return Err(invalid(
+                "moe_ffn",
+                format!(
+                    "{e} experts do not split evenly over {} expert-parallel ranks",
+                    p.exchange.ranks()
+                ),
+            ))
+        }
+        Some(p) => e / p.exchange.ranks(),
+        None => e,
+    };
     let out_in = w.layout == ExpertLayout::OutIn;
     // `[.., a, b]` as stored: swapped in the out-in layout.
     let stored = |lead: &[usize], a: usize, b: usize| -> Vec<usize> {
@@ -275,9 +304,9 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
         .copied()
         .unwrap_or(0);
     expect_shape("router", w.router, &stored(&[], d, e))?;
-    expect_shape("gate", w.gate, &stored(&[e], d, f))?;
-    expect_shape("up", w.up, &stored(&[e], d, f))?;
-    expect_shape("down", w.down, &stored(&[e], f, d))?;
+    expect_shape("gate", w.gate, &stored(&[el], d, f))?;
+    expect_shape("up", w.up, &stored(&[el], d, f))?;
+    expect_shape("down", w.down, &stored(&[el], f, d))?;
     // A 2-d matrix for `x · W`: a transposed view in the out-in layout.
     let as_in_out = |m: &Tensor| {
         if out_in {
@@ -300,9 +329,9 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
     for (name, b, want) in [
         ("router_bias", w.router_bias, vec![e]),
         ("balance_bias", w.balance_bias, vec![e]),
-        ("gate_bias", w.gate_bias, vec![e, f]),
-        ("up_bias", w.up_bias, vec![e, f]),
-        ("down_bias", w.down_bias, vec![e, d]),
+        ("gate_bias", w.gate_bias, vec![el, f]),
+        ("up_bias", w.up_bias, vec![el, f]),
+        ("down_bias", w.down_bias, vec![el, d]),
     ] {
         if let Some(b) = b {
             expect_shape(name, b, &want)?;
@@ -334,38 +363,44 @@ pub fn moe_ffn(x: &Tensor, w: &MoeWeights<'_>, spec: &MoeSpec) -> Result<MoeOutp
     drop(no_autocast);
     let routing = sort_by_expert(&r.experts, e)?;
     let counts = routing.counts.clone();
-    // The expert of each sorted row, for the per-expert biases.
-    let expert_of_row = || -> Result<Tensor> {
-        let ids: Vec<i64> = counts
-            .iter()
-            .enumerate()
-            .flat_map(|(ex, &c)| std::iter::repeat_n(ex as i64, c))
-            .collect();
-        let len = ids.len();
-        Tensor::from_vec(ids, &[len])
-    };
-    let rows = if w.gate_bias.is_some() || w.up_bias.is_some() || w.down_bias.is_some() {
-        Some(expert_of_row()?)
-    } else {
-        None
-    };
-    let product = |a: &Tensor, m: &Tensor, bias: Option<&Tensor>| -> Result<Tensor> {
-        let y = if out_in {
-            a.grouped_matmul_nt(m, &counts)?
+    let biased = w.gate_bias.is_some() || w.up_bias.is_some() || w.down_bias.is_some();
+    // The experts' products over rows grouped by expert (`counts` rows each, of the experts
+    // this rank holds).
+    let experts = |xs: &Tensor, counts: &[usize]| -> Result<Tensor> {
+        // The expert of each sorted row, for the per-expert biases.
+        let rows = if biased {
+            let ids: Vec<i64> = counts
+                .iter()
+                .enumerate()
+                .flat_map(|(ex, &c)| std::iter::repeat_n(ex as i64, c))
+                .collect();
+            let len = ids.len();
+            Some(Tensor::from_vec(ids, &[len])?)
         } else {
-            a.grouped_matmul(m, &counts)?
+            None
         };
-        match (bias, &rows) {
-            (Some(b), Some(rows)) => y.add(&b.index_select(0, rows)?),
-            _ => Ok(y),
-        }
+        let product = |a: &Tensor, m: &Tensor, bias: Option<&Tensor>| -> Result<Tensor> {
+            let y = if out_in {
+                a.grouped_matmul_nt(m, counts)?
+            } else {
+                a.grouped_matmul(m, counts)?
+            };
+            match (bias, &rows) {
+                (Some(b), Some(rows)) => y.add(&b.index_select(0, rows)?),
+                _ => Ok(y),
+            }
+        };
+        let h = spec.activation.apply(
+            &product(xs, w.gate, w.gate_bias)?,
+            &product(xs, w.up, w.up_bias)?,
+        )?;
+        product(&h, w.down, w.down_bias)
     };
     let xs = x2.moe_dispatch(&routing)?;
-    let h = spec.activation.apply(
-        &product(&xs, w.gate, w.gate_bias)?,
-        &product(&xs, w.up, w.up_bias)?,
-    )?;
-    let ys = product(&h, w.down, w.down_bias)?;
+    let ys = match ep {
+        Some(p) => run_experts(p, &xs, &counts, &experts)?,
+        None => experts(&xs, &counts)?,
+    };
     let mut out = ys.moe_combine(&r.weights, &routing)?;
     if let Some(s) = &w.shared {
         let hs = linear(&x2, &as_in_out(s.gate)?)?.swiglu(&linear(&x2, &as_in_out(s.up)?)?)?;

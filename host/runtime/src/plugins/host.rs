@@ -21,6 +21,8 @@ pub struct HostSession {
     /// Named outputs a model forward emitted; `None` where nothing would read them (optimizer
     /// steps), so an emit there is an error rather than lost.
     emitted: Option<Mutex<Vec<Emitted>>>,
+    /// The expert group the MoE op sends rows over (expert parallelism), when there is one.
+    experts: Option<anneal_engine::ops::ExpertParallel>,
 }
 
 /// A named output of a forward besides the logits.
@@ -59,7 +61,20 @@ impl HostSession {
             }),
             cache,
             emitted: None,
+            experts: None,
         }
+    }
+
+    /// Runs the MoE op's experts over `experts`' group (expert parallelism): the session's
+    /// expert weights are then this rank's share of the experts.
+    pub fn with_experts(mut self, experts: Option<anneal_engine::ops::ExpertParallel>) -> Self {
+        self.experts = experts;
+        self
+    }
+
+    /// The expert group of this session's MoE ops, if any.
+    pub fn experts(&self) -> Option<&anneal_engine::ops::ExpertParallel> {
+        self.experts.as_ref()
     }
 
     /// Accepts named outputs ([`Emitted`]) from the plugin (model forwards).

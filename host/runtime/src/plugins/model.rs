@@ -572,7 +572,10 @@ fn run_stage(
     ) -> StageResult,
     what: &str,
 ) -> anneal_engine::Result<Vec<Tensor>> {
-    let session = HostSession::with_cache(params.clone(), opts.cache.clone()).accepting_outputs();
+    let experts = opts.stage_params.as_ref().and_then(|s| s.expert_parallel());
+    let session = HostSession::with_cache(params.clone(), opts.cache.clone())
+        .accepting_outputs()
+        .with_experts(experts);
     let vt = session.vtable();
     let ctx = ForwardCtx {
         training: opts.training,

@@ -1,6 +1,8 @@
 //! The mixture-of-experts host ops (`moe_route`, `moe_dispatch`, `moe_combine`, `moe_ffn`,
 //! `grouped_matmul_nt`): each maps its typed attributes (`anneal_plugin_api::ops`) onto the
 //! engine op of the same name, so a plugin's MoE layer computes exactly what the engine does.
+//! `moe_ffn` runs its experts over the session's expert group when the trainer installed one
+//! (expert parallelism), which the plugin never sees.
 
 use super::host::HostSession;
 use anneal_engine::ops::{
@@ -153,7 +155,7 @@ pub(crate) fn ffn(inputs: &[Tensor], a: o::MoeFfn, session: &HostSession) -> R<V
             arg(inputs, 4, op)?,
         )
     };
-    let out = eo::moe_ffn(arg(inputs, 0, op)?, &w, &spec).map_err(e)?;
+    let out = eo::moe_ffn_ep(arg(inputs, 0, op)?, &w, &spec, session.experts()).map_err(e)?;
     let s = &out.stats;
     let tokens: Vec<f32> = s.tokens_per_expert.iter().map(|&c| c as f32).collect();
     let n = tokens.len();

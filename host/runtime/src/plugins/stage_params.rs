@@ -33,4 +33,11 @@ pub trait StageParams: Send + Sync {
     /// The backward is about to run block `i`'s ops (a block that is not recomputed): its
     /// parameters must hold their values again. Called at most once per block and backward.
     fn before_backward(&self, layer: usize) -> anneal_engine::Result<()>;
+
+    /// The expert group the stages' MoE layers send their rows over (expert parallelism: the
+    /// expert weights in [`StageParams::params`] are then this rank's share of the experts);
+    /// `None` runs every expert locally.
+    fn expert_parallel(&self) -> Option<anneal_engine::ops::ExpertParallel> {
+        None
+    }
 }

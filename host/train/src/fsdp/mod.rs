@@ -7,6 +7,12 @@
 //! shards. Evaluation runs block by block too. Checkpoints are sharded: every rank saves its own
 //! rows ([`Fsdp::param_rows`], [`Fsdp::state_piece`]) and reads back just its rows of any
 //! checkpoint, whatever layout wrote it ([`Fsdp::state_rows`]).
+//!
+//! With expert parallelism (`ep > 1`, [`Experts`]) an expert parameter (one that declares
+//! `expert_dim = 0`) is first cut into `ep` slices of whole experts, rank `s` of `dp_shard`
+//! keeping slice `s % ep` (never gathered: its experts run here), and that slice is then
+//! sharded like any parameter over the `efsdp = dp_shard / ep` ranks that hold the same
+//! experts. Its pieces in checkpoints are global rows, so any layout reads them back.
 
 mod gather_codec;
 mod units;
@@ -17,27 +23,75 @@ pub(crate) use units::{Active, Hook, Units};
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};
 use anneal_engine::Tensor;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
+
+/// The expert-parallel layout of the expert parameters (see the module docs).
+#[derive(Clone, Debug)]
+pub(crate) struct Experts {
+    /// The expert parameters (those declaring `expert_dim = 0`).
+    pub names: HashSet<String>,
+    /// This rank's expert slice and the slices (`ep`).
+    pub slice: (usize, usize),
+    /// This rank's place among the ranks holding the same slice, and their number (`efsdp`).
+    pub efsdp: (usize, usize),
+}
+
+impl Experts {
+    /// For parameter `name` of `shape`: the rows of its expert slice on this rank
+    /// (`offset`, local shape) and its shard over the efsdp ranks; `None` for a dense one.
+    fn layout(&self, name: &str, shape: &[usize]) -> Option<(usize, Vec<usize>, Dim0Shard)> {
+        if !self.names.contains(name) {
+            return None;
+        }
+        let (i, ep) = self.slice;
+        let per = shape.first().copied().unwrap_or(0) / ep.max(1);
+        let mut local = shape.to_vec();
+        if let Some(d0) = local.first_mut() {
+            *d0 = per;
+        }
+        let shard = Dim0Shard::new(&local, self.efsdp.0, self.efsdp.1);
+        Some((i * per, local, shard))
+    }
+}
 
 /// Tensors by name.
 type Named = Vec<(String, Tensor)>;
 
 /// How each trained parameter (in the trainer's name order) is sharded over `dp_shard`.
 pub(crate) struct Fsdp {
-    /// Per parameter: its full shape and this rank's rows.
+    /// Per parameter: the shape it is sharded as (the whole; an expert parameter's slice of
+    /// experts on this rank) and this rank's rows of that.
     layout: Vec<(Vec<usize>, Dim0Shard)>,
+    /// Per parameter: its whole shape and the first row of its sharded part in it (0 but for
+    /// expert parameters under expert parallelism).
+    whole: Vec<(Vec<usize>, usize)>,
 }
 
 impl Fsdp {
-    /// The layout of `named` (full parameters) for rank `rank` of `ranks` shards.
-    pub fn new(named: &[(String, Tensor)], rank: usize, ranks: usize) -> Fsdp {
-        Fsdp {
-            layout: named
-                .iter()
-                .map(|(_, p)| (p.shape().to_vec(), Dim0Shard::new(p.shape(), rank, ranks)))
-                .collect(),
+    /// The layout of `named` (full parameters) for rank `rank` of `ranks` shards, expert
+    /// parameters laid out by `experts` when there is expert parallelism.
+    pub fn new(
+        named: &[(String, Tensor)],
+        rank: usize,
+        ranks: usize,
+        experts: Option<&Experts>,
+    ) -> Fsdp {
+        let (mut layout, mut whole) = (Vec::new(), Vec::new());
+        for (n, p) in named {
+            let shape = p.shape().to_vec();
+            match experts.and_then(|e| e.layout(n, &shape)) {
+                Some((offset, local, shard)) => {
+                    layout.push((local, shard));
+                    whole.push((shape, offset));
+                }
+                None => {
+                    layout.push((shape.clone(), Dim0Shard::new(&shape, rank, ranks)));
+                    whole.push((shape, 0));
+                }
+            }
         }
+        Fsdp { layout, whole }
     }
 
     /// Each trained parameter's full shape and this rank's rows, in the trainer's name order.
@@ -48,9 +102,11 @@ impl Fsdp {
     /// This rank's rows of each full parameter, as trainable leaves.
     pub fn shard(&self, full: &[(String, Tensor)]) -> Result<Named, TrainError> {
         full.iter()
-            .zip(&self.layout)
-            .map(|((n, p), (shape, s))| {
-                let rows = s.slice(&p.to_vec_f32()).to_vec();
+            .zip(self.layout.iter().zip(&self.whole))
+            .map(|((n, p), ((shape, s), (_, offset)))| {
+                let values = p.to_vec_f32();
+                let from = offset * s.row_len;
+                let rows = s.slice(&values[from..]).to_vec();
                 let t = Tensor::from_vec(rows, &s.shape(shape))?.to_dtype(p.dtype())?;
                 Ok((n.clone(), t.requires_grad_()))
             })
@@ -123,7 +179,8 @@ impl Fsdp {
     pub fn param_rows(&self) -> impl Iterator<Item = (&[usize], Range<usize>)> {
         self.layout
             .iter()
-            .map(|(shape, s)| (shape.as_slice(), s.start..s.end))
+            .zip(&self.whole)
+            .map(|((_, s), (shape, at))| (shape.as_slice(), at + s.start..at + s.end))
     }
 
     /// For the optimizer state `key` (`<param>.<state>`) of the whole shape `shape`: this rank's
@@ -138,8 +195,8 @@ impl Fsdp {
     ) -> Option<Range<usize>> {
         self.layout_of(names, key)
             .ok()
-            .filter(|(full, _)| *full == shape)
-            .map(|(_, s)| s.start..s.end)
+            .filter(|(_, (whole, _))| *whole == shape)
+            .map(|((_, s), (_, at))| at + s.start..at + s.end)
     }
 
     /// Where this rank's optimizer state `key`, of its local shape `local`, sits in the whole:
@@ -153,27 +210,29 @@ impl Fsdp {
     ) -> Option<(Vec<usize>, usize)> {
         self.layout_of(names, key)
             .ok()
-            .filter(|(full, s)| s.shape(full) == local)
-            .map(|(full, s)| (full.to_vec(), s.start))
+            .filter(|((part, s), _)| s.shape(part) == local)
+            .map(|((_, s), (whole, at))| (whole.to_vec(), at + s.start))
     }
 
     /// The layout of the parameter a state key `<param>.<state>` belongs to (the longest
-    /// parameter name that prefixes it, since names hold dots).
+    /// parameter name that prefixes it, since names hold dots): the shape it is sharded as
+    /// with this rank's rows of it, and its whole shape with the first row of that part.
+    #[allow(clippy::type_complexity)]
     fn layout_of<'a>(
         &'a self,
         names: &[(String, Tensor)],
         key: &str,
-    ) -> Result<(&'a [usize], &'a Dim0Shard), TrainError> {
+    ) -> Result<((&'a [usize], &'a Dim0Shard), (&'a [usize], usize)), TrainError> {
         names
             .iter()
-            .zip(&self.layout)
+            .zip(self.layout.iter().zip(&self.whole))
             .filter(|((n, _), _)| {
                 key.len() > n.len()
                     && key.starts_with(n.as_str())
                     && key.as_bytes()[n.len()] == b'.'
             })
             .max_by_key(|((n, _), _)| n.len())
-            .map(|(_, (shape, s))| (shape.as_slice(), s))
+            .map(|(_, ((shape, s), (whole, at)))| ((shape.as_slice(), s), (whole.as_slice(), *at)))
             .ok_or_else(|| {
                 TrainError::Config(format!("optimizer state {key} belongs to no parameter"))
             })

@@ -15,14 +15,16 @@
 //!   backward returns is issued then, a parameter without gradient sending zeros).
 //!
 //! Gathers and reduce-scatters each have their own communicator, so each keeps one fixed order
-//! whatever the interleaving of the two. Every rank runs the same model on the same shapes, so
+//! whatever the interleaving of the two. Under expert parallelism a unit's expert parameters
+//! (group 1) travel over the expert-FSDP ranks (those holding the same experts) in their own
+//! gather and reduce-scatter beside the dense ones' (group 0, over `dp_shard`). Every rank runs the same model on the same shapes, so
 //! its graph (and so the sequence of collectives it starts and waits for) is the same.
 //!
 //! The driver lives in a thread-local for the length of a step ([`Units::activate`]): the
 //! runner's hook and the engine's gradient hooks must be `Send + Sync`, the communicators are
 //! not, and both only ever run on the training thread.
 
-use super::GatherCodec;
+use super::{Experts, GatherCodec};
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard, Pending};
 use anneal_engine::{DType, Tensor};
@@ -43,7 +45,15 @@ struct Member {
     shape: Vec<usize>,
     dtype: DType,
     shard: Dim0Shard,
+    /// 0: sharded over `dp_shard`; 1: an expert parameter's slice, over the expert-FSDP ranks.
+    group: usize,
 }
+
+/// A group's gather and reduce-scatter communicators.
+type GroupComms = (Box<dyn Collective>, Box<dyn Collective>);
+
+/// Collectives in flight for one unit, one per group it has members in.
+type InFlight = Vec<(usize, Box<dyn Pending>)>;
 
 /// Whether the micro-batch is in its forward or its backward.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -71,7 +81,7 @@ struct MicroBatch {
     /// Per block, then the outer unit last.
     live: Vec<Live>,
     /// Gathers started and not yet taken, by unit.
-    gathers: BTreeMap<usize, Box<dyn Pending>>,
+    gathers: BTreeMap<usize, InFlight>,
     /// The next block whose forward gather starts.
     next_forward: usize,
     /// The next block whose backward gather starts (counting down); `None` once all started.
@@ -79,7 +89,7 @@ struct MicroBatch {
     /// How many units (in scatter order) were issued.
     scattered: usize,
     /// Reduce-scatters in flight, oldest first.
-    scatters: VecDeque<(usize, Box<dyn Pending>)>,
+    scatters: VecDeque<(usize, InFlight)>,
     /// The first failure inside a gradient hook (which cannot return one).
     failed: Option<TrainError>,
 }
@@ -90,9 +100,10 @@ pub(crate) struct Units {
     units: Vec<Vec<Member>>,
     /// Parameters in the trainer's order (for the step's gradient rows).
     n_params: usize,
-    /// The gathers' and the reduce-scatters' communicators, split from `dp_shard`'s at the first
-    /// step (not at construction: rank 0 builds its trainer while the others wait for it).
-    comms: Option<(Box<dyn Collective>, Box<dyn Collective>)>,
+    /// The gathers' and the reduce-scatters' communicators of each group, split from
+    /// `dp_shard`'s (and the expert-FSDP one's) at the first step (not at construction: rank 0
+    /// builds its trainer while the others wait for it).
+    comms: Option<Vec<GroupComms>>,
     /// This step's shard rows of every parameter (as f32), by trainer index.
     local: Vec<Vec<f32>>,
     buffers: Named,
@@ -178,6 +189,10 @@ impl StageParams for Hook {
     fn before_backward(&self, layer: usize) -> anneal_engine::Result<()> {
         with_active(|u| u.before_backward(layer))
     }
+
+    fn expert_parallel(&self) -> Option<anneal_engine::ops::ExpertParallel> {
+        crate::ep::current()
+    }
 }
 
 /// A leaf's gradient became final: `unit`'s member `k` of leaf generation `generation`.
@@ -197,24 +212,35 @@ fn grad_final(unit: usize, generation: u64, k: usize) {
 
 impl Units {
     /// The units of `named` (the trainer's name-ordered full parameters) for `n_layers` blocks,
-    /// `layer_of` giving each parameter's block, sharded over `ranks` with this rank `rank`; the
-    /// parameter gathers travel encoded by `codec`.
+    /// `layer_of` giving each parameter's block, sharded over `ranks` with this rank `rank`
+    /// (expert parameters as `experts` lays them out); the parameter gathers travel encoded by
+    /// `codec`.
     pub fn new(
         named: &[(String, Tensor)],
         layer_of: impl Fn(&str) -> Option<usize>,
         n_layers: usize,
         (rank, ranks): (usize, usize),
+        experts: Option<&Experts>,
         codec: GatherCodec,
     ) -> Units {
         let mut units: Vec<Vec<Member>> = (0..=n_layers).map(|_| Vec::new()).collect();
         for (index, (name, p)) in named.iter().enumerate() {
             let unit = layer_of(name).filter(|&l| l < n_layers).unwrap_or(n_layers);
+            let (shape, shard, group) = match experts.and_then(|e| e.layout(name, p.shape())) {
+                Some((_, local, shard)) => (local, shard, 1),
+                None => (
+                    p.shape().to_vec(),
+                    Dim0Shard::new(p.shape(), rank, ranks),
+                    0,
+                ),
+            };
             units[unit].push(Member {
                 index,
                 name: name.clone(),
-                shape: p.shape().to_vec(),
+                shape,
                 dtype: p.dtype(),
-                shard: Dim0Shard::new(p.shape(), rank, ranks),
+                shard,
+                group,
             });
         }
         Units {
@@ -258,20 +284,26 @@ impl Units {
 
     /// Starts a step on `this`: `shards` are this rank's parameter shards (read once here; the
     /// optimizer changes them only after the step), `buffers` go to every stage as they are;
-    /// `comm` is the `dp_shard` communicator (collective at the first step, which splits it).
+    /// `comm` is the `dp_shard` communicator and `efsdp` the expert-FSDP one under expert
+    /// parallelism (collective at the first step, which splits them).
     /// The returned guard keeps the driver reachable from the hooks until dropped.
     pub fn activate(
         this: &Rc<RefCell<Units>>,
         comm: &dyn Collective,
+        efsdp: Option<&dyn Collective>,
         shards: &[(String, Tensor)],
         buffers: &[(String, Tensor)],
     ) -> Result<Active, TrainError> {
         {
             let mut u = this.borrow_mut();
             if u.comms.is_none() {
-                let gather = comm.split(0, comm.rank() as u32)?;
-                let scatter = comm.split(0, comm.rank() as u32)?;
-                u.comms = Some((gather, scatter));
+                let mut comms = Vec::new();
+                for c in std::iter::once(comm).chain(efsdp) {
+                    let gather = c.split(0, c.rank() as u32)?;
+                    let scatter = c.split(0, c.rank() as u32)?;
+                    comms.push((gather, scatter));
+                }
+                u.comms = Some(comms);
             }
             u.local = shards.iter().map(|(_, p)| p.to_vec_f32()).collect();
             u.buffers = buffers.to_vec();
@@ -287,14 +319,31 @@ impl Units {
         Ok(Active(()))
     }
 
-    /// The gathers' and the reduce-scatters' communicators.
-    fn comms(&self) -> Result<(&dyn Collective, &dyn Collective), TrainError> {
-        let (g, s) = self.comms.as_ref().ok_or_else(|| {
-            TrainError::Engine(engine_err(
-                "a collective before the first step's activation",
-            ))
-        })?;
+    /// Group `group`'s gather and reduce-scatter communicators.
+    fn comms(&self, group: usize) -> Result<(&dyn Collective, &dyn Collective), TrainError> {
+        let (g, s) = self
+            .comms
+            .as_ref()
+            .and_then(|c| c.get(group))
+            .ok_or_else(|| {
+                TrainError::Engine(engine_err(format!(
+                    "a collective of group {group} before the first step's activation, or without its communicator"
+                )))
+            })?;
         Ok((g.as_ref(), s.as_ref()))
+    }
+
+    /// The groups unit `u` has members in, and each one's members (positions in the unit).
+    fn groups(&self, u: usize) -> Vec<(usize, Vec<usize>)> {
+        let mut out: Vec<(usize, Vec<usize>)> = Vec::new();
+        for (k, m) in self.units[u].iter().enumerate() {
+            match out.iter_mut().find(|(g, _)| *g == m.group) {
+                Some((_, ks)) => ks.push(k),
+                None => out.push((m.group, vec![k])),
+            }
+        }
+        out.sort_by_key(|(g, _)| *g);
+        out
     }
 
     fn hold(&mut self, bytes: u64) {
@@ -312,20 +361,30 @@ impl Units {
         })
     }
 
-    /// Starts unit `u`'s all-gather: every member's rows, padded to its block, in one buffer.
+    /// Starts unit `u`'s all-gathers: every member's rows, padded to its block, in one buffer
+    /// per group. A group of one rank (experts not sharded further) sends nothing encoded.
     fn start_gather(&mut self, u: usize) -> Result<(), TrainError> {
-        let members = &self.units[u];
-        let mut send = Vec::with_capacity(members.iter().map(|m| m.shard.block_len()).sum());
-        for m in members {
-            send.extend_from_slice(&self.local[m.index]);
-            send.resize(send.len() + m.shard.block_len() - m.shard.len(), 0.0);
+        let mut started = Vec::new();
+        for (g, ks) in self.groups(u) {
+            let members = &self.units[u];
+            let mut send: Vec<f32> = Vec::new();
+            for &k in &ks {
+                let m = &members[k];
+                send.extend_from_slice(&self.local[m.index]);
+                send.resize(send.len() + m.shard.block_len() - m.shard.len(), 0.0);
+            }
+            let send = if self.comms(g)?.0.size() > 1 {
+                let send = self.codec.encode(send);
+                self.gather_bytes += 4 * send.len() as u64;
+                send
+            } else {
+                send
+            };
+            started.push((g, self.comms(g)?.0.iall_gather(send)?));
         }
-        let send = self.codec.encode(send);
-        self.gather_bytes += 4 * send.len() as u64;
-        let pending = self.comms()?.0.iall_gather(send)?;
         let bytes = self.unit_bytes(u);
         self.hold(bytes);
-        self.mb()?.gathers.insert(u, pending);
+        self.mb()?.gathers.insert(u, started);
         Ok(())
     }
 
@@ -339,19 +398,30 @@ impl Units {
                 self.mb()?.gathers.remove(&u).expect("just started")
             }
         };
-        let words = pending.wait()?;
+        let groups = self.groups(u);
         let members = &self.units[u];
-        let stride: usize = members.iter().map(|m| m.shard.block_len()).sum();
-        // Each rank's run decoded back to its padded rows.
-        let run = self.codec.words(stride);
-        let all: Vec<f32> = words
-            .chunks(run.max(1))
-            .flat_map(|w| self.codec.decode(w, stride))
-            .collect();
-        let mut at = 0;
-        members
-            .iter()
-            .map(|m| {
+        let mut out: Vec<Option<Tensor>> = vec![None; members.len()];
+        for (g, pending) in pending {
+            let words = pending.wait()?;
+            let ks = groups
+                .iter()
+                .find(|(gg, _)| *gg == g)
+                .map(|(_, ks)| ks.as_slice())
+                .unwrap_or_default();
+            let stride: usize = ks.iter().map(|&k| members[k].shard.block_len()).sum();
+            // Each rank's run decoded back to its padded rows.
+            let all: Vec<f32> = if self.comms(g)?.0.size() > 1 {
+                let run = self.codec.words(stride);
+                words
+                    .chunks(run.max(1))
+                    .flat_map(|w| self.codec.decode(w, stride))
+                    .collect()
+            } else {
+                words
+            };
+            let mut at = 0;
+            for &k in ks {
+                let m = &members[k];
                 let mut full = Vec::with_capacity(m.shard.block_len() * m.shard.ranks);
                 for r in 0..m.shard.ranks {
                     let from = r * stride + at;
@@ -359,7 +429,14 @@ impl Units {
                 }
                 full.truncate(m.shard.full_len());
                 at += m.shard.block_len();
-                Ok(Tensor::from_vec(full, &m.shape)?.to_dtype(m.dtype)?)
+                out[k] = Some(Tensor::from_vec(full, &m.shape)?.to_dtype(m.dtype)?);
+            }
+        }
+        out.into_iter()
+            .map(|t| {
+                t.ok_or_else(|| {
+                    TrainError::Engine(engine_err(format!("unit {u}: a member was not gathered")))
+                })
             })
             .collect()
     }
@@ -572,12 +649,11 @@ impl Units {
         }
     }
 
-    /// Starts unit `u`'s reduce-scatter (members' gradients, zeros for none, in one buffer laid
-    /// out rank block by rank block) and lets go of its leaves.
+    /// Starts unit `u`'s reduce-scatters (members' gradients, zeros for none, in one buffer
+    /// per group laid out rank block by rank block) and lets go of its leaves.
     fn start_scatter(&mut self, u: usize) -> Result<(), TrainError> {
         let live = std::mem::take(&mut self.mb()?.live[u]);
         let members = &self.units[u];
-        let ranks = self.comms()?.1.size();
         let grads: Vec<Option<Vec<f32>>> = members
             .iter()
             .enumerate()
@@ -588,26 +664,32 @@ impl Units {
                     .map(|g| g.to_vec_f32())
             })
             .collect();
-        let stride: usize = members.iter().map(|m| m.shard.block_len()).sum();
-        let mut send = vec![0f32; stride * ranks];
-        for r in 0..ranks {
-            let mut at = r * stride;
-            for (m, g) in members.iter().zip(&grads) {
-                let block = m.shard.block_len();
-                if let Some(g) = g {
-                    let from = (r * block).min(g.len());
-                    let to = ((r + 1) * block).min(g.len());
-                    send[at..at + (to - from)].copy_from_slice(&g[from..to]);
+        let mut started = Vec::new();
+        for (group, ks) in self.groups(u) {
+            let members = &self.units[u];
+            let ranks = self.comms(group)?.1.size();
+            let stride: usize = ks.iter().map(|&k| members[k].shard.block_len()).sum();
+            let mut send = vec![0f32; stride * ranks];
+            for r in 0..ranks {
+                let mut at = r * stride;
+                for &k in &ks {
+                    let block = members[k].shard.block_len();
+                    if let Some(g) = &grads[k] {
+                        let from = (r * block).min(g.len());
+                        let to = ((r + 1) * block).min(g.len());
+                        send[at..at + (to - from)].copy_from_slice(&g[from..to]);
+                    }
+                    at += block;
                 }
-                at += block;
             }
+            started.push((group, self.comms(group)?.1.ireduce_scatter_sum(send)?));
         }
-        for (m, g) in members.iter().zip(&grads) {
+        for (m, g) in self.units[u].iter().zip(&grads) {
             if g.is_some() {
                 self.got_grad[m.index] = true;
             }
         }
-        let pending = self.comms()?.1.ireduce_scatter_sum(send)?;
+        let pending = started;
         if !live.leaves.is_empty() && !live.released {
             let bytes = self.unit_bytes(u);
             self.let_go(bytes);
@@ -622,14 +704,23 @@ impl Units {
         let Some((u, pending)) = self.mb()?.scatters.pop_front() else {
             return Ok(());
         };
-        let block = pending.wait()?;
-        let mut at = 0;
-        for m in &self.units[u] {
-            let rows = &block[at..at + m.shard.len()];
-            for (acc, v) in self.grad_rows[m.index].iter_mut().zip(rows) {
-                *acc += v;
+        let groups = self.groups(u);
+        for (g, pending) in pending {
+            let block = pending.wait()?;
+            let ks = groups
+                .iter()
+                .find(|(gg, _)| *gg == g)
+                .map(|(_, ks)| ks.as_slice())
+                .unwrap_or_default();
+            let mut at = 0;
+            for &k in ks {
+                let m = &self.units[u][k];
+                let rows = &block[at..at + m.shard.len()];
+                for (acc, v) in self.grad_rows[m.index].iter_mut().zip(rows) {
+                    *acc += v;
+                }
+                at += m.shard.block_len();
             }
-            at += m.shard.block_len();
         }
         Ok(())
     }
@@ -638,7 +729,7 @@ impl Units {
     /// lets go of its parameters.
     pub fn end_forward_only(&mut self) -> Result<(), TrainError> {
         let gathers = std::mem::take(&mut self.mb()?.gathers);
-        for (_, g) in gathers {
+        for (_, g) in gathers.into_values().flatten() {
             g.wait()?;
         }
         self.mb = None;
@@ -657,7 +748,9 @@ impl Units {
         self.start_backward_gathers(None)?;
         let gathers = std::mem::take(&mut self.mb()?.gathers);
         for (u, g) in gathers {
-            g.wait()?;
+            for (_, g) in g {
+                g.wait()?;
+            }
             let bytes = self.unit_bytes(u);
             self.let_go(bytes);
         }

@@ -1,0 +1,149 @@
+//! The expert group's exchange for expert parallelism: what the MoE layers
+//! (`anneal_engine::ops::moe_ffn_ep`) send token rows over. The trainer activates it around a
+//! step's (or an evaluation's) forwards and backwards; the FSDP driver's stage hook hands it to
+//! the model runner (`StageParams::expert_parallel`), which gives it to the MoE host op, so a
+//! plugin never sees it.
+//!
+//! Like the FSDP driver, it lives in a thread-local while active: the engine's exchange object
+//! must be `Send + Sync` (autograd keeps it for the backward), the communicators are not, and
+//! both only ever run on the training thread.
+
+use crate::TrainError;
+use anneal_dist::{Collective, Pending};
+use anneal_engine::ops::{ExpertExchange, ExpertParallel, RowsInFlight};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// The expert group of this rank: its own communicator (split from the expert group's at the
+/// first activation) and the bytes sent through it.
+pub(crate) struct ExpertGroup {
+    comm: RefCell<Option<Box<dyn Collective>>>,
+    /// `(rank, ranks)` once split.
+    place: Cell<(usize, usize)>,
+    bytes: Cell<u64>,
+}
+
+thread_local! {
+    /// The expert group active on this thread.
+    static ACTIVE: RefCell<Option<Rc<ExpertGroup>>> = const { RefCell::new(None) };
+}
+
+/// Keeps an expert group active on this thread until dropped.
+pub(crate) struct ActiveGroup(());
+
+impl Drop for ActiveGroup {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.borrow_mut().take());
+    }
+}
+
+impl ExpertGroup {
+    /// A group not yet split (collectives wait for the first step: rank 0 builds its trainer
+    /// while the others wait for it).
+    pub fn new() -> Rc<ExpertGroup> {
+        Rc::new(ExpertGroup {
+            comm: RefCell::new(None),
+            place: Cell::new((0, 1)),
+            bytes: Cell::new(0),
+        })
+    }
+
+    /// Makes `this` the group of the MoE layers run on this thread until the guard drops;
+    /// `ep` is the expert group's communicator (collective at the first call, which splits it).
+    pub fn activate(
+        this: &Rc<ExpertGroup>,
+        ep: &dyn Collective,
+    ) -> Result<ActiveGroup, TrainError> {
+        if this.comm.borrow().is_none() {
+            let comm = ep.split(0, ep.rank() as u32)?;
+            this.place.set((comm.rank(), comm.size()));
+            *this.comm.borrow_mut() = Some(comm);
+        }
+        ACTIVE.with(|a| *a.borrow_mut() = Some(this.clone()));
+        Ok(ActiveGroup(()))
+    }
+
+    /// Bytes this rank sent in expert exchanges since the last call.
+    pub fn take_bytes(&self) -> u64 {
+        self.bytes.replace(0)
+    }
+}
+
+/// The active group's exchange for the MoE layers, if a group is active on this thread.
+pub(crate) fn current() -> Option<ExpertParallel> {
+    let group = ACTIVE.with(|a| a.borrow().clone())?;
+    let (rank, ranks) = group.place.get();
+    Some(ExpertParallel {
+        exchange: Arc::new(Exchange { rank, ranks }),
+    })
+}
+
+fn err(msg: impl std::fmt::Display) -> anneal_engine::Error {
+    anneal_engine::Error::Invalid {
+        op: "expert exchange",
+        msg: msg.to_string(),
+    }
+}
+
+/// Runs `f` on the active group's communicator, counting `bytes` sent.
+fn with_comm<T>(
+    bytes: usize,
+    f: impl FnOnce(&dyn Collective) -> Result<T, anneal_dist::DistError>,
+) -> anneal_engine::Result<T> {
+    let group = ACTIVE
+        .with(|a| a.borrow().clone())
+        .ok_or_else(|| err("an expert exchange outside a training step"))?;
+    let comm = group.comm.borrow();
+    let comm = comm
+        .as_ref()
+        .ok_or_else(|| err("an expert exchange before the group was split"))?;
+    group.bytes.set(group.bytes.get() + bytes as u64);
+    f(comm.as_ref()).map_err(err)
+}
+
+/// What the engine holds: the group's shape; the communicator is looked up when used.
+struct Exchange {
+    rank: usize,
+    ranks: usize,
+}
+
+struct InFlight(Box<dyn Pending>);
+
+impl RowsInFlight for InFlight {
+    fn wait(self: Box<Self>) -> anneal_engine::Result<Vec<f32>> {
+        self.0.wait().map_err(err)
+    }
+}
+
+impl ExpertExchange for Exchange {
+    fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn all_to_all(&self, send: &[i64]) -> anneal_engine::Result<Vec<i64>> {
+        let n = send.len() / self.ranks.max(1);
+        let counts = vec![n; self.ranks];
+        let mut recv = vec![0i64; n * self.ranks];
+        with_comm(send.len() * 8, |c| {
+            c.all_to_all_v(send.into(), &counts, (&mut recv[..]).into(), &counts)
+        })?;
+        Ok(recv)
+    }
+
+    fn start(
+        &self,
+        send: Vec<f32>,
+        send_counts: &[usize],
+        recv_counts: &[usize],
+    ) -> anneal_engine::Result<Box<dyn RowsInFlight>> {
+        let pending = with_comm(send.len() * 4, |c| {
+            c.iall_to_all_v(send, send_counts, recv_counts)
+        })?;
+        Ok(Box::new(InFlight(pending)))
+    }
+}
