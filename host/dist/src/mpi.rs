@@ -256,6 +256,17 @@ impl Collective for Mpi {
         Ok(())
     }
 
+    fn isend(&self, buf: Vec<f32>, dest: usize, tag: u16) -> Result<Box<dyn Pending>, DistError> {
+        check_rank("isend", dest, self.size())?;
+        mpi_count("isend", buf.len())?;
+        self.count(buf.len() * 4);
+        let p = self.comm.process_at_rank(dest as mpi::Rank);
+        let tag = mpi::Tag::from(tag);
+        Ok(Box::new(MpiPending::start(buf, 0, |s, _| {
+            p.immediate_send_with_tag(StaticScope, s, tag)
+        })))
+    }
+
     fn iall_reduce_sum(&self, buf: Vec<f32>) -> Result<Box<dyn Pending>, DistError> {
         mpi_count("iall_reduce_sum", buf.len())?;
         self.count(buf.len() * 4);
