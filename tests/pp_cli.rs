@@ -1,9 +1,9 @@
 //! Pipeline-parallel `anneal train` on real MPI ranks (one compute thread each): PP(2) under
-//! 1F1B and interleaved 1F1B (2 virtual stages per rank) and PP(2) × DDP(2) match the single
-//! process (step 1 bitwise, the curve within 1e-4), a rerun is bitwise identical, the measured
-//! bubble is logged beside the schedule's theory; each stage saves its own parameters and the
-//! checkpoints reshard between PP(2) and one process; layouts that do not fit the model are
-//! one-line errors with exit code 2.
+//! 1F1B, interleaved 1F1B (2 virtual stages per rank) and with every block recomputed, and
+//! PP(2) × DDP(2) match the single process (step 1 bitwise, the curve within 1e-4), a rerun is
+//! bitwise identical, the measured bubble is logged beside the schedule's theory; each stage
+//! saves its own parameters and the checkpoints reshard between PP(2) and one process; layouts
+//! that do not fit the model are one-line errors with exit code 2.
 
 mod dist_support;
 
@@ -63,7 +63,7 @@ fn pipelines_match_the_single_process_and_rerun_bitwise() {
     let one = loss_values(&single_dir);
     assert_eq!(one.len(), 50);
     // Theory: (p - 1) / (v m + p - 1), m this data-parallel rank's micro-batches.
-    let layouts: [(&str, usize, Vec<&str>, f64); 3] = [
+    let layouts: [(&str, usize, Vec<&str>, f64); 4] = [
         ("pp2", 2, with(&["parallelism.pp=2"]), 1.0 / 5.0),
         (
             "pp2-interleaved",
@@ -80,6 +80,13 @@ fn pipelines_match_the_single_process_and_rerun_bitwise() {
             4,
             with(&["parallelism.pp=2", "parallelism.dp_replicate=2"]),
             1.0 / 3.0,
+        ),
+        // Every block recomputed in backward, inside its stage.
+        (
+            "pp2-recompute",
+            2,
+            with(&["parallelism.pp=2", "activation_checkpoint.mode=full"]),
+            1.0 / 5.0,
         ),
     ];
     for (name, n, set, theory) in &layouts {

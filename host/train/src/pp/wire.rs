@@ -198,3 +198,52 @@ pub fn recv_grad(
     comm.recv((&mut g[..]).into(), src, tag)?;
     Ok(Tensor::from_vec(g, &[len])?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anneal_dist::Single;
+
+    #[test]
+    fn hidden_tensors_and_their_gradient_round_trip() {
+        // One process sends to itself: what a stage sends is what the next one receives.
+        let comm = Single::new();
+        let h = Tensor::from_vec(vec![1.5f32, -2.0, 3.25, 0.5, 7.0, -1.0], &[1, 2, 3])
+            .unwrap()
+            .requires_grad_();
+        let y = h.mul_scalar(2.0).unwrap();
+        let ids = Tensor::from_vec(vec![5i64, 70_000], &[1, 2]).unwrap();
+        let fwd = tag(Kind::Activation, 1, 3);
+        let (packed, sends) = send_hidden(&comm, &[y.clone(), ids], 0, fwd).unwrap();
+        assert_eq!(packed.numel(), 6);
+        for s in sends {
+            s.wait().unwrap();
+        }
+        let (leaf, got) = recv_hidden(&comm, 0, fwd).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].shape(), &[1, 2, 3]);
+        assert_eq!(got[0].to_vec_f32(), y.to_vec_f32());
+        assert_eq!(
+            (got[1].dtype(), got[1].to_vec::<i64>()),
+            (DType::I64, vec![5, 70_000])
+        );
+        // The receiver's backward reaches its leaf; that gradient, sent back, continues the
+        // sender's backward from its packed output.
+        got[0]
+            .mul_scalar(3.0)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let back = tag(Kind::Gradient, 1, 3);
+        send_grad(&comm, &leaf, 0, back).unwrap().wait().unwrap();
+        let g = recv_grad(&comm, packed.numel(), 0, back).unwrap();
+        assert_eq!(g.to_vec_f32(), vec![3.0; 6]);
+        packed.backward_with(g).unwrap();
+        assert_eq!(h.grad().unwrap().to_vec_f32(), vec![6.0; 6]);
+        // Tags stay within 15 bits and apart per kind, stage and micro-batch.
+        assert!(tag(Kind::Gradient, 31, 511) < 1 << 15);
+        assert_ne!(fwd, back);
+    }
+}
