@@ -175,7 +175,8 @@ impl Dist {
     pub fn save_group(&self) -> Option<&dyn Collective> {
         match &self.pp {
             Some(_) => self.pp_save.as_deref(),
-            None => self.shard(),
+            None if self.mesh.coord(MeshDim::DpReplicate) == 0 => self.shard(),
+            None => None,
         }
     }
 
