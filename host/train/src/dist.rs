@@ -309,9 +309,10 @@ impl Dist {
         Ok(u64::from_le_bytes(bytes))
     }
 
-    /// Bytes this rank has handed to collectives so far (data-parallel and pipeline).
+    /// Bytes this rank has handed to collectives so far (every communicator split from the
+    /// world shares one counter, so the pipeline's sends are in it too).
     pub fn comm_bytes(&self) -> u64 {
-        self.dp.comm_bytes() + self.pp.as_ref().map_or(0, |c| c.comm_bytes())
+        self.dp.comm_bytes()
     }
 }
 
