@@ -400,8 +400,9 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
     // Data parallelism (replicas and shards) is what runs today; a mesh that needs the others
     // is refused before anything starts (so is -1 on them: it could resolve to more than 1).
     for (k, v) in &degrees[2..] {
-        // Expert parallelism runs (within dp_shard, which the trainer checks).
-        if *v != 1 && *k != "parallelism.ep" {
+        // Expert parallelism (within dp_shard, which the trainer checks) and pipeline
+        // parallelism (its layout is checked against the model when it loads) run.
+        if *v != 1 && *k != "parallelism.ep" && *k != "parallelism.pp" {
             let what = match *k {
                 "parallelism.tp" => "tensor parallelism",
                 "parallelism.pp" => "pipeline parallelism",
@@ -413,6 +414,33 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
                 format!("{what} is not implemented yet; set it to 1 (parallelism.dp_replicate and dp_shard spread the batch over processes)"),
             ));
         }
+    }
+    match (p.pp_schedule.as_str(), p.pp_virtual_stages) {
+        ("1f1b", 1) | ("interleaved_1f1b", 1..) => {}
+        ("1f1b", v) => {
+            return Err(ConfigError::at(
+                "parallelism.pp_virtual_stages",
+                format!("is {v}, but parallelism.pp_schedule = \"1f1b\" runs one stage per rank; set pp_schedule = \"interleaved_1f1b\" or pp_virtual_stages = 1"),
+            ))
+        }
+        ("interleaved_1f1b", _) => {
+            return Err(ConfigError::at(
+                "parallelism.pp_virtual_stages",
+                "must be at least 1",
+            ))
+        }
+        (other, _) => {
+            return Err(ConfigError::at(
+                "parallelism.pp_schedule",
+                format!("unknown schedule '{other}' (1f1b or interleaved_1f1b)"),
+            ))
+        }
+    }
+    if let Some(bad) = p.pp_split.iter().find(|&&n| n < 1) {
+        return Err(ConfigError::at(
+            "parallelism.pp_split",
+            format!("holds {bad}: every pipeline stage needs at least one block"),
+        ));
     }
     const GATHER_DTYPES: [&str; 6] = ["float32", "f32", "bfloat16", "bf16", "int8", "fp8_e4m3"];
     if !GATHER_DTYPES.contains(&p.fsdp_all_gather_dtype.as_str()) {

@@ -191,9 +191,9 @@ impl Default for Training {
 
 /// `[parallelism]`: the device mesh, a degree per dimension. The degrees multiply to the
 /// number of processes (`mpiexec -n N`, `anneal train --nproc N`); one of them may be -1 to take
-/// the rest (`ep` borrows from `dp_shard` and is not counted). Today data parallelism runs
-/// (DDP: `dp_replicate`; FSDP: `dp_shard`; HSDP: both) and expert parallelism within
-/// `dp_shard`: `tp`, `pp` and `cp` must be 1.
+/// the rest (`ep` borrows from `dp_shard` and is not counted). Data parallelism (DDP:
+/// `dp_replicate`; FSDP: `dp_shard`; HSDP: both), expert parallelism within `dp_shard` and
+/// pipeline parallelism (`pp`, the `pp_*` keys) run; `tp` and `cp` must be 1.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Parallelism {
@@ -218,6 +218,15 @@ pub struct Parallelism {
     pub fsdp_all_gather_dtype: String,
     /// Values per scale of a quantized all-gather (128 or 256 are usual).
     pub fsdp_all_gather_block: i64,
+    /// The pipeline schedule when `pp > 1`: `1f1b` (one forward, one backward) or
+    /// `interleaved_1f1b` (each rank holds `pp_virtual_stages` non-adjacent stages).
+    pub pp_schedule: String,
+    /// Stages per rank under `interleaved_1f1b` (the pipeline has `pp × pp_virtual_stages`
+    /// stages, stage `s` on rank `s mod pp`); 1 under `1f1b`.
+    pub pp_virtual_stages: i64,
+    /// Blocks per pipeline stage, first stage first (`[3, 5]`: blocks 0–2, then 3–7); empty:
+    /// balanced by the model's per-block cost. Must sum to the model's layer count.
+    pub pp_split: Vec<i64>,
 }
 
 impl Parallelism {
@@ -245,6 +254,9 @@ impl Default for Parallelism {
             ep: 1,
             fsdp_all_gather_dtype: "float32".into(),
             fsdp_all_gather_block: 128,
+            pp_schedule: "1f1b".into(),
+            pp_virtual_stages: 1,
+            pp_split: Vec::new(),
         }
     }
 }

@@ -253,6 +253,15 @@ pub trait Pending {
     fn wait(self: Box<Self>) -> Result<Vec<f32>, DistError>;
 }
 
+/// A send that completed when it was started.
+struct Sent;
+
+impl Pending for Sent {
+    fn wait(self: Box<Self>) -> Result<Vec<f32>, DistError> {
+        Ok(Vec::new())
+    }
+}
+
 /// The collectives of one communicator. Every rank of the communicator must call the same
 /// collectives in the same order (as with MPI); point-to-point `send`/`recv` pair up by rank
 /// and tag.
@@ -296,6 +305,15 @@ pub trait Collective {
 
     /// Receives exactly `buf.len()` elements from rank `src` with `tag`.
     fn recv(&self, buf: RecvBuf<'_>, src: usize, tag: u16) -> Result<(), DistError>;
+
+    /// Starts sending `buf` to rank `dest` with `tag`; the handle's wait returns nothing once
+    /// `buf` was handed over. A pipeline stage sends this way so that two neighbours sending to
+    /// each other at once never both block. The default sends at once (blocking): transports
+    /// whose sends never wait for the receiver (one process) need nothing more.
+    fn isend(&self, buf: Vec<f32>, dest: usize, tag: u16) -> Result<Box<dyn Pending>, DistError> {
+        self.send((&buf[..]).into(), dest, tag)?;
+        Ok(Box::new(Sent))
+    }
 
     /// Starts [`Collective::all_reduce_sum`] of `buf`; the handle returns the sum.
     fn iall_reduce_sum(&self, buf: Vec<f32>) -> Result<Box<dyn Pending>, DistError>;

@@ -367,6 +367,17 @@ impl Collective for Mpi {
         Ok(())
     }
 
+    fn isend(&self, buf: Vec<f32>, dest: usize, tag: u16) -> Result<Box<dyn Pending>, DistError> {
+        check_rank("isend", dest, self.size())?;
+        mpi_count("isend", buf.len())?;
+        self.count(buf.len() * 4);
+        let p = self.comm.process_at_rank(dest as mpi::Rank);
+        let tag = mpi::Tag::from(tag);
+        Ok(Box::new(MpiPending::start(buf, 0, |s, _| {
+            p.immediate_send_with_tag(StaticScope, s, tag)
+        })))
+    }
+
     /// Non-blocking, so it cannot chain a reduce-scatter into an all-gather: every rank gathers
     /// every rank's whole buffer and sums it locally (`size()` times the bytes of
     /// [`Collective::all_reduce_sum`]; for small buffers such as flags and statistics).

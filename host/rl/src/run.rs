@@ -65,10 +65,15 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: sharded parameters (FSDP), and a step's prompts
+/// Refuses what multi-rank RL does not run: pipeline stages, sharded parameters (FSDP), and a step's prompts
 /// that do not split into whole groups per rank. User errors naming the keys.
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
+    if dist.pp().is_some() {
+        return Err(TrainError::Config(
+            "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
+        ));
+    }
     if dist.shard().is_some() {
         return Err(TrainError::Config(
             "config: `parallelism.dp_shard`: `anneal rl` runs data parallel with whole replicas only (parallelism.dp_replicate); sharded parameters (FSDP) are not implemented for RL yet; set parallelism.dp_shard = 1".into(),

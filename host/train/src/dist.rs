@@ -29,6 +29,13 @@ pub struct Dist {
     /// Under expert parallelism: the expert group (the ranks splitting the experts) and the
     /// expert-FSDP group (the ranks holding the same experts).
     experts: Option<anneal_dist::ExpertComms>,
+    /// The `pp` communicator (this rank's pipeline), when `pp > 1`.
+    pp: Option<Box<dyn Collective>>,
+    /// The ranks that save a checkpoint together under pipeline parallelism (`pp` × `dp_shard`).
+    pp_save: Option<Box<dyn Collective>>,
+    /// Every rank of the job, when that is more than `dp` (pipeline stages): what the ranks
+    /// agree on together (the step resumed from, a stop request).
+    job: Option<Box<dyn Collective>>,
 }
 
 impl Dist {
@@ -40,6 +47,9 @@ impl Dist {
             shard: None,
             replicate: None,
             experts: None,
+            pp: None,
+            pp_save: None,
+            job: None,
         }
     }
 
@@ -58,11 +68,13 @@ impl Dist {
     pub fn unbatched(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
         let mesh = Mesh::new(cfg.parallelism.degrees(), world.size(), world.rank())?;
         for dim in MeshDim::ALL {
-            if !matches!(dim, MeshDim::DpReplicate | MeshDim::DpShard | MeshDim::Ep)
-                && mesh.degree(dim) > 1
+            if !matches!(
+                dim,
+                MeshDim::DpReplicate | MeshDim::DpShard | MeshDim::Ep | MeshDim::Pp
+            ) && mesh.degree(dim) > 1
             {
                 return Err(TrainError::Config(format!(
-                    "config: `parallelism.{}` resolves to {}: only data and expert parallelism (dp_replicate, dp_shard, ep) run across processes so far; set parallelism.{} = 1",
+                    "config: `parallelism.{}` resolves to {}: only data (dp_replicate, dp_shard), expert (ep) and pipeline (pp) parallelism run across processes so far; set parallelism.{} = 1",
                     dim.key(),
                     mesh.degree(dim),
                     dim.key()
@@ -73,6 +85,12 @@ impl Dist {
             mesh.degree(MeshDim::DpReplicate),
             mesh.degree(MeshDim::DpShard),
         );
+        let pp = mesh.degree(MeshDim::Pp);
+        if pp > 1 && shard > 1 {
+            return Err(TrainError::Config(format!(
+                "config: `parallelism.pp` ({pp}) with `parallelism.dp_shard` ({shard}): sharding a pipeline stage's parameters (FSDP) is not supported yet; set parallelism.dp_shard = 1 (parallelism.dp_replicate composes with pp)"
+            )));
+        }
         // Every rank splits the same communicators in the same order (collective calls).
         let dp = if world.size() == 1 {
             Box::new(Single::new()) as Box<dyn Collective>
@@ -94,12 +112,29 @@ impl Dist {
         } else {
             None
         };
+        // Pipeline communicators after the data-parallel ones, in the same order on every rank.
+        let (pp, pp_save, job) = if pp > 1 {
+            let save = if mesh.coord(MeshDim::DpReplicate) == 0 {
+                Some(mesh.comm_of(world, &[MeshDim::Pp, MeshDim::DpShard])?)
+            } else {
+                // Every rank takes part in the split; the other replicas' groups go unused.
+                mesh.comm_of(world, &[MeshDim::Pp, MeshDim::DpShard])?;
+                None
+            };
+            let pp = mesh.comm(world, MeshDim::Pp)?;
+            (Some(pp), save, Some(mesh.comm_of(world, &MeshDim::ALL)?))
+        } else {
+            (None, None, None)
+        };
         let dist = Dist {
             mesh,
             dp,
             shard,
             replicate,
             experts,
+            pp,
+            pp_save,
+            job,
         };
         Ok(dist)
     }
@@ -141,6 +176,23 @@ impl Dist {
     /// The `dp_shard` communicator when parameters are sharded (FSDP / HSDP).
     pub fn shard(&self) -> Option<&dyn Collective> {
         self.shard.as_deref()
+    }
+
+    /// The `pp` communicator (the ranks of this rank's pipeline, by stage) when `pp > 1`.
+    pub fn pp(&self) -> Option<&dyn Collective> {
+        self.pp.as_deref()
+    }
+
+    /// The ranks that write one checkpoint together, one shard each, when this rank is one of
+    /// them: under pipeline parallelism every stage of the first replica; under FSDP / HSDP the
+    /// `dp_shard` ranks of the first replica group. `None` when one rank saves it whole (or this
+    /// rank's replica does not save).
+    pub fn save_group(&self) -> Option<&dyn Collective> {
+        match &self.pp {
+            Some(_) => self.pp_save.as_deref(),
+            None if self.mesh.coord(MeshDim::DpReplicate) == 0 => self.shard(),
+            None => None,
+        }
     }
 
     /// The `dp_replicate` communicator of an HSDP mesh.
@@ -258,11 +310,16 @@ impl Dist {
         Ok(out)
     }
 
+    /// Every rank of the job (the data-parallel ranks unless there are pipeline stages).
+    fn job(&self) -> &dyn Collective {
+        self.job.as_deref().unwrap_or(self.dp.as_ref())
+    }
+
     /// The largest of every rank's `v`.
     pub fn max_u64(&self, v: u64) -> Result<u64, TrainError> {
-        let mut out = vec![0i64; self.size()];
+        let mut out = vec![0i64; self.job().size()];
         let local = [i64::try_from(v).unwrap_or(i64::MAX)];
-        self.dp
+        self.job()
             .all_gather((&local[..]).into(), (&mut out[..]).into())?;
         Ok(out.into_iter().max().unwrap_or(0).max(0) as u64)
     }
@@ -270,22 +327,23 @@ impl Dist {
     /// Whether any rank's `flag` is set (a stop request reaches ranks at different steps; they
     /// must stop at the same one).
     pub fn any(&self, flag: bool) -> Result<bool, TrainError> {
-        if self.size() == 1 {
+        if self.job().size() == 1 {
             return Ok(flag);
         }
         let mut v = [f32::from(u8::from(flag))];
-        self.dp.all_reduce_sum(&mut v)?;
+        self.job().all_reduce_sum(&mut v)?;
         Ok(v[0] > 0.0)
     }
 
     /// `root`'s `v` on every rank.
     pub fn broadcast_u64(&self, v: u64, root: usize) -> Result<u64, TrainError> {
         let mut bytes = v.to_le_bytes();
-        self.dp.broadcast(&mut bytes, root)?;
+        self.job().broadcast(&mut bytes, root)?;
         Ok(u64::from_le_bytes(bytes))
     }
 
-    /// Bytes this rank has handed to collectives so far.
+    /// Bytes this rank has handed to collectives so far (every communicator split from the
+    /// world shares one counter, so the pipeline's sends are in it too).
     pub fn comm_bytes(&self) -> u64 {
         self.dp.comm_bytes()
     }

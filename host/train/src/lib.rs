@@ -13,6 +13,7 @@ pub mod harness;
 pub mod memory;
 mod metrics;
 pub mod outputs;
+mod pp;
 mod run;
 mod schedule;
 mod trainer;
@@ -68,6 +69,9 @@ pub enum TrainError {
     /// The `[parallelism]` mesh does not fit the job's processes.
     #[error(transparent)]
     Mesh(#[from] anneal_dist::MeshError),
+    /// The stages of a pipeline disagree about what they exchange (a runtime failure).
+    #[error("pipeline: {0}")]
+    Pipeline(String),
     /// A collective between the job's processes failed.
     #[error("distributed: {0}")]
     Dist(#[from] anneal_dist::DistError),

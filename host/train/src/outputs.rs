@@ -141,6 +141,23 @@ impl StepOutputs {
         Ok(())
     }
 
+    /// Sums the weighted auxiliary loss over `comm`'s ranks (pipeline stages: each holds the
+    /// part its blocks emitted); the named losses and statistics stay this rank's. Collective.
+    pub fn sum_aux_total_across(
+        &mut self,
+        comm: &dyn anneal_dist::Collective,
+    ) -> Result<(), crate::TrainError> {
+        let mut buf = [
+            self.aux_total.unwrap_or(0.0) as f32,
+            f32::from(u8::from(self.aux_total.is_some())),
+        ];
+        comm.all_reduce_sum(&mut buf)?;
+        if buf[1] > 0.0 {
+            self.aux_total = Some(buf[0] as f64);
+        }
+        Ok(())
+    }
+
     /// Each statistic summed over the step's micro-batches (token counts of a whole step).
     pub fn stat_sums(&self) -> &[(String, Tensor)] {
         &self.stat_tensors

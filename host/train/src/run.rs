@@ -10,7 +10,6 @@ use crate::harness::{resume_with, Resumed, RunDir, RunKind, Saver, ShardSaver};
 use crate::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use crate::{io_err, TrainError, Trainer};
 use anneal_config::JobConfig;
-use anneal_dist::MeshDim;
 use anneal_engine::alloc;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,17 +129,16 @@ pub fn run_dist(
         cfg.training.batch_size,
         cfg.training.seq_len
     ));
-    // Under FSDP / HSDP the ranks of the first replica group each save their own shard and
-    // rank 0 publishes; otherwise rank 0 saves the whole (the replicas are identical).
-    let mut shard_saver = match trainer.dist().shard() {
-        Some(_) if trainer.dist().mesh().coord(MeshDim::DpReplicate) == 0 => {
+    // Under FSDP / HSDP the ranks of the first replica group each save their own shard (under
+    // pipeline parallelism each stage its parameters) and rank 0 publishes; otherwise rank 0
+    // saves the whole (the replicas are identical).
+    let mut shard_saver = match trainer.dist().save_group() {
+        Some(group) => {
             // One name for every rank's temporary directory of a save.
-            let tag = trainer.dist().broadcast_u64(tag_seed(), 0)?;
+            let mut tag = tag_seed().to_le_bytes();
+            group.broadcast(&mut tag, 0)?;
+            let tag = u64::from_le_bytes(tag);
             Some(ShardSaver::new(cfg, run_dir, format!("{tag:016x}")))
-        }
-        Some(_) => {
-            trainer.dist().broadcast_u64(0, 0)?;
-            None
         }
         None => None,
     };
@@ -205,7 +203,7 @@ pub fn run_dist(
                 (window_tokens, window_seconds) = (0, 0.0);
                 alloc::reset_peak();
             }
-            // Sharded parameters are gathered for evaluation by every rank; otherwise rank 0
+            // Sharded (or pipelined) parameters need every rank for evaluation; otherwise rank 0
             // evaluates alone.
             if eval_now && (main || trainer.is_sharded()) {
                 let val_loss = trainer.evaluate()?;
@@ -221,7 +219,7 @@ pub fn run_dist(
             console.row(&row);
         }
         let elapsed = clock(Instant::now());
-        if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().shard()) {
+        if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().save_group()) {
             saver.step_end(out.step, comm, &console, |spare| {
                 trainer.snapshot(elapsed, spare)
             })?;
@@ -244,7 +242,7 @@ pub fn run_dist(
         }
     }
     let elapsed = clock(Instant::now());
-    if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().shard()) {
+    if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().save_group()) {
         saver.finish(
             summary.stopped,
             trainer.step(),

@@ -7,7 +7,8 @@ use crate::ep::{ActiveGroup, ExpertGroup};
 use crate::fsdp::{Active, Experts, Fsdp, GatherCodec, Hook, Units};
 use crate::harness::{
     clip_grads, global_grad_norm, load_model, load_optimizer, params_from_checkpoint,
-    params_rows_from_checkpoint, restore_optimizer, restore_optimizer_with, Provenance,
+    params_of_from_checkpoint, params_rows_from_checkpoint, restore_optimizer,
+    restore_optimizer_of, restore_optimizer_with, Provenance,
 };
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
@@ -86,6 +87,8 @@ pub struct Trainer {
     units: Option<Rc<RefCell<Units>>>,
     /// The expert group the MoE layers exchange rows over, under expert parallelism.
     experts: Option<Rc<ExpertGroup>>,
+    /// This rank's stages when `pp > 1` (`named` then holds their parameters only).
+    pipeline: Option<crate::pp::Pipeline>,
 }
 
 /// What keeps a step's per-block driver and expert group reachable from the model's hooks.
@@ -229,7 +232,24 @@ impl Trainer {
             fsdp: None,
             units: None,
             experts: None,
+            pipeline: None,
         };
+        if let Some(comm) = trainer.dist.pp() {
+            let micro = t.batch_size / t.micro_batch_size / trainer.dist.size();
+            let all = std::mem::take(&mut trainer.named);
+            let (pipeline, mine) = crate::pp::setup(
+                cfg,
+                &trainer.model,
+                comm.rank(),
+                all,
+                &trainer.buffers,
+                micro,
+            )?;
+            note(&pipeline.summary(micro));
+            trainer.named = mine;
+            trainer.params = Arc::new(trainer.named.iter().cloned().collect());
+            trainer.pipeline = Some(pipeline);
+        }
         if let Some(comm) = trainer.dist.shard() {
             let spec = trainer.model.spec();
             let layers: std::collections::HashMap<&str, Option<usize>> = spec
@@ -280,11 +300,11 @@ impl Trainer {
         }
     }
 
-    /// Whether the parameters are sharded (FSDP / HSDP): evaluation then gathers them on every
-    /// rank, so every rank must call [`Trainer::evaluate`]; checkpoints are saved as one shard
-    /// per rank of the first replica group.
+    /// Whether the parameters are sharded (FSDP / HSDP) or split into pipeline stages:
+    /// evaluation then needs every rank, so every rank must call [`Trainer::evaluate`];
+    /// checkpoints are saved as one shard per rank of the first replica group.
     pub fn is_sharded(&self) -> bool {
-        self.fsdp.is_some()
+        self.fsdp.is_some() || self.pipeline.is_some()
     }
 
     /// The digests of the tokenizer and the training stream that checkpoints record.
@@ -395,9 +415,14 @@ impl Trainer {
         let mine = self.dist.my_micro_batches(n_micro);
         let mut losses = Vec::with_capacity(mine.len());
         let mut outputs = StepOutputs::default();
+        let mut pp_batches = Vec::new();
         for i in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);
             if !mine.contains(&i) {
+                continue;
+            }
+            if self.pipeline.is_some() {
+                pp_batches.push(b);
                 continue;
             }
             if let Some(u) = &units {
@@ -423,6 +448,27 @@ impl Trainer {
             if let Some(u) = &units {
                 u.borrow_mut().end_backward()?;
             }
+        }
+        let mut pp_figures = None;
+        if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
+            let ctx = crate::pp::StepCtx {
+                model: &self.model,
+                params: &self.params,
+                positions: &self.positions,
+                opts: &opts,
+                amp: anneal_engine::DType::parse(&t.dtype),
+                aux_weights: &t.aux_loss_weights,
+                scale: (n_micro > 1).then_some(1.0 / n_micro as f32),
+            };
+            let r = pipe.step(comm, &ctx, &pp_batches)?;
+            losses = r.losses;
+            outputs = r.outputs;
+            outputs.sum_aux_total_across(comm)?;
+            // The idle share over the pipeline's ranks: their waits over their whole time.
+            let mut times = [r.wait_s as f32, (r.wait_s + r.busy_s) as f32];
+            comm.all_reduce_sum(&mut times)?;
+            let bubble = f64::from(times[0]) / f64::from(times[1]).max(1e-12);
+            pp_figures = Some((bubble, pipe.theory_bubble(pp_batches.len())));
         }
         let distributed = self.dist.size() > 1;
         let mut fsdp_figures = None;
@@ -453,8 +499,14 @@ impl Trainer {
         // same for any number of ranks.
         let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
         let aux_loss = outputs.aux_total();
-        let grad_norm = match (&self.fsdp, self.dist.shard()) {
-            (Some(fsdp), Some(comm)) => fsdp.grad_norm(comm, &self.named)?,
+        let grad_norm = match (
+            &self.fsdp,
+            self.dist.shard(),
+            &self.pipeline,
+            self.dist.pp(),
+        ) {
+            (Some(fsdp), Some(comm), _, _) => fsdp.grad_norm(comm, &self.named)?,
+            (_, _, Some(pipe), Some(comm)) => pipe.grad_norm(comm, &self.named)?,
             _ => global_grad_norm(&self.named),
         };
         let checked = [
@@ -511,6 +563,12 @@ impl Trainer {
                     // token rows, forward and backward).
                     fields.insert("ep_a2a_bytes".into(), g.take_bytes().into());
                 }
+                if let Some((measured, theory)) = pp_figures {
+                    // The pipeline ranks' time waiting on a neighbour over their whole time
+                    // in the schedule, beside the schedule's theory.
+                    fields.insert("pp_bubble".into(), measured.into());
+                    fields.insert("pp_bubble_theory".into(), theory.into());
+                }
                 if let Some(o) = owner {
                     // The owner layout of a whole-matrix optimizer (Muon) on this rank: the
                     // matrices it updated whole, their estimated work and the bytes it sent.
@@ -520,7 +578,8 @@ impl Trainer {
                 }
                 fields
             },
-            comm_bytes: distributed.then(|| self.dist.comm_bytes() - comm_before),
+            comm_bytes: (distributed || self.pipeline.is_some())
+                .then(|| self.dist.comm_bytes() - comm_before),
             state_bytes,
         })
     }
@@ -633,6 +692,16 @@ impl Trainer {
                 })?;
                 (shards, buffers)
             }
+            None if self.pipeline.is_some() => {
+                // This rank's stages' parameters and their optimizer state, nothing else.
+                let own: std::collections::HashSet<String> =
+                    self.named.iter().map(|(n, _)| n.clone()).collect();
+                let loaded =
+                    params_of_from_checkpoint(&ckpt, &self.model, "model", &|n| own.contains(n))?;
+                let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
+                restore_optimizer_of(&ckpt, &named, &mut self.optimizer)?;
+                (named, buffers)
+            }
             None => {
                 let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
                 let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
@@ -662,6 +731,21 @@ impl Trainer {
     pub fn evaluate(&mut self) -> Result<Option<f64>, TrainError> {
         if self.val_batches.is_empty() {
             return Ok(None);
+        }
+        if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
+            let opts = self.forward_opts(false);
+            let ctx = crate::pp::StepCtx {
+                model: &self.model,
+                params: &self.params,
+                positions: &self.positions,
+                opts: &opts,
+                amp: anneal_engine::DType::parse(&self.cfg.training.dtype),
+                aux_weights: &self.cfg.training.aux_loss_weights,
+                scale: None,
+            };
+            let losses = pipe.evaluate(comm, &ctx, &self.val_batches)?;
+            let sum: f64 = losses.iter().map(|&l| l as f64).sum();
+            return Ok(Some(sum / self.val_batches.len() as f64));
         }
         // Under FSDP block by block, as in training (one micro-batch per held-out batch).
         let (active, opts) = self.block_forward(false)?;

@@ -20,6 +20,9 @@ pub use loader::{
     discover, find, find_for_model_type, find_for_model_type_in, find_in, load, search_paths,
     LoadedPlugin, PluginError,
 };
-pub use model::{ForwardOpts, ForwardOutput, Params, PluginModel};
+pub use model::{
+    pack_hidden, unpack_hidden, ForwardOpts, ForwardOutput, Params, PartOutput, PluginModel,
+    StageInput,
+};
 pub use optimizer::PluginOptimizer;
 pub use stage_params::{Stage, StageParams};

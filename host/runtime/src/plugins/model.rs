@@ -30,6 +30,24 @@ pub struct ForwardOutput {
     pub stats: Vec<(String, Tensor)>,
 }
 
+/// Where a run of stages ([`PluginModel::forward_part`]) starts.
+pub enum StageInput<'a> {
+    /// Token ids `[B, T]`: the run starts with `embed`.
+    Tokens(&'a Tensor),
+    /// The hidden tensors the previous block returned.
+    Hidden(Vec<Tensor>),
+}
+
+/// What a run of stages returned: its last stage's outputs and what its stages emitted.
+pub struct PartOutput {
+    /// The last block's hidden tensors, or `[logits]` when the run ended with `head`.
+    pub hidden: Vec<Tensor>,
+    /// Auxiliary losses by name (summed per name), as in [`ForwardOutput::aux_losses`].
+    pub aux_losses: Vec<(String, Tensor)>,
+    /// Statistics by name, as in [`ForwardOutput::stats`].
+    pub stats: Vec<(String, Tensor)>,
+}
+
 /// Named parameter tensors (leaves that require grad when training).
 pub type Params = Arc<HashMap<String, Tensor>>;
 
@@ -149,59 +167,16 @@ impl PluginModel {
         positions: &Tensor,
         opts: &ForwardOpts,
     ) -> anneal_engine::Result<ForwardOutput> {
-        let _phase = anneal_engine::profile::phase("forward");
-        let sink = Sink::default();
-        let embed_params = opts.params_of(params, Stage::Embed)?;
-        let mut hidden = run_stage(
-            &self.inst,
-            &self.name,
-            &embed_params,
+        let part = self.forward_part(
+            params,
+            StageInput::Tokens(tokens),
+            0..self.spec.n_layers,
+            true,
             positions,
             opts,
-            &sink,
-            |inst, vt, ctx, s| {
-                let h = s.insert(tokens.clone());
-                inst.embed(vt, ctx, h).into_result()
-            },
-            "embed",
         )?;
-        drop(embed_params);
-        opts.forward_done(Stage::Embed)?;
-        for i in 0..self.spec.n_layers {
-            let planned = opts
-                .recompute_layers
-                .as_ref()
-                .is_some_and(|p| p.get(i) == Some(&true));
-            let every = opts.recompute_every > 0 && i % opts.recompute_every == 0;
-            hidden = if opts.training && (every || planned) {
-                self.checkpointed_layer(params, positions, opts, i, hidden, &sink)?
-            } else if opts.stage_params.is_some() {
-                self.gathered_layer(params, positions, opts, i, &hidden, &sink)?
-            } else {
-                layer(
-                    &self.inst, &self.name, params, positions, opts, i, &hidden, &sink,
-                )?
-            };
-        }
-        let head_params = opts.params_of(params, Stage::Head)?;
-        let out = run_stage(
-            &self.inst,
-            &self.name,
-            &head_params,
-            positions,
-            opts,
-            &sink,
-            |inst, vt, ctx, s| {
-                let hs: RVec<Handle> = hidden.iter().map(|t| s.insert(t.clone())).collect();
-                inst.head(vt, ctx, hs)
-                    .into_result()
-                    .map(|h| RVec::from(vec![h]))
-            },
-            "head",
-        )?;
-        drop(head_params);
-        opts.forward_done(Stage::Head)?;
-        let logits = out
+        let logits = part
+            .hidden
             .into_iter()
             .next()
             .ok_or_else(|| stage_err(&self.name, "head", "returned nothing"))?;
@@ -225,10 +200,91 @@ impl PluginModel {
                 ),
             ));
         }
-        let emitted = sink.into_inner().expect("sink lock poisoned");
-        let (aux_losses, stats) = gather_outputs(&self.name, emitted)?;
         Ok(ForwardOutput {
             logits,
+            aux_losses: part.aux_losses,
+            stats: part.stats,
+        })
+    }
+
+    /// A contiguous run of the forward's stages (what one pipeline stage computes): from token
+    /// ids through `embed`, or from the hidden tensors an earlier run of blocks returned,
+    /// through blocks `layers` (recomputed and gathered as in [`PluginModel::forward_full`]),
+    /// and through `head` when `head` is set. Returns the last stage's outputs (the hidden
+    /// tensors, or `[logits]` after the head) with what the stages emitted.
+    pub fn forward_part(
+        &self,
+        params: &Params,
+        input: StageInput<'_>,
+        layers: std::ops::Range<usize>,
+        head: bool,
+        positions: &Tensor,
+        opts: &ForwardOpts,
+    ) -> anneal_engine::Result<PartOutput> {
+        let _phase = anneal_engine::profile::phase("forward");
+        let sink = Sink::default();
+        let mut hidden = match input {
+            StageInput::Hidden(h) => h,
+            StageInput::Tokens(tokens) => {
+                let embed_params = opts.params_of(params, Stage::Embed)?;
+                let hidden = run_stage(
+                    &self.inst,
+                    &self.name,
+                    &embed_params,
+                    positions,
+                    opts,
+                    &sink,
+                    |inst, vt, ctx, s| {
+                        let h = s.insert(tokens.clone());
+                        inst.embed(vt, ctx, h).into_result()
+                    },
+                    "embed",
+                )?;
+                drop(embed_params);
+                opts.forward_done(Stage::Embed)?;
+                hidden
+            }
+        };
+        for i in layers {
+            let planned = opts
+                .recompute_layers
+                .as_ref()
+                .is_some_and(|p| p.get(i) == Some(&true));
+            let every = opts.recompute_every > 0 && i % opts.recompute_every == 0;
+            hidden = if opts.training && (every || planned) {
+                self.checkpointed_layer(params, positions, opts, i, hidden, &sink)?
+            } else if opts.stage_params.is_some() {
+                self.gathered_layer(params, positions, opts, i, &hidden, &sink)?
+            } else {
+                layer(
+                    &self.inst, &self.name, params, positions, opts, i, &hidden, &sink,
+                )?
+            };
+        }
+        if head {
+            let head_params = opts.params_of(params, Stage::Head)?;
+            hidden = run_stage(
+                &self.inst,
+                &self.name,
+                &head_params,
+                positions,
+                opts,
+                &sink,
+                |inst, vt, ctx, s| {
+                    let hs: RVec<Handle> = hidden.iter().map(|t| s.insert(t.clone())).collect();
+                    inst.head(vt, ctx, hs)
+                        .into_result()
+                        .map(|h| RVec::from(vec![h]))
+                },
+                "head",
+            )?;
+            drop(head_params);
+            opts.forward_done(Stage::Head)?;
+        }
+        let emitted = sink.into_inner().expect("sink lock poisoned");
+        let (aux_losses, stats) = gather_outputs(&self.name, emitted)?;
+        Ok(PartOutput {
+            hidden,
             aux_losses,
             stats,
         })
@@ -468,16 +524,7 @@ fn unpack(
     emitted: &[Emitted],
 ) -> anneal_engine::Result<(Vec<Tensor>, Vec<Tensor>)> {
     let mut at = 0;
-    let mut take = |like: &Tensor| -> anneal_engine::Result<Tensor> {
-        let n = like.numel();
-        let t = packed.narrow(0, at, n)?.reshape(like.shape())?;
-        at += n;
-        if like.dtype() == DType::F32 {
-            Ok(t)
-        } else {
-            t.to_dtype(like.dtype())
-        }
-    };
+    let mut take = |like: &Tensor| take_part(packed, &mut at, like.shape(), like.dtype());
     let outs = outs
         .iter()
         .map(|t| {
@@ -494,6 +541,43 @@ fn unpack(
         .map(|e| take(&e.tensor))
         .collect::<anneal_engine::Result<Vec<_>>>()?;
     Ok((outs, aux))
+}
+
+/// The next `shape` values of `packed` from `at` (advanced past them), as `dtype`.
+fn take_part(
+    packed: &Tensor,
+    at: &mut usize,
+    shape: &[usize],
+    dtype: DType,
+) -> anneal_engine::Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let t = packed.narrow(0, *at, n)?.reshape(shape)?;
+    *at += n;
+    if dtype == DType::F32 {
+        Ok(t)
+    } else {
+        t.to_dtype(dtype)
+    }
+}
+
+/// A block's floating hidden tensors flattened into one f32 tensor, as a recomputed block
+/// packs them: what a pipeline stage sends to the next (one message, one gradient back).
+/// Integer hidden tensors are left out.
+pub fn pack_hidden(outs: &[Tensor]) -> anneal_engine::Result<Tensor> {
+    pack(outs, &[])
+}
+
+/// The inverse of [`pack_hidden`]: the floating hidden tensors of shapes and dtypes `parts`,
+/// as views of `packed` (so a gradient into them reaches `packed`).
+pub fn unpack_hidden(
+    packed: &Tensor,
+    parts: &[(Vec<usize>, DType)],
+) -> anneal_engine::Result<Vec<Tensor>> {
+    let mut at = 0;
+    parts
+        .iter()
+        .map(|(shape, dtype)| take_part(packed, &mut at, shape, *dtype))
+        .collect()
 }
 
 /// Named outputs of a forward, in order.

@@ -233,9 +233,30 @@ pub fn params_rows_from_checkpoint(
     prefix: &str,
     rows: RowsOf<'_>,
 ) -> Result<Vec<(String, Tensor)>, TrainError> {
+    params_picked(ckpt, model, prefix, &|_| true, rows)
+}
+
+/// [`params_from_checkpoint`] of the parameters `keep` picks by name (a pipeline rank's
+/// stages), whole; the others are neither read nor checked.
+pub fn params_of_from_checkpoint(
+    ckpt: &Loaded,
+    model: &PluginModel,
+    prefix: &str,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
+    params_picked(ckpt, model, prefix, keep, &|_, _| None)
+}
+
+fn params_picked(
+    ckpt: &Loaded,
+    model: &PluginModel,
+    prefix: &str,
+    keep: &dyn Fn(&str) -> bool,
+    rows: RowsOf<'_>,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
     let spec = model.spec();
     let mut named = Vec::with_capacity(spec.params.len());
-    for p in &spec.params {
+    for p in spec.params.iter().filter(|p| keep(&p.name)) {
         let key = format!("{prefix}/{}", p.name);
         let (shape, dtype) = ckpt
             .describe(&key)
@@ -287,6 +308,32 @@ pub fn restore_optimizer_with(
             None => ckpt.tensor(name)?,
         };
         state.insert(key.to_string(), t);
+    }
+    optimizer
+        .load_state(named, state)
+        .map_err(|m| mismatch(ckpt, m))
+}
+
+/// [`restore_optimizer`] of the state of `named` alone (`<param>.<state>` for a parameter of
+/// `named`; a pipeline rank's stages): the other parameters' state is not read.
+pub fn restore_optimizer_of(
+    ckpt: &Loaded,
+    named: &[(String, Tensor)],
+    optimizer: &mut PluginOptimizer,
+) -> Result<(), TrainError> {
+    let own: std::collections::HashSet<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
+    let mut state = std::collections::BTreeMap::new();
+    for name in ckpt.names() {
+        let Some(key) = name.strip_prefix("optim/") else {
+            continue;
+        };
+        // State names carry no dot: the parameter is everything before the last one.
+        if key
+            .rsplit_once('.')
+            .is_some_and(|(param, _)| own.contains(param))
+        {
+            state.insert(key.to_string(), ckpt.tensor(name)?);
+        }
     }
     optimizer
         .load_state(named, state)

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Parallel layouts side by side on the debug Llama (hidden 256, FFN 1024, vocab 8192) with its
+# 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
+# virtual stages per rank) and PP(2) x DDP(2), one compute thread per rank, a global batch of
+# 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per replica under PP(2) x DDP(2)).
+# For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
+# (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
+# next to the pipeline's theoretical traffic (each stage boundary moves micro_batch x seq_len
+# x dim f32 forward and the same backward, per micro-batch), and the measured bubble
+# (pp_bubble) next to the schedule's theory (pp_bubble_theory).
+#   bash bench/parallel_layouts.sh           # STEPS=12 WARMUP=4
+# Needs the corpus of configs/llama3_debug.toml (bash scripts/setup.sh) and MPI
+# (scripts/setup-mpi.sh). TP, CP and PP x FSDP rows come with those layouts.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+STEPS="${STEPS:-12}" WARMUP="${WARMUP:-4}"
+cargo build --release --quiet -p anneal -p anneal-plugin-llama -p anneal-plugin-adamw
+BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/anneal"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); load $(cut -d' ' -f1-3 /proc/loadavg)"
+COMMON=(--set training.threads=1 --set training.micro_batch_size=1 --set training.steps="$STEPS"
+    --set metrics.log_freq=1 --set metrics.eval_freq=0 --set checkpoint.interval=0
+    --set metrics.progress_bar=false)
+run() { # name layers nproc extra-sets...
+    local name="$1" layers="$2" n="$3"
+    shift 3
+    local sets=("${COMMON[@]}" --set model.args.n_layers="$layers")
+    for s in "$@"; do sets+=(--set "$s"); done
+    if [ "$n" = 1 ]; then
+        "$BIN" train configs/llama3_debug.toml --run-dir "$OUT/$name" "${sets[@]}" \
+            >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; exit 1; }
+    else
+        mpiexec -n "$n" "$BIN" train configs/llama3_debug.toml --run-dir "$OUT/$name" "${sets[@]}" \
+            >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; exit 1; }
+    fi
+}
+for layers in 4 16; do
+    run "single-$layers" "$layers" 1
+    run "fsdp2-$layers" "$layers" 2 parallelism.dp_shard=2
+    run "pp2-$layers" "$layers" 2 parallelism.pp=2
+    run "pp2i-$layers" "$layers" 2 parallelism.pp=2 parallelism.pp_schedule=interleaved_1f1b \
+        parallelism.pp_virtual_stages=2
+    run "pp2xddp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_replicate=2
+done
+python3 - "$OUT" "$WARMUP" <<'PY'
+import json, statistics, sys
+out, warmup = sys.argv[1], int(sys.argv[2])
+dim, seq, micro = 256, 256, 8
+print(f"{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'theory MB':>10} {'bubble':>7} {'theory':>7}")
+for layers in (4, 16):
+    for name, boundaries, per_rank in (("single", 0, micro), ("fsdp2", 0, micro), ("pp2", 1, micro),
+                                        ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2)):
+        rows = [json.loads(l) for l in open(f"{out}/{name}-{layers}/metrics.jsonl")]
+        tps = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
+        peak = max(r["mem_peak_bytes"] for r in rows) / 2**20
+        comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:]) / 1e6
+        # Rank 0 sends forward on each of its boundaries and backward on the others': in all,
+        # every boundary moves one activation and one gradient per micro-batch, split over 2 ranks.
+        theory = boundaries * 2 * per_rank * seq * dim * 4 / 2 / 1e6 if boundaries else float("nan")
+        bub = [r["pp_bubble"] for r in rows[warmup:] if "pp_bubble" in r]
+        th = rows[-1].get("pp_bubble_theory")
+        print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "
+              f"{(statistics.median(bub) if bub else float('nan')):>7.3f} {(th if th is not None else float('nan')):>7.3f}")
+PY

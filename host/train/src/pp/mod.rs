@@ -1,0 +1,472 @@
+//! Pipeline parallelism: the model's stages (`embed`, blocks, `head`) split into contiguous
+//! pipeline stages over the `pp` ranks ([`layout`]), a step's micro-batches run through them in
+//! a 1F1B or interleaved-1F1B order ([`schedule`]), hidden tensors forward and their gradients
+//! backward point-to-point ([`wire`]). Each rank holds (and trains, and saves) only its stages'
+//! parameters; the loss of each micro-batch is computed on the last stage and shared, so the
+//! step's loss and gradients are bitwise those of one process.
+
+pub mod layout;
+pub mod schedule;
+pub mod wire;
+
+use crate::outputs::{weighted_aux, StepOutputs};
+use crate::TrainError;
+use anneal_data::Batch;
+use anneal_dist::{Collective, Pending};
+use anneal_engine::ops::{cross_entropy, CrossEntropy};
+use anneal_engine::{DType, Tensor};
+use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, StageInput};
+use layout::Layout;
+use schedule::{stage_of, Op};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+use wire::Kind;
+
+/// One rank's place in the pipeline.
+pub struct Pipeline {
+    /// The stages and their blocks.
+    pub layout: Layout,
+    /// This rank's coordinate along `pp`.
+    rank: usize,
+    /// Every trained parameter's name, sorted (the single process's order of the norm).
+    all_names: Vec<String>,
+}
+
+/// What a pipelined step needs from the trainer.
+pub struct StepCtx<'a> {
+    /// The model.
+    pub model: &'a PluginModel,
+    /// This rank's parameters and buffers.
+    pub params: &'a Params,
+    /// Positions `[T]`.
+    pub positions: &'a Tensor,
+    /// Forward options (recompute).
+    pub opts: &'a ForwardOpts,
+    /// The autocast dtype of the forward (`training.dtype`).
+    pub amp: Option<DType>,
+    /// `training.aux_loss_weights`.
+    pub aux_weights: &'a BTreeMap<String, f64>,
+    /// What each micro-batch's loss is scaled by (`1 / micro-batches of the step`), or `None`
+    /// for one micro-batch.
+    pub scale: Option<f32>,
+}
+
+/// What a pipelined step did on this rank.
+pub struct StepResult {
+    /// Each of this data-parallel rank's micro-batches' loss (the same on every stage).
+    pub losses: Vec<f32>,
+    /// The auxiliary losses and statistics of this rank's stages.
+    pub outputs: StepOutputs,
+    /// Seconds spent waiting for a neighbour's activation or gradient.
+    pub wait_s: f64,
+    /// Seconds spent computing forwards and backwards.
+    pub busy_s: f64,
+}
+
+/// What a forward left for its backward.
+struct Stash {
+    /// The received input (a leaf whose gradient goes back), except on the first stage.
+    input: Option<Tensor>,
+    /// What the backward starts from: the scaled loss on the last stage, else the packed output
+    /// (with the scaled auxiliary loss appended when the stage emitted one).
+    root: Tensor,
+    /// Values of the packed output (what the next stage's gradient holds).
+    out_len: usize,
+    /// Whether `root` ends with an auxiliary loss (its seed gradient is 1).
+    has_aux: bool,
+}
+
+impl Pipeline {
+    /// The pipeline rank `rank` sees; `all_names` are every trained parameter's names.
+    pub fn new(layout: Layout, rank: usize, mut all_names: Vec<String>) -> Pipeline {
+        all_names.sort();
+        Pipeline {
+            layout,
+            rank,
+            all_names,
+        }
+    }
+
+    /// The global stages this rank runs, by chunk.
+    pub fn my_stages(&self) -> Vec<usize> {
+        (0..self.layout.v)
+            .map(|c| stage_of(self.rank, c, self.layout.p))
+            .collect()
+    }
+
+    /// The pipeline rank that runs stage `s`.
+    fn rank_of(&self, s: usize) -> usize {
+        s % self.layout.p
+    }
+
+    /// Whether this rank holds a parameter of block `layer`, or (for `None`) one outside the
+    /// blocks that `embed` (`in_embed`) or `head` (`in_head`) reads; one that neither reads
+    /// stays on the first rank.
+    pub fn owns(&self, layer: Option<usize>, in_embed: bool, in_head: bool) -> bool {
+        let last = self.layout.n_stages() - 1;
+        let stage = match layer {
+            Some(l) => self.layout.stage_of_layer(l),
+            None if in_head && !in_embed => last,
+            None => 0,
+        };
+        self.rank_of(stage) == self.rank
+    }
+
+    /// One line for the log.
+    pub fn summary(&self, micro_batches: usize) -> String {
+        format!(
+            "pipeline: {} stage(s) on {} rank(s) ({} per rank); this rank runs stage(s) {:?}; {}; bubble in theory {:.3} with {micro_batches} micro-batch(es)",
+            self.layout.n_stages(),
+            self.layout.p,
+            self.layout.v,
+            self.my_stages(),
+            self.layout.describe(),
+            self.theory_bubble(micro_batches)
+        )
+    }
+
+    /// The schedule's idle fraction in theory for `m` micro-batches.
+    pub fn theory_bubble(&self, m: usize) -> f64 {
+        schedule::theory_bubble(self.layout.p, self.layout.v, m)
+    }
+
+    /// Runs forward and backward of `batches` (this data-parallel rank's micro-batches, in
+    /// order) through this rank's stages in the schedule's order; gradients accumulate on the
+    /// parameters' leaves. Collective over `comm` (the `pp` communicator).
+    pub fn step(
+        &self,
+        comm: &dyn Collective,
+        ctx: &StepCtx<'_>,
+        batches: &[Batch],
+    ) -> Result<StepResult, TrainError> {
+        let (p, v, m) = (self.layout.p, self.layout.v, batches.len());
+        let n_stages = self.layout.n_stages();
+        let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();
+        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+        let mut losses = vec![0f32; m];
+        let mut outputs = StepOutputs::default();
+        // A micro-batch's named outputs over this rank's chunks, added once all ran.
+        let mut per_mb: Vec<MbOutputs> = (0..m).map(|_| MbOutputs::default()).collect();
+        let (mut wait_s, mut busy_s) = (0.0, 0.0);
+        for op in schedule::ops(p, v, m, self.rank) {
+            match op {
+                Op::Forward { mb, chunk } => {
+                    let s = stage_of(self.rank, chunk, p);
+                    let last = s + 1 == n_stages;
+                    let b = &batches[mb];
+                    let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
+                    let (input, hidden) = if s == 0 {
+                        (None, None)
+                    } else {
+                        let t = Instant::now();
+                        let tag = wire::tag(Kind::Activation, s, mb);
+                        let (leaf, h) = wire::recv_hidden(comm, self.rank_of(s - 1), tag)?;
+                        wait_s += t.elapsed().as_secs_f64();
+                        (Some(leaf), Some(h))
+                    };
+                    let t = Instant::now();
+                    let input_of = match hidden {
+                        Some(h) => StageInput::Hidden(h),
+                        None => StageInput::Tokens(&x),
+                    };
+                    let (part, ce) = {
+                        let _amp = anneal_engine::autocast::set_autocast(ctx.amp);
+                        let part = ctx.model.forward_part(
+                            ctx.params,
+                            input_of,
+                            self.layout.stages[s].clone(),
+                            last,
+                            ctx.positions,
+                            ctx.opts,
+                        )?;
+                        let ce = match last {
+                            true => Some(loss_of(&part.hidden, b)?),
+                            false => None,
+                        };
+                        (part, ce)
+                    };
+                    let aux = weighted_aux(ctx.aux_weights, &part.aux_losses)?;
+                    per_mb[mb].add(aux.as_ref(), part.aux_losses, part.stats)?;
+                    if chunk + 1 == v {
+                        std::mem::take(&mut per_mb[mb]).flush(&mut outputs)?;
+                    }
+                    let scaled = |t: Tensor| match ctx.scale {
+                        Some(k) => t.mul_scalar(k),
+                        None => Ok(t),
+                    };
+                    let entry = match ce {
+                        Some(ce) => {
+                            losses[mb] = ce.item()?;
+                            let total = match aux {
+                                Some(a) => ce.add(&a)?,
+                                None => ce,
+                            };
+                            Stash {
+                                input,
+                                root: scaled(total)?,
+                                out_len: 0,
+                                has_aux: false,
+                            }
+                        }
+                        None => {
+                            let tag = wire::tag(Kind::Activation, s + 1, mb);
+                            let (packed, pending) =
+                                wire::send_hidden(comm, &part.hidden, self.rank_of(s + 1), tag)?;
+                            sends.extend(pending);
+                            let out_len = packed.numel();
+                            let (root, has_aux) = match aux {
+                                Some(a) => {
+                                    let a = scaled(a)?.reshape(&[1])?;
+                                    (anneal_engine::ops::cat(&[packed, a], 0)?, true)
+                                }
+                                None => (packed, false),
+                            };
+                            Stash {
+                                input,
+                                root,
+                                out_len,
+                                has_aux,
+                            }
+                        }
+                    };
+                    stash.insert((mb, chunk), entry);
+                    busy_s += t.elapsed().as_secs_f64();
+                }
+                Op::Backward { mb, chunk } => {
+                    let s = stage_of(self.rank, chunk, p);
+                    let e = stash.remove(&(mb, chunk)).ok_or_else(|| {
+                        TrainError::Pipeline(format!(
+                            "the schedule runs the backward of micro-batch {mb} on stage {s} before its forward"
+                        ))
+                    })?;
+                    if s + 1 == n_stages {
+                        let t = Instant::now();
+                        e.root.backward()?;
+                        busy_s += t.elapsed().as_secs_f64();
+                    } else {
+                        let t = Instant::now();
+                        let tag = wire::tag(Kind::Gradient, s + 1, mb);
+                        let g = wire::recv_grad(comm, e.out_len, self.rank_of(s + 1), tag)?;
+                        wait_s += t.elapsed().as_secs_f64();
+                        let t = Instant::now();
+                        let seed = match e.has_aux {
+                            true => anneal_engine::ops::cat(
+                                &[g, Tensor::from_vec(vec![1f32], &[1])?],
+                                0,
+                            )?,
+                            false => g,
+                        };
+                        e.root.backward_with(seed)?;
+                        busy_s += t.elapsed().as_secs_f64();
+                    }
+                    if let Some(leaf) = &e.input {
+                        let tag = wire::tag(Kind::Gradient, s, mb);
+                        sends.push(wire::send_grad(comm, leaf, self.rank_of(s - 1), tag)?);
+                    }
+                }
+            }
+        }
+        for s in sends {
+            s.wait()?;
+        }
+        // The last stage's losses reach every rank: the others add zeros, which is exact.
+        comm.all_reduce_sum(&mut losses)?;
+        Ok(StepResult {
+            losses,
+            outputs,
+            wait_s,
+            busy_s,
+        })
+    }
+
+    /// The loss of each of `batches` without gradients (evaluation), on every rank: each
+    /// batch runs through the stages in order, forwards only. Collective over `comm`.
+    pub fn evaluate(
+        &self,
+        comm: &dyn Collective,
+        ctx: &StepCtx<'_>,
+        batches: &[Batch],
+    ) -> Result<Vec<f32>, TrainError> {
+        let _no_grad = anneal_engine::autograd::no_grad();
+        let n_stages = self.layout.n_stages();
+        let mut losses = vec![0f32; batches.len()];
+        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+        for (mb, b) in batches.iter().enumerate() {
+            for s in self.my_stages() {
+                let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
+                let input = if s == 0 {
+                    StageInput::Tokens(&x)
+                } else {
+                    let tag = wire::tag(Kind::Activation, s, mb % 512);
+                    StageInput::Hidden(wire::recv_hidden(comm, self.rank_of(s - 1), tag)?.1)
+                };
+                let last = s + 1 == n_stages;
+                let _amp = anneal_engine::autocast::set_autocast(ctx.amp);
+                let part = ctx.model.forward_part(
+                    ctx.params,
+                    input,
+                    self.layout.stages[s].clone(),
+                    last,
+                    ctx.positions,
+                    ctx.opts,
+                )?;
+                if last {
+                    losses[mb] = loss_of(&part.hidden, b)?.item()?;
+                } else {
+                    let tag = wire::tag(Kind::Activation, s + 1, mb % 512);
+                    let (_, pending) =
+                        wire::send_hidden(comm, &part.hidden, self.rank_of(s + 1), tag)?;
+                    sends.extend(pending);
+                }
+            }
+        }
+        for s in sends {
+            s.wait()?;
+        }
+        comm.all_reduce_sum(&mut losses)?;
+        Ok(losses)
+    }
+
+    /// The global gradient norm over every stage's parameters, bitwise the single process's:
+    /// each rank's f64 sum of squares per parameter is gathered, and the sums are added in name
+    /// order (a parameter's is nonzero on its one rank, so adding the others' zeros is exact).
+    /// Collective over `comm`.
+    pub fn grad_norm(
+        &self,
+        comm: &dyn Collective,
+        named: &[(String, Tensor)],
+    ) -> Result<f64, TrainError> {
+        let n = self.all_names.len();
+        let mut mine = vec![0f64; n];
+        for (name, p) in named {
+            if let (Ok(i), Some(g)) = (self.all_names.binary_search(name), p.grad()) {
+                mine[i] = g.sum_of_squares();
+            }
+        }
+        let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut all = vec![0u8; bytes.len() * comm.size()];
+        comm.all_gather((&bytes[..]).into(), (&mut all[..]).into())?;
+        let value = |r: usize, i: usize| {
+            let at = (r * n + i) * 8;
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&all[at..at + 8]);
+            f64::from_le_bytes(b)
+        };
+        let mut sum = 0.0f64;
+        for i in 0..n {
+            let mut v = 0.0f64;
+            for r in 0..comm.size() {
+                v += value(r, i);
+            }
+            sum += v;
+        }
+        Ok(sum.sqrt())
+    }
+}
+
+/// The cross-entropy of the last stage's `[logits]` against `b`'s targets.
+fn loss_of(out: &[Tensor], b: &Batch) -> Result<Tensor, TrainError> {
+    let logits = out
+        .first()
+        .ok_or_else(|| TrainError::Pipeline("the head returned nothing".into()))?;
+    let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
+    let v = logits.shape().last().copied().unwrap_or(0);
+    Ok(cross_entropy(
+        &logits.reshape(&[b.batch * b.seq_len, v])?,
+        &y,
+        &CrossEntropy::default(),
+    )?)
+}
+
+/// One micro-batch's named outputs over this rank's chunks (interleaving runs it through
+/// several), added to the step's once.
+#[derive(Default)]
+struct MbOutputs {
+    aux_total: Option<Tensor>,
+    aux: Vec<(String, Tensor)>,
+    stats: Vec<(String, Tensor)>,
+}
+
+impl MbOutputs {
+    fn add(
+        &mut self,
+        total: Option<&Tensor>,
+        aux: Vec<(String, Tensor)>,
+        stats: Vec<(String, Tensor)>,
+    ) -> Result<(), TrainError> {
+        if let Some(t) = total {
+            let t = t.detach();
+            self.aux_total = Some(match self.aux_total.take() {
+                Some(sum) => sum.add(&t)?,
+                None => t,
+            });
+        }
+        for (name, t) in aux {
+            let t = t.detach();
+            match self.aux.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, sum)) => *sum = sum.add(&t)?,
+                None => self.aux.push((name, t)),
+            }
+        }
+        self.stats.extend(stats);
+        Ok(())
+    }
+
+    fn flush(self, outputs: &mut StepOutputs) -> Result<(), TrainError> {
+        outputs.add(self.aux_total.as_ref(), &self.aux, &self.stats)?;
+        Ok(())
+    }
+}
+
+/// Sets up rank `rank` of the pipeline `cfg` asks for: the stage layout, the checks that need
+/// the model (its layer count, buffers, tied parameters) and the step's micro-batch count
+/// (`micro_batches`, per data-parallel rank), and the parameters this rank keeps of `named`
+/// (every trained parameter, sorted; the others are dropped).
+pub fn setup(
+    cfg: &anneal_config::JobConfig,
+    model: &PluginModel,
+    rank: usize,
+    named: Vec<(String, Tensor)>,
+    buffers: &[(String, Tensor)],
+    micro_batches: usize,
+) -> Result<(Pipeline, Vec<(String, Tensor)>), TrainError> {
+    let spec = model.spec();
+    if let Some((name, _)) = buffers.first() {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.pp`: the model has buffers ({name}, updated from the step's statistics), which pipeline parallelism does not support yet; set parallelism.pp = 1"
+        )));
+    }
+    let layout = Layout::new(cfg, spec.n_layers, &layout::block_costs(spec))?;
+    let par = &cfg.parallelism;
+    if layout.v > 1 && !micro_batches.is_multiple_of(layout.p) {
+        return Err(TrainError::Config(format!(
+            "config: `training.batch_size` / `training.micro_batch_size` gives {micro_batches} micro-batch(es) per data-parallel rank, but parallelism.pp_schedule = \"{}\" needs a multiple of parallelism.pp ({}); raise training.batch_size or lower training.micro_batch_size",
+            par.pp_schedule, layout.p
+        )));
+    }
+    wire::check_counts(micro_batches)?;
+    let layer_of: HashMap<&str, Option<usize>> = spec
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), p.layer))
+        .collect();
+    let outer: Vec<(String, Tensor)> = named
+        .iter()
+        .filter(|(n, _)| layer_of.get(n.as_str()).copied().flatten().is_none())
+        .cloned()
+        .collect();
+    let (in_embed, in_head) = layout::outer_owners(model, &outer)?;
+    let all_names = named.iter().map(|(n, _)| n.clone()).collect();
+    let pipeline = Pipeline::new(layout, rank, all_names);
+    let mine = named
+        .into_iter()
+        .filter(|(n, _)| {
+            pipeline.owns(
+                layer_of.get(n.as_str()).copied().flatten(),
+                in_embed.contains(n),
+                in_head.contains(n),
+            )
+        })
+        .collect();
+    Ok((pipeline, mine))
+}
