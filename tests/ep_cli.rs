@@ -5,7 +5,8 @@
 //! (dp_shard 4: each slice of experts sharded again over 2 ranks) follow the single process
 //! (step 1 within 1e-6, 50 steps within 1e-4), rerun bitwise, keep the balancing bias identical
 //! on every rank and save checkpoints a single process resumes. Bad layouts are one line
-//! naming the keys, exit 2.
+//! naming the keys, exit 2. HSDP(2×2) × EP2 and EP2 with full recompute follow the single
+//! process too.
 
 mod dist_support;
 
@@ -163,4 +164,45 @@ fn bad_expert_layouts_name_the_keys() {
     muon.push("optimizer.plugin=\"muon\"");
     let out = mpiexec_train(2, &job, &job.dir.join("muon"), &muon);
     user_error(&out, &["parallelism.ep", "optimizer.plugin"]);
+}
+
+#[test]
+fn expert_parallelism_composes_with_hsdp_and_recompute() {
+    let job = Job::new("ep-more");
+    let short = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut s = settings(extra);
+        s.extend(["training.steps=20", "checkpoint.interval=0"]);
+        s
+    };
+    let (single, single_dir) = job.train("single", &short(&[]));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    for (name, n, layout) in [
+        (
+            "HSDP(2x2) x EP2",
+            4,
+            &[
+                "parallelism.dp_replicate=2",
+                "parallelism.dp_shard=2",
+                "parallelism.ep=2",
+            ][..],
+        ),
+        (
+            "EP2 with recompute",
+            2,
+            &[
+                "parallelism.dp_shard=2",
+                "parallelism.ep=2",
+                "activation_checkpoint.mode=\"full\"",
+            ][..],
+        ),
+    ] {
+        let dir = job.dir.join(name.replace([' ', '(', ')'], "_"));
+        let out = ok(&mpiexec_train(n, &job, &dir, &short(layout)));
+        assert!(
+            out.contains("buffers identical on every rank"),
+            "{name}: {out}"
+        );
+        close(name, &want, &loss_values(&dir));
+    }
 }
