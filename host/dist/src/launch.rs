@@ -84,3 +84,27 @@ pub fn mpiexec_command(
     cmd.arg("-n").arg(nproc.to_string()).arg(program);
     Ok(cmd)
 }
+
+/// Runs the test named `test` of the running test binary on `n` ranks under `mpiexec`, with
+/// `env` set to `1` in their environment (the multi-rank tests gate their rank-side body on it),
+/// and checks that it succeeded and that every rank printed `rank <r>/<n>: <done>`. Panics with
+/// both output streams otherwise: for test binaries that launch themselves.
+pub fn run_self_on_ranks(n: usize, env: &str, test: &str, done: &str) {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut cmd = mpiexec_command(n, &exe, &[(env, "1".into())]).expect("mpiexec on PATH");
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"]);
+    let out = cmd.output().expect("mpiexec runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "mpiexec -n {n} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    for r in 0..n {
+        assert!(
+            stdout.contains(&format!("rank {r}/{n}: {done}")),
+            "rank {r} of {n} did not finish:\n{stdout}\n{stderr}"
+        );
+    }
+}

@@ -2,30 +2,14 @@
 //! `-n 4` (oversubscribed on small machines, one thread each), where `rank_checks` runs on
 //! every rank and checks each collective's result against the values the ranks must hold.
 
-use anneal_dist::launch::mpiexec_command;
+use anneal_dist::launch::run_self_on_ranks;
 use anneal_dist::{Collective, Dim0Shard, DistError, Mesh, MeshDim, RecvBuf, SendBuf};
 
 /// Set in the ranks' environment: `rank_checks` only runs under it.
 const RANK_ENV: &str = "ANNEAL_DIST_RANK_CHECKS";
 
 fn run_ranks(n: usize) {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut cmd = mpiexec_command(n, &exe, &[(RANK_ENV, "1".into())]).expect("mpiexec on PATH");
-    cmd.args(["--exact", "rank_checks", "--nocapture", "--test-threads=1"]);
-    let out = cmd.output().expect("mpiexec runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "mpiexec -n {n} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    for r in 0..n {
-        assert!(
-            stdout.contains(&format!("rank {r}/{n}: every collective checked")),
-            "rank {r} of {n} did not finish:\n{stdout}\n{stderr}"
-        );
-    }
+    run_self_on_ranks(n, RANK_ENV, "rank_checks", "every collective checked");
 }
 
 #[test]

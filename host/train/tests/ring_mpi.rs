@@ -4,7 +4,7 @@
 //! rows of the output and of the q, k and v gradients against attention over the whole sequence
 //! computed locally.
 
-use anneal_dist::launch::mpiexec_command;
+use anneal_dist::launch::run_self_on_ranks;
 use anneal_engine::ops::{ring_attention, scaled_dot_product_attention, AttentionParams};
 use anneal_engine::rng::RngKey;
 use anneal_engine::{DType, Tensor};
@@ -13,23 +13,7 @@ use anneal_train::RankRing;
 const RANK_ENV: &str = "ANNEAL_RING_RANK_CHECKS";
 
 fn run_ranks(n: usize) {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let mut cmd = mpiexec_command(n, &exe, &[(RANK_ENV, "1".into())]).expect("mpiexec on PATH");
-    cmd.args(["--exact", "rank_checks", "--nocapture", "--test-threads=1"]);
-    let out = cmd.output().expect("mpiexec runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "mpiexec -n {n} failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
-    for r in 0..n {
-        assert!(
-            stdout.contains(&format!("rank {r}/{n}: ring attention checked")),
-            "rank {r} of {n} did not finish:\n{stdout}\n{stderr}"
-        );
-    }
+    run_self_on_ranks(n, RANK_ENV, "rank_checks", "ring attention checked");
 }
 
 #[test]
