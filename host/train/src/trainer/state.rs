@@ -1,0 +1,123 @@
+//! The trainer's checkpoint side: the snapshot an exact resume needs, and restoring from one,
+//! whole or as this rank's piece (FSDP rows, pipeline stages).
+
+use super::Trainer;
+use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
+use crate::harness::{
+    params_from_checkpoint, params_of_from_checkpoint, params_rows_from_checkpoint,
+    restore_optimizer, restore_optimizer_of, restore_optimizer_with,
+};
+use crate::TrainError;
+use std::sync::Arc;
+
+impl Trainer {
+    /// A host-memory copy of everything an exact resume needs: parameters (`model/<name>`),
+    /// optimizer state (`optim/<param>.<state>`), step, data position.
+    /// `spare` buffers (from a previous snapshot) are reused.
+    /// Under FSDP it holds this rank's piece of the checkpoint: its rows of the parameters and
+    /// of their optimizer state (and, on shard rank 0, the buffers and any state held whole),
+    /// so no rank ever holds the whole model to save it.
+    pub fn snapshot(&self, elapsed_s: f64, spare: Vec<Vec<u8>>) -> Snapshot {
+        let mut state = TrainState {
+            elapsed_s,
+            step: self.step,
+            seed: self.cfg.training.seed,
+            loader: self.loader.state(),
+            lr: self.last_lr,
+            tokens: self.tokens,
+            model: format!("{}/{}", self.cfg.model.plugin, self.cfg.model.flavor),
+            optimizer: self.cfg.optimizer.plugin.clone(),
+            config: self.cfg.to_toml(),
+            tokenizer_sha256: None,
+            data_sha256: None,
+            rl: None,
+        };
+        self.provenance.stamp(&mut state);
+        let optim_state = self.optimizer.state();
+        let Some(fsdp) = &self.fsdp else {
+            let params = self
+                .named
+                .iter()
+                .chain(&self.buffers)
+                .map(|(n, p)| (format!("model/{n}"), p));
+            let optim = optim_state.iter().map(|(n, t)| (format!("optim/{n}"), t));
+            return Snapshot::capture(state, params.chain(optim), spare);
+        };
+        // Tensors held whole (buffers, replicated state) are saved by shard rank 0 alone.
+        let first = self.dist.shard().is_none_or(|c| c.rank() == 0);
+        let mut pieces: Vec<PieceRef<'_>> = Vec::new();
+        for ((n, p), (shape, rows)) in self.named.iter().zip(fsdp.param_rows()) {
+            // A rank past the last rows holds none; the others' pieces cover the tensor.
+            if !rows.is_empty() || (first && shape.first().is_none_or(|&r| r == 0)) {
+                pieces.push((format!("model/{n}"), p, Some((shape.to_vec(), rows.start))));
+            }
+        }
+        if first {
+            pieces.extend(
+                self.buffers
+                    .iter()
+                    .map(|(n, p)| (format!("model/{n}"), p, None)),
+            );
+        }
+        for (key, t) in optim_state {
+            match fsdp.state_piece(&self.named, key, t.shape()) {
+                Some((shape, start)) if t.numel() > 0 || (first && shape.first() == Some(&0)) => {
+                    pieces.push((format!("optim/{key}"), t, Some((shape, start))))
+                }
+                Some(_) => {}
+                None if first => pieces.push((format!("optim/{key}"), t, None)),
+                None => {}
+            }
+        }
+        Snapshot::capture_pieces(state, pieces, spare)
+    }
+
+    /// Continues from a checkpoint that [`crate::harness::resume`] accepted: parameters,
+    /// optimizer state, step and data position. Under FSDP each rank reads just its rows, from
+    /// whichever shards of whatever layout hold them.
+    pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
+        let (named, buffers) = match &self.fsdp {
+            Some(fsdp) => {
+                let rows: std::collections::HashMap<&str, std::ops::Range<usize>> = self
+                    .named
+                    .iter()
+                    .zip(fsdp.param_rows())
+                    .map(|((n, _), (_, r))| (n.as_str(), r))
+                    .collect();
+                let loaded = params_rows_from_checkpoint(&ckpt, &self.model, "model", &|n, _| {
+                    rows.get(n).cloned()
+                })?;
+                let (shards, buffers) = crate::harness::split_buffers(&self.model, loaded);
+                restore_optimizer_with(&ckpt, &shards, &mut self.optimizer, &|key, shape| {
+                    fsdp.state_rows(&self.named, key, shape)
+                })?;
+                (shards, buffers)
+            }
+            None if self.pipeline.is_some() => {
+                // This rank's stages' parameters and their optimizer state, nothing else.
+                let own: std::collections::HashSet<String> =
+                    self.named.iter().map(|(n, _)| n.clone()).collect();
+                let loaded =
+                    params_of_from_checkpoint(&ckpt, &self.model, "model", &|n| own.contains(n))?;
+                let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
+                restore_optimizer_of(&ckpt, &named, &mut self.optimizer)?;
+                (named, buffers)
+            }
+            None => {
+                let loaded = params_from_checkpoint(&ckpt, &self.model, "model")?;
+                let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
+                restore_optimizer(&ckpt, &named, &mut self.optimizer)?;
+                (named, buffers)
+            }
+        };
+        self.loader.restore(&ckpt.state.loader)?;
+        self.params = Arc::new(named.iter().chain(&buffers).cloned().collect());
+        self.named = named;
+        self.buffers = buffers;
+        self.release_full();
+        self.step = ckpt.state.step;
+        self.tokens = ckpt.state.tokens;
+        self.last_lr = ckpt.state.lr;
+        Ok(())
+    }
+}
