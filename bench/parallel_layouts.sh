@@ -8,13 +8,16 @@
 # next to the pipeline's theoretical traffic (each stage boundary moves micro_batch x seq_len
 # x dim f32 forward and the same backward, per micro-batch), and the measured bubble
 # (pp_bubble) next to the schedule's theory (pp_bubble_theory).
-#   bash bench/parallel_layouts.sh           # STEPS=12 WARMUP=4
+# The PyTorch peer (bench/parallel_layouts_torch.py: torch.distributed.pipelining and DTensor
+# tensor parallelism over gloo, same shapes, batch and thread count) runs the pipeline and
+# tensor-parallel layouts next to ours; PEER=0 skips it.
+#   bash bench/parallel_layouts.sh           # STEPS=12 WARMUP=4 PEER=1
 # Needs the corpus of configs/llama3_debug.toml (bash scripts/setup.sh) and MPI
 # (scripts/setup-mpi.sh). TP, CP and PP x FSDP rows come with those layouts.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-STEPS="${STEPS:-12}" WARMUP="${WARMUP:-4}"
+STEPS="${STEPS:-12}" WARMUP="${WARMUP:-4}" PEER="${PEER:-1}"
 cargo build --release --quiet -p anneal -p anneal-plugin-llama -p anneal-plugin-adamw
 BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/anneal"
 OUT="$(mktemp -d)"
@@ -44,6 +47,18 @@ for layers in 4 16; do
         parallelism.pp_virtual_stages=2
     run "pp2xddp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_replicate=2
 done
+if [ "$PEER" = 1 ]; then
+    source bench/peer_env.sh
+    need_venv torch
+    for layers in 4 16; do
+        for layout in pp pp_inter tp tp_sp; do
+            OMP_NUM_THREADS=1 "$VENV/bin/torchrun" --nproc_per_node 2 bench/parallel_layouts_torch.py \
+                --layout "$layout" --layers "$layers" --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/torch-$layout-$layers.err" |
+                tail -1 >"$OUT/torch-$layout-$layers.json" ||
+                { echo "torch $layout failed:"; tail -5 "$OUT/torch-$layout-$layers.err"; exit 1; }
+        done
+    done
+fi
 python3 - "$OUT" "$WARMUP" <<'PY'
 import json, statistics, sys
 out, warmup = sys.argv[1], int(sys.argv[2])
@@ -63,4 +78,23 @@ for layers in (4, 16):
         th = rows[-1].get("pp_bubble_theory")
         print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "
               f"{(statistics.median(bub) if bub else float('nan')):>7.3f} {(th if th is not None else float('nan')):>7.3f}")
+# PyTorch on the same shapes: our layout's tokens/s over the peer's (above 1: we are faster).
+ours_for = {"pp": "pp2", "pp_inter": "pp2i", "tp": "tp2", "tp_sp": "tp2_sp"}
+peer_rows = []
+for layers in (4, 16):
+    for layout, ours in ours_for.items():
+        try:
+            peer = json.load(open(f"{out}/torch-{layout}-{layers}.json"))
+        except (OSError, ValueError):
+            continue
+        try:
+            rows = [json.loads(l) for l in open(f"{out}/{ours}-{layers}/metrics.jsonl")]
+            mine = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
+        except OSError:
+            mine = float("nan")
+        peer_rows.append((f"{layout}-{layers}", peer["tokens_per_s"], max(peer["peak_rss_mib"]), mine))
+if peer_rows:
+    print(f"\n{'pytorch layout':>16} {'tok/s':>7} {'peak RSS MiB':>13} {'ours / pytorch':>15}")
+    for name, tps, rss, mine in peer_rows:
+        print(f"{name:>16} {tps:>7.0f} {rss:>13.0f} {mine / tps:>15.2f}")
 PY
