@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Parallel layouts side by side on the debug Llama (hidden 256, FFN 1024, vocab 8192) with its
 # 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
-# virtual stages per rank) and PP(2) x DDP(2), one compute thread per rank, a global batch of
-# 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per replica under PP(2) x DDP(2)).
+# virtual stages per rank), PP(2) x DDP(2) and PP(2) x FSDP(2), one compute thread per rank, a
+# global batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel
+# rank under PP(2) x DDP(2) and PP(2) x FSDP(2)).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the pipeline's theoretical traffic (each stage boundary moves micro_batch x seq_len
@@ -13,7 +14,7 @@
 # tensor-parallel layouts next to ours; PEER=0 skips it.
 #   bash bench/parallel_layouts.sh           # STEPS=12 WARMUP=4 PEER=1
 # Needs the corpus of configs/llama3_debug.toml (bash scripts/setup.sh) and MPI
-# (scripts/setup-mpi.sh). TP, CP and PP x FSDP rows come with those layouts.
+# (scripts/setup-mpi.sh).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -46,6 +47,7 @@ for layers in 4 16; do
     run "pp2i-$layers" "$layers" 2 parallelism.pp=2 parallelism.pp_schedule=interleaved_1f1b \
         parallelism.pp_virtual_stages=2
     run "pp2xddp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_replicate=2
+    run "pp2xfsdp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_shard=2
 done
 if [ "$PEER" = 1 ]; then
     source bench/peer_env.sh
@@ -66,7 +68,8 @@ dim, seq, micro = 256, 256, 8
 print(f"{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'theory MB':>10} {'bubble':>7} {'theory':>7}")
 for layers in (4, 16):
     for name, boundaries, per_rank in (("single", 0, micro), ("fsdp2", 0, micro), ("pp2", 1, micro),
-                                        ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2)):
+                                        ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2),
+                                        ("pp2xfsdp2", 1, micro // 2)):
         rows = [json.loads(l) for l in open(f"{out}/{name}-{layers}/metrics.jsonl")]
         tps = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
         peak = max(r["mem_peak_bytes"] for r in rows) / 2**20

@@ -1,8 +1,9 @@
 //! Pipeline-parallel `anneal train` on real MPI ranks (one compute thread each): PP(2) under
 //! 1F1B, interleaved 1F1B (2 virtual stages per rank) and with every block recomputed, and
-//! PP(2) × DDP(2) match the single process (step 1 bitwise, the curve within 1e-4), a rerun is
-//! bitwise identical, the measured bubble is logged beside the schedule's theory; each stage
-//! saves its own parameters and the checkpoints reshard between PP(2) and one process; layouts
+//! PP(2) × DDP(2) and PP(2) × FSDP(2) match the single process (step 1 bitwise, the curve within
+//! 1e-4), a rerun is bitwise identical, the measured bubble is logged beside the schedule's
+//! theory; each stage saves its own parameters (each of its shard ranks its rows under FSDP) and
+//! the checkpoints reshard between PP(2), PP(2) × FSDP(2), FSDP(4) and one process; layouts
 //! that do not fit the model are one-line errors with exit code 2.
 
 mod dist_support;
@@ -63,7 +64,7 @@ fn pipelines_match_the_single_process_and_rerun_bitwise() {
     let one = loss_values(&single_dir);
     assert_eq!(one.len(), 50);
     // Theory: (p - 1) / (v m + p - 1), m this data-parallel rank's micro-batches.
-    let layouts: [(&str, usize, Vec<&str>, f64); 4] = [
+    let layouts: [(&str, usize, Vec<&str>, f64); 5] = [
         ("pp2", 2, with(&["parallelism.pp=2"]), 1.0 / 5.0),
         (
             "pp2-interleaved",
@@ -87,6 +88,13 @@ fn pipelines_match_the_single_process_and_rerun_bitwise() {
             2,
             with(&["parallelism.pp=2", "activation_checkpoint.mode=full"]),
             1.0 / 5.0,
+        ),
+        // Each stage's parameters sharded over 2 ranks (FSDP inside the stages).
+        (
+            "pp2xfsdp2",
+            4,
+            with(&["parallelism.pp=2", "parallelism.dp_shard=2"]),
+            1.0 / 3.0,
         ),
     ];
     for (name, n, set, theory) in &layouts {
@@ -215,6 +223,93 @@ fn each_stage_saves_its_parameters_and_checkpoints_reshard() {
     let log = std::fs::read_to_string(to_pp.join("logs/rank-1.log")).unwrap();
     assert!(log.contains("resuming from"), "rank 1 resumes too: {log}");
     assert_matches(&one, &loss_values(&to_pp), "single -> pp2 interleaved");
+}
+
+/// PP(2) × FSDP(2) saves each stage's rows on its shard ranks; its checkpoint resumes as
+/// FSDP(4), whose checkpoint resumes in one process, all on the single process's curve.
+#[test]
+fn sharded_stages_reshard_to_fsdp_and_to_one_process() {
+    let job = Job::new("pp-fsdp-reshard");
+    let set = [
+        "training.micro_batch_size=1",
+        "training.steps=15",
+        "training.threads=1",
+        "checkpoint.interval=5",
+        "model.args.n_layers=4",
+    ];
+    let plus = |extra: &[&'static str]| -> Vec<&str> {
+        set.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    let (single, single_dir) = job.train("single", &set);
+    ok(&single);
+    let one = loss_values(&single_dir);
+    let pp_dir = job.dir.join("pp2xfsdp2");
+    let stdout = ok(&mpiexec_train(
+        4,
+        &job,
+        &pp_dir,
+        &plus(&["parallelism.pp=2", "parallelism.dp_shard=2"]),
+    ));
+    assert!(
+        stdout.contains("pipeline: ") && stdout.contains("fsdp: "),
+        "{stdout}"
+    );
+    assert_matches(&one, &loss_values(&pp_dir), "pp2 x fsdp2");
+    // Four pieces: each stage's tensors split over its two shard ranks, never elsewhere.
+    let manifest = manifest_of(&pp_dir.join("checkpoints/step-5"));
+    assert_eq!(manifest["world_size"], 4);
+    let shards_of = |name: &str| -> Vec<String> {
+        (0..4)
+            .map(|i| format!("shard-{i:05}-of-00004.safetensors"))
+            .filter(|s| piece(&manifest, name, s).is_some())
+            .collect()
+    };
+    let (first, last) = (
+        shards_of("model/layers.0.attention.wq.weight"),
+        shards_of("model/output.weight"),
+    );
+    assert_eq!(first.len(), 2, "a block's rows on two ranks: {first:?}");
+    assert_eq!(last.len(), 2, "the head's rows on two ranks: {last:?}");
+    assert!(
+        first.iter().all(|s| !last.contains(s)),
+        "{first:?} {last:?}"
+    );
+    assert_eq!(shards_of("optim/output.weight.exp_avg"), last);
+
+    // PP(2) × FSDP(2) at step 5 -> FSDP(4), which saves steps 10 and 15.
+    let to_fsdp = job.dir.join("to-fsdp4");
+    copy_run(&pp_dir, &to_fsdp, &[10, 15]);
+    let stdout = ok(&mpiexec_train(
+        4,
+        &job,
+        &to_fsdp,
+        &plus(&["parallelism.dp_shard=4"]),
+    ));
+    assert!(stdout.contains("step 5"), "resumes from step 5: {stdout}");
+    let fsdp = loss_values(&to_fsdp);
+    assert_matches(&one, &fsdp, "pp2 x fsdp2 -> fsdp4");
+
+    // FSDP(4) at step 10 -> one process.
+    let to_one = job.dir.join("to-one");
+    copy_run(&to_fsdp, &to_one, &[15]);
+    let out = common::anneal()
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(&to_one)
+        .args(set.iter().flat_map(|s| ["--set", s]))
+        .output()
+        .unwrap();
+    let stdout = ok(&out);
+    assert!(stdout.contains("step 10"), "resumes from step 10: {stdout}");
+    let resumed = loss_values(&to_one);
+    assert_eq!(resumed.len(), 15);
+    assert_eq!(
+        resumed[10].to_bits(),
+        fsdp[10].to_bits(),
+        "step 11 after the reshard"
+    );
+    assert_matches(&one, &resumed, "fsdp4 -> single");
 }
 
 #[test]

@@ -10,6 +10,8 @@
 //! is HSDP, and the data is split over all of their ranks. Expert parallelism (`ep`, which must
 //! divide `dp_shard`) borrows the shard ranks: each keeps `1 / ep` of the experts
 //! ([`crate::fsdp::Experts`]) and the MoE layers send token rows to them ([`crate::ep`]).
+//! Pipeline parallelism (`pp`) splits the model's stages over its ranks ([`crate::pp`]); with
+//! `dp_shard` as well, each stage is FSDP-sharded over its shard ranks.
 
 use crate::TrainError;
 use anneal_config::JobConfig;
@@ -86,9 +88,16 @@ impl Dist {
             mesh.degree(MeshDim::DpShard),
         );
         let pp = mesh.degree(MeshDim::Pp);
-        if pp > 1 && shard > 1 {
+        let ep = mesh.degree(MeshDim::Ep);
+        if pp > 1 && ep > 1 {
             return Err(TrainError::Config(format!(
-                "config: `parallelism.pp` ({pp}) with `parallelism.dp_shard` ({shard}): sharding a pipeline stage's parameters (FSDP) is not supported yet; set parallelism.dp_shard = 1 (parallelism.dp_replicate composes with pp)"
+                "config: `parallelism.pp` ({pp}) with `parallelism.ep` ({ep}): expert parallelism inside pipeline stages is not supported yet; set parallelism.ep = 1"
+            )));
+        }
+        if pp > 1 && shard > 1 && cfg.parallelism.fsdp_all_gather_dtype != "float32" {
+            return Err(TrainError::Config(format!(
+                "config: `parallelism.fsdp_all_gather_dtype` = \"{}\" with `parallelism.pp` ({pp}): pipeline stages gather their shards in float32; set parallelism.fsdp_all_gather_dtype = \"float32\"",
+                cfg.parallelism.fsdp_all_gather_dtype
             )));
         }
         // Every rank splits the same communicators in the same order (collective calls).

@@ -159,6 +159,15 @@ impl Fsdp {
         shard_comm: &dyn Collective,
         shards: &[(String, Tensor)],
     ) -> Result<f64, TrainError> {
+        Ok(self.grad_sum_of_squares(shard_comm, shards)?.sqrt())
+    }
+
+    /// The squared norm behind [`Fsdp::grad_norm`].
+    pub fn grad_sum_of_squares(
+        &self,
+        shard_comm: &dyn Collective,
+        shards: &[(String, Tensor)],
+    ) -> Result<f64, TrainError> {
         let local: f64 = shards
             .iter()
             .filter_map(|(_, p)| p.grad())
@@ -167,11 +176,7 @@ impl Fsdp {
         let mut all = vec![0i64; shard_comm.size()];
         let bits = [local.to_bits() as i64];
         shard_comm.all_gather((&bits[..]).into(), (&mut all[..]).into())?;
-        Ok(all
-            .iter()
-            .map(|&b| f64::from_bits(b as u64))
-            .sum::<f64>()
-            .sqrt())
+        Ok(all.iter().map(|&b| f64::from_bits(b as u64)).sum::<f64>())
     }
 
     /// This rank's rows of each trained parameter (in layout order) and its full shape: where

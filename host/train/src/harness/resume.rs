@@ -236,6 +236,18 @@ pub fn params_rows_from_checkpoint(
     params_picked(ckpt, model, prefix, &|_| true, rows)
 }
 
+/// [`params_rows_from_checkpoint`] of the parameters `keep` picks by name (a pipeline rank's
+/// stages sharded by FSDP); the others are neither read nor checked.
+pub fn params_of_rows_from_checkpoint(
+    ckpt: &Loaded,
+    model: &PluginModel,
+    prefix: &str,
+    keep: &dyn Fn(&str) -> bool,
+    rows: RowsOf<'_>,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
+    params_picked(ckpt, model, prefix, keep, rows)
+}
+
 /// [`params_from_checkpoint`] of the parameters `keep` picks by name (a pipeline rank's
 /// stages), whole; the others are neither read nor checked.
 pub fn params_of_from_checkpoint(
@@ -297,21 +309,7 @@ pub fn restore_optimizer_with(
     optimizer: &mut PluginOptimizer,
     rows: RowsOf<'_>,
 ) -> Result<(), TrainError> {
-    let mut state = std::collections::BTreeMap::new();
-    for name in ckpt.names() {
-        let Some(key) = name.strip_prefix("optim/") else {
-            continue;
-        };
-        let shape = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
-        let t = match rows(key, shape) {
-            Some(r) => ckpt.rows(name, r)?,
-            None => ckpt.tensor(name)?,
-        };
-        state.insert(key.to_string(), t);
-    }
-    optimizer
-        .load_state(named, state)
-        .map_err(|m| mismatch(ckpt, m))
+    restore_optimizer_picked(ckpt, named, optimizer, false, rows)
 }
 
 /// [`restore_optimizer`] of the state of `named` alone (`<param>.<state>` for a parameter of
@@ -321,6 +319,29 @@ pub fn restore_optimizer_of(
     named: &[(String, Tensor)],
     optimizer: &mut PluginOptimizer,
 ) -> Result<(), TrainError> {
+    restore_optimizer_picked(ckpt, named, optimizer, true, &|_, _| None)
+}
+
+/// [`restore_optimizer_of`] keeping the rows `rows` picks (a pipeline rank's stages sharded by
+/// FSDP).
+pub fn restore_optimizer_of_with(
+    ckpt: &Loaded,
+    named: &[(String, Tensor)],
+    optimizer: &mut PluginOptimizer,
+    rows: RowsOf<'_>,
+) -> Result<(), TrainError> {
+    restore_optimizer_picked(ckpt, named, optimizer, true, rows)
+}
+
+/// The optimizer state of `ckpt` (of `named`'s parameters alone when `own_only`), each tensor
+/// cut to the rows `rows` picks, loaded into `optimizer`.
+fn restore_optimizer_picked(
+    ckpt: &Loaded,
+    named: &[(String, Tensor)],
+    optimizer: &mut PluginOptimizer,
+    own_only: bool,
+    rows: RowsOf<'_>,
+) -> Result<(), TrainError> {
     let own: std::collections::HashSet<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
     let mut state = std::collections::BTreeMap::new();
     for name in ckpt.names() {
@@ -328,12 +349,19 @@ pub fn restore_optimizer_of(
             continue;
         };
         // State names carry no dot: the parameter is everything before the last one.
-        if key
-            .rsplit_once('.')
-            .is_some_and(|(param, _)| own.contains(param))
+        if own_only
+            && !key
+                .rsplit_once('.')
+                .is_some_and(|(param, _)| own.contains(param))
         {
-            state.insert(key.to_string(), ckpt.tensor(name)?);
+            continue;
         }
+        let shape = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
+        let t = match rows(key, shape) {
+            Some(r) => ckpt.rows(name, r)?,
+            None => ckpt.tensor(name)?,
+        };
+        state.insert(key.to_string(), t);
     }
     optimizer
         .load_state(named, state)

@@ -7,6 +7,7 @@
 
 pub mod layout;
 pub mod schedule;
+pub(crate) mod sharded;
 pub mod wire;
 
 use crate::outputs::{weighted_aux, StepOutputs};

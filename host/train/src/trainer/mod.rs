@@ -248,7 +248,18 @@ impl Trainer {
             trainer.params = Arc::new(trainer.named.iter().cloned().collect());
             trainer.pipeline = Some(pipeline);
         }
-        if let Some(comm) = trainer.dist.shard() {
+        if let (Some(comm), Some(_)) = (trainer.dist.shard(), &trainer.pipeline) {
+            // FSDP inside the stages: the shards rest here; a step gathers the stage whole
+            // (crate::pp::sharded).
+            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size(), None);
+            note(&format!(
+                "fsdp: this rank's stage parameters sharded over {} rank(s), gathered once per step",
+                comm.size()
+            ));
+            trainer.named = fsdp.shard(&trainer.named)?;
+            trainer.fsdp = Some(fsdp);
+            trainer.release_full();
+        } else if let Some(comm) = trainer.dist.shard() {
             let spec = trainer.model.spec();
             let layers: std::collections::HashMap<&str, Option<usize>> = spec
                 .params
@@ -448,10 +459,22 @@ impl Trainer {
             }
         }
         let mut pp_figures = None;
+        let mut pp_shard_grads = None;
         if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
+            let sharded = self.fsdp.as_ref().zip(self.dist.shard());
+            let stage = match sharded {
+                Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
+                    fsdp,
+                    sc,
+                    &self.named,
+                    &self.buffers,
+                    true,
+                )?),
+                None => None,
+            };
             let ctx = crate::pp::StepCtx {
                 model: &self.model,
-                params: &self.params,
+                params: stage.as_ref().map_or(&self.params, |g| &g.params),
                 positions: &self.positions,
                 opts: &opts,
                 amp: anneal_engine::DType::parse(&t.dtype),
@@ -467,6 +490,9 @@ impl Trainer {
             comm.all_reduce_sum(&mut times)?;
             let bubble = f64::from(times[0]) / f64::from(times[1]).max(1e-12);
             pp_figures = Some((bubble, pipe.theory_bubble(pp_batches.len())));
+            if let (Some((fsdp, sc)), Some(g)) = (sharded, &stage) {
+                pp_shard_grads = Some(crate::pp::sharded::scatter_grads(fsdp, sc, &g.named)?);
+            }
         }
         let distributed = self.dist.size() > 1;
         let mut fsdp_figures = None;
@@ -489,7 +515,16 @@ impl Trainer {
                         grads.gather_bytes,
                     ));
                 }
-                None => self.dist.all_reduce_grads(&self.named)?,
+                None => match pp_shard_grads.take() {
+                    Some((rows, got)) => Fsdp::set_shard_grads(
+                        self.dist.dp(),
+                        self.dist.replicate(),
+                        &self.named,
+                        rows,
+                        &got,
+                    )?,
+                    None => self.dist.all_reduce_grads(&self.named)?,
+                },
             }
         }
         drop(_active);
@@ -503,6 +538,9 @@ impl Trainer {
             &self.pipeline,
             self.dist.pp(),
         ) {
+            (Some(fsdp), Some(sc), Some(_), Some(pc)) => {
+                crate::pp::sharded::grad_norm(fsdp, sc, pc, &self.named)?
+            }
             (Some(fsdp), Some(comm), _, _) => fsdp.grad_norm(comm, &self.named)?,
             (_, _, Some(pipe), Some(comm)) => pipe.grad_norm(comm, &self.named)?,
             _ => global_grad_norm(&self.named),
@@ -622,9 +660,19 @@ impl Trainer {
         }
         if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
             let opts = self.forward_opts(false);
+            let stage = match self.fsdp.as_ref().zip(self.dist.shard()) {
+                Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
+                    fsdp,
+                    sc,
+                    &self.named,
+                    &self.buffers,
+                    false,
+                )?),
+                None => None,
+            };
             let ctx = crate::pp::StepCtx {
                 model: &self.model,
-                params: &self.params,
+                params: stage.as_ref().map_or(&self.params, |g| &g.params),
                 positions: &self.positions,
                 opts: &opts,
                 amp: anneal_engine::DType::parse(&self.cfg.training.dtype),

@@ -4,8 +4,8 @@
 use super::Trainer;
 use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
 use crate::harness::{
-    params_from_checkpoint, params_of_from_checkpoint, params_rows_from_checkpoint,
-    restore_optimizer, restore_optimizer_of, restore_optimizer_with,
+    params_from_checkpoint, params_of_from_checkpoint, params_of_rows_from_checkpoint,
+    restore_optimizer, restore_optimizer_of, restore_optimizer_of_with, restore_optimizer_with,
 };
 use crate::TrainError;
 use std::sync::Arc;
@@ -84,13 +84,23 @@ impl Trainer {
                     .zip(fsdp.param_rows())
                     .map(|((n, _), (_, r))| (n.as_str(), r))
                     .collect();
-                let loaded = params_rows_from_checkpoint(&ckpt, &self.model, "model", &|n, _| {
-                    rows.get(n).cloned()
-                })?;
+                // Under pipeline parallelism, this rank's stages alone.
+                let staged = self.pipeline.is_some();
+                let keep = |n: &str| !staged || rows.contains_key(n);
+                let rows_of = |n: &str, _: &[usize]| rows.get(n).cloned();
+                let loaded =
+                    params_of_rows_from_checkpoint(&ckpt, &self.model, "model", &keep, &rows_of)?;
                 let (shards, buffers) = crate::harness::split_buffers(&self.model, loaded);
-                restore_optimizer_with(&ckpt, &shards, &mut self.optimizer, &|key, shape| {
-                    fsdp.state_rows(&self.named, key, shape)
-                })?;
+                let state_rows =
+                    |key: &str, shape: &[usize]| fsdp.state_rows(&self.named, key, shape);
+                match staged {
+                    true => {
+                        restore_optimizer_of_with(&ckpt, &shards, &mut self.optimizer, &state_rows)?
+                    }
+                    false => {
+                        restore_optimizer_with(&ckpt, &shards, &mut self.optimizer, &state_rows)?
+                    }
+                }
                 (shards, buffers)
             }
             None if self.pipeline.is_some() => {

@@ -1,0 +1,83 @@
+//! FSDP inside pipeline stages (`pp` × `dp_shard`). Between steps each rank holds its rows of
+//! its stages' parameters, gradients and optimizer state, as plain FSDP does. A step gathers
+//! the stage's whole parameters once and keeps them through every micro-batch's forward and
+//! backward: the schedule interleaves micro-batches, so gathering per block and micro-batch
+//! would multiply the traffic by their number (TorchTitan keeps them too, with
+//! `reshard_after_forward = False` under PP). Once the schedule ends, each gradient is
+//! reduce-scattered to its rows and the whole tensors go.
+
+use crate::fsdp::Fsdp;
+use crate::TrainError;
+use anneal_dist::Collective;
+use anneal_engine::Tensor;
+use anneal_runtime::plugins::Params;
+use std::sync::Arc;
+
+/// A stage's whole parameters for one step, gathered from the shards.
+pub(crate) struct Gathered {
+    /// The whole parameters, in the shards' order (trainable leaves when training).
+    pub named: Vec<(String, Tensor)>,
+    /// The same tensors (and the model's buffers) as the forward's map.
+    pub params: Params,
+}
+
+/// Gathers every shard of `shards` (this rank's rows, laid out by `fsdp`) over `comm`
+/// (`dp_shard`) into its whole tensor, next to `buffers`. Collective over `comm`.
+pub(crate) fn gather(
+    fsdp: &Fsdp,
+    comm: &dyn Collective,
+    shards: &[(String, Tensor)],
+    buffers: &[(String, Tensor)],
+    training: bool,
+) -> Result<Gathered, TrainError> {
+    let mut named = Vec::with_capacity(shards.len());
+    for ((name, shard), (shape, rows)) in shards.iter().zip(fsdp.layouts()) {
+        let whole = rows.all_gather(comm, &shard.to_vec_f32())?;
+        let t = Tensor::from_vec(whole, shape)?.to_dtype(shard.dtype())?;
+        named.push((name.clone(), if training { t.requires_grad_() } else { t }));
+    }
+    let params = Arc::new(named.iter().chain(buffers).cloned().collect());
+    Ok(Gathered { named, params })
+}
+
+/// This rank's rows of each gradient of `whole` summed over `comm` (`dp_shard`), and whether
+/// the parameter got a gradient on this rank (one that got none sends zeros). Collective over
+/// `comm`.
+pub(crate) fn scatter_grads(
+    fsdp: &Fsdp,
+    comm: &dyn Collective,
+    whole: &[(String, Tensor)],
+) -> Result<(Vec<Vec<f32>>, Vec<bool>), TrainError> {
+    let mut rows = Vec::with_capacity(whole.len());
+    let mut got = Vec::with_capacity(whole.len());
+    for ((_, p), (_, shard)) in whole.iter().zip(fsdp.layouts()) {
+        let g = p.grad();
+        got.push(g.is_some());
+        let full = match g {
+            Some(g) => g.to_vec_f32(),
+            None => vec![0f32; shard.full_len()],
+        };
+        rows.push(shard.reduce_scatter(comm, &full)?);
+    }
+    Ok((rows, got))
+}
+
+/// The global gradient norm from the shards of every stage: the sum of squares over the
+/// `dp_shard` ranks of a stage ([`Fsdp::grad_sum_of_squares`]), then over the stages in
+/// pipeline rank order, so every rank gets the same bits. Collective over both.
+pub(crate) fn grad_norm(
+    fsdp: &Fsdp,
+    shard_comm: &dyn Collective,
+    pp_comm: &dyn Collective,
+    shards: &[(String, Tensor)],
+) -> Result<f64, TrainError> {
+    let stage = fsdp.grad_sum_of_squares(shard_comm, shards)?;
+    let mut all = vec![0i64; pp_comm.size()];
+    let bits = [stage.to_bits() as i64];
+    pp_comm.all_gather((&bits[..]).into(), (&mut all[..]).into())?;
+    Ok(all
+        .iter()
+        .map(|&b| f64::from_bits(b as u64))
+        .sum::<f64>()
+        .sqrt())
+}
