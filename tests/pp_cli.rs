@@ -124,9 +124,14 @@ fn pipelines_match_the_single_process_and_rerun_bitwise() {
         assert!(rows(&dir)[0]["comm_bytes"].as_u64().is_some_and(|c| c > 0));
     }
     // The same layout twice is bitwise identical.
-    let again = job.dir.join("pp2-again");
-    ok(&mpiexec_train(2, &job, &again, &layouts[0].2));
-    assert_eq!(losses(&job.dir.join("pp2")), losses(&again), "PP(2) twice");
+    for (name, n, set, _) in layouts
+        .iter()
+        .filter(|l| ["pp2", "pp2xfsdp2"].contains(&l.0))
+    {
+        let again = job.dir.join(format!("{name}-again"));
+        ok(&mpiexec_train(*n, &job, &again, set));
+        assert_eq!(losses(&job.dir.join(name)), losses(&again), "{name} twice");
+    }
     // The single process's validation losses too (every rank takes part in evaluation).
     let val = |d: &Path| -> Vec<u64> {
         rows(d)
