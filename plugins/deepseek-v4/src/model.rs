@@ -198,24 +198,18 @@ impl Model for DeepseekV4 {
     }
 
     /// The embedding copied onto every stream `[B, T, N, D]`, the token ids (hash routing) and
-    /// their positions. Decoding with a cache keeps the sequence's ids and positions in the
-    /// host (`cache_append`) and recomputes the whole prefix, so a step runs exactly the
-    /// training forward's arithmetic on it; `head` keeps the new tokens' rows.
+    /// their positions. A decode step covers its new tokens only: the attention blocks keep
+    /// what they need of the past in the host (`decode.rs`).
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        let (tokens, pos) = if ctx.use_cache {
-            let last = ctx.positions.shape()?.len() - 1;
-            (
-                ctx.cache_append(0, "tokens", &tokens, 1)?,
-                ctx.cache_append(0, "positions", &ctx.positions, last)?,
-            )
-        } else {
-            (tokens, ctx.positions.clone())
-        };
         let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
         let s = h.shape()?;
         let one = h.reshape(&[s[0] as i64, s[1] as i64, 1, s[2] as i64])?;
         let copies: Vec<&Tensor<'h>> = std::iter::repeat_n(&one, self.args.hc_mult).collect();
-        Ok(vec![ctx.host.cat(&copies, 2)?, tokens, pos])
+        Ok(vec![
+            ctx.host.cat(&copies, 2)?,
+            tokens,
+            ctx.positions.clone(),
+        ])
     }
 
     fn layer<'h>(
