@@ -208,8 +208,9 @@ impl crate::model::DeepseekV4 {
         let masked = raw.add(&mask.reshape(&[mb, 1, t, s])?)?;
         // The softmax row and the values' reduction run over a whole number of 64-column
         // blocks, the sink in the last column (a zero value): a decode step, which sees a
-        // shorter row, then reduces its visible columns in the same lanes and order as the
-        // training forward, whose extra columns only add exact zeros. The constant columns
+        // shorter row laid out alike (see `attention`), then reduces its visible columns in the
+        // same lanes and order as the training forward, whose extra columns only add exact
+        // zeros. The constant columns
         // are built from a finite column of the scores so they have its shape.
         let total = (s as usize + 1).div_ceil(PAD) * PAD;
         let pad = total - s as usize - 1;

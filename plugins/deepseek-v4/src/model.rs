@@ -252,18 +252,6 @@ impl Model for DeepseekV4 {
             .ok_or("head: missing hidden state")?;
         let a = &self.args;
         let p = &self.params;
-        // A decode step recomputed the prefix: only the new tokens' rows are wanted.
-        let len = x.shape()?[1];
-        let new = *ctx
-            .positions
-            .shape()?
-            .last()
-            .ok_or("head: positions of no dim")?;
-        let x = if new < len {
-            x.narrow(1, len - new, new)?
-        } else {
-            x
-        };
         let s = x.shape()?;
         let (b, t, n, d) = (s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64);
         let hc = &p.hc_head;
