@@ -1,7 +1,7 @@
 //! The DeepSeek-V4 plugin through the CLI: a small model of every block kind trains, `anneal
 //! logprobs` on the tiny transformers checkpoint prints transformers' values, `anneal generate`
-//! decodes with the host's cache and the training forward reproduces its log-probabilities bit
-//! for bit, and `anneal rl` on configs/rl_digits_deepseek_v4.toml keeps the rollout and trainer
+//! decodes with the per-layer caches (their bytes counted by hand against a plain KV cache) and
+//! the training forward reproduces its log-probabilities bit for bit, and `anneal rl` on configs/rl_digits_deepseek_v4.toml keeps the rollout and trainer
 //! log-probabilities equal (mismatch exactly 0).
 
 use anneal_tests::cli::{anneal, ok, root, rows, Job};
@@ -96,6 +96,29 @@ fn logprobs_and_generation_on_the_transformers_checkpoint() {
             .unwrap(),
     );
     assert_eq!(floats(&lp["logprobs"])[29..], floats(&g["logprobs"])[..]);
+
+    // 60 tokens: the caches have seen 89 (the last one is not fed back). Counted by hand
+    // (plugins/deepseek-v4/src/decode.rs, f32 values and positions): per layer the window keeps
+    // 89 - 64 = 25 tokens × (16 × 4 + 4) = 1700 bytes; each CSA layer 22 blocks × 64 and 5
+    // pending inputs × (2 × 32 × 4 + 4), its indexer 22 × 32 and 5 × (2 × 16 × 4 + 4); the HCA
+    // layer 11 × 64 and 9 × (2 × 16 × 4 + 4). A plain KV cache: 89 × 4 layers × 2 × 16 × 4.
+    let out = anneal()
+        .args(["generate", "--model-dir"])
+        .arg(&dir)
+        .args(["--prompt-tokens", &prompt, "--max-new-tokens", "60"])
+        .output()
+        .unwrap();
+    let g = json_of(&out);
+    assert_eq!(g["cache_tokens"], 89, "{g}");
+    let want = 4 * 1700 + 2 * (22 * 64 + 5 * 260 + 22 * 32 + 5 * 132) + 11 * 64 + 9 * 132;
+    assert_eq!(g["cache_bytes"], want, "{g}");
+    assert_eq!(g["plain_kv_bytes"], 89 * 4 * 2 * 16 * 4, "{g}");
+    assert_eq!(g["plain_kv_bytes_per_token"], 512, "{g}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cache: 16836 bytes for 89 tokens (189.2 per token) against 45568 for a plain KV cache of this model (512.0 per token)"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -149,6 +149,10 @@ pub fn generate(
         "decode_tokens_per_s": stats.decode_tokens as f64 / stats.decode_s.max(1e-12),
         "cache_bytes_per_token": stats.cache_bytes_per_token,
         "state_bytes_per_sequence": stats.state_bytes_per_sequence,
+        "cache_bytes": stats.cache_bytes,
+        "cache_tokens": stats.cache_tokens,
+        "plain_kv_bytes": stats.plain_kv_bytes_per_token * stats.cache_tokens,
+        "plain_kv_bytes_per_token": stats.plain_kv_bytes_per_token,
     });
     if let Some(t) = tok {
         let ids: Vec<u32> = g.tokens.iter().map(|&i| i as u32).collect();
@@ -156,6 +160,17 @@ pub fn generate(
             .decode(&ids, true)
             .map_err(|e| anyhow::anyhow!("cannot decode the output: {e}"))?
             .into();
+    }
+    if stats.cache_tokens > 0 {
+        let per = |bytes: usize| bytes as f64 / stats.cache_tokens as f64;
+        let plain = stats.plain_kv_bytes_per_token * stats.cache_tokens;
+        eprintln!(
+            "cache: {} bytes for {} tokens ({:.1} per token) against {plain} for a plain KV cache of this model ({:.1} per token)",
+            stats.cache_bytes,
+            stats.cache_tokens,
+            per(stats.cache_bytes),
+            per(plain),
+        );
     }
     println!("{out}");
     Ok(())

@@ -274,6 +274,14 @@ pub struct DecodeStats {
     /// Bytes of fixed-size state one sequence holds whatever its length (linear attention's
     /// recurrent state and convolution tail).
     pub state_bytes_per_sequence: usize,
+    /// Bytes one sequence's cache holds at the end, everything together (keys, values and
+    /// whatever state the model keeps, such as DeepSeek-V4's window and compressed blocks).
+    pub cache_bytes: usize,
+    /// Tokens the cache has seen: the prompt and every generated token fed back.
+    pub cache_tokens: usize,
+    /// Bytes per token of a plain KV cache of the same model in f32: every layer's full keys
+    /// and values at the width its spec declares (`ModelSpec::kv_cache`).
+    pub plain_kv_bytes_per_token: usize,
 }
 
 /// [`generate_batch`] with the mode made explicit and the time split reported:
@@ -375,6 +383,15 @@ pub fn generate_batch_timed(
     stats.decode_s = started.elapsed().as_secs_f64() - stats.prefill_s;
     stats.cache_bytes_per_token = cache.bytes_per_token();
     stats.state_bytes_per_sequence = cache.state_bytes_per_sequence();
+    stats.cache_bytes = cache.bytes_held();
+    stats.cache_tokens = pos;
+    stats.plain_kv_bytes_per_token = model
+        .spec()
+        .kv_cache
+        .iter()
+        .flatten()
+        .map(|(heads, dim)| 2 * heads * dim * 4)
+        .sum();
     Ok((out, stats))
 }
 

@@ -391,24 +391,41 @@ impl Worker {
         out
     }
 
-    /// One decode step: every row feeds back its last token at its own position.
+    /// One decode step: every row feeds back its last token at its own position. Rows whose
+    /// caches hold named state of different shapes (a model that keeps its own per-layer
+    /// caches and reads them by shape, as DeepSeek-V4's compressed ones) cannot stack in one
+    /// forward: each group of rows whose shapes agree runs its own, which batch-invariant
+    /// kernels make invisible in the results. Models whose rows always agree (plain KV
+    /// caches, fixed-size states) stay one forward.
     fn decode_step(&self, rows: &mut [Row]) {
-        let ids: Vec<i64> = rows
-            .iter()
-            .map(|r| {
-                *r.produced
-                    .last()
-                    .expect("a running row has produced a token")
-            })
-            .collect();
-        let positions: Vec<i64> = rows.iter().map(|r| r.len as i64).collect();
         {
             let mut s = self.stats.lock().expect("stats lock poisoned");
             s.steps += 1;
             s.max_rows = s.max_rows.max(rows.len());
         }
-        rows.iter_mut().for_each(|r| r.len += 1);
-        self.forward_rows(rows, ids, positions, 1);
+        rows.sort_by_cached_key(|r| r.cache.state_shapes());
+        let mut start = 0;
+        while start < rows.len() {
+            let shapes = rows[start].cache.state_shapes();
+            let end = start
+                + rows[start..]
+                    .iter()
+                    .take_while(|r| r.cache.state_shapes() == shapes)
+                    .count();
+            let group = &mut rows[start..end];
+            let ids: Vec<i64> = group
+                .iter()
+                .map(|r| {
+                    *r.produced
+                        .last()
+                        .expect("a running row has produced a token")
+                })
+                .collect();
+            let positions: Vec<i64> = group.iter().map(|r| r.len as i64).collect();
+            group.iter_mut().for_each(|r| r.len += 1);
+            self.forward_rows(group, ids, positions, 1);
+            start = end;
+        }
     }
 
     /// Runs `ids` (`[rows, width]`) at `positions` (same shape) over the rows' own caches and

@@ -175,9 +175,10 @@ fn export_then_import_round_trips() {
 
 #[test]
 fn generation_logprobs_equal_the_training_forward_bitwise() {
-    // `generate` decodes with the host's cache (each step recomputes the prefix the cache
-    // holds); with batch-invariant kernels its log-probabilities are the training forward's
-    // bits, across the 64-row tile boundary and through blocks completing mid-generation.
+    // `generate` decodes with the per-layer caches (window, compressed blocks, pending
+    // compressor inputs, the indexer's keys); with batch-invariant kernels its
+    // log-probabilities are the training forward's bits, across the 64-row tile boundary and
+    // through blocks completing mid-generation.
     use anneal_runtime::infer::{generate, logprobs, Sampling};
     let _inv = anneal_engine::invariant::set_batch_invariant(true);
     for name in FIXTURES {
@@ -252,4 +253,102 @@ fn recompute_carries_every_stream_and_gives_identical_gradients() {
         };
         assert_eq!(run(false), run(true), "{name}");
     }
+}
+
+/// Log-probability bits.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn long_decodes_keep_the_training_forward_bits_past_many_blocks_and_the_window() {
+    // 100 tokens after a prompt of 40: every compression rate's blocks complete many times
+    // during decode, and the cached window drops whole 64-token blocks twice (at 64 + window
+    // and 128 + window tokens), so a step attends to far fewer keys than the prefix holds.
+    use anneal_runtime::infer::{generate_batch, logprobs, Sampling};
+    let _inv = anneal_engine::invariant::set_batch_invariant(true);
+    for name in FIXTURES {
+        let (model, params) = model_for(&fixture(name));
+        let prompts: Vec<Vec<i64>> = (0..2)
+            .map(|r| (0..40).map(|i| (i * 29 + 7 + r * 11) % 96).collect())
+            .collect();
+        let samplings: Vec<Sampling> = (0..2)
+            .map(|r| Sampling {
+                temperature: 1.0,
+                seed: 11 + r,
+                ..Default::default()
+            })
+            .collect();
+        let refs: Vec<&[i64]> = prompts.iter().map(|p| &p[..]).collect();
+        let out = generate_batch(&model, &params, &refs, 100, &samplings).unwrap();
+        for (prompt, g) in prompts.iter().zip(&out) {
+            assert_eq!(g.tokens.len(), 100, "{name}");
+            let mut full = prompt.clone();
+            full.extend(&g.tokens);
+            let (lp, _) = logprobs(&model, &params, &full).unwrap();
+            assert_eq!(bits(&lp[prompt.len() - 1..]), bits(&g.logprobs), "{name}");
+        }
+    }
+}
+
+#[test]
+fn the_serving_loop_decodes_prompts_of_different_lengths_as_the_training_forward() {
+    // Continuous batching: requests of different lengths share decode steps (rows whose
+    // caches differ in shape run in their own forward within a step); each request's
+    // log-probabilities are the training forward's bits and its solo decode's.
+    use anneal_runtime::infer::{generate, logprobs, Sampling};
+    use anneal_runtime::serving::{Event, Request, Scheduler, SchedulerOptions};
+    let (model, params) = model_for(&fixture("tiny_deepseek_v4"));
+    let model = Arc::new(model);
+    let sched =
+        Scheduler::start(model.clone(), params.clone(), SchedulerOptions::default()).unwrap();
+    let requests: Vec<Request> = [3usize, 17, 40, 61, 17]
+        .iter()
+        .enumerate()
+        .map(|(r, &len)| Request {
+            prompt: (0..len).map(|i| ((i * 31 + r * 5) % 96) as i64).collect(),
+            max_new: 60 + 7 * r,
+            sampling: Sampling {
+                temperature: if r % 2 == 0 { 0.0 } else { 0.9 },
+                seed: r as u64,
+                ..Default::default()
+            },
+            stop_tokens: vec![],
+            top_logprobs: 0,
+        })
+        .collect();
+    let receivers: Vec<_> = requests
+        .iter()
+        .map(|r| sched.submit_channel(r.clone()).unwrap())
+        .collect();
+    for (r, rx) in requests.iter().zip(receivers) {
+        let (mut ids, mut lps) = (vec![], vec![]);
+        for e in rx {
+            match e {
+                Event::Token(t) => {
+                    ids.push(t.id);
+                    lps.push(t.logprob);
+                }
+                Event::Done(_) => break,
+                Event::Failed(m) => panic!("request failed: {m}"),
+            }
+        }
+        assert_eq!(ids.len(), r.max_new);
+        let mut full = r.prompt.clone();
+        full.extend(&ids);
+        let (lp, _) = logprobs(&model, &params, &full).unwrap();
+        assert_eq!(
+            bits(&lp[r.prompt.len() - 1..]),
+            bits(&lps),
+            "{:?}",
+            r.prompt
+        );
+        let solo = generate(&model, &params, &r.prompt, r.max_new, &r.sampling).unwrap();
+        assert_eq!(ids, solo.tokens);
+    }
+    let stats = sched.stats();
+    assert!(
+        stats.max_rows >= 4,
+        "the requests did not run together: {stats:?}"
+    );
 }

@@ -18,8 +18,12 @@ use crate::config::AttentionType;
 use crate::spec::{AttentionParams, Compressor, Indexer};
 use anneal_plugin_api::sdk::{CompressedMaskOpts, Ctx, Result, Rope, Tensor};
 
-/// Attention rows are padded to a multiple of this many columns (see `attend`).
-const PAD: usize = 64;
+/// Attention rows are padded to a multiple of this many columns (see `attend`), and the
+/// window's keys to one before the compressed blocks (see `attention`).
+pub(crate) const PAD: usize = 64;
+
+/// The position given to padding keys: after every query, so the mask hides them.
+const FAR: f64 = (1u64 << 40) as f64;
 
 /// `x · rsqrt(mean(x²) + eps)` over the last dim (no weight).
 pub fn unweighted_rms_norm<'h>(x: &Tensor<'h>, eps: f64) -> Result<Tensor<'h>> {
@@ -113,55 +117,66 @@ impl crate::model::DeepseekV4 {
         let kv = rope_tail(ctx, &kv, pos, &rope)?;
 
         let rate = a.rate(kind).unwrap_or(1);
+        let overlap = kind == AttentionType::CompressedSparseAttention;
+        let cached = ctx.use_cache.then_some(index);
+        // The window's keys and positions: a decode step's follow the cached recent ones.
+        let (window, window_pos) = match cached {
+            Some(layer) => self.cached_window(ctx, layer, &kv, pos)?,
+            None => (kv, pos.clone()),
+        };
         let blocks = match &p.compressor {
-            Some(c) => {
-                let overlap = kind == AttentionType::CompressedSparseAttention;
-                self.compress(ctx, c, x, pos, hd, rate, overlap, &rope)?
-            }
+            Some(c) => self.compressed(ctx, cached, "kv", c, x, pos, hd, rate, overlap, &rope)?,
             None => None,
         };
         let n_blocks = blocks.as_ref().map_or(Ok(0), |c| c.shape().map(|s| s[1]))?;
-        let selected = match (&p.indexer, n_blocks) {
-            (Some(ix), n) if n > 0 => Some(self.select(ctx, ix, x, pos, &q_latent, n, &rope)?),
+        let index_keys = match &p.indexer {
+            Some(ix) => {
+                let (c, di) = (&ix.compressor, a.index_head_dim);
+                self.compressed(ctx, cached, "index", c, x, pos, di, a.csa_rate, true, &rope)?
+            }
+            None => None,
+        };
+        let selected = match (&p.indexer, &index_keys) {
+            (Some(ix), Some(keys)) => Some(self.select(ctx, ix, x, pos, &q_latent, keys)?),
             _ => None,
+        };
+        // Keys: the window's, zeros up to a multiple of PAD, then the compressed blocks. A
+        // key's column modulo PAD is then its position's (the window starts at a multiple of
+        // PAD), so a decode step, whose row holds only the recent window and the blocks,
+        // reduces its visible columns in the same lanes and order as the training forward;
+        // the columns it leaves out are masked there and only add exact zeros.
+        let (keys, key_pos) = match &blocks {
+            Some(c) => {
+                let len = window.shape()?[2];
+                let pad = len.next_multiple_of(PAD) - len;
+                let zero = window.narrow(2, 0, 1)?.scale(0.0)?;
+                let mut k: Vec<&Tensor<'h>> = vec![&window];
+                k.extend(std::iter::repeat_n(&zero, pad));
+                let c = c.reshape(&[b as i64, 1, n_blocks as i64, hd as i64])?;
+                k.push(&c);
+                let last = window_pos.shape()?.len() as i64 - 1;
+                let never = window_pos
+                    .narrow(last, 0, 1)?
+                    .to_dtype("f32")?
+                    .affine(0.0, FAR)?
+                    .to_dtype("i64")?;
+                let mut kp: Vec<&Tensor<'h>> = vec![&window_pos];
+                kp.extend(std::iter::repeat_n(&never, pad));
+                (ctx.host.cat(&k, 2)?, ctx.host.cat(&kp, last)?)
+            }
+            None => (window, window_pos),
         };
         let mask = ctx.host.compressed_mask(
             pos,
-            Some(pos),
+            Some(&key_pos),
             selected.as_ref(),
             &CompressedMaskOpts {
                 window: Some(a.sliding_window),
                 compress_rate: rate,
                 n_blocks,
-                interleaved: true,
+                interleaved: false,
             },
         )?;
-        // Each block's key right after its last token's, as the mask lays them out: a row's
-        // visible keys then come first, and a shorter sequence's keys are a prefix of a longer
-        // one's, so decoding (which recomputes the prefix) reduces in the same order.
-        let keys = match &blocks {
-            Some(c) => {
-                let (n, rate) = (n_blocks as i64, rate as i64);
-                let whole = kv
-                    .narrow(2, 0, n_blocks * rate as usize)?
-                    .reshape(&[b as i64, 1, n, rate, hd as i64])?;
-                let c = c.reshape(&[b as i64, 1, n, 1, hd as i64])?;
-                let inter = ctx.host.cat(&[&whole, &c], 3)?.reshape(&[
-                    b as i64,
-                    1,
-                    n * (rate + 1),
-                    hd as i64,
-                ])?;
-                let rest = t - (n * rate) as usize;
-                if rest == 0 {
-                    inter
-                } else {
-                    ctx.host
-                        .cat(&[&inter, &kv.narrow(2, (n * rate) as usize, rest)?], 2)?
-                }
-            }
-            None => kv,
-        };
         let o = self.attend(ctx, p, &q, &keys, &mask)?;
         // K = V, so the values carry their keys' rotation: undo it at the query's position.
         let back = pos.to_dtype("f32")?.scale(-1.0)?.to_dtype("i64")?;
@@ -193,8 +208,9 @@ impl crate::model::DeepseekV4 {
         let masked = raw.add(&mask.reshape(&[mb, 1, t, s])?)?;
         // The softmax row and the values' reduction run over a whole number of 64-column
         // blocks, the sink in the last column (a zero value): a decode step, which sees a
-        // shorter row, then reduces its visible columns in the same lanes and order as the
-        // training forward, whose extra columns only add exact zeros. The constant columns
+        // shorter row laid out alike (see `attention`), then reduces its visible columns in the
+        // same lanes and order as the training forward, whose extra columns only add exact
+        // zeros. The constant columns
         // are built from a finite column of the scores so they have its shape.
         let total = (s as usize + 1).div_ceil(PAD) * PAD;
         let pad = total - s as usize - 1;
@@ -239,9 +255,19 @@ impl crate::model::DeepseekV4 {
             .linear(&ctx.w(&p.wo_b)?)
     }
 
+    /// The compressor's two projections of `x [B, T, D]`: values and gate logits `[B, T,
+    /// width]` (width `2·dim` with `overlap`, two series).
+    pub(crate) fn compressor_inputs<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        c: &Compressor,
+        x: &Tensor<'h>,
+    ) -> Result<(Tensor<'h>, Tensor<'h>)> {
+        Ok((x.linear(&ctx.w(&c.wkv)?)?, x.linear(&ctx.w(&c.wgate)?)?))
+    }
+
     /// The complete blocks of `rate` tokens of `x [B, T, D]` pooled to `[B, n, dim]` (`None`
-    /// when there is none yet). With `overlap` (CSA), block `w` pools its own tokens' second
-    /// series with block `w-1`'s first series (block 0's missing half weighs nothing).
+    /// when there is none yet).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn compress<'h>(
         &self,
@@ -254,20 +280,39 @@ impl crate::model::DeepseekV4 {
         overlap: bool,
         rope: &Rope,
     ) -> Result<Option<Tensor<'h>>> {
-        let s = x.shape()?;
-        let (b, t) = (s[0], s[1]);
-        let n = t / rate;
+        let n = x.shape()?[1] / rate;
         if n == 0 {
             return Ok(None);
         }
+        let (kv, gate) = self.compressor_inputs(ctx, c, x)?;
+        let at = block_positions(pos, n, rate)?;
+        self.pool(ctx, c, &kv, &gate, &at, n, dim, rate, overlap, rope)
+            .map(Some)
+    }
+
+    /// The first `n` blocks of `rate` tokens of the compressor inputs `kv`, `gate` `[B, ≥ n·rate,
+    /// width]` pooled to `[B, n, dim]`, block `w` rotated to its first token's position `at[w]`.
+    /// With `overlap` (CSA), block `w` pools its own tokens' second series with block `w-1`'s
+    /// first series (block 0's missing half weighs nothing).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pool<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        c: &Compressor,
+        kv: &Tensor<'h>,
+        gate: &Tensor<'h>,
+        at: &Tensor<'h>,
+        n: usize,
+        dim: usize,
+        rate: usize,
+        overlap: bool,
+        rope: &Rope,
+    ) -> Result<Tensor<'h>> {
+        let b = kv.shape()?[0];
         let width = if overlap { 2 * dim } else { dim };
         let grid = [b as i64, n as i64, rate as i64, width as i64];
-        let kv = x
-            .linear(&ctx.w(&c.wkv)?)?
-            .narrow(1, 0, n * rate)?
-            .reshape(&grid)?;
-        let gate = x
-            .linear(&ctx.w(&c.wgate)?)?
+        let kv = kv.narrow(1, 0, n * rate)?.reshape(&grid)?;
+        let gate = gate
             .narrow(1, 0, n * rate)?
             .reshape(&grid)?
             .add(&ctx.w(&c.ape)?)?;
@@ -295,16 +340,12 @@ impl crate::model::DeepseekV4 {
             .sum(&[2], false)?
             .rms_norm(&ctx.w(&c.norm)?, self.args.norm_eps)?
             .reshape(&[b as i64, 1, n as i64, dim as i64])?;
-        let at = block_positions(pos, n, rate)?;
-        Ok(Some(
-            rope_tail(ctx, &pooled, &at, rope)?.reshape(&[b as i64, n as i64, dim as i64])?,
-        ))
+        rope_tail(ctx, &pooled, at, rope)?.reshape(&[b as i64, n as i64, dim as i64])
     }
 
     /// The lightning indexer: for each query of `x [B, T, D]`, the `index_topk` best of the
-    /// `n` compressed blocks (i64 `[B, T, k]`; blocks not yet complete may fill the tail when
-    /// fewer are, and the mask drops them).
-    #[allow(clippy::too_many_arguments)]
+    /// compressed index keys `keys [B, n, Di]` (i64 `[B, T, k]`; blocks not yet complete may
+    /// fill the tail when fewer are, and the mask drops them).
     fn select<'h>(
         &self,
         ctx: &Ctx<'h>,
@@ -312,21 +353,19 @@ impl crate::model::DeepseekV4 {
         x: &Tensor<'h>,
         pos: &Tensor<'h>,
         q_latent: &Tensor<'h>,
-        n: usize,
-        rope: &Rope,
+        keys: &Tensor<'h>,
     ) -> Result<Tensor<'h>> {
         let a = &self.args;
         let s = x.shape()?;
         let (b, t) = (s[0] as i64, s[1] as i64);
+        let n = keys.shape()?[1];
         let (hi, di) = (a.index_n_heads as i64, a.index_head_dim);
-        let keys = self
-            .compress(ctx, &ix.compressor, x, pos, di, a.csa_rate, true, rope)?
-            .ok_or("indexer: no complete block")?;
+        let rope = self.rope_of(AttentionType::CompressedSparseAttention);
         let q = q_latent
             .linear(&ctx.w(&ix.wq_b)?)?
             .reshape(&[b, t, hi, di as i64])?
             .transpose(1, 2)?;
-        let q = rope_tail(ctx, &q, pos, rope)?.transpose(1, 2)?;
+        let q = rope_tail(ctx, &q, pos, &rope)?.transpose(1, 2)?;
         let scores = q
             .reshape(&[b, t * hi, di as i64])?
             .matmul(&keys.transpose(1, 2)?)?

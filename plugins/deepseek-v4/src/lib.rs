@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod decode;
 pub mod hf;
 pub mod model;
 pub mod spec;

@@ -198,24 +198,18 @@ impl Model for DeepseekV4 {
     }
 
     /// The embedding copied onto every stream `[B, T, N, D]`, the token ids (hash routing) and
-    /// their positions. Decoding with a cache keeps the sequence's ids and positions in the
-    /// host (`cache_append`) and recomputes the whole prefix, so a step runs exactly the
-    /// training forward's arithmetic on it; `head` keeps the new tokens' rows.
+    /// their positions. A decode step covers its new tokens only: the attention blocks keep
+    /// what they need of the past in the host (`decode.rs`).
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        let (tokens, pos) = if ctx.use_cache {
-            let last = ctx.positions.shape()?.len() - 1;
-            (
-                ctx.cache_append(0, "tokens", &tokens, 1)?,
-                ctx.cache_append(0, "positions", &ctx.positions, last)?,
-            )
-        } else {
-            (tokens, ctx.positions.clone())
-        };
         let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
         let s = h.shape()?;
         let one = h.reshape(&[s[0] as i64, s[1] as i64, 1, s[2] as i64])?;
         let copies: Vec<&Tensor<'h>> = std::iter::repeat_n(&one, self.args.hc_mult).collect();
-        Ok(vec![ctx.host.cat(&copies, 2)?, tokens, pos])
+        Ok(vec![
+            ctx.host.cat(&copies, 2)?,
+            tokens,
+            ctx.positions.clone(),
+        ])
     }
 
     fn layer<'h>(
@@ -258,18 +252,6 @@ impl Model for DeepseekV4 {
             .ok_or("head: missing hidden state")?;
         let a = &self.args;
         let p = &self.params;
-        // A decode step recomputed the prefix: only the new tokens' rows are wanted.
-        let len = x.shape()?[1];
-        let new = *ctx
-            .positions
-            .shape()?
-            .last()
-            .ok_or("head: positions of no dim")?;
-        let x = if new < len {
-            x.narrow(1, len - new, new)?
-        } else {
-            x
-        };
         let s = x.shape()?;
         let (b, t, n, d) = (s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64);
         let hc = &p.hc_head;

@@ -522,8 +522,10 @@ pub fn model_spec(a: &DeepseekV4Args, params: Vec<ParamSpec>) -> ModelSpec {
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn,
         active_params: Some(n - idle),
-        // Decode keeps its own caches (`ctx.cache_append`), not the host's plain KV cache.
-        kv_cache: vec![None; a.n_layers],
+        // What a plain KV cache of this model holds: one shared key/value head per layer.
+        // Decode keeps its own, smaller caches instead (`decode.rs`, [`decode_cache_bytes`]),
+        // so estimates from this are upper bounds.
+        kv_cache: vec![Some((1, a.head_dim)); a.n_layers],
         hf: Some(hf::adapter(a)),
         params,
     }

@@ -200,6 +200,49 @@ impl KvCache {
         kv + grown
     }
 
+    /// Bytes one sequence's cache holds now, everything together: keys and values, named
+    /// state (grown or replaced) and delta-rule states; for a per-row batch, the first row's.
+    pub fn bytes_held(&self) -> usize {
+        if self.is_per_row() {
+            return self.rows.first().map_or(0, |r| r.bytes_held());
+        }
+        let per_row = |t: &Tensor| {
+            let rows = t.shape().first().copied().unwrap_or(1).max(1);
+            t.numel() * t.dtype().size_in_bytes() / rows
+        };
+        let layers = self.layers.lock().expect("kv cache lock poisoned");
+        let kv: usize = layers
+            .values()
+            .map(|l| {
+                let row = |t: &Tensor| {
+                    let s = t.shape();
+                    s[1] * l.len * s[3] * t.dtype().size_in_bytes()
+                };
+                row(&l.k) + row(&l.v)
+            })
+            .sum();
+        let states = self.states.lock().expect("kv cache lock poisoned");
+        let named: usize = states.values().map(|(t, _)| per_row(t)).sum();
+        let deltas = self.delta_rules.lock().expect("kv cache lock poisoned");
+        let delta: usize = deltas
+            .values()
+            .map(|c| c.bytes() / c.state().shape().first().copied().unwrap_or(1).max(1))
+            .sum();
+        kv + named + delta
+    }
+
+    /// The shapes of the named states, by layer and name: rows of a per-row batch can share
+    /// a forward only when theirs agree (the state ops stack rows along dim 0).
+    pub fn state_shapes(&self) -> Vec<(usize, String, Vec<usize>)> {
+        let states = self.states.lock().expect("kv cache lock poisoned");
+        let mut out: Vec<_> = states
+            .iter()
+            .map(|((layer, name), (t, _))| (*layer, name.clone(), t.shape().to_vec()))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Number of cached positions (0 when empty); for a per-row batch, the longest row's.
     pub fn len(&self) -> usize {
         if self.is_per_row() {
@@ -312,6 +355,30 @@ mod tests {
             .append(0, &kv(1, 1, 3.0), &kv(1, 1, 3.0))
             .unwrap();
         assert_eq!((a.len(), b.len()), (4, 5));
+    }
+
+    #[test]
+    fn bytes_held_counts_what_one_sequence_keeps_and_shapes_tell_rows_apart() {
+        let t = |n: usize, s: &[usize]| Tensor::from_vec(vec![1f32; n], s).unwrap();
+        let c = KvCache::new();
+        // Two rows of 3 positions: keys and values of 2 heads × 4 dims (not the buffers'
+        // capacity), a window state of 5 × 2 and a growing cache of 2 × 3 per row.
+        c.append(0, &kv(2, 3, 1.0), &kv(2, 3, 1.0)).unwrap();
+        c.set_state(1, "window", &t(20, &[2, 5, 2]));
+        c.append_state(1, "blocks", &t(12, &[2, 2, 3]), 1).unwrap();
+        assert_eq!(c.bytes_held(), 2 * (3 * 2 * 4) * 4 + 10 * 4 + 6 * 4);
+        assert_eq!(
+            c.state_shapes(),
+            [
+                (1, "blocks".to_string(), vec![2, 2, 3]),
+                (1, "window".to_string(), vec![2, 5, 2])
+            ]
+        );
+        let (a, b) = (Arc::new(KvCache::new()), Arc::new(KvCache::new()));
+        a.set_state(0, "s", &t(2, &[1, 2]));
+        b.set_state(0, "s", &t(3, &[1, 3]));
+        assert_ne!(a.state_shapes(), b.state_shapes());
+        assert!(KvCache::new().state_shapes().is_empty());
     }
 
     #[test]
