@@ -128,14 +128,30 @@ pub trait Backend: Send + Sync {
     ) -> Result<crate::ops::AttentionGrads>;
 }
 
+/// Why a CUDA device cannot compute: what is missing on this machine (no driver, a library, no
+/// GPU) or, where CUDA is there, that the ops have no CUDA kernels in this build yet.
+fn cuda_unavailable(device: Device) -> Error {
+    let Device::Cuda(ordinal) = device else {
+        unreachable!("only CUDA devices are unavailable")
+    };
+    #[cfg(feature = "cuda")]
+    let reason = match crate::cuda::probe(ordinal) {
+        Err(why) => why,
+        Ok(info) => format!("{info} found, but this build computes no op on CUDA yet"),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let reason = {
+        let _ = ordinal;
+        "this build has no CUDA backend (the engine's `cuda` feature is off)".to_string()
+    };
+    Error::DeviceUnavailable { device, reason }
+}
+
 /// The backend computing on `device`, or why none can.
 pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -222,10 +238,7 @@ pub trait FusedBackend: Send + Sync {
 pub fn fused_backend_for(device: Device) -> Result<&'static dyn FusedBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -240,10 +253,7 @@ pub trait OptimBackend: Send + Sync {
 pub fn optim_backend_for(device: Device) -> Result<&'static dyn OptimBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -265,10 +275,7 @@ pub trait FusionBackend: Send + Sync {
 pub fn fusion_backend_for(device: Device) -> Result<&'static dyn FusionBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -307,9 +314,6 @@ pub trait DeltaRuleBackend: Send + Sync {
 pub fn delta_rule_backend_for(device: Device) -> Result<&'static dyn DeltaRuleBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
