@@ -137,7 +137,7 @@ fn cuda_unavailable(device: Device) -> Error {
     #[cfg(feature = "cuda")]
     let reason = match crate::cuda::probe(ordinal) {
         Err(why) => why,
-        Ok(info) => format!("{info} found, but this build computes no op on CUDA yet"),
+        Ok(info) => format!("{info} found, but its setup failed"),
     };
     #[cfg(not(feature = "cuda"))]
     let reason = {
@@ -151,6 +151,8 @@ fn cuda_unavailable(device: Device) -> Error {
 pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
@@ -238,6 +240,8 @@ pub trait FusedBackend: Send + Sync {
 pub fn fused_backend_for(device: Device) -> Result<&'static dyn FusedBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
@@ -253,6 +257,8 @@ pub trait OptimBackend: Send + Sync {
 pub fn optim_backend_for(device: Device) -> Result<&'static dyn OptimBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
@@ -275,6 +281,8 @@ pub trait FusionBackend: Send + Sync {
 pub fn fusion_backend_for(device: Device) -> Result<&'static dyn FusionBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }

@@ -53,6 +53,10 @@ pub const KERNELS: &[KernelSource] = &[
         name: "adamw",
         source: include_str!("kernels/adamw.cu"),
     },
+    KernelSource {
+        name: "attention",
+        source: include_str!("kernels/attention.cu"),
+    },
 ];
 
 /// The kernel source named `name`.

@@ -7,8 +7,71 @@
 //! for the device's architecture; device memory comes from a caching, stream-ordered allocator
 //! whose policy ([`pool`]) is plain Rust, testable without a GPU.
 
+mod attention;
+mod backend;
+mod blas;
+mod device;
+mod fused;
 pub mod kernels;
+mod launch;
 pub mod pool;
+
+pub use backend::CudaBackend;
+pub use device::{gpu, memory_stats, DeviceBuffer, Gpu};
+
+use crate::error::{Error, Result};
+use crate::storage::Storage;
+use crate::{Device, Tensor};
+
+/// A copy of `t` on `device` (contiguous, same dtype, no autograd): host to GPU, GPU to host,
+/// or between GPUs through the host.
+pub(crate) fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
+    match (t.device(), device) {
+        (Device::Cpu, Device::Cuda(n)) => {
+            let g = gpu(n)?;
+            let bytes = t.to_bytes();
+            let mem = g.upload(&bytes)?;
+            let st = Storage::on_device(mem, t.dtype(), t.numel());
+            Ok(Tensor::from_parts(
+                std::sync::Arc::new(std::sync::RwLock::new(st)),
+                crate::layout::Layout::contiguous(t.shape()),
+                device,
+            ))
+        }
+        (Device::Cuda(_), Device::Cpu) => {
+            let c = backend::contiguous_as(t, t.dtype(), "to_device")?;
+            let g = c.storage();
+            let mem = g.device_mem().ok_or_else(|| Error::DeviceUnavailable {
+                device: c.device(),
+                reason: "to_device: the tensor's memory is not on the GPU".into(),
+            })?;
+            let size = t.dtype().size_in_bytes();
+            let mut bytes = vec![0u8; t.numel() * size];
+            mem.gpu()
+                .download(mem.ptr() + (c.layout().offset() * size) as u64, &mut bytes)?;
+            drop(g);
+            Tensor::from_storage(Storage::from_bytes(t.dtype(), &bytes), t.shape())
+        }
+        (Device::Cuda(_), Device::Cuda(_)) => to_device(&to_device(t, Device::Cpu)?, device),
+        (Device::Cpu, Device::Cpu) => Ok(t.detach()),
+    }
+}
+
+/// A contiguous copy of a GPU tensor in `dtype`, on its device.
+pub(crate) fn materialize(t: &Tensor, dtype: crate::DType) -> Result<Tensor> {
+    backend::copy_cast(t, dtype, "copy")
+}
+
+/// The whole of a GPU storage copied to host memory (for host reads such as `to_vec`).
+pub(crate) fn download_storage(s: &Storage) -> Result<Storage> {
+    let mem = s.device_mem().ok_or_else(|| Error::Invalid {
+        op: "download",
+        msg: "the storage is not on a GPU".into(),
+    })?;
+    let mut bytes = vec![0u8; s.len() * s.dtype().size_in_bytes()];
+    mem.gpu().download(mem.ptr(), &mut bytes)?;
+    Ok(Storage::from_bytes(s.dtype(), &bytes))
+}
 
 /// What the probe found on a usable CUDA device.
 #[derive(Clone, Debug, PartialEq, Eq)]

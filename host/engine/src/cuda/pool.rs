@@ -191,7 +191,7 @@ mod tests {
     fn classes_bound_the_slack() {
         for n in [0, 1, 511, 513, SMALL - 1, SMALL + 1, 3 << 20, (1 << 30) + 7] {
             let c = size_class(n);
-            assert!(c >= n && c % GRANULE == 0, "class {c} for {n}");
+            assert!(c >= n && c.is_multiple_of(GRANULE), "class {c} for {n}");
             assert!(c <= n.max(GRANULE) + n / 4 + GRANULE, "class {c} for {n}");
         }
         assert_eq!(size_class(5 << 20), 5 << 20);
