@@ -11,3 +11,5 @@ bash "$(dirname "$0")/fetch-corpus.sh" || echo "setup: cannot fetch the Shakespe
 bash "$(dirname "$0")/setup-python.sh"
 # The browser UI's packages and the headless Chromium of its tests.
 bash "$(dirname "$0")/setup-web.sh"
+# NVRTC and ptxas (PyPI wheels, cached under ~/.cache): CUDA kernels compile to PTX without a GPU.
+bash "$(dirname "$0")/setup-cuda-tools.sh"

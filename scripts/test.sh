@@ -7,4 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The CUDA kernels' compile test finds NVRTC and ptxas here, and must really compile (no SKIP).
+source scripts/cuda-tools-env.sh
+export ANNEAL_REQUIRE_CUDA_TOOLS=1
 cargo test --workspace --release "$@"

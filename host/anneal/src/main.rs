@@ -292,7 +292,10 @@ fn info() -> anyhow::Result<()> {
     );
     println!("cpu matmul: {}", anneal_engine::matmul_kernels());
     match backend_for(Device::Cuda(0)) {
-        Ok(b) => println!("cuda backend: {}", b.name()),
+        Ok(b) => match anneal_engine::cuda::probe(0) {
+            Ok(info) => println!("cuda backend: {} on {info}", b.name()),
+            Err(why) => println!("cuda backend: {} ({why})", b.name()),
+        },
         Err(e) => println!("cuda backend: unavailable ({e})"),
     }
     match anneal_dist::nccl::unavailable() {

@@ -128,14 +128,32 @@ pub trait Backend: Send + Sync {
     ) -> Result<crate::ops::AttentionGrads>;
 }
 
+/// Why a CUDA device cannot compute: what is missing on this machine (no driver, a library, no
+/// GPU) or, where CUDA is there, that the ops have no CUDA kernels in this build yet.
+fn cuda_unavailable(device: Device) -> Error {
+    let Device::Cuda(ordinal) = device else {
+        unreachable!("only CUDA devices are unavailable")
+    };
+    #[cfg(feature = "cuda")]
+    let reason = match crate::cuda::probe(ordinal) {
+        Err(why) => why,
+        Ok(info) => format!("{info} found, but its setup failed"),
+    };
+    #[cfg(not(feature = "cuda"))]
+    let reason = {
+        let _ = ordinal;
+        "this build has no CUDA backend (the engine's `cuda` feature is off)".to_string()
+    };
+    Error::DeviceUnavailable { device, reason }
+}
+
 /// The backend computing on `device`, or why none can.
 pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -222,10 +240,9 @@ pub trait FusedBackend: Send + Sync {
 pub fn fused_backend_for(device: Device) -> Result<&'static dyn FusedBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -240,10 +257,9 @@ pub trait OptimBackend: Send + Sync {
 pub fn optim_backend_for(device: Device) -> Result<&'static dyn OptimBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -265,10 +281,9 @@ pub trait FusionBackend: Send + Sync {
 pub fn fusion_backend_for(device: Device) -> Result<&'static dyn FusionBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
 
@@ -307,9 +322,6 @@ pub trait DeltaRuleBackend: Send + Sync {
 pub fn delta_rule_backend_for(device: Device) -> Result<&'static dyn DeltaRuleBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        d @ Device::Cuda(_) => Err(Error::DeviceUnavailable {
-            device: d,
-            reason: "this build has no CUDA backend yet".into(),
-        }),
+        d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }

@@ -14,6 +14,8 @@ pub mod autocast;
 pub mod autograd;
 pub mod backend;
 mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 mod dtype;
 mod error;

@@ -6,10 +6,20 @@ use crate::layout::Layout;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
+/// Device memory behind a storage (a CUDA allocation); uninhabited without the `cuda` feature.
+#[cfg(feature = "cuda")]
+pub(crate) type DeviceMem = crate::cuda::DeviceBuffer;
+/// Device memory behind a storage; uninhabited without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub(crate) enum DeviceMem {}
+
 /// The memory behind one or more tensors: a buffer and the dtype of its elements.
 pub struct Storage {
     /// `None` once released ([`Storage::release`]): the shape and dtype stay, the memory goes.
+    /// Also `None` for a storage on a GPU, whose memory is `device`.
     buf: Option<Buffer>,
+    /// The device memory of a storage that lives on a GPU (`None` for host storage).
+    device: Option<DeviceMem>,
     dtype: DType,
     len: usize,
     /// How many times a tensor took this storage for writing (see [`Storage::writes`]).
@@ -24,6 +34,7 @@ impl Storage {
             dtype,
             len,
             writes: 0,
+            device: None,
         }
     }
 
@@ -34,6 +45,7 @@ impl Storage {
             dtype,
             len,
             writes: 0,
+            device: None,
         }
     }
 
@@ -53,6 +65,22 @@ impl Storage {
         s
     }
 
+    /// A storage of `len` elements of `dtype` in device memory (the CUDA backend's tensors).
+    pub(crate) fn on_device(mem: DeviceMem, dtype: DType, len: usize) -> Storage {
+        Storage {
+            buf: None,
+            dtype,
+            len,
+            writes: 0,
+            device: Some(mem),
+        }
+    }
+
+    /// The device memory, for a storage that lives on a GPU.
+    pub(crate) fn device_mem(&self) -> Option<&DeviceMem> {
+        self.device.as_ref()
+    }
+
     /// A count that changes whenever a tensor takes this storage for writing, so a copy derived
     /// from it (a packed matrix operand) can tell whether it is still current.
     pub(crate) fn writes(&self) -> u64 {
@@ -70,13 +98,14 @@ impl Storage {
     /// [`Storage::restore`] gives it values again.
     pub(crate) fn release(&mut self) {
         self.buf = None;
+        self.device = None;
         // Copies derived from the old values (packed operands) must never be taken as current.
         self.note_write();
     }
 
     /// Whether [`Storage::release`] freed the memory (and no restore followed).
     pub fn is_released(&self) -> bool {
-        self.buf.is_none()
+        self.buf.is_none() && self.device.is_none()
     }
 
     /// Gives a storage new memory holding `bytes` (exactly its length in its dtype); counts as a
@@ -89,12 +118,20 @@ impl Storage {
     }
 
     fn buf(&self) -> &Buffer {
+        assert!(
+            self.device.is_none(),
+            "host read of a GPU storage: copy the tensor to the CPU first (Tensor::to_device)"
+        );
         self.buf
             .as_ref()
             .expect("read of a released storage: restore it before any op uses it")
     }
 
     fn buf_mut(&mut self) -> &mut Buffer {
+        assert!(
+            self.device.is_none(),
+            "host write to a GPU storage: copy the tensor to the CPU first (Tensor::to_device)"
+        );
         self.buf
             .as_mut()
             .expect("write to a released storage: restore it before any op uses it")

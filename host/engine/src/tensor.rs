@@ -342,6 +342,15 @@ impl Tensor {
     /// converted copy.
     pub(crate) fn contig<T: Element>(&self) -> Contig<'_, T> {
         let guard = self.storage();
+        #[cfg(feature = "cuda")]
+        if guard.device_mem().is_some() {
+            // A GPU tensor read on the host (`to_vec`, checks): one download of its storage.
+            let host = crate::cuda::download_storage(&guard)
+                .unwrap_or_else(|e| panic!("reading a GPU tensor on the host failed: {e}"));
+            let mut out = Storage::any(T::DTYPE, self.numel());
+            gather_dyn(&host, self.layout(), &mut out);
+            return Contig::Owned(out, std::marker::PhantomData);
+        }
         if T::DTYPE == self.dtype() {
             if let Some((a, b)) = self.layout().contiguous_range() {
                 return Contig::Borrowed(guard, a, b, std::marker::PhantomData);
@@ -356,6 +365,11 @@ impl Tensor {
     /// A contiguous copy with a fresh storage of `dtype` (no autograd).
     pub(crate) fn materialize(&self, dtype: DType) -> Tensor {
         let _p = crate::profile::scope("copy");
+        #[cfg(feature = "cuda")]
+        if matches!(self.device(), Device::Cuda(_)) {
+            return crate::cuda::materialize(self, dtype)
+                .unwrap_or_else(|e| panic!("copying a GPU tensor failed: {e}"));
+        }
         let guard = self.storage();
         let mut out = Storage::any(dtype, self.numel());
         gather_dyn(&guard, self.layout(), &mut out);
@@ -370,6 +384,37 @@ impl Tensor {
             self.detach()
         } else {
             self.materialize(DType::F32)
+        }
+    }
+
+    /// A copy on `device` (no autograd): contiguous, in this tensor's dtype. The same device
+    /// gives this tensor back.
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.detach());
+        }
+        #[cfg(feature = "cuda")]
+        {
+            crate::cuda::to_device(self, device)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Err(Error::DeviceUnavailable {
+            device,
+            reason: "this build has no CUDA backend (the engine's `cuda` feature is off)".into(),
+        })
+    }
+
+    /// Fails unless a backend for this tensor's device is built: the CPU, or a CUDA device
+    /// with the `cuda` feature (whether that device can run is the backend lookup's question,
+    /// which names what is missing).
+    pub(crate) fn check_device(&self, op: &'static str) -> Result<()> {
+        match self.device() {
+            Device::Cpu => Ok(()),
+            Device::Cuda(_) if cfg!(feature = "cuda") => Ok(()),
+            d => Err(Error::DeviceUnavailable {
+                device: d,
+                reason: format!("{op}: this build has no CUDA backend"),
+            }),
         }
     }
 

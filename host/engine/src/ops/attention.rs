@@ -117,7 +117,7 @@ pub(crate) fn resolve(
                 expected: "a floating dtype",
             });
         }
-        t.check_cpu(OP)?;
+        t.check_device(OP)?;
     }
     let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
     let mismatch = |a: &[usize], b: &[usize]| Error::ShapeMismatch {

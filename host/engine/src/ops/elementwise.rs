@@ -96,7 +96,7 @@ impl BinaryOp {
 }
 
 fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
-    x.check_cpu(op.name())?;
+    x.check_device(op.name())?;
     let out = be(x)?.unary(op, x)?;
     Ok(record(op.name(), out, &[x], || {
         let x = x.detach();
@@ -199,7 +199,7 @@ impl Tensor {
 
     /// `self * mul + add` with scalars.
     pub fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
-        self.check_cpu("affine")?;
+        self.check_device("affine")?;
         let out = be(self)?.affine(self, mul, add)?;
         Ok(record("affine", out, &[self], || {
             move |g: &Tensor| Ok(vec![Some(be(g)?.affine(g, mul, 0.0)?)])
@@ -218,7 +218,7 @@ impl Tensor {
 
     /// `self ^ e` for a scalar exponent.
     pub fn powf(&self, e: f32) -> Result<Tensor> {
-        self.check_cpu("pow")?;
+        self.check_device("pow")?;
         let out = be(self)?.powf(self, e)?;
         Ok(record("pow", out, &[self], || {
             let x = self.detach();
@@ -231,7 +231,7 @@ impl Tensor {
 
     /// `self` clamped to `[lo, hi]`; the gradient passes where the value was inside.
     pub fn clamp(&self, lo: f32, hi: f32) -> Result<Tensor> {
-        self.check_cpu("clamp")?;
+        self.check_device("clamp")?;
         let out = be(self)?.clamp(self, lo, hi)?;
         Ok(record("clamp", out, &[self], || {
             let x = self.detach();

@@ -12,7 +12,7 @@ impl Tensor {
     pub fn embedding(&self, ids: &Tensor) -> Result<Tensor> {
         const OP: &str = "embedding";
         require_float(OP, self)?;
-        self.check_cpu(OP)?;
+        self.check_device(OP)?;
         if self.rank() != 2 {
             return Err(invalid(
                 OP,

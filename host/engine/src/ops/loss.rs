@@ -45,7 +45,7 @@ impl Default for CrossEntropy {
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> Result<Tensor> {
     const OP: &str = "cross_entropy";
     require_float(OP, logits)?;
-    logits.check_cpu(OP)?;
+    logits.check_device(OP)?;
     if !matches!(targets.dtype(), DType::I64 | DType::I32) {
         return Err(Error::DType {
             op: OP,

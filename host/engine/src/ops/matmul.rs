@@ -26,7 +26,7 @@ impl Tensor {
         if k != k2 {
             return Err(mismatch());
         }
-        self.check_cpu("matmul")?;
+        self.check_device("matmul")?;
         if let Some(dt) = crate::autocast::autocast_dtype() {
             let cast = |t: &Tensor| t.dtype().is_float() && t.dtype() != dt;
             if cast(self) || cast(rhs) {

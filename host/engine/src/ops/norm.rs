@@ -9,7 +9,7 @@ use crate::Tensor;
 /// Checks `x` (rank >= 1, float) and an optional per-feature parameter of shape `[D]`.
 fn check(op: &'static str, x: &Tensor, params: &[Option<&Tensor>]) -> Result<()> {
     require_float(op, x)?;
-    x.check_cpu(op)?;
+    x.check_device(op)?;
     if x.rank() == 0 {
         return Err(invalid(op, "needs at least one dim to normalize over"));
     }

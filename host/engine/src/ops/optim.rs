@@ -83,7 +83,16 @@ pub fn adamw_step(groups: &[AdamWTensors<'_>], hp: &AdamW) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
     for g in groups {
         for t in [g.param, g.grad, g.exp_avg, g.exp_avg_sq] {
-            t.check_cpu(OP)?;
+            if t.device() != groups[0].param.device() {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "tensors on {} and {}: every tensor must be on one device",
+                        groups[0].param.device(),
+                        t.device()
+                    ),
+                ));
+            }
             if t.dtype() != DType::F32 {
                 return Err(Error::DType {
                     op: OP,
@@ -117,5 +126,8 @@ pub fn adamw_step(groups: &[AdamWTensors<'_>], hp: &AdamW) -> Result<()> {
             }
         }
     }
-    crate::backend::optim_backend_for(crate::Device::Cpu)?.adamw(groups, hp)
+    let device = groups
+        .first()
+        .map_or(crate::Device::Cpu, |g| g.param.device());
+    crate::backend::optim_backend_for(device)?.adamw(groups, hp)
 }

@@ -239,7 +239,7 @@ impl Tensor {
     pub fn rope(&self, cos: &Tensor, sin: &Tensor, spec: RopeSpec) -> Result<Tensor> {
         const OP: &str = "rope";
         require_float(OP, self)?;
-        self.check_cpu(OP)?;
+        self.check_device(OP)?;
         let mismatch = |t: &Tensor| Error::ShapeMismatch {
             op: OP,
             lhs: self.shape().to_vec(),

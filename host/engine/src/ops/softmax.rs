@@ -22,7 +22,7 @@ impl Tensor {
 fn softmax_op(x: &Tensor, dim: isize, log: bool) -> Result<Tensor> {
     let name = if log { "log_softmax" } else { "softmax" };
     require_float(name, x)?;
-    x.check_cpu(name)?;
+    x.check_device(name)?;
     // A 0-d tensor behaves as a single-element row.
     if x.rank() == 0 {
         return softmax_op(&x.reshape(&[1])?, dim, log)?.reshape(&[]);

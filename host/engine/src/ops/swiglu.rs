@@ -19,7 +19,7 @@ impl Tensor {
         const OP: &str = "swiglu";
         require_float(OP, self)?;
         require_float(OP, up)?;
-        self.check_cpu(OP)?;
+        self.check_device(OP)?;
         if self.shape() != up.shape() {
             return Err(Error::ShapeMismatch {
                 op: OP,

@@ -1,0 +1,235 @@
+//! Attention on CUDA (kernels/attention.cu): exact, deterministic, one block per query row (and
+//! per key row for dK/dV). Not yet a tiled FlashAttention: a row's scores sit in shared memory,
+//! which bounds the key length (the error says so).
+
+use super::backend::contiguous_as;
+use super::launch::{empty, float_suffix, gpu_of, launch, ptr, upload, zeros};
+use crate::error::{Error, Result};
+use crate::ops::{AttentionGrads, AttentionSpec};
+use crate::{DType, Tensor};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
+
+const OP: &str = "attention";
+/// Shared memory one block may use without opting in (48 KiB on every architecture).
+const SHARED_BYTES: usize = 48 * 1024;
+/// Queries per shared-memory chunk of the dK/dV kernel.
+const CHUNK: usize = 1024;
+const THREADS: u32 = 128;
+
+/// The `AttnDims` struct of kernels/attention.cu.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct AttnDims {
+    b: i64,
+    hq: i64,
+    hkv: i64,
+    tq: i64,
+    tk: i64,
+    d: i64,
+    dv: i64,
+    scale: f32,
+    softcap: f32,
+    causal: i32,
+    window: i64,
+    has_sinks: i32,
+}
+
+// SAFETY: plain old data in the C layout the kernels declare.
+unsafe impl DeviceRepr for AttnDims {}
+
+struct Prepared {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    sinks: Option<Tensor>,
+    q_pos: Tensor,
+    k_pos: Tensor,
+    dims: AttnDims,
+    suf: &'static str,
+}
+
+fn prepare(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: Option<&Tensor>,
+    spec: &AttentionSpec,
+) -> Result<Prepared> {
+    let dtype = q.dtype();
+    let suf = float_suffix(dtype, OP)?;
+    let gpu = gpu_of(q, OP)?;
+    let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
+    let dims = AttnDims {
+        b: qs[0] as i64,
+        hq: qs[1] as i64,
+        hkv: ks[1] as i64,
+        tq: qs[2] as i64,
+        tk: ks[2] as i64,
+        d: qs[3] as i64,
+        dv: vs[3] as i64,
+        scale: spec.scale,
+        softcap: spec.softcap.unwrap_or(0.0),
+        causal: spec.causal as i32,
+        window: spec.window.unwrap_or(0) as i64,
+        has_sinks: sinks.is_some() as i32,
+    };
+    let need = (ks[2] + qs[3] + vs[3]) * 4;
+    if need > SHARED_BYTES || qs[3] > 4 * THREADS as usize || vs[3] > 4 * THREADS as usize {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "the CUDA attention kernel holds a row of scores in shared memory: {} keys with head dims {}/{} need {need} bytes (limit {SHARED_BYTES}, head dims at most {})",
+                ks[2],
+                qs[3],
+                vs[3],
+                4 * THREADS
+            ),
+        });
+    }
+    Ok(Prepared {
+        q: contiguous_as(q, dtype, OP)?,
+        k: contiguous_as(k, dtype, OP)?,
+        v: contiguous_as(v, dtype, OP)?,
+        sinks: sinks
+            .map(|s| contiguous_as(s, DType::F32, OP))
+            .transpose()?,
+        q_pos: upload(&gpu, &spec.q_pos, &[spec.q_pos.len()])?,
+        k_pos: upload(&gpu, &spec.k_pos, &[spec.k_pos.len()])?,
+        dims,
+        suf,
+    })
+}
+
+fn cfg(grid: (usize, usize), shared_floats: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: (shared_floats * 4) as u32,
+    }
+}
+
+/// The output `[B, Hq, Tq, Dv]` (q's dtype) and the logsumexp `[B, Hq, Tq]` (f32).
+pub(crate) fn forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: Option<&Tensor>,
+    spec: &AttentionSpec,
+) -> Result<(Tensor, Tensor)> {
+    let gpu = gpu_of(q, OP)?;
+    let p = prepare(q, k, v, sinks, spec)?;
+    let a = p.dims;
+    let (b, hq, tq, dv) = (a.b as usize, a.hq as usize, a.tq as usize, a.dv as usize);
+    let out = empty(&gpu, q.dtype(), &[b, hq, tq, dv])?;
+    let lse = empty(&gpu, DType::F32, &[b, hq, tq])?;
+    if b * hq * tq == 0 {
+        return Ok((out, lse));
+    }
+    let (qp, kp, vp) = (ptr(&p.q, OP)?, ptr(&p.k, OP)?, ptr(&p.v, OP)?);
+    let sp = p
+        .sinks
+        .as_ref()
+        .map(|s| ptr(s, OP))
+        .transpose()?
+        .unwrap_or(0);
+    let (qpos, kpos) = (ptr(&p.q_pos, OP)?, ptr(&p.k_pos, OP)?);
+    let (op_, lp) = (ptr(&out, OP)?, ptr(&lse, OP)?);
+    let c = cfg((tq, b * hq), (a.tk + a.d) as usize);
+    launch!(gpu, "attention", format!("attention_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+    Ok((out, lse))
+}
+
+/// Gradients of q, k, v (each in its input's dtype) and of the sinks (f32, summed on the host
+/// in row order).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: Option<&Tensor>,
+    out: &Tensor,
+    lse: &Tensor,
+    grad: &Tensor,
+    spec: &AttentionSpec,
+) -> Result<AttentionGrads> {
+    let gpu = gpu_of(q, OP)?;
+    let p = prepare(q, k, v, sinks, spec)?;
+    let a = p.dims;
+    let dtype = q.dtype();
+    let (o, g) = (
+        contiguous_as(out, dtype, OP)?,
+        contiguous_as(grad, dtype, OP)?,
+    );
+    let lse = contiguous_as(lse, DType::F32, OP)?;
+    let (b, hq, hkv, tq, tk) = (
+        a.b as usize,
+        a.hq as usize,
+        a.hkv as usize,
+        a.tq as usize,
+        a.tk as usize,
+    );
+    let (d, dv) = (a.d as usize, a.dv as usize);
+    let rows = b * hq * tq;
+    let delta = empty(&gpu, DType::F32, &[rows])?;
+    let dq = empty(&gpu, DType::F32, &[b, hq, tq, d])?;
+    let dk = empty(&gpu, DType::F32, &[b, hkv, tk, d])?;
+    let dvt = empty(&gpu, DType::F32, &[b, hkv, tk, dv])?;
+    let (qp, kp, vp, gp) = (ptr(&p.q, OP)?, ptr(&p.k, OP)?, ptr(&p.v, OP)?, ptr(&g, OP)?);
+    let (qpos, kpos, lp, dp) = (
+        ptr(&p.q_pos, OP)?,
+        ptr(&p.k_pos, OP)?,
+        ptr(&lse, OP)?,
+        ptr(&delta, OP)?,
+    );
+    if rows > 0 {
+        let (opp, dv64) = (ptr(&o, OP)?, a.dv);
+        let c = cfg((rows, 1), 0);
+        launch!(gpu, "attention", format!("attention_delta_{}", p.suf), c; opp, gp, dp, dv64)?;
+        let dqp = ptr(&dq, OP)?;
+        let c = cfg((tq, b * hq), tk + d + dv);
+        launch!(gpu, "attention", format!("attention_dq_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dqp, a)?;
+    }
+    let (dk, dvt) = if rows == 0 {
+        // No query: the gradients of k and v are zero.
+        (
+            zeros(&gpu, DType::F32, &[b, hkv, tk, d])?,
+            zeros(&gpu, DType::F32, &[b, hkv, tk, dv])?,
+        )
+    } else {
+        (dk, dvt)
+    };
+    if b * hkv * tk > 0 && rows > 0 {
+        let (dkp, dvp, chunk) = (ptr(&dk, OP)?, ptr(&dvt, OP)?, CHUNK as i64);
+        let c = cfg((tk, b * hkv), 2 * CHUNK + d + dv);
+        launch!(gpu, "attention", format!("attention_dkv_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dkp, dvp, a, chunk)?;
+    }
+    let dsinks = match sinks {
+        None => None,
+        Some(s) => {
+            // d/dsink_h = -Σ_rows exp(sink_h - lse) · delta, summed on the host in row order.
+            let (sv, lv, dl) = (s.to_vec_f32(), lse.to_vec_f32(), delta.to_vec_f32());
+            let mut total = vec![0f32; hq];
+            for (r, (&l, &dd)) in lv.iter().zip(&dl).enumerate() {
+                let h = (r / tq.max(1)) % hq;
+                if l != f32::NEG_INFINITY {
+                    total[h] -= (sv[h] - l).exp() * dd;
+                }
+            }
+            let t = Tensor::from_vec(total, &[hq])?;
+            Some(t.to_dtype(s.dtype())?.to_device(s.device())?)
+        }
+    };
+    let cast = |t: Tensor, to: DType| {
+        if to == DType::F32 {
+            Ok(t)
+        } else {
+            contiguous_as(&t, to, OP)
+        }
+    };
+    Ok(AttentionGrads {
+        q: cast(dq, q.dtype())?,
+        k: cast(dk, k.dtype())?,
+        v: cast(dvt, v.dtype())?,
+        sinks: dsinks,
+    })
+}
