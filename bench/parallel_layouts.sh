@@ -7,10 +7,14 @@
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the pipeline's theoretical traffic (each stage boundary moves micro_batch x seq_len
 # x dim f32 forward and the same backward, per micro-batch), and the measured bubble
-# (pp_bubble) next to the schedule's theory (pp_bubble_theory).
+# (pp_bubble) next to the schedule's theory (pp_bubble_theory). Context parallelism: CP(2) and
+# CP(2) x FSDP(2), with the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to
+# the ring's theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and
+# their i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and
+# values' f32 gradients.
 #   bash bench/parallel_layouts.sh           # STEPS=12 WARMUP=4
 # Needs the corpus of configs/llama3_debug.toml (bash scripts/setup.sh) and MPI
-# (scripts/setup-mpi.sh). TP, CP and PP x FSDP rows come with those layouts.
+# (scripts/setup-mpi.sh). TP and PP x FSDP rows come with those layouts.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -43,6 +47,8 @@ for layers in 4 16; do
     run "pp2i-$layers" "$layers" 2 parallelism.pp=2 parallelism.pp_schedule=interleaved_1f1b \
         parallelism.pp_virtual_stages=2
     run "pp2xddp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_replicate=2
+    run "cp2-$layers" "$layers" 2 parallelism.cp=2
+    run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
 done
 python3 - "$OUT" "$WARMUP" <<'PY'
 import json, statistics, sys
@@ -63,4 +69,19 @@ for layers in (4, 16):
         th = rows[-1].get("pp_bubble_theory")
         print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "
               f"{(statistics.median(bub) if bub else float('nan')):>7.3f} {(th if th is not None else float('nan')):>7.3f}")
+# Context parallelism: the debug Llama has 4 KV heads of 64 (kv = 256 features per token).
+kv, cp = 256, 2
+print(f"{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'ring MB/step':>13} {'theory MB':>10}")
+for layers in (4, 16):
+    for name, per_rank in (("single", micro), ("cp2", micro), ("cp2_fsdp2", micro // 2)):
+        rows = [json.loads(l) for l in open(f"{out}/{name}-{layers}/metrics.jsonl")]
+        tps = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
+        peak = max(r["mem_peak_bytes"] for r in rows) / 2**20
+        comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:]) / 1e6
+        ring = statistics.median(r.get("cp_ring_bytes") or 0 for r in rows[warmup:]) / 1e6
+        t = seq // cp
+        fwd = (cp - 1) * (2 * t * kv * 4 + t * 8)
+        bwd = cp * (4 * t * kv * 4 + t * 8)
+        theory = layers * per_rank * (fwd + bwd) / 1e6 if name != "single" else float("nan")
+        print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {ring:>13.2f} {theory:>10.2f}")
 PY
