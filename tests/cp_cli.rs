@@ -255,25 +255,19 @@ fn cp2_fsdp2_checkpoints_reshard_to_one_process_and_back() {
 #[test]
 fn layouts_context_parallelism_cannot_run_are_user_errors() {
     let job = Job::new("cp-errors");
-    // 30 tokens do not cut into 4 chunks.
+    // 30 tokens do not cut into 4 chunks: refused before any process starts, and on the ranks
+    // of a job.
+    let (out, _) = job.train("a", &["parallelism.cp=2", "training.seq_len=30"]);
+    user_error(&out, &["training.seq_len", "parallelism.cp"]);
     let out = mpiexec_train(
         2,
         &job,
-        &job.dir.join("a"),
+        &job.dir.join("a2"),
         &["parallelism.cp=2", "training.seq_len=30"],
     );
     user_error(&out, &["training.seq_len", "parallelism.cp"]);
     // Pipeline stages under cp.
-    let out = mpiexec_train(
-        4,
-        &job,
-        &job.dir.join("b"),
-        &[
-            "parallelism.cp=2",
-            "parallelism.pp=2",
-            "training.micro_batch_size=1",
-        ],
-    );
+    let (out, _) = job.train("b", &["parallelism.cp=2", "parallelism.pp=2"]);
     user_error(&out, &["parallelism.cp", "parallelism.pp"]);
     // RL generates, which does not split a sequence.
     let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
