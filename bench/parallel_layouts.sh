@@ -8,7 +8,11 @@
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the pipeline's theoretical traffic (each stage boundary moves micro_batch x seq_len
 # x dim f32 forward and the same backward, per micro-batch), and the measured bubble
-# (pp_bubble) next to the schedule's theory (pp_bubble_theory).
+# (pp_bubble) next to the schedule's theory (pp_bubble_theory). Context parallelism: CP(2) and
+# CP(2) x FSDP(2), with the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to
+# the ring's theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and
+# their i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and
+# values' f32 gradients.
 # The PyTorch peer (bench/parallel_layouts_torch.py: torch.distributed.pipelining and DTensor
 # tensor parallelism over gloo, same shapes, batch and thread count) runs the pipeline and
 # tensor-parallel layouts next to ours; PEER=0 skips it.
@@ -48,6 +52,8 @@ for layers in 4 16; do
         parallelism.pp_virtual_stages=2
     run "pp2xddp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_replicate=2
     run "pp2xfsdp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_shard=2
+    run "cp2-$layers" "$layers" 2 parallelism.cp=2
+    run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
 done
 if [ "$PEER" = 1 ]; then
     source bench/peer_env.sh
@@ -81,6 +87,21 @@ for layers in (4, 16):
         th = rows[-1].get("pp_bubble_theory")
         print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "
               f"{(statistics.median(bub) if bub else float('nan')):>7.3f} {(th if th is not None else float('nan')):>7.3f}")
+# Context parallelism: the debug Llama has 4 KV heads of 64 (kv = 256 features per token).
+kv, cp = 256, 2
+print(f"\n{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'ring MB/step':>13} {'theory MB':>10}")
+for layers in (4, 16):
+    for name, per_rank in (("single", micro), ("cp2", micro), ("cp2_fsdp2", micro // 2)):
+        rows = [json.loads(l) for l in open(f"{out}/{name}-{layers}/metrics.jsonl")]
+        tps = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
+        peak = max(r["mem_peak_bytes"] for r in rows) / 2**20
+        comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:]) / 1e6
+        ring = statistics.median(r.get("cp_ring_bytes") or 0 for r in rows[warmup:]) / 1e6
+        t = seq // cp
+        fwd = (cp - 1) * (2 * t * kv * 4 + t * 8)
+        bwd = cp * (4 * t * kv * 4 + t * 8)
+        theory = layers * per_rank * (fwd + bwd) / 1e6 if name != "single" else float("nan")
+        print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {ring:>13.2f} {theory:>10.2f}")
 # PyTorch on the same shapes: our layout's tokens/s over the peer's (above 1: we are faster).
 ours_for = {"pp": "pp2", "pp_inter": "pp2i", "tp": "tp2", "tp_sp": "tp2_sp"}
 peer_rows = []

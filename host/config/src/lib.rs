@@ -400,9 +400,10 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
     // Data parallelism (replicas and shards) is what runs today; a mesh that needs the others
     // is refused before anything starts (so is -1 on them: it could resolve to more than 1).
     for (k, v) in &degrees[2..] {
-        // Expert parallelism (within dp_shard, which the trainer checks) and pipeline
-        // parallelism (its layout is checked against the model when it loads) run.
-        if *v != 1 && *k != "parallelism.ep" && *k != "parallelism.pp" {
+        // Expert parallelism (within dp_shard, which the trainer checks), pipeline
+        // parallelism (its layout is checked against the model when it loads) and context
+        // parallelism (the trainer checks seq_len against it) run.
+        if *v != 1 && !["parallelism.ep", "parallelism.pp", "parallelism.cp"].contains(k) {
             let what = match *k {
                 "parallelism.tp" => "tensor parallelism",
                 "parallelism.pp" => "pipeline parallelism",
@@ -441,6 +442,29 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "parallelism.pp_split",
             format!("holds {bad}: every pipeline stage needs at least one block"),
         ));
+    }
+    // Context parallelism cuts every sequence into 2·cp chunks (a head chunk and its mirror
+    // per rank) and does not run inside pipeline stages yet.
+    if p.cp > 1 {
+        let chunks = 2 * p.cp as usize;
+        if !c.training.seq_len.is_multiple_of(chunks) {
+            return Err(ConfigError::at(
+                "training.seq_len",
+                format!(
+                    "is {}, not a multiple of 2 × parallelism.cp = {chunks}: each cp rank holds a chunk from the head and one from the tail of every sequence",
+                    c.training.seq_len
+                ),
+            ));
+        }
+        if p.pp != 1 {
+            return Err(ConfigError::at(
+                "parallelism.cp",
+                format!(
+                    "is {} with parallelism.pp = {}: context parallelism inside pipeline stages is not supported yet; set one of them to 1",
+                    p.cp, p.pp
+                ),
+            ));
+        }
     }
     const GATHER_DTYPES: [&str; 6] = ["float32", "f32", "bfloat16", "bf16", "int8", "fp8_e4m3"];
     if !GATHER_DTYPES.contains(&p.fsdp_all_gather_dtype.as_str()) {

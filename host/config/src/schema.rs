@@ -193,7 +193,8 @@ impl Default for Training {
 /// number of processes (`mpiexec -n N`, `anneal train --nproc N`); one of them may be -1 to take
 /// the rest (`ep` borrows from `dp_shard` and is not counted). Data parallelism (DDP:
 /// `dp_replicate`; FSDP: `dp_shard`; HSDP: both), expert parallelism within `dp_shard` and
-/// pipeline parallelism (`pp`, the `pp_*` keys) run; `tp` and `cp` must be 1.
+/// pipeline parallelism (`pp`, the `pp_*` keys) and context parallelism (`cp`) run; `tp` must
+/// be 1.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Parallelism {
@@ -206,7 +207,9 @@ pub struct Parallelism {
     pub tp: i64,
     /// Pipeline stages.
     pub pp: i64,
-    /// Context (sequence) parallel degree.
+    /// Context-parallel degree: every sequence is cut into `2·cp` chunks and each of `cp` ranks
+    /// holds one from the head and its mirror from the tail (`training.seq_len` must be a
+    /// multiple of `2·cp`); attention passes keys and values around the ranks' ring.
     pub cp: i64,
     /// Expert-parallel degree: the experts are split over `ep` ranks borrowed from `dp_shard`
     /// (it must divide it; it adds no processes), the MoE layers sending each token to its

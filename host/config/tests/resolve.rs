@@ -219,3 +219,24 @@ fn wrong_types_say_wrong_type_and_parse_errors_drop_the_quoted_line() {
     assert!(line.contains("line 1, column 10"), "{line}");
     assert!(!line.contains("| [training"), "{line}");
 }
+
+#[test]
+fn context_parallelism_needs_whole_chunks_and_no_pipeline() {
+    assert!(resolve_with_env(Source::Defaults, &set(&["parallelism.cp=2"]), &[]).is_ok());
+    let e = resolve_with_env(
+        Source::Defaults,
+        &set(&["parallelism.cp=2", "training.seq_len=30"]),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(e.key_path.as_deref(), Some("training.seq_len"), "{e}");
+    assert!(e.to_string().contains("parallelism.cp"), "{e}");
+    let e = resolve_with_env(
+        Source::Defaults,
+        &set(&["parallelism.cp=2", "parallelism.pp=2"]),
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(e.key_path.as_deref(), Some("parallelism.cp"), "{e}");
+    assert!(e.to_string().contains("parallelism.pp"), "{e}");
+}

@@ -65,7 +65,7 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, sharded parameters (FSDP), and a step's prompts
+/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, sharded parameters (FSDP), and a step's prompts
 /// that do not split into whole groups per rank. User errors naming the keys.
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
@@ -73,6 +73,12 @@ pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
         return Err(TrainError::Config(
             "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
         ));
+    }
+    if let Some(cp) = dist.cp() {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.cp` ({}): `anneal rl` does not run context parallel (generation with a sequence split over ranks is not implemented); set parallelism.cp = 1",
+            cp.size()
+        )));
     }
     if dist.shard().is_some() {
         return Err(TrainError::Config(

@@ -183,9 +183,7 @@ fn recompute_gives_identical_gradients() {
         let opts = ForwardOpts {
             training: true,
             recompute_every: recompute as usize,
-            recompute_layers: None,
-            cache: None,
-            stage_params: None,
+            ..Default::default()
         };
         let logits = model
             .forward(&leaves, tokens, &positions(0, t), &opts)

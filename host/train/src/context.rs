@@ -4,7 +4,7 @@
 use anneal_dist::{Collective, RecvBuf, SendBuf};
 use anneal_engine::ops::KvRing;
 use anneal_engine::{Error, Result, Storage, Tensor};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -16,6 +16,14 @@ thread_local! {
     /// training thread only, so the communicator stays here; the ring handle the autograd
     /// graph keeps only names it).
     static RING: RefCell<Option<Rc<dyn Collective>>> = const { RefCell::new(None) };
+    /// Bytes this thread's ring passes have sent since [`take_ring_bytes`] last ran.
+    static SENT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Bytes the ring passes of this thread sent since the last call (the `cp_ring_bytes` metric:
+/// context parallelism's traffic, to set beside its theory).
+pub(crate) fn take_ring_bytes() -> u64 {
+    SENT.with(|s| s.replace(0))
 }
 
 /// Rank `r` of a `cp` group sends to `r + 1` and receives from `r − 1` (mod the group size),
@@ -79,6 +87,7 @@ impl KvRing for RankRing {
                 let bytes = t.to_bytes();
                 comm.send(SendBuf::U8(&bytes), next, RING_TAG)
                     .map_err(ring_err)?;
+                SENT.with(|s| s.set(s.get() + bytes.len() as u64));
             }
             Ok(())
         };

@@ -12,6 +12,9 @@
 //! ([`crate::fsdp::Experts`]) and the MoE layers send token rows to them ([`crate::ep`]).
 //! Pipeline parallelism (`pp`) splits the model's stages over its ranks ([`crate::pp`]); with
 //! `dp_shard` as well, each stage is FSDP-sharded over its shard ranks.
+//! Context parallelism (`cp`) splits each sequence over `cp` ranks ([`crate::cp`]): the batch
+//! is still split over the data-parallel ranks only, but gradients, losses and statistics are
+//! summed over data-parallel × `cp` ranks, and FSDP shards over `dp_shard` × `cp`.
 
 use crate::TrainError;
 use anneal_config::JobConfig;
@@ -35,9 +38,12 @@ pub struct Dist {
     pp: Option<Box<dyn Collective>>,
     /// The ranks that save a checkpoint together under pipeline parallelism (`pp` × `dp_shard`).
     pp_save: Option<Box<dyn Collective>>,
-    /// Every rank of the job, when that is more than `dp` (pipeline stages): what the ranks
-    /// agree on together (the step resumed from, a stop request).
+    /// Every rank of the job, when that is more than `dp` (pipeline stages, cp ranks): what the
+    /// ranks agree on together (the step resumed from, a stop request).
     job: Option<Box<dyn Collective>>,
+    /// Under context parallelism: this rank's `cp` group, and a second communicator over the
+    /// same ranks for the attention ring (which installs it on the training thread).
+    cp: Option<crate::cp::CpComms>,
 }
 
 impl Dist {
@@ -52,6 +58,7 @@ impl Dist {
             pp: None,
             pp_save: None,
             job: None,
+            cp: None,
         }
     }
 
@@ -72,11 +79,11 @@ impl Dist {
         for dim in MeshDim::ALL {
             if !matches!(
                 dim,
-                MeshDim::DpReplicate | MeshDim::DpShard | MeshDim::Ep | MeshDim::Pp
+                MeshDim::DpReplicate | MeshDim::DpShard | MeshDim::Ep | MeshDim::Pp | MeshDim::Cp
             ) && mesh.degree(dim) > 1
             {
                 return Err(TrainError::Config(format!(
-                    "config: `parallelism.{}` resolves to {}: only data (dp_replicate, dp_shard), expert (ep) and pipeline (pp) parallelism run across processes so far; set parallelism.{} = 1",
+                    "config: `parallelism.{}` resolves to {}: only data (dp_replicate, dp_shard), expert (ep), pipeline (pp) and context (cp) parallelism run across processes so far; set parallelism.{} = 1",
                     dim.key(),
                     mesh.degree(dim),
                     dim.key()
@@ -100,6 +107,7 @@ impl Dist {
                 cfg.parallelism.fsdp_all_gather_dtype
             )));
         }
+        crate::cp::check_mesh(cfg, &mesh)?;
         // Every rank splits the same communicators in the same order (collective calls).
         let dp = if world.size() == 1 {
             Box::new(Single::new()) as Box<dyn Collective>
@@ -107,7 +115,9 @@ impl Dist {
             mesh.comm_of(world, &[MeshDim::DpReplicate, MeshDim::DpShard])?
         };
         let shard = if shard > 1 {
-            Some(mesh.comm(world, MeshDim::DpShard)?)
+            // Under context parallelism the `cp` ranks of a shard group hold its rows too
+            // (TorchTitan's dp_shard_cp): they train on the same sequences.
+            Some(mesh.comm_of(world, &[MeshDim::DpShard, MeshDim::Cp])?)
         } else {
             None
         };
@@ -135,6 +145,11 @@ impl Dist {
         } else {
             (None, None, None)
         };
+        let cp = crate::cp::CpComms::new(&mesh, world)?;
+        let job = match (job, &cp) {
+            (None, Some(_)) => Some(mesh.comm_of(world, &MeshDim::ALL)?),
+            (job, _) => job,
+        };
         let dist = Dist {
             mesh,
             dp,
@@ -144,6 +159,7 @@ impl Dist {
             pp,
             pp_save,
             job,
+            cp,
         };
         Ok(dist)
     }
@@ -180,6 +196,26 @@ impl Dist {
     /// The data-parallel communicator.
     pub fn dp(&self) -> &dyn Collective {
         self.dp.as_ref()
+    }
+
+    /// The ranks whose gradients, losses and statistics are summed: the data-parallel ranks,
+    /// times the `cp` ranks under context parallelism (each holds part of every sequence).
+    pub fn grads(&self) -> &dyn Collective {
+        match &self.cp {
+            Some(cp) => cp.grads.as_ref(),
+            None => self.dp.as_ref(),
+        }
+    }
+
+    /// This rank's context-parallel group (`None` unless `cp > 1`).
+    pub fn cp(&self) -> Option<&dyn Collective> {
+        self.cp.as_ref().map(|c| c.cp.as_ref())
+    }
+
+    /// The communicator the attention ring runs over (taken once, by the trainer, which
+    /// installs it on the training thread), under context parallelism.
+    pub fn take_ring_comm(&mut self) -> Option<Box<dyn Collective>> {
+        self.cp.as_mut().and_then(|c| c.ring.take())
     }
 
     /// The `dp_shard` communicator when parameters are sharded (FSDP / HSDP).
@@ -221,7 +257,7 @@ impl Dist {
     pub fn check_same(&self, named: &[(String, Tensor)]) -> Result<u64, TrainError> {
         let h = digest(named);
         let mut bytes = h.to_le_bytes();
-        self.dp.broadcast(&mut bytes, 0)?;
+        self.grads().broadcast(&mut bytes, 0)?;
         let root = u64::from_le_bytes(bytes);
         if root != h {
             return Err(TrainError::Dist(anneal_dist::DistError::Diverged {
@@ -239,8 +275,8 @@ impl Dist {
             .iter()
             .map(|(_, p)| p.grad().map_or(0.0, |_| 1.0))
             .collect();
-        if self.size() > 1 {
-            self.dp.all_reduce_sum(&mut flags)?;
+        if self.grads().size() > 1 {
+            self.grads().all_reduce_sum(&mut flags)?;
         }
         Ok(flags.into_iter().map(|f| f > 0.0).collect())
     }
@@ -255,7 +291,7 @@ impl Dist {
     /// parameter that got no gradient on any rank keeps none (so an optimizer skips it as in a
     /// single process); one that got a gradient on some rank gets the sum on every rank.
     pub fn all_reduce_grads(&self, named: &[(String, Tensor)]) -> Result<(), TrainError> {
-        if self.size() == 1 {
+        if self.grads().size() == 1 {
             return Ok(());
         }
         let total: usize = named.iter().map(|(_, p)| p.numel()).sum();
@@ -268,7 +304,7 @@ impl Dist {
         }
         // One flag per parameter: how many ranks had a gradient for it.
         buf.extend(named.iter().map(|(_, p)| p.grad().map_or(0.0, |_| 1.0)));
-        sum_identically(self.dp.as_ref(), &mut buf)?;
+        sum_identically(self.grads(), &mut buf)?;
         let flags = &buf[total..];
         let mut at = 0;
         for ((_, p), &flag) in named.iter().zip(flags) {
@@ -294,7 +330,7 @@ impl Dist {
     pub fn check_replicas(&self, named: &[(String, Tensor)]) -> Result<Option<u64>, TrainError> {
         let h = digest(named);
         let group = match (&self.shard, &self.replicate) {
-            (None, _) => self.dp.as_ref(),
+            (None, _) => self.grads(),
             (Some(_), Some(rep)) => rep.as_ref(),
             // Pure FSDP: each rank's shard is its own; nothing to compare.
             (Some(_), None) => return Ok(None),

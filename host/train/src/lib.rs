@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 mod context;
+mod cp;
 mod dist;
 mod ep;
 mod fsdp;

@@ -203,9 +203,9 @@ pub fn run_dist(
                 (window_tokens, window_seconds) = (0, 0.0);
                 alloc::reset_peak();
             }
-            // Sharded (or pipelined) parameters need every rank for evaluation; otherwise rank 0
-            // evaluates alone.
-            if eval_now && (main || trainer.is_sharded()) {
+            // Sharded (or pipelined) parameters, or sequences split over cp ranks, need every
+            // rank for evaluation; otherwise rank 0 evaluates alone.
+            if eval_now && (main || trainer.is_sharded() || trainer.dist().cp().is_some()) {
                 let val_loss = trainer.evaluate()?;
                 if main {
                     row.val_loss = val_loss;

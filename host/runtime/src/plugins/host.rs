@@ -23,6 +23,8 @@ pub struct HostSession {
     emitted: Option<Mutex<Vec<Emitted>>>,
     /// The expert group the MoE op sends rows over (expert parallelism), when there is one.
     experts: Option<anneal_engine::ops::ExpertParallel>,
+    /// The context-parallel ring the attention op attends over, when the sequence is split.
+    ring: Option<std::sync::Arc<dyn anneal_engine::ops::KvRing>>,
 }
 
 /// A named output of a forward besides the logits.
@@ -62,6 +64,7 @@ impl HostSession {
             cache,
             emitted: None,
             experts: None,
+            ring: None,
         }
     }
 
@@ -75,6 +78,21 @@ impl HostSession {
     /// The expert group of this session's MoE ops, if any.
     pub fn experts(&self) -> Option<&anneal_engine::ops::ExpertParallel> {
         self.experts.as_ref()
+    }
+
+    /// Splits the sequence over `ring`'s ranks (context parallelism): this session's tokens
+    /// are one rank's part, and its attention ops pass keys and values around the ring.
+    pub fn with_ring(
+        mut self,
+        ring: Option<std::sync::Arc<dyn anneal_engine::ops::KvRing>>,
+    ) -> Self {
+        self.ring = ring;
+        self
+    }
+
+    /// The context-parallel ring of this session's attention ops, if any.
+    pub fn ring(&self) -> Option<&std::sync::Arc<dyn anneal_engine::ops::KvRing>> {
+        self.ring.as_ref()
     }
 
     /// Accepts named outputs ([`Emitted`]) from the plugin (model forwards).

@@ -7,6 +7,7 @@ pub mod loader;
 pub mod model;
 mod ops;
 mod ops_compressed;
+mod ops_context;
 mod ops_linear;
 mod ops_moe;
 mod ops_state;

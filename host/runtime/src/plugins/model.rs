@@ -67,6 +67,10 @@ pub struct ForwardOpts {
     /// Where each stage gets its parameters when they are not all resident (FSDP's per-block
     /// gathers); `None`: every stage reads the `params` passed to the forward.
     pub stage_params: Option<Arc<dyn StageParams>>,
+    /// Context parallelism: the ring of ranks holding the other parts of the sequence. The
+    /// tokens and positions given to the forward are then this rank's part, and the
+    /// `attention` host op attends over every rank's keys with ring attention.
+    pub ring: Option<Arc<dyn anneal_engine::ops::KvRing>>,
 }
 
 impl ForwardOpts {
@@ -659,7 +663,8 @@ fn run_stage(
     let experts = opts.stage_params.as_ref().and_then(|s| s.expert_parallel());
     let session = HostSession::with_cache(params.clone(), opts.cache.clone())
         .accepting_outputs()
-        .with_experts(experts);
+        .with_experts(experts)
+        .with_ring(opts.ring.clone());
     let vt = session.vtable();
     let ctx = ForwardCtx {
         training: opts.training,

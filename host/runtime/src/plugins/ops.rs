@@ -57,6 +57,7 @@ pub(crate) fn run(
     let x = || arg(inputs, 0, op);
     let y = || arg(inputs, 1, op);
     let one = |t: anneal_engine::Result<Tensor>| t.map(|t| vec![t]).map_err(e);
+    super::ops_context::check(op, session)?;
     match op {
         o::Add::OP => one(x()?.add(y()?)),
         o::Sub::OP => one(x()?.sub(y()?)),
@@ -372,6 +373,10 @@ fn attention(inputs: &[Tensor], a: o::Attention, session: &HostSession) -> R<Ten
         .value_from_key
         .map(|n| usize::try_from(n).map_err(|_| format!("attention: value_from_key = {n}")))
         .transpose()?;
+    if let Some(ring) = session.ring() {
+        let cached = cache.is_some() || session.cache().is_some();
+        return super::ops_context::attention(q, k, v, positions, cached, params, ring);
+    }
     if positions.rank() == 2 || cache.is_some_and(|(_, c)| c.is_per_row()) {
         return attention_rows(q, k, v, positions, cache, value_from_key, params);
     }

@@ -87,6 +87,8 @@ pub struct Trainer {
     experts: Option<Rc<ExpertGroup>>,
     /// This rank's stages when `pp > 1` (`named` then holds their parameters only).
     pipeline: Option<crate::pp::Pipeline>,
+    /// This rank's part of every sequence and its attention ring, when `cp > 1`.
+    cp: Option<crate::cp::Context>,
 }
 
 /// What keeps a step's per-block driver and expert group reachable from the model's hooks.
@@ -231,7 +233,14 @@ impl Trainer {
             units: None,
             experts: None,
             pipeline: None,
+            cp: None,
         };
+        if let Some(ring) = trainer.dist.take_ring_comm() {
+            let cp = crate::cp::Context::activate(ring);
+            trainer.positions = cp.positions(t.seq_len)?;
+            note(&cp.summary(t.seq_len));
+            trainer.cp = Some(cp);
+        }
         if let Some(comm) = trainer.dist.pp() {
             let micro = t.batch_size / t.micro_batch_size / trainer.dist.size();
             let all = std::mem::take(&mut trainer.named);
@@ -375,6 +384,7 @@ impl Trainer {
             recompute_layers: self.recompute_plan.clone(),
             cache: None,
             stage_params: None,
+            ring: self.cp.as_ref().map(|c| c.ring()),
         }
     }
 
@@ -388,14 +398,21 @@ impl Trainer {
         let _amp = anneal_engine::autocast::set_autocast(anneal_engine::DType::parse(
             &self.cfg.training.dtype,
         ));
-        let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
-        let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
+        // Under context parallelism this rank's part of each sequence.
+        let (x, y, t) = match &self.cp {
+            Some(cp) => cp.batch(b)?,
+            None => (
+                Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?,
+                Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?,
+                b.seq_len,
+            ),
+        };
         let out = self
             .model
             .forward_full(&self.params, &x, &self.positions, opts)?;
         let v = out.logits.shape()[2];
         let ce = cross_entropy(
-            &out.logits.reshape(&[b.batch * b.seq_len, v])?,
+            &out.logits.reshape(&[b.batch * t, v])?,
             &y,
             &CrossEntropy::default(),
         )?;
@@ -416,6 +433,10 @@ impl Trainer {
         if let Some(g) = &self.experts {
             // Evaluation's exchanges are not the step's.
             g.take_bytes();
+        }
+        if self.cp.is_some() {
+            // Nor are its ring passes.
+            crate::context::take_ring_bytes();
         }
         let units = self.units.clone();
         let (_active, opts) = self.block_forward(true)?;
@@ -445,8 +466,10 @@ impl Trainer {
                 Some(aux) => loss.add(&aux)?,
                 None => loss,
             };
-            let loss = if n_micro > 1 {
-                loss.mul_scalar(1.0 / n_micro as f32)?
+            // Each of the cp ranks holds as many tokens: its mean over cp sums to the whole's.
+            let parts = n_micro * self.cp.as_ref().map_or(1, |c| c.size());
+            let loss = if parts > 1 {
+                loss.mul_scalar(1.0 / parts as f32)?
             } else {
                 loss
             };
@@ -494,16 +517,19 @@ impl Trainer {
                 pp_shard_grads = Some(crate::pp::sharded::scatter_grads(fsdp, sc, &g.named)?);
             }
         }
-        let distributed = self.dist.size() > 1;
+        let distributed = self.dist.grads().size() > 1;
         let mut fsdp_figures = None;
         if distributed {
-            losses = self.dist.gather_f32(&losses)?;
-            outputs.reduce_across(self.dist.dp())?;
+            losses = match &self.cp {
+                Some(cp) => cp.micro_batch_losses(self.dist.grads(), &losses)?,
+                None => self.dist.gather_f32(&losses)?,
+            };
+            outputs.reduce_across(self.dist.grads())?;
             match &units {
                 Some(u) => {
                     let grads = u.borrow_mut().take_grads();
                     Fsdp::set_shard_grads(
-                        self.dist.dp(),
+                        self.dist.grads(),
                         self.dist.replicate(),
                         &self.named,
                         grads.rows,
@@ -517,7 +543,7 @@ impl Trainer {
                 }
                 None => match pp_shard_grads.take() {
                     Some((rows, got)) => Fsdp::set_shard_grads(
-                        self.dist.dp(),
+                        self.dist.grads(),
                         self.dist.replicate(),
                         &self.named,
                         rows,
@@ -594,6 +620,14 @@ impl Trainer {
                     // Bytes this rank sent in parameter all-gathers (as encoded).
                     fields.insert("fsdp_gather_bytes".into(), gathered.into());
                 }
+                if self.cp.is_some() {
+                    // Bytes this rank's attention ring sent (keys, values and their positions
+                    // forward; with their gradients backward; again for recomputed blocks).
+                    fields.insert(
+                        "cp_ring_bytes".into(),
+                        crate::context::take_ring_bytes().into(),
+                    );
+                }
                 if let Some(g) = &self.experts {
                     // Bytes this rank sent in the MoE layers' expert exchanges (counts and
                     // token rows, forward and backward).
@@ -630,7 +664,7 @@ impl Trainer {
     /// balancing bias, updated from token counts summed over every rank); returns their
     /// digest, `None` without buffers or in one process.
     pub fn check_buffers(&self) -> Result<Option<u64>, TrainError> {
-        if self.dist.size() == 1 || self.buffers.is_empty() {
+        if self.dist.grads().size() == 1 || self.buffers.is_empty() {
             return Ok(None);
         }
         self.dist.check_same(&self.buffers).map(Some)
@@ -686,17 +720,21 @@ impl Trainer {
         // Under FSDP block by block, as in training (one micro-batch per held-out batch).
         let (active, opts) = self.block_forward(false)?;
         let _g = autograd::no_grad();
-        let mut sum = 0.0f64;
+        let mut losses = Vec::with_capacity(self.val_batches.len());
         for b in &self.val_batches {
             if let Some(u) = &self.units {
                 u.borrow_mut().begin_micro_batch()?;
             }
-            sum += self.batch_forward(b, &opts)?.0.item()? as f64;
+            losses.push(self.batch_forward(b, &opts)?.0.item()?);
             if let Some(u) = &self.units {
                 u.borrow_mut().end_forward_only()?;
             }
         }
         drop(active);
+        if let (Some(cp), Some(comm)) = (&self.cp, self.dist.cp()) {
+            losses = cp.sum_parts(comm, &losses)?;
+        }
+        let sum: f64 = losses.iter().map(|&l| l as f64).sum();
         Ok(Some(sum / self.val_batches.len() as f64))
     }
 }
