@@ -424,7 +424,7 @@ impl Tensor {
             Device::Cpu => Ok(()),
             d => Err(Error::DeviceUnavailable {
                 device: d,
-                reason: format!("{op}: only the CPU backend is built"),
+                reason: format!("{op} has no CUDA kernel yet (only the CPU backend computes it)"),
             }),
         }
     }

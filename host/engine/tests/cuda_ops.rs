@@ -73,6 +73,14 @@ fn copies_round_trip_exactly() {
         &xt,
         0.0,
     );
+    // Large enough for the pinned, double-buffered staging path (several 8 MiB chunks and a
+    // partial last one).
+    let big = Tensor::from_vec(values(5_300_001, 11, 3.0), &[5_300_001]).expect("big");
+    let back = gpu(&big).to_device(Device::Cpu).expect("back");
+    assert!(
+        back.to_vec_f32() == big.to_vec_f32(),
+        "a staged round trip changed values"
+    );
     let b = x.to_dtype(DType::BF16).expect("bf16");
     close(
         "cast to bf16",

@@ -56,6 +56,8 @@ pub struct Gpu {
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: OnceLock<std::result::Result<cudarc::cublas::CudaBlas, String>>,
     pool: Mutex<Pool<DriverAlloc>>,
+    /// Pinned staging for large host <-> device copies, made on first use.
+    staging: Mutex<Option<super::staging::Staging>>,
 }
 
 static GPUS: Mutex<Vec<(usize, Arc<Gpu>)>> = Mutex::new(Vec::new());
@@ -84,6 +86,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         functions: Mutex::new(HashMap::new()),
         blas: OnceLock::new(),
         pool: Mutex::new(Pool::new(DriverAlloc { ctx })),
+        staging: Mutex::new(None),
     });
     gpus.push((ordinal, g.clone()));
     Ok(g)
@@ -167,16 +170,20 @@ impl Gpu {
     /// A device copy of `bytes`.
     pub(crate) fn upload(self: &Arc<Self>, bytes: &[u8]) -> Result<DeviceBuffer> {
         let b = self.alloc(bytes.len())?;
+        if bytes.len() >= super::staging::MIN_STAGED {
+            self.bind()?;
+            return self
+                .with_staging(|st, g| st.upload(g, b.ptr(), bytes))
+                .map(|_| b);
+        }
         if !bytes.is_empty() {
             self.bind()?;
-            // Pageable memory: the copy has finished reading `bytes` when this returns, so the
-            // caller may drop them. Staging through pinned memory is left for the bulk paths.
-            self.stream
-                .synchronize()
-                .map_err(|e| self.err("synchronize", e))?;
+            // Queued on the device's stream, so it lands after any earlier work that still uses
+            // a reused block; the wait makes sure `bytes` was read before the caller drops it.
             // SAFETY: the block holds `bytes.len()` bytes.
-            unsafe { drv::memcpy_htod_sync(b.ptr(), bytes) }
+            unsafe { drv::memcpy_htod_async(b.ptr(), bytes, self.stream.cu_stream()) }
                 .map_err(|e| self.err("copy to device", e))?;
+            self.synchronize()?;
         }
         Ok(b)
     }
@@ -187,11 +194,26 @@ impl Gpu {
             return Ok(());
         }
         self.bind()?;
-        self.stream
-            .synchronize()
-            .map_err(|e| self.err("synchronize", e))?;
+        if out.len() >= super::staging::MIN_STAGED {
+            return self.with_staging(|st, g| st.download(g, src, out));
+        }
+        // Queued after the kernels that wrote `src`; the wait makes `out` complete.
         // SAFETY: the caller passes an address with at least `out.len()` valid bytes.
-        unsafe { drv::memcpy_dtoh_sync(out, src) }.map_err(|e| self.err("copy to host", e))
+        unsafe { drv::memcpy_dtoh_async(out, src, self.stream.cu_stream()) }
+            .map_err(|e| self.err("copy to host", e))?;
+        self.synchronize()
+    }
+
+    /// Runs `f` with this device's pinned staging buffers (allocated on first use).
+    fn with_staging(
+        &self,
+        f: impl FnOnce(&mut super::staging::Staging, &Gpu) -> Result<()>,
+    ) -> Result<()> {
+        let mut guard = self.staging.lock().expect("staging poisoned");
+        if guard.is_none() {
+            *guard = Some(super::staging::Staging::new(self)?);
+        }
+        f(guard.as_mut().expect("just set"), self)
     }
 
     /// Makes this device's context current on the calling thread.

@@ -285,7 +285,8 @@ impl FusedBackend for CudaBackend {
                 d as i64,
             );
             let cfg = LaunchConfig {
-                grid_dim: (d.div_ceil(256) as u32, tokens.len() as u32, 1),
+                // Tokens on x (up to 2³¹ − 1 blocks), column blocks on y (at most 65535).
+                grid_dim: (tokens.len() as u32, d.div_ceil(256) as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };

@@ -15,6 +15,7 @@ mod fused;
 pub mod kernels;
 mod launch;
 pub mod pool;
+mod staging;
 
 pub use backend::CudaBackend;
 pub use device::{gpu, memory_stats, DeviceBuffer, Gpu};

@@ -9,12 +9,12 @@ extern "C" __global__ void embedding_##SUF(const T* weight, const i64* ids, T* o
         out[t] = weight[ids[r] * d + j]; \
     } \
 } \
-/* grid: (column blocks, unique tokens); order: positions sorted by token; starts: CSR offsets */ \
+/* grid: (unique tokens, column blocks); order: positions sorted by token; starts: CSR offsets */ \
 extern "C" __global__ void embedding_backward_##SUF(const T* g, const i64* order, const i64* starts, \
         const i64* tokens, float* dw, i64 d) { \
-    i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; \
+    i64 j = (i64)blockIdx.y * blockDim.x + threadIdx.x; \
     if (j >= d) return; \
-    i64 u = blockIdx.y; \
+    i64 u = blockIdx.x; \
     float acc = 0.0f; \
     for (i64 k = starts[u]; k < starts[u + 1]; ++k) acc += ld(g, order[k] * d + j); \
     dw[tokens[u] * d + j] = acc; \
