@@ -65,13 +65,18 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, sharded parameters (FSDP), and a step's prompts
+/// Refuses what multi-rank RL does not run: pipeline stages, tensor parallelism, sharded parameters (FSDP), and a step's prompts
 /// that do not split into whole groups per rank. User errors naming the keys.
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
     if dist.pp().is_some() {
         return Err(TrainError::Config(
             "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
+        ));
+    }
+    if dist.tp_degree() > 1 {
+        return Err(TrainError::Config(
+            "config: `parallelism.tp`: `anneal rl` does not run tensor parallel yet (rollouts and the trainer hold whole replicas); set parallelism.tp = 1".into(),
         ));
     }
     if dist.shard().is_some() {

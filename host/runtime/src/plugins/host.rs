@@ -23,6 +23,8 @@ pub struct HostSession {
     emitted: Option<Mutex<Vec<Emitted>>>,
     /// The expert group the MoE op sends rows over (expert parallelism), when there is one.
     experts: Option<anneal_engine::ops::ExpertParallel>,
+    /// Tensor parallelism: which fetched weights are split, how the linears combine them.
+    tp: Option<super::ops_tp::TpSession>,
 }
 
 /// A named output of a forward besides the logits.
@@ -62,6 +64,7 @@ impl HostSession {
             cache,
             emitted: None,
             experts: None,
+            tp: None,
         }
     }
 
@@ -70,6 +73,18 @@ impl HostSession {
     pub fn with_experts(mut self, experts: Option<anneal_engine::ops::ExpertParallel>) -> Self {
         self.experts = experts;
         self
+    }
+
+    /// Runs the `linear` and `embedding` ops tensor-parallel over `tp`'s group: the session's
+    /// split parameters are then this rank's slices of them.
+    pub fn with_tensor_parallel(mut self, tp: Option<super::TensorParallelism>) -> Self {
+        self.tp = tp.map(super::ops_tp::TpSession::new);
+        self
+    }
+
+    /// The tensor-parallel state of this session's ops, if any.
+    pub(crate) fn tp(&self) -> Option<&super::ops_tp::TpSession> {
+        self.tp.as_ref()
     }
 
     /// The expert group of this session's MoE ops, if any.
@@ -199,6 +214,9 @@ unsafe extern "C" fn host_param(ctx: *const c_void, name: RStr<'_>) -> RResult<H
             .get(name.as_str())
             .cloned()
             .ok_or_else(|| format!("no tensor named '{}'", name.as_str()))?;
+        if let Some(tp) = &s.tp {
+            tp.note_param(name.as_str(), &t);
+        }
         Ok(s.insert(t))
     })
 }
