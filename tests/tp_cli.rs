@@ -58,7 +58,10 @@ fn resume_as(job: &Job, name: &str, from: &Path, n: usize, layout: &[&'static st
     } else {
         ok(&mpiexec_train(n, job, &dir, &settings(layout)))
     };
-    assert!(stdout.contains("(step 40)"), "{name}: resumed at 40: {stdout}");
+    assert!(
+        stdout.contains("(step 40)"),
+        "{name}: resumed at 40: {stdout}"
+    );
     let got = loss_values(&dir);
     assert_eq!(got.len(), 50, "{name}: 40 + 10 rows");
     for (step, (a, b)) in want[40..].iter().zip(&got[40..]).enumerate() {
@@ -86,7 +89,11 @@ fn tensor_parallel_runs_follow_the_single_process_and_reshard() {
     let tp2 = run("tp2", 2, &TP2);
     let tp2_again = run("tp2-again", 2, &TP2);
     let tp2_sp = run("tp2-sp", 2, &TP2_SP);
-    let tp2_dp2 = run("tp2-dp2", 4, &["parallelism.tp=2", "parallelism.dp_replicate=2"]);
+    let tp2_dp2 = run(
+        "tp2-dp2",
+        4,
+        &["parallelism.tp=2", "parallelism.dp_replicate=2"],
+    );
     close("TP2", &want, &loss_values(&tp2));
     close("TP2 with SP", &want, &loss_values(&tp2_sp));
     close("TP2 x DDP2", &want, &loss_values(&tp2_dp2));
@@ -162,14 +169,25 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
         mpiexec_train(2, &job, &job.dir.join(name), &s)
     };
     // Heads, key/value heads and the vocabulary must split over tp.
-    let out = mpiexec_train(3, &job, &job.dir.join("three"), &one_step(&["parallelism.tp=3"]));
+    let out = mpiexec_train(
+        3,
+        &job,
+        &job.dir.join("three"),
+        &one_step(&["parallelism.tp=3"]),
+    );
     user_error(&out, &["parallelism.tp", "model.args.n_heads"]);
     let out = tp2("kv", &["model.args.n_kv_heads=1"]);
     user_error(&out, &["parallelism.tp", "model.args.n_kv_heads"]);
     let out = tp2("vocab", &["model.args.vocab_size=321"]);
-    user_error(&out, &["parallelism.tp", "tok_embeddings.weight", "vocab_size"]);
+    user_error(
+        &out,
+        &["parallelism.tp", "tok_embeddings.weight", "vocab_size"],
+    );
     // Sequence parallelism splits the sequence; it needs tp.
-    let out = tp2("seq", &["parallelism.tp_sequence=true", "training.seq_len=31"]);
+    let out = tp2(
+        "seq",
+        &["parallelism.tp_sequence=true", "training.seq_len=31"],
+    );
     user_error(&out, &["parallelism.tp_sequence", "training.seq_len"]);
     let (out, _) = job.train("sp-alone", &one_step(&["parallelism.tp_sequence=true"]));
     user_error(&out, &["parallelism.tp_sequence", "parallelism.tp"]);
@@ -185,7 +203,10 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
     user_error(&out, &["parallelism.tp", "experts"]);
     let out = tp2(
         "qwen3",
-        &["model.flavor=\"debugmodel_qwen3\"", "model.args.n_kv_heads=2"],
+        &[
+            "model.flavor=\"debugmodel_qwen3\"",
+            "model.args.n_kv_heads=2",
+        ],
     );
     user_error(&out, &["parallelism.tp", "Llama 3"]);
     let out = tp2("muon", &["optimizer.plugin=\"muon\""]);
