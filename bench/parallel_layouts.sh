@@ -1,28 +1,38 @@
 #!/usr/bin/env bash
 # Parallel layouts side by side on the debug Llama (hidden 256, FFN 1024, vocab 8192) with its
 # 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
-# virtual stages per rank), PP(2) x DDP(2) and PP(2) x FSDP(2), one compute thread per rank, a
-# global batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel
-# rank under PP(2) x DDP(2) and PP(2) x FSDP(2)).
+# virtual stages per rank), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
+# parallelism (tp2_sp), CP(2) and CP(2) x FSDP(2), one compute thread per rank, a global batch
+# of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel rank under
+# PP(2) x DDP(2), PP(2) x FSDP(2) and CP(2) x FSDP(2)).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
-# next to the pipeline's theoretical traffic (each stage boundary moves micro_batch x seq_len
-# x dim f32 forward and the same backward, per micro-batch), and the measured bubble
-# (pp_bubble) next to the schedule's theory (pp_bubble_theory). Context parallelism: CP(2) and
-# CP(2) x FSDP(2), with the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to
-# the ring's theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and
-# their i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and
-# values' f32 gradients.
+# next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
+# the schedule's theory (pp_bubble_theory).
+# - Pipelines: each stage boundary moves micro_batch x seq_len x dim f32 forward and the same
+#   backward, per micro-batch (data-parallel gradient sums not counted in the theory).
+# - TP: the theory counts what the counter counts: an all-reduce its buffer once, an all-gather
+#   its send, a reduce-scatter its whole input. Per micro-batch of A = seq_len x dim f32 and L
+#   blocks: TP(2) all-reduces 4 per block (2 forward after o and down, 2 backward before q/k/v
+#   and gate/up) plus the embedding's and the head's, (4L + 2) A; with SP each block gathers
+#   A/2 and scatters A twice forward and the mirror backward, plus the embedding's and head's,
+#   (6L + 3) A (on the wire, for 2 ranks, both move (4L + 2) A: a ring all-reduce sends its
+#   buffer's two halves). The loss adds 12 bytes per token.
+# - CP: the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to the ring's
+#   theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and their
+#   i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and values'
+#   f32 gradients.
 # The PyTorch peer (bench/parallel_layouts_torch.py: torch.distributed.pipelining and DTensor
 # tensor parallelism over gloo, same shapes, batch and thread count) runs the pipeline and
-# tensor-parallel layouts next to ours; PEER=0 skips it.
+# tensor-parallel layouts next to ours; PEER=0 skips it. ONLY=tp2 (a name prefix) runs a subset
+# of our layouts.
 #   bash bench/parallel_layouts.sh           # STEPS=12 WARMUP=4 PEER=1
 # Needs the corpus of configs/llama3_debug.toml (bash scripts/setup.sh) and MPI
 # (scripts/setup-mpi.sh).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-STEPS="${STEPS:-12}" WARMUP="${WARMUP:-4}" PEER="${PEER:-1}"
+STEPS="${STEPS:-12}" WARMUP="${WARMUP:-4}" PEER="${PEER:-1}" ONLY="${ONLY:-}"
 cargo build --release --quiet -p anneal -p anneal-plugin-llama -p anneal-plugin-adamw
 BIN="${CARGO_TARGET_DIR:-$REPO/target}/release/anneal"
 OUT="$(mktemp -d)"
@@ -34,6 +44,7 @@ COMMON=(--set training.threads=1 --set training.micro_batch_size=1 --set trainin
 run() { # name layers nproc extra-sets...
     local name="$1" layers="$2" n="$3"
     shift 3
+    case "$name" in "$ONLY"*) ;; *) return 0 ;; esac
     local sets=("${COMMON[@]}" --set model.args.n_layers="$layers")
     for s in "$@"; do sets+=(--set "$s"); done
     if [ "$n" = 1 ]; then
@@ -52,6 +63,8 @@ for layers in 4 16; do
         parallelism.pp_virtual_stages=2
     run "pp2xddp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_replicate=2
     run "pp2xfsdp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_shard=2
+    run "tp2-$layers" "$layers" 2 parallelism.tp=2
+    run "tp2_sp-$layers" "$layers" 2 parallelism.tp=2 parallelism.tp_sequence=true
     run "cp2-$layers" "$layers" 2 parallelism.cp=2
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
 done
@@ -68,21 +81,30 @@ if [ "$PEER" = 1 ]; then
     done
 fi
 python3 - "$OUT" "$WARMUP" <<'PY'
-import json, statistics, sys
+import json, os, statistics, sys
 out, warmup = sys.argv[1], int(sys.argv[2])
 dim, seq, micro = 256, 256, 8
 print(f"{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'theory MB':>10} {'bubble':>7} {'theory':>7}")
 for layers in (4, 16):
     for name, boundaries, per_rank in (("single", 0, micro), ("fsdp2", 0, micro), ("pp2", 1, micro),
                                         ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2),
-                                        ("pp2xfsdp2", 1, micro // 2)):
-        rows = [json.loads(l) for l in open(f"{out}/{name}-{layers}/metrics.jsonl")]
+                                        ("pp2xfsdp2", 1, micro // 2), ("tp2", 0, micro),
+                                        ("tp2_sp", 0, micro)):
+        path = f"{out}/{name}-{layers}/metrics.jsonl"
+        if not os.path.exists(path):
+            continue
+        rows = [json.loads(l) for l in open(path)]
         tps = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
         peak = max(r["mem_peak_bytes"] for r in rows) / 2**20
         comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:]) / 1e6
         # Rank 0 sends forward on each of its boundaries and backward on the others': in all,
         # every boundary moves one activation and one gradient per micro-batch, split over 2 ranks.
         theory = boundaries * 2 * per_rank * seq * dim * 4 / 2 / 1e6 if boundaries else float("nan")
+        act = seq * dim * 4
+        if name == "tp2":
+            theory = micro * ((4 * layers + 2) * act + 12 * seq) / 1e6
+        if name == "tp2_sp":
+            theory = micro * ((6 * layers + 3) * act + 12 * seq) / 1e6
         bub = [r["pp_bubble"] for r in rows[warmup:] if "pp_bubble" in r]
         th = rows[-1].get("pp_bubble_theory")
         print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "
@@ -92,7 +114,10 @@ kv, cp = 256, 2
 print(f"\n{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'ring MB/step':>13} {'theory MB':>10}")
 for layers in (4, 16):
     for name, per_rank in (("single", micro), ("cp2", micro), ("cp2_fsdp2", micro // 2)):
-        rows = [json.loads(l) for l in open(f"{out}/{name}-{layers}/metrics.jsonl")]
+        path = f"{out}/{name}-{layers}/metrics.jsonl"
+        if not os.path.exists(path):
+            continue
+        rows = [json.loads(l) for l in open(path)]
         tps = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
         peak = max(r["mem_peak_bytes"] for r in rows) / 2**20
         comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:]) / 1e6

@@ -494,9 +494,9 @@ fn meshes_that_do_not_fit_are_user_errors() {
     user_error(&out, &["dp_replicate (3)", "2 process"]);
     let (out, _) = job.train("b", &["parallelism.dp_replicate=2"]);
     user_error(&out, &["dp_replicate (2)", "1 process"]);
-    // Dimensions that do not run yet.
+    // Tensor parallelism needs its ranks too.
     let (out, _) = job.train("c", &["parallelism.tp=2"]);
-    user_error(&out, &["parallelism.tp", "not implemented"]);
+    user_error(&out, &["tp (2)", "1 process"]);
     // RL runs data parallel, without sharding.
     let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
     let out = c

@@ -400,10 +400,15 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
     // Data parallelism (replicas and shards) is what runs today; a mesh that needs the others
     // is refused before anything starts (so is -1 on them: it could resolve to more than 1).
     for (k, v) in &degrees[2..] {
-        // Expert parallelism (within dp_shard, which the trainer checks), pipeline
-        // parallelism (its layout is checked against the model when it loads) and context
+        // Expert parallelism (within dp_shard, which the trainer checks), pipeline and tensor
+        // parallelism (their layouts are checked against the model when it loads) and context
         // parallelism (the trainer checks seq_len against it) run.
-        if *v != 1 && !["parallelism.ep", "parallelism.pp", "parallelism.cp"].contains(k) {
+        if *v != 1
+            && !matches!(
+                *k,
+                "parallelism.ep" | "parallelism.pp" | "parallelism.tp" | "parallelism.cp"
+            )
+        {
             let what = match *k {
                 "parallelism.tp" => "tensor parallelism",
                 "parallelism.pp" => "pipeline parallelism",
@@ -415,6 +420,12 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
                 format!("{what} is not implemented yet; set it to 1 (parallelism.dp_replicate and dp_shard spread the batch over processes)"),
             ));
         }
+    }
+    if p.tp_sequence && p.tp == 1 {
+        return Err(ConfigError::at(
+            "parallelism.tp_sequence",
+            "sequence parallelism splits the sequence over the tensor-parallel ranks; set parallelism.tp above 1 or tp_sequence = false",
+        ));
     }
     match (p.pp_schedule.as_str(), p.pp_virtual_stages) {
         ("1f1b", 1) | ("interleaved_1f1b", 1..) => {}

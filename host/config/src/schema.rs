@@ -193,8 +193,8 @@ impl Default for Training {
 /// number of processes (`mpiexec -n N`, `anneal train --nproc N`); one of them may be -1 to take
 /// the rest (`ep` borrows from `dp_shard` and is not counted). Data parallelism (DDP:
 /// `dp_replicate`; FSDP: `dp_shard`; HSDP: both), expert parallelism within `dp_shard` and
-/// pipeline parallelism (`pp`, the `pp_*` keys) and context parallelism (`cp`) run; `tp` must
-/// be 1.
+/// pipeline parallelism (`pp`, the `pp_*` keys), tensor parallelism (`tp`, `tp_sequence`) and
+/// context parallelism (`cp`) run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Parallelism {
@@ -203,8 +203,16 @@ pub struct Parallelism {
     pub dp_replicate: i64,
     /// Data-parallel shards (FSDP: parameters, gradients and optimizer state split on dim 0).
     pub dp_shard: i64,
-    /// Tensor-parallel degree.
+    /// Tensor-parallel degree: the projections are split over `tp` ranks by the placement each
+    /// parameter declares (column: q, k, v, gate, up, the output head; row: o, down; vocab: the
+    /// embedding), each rank holding `1 / tp` of the heads and of the feed-forward, the logits
+    /// split by vocabulary. Dense Llama models.
     pub tp: i64,
+    /// Sequence parallelism with `tp > 1`: the hidden states between the projections (the
+    /// residual stream, the norms) hold `1 / tp` of the sequence on each rank (all-gathered
+    /// before the column-split projections, reduce-scattered after the row-split ones), which
+    /// divides their memory by `tp` for the same traffic. `training.seq_len` must divide by `tp`.
+    pub tp_sequence: bool,
     /// Pipeline stages.
     pub pp: i64,
     /// Context-parallel degree: every sequence is cut into `2·cp` chunks and each of `cp` ranks
@@ -252,6 +260,7 @@ impl Default for Parallelism {
             dp_replicate: -1,
             dp_shard: 1,
             tp: 1,
+            tp_sequence: false,
             pp: 1,
             cp: 1,
             ep: 1,

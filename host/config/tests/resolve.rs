@@ -93,7 +93,7 @@ fn bad_values_and_relations() {
         ("training.micro_batch_size=3", "training.batch_size"),
         ("training.steps=0", "training.steps"),
         ("optimizer.lr=-1.0", "optimizer.lr"),
-        ("parallelism.tp=2", "parallelism.tp"),
+        ("parallelism.tp_sequence=true", "parallelism.tp_sequence"),
         ("parallelism.dp_shard=-1", "parallelism.dp_shard"),
         ("parallelism.cp=-1", "parallelism.cp"),
         ("parallelism.dp_replicate=0", "parallelism.dp_replicate"),

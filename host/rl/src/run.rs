@@ -65,7 +65,8 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, sharded parameters (FSDP), and a step's prompts
+/// Refuses what multi-rank RL does not run: pipeline stages, context and tensor parallelism,
+/// sharded parameters (FSDP), and a step's prompts
 /// that do not split into whole groups per rank. User errors naming the keys.
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
@@ -79,6 +80,11 @@ pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
             "config: `parallelism.cp` ({}): `anneal rl` does not run context parallel (generation with a sequence split over ranks is not implemented); set parallelism.cp = 1",
             cp.size()
         )));
+    }
+    if dist.tp_degree() > 1 {
+        return Err(TrainError::Config(
+            "config: `parallelism.tp`: `anneal rl` does not run tensor parallel yet (rollouts and the trainer hold whole replicas); set parallelism.tp = 1".into(),
+        ));
     }
     if dist.shard().is_some() {
         return Err(TrainError::Config(

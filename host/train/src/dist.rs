@@ -44,6 +44,9 @@ pub struct Dist {
     /// Under context parallelism: this rank's `cp` group, and a second communicator over the
     /// same ranks for the attention ring (which installs it on the training thread).
     cp: Option<crate::cp::CpComms>,
+    /// The `tp` communicator (this rank's tensor-parallel group), when `tp > 1`; shared with
+    /// the forward's collectives while a step runs ([`crate::tp`]).
+    tp: Option<std::rc::Rc<dyn Collective>>,
 }
 
 impl Dist {
@@ -59,6 +62,7 @@ impl Dist {
             pp_save: None,
             job: None,
             cp: None,
+            tp: None,
         }
     }
 
@@ -79,11 +83,16 @@ impl Dist {
         for dim in MeshDim::ALL {
             if !matches!(
                 dim,
-                MeshDim::DpReplicate | MeshDim::DpShard | MeshDim::Ep | MeshDim::Pp | MeshDim::Cp
+                MeshDim::DpReplicate
+                    | MeshDim::DpShard
+                    | MeshDim::Ep
+                    | MeshDim::Pp
+                    | MeshDim::Cp
+                    | MeshDim::Tp
             ) && mesh.degree(dim) > 1
             {
                 return Err(TrainError::Config(format!(
-                    "config: `parallelism.{}` resolves to {}: only data (dp_replicate, dp_shard), expert (ep), pipeline (pp) and context (cp) parallelism run across processes so far; set parallelism.{} = 1",
+                    "config: `parallelism.{}` resolves to {}: only data (dp_replicate, dp_shard), expert (ep), pipeline (pp), context (cp) and tensor (tp) parallelism run across processes so far; set parallelism.{} = 1",
                     dim.key(),
                     mesh.degree(dim),
                     dim.key()
@@ -108,6 +117,7 @@ impl Dist {
             )));
         }
         crate::cp::check_mesh(cfg, &mesh)?;
+        crate::tp::check_mesh(&mesh)?;
         // Every rank splits the same communicators in the same order (collective calls).
         let dp = if world.size() == 1 {
             Box::new(Single::new()) as Box<dyn Collective>
@@ -150,6 +160,17 @@ impl Dist {
             (None, Some(_)) => Some(mesh.comm_of(world, &MeshDim::ALL)?),
             (job, _) => job,
         };
+        // Tensor-parallel communicators last, in the same order on every rank.
+        let (tp, job) = if mesh.degree(MeshDim::Tp) > 1 {
+            let tp = mesh.comm(world, MeshDim::Tp)?;
+            let job = match job {
+                Some(j) => j,
+                None => mesh.comm_of(world, &MeshDim::ALL)?,
+            };
+            (Some(std::rc::Rc::from(tp)), Some(job))
+        } else {
+            (None, job)
+        };
         let dist = Dist {
             mesh,
             dp,
@@ -160,6 +181,7 @@ impl Dist {
             pp_save,
             job,
             cp,
+            tp,
         };
         Ok(dist)
     }
@@ -233,11 +255,25 @@ impl Dist {
     /// `dp_shard` ranks of the first replica group. `None` when one rank saves it whole (or this
     /// rank's replica does not save).
     pub fn save_group(&self) -> Option<&dyn Collective> {
+        if let Some(tp) = &self.tp {
+            // Tensor parallelism: each rank of the first replica's group saves its slices.
+            return (self.mesh.coord(MeshDim::DpReplicate) == 0).then_some(tp.as_ref());
+        }
         match &self.pp {
             Some(_) => self.pp_save.as_deref(),
             None if self.mesh.coord(MeshDim::DpReplicate) == 0 => self.shard(),
             None => None,
         }
+    }
+
+    /// The tensor-parallel degree (1 without tensor parallelism).
+    pub fn tp_degree(&self) -> usize {
+        self.mesh.degree(MeshDim::Tp)
+    }
+
+    /// The `tp` communicator when `tp > 1`.
+    pub(crate) fn tp(&self) -> Option<&std::rc::Rc<dyn Collective>> {
+        self.tp.as_ref()
     }
 
     /// The `dp_replicate` communicator of an HSDP mesh.

@@ -17,6 +17,7 @@ pub mod outputs;
 mod pp;
 mod run;
 mod schedule;
+mod tp;
 mod trainer;
 
 pub use context::RankRing;

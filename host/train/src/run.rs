@@ -220,6 +220,9 @@ pub fn run_dist(
         }
         let elapsed = clock(Instant::now());
         if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().save_group()) {
+            if saver.due(out.step) {
+                trainer.prepare_save()?;
+            }
             saver.step_end(out.step, comm, &console, |spare| {
                 trainer.snapshot(elapsed, spare)
             })?;
@@ -243,6 +246,8 @@ pub fn run_dist(
     }
     let elapsed = clock(Instant::now());
     if let (Some(saver), Some(comm)) = (&mut shard_saver, trainer.dist().save_group()) {
+        // A stopped run saves its last step here; the gather is cheap beside it.
+        trainer.prepare_save()?;
         saver.finish(
             summary.stopped,
             trainer.step(),

@@ -52,14 +52,18 @@ impl Llama {
         x_btd: &Tensor<'h>,
     ) -> Result<Tensor<'h>> {
         let a = &self.args;
+        let hd = a.head_dim() as i64;
+        // Shapes come from the projections, not from `x`: a host running tensor parallelism
+        // hands back its share of the heads (`-1`), and under sequence parallelism `x` holds
+        // a share of the sequence while the projections see all of it.
+        let q = x_btd.linear(&ctx.w(&l.wq)?)?;
         let (b, t) = {
-            let s = x_btd.shape()?;
+            let s = q.shape()?;
             (s[0] as i64, s[1] as i64)
         };
-        let (nh, nkv, hd) = (a.n_heads as i64, a.n_kv_heads as i64, a.head_dim() as i64);
-        let mut q_bthd = x_btd.linear(&ctx.w(&l.wq)?)?.reshape(&[b, t, nh, hd])?;
-        let mut k_bthd = x_btd.linear(&ctx.w(&l.wk)?)?.reshape(&[b, t, nkv, hd])?;
-        let v_bthd = x_btd.linear(&ctx.w(&l.wv)?)?.reshape(&[b, t, nkv, hd])?;
+        let mut q_bthd = q.reshape(&[b, t, -1, hd])?;
+        let mut k_bthd = x_btd.linear(&ctx.w(&l.wk)?)?.reshape(&[b, t, -1, hd])?;
+        let v_bthd = x_btd.linear(&ctx.w(&l.wv)?)?.reshape(&[b, t, -1, hd])?;
         if let Some((q_norm, k_norm)) = &l.qk_norm {
             q_bthd = q_bthd.rms_norm(&ctx.w(q_norm)?, a.norm_eps)?;
             k_bthd = k_bthd.rms_norm(&ctx.w(k_norm)?, a.norm_eps)?;
@@ -77,7 +81,7 @@ impl Llama {
         let o_bhtd = q_bhtd.attention(&k_bhtd, &v_bhtd, &ctx.positions, &opts)?;
         o_bhtd
             .transpose(1, 2)?
-            .reshape(&[b, t, nh * hd])?
+            .reshape(&[b, t, -1])?
             .linear(&ctx.w(&l.wo)?)
     }
 

@@ -79,6 +79,7 @@ mod shape;
 
 mod optim;
 mod swiglu;
+mod tp;
 pub(crate) use optim::AdamWConsts;
 pub use optim::{adamw_step, AdamW, AdamWTensors};
 
@@ -94,3 +95,7 @@ pub use moe_layer::{
 };
 pub use moe_router::{route, RouterScore, RouterSpec, Routing};
 pub use shape::{cat, stack};
+pub use tp::{
+    tp_copy, tp_embedding, tp_gather, tp_reduce, tp_scatter, vocab_parallel_cross_entropy,
+    TensorParallelGroup, TpGroup,
+};

@@ -25,6 +25,8 @@ pub struct HostSession {
     experts: Option<anneal_engine::ops::ExpertParallel>,
     /// The context-parallel ring the attention op attends over, when the sequence is split.
     ring: Option<std::sync::Arc<dyn anneal_engine::ops::KvRing>>,
+    /// Tensor parallelism: which fetched weights are split, how the linears combine them.
+    tp: Option<super::ops_tp::TpSession>,
 }
 
 /// A named output of a forward besides the logits.
@@ -65,6 +67,7 @@ impl HostSession {
             emitted: None,
             experts: None,
             ring: None,
+            tp: None,
         }
     }
 
@@ -73,6 +76,18 @@ impl HostSession {
     pub fn with_experts(mut self, experts: Option<anneal_engine::ops::ExpertParallel>) -> Self {
         self.experts = experts;
         self
+    }
+
+    /// Runs the `linear` and `embedding` ops tensor-parallel over `tp`'s group: the session's
+    /// split parameters are then this rank's slices of them.
+    pub fn with_tensor_parallel(mut self, tp: Option<super::TensorParallelism>) -> Self {
+        self.tp = tp.map(super::ops_tp::TpSession::new);
+        self
+    }
+
+    /// The tensor-parallel state of this session's ops, if any.
+    pub(crate) fn tp(&self) -> Option<&super::ops_tp::TpSession> {
+        self.tp.as_ref()
     }
 
     /// The expert group of this session's MoE ops, if any.
@@ -217,6 +232,9 @@ unsafe extern "C" fn host_param(ctx: *const c_void, name: RStr<'_>) -> RResult<H
             .get(name.as_str())
             .cloned()
             .ok_or_else(|| format!("no tensor named '{}'", name.as_str()))?;
+        if let Some(tp) = &s.tp {
+            tp.note_param(name.as_str(), &t);
+        }
         Ok(s.insert(t))
     })
 }

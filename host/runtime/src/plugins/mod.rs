@@ -11,6 +11,7 @@ mod ops_context;
 mod ops_linear;
 mod ops_moe;
 mod ops_state;
+mod ops_tp;
 pub mod optimizer;
 pub mod recompute;
 pub mod stage_params;
@@ -25,5 +26,6 @@ pub use model::{
     pack_hidden, unpack_hidden, ForwardOpts, ForwardOutput, Params, PartOutput, PluginModel,
     StageInput,
 };
+pub use ops_tp::{TensorParallelGroup, TensorParallelism, TpGroup};
 pub use optimizer::PluginOptimizer;
 pub use stage_params::{Stage, StageParams};

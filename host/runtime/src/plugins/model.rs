@@ -187,10 +187,13 @@ impl PluginModel {
         // Everything downstream indexes logits as [B, T, V]; another shape from a plugin is
         // the plugin's error, reported here rather than as an out-of-bounds index later.
         let tokens_shape = tokens.shape();
+        // Under tensor parallelism the head is split by vocabulary: this rank's columns.
+        let tp = opts.stage_params.as_ref().and_then(|s| s.tensor_parallel());
+        let vocab = self.spec.vocab_size / tp.map_or(1, |tp| tp.group.group.ranks().max(1));
         let want = [
             tokens_shape.first().copied().unwrap_or(0),
             tokens_shape.get(1).copied().unwrap_or(0),
-            self.spec.vocab_size,
+            vocab,
         ];
         if logits.shape() != want {
             return Err(stage_err(
@@ -661,10 +664,12 @@ fn run_stage(
     what: &str,
 ) -> anneal_engine::Result<Vec<Tensor>> {
     let experts = opts.stage_params.as_ref().and_then(|s| s.expert_parallel());
+    let tp = opts.stage_params.as_ref().and_then(|s| s.tensor_parallel());
     let session = HostSession::with_cache(params.clone(), opts.cache.clone())
         .accepting_outputs()
         .with_experts(experts)
-        .with_ring(opts.ring.clone());
+        .with_ring(opts.ring.clone())
+        .with_tensor_parallel(tp);
     let vt = session.vtable();
     let ctx = ForwardCtx {
         training: opts.training,

@@ -91,6 +91,14 @@ pub(crate) fn run(
         o::Swiglu::OP => one(x()?.swiglu(y()?)),
         o::Linear::OP => {
             let (x, w) = (x()?, y()?);
+            if let Some(out) = session
+                .tp()
+                .map(|tp| tp.linear(x, w))
+                .transpose()?
+                .flatten()
+            {
+                return Ok(vec![out]);
+            }
             one(w.transpose(0, 1).and_then(|wt| x.matmul(&wt)))
         }
         o::Reshape::OP => {
@@ -130,7 +138,18 @@ pub(crate) fn run(
         }
         o::Softmax::OP => one(x()?.softmax(parse::<o::Softmax>(attrs)?.dim as isize)),
         o::LogSoftmax::OP => one(x()?.log_softmax(parse::<o::LogSoftmax>(attrs)?.dim as isize)),
-        o::Embedding::OP => one(x()?.embedding(y()?)),
+        o::Embedding::OP => {
+            let (w, ids) = (x()?, y()?);
+            if let Some(out) = session
+                .tp()
+                .map(|tp| tp.embedding(w, ids))
+                .transpose()?
+                .flatten()
+            {
+                return Ok(vec![out]);
+            }
+            one(w.embedding(ids))
+        }
         o::RmsNorm::OP => one(x()?.rms_norm(Some(y()?), parse::<o::RmsNorm>(attrs)?.eps as f32)),
         o::Rope::OP => rope(x()?, y()?, parse(attrs)?).map(|t| vec![t]),
         o::Attention::OP => attention(inputs, parse(attrs)?, session).map(|t| vec![t]),

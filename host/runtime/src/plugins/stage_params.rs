@@ -40,4 +40,11 @@ pub trait StageParams: Send + Sync {
     fn expert_parallel(&self) -> Option<anneal_engine::ops::ExpertParallel> {
         None
     }
+
+    /// The tensor-parallel group the stages' linears and embeddings run over (the split
+    /// parameters in [`StageParams::params`] are then this rank's slices); `None` runs them
+    /// whole.
+    fn tensor_parallel(&self) -> Option<super::TensorParallelism> {
+        None
+    }
 }

@@ -131,6 +131,11 @@ impl ShardSaver {
         }
     }
 
+    /// Whether step `step` is saved (as [`Saver::due`]).
+    pub fn due(&self, step: u64) -> bool {
+        is_due(self.interval, self.total, step)
+    }
+
     /// At the end of step `step`: publishes a save whose writes have all ended, then saves
     /// `step` when it is due (as [`Saver::due`]).
     pub fn step_end(

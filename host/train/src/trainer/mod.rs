@@ -89,10 +89,16 @@ pub struct Trainer {
     pipeline: Option<crate::pp::Pipeline>,
     /// This rank's part of every sequence and its attention ring, when `cp > 1`.
     cp: Option<crate::cp::Context>,
+    /// The tensor-parallel layout when `tp > 1` (`named` then holds this rank's slices).
+    tp: Option<crate::tp::TpLayout>,
 }
 
 /// What keeps a step's per-block driver and expert group reachable from the model's hooks.
-type Guards = (Option<Active>, Option<ActiveGroup>);
+type Guards = (
+    Option<Active>,
+    Option<ActiveGroup>,
+    Option<crate::tp::ActiveTp>,
+);
 
 impl Trainer {
     /// Prepares data (tokenizer, tokenized corpus, loader), the model and the optimizer, for a
@@ -234,12 +240,35 @@ impl Trainer {
             experts: None,
             pipeline: None,
             cp: None,
+            tp: None,
         };
         if let Some(ring) = trainer.dist.take_ring_comm() {
             let cp = crate::cp::Context::activate(ring);
             trainer.positions = cp.positions(t.seq_len)?;
             note(&cp.summary(t.seq_len));
             trainer.cp = Some(cp);
+        }
+        if let Some(comm) = trainer.dist.tp() {
+            let layout =
+                crate::tp::TpLayout::new(cfg, trainer.model.spec(), comm.rank(), comm.size())?;
+            if trainer.optimizer.spec().needs_full_matrix {
+                return Err(TrainError::Config(format!(
+                    "config: `parallelism.tp` = {} with `optimizer.plugin` = {}: an optimizer that steps whole matrices would see this rank's slices only; set parallelism.tp = 1 or use adamw",
+                    comm.size(),
+                    cfg.optimizer.plugin
+                )));
+            }
+            note(&layout.summary());
+            trainer.named = layout.slice_params(std::mem::take(&mut trainer.named))?;
+            trainer.params = Arc::new(
+                trainer
+                    .named
+                    .iter()
+                    .chain(&trainer.buffers)
+                    .cloned()
+                    .collect(),
+            );
+            trainer.tp = Some(layout);
         }
         if let Some(comm) = trainer.dist.pp() {
             let micro = t.batch_size / t.micro_batch_size / trainer.dist.size();
@@ -322,7 +351,7 @@ impl Trainer {
     /// evaluation then needs every rank, so every rank must call [`Trainer::evaluate`];
     /// checkpoints are saved as one shard per rank of the first replica group.
     pub fn is_sharded(&self) -> bool {
-        self.fsdp.is_some() || self.pipeline.is_some()
+        self.fsdp.is_some() || self.pipeline.is_some() || self.tp.is_some()
     }
 
     /// The digests of the tokenizer and the training stream that checkpoints record.
@@ -369,7 +398,17 @@ impl Trainer {
             (Some(g), Some((ep, _))) => Some(ExpertGroup::activate(g, ep)?),
             _ => None,
         };
-        Ok(((active, group), opts))
+        let tp = match (&self.tp, self.dist.tp()) {
+            (Some(layout), Some(comm)) => {
+                opts.stage_params = Some(Arc::new(crate::tp::TpHook {
+                    params: self.params.clone(),
+                    tp: layout.context(),
+                }) as Arc<dyn StageParams>);
+                Some(crate::tp::activate(comm))
+            }
+            _ => None,
+        };
+        Ok(((active, group, tp), opts))
     }
 
     fn forward_opts(&self, training: bool) -> ForwardOpts {
@@ -411,11 +450,17 @@ impl Trainer {
             .model
             .forward_full(&self.params, &x, &self.positions, opts)?;
         let v = out.logits.shape()[2];
-        let ce = cross_entropy(
-            &out.logits.reshape(&[b.batch * t, v])?,
-            &y,
-            &CrossEntropy::default(),
-        )?;
+        let logits = out.logits.reshape(&[b.batch * t, v])?;
+        let ce = match opts.stage_params.as_ref().and_then(|s| s.tensor_parallel()) {
+            // The logits are this rank's columns of the vocabulary: a loss that never gathers them.
+            Some(tp) => anneal_engine::ops::vocab_parallel_cross_entropy(
+                &logits,
+                &y,
+                CrossEntropy::default().ignore_index,
+                &tp.group,
+            )?,
+            None => cross_entropy(&logits, &y, &CrossEntropy::default())?,
+        };
         Ok((ce, out))
     }
 
@@ -480,6 +525,9 @@ impl Trainer {
             if let Some(u) = &units {
                 u.borrow_mut().end_backward()?;
             }
+        }
+        if let (Some(layout), Some(comm)) = (&self.tp, self.dist.tp()) {
+            layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
         }
         let mut pp_figures = None;
         let mut pp_shard_grads = None;
@@ -569,7 +617,10 @@ impl Trainer {
             }
             (Some(fsdp), Some(comm), _, _) => fsdp.grad_norm(comm, &self.named)?,
             (_, _, Some(pipe), Some(comm)) => pipe.grad_norm(comm, &self.named)?,
-            _ => global_grad_norm(&self.named),
+            _ => match (&self.tp, self.dist.tp()) {
+                (Some(layout), Some(comm)) => layout.grad_norm(comm.as_ref(), &self.named)?,
+                _ => global_grad_norm(&self.named),
+            },
         };
         let checked = [
             ("loss", loss),
@@ -648,7 +699,7 @@ impl Trainer {
                 }
                 fields
             },
-            comm_bytes: (distributed || self.pipeline.is_some())
+            comm_bytes: (distributed || self.pipeline.is_some() || self.tp.is_some())
                 .then(|| self.dist.comm_bytes() - comm_before),
             state_bytes,
         })

@@ -34,6 +34,9 @@ impl Trainer {
         };
         self.provenance.stamp(&mut state);
         let optim_state = self.optimizer.state();
+        if let Some(tp) = &self.tp {
+            return self.tp_snapshot(tp, state, spare);
+        }
         let Some(fsdp) = &self.fsdp else {
             let params = self
                 .named
@@ -72,6 +75,58 @@ impl Trainer {
         Snapshot::capture_pieces(state, pieces, spare)
     }
 
+    /// Under tensor parallelism, gathers what this rank's snapshot needs from the others (the
+    /// row-split tensors, saved whole): every rank of the save group calls it before a save.
+    pub fn prepare_save(&self) -> Result<(), TrainError> {
+        match (&self.tp, self.dist.tp()) {
+            (Some(tp), Some(comm)) => {
+                tp.prepare_save(comm.as_ref(), &self.named, self.optimizer.state())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A tensor-parallel rank's piece of the checkpoint: its rows of the column- and
+    /// vocab-split tensors; on the group's first rank also the row-split ones (gathered by
+    /// [`Trainer::prepare_save`]), the replicated ones and the buffers.
+    fn tp_snapshot(
+        &self,
+        tp: &crate::tp::TpLayout,
+        state: TrainState,
+        spare: Vec<Vec<u8>>,
+    ) -> Snapshot {
+        let first = tp.place().0 == 0;
+        let gathered = tp.gathered();
+        let mut pieces: Vec<PieceRef<'_>> = Vec::new();
+        let named = self
+            .named
+            .iter()
+            .map(|(n, p)| (n.as_str(), format!("model/{n}"), p));
+        let optim = self
+            .optimizer
+            .state()
+            .iter()
+            .map(|(k, t)| (k.as_str(), format!("optim/{k}"), t));
+        for (name, key, t) in named.chain(optim) {
+            match tp.row_piece(name, t.shape()) {
+                Some(piece) => pieces.push((key, t, Some(piece))),
+                // A row-split tensor (or its state) comes whole from the gather.
+                None if gathered.iter().any(|(k, _)| *k == key) => {}
+                None if first => pieces.push((key, t, None)),
+                None => {}
+            }
+        }
+        if first {
+            pieces.extend(gathered.iter().map(|(k, t)| (k.clone(), t, None)));
+            pieces.extend(
+                self.buffers
+                    .iter()
+                    .map(|(n, p)| (format!("model/{n}"), p, None)),
+            );
+        }
+        Snapshot::capture_pieces(state, pieces, spare)
+    }
+
     /// Continues from a checkpoint that [`crate::harness::resume`] accepted: parameters,
     /// optimizer state, step and data position. Under FSDP each rank reads just its rows, from
     /// whichever shards of whatever layout hold them.
@@ -102,6 +157,26 @@ impl Trainer {
                     }
                 }
                 (shards, buffers)
+            }
+            None if self.tp.is_some() => {
+                let tp = self.tp.as_ref().expect("matched is_some");
+                // Column and vocab slices are rows of the whole; row slices are cut from it.
+                let loaded = params_rows_from_checkpoint(&ckpt, &self.model, "model", &|n, w| {
+                    tp.rows_of(n, w)
+                })?
+                .into_iter()
+                .map(|(n, t)| {
+                    let t = if tp.is_row_split(&n) {
+                        tp.slice(&n, &t)?
+                    } else {
+                        t
+                    };
+                    Ok((n, t))
+                })
+                .collect::<Result<Vec<_>, TrainError>>()?;
+                let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
+                crate::tp::restore_optimizer(tp, &ckpt, &named, &mut self.optimizer)?;
+                (named, buffers)
             }
             None if self.pipeline.is_some() => {
                 // This rank's stages' parameters and their optimizer state, nothing else.

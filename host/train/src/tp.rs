@@ -1,0 +1,552 @@
+//! Tensor (and sequence) parallelism in the trainer: which parameters are split and how
+//! ([`TpLayout`], from the placement every parameter declares), this rank's slices of them,
+//! the group the forward's collectives run over, and what the step does beside the forward:
+//! the norm counts each slice once, sequence parallelism sums the replicated parameters'
+//! partial gradients, and checkpoints hold global pieces so any layout reads them.
+//!
+//! Like the expert group ([`crate::ep`]), the communicator lives in a thread-local while a step
+//! (or an evaluation) runs: the engine's group object must be `Send + Sync` (autograd keeps it
+//! for the backward), the communicators are not, and both only run on the training thread.
+//!
+//! Initialisation draws every parameter whole from its named stream and keeps this rank's
+//! slice, so the start does not depend on the layout.
+
+use crate::TrainError;
+use anneal_config::JobConfig;
+use anneal_dist::Collective;
+use anneal_engine::{Storage, Tensor};
+use anneal_plugin_api::spec::{ModelSpec, TensorParallel as TpSplit};
+use anneal_runtime::plugins::{
+    Params, Stage, StageParams, TensorParallelGroup, TensorParallelism, TpGroup,
+};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::rc::Rc;
+use std::sync::Arc;
+
+type Named = Vec<(String, Tensor)>;
+
+/// How the model's parameters split over the tensor-parallel group, and this rank's place.
+pub(crate) struct TpLayout {
+    splits: Arc<HashMap<String, TpSplit>>,
+    rank: usize,
+    ranks: usize,
+    sequence: bool,
+    /// The row-split tensors gathered whole for the next checkpoint (see
+    /// [`TpLayout::prepare_save`]), by checkpoint key.
+    gathered: RefCell<Named>,
+}
+
+fn config_err(msg: String) -> TrainError {
+    TrainError::Config(format!("config: {msg}"))
+}
+
+impl TpLayout {
+    /// The layout of `spec` over `ranks` tensor-parallel ranks, or the user error naming the
+    /// keys: a model this does not run (experts, another architecture, a parameter of two or
+    /// more dims without a placement), heads or a split dim that `ranks` does not divide, a
+    /// sequence that does not split under sequence parallelism.
+    pub fn new(
+        cfg: &JobConfig,
+        spec: &ModelSpec,
+        rank: usize,
+        ranks: usize,
+    ) -> Result<TpLayout, TrainError> {
+        let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
+        let n = ranks;
+        let key = "`parallelism.tp`";
+        let hf = spec.hf.as_ref().map(|h| &h.config);
+        let field = |k: &str| hf.and_then(|c| c.get(k)).and_then(|v| v.as_u64());
+        if let Some(p) = spec
+            .params
+            .iter()
+            .find(|p| p.placement.expert_dim.is_some())
+        {
+            return Err(config_err(format!(
+                "{key} = {n}: {model} has experts (parameter {}); tensor parallelism does not split mixture-of-experts layers yet; set parallelism.tp = 1 (parallelism.ep splits experts)",
+                p.name
+            )));
+        }
+        // Per-head norms (Qwen3's q/k norms) and other plugins' attention layouts are not
+        // checked to run on a rank's share of heads; the Llama 3 family is.
+        let model_type = hf
+            .and_then(|c| c.get("model_type"))
+            .and_then(|v| v.as_str());
+        if spec.architecture != "llama" || model_type != Some("llama") {
+            return Err(config_err(format!(
+                "{key} = {n}: tensor parallelism runs the Llama 3 family (plugin llama, model_type llama) so far, and {model} is {} / {}; set parallelism.tp = 1",
+                spec.architecture,
+                model_type.unwrap_or("?")
+            )));
+        }
+        for (k, arg) in [
+            ("num_attention_heads", "n_heads"),
+            ("num_key_value_heads", "n_kv_heads"),
+        ] {
+            if let Some(h) = field(k) {
+                if !h.is_multiple_of(n as u64) {
+                    return Err(config_err(format!(
+                        "{key} = {n} does not divide the {h} {} of {model} (`model.args.{arg}`); each rank must hold whole heads: pick a tp that divides {h}",
+                        if arg == "n_heads" { "attention heads" } else { "key/value heads" }
+                    )));
+                }
+            }
+        }
+        let mut splits = HashMap::new();
+        for p in &spec.params {
+            match p.placement.tensor_parallel {
+                Some(split) => {
+                    let dim = split_dim(split);
+                    let size = p.shape.get(dim).copied().unwrap_or(0);
+                    if p.shape.len() != 2 || !size.is_multiple_of(n) {
+                        return Err(config_err(format!(
+                            "{key} = {n} does not divide dim {dim} of parameter {} {:?} of {model} ({}); pick a tp that divides it",
+                            p.name,
+                            p.shape,
+                            what_dim(split)
+                        )));
+                    }
+                    splits.insert(p.name.clone(), split);
+                }
+                None if p.shape.len() >= 2 => {
+                    return Err(config_err(format!(
+                        "{key} = {n}: parameter {} {:?} of {model} declares no tensor-parallel placement (column, row or vocab), so it cannot be split; set parallelism.tp = 1",
+                        p.name, p.shape
+                    )));
+                }
+                None => {}
+            }
+        }
+        let sequence = cfg.parallelism.tp_sequence;
+        let seq = cfg.training.seq_len;
+        if sequence && !seq.is_multiple_of(n) {
+            return Err(config_err(format!(
+                "`parallelism.tp_sequence` splits `training.seq_len` ({seq}) over {key} = {n} ranks, which does not divide it; pick a seq_len that is a multiple of {n}"
+            )));
+        }
+        Ok(TpLayout {
+            splits: Arc::new(splits),
+            rank,
+            ranks,
+            sequence,
+            gathered: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// One line for the console.
+    pub fn summary(&self) -> String {
+        let count = |s: TpSplit| self.splits.values().filter(|&&v| v == s).count();
+        format!(
+            "tp: rank {} of {}: {} column-, {} row- and {} vocab-split parameters{}",
+            self.rank,
+            self.ranks,
+            count(TpSplit::Column),
+            count(TpSplit::Row),
+            count(TpSplit::Vocab),
+            if self.sequence {
+                "; sequence parallel"
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// Whether parameter `name` is split by its input features (dim 1), which a checkpoint
+    /// piece (whole dim-0 rows) cannot hold.
+    pub fn is_row_split(&self, name: &str) -> bool {
+        self.splits.get(name) == Some(&TpSplit::Row)
+    }
+
+    /// Whether parameter `name` is split.
+    pub fn is_split(&self, name: &str) -> bool {
+        self.splits.contains_key(name)
+    }
+
+    /// The split dim of `name` and this rank's range of it, given the whole shape.
+    pub(crate) fn piece(&self, name: &str, whole: &[usize]) -> Option<(usize, Range<usize>)> {
+        let dim = split_dim(*self.splits.get(name)?);
+        let len = whole.get(dim)? / self.ranks;
+        Some((dim, self.rank * len..(self.rank + 1) * len))
+    }
+
+    /// The dim-0 rows of `name` this rank holds, when it is split by rows of the whole
+    /// (column and vocab splits): what it reads of a checkpoint.
+    pub fn rows_of(&self, name: &str, whole: &[usize]) -> Option<Range<usize>> {
+        self.piece(name, whole)
+            .and_then(|(dim, r)| (dim == 0).then_some(r))
+    }
+
+    /// This rank's slice of `t` (the whole tensor `name`), a fresh copy; `t` itself when
+    /// `name` is not split.
+    pub fn slice(&self, name: &str, t: &Tensor) -> Result<Tensor, TrainError> {
+        match self.piece(name, t.shape()) {
+            None => Ok(t.clone()),
+            Some((dim, r)) => {
+                let view = t.detach().narrow(dim as isize, r.start, r.len())?;
+                let bytes = view.contiguous()?.to_bytes();
+                Ok(Tensor::from_storage(
+                    Storage::from_bytes(view.dtype(), &bytes),
+                    view.shape(),
+                )?)
+            }
+        }
+    }
+
+    /// This rank's slices of whole trainable parameters, as trainable leaves.
+    pub fn slice_params(&self, full: Named) -> Result<Named, TrainError> {
+        full.into_iter()
+            .map(|(n, p)| {
+                if !self.is_split(&n) {
+                    return Ok((n, p));
+                }
+                let t = self.slice(&n, &p)?.requires_grad_();
+                Ok((n, t))
+            })
+            .collect()
+    }
+
+    /// The forward's tensor-parallel context.
+    pub fn context(&self) -> TensorParallelism {
+        TensorParallelism {
+            group: TensorParallelGroup {
+                group: Arc::new(Group {
+                    rank: self.rank,
+                    ranks: self.ranks,
+                }),
+            },
+            splits: self.splits.clone(),
+            sequence: self.sequence,
+        }
+    }
+
+    /// The global gradient norm: per parameter the f64 sum of squares, a split parameter's
+    /// summed over its slices in rank order, a replicated one's taken once; the parameters
+    /// added in name order, so every rank gets the same bits.
+    pub fn grad_norm(&self, comm: &dyn Collective, named: &Named) -> Result<f64, TrainError> {
+        let local: Vec<i64> = named
+            .iter()
+            .map(|(_, p)| p.grad().map_or(0.0, |g| g.sum_of_squares()).to_bits() as i64)
+            .collect();
+        let mut all = vec![0i64; local.len() * comm.size()];
+        comm.all_gather((&local[..]).into(), (&mut all[..]).into())?;
+        let at = |r: usize, i: usize| f64::from_bits(all[r * local.len() + i] as u64);
+        let total: f64 = named
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| match self.is_split(n) {
+                true => (0..comm.size()).map(|r| at(r, i)).sum::<f64>(),
+                false => at(0, i),
+            })
+            .sum();
+        Ok(total.sqrt())
+    }
+
+    /// Under sequence parallelism each rank's gradient of a replicated parameter (the norms,
+    /// applied to its share of the sequence) is partial: sums them over the group, the same
+    /// bits on every rank. Without it the replicated parameters see whole activations and
+    /// their gradients are already equal.
+    pub fn sum_replicated_grads(
+        &self,
+        comm: &dyn Collective,
+        named: &Named,
+    ) -> Result<(), TrainError> {
+        if !self.sequence {
+            return Ok(());
+        }
+        let mine: Vec<&(String, Tensor)> =
+            named.iter().filter(|(n, _)| !self.is_split(n)).collect();
+        let mut buf = Vec::new();
+        for (_, p) in &mine {
+            match p.grad() {
+                Some(g) => buf.extend(g.to_vec_f32()),
+                None => buf.resize(buf.len() + p.numel(), 0.0),
+            }
+        }
+        comm.all_reduce_sum(&mut buf)?;
+        let mut at = 0;
+        for (_, p) in mine {
+            let n = p.numel();
+            if let Some(old) = p.grad() {
+                let g = Tensor::from_slice(&buf[at..at + n], p.shape())?.to_dtype(old.dtype())?;
+                p.set_grad(Some(g))?;
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The whole tensors of the row-split (dim-1) parameters in `named` and of their
+    /// parameter-shaped optimizer state (`<param>.<state>` in `state`), gathered over the
+    /// group, by checkpoint key (`model/<name>`, `optim/<key>`). A checkpoint piece covers
+    /// whole dim-0 rows, so these are saved whole (by the group's first rank); the column and
+    /// vocab splits are saved as each rank's rows. Collective over `comm`.
+    pub fn gather_row_split(
+        &self,
+        comm: &dyn Collective,
+        named: &Named,
+        state: &std::collections::BTreeMap<String, Tensor>,
+    ) -> Result<Named, TrainError> {
+        let mut out = Vec::new();
+        for (n, p) in named {
+            if self.splits.get(n) != Some(&TpSplit::Row) {
+                continue;
+            }
+            out.push((format!("model/{n}"), gather_cols(comm, p)?));
+            for (key, t) in state {
+                if param_of_state(key) == Some(n.as_str()) && t.shape() == p.shape() {
+                    out.push((format!("optim/{key}"), gather_cols(comm, t)?));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Gathers the row-split tensors whole ([`TpLayout::gather_row_split`]) for the snapshot
+    /// that follows; collective over `comm`, so every rank of the group calls it before a save
+    /// (a snapshot cannot fail or talk).
+    pub fn prepare_save(
+        &self,
+        comm: &dyn Collective,
+        named: &Named,
+        state: &std::collections::BTreeMap<String, Tensor>,
+    ) -> Result<(), TrainError> {
+        let whole = self.gather_row_split(comm, named, state)?;
+        *self.gathered.borrow_mut() = whole;
+        Ok(())
+    }
+
+    /// The row-split tensors [`TpLayout::prepare_save`] gathered, by checkpoint key.
+    pub fn gathered(&self) -> std::cell::Ref<'_, Named> {
+        self.gathered.borrow()
+    }
+
+    /// This rank's place in the group: `(rank, ranks)`.
+    pub fn place(&self) -> (usize, usize) {
+        (self.rank, self.ranks)
+    }
+
+    /// Where this rank's tensor `local` (parameter `name`, or optimizer state `<name>.<s>` of
+    /// the parameter's local shape) sits in the whole, when it is a dim-0 piece of it:
+    /// `(whole shape, first row)`.
+    pub fn row_piece(&self, key: &str, local: &[usize]) -> Option<(Vec<usize>, usize)> {
+        let name = if self.splits.contains_key(key) {
+            key
+        } else {
+            param_of_state(key)?
+        };
+        if split_dim(*self.splits.get(name)?) != 0 || local.is_empty() {
+            return None;
+        }
+        let mut whole = local.to_vec();
+        whole[0] *= self.ranks;
+        Some((whole, self.rank * local[0]))
+    }
+
+    /// The part of optimizer state `key` (whole shape `whole`) this rank reads of a checkpoint:
+    /// `Some(rows)` for a column/vocab-split parameter's state; `None` reads it whole (then
+    /// [`TpLayout::slice_state`] cuts a row-split one).
+    pub fn state_rows(&self, key: &str, whole: &[usize]) -> Option<Range<usize>> {
+        let name = param_of_state(key)?;
+        self.rows_of(name, whole)
+    }
+
+    /// This rank's slice of a whole optimizer state tensor read from a checkpoint, when it
+    /// belongs to a row-split parameter (and has its shape); the tensor unchanged otherwise.
+    pub fn slice_state(&self, key: &str, t: Tensor) -> Result<Tensor, TrainError> {
+        match param_of_state(key) {
+            Some(name) if self.splits.get(name) == Some(&TpSplit::Row) && t.rank() == 2 => {
+                self.slice(name, &t)
+            }
+            _ => Ok(t),
+        }
+    }
+}
+
+/// The parameter an optimizer state key `<param>.<state>` belongs to (state names carry no
+/// dot, parameter names do).
+fn param_of_state(key: &str) -> Option<&str> {
+    key.rsplit_once('.').map(|(p, _)| p)
+}
+
+/// The dim of a `[out, in]` weight a split cuts.
+fn split_dim(split: TpSplit) -> usize {
+    match split {
+        TpSplit::Column | TpSplit::Vocab => 0,
+        TpSplit::Row => 1,
+    }
+}
+
+fn what_dim(split: TpSplit) -> &'static str {
+    match split {
+        TpSplit::Column => "its output features: heads × head_dim or model.args.ffn_dim",
+        TpSplit::Row => "its input features: heads × head_dim or model.args.ffn_dim",
+        TpSplit::Vocab => "the vocabulary: model.args.vocab_size",
+    }
+}
+
+/// A row-split `[out, in / ranks]` slice joined with the other ranks' into `[out, in]`.
+fn gather_cols(comm: &dyn Collective, local: &Tensor) -> Result<Tensor, TrainError> {
+    let (rows, cols) = (local.shape()[0], local.shape()[1]);
+    let n = comm.size();
+    let mine = local.to_vec_f32();
+    let mut all = vec![0f32; mine.len() * n];
+    comm.all_gather((&mine[..]).into(), (&mut all[..]).into())?;
+    let mut whole = vec![0f32; mine.len() * n];
+    for r in 0..n {
+        for i in 0..rows {
+            let src = &all[r * mine.len() + i * cols..r * mine.len() + (i + 1) * cols];
+            whole[i * cols * n + r * cols..i * cols * n + (r + 1) * cols].copy_from_slice(src);
+        }
+    }
+    Ok(Tensor::from_vec(whole, &[rows, cols * n])?.to_dtype(local.dtype())?)
+}
+
+thread_local! {
+    /// The tensor-parallel communicator active on this thread.
+    static ACTIVE: RefCell<Option<Rc<dyn Collective>>> = const { RefCell::new(None) };
+}
+
+/// Keeps a tensor-parallel communicator active on this thread until dropped.
+pub(crate) struct ActiveTp(());
+
+impl Drop for ActiveTp {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| a.borrow_mut().take());
+    }
+}
+
+/// Makes `comm` the communicator of the tensor-parallel ops run on this thread until the guard
+/// drops.
+pub(crate) fn activate(comm: &Rc<dyn Collective>) -> ActiveTp {
+    ACTIVE.with(|a| *a.borrow_mut() = Some(comm.clone()));
+    ActiveTp(())
+}
+
+fn err(msg: impl std::fmt::Display) -> anneal_engine::Error {
+    anneal_engine::Error::Invalid {
+        op: "tensor-parallel collective",
+        msg: msg.to_string(),
+    }
+}
+
+fn with_comm<T>(
+    f: impl FnOnce(&dyn Collective) -> Result<T, anneal_dist::DistError>,
+) -> anneal_engine::Result<T> {
+    let comm = ACTIVE
+        .with(|a| a.borrow().clone())
+        .ok_or_else(|| err("a tensor-parallel op outside a training step"))?;
+    f(comm.as_ref()).map_err(err)
+}
+
+/// What the engine holds: the group's shape; the communicator is looked up when used.
+struct Group {
+    rank: usize,
+    ranks: usize,
+}
+
+impl TpGroup for Group {
+    fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> anneal_engine::Result<()> {
+        with_comm(|c| c.all_reduce_sum(buf))
+    }
+
+    fn all_gather(&self, local: &[f32]) -> anneal_engine::Result<Vec<f32>> {
+        let mut out = vec![0f32; local.len() * self.ranks];
+        with_comm(|c| c.all_gather(local.into(), (&mut out[..]).into()))?;
+        Ok(out)
+    }
+
+    fn reduce_scatter_sum(&self, send: &[f32]) -> anneal_engine::Result<Vec<f32>> {
+        let mut out = vec![0f32; send.len() / self.ranks.max(1)];
+        with_comm(|c| c.reduce_scatter_sum(send, &mut out))?;
+        Ok(out)
+    }
+}
+
+/// The stage hook of a tensor-parallel forward without FSDP: every stage reads the rank's
+/// resident slices, and the runner gets the tensor-parallel context.
+pub(crate) struct TpHook {
+    /// What every stage reads.
+    pub params: Params,
+    /// The context the `linear` / `embedding` host ops use.
+    pub tp: TensorParallelism,
+}
+
+impl StageParams for TpHook {
+    fn params(&self, _stage: Stage) -> anneal_engine::Result<Params> {
+        Ok(self.params.clone())
+    }
+
+    fn after_forward(&self, _stage: Stage) -> anneal_engine::Result<()> {
+        Ok(())
+    }
+
+    fn before_backward(&self, _layer: usize) -> anneal_engine::Result<()> {
+        Ok(())
+    }
+
+    fn tensor_parallel(&self) -> Option<TensorParallelism> {
+        Some(self.tp.clone())
+    }
+}
+
+/// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP); sharding
+/// (FSDP) and pipeline stages beside `tp` are refused, naming the keys.
+pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
+    use anneal_dist::MeshDim;
+    let tp = mesh.degree(MeshDim::Tp);
+    if tp == 1 {
+        return Ok(());
+    }
+    for (dim, what) in [
+        (MeshDim::DpShard, "sharding parameters over dp_shard (FSDP)"),
+        (MeshDim::Pp, "pipeline stages"),
+    ] {
+        let d = mesh.degree(dim);
+        if d > 1 {
+            return Err(config_err(format!(
+                "`parallelism.tp` ({tp}) with `parallelism.{}` ({d}): tensor parallelism with {what} is not supported yet; set parallelism.{} = 1 (parallelism.dp_replicate composes with tp)",
+                dim.key(),
+                dim.key()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The optimizer state of `named` (this rank's slices) from a checkpoint of any layout: a
+/// column/vocab-split parameter's state read as its rows, a row-split one's read whole and cut,
+/// the rest whole.
+pub(crate) fn restore_optimizer(
+    layout: &TpLayout,
+    ckpt: &crate::checkpoint::Loaded,
+    named: &Named,
+    optimizer: &mut anneal_runtime::plugins::PluginOptimizer,
+) -> Result<(), TrainError> {
+    let mut state = std::collections::BTreeMap::new();
+    for name in ckpt.names() {
+        let Some(key) = name.strip_prefix("optim/") else {
+            continue;
+        };
+        let whole = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
+        let t = match layout.state_rows(key, whole) {
+            Some(r) => ckpt.rows(name, r)?,
+            None => layout.slice_state(key, ckpt.tensor(name)?)?,
+        };
+        state.insert(key.to_string(), t);
+    }
+    optimizer.load_state(named, state).map_err(|m| {
+        TrainError::Checkpoint(crate::checkpoint::CheckpointError::Mismatch(format!(
+            "{}: {m}",
+            ckpt.dir.display()
+        )))
+    })
+}
