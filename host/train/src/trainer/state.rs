@@ -5,7 +5,8 @@ use super::Trainer;
 use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
 use crate::harness::{
     params_from_checkpoint, params_of_from_checkpoint, params_of_rows_from_checkpoint,
-    restore_optimizer, restore_optimizer_of, restore_optimizer_of_with, restore_optimizer_with,
+    params_rows_from_checkpoint, restore_optimizer, restore_optimizer_of,
+    restore_optimizer_of_with, restore_optimizer_with,
 };
 use crate::TrainError;
 use std::sync::Arc;
