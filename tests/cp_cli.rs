@@ -3,8 +3,9 @@
 //! the single process (step 1 within 1e-6 relative, the 50-step curve within 1e-4, the
 //! validation losses too), a rerun is bitwise identical, and the ring's traffic is logged
 //! (`cp_ring_bytes`) equal to its formula; a mixture-of-experts model trains under CP(2) with
-//! its router statistics summed over the ranks; CP(2) × FSDP(2) checkpoints reshard to one
-//! process and back; layouts context parallelism cannot run are one-line errors with exit
+//! its router statistics summed over the ranks; CP(2) × TP(2), with and without sequence
+//! parallelism, matches too and its checkpoint resumes in one process; CP(2) × FSDP(2)
+//! checkpoints reshard to one process and back; layouts context parallelism cannot run are one-line errors with exit
 //! code 2, naming the keys.
 
 mod dist_support;
@@ -59,7 +60,13 @@ fn val_losses(run_dir: &Path) -> Vec<f64> {
 /// (each `T/cp` rows), again when the block is recomputed, and `cp` backward passes that add
 /// the keys' and values' f32 gradients.
 fn ring_theory(cp: u64, micro_per_rank: u64, recompute: bool) -> u64 {
-    let (blocks, kv, t) = (2, 2 * 16, 32 / cp);
+    ring_theory_heads(cp, micro_per_rank, recompute, 2)
+}
+
+/// [`ring_theory`] with `kv_heads` key/value heads on each rank (fewer under tensor
+/// parallelism, which splits the heads).
+fn ring_theory_heads(cp: u64, micro_per_rank: u64, recompute: bool, kv_heads: u64) -> u64 {
+    let (blocks, kv, t) = (2, kv_heads * 16, 32 / cp);
     let fwd = (cp - 1) * (2 * t * kv * 4 + t * 8);
     let bwd = cp * (4 * t * kv * 4 + t * 8);
     let per_block = fwd * if recompute { 2 } else { 1 } + bwd;
@@ -250,6 +257,65 @@ fn cp2_fsdp2_checkpoints_reshard_to_one_process_and_back() {
     let stdout = ok(&mpiexec_train(2, &job, &to_cp, &cp2));
     assert!(stdout.contains("step 5"), "{stdout}");
     assert_matches(&one, &loss_values(&to_cp), 1e-4, "single -> cp2");
+}
+
+/// CP(2) × TP(2) (and with sequence parallelism): the ring carries each rank's half of the
+/// heads; the curve is the single process's, a rerun is bitwise, the checkpoint resumes in one
+/// process.
+#[test]
+fn context_and_tensor_parallelism_compose() {
+    let job = Job::new("cp-tp");
+    let set: Vec<&str> = with(&["checkpoint.interval=25"]);
+    let (single, single_dir) = job.train("single", &set);
+    ok(&single);
+    let one = loss_values(&single_dir);
+    let plus = |extra: &[&'static str]| -> Vec<&str> {
+        set.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    let cptp = plus(&["parallelism.cp=2", "parallelism.tp=2"]);
+    for (name, layout) in [
+        ("cp2xtp2", cptp.clone()),
+        (
+            "cp2xtp2-sp",
+            plus(&[
+                "parallelism.cp=2",
+                "parallelism.tp=2",
+                "parallelism.tp_sequence=true",
+            ]),
+        ),
+    ] {
+        let dir = job.dir.join(name);
+        let stdout = ok(&mpiexec_train(4, &job, &dir, &layout));
+        assert!(stdout.contains("cp: rank 0 of 2"), "{stdout}");
+        assert_matches(&one, &loss_values(&dir), 1e-4, name);
+        // One of the two KV heads per rank goes around the ring.
+        let theory = ring_theory_heads(2, 4, false, 1);
+        assert!(
+            ring_bytes(&dir).iter().all(|&m| m == theory),
+            "{name}: ring bytes vs theory {theory}"
+        );
+    }
+    let again = job.dir.join("cp2xtp2-again");
+    ok(&mpiexec_train(4, &job, &again, &cptp));
+    assert_eq!(
+        losses(&job.dir.join("cp2xtp2")),
+        losses(&again),
+        "CP(2) x TP(2) twice"
+    );
+    // CP(2) × TP(2) at step 25 → one process.
+    let to_one = job.dir.join("cp2xtp2-to-one");
+    copy_run(&job.dir.join("cp2xtp2"), &to_one, &[50]);
+    let out = anneal()
+        .arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(&to_one)
+        .args(set.iter().flat_map(|s| ["--set", *s]))
+        .output()
+        .unwrap();
+    let stdout = ok(&out);
+    assert!(stdout.contains("step 25"), "resumes from step 25: {stdout}");
+    assert_matches(&one, &loss_values(&to_one), 1e-4, "cp2xtp2 -> single");
 }
 
 #[test]

@@ -256,8 +256,11 @@ impl Dist {
     /// rank's replica does not save).
     pub fn save_group(&self) -> Option<&dyn Collective> {
         if let Some(tp) = &self.tp {
-            // Tensor parallelism: each rank of the first replica's group saves its slices.
-            return (self.mesh.coord(MeshDim::DpReplicate) == 0).then_some(tp.as_ref());
+            // Tensor parallelism: each rank of the first replica's group saves its slices
+            // (under context parallelism the cp ranks hold copies: the first one's group).
+            let first =
+                self.mesh.coord(MeshDim::DpReplicate) == 0 && self.mesh.coord(MeshDim::Cp) == 0;
+            return first.then_some(tp.as_ref());
         }
         match &self.pp {
             Some(_) => self.pp_save.as_deref(),
