@@ -12,8 +12,8 @@ mod dist_support;
 
 use anneal_tests::cli as common;
 
-use common::{anneal, anneal_bin, losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train};
+use common::{anneal, losses, ok, rows, user_error, Job};
+use dist_support::{copy_run, loss_values, manifest_of, mpiexec_rl, mpiexec_train, train_one};
 use std::path::Path;
 
 /// Four micro-batches of one sequence of 32 tokens per step, one thread per rank.
@@ -236,14 +236,7 @@ fn cp2_fsdp2_checkpoints_reshard_to_one_process_and_back() {
     // CP(2) × FSDP(2) → one process.
     let to_one = job.dir.join("to-one");
     copy_run(&dir, &to_one, &[10]);
-    let out = anneal()
-        .arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(&to_one)
-        .args(set.iter().flat_map(|s| ["--set", s]))
-        .output()
-        .unwrap();
+    let out = train_one(&job, &to_one, &set);
     let stdout = ok(&out);
     assert!(stdout.contains("step 5"), "resumes from step 5: {stdout}");
     let resumed = loss_values(&to_one);
@@ -305,14 +298,7 @@ fn context_and_tensor_parallelism_compose() {
     // CP(2) × TP(2) at step 25 → one process.
     let to_one = job.dir.join("cp2xtp2-to-one");
     copy_run(&job.dir.join("cp2xtp2"), &to_one, &[50]);
-    let out = anneal()
-        .arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(&to_one)
-        .args(set.iter().flat_map(|s| ["--set", *s]))
-        .output()
-        .unwrap();
+    let out = train_one(&job, &to_one, &set);
     let stdout = ok(&out);
     assert!(stdout.contains("step 25"), "resumes from step 25: {stdout}");
     assert_matches(&one, &loss_values(&to_one), 1e-4, "cp2xtp2 -> single");
@@ -336,14 +322,6 @@ fn layouts_context_parallelism_cannot_run_are_user_errors() {
     let (out, _) = job.train("b", &["parallelism.cp=2", "parallelism.pp=2"]);
     user_error(&out, &["parallelism.cp", "parallelism.pp"]);
     // RL generates, which does not split a sequence.
-    let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
-    let out = c
-        .arg("rl")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(job.dir.join("rl"))
-        .args(["--set", "parallelism.cp=2"])
-        .output()
-        .unwrap();
+    let out = mpiexec_rl(2, &job, &job.dir.join("rl"), &["parallelism.cp=2"]);
     user_error(&out, &["parallelism.cp", "anneal rl"]);
 }

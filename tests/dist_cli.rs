@@ -9,9 +9,10 @@ mod dist_support;
 
 use anneal_tests::cli as common;
 
-use common::{anneal, anneal_bin, losses, ok, rows, user_error, Job};
+use common::{anneal, losses, ok, rows, user_error, Job};
 use dist_support::{
-    copy_run, kill_rank_and_wait, loss_values, manifest_of, mpiexec_train, piece, wait_for_rows,
+    copy_run, kill_rank_and_wait, loss_values, manifest_of, mpiexec_rl, mpiexec_train, piece,
+    wait_for_rows,
 };
 use std::path::Path;
 use std::process::Command;
@@ -498,15 +499,7 @@ fn meshes_that_do_not_fit_are_user_errors() {
     let (out, _) = job.train("c", &["parallelism.tp=2"]);
     user_error(&out, &["tp (2)", "1 process"]);
     // RL runs data parallel, without sharding.
-    let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
-    let out = c
-        .arg("rl")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(job.dir.join("rl"))
-        .args(["--set", "parallelism.dp_shard=2"])
-        .output()
-        .unwrap();
+    let out = mpiexec_rl(2, &job, &job.dir.join("rl"), &["parallelism.dp_shard=2"]);
     user_error(&out, &["parallelism.dp_shard", "anneal rl", "FSDP"]);
     // --nproc without an MPI launcher on PATH.
     let out = anneal()

@@ -37,6 +37,30 @@ pub fn mpiexec_train(n: usize, job: &Job, run_dir: &Path, set: &[&str]) -> Outpu
         .expect("run mpiexec")
 }
 
+/// `anneal train <job's config> --run-dir <run_dir> --set ...` in one process, run to its end:
+/// how the tests resume a multi-rank run's checkpoint without parallelism.
+pub fn train_one(job: &Job, run_dir: &Path, set: &[&str]) -> Output {
+    let mut c = anneal_tests::cli::anneal();
+    c.arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(run_dir);
+    for s in set {
+        c.args(["--set", s]);
+    }
+    c.output().expect("run anneal train")
+}
+
+/// `mpiexec -n <n> anneal rl <job's config> --run-dir <run_dir> --set ...`, run to its end.
+pub fn mpiexec_rl(n: usize, job: &Job, run_dir: &Path, set: &[&str]) -> Output {
+    let mut c = anneal_dist::launch::mpiexec_command(n, &anneal_bin(), &[]).expect("mpiexec");
+    c.arg("rl").arg(job.config()).arg("--run-dir").arg(run_dir);
+    for s in set {
+        c.args(["--set", s]);
+    }
+    c.output().expect("run mpiexec")
+}
+
 /// The logged training losses.
 pub fn loss_values(run_dir: &Path) -> Vec<f64> {
     rows(run_dir)

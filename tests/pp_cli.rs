@@ -10,8 +10,10 @@ mod dist_support;
 
 use anneal_tests::cli as common;
 
-use common::{anneal_bin, losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, piece};
+use common::{losses, ok, rows, user_error, Job};
+use dist_support::{
+    copy_run, loss_values, manifest_of, mpiexec_rl, mpiexec_train, piece, train_one,
+};
 use std::path::Path;
 
 /// Four micro-batches of one sequence per step, one thread per rank, 4 blocks (so 2 ranks can
@@ -193,14 +195,7 @@ fn each_stage_saves_its_parameters_and_checkpoints_reshard() {
     // PP(2) -> one process: resume the pipeline's step 5 without a pipeline.
     let to_one = job.dir.join("pp2-to-one");
     copy_run(&pp_dir, &to_one, &[10]);
-    let out = common::anneal()
-        .arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(&to_one)
-        .args(set.iter().flat_map(|s| ["--set", s]))
-        .output()
-        .unwrap();
+    let out = train_one(&job, &to_one, &set);
     let stdout = ok(&out);
     assert!(stdout.contains("step 5"), "resumes from step 5: {stdout}");
     let resumed = loss_values(&to_one);
@@ -297,14 +292,7 @@ fn sharded_stages_reshard_to_fsdp_and_to_one_process() {
     // FSDP(4) at step 10 -> one process.
     let to_one = job.dir.join("to-one");
     copy_run(&to_fsdp, &to_one, &[15]);
-    let out = common::anneal()
-        .arg("train")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(&to_one)
-        .args(set.iter().flat_map(|s| ["--set", s]))
-        .output()
-        .unwrap();
+    let out = train_one(&job, &to_one, &set);
     let stdout = ok(&out);
     assert!(stdout.contains("step 10"), "resumes from step 10: {stdout}");
     let resumed = loss_values(&to_one);
@@ -367,14 +355,6 @@ fn layouts_that_do_not_fit_the_model_are_user_errors() {
     let (out, _) = job.train("e", &["parallelism.pp_virtual_stages=2"]);
     user_error(&out, &["parallelism.pp_virtual_stages", "1f1b"]);
     // Generation under a pipeline is not implemented: RL refuses it.
-    let mut c = anneal_dist::launch::mpiexec_command(2, &anneal_bin(), &[]).unwrap();
-    let out = c
-        .arg("rl")
-        .arg(job.config())
-        .arg("--run-dir")
-        .arg(job.dir.join("rl"))
-        .args(["--set", "parallelism.pp=2"])
-        .output()
-        .unwrap();
+    let out = mpiexec_rl(2, &job, &job.dir.join("rl"), &["parallelism.pp=2"]);
     user_error(&out, &["parallelism.pp", "anneal rl"]);
 }
