@@ -76,7 +76,7 @@ if [ "$PEER" = 1 ]; then
             OMP_NUM_THREADS=1 "$VENV/bin/torchrun" --nproc_per_node 2 bench/parallel_layouts_torch.py \
                 --layout "$layout" --layers "$layers" --steps "$STEPS" --warmup "$WARMUP" 2>"$OUT/torch-$layout-$layers.err" |
                 tail -1 >"$OUT/torch-$layout-$layers.json" ||
-                { echo "torch $layout failed:"; tail -5 "$OUT/torch-$layout-$layers.err"; exit 1; }
+                { echo "torch $layout ($layers blocks) failed, its row is left out:"; tail -5 "$OUT/torch-$layout-$layers.err"; }
         done
     done
 fi
