@@ -6,7 +6,7 @@ mod state;
 
 use crate::dist::Dist;
 use crate::ep::{ActiveGroup, ExpertGroup};
-use crate::fsdp::{Active, Experts, Fsdp, GatherCodec, Hook, Units};
+use crate::fsdp::{Active, Fsdp, GatherCodec, Hook, Units};
 use crate::harness::{clip_grads, global_grad_norm, load_model, load_optimizer, Provenance};
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
@@ -309,7 +309,7 @@ impl Trainer {
             let codec = GatherCodec::parse(&par.fsdp_all_gather_dtype, block)?;
             let experts = match trainer.dist.experts() {
                 Some((ep, efsdp)) => {
-                    let e = expert_layout(cfg, spec, &trainer.optimizer, ep, efsdp)?;
+                    let e = crate::ep::expert_layout(cfg, spec, &trainer.optimizer, ep, efsdp)?;
                     note(&format!(
                         "ep: {} expert parameters in {} slices of experts (this rank: slice {}), each sharded over {} rank(s)",
                         e.names.len(),
@@ -788,56 +788,4 @@ impl Trainer {
         let sum: f64 = losses.iter().map(|&l| l as f64).sum();
         Ok(Some(sum / self.val_batches.len() as f64))
     }
-}
-
-/// The expert-parallel layout of the model's expert parameters for this rank, or the user error
-/// naming the keys: a model without experts, experts that do not split over `ep`, an expert
-/// dim other than 0, an optimizer that needs whole matrices.
-fn expert_layout(
-    cfg: &JobConfig,
-    spec: &anneal_plugin_api::spec::ModelSpec,
-    optimizer: &PluginOptimizer,
-    ep: &dyn anneal_dist::Collective,
-    efsdp: &dyn anneal_dist::Collective,
-) -> Result<Experts, TrainError> {
-    let n = ep.size();
-    let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
-    let mut names = std::collections::HashSet::new();
-    for p in &spec.params {
-        match p.placement.expert_dim {
-            None => {}
-            Some(0) => {
-                let e = p.shape.first().copied().unwrap_or(0);
-                if !e.is_multiple_of(n) {
-                    return Err(TrainError::Config(format!(
-                        "config: `parallelism.ep` = {n} does not divide the {e} experts of {model} (parameter {}); pick an ep that divides {e}",
-                        p.name
-                    )));
-                }
-                names.insert(p.name.clone());
-            }
-            Some(d) => {
-                return Err(TrainError::Config(format!(
-                    "config: `parallelism.ep` = {n}: parameter {} of {model} indexes its experts on dim {d}, and expert parallelism splits dim 0 only; set parallelism.ep = 1",
-                    p.name
-                )))
-            }
-        }
-    }
-    if names.is_empty() {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.ep` = {n}, but {model} has no experts (no parameter declares an expert dim); set parallelism.ep = 1"
-        )));
-    }
-    if optimizer.spec().needs_full_matrix {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.ep` = {n} with `optimizer.plugin` = {}: an optimizer that steps whole matrices does not run under expert parallelism yet; set parallelism.ep = 1 or use adamw",
-            cfg.optimizer.plugin
-        )));
-    }
-    Ok(Experts {
-        names,
-        slice: (ep.rank(), n),
-        efsdp: (efsdp.rank(), efsdp.size()),
-    })
 }
