@@ -151,11 +151,50 @@ fn redirect_output(run_dir: &Path, rank: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long a failed rank waits for the others to fail too before it ends the job alone: a
+/// failure every rank meets (a bad layout) reaches them within moments of each other, even on a
+/// loaded machine with more ranks than cores.
+const FAIL_TOGETHER_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// Reports `e` and ends the whole job with its exit code (every rank's error ends every rank).
-pub fn fail_job(e: anyhow::Error) -> ! {
+/// When every rank fails (a bad layout), they agree and exit with one code, so the launcher
+/// reports it (not the kill of a slower rank) and one report stands for all when they say the
+/// same; a failure of this rank alone ends it after [`FAIL_TOGETHER_WAIT`], which stops the rest.
+pub fn fail_job(world: &dyn anneal_dist::Collective, e: anyhow::Error) -> ! {
     use std::io::Write;
+    let message = crate::errors::one_line(&e);
+    let code = i32::from(crate::errors::exit_code(&e));
+    // A rank that only learnt of another's failure has nothing to add to that rank's report,
+    // nor a code of its own.
+    let follower = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<anneal_dist::DistError>(),
+            Some(anneal_dist::DistError::PeerFailed { .. })
+        )
+    });
     // One write, so the launcher never splits the line around another rank's output.
-    let line = format!("error: {}\n", crate::errors::one_line(&e));
-    let _ = std::io::stderr().write_all(line.as_bytes());
-    anneal_dist::abort_job(i32::from(crate::errors::exit_code(&e)))
+    let report = || {
+        let _ = std::io::stderr().write_all(format!("error: {message}\n").as_bytes());
+    };
+    // Rank 0 speaks at once; the others once they know whether it spoke for them (asked now:
+    // agreeing shuts the transport down).
+    let rank = world.rank();
+    if rank == 0 {
+        report();
+    }
+    let own_code = if follower { 0 } else { code };
+    match world.fail_together(own_code, &message, FAIL_TOGETHER_WAIT) {
+        Some(agreed) => {
+            if rank != 0 && !agreed.same_message && !follower {
+                report();
+            }
+            anneal_dist::abort_job(agreed.code.max(1))
+        }
+        None => {
+            if rank != 0 {
+                report();
+            }
+            anneal_dist::abort_job(code)
+        }
+    }
 }

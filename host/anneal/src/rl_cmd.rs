@@ -107,7 +107,7 @@ pub fn rl(config: &Path, set: &[String], run_dir: Option<PathBuf>) -> anyhow::Re
     // A rank that fails ends every rank (with its exit code) rather than leave them waiting.
     match rl_on(&cfg, &run_dir, world.as_ref()) {
         Ok(()) => Ok(()),
-        Err(e) => crate::dist_cmd::fail_job(e),
+        Err(e) => crate::dist_cmd::fail_job(world.as_ref(), e),
     }
 }
 

@@ -59,7 +59,7 @@ pub fn train(
         world.as_ref(),
     ) {
         Ok(()) => Ok(()),
-        Err(e) => crate::dist_cmd::fail_job(e),
+        Err(e) => crate::dist_cmd::fail_job(world.as_ref(), e),
     }
 }
 

@@ -121,6 +121,13 @@ pub enum DistError {
         /// Rank 0's digest.
         root: u64,
     },
+    /// Another rank failed in work it did while this one waited for it (its error is reported
+    /// by that rank).
+    #[error("rank {rank} failed (its error is reported above)")]
+    PeerFailed {
+        /// The rank that failed.
+        rank: usize,
+    },
     /// MPI could not be initialised (or was already).
     #[error("MPI: {0}")]
     Init(String),
@@ -351,6 +358,60 @@ pub trait Collective {
     /// Bytes of the send buffers this rank has handed to collectives and sends so far (an
     /// all-reduce counts its buffer once): a counter to take differences of, per step.
     fn comm_bytes(&self) -> u64;
+
+    /// Called by a rank whose job failed with exit `code` and `message`, on the world. When
+    /// every rank calls it within `wait` (a failure they all met, as a bad layout), shuts the
+    /// transport down cleanly and returns what they agreed on, so that all can exit with one
+    /// code (a launcher stops the other ranks of a rank that exits unannounced, and reports the
+    /// kill instead of the code). `None` when some rank did not come in time (the failure is
+    /// this rank's alone) or the transport cannot agree: the rank then exits unannounced, which
+    /// stops the others.
+    fn fail_together(
+        &self,
+        code: i32,
+        message: &str,
+        wait: std::time::Duration,
+    ) -> Option<JobFailure> {
+        let _ = (code, message, wait);
+        None
+    }
+}
+
+/// Shares the outcome of work rank 0 of `comm` did while the others waited for it (building
+/// caches, checking a checkpoint): rank 0 passes its `result`, the others theirs (usually
+/// `Ok` of nothing done). On the others a failure of rank 0 becomes
+/// [`DistError::PeerFailed`], so every rank fails at once and the job can end with rank 0's
+/// error and code (see [`Collective::fail_together`]) instead of leaving them waiting in a
+/// collective until they are killed. Collective: every rank of `comm` calls it.
+pub fn led_by_rank0<T, E: From<DistError>>(
+    comm: &dyn Collective,
+    result: Result<T, E>,
+) -> Result<T, E> {
+    if comm.size() == 1 {
+        return result;
+    }
+    let mut ok = [u8::from(comm.rank() != 0 || result.is_ok())];
+    comm.broadcast(&mut ok, 0)?;
+    match (comm.rank(), ok[0]) {
+        (0, _) | (_, 1) => result,
+        _ => Err(DistError::PeerFailed { rank: 0 }.into()),
+    }
+}
+
+/// What the ranks of a failed job agreed on ([`Collective::fail_together`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobFailure {
+    /// The largest exit code of any rank.
+    pub code: i32,
+    /// Whether every rank failed with the same message (then one rank's report says it all).
+    pub same_message: bool,
+}
+
+/// FNV-1a of `message`: equal on every rank for equal messages, whatever the platform.
+fn message_hash(message: &str) -> u32 {
+    message.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 /// Whether an MPI launcher started this process: MPICH's Hydra sets `PMI_RANK`/`PMI_SIZE`,

@@ -7,9 +7,10 @@
 //! returned as a [`DistError`].
 
 use crate::{
-    check_all_to_all, check_gather, check_rank, check_reduce_scatter, rank_order_sum, Collective,
-    DistError, Pending, RecvBuf, SendBuf,
+    check_all_to_all, check_gather, check_rank, check_reduce_scatter, message_hash, rank_order_sum,
+    Collective, DistError, JobFailure, Pending, RecvBuf, SendBuf,
 };
+use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
@@ -17,6 +18,7 @@ use mpi::traits::*;
 use mpi::Count;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// An MPI communicator: the world of a job started by `mpiexec`, or a sub-communicator
 /// ([`Collective::split`]) of it.
@@ -24,6 +26,10 @@ pub struct Mpi {
     // Field order is drop order: the communicator is freed before the last handle on the
     // universe finalizes MPI.
     comm: SimpleCommunicator,
+    /// The world's own duplicate, used only to agree on failing ([`Collective::fail_together`]):
+    /// on a communicator of its own, the agreement never meets a rank that still waits in a
+    /// collective of the job's. `None` on the communicators split from the world.
+    failures: Option<SimpleCommunicator>,
     universe: Arc<mpi::environment::Universe>,
     /// Shared with the communicators split from this one, so the world's counter is the rank's total.
     bytes: Arc<AtomicU64>,
@@ -37,6 +43,7 @@ impl Mpi {
             .ok_or_else(|| DistError::Init("already initialised in this process".into()))?;
         Ok(Mpi {
             comm: universe.world(),
+            failures: Some(universe.world().duplicate()),
             universe: Arc::new(universe),
             bytes: Arc::new(AtomicU64::new(0)),
         })
@@ -465,9 +472,51 @@ impl Collective for Mpi {
             .ok_or_else(|| DistError::Init("split returned no communicator".into()))?;
         Ok(Box::new(Mpi {
             comm,
+            failures: None,
             universe: self.universe.clone(),
             bytes: self.bytes.clone(),
         }))
+    }
+
+    fn fail_together(&self, code: i32, message: &str, wait: Duration) -> Option<JobFailure> {
+        let comm = self.failures.as_ref()?;
+        // One MAX reduction carries the worst code and both the largest and the smallest
+        // message hash (the latter negated): equal extremes mean every rank failed alike.
+        let hash = i64::from(message_hash(message));
+        let send: &'static [i64] = Box::leak(Box::new([i64::from(code), hash, -hash]));
+        let recv: &'static mut [i64] = Box::leak(Box::new([0i64; 3]));
+        let recv_ptr: *const [i64] = &*recv;
+        let mut request =
+            comm.immediate_all_reduce_into(StaticScope, send, recv, SystemOperation::max());
+        let deadline = Instant::now() + wait;
+        loop {
+            match request.test() {
+                Ok(_) => break,
+                Err(pending) if Instant::now() < deadline => {
+                    request = pending;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(pending) => {
+                    // Some rank never came: its peers still run or wait. The request (and its
+                    // leaked buffers) stay with MPI until the process exits.
+                    std::mem::forget(pending);
+                    return None;
+                }
+            }
+        }
+        // SAFETY: the request completed, so MPI no longer writes the (leaked, never freed) buffer.
+        let [worst, max_hash, neg_min_hash]: [i64; 3] = unsafe { &*recv_ptr }.try_into().ok()?;
+        // Every rank is here, so finalising completes on all of them; a rank that exits
+        // finalised is not taken for a crash, and the launcher reports the code, not a kill.
+        // SAFETY: called once, from the thread that initialised MPI; the process exits next
+        // without running the universe's destructor (which would finalise a second time).
+        unsafe {
+            mpi::ffi::MPI_Finalize();
+        }
+        Some(JobFailure {
+            code: i32::try_from(worst).unwrap_or(1),
+            same_message: max_hash == -neg_min_hash,
+        })
     }
 
     fn comm_bytes(&self) -> u64 {

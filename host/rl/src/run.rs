@@ -144,9 +144,11 @@ pub fn run_rl_dist(
         Some(run) => resume(cfg, run, RunKind::Rl, &provenance, &console, |l| {
             restored = Some(restore(cfg, &model, &mut optimizer, l)?);
             Ok(())
-        })?,
-        None => Resumed::default(),
+        }),
+        None => Ok(Resumed::default()),
     };
+    // A checkpoint rank 0 refuses fails every rank.
+    let resumed = dist.led_by_rank0(resumed)?;
     // The other ranks continue from the checkpoint rank 0 accepted (after its checks).
     let resumed = if ranks > 1 {
         let step = dist.broadcast_u64(resumed.step, 0)?;

@@ -419,6 +419,12 @@ impl Dist {
         Ok(v[0] > 0.0)
     }
 
+    /// Rank 0's `result` of work it did while the others waited, shared with every rank of the
+    /// job: a failure there fails them all ([`anneal_dist::led_by_rank0`]).
+    pub fn led_by_rank0<T>(&self, result: Result<T, TrainError>) -> Result<T, TrainError> {
+        anneal_dist::led_by_rank0(self.job(), result)
+    }
+
     /// `root`'s `v` on every rank.
     pub fn broadcast_u64(&self, v: u64, root: usize) -> Result<u64, TrainError> {
         let mut bytes = v.to_le_bytes();

@@ -10,6 +10,7 @@ use crate::harness::{resume_with, Resumed, RunDir, RunKind, Saver, ShardSaver};
 use crate::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 use crate::{io_err, TrainError, Trainer};
 use anneal_config::JobConfig;
+use anneal_dist::led_by_rank0;
 use anneal_engine::alloc;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,14 +68,15 @@ pub fn run_dist(
         ));
     }
     // Rank 0 builds (and caches) the tokenizer and the tokenized corpus before the others
-    // read them, so no two processes write one cache file.
-    if ranks > 1 && !main {
-        world.barrier()?;
+    // read them, so no two processes write one cache file; if it fails, so do they.
+    if !main {
+        led_by_rank0(world, Ok::<_, TrainError>(()))?;
     }
-    let mut trainer = Trainer::with_dist(cfg, dist, &|m| console.note(m))?;
-    if ranks > 1 && main {
-        world.barrier()?;
-    }
+    let trainer = Trainer::with_dist(cfg, dist, &|m| console.note(m));
+    let mut trainer = match main {
+        true => led_by_rank0(world, trainer)?,
+        false => trainer?,
+    };
     let provenance = trainer.provenance().clone();
     // A sharded rank reads just its rows of the checkpoint, never the whole model.
     let contents = match trainer.is_sharded() {
@@ -82,21 +84,23 @@ pub fn run_dist(
         false => Contents::All,
     };
     let resumed = match &run {
-        Some(run) => {
-            let resumed = resume_with(
-                cfg,
-                run,
-                RunKind::Train,
-                &provenance,
-                &console,
-                contents,
-                |l| trainer.restore(l),
-            )?;
+        Some(run) => resume_with(
+            cfg,
+            run,
+            RunKind::Train,
+            &provenance,
+            &console,
+            contents,
+            |l| trainer.restore(l),
+        )
+        .and_then(|resumed| {
             run.record(cfg, trainer.tokenizer().1)?;
-            resumed
-        }
-        None => Resumed::default(),
+            Ok(resumed)
+        }),
+        None => Ok(Resumed::default()),
     };
+    // A checkpoint rank 0 refuses fails every rank.
+    let resumed = led_by_rank0(world, resumed)?;
     // The other ranks continue from the checkpoint rank 0 accepted (after its checks).
     let resumed = if ranks > 1 {
         let step = trainer.dist().broadcast_u64(resumed.step, 0)?;
