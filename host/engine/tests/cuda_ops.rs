@@ -210,14 +210,21 @@ fn fused_ops_match_the_cpu() {
 }
 
 #[test]
-fn an_op_without_a_cuda_kernel_is_an_error_naming_it() {
-    if !gpu_or_skip("an_op_without_a_cuda_kernel_is_an_error_naming_it") {
+fn a_case_without_a_cuda_kernel_is_an_error_naming_it() {
+    if !gpu_or_skip("a_case_without_a_cuda_kernel_is_an_error_naming_it") {
         return;
     }
-    let x = gpu(&rand(&[4, 6], 10));
-    let err = x.topk(2, 1, true, true).expect_err("no CUDA topk yet");
-    assert!(err.to_string().contains("topk"), "{err}");
+    let x = gpu(&rand(&[4, 0], 10));
+    let err = anneal_engine::backend::backend_for(GPU)
+        .expect("cuda")
+        .reduce(anneal_engine::ops::ReduceOp::Sum, &x, 1)
+        .expect_err("no CUDA kernel reduces an empty dim");
+    assert!(err.to_string().contains("reduce"), "{err}");
 }
+
+/// Index, selection, dropout, LayerNorm and MoE kernels.
+#[path = "cuda/index_moe.rs"]
+mod index_moe;
 
 /// The CPU and CUDA kernels behind the fused ops, called directly (their backwards included).
 mod kernels {

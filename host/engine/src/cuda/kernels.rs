@@ -57,6 +57,14 @@ pub const KERNELS: &[KernelSource] = &[
         name: "attention",
         source: include_str!("kernels/attention.cu"),
     },
+    KernelSource {
+        name: "index",
+        source: include_str!("kernels/index.cu"),
+    },
+    KernelSource {
+        name: "moe",
+        source: include_str!("kernels/moe.cu"),
+    },
 ];
 
 /// The kernel source named `name`.
