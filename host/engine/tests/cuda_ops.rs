@@ -226,6 +226,10 @@ fn a_case_without_a_cuda_kernel_is_an_error_naming_it() {
 #[path = "cuda/index_moe.rs"]
 mod index_moe;
 
+/// The tiled attention kernel.
+#[path = "cuda/attention_tiled.rs"]
+mod attention_tiled;
+
 /// The CPU and CUDA kernels behind the fused ops, called directly (their backwards included).
 mod kernels {
     use super::*;

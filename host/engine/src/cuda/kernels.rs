@@ -55,7 +55,17 @@ pub const KERNELS: &[KernelSource] = &[
     },
     KernelSource {
         name: "attention",
-        source: include_str!("kernels/attention.cu"),
+        source: concat!(
+            include_str!("kernels/attention.cuh"),
+            include_str!("kernels/attention.cu")
+        ),
+    },
+    KernelSource {
+        name: "flash",
+        source: concat!(
+            include_str!("kernels/attention.cuh"),
+            include_str!("kernels/flash.cu")
+        ),
     },
     KernelSource {
         name: "index",

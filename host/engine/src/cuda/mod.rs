@@ -7,7 +7,7 @@
 //! for the device's architecture; device memory comes from a caching, stream-ordered allocator
 //! whose policy ([`pool`]) is plain Rust, testable without a GPU.
 
-mod attention;
+pub mod attention;
 mod backend;
 mod blas;
 mod device;
