@@ -30,6 +30,20 @@ __device__ __forceinline__ float flash_score(const AttnDims& a, const float* qro
     return s;
 }
 
+// Whether any query of the tile at q0 sees any key of the tile at j0. Also the barrier that
+// starts a tile (every thread takes the same branch): a tile with nothing visible (above the
+// diagonal, outside the window) is skipped, which leaves the results bit for bit the same
+// (it would add zeros and rescale by exactly 1).
+__device__ __forceinline__ bool any_visible(const AttnDims& a, const i64* q_pos, const i64* k_pos, i64 q0,
+        i64 j0) {
+    int vis = 0;
+    for (int e = threadIdx.x; e < FQ * FK; e += blockDim.x) {
+        i64 i = q0 + e / FK, j = j0 + e % FK;
+        vis |= i < a.tq && j < a.tk && visible(a, q_pos[i], k_pos[j]);
+    }
+    return __syncthreads_or(vis) != 0;
+}
+
 // Rows [r0, r0 + FQ) of a [rows, width] tensor into shared memory as f32 (zeros past `rows`).
 template <typename T>
 __device__ void stage(float* dst, const T* src, i64 r0, i64 rows, i64 width) {
@@ -62,7 +76,7 @@ extern "C" __global__ void flash_fwd_##SUF(const T* q, const T* k, const T* v, c
     for (int n = 0; n < FMAXC; ++n) acc[n] = 0.0f; \
     i64 qi = q0 + r; \
     for (i64 j0 = 0; j0 < a.tk; j0 += FK) { \
-        __syncthreads(); \
+        if (!any_visible(a, q_pos, k_pos, q0, j0)) continue; \
         for (i64 e = threadIdx.x; e < FK * a.d; e += blockDim.x) { \
             i64 j = j0 + e / a.d; \
             ks[e] = j < a.tk ? ld(kh, j * a.d + e % a.d) : 0.0f; \
@@ -145,7 +159,7 @@ extern "C" __global__ void flash_dq_##SUF(const T* q, const T* k, const T* v, co
     float acc[FMAXC]; \
     for (int n = 0; n < FMAXC; ++n) acc[n] = 0.0f; \
     for (i64 j0 = 0; j0 < a.tk; j0 += FK) { \
-        __syncthreads(); \
+        if (!any_visible(a, q_pos, k_pos, q0, j0)) continue; \
         for (i64 e = threadIdx.x; e < FK * a.d; e += blockDim.x) { \
             i64 j = j0 + e / a.d; \
             ks[e] = j < a.tk ? ld(kh, j * a.d + e % a.d) : 0.0f; \
@@ -225,7 +239,7 @@ extern "C" __global__ void flash_dkv_##SUF(const T* q, const T* k, const T* v, c
         const T* qh = q + bh * a.tq * a.d; \
         const T* gh = g + bh * a.tq * a.dv; \
         for (i64 q0 = 0; q0 < a.tq; q0 += FQ) { \
-            __syncthreads(); \
+            if (!any_visible(a, q_pos, k_pos, q0, j0)) continue; \
             stage(qs, qh, q0, a.tq, a.d); \
             stage(gs, gh, q0, a.tq, a.dv); \
             __syncthreads(); \
