@@ -214,12 +214,18 @@ fn a_case_without_a_cuda_kernel_is_an_error_naming_it() {
     if !gpu_or_skip("a_case_without_a_cuda_kernel_is_an_error_naming_it") {
         return;
     }
-    let x = gpu(&rand(&[4, 0], 10));
-    let err = anneal_engine::backend::backend_for(GPU)
+    use anneal_engine::ops::{RopeLayout, RopeSpec, RopeStyle};
+    // An odd head dim has no rotary pairs the CUDA kernel handles.
+    let (x, cs) = (gpu(&rand(&[1, 1, 2, 3], 10)), gpu(&rand(&[2, 1], 11)));
+    let spec = RopeSpec {
+        style: RopeStyle::HalfSplit,
+        layout: RopeLayout::Bhtd,
+    };
+    let err = anneal_engine::backend::fused_backend_for(GPU)
         .expect("cuda")
-        .reduce(anneal_engine::ops::ReduceOp::Sum, &x, 1)
-        .expect_err("no CUDA kernel reduces an empty dim");
-    assert!(err.to_string().contains("reduce"), "{err}");
+        .rope(&x, &cs, &cs, spec, false)
+        .expect_err("no CUDA kernel for an odd head dim");
+    assert!(err.to_string().contains("rope"), "{err}");
 }
 
 /// Index, selection, dropout, LayerNorm and MoE kernels.

@@ -370,3 +370,35 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
         1e-5,
     );
 }
+
+#[test]
+fn a_router_routes_on_the_gpu_as_on_the_cpu() {
+    if !gpu_or_skip("a_router_routes_on_the_gpu_as_on_the_cpu") {
+        return;
+    }
+    use anneal_engine::ops::{route, RouterScore, RouterSpec};
+    // DeepSeek-V3's router: sigmoid scores, a bias steering the choice, group-limited top-k,
+    // renormalised and scaled weights; and Mixtral's plain softmax top-2.
+    let deepseek = RouterSpec {
+        num_experts: 16,
+        top_k: 4,
+        score: RouterScore::Sigmoid,
+        renormalize: true,
+        route_scale: 2.5,
+        groups: Some((4, 2)),
+    };
+    let logits = rand(&[37, 16], 160);
+    let bias = rand(&[16], 161);
+    for (spec, b) in [(deepseek, Some(&bias)), (RouterSpec::new(16, 2), None)] {
+        let c = route(&logits, b, &spec).expect("cpu");
+        let gb = b.map(gpu);
+        let g = route(&gpu(&logits), gb.as_ref(), &spec).expect("cuda");
+        assert_eq!(
+            g.experts.to_vec::<i64>(),
+            c.experts.to_vec::<i64>(),
+            "experts"
+        );
+        close("router weights", &g.weights, &c.weights, 1e-5);
+        close("router scores", &g.scores, &c.scores, 1e-5);
+    }
+}
