@@ -141,9 +141,10 @@ else
   row "GEMM bf16 8192^3" "SKIP" "no GPU"
 fi
 
-# The training comparisons need the trainer on CUDA (job.device = "cuda"), which the
-# engine cannot yet serve: attention, the index/MoE ops and the CPU-side trainer steps have no
-# CUDA path. They are listed so the table shows what is left.
+# The training comparisons need the trainer on CUDA (job.device = "cuda"): the engine
+# has CUDA kernels for its ops (the gated delta rule excepted), but the trainer's
+# device placement and CPU-side steps do not run on CUDA yet. They are listed so the table shows
+# what is left.
 for t in "train debug Llama 30 steps, f32|CPU vs GPU losses within 1e-4" \
          "train debug Llama 30 steps, bf16|CPU vs GPU losses within 2%" \
          "llama3_1b 20 steps bf16|tokens/s and MFU vs 989 TFLOP/s"; do

@@ -61,6 +61,11 @@ impl RngKey {
         }
     }
 
+    /// The seed and the hashed stream name: what a device kernel needs to draw the same values.
+    pub(crate) fn parts(&self) -> (u64, u64) {
+        (self.seed, self.stream)
+    }
+
     /// Four u32 for block `block` of the stream (block `b` covers offsets `4b..4b+4`).
     fn block(&self, block: u64) -> [u32; 4] {
         philox4x32(

@@ -112,6 +112,17 @@ impl Tensor {
         Tensor::from_storage(Storage::zeros(dtype, n), shape).expect("sized to fit")
     }
 
+    /// Zeros of `shape` and `dtype` allocated on `device` (on a GPU without a host copy).
+    pub(crate) fn zeros_on(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+        match device {
+            Device::Cpu => Ok(Tensor::zeros(shape, dtype)),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => crate::cuda::zeros_on(shape, dtype, n),
+            #[cfg(not(feature = "cuda"))]
+            d => Tensor::zeros(shape, dtype).to_device(d),
+        }
+    }
+
     /// `value` everywhere, in `shape` and `dtype`.
     pub fn full(shape: &[usize], value: f64, dtype: DType) -> Tensor {
         let n: usize = shape.iter().product();

@@ -210,14 +210,31 @@ fn fused_ops_match_the_cpu() {
 }
 
 #[test]
-fn an_op_without_a_cuda_kernel_is_an_error_naming_it() {
-    if !gpu_or_skip("an_op_without_a_cuda_kernel_is_an_error_naming_it") {
+fn a_case_without_a_cuda_kernel_is_an_error_naming_it() {
+    if !gpu_or_skip("a_case_without_a_cuda_kernel_is_an_error_naming_it") {
         return;
     }
-    let x = gpu(&rand(&[4, 6], 10));
-    let err = x.topk(2, 1, true, true).expect_err("no CUDA topk yet");
-    assert!(err.to_string().contains("topk"), "{err}");
+    use anneal_engine::ops::{RopeLayout, RopeSpec, RopeStyle};
+    // An odd head dim has no rotary pairs the CUDA kernel handles.
+    let (x, cs) = (gpu(&rand(&[1, 1, 2, 3], 10)), gpu(&rand(&[2, 1], 11)));
+    let spec = RopeSpec {
+        style: RopeStyle::HalfSplit,
+        layout: RopeLayout::Bhtd,
+    };
+    let err = anneal_engine::backend::fused_backend_for(GPU)
+        .expect("cuda")
+        .rope(&x, &cs, &cs, spec, false)
+        .expect_err("no CUDA kernel for an odd head dim");
+    assert!(err.to_string().contains("rope"), "{err}");
 }
+
+/// Index, selection, dropout, LayerNorm and MoE kernels.
+#[path = "cuda/index_moe.rs"]
+mod index_moe;
+
+/// The tiled attention kernel.
+#[path = "cuda/attention_tiled.rs"]
+mod attention_tiled;
 
 /// The CPU and CUDA kernels behind the fused ops, called directly (their backwards included).
 mod kernels {

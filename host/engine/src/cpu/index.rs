@@ -24,7 +24,7 @@ pub(crate) fn split_at_dim(shape: &[usize], dim: usize) -> (usize, usize, usize)
 
 /// For each row-major position of `sub`, the row-major linear index of the same coordinates in
 /// `full` (which is at least as large in every dim).
-fn sub_offsets(sub: &[usize], full: &[usize]) -> Vec<usize> {
+pub(crate) fn sub_offsets(sub: &[usize], full: &[usize]) -> Vec<usize> {
     let layout = Layout::from_parts(sub.to_vec(), contiguous_strides(full), 0);
     let mut v = Vec::with_capacity(layout.numel());
     if sub.is_empty() {

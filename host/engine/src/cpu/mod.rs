@@ -28,7 +28,7 @@ pub(crate) fn bf16_gemm_available() -> bool {
 }
 
 // Indexing and mixture-of-experts kernels.
-mod index;
+pub(crate) mod index;
 mod moe;
 mod moe_route;
 mod random;

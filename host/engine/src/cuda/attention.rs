@@ -1,6 +1,11 @@
-//! Attention on CUDA (kernels/attention.cu): exact, deterministic, one block per query row (and
-//! per key row for dK/dV). Not yet a tiled FlashAttention: a row's scores sit in shared memory,
-//! which bounds the key length (the error says so).
+//! Attention on CUDA, two kernels with the same masks (causal, sliding window over explicit
+//! positions), GQA, soft-capping and sinks, both deterministic:
+//! - exact (kernels/attention.cu): one block per query row (and per key row for dK/dV) holding
+//!   the row's scores in shared memory, which bounds the key length; kept for short sequences
+//!   and as the tiled kernel's reference;
+//! - tiled (kernels/flash.cu): FlashAttention-style tiles of queries and keys in shared memory
+//!   with an online softmax, no bound on the key length; used from [`TILED_MIN_KEYS`] keys on,
+//!   or wherever the exact kernel does not fit, for head dims it holds.
 
 use super::backend::contiguous_as;
 use super::launch::{empty, float_suffix, gpu_of, launch, ptr, upload, zeros};
@@ -15,6 +20,53 @@ const SHARED_BYTES: usize = 48 * 1024;
 /// Queries per shared-memory chunk of the dK/dV kernel.
 const CHUNK: usize = 1024;
 const THREADS: u32 = 128;
+/// Key length from which the tiled kernel replaces the exact one.
+pub const TILED_MIN_KEYS: usize = 1024;
+/// The tiled kernel's query and key tile sizes, threads per row and columns per thread
+/// (`FQ`, `FK`, `FT`, `FMAXC` of kernels/flash.cu).
+const FQ: usize = 16;
+const FK: usize = 16;
+const FT: usize = 8;
+const FMAXC: usize = 32;
+
+/// Which kernel computes an attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// One block per row, the row's scores in shared memory (kernels/attention.cu).
+    Exact,
+    /// Tiles with an online softmax (kernels/flash.cu).
+    Tiled,
+}
+
+/// Shared floats the exact kernels need, and whether they fit.
+fn exact_fits(tk: usize, d: usize, dv: usize) -> bool {
+    (tk + d + dv) * 4 <= SHARED_BYTES && d <= 4 * THREADS as usize && dv <= 4 * THREADS as usize
+}
+
+/// Shared floats of the tiled forward, dq and dk/dv kernels (the layouts of kernels/flash.cu).
+fn tiled_shared(d: usize, dv: usize) -> [usize; 3] {
+    [
+        FQ * d + FK * (d + dv) + FQ * FK + 2 * FQ,
+        FQ * (d + dv) + FK * (d + dv) + FQ * FK,
+        (FK + FQ) * (d + dv) + 2 * FQ * FK,
+    ]
+}
+
+fn tiled_fits(d: usize, dv: usize) -> bool {
+    d <= FT * FMAXC
+        && dv <= FT * FMAXC
+        && tiled_shared(d, dv).iter().all(|&f| f * 4 <= SHARED_BYTES)
+}
+
+/// The kernel [`forward`] and [`backward`] use for these shapes: the tiled one from
+/// [`TILED_MIN_KEYS`] keys on or where the exact one does not fit, when its head dims fit.
+pub fn kernel_for(tk: usize, d: usize, dv: usize) -> AttentionKernel {
+    if tiled_fits(d, dv) && (tk >= TILED_MIN_KEYS || !exact_fits(tk, d, dv)) {
+        AttentionKernel::Tiled
+    } else {
+        AttentionKernel::Exact
+    }
+}
 
 /// The `AttnDims` struct of kernels/attention.cu.
 #[repr(C)]
@@ -49,6 +101,7 @@ struct Prepared {
 }
 
 fn prepare(
+    kernel: AttentionKernel,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -74,7 +127,19 @@ fn prepare(
         has_sinks: sinks.is_some() as i32,
     };
     let need = (ks[2] + qs[3] + vs[3]) * 4;
-    if need > SHARED_BYTES || qs[3] > 4 * THREADS as usize || vs[3] > 4 * THREADS as usize {
+    if kernel == AttentionKernel::Tiled && !tiled_fits(qs[3], vs[3]) {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "the tiled CUDA attention kernel holds head dims up to {} with D + Dv at most {}, got {}/{}",
+                FT * FMAXC,
+                (SHARED_BYTES / 4 - 2 * FQ * FK) / (FQ + FK),
+                qs[3],
+                vs[3]
+            ),
+        });
+    }
+    if kernel == AttentionKernel::Exact && !exact_fits(ks[2], qs[3], vs[3]) {
         return Err(Error::Invalid {
             op: OP,
             msg: format!(
@@ -100,6 +165,15 @@ fn prepare(
     })
 }
 
+/// A tiled launch: `rows` query (or key) rows in tiles of 16, FT threads per row.
+fn tiled_cfg(rows: usize, heads: usize, shared_floats: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.div_ceil(FQ) as u32, heads as u32, 1),
+        block_dim: ((FQ * FT) as u32, 1, 1),
+        shared_mem_bytes: (shared_floats * 4) as u32,
+    }
+}
+
 fn cfg(grid: (usize, usize), shared_floats: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (grid.0 as u32, grid.1 as u32, 1),
@@ -108,7 +182,8 @@ fn cfg(grid: (usize, usize), shared_floats: usize) -> LaunchConfig {
     }
 }
 
-/// The output `[B, Hq, Tq, Dv]` (q's dtype) and the logsumexp `[B, Hq, Tq]` (f32).
+/// The output `[B, Hq, Tq, Dv]` (q's dtype) and the logsumexp `[B, Hq, Tq]` (f32), by the
+/// kernel [`kernel_for`] picks.
 pub(crate) fn forward(
     q: &Tensor,
     k: &Tensor,
@@ -116,8 +191,21 @@ pub(crate) fn forward(
     sinks: Option<&Tensor>,
     spec: &AttentionSpec,
 ) -> Result<(Tensor, Tensor)> {
+    let kernel = kernel_for(k.shape()[2], q.shape()[3], v.shape()[3]);
+    forward_with(kernel, q, k, v, sinks, spec)
+}
+
+/// [`forward`] by the given kernel (the tests compare the two).
+pub fn forward_with(
+    kernel: AttentionKernel,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: Option<&Tensor>,
+    spec: &AttentionSpec,
+) -> Result<(Tensor, Tensor)> {
     let gpu = gpu_of(q, OP)?;
-    let p = prepare(q, k, v, sinks, spec)?;
+    let p = prepare(kernel, q, k, v, sinks, spec)?;
     let a = p.dims;
     let (b, hq, tq, dv) = (a.b as usize, a.hq as usize, a.tq as usize, a.dv as usize);
     let out = empty(&gpu, q.dtype(), &[b, hq, tq, dv])?;
@@ -134,13 +222,18 @@ pub(crate) fn forward(
         .unwrap_or(0);
     let (qpos, kpos) = (ptr(&p.q_pos, OP)?, ptr(&p.k_pos, OP)?);
     let (op_, lp) = (ptr(&out, OP)?, ptr(&lse, OP)?);
-    let c = cfg((tq, b * hq), (a.tk + a.d) as usize);
-    launch!(gpu, "attention", format!("attention_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+    if kernel == AttentionKernel::Tiled {
+        let c = tiled_cfg(tq, b * hq, tiled_shared(a.d as usize, dv)[0]);
+        launch!(gpu, "flash", format!("flash_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+    } else {
+        let c = cfg((tq, b * hq), (a.tk + a.d) as usize);
+        launch!(gpu, "attention", format!("attention_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+    }
     Ok((out, lse))
 }
 
 /// Gradients of q, k, v (each in its input's dtype) and of the sinks (f32, summed on the host
-/// in row order).
+/// in row order), by the kernel [`kernel_for`] picks.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
     q: &Tensor,
@@ -152,8 +245,25 @@ pub(crate) fn backward(
     grad: &Tensor,
     spec: &AttentionSpec,
 ) -> Result<AttentionGrads> {
+    let kernel = kernel_for(k.shape()[2], q.shape()[3], v.shape()[3]);
+    backward_with(kernel, q, k, v, sinks, out, lse, grad, spec)
+}
+
+/// [`backward`] by the given kernel (the tests compare the two).
+#[allow(clippy::too_many_arguments)]
+pub fn backward_with(
+    kernel: AttentionKernel,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    sinks: Option<&Tensor>,
+    out: &Tensor,
+    lse: &Tensor,
+    grad: &Tensor,
+    spec: &AttentionSpec,
+) -> Result<AttentionGrads> {
     let gpu = gpu_of(q, OP)?;
-    let p = prepare(q, k, v, sinks, spec)?;
+    let p = prepare(kernel, q, k, v, sinks, spec)?;
     let a = p.dims;
     let dtype = q.dtype();
     let (o, g) = (
@@ -186,8 +296,13 @@ pub(crate) fn backward(
         let c = cfg((rows, 1), 0);
         launch!(gpu, "attention", format!("attention_delta_{}", p.suf), c; opp, gp, dp, dv64)?;
         let dqp = ptr(&dq, OP)?;
-        let c = cfg((tq, b * hq), tk + d + dv);
-        launch!(gpu, "attention", format!("attention_dq_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dqp, a)?;
+        if kernel == AttentionKernel::Tiled {
+            let c = tiled_cfg(tq, b * hq, tiled_shared(d, dv)[1]);
+            launch!(gpu, "flash", format!("flash_dq_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dqp, a)?;
+        } else {
+            let c = cfg((tq, b * hq), tk + d + dv);
+            launch!(gpu, "attention", format!("attention_dq_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dqp, a)?;
+        }
     }
     let (dk, dvt) = if rows == 0 {
         // No query: the gradients of k and v are zero.
@@ -200,8 +315,14 @@ pub(crate) fn backward(
     };
     if b * hkv * tk > 0 && rows > 0 {
         let (dkp, dvp, chunk) = (ptr(&dk, OP)?, ptr(&dvt, OP)?, CHUNK as i64);
-        let c = cfg((tk, b * hkv), 2 * CHUNK + d + dv);
-        launch!(gpu, "attention", format!("attention_dkv_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dkp, dvp, a, chunk)?;
+        if kernel == AttentionKernel::Tiled {
+            // Key tiles of FK rows: the same launch shape as the query tiles (FQ = FK).
+            let c = tiled_cfg(tk, b * hkv, tiled_shared(d, dv)[2]);
+            launch!(gpu, "flash", format!("flash_dkv_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dkp, dvp, a)?;
+        } else {
+            let c = cfg((tk, b * hkv), 2 * CHUNK + d + dv);
+            launch!(gpu, "attention", format!("attention_dkv_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dkp, dvp, a, chunk)?;
+        }
     }
     let dsinks = match sinks {
         None => None,
@@ -232,4 +353,21 @@ pub(crate) fn backward(
         v: cast(dvt, v.dtype())?,
         sinks: dsinks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_keys_go_to_the_tiled_kernel_when_its_head_dims_fit() {
+        assert_eq!(kernel_for(37, 16, 16), AttentionKernel::Exact);
+        assert_eq!(kernel_for(TILED_MIN_KEYS, 128, 128), AttentionKernel::Tiled);
+        // Past the exact kernel's shared memory whatever the threshold.
+        assert_eq!(kernel_for(20_000, 64, 64), AttentionKernel::Tiled);
+        assert!(!exact_fits(20_000, 64, 64));
+        // Head dims the tiled kernel cannot hold stay exact (which then says why it refuses).
+        assert_eq!(kernel_for(2048, 512, 512), AttentionKernel::Exact);
+        assert!(tiled_fits(128, 128) && !tiled_fits(256, 256));
+    }
 }

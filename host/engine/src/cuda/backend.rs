@@ -1,6 +1,7 @@
 //! `CudaBackend`: the [`Backend`] kernels on a GPU. Elementwise ops, reductions, casts and
-//! matmul (cuBLAS) run on the device; ops without a CUDA kernel yet return an error naming the
-//! op (never a panic). Fused transformer kernels are in `fused.rs`.
+//! matmul (cuBLAS) are here; index, selection and dropout kernels in `index.rs`, MoE routing and
+//! the grouped GEMM in `moe.rs`, attention in `attention.rs`, fused transformer kernels in
+//! `fused.rs`. An op without a CUDA kernel returns an error naming it (never a panic).
 
 use super::launch::{
     any_suffix, check_rows, empty, float_suffix, gpu_of, grid, launch, not_yet, per_row, ptr,
@@ -302,63 +303,87 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn topk(&self, _: &Tensor, _: usize, _: usize, _: bool, _: bool) -> Result<(Tensor, Tensor)> {
-        Err(not_yet("topk"))
+    fn topk(
+        &self,
+        x: &Tensor,
+        k: usize,
+        dim: usize,
+        largest: bool,
+        sorted: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        super::index::topk(x, k, dim, largest, sorted)
     }
-    fn index_select(&self, _: &Tensor, _: usize, _: &Tensor) -> Result<Tensor> {
-        Err(not_yet("index_select"))
+    fn index_select(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor> {
+        super::index::index_select(x, dim, idx)
     }
-    fn index_add(&self, _: &Tensor, _: usize, _: &Tensor, _: &Tensor) -> Result<Tensor> {
-        Err(not_yet("index_add"))
+    fn index_add(&self, base: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        super::index::index_add(base, dim, idx, src)
     }
-    fn gather(&self, _: &Tensor, _: usize, _: &Tensor) -> Result<Tensor> {
-        Err(not_yet("gather"))
+    fn gather(&self, x: &Tensor, dim: usize, idx: &Tensor) -> Result<Tensor> {
+        super::index::gather(x, dim, idx)
     }
-    fn scatter_add(&self, _: &Tensor, _: usize, _: &Tensor, _: &Tensor) -> Result<Tensor> {
-        Err(not_yet("scatter_add"))
+    fn scatter_add(&self, x: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        super::index::scatter_add(x, dim, idx, src)
     }
-    fn where_(&self, _: &Tensor, _: &Tensor, _: &Tensor, _: DType) -> Result<Tensor> {
-        Err(not_yet("where"))
+    fn where_(&self, cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
+        super::index::where_(cond, a, b, dtype)
     }
-    fn grouped_matmul(&self, _: &Tensor, _: &Tensor, _: &[usize], _: bool) -> Result<Tensor> {
-        Err(not_yet("grouped_matmul"))
+    fn grouped_matmul(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        counts: &[usize],
+        transpose_w: bool,
+    ) -> Result<Tensor> {
+        super::moe::grouped_matmul(x, w, counts, transpose_w)
     }
-    fn grouped_matmul_weight_grad(&self, _: &Tensor, _: &Tensor, _: &[usize]) -> Result<Tensor> {
-        Err(not_yet("grouped_matmul_weight_grad"))
+    fn grouped_matmul_weight_grad(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        counts: &[usize],
+    ) -> Result<Tensor> {
+        super::moe::grouped_matmul_weight_grad(x, g, counts)
     }
-    fn moe_dispatch(&self, _: &Tensor, _: &[i64], _: DType) -> Result<Tensor> {
-        Err(not_yet("moe_dispatch"))
+    fn moe_dispatch(&self, x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor> {
+        super::moe::dispatch(x, token, dtype)
     }
-    fn moe_dispatch_backward(&self, _: &Tensor, _: &[i64], _: usize, _: DType) -> Result<Tensor> {
-        Err(not_yet("moe_dispatch_backward"))
+    fn moe_dispatch_backward(
+        &self,
+        g: &Tensor,
+        inverse: &[i64],
+        k: usize,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        super::moe::dispatch_backward(g, inverse, k, dtype)
     }
-    fn moe_combine(&self, _: &Tensor, _: &Tensor, _: &[i64], _: DType) -> Result<Tensor> {
-        Err(not_yet("moe_combine"))
+    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor> {
+        super::moe::combine(y, w, inverse, dtype)
     }
     fn moe_combine_backward(
         &self,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: &[i64],
-        _: &[i64],
-        _: (bool, bool),
-        _: (DType, DType),
+        y: &Tensor,
+        w: &Tensor,
+        g: &Tensor,
+        order: &[i64],
+        inverse: &[i64],
+        need: (bool, bool),
+        dtypes: (DType, DType),
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Err(not_yet("moe_combine_backward"))
+        super::moe::combine_backward(y, w, g, order, inverse, need, dtypes)
     }
-    fn cat(&self, _: &[Tensor], _: usize) -> Result<Tensor> {
-        Err(not_yet("cat"))
+    fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {
+        super::index::cat(tensors, dim)
     }
     fn dropout(
         &self,
-        _: &Tensor,
-        _: f32,
-        _: f32,
-        _: &crate::rng::RngKey,
-        _: u64,
+        x: &Tensor,
+        p: f32,
+        scale: f32,
+        key: &crate::rng::RngKey,
+        offset: u64,
     ) -> Result<Tensor> {
-        Err(not_yet("dropout"))
+        super::index::dropout(x, p, scale, key, offset)
     }
     fn attention(
         &self,

@@ -1,7 +1,7 @@
 //! The fused transformer kernels on CUDA ([`FusedBackend`], [`FusionBackend`],
-//! [`OptimBackend`]): softmax, RMSNorm, RoPE, embedding, cross-entropy, SwiGLU and AdamW, each
-//! forward and backward one kernel with fixed-order reductions. LayerNorm has no CUDA kernel
-//! yet and says so.
+//! [`OptimBackend`]): softmax, RMSNorm, LayerNorm, RoPE, embedding, cross-entropy, SwiGLU and
+//! AdamW, each forward and backward one kernel with fixed-order reductions (norm weight and bias
+//! gradients in two fixed stages, never with atomics).
 
 use super::backend::{contiguous_as, copy_cast, CudaBackend};
 use super::launch::{
@@ -159,24 +159,134 @@ impl FusedBackend for CudaBackend {
 
     fn layer_norm(
         &self,
-        _: &Tensor,
-        _: Option<&Tensor>,
-        _: Option<&Tensor>,
-        _: f32,
+        x: &Tensor,
+        w: Option<&Tensor>,
+        b: Option<&Tensor>,
+        eps: f32,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        Err(not_yet("layer_norm"))
+        const OP: &str = "layer_norm";
+        let suf = float_suffix(x.dtype(), OP)?;
+        let gpu = gpu_of(x, OP)?;
+        let x = contiguous_as(x, x.dtype(), OP)?;
+        let d = *x.shape().last().unwrap_or(&1);
+        let rows = x.numel() / d.max(1);
+        let ((_w, wp), (_b, bp)) = (weight_f32(w, OP)?, weight_f32(b, OP)?);
+        let out = empty(&gpu, x.dtype(), x.shape())?;
+        let mean = empty(&gpu, DType::F32, &[rows])?;
+        let rstd = empty(&gpu, DType::F32, &[rows])?;
+        if rows * d > 0 {
+            check_rows(rows, OP)?;
+            let (xp, yp, mp, rp) = (
+                ptr(&x, OP)?,
+                ptr(&out, OP)?,
+                ptr(&mean, OP)?,
+                ptr(&rstd, OP)?,
+            );
+            let d = d as i64;
+            launch!(gpu, "norm", format!("layer_norm_{suf}"), per_row(rows, ROW_THREADS); xp, wp, bp, yp, mp, rp, d, eps)?;
+        }
+        Ok((out, mean, rstd))
     }
 
     fn layer_norm_backward(
         &self,
-        _: &Tensor,
-        _: Option<&Tensor>,
-        _: &Tensor,
-        _: &Tensor,
-        _: &Tensor,
-        _: (bool, bool),
+        x: &Tensor,
+        w: Option<&Tensor>,
+        mean: &Tensor,
+        rstd: &Tensor,
+        g: &Tensor,
+        need: (bool, bool),
     ) -> Result<(Tensor, Option<Tensor>, Option<Tensor>)> {
-        Err(not_yet("layer_norm_backward"))
+        const OP: &str = "layer_norm_backward";
+        let suf = float_suffix(x.dtype(), OP)?;
+        let gpu = gpu_of(x, OP)?;
+        let g_dtype = g.dtype();
+        let x = contiguous_as(x, x.dtype(), OP)?;
+        let g = contiguous_as(g, x.dtype(), OP)?;
+        let (mean, rstd) = (
+            contiguous_as(mean, DType::F32, OP)?,
+            contiguous_as(rstd, DType::F32, OP)?,
+        );
+        let d = *x.shape().last().unwrap_or(&1);
+        let rows = x.numel() / d.max(1);
+        let (_w, wp) = weight_f32(w, OP)?;
+        let need_w = need.0 && w.is_some();
+        let dx = empty(&gpu, x.dtype(), x.shape())?;
+        // The weight and bias gradients come back in the weight's and the gradient's float dtype,
+        // as on the CPU.
+        let back = |t: Tensor, dtype: DType| -> Result<Tensor> {
+            let dtype = if dtype.is_float() { dtype } else { DType::F32 };
+            if dtype == DType::F32 {
+                Ok(t)
+            } else {
+                copy_cast(&t, dtype, OP)
+            }
+        };
+        if rows * d == 0 {
+            let dw = match (need_w, w) {
+                (true, Some(w)) => Some(back(zeros(&gpu, DType::F32, &[d])?, w.dtype())?),
+                _ => None,
+            };
+            let db = if need.1 {
+                Some(back(zeros(&gpu, DType::F32, &[d])?, g_dtype)?)
+            } else {
+                None
+            };
+            return Ok((dx, dw, db));
+        }
+        check_rows(rows, OP)?;
+        let (xp, mp, rp, gp, dp) = (
+            ptr(&x, OP)?,
+            ptr(&mean, OP)?,
+            ptr(&rstd, OP)?,
+            ptr(&g, OP)?,
+            ptr(&dx, OP)?,
+        );
+        let d64 = d as i64;
+        launch!(gpu, "norm", format!("layer_norm_backward_{suf}"), per_row(rows, ROW_THREADS); xp, wp, mp, rp, gp, dp, d64)?;
+        if !need_w && !need.1 {
+            return Ok((dx, None, None));
+        }
+        // Two fixed-order stages, as for RMSNorm: chunks of rows, then the chunks.
+        let chunks = rows.div_ceil(DW_CHUNK);
+        let part_w = if need_w {
+            Some(empty(&gpu, DType::F32, &[chunks, d])?)
+        } else {
+            None
+        };
+        let part_b = if need.1 {
+            Some(empty(&gpu, DType::F32, &[chunks, d])?)
+        } else {
+            None
+        };
+        let pw = part_w
+            .as_ref()
+            .map(|t| ptr(t, OP))
+            .transpose()?
+            .unwrap_or(0);
+        let pb = part_b
+            .as_ref()
+            .map(|t| ptr(t, OP))
+            .transpose()?
+            .unwrap_or(0);
+        let (rows64, chunk) = (rows as i64, DW_CHUNK as i64);
+        let cfg = LaunchConfig {
+            grid_dim: (d.div_ceil(256) as u32, chunks as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(gpu, "norm", format!("layer_norm_dwb_partial_{suf}"), cfg; xp, mp, rp, gp, pw, pb, rows64, d64, chunk)?;
+        let sum = |part: Option<Tensor>, dtype: DType| -> Result<Option<Tensor>> {
+            part.map(|p| {
+                let s = crate::backend::Backend::reduce(self, crate::ops::ReduceOp::Sum, &p, 0)?
+                    .reshape(&[d])?;
+                back(s, dtype)
+            })
+            .transpose()
+        };
+        let dw = sum(part_w, w.map_or(DType::F32, |w| w.dtype()))?;
+        let db = sum(part_b, g_dtype)?;
+        Ok((dx, dw, db))
     }
 
     fn rope(

@@ -55,7 +55,25 @@ pub const KERNELS: &[KernelSource] = &[
     },
     KernelSource {
         name: "attention",
-        source: include_str!("kernels/attention.cu"),
+        source: concat!(
+            include_str!("kernels/attention.cuh"),
+            include_str!("kernels/attention.cu")
+        ),
+    },
+    KernelSource {
+        name: "flash",
+        source: concat!(
+            include_str!("kernels/attention.cuh"),
+            include_str!("kernels/flash.cu")
+        ),
+    },
+    KernelSource {
+        name: "index",
+        source: include_str!("kernels/index.cu"),
+    },
+    KernelSource {
+        name: "moe",
+        source: include_str!("kernels/moe.cu"),
     },
 ];
 

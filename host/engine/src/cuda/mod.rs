@@ -7,13 +7,15 @@
 //! for the device's architecture; device memory comes from a caching, stream-ordered allocator
 //! whose policy ([`pool`]) is plain Rust, testable without a GPU.
 
-mod attention;
+pub mod attention;
 mod backend;
 mod blas;
 mod device;
 mod fused;
+mod index;
 pub mod kernels;
 mod launch;
+mod moe;
 pub mod pool;
 mod staging;
 
@@ -56,6 +58,11 @@ pub(crate) fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
         (Device::Cuda(_), Device::Cuda(_)) => to_device(&to_device(t, Device::Cpu)?, device),
         (Device::Cpu, Device::Cpu) => Ok(t.detach()),
     }
+}
+
+/// Zeros of `shape` and `dtype` on GPU `ordinal`.
+pub(crate) fn zeros_on(shape: &[usize], dtype: crate::DType, ordinal: usize) -> Result<Tensor> {
+    launch::zeros(&gpu(ordinal)?, dtype, shape)
 }
 
 /// A contiguous copy of a GPU tensor in `dtype`, on its device.

@@ -75,12 +75,11 @@ impl Tensor {
                 ),
             ));
         }
-        self.check_cpu("topk")?;
         let (values, indices) = be(self)?.topk(&self.detach(), k, d, largest, sorted)?;
         let values = record("topk", values, &[self], || {
             let (shape, dtype, idx) = (self.shape().to_vec(), self.dtype(), indices.clone());
             move |g: &Tensor| {
-                let zeros = Tensor::zeros(&shape, float_out(dtype));
+                let zeros = Tensor::zeros_on(&shape, float_out(dtype), g.device())?;
                 Ok(vec![Some(zeros.scatter_add(d as isize, &idx, g)?)])
             }
         });
@@ -98,12 +97,11 @@ impl Tensor {
                 format!("index must be 1-d, got shape {:?}", idx.shape()),
             ));
         }
-        self.check_cpu("index_select")?;
         let out = be(self)?.index_select(&self.detach(), d, idx)?;
         Ok(record("index_select", out, &[self], || {
             let (shape, dtype, idx) = (self.shape().to_vec(), self.dtype(), idx.detach());
             move |g: &Tensor| {
-                let zeros = Tensor::zeros(&shape, float_out(dtype));
+                let zeros = Tensor::zeros_on(&shape, float_out(dtype), g.device())?;
                 Ok(vec![Some(zeros.index_add(d as isize, &idx, g)?)])
             }
         }))
@@ -123,7 +121,6 @@ impl Tensor {
                 rhs: src.shape().to_vec(),
             });
         }
-        self.check_cpu("index_add")?;
         let out = be(self)?.index_add(&self.detach(), d, idx, &src.detach())?;
         Ok(record("index_add", out, &[self, src], || {
             let idx = idx.detach();
@@ -143,12 +140,11 @@ impl Tensor {
         let d = resolve_dim("gather", dim, self.rank())?;
         check_index_dtype("gather", idx)?;
         check_fits("gather", idx, self, d, true)?;
-        self.check_cpu("gather")?;
         let out = be(self)?.gather(&self.detach(), d, idx)?;
         Ok(record("gather", out, &[self], || {
             let (shape, dtype, idx) = (self.shape().to_vec(), self.dtype(), idx.detach());
             move |g: &Tensor| {
-                let zeros = Tensor::zeros(&shape, float_out(dtype));
+                let zeros = Tensor::zeros_on(&shape, float_out(dtype), g.device())?;
                 Ok(vec![Some(zeros.scatter_add(d as isize, &idx, g)?)])
             }
         }))
@@ -163,7 +159,6 @@ impl Tensor {
         check_index_dtype("scatter_add", idx)?;
         check_fits("scatter_add", idx, self, d, true)?;
         check_fits("scatter_add", idx, src, d, false)?;
-        self.check_cpu("scatter_add")?;
         let out = be(self)?.scatter_add(&self.detach(), d, idx, &src.detach())?;
         Ok(record("scatter_add", out, &[self, src], || {
             let (src_shape, idx) = (src.shape().to_vec(), idx.detach());
@@ -174,14 +169,16 @@ impl Tensor {
                 } else if idx.shape() == src_shape.as_slice() {
                     Some(g.gather(d as isize, &idx)?)
                 } else {
-                    // Positions of `src` outside the index's corner did not contribute.
+                    // Positions of `src` outside the index's corner did not contribute. The
+                    // corner is written on the host (copy_into is a host copy).
                     let full = Tensor::zeros(&src_shape, g.dtype());
                     let mut corner = full.clone();
                     for (dim, &n) in idx.shape().iter().enumerate() {
                         corner = corner.narrow(dim as isize, 0, n)?;
                     }
-                    super::view::copy_into(&corner, &g.gather(d as isize, &idx)?)?;
-                    Some(full)
+                    let picked = g.gather(d as isize, &idx)?.to_device(crate::Device::Cpu)?;
+                    super::view::copy_into(&corner, &picked)?;
+                    Some(full.to_device(g.device())?)
                 };
                 Ok(vec![Some(g.clone()), gs])
             }
@@ -199,7 +196,8 @@ impl Tensor {
                 rhs: mask.shape().to_vec(),
             });
         }
-        let fill = Tensor::full(&[], value as f64, float_out(self.dtype()));
+        let fill =
+            Tensor::full(&[], value as f64, float_out(self.dtype())).to_device(self.device())?;
         where_(mask, &fill, self)
     }
 }
@@ -210,7 +208,7 @@ impl Tensor {
 pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let shape = broadcast_shapes("where", a.shape(), b.shape())?;
     let shape = broadcast_shapes("where", cond.shape(), &shape)?;
-    cond.check_cpu("where")?;
+    same_device("where", &[cond, a, b])?;
     let dtype = if a.dtype() == b.dtype() {
         float_out(a.dtype())
     } else {
@@ -224,7 +222,7 @@ pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (a_shape, b_shape) = (a.shape().to_vec(), b.shape().to_vec());
         let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
         move |g: &Tensor| {
-            let zero = Tensor::zeros(&[], g.dtype());
+            let zero = Tensor::zeros_on(&[], g.dtype(), g.device())?;
             let ga = if need_a {
                 Some(where_(&c, g, &zero)?.sum_to_shape(&a_shape)?)
             } else {
@@ -238,4 +236,16 @@ pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
             Ok(vec![ga, gb])
         }
     }))
+}
+
+/// Fails unless every tensor lives on the first one's device (a kernel reads all of them).
+fn same_device(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    let device = ts[0].device();
+    match ts.iter().find(|t| t.device() != device) {
+        None => Ok(()),
+        Some(t) => Err(Error::DeviceUnavailable {
+            device: t.device(),
+            reason: format!("{op}: operands on {device} and {}", t.device()),
+        }),
+    }
 }

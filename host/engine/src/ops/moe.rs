@@ -110,7 +110,6 @@ impl Tensor {
                 ),
             ));
         }
-        self.check_cpu(OP)?;
         if let Some(dt) = crate::autocast::autocast_dtype() {
             // Mixed precision as for `matmul`: both operands in the low precision (the casts
             // carry the gradients back to f32 master weights), f32 accumulation inside.

@@ -103,7 +103,7 @@ pub fn update_router_bias(bias: &Tensor, counts: &[u64], rate: f32) -> Result<()
     let d_mean = d.iter().sum::<f32>() / d.len() as f32;
     let delta: Vec<f32> = d.iter().map(|&v| v - d_mean).collect();
     let _g = crate::autograd::no_grad();
-    let delta = Tensor::from_vec(delta, &[counts.len()])?;
+    let delta = Tensor::from_vec(delta, &[counts.len()])?.to_device(bias.device())?;
     let updated = bias.to_dtype(DType::F32)?.add(&delta)?;
     bias.copy_from(&updated)
 }
@@ -137,7 +137,7 @@ pub fn load_balancing_loss(
     }
     let (n, e) = (scores.shape()[0], counts.len());
     let f: Vec<f32> = counts.iter().map(|&c| c as f32 / n.max(1) as f32).collect();
-    let f = Tensor::from_vec(f, &[e])?;
+    let f = Tensor::from_vec(f, &[e])?.to_device(scores.device())?;
     let p = probabilities(scores, score)?.mean_dims(&[0], false)?;
     p.mul(&f)?.sum_all()?.mul_scalar(e as f32)
 }

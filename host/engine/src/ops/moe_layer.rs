@@ -60,7 +60,6 @@ impl Tensor {
                 ),
             ));
         }
-        self.check_cpu(OP)?;
         let dtype = float_out(self.dtype());
         let out = be(self)?.moe_dispatch(&self.detach(), &p.token, dtype)?;
         Ok(record(OP, out, &[self], || {
@@ -89,7 +88,6 @@ impl Tensor {
                 rhs: weights.shape().to_vec(),
             });
         }
-        self.check_cpu(OP)?;
         let dtype = float_out(self.dtype());
         let out = be(self)?.moe_combine(&self.detach(), &weights.detach(), &p.inverse, dtype)?;
         Ok(record(OP, out, &[self, weights], || {

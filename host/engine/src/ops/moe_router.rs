@@ -134,7 +134,8 @@ fn limit_to_groups(choice: &Tensor, n_group: usize, topk_group: usize) -> Result
             row[g * size..(g + 1) * size].fill(f32::NEG_INFINITY);
         }
     }
-    Tensor::from_vec(v, choice.shape())
+    // Back on the scores' device, so the top-k that follows runs where the router does.
+    Tensor::from_vec(v, choice.shape())?.to_device(choice.device())
 }
 
 /// Routes tokens from `logits [N, E]` (any float dtype; scores are computed in f32). `bias`

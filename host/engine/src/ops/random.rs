@@ -43,7 +43,6 @@ impl Tensor {
         if p == 0.0 {
             return Ok(self.clone());
         }
-        self.check_cpu("dropout")?;
         let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
         let out = be(self)?.dropout(&self.detach(), p, scale, key, offset)?;
         Ok(record("dropout", out, &[self], || {

@@ -35,7 +35,12 @@ pub fn cat(tensors: &[Tensor], dim: isize) -> Result<Tensor> {
                 format!("dtypes differ: {} and {}", first.dtype(), t.dtype()),
             ));
         }
-        t.check_cpu("cat")?;
+        if t.device() != first.device() {
+            return Err(invalid(
+                "cat",
+                format!("devices differ: {} and {}", first.device(), t.device()),
+            ));
+        }
     }
     let detached: Vec<Tensor> = tensors.iter().map(|t| t.detach()).collect();
     let out = super::be(first)?.cat(&detached, d)?;

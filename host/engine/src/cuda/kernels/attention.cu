@@ -2,23 +2,13 @@
 // explicit positions, GQA (query head h reads kv head h / (Hq/Hkv)), logit soft-capping and
 // sinks (a per-head logit in every row's softmax denominator, without a value).
 //
-// A straightforward first slice, not yet a tiled FlashAttention: one block per query row keeps
-// that row's Tk scores in shared memory (dynamic, Tk floats), so Tk is bounded by shared memory,
-// and sums run in key (or query) order so results are bitwise reproducible. Layouts are
+// The exact kernel (flash.cu is the tiled one, used from a key length on; this one is its
+// reference): one block per query row keeps that row's Tk scores in shared memory (dynamic, Tk
+// floats), so Tk is bounded by shared memory, and sums run in key (or query) order so results
+// are bitwise reproducible. Layouts are
 // contiguous q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]; lse is [B, Hq, Tq] (f32).
 
-struct AttnDims {
-    i64 b, hq, hkv, tq, tk, d, dv;
-    float scale, softcap; // softcap 0: none
-    int causal;           // 1: keys after the query are masked
-    i64 window;           // 0: none; else keys at or before q_pos - window are masked
-    int has_sinks;
-};
-
-__device__ __forceinline__ bool visible(const AttnDims& a, i64 qp, i64 kp) {
-    bool causal = a.causal || a.window > 0;
-    return (!causal || kp <= qp) && (a.window == 0 || kp > qp - a.window);
-}
+// `AttnDims` and `visible` are in attention.cuh (shared with flash.cu).
 
 // The masked, soft-capped logit of query row `qrow` (already in shared memory, f32) against key
 // `j`, or -inf when masked. `dcap` receives d(capped)/d(raw) for the backward.
