@@ -506,15 +506,11 @@ pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     if tp == 1 {
         return Ok(());
     }
-    for (dim, what) in [(MeshDim::Pp, "pipeline stages")] {
-        let d = mesh.degree(dim);
-        if d > 1 {
-            return Err(config_err(format!(
-                "`parallelism.tp` ({tp}) with `parallelism.{}` ({d}): tensor parallelism with {what} is not supported yet; set parallelism.{} = 1 (parallelism.dp_replicate and parallelism.dp_shard compose with tp)",
-                dim.key(),
-                dim.key()
-            )));
-        }
+    let pp = mesh.degree(MeshDim::Pp);
+    if pp > 1 {
+        return Err(config_err(format!(
+            "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}): tensor parallelism with pipeline stages is not supported yet; set parallelism.pp = 1 (parallelism.dp_replicate and parallelism.dp_shard compose with tp)"
+        )));
     }
     Ok(())
 }
