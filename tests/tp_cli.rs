@@ -5,8 +5,8 @@
 //! parallelism, TP2 × DDP2 and TP2 × FSDP2 (FSDP over each rank's slices) follow the single
 //! process (step 1 within 1e-6, 50 steps within 1e-4) and rerun bitwise; their checkpoints hold
 //! global pieces, so a single process and other layouts resume them (TP2 × FSDP2 → FSDP4 →
-//! single), and TP2 and TP2 × FSDP2 resume a single process's. Full recompute under TP follows
-//! too; quantized FSDP gathers run under TP.
+//! single), and TP2 and TP2 × FSDP2 resume a single process's. Full recompute under TP (with
+//! SP, and with SP × FSDP2) follows too; quantized FSDP gathers run under TP.
 //! Layouts that do not divide the model are one line naming the keys, exit 2.
 
 mod dist_support;
@@ -197,22 +197,35 @@ fn tensor_parallelism_composes_with_recompute() {
     let (single, single_dir) = job.train("single", &short(&[]));
     ok(&single);
     let want = loss_values(&single_dir);
-    for (name, layout) in [
+    for (name, n, layout) in [
         (
             "tp2-full-recompute",
+            2,
             &["parallelism.tp=2", "activation_checkpoint.mode=\"full\""][..],
         ),
         (
             "tp2-sp-full-recompute",
+            2,
             &[
                 "parallelism.tp=2",
                 "parallelism.tp_sequence=true",
                 "activation_checkpoint.mode=\"full\"",
             ][..],
         ),
+        // The norms' partial gradients under SP are summed over tp on the FSDP shards.
+        (
+            "tp2-sp-fsdp2-full-recompute",
+            4,
+            &[
+                "parallelism.tp=2",
+                "parallelism.tp_sequence=true",
+                "parallelism.dp_shard=2",
+                "activation_checkpoint.mode=\"full\"",
+            ][..],
+        ),
     ] {
         let dir = job.dir.join(name);
-        ok(&mpiexec_train(2, &job, &dir, &short(layout)));
+        ok(&mpiexec_train(n, &job, &dir, &short(layout)));
         close(name, &want, &loss_values(&dir));
     }
 }
