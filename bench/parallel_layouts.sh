@@ -2,9 +2,10 @@
 # Parallel layouts side by side on the debug Llama (hidden 256, FFN 1024, vocab 8192) with its
 # 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
 # virtual stages per rank), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
-# parallelism (tp2_sp), CP(2) and CP(2) x FSDP(2), one compute thread per rank, a global batch
-# of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel rank under
-# PP(2) x DDP(2), PP(2) x FSDP(2) and CP(2) x FSDP(2)).
+# parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), CP(2) and CP(2) x FSDP(2), one compute
+# thread per rank, a global batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4
+# per data-parallel rank under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2) and
+# CP(2) x FSDP(2)).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
@@ -18,6 +19,11 @@
 #   A/2 and scatters A twice forward and the mirror backward, plus the embedding's and head's,
 #   (6L + 3) A (on the wire, for 2 ranks, both move (4L + 2) A: a ring all-reduce sends its
 #   buffer's two halves). The loss adds 12 bytes per token.
+# - TP(2) x FSDP(2): TP(2)'s traffic for its 4 micro-batches plus FSDP's on the local slices
+#   (each rank's P_outer + L P_block f32 of its tp slices): per micro-batch the outer unit is
+#   gathered once and each block twice (forward; again for its backward), a gather counted as
+#   its send (half the unit), and every unit's gradients reduce-scattered (its whole input):
+#   (1.5 P_outer + 2 L P_block) x 4 bytes. The step's flags, losses and norm sums are left out.
 # - CP: the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to the ring's
 #   theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and their
 #   i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and values'
@@ -65,6 +71,7 @@ for layers in 4 16; do
     run "pp2xfsdp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_shard=2
     run "tp2-$layers" "$layers" 2 parallelism.tp=2
     run "tp2_sp-$layers" "$layers" 2 parallelism.tp=2 parallelism.tp_sequence=true
+    run "tp2_fsdp2-$layers" "$layers" 4 parallelism.tp=2 parallelism.dp_shard=2
     run "cp2-$layers" "$layers" 2 parallelism.cp=2
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
 done
@@ -84,12 +91,13 @@ python3 - "$OUT" "$WARMUP" <<'PY'
 import json, os, statistics, sys
 out, warmup = sys.argv[1], int(sys.argv[2])
 dim, seq, micro = 256, 256, 8
+ffn, vocab, kv = 1024, 8192, 256
 print(f"{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'theory MB':>10} {'bubble':>7} {'theory':>7}")
 for layers in (4, 16):
     for name, boundaries, per_rank in (("single", 0, micro), ("fsdp2", 0, micro), ("pp2", 1, micro),
                                         ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2),
                                         ("pp2xfsdp2", 1, micro // 2), ("tp2", 0, micro),
-                                        ("tp2_sp", 0, micro)):
+                                        ("tp2_sp", 0, micro), ("tp2_fsdp2", 0, micro // 2)):
         path = f"{out}/{name}-{layers}/metrics.jsonl"
         if not os.path.exists(path):
             continue
@@ -105,6 +113,11 @@ for layers in (4, 16):
             theory = micro * ((4 * layers + 2) * act + 12 * seq) / 1e6
         if name == "tp2_sp":
             theory = micro * ((6 * layers + 3) * act + 12 * seq) / 1e6
+        if name == "tp2_fsdp2":
+            block = (2 * dim * dim + 2 * dim * kv + 3 * dim * ffn) / 2 + 2 * dim
+            outer = 2 * vocab * dim / 2 + dim
+            fsdp = (1.5 * outer + 2 * layers * block) * 4
+            theory = per_rank * ((4 * layers + 2) * act + 12 * seq + fsdp) / 1e6
         bub = [r["pp_bubble"] for r in rows[warmup:] if "pp_bubble" in r]
         th = rows[-1].get("pp_bubble_theory")
         print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "

@@ -2,16 +2,18 @@
 //! Llama: each rank holds its slices of the column-, row- and vocab-split projections (one of the
 //! two heads, half the feed-forward, half the vocabulary), the linears' inputs and outputs are
 //! combined over the group and the loss never gathers the logits. TP2, TP2 with sequence
-//! parallelism and TP2 × DDP2 follow the single process (step 1 within 1e-6, 50 steps within
-//! 1e-4) and rerun bitwise; their checkpoints hold global pieces, so a single process and other
-//! layouts resume them, and TP2 resumes a single process's. Full recompute under TP follows too.
+//! parallelism, TP2 × DDP2 and TP2 × FSDP2 (FSDP over each rank's slices) follow the single
+//! process (step 1 within 1e-6, 50 steps within 1e-4) and rerun bitwise; their checkpoints hold
+//! global pieces, so a single process and other layouts resume them (TP2 × FSDP2 → FSDP4 →
+//! single), and TP2 and TP2 × FSDP2 resume a single process's. Full recompute under TP (with
+//! SP, and with SP × FSDP2) follows too; quantized FSDP gathers run under TP.
 //! Layouts that do not divide the model are one line naming the keys, exit 2.
 
 mod dist_support;
 
 use anneal_tests::cli as common;
 
-use common::{losses, ok, user_error, Job};
+use common::{losses, ok, rows, user_error, Job};
 use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, piece};
 use std::path::{Path, PathBuf};
 
@@ -28,6 +30,7 @@ const STEPS: [&str; 6] = [
 
 const TP2: [&str; 1] = ["parallelism.tp=2"];
 const TP2_SP: [&str; 2] = ["parallelism.tp=2", "parallelism.tp_sequence=true"];
+const TP2_FSDP2: [&str; 2] = ["parallelism.tp=2", "parallelism.dp_shard=2"];
 
 fn settings(extra: &[&'static str]) -> Vec<&'static str> {
     STEPS.iter().chain(extra).copied().collect()
@@ -98,6 +101,14 @@ fn tensor_parallel_runs_follow_the_single_process_and_reshard() {
     close("TP2 with SP", &want, &loss_values(&tp2_sp));
     close("TP2 x DDP2", &want, &loss_values(&tp2_dp2));
     assert_eq!(losses(&tp2), losses(&tp2_again), "TP2 reruns bitwise");
+    let tp2_fsdp2 = run("tp2-fsdp2", 4, &TP2_FSDP2);
+    let tp2_fsdp2_again = run("tp2-fsdp2-again", 4, &TP2_FSDP2);
+    close("TP2 x FSDP2", &want, &loss_values(&tp2_fsdp2));
+    assert_eq!(
+        losses(&tp2_fsdp2),
+        losses(&tp2_fsdp2_again),
+        "TP2 x FSDP2 reruns bitwise"
+    );
 
     // Column splits are rows of the whole: rank 1 holds the second head's query rows; a
     // row-split weight is saved whole by the group's first rank.
@@ -115,11 +126,64 @@ fn tensor_parallel_runs_follow_the_single_process_and_reshard() {
         .unwrap_or_else(|| panic!("{emb} in shard 1: {m}"));
     assert_eq!(p["slice"][0], serde_json::json!([160, 320]), "{p}");
 
+    tp2_fsdp2_pieces(&manifest_of(&tp2_fsdp2.join("checkpoints/step-40")));
+
     // Any layout resumes any other's checkpoint, on the single process's curve.
     resume_as(&job, "tp2-as-single", &tp2, 1, &[], &want);
     resume_as(&job, "tp2-as-tp2-sp", &tp2, 2, &TP2_SP, &want);
     resume_as(&job, "tp2-sp-as-dp2", &tp2_sp, 2, &[], &want);
     resume_as(&job, "single-as-tp2", &single_dir, 2, &TP2, &want);
+    resume_as(
+        &job,
+        "single-as-tp2-fsdp2",
+        &single_dir,
+        4,
+        &TP2_FSDP2,
+        &want,
+    );
+    // TP2 x FSDP2 at step 40 -> FSDP4 (saving step 45) -> one process, steps 46..=50.
+    let fsdp4 = &["parallelism.dp_shard=4", "checkpoint.interval=5"];
+    resume_as(&job, "tp2-fsdp2-as-fsdp4", &tp2_fsdp2, 4, fsdp4, &want);
+    let one = job.dir.join("fsdp4-as-single");
+    copy_run(&job.dir.join("tp2-fsdp2-as-fsdp4"), &one, &[50]);
+    let (out, _) = job.train("fsdp4-as-single", &settings(&[]));
+    assert!(ok(&out).contains("(step 45)"), "resumed at 45");
+    let got = loss_values(&one);
+    assert_eq!(got.len(), 50, "45 + 5 rows");
+    close("TP2 x FSDP2 -> FSDP4 -> single", &want, &got);
+}
+
+/// Rank `2 s + t` of TP2 × FSDP2 holds shard `s` of its tensor-parallel slices (`t`), and
+/// writes global rows of the whole: of a column-split weight, rows of its slice; of a
+/// row-split one, full-width rows (its share of its shard's rows, gathered over tp); of a
+/// replicated one, its shard's rows on the first tp rank only.
+fn tp2_fsdp2_pieces(m: &serde_json::Value) {
+    assert_eq!(m["world_size"], 4, "{m}");
+    let rows_of = |name: &str, shard: usize| -> Option<serde_json::Value> {
+        let p = piece(m, name, &format!("shard-{shard:05}-of-00004.safetensors"))?;
+        Some(p["slice"].clone())
+    };
+    let wq = "model/layers.0.attention.wq.weight";
+    let wo = "model/layers.0.attention.wo.weight";
+    let norm = "model/layers.0.attention_norm.weight";
+    for (rank, wq_rows, wo_rows) in [
+        (0, [0, 8], [0, 8]),
+        (1, [16, 24], [8, 16]),
+        (2, [8, 16], [16, 24]),
+        (3, [24, 32], [24, 32]),
+    ] {
+        let slice = serde_json::json!([wq_rows, [0, 32]]);
+        assert_eq!(rows_of(wq, rank), Some(slice), "{wq} on rank {rank}");
+        let slice = serde_json::json!([wo_rows, [0, 32]]);
+        assert_eq!(rows_of(wo, rank), Some(slice), "{wo} on rank {rank}");
+    }
+    assert_eq!(rows_of(norm, 0), Some(serde_json::json!([[0, 16]])));
+    assert_eq!(rows_of(norm, 2), Some(serde_json::json!([[16, 32]])));
+    assert_eq!(
+        rows_of(norm, 1),
+        None,
+        "{norm}: the first tp rank writes it"
+    );
 }
 
 #[test]
@@ -133,23 +197,75 @@ fn tensor_parallelism_composes_with_recompute() {
     let (single, single_dir) = job.train("single", &short(&[]));
     ok(&single);
     let want = loss_values(&single_dir);
-    for (name, layout) in [
+    for (name, n, layout) in [
         (
             "tp2-full-recompute",
+            2,
             &["parallelism.tp=2", "activation_checkpoint.mode=\"full\""][..],
         ),
         (
             "tp2-sp-full-recompute",
+            2,
             &[
                 "parallelism.tp=2",
                 "parallelism.tp_sequence=true",
                 "activation_checkpoint.mode=\"full\"",
             ][..],
         ),
+        // The norms' partial gradients under SP are summed over tp on the FSDP shards.
+        (
+            "tp2-sp-fsdp2-full-recompute",
+            4,
+            &[
+                "parallelism.tp=2",
+                "parallelism.tp_sequence=true",
+                "parallelism.dp_shard=2",
+                "activation_checkpoint.mode=\"full\"",
+            ][..],
+        ),
     ] {
         let dir = job.dir.join(name);
-        ok(&mpiexec_train(2, &job, &dir, &short(layout)));
+        ok(&mpiexec_train(n, &job, &dir, &short(layout)));
         close(name, &want, &loss_values(&dir));
+    }
+}
+
+/// Quantized parameter gathers run on the tensor-parallel slices: int8 sends at most 30% of the
+/// exact gather's bytes and stays on the single process's curve (within 1e-2).
+#[test]
+fn quantized_fsdp_gathers_run_under_tensor_parallelism() {
+    let job = Job::new("tp-fsdp-int8");
+    let short = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut s = settings(extra);
+        s.extend(["training.steps=10", "checkpoint.interval=0"]);
+        s
+    };
+    let (single, single_dir) = job.train("single", &short(&[]));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    let run = |name: &str, dtype: &'static str| {
+        let dir = job.dir.join(name);
+        let mut layout = TP2_FSDP2.to_vec();
+        layout.push(dtype);
+        ok(&mpiexec_train(4, &job, &dir, &short(&layout)));
+        dir
+    };
+    let exact = run("f32", "parallelism.fsdp_all_gather_dtype=\"float32\"");
+    let int8 = run("int8", "parallelism.fsdp_all_gather_dtype=\"int8\"");
+    let gathered = |d: &Path| -> u64 {
+        let r = rows(d);
+        r[0]["fsdp_gather_bytes"]
+            .as_u64()
+            .expect("fsdp_gather_bytes")
+    };
+    let (f, q) = (gathered(&exact), gathered(&int8));
+    assert!(q * 10 <= f * 3, "int8 {q} vs f32 {f} bytes");
+    for (step, (a, b)) in want.iter().zip(&loss_values(&int8)).enumerate() {
+        assert!(
+            (a - b).abs() / a < 1e-2,
+            "int8 step {}: {b} vs {a}",
+            step + 1
+        );
     }
 }
 
@@ -214,8 +330,8 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
     let out = mpiexec_train(
         4,
         &job,
-        &job.dir.join("fsdp"),
-        &one_step(&["parallelism.tp=2", "parallelism.dp_shard=2"]),
+        &job.dir.join("pp"),
+        &one_step(&["parallelism.tp=2", "parallelism.pp=2"]),
     );
-    user_error(&out, &["parallelism.tp", "parallelism.dp_shard"]);
+    user_error(&out, &["parallelism.tp", "parallelism.pp"]);
 }

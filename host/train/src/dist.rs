@@ -47,6 +47,9 @@ pub struct Dist {
     /// The `tp` communicator (this rank's tensor-parallel group), when `tp > 1`; shared with
     /// the forward's collectives while a step runs ([`crate::tp`]).
     tp: Option<std::rc::Rc<dyn Collective>>,
+    /// Under TP × FSDP, the ranks of the first replica that save a checkpoint together
+    /// (`dp_shard` × `cp` × `tp`: each holds rows no other rank of it holds).
+    tp_save: Option<Box<dyn Collective>>,
 }
 
 impl Dist {
@@ -63,6 +66,7 @@ impl Dist {
             job: None,
             cp: None,
             tp: None,
+            tp_save: None,
         }
     }
 
@@ -171,6 +175,12 @@ impl Dist {
         } else {
             (None, job)
         };
+        let tp_save = match tp.is_some() && shard.is_some() {
+            // Every rank takes part in the split; the other replicas' groups go unused.
+            true => Some(mesh.comm_of(world, &[MeshDim::DpShard, MeshDim::Cp, MeshDim::Tp])?)
+                .filter(|_| mesh.coord(MeshDim::DpReplicate) == 0),
+            false => None,
+        };
         let dist = Dist {
             mesh,
             dp,
@@ -182,6 +192,7 @@ impl Dist {
             job,
             cp,
             tp,
+            tp_save,
         };
         Ok(dist)
     }
@@ -252,9 +263,12 @@ impl Dist {
 
     /// The ranks that write one checkpoint together, one shard each, when this rank is one of
     /// them: under pipeline parallelism every stage of the first replica; under FSDP / HSDP the
-    /// `dp_shard` ranks of the first replica group. `None` when one rank saves it whole (or this
-    /// rank's replica does not save).
+    /// `dp_shard` ranks of the first replica group; under TP × FSDP its `dp_shard` × `cp` × `tp`
+    /// ranks. `None` when one rank saves it whole (or this rank's replica does not save).
     pub fn save_group(&self) -> Option<&dyn Collective> {
+        if self.tp_save.is_some() {
+            return self.tp_save.as_deref();
+        }
         if let Some(tp) = &self.tp {
             // Tensor parallelism: each rank of the first replica's group saves its slices
             // (under context parallelism the cp ranks hold copies: the first one's group).

@@ -18,6 +18,7 @@ mod pp;
 mod run;
 mod schedule;
 mod tp;
+mod tp_fsdp;
 mod trainer;
 
 pub use context::RankRing;

@@ -386,7 +386,7 @@ fn what_dim(split: TpSplit) -> &'static str {
 }
 
 /// A row-split `[out, in / ranks]` slice joined with the other ranks' into `[out, in]`.
-fn gather_cols(comm: &dyn Collective, local: &Tensor) -> Result<Tensor, TrainError> {
+pub(crate) fn gather_cols(comm: &dyn Collective, local: &Tensor) -> Result<Tensor, TrainError> {
     let (rows, cols) = (local.shape()[0], local.shape()[1]);
     let n = comm.size();
     let mine = local.to_vec_f32();
@@ -498,26 +498,19 @@ impl StageParams for TpHook {
     }
 }
 
-/// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP); sharding
-/// (FSDP) and pipeline stages beside `tp` are refused, naming the keys.
+/// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP) and
+/// sharding (FSDP, [`crate::tp_fsdp`]); pipeline stages beside `tp` are refused, naming the keys.
 pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     use anneal_dist::MeshDim;
     let tp = mesh.degree(MeshDim::Tp);
     if tp == 1 {
         return Ok(());
     }
-    for (dim, what) in [
-        (MeshDim::DpShard, "sharding parameters over dp_shard (FSDP)"),
-        (MeshDim::Pp, "pipeline stages"),
-    ] {
-        let d = mesh.degree(dim);
-        if d > 1 {
-            return Err(config_err(format!(
-                "`parallelism.tp` ({tp}) with `parallelism.{}` ({d}): tensor parallelism with {what} is not supported yet; set parallelism.{} = 1 (parallelism.dp_replicate composes with tp)",
-                dim.key(),
-                dim.key()
-            )));
-        }
+    let pp = mesh.degree(MeshDim::Pp);
+    if pp > 1 {
+        return Err(config_err(format!(
+            "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}): tensor parallelism with pipeline stages is not supported yet; set parallelism.pp = 1 (parallelism.dp_replicate and parallelism.dp_shard compose with tp)"
+        )));
     }
     Ok(())
 }

@@ -91,6 +91,8 @@ pub struct Trainer {
     cp: Option<crate::cp::Context>,
     /// The tensor-parallel layout when `tp > 1` (`named` then holds this rank's slices).
     tp: Option<crate::tp::TpLayout>,
+    /// Under TP × FSDP, the row-split shares the next checkpoint writes.
+    tp_fsdp_save: crate::tp_fsdp::TpFsdpSave,
 }
 
 /// What keeps a step's per-block driver and expert group reachable from the model's hooks.
@@ -241,6 +243,7 @@ impl Trainer {
             pipeline: None,
             cp: None,
             tp: None,
+            tp_fsdp_save: Default::default(),
         };
         if let Some(ring) = trainer.dist.take_ring_comm() {
             let cp = crate::cp::Context::activate(ring);
@@ -400,10 +403,15 @@ impl Trainer {
         };
         let tp = match (&self.tp, self.dist.tp()) {
             (Some(layout), Some(comm)) => {
-                opts.stage_params = Some(Arc::new(crate::tp::TpHook {
-                    params: self.params.clone(),
-                    tp: layout.context(),
-                }) as Arc<dyn StageParams>);
+                let tp = layout.context();
+                opts.stage_params = Some(match &active {
+                    // FSDP's per-block gathers hand out the local slices.
+                    Some(_) => Arc::new(crate::tp_fsdp::Hook { tp }) as Arc<dyn StageParams>,
+                    None => Arc::new(crate::tp::TpHook {
+                        params: self.params.clone(),
+                        tp,
+                    }),
+                });
                 Some(crate::tp::activate(comm))
             }
             _ => None,
@@ -526,7 +534,9 @@ impl Trainer {
                 u.borrow_mut().end_backward()?;
             }
         }
-        if let (Some(layout), Some(comm)) = (&self.tp, self.dist.tp()) {
+        // Under FSDP the replicated gradients are summed on the shards, once they hold them.
+        let tp_grads = self.tp.as_ref().zip(self.dist.tp());
+        if let (Some((layout, comm)), None) = (tp_grads, &units) {
             layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
         }
         let mut pp_figures = None;
@@ -588,6 +598,9 @@ impl Trainer {
                         grads.early_scatters,
                         grads.gather_bytes,
                     ));
+                    if let Some((layout, comm)) = tp_grads {
+                        layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
+                    }
                 }
                 None => match pp_shard_grads.take() {
                     Some((rows, got)) => Fsdp::set_shard_grads(
@@ -614,6 +627,10 @@ impl Trainer {
         ) {
             (Some(fsdp), Some(sc), Some(_), Some(pc)) => {
                 crate::pp::sharded::grad_norm(fsdp, sc, pc, &self.named)?
+            }
+            (Some(_), Some(sc), _, _) if tp_grads.is_some() => {
+                let (layout, tc) = tp_grads.expect("matched is_some");
+                crate::tp_fsdp::grad_norm(layout, sc, tc.as_ref(), &self.named)?
             }
             (Some(fsdp), Some(comm), _, _) => fsdp.grad_norm(comm, &self.named)?,
             (_, _, Some(pipe), Some(comm)) => pipe.grad_norm(comm, &self.named)?,

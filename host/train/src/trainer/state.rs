@@ -35,6 +35,22 @@ impl Trainer {
         };
         self.provenance.stamp(&mut state);
         let optim_state = self.optimizer.state();
+        if let (Some(tp), Some(fsdp)) = (&self.tp, &self.fsdp) {
+            let first = self.dist.save_group().is_none_or(|c| c.rank() == 0);
+            let gathered = self.tp_fsdp_save.gathered();
+            let mut pieces = Vec::new();
+            crate::tp_fsdp::pieces(
+                tp,
+                fsdp,
+                first,
+                &self.named,
+                &self.buffers,
+                optim_state,
+                &gathered,
+                &mut pieces,
+            );
+            return Snapshot::capture_pieces(state, pieces, spare);
+        }
         if let Some(tp) = &self.tp {
             return self.tp_snapshot(tp, state, spare);
         }
@@ -80,6 +96,13 @@ impl Trainer {
     /// row-split tensors, saved whole): every rank of the save group calls it before a save.
     pub fn prepare_save(&self) -> Result<(), TrainError> {
         match (&self.tp, self.dist.tp()) {
+            (Some(tp), Some(comm)) if self.fsdp.is_some() => self.tp_fsdp_save.prepare(
+                tp,
+                self.fsdp.as_ref().expect("matched is_some"),
+                comm.as_ref(),
+                &self.named,
+                self.optimizer.state(),
+            ),
             (Some(tp), Some(comm)) => {
                 tp.prepare_save(comm.as_ref(), &self.named, self.optimizer.state())
             }
@@ -133,6 +156,11 @@ impl Trainer {
     /// whichever shards of whatever layout hold them.
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
         let (named, buffers) = match &self.fsdp {
+            Some(fsdp) if self.tp.is_some() => {
+                let tp = self.tp.as_ref().expect("matched is_some");
+                let (model, named) = (&self.model, &self.named);
+                crate::tp_fsdp::restore(tp, fsdp, &ckpt, model, named, &mut self.optimizer)?
+            }
             Some(fsdp) => {
                 let rows: std::collections::HashMap<&str, std::ops::Range<usize>> = self
                     .named
