@@ -1,7 +1,9 @@
 //! The DeepSeek-V4 plugin through the CLI: a small model of every block kind trains, `anneal
 //! logprobs` on the tiny transformers checkpoint prints transformers' values, `anneal generate`
 //! decodes with the per-layer caches (their bytes counted by hand against a plain KV cache) and
-//! the training forward reproduces its log-probabilities bit for bit, and `anneal rl` on configs/rl_digits_deepseek_v4.toml keeps the rollout and trainer
+//! the training forward reproduces its log-probabilities bit for bit, multi-token prediction
+//! trains as the auxiliary loss `mtp` (logged as `mtp_loss`) without touching generation, and
+//! `anneal rl` on configs/rl_digits_deepseek_v4.toml keeps the rollout and trainer
 //! log-probabilities equal (mismatch exactly 0).
 
 use anneal_tests::cli::{anneal, ok, root, rows, Job};
@@ -45,6 +47,97 @@ fn a_small_model_of_every_block_kind_trains() {
     assert!(steps.last().unwrap()["mfu"]
         .as_f64()
         .is_some_and(|m| m > 0.0));
+}
+
+#[test]
+fn multi_token_prediction_trains_as_an_auxiliary_loss_and_leaves_generation_alone() {
+    let job = Job::new("deepseek_v4_mtp");
+    let args = TINY.replace(" }", ", mtp_layers = 1, balance_rate = 0.01 }");
+    let config = job.config_with_model("deepseek_v4", "deepseek_v4", &args);
+    let train = |name: &str, mode: &str| {
+        let run = job.dir.join(name);
+        let mut c = anneal();
+        c.arg("train").arg(&config).arg("--run-dir").arg(&run);
+        let mode = format!("activation_checkpoint.mode=\"{mode}\"");
+        for s in [
+            "training.steps=3",
+            "checkpoint.interval=3",
+            "training.aux_loss_weights.mtp=0.3",
+            mode.as_str(),
+        ] {
+            c.args(["--set", s]);
+        }
+        ok(&c.output().unwrap());
+        run
+    };
+    let run = train("run", "none");
+    // Recomputing every block (which passes MTP's input through) changes nothing, bit for bit.
+    let recomputed = train("recomputed", "full");
+    let curve = |run: &std::path::Path| -> Vec<(u64, u64)> {
+        rows(run)
+            .iter()
+            .map(|r| {
+                let bits = |k: &str| r[k].as_f64().expect(k).to_bits();
+                (bits("loss"), bits("mtp_loss"))
+            })
+            .collect()
+    };
+    assert_eq!(curve(&recomputed), curve(&run));
+    let last = rows(&run).last().unwrap().clone();
+    for key in ["mtp_loss", "aux_loss.mtp"] {
+        assert!(last[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {last}");
+    }
+    // Both start near ln(320): the token after next is about as hard as the next at first.
+    let (mtp, loss) = (
+        last["mtp_loss"].as_f64().unwrap(),
+        last["loss"].as_f64().unwrap(),
+    );
+    assert!((mtp - loss).abs() < 2.0, "{last}");
+    let step = run.join("checkpoints/step-3");
+    let saved =
+        anneal_engine::io::load_safetensors(step.join("shard-00000-of-00001.safetensors")).unwrap();
+    assert!(saved.contains_key("model/mtp.e_proj.weight"));
+    // The MTP block's learned router moved its balancing bias like the main blocks'.
+    let bias = saved["model/mtp.block.ffn.router.balance_bias"].to_vec_f32();
+    assert!(bias.iter().any(|v| v.abs() > 1e-3), "{bias:?}");
+
+    // The export carries the module under DeepSeek's names, which generation leaves aside: it
+    // decodes the main model, its log-probabilities the training forward's bit for bit.
+    let hf = job.dir.join("hf");
+    ok(&anneal()
+        .args(["checkpoint", "export", "--to-hf"])
+        .arg(&hf)
+        .arg(&step)
+        .output()
+        .unwrap());
+    let written = anneal_engine::io::load_safetensors(hf.join("model.safetensors")).unwrap();
+    assert!(written.contains_key("mtp.0.e_proj.weight"));
+    let prompt = "5,9,14,2,77,31,8,100,12,6";
+    let g = json_of(
+        &anneal()
+            .args(["generate", "--model-dir"])
+            .arg(&hf)
+            .args(["--prompt-tokens", prompt, "--max-new-tokens", "8"])
+            .args(["--temperature", "0.8", "--seed", "4"])
+            .output()
+            .unwrap(),
+    );
+    let new: Vec<String> = g["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert_eq!(new.len(), 8, "{g}");
+    let lp = json_of(
+        &anneal()
+            .args(["logprobs", "--model-dir"])
+            .arg(&hf)
+            .args(["--tokens", &format!("{prompt},{}", new.join(","))])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(floats(&lp["logprobs"])[9..], floats(&g["logprobs"])[..]);
 }
 
 #[test]

@@ -99,6 +99,12 @@ pub struct DeepseekV4Args {
     /// Step of the aux-loss-free balancing bias per optimizer step (0: fixed).
     #[serde(default)]
     pub balance_rate: f64,
+    /// Multi-token prediction modules (`num_nextn_predict_layers`; 0 or 1), as DeepSeek-V3's:
+    /// in training, one more block predicts the token after next, its loss an auxiliary loss
+    /// `mtp` (weighted by `training.aux_loss_weights.mtp`) and logged as `mtp_loss`; off at
+    /// inference and decode.
+    #[serde(default)]
+    pub mtp_layers: usize,
     /// Share the embedding table with the output projection.
     #[serde(default)]
     pub tie_embeddings: bool,
@@ -207,6 +213,12 @@ impl DeepseekV4Args {
                 self.scoring
             ));
         }
+        if self.mtp_layers > 1 {
+            return Err(format!(
+                "mtp_layers = {} is not supported (0 or 1)",
+                self.mtp_layers
+            ));
+        }
         if !["f32", "bf16"].contains(&self.dtype.as_str()) {
             return Err(format!("dtype '{}' is not f32 or bf16", self.dtype));
         }
@@ -287,6 +299,7 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         routed_scaling_factor: 1.5,
         swiglu_limit: 10.0,
         balance_rate: 1e-3,
+        mtp_layers: 0,
         tie_embeddings: false,
         dtype: "f32".into(),
     };
@@ -335,6 +348,8 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         routed_scaling_factor: 1.5,
         swiglu_limit: 10.0,
         balance_rate: 0.0,
+        // The release has one MTP module; transformers (whose count this matches) builds none.
+        mtp_layers: 0,
         tie_embeddings: false,
         dtype: "bf16".into(),
     };
@@ -474,6 +489,9 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekV4Args, String> {
         routed_scaling_factor: f.float("routed_scaling_factor")?.unwrap_or(1.5),
         swiglu_limit: f.float("swiglu_limit")?.unwrap_or(10.0),
         balance_rate: 0.0,
+        // transformers' checkpoints carry no MTP weights (it drops DeepSeek's `mtp.*` on load),
+        // whatever `num_nextn_predict_layers` says.
+        mtp_layers: 0,
         tie_embeddings: tie,
         dtype: dtype.into(),
     })

@@ -76,7 +76,7 @@ pub fn adapter(a: &DeepseekV4Args) -> HfAdapter {
             "norm_topk_prob": true,
             "routed_scaling_factor": a.routed_scaling_factor,
             "swiglu_limit": a.swiglu_limit,
-            "num_nextn_predict_layers": 0,
+            "num_nextn_predict_layers": a.mtp_layers,
             "tie_word_embeddings": a.tie_embeddings,
             "hidden_act": "silu",
             "attention_bias": false,
@@ -95,10 +95,12 @@ mod tests {
         for name in FLAVORS {
             let a = flavor(name).unwrap();
             let back = from_hf_config(&adapter(&a).config).unwrap();
-            // The balancing rate is a training setting, not part of the checkpoint.
+            // The balancing rate is a training setting, not part of the checkpoint, and
+            // transformers' checkpoints carry no MTP module.
             assert_eq!(
                 DeepseekV4Args {
                     balance_rate: 0.0,
+                    mtp_layers: 0,
                     ..a
                 },
                 back,

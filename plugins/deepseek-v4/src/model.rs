@@ -13,6 +13,7 @@
 //! MoE(y)   = Σ_{e ∈ E(t)} g_e · FFN_e(y) + FFN_shared(y),  g = normalise(√softplus(W_r y))_E(t) · scale
 //!          E(t) = top-k(√softplus(W_r y) + bias)  or  tid2eid[token]  (hash-routed blocks)
 //! ```
+//! With `mtp_layers = 1`, training also predicts the token after next (`mtp.rs`).
 //! The experts' SwiGLU clamps the gate at `swiglu_limit` and the up product to `±swiglu_limit`.
 
 use crate::config::{DeepseekV4Args, MlpType};
@@ -114,7 +115,7 @@ impl DeepseekV4 {
 
     /// Block `index` on the streams `x [B, T, N, D]` at positions `pos`; `tokens` feed hash
     /// routing.
-    fn block<'h>(
+    pub(crate) fn block<'h>(
         &self,
         ctx: &Ctx<'h>,
         l: &BlockParams,
@@ -132,6 +133,26 @@ impl DeepseekV4 {
         let input = input.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
         let ffn = self.moe(ctx, &l.ffn, index, &input, tokens)?;
         self.hc_post(&x, &ffn, &post, &comb_t)
+    }
+
+    /// The streams `x [B, T, N, D]` collapsed to `[B, T, D]` by the head's weights
+    /// `σ(W · RMSNorm(flatten(x)) · s + b) + ε`.
+    pub(crate) fn collapse<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        hc: &HyperConnection,
+        x: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let a = &self.args;
+        let s = x.shape()?;
+        let (b, t, n, d) = (s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64);
+        let pre = crate::attention::unweighted_rms_norm(&x.reshape(&[b, t, n * d])?, a.norm_eps)?
+            .linear(&ctx.w(&hc.fn_)?)?
+            .mul(&ctx.w(&hc.scale)?)?
+            .add(&ctx.w(&hc.base)?)?
+            .unary("sigmoid")?
+            .affine(1.0, a.hc_eps)?;
+        pre.reshape(&[b, t, n, 1])?.mul(x)?.sum(&[2], false)
     }
 
     /// The mixture of experts on `y [B, T, D]`.
@@ -198,18 +219,25 @@ impl Model for DeepseekV4 {
     }
 
     /// The embedding copied onto every stream `[B, T, N, D]`, the token ids (hash routing) and
-    /// their positions. A decode step covers its new tokens only: the attention blocks keep
-    /// what they need of the past in the host (`decode.rs`).
+    /// their positions; in training with MTP, also the embeddings of tokens `1..T-1` for
+    /// `head`. A decode step covers its new tokens only: the attention blocks keep what they
+    /// need of the past in the host (`decode.rs`).
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
+        let table = ctx.w(&self.params.tok_embeddings)?;
+        let h = table.embedding(&tokens)?;
         let s = h.shape()?;
         let one = h.reshape(&[s[0] as i64, s[1] as i64, 1, s[2] as i64])?;
         let copies: Vec<&Tensor<'h>> = std::iter::repeat_n(&one, self.args.hc_mult).collect();
-        Ok(vec![
+        let mut out = vec![
             ctx.host.cat(&copies, 2)?,
-            tokens,
+            tokens.clone(),
             ctx.positions.clone(),
-        ])
+        ];
+        let t = s[1];
+        if ctx.training && !ctx.use_cache && self.params.mtp.is_some() && t > 2 {
+            out.push(table.embedding(&tokens.narrow(1, 1, t - 2)?)?);
+        }
+        Ok(out)
     }
 
     fn layer<'h>(
@@ -218,16 +246,23 @@ impl Model for DeepseekV4 {
         index: usize,
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
-        let [x, tokens, pos]: [Tensor<'h>; 3] = hidden
-            .try_into()
-            .map_err(|_| Error("layer: expected the streams, token ids and positions".into()))?;
+        let mut hidden = hidden.into_iter();
+        let (Some(x), Some(tokens), Some(pos)) = (hidden.next(), hidden.next(), hidden.next())
+        else {
+            return Err(Error(
+                "layer: expected the streams, token ids and positions".into(),
+            ));
+        };
         let l = self
             .params
             .layers
             .get(index)
             .ok_or_else(|| format!("layer {index}: the model has {}", self.args.n_layers))?;
         let out = self.block(ctx, l, index, &x, &tokens, &pos)?;
-        Ok(vec![out, tokens, pos])
+        // MTP's input passes through untouched.
+        let mut out = vec![out, tokens, pos];
+        out.extend(hidden);
+        Ok(out)
     }
 
     /// Aux-loss-free balancing: each learned router's bias moves towards balance by
@@ -236,35 +271,31 @@ impl Model for DeepseekV4 {
         if self.args.balance_rate <= 0.0 {
             return Ok(());
         }
-        for (index, l) in self.params.layers.iter().enumerate() {
+        let mtp = self.params.mtp.as_ref().map(|m| &m.block);
+        for (index, l) in self.params.layers.iter().chain(mtp).enumerate() {
             if let Routing::Learned { bias } = &l.ffn.routing {
                 debug_assert_eq!(self.args.mlp_type(index), MlpType::Moe);
-                host.update_balance_bias(index, bias, self.args.balance_rate)?;
+                // The MTP block reports its tokens only when its loss was computed.
+                let seen = host.param(&format!("stats.{}", tokens_per_expert_stat(index)));
+                if index < self.args.n_layers || seen.is_ok() {
+                    host.update_balance_bias(index, bias, self.args.balance_rate)?;
+                }
             }
         }
         Ok(())
     }
 
     fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
-        let x = hidden
-            .into_iter()
-            .next()
-            .ok_or("head: missing hidden state")?;
-        let a = &self.args;
+        let mut hidden = hidden.into_iter();
+        let x = hidden.next().ok_or("head: missing hidden state")?;
         let p = &self.params;
-        let s = x.shape()?;
-        let (b, t, n, d) = (s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64);
-        let hc = &p.hc_head;
-        let pre = crate::attention::unweighted_rms_norm(&x.reshape(&[b, t, n * d])?, a.norm_eps)?
-            .linear(&ctx.w(&hc.fn_)?)?
-            .mul(&ctx.w(&hc.scale)?)?
-            .add(&ctx.w(&hc.base)?)?
-            .unary("sigmoid")?
-            .affine(1.0, a.hc_eps)?;
-        pre.reshape(&[b, t, n, 1])?
-            .mul(&x)?
-            .sum(&[2], false)?
-            .rms_norm(&ctx.w(&p.norm)?, a.norm_eps)?
+        if let (Some(m), Some(tokens), Some(pos), Some(next)) =
+            (&p.mtp, hidden.next(), hidden.next(), hidden.next())
+        {
+            self.mtp_loss(ctx, m, &x, &next, &tokens, &pos)?;
+        }
+        self.collapse(ctx, &p.hc_head, &x)?
+            .rms_norm(&ctx.w(&p.norm)?, self.args.norm_eps)?
             .linear(&ctx.w(&p.output)?)
     }
 }

@@ -135,6 +135,28 @@ pub struct DeepseekV4Params {
     pub norm: Param,
     /// Output projection `[vocab, dim]` (the embedding table when tied).
     pub output: Param,
+    /// The multi-token prediction module, when `mtp_layers` is 1.
+    pub mtp: Option<MtpParams>,
+}
+
+/// DeepSeek-V4's multi-token prediction module (depth 1): from the main model's streams at
+/// `i` and the embedding of token `i + 1`, one more block predicts token `i + 2` through the
+/// shared embedding and output projection (as DeepSeek-V3's, with the streams kept apart).
+pub struct MtpParams {
+    /// RMSNorm of the next token's embedding.
+    pub enorm: Param,
+    /// RMSNorm of the main model's streams.
+    pub hnorm: Param,
+    /// `[dim, dim]`: the normalised embedding into the block's input (added to every stream).
+    pub e_proj: Param,
+    /// `[dim, dim]`: each normalised stream into the block's input.
+    pub h_proj: Param,
+    /// The block.
+    pub block: BlockParams,
+    /// Its own collapse of the streams before the shared output projection.
+    pub hc_head: HyperConnection,
+    /// RMSNorm before the shared output projection.
+    pub norm: Param,
 }
 
 fn linear(l: &mut LayerScope<'_>, name: &str, shape: [usize; 2], std: f64, hf: &str) -> Param {
@@ -396,6 +418,65 @@ fn moe(a: &DeepseekV4Args, l: &mut LayerScope<'_>, i: usize, depth_std: f64) -> 
     }
 }
 
+/// Block `i`'s parameters in scope `l`: its attention type and routing are those of `i`
+/// (a block past the last, as the MTP block is, slides and routes by the learned router).
+fn block(a: &DeepseekV4Args, l: &mut LayerScope<'_>, i: usize) -> BlockParams {
+    let d = a.dim;
+    let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
+    BlockParams {
+        hc_attn: hyper_connection(l, "hc_attn", "hc_attn", a),
+        attention_norm: norm(l, "attention_norm.weight", d, "attn_norm.weight"),
+        attention: attention(a, l, i, depth_std),
+        hc_ffn: hyper_connection(l, "hc_ffn", "hc_ffn", a),
+        ffn_norm: norm(l, "ffn_norm.weight", d, "ffn_norm.weight"),
+        ffn: moe(a, l, i, depth_std),
+    }
+}
+
+/// The declarations of a head's collapse of the streams (`fn [N, N·D]`, `base [N]`, `scale
+/// [1]`) named `{at}.fn`, ... and `{hf}fn`, ...
+fn head_connection(a: &DeepseekV4Args, at: &str, hf: &str) -> [Decl; 3] {
+    let n = a.hc_mult;
+    [
+        Decl::new(&format!("{at}.fn"), [n, n * a.dim])
+            .normal(0.02)
+            .dtype("f32")
+            .replicated()
+            .hf_name(&format!("{hf}fn")),
+        Decl::new(&format!("{at}.base"), [n])
+            .dtype("f32")
+            .hf_name(&format!("{hf}base")),
+        Decl::new(&format!("{at}.scale"), [1])
+            .ones()
+            .dtype("f32")
+            .hf_name(&format!("{hf}scale")),
+    ]
+}
+
+/// The MTP module after the blocks (scope index `n_layers`), named as DeepSeek's checkpoints
+/// name it (`mtp.0.*`; transformers defines no MTP module and drops `mtp.*` when it loads).
+/// Its block is the one DeepSeek's release puts there: `compress_ratios` ends with a 0 for it,
+/// so it attends over the sliding window only, and it routes by the learned router.
+fn mtp(a: &DeepseekV4Args, t: &mut ParamTable) -> MtpParams {
+    let (d, i) = (a.dim, a.n_layers);
+    let block = block(a, &mut t.layer(i, "mtp.block", "mtp.0"), i);
+    let mut l = t.layer(i, "mtp", "mtp.0");
+    let [fn_, base, scale] = head_connection(a, "hc_head", "hc_head_");
+    MtpParams {
+        enorm: norm(&mut l, "enorm.weight", d, "enorm.weight"),
+        hnorm: norm(&mut l, "hnorm.weight", d, "hnorm.weight"),
+        e_proj: linear(&mut l, "e_proj.weight", [d, d], 0.02, "e_proj.weight"),
+        h_proj: linear(&mut l, "h_proj.weight", [d, d], 0.02, "h_proj.weight"),
+        block,
+        hc_head: HyperConnection {
+            fn_: l.add(fn_),
+            base: l.add(base),
+            scale: l.add(scale),
+        },
+        norm: norm(&mut l, "norm.weight", d, "norm.weight"),
+    }
+}
+
 /// Declares every parameter, initialised as transformers does (normal 0.02 matrices, ones for
 /// norms and hyper-connection scales, zeros for sinks, biases and `ape`), the projections that
 /// write into the residual streams depth-scaled.
@@ -405,39 +486,17 @@ pub fn declare(a: &DeepseekV4Args) -> (DeepseekV4Params, Vec<ParamSpec>) {
     let tok_embeddings = t.token_embedding(a.vocab_size, d);
     let layers = (0..a.n_layers)
         .map(|i| {
-            let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
             let mut l = t.layer(i, &format!("layers.{i}"), &format!("model.layers.{i}"));
-            BlockParams {
-                hc_attn: hyper_connection(&mut l, "hc_attn", "hc_attn", a),
-                attention_norm: norm(&mut l, "attention_norm.weight", d, "attn_norm.weight"),
-                attention: attention(a, &mut l, i, depth_std),
-                hc_ffn: hyper_connection(&mut l, "hc_ffn", "hc_ffn", a),
-                ffn_norm: norm(&mut l, "ffn_norm.weight", d, "ffn_norm.weight"),
-                ffn: moe(a, &mut l, i, depth_std),
-            }
+            block(a, &mut l, i)
         })
         .collect();
-    let n = a.hc_mult;
+    let [fn_, base, scale] = head_connection(a, "hc_head", "model.hc_head.hc_");
     let hc_head = HyperConnection {
-        fn_: t.add(
-            Decl::new("hc_head.fn", [n, n * d])
-                .normal(0.02)
-                .dtype("f32")
-                .replicated()
-                .hf_name("model.hc_head.hc_fn"),
-        ),
-        base: t.add(
-            Decl::new("hc_head.base", [n])
-                .dtype("f32")
-                .hf_name("model.hc_head.hc_base"),
-        ),
-        scale: t.add(
-            Decl::new("hc_head.scale", [1])
-                .ones()
-                .dtype("f32")
-                .hf_name("model.hc_head.hc_scale"),
-        ),
+        fn_: t.add(fn_),
+        base: t.add(base),
+        scale: t.add(scale),
     };
+    let mtp = (a.mtp_layers > 0).then(|| mtp(a, &mut t));
     let norm = t.add(
         Decl::new("norm.weight", [d])
             .ones()
@@ -460,13 +519,15 @@ pub fn declare(a: &DeepseekV4Args) -> (DeepseekV4Params, Vec<ParamSpec>) {
         hc_head,
         norm,
         output,
+        mtp,
     };
     (params, t.into_specs())
 }
 
 /// Parameters a token does not go through: the experts it is not routed to.
+/// The MTP block counts among them: it trains, so its experts cost like a block's.
 pub fn idle_params(a: &DeepseekV4Args) -> usize {
-    a.n_layers * (a.n_experts - a.top_k) * 3 * a.dim * a.expert_ffn_dim
+    (a.n_layers + a.mtp_layers) * (a.n_experts - a.top_k) * 3 * a.dim * a.expert_ffn_dim
 }
 
 /// Keys (window plus compressed blocks) one query of block `i` attends to, averaged over the
@@ -498,7 +559,7 @@ pub fn attention_flops(a: &DeepseekV4Args, i: usize, s: usize) -> f64 {
 ///
 /// Training FLOPs per token: 6 per trained parameter a token goes through (the embedding
 /// lookup excluded unless it is the output head too), plus [`attention_flops`] per block at
-/// `max_seq_len`.
+/// `max_seq_len`, the MTP module's included (it trains).
 pub fn model_spec(a: &DeepseekV4Args, params: Vec<ParamSpec>) -> ModelSpec {
     let n: usize = params
         .iter()
@@ -511,17 +572,25 @@ pub fn model_spec(a: &DeepseekV4Args, params: Vec<ParamSpec>) -> ModelSpec {
     } else {
         a.vocab_size * a.dim
     };
-    let dense = (n - lookup - idle) as f64;
-    let attn: f64 = (0..a.n_layers)
+    // The MTP module runs the shared output projection a second time.
+    let dense = (n - lookup - idle + a.mtp_layers * a.vocab_size * a.dim) as f64;
+    let attn: f64 = (0..a.n_layers + a.mtp_layers)
         .map(|i| attention_flops(a, i, a.max_seq_len))
         .sum();
+    // What a token goes through when the model runs: the MTP module trains only.
+    let mtp: usize = params
+        .iter()
+        .filter(|p| p.trainable && p.name.starts_with("mtp."))
+        .map(|p| p.shape.iter().product::<usize>())
+        .sum();
+    let mtp_idle = a.mtp_layers * (a.n_experts - a.top_k) * 3 * a.dim * a.expert_ffn_dim;
     ModelSpec {
         architecture: "deepseek_v4".into(),
         n_layers: a.n_layers,
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn,
-        active_params: Some(n - idle),
+        active_params: Some(n - idle - (mtp - mtp_idle)),
         // What a plain KV cache of this model holds: one shared key/value head per layer.
         // Decode keeps its own, smaller caches instead (`decode.rs`, [`decode_cache_bytes`]),
         // so estimates from this are upper bounds.
