@@ -18,6 +18,7 @@ mod pp;
 mod run;
 mod schedule;
 mod tp;
+mod tp_infer;
 mod trainer;
 
 pub use context::RankRing;
@@ -25,6 +26,7 @@ pub use dist::Dist;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, run_dist, RunSummary};
 pub use schedule::LrSchedule;
+pub use tp_infer::{TpActive, TpInference};
 pub use trainer::{StepOutcome, Trainer};
 
 use std::path::PathBuf;
