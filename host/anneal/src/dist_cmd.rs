@@ -82,7 +82,7 @@ fn wait_forwarding_term(
 }
 
 /// Cores per rank when `nproc` ranks share this machine: at least one.
-fn threads_per_rank(nproc: usize) -> usize {
+pub(crate) fn threads_per_rank(nproc: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / nproc.max(1)).max(1)
 }

@@ -6,7 +6,10 @@ use crate::user_bail;
 use anneal_runtime::hf;
 use anneal_runtime::infer::{self, Sampling};
 use anneal_runtime::plugins::{Params, PluginModel};
+use anneal_train::TpInference;
+use anyhow::Context;
 use std::path::Path;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// Parses `1,2,3` into token ids.
@@ -101,6 +104,9 @@ pub struct GenerateMode {
     /// Fast kernels instead of batch-invariant ones (a row's tokens may then depend on the
     /// batch it is in).
     pub fast: bool,
+    /// Tensor-parallel degree: under `mpiexec -n tp`, each rank holds its slices of the weights
+    /// and its heads of the KV cache; the ranks decode in lockstep and rank 0 prints.
+    pub tp: usize,
 }
 
 /// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens of the first row (and
@@ -117,12 +123,67 @@ pub fn generate(
     if mode.batch == 0 {
         user_bail!("--batch must be at least 1");
     }
+    match mode.tp {
+        0 => user_bail!("--tp must be at least 1"),
+        1 => generate_on(dir, plugin, input, max_new, sampling, mode, None),
+        n => {
+            // MPI only when a launcher started this process; a plain run never touches it.
+            let world = anneal_dist::init()?;
+            if world.size() != n {
+                user_bail!(
+                    "--tp {n} runs one process per slice of the model: start it as `mpiexec -n {n} anneal generate ...` (this job has {} process(es))",
+                    world.size()
+                );
+            }
+            anneal_engine::init_threads(crate::dist_cmd::threads_per_rank(
+                anneal_dist::local_ranks().unwrap_or(n),
+            ))?;
+            let result = (|| {
+                let comm: Rc<dyn anneal_dist::Collective> = Rc::from(world.split(0, 0)?);
+                generate_on(dir, plugin, input, max_new, sampling, mode, Some(comm))
+            })();
+            // A rank that fails ends every rank (with its exit code) rather than leave them
+            // waiting in a collective.
+            match result {
+                Ok(()) => Ok(()),
+                Err(e) => crate::dist_cmd::fail_job(world.as_ref(), e),
+            }
+        }
+    }
+}
+
+/// [`generate`] in this process, or as one rank of the tensor-parallel group `tp`.
+fn generate_on(
+    dir: &Path,
+    plugin: Option<&str>,
+    input: TokenSource<'_>,
+    max_new: usize,
+    sampling: Sampling,
+    mode: GenerateMode,
+    tp: Option<Rc<dyn anneal_dist::Collective>>,
+) -> anyhow::Result<()> {
+    // Only the group's first rank speaks; the others compute the same tokens.
+    let speaks = tp.as_ref().is_none_or(|c| c.rank() == 0);
     let (prompt, tok) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &prompt)?;
+    let tp = tp
+        .map(|comm| {
+            let n = comm.size();
+            TpInference::new(&dir.display().to_string(), model.spec(), comm)
+                .with_context(|| format!("--tp {n}"))
+        })
+        .transpose()?;
+    // Each rank keeps its slices of the weights it loaded whole.
+    let params = match &tp {
+        Some(tp) => tp.slice(&params)?,
+        None => params,
+    };
+    let _active = tp.as_ref().map(TpInference::activate);
+    let context = tp.as_ref().map(TpInference::context);
     let max_seq_len = model.spec().max_seq_len;
     let budget = infer::new_token_budget(prompt.len(), max_new, max_seq_len)?;
-    if budget < max_new {
+    if budget < max_new && speaks {
         eprintln!(
             "note: --max-new-tokens {max_new} capped at {budget}: the prompt's {} tokens and the completion must fit the model's {max_seq_len} positions",
             prompt.len()
@@ -135,8 +196,18 @@ pub fn generate(
             ..sampling.clone()
         })
         .collect();
-    let (mut rows, stats) =
-        infer::generate_batch_timed(&model, &params, &prompts, budget, &samplings, !mode.fast)?;
+    let (mut rows, stats) = infer::generate_batch_tp(
+        &model,
+        &params,
+        &prompts,
+        budget,
+        &samplings,
+        !mode.fast,
+        context.as_ref(),
+    )?;
+    if !speaks {
+        return Ok(());
+    }
     let g = rows.swap_remove(0);
     let mut out = serde_json::json!({
         "prompt_tokens": prompt,
@@ -144,6 +215,7 @@ pub fn generate(
         "logprobs": g.logprobs,
         "batch": mode.batch,
         "batch_invariant": !mode.fast,
+        "tp": mode.tp,
         "prefill_s": stats.prefill_s,
         "decode_s": stats.decode_s,
         "decode_tokens_per_s": stats.decode_tokens as f64 / stats.decode_s.max(1e-12),

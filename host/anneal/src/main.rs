@@ -90,6 +90,10 @@ enum Command {
         /// differ from a batch-1 run).
         #[arg(long)]
         fast: bool,
+        /// Tensor-parallel degree: run under `mpiexec -n TP`; each rank holds its slices of
+        /// the weights and its heads of the KV cache (the Llama 3 family); rank 0 prints.
+        #[arg(long, default_value_t = 1)]
+        tp: usize,
     },
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
@@ -218,6 +222,7 @@ fn main() -> ExitCode {
             plugin,
             batch,
             fast,
+            tp,
         } => {
             let sampling = anneal_runtime::infer::Sampling {
                 temperature,
@@ -236,7 +241,7 @@ fn main() -> ExitCode {
                 },
                 max_new_tokens,
                 sampling,
-                infer_cmd::GenerateMode { batch, fast },
+                infer_cmd::GenerateMode { batch, fast, tp },
             )
         }
         Command::Reward(command) => reward_cmd::run(command),

@@ -46,7 +46,7 @@ impl Progress {
 }
 
 /// A host-memory copy of everything an exact resume needs: the policy `named`, the optimizer
-/// state, the KL `reference` (when the run keeps one) and `progress`. `spare` buffers from the
+/// state `optim_state`, the KL `reference` (when the run keeps one) and `progress`. `spare` buffers from the
 /// previous snapshot are reused.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn snapshot(
@@ -55,7 +55,7 @@ pub(crate) fn snapshot(
     provenance: &Provenance,
     elapsed_s: f64,
     named: &[(String, Tensor)],
-    optimizer: &PluginOptimizer,
+    optim_state: &std::collections::BTreeMap<String, Tensor>,
     reference: Option<&Params>,
     spare: Vec<Vec<u8>>,
 ) -> Snapshot {
@@ -78,10 +78,7 @@ pub(crate) fn snapshot(
     };
     provenance.stamp(&mut state);
     let params = named.iter().map(|(n, p)| (format!("model/{n}"), p));
-    let optim = optimizer
-        .state()
-        .iter()
-        .map(|(n, t)| (format!("optim/{n}"), t));
+    let optim = optim_state.iter().map(|(n, t)| (format!("optim/{n}"), t));
     // In the policy's (sorted) order, so the same run writes the same file.
     let frozen = reference.into_iter().flat_map(|r| {
         named

@@ -7,8 +7,8 @@
 
 use crate::buffer::RolloutBuffer;
 use anneal_data::TextTokenizer;
-use anneal_runtime::infer::{generate_batch, Sampling};
-use anneal_runtime::plugins::{Params, PluginModel};
+use anneal_runtime::infer::{generate_batch_tp, Sampling};
+use anneal_runtime::plugins::{Params, PluginModel, TensorParallelism};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -192,6 +192,10 @@ pub struct RolloutCtx {
     pub share: Share,
     /// The first error a worker hit (the run stops on it).
     pub failed: Mutex<Option<String>>,
+    /// Under tensor parallelism, the group the decode runs over (the weights handed to the
+    /// rollouts are then this rank's slices, and every rank of the group decodes the same
+    /// prompts in lockstep, on the thread where the group's communicator is installed).
+    pub tp: Option<TensorParallelism>,
 }
 
 /// Which prompts a data-parallel rank rolls out: of each step's `per_step` prompts, the
@@ -288,8 +292,16 @@ pub fn rollout_groups(
                 });
             }
         }
-        let mut generations =
-            generate_batch(&ctx.model, params, &rows, ctx.max_new_tokens, &samplings)?.into_iter();
+        let (generations, _) = generate_batch_tp(
+            &ctx.model,
+            params,
+            &rows,
+            ctx.max_new_tokens,
+            &samplings,
+            true,
+            ctx.tp.as_ref(),
+        )?;
+        let mut generations = generations.into_iter();
         // The batch's time is shared evenly by its groups.
         let t_rollout = started.elapsed().as_secs_f64() / members.len() as f64;
         for &g in members {
@@ -329,35 +341,49 @@ pub fn rollout_groups(
 /// closes the buffer and is kept in `ctx.failed`, so the trainer stops instead of waiting for
 /// groups that will never come.
 pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>, max_groups: usize) {
-    while let Some((version, params, k)) = buffer.begin_many(max_groups) {
-        let first = ctx.next_prompt.fetch_add(k as u64, Ordering::SeqCst);
-        let indices: Vec<u64> = (first..first + k as u64)
-            .map(|c| ctx.share.global(c))
-            .collect();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            rollout_groups(&ctx, &params, &indices)
-        }));
-        let failure = match outcome {
-            Ok(Ok(groups)) => {
-                groups.into_iter().for_each(|g| buffer.finish(version, g));
-                continue;
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(panic) => {
-                let what = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("no message");
-                format!("a rollout worker panicked: {what}")
-            }
-        };
-        (0..k).for_each(|_| buffer.abandon());
-        let mut f = ctx.failed.lock().unwrap_or_else(|e| e.into_inner());
-        f.get_or_insert(failure);
-        buffer.close();
-        return;
-    }
+    while rollout_round(&ctx, &buffer, max_groups) {}
+}
+
+/// One round of a [`worker`]: begins up to `max_groups` rollouts (waiting for room and fresh
+/// weights), generates and hands in those groups. `false` once the buffer has closed or the
+/// round failed (the failure is kept in `ctx.failed` and the buffer closed). Under tensor
+/// parallelism the run calls it itself, once per step on the training thread, so the ranks
+/// of a group decode together.
+pub fn rollout_round(
+    ctx: &RolloutCtx,
+    buffer: &RolloutBuffer<Group, Params>,
+    max_groups: usize,
+) -> bool {
+    let Some((version, params, k)) = buffer.begin_many(max_groups) else {
+        return false;
+    };
+    let first = ctx.next_prompt.fetch_add(k as u64, Ordering::SeqCst);
+    let indices: Vec<u64> = (first..first + k as u64)
+        .map(|c| ctx.share.global(c))
+        .collect();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rollout_groups(ctx, &params, &indices)
+    }));
+    let failure = match outcome {
+        Ok(Ok(groups)) => {
+            groups.into_iter().for_each(|g| buffer.finish(version, g));
+            return true;
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("no message");
+            format!("a rollout worker panicked: {what}")
+        }
+    };
+    (0..k).for_each(|_| buffer.abandon());
+    let mut f = ctx.failed.lock().unwrap_or_else(|e| e.into_inner());
+    f.get_or_insert(failure);
+    buffer.close();
+    false
 }
 
 /// Held-out prompts decoded together in one batch: the batch-invariant kernels pad matrix
@@ -367,14 +393,12 @@ const EVAL_BATCH: usize = anneal_engine::invariant::TILE;
 /// Greedy accuracy on `prompts`: the share whose completion the scorer calls correct (or whose
 /// reward is positive when no module reports `correct`).
 pub fn evaluate(
-    model: &PluginModel,
+    ctx: &RolloutCtx,
     params: &Params,
-    tok: &TextTokenizer,
-    scorer: &dyn Scorer,
     prompts: &[Prompt],
-    prepend_eos: bool,
-    max_new_tokens: usize,
 ) -> Result<f64, anneal_engine::Error> {
+    let (tok, scorer) = (ctx.tokenizer.as_ref(), ctx.scorer.as_ref());
+    let (prepend_eos, max_new_tokens) = (ctx.prepend_eos, ctx.max_new_tokens);
     let s = Sampling {
         temperature: 0.0,
         eos: Some(tok.eos_id() as i64),
@@ -393,12 +417,14 @@ pub fn evaluate(
     for members in by_len.values() {
         for chunk in members.chunks(EVAL_BATCH) {
             let rows: Vec<&[i64]> = chunk.iter().map(|&i| encoded[i].as_slice()).collect();
-            let gens = generate_batch(
-                model,
+            let (gens, _) = generate_batch_tp(
+                &ctx.model,
                 params,
                 &rows,
                 max_new_tokens,
                 &vec![s.clone(); rows.len()],
+                true,
+                ctx.tp.as_ref(),
             )?;
             for (&i, g) in chunk.iter().zip(&gens) {
                 let sc = scorer.score(&prompts[i], &completion_text(tok, &g.tokens));

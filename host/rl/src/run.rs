@@ -8,7 +8,7 @@ use crate::buffer::{Item, Taken};
 use crate::checkpoint::{restore, Progress};
 use crate::loss::LossSettings;
 use crate::metrics::RlRow;
-use crate::rollout::{evaluate, worker, Group, Prompt, RolloutCtx, Scorer, Share};
+use crate::rollout::{evaluate, rollout_round, worker, Group, Prompt, RolloutCtx, Scorer, Share};
 use crate::setup::{initial_params, prepare, Setup};
 use crate::trainer::{publishable, RlTrainer, StepOut};
 use anneal_config::JobConfig;
@@ -17,7 +17,7 @@ use anneal_runtime::infer::Sampling;
 use anneal_runtime::plugins::Params;
 use anneal_train::harness::Resumed;
 use anneal_train::harness::{resume, split_buffers, RunDir, RunKind, Saver};
-use anneal_train::{io_err, Console, Dist, LrSchedule, MetricsLog, TrainError};
+use anneal_train::{io_err, Console, Dist, LrSchedule, MetricsLog, TpInference, TrainError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,9 +65,10 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, context and tensor parallelism,
-/// sharded parameters (FSDP), and a step's prompts
-/// that do not split into whole groups per rank. User errors naming the keys.
+/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, sharded
+/// parameters (FSDP), tensor parallelism with asynchronous rollouts or sequence parallelism,
+/// and a step's prompts that do not split into whole groups per rank. User errors naming the
+/// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
     if dist.pp().is_some() {
@@ -81,10 +82,24 @@ pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
             cp.size()
         )));
     }
-    if dist.tp_degree() > 1 {
-        return Err(TrainError::Config(
-            "config: `parallelism.tp`: `anneal rl` does not run tensor parallel yet (rollouts and the trainer hold whole replicas); set parallelism.tp = 1".into(),
-        ));
+    let tp = dist.tp_degree();
+    if tp > 1 {
+        // The ranks of a group decode together on the training thread: one synchronous
+        // rollout per step, no sequence split (a decode step has one position).
+        let refused = [
+            (r.max_staleness > 0, "rl.max_staleness", "0"),
+            (r.rollout_threads > 1, "rl.rollout_threads", "1"),
+            (
+                cfg.parallelism.tp_sequence,
+                "parallelism.tp_sequence",
+                "false",
+            ),
+        ];
+        if let Some((_, key, want)) = refused.iter().find(|(bad, _, _)| *bad) {
+            return Err(TrainError::Config(format!(
+                "config: `{key}` with `parallelism.tp` ({tp}): under tensor parallelism the ranks of a group roll out together on the training thread, once per step; set {key} = {want}"
+            )));
+        }
     }
     if dist.shard().is_some() {
         return Err(TrainError::Config(
@@ -119,14 +134,24 @@ pub fn run_rl_dist(
     let cfg = &anneal_train::harness::with_model_plugin(cfg)?;
     let r = &cfg.rl;
     let (ranks, main) = (dist.size(), dist.rank() == 0);
+    // The whole job's processes: the data-parallel ranks times each one's tensor-parallel group.
+    let world = ranks * dist.tp_degree();
     check_layout(cfg, &dist)?;
-    let run = main.then(|| RunDir::open(run_dir)).transpose()?;
+    // `main` ranks (the first data-parallel rank's tensor-parallel group) evaluate together;
+    // the first of them alone writes the run's files.
+    let tp_rank = dist.tp_rank();
+    let lead = main && tp_rank == 0;
+    let run = lead.then(|| RunDir::open(run_dir)).transpose()?;
     let total = cfg.training.steps;
-    let console = Console::new(total, 0, cfg.metrics.progress_bar && main);
+    let console = Console::new(total, 0, cfg.metrics.progress_bar && lead);
     console.note(&format!("run dir: {}", run_dir.display()));
-    if ranks > 1 {
+    if world > 1 {
+        let tp = match dist.tp_degree() {
+            1 => String::new(),
+            n => format!(", tensor-parallel rank {tp_rank} of {n}"),
+        };
         console.note(&format!(
-            "distributed: rank {} of {ranks}; mesh {}",
+            "distributed: rank {} of {ranks}{tp}; mesh {}",
             dist.rank(),
             dist.mesh().describe()
         ));
@@ -139,6 +164,21 @@ pub fn run_rl_dist(
         mut optimizer,
         provenance,
     } = prepare(cfg)?;
+    let model_name = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
+    let tp = TpInference::of_dist(&dist, &model_name, model.spec())?;
+    if let Some(tp) = &tp {
+        if optimizer.spec().needs_full_matrix {
+            return Err(TrainError::Config(format!(
+                "config: `parallelism.tp` = {} with `optimizer.plugin` = {}: an optimizer that steps whole matrices would see this rank's slices only; set parallelism.tp = 1 or use adamw",
+                tp.ranks(),
+                cfg.optimizer.plugin
+            )));
+        }
+        console.note(&tp.summary());
+    }
+    // The communicator of the group is installed on this thread for the whole run: rollouts,
+    // evaluations and trainer steps all run here, in the same order on every rank.
+    let _tp_active = tp.as_ref().map(TpInference::activate);
     let mut restored = None;
     let resumed = match &run {
         Some(run) => resume(cfg, run, RunKind::Rl, &provenance, &console, |l| {
@@ -150,9 +190,9 @@ pub fn run_rl_dist(
     // A checkpoint rank 0 refuses fails every rank.
     let resumed = dist.led_by_rank0(resumed)?;
     // The other ranks continue from the checkpoint rank 0 accepted (after its checks).
-    let resumed = if ranks > 1 {
+    let resumed = if world > 1 {
         let step = dist.broadcast_u64(resumed.step, 0)?;
-        if !main && step > 0 {
+        if !lead && step > 0 {
             let dir = run_dir.join("checkpoints").join(format!("step-{step}"));
             console.note(&format!("resuming from {} (step {step})", dir.display()));
             let loaded = anneal_train::checkpoint::load_dir(&dir)?;
@@ -173,6 +213,24 @@ pub fn run_rl_dist(
                 .transpose()?;
             (named, buffers, reference, Progress::default())
         }
+    };
+    // Under tensor parallelism each rank keeps its slices of the whole policy it started from
+    // (and of the optimizer state a checkpoint restored).
+    let (named, reference) = match &tp {
+        Some(tp) => {
+            let whole = named.clone();
+            let named = tp.slice_params(named)?;
+            let state = tp.slice_state(&whole, optimizer.state().clone())?;
+            if !state.is_empty() {
+                optimizer.load_state(&named, state).map_err(|m| {
+                    TrainError::Checkpoint(anneal_train::checkpoint::CheckpointError::Mismatch(
+                        format!("the optimizer state of this rank's slices: {m}"),
+                    ))
+                })?;
+            }
+            (named, reference.map(|r| tp.slice(&r)).transpose()?)
+        }
+        None => (named, reference),
     };
     if let Some(run) = &run {
         run.record(cfg, &tokenizer_path)?;
@@ -206,6 +264,7 @@ pub fn run_rl_dist(
         next_prompt: AtomicU64::new(share.local_of(progress.rl.next_prompt)),
         share,
         failed: Mutex::new(None),
+        tp: tp.as_ref().map(TpInference::context),
     });
     let per_rank = r.prompts_per_step / ranks;
     let capacity = per_rank * (r.max_staleness as usize + 1);
@@ -226,7 +285,7 @@ pub fn run_rl_dist(
     ));
 
     let mut saver = run.as_ref().map(|run| Saver::new(cfg, run));
-    let mut logs = match main {
+    let mut logs = match lead {
         true => Some((
             MetricsLog::open(run_dir).map_err(io_err(run_dir))?,
             crate::samples::SampleLog::open(run_dir, r, ctx.prompts.clone())?,
@@ -244,15 +303,7 @@ pub fn run_rl_dist(
     let eval =
         |params: &Params, held_out: &Option<Vec<Prompt>>| -> Result<Option<f64>, TrainError> {
             match held_out {
-                Some(p) => Ok(Some(evaluate(
-                    &model,
-                    params,
-                    &tokenizer,
-                    scorer.as_ref(),
-                    p,
-                    r.prepend_eos,
-                    r.max_new_tokens,
-                )?)),
+                Some(p) => Ok(Some(evaluate(&ctx, params, p)?)),
                 None => Ok(None),
             }
         };
@@ -273,7 +324,11 @@ pub fn run_rl_dist(
         }
     }
 
-    let workers = spawn_workers(cfg, per_rank, &ctx, &buffer)?;
+    // Under tensor parallelism the rollouts run on this thread (see `rollout_round` below).
+    let workers = match tp {
+        Some(_) => Vec::new(),
+        None => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
+    };
     let mut trainer = RlTrainer {
         model: &model,
         params,
@@ -283,6 +338,8 @@ pub fn run_rl_dist(
         settings: LossSettings::from_config(r),
         group_size: r.group_size,
         aux_weights: cfg.training.aux_loss_weights.clone(),
+        tp: tp.as_ref(),
+        gathered: None,
     };
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
@@ -294,6 +351,10 @@ pub fn run_rl_dist(
                 break;
             }
             let waited = Instant::now();
+            if tp.is_some() {
+                // Synchronous (max_staleness 0): this step's rollouts with the current weights.
+                rollout_round(&ctx, &buffer, per_rank);
+            }
             let Some(taken) = buffer.take(per_rank, version) else {
                 let failed = ctx.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 return Err(TrainError::Rollout(
@@ -361,6 +422,10 @@ pub fn run_rl_dist(
             summary.steps = step;
             summary.rows.push(row);
             let elapsed = clock();
+            if tp.is_some() && dist.any(saver.as_ref().is_some_and(|s| s.due(step)))? {
+                // Every rank of the group gathers; the lead writes.
+                trainer.prepare_save(&optimizer)?;
+            }
             if let Some(saver) = &mut saver {
                 saver.save_if_due(step, &console, |spare| {
                     trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare)
@@ -381,6 +446,10 @@ pub fn run_rl_dist(
         let _ = w.join();
     }
     result?;
+    if summary.stopped {
+        // A stop saves the last step (see `Saver::finish`): gathered by the whole group.
+        trainer.prepare_save(&optimizer)?;
+    }
     let elapsed = clock();
     if let Some(saver) = &mut saver {
         saver.finish(

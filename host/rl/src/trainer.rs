@@ -11,12 +11,12 @@ use crate::rollout::{Group, Sample};
 use anneal_config::JobConfig;
 use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::{autograd, Tensor};
-use anneal_runtime::infer::token_logprob;
+use anneal_runtime::infer::{tensor_parallel_opts, token_logprob, whole_vocab};
 use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer};
 use anneal_train::checkpoint::Snapshot;
 use anneal_train::harness::{clip_grads, global_grad_norm, Provenance};
 use anneal_train::outputs::{weighted_aux, StepOutputs};
-use anneal_train::{Dist, TrainError};
+use anneal_train::{Dist, TpInference, TrainError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -68,6 +68,19 @@ pub(crate) struct RlTrainer<'a> {
     pub group_size: usize,
     /// `training.aux_loss_weights`: each auxiliary loss's weight (1 when unlisted).
     pub aux_weights: BTreeMap<String, f64>,
+    /// Under tensor parallelism, the group: `named` and `reference` are this rank's slices,
+    /// the forwards run over the group and their logits are made whole.
+    pub tp: Option<&'a TpInference>,
+    /// Under tensor parallelism, the whole policy, optimizer state and reference gathered for
+    /// the next checkpoint ([`RlTrainer::prepare_save`]).
+    pub gathered: Option<Gathered>,
+}
+
+/// Whole tensors gathered over the tensor-parallel group for a checkpoint.
+pub(crate) struct Gathered {
+    named: Vec<(String, Tensor)>,
+    state: BTreeMap<String, Tensor>,
+    reference: Option<Params>,
 }
 
 /// The padded batch layout shared by the trainer forward and the loss: row `i` holds sample
@@ -134,16 +147,67 @@ impl RlTrainer<'_> {
         elapsed_s: f64,
         spare: Vec<Vec<u8>>,
     ) -> Snapshot {
-        snapshot(
-            cfg,
-            progress,
-            provenance,
-            elapsed_s,
-            &self.all(),
-            optimizer,
-            self.reference.as_ref(),
-            spare,
-        )
+        match &self.gathered {
+            Some(g) => snapshot(
+                cfg,
+                progress,
+                provenance,
+                elapsed_s,
+                &g.named,
+                &g.state,
+                g.reference.as_ref(),
+                spare,
+            ),
+            None => snapshot(
+                cfg,
+                progress,
+                provenance,
+                elapsed_s,
+                &self.all(),
+                optimizer.state(),
+                self.reference.as_ref(),
+                spare,
+            ),
+        }
+    }
+
+    /// Under tensor parallelism, gathers the whole policy, optimizer state and KL reference
+    /// for the snapshot that follows (a checkpoint holds whole tensors, whatever the layout).
+    /// Collective over the group: every rank calls it before a save, whether or not it writes.
+    pub fn prepare_save(&mut self, optimizer: &PluginOptimizer) -> Result<(), TrainError> {
+        let Some(tp) = self.tp else {
+            return Ok(());
+        };
+        let all = self.all();
+        let reference = match &self.reference {
+            Some(r) => {
+                let mut sorted: Vec<(String, Tensor)> =
+                    r.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
+                sorted.sort_by(|a, b| a.0.cmp(&b.0));
+                Some(Arc::new(tp.whole(&sorted)?.into_iter().collect()))
+            }
+            None => None,
+        };
+        self.gathered = Some(Gathered {
+            named: tp.whole(&all)?,
+            state: tp.whole_state(&self.named, optimizer.state())?,
+            reference,
+        });
+        Ok(())
+    }
+
+    /// The forward options of the trainer's forwards over `params`.
+    fn forward_opts(&self, params: &Params, training: bool) -> ForwardOpts {
+        ForwardOpts {
+            training,
+            ..tensor_parallel_opts(params, self.tp.map(|t| t.context()).as_ref())
+        }
+    }
+
+    /// The logits of a forward, whole-vocabulary rows under tensor parallelism.
+    fn whole(&self, logits: Tensor) -> Result<Tensor, TrainError> {
+        let tp = self.tp.map(|t| t.context());
+        Ok(whole_vocab(self.model, logits, tp.as_ref())?)
     }
 
     /// The policy's parameters and buffers, sorted by name within each.
@@ -185,10 +249,7 @@ impl RlTrainer<'_> {
             .collect();
         let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?;
         let positions = Tensor::from_vec((0..l.t as i64).collect(), &[l.t])?;
-        let fwd = ForwardOpts {
-            training: true,
-            ..Default::default()
-        };
+        let fwd = self.forward_opts(&self.params, true);
         // The model's auxiliary losses (a router's balancing loss) train the policy as they do
         // in `anneal train`; its statistics are reported.
         let full = self
@@ -197,7 +258,8 @@ impl RlTrainer<'_> {
         let aux = weighted_aux(&self.aux_weights, &full.aux_losses)?;
         let mut outputs = StepOutputs::default();
         outputs.add(aux.as_ref(), &full.aux_losses, &full.stats)?;
-        let logits = full.logits;
+        // Whole rows under tensor parallelism: the rollout sampled and scored the same rows.
+        let logits = self.whole(full.logits)?;
         let v = logits.shape()[2];
         // Trainer logprobs through the same function as the rollout's, and the entropy.
         let rows = logits.to_vec_f32();
@@ -227,9 +289,10 @@ impl RlTrainer<'_> {
         let ref_logp = match &self.reference {
             Some(refp) => {
                 let _g = autograd::no_grad();
-                let rl = self
-                    .model
-                    .forward(refp, &ids, &positions, &ForwardOpts::default())?;
+                let rl =
+                    self.model
+                        .forward(refp, &ids, &positions, &self.forward_opts(refp, false))?;
+                let rl = self.whole(rl)?;
                 let rr = rl.to_vec_f32();
                 Some(
                     (0..l.n * l.t)
@@ -303,7 +366,11 @@ impl RlTrainer<'_> {
             None => out.loss.backward()?,
         }
         dist.all_reduce_grads(&self.named)?;
-        let grad_norm = global_grad_norm(&self.named);
+        let grad_norm = match self.tp {
+            // Each split parameter's slices counted once over the group.
+            Some(tp) => tp.grad_norm(&self.named)?,
+            None => global_grad_norm(&self.named),
+        };
         clip_grads(&self.named, max_grad_norm, grad_norm)?;
         let (mut entropy, mut kl, mut dropped) = (
             ent_sum / tokens.max(1) as f64,

@@ -1,7 +1,9 @@
 //! Inference with a model plugin: log-probabilities of a sequence, and generation by prefill +
 //! decode over the host's KV cache, with temperature / top-k / top-p sampling.
 
-use crate::plugins::{ForwardOpts, KvCache, Params, PluginModel};
+use crate::plugins::{
+    ForwardOpts, KvCache, Params, PluginModel, ResidentTensorParallel, TensorParallelism,
+};
 use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::rng::RngKey;
 use anneal_engine::{autograd, Result, Tensor};
@@ -295,6 +297,76 @@ pub fn generate_batch_timed(
     samplings: &[Sampling],
     batch_invariant: bool,
 ) -> Result<(Vec<Generation>, DecodeStats)> {
+    generate_batch_tp(
+        model,
+        params,
+        prompts,
+        max_new,
+        samplings,
+        batch_invariant,
+        None,
+    )
+}
+
+/// The forward options of a decode over `params`: with `tp`, every stage reads `params` (this
+/// rank's slices) and the projections run over the group, without sequence parallelism (a
+/// decode step has one position to split).
+pub fn tensor_parallel_opts(params: &Params, tp: Option<&TensorParallelism>) -> ForwardOpts {
+    ForwardOpts {
+        stage_params: tp.map(|tp| {
+            Arc::new(ResidentTensorParallel {
+                params: params.clone(),
+                tp: TensorParallelism {
+                    sequence: false,
+                    ..tp.clone()
+                },
+            }) as Arc<dyn crate::plugins::StageParams>
+        }),
+        ..Default::default()
+    }
+}
+
+/// `logits [.., V']` of `model` as whole-vocabulary rows: unchanged when they already are; under
+/// `tp` a vocabulary-split head's columns joined over the group in rank order (the same bits as
+/// one process's head, on every rank, with a gradient reaching this rank's columns).
+pub fn whole_vocab(
+    model: &PluginModel,
+    logits: Tensor,
+    tp: Option<&TensorParallelism>,
+) -> Result<Tensor> {
+    let v = model.spec().vocab_size;
+    match (tp, logits.shape().last().copied()) {
+        (Some(tp), Some(cols)) if cols != v => {
+            if cols * tp.group.group.ranks() != v {
+                return Err(anneal_engine::Error::Invalid {
+                    op: "generate",
+                    msg: format!(
+                        "the head gave {cols} logits per position on each of {} tensor-parallel ranks; the vocabulary has {v}",
+                        tp.group.group.ranks()
+                    ),
+                });
+            }
+            anneal_engine::ops::tp_vocab_gather(&logits, &tp.group)
+        }
+        _ => Ok(logits),
+    }
+}
+
+/// [`generate_batch_timed`] as one rank of a tensor-parallel group when `tp` is given: `params`
+/// are this rank's slices, each layer's KV cache holds this rank's heads, and every rank draws
+/// the same tokens (the logits are made whole before sampling and every rank uses the same
+/// streams), so the ranks decode in lockstep. Every rank of the group must call it with the
+/// same prompts and settings (each forward is collective). Without `tp`, the one-process
+/// decode.
+pub fn generate_batch_tp(
+    model: &PluginModel,
+    params: &Params,
+    prompts: &[&[i64]],
+    max_new: usize,
+    samplings: &[Sampling],
+    batch_invariant: bool,
+    tp: Option<&TensorParallelism>,
+) -> Result<(Vec<Generation>, DecodeStats)> {
     let _g = autograd::no_grad();
     let _inv = set_batch_invariant(batch_invariant);
     let mut stats = DecodeStats::default();
@@ -339,7 +411,7 @@ pub fn generate_batch_timed(
     let cache = Arc::new(KvCache::new());
     let opts = ForwardOpts {
         cache: Some(cache.clone()),
-        ..Default::default()
+        ..tensor_parallel_opts(params, tp)
     };
     let mut running = vec![true; rows];
     let mut input: Vec<i64> = prompts.concat();
@@ -348,6 +420,7 @@ pub fn generate_batch_timed(
     for step in 0..max_new {
         let ids = Tensor::from_slice(&input, &[rows, width])?;
         let logits = model.forward(params, &ids, &positions(pos, width)?, &opts)?;
+        let logits = whole_vocab(model, logits, tp)?;
         pos += width;
         let v = logits.shape()[2];
         let last = logits

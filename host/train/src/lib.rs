@@ -19,6 +19,7 @@ mod run;
 mod schedule;
 mod tp;
 mod tp_fsdp;
+mod tp_infer;
 mod trainer;
 
 pub use context::RankRing;
@@ -26,6 +27,7 @@ pub use dist::Dist;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, run_dist, RunSummary};
 pub use schedule::LrSchedule;
+pub use tp_infer::{TpActive, TpInference};
 pub use trainer::{StepOutcome, Trainer};
 
 use std::path::PathBuf;

@@ -54,6 +54,27 @@ impl TpLayout {
         ranks: usize,
     ) -> Result<TpLayout, TrainError> {
         let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
+        let mut layout = TpLayout::of_model(&model, spec, rank, ranks)?;
+        let (n, key) = (ranks, "`parallelism.tp`");
+        let sequence = cfg.parallelism.tp_sequence;
+        let seq = cfg.training.seq_len;
+        if sequence && !seq.is_multiple_of(n) {
+            return Err(config_err(format!(
+                "`parallelism.tp_sequence` splits `training.seq_len` ({seq}) over {key} = {n} ranks, which does not divide it; pick a seq_len that is a multiple of {n}"
+            )));
+        }
+        layout.sequence = sequence;
+        Ok(layout)
+    }
+
+    /// The layout of `spec` (named `model` in errors) over `ranks` ranks, without sequence
+    /// parallelism: the checks of [`TpLayout::new`] that concern the model alone.
+    pub(crate) fn of_model(
+        model: &str,
+        spec: &ModelSpec,
+        rank: usize,
+        ranks: usize,
+    ) -> Result<TpLayout, TrainError> {
         let n = ranks;
         let key = "`parallelism.tp`";
         let hf = spec.hf.as_ref().map(|h| &h.config);
@@ -118,18 +139,11 @@ impl TpLayout {
                 None => {}
             }
         }
-        let sequence = cfg.parallelism.tp_sequence;
-        let seq = cfg.training.seq_len;
-        if sequence && !seq.is_multiple_of(n) {
-            return Err(config_err(format!(
-                "`parallelism.tp_sequence` splits `training.seq_len` ({seq}) over {key} = {n} ranks, which does not divide it; pick a seq_len that is a multiple of {n}"
-            )));
-        }
         Ok(TpLayout {
             splits: Arc::new(splits),
             rank,
             ranks,
-            sequence,
+            sequence: false,
             gathered: RefCell::new(Vec::new()),
         })
     }

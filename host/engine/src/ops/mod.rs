@@ -80,6 +80,7 @@ mod shape;
 mod optim;
 mod swiglu;
 mod tp;
+mod tp_vocab;
 pub(crate) use optim::AdamWConsts;
 pub use optim::{adamw_step, AdamW, AdamWTensors};
 
@@ -99,3 +100,4 @@ pub use tp::{
     tp_copy, tp_embedding, tp_gather, tp_reduce, tp_scatter, vocab_parallel_cross_entropy,
     TensorParallelGroup, TpGroup,
 };
+pub use tp_vocab::tp_vocab_gather;

@@ -28,4 +28,4 @@ pub use model::{
 };
 pub use ops_tp::{TensorParallelGroup, TensorParallelism, TpGroup};
 pub use optimizer::PluginOptimizer;
-pub use stage_params::{Stage, StageParams};
+pub use stage_params::{ResidentTensorParallel, Stage, StageParams};

@@ -48,3 +48,32 @@ pub trait StageParams: Send + Sync {
         None
     }
 }
+
+/// The stage source of a tensor-parallel forward whose parameters are all resident: every stage
+/// reads `params` (this rank's slices of the split parameters, the others whole) and the
+/// `linear` / `embedding` host ops run over `tp`. What a tensor-parallel decode (generation,
+/// RL rollouts) and the RL trainer's forward run with.
+pub struct ResidentTensorParallel {
+    /// What every stage reads.
+    pub params: Params,
+    /// The group and the split parameters.
+    pub tp: super::TensorParallelism,
+}
+
+impl StageParams for ResidentTensorParallel {
+    fn params(&self, _stage: Stage) -> anneal_engine::Result<Params> {
+        Ok(self.params.clone())
+    }
+
+    fn after_forward(&self, _stage: Stage) -> anneal_engine::Result<()> {
+        Ok(())
+    }
+
+    fn before_backward(&self, _layer: usize) -> anneal_engine::Result<()> {
+        Ok(())
+    }
+
+    fn tensor_parallel(&self) -> Option<super::TensorParallelism> {
+        Some(self.tp.clone())
+    }
+}

@@ -1,0 +1,197 @@
+//! Tensor parallelism outside the pretraining step: a policy or a served model held as this
+//! rank's slices ([`crate::tp::TpLayout`], the same placements and checks as training), the
+//! group its decode and the RL trainer's forward run over, and the pieces a run needs around
+//! them (the global gradient norm, whole tensors for a checkpoint).
+//!
+//! The communicator is installed on the calling thread while a guard ([`TpActive`]) lives, as
+//! in a training step: every rank of the group must then run the same forwards (and backwards)
+//! in the same order.
+
+use crate::tp::{activate, ActiveTp, TpLayout};
+use crate::{Dist, TrainError};
+use anneal_dist::Collective;
+use anneal_engine::Tensor;
+use anneal_plugin_api::spec::ModelSpec;
+use anneal_runtime::plugins::{Params, TensorParallelism};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::sync::Arc;
+
+type Named = Vec<(String, Tensor)>;
+
+/// A model split over a tensor-parallel group for inference (and the RL trainer).
+pub struct TpInference {
+    layout: TpLayout,
+    comm: Rc<dyn Collective>,
+}
+
+/// Keeps the group's communicator installed on this thread until dropped.
+pub struct TpActive {
+    _guard: ActiveTp,
+}
+
+impl TpInference {
+    /// `spec` (named `model` in errors) split over the ranks of `comm`, or the user error
+    /// naming what does not split (the checks of `parallelism.tp` in training: the Llama 3
+    /// family, heads and split dims divisible by the degree, no experts).
+    pub fn new(
+        model: &str,
+        spec: &ModelSpec,
+        comm: Rc<dyn Collective>,
+    ) -> Result<TpInference, TrainError> {
+        let layout = TpLayout::of_model(model, spec, comm.rank(), comm.size())?;
+        Ok(TpInference { layout, comm })
+    }
+
+    /// The tensor-parallel group of `dist` for `spec`, when `parallelism.tp > 1`.
+    pub fn of_dist(
+        dist: &Dist,
+        model: &str,
+        spec: &ModelSpec,
+    ) -> Result<Option<TpInference>, TrainError> {
+        dist.tp()
+            .map(|comm| TpInference::new(model, spec, comm.clone()))
+            .transpose()
+    }
+
+    /// This rank's place in the group.
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// Ranks in the group.
+    pub fn ranks(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// One line for the console.
+    pub fn summary(&self) -> String {
+        self.layout.summary()
+    }
+
+    /// This rank's slices of whole tensors (copies of the split ones; the others shared).
+    pub fn slice(&self, whole: &Params) -> Result<Params, TrainError> {
+        let mut out = std::collections::HashMap::with_capacity(whole.len());
+        for (n, t) in whole.iter() {
+            out.insert(n.clone(), self.layout.slice(n, t)?);
+        }
+        Ok(Arc::new(out))
+    }
+
+    /// This rank's slices of whole trainable parameters, as trainable leaves.
+    pub fn slice_params(&self, whole: Named) -> Result<Named, TrainError> {
+        self.layout.slice_params(whole)
+    }
+
+    /// What a forward over the slices needs (no sequence parallelism).
+    pub fn context(&self) -> TensorParallelism {
+        self.layout.context()
+    }
+
+    /// Installs the group's communicator on this thread until the guard drops.
+    pub fn activate(&self) -> TpActive {
+        TpActive {
+            _guard: activate(&self.comm),
+        }
+    }
+
+    /// The global gradient norm of `named` (this rank's slices): each split parameter's
+    /// squares summed over its slices, each replicated one counted once; the same bits on
+    /// every rank.
+    pub fn grad_norm(&self, named: &Named) -> Result<f64, TrainError> {
+        self.layout.grad_norm(self.comm.as_ref(), named)
+    }
+
+    /// Whole tensors from this rank's slices `named` (split parameters gathered over the group
+    /// in rank order, the others as they are): what a checkpoint holds, whatever the layout.
+    /// Collective: every rank of the group calls it with the same names.
+    pub fn whole(&self, named: &Named) -> Result<Named, TrainError> {
+        named
+            .iter()
+            .map(|(n, t)| Ok((n.clone(), self.whole_of(n, t)?)))
+            .collect()
+    }
+
+    /// Whole optimizer state from this rank's: each `<param>.<state>` tensor of its split
+    /// parameter's local shape gathered like the parameter, the rest (scalars, counters) kept.
+    /// `named` gives the local shapes. Collective, like [`TpInference::whole`].
+    pub fn whole_state(
+        &self,
+        named: &Named,
+        state: &BTreeMap<String, Tensor>,
+    ) -> Result<BTreeMap<String, Tensor>, TrainError> {
+        let shapes: HashMap<&str, &[usize]> =
+            named.iter().map(|(n, t)| (n.as_str(), t.shape())).collect();
+        let mut out = BTreeMap::new();
+        for (key, t) in state {
+            let t = match param_of(key).filter(|p| shapes.get(p) == Some(&t.shape())) {
+                Some(p) => self.whole_of(p, t)?,
+                None => t.clone(),
+            };
+            out.insert(key.clone(), t);
+        }
+        Ok(out)
+    }
+
+    /// This rank's slices of whole optimizer state (read from a checkpoint): each
+    /// `<param>.<state>` of its split parameter's whole shape cut like the parameter.
+    /// `whole` gives the parameters' whole shapes.
+    pub fn slice_state(
+        &self,
+        whole: &Named,
+        state: BTreeMap<String, Tensor>,
+    ) -> Result<BTreeMap<String, Tensor>, TrainError> {
+        let shapes: HashMap<&str, &[usize]> =
+            whole.iter().map(|(n, t)| (n.as_str(), t.shape())).collect();
+        let mut out = BTreeMap::new();
+        for (key, t) in state {
+            let t = match param_of(&key).filter(|p| shapes.get(p) == Some(&t.shape())) {
+                Some(p) => self.layout.slice(p, &t)?,
+                None => t,
+            };
+            out.insert(key, t);
+        }
+        Ok(out)
+    }
+
+    /// The whole tensor of parameter `name` from this rank's slice `local`.
+    fn whole_of(&self, name: &str, local: &Tensor) -> Result<Tensor, TrainError> {
+        if !self.layout.is_split(name) || local.rank() != 2 {
+            return Ok(local.clone());
+        }
+        let (rows, cols) = (local.shape()[0], local.shape()[1]);
+        let n = self.comm.size();
+        let mine = local.to_vec_f32();
+        let mut all = vec![0f32; mine.len() * n];
+        self.comm
+            .all_gather((&mine[..]).into(), (&mut all[..]).into())?;
+        let t = if self.layout.is_row_split(name) {
+            // Rank-major `[n, rows, cols]` blocks side by side: `[rows, n · cols]`.
+            let mut whole = vec![0f32; all.len()];
+            for r in 0..n {
+                for i in 0..rows {
+                    let src = &all[(r * rows + i) * cols..(r * rows + i + 1) * cols];
+                    let at = i * cols * n + r * cols;
+                    whole[at..at + cols].copy_from_slice(src);
+                }
+            }
+            Tensor::from_vec(whole, &[rows, cols * n])?
+        } else {
+            // Split by rows: the gathered blocks are the whole rows in order.
+            Tensor::from_vec(all, &[rows * n, cols])?
+        };
+        Ok(t.to_dtype(local.dtype())?)
+    }
+}
+
+/// The parameter an optimizer state key `<param>.<state>` belongs to.
+fn param_of(key: &str) -> Option<&str> {
+    key.rsplit_once('.').map(|(p, _)| p)
+}
+
+impl Dist {
+    /// This rank's place in its tensor-parallel group (0 without tensor parallelism).
+    pub fn tp_rank(&self) -> usize {
+        self.tp().map_or(0, |c| c.rank())
+    }
+}

@@ -1,0 +1,126 @@
+//! The RL job the multi-rank RL tests share (a module of each, like `dist_support`): a
+//! tokenizer, a length reward and `rl.toml` in a temporary folder, and `anneal rl` on one
+//! process or under `mpiexec`.
+
+// Each test file uses its own part of these.
+#![allow(dead_code)]
+
+use anneal_tests::cli::{anneal, anneal_bin, rows};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+/// Core-module reward (ABI v1): the completion's length in bytes, so a group's rewards differ.
+const REWARD_WAT: &str = r#"(module
+  (memory (export "memory") 1)
+  (global $next (mut i32) (i32.const 1024))
+  (func (export "alloc") (param $len i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $next))
+    (global.set $next (i32.add (global.get $next) (local.get $len)))
+    (local.get $p))
+  (func (export "score")
+    (param $pp i32) (param $pl i32) (param $cp i32) (param $cl i32) (param $mp i32) (param $ml i32)
+    (result f64)
+    (f64.convert_i32_u (local.get $cl)))
+  (func (export "anneal_reward_abi") (result i32) (i32.const 1)))
+"#;
+
+/// A folder with a tokenizer, the reward and `rl.toml`: 4 synchronous GRPO steps of 4
+/// digit-sorting prompts x 4 samples from fresh weights, with a KL penalty and an entropy bonus
+/// (which keeps the loss away from 0: on-policy, the advantages of a group cancel).
+pub fn rl_job(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("anneal-rl-dist-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let docs: Vec<String> = (0..200u64)
+        .map(|i| {
+            let (p, a) = anneal_rl::rollout::digits_sort_task(99, i);
+            format!("{p}{a}")
+        })
+        .collect();
+    anneal_data::TextTokenizer::train_bpe_on_texts(&docs, 260)
+        .unwrap()
+        .save(&dir.join("tokenizer.json"))
+        .unwrap();
+    std::fs::write(dir.join("reward.wat"), REWARD_WAT).unwrap();
+    let config = format!(
+        r#"[job]
+name = "rl-dist"
+[model]
+plugin = "llama"
+flavor = "debugmodel"
+args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 272, max_seq_len = 64 }}
+[optimizer]
+plugin = "adamw"
+lr = 1e-2
+[lr_scheduler]
+warmup_steps = 0
+decay = "constant"
+[training]
+steps = 4
+seed = 5
+threads = 1
+[checkpoint]
+interval = 2
+[metrics]
+log_freq = 1
+progress_bar = false
+[rl]
+tokenizer = "{tok}"
+group_size = 4
+prompts_per_step = 4
+max_new_tokens = 6
+rewards = [{{ path = "{reward}", weight = 1.0 }}]
+kl_coef = 0.05
+entropy_coef = 0.01
+max_staleness = 0
+rollout_threads = 1
+eval_freq = 2
+eval_prompts = 8
+samples_every = 1
+samples_per_step = 16
+"#,
+        tok = dir.join("tokenizer.json").display(),
+        reward = dir.join("reward.wat").display(),
+    );
+    std::fs::write(dir.join("rl.toml"), config).unwrap();
+    dir
+}
+
+/// `anneal rl` on `n` ranks (`n = 1`: no mpiexec) in `<dir>/<run>`.
+pub fn rl(n: usize, dir: &Path, run: &str, set: &[&str]) -> (Output, PathBuf) {
+    let run_dir = dir.join(run);
+    let mut c = if n == 1 {
+        anneal()
+    } else {
+        let mut c = anneal_dist::launch::mpiexec_command(n, &anneal_bin(), &[]).expect("mpiexec");
+        c.env_remove("ANNEAL_PLUGIN_PATH");
+        c
+    };
+    c.arg("rl")
+        .arg(dir.join("rl.toml"))
+        .arg("--run-dir")
+        .arg(&run_dir);
+    for s in set {
+        c.args(["--set", s]);
+    }
+    (c.output().expect("run anneal rl"), run_dir)
+}
+
+/// The training rows (those with a loss).
+pub fn steps(run_dir: &Path) -> Vec<Value> {
+    rows(run_dir)
+        .into_iter()
+        .filter(|r| r["step"].as_u64() > Some(0))
+        .collect()
+}
+
+/// The rows of `samples.jsonl`.
+pub fn samples(run_dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run_dir.join("samples.jsonl"))
+        .expect("samples.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
