@@ -624,20 +624,18 @@ impl Trainer {
             self.dist.shard(),
             &self.pipeline,
             self.dist.pp(),
+            tp_grads,
         ) {
-            (Some(fsdp), Some(sc), Some(_), Some(pc)) => {
+            (Some(fsdp), Some(sc), Some(_), Some(pc), _) => {
                 crate::pp::sharded::grad_norm(fsdp, sc, pc, &self.named)?
             }
-            (Some(_), Some(sc), _, _) if tp_grads.is_some() => {
-                let (layout, tc) = tp_grads.expect("matched is_some");
+            (Some(_), Some(sc), _, _, Some((layout, tc))) => {
                 crate::tp_fsdp::grad_norm(layout, sc, tc.as_ref(), &self.named)?
             }
-            (Some(fsdp), Some(comm), _, _) => fsdp.grad_norm(comm, &self.named)?,
-            (_, _, Some(pipe), Some(comm)) => pipe.grad_norm(comm, &self.named)?,
-            _ => match (&self.tp, self.dist.tp()) {
-                (Some(layout), Some(comm)) => layout.grad_norm(comm.as_ref(), &self.named)?,
-                _ => global_grad_norm(&self.named),
-            },
+            (Some(fsdp), Some(comm), _, _, _) => fsdp.grad_norm(comm, &self.named)?,
+            (_, _, Some(pipe), Some(comm), _) => pipe.grad_norm(comm, &self.named)?,
+            (_, _, _, _, Some((layout, comm))) => layout.grad_norm(comm.as_ref(), &self.named)?,
+            _ => global_grad_norm(&self.named),
         };
         let checked = [
             ("loss", loss),
