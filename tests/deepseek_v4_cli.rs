@@ -6,6 +6,8 @@
 //! `anneal rl` on configs/rl_digits_deepseek_v4.toml keeps the rollout and trainer
 //! log-probabilities equal (mismatch exactly 0).
 
+mod rl_support;
+
 use anneal_tests::cli::{anneal, ok, root, rows, Job};
 use serde_json::Value;
 
@@ -216,21 +218,10 @@ fn logprobs_and_generation_on_the_transformers_checkpoint() {
 
 #[test]
 fn rl_digits_on_a_deepseek_v4_policy_has_no_logprob_mismatch() {
-    let dir = std::env::temp_dir().join(format!("anneal-deepseek-v4-rl-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = rl_support::fresh_dir("anneal-deepseek-v4-rl");
     // The demo's bytes-only tokenizer (one token per digit), a few short steps.
-    let docs: Vec<String> = (0..50u64)
-        .map(|i| {
-            let (p, a) = anneal_rl::rollout::digits_sort_task(7, i);
-            format!("{p}{a}")
-        })
-        .collect();
     let tok = dir.join("tokenizer.json");
-    anneal_data::TextTokenizer::train_bpe_on_texts(&docs, 257)
-        .unwrap()
-        .save(&tok)
-        .unwrap();
+    rl_support::digits_tokenizer(&tok, 7, 50, 257);
     let out = anneal()
         .current_dir(root())
         .args(["rl", "configs/rl_digits_deepseek_v4.toml", "--run-dir"])

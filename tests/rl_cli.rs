@@ -6,7 +6,10 @@
 
 use anneal_tests::cli as common;
 
+mod rl_support;
+
 use common::{anneal, ok, rows};
+use rl_support::{digits_tokenizer, fresh_dir};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -57,19 +60,8 @@ struct RlJob {
 impl RlJob {
     /// Digit-sorting prompts, or the given ones (`prompts`, cycled in order).
     fn new(name: &str, prompts: Option<&[&str]>) -> RlJob {
-        let dir = std::env::temp_dir().join(format!("anneal-rl-cli-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let docs: Vec<String> = (0..200u64)
-            .map(|i| {
-                let (p, a) = anneal_rl::rollout::digits_sort_task(99, i);
-                format!("{p}{a}")
-            })
-            .collect();
-        anneal_data::TextTokenizer::train_bpe_on_texts(&docs, 260)
-            .unwrap()
-            .save(&dir.join("tokenizer.json"))
-            .unwrap();
+        let dir = fresh_dir(&format!("anneal-rl-cli-{name}"));
+        digits_tokenizer(&dir.join("tokenizer.json"), 99, 200, 260);
         std::fs::write(dir.join("reward.wat"), REWARD_WAT).unwrap();
         let prompts_line = match prompts {
             Some(list) => {

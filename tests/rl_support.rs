@@ -1,6 +1,6 @@
-//! The RL job the multi-rank RL tests share (a module of each, like `dist_support`): a
-//! tokenizer, a length reward and `rl.toml` in a temporary folder, and `anneal rl` on one
-//! process or under `mpiexec`.
+//! What the RL tests share (a module of each, like `dist_support`): the digit-sorting
+//! tokenizer, and the multi-rank tests' job (a length reward and `rl.toml` in a temporary
+//! folder, `anneal rl` on one process or under `mpiexec`).
 
 // Each test file uses its own part of these.
 #![allow(dead_code)]
@@ -26,23 +26,35 @@ const REWARD_WAT: &str = r#"(module
   (func (export "anneal_reward_abi") (result i32) (i32.const 1)))
 "#;
 
+/// An empty folder `<temp>/<name>-<pid>` (what a previous run left there is removed).
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Saves to `path` a byte-level BPE tokenizer of `vocab` tokens fitted on `docs` digit-sorting
+/// tasks (prompt and answer) of the demo's generator with `seed`: the RL jobs' tokenizer.
+pub fn digits_tokenizer(path: &Path, seed: u64, docs: u64, vocab: usize) {
+    let docs: Vec<String> = (0..docs)
+        .map(|i| {
+            let (p, a) = anneal_rl::rollout::digits_sort_task(seed, i);
+            format!("{p}{a}")
+        })
+        .collect();
+    anneal_data::TextTokenizer::train_bpe_on_texts(&docs, vocab)
+        .unwrap()
+        .save(path)
+        .unwrap();
+}
+
 /// A folder with a tokenizer, the reward and `rl.toml`: 4 synchronous GRPO steps of 4
 /// digit-sorting prompts x 4 samples from fresh weights, with a KL penalty and an entropy bonus
 /// (which keeps the loss away from 0: on-policy, the advantages of a group cancel).
 pub fn rl_job(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("anneal-rl-dist-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let docs: Vec<String> = (0..200u64)
-        .map(|i| {
-            let (p, a) = anneal_rl::rollout::digits_sort_task(99, i);
-            format!("{p}{a}")
-        })
-        .collect();
-    anneal_data::TextTokenizer::train_bpe_on_texts(&docs, 260)
-        .unwrap()
-        .save(&dir.join("tokenizer.json"))
-        .unwrap();
+    let dir = fresh_dir(&format!("anneal-rl-dist-{name}"));
+    digits_tokenizer(&dir.join("tokenizer.json"), 99, 200, 260);
     std::fs::write(dir.join("reward.wat"), REWARD_WAT).unwrap();
     let config = format!(
         r#"[job]
