@@ -8,9 +8,8 @@ use anneal_tests::cli as common;
 mod rl_support;
 
 use common::{ok, user_error};
-use rl_support::{rl, rl_job, samples, steps};
+use rl_support::{first_step_samples, resumes_bitwise, rl, rl_job, steps};
 use serde_json::Value;
-use std::process::Command;
 
 #[test]
 fn two_ranks_train_like_one_process() {
@@ -55,13 +54,7 @@ fn two_ranks_train_like_one_process() {
     for key in ["reward_mean", "reward_std", "response_len_mean"] {
         assert_eq!(one[0][key], two[0][key], "{key}");
     }
-    let first = |s: Vec<Value>| -> Vec<Value> {
-        s.into_iter()
-            .filter(|r| r["step"] == 1)
-            .map(|r| serde_json::json!([r["prompt_index"], r["completion"], r["reward"]]))
-            .collect()
-    };
-    let (s1, s2) = (first(samples(&one_dir)), first(samples(&two_dir)));
+    let (s1, s2) = (first_step_samples(&one_dir), first_step_samples(&two_dir));
     assert_eq!(s1.len(), 16, "every sample of step 1 is recorded");
     assert_eq!(s1, s2, "step 1's samples");
     // Rank 0 holds the run: checkpoints of steps 2 and 4; rank 1 logs beside it.
@@ -72,23 +65,7 @@ fn two_ranks_train_like_one_process() {
     assert!(rank1.contains("rank 1 of 2"), "{rank1}");
 
     // The 2-rank run resumes from its step-2 checkpoint with the same losses.
-    let again = dir.join("two-resumed");
-    let copied = Command::new("cp")
-        .arg("-r")
-        .arg(&two_dir)
-        .arg(&again)
-        .status()
-        .unwrap();
-    assert!(copied.success());
-    std::fs::remove_dir_all(again.join("checkpoints/step-4")).unwrap();
-    let (out, _) = rl(2, &dir, "two-resumed", &[]);
-    let stdout = ok(&out);
-    assert!(stdout.contains("step 2"), "resumes from step 2: {stdout}");
-    let resumed = steps(&again);
-    assert_eq!(resumed.len(), 4);
-    for (a, b) in two.iter().zip(&resumed) {
-        assert_eq!(loss(a).to_bits(), loss(b).to_bits(), "step {}", a["step"]);
-    }
+    resumes_bitwise(2, &dir, &two_dir, "two-resumed", &[]);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 use anneal_tests::cli::{anneal, anneal_bin, rows};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 
 /// Core-module reward (ABI v1): the completion's length in bytes, so a group's rewards differ.
 const REWARD_WAT: &str = r#"(module
@@ -135,4 +135,37 @@ pub fn samples(run_dir: &Path) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
         .collect()
+}
+
+/// Step 1's samples of a run as `[prompt_index, completion, reward]`, in the file's order.
+pub fn first_step_samples(run_dir: &Path) -> Vec<Value> {
+    samples(run_dir)
+        .into_iter()
+        .filter(|r| r["step"] == 1)
+        .map(|r| serde_json::json!([r["prompt_index"], r["completion"], r["reward"]]))
+        .collect()
+}
+
+/// Copies the finished 4-step run `done` to `<dir>/<run>`, drops its step-4 checkpoint and runs
+/// `anneal rl` there again on `n` ranks with `set`: it must resume from step 2 and log every
+/// step's loss bit for bit as `done` did.
+pub fn resumes_bitwise(n: usize, dir: &Path, done: &Path, run: &str, set: &[&str]) {
+    let again = dir.join(run);
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(done)
+        .arg(&again)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    std::fs::remove_dir_all(again.join("checkpoints/step-4")).unwrap();
+    let (out, _) = rl(n, dir, run, set);
+    let stdout = anneal_tests::cli::ok(&out);
+    assert!(stdout.contains("step 2"), "resumes from step 2: {stdout}");
+    let (before, resumed) = (steps(done), steps(&again));
+    assert_eq!(resumed.len(), 4);
+    let loss = |r: &Value| r["loss"].as_f64().expect("loss");
+    for (a, b) in before.iter().zip(&resumed) {
+        assert_eq!(loss(a).to_bits(), loss(b).to_bits(), "step {}", a["step"]);
+    }
 }

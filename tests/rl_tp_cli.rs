@@ -10,9 +10,8 @@ use anneal_tests::cli as common;
 mod rl_support;
 
 use common::{ok, user_error};
-use rl_support::{rl, rl_job, samples, steps};
+use rl_support::{first_step_samples, resumes_bitwise, rl, rl_job, steps};
 use serde_json::Value;
-use std::process::Command;
 
 const TP2: &str = "parallelism.tp=2";
 
@@ -52,13 +51,7 @@ fn tensor_parallel_rl_keeps_parity_and_follows_one_process() {
     }
     // Step 1 samples the same completions from the same weights (the logits differ from one
     // process's by rounding only, far from moving a draw at this size).
-    let first = |s: Vec<Value>| -> Vec<Value> {
-        s.into_iter()
-            .filter(|r| r["step"] == 1)
-            .map(|r| serde_json::json!([r["prompt_index"], r["completion"], r["reward"]]))
-            .collect()
-    };
-    assert_eq!(first(samples(&one_dir)), first(samples(&tp_dir)));
+    assert_eq!(first_step_samples(&one_dir), first_step_samples(&tp_dir));
     let rank1 = std::fs::read_to_string(tp_dir.join("logs/rank-1.log")).expect("rank 1's log");
     assert!(rank1.contains("tensor-parallel rank 1 of 2"), "{rank1}");
 
@@ -81,23 +74,7 @@ fn tensor_parallel_rl_keeps_parity_and_follows_one_process() {
         out
     };
     assert_eq!(shapes(&manifest), shapes(&one_manifest));
-    let again = dir.join("tp2-resumed");
-    let copied = Command::new("cp")
-        .arg("-r")
-        .arg(&tp_dir)
-        .arg(&again)
-        .status()
-        .unwrap();
-    assert!(copied.success());
-    std::fs::remove_dir_all(again.join("checkpoints/step-4")).unwrap();
-    let (out, _) = rl(2, &dir, "tp2-resumed", &[TP2]);
-    let stdout = ok(&out);
-    assert!(stdout.contains("step 2"), "resumes from step 2: {stdout}");
-    let resumed = steps(&again);
-    assert_eq!(resumed.len(), 4);
-    for (a, b) in two.iter().zip(&resumed) {
-        assert_eq!(loss(a).to_bits(), loss(b).to_bits(), "step {}", a["step"]);
-    }
+    resumes_bitwise(2, &dir, &tp_dir, "tp2-resumed", &[TP2]);
 }
 
 #[test]
