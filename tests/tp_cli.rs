@@ -307,7 +307,7 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
     user_error(&out, &["parallelism.tp_sequence", "training.seq_len"]);
     let (out, _) = job.train("sp-alone", &one_step(&["parallelism.tp_sequence=true"]));
     user_error(&out, &["parallelism.tp_sequence", "parallelism.tp"]);
-    // What does not run under tp yet: experts, other model families, Muon, FSDP beside tp.
+    // What does not run under tp yet: experts, Muon, pipeline stages beside tp.
     let out = tp2(
         "moe",
         &[
@@ -317,14 +317,6 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
         ],
     );
     user_error(&out, &["parallelism.tp", "experts"]);
-    let out = tp2(
-        "qwen3",
-        &[
-            "model.flavor=\"debugmodel_qwen3\"",
-            "model.args.n_kv_heads=2",
-        ],
-    );
-    user_error(&out, &["parallelism.tp", "Llama 3"]);
     let out = tp2("muon", &["optimizer.plugin=\"muon\""]);
     user_error(&out, &["parallelism.tp", "optimizer.plugin"]);
     let out = mpiexec_train(
@@ -334,4 +326,28 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
         &one_step(&["parallelism.tp=2", "parallelism.pp=2"]),
     );
     user_error(&out, &["parallelism.tp", "parallelism.pp"]);
+}
+
+/// Qwen3's q/k norms are shared by the heads and applied to each apart: every rank applies them
+/// to its heads, so their gradients are partial and the host sums them over the group (with
+/// and without sequence parallelism, where the other norms' are partial too).
+#[test]
+fn tensor_parallel_qwen3_sums_its_per_head_norms_gradients() {
+    let job = Job::new("tp-qwen3");
+    let qwen3 = [
+        "model.flavor=\"debugmodel_qwen3\"",
+        "model.args.n_kv_heads=2",
+    ];
+    let (single, single_dir) = job.train("single", &settings(&qwen3));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    for (name, layout) in [("tp2", &TP2[..]), ("tp2-sp", &TP2_SP[..])] {
+        let dir = job.dir.join(name);
+        let s: Vec<&'static str> = settings(&qwen3)
+            .into_iter()
+            .chain(layout.iter().copied())
+            .collect();
+        ok(&mpiexec_train(2, &job, &dir, &s));
+        close(&format!("Qwen3 {name}"), &want, &loss_values(&dir));
+    }
 }

@@ -1,6 +1,6 @@
 //! Inference under tensor parallelism: `anneal generate --tp 2` under `mpiexec -n 2` (each rank
 //! holding half the heads, of the weights and of the KV cache) decodes the same greedy tokens
-//! as one process, with logprobs within float rounding of its, and rank 0 alone prints; what
+//! as one process (Llama and Qwen3), with logprobs within float rounding of its, and rank 0 alone prints; what
 //! does not split is one error line, exit code 2.
 
 use anneal_tests::cli as common;
@@ -42,38 +42,45 @@ fn json(stdout: &str) -> serde_json::Value {
 
 #[test]
 fn tensor_parallel_generate_follows_one_process() {
-    let mut c = anneal();
-    generate_args(&mut c, "tiny_llama", &[]);
-    let one = json(&ok(&c.output().unwrap()));
-    let two = json(&ok(&mpiexec_generate(2, "tiny_llama", &["--tp", "2"])));
-    assert_eq!(two["tp"], 2);
-    assert_eq!(one["tokens"].as_array().unwrap().len(), 12);
-    assert_eq!(one["tokens"], two["tokens"], "greedy: the same tokens");
-    // The head's and the row-split projections' sums run in another order than one
-    // process's products, so the logprobs agree to rounding, not bit for bit.
-    let lp = |v: &serde_json::Value| -> Vec<f64> {
-        v["logprobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect()
-    };
-    for (a, b) in lp(&one).iter().zip(lp(&two)) {
-        assert!((a - b).abs() < 1e-4, "logprob {a} vs {b}");
+    // The Llama 3 family, and Qwen3 with its per-head q/k norms applied to each rank's heads.
+    for model in ["tiny_llama", "tiny_qwen3"] {
+        let mut c = anneal();
+        generate_args(&mut c, model, &[]);
+        let one = json(&ok(&c.output().unwrap()));
+        let two = json(&ok(&mpiexec_generate(2, model, &["--tp", "2"])));
+        assert_eq!(two["tp"], 2);
+        assert_eq!(one["tokens"].as_array().unwrap().len(), 12);
+        assert_eq!(
+            one["tokens"], two["tokens"],
+            "{model}, greedy: the same tokens"
+        );
+        // The head's and the row-split projections' sums run in another order than one
+        // process's products, so the logprobs agree to rounding, not bit for bit.
+        let lp = |v: &serde_json::Value| -> Vec<f64> {
+            v["logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        for (a, b) in lp(&one).iter().zip(lp(&two)) {
+            assert!((a - b).abs() < 1e-4, "{model}: logprob {a} vs {b}");
+        }
+        // The KV cache holds each rank's heads: half the bytes per token of one process's.
+        assert_eq!(
+            one["cache_bytes_per_token"].as_u64().unwrap(),
+            2 * two["cache_bytes_per_token"].as_u64().unwrap(),
+            "{model}"
+        );
     }
-    // The KV cache holds each rank's heads: half the bytes per token of one process's.
-    assert_eq!(
-        one["cache_bytes_per_token"].as_u64().unwrap(),
-        2 * two["cache_bytes_per_token"].as_u64().unwrap()
-    );
 }
 
 #[test]
 fn what_does_not_split_is_a_user_error() {
-    // Per-head q/k norms (Qwen3) are not checked to run on a share of the heads.
-    let out = mpiexec_generate(2, "tiny_qwen3", &["--tp", "2"]);
-    user_error(&out, &["--tp 2", "Llama 3 family"]);
+    // Experts are not split by tensor parallelism.
+    let out = mpiexec_generate(2, "tiny_qwen3_moe", &["--tp", "2"]);
+    user_error(&out, &["--tp 2", "experts"]);
     // One process cannot hold a slice alone.
     let mut c = anneal();
     generate_args(&mut c, "tiny_llama", &["--tp", "2"]);

@@ -58,6 +58,11 @@ pub struct Placement {
     /// Whether FSDP may shard it (false for tiny tensors kept replicated).
     #[serde(default = "yes")]
     pub fsdp: bool,
+    /// A weight shared by every attention head and applied to each head apart (Qwen3's
+    /// per-head q/k norms): kept whole under tensor parallelism, where each rank applies it to
+    /// its share of the heads, so each rank's gradient is a partial sum the host adds up.
+    #[serde(default)]
+    pub per_head: bool,
 }
 
 fn yes() -> bool {

@@ -91,7 +91,7 @@ enum Command {
         #[arg(long)]
         fast: bool,
         /// Tensor-parallel degree: run under `mpiexec -n TP`; each rank holds its slices of
-        /// the weights and its heads of the KV cache (the Llama 3 family); rank 0 prints.
+        /// the weights and its heads of the KV cache (the Llama 3 family and dense Qwen3); rank 0 prints.
         #[arg(long, default_value_t = 1)]
         tp: usize,
     },

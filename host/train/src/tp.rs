@@ -20,7 +20,7 @@ use anneal_runtime::plugins::{
     Params, Stage, StageParams, TensorParallelGroup, TensorParallelism, TpGroup,
 };
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -30,6 +30,9 @@ type Named = Vec<(String, Tensor)>;
 /// How the model's parameters split over the tensor-parallel group, and this rank's place.
 pub(crate) struct TpLayout {
     splits: Arc<HashMap<String, TpSplit>>,
+    /// The replicated parameters applied to each head apart (per-head norms), whose
+    /// gradients are partial on every rank.
+    per_head: HashSet<String>,
     rank: usize,
     ranks: usize,
     sequence: bool,
@@ -89,14 +92,14 @@ impl TpLayout {
                 p.name
             )));
         }
-        // Per-head norms (Qwen3's q/k norms) and other plugins' attention layouts are not
-        // checked to run on a rank's share of heads; the Llama 3 family is.
+        // Other plugins' attention layouts are not checked to run on a rank's share of heads;
+        // the Llama 3 family and dense Qwen3 (per-head q/k norms) are.
         let model_type = hf
             .and_then(|c| c.get("model_type"))
             .and_then(|v| v.as_str());
-        if spec.architecture != "llama" || model_type != Some("llama") {
+        if spec.architecture != "llama" || !matches!(model_type, Some("llama" | "qwen3")) {
             return Err(config_err(format!(
-                "{key} = {n}: tensor parallelism runs the Llama 3 family (plugin llama, model_type llama) so far, and {model} is {} / {}; set parallelism.tp = 1",
+                "{key} = {n}: tensor parallelism runs the Llama 3 family and dense Qwen3 (plugin llama, model_type llama or qwen3) so far, and {model} is {} / {}; set parallelism.tp = 1",
                 spec.architecture,
                 model_type.unwrap_or("?")
             )));
@@ -139,8 +142,15 @@ impl TpLayout {
                 None => {}
             }
         }
+        let per_head = spec
+            .params
+            .iter()
+            .filter(|p| p.placement.per_head && p.placement.tensor_parallel.is_none())
+            .map(|p| p.name.clone())
+            .collect();
         Ok(TpLayout {
             splits: Arc::new(splits),
+            per_head,
             rank,
             ranks,
             sequence: false,
@@ -256,20 +266,21 @@ impl TpLayout {
         Ok(total.sqrt())
     }
 
-    /// Under sequence parallelism each rank's gradient of a replicated parameter (the norms,
-    /// applied to its share of the sequence) is partial: sums them over the group, the same
-    /// bits on every rank. Without it the replicated parameters see whole activations and
+    /// Sums over the group, the same bits on every rank, the replicated parameters' gradients
+    /// that are partial on each rank: the per-head ones (each rank applies them to its share
+    /// of the heads) always, and every one under sequence parallelism (the norms, applied to
+    /// the rank's share of the sequence). The others see whole activations on every rank and
     /// their gradients are already equal.
     pub fn sum_replicated_grads(
         &self,
         comm: &dyn Collective,
         named: &Named,
     ) -> Result<(), TrainError> {
-        if !self.sequence {
+        let partial = |n: &str| !self.is_split(n) && (self.sequence || self.per_head.contains(n));
+        let mine: Vec<&(String, Tensor)> = named.iter().filter(|(n, _)| partial(n)).collect();
+        if mine.is_empty() {
             return Ok(());
         }
-        let mine: Vec<&(String, Tensor)> =
-            named.iter().filter(|(n, _)| !self.is_split(n)).collect();
         let mut buf = Vec::new();
         for (_, p) in &mine {
             match p.grad() {

@@ -33,7 +33,7 @@ pub struct TpActive {
 impl TpInference {
     /// `spec` (named `model` in errors) split over the ranks of `comm`, or the user error
     /// naming what does not split (the checks of `parallelism.tp` in training: the Llama 3
-    /// family, heads and split dims divisible by the degree, no experts).
+    /// family or dense Qwen3, heads and split dims divisible by the degree, no experts).
     pub fn new(
         model: &str,
         spec: &ModelSpec,

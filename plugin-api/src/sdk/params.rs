@@ -103,6 +103,12 @@ impl Decl {
         self.spec.placement.tensor_parallel = Some(tp);
         self
     }
+    /// Shared by every attention head and applied to each head apart (per-head norms): see
+    /// [`Placement::per_head`].
+    pub fn per_head(mut self) -> Self {
+        self.spec.placement.per_head = true;
+        self
+    }
     /// The dim that indexes experts (expert parallelism splits it).
     pub fn expert_dim(mut self, dim: usize) -> Self {
         self.spec.placement.expert_dim = Some(dim);

@@ -80,9 +80,12 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
             let attention_norm = norm("attention_norm.weight", d, "input_layernorm.weight");
             let ffn_norm = norm("ffn_norm.weight", d, "post_attention_layernorm.weight");
             let qk_norm = a.qk_norm.then(|| {
+                let mut head_norm = |name: &str, hf: &str| {
+                    l.add(Decl::new(name, [hd]).ones().per_head().hf_name(hf))
+                };
                 (
-                    norm("attention.q_norm.weight", hd, "self_attn.q_norm.weight"),
-                    norm("attention.k_norm.weight", hd, "self_attn.k_norm.weight"),
+                    head_norm("attention.q_norm.weight", "self_attn.q_norm.weight"),
+                    head_norm("attention.k_norm.weight", "self_attn.k_norm.weight"),
                 )
             });
             let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
