@@ -165,20 +165,25 @@ fn generate_on(
     // Only the group's first rank speaks; the others compute the same tokens.
     let speaks = tp.as_ref().is_none_or(|c| c.rank() == 0);
     let (prompt, tok) = input.resolve()?;
-    let (model, params) = load_hf_model(dir, plugin)?;
-    check_vocab(&model, &prompt)?;
-    let tp = tp
-        .map(|comm| {
+    let (model, params, tp) = match tp {
+        None => {
+            let (model, params) = load_hf_model(dir, plugin)?;
+            (model, params, None)
+        }
+        Some(comm) => {
             let n = comm.size();
-            TpInference::new(&dir.display().to_string(), model.spec(), comm)
-                .with_context(|| format!("--tp {n}"))
-        })
-        .transpose()?;
-    // Each rank keeps its slices of the weights it loaded whole.
-    let params = match &tp {
-        Some(tp) => tp.slice(&params)?,
-        None => params,
+            let model = hf::model_for(dir, plugin)?;
+            let tp = TpInference::new(&dir.display().to_string(), model.spec(), comm)
+                .with_context(|| format!("--tp {n}"))?;
+            // Each rank keeps its slice of every weight as it reads them one by one: it never
+            // holds the whole model.
+            let params = hf::load_params_with(dir, model.spec(), &mut |name, whole| {
+                tp.slice_one(name, &whole).map_err(|e| e.to_string())
+            })?;
+            (model, Arc::new(params), Some(tp))
+        }
     };
+    check_vocab(&model, &prompt)?;
     let _active = tp.as_ref().map(TpInference::activate);
     let context = tp.as_ref().map(TpInference::context);
     let max_seq_len = model.spec().max_seq_len;

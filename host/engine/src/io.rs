@@ -3,9 +3,12 @@
 use crate::error::{Error, Result};
 use crate::storage::Storage;
 use crate::{DType, Tensor};
-use safetensors::tensor::{Dtype as StDtype, TensorView};
+use safetensors::tensor::{Dtype as StDtype, Metadata, TensorView};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 fn io_err(path: &Path, msg: impl std::fmt::Display) -> Error {
     Error::Io {
@@ -89,6 +92,92 @@ pub fn save_safetensors(path: impl AsRef<Path>, tensors: &[(&str, &Tensor)]) -> 
     std::fs::write(path, bytes).map_err(|e| io_err(path, e))
 }
 
+/// The largest safetensors header read (the format's own limit).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// A safetensors file read one tensor at a time: the header when opened, each tensor's bytes
+/// when asked for, so a reader that keeps a slice of every tensor (a tensor-parallel rank)
+/// never holds the whole file.
+pub struct SafetensorsFile {
+    path: PathBuf,
+    file: Mutex<File>,
+    /// Where the tensors' bytes start (after the 8-byte length and the JSON header).
+    data_start: u64,
+    meta: Metadata,
+}
+
+impl SafetensorsFile {
+    /// Opens `path` and reads its header; a header that does not describe the file (bad JSON,
+    /// overlapping or short tensors, a length other than the file's) is an error naming it.
+    pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
+        let path = path.as_ref().to_path_buf();
+        let mut file = File::open(&path).map_err(|e| io_err(&path, e))?;
+        let file_len = file.metadata().map_err(|e| io_err(&path, e))?.len();
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)
+            .map_err(|_| io_err(&path, "not a safetensors file (shorter than its header)"))?;
+        let n = u64::from_le_bytes(len);
+        if n > MAX_HEADER || 8 + n > file_len {
+            return Err(io_err(
+                &path,
+                format!("safetensors header of {n} bytes does not fit the {file_len}-byte file"),
+            ));
+        }
+        let mut header = vec![0u8; n as usize];
+        file.read_exact(&mut header).map_err(|e| io_err(&path, e))?;
+        let meta: Metadata = serde_json::from_slice(&header)
+            .map_err(|e| io_err(&path, format!("bad safetensors header: {e}")))?;
+        let data_start = 8 + n;
+        if data_start + meta.data_len() as u64 != file_len {
+            return Err(io_err(
+                &path,
+                format!(
+                    "the safetensors header describes {} bytes of tensors, the file holds {}",
+                    meta.data_len(),
+                    file_len - data_start
+                ),
+            ));
+        }
+        Ok(SafetensorsFile {
+            path,
+            file: Mutex::new(file),
+            data_start,
+            meta,
+        })
+    }
+
+    /// The tensors' names, in the order of their bytes.
+    pub fn names(&self) -> Vec<String> {
+        self.meta.offset_keys()
+    }
+
+    /// The tensor called `name` (a fresh copy from the file), or `None` when it holds none.
+    pub fn read(&self, name: &str) -> Result<Option<Tensor>> {
+        let Some(info) = self.meta.info(name) else {
+            return Ok(None);
+        };
+        let dtype = from_st(info.dtype).ok_or_else(|| {
+            io_err(
+                &self.path,
+                format!("tensor {name}: unsupported dtype {:?}", info.dtype),
+            )
+        })?;
+        let (start, end) = info.data_offsets;
+        let mut bytes = vec![0u8; end - start];
+        {
+            let mut f = self
+                .file
+                .lock()
+                .map_err(|_| io_err(&self.path, "a reader of this file panicked"))?;
+            f.seek(SeekFrom::Start(self.data_start + start as u64))
+                .and_then(|_| f.read_exact(&mut bytes))
+                .map_err(|e| io_err(&self.path, format!("tensor {name}: {e}")))?;
+        }
+        let storage = Storage::from_bytes(dtype, &bytes);
+        Tensor::from_storage(storage, &info.shape).map(Some)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +196,44 @@ mod tests {
         assert_eq!(back["i"].to_vec::<i64>(), vec![7, -1]);
         let err = load_safetensors_bytes(Path::new("bad.safetensors"), b"garbage").unwrap_err();
         assert!(err.to_string().contains("bad.safetensors"));
+    }
+
+    #[test]
+    fn a_file_reads_one_tensor_at_a_time_and_refuses_what_its_header_does_not_describe() {
+        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+        let h = a.to_dtype(DType::BF16).unwrap();
+        let i = Tensor::from_slice(&[7i64, -1], &[2]).unwrap();
+        let bytes = safetensors_bytes(&[("a", &a), ("h", &h), ("i", &i)]).unwrap();
+        let dir = std::env::temp_dir().join(format!("anneal-io-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.safetensors");
+        std::fs::write(&path, &bytes).unwrap();
+        let f = SafetensorsFile::open(&path).unwrap();
+        let mut names = f.names();
+        names.sort();
+        assert_eq!(names, ["a", "h", "i"]);
+        let whole = load_safetensors_bytes(&path, &bytes).unwrap();
+        for n in ["a", "h", "i"] {
+            let t = f.read(n).unwrap().unwrap();
+            assert_eq!(t.shape(), whole[n].shape());
+            assert_eq!(t.dtype(), whole[n].dtype());
+            assert_eq!(t.storage().as_bytes(), whole[n].storage().as_bytes(), "{n}");
+        }
+        assert!(f.read("missing").unwrap().is_none());
+        // Cut short, padded, or a header length beyond the file: errors naming the file.
+        for (what, b) in [
+            ("cut", bytes[..bytes.len() - 4].to_vec()),
+            ("padded", [&bytes[..], &[0u8; 4]].concat()),
+            (
+                "huge header",
+                [&u64::MAX.to_le_bytes()[..], &bytes[8..]].concat(),
+            ),
+            ("tiny", vec![1, 2, 3]),
+        ] {
+            std::fs::write(&path, &b).unwrap();
+            let err = SafetensorsFile::open(&path).err().expect(what).to_string();
+            assert!(err.contains("t.safetensors"), "{what}: {err}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

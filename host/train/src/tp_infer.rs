@@ -73,9 +73,15 @@ impl TpInference {
     pub fn slice(&self, whole: &Params) -> Result<Params, TrainError> {
         let mut out = std::collections::HashMap::with_capacity(whole.len());
         for (n, t) in whole.iter() {
-            out.insert(n.clone(), self.layout.slice(n, t)?);
+            out.insert(n.clone(), self.slice_one(n, t)?);
         }
         Ok(Arc::new(out))
+    }
+
+    /// This rank's slice of parameter `name`, given whole (a copy when it is split, else
+    /// `whole` itself): what a rank keeps of each tensor as it loads them one by one.
+    pub fn slice_one(&self, name: &str, whole: &Tensor) -> Result<Tensor, TrainError> {
+        self.layout.slice(name, whole)
     }
 
     /// This rank's slices of whole trainable parameters, as trainable leaves.

@@ -6,7 +6,7 @@
 mod transform;
 
 use crate::plugins::{find, find_for_model_type, LoadedPlugin, PluginModel};
-use anneal_engine::io::{load_safetensors, save_safetensors};
+use anneal_engine::io::{save_safetensors, SafetensorsFile};
 use anneal_engine::{DType, Tensor};
 use anneal_plugin_api::spec::ModelSpec;
 use std::collections::HashMap;
@@ -129,6 +129,13 @@ pub fn load_model(
     dir: &Path,
     plugin: Option<&str>,
 ) -> Result<(PluginModel, HashMap<String, Tensor>), HfError> {
+    let model = model_for(dir, plugin)?;
+    let params = load_params(dir, model.spec())?;
+    Ok((model, params))
+}
+
+/// The model `config.json` in `dir` describes, without its weights (see [`load_model`]).
+pub fn model_for(dir: &Path, plugin: Option<&str>) -> Result<PluginModel, HfError> {
     let cfg = read_config(dir)?;
     let loaded = plugin_for(dir, &cfg, plugin)?;
     let fail = |e: &dyn std::fmt::Display| HfError::Plugin {
@@ -138,50 +145,101 @@ pub fn load_model(
     let inst = loaded
         .create(None, &serde_json::json!({ "hf_config": cfg }))
         .map_err(|e| fail(&e))?;
-    let model = PluginModel::new(loaded.name(), inst).map_err(|e| fail(&e))?;
-    let params = load_params(dir, model.spec())?;
-    Ok((model, params))
+    PluginModel::new(loaded.name(), inst).map_err(|e| fail(&e))
+}
+
+/// The safetensors files of a Hugging Face directory (`model.safetensors`, or the shards a
+/// `model.safetensors.index.json` names), read one tensor at a time.
+pub struct HfTensors {
+    files: Vec<SafetensorsFile>,
+    /// Which file holds each tensor.
+    by_name: HashMap<String, usize>,
+}
+
+impl HfTensors {
+    /// Reads the headers of the directory's safetensors files.
+    pub fn open(dir: &Path) -> Result<HfTensors, HfError> {
+        let index = dir.join("model.safetensors.index.json");
+        let paths: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| io(&index, e))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| io(&index, format!("not valid JSON: {e}")))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| io(&index, "no weight_map"))?;
+            let mut shards: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        let mut files = Vec::with_capacity(paths.len());
+        let mut by_name = HashMap::new();
+        for f in paths {
+            if !f.is_file() {
+                return Err(io(&f, "no such file"));
+            }
+            // The engine's message already names the file.
+            let file = SafetensorsFile::open(&f).map_err(|e| HfError::Tensors(e.to_string()))?;
+            for name in file.names() {
+                by_name.insert(name, files.len());
+            }
+            files.push(file);
+        }
+        Ok(HfTensors { files, by_name })
+    }
+
+    /// Every tensor's name.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
+    /// The tensor called `name`, read from its file, or `None` when no file holds it.
+    pub fn read(&self, name: &str) -> Result<Option<Tensor>, HfError> {
+        match self.by_name.get(name) {
+            None => Ok(None),
+            Some(&i) => self.files[i]
+                .read(name)
+                .map_err(|e| HfError::Tensors(e.to_string())),
+        }
+    }
 }
 
 /// Every tensor in the directory's safetensors files, by Hugging Face name.
 pub fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, HfError> {
-    let index = dir.join("model.safetensors.index.json");
-    let files: Vec<PathBuf> = if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| io(&index, e))?;
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| io(&index, format!("not valid JSON: {e}")))?;
-        let map = v
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| io(&index, "no weight_map"))?;
-        let mut shards: Vec<String> = map
-            .values()
-            .filter_map(|f| f.as_str().map(String::from))
-            .collect();
-        shards.sort();
-        shards.dedup();
-        shards.into_iter().map(|f| dir.join(f)).collect()
-    } else {
-        vec![dir.join("model.safetensors")]
-    };
+    let files = HfTensors::open(dir)?;
     let mut out = HashMap::new();
-    for f in files {
-        if !f.is_file() {
-            return Err(io(&f, "no such file"));
+    for name in files.names() {
+        if let Some(t) = files.read(name)? {
+            out.insert(name.to_string(), t);
         }
-        // The engine's message already names the file.
-        let ts = load_safetensors(&f).map_err(|e| HfError::Tensors(e.to_string()))?;
-        out.extend(ts);
     }
     Ok(out)
 }
 
-/// The model's parameters from a directory's tensors, in the dtypes the spec declares.
+/// Loads `dir`'s weights for `spec` (see [`params_from_tensors`] for the mapping).
 pub fn load_params(dir: &Path, spec: &ModelSpec) -> Result<HashMap<String, Tensor>, HfError> {
+    load_params_with(dir, spec, &mut |_, t| Ok(t))
+}
+
+/// Loads `dir`'s weights for `spec`, each parameter passed through `keep` (given its name and
+/// its whole tensor) as soon as it is read: a rank that keeps a slice of each (tensor
+/// parallelism) holds at most one whole parameter at a time, never the whole model.
+pub fn load_params_with(
+    dir: &Path,
+    spec: &ModelSpec,
+    keep: &mut dyn FnMut(&str, Tensor) -> Result<Tensor, String>,
+) -> Result<HashMap<String, Tensor>, HfError> {
     if spec.hf.is_none() {
         return Err(HfError::NoAdapter(spec.architecture.clone()));
     }
-    params_from_tensors(dir, &read_tensors(dir)?, spec)
+    let files = HfTensors::open(dir)?;
+    params_from(dir, spec, &|hf| files.read(hf), keep)
 }
 
 /// The model's parameters from Hugging Face tensors by name (read from `dir`, which errors
@@ -191,6 +249,22 @@ pub fn params_from_tensors(
     dir: &Path,
     tensors: &HashMap<String, Tensor>,
     spec: &ModelSpec,
+) -> Result<HashMap<String, Tensor>, HfError> {
+    params_from(
+        dir,
+        spec,
+        &|hf| Ok(tensors.get(hf).cloned()),
+        &mut |_, t| Ok(t),
+    )
+}
+
+/// [`params_from_tensors`] over any source of Hugging Face tensors (`get`), each parameter
+/// handed to `keep` once built.
+fn params_from(
+    dir: &Path,
+    spec: &ModelSpec,
+    get: &dyn Fn(&str) -> Result<Option<Tensor>, HfError>,
+    keep: &mut dyn FnMut(&str, Tensor) -> Result<Tensor, String>,
 ) -> Result<HashMap<String, Tensor>, HfError> {
     let mut params = HashMap::new();
     for p in &spec.params {
@@ -203,7 +277,7 @@ pub fn params_from_tensors(
             .sources
             .iter()
             .map(|hf| {
-                let t = tensors.get(hf).ok_or_else(|| HfError::Missing {
+                let t = get(hf)?.ok_or_else(|| HfError::Missing {
                     dir: dir.to_path_buf(),
                     hf: hf.clone(),
                     ours: p.name.clone(),
@@ -217,7 +291,7 @@ pub fn params_from_tensors(
                         want: want.clone(),
                     });
                 }
-                Ok(t.clone())
+                Ok(t)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let t = transform::import(&map, &sources).map_err(|msg| HfError::Plugin {
@@ -226,6 +300,10 @@ pub fn params_from_tensors(
         })?;
         let dtype = DType::parse(&p.dtype).unwrap_or(DType::F32);
         let t = t.to_dtype(dtype).map_err(|e| io(dir, e))?;
+        let t = keep(&p.name, t).map_err(|msg| HfError::Plugin {
+            dir: dir.to_path_buf(),
+            msg: format!("parameter '{}': {msg}", p.name),
+        })?;
         params.insert(p.name.clone(), t);
     }
     Ok(params)
