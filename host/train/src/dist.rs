@@ -272,7 +272,8 @@ impl Dist {
     /// The ranks that write one checkpoint together, one shard each, when this rank is one of
     /// them: under pipeline parallelism every stage of the first replica; under FSDP / HSDP the
     /// `dp_shard` ranks of the first replica group; under TP × FSDP its `dp_shard` × `cp` × `tp`
-    /// ranks; under PP × TP its `pp` × `tp` ranks. `None` when one rank saves it whole (or this rank's replica does not save).
+    /// ranks; under PP × TP its `pp` × `tp` ranks. `None` when one rank saves it whole (or this
+    /// rank's replica does not save).
     pub fn save_group(&self) -> Option<&dyn Collective> {
         if self.tp_save.is_some() {
             return self.tp_save.as_deref();
