@@ -1,7 +1,8 @@
 //! Pipeline × tensor parallelism on real MPI ranks (one compute thread each, 4 ranks on 2
 //! cores) with the tiny Llama of 4 blocks: PP2 × TP2 (rank `2 s + t` runs stage `s` with the
 //! tensor-parallel slices `t`), with sequence parallelism and with the interleaved schedule,
-//! follows the single process (step 1 within 1e-6, 50 steps within 1e-4) and reruns bitwise.
+//! follows the single process (step 1 within 1e-6, 50 steps within 1e-4) and reruns bitwise;
+//! so does PP2 × TP2 × DDP2 on 8 ranks (10 steps).
 //! Every stage's tp ranks write global pieces of their stage's parameters, so one process
 //! resumes PP2 × TP2's checkpoint on the single curve and PP2 × TP2 resumes a single
 //! process's.
@@ -165,4 +166,27 @@ fn pieces(m: &serde_json::Value) {
     ] {
         assert_eq!(slice_in(name, shard), None, "{name} not in shard {shard}");
     }
+}
+
+/// Replicas of the whole PP2 × TP2 pipeline (8 ranks): the batch splits over `dp_replicate`,
+/// the gradients are summed over it, and the curve stays the single process's.
+#[test]
+fn replicated_pipelines_of_tensor_parallel_stages_follow_the_single_process() {
+    let job = Job::new("pp-tp-dp");
+    let short = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut s = settings(extra);
+        s.extend(["training.steps=10", "checkpoint.interval=0"]);
+        s
+    };
+    let (single, single_dir) = job.train("single", &short(&[]));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    let dir = job.dir.join("pp2-tp2-dp2");
+    let layout = [
+        "parallelism.pp=2",
+        "parallelism.tp=2",
+        "parallelism.dp_replicate=2",
+    ];
+    ok(&mpiexec_train(8, &job, &dir, &short(&layout)));
+    close("PP2 x TP2 x DDP2", &want, &loss_values(&dir));
 }
