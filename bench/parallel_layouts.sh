@@ -5,7 +5,7 @@
 # parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), CP(2) and CP(2) x FSDP(2), one compute
 # thread per rank, a global batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4
 # per data-parallel rank under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2) and
-# CP(2) x FSDP(2)).
+# CP(2) x FSDP(2)), PP(2) x TP(2) and PP(2) x TP(2) with SP (pp2_tp2, pp2_tp2_sp).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
@@ -24,6 +24,10 @@
 #   gathered once and each block twice (forward; again for its backward), a gather counted as
 #   its send (half the unit), and every unit's gradients reduce-scattered (its whole input):
 #   (1.5 P_outer + 2 L P_block) x 4 bytes. The step's flags, losses and norm sums are left out.
+# - PP(2) x TP(2): rank 0 is stage 0's first tp rank: its stage's TP traffic (the embedding's
+#   all-reduce and 4 per block for its L/2 blocks, (2L + 1) A per micro-batch; with SP 1.5 A
+#   for the embedding and 6 A per block) plus the pipeline's sends (one activation per
+#   micro-batch: A, or A/2 under SP, where each tp rank sends its share of the sequence).
 # - CP: the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to the ring's
 #   theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and their
 #   i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and values'
@@ -72,6 +76,8 @@ for layers in 4 16; do
     run "tp2-$layers" "$layers" 2 parallelism.tp=2
     run "tp2_sp-$layers" "$layers" 2 parallelism.tp=2 parallelism.tp_sequence=true
     run "tp2_fsdp2-$layers" "$layers" 4 parallelism.tp=2 parallelism.dp_shard=2
+    run "pp2_tp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.tp=2
+    run "pp2_tp2_sp-$layers" "$layers" 4 parallelism.pp=2 parallelism.tp=2 parallelism.tp_sequence=true
     run "cp2-$layers" "$layers" 2 parallelism.cp=2
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
 done
@@ -97,7 +103,8 @@ for layers in (4, 16):
     for name, boundaries, per_rank in (("single", 0, micro), ("fsdp2", 0, micro), ("pp2", 1, micro),
                                         ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2),
                                         ("pp2xfsdp2", 1, micro // 2), ("tp2", 0, micro),
-                                        ("tp2_sp", 0, micro), ("tp2_fsdp2", 0, micro // 2)):
+                                        ("tp2_sp", 0, micro), ("tp2_fsdp2", 0, micro // 2),
+                                        ("pp2_tp2", 1, micro), ("pp2_tp2_sp", 1, micro)):
         path = f"{out}/{name}-{layers}/metrics.jsonl"
         if not os.path.exists(path):
             continue
@@ -118,6 +125,14 @@ for layers in (4, 16):
             outer = 2 * vocab * dim / 2 + dim
             fsdp = (1.5 * outer + 2 * layers * block) * 4
             theory = per_rank * ((4 * layers + 2) * act + 12 * seq + fsdp) / 1e6
+        if name == "pp2_tp2":
+            # Rank 0 (stage 0, first tp rank) sends each micro-batch's activation forward and
+            # runs the embedding's and its L/2 blocks' TP collectives; the loss is stage 1's.
+            theory = micro * ((4 * (layers // 2) + 1) * act + act) / 1e6
+        if name == "pp2_tp2_sp":
+            # Under SP the boundary carries half the sequence; the embedding scatters (A) and
+            # gathers back (A/2), each block 6 A as in tp2_sp.
+            theory = micro * ((6 * (layers // 2) + 1.5) * act + act / 2) / 1e6
         bub = [r["pp_bubble"] for r in rows[warmup:] if "pp_bubble" in r]
         th = rows[-1].get("pp_bubble_theory")
         print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "

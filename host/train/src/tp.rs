@@ -248,6 +248,17 @@ impl TpLayout {
     /// summed over its slices in rank order, a replicated one's taken once; the parameters
     /// added in name order, so every rank gets the same bits.
     pub fn grad_norm(&self, comm: &dyn Collective, named: &Named) -> Result<f64, TrainError> {
+        Ok(self.grad_sums(comm, named)?.iter().sum::<f64>().sqrt())
+    }
+
+    /// Each parameter's f64 sum of squares over the group, in `named`'s order: a split
+    /// parameter's slices summed in rank order, a replicated one's taken once (from the first
+    /// rank), the same bits on every rank. Collective over `comm`.
+    pub fn grad_sums(
+        &self,
+        comm: &dyn Collective,
+        named: &[(String, Tensor)],
+    ) -> Result<Vec<f64>, TrainError> {
         let local: Vec<i64> = named
             .iter()
             .map(|(_, p)| p.grad().map_or(0.0, |g| g.sum_of_squares()).to_bits() as i64)
@@ -255,15 +266,14 @@ impl TpLayout {
         let mut all = vec![0i64; local.len() * comm.size()];
         comm.all_gather((&local[..]).into(), (&mut all[..]).into())?;
         let at = |r: usize, i: usize| f64::from_bits(all[r * local.len() + i] as u64);
-        let total: f64 = named
+        Ok(named
             .iter()
             .enumerate()
             .map(|(i, (n, _))| match self.is_split(n) {
                 true => (0..comm.size()).map(|r| at(r, i)).sum::<f64>(),
                 false => at(0, i),
             })
-            .sum();
-        Ok(total.sqrt())
+            .collect())
     }
 
     /// Sums over the group, the same bits on every rank, the replicated parameters' gradients
@@ -523,37 +533,49 @@ impl StageParams for TpHook {
     }
 }
 
-/// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP) and
-/// sharding (FSDP, [`crate::tp_fsdp`]); pipeline stages beside `tp` are refused, naming the keys.
+/// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP), sharding
+/// (FSDP, [`crate::tp_fsdp`]) and pipeline stages ([`crate::pp::tp`]); pipeline stages with
+/// `tp` and a third split of the stage (`dp_shard`, `cp`) are refused, naming the keys.
 pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     use anneal_dist::MeshDim;
     let tp = mesh.degree(MeshDim::Tp);
-    if tp == 1 {
+    let pp = mesh.degree(MeshDim::Pp);
+    if tp == 1 || pp == 1 {
         return Ok(());
     }
-    let pp = mesh.degree(MeshDim::Pp);
-    if pp > 1 {
-        return Err(config_err(format!(
-            "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}): tensor parallelism with pipeline stages is not supported yet; set parallelism.pp = 1 (parallelism.dp_replicate and parallelism.dp_shard compose with tp)"
-        )));
+    for dim in [MeshDim::DpShard, MeshDim::Cp] {
+        let n = mesh.degree(dim);
+        if n > 1 {
+            return Err(config_err(format!(
+                "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}) and `parallelism.{}` ({n}): pipeline stages run tensor-parallel beside data-parallel replicas (parallelism.dp_replicate) only so far; set parallelism.{} = 1",
+                dim.key(),
+                dim.key()
+            )));
+        }
     }
     Ok(())
 }
 
 /// The optimizer state of `named` (this rank's slices) from a checkpoint of any layout: a
 /// column/vocab-split parameter's state read as its rows, a row-split one's read whole and cut,
-/// the rest whole.
+/// the rest whole. With `own_only` (a pipeline rank's stages) the state of parameters outside
+/// `named` is neither read nor handed to the optimizer.
 pub(crate) fn restore_optimizer(
     layout: &TpLayout,
     ckpt: &crate::checkpoint::Loaded,
     named: &Named,
     optimizer: &mut anneal_runtime::plugins::PluginOptimizer,
+    own_only: bool,
 ) -> Result<(), TrainError> {
+    let own: std::collections::HashSet<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
     let mut state = std::collections::BTreeMap::new();
     for name in ckpt.names() {
         let Some(key) = name.strip_prefix("optim/") else {
             continue;
         };
+        if own_only && !param_of_state(key).is_some_and(|p| own.contains(p)) {
+            continue;
+        }
         let whole = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
         let t = match layout.state_rows(key, whole) {
             Some(r) => ckpt.rows(name, r)?,

@@ -8,6 +8,7 @@
 pub mod layout;
 pub mod schedule;
 pub(crate) mod sharded;
+pub(crate) mod tp;
 pub mod wire;
 
 use crate::outputs::{weighted_aux, StepOutputs};
@@ -181,7 +182,7 @@ impl Pipeline {
                             ctx.opts,
                         )?;
                         let ce = match last {
-                            true => Some(loss_of(&part.hidden, b)?),
+                            true => Some(loss_of(&part.hidden, b, ctx.opts)?),
                             false => None,
                         };
                         (part, ce)
@@ -312,7 +313,7 @@ impl Pipeline {
                     ctx.opts,
                 )?;
                 if last {
-                    losses[mb] = loss_of(&part.hidden, b)?.item()?;
+                    losses[mb] = loss_of(&part.hidden, b, ctx.opts)?.item()?;
                 } else {
                     let tag = wire::tag(Kind::Activation, s + 1, mb % 512);
                     let (_, pending) =
@@ -337,11 +338,25 @@ impl Pipeline {
         comm: &dyn Collective,
         named: &[(String, Tensor)],
     ) -> Result<f64, TrainError> {
+        let sums = named
+            .iter()
+            .filter_map(|(name, p)| p.grad().map(|g| (name.as_str(), g.sum_of_squares())));
+        self.norm_of_sums(comm, sums)
+    }
+
+    /// The global norm from this rank's per-parameter sums of squares `sums` (by name), added
+    /// over the ranks of `comm` and then in name order, as [`Pipeline::grad_norm`] does.
+    /// Collective over `comm`.
+    pub(crate) fn norm_of_sums<'a>(
+        &self,
+        comm: &dyn Collective,
+        sums: impl Iterator<Item = (&'a str, f64)>,
+    ) -> Result<f64, TrainError> {
         let n = self.all_names.len();
         let mut mine = vec![0f64; n];
-        for (name, p) in named {
-            if let (Ok(i), Some(g)) = (self.all_names.binary_search(name), p.grad()) {
-                mine[i] = g.sum_of_squares();
+        for (name, v) in sums {
+            if let Ok(i) = self.all_names.binary_search_by(|a| a.as_str().cmp(name)) {
+                mine[i] = v;
             }
         }
         let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -365,18 +380,19 @@ impl Pipeline {
     }
 }
 
-/// The cross-entropy of the last stage's `[logits]` against `b`'s targets.
-fn loss_of(out: &[Tensor], b: &Batch) -> Result<Tensor, TrainError> {
+/// The cross-entropy of the last stage's `[logits]` against `b`'s targets (under tensor
+/// parallelism the logits are this rank's vocabulary columns: [`tp::cross_entropy`]).
+fn loss_of(out: &[Tensor], b: &Batch, opts: &ForwardOpts) -> Result<Tensor, TrainError> {
     let logits = out
         .first()
         .ok_or_else(|| TrainError::Pipeline("the head returned nothing".into()))?;
     let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
     let v = logits.shape().last().copied().unwrap_or(0);
-    Ok(cross_entropy(
-        &logits.reshape(&[b.batch * b.seq_len, v])?,
-        &y,
-        &CrossEntropy::default(),
-    )?)
+    let logits = logits.reshape(&[b.batch * b.seq_len, v])?;
+    if let Some(ce) = tp::cross_entropy(&logits, &y, opts)? {
+        return Ok(ce);
+    }
+    Ok(cross_entropy(&logits, &y, &CrossEntropy::default())?)
 }
 
 /// One micro-batch's named outputs over this rank's chunks (interleaving runs it through

@@ -534,11 +534,7 @@ impl Trainer {
                 u.borrow_mut().end_backward()?;
             }
         }
-        // Under FSDP the replicated gradients are summed on the shards, once they hold them.
         let tp_grads = self.tp.as_ref().zip(self.dist.tp());
-        if let (Some((layout, comm)), None) = (tp_grads, &units) {
-            layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
-        }
         let mut pp_figures = None;
         let mut pp_shard_grads = None;
         if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
@@ -574,6 +570,11 @@ impl Trainer {
             if let (Some((fsdp, sc)), Some(g)) = (sharded, &stage) {
                 pp_shard_grads = Some(crate::pp::sharded::scatter_grads(fsdp, sc, &g.named)?);
             }
+        }
+        // Under SP the replicated parameters' partial gradients are summed over tp once the
+        // micro-batches (or the pipeline's schedule) ran; under FSDP on the shards, below.
+        if let (Some((layout, comm)), None) = (tp_grads, &units) {
+            layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
         }
         let distributed = self.dist.grads().size() > 1;
         let mut fsdp_figures = None;
@@ -633,6 +634,9 @@ impl Trainer {
                 crate::tp_fsdp::grad_norm(layout, sc, tc.as_ref(), &self.named)?
             }
             (Some(fsdp), Some(comm), _, _, _) => fsdp.grad_norm(comm, &self.named)?,
+            (_, _, Some(pipe), Some(pc), Some((layout, tc))) => {
+                crate::pp::tp::grad_norm(pipe, layout, tc.as_ref(), pc, &self.named)?
+            }
             (_, _, Some(pipe), Some(comm), _) => pipe.grad_norm(comm, &self.named)?,
             (_, _, _, _, Some((layout, comm))) => layout.grad_norm(comm.as_ref(), &self.named)?,
             _ => global_grad_norm(&self.named),
@@ -759,7 +763,8 @@ impl Trainer {
             return Ok(None);
         }
         if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
-            let opts = self.forward_opts(false);
+            // Under tensor parallelism the stages' hook and group, as in training.
+            let (_active, opts) = self.block_forward(false)?;
             let stage = match self.fsdp.as_ref().zip(self.dist.shard()) {
                 Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
                     fsdp,

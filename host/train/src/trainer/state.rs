@@ -5,8 +5,7 @@ use super::Trainer;
 use crate::checkpoint::{Loaded, PieceRef, Snapshot, TrainState};
 use crate::harness::{
     params_from_checkpoint, params_of_from_checkpoint, params_of_rows_from_checkpoint,
-    params_rows_from_checkpoint, restore_optimizer, restore_optimizer_of,
-    restore_optimizer_of_with, restore_optimizer_with,
+    restore_optimizer, restore_optimizer_of, restore_optimizer_of_with, restore_optimizer_with,
 };
 use crate::TrainError;
 use std::sync::Arc;
@@ -189,22 +188,27 @@ impl Trainer {
             }
             None if self.tp.is_some() => {
                 let tp = self.tp.as_ref().expect("matched is_some");
+                // Under pipeline parallelism, this rank's stages alone.
+                let staged = self.pipeline.is_some();
+                let own: std::collections::HashSet<String> =
+                    self.named.iter().map(|(n, _)| n.clone()).collect();
+                let keep = |n: &str| !staged || own.contains(n);
                 // Column and vocab slices are rows of the whole; row slices are cut from it.
-                let loaded = params_rows_from_checkpoint(&ckpt, &self.model, "model", &|n, w| {
-                    tp.rows_of(n, w)
-                })?
-                .into_iter()
-                .map(|(n, t)| {
-                    let t = if tp.is_row_split(&n) {
-                        tp.slice(&n, &t)?
-                    } else {
-                        t
-                    };
-                    Ok((n, t))
-                })
-                .collect::<Result<Vec<_>, TrainError>>()?;
+                let rows_of = |n: &str, w: &[usize]| tp.rows_of(n, w);
+                let loaded =
+                    params_of_rows_from_checkpoint(&ckpt, &self.model, "model", &keep, &rows_of)?
+                        .into_iter()
+                        .map(|(n, t)| {
+                            let t = if tp.is_row_split(&n) {
+                                tp.slice(&n, &t)?
+                            } else {
+                                t
+                            };
+                            Ok((n, t))
+                        })
+                        .collect::<Result<Vec<_>, TrainError>>()?;
                 let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
-                crate::tp::restore_optimizer(tp, &ckpt, &named, &mut self.optimizer)?;
+                crate::tp::restore_optimizer(tp, &ckpt, &named, &mut self.optimizer, staged)?;
                 (named, buffers)
             }
             None if self.pipeline.is_some() => {
