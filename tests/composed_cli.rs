@@ -3,7 +3,8 @@
 //! context parallelism (CP(2) × EP(2), the experts split over dp_shard 2) and inside pipeline
 //! stages (PP(2) × EP(2) over dp_shard 2) follow the single process (step 1 within 1e-6
 //! relative, 50 steps within 1e-4, the validation losses too), rerun bitwise and save
-//! checkpoints that one process resumes on the single process's curve.
+//! checkpoints that one process resumes on the single process's curve; so does
+//! PP(2) × CP(2) × FSDP(2) on 8 ranks (10 steps).
 
 mod dist_support;
 
@@ -236,4 +237,39 @@ fn expert_parallelism_runs_inside_pipeline_stages() {
         assert_eq!(p["slice"][0], serde_json::json!(rows), "{p}");
     }
     resumes_in_one_process(&job, &dir, &set, &one, "pp2xep2");
+}
+
+/// PP(2) × CP(2) × FSDP(2) on 8 ranks: FSDP shards each stage over dp_shard × cp, so every cp
+/// rank saves its own rows (8 shards), and the checkpoint resumes in one process.
+#[test]
+fn pipeline_stages_shard_over_dp_shard_times_cp() {
+    let job = Job::new("pp-cp-fsdp");
+    let set = [
+        "training.micro_batch_size=1",
+        "training.steps=10",
+        "training.threads=1",
+        "checkpoint.interval=5",
+        "model.args.n_layers=4",
+    ];
+    let (single, single_dir) = job.train("single", &set);
+    ok(&single);
+    let one = loss_values(&single_dir);
+    let layout = with(
+        &set,
+        &[
+            "parallelism.pp=2",
+            "parallelism.cp=2",
+            "parallelism.dp_shard=2",
+        ],
+    );
+    let dir = job.dir.join("pp2xcp2xfsdp2");
+    ok(&mpiexec_train(8, &job, &dir, &layout));
+    assert_matches(&one, &loss_values(&dir), "pp2 x cp2 x fsdp2");
+    let m = manifest_of(&dir.join("checkpoints/step-5"));
+    assert_eq!(m["world_size"], 8, "every rank saves its rows");
+    let to_one = job.dir.join("to-one");
+    copy_run(&dir, &to_one, &[10]);
+    let stdout = ok(&train_one(&job, &to_one, &set));
+    assert!(stdout.contains("step 5"), "resumes from 5: {stdout}");
+    assert_matches(&one, &loss_values(&to_one), "pp2 x cp2 x fsdp2 -> single");
 }
