@@ -32,11 +32,13 @@
 #   f32 gradients. PP(2) x CP(2): rank 0's ring over its stage's blocks, and each stage boundary
 #   moves micro_batch x seq_len / cp x dim f32 forward and back per micro-batch.
 # - EP: the bytes rank 0 sent in expert exchanges per step (ep_a2a_bytes) next to their
-#   theory: per MoE layer and micro-batch, the per-expert counts (an i64 per expert for each
-#   of the two halves, forward) and every routed row (tokens x top-k of dim f32, rows for the
-#   rank's own experts included, so the routing does not change it) out and back, forward and
-#   backward: 4 x rows x dim x 4 bytes; under CP(2) x EP(2) a rank routes seq_len / cp tokens
-#   per micro-batch, under PP(2) x EP(2) rank 0 runs its stage's layers only.
+#   theory for an even routing: per MoE layer and micro-batch, the per-expert counts (an i64
+#   per expert for each of the two halves, forward), this rank's routed rows (tokens x top-k
+#   of dim f32, its own experts' included) out and their gradients back, and the rows its
+#   experts drew returned and their gradients sent back: 2 x (routed + drawn) x dim x 4 bytes,
+#   drawn = routed when the routing is even (the measured figure moves with rank 0's experts'
+#   share); under CP(2) x EP(2) a rank routes seq_len / cp tokens per micro-batch, under
+#   PP(2) x EP(2) rank 0 runs its stage's layers only.
 # The PyTorch peer (bench/parallel_layouts_torch.py: torch.distributed.pipelining and DTensor
 # tensor parallelism over gloo, same shapes, batch and thread count) runs the pipeline and
 # tensor-parallel layouts next to ours; PEER=0 skips it. ONLY=tp2 (a name prefix) runs a subset
