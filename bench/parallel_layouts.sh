@@ -2,10 +2,12 @@
 # Parallel layouts side by side on the debug Llama (hidden 256, FFN 1024, vocab 8192) with its
 # 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
 # virtual stages per rank), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
-# parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), CP(2) and CP(2) x FSDP(2), one compute
-# thread per rank, a global batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4
-# per data-parallel rank under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2) and
-# CP(2) x FSDP(2)), PP(2) x TP(2) and PP(2) x TP(2) with SP (pp2_tp2, pp2_tp2_sp).
+# parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), PP(2) x TP(2) with and without SP (pp2_tp2,
+# pp2_tp2_sp), CP(2), CP(2) x FSDP(2) and PP(2) x CP(2), one compute thread per rank, a global
+# batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel rank
+# under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2) and CP(2) x FSDP(2)); and on the debug
+# Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
+# dp_shard 2; no balancing bias, which pipeline stages do not take yet).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
@@ -31,7 +33,16 @@
 # - CP: the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to the ring's
 #   theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and their
 #   i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and values'
-#   f32 gradients.
+#   f32 gradients. PP(2) x CP(2): rank 0's ring over its stage's blocks, and each stage boundary
+#   moves micro_batch x seq_len / cp x dim f32 forward and back per micro-batch.
+# - EP: the bytes rank 0 sent in expert exchanges per step (ep_a2a_bytes) next to their
+#   theory for an even routing: per MoE layer and micro-batch, the per-expert counts (an i64
+#   per expert for each of the two halves, forward), this rank's routed rows (tokens x top-k
+#   of dim f32, its own experts' included) out and their gradients back, and the rows its
+#   experts drew returned and their gradients sent back: 2 x (routed + drawn) x dim x 4 bytes,
+#   drawn = routed when the routing is even (the measured figure moves with rank 0's experts'
+#   share); under CP(2) x EP(2) a rank routes seq_len / cp tokens per micro-batch, under
+#   PP(2) x EP(2) rank 0 runs its stage's layers only.
 # The PyTorch peer (bench/parallel_layouts_torch.py: torch.distributed.pipelining and DTensor
 # tensor parallelism over gloo, same shapes, batch and thread count) runs the pipeline and
 # tensor-parallel layouts next to ours; PEER=0 skips it. ONLY=tp2 (a name prefix) runs a subset
@@ -80,7 +91,22 @@ for layers in 4 16; do
     run "pp2_tp2_sp-$layers" "$layers" 4 parallelism.pp=2 parallelism.tp=2 parallelism.tp_sequence=true
     run "cp2-$layers" "$layers" 2 parallelism.cp=2
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
+    run "pp2xcp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.cp=2
 done
+# The MoE layouts: 4 blocks, no balancing bias (pipeline stages take no buffers yet).
+run_moe() { # name nproc extra-sets...
+    local name="$1" n="$2"
+    shift 2
+    case "$name" in "$ONLY"*) ;; *) return 0 ;; esac
+    local sets=("${COMMON[@]}" --set model.args.moe.balance_rate=0.0)
+    for s in "$@"; do sets+=(--set "$s"); done
+    mpiexec -n "$n" "$BIN" train configs/qwen3_moe_debug.toml --run-dir "$OUT/$name" "${sets[@]}" \
+        >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; exit 1; }
+}
+run_moe moe_fsdp2 2 parallelism.dp_shard=2
+run_moe moe_ep2 2 parallelism.dp_shard=2 parallelism.ep=2
+run_moe moe_cp2xep2 4 parallelism.cp=2 parallelism.dp_shard=2 parallelism.ep=2
+run_moe moe_pp2xep2 4 parallelism.pp=2 parallelism.dp_shard=2 parallelism.ep=2
 if [ "$PEER" = 1 ]; then
     source bench/peer_env.sh
     need_venv torch
@@ -141,7 +167,8 @@ for layers in (4, 16):
 kv, cp = 256, 2
 print(f"\n{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'ring MB/step':>13} {'theory MB':>10}")
 for layers in (4, 16):
-    for name, per_rank in (("single", micro), ("cp2", micro), ("cp2_fsdp2", micro // 2)):
+    for name, per_rank, blocks in (("single", micro, layers), ("cp2", micro, layers),
+                                   ("cp2_fsdp2", micro // 2, layers), ("pp2xcp2", micro, layers // 2)):
         path = f"{out}/{name}-{layers}/metrics.jsonl"
         if not os.path.exists(path):
             continue
@@ -153,8 +180,33 @@ for layers in (4, 16):
         t = seq // cp
         fwd = (cp - 1) * (2 * t * kv * 4 + t * 8)
         bwd = cp * (4 * t * kv * 4 + t * 8)
-        theory = layers * per_rank * (fwd + bwd) / 1e6 if name != "single" else float("nan")
-        print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {ring:>13.2f} {theory:>10.2f}")
+        theory = blocks * per_rank * (fwd + bwd) / 1e6 if name != "single" else float("nan")
+        extra = ""
+        if name == "pp2xcp2":
+            # The stage boundary's activations and gradients, split over the 2 stages' ranks.
+            extra = f"  (+ boundary {2 * per_rank * t * dim * 4 / 2 / 1e6:.2f} MB; bubble " \
+                    f"{statistics.median(r['pp_bubble'] for r in rows[warmup:]):.3f}, theory " \
+                    f"{rows[-1]['pp_bubble_theory']:.3f})"
+        print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {ring:>13.2f} {theory:>10.2f}{extra}")
+# Expert parallelism on the debug Qwen3-MoE: 4 blocks, 8 experts, top 2, hidden 256.
+moe_layers, experts, top_k = 4, 8, 2
+print(f"\n{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'a2a MB/step':>12} {'theory MB':>10}")
+for name, per_rank, tokens, layers_here, ep in (("moe_fsdp2", micro // 2, seq, moe_layers, 1),
+                                               ("moe_ep2", micro // 2, seq, moe_layers, 2),
+                                               ("moe_cp2xep2", micro // 2, seq // 2, moe_layers, 2),
+                                               ("moe_pp2xep2", micro // 2, seq, moe_layers // 2, 2)):
+    path = f"{out}/{name}/metrics.jsonl"
+    if not os.path.exists(path):
+        continue
+    rows = [json.loads(l) for l in open(path)]
+    tps = statistics.median(r["tokens_per_s"] for r in rows[warmup:])
+    peak = max(r["mem_peak_bytes"] for r in rows) / 2**20
+    comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:]) / 1e6
+    a2a = statistics.median(r.get("ep_a2a_bytes") or 0 for r in rows[warmup:]) / 1e6
+    counts = 2 * experts * 8
+    theory = (layers_here * per_rank * (counts + 4 * tokens * top_k * dim * 4) / 1e6
+              if ep > 1 else float("nan"))
+    print(f"{name:>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {a2a:>12.2f} {theory:>10.2f}")
 # PyTorch on the same shapes: our layout's tokens/s over the peer's (above 1: we are faster).
 ours_for = {"pp": "pp2", "pp_inter": "pp2i", "tp": "tp2", "tp_sp": "tp2_sp"}
 peer_rows = []

@@ -318,9 +318,6 @@ fn layouts_context_parallelism_cannot_run_are_user_errors() {
         &["parallelism.cp=2", "training.seq_len=30"],
     );
     user_error(&out, &["training.seq_len", "parallelism.cp"]);
-    // Pipeline stages under cp.
-    let (out, _) = job.train("b", &["parallelism.cp=2", "parallelism.pp=2"]);
-    user_error(&out, &["parallelism.cp", "parallelism.pp"]);
     // RL generates, which does not split a sequence.
     let out = mpiexec_rl(2, &job, &job.dir.join("rl"), &["parallelism.cp=2"]);
     user_error(&out, &["parallelism.cp", "anneal rl"]);

@@ -455,7 +455,7 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         ));
     }
     // Context parallelism cuts every sequence into 2·cp chunks (a head chunk and its mirror
-    // per rank) and does not run inside pipeline stages yet.
+    // per rank).
     if p.cp > 1 {
         let chunks = 2 * p.cp as usize;
         if !c.training.seq_len.is_multiple_of(chunks) {
@@ -464,15 +464,6 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
                 format!(
                     "is {}, not a multiple of 2 × parallelism.cp = {chunks}: each cp rank holds a chunk from the head and one from the tail of every sequence",
                     c.training.seq_len
-                ),
-            ));
-        }
-        if p.pp != 1 {
-            return Err(ConfigError::at(
-                "parallelism.cp",
-                format!(
-                    "is {} with parallelism.pp = {}: context parallelism inside pipeline stages is not supported yet; set one of them to 1",
-                    p.cp, p.pp
                 ),
             ));
         }

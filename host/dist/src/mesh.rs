@@ -6,6 +6,10 @@
 //! the ranks of `dp_shard` (it must divide it). `dp_shard`'s coordinate `s` splits into an expert
 //! coordinate `s % ep` (the inner part: an expert group is `ep` consecutive shard ranks) and an
 //! expert-FSDP coordinate `s / ep` (`efsdp = dp_shard / ep`), see [`Mesh::expert_comms`].
+//! Under context parallelism the `cp` ranks of a shard group train on the same sequences, so an
+//! expert group stays within one `cp` coordinate (its tokens are that coordinate's chunks) and
+//! the expert-FSDP group spans `efsdp × cp` ranks, as dense parameters shard over
+//! `dp_shard × cp`.
 
 use crate::{Collective, DistError};
 
@@ -213,19 +217,19 @@ impl Mesh {
     }
 
     /// The expert communicators of an `ep > 1` mesh: the expert group (the `ep` consecutive
-    /// `dp_shard` ranks that split the experts between them, ordered by expert coordinate)
-    /// and the expert-FSDP group (the `dp_shard / ep` ranks that hold the same experts,
-    /// ordered by their `dp_shard` coordinate). Collective over `world`.
+    /// `dp_shard` ranks of one `cp` coordinate that split the experts between them, ordered by
+    /// expert coordinate) and the expert-FSDP group (the `dp_shard / ep` × `cp` ranks that hold
+    /// the same experts, ordered by their `dp_shard` then `cp` coordinate). Collective over
+    /// `world`.
     pub fn expert_comms(&self, world: &dyn Collective) -> Result<ExpertComms, DistError> {
-        let shard = MeshDim::DpShard as usize;
-        // Every coordinate but dp_shard's, linear: ranks in different places of the other
-        // dimensions never share a group.
-        let mut base = 0usize;
-        for i in 0..6 {
-            if i != shard {
-                base = base * self.degrees[i] + self.coords[i];
-            }
-        }
+        let (shard, cp) = (MeshDim::DpShard as usize, MeshDim::Cp as usize);
+        // Every coordinate but those in `skip`, linear: ranks in different places of the
+        // other dimensions never share a group.
+        let base = |skip: &[usize]| {
+            (0..6)
+                .filter(|i| !skip.contains(i))
+                .fold(0usize, |b, i| b * self.degrees[i] + self.coords[i])
+        };
         let s = self.coords[shard];
         let groups = self.degrees[shard] / self.ep;
         let id = |v: usize| {
@@ -234,8 +238,11 @@ impl Mesh {
                 count: v,
             })
         };
-        let ep = world.split(id(base * groups + s / self.ep)?, id(s % self.ep)?)?;
-        let efsdp = world.split(id(base * self.ep + s % self.ep)?, id(s / self.ep)?)?;
+        let ep = world.split(id(base(&[shard]) * groups + s / self.ep)?, id(s % self.ep)?)?;
+        let efsdp = world.split(
+            id(base(&[shard, cp]) * self.ep + s % self.ep)?,
+            id(s / self.ep * self.degrees[cp] + self.coords[cp])?,
+        )?;
         Ok((ep, efsdp))
     }
 

@@ -252,6 +252,26 @@ fn check_mesh(world: &dyn Collective) {
         (2 * (r / 2) * 2 + 1) as f32,
         "an expert group is consecutive ranks"
     );
+    // Under context parallelism (dp_shard 2, ep 2, cp the rest): an expert group stays within
+    // one cp coordinate; the expert-FSDP group spans the cp ranks holding the same experts.
+    let cp = n / 2;
+    let mesh = Mesh::new([1, 1, 2, -1, 2, 1], n, r).unwrap();
+    assert_eq!(mesh.degree(MeshDim::Cp), cp);
+    let (s, c) = (r / cp, r % cp);
+    let (ep, efsdp) = mesh.expert_comms(world).unwrap();
+    assert_eq!((ep.rank(), ep.size()), (s, 2), "expert group under cp");
+    assert_eq!(
+        (efsdp.rank(), efsdp.size()),
+        (c, cp),
+        "expert-FSDP under cp"
+    );
+    let mut z = [r as f32];
+    ep.all_reduce_sum(&mut z).unwrap();
+    assert_eq!(z[0], (2 * c + cp) as f32, "one cp coordinate's shard ranks");
+    let mut w = [r as f32];
+    efsdp.all_reduce_sum(&mut w).unwrap();
+    let held = (s * cp..(s + 1) * cp).sum::<usize>();
+    assert_eq!(w[0], held as f32, "the cp ranks of one expert slice");
 }
 
 fn check_dim0_shards(c: &dyn Collective) {

@@ -14,6 +14,12 @@
 //! group's ranks, close to but not the single process's; statistics summed for the buffer hook
 //! (expert token counts) are the whole step's, exactly, while their reported means are per
 //! rank's tokens.
+//!
+//! Composed: inside pipeline stages ([`crate::pp`]) each stage runs its blocks on this rank's
+//! chunks ([`Context::local_batch`]), with the ring over the stage's `cp` group and hidden
+//! tensors passed between ranks of the same `cp` coordinate. Under expert parallelism the MoE
+//! layers dispatch this rank's tokens over an expert group within its `cp` coordinate, and each
+//! slice of experts is sharded over its `efsdp × cp` ranks ([`anneal_dist::Mesh::expert_comms`]).
 
 use crate::context::{ActiveRing, RankRing};
 use crate::TrainError;
@@ -54,8 +60,8 @@ impl CpComms {
     }
 }
 
-/// The user errors of a `cp > 1` layout, naming the keys: a sequence that does not cut into
-/// `2·cp` chunks, and the dimensions context parallelism does not compose with yet.
+/// The user error of a `cp > 1` layout, naming the keys: a sequence that does not cut into
+/// `2·cp` chunks.
 pub(crate) fn check_mesh(cfg: &JobConfig, mesh: &Mesh) -> Result<(), TrainError> {
     let cp = mesh.degree(MeshDim::Cp);
     if cp == 1 {
@@ -67,18 +73,6 @@ pub(crate) fn check_mesh(cfg: &JobConfig, mesh: &Mesh) -> Result<(), TrainError>
             "config: `training.seq_len` ({seq}) must be a multiple of 2 × `parallelism.cp` ({}): each rank holds a chunk from the head and one from the tail of every sequence; pick a seq_len that is a multiple of {}",
             2 * cp,
             2 * cp
-        )));
-    }
-    let pp = mesh.degree(MeshDim::Pp);
-    if pp > 1 {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.cp` ({cp}) with `parallelism.pp` ({pp}): context parallelism inside pipeline stages is not supported yet; set parallelism.pp = 1 or parallelism.cp = 1"
-        )));
-    }
-    let ep = mesh.degree(MeshDim::Ep);
-    if ep > 1 {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.cp` ({cp}) with `parallelism.ep` ({ep}): expert parallelism under context parallelism is not supported yet; set parallelism.ep = 1 (MoE models run under cp with every expert on every rank)"
         )));
     }
     Ok(())
@@ -185,6 +179,17 @@ impl Context {
             Tensor::from_vec(y, &[b.batch * t])?,
             t,
         ))
+    }
+
+    /// This rank's part of a batch as a batch of its own (`[B, T/cp]` token ids and targets):
+    /// what a pipeline stage runs on under context parallelism.
+    pub fn local_batch(&self, b: &Batch) -> Batch {
+        Batch {
+            inputs: self.split.take(&b.inputs, b.batch, b.seq_len),
+            targets: self.split.take(&b.targets, b.batch, b.seq_len),
+            batch: b.batch,
+            seq_len: b.seq_len / self.split.size,
+        }
     }
 
     /// The step's micro-batch losses from every rank's means over its tokens (`local`, this

@@ -11,7 +11,8 @@
 //! divide `dp_shard`) borrows the shard ranks: each keeps `1 / ep` of the experts
 //! ([`crate::fsdp::Experts`]) and the MoE layers send token rows to them ([`crate::ep`]).
 //! Pipeline parallelism (`pp`) splits the model's stages over its ranks ([`crate::pp`]); with
-//! `dp_shard` as well, each stage is FSDP-sharded over its shard ranks.
+//! `dp_shard` as well, each stage is FSDP-sharded over its shard ranks (and with `ep`, a
+//! stage's experts split over them, [`crate::pp::sharded`]).
 //! Context parallelism (`cp`) splits each sequence over `cp` ranks ([`crate::cp`]): the batch
 //! is still split over the data-parallel ranks only, but gradients, losses and statistics are
 //! summed over data-parallel × `cp` ranks, and FSDP shards over `dp_shard` × `cp`.
@@ -109,12 +110,6 @@ impl Dist {
             mesh.degree(MeshDim::DpShard),
         );
         let pp = mesh.degree(MeshDim::Pp);
-        let ep = mesh.degree(MeshDim::Ep);
-        if pp > 1 && ep > 1 {
-            return Err(TrainError::Config(format!(
-                "config: `parallelism.pp` ({pp}) with `parallelism.ep` ({ep}): expert parallelism inside pipeline stages is not supported yet; set parallelism.ep = 1"
-            )));
-        }
         if pp > 1 && shard > 1 && cfg.parallelism.fsdp_all_gather_dtype != "float32" {
             return Err(TrainError::Config(format!(
                 "config: `parallelism.fsdp_all_gather_dtype` = \"{}\" with `parallelism.pp` ({pp}): pipeline stages gather their shards in float32; set parallelism.fsdp_all_gather_dtype = \"float32\"",
@@ -148,13 +143,18 @@ impl Dist {
         };
         // Pipeline communicators after the data-parallel ones, in the same order on every rank.
         let (pp, pp_save, job) = if pp > 1 {
-            let save = if mesh.coord(MeshDim::DpReplicate) == 0 {
-                Some(mesh.comm_of(world, &[MeshDim::Pp, MeshDim::DpShard])?)
-            } else {
-                // Every rank takes part in the split; the other replicas' groups go unused.
-                mesh.comm_of(world, &[MeshDim::Pp, MeshDim::DpShard])?;
-                None
+            // Under context parallelism FSDP's rows are split over dp_shard × cp, so every cp
+            // rank saves its own; unsharded, the cp ranks hold copies and the first one saves.
+            let (dims, saves) = match shard.is_some() {
+                true => (&[MeshDim::Pp, MeshDim::DpShard, MeshDim::Cp][..], true),
+                false => (
+                    &[MeshDim::Pp, MeshDim::DpShard][..],
+                    mesh.coord(MeshDim::Cp) == 0,
+                ),
             };
+            // Every rank takes part in the split; the other replicas' groups go unused.
+            let save = mesh.comm_of(world, dims)?;
+            let save = (saves && mesh.coord(MeshDim::DpReplicate) == 0).then_some(save);
             let pp = mesh.comm(world, MeshDim::Pp)?;
             (Some(pp), save, Some(mesh.comm_of(world, &MeshDim::ALL)?))
         } else {

@@ -2,7 +2,9 @@
 //! (`anneal_engine::ops::moe_ffn_ep`) send token rows over. The trainer activates it around a
 //! step's (or an evaluation's) forwards and backwards; the FSDP driver's stage hook hands it to
 //! the model runner (`StageParams::expert_parallel`), which gives it to the MoE host op, so a
-//! plugin never sees it.
+//! plugin never sees it. A pipeline stage, whose parameters are gathered once per step, hands
+//! it over through [`resident_opts`]; its expert group is the shard ranks of the same stage,
+//! which run the same schedule and so reach each MoE layer's exchange in the same order.
 //!
 //! Like the FSDP driver, it lives in a thread-local while active: the engine's exchange object
 //! must be `Send + Sync` (autograd keeps it for the backward), the communicators are not, and
@@ -198,4 +200,69 @@ pub(crate) fn expert_layout(
         slice: (ep.rank(), n),
         efsdp: (efsdp.rank(), efsdp.size()),
     })
+}
+
+/// The stage source of a forward whose parameters are all resident under expert parallelism
+/// (a pipeline stage's, gathered once per step): every stage reads `params`, whose expert
+/// weights are this rank's slice of the experts, and the MoE layers exchange token rows over
+/// the group active on this thread.
+struct ResidentExperts {
+    params: anneal_runtime::plugins::Params,
+}
+
+impl anneal_runtime::plugins::StageParams for ResidentExperts {
+    fn params(
+        &self,
+        _stage: anneal_runtime::plugins::Stage,
+    ) -> anneal_engine::Result<anneal_runtime::plugins::Params> {
+        Ok(self.params.clone())
+    }
+
+    fn after_forward(&self, _stage: anneal_runtime::plugins::Stage) -> anneal_engine::Result<()> {
+        Ok(())
+    }
+
+    fn before_backward(&self, _layer: usize) -> anneal_engine::Result<()> {
+        Ok(())
+    }
+
+    fn expert_parallel(&self) -> Option<ExpertParallel> {
+        current()
+    }
+}
+
+/// `opts` for a forward over the resident `params` whose MoE layers run expert-parallel over
+/// the active group (a pipeline stage under `pp` × `ep`).
+pub(crate) fn resident_opts(
+    opts: &anneal_runtime::plugins::ForwardOpts,
+    params: &anneal_runtime::plugins::Params,
+) -> anneal_runtime::plugins::ForwardOpts {
+    let mut opts = opts.clone();
+    opts.stage_params = Some(Arc::new(ResidentExperts {
+        params: params.clone(),
+    }));
+    opts
+}
+
+/// The expert-parallel layout of the expert parameters under `ep > 1` (see
+/// [`expert_layout`]), with its line for the log; `None` without expert parallelism.
+pub(crate) fn layout_of(
+    cfg: &anneal_config::JobConfig,
+    dist: &crate::dist::Dist,
+    spec: &anneal_plugin_api::spec::ModelSpec,
+    optimizer: &anneal_runtime::plugins::PluginOptimizer,
+    note: &dyn Fn(&str),
+) -> Result<Option<crate::fsdp::Experts>, TrainError> {
+    let Some((ep, efsdp)) = dist.experts() else {
+        return Ok(None);
+    };
+    let e = expert_layout(cfg, spec, optimizer, ep, efsdp)?;
+    note(&format!(
+        "ep: {} expert parameters in {} slices of experts (this rank: slice {}), each sharded over {} rank(s)",
+        e.names.len(),
+        e.slice.1,
+        e.slice.0,
+        e.efsdp.1
+    ));
+    Ok(Some(e))
 }

@@ -66,6 +66,9 @@ pub(crate) struct Fsdp {
     /// Per parameter: its whole shape and the first row of its sharded part in it (0 but for
     /// expert parameters under expert parallelism).
     whole: Vec<(Vec<usize>, usize)>,
+    /// Per parameter: whether it is an expert parameter sharded over the efsdp ranks (under
+    /// expert parallelism) rather than over `dp_shard`.
+    expert: Vec<bool>,
 }
 
 impl Fsdp {
@@ -77,10 +80,12 @@ impl Fsdp {
         ranks: usize,
         experts: Option<&Experts>,
     ) -> Fsdp {
-        let (mut layout, mut whole) = (Vec::new(), Vec::new());
+        let (mut layout, mut whole, mut expert) = (Vec::new(), Vec::new(), Vec::new());
         for (n, p) in named {
             let shape = p.shape().to_vec();
-            match experts.and_then(|e| e.layout(n, &shape)) {
+            let e = experts.and_then(|e| e.layout(n, &shape));
+            expert.push(e.is_some());
+            match e {
                 Some((offset, local, shard)) => {
                     layout.push((local, shard));
                     whole.push((shape, offset));
@@ -91,7 +96,18 @@ impl Fsdp {
                 }
             }
         }
-        Fsdp { layout, whole }
+        Fsdp {
+            layout,
+            whole,
+            expert,
+        }
+    }
+
+    /// Per trained parameter (in the trainer's name order): whether it is an expert parameter
+    /// whose shard lies over the efsdp ranks (its [`Fsdp::layouts`] shape is then this rank's
+    /// slice of the experts).
+    pub fn experts(&self) -> &[bool] {
+        &self.expert
     }
 
     /// Each trained parameter's full shape and this rank's rows, in the trainer's name order.

@@ -5,6 +5,10 @@
 //! would multiply the traffic by their number (TorchTitan keeps them too, with
 //! `reshard_after_forward = False` under PP). Once the schedule ends, each gradient is
 //! reduce-scattered to its rows and the whole tensors go.
+//!
+//! Under expert parallelism (`ep`, borrowing dp_shard's ranks) an expert parameter is gathered
+//! over its efsdp ranks into this rank's slice of the experts only, never the whole: the MoE
+//! layers send token rows to the ranks holding the other slices ([`crate::ep`]).
 
 use crate::fsdp::Fsdp;
 use crate::TrainError;
@@ -21,18 +25,37 @@ pub(crate) struct Gathered {
     pub params: Params,
 }
 
+/// The communicator parameter `i`'s rows are sharded over: `efsdp` for an expert parameter
+/// under expert parallelism, `comm` (`dp_shard`) otherwise.
+fn comm_of<'a>(
+    fsdp: &Fsdp,
+    i: usize,
+    comm: &'a dyn Collective,
+    efsdp: Option<&'a dyn Collective>,
+) -> Result<&'a dyn Collective, TrainError> {
+    match fsdp.experts().get(i) {
+        Some(true) => efsdp.ok_or_else(|| {
+            TrainError::Pipeline("an expert parameter without an expert-FSDP group".into())
+        }),
+        _ => Ok(comm),
+    }
+}
+
 /// Gathers every shard of `shards` (this rank's rows, laid out by `fsdp`) over `comm`
-/// (`dp_shard`) into its whole tensor, next to `buffers`. Collective over `comm`.
+/// (`dp_shard`; expert parameters over `efsdp`, into this rank's slice of the experts) into
+/// its whole tensor, next to `buffers`. Collective over both.
 pub(crate) fn gather(
     fsdp: &Fsdp,
     comm: &dyn Collective,
+    efsdp: Option<&dyn Collective>,
     shards: &[(String, Tensor)],
     buffers: &[(String, Tensor)],
     training: bool,
 ) -> Result<Gathered, TrainError> {
     let mut named = Vec::with_capacity(shards.len());
-    for ((name, shard), (shape, rows)) in shards.iter().zip(fsdp.layouts()) {
-        let whole = rows.all_gather(comm, &shard.to_vec_f32())?;
+    for (i, ((name, shard), (shape, rows))) in shards.iter().zip(fsdp.layouts()).enumerate() {
+        let c = comm_of(fsdp, i, comm, efsdp)?;
+        let whole = rows.all_gather(c, &shard.to_vec_f32())?;
         let t = Tensor::from_vec(whole, shape)?.to_dtype(shard.dtype())?;
         named.push((name.clone(), if training { t.requires_grad_() } else { t }));
     }
@@ -40,17 +63,19 @@ pub(crate) fn gather(
     Ok(Gathered { named, params })
 }
 
-/// This rank's rows of each gradient of `whole` summed over `comm` (`dp_shard`), and whether
-/// the parameter got a gradient on this rank (one that got none sends zeros). Collective over
-/// `comm`.
+/// This rank's rows of each gradient of `whole` summed over `comm` (`dp_shard`; expert
+/// parameters over `efsdp`), and whether the parameter got a gradient on this rank (one that
+/// got none sends zeros). Collective over both.
 pub(crate) fn scatter_grads(
     fsdp: &Fsdp,
     comm: &dyn Collective,
+    efsdp: Option<&dyn Collective>,
     whole: &[(String, Tensor)],
 ) -> Result<(Vec<Vec<f32>>, Vec<bool>), TrainError> {
     let mut rows = Vec::with_capacity(whole.len());
     let mut got = Vec::with_capacity(whole.len());
-    for ((_, p), (_, shard)) in whole.iter().zip(fsdp.layouts()) {
+    for (i, ((_, p), (_, shard))) in whole.iter().zip(fsdp.layouts()).enumerate() {
+        let comm = comm_of(fsdp, i, comm, efsdp)?;
         let g = p.grad();
         got.push(g.is_some());
         let full = match g {

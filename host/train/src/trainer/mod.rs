@@ -291,8 +291,16 @@ impl Trainer {
         }
         if let (Some(comm), Some(_)) = (trainer.dist.shard(), &trainer.pipeline) {
             // FSDP inside the stages: the shards rest here; a step gathers the stage whole
-            // (crate::pp::sharded).
-            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size(), None);
+            // (crate::pp::sharded), its experts to this rank's slice under expert parallelism.
+            let experts = crate::ep::layout_of(
+                cfg,
+                &trainer.dist,
+                trainer.model.spec(),
+                &trainer.optimizer,
+                note,
+            )?;
+            trainer.experts = experts.as_ref().map(|_| ExpertGroup::new());
+            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size(), experts.as_ref());
             note(&format!(
                 "fsdp: this rank's stage parameters sharded over {} rank(s), gathered once per step",
                 comm.size()
@@ -310,21 +318,14 @@ impl Trainer {
             let par = &cfg.parallelism;
             let block = usize::try_from(par.fsdp_all_gather_block).unwrap_or(0);
             let codec = GatherCodec::parse(&par.fsdp_all_gather_dtype, block)?;
-            let experts = match trainer.dist.experts() {
-                Some((ep, efsdp)) => {
-                    let e = crate::ep::expert_layout(cfg, spec, &trainer.optimizer, ep, efsdp)?;
-                    note(&format!(
-                        "ep: {} expert parameters in {} slices of experts (this rank: slice {}), each sharded over {} rank(s)",
-                        e.names.len(),
-                        e.slice.1,
-                        e.slice.0,
-                        e.efsdp.1
-                    ));
-                    trainer.experts = Some(ExpertGroup::new());
-                    Some(e)
-                }
-                None => None,
-            };
+            let experts = crate::ep::layout_of(
+                cfg,
+                &trainer.dist,
+                trainer.model.spec(),
+                &trainer.optimizer,
+                note,
+            )?;
+            trainer.experts = experts.as_ref().map(|_| ExpertGroup::new());
             let units = Units::new(
                 &trainer.named,
                 |name| layers.get(name).copied().flatten(),
@@ -505,7 +506,11 @@ impl Trainer {
                 continue;
             }
             if self.pipeline.is_some() {
-                pp_batches.push(b);
+                // Under context parallelism the stages run on this rank's part of each sequence.
+                pp_batches.push(match &self.cp {
+                    Some(cp) => cp.local_batch(&b),
+                    None => b,
+                });
                 continue;
             }
             if let Some(u) = &units {
@@ -539,24 +544,34 @@ impl Trainer {
         let mut pp_shard_grads = None;
         if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
             let sharded = self.fsdp.as_ref().zip(self.dist.shard());
+            let efsdp = self.dist.experts().map(|(_, f)| f);
             let stage = match sharded {
                 Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
                     fsdp,
                     sc,
+                    efsdp,
                     &self.named,
                     &self.buffers,
                     true,
                 )?),
                 None => None,
             };
+            let params = stage.as_ref().map_or(&self.params, |g| &g.params);
+            let ep_opts = self
+                .experts
+                .as_ref()
+                .map(|_| crate::ep::resident_opts(&opts, params));
             let ctx = crate::pp::StepCtx {
                 model: &self.model,
-                params: stage.as_ref().map_or(&self.params, |g| &g.params),
+                params,
                 positions: &self.positions,
-                opts: &opts,
+                opts: ep_opts.as_ref().unwrap_or(&opts),
                 amp: anneal_engine::DType::parse(&t.dtype),
                 aux_weights: &t.aux_loss_weights,
-                scale: (n_micro > 1).then_some(1.0 / n_micro as f32),
+                // Each cp rank's mean over its tokens, as without stages.
+                scale: Some(n_micro * self.cp.as_ref().map_or(1, |c| c.size()))
+                    .filter(|&parts| parts > 1)
+                    .map(|parts| 1.0 / parts as f32),
             };
             let r = pipe.step(comm, &ctx, &pp_batches)?;
             losses = r.losses;
@@ -568,7 +583,9 @@ impl Trainer {
             let bubble = f64::from(times[0]) / f64::from(times[1]).max(1e-12);
             pp_figures = Some((bubble, pipe.theory_bubble(pp_batches.len())));
             if let (Some((fsdp, sc)), Some(g)) = (sharded, &stage) {
-                pp_shard_grads = Some(crate::pp::sharded::scatter_grads(fsdp, sc, &g.named)?);
+                pp_shard_grads = Some(crate::pp::sharded::scatter_grads(
+                    fsdp, sc, efsdp, &g.named,
+                )?);
             }
         }
         // Under SP the replicated parameters' partial gradients are summed over tp once the
@@ -763,28 +780,47 @@ impl Trainer {
             return Ok(None);
         }
         if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
-            // Under tensor parallelism the stages' hook and group, as in training.
+            // The stages' hook and group under tensor parallelism, as in training; the expert
+            // group under expert parallelism (no FSDP units here).
             let (_active, opts) = self.block_forward(false)?;
+            let efsdp = self.dist.experts().map(|(_, f)| f);
             let stage = match self.fsdp.as_ref().zip(self.dist.shard()) {
                 Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
                     fsdp,
                     sc,
+                    efsdp,
                     &self.named,
                     &self.buffers,
                     false,
                 )?),
                 None => None,
             };
+            let params = stage.as_ref().map_or(&self.params, |g| &g.params);
+            let ep_opts = self
+                .experts
+                .as_ref()
+                .map(|_| crate::ep::resident_opts(&opts, params));
             let ctx = crate::pp::StepCtx {
                 model: &self.model,
-                params: stage.as_ref().map_or(&self.params, |g| &g.params),
+                params,
                 positions: &self.positions,
-                opts: &opts,
+                opts: ep_opts.as_ref().unwrap_or(&opts),
                 amp: anneal_engine::DType::parse(&self.cfg.training.dtype),
                 aux_weights: &self.cfg.training.aux_loss_weights,
                 scale: None,
             };
-            let losses = pipe.evaluate(comm, &ctx, &self.val_batches)?;
+            let losses = match &self.cp {
+                Some(cp) => {
+                    let local: Vec<Batch> =
+                        self.val_batches.iter().map(|b| cp.local_batch(b)).collect();
+                    let parts = pipe.evaluate(comm, &ctx, &local)?;
+                    let cp_comm = self.dist.cp().ok_or_else(|| {
+                        TrainError::Pipeline("context parallelism without a cp group".into())
+                    })?;
+                    cp.sum_parts(cp_comm, &parts)?
+                }
+                None => pipe.evaluate(comm, &ctx, &self.val_batches)?,
+            };
             let sum: f64 = losses.iter().map(|&l| l as f64).sum();
             return Ok(Some(sum / self.val_batches.len() as f64));
         }
