@@ -2,11 +2,14 @@
 # The CUDA backend's check on one GPU, as one script that builds nothing where it runs (the GPU
 # machine reaches no registry and has ~15 minutes): anneal info, the kernels' NVRTC/ptxas compile,
 # every CUDA op against the CPU backend (host/engine/tests/cuda_ops.rs), bf16 GEMM TFLOP/s of the
-# engine against PyTorch's cuBLAS on 8192³, then the training comparisons, which print
-# "not yet: ..." until the trainer runs on CUDA. Ends with a short table; exits 1 when a step fails.
+# engine against PyTorch's cuBLAS on 8192³, then training (job.device = "cuda"): the debug Llama
+# 30 steps on CPU and GPU in f32 (losses within 1e-4 relative) and bf16 (within 2%), and
+# llama3_1b 20 steps in bf16 on the GPU (tokens/s, MFU against the H200's 989 TFLOP/s dense
+# bf16). Ends with a short table; exits 1 when a step fails.
 #
-#   bash bench/gpu_check.sh build   # where cargo is: builds the binaries, stripped, into
-#                                   # bench/gpu_carry/ (gitignored; carry that folder to the GPU)
+#   bash bench/gpu_check.sh build   # where cargo is: builds the binaries and the llama/adamw
+#                                   # plugins, stripped, into bench/gpu_carry/ with the corpus
+#                                   # (gitignored; carry that folder to the GPU)
 #   bash bench/gpu_check.sh         # runs the check with bench/gpu_carry/ (building it first
 #                                   # when it is missing and cargo is there)
 #
@@ -22,7 +25,7 @@ STEP_TIMEOUT=${STEP_TIMEOUT:-240}
 build() {
   set -e
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-  cargo build --release -p anneal
+  cargo build --release -p anneal -p anneal-plugin-llama -p anneal-plugin-adamw
   local json
   json=$(mktemp)
   cargo test --release -p anneal-engine --test cuda_ops --test cuda_kernels_compile --no-run \
@@ -38,7 +41,15 @@ for line in open(src):
 PY
   rm -f "$json"
   cp "$CARGO_TARGET_DIR/release/anneal" "$CARRY/anneal"
-  strip "$CARRY"/anneal "$CARRY"/cuda_ops "$CARRY"/cuda_kernels_compile
+  mkdir -p "$CARRY/plugins"
+  cp "$CARGO_TARGET_DIR"/release/libanneal_plugin_{llama,adamw}.so "$CARRY/plugins/"
+  strip "$CARRY"/anneal "$CARRY"/cuda_ops "$CARRY"/cuda_kernels_compile "$CARRY"/plugins/*.so
+  # The training runs' corpus (data/ is not committed; scripts/fetch-corpus.sh fetches it).
+  if [ -d data/shakespeare ]; then
+    rm -rf "$CARRY/shakespeare" && cp -r data/shakespeare "$CARRY/shakespeare"
+  else
+    echo "gpu_check: no data/shakespeare (run scripts/fetch-corpus.sh): the training steps will fail" >&2
+  fi
   du -sh "$CARRY"
   set +e
 }
@@ -141,16 +152,70 @@ else
   row "GEMM bf16 8192^3" "SKIP" "no GPU"
 fi
 
-# The issue's training comparisons need the trainer on CUDA (job.device = "cuda"): the engine
-# has CUDA kernels for its ops (the gated delta rule excepted), but the trainer's
-# device placement and CPU-side steps do not run on CUDA yet. They are listed so the table shows
-# what is left.
-for t in "train debug Llama 30 steps, f32|CPU vs GPU losses within 1e-4" \
-         "train debug Llama 30 steps, bf16|CPU vs GPU losses within 2%" \
-         "llama3_1b 20 steps bf16|tokens/s and MFU vs 989 TFLOP/s"; do
-  echo "not yet: ${t%%|*} (${t#*|}): the trainer does not run on CUDA yet"
-  row "${t%%|*}" "not yet" "trainer not on CUDA"
-done
+# Training on the GPU (job.device = "cuda") against the CPU: the debug Llama of
+# configs/llama3_debug.toml on the carried corpus, one row per step, no evaluation.
+export ANNEAL_PLUGIN_PATH="$PWD/$CARRY/plugins"
+train() { # name, steps, extra --set values...: trains in $log/<name>
+  local name=$1 steps=$2; shift 2
+  local sets=(--set "training.steps=$steps" --set metrics.log_freq=1 --set metrics.eval_freq=0
+    --set metrics.progress_bar=false --set checkpoint.interval=0
+    --set "data.path=\"$PWD/$CARRY/shakespeare\"" --set "data.cache_dir=\"$log/cache\"")
+  for s in "$@"; do sets+=(--set "$s"); done
+  run_step "$name" "$CARRY/anneal" train configs/llama3_debug.toml --run-dir "$log/$name" "${sets[@]}"
+}
+compare() { # label, cpu run, gpu run, relative tolerance: a table row from their losses
+  local verdict
+  verdict=$(python3 - "$log/$2/metrics.jsonl" "$log/$3/metrics.jsonl" "$4" <<'PY'
+import json, sys
+def losses(p):
+    return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r]
+cpu, gpu, tol = losses(sys.argv[1]), losses(sys.argv[2]), float(sys.argv[3])
+if not cpu or len(cpu) != len(gpu):
+    print(f"FAILED {len(cpu)} cpu vs {len(gpu)} gpu steps"); sys.exit()
+worst = max(abs(g - c) / abs(c) for c, g in zip(cpu, gpu))
+ok = "ok" if worst <= tol else "FAILED"
+print(f"{ok} max rel diff {worst:.2e} (tol {tol:g}); loss {cpu[0]:.4f} -> cpu {cpu[-1]:.4f} / gpu {gpu[-1]:.4f}")
+PY
+)
+  echo "$1: $verdict"
+  row "$1" "${verdict%% *}" "${verdict#* }"
+  [ "${verdict%% *}" = ok ] || failed=1
+}
+if [ "$gpu_ok" = 1 ]; then
+  for dtype in float32 bfloat16; do
+    tol=1e-4; [ "$dtype" = bfloat16 ] && tol=0.02
+    if train "cpu-$dtype" 30 "training.dtype=\"$dtype\"" &&
+       train "gpu-$dtype" 30 "training.dtype=\"$dtype\"" 'job.device="cuda"'; then
+      compare "debug Llama 30 steps, $dtype" "cpu-$dtype" "gpu-$dtype" "$tol"
+    else
+      row "debug Llama 30 steps, $dtype" "FAILED" "see above"; failed=1
+    fi
+  done
+  # llama3_1b on the GPU: bf16 compute, f32 master weights and AdamW state; its vocabulary
+  # is larger than the corpus tokenizer's, which it only needs to hold.
+  if train gpu-1b 20 'model.flavor="llama3_1b"' 'training.dtype="bfloat16"' 'job.device="cuda"' \
+       training.seq_len=2048 training.batch_size=8 training.micro_batch_size=8 \
+       metrics.peak_tflops=989.0 'lr_scheduler.warmup_steps=2'; then
+    verdict=$(python3 - "$log/gpu-1b/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+late = rows[len(rows) // 2:]  # past the kernels' first compiles and the allocator's warm-up
+tps = sum(r["tokens_per_s"] for r in late) / len(late)
+mfu = sum(r.get("mfu") or 0 for r in late) / len(late)
+peak = max(r.get("mem_peak_bytes") or 0 for r in rows)
+print(f"{tps:,.0f} tokens/s, MFU {100 * mfu:.1f}% of 989 TFLOP/s, peak {peak / 2**30:.1f} GiB, loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}")
+PY
+)
+    echo "llama3_1b: $verdict"
+    row "llama3_1b 20 steps bf16" "ok" "$verdict"
+  else
+    row "llama3_1b 20 steps bf16" "FAILED" "see above"; failed=1
+  fi
+else
+  for t in "train debug Llama 30 steps, f32" "train debug Llama 30 steps, bf16" "llama3_1b 20 steps bf16"; do
+    row "$t" "SKIP" "no GPU"
+  done
+fi
 
 echo
 echo "== gpu_check summary"

@@ -96,9 +96,9 @@ pub fn logprobs(dir: &Path, plugin: Option<&str>, input: TokenSource<'_>) -> any
     Ok(())
 }
 
-/// How `anneal generate` batches and which kernels it runs.
+/// How `anneal generate` batches, which kernels it runs and where.
 #[derive(Clone, Copy, Debug)]
-pub struct GenerateMode {
+pub struct GenerateMode<'a> {
     /// Rows decoded together (the prompt repeated; row `i` samples with seed `seed + i`).
     pub batch: usize,
     /// Fast kernels instead of batch-invariant ones (a row's tokens may then depend on the
@@ -107,6 +107,8 @@ pub struct GenerateMode {
     /// Tensor-parallel degree: under `mpiexec -n tp`, each rank holds its slices of the weights
     /// and its heads of the KV cache; the ranks decode in lockstep and rank 0 prints.
     pub tp: usize,
+    /// `--device`: `cpu`, `cuda` or `cuda:N`, where the weights and the KV cache live.
+    pub device: &'a str,
 }
 
 /// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens of the first row (and
@@ -117,11 +119,20 @@ pub fn generate(
     input: TokenSource<'_>,
     max_new: usize,
     sampling: Sampling,
-    mode: GenerateMode,
+    mode: GenerateMode<'_>,
 ) -> anyhow::Result<()> {
     sampling.validate()?;
     if mode.batch == 0 {
         user_bail!("--batch must be at least 1");
+    }
+    // Before anything loads: a device that cannot run fails at once, in one line.
+    let device = anneal_train::device::resolve(mode.device, "--device")?;
+    if device != anneal_engine::Device::Cpu && mode.tp > 1 {
+        user_bail!(
+            "--device {} with --tp {}: tensor-parallel decoding runs on the CPU for now",
+            mode.device,
+            mode.tp
+        );
     }
     match mode.tp {
         0 => user_bail!("--tp must be at least 1"),
@@ -159,7 +170,7 @@ fn generate_on(
     input: TokenSource<'_>,
     max_new: usize,
     sampling: Sampling,
-    mode: GenerateMode,
+    mode: GenerateMode<'_>,
     tp: Option<Rc<dyn anneal_dist::Collective>>,
 ) -> anyhow::Result<()> {
     // Only the group's first rank speaks; the others compute the same tokens.
@@ -184,6 +195,17 @@ fn generate_on(
         }
     };
     check_vocab(&model, &prompt)?;
+    // The weights go to the device (checked in `generate`); the KV cache follows them.
+    let device = anneal_train::device::resolve(mode.device, "--device")?;
+    let params = if device == anneal_engine::Device::Cpu {
+        params
+    } else {
+        let placed = anneal_train::device::place(
+            params.iter().map(|(n, t)| (n.clone(), t.clone())).collect(),
+            device,
+        )?;
+        Arc::new(placed.into_iter().collect())
+    };
     let _active = tp.as_ref().map(TpInference::activate);
     let context = tp.as_ref().map(TpInference::context);
     let max_seq_len = model.spec().max_seq_len;
@@ -221,6 +243,7 @@ fn generate_on(
         "batch": mode.batch,
         "batch_invariant": !mode.fast,
         "tp": mode.tp,
+        "device": device.to_string(),
         "prefill_s": stats.prefill_s,
         "decode_s": stats.decode_s,
         "decode_tokens_per_s": stats.decode_tokens as f64 / stats.decode_s.max(1e-12),

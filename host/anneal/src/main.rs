@@ -94,6 +94,9 @@ enum Command {
         /// the weights and its heads of the KV cache (the Llama 3 family and dense Qwen3); rank 0 prints.
         #[arg(long, default_value_t = 1)]
         tp: usize,
+        /// Where the model and its KV cache live: cpu, cuda (GPU 0) or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
@@ -223,6 +226,7 @@ fn main() -> ExitCode {
             batch,
             fast,
             tp,
+            device,
         } => {
             let sampling = anneal_runtime::infer::Sampling {
                 temperature,
@@ -241,7 +245,12 @@ fn main() -> ExitCode {
                 },
                 max_new_tokens,
                 sampling,
-                infer_cmd::GenerateMode { batch, fast, tp },
+                infer_cmd::GenerateMode {
+                    batch,
+                    fast,
+                    tp,
+                    device: &device,
+                },
             )
         }
         Command::Reward(command) => reward_cmd::run(command),

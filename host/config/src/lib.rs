@@ -304,6 +304,15 @@ fn is_quoted_source(line: &str) -> bool {
 /// Checks that go beyond types: ranges and relations between keys.
 fn validate(c: &JobConfig) -> Result<(), ConfigError> {
     validate_job_name(&c.job.name)?;
+    if parse_device(&c.job.device).is_none() {
+        return Err(ConfigError::at(
+            "job.device",
+            format!(
+                "`{}` is not a device (use cpu, cuda or cuda:N)",
+                c.job.device
+            ),
+        ));
+    }
     for (key, args) in [
         ("model.args", &c.model.args),
         ("optimizer.args", &c.optimizer.args),
@@ -529,6 +538,32 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// Where a job runs, as `job.device` spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceName {
+    /// The host's cores.
+    Cpu,
+    /// CUDA device `N` (`cuda` is `cuda:0`).
+    Cuda(usize),
+}
+
+/// Parses `cpu`, `cuda` or `cuda:N` (the values `job.device` and `anneal generate --device`
+/// take); `None` for anything else. Whether that device exists is the engine's question.
+pub fn parse_device(s: &str) -> Option<DeviceName> {
+    match s {
+        "cpu" => Some(DeviceName::Cpu),
+        "cuda" => Some(DeviceName::Cuda(0)),
+        _ => {
+            let n = s.strip_prefix("cuda:")?;
+            // Digits only: `cuda:+1` or `cuda: 1` are typos, not device 1.
+            if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            n.parse().ok().map(DeviceName::Cuda)
+        }
+    }
 }
 
 /// The job name becomes a folder under `runs/` (`runs/<name>-<time>`), so it must not reach

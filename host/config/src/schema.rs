@@ -42,6 +42,10 @@ pub struct Job {
     pub name: String,
     /// Free text shown next to the run.
     pub description: String,
+    /// Where the trainer keeps parameters, optimizer state and activations: `cpu` (the
+    /// default), `cuda` (GPU 0) or `cuda:N`. Checkpoints are the same files on either, so a
+    /// run may resume on another device.
+    pub device: String,
 }
 
 impl Default for Job {
@@ -49,6 +53,7 @@ impl Default for Job {
         Job {
             name: "job".into(),
             description: String::new(),
+            device: "cpu".into(),
         }
     }
 }

@@ -239,3 +239,23 @@ fn context_parallelism_needs_whole_chunks_and_runs_inside_pipeline_stages() {
     )
     .is_ok());
 }
+
+#[test]
+fn job_device_is_cpu_cuda_or_cuda_n() {
+    let ok = |v: &str| resolve_with_env(Source::Defaults, &set(&[v]), &[]);
+    assert_eq!(ok("job.device=cpu").expect("cpu").job.device, "cpu");
+    assert_eq!(JobConfig::default().job.device, "cpu");
+    for v in ["cuda", "cuda:0", "cuda:7"] {
+        let c = ok(&format!("job.device={v}")).expect(v);
+        assert_eq!(c.job.device, v);
+    }
+    assert_eq!(
+        anneal_config::parse_device("cuda:3"),
+        Some(anneal_config::DeviceName::Cuda(3))
+    );
+    for bad in ["gpu", "cuda:", "cuda:x", "cuda:+1", "CPU", "cuda0"] {
+        let e = ok(&format!("job.device={bad}")).expect_err(bad).to_string();
+        assert!(e.contains("`job.device`") && e.contains(bad), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+    }
+}

@@ -182,6 +182,35 @@ pub fn reset_peak() {
     PEAK.store(CURRENT.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
+/// The highest bytes held at once on `device` since its last [`reset_peak_on`]: the host
+/// allocator's peak for the CPU, the device pool's for a GPU (0 for a GPU never used).
+pub fn peak_bytes_on(device: crate::Device) -> usize {
+    match device {
+        crate::Device::Cpu => memory_stats().peak_bytes,
+        #[cfg(feature = "cuda")]
+        crate::Device::Cuda(n) => crate::cuda::memory_stats(n).map_or(0, |s| s.peak),
+        #[cfg(not(feature = "cuda"))]
+        crate::Device::Cuda(_) => 0,
+    }
+}
+
+/// Restarts the peak of `device` from its current usage (see [`peak_bytes_on`]).
+pub fn reset_peak_on(device: crate::Device) {
+    match device {
+        crate::Device::Cpu => reset_peak(),
+        #[cfg(feature = "cuda")]
+        crate::Device::Cuda(n) => {
+            if crate::cuda::memory_stats(n).is_some() {
+                if let Ok(g) = crate::cuda::gpu(n) {
+                    g.reset_peak();
+                }
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        crate::Device::Cuda(_) => {}
+    }
+}
+
 /// Returns every cached block to the system allocator.
 pub fn empty_cache() {
     let mut guard = CACHE.lock().expect("allocator cache poisoned");

@@ -113,7 +113,7 @@ impl Tensor {
     }
 
     /// Zeros of `shape` and `dtype` allocated on `device` (on a GPU without a host copy).
-    pub(crate) fn zeros_on(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
+    pub fn zeros_on(shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
         match device {
             Device::Cpu => Ok(Tensor::zeros(shape, dtype)),
             #[cfg(feature = "cuda")]
@@ -331,6 +331,15 @@ impl Tensor {
     pub fn copy_bytes_into(&self, out: &mut Vec<u8>) {
         out.clear();
         let size = self.dtype().size_in_bytes();
+        #[cfg(feature = "cuda")]
+        if matches!(self.device(), Device::Cuda(_)) {
+            // A GPU tensor (a checkpoint of a GPU run): one download of its elements.
+            let host = self
+                .to_device(Device::Cpu)
+                .unwrap_or_else(|e| panic!("reading a GPU tensor on the host failed: {e}"));
+            out.extend_from_slice(host.storage().as_bytes());
+            return;
+        }
         if let Some((a, b)) = self.layout().contiguous_range() {
             out.extend_from_slice(&self.storage().as_bytes()[a * size..b * size]);
         } else {
@@ -519,7 +528,9 @@ impl Tensor {
                 ),
             ));
         }
-        autograd::backward(self, Tensor::ones(self.shape(), self.dtype()))
+        // The seed lives where the graph does, so a GPU loss backpropagates on the GPU.
+        let seed = Tensor::ones(self.shape(), self.dtype()).to_device(self.device())?;
+        autograd::backward(self, seed)
     }
 
     /// Backpropagates `grad` (the gradient of some objective with respect to this tensor).

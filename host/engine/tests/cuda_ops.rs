@@ -236,6 +236,11 @@ mod index_moe;
 #[path = "cuda/attention_tiled.rs"]
 mod attention_tiled;
 
+/// What a training step needs beyond single ops: autograd on GPU tensors, writes into GPU
+/// views, host constants beside GPU operands, checkpoint bytes.
+#[path = "cuda/training.rs"]
+mod training;
+
 /// The CPU and CUDA kernels behind the fused ops, called directly (their backwards included).
 mod kernels {
     use super::*;

@@ -71,6 +71,13 @@ pub fn run_rl(
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
+    // Resolved first, so an unusable device says why (the probe's reason), as for training.
+    if anneal_train::device::resolve(&cfg.job.device, "job.device")? != anneal_engine::Device::Cpu {
+        return Err(TrainError::Config(format!(
+            "config: `job.device` = {}: `anneal rl` runs on the CPU for now (its rollouts and batch-invariant kernels are not on CUDA yet); set job.device = \"cpu\"",
+            cfg.job.device
+        )));
+    }
     if dist.pp().is_some() {
         return Err(TrainError::Config(
             "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),

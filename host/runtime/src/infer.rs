@@ -106,6 +106,15 @@ pub fn new_token_budget(
     Ok(max_new.min(max_seq_len - prompt_len))
 }
 
+/// Where the model's weights live (the CPU for a model without any): token ids go there, so
+/// the embedding runs beside its table; positions stay on the host, which reads them.
+pub fn device_of(params: &Params) -> anneal_engine::Device {
+    params
+        .values()
+        .next()
+        .map_or(anneal_engine::Device::Cpu, |t| t.device())
+}
+
 fn positions(start: usize, n: usize) -> Result<Tensor> {
     Tensor::from_vec((start as i64..(start + n) as i64).collect(), &[n])
 }
@@ -119,7 +128,7 @@ pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<
     let _inv = set_batch_invariant(true);
     let n = tokens.len();
     check_scoring(n, model.spec().max_seq_len)?;
-    let ids = Tensor::from_slice(tokens, &[1, n])?;
+    let ids = Tensor::from_slice(tokens, &[1, n])?.to_device(device_of(params))?;
     let logits = model.forward(params, &ids, &positions(0, n)?, &ForwardOpts::default())?;
     let v = logits.shape()[2];
     let rows = logits.to_vec_f32();
@@ -418,7 +427,7 @@ pub fn generate_batch_tp(
     let mut width = width;
     let mut pos = 0;
     for step in 0..max_new {
-        let ids = Tensor::from_slice(&input, &[rows, width])?;
+        let ids = Tensor::from_slice(&input, &[rows, width])?.to_device(device_of(params))?;
         let logits = model.forward(params, &ids, &positions(pos, width)?, &opts)?;
         let logits = whole_vocab(model, logits, tp)?;
         pos += width;

@@ -434,7 +434,8 @@ impl Worker {
         let n = rows.len();
         let caches: Vec<Arc<KvCache>> = rows.iter().map(|r| r.cache.clone()).collect();
         let run = || -> anneal_engine::Result<Vec<f32>> {
-            let ids = Tensor::from_vec(ids, &[n, width])?;
+            let ids = Tensor::from_vec(ids, &[n, width])?
+                .to_device(crate::infer::device_of(&self.params))?;
             let positions = Tensor::from_vec(positions, &[n, width])?;
             let opts = ForwardOpts {
                 cache: Some(Arc::new(KvCache::per_row(caches))),

@@ -6,6 +6,7 @@
 pub mod checkpoint;
 mod context;
 mod cp;
+pub mod device;
 mod dist;
 mod ep;
 mod fsdp;

@@ -124,6 +124,9 @@ pub fn run_dist(
     console.set_start(resumed_from);
     let peak = if cfg.metrics.peak_tflops > 0.0 {
         cfg.metrics.peak_tflops
+    } else if trainer.device() != anneal_engine::Device::Cpu {
+        // The host's peak says nothing of a GPU's: no MFU unless metrics.peak_tflops says it.
+        0.0
     } else {
         cpu_peak_tflops().unwrap_or_else(measure_peak_tflops)
     };
@@ -163,7 +166,9 @@ pub fn run_dist(
         last_val_loss: None,
         stopped: false,
     };
-    alloc::reset_peak();
+    // On a GPU run the device pool's peak: what limits the batch there.
+    let device = trainer.device();
+    alloc::reset_peak_on(device);
     while trainer.step() < total {
         // Ranks see a signal at different steps; they stop together.
         if trainer.dist().any(stop.load(Ordering::SeqCst))? {
@@ -198,14 +203,14 @@ pub fn run_dist(
                 row.tflops = Some(tflops);
                 row.mfu = (peak > 0.0).then(|| tflops / peak);
                 // The peak of the busiest rank (a collective: every rank logs the same steps).
-                let peak = alloc::memory_stats().peak_bytes as u64;
+                let peak = alloc::peak_bytes_on(device) as u64;
                 row.mem_peak_bytes = Some(trainer.dist().max_u64(peak)?);
                 row.comm_bytes = out.comm_bytes;
                 row.state_bytes = out.state_bytes;
                 row.aux_loss = out.aux_loss;
                 row.outputs = out.outputs.clone();
                 (window_tokens, window_seconds) = (0, 0.0);
-                alloc::reset_peak();
+                alloc::reset_peak_on(device);
             }
             // Sharded (or pipelined) parameters, or sequences split over cp ranks, need every
             // rank for evaluation; otherwise rank 0 evaluates alone.

@@ -65,6 +65,39 @@ pub(crate) fn zeros_on(shape: &[usize], dtype: crate::DType, ordinal: usize) -> 
     launch::zeros(&gpu(ordinal)?, dtype, shape)
 }
 
+/// Writes `src` (any device, any dtype, `dst`'s shape) into the GPU view `dst`, which may be
+/// strided: `src` is brought to `dst`'s device and dtype, then one kernel scatters it by `dst`'s
+/// layout.
+pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
+    const OP: &str = "copy";
+    const PUTS: [&str; 4] = ["put_f32", "put_bf16", "put_i64", "put_i32"];
+    let gpu = launch::gpu_of(dst, OP)?;
+    let n = dst.numel();
+    if n == 0 {
+        return Ok(());
+    }
+    let name = format!("put_{}", launch::any_suffix(dst.dtype()));
+    if !PUTS.contains(&name.as_str()) {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("no CUDA kernel writes into a {} view yet", dst.dtype()),
+        });
+    }
+    let src = if src.device() == dst.device() {
+        src.detach()
+    } else {
+        src.to_device(dst.device())?
+    };
+    let src = backend::contiguous_as(&src, dst.dtype(), OP)?;
+    let s = launch::Strided::of(dst.layout(), OP)?;
+    let (sp, dp) = (launch::ptr(&src, OP)?, launch::storage_ptr(dst, OP)?);
+    // Counted as a write, as a host write is.
+    drop(dst.storage_mut());
+    let n = n as i64;
+    launch::launch!(gpu, "copy", name, launch::grid(n as usize); sp, dp, s, n)?;
+    Ok(())
+}
+
 /// A contiguous copy of a GPU tensor in `dtype`, on its device.
 pub(crate) fn materialize(t: &Tensor, dtype: crate::DType) -> Result<Tensor> {
     backend::copy_cast(t, dtype, "copy")

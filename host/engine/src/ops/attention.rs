@@ -267,9 +267,9 @@ fn consecutive(pos: Option<&Tensor>, default_start: i64, n: usize) -> Option<i64
 }
 
 /// Zero rows along dim 2 of a `[B, H, T, D]`-shaped tensor.
-fn zero_rows(like: &Tensor, n: usize) -> Tensor {
+fn zero_rows(like: &Tensor, n: usize) -> Result<Tensor> {
     let s = like.shape();
-    Tensor::zeros(&[s[0], s[1], n, s[3]], like.dtype())
+    Tensor::zeros_on(&[s[0], s[1], n, s[3]], like.dtype(), like.device())
 }
 
 /// Batch-invariant attention: queries and keys are laid out on 64-aligned blocks by position
@@ -306,11 +306,11 @@ fn invariant_attention(
     let pad = |t: &Tensor, before: usize, after: usize| -> Result<Tensor> {
         let mut parts = Vec::new();
         if before > 0 {
-            parts.push(zero_rows(t, before));
+            parts.push(zero_rows(t, before)?);
         }
         parts.push(t.clone());
         if after > 0 {
-            parts.push(zero_rows(t, after));
+            parts.push(zero_rows(t, after)?);
         }
         if parts.len() == 1 {
             return Ok(t.clone());

@@ -108,7 +108,14 @@ fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
 pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let shape = broadcast_shapes(op.name(), a.shape(), b.shape())?;
     let (ea, eb) = (a.expand(&shape)?.detach(), b.expand(&shape)?.detach());
-    let out = be(a)?.binary(op, &ea, &eb)?;
+    // Operands on two devices (a host-built constant beside a GPU tensor): the host one is
+    // copied to the GPU, so the op runs there instead of reading device memory on the host.
+    let (ea, eb) = match (a.device(), b.device()) {
+        (da, db) if da == db => (ea, eb),
+        (crate::Device::Cpu, db) => (ea.to_device(db)?, eb),
+        (da, _) => (ea, eb.to_device(da)?),
+    };
+    let out = be(&ea)?.binary(op, &ea, &eb)?;
     Ok(record(op.name(), out, &[a, b], || {
         let (a, b) = (a.detach(), b.detach());
         move |g: &Tensor| {
@@ -134,9 +141,18 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
             };
             // Each operand gets its gradient in its own dtype (a bf16 activation added to an
             // f32 residual gets a bf16 gradient), so mixed-precision backward stays in bf16.
+            // ... and on its own device.
             Ok(vec![
-                Some(ga.sum_to_shape(a.shape())?.to_dtype(a.dtype())?),
-                Some(gb.sum_to_shape(b.shape())?.to_dtype(b.dtype())?),
+                Some(
+                    ga.sum_to_shape(a.shape())?
+                        .to_dtype(a.dtype())?
+                        .to_device(a.device())?,
+                ),
+                Some(
+                    gb.sum_to_shape(b.shape())?
+                        .to_dtype(b.dtype())?
+                        .to_device(b.device())?,
+                ),
             ])
         }
     }))
@@ -290,6 +306,7 @@ impl Tensor {
 
 fn compare(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> bool + Sync + Send) -> Result<Tensor> {
     let shape = broadcast_shapes("compare", a.shape(), b.shape())?;
+    let device = a.device();
     let (a, b) = (
         a.expand(&shape)?.detach().to_vec_f32(),
         b.expand(&shape)?.detach().to_vec_f32(),
@@ -299,7 +316,8 @@ fn compare(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> bool + Sync + Send) -
         .zip(&b)
         .map(|(&x, &y)| if f(x, y) { 1.0 } else { 0.0 })
         .collect();
-    Tensor::from_vec(v, &shape)
+    // Computed on the host; the mask goes where its operands live.
+    Tensor::from_vec(v, &shape)?.to_device(device)
 }
 
 /// 1.0 where `f(x)` holds, else 0.0.
@@ -309,5 +327,5 @@ fn map_mask(x: &Tensor, f: impl Fn(f32) -> bool) -> Result<Tensor> {
         .into_iter()
         .map(|v| if f(v) { 1.0 } else { 0.0 })
         .collect();
-    Tensor::from_vec(v, x.shape())
+    Tensor::from_vec(v, x.shape())?.to_device(x.device())
 }

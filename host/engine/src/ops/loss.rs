@@ -91,7 +91,8 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
             } else {
                 1.0
             };
-            Tensor::scalar((total / div) as f32)
+            // On the logits' device, so the backward seeded from it stays there.
+            Tensor::scalar((total / div) as f32).to_device(logits.device())?
         }
     };
     let out = record(OP, out, &[&logits2], || {
@@ -113,7 +114,7 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
                     valid.iter().map(|&ok| if ok { s } else { 0.0 }).collect()
                 }
             };
-            let scale = Tensor::from_vec(scale, &[valid.len()])?;
+            let scale = Tensor::from_vec(scale, &[valid.len()])?.to_device(x.device())?;
             Ok(vec![Some(fused(&x)?.cross_entropy_backward(
                 &x, &tg, &lse, &scale, ignore, eps,
             )?)])

@@ -180,6 +180,17 @@ impl Tensor {
     pub fn sum_of_squares(&self) -> f64 {
         use rayon::prelude::*;
         let _p = crate::profile::scope("sum_of_squares");
+        if self.device() != crate::Device::Cpu {
+            // On a GPU: squares and their fixed-order f32 sum there, one value read back,
+            // instead of downloading the whole tensor (a gradient norm every step).
+            let on_device = || -> Result<f64> {
+                let x = self.detach().to_dtype(crate::DType::F32)?;
+                Ok(f64::from(x.mul(&x)?.sum_all()?.item()?))
+            };
+            if let Ok(v) = on_device() {
+                return v;
+            }
+        }
         let values = self.contig::<f32>();
         let parts: Vec<f64> = values
             .par_chunks(1 << 15)

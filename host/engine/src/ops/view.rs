@@ -67,8 +67,8 @@ impl Tensor {
         Ok(record("narrow", out, &[self], || {
             let full = self.shape().to_vec();
             move |g: &Tensor| {
-                // Scatter the slice's gradient into zeros of the full shape.
-                let gz = Tensor::zeros(&full, g.dtype());
+                // Scatter the slice's gradient into zeros of the full shape, on its device.
+                let gz = Tensor::zeros_on(&full, g.dtype(), g.device())?;
                 let dst = gz.with_layout(gz.layout().narrow(d, start, len)?);
                 copy_into(&dst, g)?;
                 Ok(vec![Some(gz)])
@@ -140,6 +140,12 @@ pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<()> {
         });
     }
     let _p = crate::profile::scope("copy_into");
+    #[cfg(feature = "cuda")]
+    if matches!(dst.device(), crate::Device::Cuda(_)) {
+        return crate::cuda::copy_into(dst, src);
+    }
+    // A GPU source comes to the host first (a host destination).
+    let src = &src.to_device(crate::Device::Cpu)?;
     // Convert (and detach from shared storage) first, then scatter by index.
     let vals = src.materialize(dst.dtype());
     let v = vals.storage();

@@ -285,8 +285,8 @@ impl Layer {
             }
         };
         Ok(Layer {
-            k: Tensor::zeros(&s(k)?, k.dtype()),
-            v: Tensor::zeros(&s(v)?, v.dtype()),
+            k: Tensor::zeros_on(&s(k)?, k.dtype(), k.device())?,
+            v: Tensor::zeros_on(&s(v)?, v.dtype(), v.device())?,
             len: 0,
         })
     }
@@ -326,7 +326,7 @@ impl Layer {
 /// A zeroed `[B, H, capacity, D]` buffer holding the first `len` positions of `buf`.
 fn regrow(buf: &Tensor, len: usize, capacity: usize) -> anneal_engine::Result<Tensor> {
     let s = buf.shape();
-    let out = Tensor::zeros(&[s[0], s[1], capacity, s[3]], buf.dtype());
+    let out = Tensor::zeros_on(&[s[0], s[1], capacity, s[3]], buf.dtype(), buf.device())?;
     if len > 0 {
         out.narrow(2, 0, len)?.copy_from(&buf.narrow(2, 0, len)?)?;
     }

@@ -187,11 +187,13 @@ pub(crate) fn run(
             let r = anneal_engine::ops::sort_by_expert(x()?, n).map_err(e)?;
             let counts: Vec<i64> = r.counts.iter().map(|&c| c as i64).collect();
             let n = counts.len();
+            let device = x()?.device();
+            let counts = Tensor::from_vec(counts, &[n]).map_err(e)?;
             Ok(vec![
-                r.order,
-                r.token,
-                r.inverse,
-                Tensor::from_vec(counts, &[n]).map_err(e)?,
+                r.order.to_device(device).map_err(e)?,
+                r.token.to_device(device).map_err(e)?,
+                r.inverse.to_device(device).map_err(e)?,
+                counts.to_device(device).map_err(e)?,
             ])
         }
         o::GroupedMatmul::OP => one(x()?.grouped_matmul(y()?, arg(inputs, 2, op)?)),
@@ -289,7 +291,12 @@ fn rope(x: &Tensor, positions: &Tensor, a: o::Rope) -> R<Tensor> {
     use anneal_engine::ops::{rope_tables, RopeLayout, RopeSpec, RopeStyle};
     let scaling = rope_scaling(&a)?;
     let (rot_dim, theta, interleaved) = (a.rot_dim as usize, a.theta, a.interleaved);
+    // Positions are read on the host; the tables go where `x` lives.
     let (cos, sin) = rope_tables(positions, rot_dim, theta, scaling).map_err(e)?;
+    let (cos, sin) = (
+        cos.to_device(x.device()).map_err(e)?,
+        sin.to_device(x.device()).map_err(e)?,
+    );
     let style = if interleaved {
         RopeStyle::Interleaved
     } else {
@@ -486,7 +493,7 @@ fn append_kv(
             v.shape()
         ));
     }
-    let none = Tensor::zeros(&[s[0], s[1], s[2], 0], v.dtype());
+    let none = Tensor::zeros_on(&[s[0], s[1], s[2], 0], v.dtype(), v.device()).map_err(e)?;
     let (keys, _) = cache.append(layer, k, &none).map_err(e)?;
     let values = keys.narrow(3, 0, n).map_err(e)?;
     Ok((keys, values))

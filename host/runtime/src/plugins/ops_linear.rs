@@ -96,18 +96,24 @@ fn conv_history(
     cache: Option<&KvCache>,
 ) -> anneal_engine::Result<Tensor> {
     let (b, c) = (x.shape()[0], x.shape()[2]);
-    let zeros = |rows: usize| Tensor::zeros(&[rows, taps - 1, c], x.dtype());
+    let zeros = |rows: usize| Tensor::zeros_on(&[rows, taps - 1, c], x.dtype(), x.device());
     let (Some(layer), Some(cache)) = (layer, cache) else {
-        return Ok(zeros(b));
+        return zeros(b);
     };
     if !cache.is_per_row() {
-        return Ok(cache.state(layer, CONV_TAIL).unwrap_or_else(|| zeros(b)));
+        return match cache.state(layer, CONV_TAIL) {
+            Some(t) => Ok(t),
+            None => zeros(b),
+        };
     }
     let tails: Vec<Tensor> = cache
         .rows()
         .iter()
-        .map(|r| r.state(layer, CONV_TAIL).unwrap_or_else(|| zeros(1)))
-        .collect();
+        .map(|r| match r.state(layer, CONV_TAIL) {
+            Some(t) => Ok(t),
+            None => zeros(1),
+        })
+        .collect::<anneal_engine::Result<_>>()?;
     anneal_engine::ops::cat(&tails, 0)
 }
 

@@ -117,10 +117,14 @@ impl PluginOptimizer {
             named.insert(format!("{pname}.grad"), grad);
             for s in &self.spec.state {
                 let key = format!("{pname}.{}", s.name);
-                let t = state
-                    .entry(key.clone())
-                    .or_insert_with(|| init_state(p.shape(), &s.init));
-                named.insert(key, t.clone());
+                if !state.contains_key(&key) {
+                    let t = init_state(p, &s.init).map_err(|e| PluginError::Create {
+                        name: self.name.clone(),
+                        msg: format!("state {key}: {e}"),
+                    })?;
+                    state.insert(key.clone(), t);
+                }
+                named.insert(key.clone(), state[&key].clone());
             }
             names.push(RStr::from(pname.as_str()));
         }
@@ -139,10 +143,11 @@ impl PluginOptimizer {
     }
 }
 
-fn init_state(shape: &[usize], init: &Init) -> Tensor {
+/// A parameter's new optimizer state, f32 of its shape on its device.
+fn init_state(p: &Tensor, init: &Init) -> anneal_engine::Result<Tensor> {
     match init {
-        Init::Ones => Tensor::ones(shape, DType::F32),
+        Init::Ones => Tensor::ones(p.shape(), DType::F32).to_device(p.device()),
         // Optimizer state starts deterministic; random state inits are not used by any optimizer.
-        _ => Tensor::zeros(shape, DType::F32),
+        _ => Tensor::zeros_on(p.shape(), DType::F32, p.device()),
     }
 }

@@ -14,7 +14,7 @@ use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
 use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
-use anneal_engine::{autograd, Tensor};
+use anneal_engine::{autograd, Device, Tensor};
 use anneal_runtime::plugins::{
     ForwardOpts, ForwardOutput, Params, PluginModel, PluginOptimizer, StageParams,
 };
@@ -93,6 +93,9 @@ pub struct Trainer {
     tp: Option<crate::tp::TpLayout>,
     /// Under TP × FSDP, the row-split shares the next checkpoint writes.
     tp_fsdp_save: crate::tp_fsdp::TpFsdpSave,
+    /// Where parameters, buffers, gradients, optimizer state and each batch live
+    /// (`job.device`); positions stay on the host, where RoPE and attention read them.
+    device: Device,
 }
 
 /// What keeps a step's per-block driver and expert group reachable from the model's hooks.
@@ -115,6 +118,8 @@ impl Trainer {
     pub fn with_dist(cfg: &JobConfig, dist: Dist, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
         let d = &cfg.data;
         let t = &cfg.training;
+        // Before any data work: a device that cannot run fails at once, in one line.
+        let device = crate::device::for_job(cfg, dist.mesh().world_size())?;
         let data_path = PathBuf::from(&d.path);
         let cache_dir = PathBuf::from(&d.cache_dir);
         let files = anneal_data::discover_files(&data_path)?;
@@ -174,10 +179,12 @@ impl Trainer {
             }
             None => model.init_params(t.seed)?,
         };
-        let (named, buffers) = crate::harness::split_buffers(&model, initial.into_iter().collect());
+        // Initialised on the host (the same values on any device), then placed.
+        let initial = crate::device::place(initial.into_iter().collect(), device)?;
+        let (named, buffers) = crate::harness::split_buffers(&model, initial);
         let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         note(&format!(
-            "model: {} {} ({} parameters, {} layers)",
+            "model: {} {} ({} parameters, {} layers) on {device}",
             cfg.model.plugin,
             cfg.model.flavor,
             named.iter().map(|(_, p)| p.numel()).sum::<usize>(),
@@ -244,6 +251,7 @@ impl Trainer {
             cp: None,
             tp: None,
             tp_fsdp_save: Default::default(),
+            device,
         };
         if let Some(ring) = trainer.dist.take_ring_comm() {
             let cp = crate::cp::Context::activate(ring);
@@ -363,6 +371,11 @@ impl Trainer {
         &self.provenance
     }
 
+    /// Where the trainer computes (`job.device`).
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
     /// Optimizer steps completed.
     pub fn step(&self) -> u64 {
         self.step
@@ -450,8 +463,8 @@ impl Trainer {
         let (x, y, t) = match &self.cp {
             Some(cp) => cp.batch(b)?,
             None => (
-                Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?,
-                Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?,
+                Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?.to_device(self.device)?,
+                Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?.to_device(self.device)?,
                 b.seq_len,
             ),
         };

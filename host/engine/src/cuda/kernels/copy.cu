@@ -37,3 +37,14 @@ FLOAT_TO_INT(copy_bf16_i64, bf16_t, i64)
 FLOAT_TO_INT(copy_f32_i32, float, int)
 
 extern "C" __global__ void fill_f32(float* dst, float v, i64 n) { FOR_EACH(i, n) dst[i] = v; }
+
+// Writes into a strided view: dst[view(i)] = src[i] (src contiguous, already in dst's dtype).
+// How a KV cache appends, a narrowed gradient lands in zeros, and `assign` writes, on the GPU.
+#define PUT(NAME, T) \
+extern "C" __global__ void NAME(const T* src, T* dst, Strided s, i64 n) { \
+    FOR_EACH(i, n) dst[strided_index(s, i)] = src[i]; \
+}
+PUT(put_f32, float)
+PUT(put_bf16, bf16_t)
+PUT(put_i64, i64)
+PUT(put_i32, int)

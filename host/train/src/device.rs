@@ -1,0 +1,95 @@
+//! Where a job computes (`job.device`, `anneal generate --device`): the name resolved to an
+//! engine [`Device`] whose backend can run here, and tensors placed on it. Checkpoints stay
+//! device-free: they are written from host copies and loaded on the host, then placed.
+
+use crate::TrainError;
+use anneal_config::{parse_device, DeviceName, JobConfig};
+use anneal_engine::{Device, Tensor};
+
+/// The device `name` (`cpu`, `cuda`, `cuda:N`) names, once its backend is usable on this
+/// machine. `key` is how the user spelled the setting (`job.device`, `--device`), so both
+/// errors are one line naming it: an unknown value, or a CUDA device that cannot run, with the
+/// probe's reason (which library or device is missing).
+pub fn resolve(name: &str, key: &str) -> Result<Device, TrainError> {
+    let device = match parse_device(name) {
+        Some(DeviceName::Cpu) => return Ok(Device::Cpu),
+        Some(DeviceName::Cuda(n)) => Device::Cuda(n),
+        None => {
+            return Err(TrainError::Config(format!(
+                "{}`{key}`: `{name}` is not a device (use cpu, cuda or cuda:N)",
+                prefix(key)
+            )))
+        }
+    };
+    match anneal_engine::backend::backend_for(device) {
+        Ok(_) => Ok(device),
+        Err(e) => Err(TrainError::Config(format!(
+            "{}`{key}` = {name}: {e}",
+            prefix(key)
+        ))),
+    }
+}
+
+/// `config: ` before a config key, nothing before a command-line flag.
+fn prefix(key: &str) -> &'static str {
+    if key.starts_with('-') {
+        ""
+    } else {
+        "config: "
+    }
+}
+
+/// The job's device, refusing what does not run there yet: on a GPU the trainer runs in one
+/// process (the collectives still move host buffers).
+pub fn for_job(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> {
+    let device = resolve(&cfg.job.device, "job.device")?;
+    if device != Device::Cpu && processes > 1 {
+        return Err(TrainError::Config(format!(
+            "config: `job.device` = {}: a job of {processes} processes runs on the CPU for now (on a GPU the trainer runs in one process); set job.device = \"cpu\" or run one process",
+            cfg.job.device
+        )));
+    }
+    Ok(device)
+}
+
+/// Each tensor copied to `device` (no copy when it is already there), names kept.
+pub fn place(
+    named: Vec<(String, Tensor)>,
+    device: Device,
+) -> Result<Vec<(String, Tensor)>, TrainError> {
+    named
+        .into_iter()
+        .map(|(n, t)| {
+            if t.device() == device {
+                Ok((n, t))
+            } else {
+                Ok((n, t.to_device(device)?))
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_or_fail_with_the_key() {
+        assert_eq!(resolve("cpu", "job.device").expect("cpu"), Device::Cpu);
+        let e = resolve("tpu", "job.device").expect_err("tpu").to_string();
+        assert!(e.starts_with("config: `job.device`: `tpu`"), "{e}");
+        let e = resolve("gpu", "--device").expect_err("gpu").to_string();
+        assert!(e.starts_with("`--device`: `gpu`"), "{e}");
+        // Where CUDA cannot run, the line says why (the probe's reason), naming the key.
+        if anneal_engine::backend::backend_for(Device::Cuda(0)).is_err() {
+            let e = resolve("cuda", "job.device")
+                .expect_err("no GPU")
+                .to_string();
+            assert!(
+                e.contains("`job.device` = cuda: device cuda:0 is unavailable"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! `job.device` and `anneal generate --device` end to end. Everywhere: a bad value names the key
+//! (exit 2), `cpu` is the default bit for bit, and where no GPU can run, `cuda` is one line
+//! saying why (exit 2). With a GPU: the tiny Llama trains on CUDA like on the CPU (f32 within
+//! 1e-4 relative, bf16 within 2%), its checkpoint resumes on the CPU, and generation from it
+//! agrees on both devices. Without one those print SKIP with the reason and pass.
+
+use anneal_tests::cli as common;
+
+use common::{anneal, losses, ok, rows, Job};
+use std::path::Path;
+use std::process::Output;
+
+/// `None` when CUDA device 0 runs here, else why not (from `anneal info`).
+fn no_gpu() -> Option<String> {
+    let out = anneal().arg("info").output().expect("anneal info");
+    ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("cuda backend:"))
+        .unwrap_or("cuda backend: not reported")
+        .to_string();
+    if line.starts_with("cuda backend: cuda on ") {
+        None
+    } else {
+        Some(line)
+    }
+}
+
+fn user_error(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+/// The logged losses as numbers.
+fn loss_values(run_dir: &Path) -> Vec<f64> {
+    losses(run_dir).into_iter().map(f64::from_bits).collect()
+}
+
+fn assert_close(what: &str, got: &[f64], want: &[f64], rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: {got:?} vs {want:?}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= rel * w.abs(),
+            "{what}: step {}: cuda {g} vs cpu {w} (more than {rel} relative)",
+            i + 1
+        );
+    }
+}
+
+#[test]
+fn a_bad_device_names_the_key() {
+    let job = Job::new("device-bad");
+    let (out, _) = job.train("run", &["job.device=\"tpu\""]);
+    let err = user_error(&out);
+    assert!(err.contains("`job.device`") && err.contains("tpu"), "{err}");
+    let out = anneal()
+        .args([
+            "generate",
+            "--model-dir",
+            "/nonexistent",
+            "--prompt-tokens",
+            "1",
+        ])
+        .args(["--device", "gpu0"])
+        .output()
+        .expect("anneal generate");
+    let err = user_error(&out);
+    assert!(err.contains("`--device`") && err.contains("gpu0"), "{err}");
+}
+
+#[test]
+fn cpu_is_the_default_bit_for_bit() {
+    let job = Job::new("device-cpu");
+    let (a, dir_a) = job.train("default", &["training.steps=3"]);
+    let (b, dir_b) = job.train("cpu", &["training.steps=3", "job.device=\"cpu\""]);
+    ok(&a);
+    ok(&b);
+    assert_eq!(losses(&dir_a).len(), 3);
+    assert_eq!(losses(&dir_a), losses(&dir_b));
+}
+
+#[test]
+fn cuda_without_a_gpu_is_one_line_saying_why() {
+    let Some(why) = no_gpu() else {
+        println!("SKIP cuda_without_a_gpu_is_one_line_saying_why: a GPU is present");
+        return;
+    };
+    println!("no GPU here: {why}");
+    let job = Job::new("device-nogpu");
+    let (out, run_dir) = job.train("run", &["job.device=\"cuda\""]);
+    let err = user_error(&out);
+    assert!(
+        err.contains("`job.device` = cuda") && err.contains("device cuda:0 is unavailable"),
+        "{err}"
+    );
+    assert!(
+        !run_dir.join("metrics.jsonl").exists(),
+        "nothing ran before the device check"
+    );
+    let out = anneal()
+        .args([
+            "generate",
+            "--model-dir",
+            "/nonexistent",
+            "--prompt-tokens",
+            "1",
+        ])
+        .args(["--device", "cuda:1"])
+        .output()
+        .expect("anneal generate");
+    let err = user_error(&out);
+    assert!(err.contains("`--device` = cuda:1"), "{err}");
+}
+
+#[test]
+fn trains_and_generates_on_cuda_like_the_cpu() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP trains_and_generates_on_cuda_like_the_cpu: {why}");
+        return;
+    }
+    let job = Job::new("device-gpu");
+    let steps = "training.steps=8";
+    for (dtype, rel) in [("float32", 1e-4), ("bfloat16", 0.02)] {
+        let d = format!("training.dtype=\"{dtype}\"");
+        let (cpu, cpu_dir) = job.train(&format!("cpu-{dtype}"), &[steps, &d]);
+        let (gpu, gpu_dir) =
+            job.train(&format!("gpu-{dtype}"), &[steps, &d, "job.device=\"cuda\""]);
+        ok(&cpu);
+        ok(&gpu);
+        assert_close(dtype, &loss_values(&gpu_dir), &loss_values(&cpu_dir), rel);
+        let peak = rows(&gpu_dir)[0]["mem_peak_bytes"].as_u64().unwrap_or(0);
+        assert!(peak > 0, "a GPU run reports the device pool's peak");
+    }
+    // The GPU run's checkpoint resumes on the CPU (the same files on either device) ...
+    let gpu_dir = job.dir.join("gpu-float32");
+    let (more, _) = job.train("gpu-float32", &["training.steps=10", "job.device=\"cpu\""]);
+    ok(&more);
+    assert!(
+        String::from_utf8_lossy(&more.stdout).contains("resuming")
+            || String::from_utf8_lossy(&more.stderr).contains("resuming"),
+        "the CPU run resumed from the GPU checkpoint"
+    );
+    assert_eq!(loss_values(&gpu_dir).len(), 10);
+    // ... and generation from it agrees on both devices (greedy).
+    let hf = job.dir.join("hf");
+    let out = anneal()
+        .args(["checkpoint", "export", "--to-hf"])
+        .arg(&hf)
+        .arg(gpu_dir.join("checkpoints").join("step-10"))
+        .output()
+        .expect("export");
+    ok(&out);
+    let generate = |device: &str| -> serde_json::Value {
+        let out = anneal()
+            .args(["generate", "--model-dir"])
+            .arg(&hf)
+            .args(["--prompt-tokens", "5,17,42,9", "--max-new-tokens", "8"])
+            .args(["--temperature", "0", "--device", device])
+            .output()
+            .expect("generate");
+        ok(&out);
+        serde_json::from_slice(&out.stdout).expect("JSON")
+    };
+    let (c, g) = (generate("cpu"), generate("cuda"));
+    assert_eq!(g["device"], "cuda:0");
+    assert_eq!(c["tokens"], g["tokens"], "greedy tokens, cpu vs cuda");
+    let lp = |v: &serde_json::Value| -> Vec<f64> {
+        v["logprobs"]
+            .as_array()
+            .expect("logprobs")
+            .iter()
+            .map(|x| x.as_f64().unwrap_or(f64::NAN))
+            .collect()
+    };
+    for (a, b) in lp(&c).iter().zip(&lp(&g)) {
+        assert!((a - b).abs() < 1e-3, "logprob cpu {a} vs cuda {b}");
+    }
+}
