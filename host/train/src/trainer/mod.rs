@@ -1,12 +1,13 @@
 //! The trainer: a model plugin, its parameters, an optimizer plugin, a schedule and a data
-//! loader, advanced one optimizer step at a time. Saving and restoring its state is in
-//! `state.rs`.
+//! loader, advanced one optimizer step at a time. The parallel layouts it takes at setup are
+//! in `layouts.rs`; saving and restoring its state in `state.rs`.
 
+mod layouts;
 mod state;
 
 use crate::dist::Dist;
 use crate::ep::{ActiveGroup, ExpertGroup};
-use crate::fsdp::{Active, Fsdp, GatherCodec, Hook, Units};
+use crate::fsdp::{Active, Fsdp, Hook, Units};
 use crate::harness::{clip_grads, global_grad_norm, load_model, load_optimizer, Provenance};
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
@@ -253,102 +254,7 @@ impl Trainer {
             tp_fsdp_save: Default::default(),
             device,
         };
-        if let Some(ring) = trainer.dist.take_ring_comm() {
-            let cp = crate::cp::Context::activate(ring);
-            trainer.positions = cp.positions(t.seq_len)?;
-            note(&cp.summary(t.seq_len));
-            trainer.cp = Some(cp);
-        }
-        if let Some(comm) = trainer.dist.tp() {
-            let layout =
-                crate::tp::TpLayout::new(cfg, trainer.model.spec(), comm.rank(), comm.size())?;
-            if trainer.optimizer.spec().needs_full_matrix {
-                return Err(TrainError::Config(format!(
-                    "config: `parallelism.tp` = {} with `optimizer.plugin` = {}: an optimizer that steps whole matrices would see this rank's slices only; set parallelism.tp = 1 or use adamw",
-                    comm.size(),
-                    cfg.optimizer.plugin
-                )));
-            }
-            note(&layout.summary());
-            trainer.named = layout.slice_params(std::mem::take(&mut trainer.named))?;
-            trainer.params = Arc::new(
-                trainer
-                    .named
-                    .iter()
-                    .chain(&trainer.buffers)
-                    .cloned()
-                    .collect(),
-            );
-            trainer.tp = Some(layout);
-        }
-        if let Some(comm) = trainer.dist.pp() {
-            let micro = t.batch_size / t.micro_batch_size / trainer.dist.size();
-            let all = std::mem::take(&mut trainer.named);
-            let (pipeline, mine) = crate::pp::setup(
-                cfg,
-                &trainer.model,
-                comm.rank(),
-                all,
-                &trainer.buffers,
-                micro,
-            )?;
-            note(&pipeline.summary(micro));
-            trainer.named = mine;
-            trainer.params = Arc::new(trainer.named.iter().cloned().collect());
-            trainer.pipeline = Some(pipeline);
-        }
-        if let (Some(comm), Some(_)) = (trainer.dist.shard(), &trainer.pipeline) {
-            // FSDP inside the stages: the shards rest here; a step gathers the stage whole
-            // (crate::pp::sharded), its experts to this rank's slice under expert parallelism.
-            let experts = crate::ep::layout_of(
-                cfg,
-                &trainer.dist,
-                trainer.model.spec(),
-                &trainer.optimizer,
-                note,
-            )?;
-            trainer.experts = experts.as_ref().map(|_| ExpertGroup::new());
-            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size(), experts.as_ref());
-            note(&format!(
-                "fsdp: this rank's stage parameters sharded over {} rank(s), gathered once per step",
-                comm.size()
-            ));
-            trainer.named = fsdp.shard(&trainer.named)?;
-            trainer.fsdp = Some(fsdp);
-            trainer.release_full();
-        } else if let Some(comm) = trainer.dist.shard() {
-            let spec = trainer.model.spec();
-            let layers: std::collections::HashMap<&str, Option<usize>> = spec
-                .params
-                .iter()
-                .map(|p| (p.name.as_str(), p.layer))
-                .collect();
-            let par = &cfg.parallelism;
-            let block = usize::try_from(par.fsdp_all_gather_block).unwrap_or(0);
-            let codec = GatherCodec::parse(&par.fsdp_all_gather_dtype, block)?;
-            let experts = crate::ep::layout_of(
-                cfg,
-                &trainer.dist,
-                trainer.model.spec(),
-                &trainer.optimizer,
-                note,
-            )?;
-            trainer.experts = experts.as_ref().map(|_| ExpertGroup::new());
-            let units = Units::new(
-                &trainer.named,
-                |name| layers.get(name).copied().flatten(),
-                spec.n_layers,
-                (comm.rank(), comm.size()),
-                experts.as_ref(),
-                codec,
-            );
-            note(&units.summary());
-            let fsdp = Fsdp::new(&trainer.named, comm.rank(), comm.size(), experts.as_ref());
-            trainer.named = fsdp.shard(&trainer.named)?;
-            trainer.fsdp = Some(fsdp);
-            trainer.units = Some(Rc::new(RefCell::new(units)));
-            trainer.release_full();
-        }
+        trainer.apply_layouts(cfg, note)?;
         Ok(trainer)
     }
 
