@@ -343,6 +343,23 @@ host_ops! {
         selected: bool,
         interleaved: bool,
     }
+    /// Gathered sparse attention (DeepSeek-V4's CSA/HCA): each query of input 0 (`q [B, H, T,
+    /// D]`) attends over only what it may see of one shared key/value head: window keys input 1
+    /// (`[B, S, D]`) at positions input 3 (`[S]` or `[B, S]`), visible when `0 <= q - k <
+    /// window`; with `blocks`, compressed blocks (`[B, N, D]`, the next input), block `w`
+    /// visible once complete (`w < (q + 1) / compress_rate`) and, with `selected`, named by the
+    /// last input (i64 `[B, T, k]`); with `sinks`, per-head sink logits `[H]` (the input after
+    /// the positions). Query positions are input 2 (`[T]` or `[B, T]`). The same values as
+    /// [`CompressedMask`] added to full score rows, in O(visible keys) per query;
+    /// batch-invariant. Output `[B, H, T, D]`; gradients to q, keys, blocks and sinks.
+    GatheredAttention = "gathered_attention" {
+        window: i64,
+        compress_rate: i64,
+        scale: Option<f64>,
+        sinks: bool,
+        blocks: bool,
+        selected: bool,
+    }
     /// `len` entries of `dim` from `start`, as a view.
     Narrow = "narrow" { dim: i64, start: i64, len: i64 }
     /// Tensors joined along `dim`.

@@ -10,7 +10,7 @@ mod moe;
 mod params;
 mod tensor;
 
-pub use compressed::CompressedMaskOpts;
+pub use compressed::{CompressedMaskOpts, GatheredAttentionOpts};
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
 pub use hf_config::{HfConfig, HfRope};
 pub use linear_attention::DeltaRuleOpts;

@@ -10,13 +10,16 @@
 //! o       = RoPE_{-t}(softmax([q·kv_window; q·C_sel(t)] / √Dh, sinks) · [kv_window; C_sel(t)])
 //! out     = W_ob · blockdiag_g(W_oa,g) · o              grouped low-rank output projection
 //! ```
-//! A block is visible to query `t` once all its tokens are at or before `t`. The masks come
-//! from the host (`compressed_mask`); the indexer's choice passes no gradient, as in
-//! transformers.
+//! A block is visible to query `t` once all its tokens are at or before `t`. CSA and HCA
+//! layers attend through the host's gathered op (`gathered_attention`: each query scores only
+//! its window, its blocks and the sink); sliding layers through a score row masked by the host
+//! (`compressed_mask`). The indexer's choice passes no gradient, as in transformers.
 
 use crate::config::AttentionType;
 use crate::spec::{AttentionParams, Compressor, Indexer};
-use anneal_plugin_api::sdk::{CompressedMaskOpts, Ctx, Result, Rope, Tensor};
+use anneal_plugin_api::sdk::{
+    CompressedMaskOpts, Ctx, GatheredAttentionOpts, Result, Rope, Tensor,
+};
 
 /// Attention rows are padded to a multiple of this many columns (see `attend`), and the
 /// window's keys to one before the compressed blocks (see `attention`).
@@ -128,7 +131,6 @@ impl crate::model::DeepseekV4 {
             Some(c) => self.compressed(ctx, cached, "kv", c, x, pos, hd, rate, overlap, &rope)?,
             None => None,
         };
-        let n_blocks = blocks.as_ref().map_or(Ok(0), |c| c.shape().map(|s| s[1]))?;
         let index_keys = match &p.indexer {
             Some(ix) => {
                 let (c, di) = (&ix.compressor, a.index_head_dim);
@@ -140,6 +142,61 @@ impl crate::model::DeepseekV4 {
             (Some(ix), Some(keys)) => Some(self.select(ctx, ix, x, pos, &q_latent, keys)?),
             _ => None,
         };
+        let o = if a.rate(kind).is_some() {
+            // CSA/HCA: each query scores only its window, its blocks and the sink. Every call
+            // of a compressed layer goes through this op (also before its first block
+            // completes), so a decode step reduces a query's row exactly as training does.
+            let len = window.shape()?[2];
+            let keys = window.reshape(&[b as i64, len as i64, hd as i64])?;
+            let sinks = ctx.w(&p.sinks)?;
+            let opts = GatheredAttentionOpts {
+                window: a.sliding_window,
+                compress_rate: rate,
+                scale: Some((hd as f64).powf(-0.5)),
+                sinks: Some(&sinks),
+                blocks: blocks.as_ref(),
+                selected: selected.as_ref(),
+            };
+            ctx.host
+                .gathered_attention(&q, &keys, pos, &window_pos, &opts)?
+        } else {
+            self.masked(
+                ctx,
+                p,
+                &q,
+                window,
+                window_pos,
+                blocks.as_ref(),
+                selected.as_ref(),
+                pos,
+                rate,
+            )?
+        };
+        // K = V, so the values carry their keys' rotation: undo it at the query's position.
+        let back = pos.to_dtype("f32")?.scale(-1.0)?.to_dtype("i64")?;
+        let o = rope_tail(ctx, &o, &back, &rope)?;
+        self.grouped_output(ctx, p, &o)
+    }
+
+    /// The masked formulation: `q` against a score row over every window key and block, the
+    /// ones a query may not see masked by the host (`compressed_mask`). Sliding layers use it;
+    /// the host's tests of `gathered_attention` check that op against this formulation.
+    #[allow(clippy::too_many_arguments)]
+    fn masked<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        p: &AttentionParams,
+        q: &Tensor<'h>,
+        window: Tensor<'h>,
+        window_pos: Tensor<'h>,
+        blocks: Option<&Tensor<'h>>,
+        selected: Option<&Tensor<'h>>,
+        pos: &Tensor<'h>,
+        rate: usize,
+    ) -> Result<Tensor<'h>> {
+        let a = &self.args;
+        let (b, hd) = (q.shape()?[0], a.head_dim);
+        let n_blocks = blocks.map_or(Ok(0), |c| c.shape().map(|s| s[1]))?;
         // Keys: the window's, zeros up to a multiple of PAD, then the compressed blocks. A
         // key's column modulo PAD is then its position's (the window starts at a multiple of
         // PAD), so a decode step, whose row holds only the recent window and the blocks,
@@ -169,7 +226,7 @@ impl crate::model::DeepseekV4 {
         let mask = ctx.host.compressed_mask(
             pos,
             Some(&key_pos),
-            selected.as_ref(),
+            selected,
             &CompressedMaskOpts {
                 window: Some(a.sliding_window),
                 compress_rate: rate,
@@ -177,11 +234,7 @@ impl crate::model::DeepseekV4 {
                 interleaved: false,
             },
         )?;
-        let o = self.attend(ctx, p, &q, &keys, &mask)?;
-        // K = V, so the values carry their keys' rotation: undo it at the query's position.
-        let back = pos.to_dtype("f32")?.scale(-1.0)?.to_dtype("i64")?;
-        let o = rope_tail(ctx, &o, &back, &rope)?;
-        self.grouped_output(ctx, p, &o)
+        self.attend(ctx, p, q, &keys, &mask)
     }
 
     /// `softmax(q·kᵀ/√Dh + mask, with sinks)·k` for `q [B, H, T, Dh]` over the one shared head

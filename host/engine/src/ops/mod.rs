@@ -7,6 +7,7 @@ mod attention;
 mod delta_rule;
 mod delta_rule_cache;
 mod elementwise;
+mod gathered_attention;
 mod matmul;
 mod reduce;
 mod ring_attention;
@@ -19,6 +20,7 @@ pub use delta_rule::{
 };
 pub use delta_rule_cache::DeltaRuleCache;
 pub use elementwise::{BinaryOp, UnaryOp};
+pub use gathered_attention::{gathered_attention, GatheredAttentionParams};
 pub use reduce::ReduceOp;
 pub use ring_attention::{ring_attention, KvRing};
 

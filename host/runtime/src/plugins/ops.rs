@@ -203,6 +203,9 @@ pub(crate) fn run(
         o::MoeCombine::OP => super::ops_moe::combine(inputs, parse(attrs)?),
         o::MoeFfn::OP => super::ops_moe::ffn(inputs, parse(attrs)?, session),
         o::CompressedMask::OP => super::ops_compressed::compressed_mask(inputs, parse(attrs)?),
+        o::GatheredAttention::OP => {
+            super::ops_compressed::gathered_attention(inputs, parse(attrs)?)
+        }
         o::CacheAppend::OP => {
             super::ops_state::cache_append(inputs, parse(attrs)?, session).map(|t| vec![t])
         }

@@ -119,6 +119,40 @@ pub(super) fn compressed_mask(inputs: &[Tensor], a: o::CompressedMask) -> R<Vec<
         .map_err(|e| e.to_string())
 }
 
+/// See [`o::GatheredAttention`]: inputs q, keys, query positions, key positions, then the
+/// sinks, the blocks and the selection when their flags say so.
+pub(super) fn gathered_attention(inputs: &[Tensor], a: o::GatheredAttention) -> R<Vec<Tensor>> {
+    let op = o::GatheredAttention::OP;
+    let mut next = inputs.iter();
+    let mut get = |what: &str| {
+        next.next()
+            .ok_or_else(|| format!("{op} needs its {what} input"))
+    };
+    let (q, keys, q_pos, k_pos) = (get("q")?, get("keys")?, get("q_pos")?, get("k_pos")?);
+    let sinks = a.sinks.then(|| get("sinks")).transpose()?.cloned();
+    let blocks = a.blocks.then(|| get("blocks")).transpose()?.cloned();
+    let selected = a.selected.then(|| get("selected")).transpose()?.cloned();
+    let positive = |v: i64, what: &str| {
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v > 0)
+            .ok_or_else(|| format!("{op}: {what} {v} must be positive"))
+    };
+    let params = anneal_engine::ops::GatheredAttentionParams {
+        q_pos: q_pos.clone(),
+        k_pos: k_pos.clone(),
+        blocks,
+        selected,
+        sinks,
+        window: positive(a.window, "window")?,
+        compress_rate: positive(a.compress_rate, "compress_rate")?,
+        scale: a.scale.map(|s| s as f32),
+    };
+    q.gathered_attention(keys, &params)
+        .map(|t| vec![t])
+        .map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
