@@ -11,7 +11,9 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, Job};
-use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, piece, train_one};
+use dist_support::{
+    copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece, train_one,
+};
 use std::path::Path;
 
 /// Four micro-batches of one sequence of 32 tokens per step, one thread per rank, 4 blocks
@@ -38,26 +40,6 @@ const MOE: [&str; 5] = [
 
 fn with(base: &[&'static str], extra: &[&'static str]) -> Vec<&'static str> {
     base.iter().chain(extra).copied().collect()
-}
-
-/// Step 1 within 1e-6 relative, every step within 1e-4.
-fn assert_matches(one: &[f64], other: &[f64], what: &str) {
-    assert_eq!(one.len(), other.len(), "{what}: steps");
-    let rel = |a: f64, b: f64| (a - b).abs() / a.abs();
-    assert!(
-        rel(one[0], other[0]) < 1e-6,
-        "{what}: step 1: {} vs {}",
-        one[0],
-        other[0]
-    );
-    for (step, (a, b)) in one.iter().zip(other).enumerate() {
-        assert!(
-            rel(*a, *b) < 1e-4,
-            "{what}: step {}: {a} vs {b} (rel {:e})",
-            step + 1,
-            rel(*a, *b)
-        );
-    }
 }
 
 fn val_losses(run_dir: &Path) -> Vec<f64> {
@@ -88,7 +70,7 @@ fn resumes_in_one_process(job: &Job, from: &Path, set: &[&str], one: &[f64], wha
     );
     let resumed = loss_values(&to_one);
     assert_eq!(resumed.len(), 50, "{what}: 25 + 25 rows");
-    assert_matches(one, &resumed, &format!("{what} -> single"));
+    follows_single(&format!("{what} -> single"), one, &resumed);
 }
 
 #[test]
@@ -106,7 +88,7 @@ fn context_parallelism_runs_inside_pipeline_stages() {
             && stdout.contains("cp: rank 0 of 2 holds positions 0..8 and 24..32"),
         "{stdout}"
     );
-    assert_matches(&one, &loss_values(&dir), "pp2 x cp2");
+    follows_single("pp2 x cp2", &one, &loss_values(&dir));
     assert_val_matches(&single_dir, &dir, "pp2 x cp2");
     // Rank 0's ring: its stage's 2 blocks × 4 micro-batches; per block one forward pass of
     // keys, values (2 heads of 16, f32, 16 rows) and their positions, and two backward passes
@@ -162,7 +144,7 @@ fn expert_parallelism_runs_under_context_parallelism() {
         stdout.contains("buffers identical on every rank"),
         "the balancing bias is checked: {stdout}"
     );
-    assert_matches(&one, &loss_values(&dir), "cp2 x ep2");
+    follows_single("cp2 x ep2", &one, &loss_values(&dir));
     assert_val_matches(&single_dir, &dir, "cp2 x ep2");
     let a2a: Vec<u64> = rows(&dir)
         .iter()
@@ -209,7 +191,7 @@ fn expert_parallelism_runs_inside_pipeline_stages() {
         stdout.contains("pipeline: ") && stdout.contains("ep: "),
         "{stdout}"
     );
-    assert_matches(&one, &loss_values(&dir), "pp2 x ep2");
+    follows_single("pp2 x ep2", &one, &loss_values(&dir));
     assert_val_matches(&single_dir, &dir, "pp2 x ep2");
     let last = rows(&dir).last().unwrap().clone();
     assert!(
@@ -264,12 +246,12 @@ fn pipeline_stages_shard_over_dp_shard_times_cp() {
     );
     let dir = job.dir.join("pp2xcp2xfsdp2");
     ok(&mpiexec_train(8, &job, &dir, &layout));
-    assert_matches(&one, &loss_values(&dir), "pp2 x cp2 x fsdp2");
+    follows_single("pp2 x cp2 x fsdp2", &one, &loss_values(&dir));
     let m = manifest_of(&dir.join("checkpoints/step-5"));
     assert_eq!(m["world_size"], 8, "every rank saves its rows");
     let to_one = job.dir.join("to-one");
     copy_run(&dir, &to_one, &[10]);
     let stdout = ok(&train_one(&job, &to_one, &set));
     assert!(stdout.contains("step 5"), "resumes from 5: {stdout}");
-    assert_matches(&one, &loss_values(&to_one), "pp2 x cp2 x fsdp2 -> single");
+    follows_single("pp2 x cp2 x fsdp2 -> single", &one, &loss_values(&to_one));
 }

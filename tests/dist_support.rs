@@ -144,3 +144,24 @@ pub fn copy_run(from: &Path, to: &Path, drop_steps: &[u64]) {
         std::fs::remove_dir_all(to.join(format!("checkpoints/step-{step}"))).unwrap();
     }
 }
+
+/// Asserts that a layout's losses `got` follow the single process's `want` (`name` in the
+/// messages): step 1 within 1e-6 relative, every step within 1e-4.
+pub fn follows_single(name: &str, want: &[f64], got: &[f64]) {
+    assert_eq!(want.len(), got.len(), "{name}: steps");
+    let rel = |a: f64, b: f64| (a - b).abs() / a.abs();
+    assert!(
+        rel(want[0], got[0]) < 1e-6,
+        "{name} step 1: {} vs {}",
+        got[0],
+        want[0]
+    );
+    for (step, (a, b)) in want.iter().zip(got).enumerate() {
+        assert!(
+            rel(*a, *b) < 1e-4,
+            "{name} step {}: {b} vs {a} (rel {:e})",
+            step + 1,
+            rel(*a, *b)
+        );
+    }
+}

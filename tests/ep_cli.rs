@@ -13,7 +13,7 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, piece};
+use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
 use std::path::Path;
 
 const MOE: [&str; 4] = [
@@ -35,20 +35,6 @@ const STEPS: [&str; 6] = [
 
 fn settings(extra: &[&'static str]) -> Vec<&'static str> {
     MOE.iter().chain(&STEPS).chain(extra).copied().collect()
-}
-
-fn close(name: &str, want: &[f64], got: &[f64]) {
-    assert_eq!(want.len(), got.len(), "{name}: steps");
-    let rel = |a: f64, b: f64| (a - b).abs() / a.abs();
-    assert!(
-        rel(want[0], got[0]) < 1e-6,
-        "{name} step 1: {} vs {}",
-        got[0],
-        want[0]
-    );
-    for (step, (a, b)) in want.iter().zip(got).enumerate() {
-        assert!(rel(*a, *b) < 1e-4, "{name} step {}: {b} vs {a}", step + 1);
-    }
 }
 
 /// The bytes each step's expert exchanges sent from rank 0.
@@ -86,8 +72,8 @@ fn expert_parallel_runs_follow_the_single_process_and_reshard() {
         4,
         &["parallelism.dp_shard=4", "parallelism.ep=2"],
     );
-    close("EP2", &want, &loss_values(&ep2));
-    close("EP2 x FSDP2", &want, &loss_values(&ep2_fsdp2));
+    follows_single("EP2", &want, &loss_values(&ep2));
+    follows_single("EP2 x FSDP2", &want, &loss_values(&ep2_fsdp2));
     assert_eq!(losses(&ep2), losses(&ep2_again), "EP2 reruns bitwise");
     // The whole step's token counts feed the bias, as in one process.
     let counts = |d: &Path| rows(d).last().unwrap()["moe.layer1.tokens_per_expert"].clone();
@@ -203,6 +189,6 @@ fn expert_parallelism_composes_with_hsdp_and_recompute() {
             out.contains("buffers identical on every rank"),
             "{name}: {out}"
         );
-        close(name, &want, &loss_values(&dir));
+        follows_single(name, &want, &loss_values(&dir));
     }
 }

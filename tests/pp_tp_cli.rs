@@ -12,7 +12,7 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, Job};
-use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, piece};
+use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
 use std::path::Path;
 
 /// Four micro-batches of one sequence per step, 4 blocks (2 per stage, or 1 per virtual stage).
@@ -37,21 +37,6 @@ fn settings(extra: &[&'static str]) -> Vec<&'static str> {
     STEPS.iter().chain(extra).copied().collect()
 }
 
-/// Step 1 within 1e-6 relative, every step within 1e-4.
-fn close(name: &str, want: &[f64], got: &[f64]) {
-    assert_eq!(want.len(), got.len(), "{name}: steps");
-    let rel = |a: f64, b: f64| (a - b).abs() / a.abs();
-    assert!(
-        rel(want[0], got[0]) < 1e-6,
-        "{name} step 1: {} vs {}",
-        got[0],
-        want[0]
-    );
-    for (step, (a, b)) in want.iter().zip(got).enumerate() {
-        assert!(rel(*a, *b) < 1e-4, "{name} step {}: {b} vs {a}", step + 1);
-    }
-}
-
 /// Resumes `from`'s step-40 checkpoint (its step-50 one dropped) in `layout` on `n` ranks and
 /// checks steps 41..=50 against the single process's `want`.
 fn resume_as(job: &Job, name: &str, from: &Path, n: usize, layout: &[&'static str], want: &[f64]) {
@@ -69,7 +54,7 @@ fn resume_as(job: &Job, name: &str, from: &Path, n: usize, layout: &[&'static st
     );
     let got = loss_values(&dir);
     assert_eq!(got.len(), 50, "{name}: 40 + 10 rows");
-    close(name, want, &got);
+    follows_single(name, want, &got);
 }
 
 #[test]
@@ -88,8 +73,8 @@ fn pipeline_stages_run_tensor_parallel_on_the_single_curve_and_reshard() {
     let pp_tp = run("pp2-tp2", &PP2_TP2);
     let pp_tp_again = run("pp2-tp2-again", &PP2_TP2);
     let pp_tp_sp = run("pp2-tp2-sp", &PP2_TP2_SP);
-    close("PP2 x TP2", &want, &loss_values(&pp_tp));
-    close("PP2 x TP2 with SP", &want, &loss_values(&pp_tp_sp));
+    follows_single("PP2 x TP2", &want, &loss_values(&pp_tp));
+    follows_single("PP2 x TP2 with SP", &want, &loss_values(&pp_tp_sp));
     assert_eq!(
         losses(&pp_tp),
         losses(&pp_tp_again),
@@ -129,7 +114,7 @@ fn interleaved_pipeline_stages_run_tensor_parallel() {
     ];
     let out = ok(&mpiexec_train(4, &job, &dir, &short(&layout)));
     assert!(out.contains("pipeline: 4 stage(s)"), "{out}");
-    close("PP2 x TP2 interleaved", &want, &loss_values(&dir));
+    follows_single("PP2 x TP2 interleaved", &want, &loss_values(&dir));
 }
 
 /// Rank `2 s + t` of PP2 × TP2 writes stage `s`'s global pieces: rows of its column- and
@@ -188,5 +173,5 @@ fn replicated_pipelines_of_tensor_parallel_stages_follow_the_single_process() {
         "parallelism.dp_replicate=2",
     ];
     ok(&mpiexec_train(8, &job, &dir, &short(&layout)));
-    close("PP2 x TP2 x DDP2", &want, &loss_values(&dir));
+    follows_single("PP2 x TP2 x DDP2", &want, &loss_values(&dir));
 }

@@ -14,7 +14,7 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, piece};
+use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
 use std::path::{Path, PathBuf};
 
 /// Four micro-batches of one sequence: all four on each rank of a TP group, two per replica
@@ -34,20 +34,6 @@ const TP2_FSDP2: [&str; 2] = ["parallelism.tp=2", "parallelism.dp_shard=2"];
 
 fn settings(extra: &[&'static str]) -> Vec<&'static str> {
     STEPS.iter().chain(extra).copied().collect()
-}
-
-fn close(name: &str, want: &[f64], got: &[f64]) {
-    assert_eq!(want.len(), got.len(), "{name}: steps");
-    let rel = |a: f64, b: f64| (a - b).abs() / a.abs();
-    assert!(
-        rel(want[0], got[0]) < 1e-6,
-        "{name} step 1: {} vs {}",
-        got[0],
-        want[0]
-    );
-    for (step, (a, b)) in want.iter().zip(got).enumerate() {
-        assert!(rel(*a, *b) < 1e-4, "{name} step {}: {b} vs {a}", step + 1);
-    }
 }
 
 /// Resumes `from`'s step-40 checkpoint (its step-50 one dropped) in `layout` on `n` ranks and
@@ -97,13 +83,13 @@ fn tensor_parallel_runs_follow_the_single_process_and_reshard() {
         4,
         &["parallelism.tp=2", "parallelism.dp_replicate=2"],
     );
-    close("TP2", &want, &loss_values(&tp2));
-    close("TP2 with SP", &want, &loss_values(&tp2_sp));
-    close("TP2 x DDP2", &want, &loss_values(&tp2_dp2));
+    follows_single("TP2", &want, &loss_values(&tp2));
+    follows_single("TP2 with SP", &want, &loss_values(&tp2_sp));
+    follows_single("TP2 x DDP2", &want, &loss_values(&tp2_dp2));
     assert_eq!(losses(&tp2), losses(&tp2_again), "TP2 reruns bitwise");
     let tp2_fsdp2 = run("tp2-fsdp2", 4, &TP2_FSDP2);
     let tp2_fsdp2_again = run("tp2-fsdp2-again", 4, &TP2_FSDP2);
-    close("TP2 x FSDP2", &want, &loss_values(&tp2_fsdp2));
+    follows_single("TP2 x FSDP2", &want, &loss_values(&tp2_fsdp2));
     assert_eq!(
         losses(&tp2_fsdp2),
         losses(&tp2_fsdp2_again),
@@ -150,7 +136,7 @@ fn tensor_parallel_runs_follow_the_single_process_and_reshard() {
     assert!(ok(&out).contains("(step 45)"), "resumed at 45");
     let got = loss_values(&one);
     assert_eq!(got.len(), 50, "45 + 5 rows");
-    close("TP2 x FSDP2 -> FSDP4 -> single", &want, &got);
+    follows_single("TP2 x FSDP2 -> FSDP4 -> single", &want, &got);
 }
 
 /// Rank `2 s + t` of TP2 × FSDP2 holds shard `s` of its tensor-parallel slices (`t`), and
@@ -226,7 +212,7 @@ fn tensor_parallelism_composes_with_recompute() {
     ] {
         let dir = job.dir.join(name);
         ok(&mpiexec_train(n, &job, &dir, &short(layout)));
-        close(name, &want, &loss_values(&dir));
+        follows_single(name, &want, &loss_values(&dir));
     }
 }
 
@@ -356,6 +342,6 @@ fn tensor_parallel_qwen3_sums_its_per_head_norms_gradients() {
             .chain(layout.iter().copied())
             .collect();
         ok(&mpiexec_train(2, &job, &dir, &s));
-        close(&format!("Qwen3 {name}"), &want, &loss_values(&dir));
+        follows_single(&format!("Qwen3 {name}"), &want, &loss_values(&dir));
     }
 }
