@@ -6,15 +6,14 @@
 # Prints the attention core's training FLOPs per token of each (the point of the design) and the
 # seconds of one training step (forward + cross-entropy + backward) of each one-block model
 # through the deepseek_v4 plugin (host/runtime/examples/model_step_bench.rs), median of ITERS.
-# Measured (SEQ=8192, HEADS=2, 2 threads; CSA and HCA attend through the gathered op
-# `gathered_attention`, each query scoring only its window, its blocks and the sink). Taken
-# while other builds loaded the 2 cores (load average 10-15), so each step's two iterations
-# differ by up to 2.7x; the median below is their mean, and the fastest (in brackets) is
-# likelier the machine's:
+# Measured (SEQ=8192, HEADS=2, 2 threads, quiet machine, AMD EPYC Zen 4 with AVX-512; CSA and
+# HCA attend through the gathered op `gathered_attention`, each query scoring only its window,
+# its blocks and the sink):
 #    block  keys/query  attn FLOPs/token  vs dense   step s  vs dense
-#      csa         640         2.490e+06    0.198x    20.04     0.44x   (16.14, 0.65x)
-#      hca         160         4.915e+05    0.039x     7.97     0.17x   ( 6.83, 0.28x)
-#    dense        4096         1.258e+07    1.000x    45.73     1.00x   (24.68, 1.00x)
+#      csa         640         2.490e+06    0.198x     2.61     0.57x
+#      hca         160         4.915e+05    0.039x     1.19     0.26x
+#    dense        4096         1.258e+07    1.000x     4.58     1.00x
+# (Under load 10-15: CSA 0.44-0.65x, HCA 0.17-0.28x.)
 # Before the gathered op (a full score row, masked; measured earlier, also under load): CSA
 # 1.29x and HCA 0.64x of dense. What remains above the FLOP ratios: the gathered kernel is plain f32
 # loops (not a packed GEMM) and re-derives the probabilities in its backward; CSA's indexer
