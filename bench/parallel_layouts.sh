@@ -7,7 +7,7 @@
 # batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel rank
 # under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2) and CP(2) x FSDP(2)); and on the debug
 # Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
-# dp_shard 2; no balancing bias, which pipeline stages do not take yet).
+# dp_shard 2; no balancing bias, as the README's figures were measured).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
@@ -93,7 +93,7 @@ for layers in 4 16; do
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
     run "pp2xcp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.cp=2
 done
-# The MoE layouts: 4 blocks, no balancing bias (pipeline stages take no buffers yet).
+# The MoE layouts: 4 blocks, no balancing bias (as the README's figures were measured).
 run_moe() { # name nproc extra-sets...
     local name="$1" n="$2"
     shift 2

@@ -1,10 +1,10 @@
 //! Composed layouts on real MPI ranks (one compute thread each, 4 ranks oversubscribed):
 //! context parallelism inside pipeline stages (PP(2) × CP(2)), expert parallelism under
 //! context parallelism (CP(2) × EP(2), the experts split over dp_shard 2) and inside pipeline
-//! stages (PP(2) × EP(2) over dp_shard 2) follow the single process (step 1 within 1e-6
-//! relative, 50 steps within 1e-4, the validation losses too), rerun bitwise and save
-//! checkpoints that one process resumes on the single process's curve; so does
-//! PP(2) × CP(2) × FSDP(2) on 8 ranks (10 steps).
+//! stages (PP(2) × EP(2) over dp_shard 2, each stage updating its blocks' balancing bias)
+//! follow the single process (step 1 within 1e-6 relative, 50 steps within 1e-4, the
+//! validation losses too), rerun bitwise and save checkpoints that one process resumes on the
+//! single process's curve; so does PP(2) × CP(2) × FSDP(2) on 8 ranks (10 steps).
 
 mod dist_support;
 
@@ -171,9 +171,9 @@ fn expert_parallelism_runs_under_context_parallelism() {
 #[test]
 fn expert_parallelism_runs_inside_pipeline_stages() {
     let job = Job::new("pp-ep");
-    // Pipeline stages take no buffers yet: no balancing bias; the balancing loss counts.
-    let set = with(&LAYOUT, &MOE[..3]);
-    let set = with(&set, &["model.args.moe.balance_rate=0.0"]);
+    // The balancing bias on (each stage updates its blocks' from their token counts) and the
+    // balancing loss counted.
+    let set = with(&LAYOUT, &MOE[..4]);
     let (single, single_dir) = job.train("single", &set);
     ok(&single);
     let one = loss_values(&single_dir);
@@ -190,6 +190,10 @@ fn expert_parallelism_runs_inside_pipeline_stages() {
     assert!(
         stdout.contains("pipeline: ") && stdout.contains("ep: "),
         "{stdout}"
+    );
+    assert!(
+        stdout.contains("buffers identical on every rank"),
+        "the balancing bias is checked: {stdout}"
     );
     follows_single("pp2 x ep2", &one, &loss_values(&dir));
     assert_val_matches(&single_dir, &dir, "pp2 x ep2");
@@ -217,6 +221,12 @@ fn expert_parallelism_runs_inside_pipeline_stages() {
         let file = format!("shard-{shard:05}-of-00004.safetensors");
         let p = piece(&m, name, &file).unwrap_or_else(|| panic!("{name} in {file}: {m}"));
         assert_eq!(p["slice"][0], serde_json::json!(rows), "{p}");
+    }
+    // Each block's bias lives (and is saved) with its stage, whole, by the stage's first shard.
+    for (layer, shard) in [(0, 0), (3, 2)] {
+        let name = format!("model/layers.{layer}.feed_forward.router.balance_bias");
+        let file = format!("shard-{shard:05}-of-00004.safetensors");
+        assert!(piece(&m, &name, &file).is_some(), "{name} in {file}: {m}");
     }
     resumes_in_one_process(&job, &dir, &set, &one, "pp2xep2");
 }

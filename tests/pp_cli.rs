@@ -3,7 +3,8 @@
 //! PP(2) × DDP(2) and PP(2) × FSDP(2) match the single process (step 1 bitwise, the curve within
 //! 1e-4), a rerun is bitwise identical, the measured bubble is logged beside the schedule's
 //! theory; each stage saves its own parameters (each of its shard ranks its rows under FSDP) and
-//! the checkpoints reshard between PP(2), PP(2) × FSDP(2), FSDP(4) and one process; layouts
+//! the checkpoints reshard between PP(2), PP(2) × FSDP(2), FSDP(4) and one process; a block's
+//! buffers (a MoE router's balancing bias) live, update and save with its stage; layouts
 //! that do not fit the model are one-line errors with exit code 2.
 
 mod dist_support;
@@ -223,6 +224,64 @@ fn each_stage_saves_its_parameters_and_checkpoints_reshard() {
     let log = std::fs::read_to_string(to_pp.join("logs/rank-1.log")).unwrap();
     assert!(log.contains("resuming from"), "rank 1 resumes too: {log}");
     assert_matches(&one, &loss_values(&to_pp), "single -> pp2 interleaved");
+}
+
+/// A block's buffers live with its stage: on the tiny Qwen3-MoE with aux-loss-free balancing,
+/// each stage updates its blocks' routing bias from their token counts and saves it, so PP(2)
+/// stays on the single process's curve, and checkpoints reshard both ways with the biases.
+#[test]
+fn stages_hold_and_update_their_blocks_buffers() {
+    let job = Job::new("pp-buffers");
+    let set = [
+        "model.flavor=\"debugmodel_qwen3_moe\"",
+        "model.args.moe.n_experts=4",
+        "model.args.moe.expert_ffn_dim=16",
+        "model.args.moe.balance_rate=0.01",
+        "training.micro_batch_size=1",
+        "training.steps=10",
+        "training.threads=1",
+        "checkpoint.interval=5",
+        "model.args.n_layers=4",
+    ];
+    let pp: Vec<&str> = set.iter().copied().chain(["parallelism.pp=2"]).collect();
+    let (single, single_dir) = job.train("single", &set);
+    ok(&single);
+    let one = loss_values(&single_dir);
+    let pp_dir = job.dir.join("pp2");
+    ok(&mpiexec_train(2, &job, &pp_dir, &pp));
+    let two = loss_values(&pp_dir);
+    assert_matches(&one, &two, "pp2 with balancing biases");
+    let manifest = manifest_of(&pp_dir.join("checkpoints/step-5"));
+    let (first, second) = (
+        "shard-00000-of-00002.safetensors",
+        "shard-00001-of-00002.safetensors",
+    );
+    for (layer, shard, other) in [(1, first, second), (2, second, first)] {
+        let name = format!("model/layers.{layer}.feed_forward.router.balance_bias");
+        assert!(
+            piece(&manifest, &name, shard).is_some(),
+            "{name} in {shard}"
+        );
+        assert!(
+            piece(&manifest, &name, other).is_none(),
+            "{name} not in {other}"
+        );
+    }
+    // PP(2) -> one process, and one process -> PP(2), from step 5.
+    let to_one = job.dir.join("pp2-to-one");
+    copy_run(&pp_dir, &to_one, &[10]);
+    assert!(ok(&train_one(&job, &to_one, &set)).contains("step 5"));
+    let resumed = loss_values(&to_one);
+    assert_eq!(
+        resumed[5].to_bits(),
+        two[5].to_bits(),
+        "step 6 after the reshard"
+    );
+    assert_matches(&one, &resumed, "pp2 -> single");
+    let to_pp = job.dir.join("one-to-pp2");
+    copy_run(&single_dir, &to_pp, &[10]);
+    assert!(ok(&mpiexec_train(2, &job, &to_pp, &pp)).contains("step 5"));
+    assert_matches(&one, &loss_values(&to_pp), "single -> pp2");
 }
 
 /// PP(2) × FSDP(2) saves each stage's rows on its shard ranks; its checkpoint resumes as

@@ -150,9 +150,13 @@ impl Host<'_> {
     /// `layer`'s routing bias moves by `rate` towards the experts that got fewer tokens than
     /// the mean over the step and away from those that got more (`sign(mean − tokens)`,
     /// mean-centred so the biases do not drift). Needs the layer's forward to have reported
-    /// its tokens per expert ([`MoeFfnOutput::report`] with the bias).
+    /// its tokens per expert ([`MoeFfnOutput::report`] with the bias). A layer that reported no
+    /// tokens this step keeps its bias: the host ran it elsewhere (another pipeline stage holds
+    /// the layer, its bias and its statistics, and updates it there) or not at all.
     pub fn update_balance_bias(&self, layer: usize, bias: &Param, rate: f64) -> Result<()> {
-        let tokens = self.param(&format!("stats.{}", tokens_per_expert_stat(layer)))?;
+        let Ok(tokens) = self.param(&format!("stats.{}", tokens_per_expert_stat(layer))) else {
+            return Ok(());
+        };
         let below = tokens.mean(&[0], true)?.sub(&tokens)?;
         // tanh of a large multiple is sign(): counts differ by whole tokens or not at all.
         let step = below.scale(1e6)?.unary("tanh")?.scale(rate)?;

@@ -294,14 +294,9 @@ impl Model for DeepseekV3 {
         let mtp = self.params.mtp.as_ref().map(|m| &m.block);
         for (index, l) in self.params.layers.iter().chain(mtp).enumerate() {
             if let FeedForward::Experts { bias, .. } = &l.ffn {
-                // The MTP block reports its tokens only when its loss was computed.
-                let seen = host.param(&format!(
-                    "stats.{}",
-                    anneal_plugin_api::sdk::tokens_per_expert_stat(index)
-                ));
-                if seen.is_ok() {
-                    host.update_balance_bias(index, bias, self.args.balance_rate)?;
-                }
+                // A block that reported no tokens (the MTP block without its loss, a block on
+                // another pipeline stage) keeps its bias.
+                host.update_balance_bias(index, bias, self.args.balance_rate)?;
             }
         }
         Ok(())

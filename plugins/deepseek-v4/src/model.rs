@@ -275,11 +275,9 @@ impl Model for DeepseekV4 {
         for (index, l) in self.params.layers.iter().chain(mtp).enumerate() {
             if let Routing::Learned { bias } = &l.ffn.routing {
                 debug_assert_eq!(self.args.mlp_type(index), MlpType::Moe);
-                // The MTP block reports its tokens only when its loss was computed.
-                let seen = host.param(&format!("stats.{}", tokens_per_expert_stat(index)));
-                if index < self.args.n_layers || seen.is_ok() {
-                    host.update_balance_bias(index, bias, self.args.balance_rate)?;
-                }
+                // A block that reported no tokens (the MTP block without its loss, a block on
+                // another pipeline stage) keeps its bias.
+                host.update_balance_bias(index, bias, self.args.balance_rate)?;
             }
         }
         Ok(())

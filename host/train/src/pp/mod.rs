@@ -435,24 +435,25 @@ impl MbOutputs {
     }
 }
 
+/// What rank `rank` of a pipeline keeps: the pipeline, and its stages' trained parameters
+/// and buffers.
+pub type Staged = (Pipeline, Vec<(String, Tensor)>, Vec<(String, Tensor)>);
+
 /// Sets up rank `rank` of the pipeline `cfg` asks for: the stage layout, the checks that need
-/// the model (its layer count, buffers, tied parameters) and the step's micro-batch count
-/// (`micro_batches`, per data-parallel rank), and the parameters this rank keeps of `named`
-/// (every trained parameter, sorted; the others are dropped).
+/// the model (its layer count, tied parameters) and the step's micro-batch count
+/// (`micro_batches`, per data-parallel rank), and what this rank keeps of `named` (every
+/// trained parameter, sorted) and of `buffers`: its stages' own, the others dropped. A block's
+/// buffers (a router's balancing bias) live with its parameters, so the stage that runs the
+/// block holds the statistics its `before_optimizer_step` reads and updates them there.
 pub fn setup(
     cfg: &anneal_config::JobConfig,
     model: &PluginModel,
     rank: usize,
     named: Vec<(String, Tensor)>,
-    buffers: &[(String, Tensor)],
+    buffers: Vec<(String, Tensor)>,
     micro_batches: usize,
-) -> Result<(Pipeline, Vec<(String, Tensor)>), TrainError> {
+) -> Result<Staged, TrainError> {
     let spec = model.spec();
-    if let Some((name, _)) = buffers.first() {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.pp`: the model has buffers ({name}, updated from the step's statistics), which pipeline parallelism does not support yet; set parallelism.pp = 1"
-        )));
-    }
     let layout = Layout::new(cfg, spec.n_layers, &layout::block_costs(spec))?;
     let par = &cfg.parallelism;
     if layout.v > 1 && !micro_batches.is_multiple_of(layout.p) {
@@ -475,15 +476,14 @@ pub fn setup(
     let (in_embed, in_head) = layout::outer_owners(model, &outer)?;
     let all_names = named.iter().map(|(n, _)| n.clone()).collect();
     let pipeline = Pipeline::new(layout, rank, all_names);
-    let mine = named
-        .into_iter()
-        .filter(|(n, _)| {
-            pipeline.owns(
-                layer_of.get(n.as_str()).copied().flatten(),
-                in_embed.contains(n),
-                in_head.contains(n),
-            )
-        })
-        .collect();
-    Ok((pipeline, mine))
+    let owned = |n: &String| {
+        pipeline.owns(
+            layer_of.get(n.as_str()).copied().flatten(),
+            in_embed.contains(n),
+            in_head.contains(n),
+        )
+    };
+    let mine = named.into_iter().filter(|(n, _)| owned(n)).collect();
+    let my_buffers = buffers.into_iter().filter(|(n, _)| owned(n)).collect();
+    Ok((pipeline, mine, my_buffers))
 }

@@ -46,11 +46,13 @@ impl Trainer {
         if let Some(comm) = self.dist.pp() {
             let micro = t.batch_size / t.micro_batch_size / self.dist.size();
             let all = std::mem::take(&mut self.named);
-            let (pipeline, mine) =
-                crate::pp::setup(cfg, &self.model, comm.rank(), all, &self.buffers, micro)?;
+            let buffers = std::mem::take(&mut self.buffers);
+            let (pipeline, mine, my_buffers) =
+                crate::pp::setup(cfg, &self.model, comm.rank(), all, buffers, micro)?;
             note(&pipeline.summary(micro));
             self.named = mine;
-            self.params = Arc::new(self.named.iter().cloned().collect());
+            self.buffers = my_buffers;
+            self.params = Arc::new(self.named.iter().chain(&self.buffers).cloned().collect());
             self.pipeline = Some(pipeline);
         }
         if let (Some(comm), Some(_)) = (self.dist.shard(), &self.pipeline) {

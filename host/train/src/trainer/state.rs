@@ -154,6 +154,15 @@ impl Trainer {
     /// optimizer state, step and data position. Under FSDP each rank reads just its rows, from
     /// whichever shards of whatever layout hold them.
     pub fn restore(&mut self, ckpt: Loaded) -> Result<(), TrainError> {
+        // Under pipeline parallelism, this rank's stages' parameters and buffers alone.
+        let staged = self.pipeline.is_some();
+        let own: std::collections::HashSet<String> = self
+            .named
+            .iter()
+            .chain(&self.buffers)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let keep = |n: &str| !staged || own.contains(n);
         let (named, buffers) = match &self.fsdp {
             Some(fsdp) if self.tp.is_some() => {
                 let tp = self.tp.as_ref().expect("matched is_some");
@@ -167,9 +176,6 @@ impl Trainer {
                     .zip(fsdp.param_rows())
                     .map(|((n, _), (_, r))| (n.as_str(), r))
                     .collect();
-                // Under pipeline parallelism, this rank's stages alone.
-                let staged = self.pipeline.is_some();
-                let keep = |n: &str| !staged || rows.contains_key(n);
                 let rows_of = |n: &str, _: &[usize]| rows.get(n).cloned();
                 let loaded =
                     params_of_rows_from_checkpoint(&ckpt, &self.model, "model", &keep, &rows_of)?;
@@ -188,11 +194,6 @@ impl Trainer {
             }
             None if self.tp.is_some() => {
                 let tp = self.tp.as_ref().expect("matched is_some");
-                // Under pipeline parallelism, this rank's stages alone.
-                let staged = self.pipeline.is_some();
-                let own: std::collections::HashSet<String> =
-                    self.named.iter().map(|(n, _)| n.clone()).collect();
-                let keep = |n: &str| !staged || own.contains(n);
                 // Column and vocab slices are rows of the whole; row slices are cut from it.
                 let rows_of = |n: &str, w: &[usize]| tp.rows_of(n, w);
                 let loaded =
@@ -211,12 +212,9 @@ impl Trainer {
                 crate::tp::restore_optimizer(tp, &ckpt, &named, &mut self.optimizer, staged)?;
                 (named, buffers)
             }
-            None if self.pipeline.is_some() => {
+            None if staged => {
                 // This rank's stages' parameters and their optimizer state, nothing else.
-                let own: std::collections::HashSet<String> =
-                    self.named.iter().map(|(n, _)| n.clone()).collect();
-                let loaded =
-                    params_of_from_checkpoint(&ckpt, &self.model, "model", &|n| own.contains(n))?;
+                let loaded = params_of_from_checkpoint(&ckpt, &self.model, "model", &keep)?;
                 let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
                 restore_optimizer_of(&ckpt, &named, &mut self.optimizer)?;
                 (named, buffers)
