@@ -3,7 +3,8 @@
 # 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
 # virtual stages per rank), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
 # parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), PP(2) x TP(2) with and without SP (pp2_tp2,
-# pp2_tp2_sp), CP(2), CP(2) x FSDP(2) and PP(2) x CP(2), one compute thread per rank, a global
+# pp2_tp2_sp), CP(2), CP(2) x FSDP(2), PP(2) x CP(2) and PP(2) x TP(2) x CP(2) with and without
+# SP (pp2_tp2_cp2, pp2_tp2_cp2_sp; 8 ranks), one compute thread per rank, a global
 # batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel rank
 # under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2) and CP(2) x FSDP(2)); and on the debug
 # Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
@@ -35,6 +36,12 @@
 #   i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and values'
 #   f32 gradients. PP(2) x CP(2): rank 0's ring over its stage's blocks, and each stage boundary
 #   moves micro_batch x seq_len / cp x dim f32 forward and back per micro-batch.
+# - PP(2) x TP(2) x CP(2): rank 0 (stage 0, cp 0, tp 0) sends PP(2) x TP(2)'s traffic on its
+#   cp part (A = seq_len / cp x dim f32: (2L + 1) A of TP collectives and A across the
+#   boundary per micro-batch; under SP (3L + 1.5) A and A/2), its ring over its stage's L/2
+#   blocks with its tp share of the KV heads (kv / tp), and its stage slices' gradient sum over
+#   the 2 cp ranks (a reduce-scatter of the whole buffer and an all-gather of half: 1.5 x
+#   (vocab x dim / 2 + L/2 blocks' slices) f32); under SP also the norms' gradient sum over tp.
 # - EP: the bytes rank 0 sent in expert exchanges per step (ep_a2a_bytes) next to their
 #   theory for an even routing: per MoE layer and micro-batch, the per-expert counts (an i64
 #   per expert for each of the two halves, forward), this rank's routed rows (tokens x top-k
@@ -92,6 +99,9 @@ for layers in 4 16; do
     run "cp2-$layers" "$layers" 2 parallelism.cp=2
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
     run "pp2xcp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.cp=2
+    run "pp2_tp2_cp2-$layers" "$layers" 8 parallelism.pp=2 parallelism.tp=2 parallelism.cp=2
+    run "pp2_tp2_cp2_sp-$layers" "$layers" 8 parallelism.pp=2 parallelism.tp=2 parallelism.cp=2 \
+        parallelism.tp_sequence=true
 done
 # The MoE layouts: 4 blocks, no balancing bias (as the README's figures were measured).
 run_moe() { # name nproc extra-sets...
@@ -168,7 +178,9 @@ kv, cp = 256, 2
 print(f"\n{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'ring MB/step':>13} {'theory MB':>10}")
 for layers in (4, 16):
     for name, per_rank, blocks in (("single", micro, layers), ("cp2", micro, layers),
-                                   ("cp2_fsdp2", micro // 2, layers), ("pp2xcp2", micro, layers // 2)):
+                                   ("cp2_fsdp2", micro // 2, layers), ("pp2xcp2", micro, layers // 2),
+                                   ("pp2_tp2_cp2", micro, layers // 2),
+                                   ("pp2_tp2_cp2_sp", micro, layers // 2)):
         path = f"{out}/{name}-{layers}/metrics.jsonl"
         if not os.path.exists(path):
             continue
@@ -178,10 +190,24 @@ for layers in (4, 16):
         comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:]) / 1e6
         ring = statistics.median(r.get("cp_ring_bytes") or 0 for r in rows[warmup:]) / 1e6
         t = seq // cp
-        fwd = (cp - 1) * (2 * t * kv * 4 + t * 8)
-        bwd = cp * (4 * t * kv * 4 + t * 8)
+        # Under tp each rank's ring carries its share of the KV heads.
+        kv_here = kv // 2 if "tp2" in name else kv
+        fwd = (cp - 1) * (2 * t * kv_here * 4 + t * 8)
+        bwd = cp * (4 * t * kv_here * 4 + t * 8)
         theory = blocks * per_rank * (fwd + bwd) / 1e6 if name != "single" else float("nan")
         extra = ""
+        if name.startswith("pp2_tp2_cp2"):
+            act = t * dim * 4
+            sp = name.endswith("_sp")
+            tp_bytes = per_rank * ((3 * blocks + 1.5) * act if sp else (2 * blocks + 1) * act)
+            boundary = per_rank * (act / 2 if sp else act)
+            block = (2 * dim * dim + 2 * dim * kv + 3 * dim * ffn) / 2 + 2 * dim
+            grads = 1.5 * (vocab * dim / 2 + blocks * block) * 4 + (blocks * 2 * dim * 4 if sp else 0)
+            total = (tp_bytes + boundary + grads) / 1e6 + theory
+            extra = f"  (all in theory {total:.2f} MB: tp {tp_bytes / 1e6:.2f} + boundary " \
+                    f"{boundary / 1e6:.2f} + ring + cp grad sum {grads / 1e6:.2f}; bubble " \
+                    f"{statistics.median(r['pp_bubble'] for r in rows[warmup:]):.3f}, theory " \
+                    f"{rows[-1]['pp_bubble_theory']:.3f})"
         if name == "pp2xcp2":
             # The stage boundary's activations and gradients, split over the 2 stages' ranks.
             extra = f"  (+ boundary {2 * per_rank * t * dim * 4 / 2 / 1e6:.2f} MB; bubble " \

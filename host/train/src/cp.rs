@@ -61,7 +61,8 @@ impl CpComms {
 }
 
 /// The user error of a `cp > 1` layout, naming the keys: a sequence that does not cut into
-/// `2·cp` chunks.
+/// `2·cp` chunks, or whose part on a cp rank does not split over `tp` under sequence
+/// parallelism.
 pub(crate) fn check_mesh(cfg: &JobConfig, mesh: &Mesh) -> Result<(), TrainError> {
     let cp = mesh.degree(MeshDim::Cp);
     if cp == 1 {
@@ -75,7 +76,23 @@ pub(crate) fn check_mesh(cfg: &JobConfig, mesh: &Mesh) -> Result<(), TrainError>
             2 * cp
         )));
     }
+    // Sequence parallelism splits this rank's part of each sequence, not the whole.
+    let tp = mesh.degree(MeshDim::Tp);
+    let part = seq / cp;
+    if cfg.parallelism.tp_sequence && tp > 1 && !part.is_multiple_of(tp) {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.tp_sequence` splits each cp rank's {part} tokens (`training.seq_len` {seq} / `parallelism.cp` {cp}) over `parallelism.tp` = {tp} ranks, which does not divide them; pick a seq_len that is a multiple of {}",
+            2 * cp * tp / gcd(2, tp)
+        )));
+    }
     Ok(())
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    match b {
+        0 => a,
+        _ => gcd(b, a % b),
+    }
 }
 
 /// Which part of every sequence this rank holds.

@@ -50,7 +50,7 @@ pub struct Dist {
     tp: Option<std::rc::Rc<dyn Collective>>,
     /// Under TP × FSDP, the ranks of the first replica that save a checkpoint together
     /// (`dp_shard` × `cp` × `tp`: each holds rows no other rank of it holds); under PP × TP its
-    /// `pp` × `tp` ranks.
+    /// `pp` × `tp` ranks (of the first `cp` coordinate under PP × TP × CP).
     tp_save: Option<Box<dyn Collective>>,
 }
 
@@ -183,10 +183,10 @@ impl Dist {
                 Some(mesh.comm_of(world, &[MeshDim::DpShard, MeshDim::Cp, MeshDim::Tp])?)
                     .filter(|_| first_replica)
             }
-            // Pipeline stages beside tp: every stage's tp ranks write their slices.
-            (true, false, true) => {
-                Some(mesh.comm_of(world, &[MeshDim::Pp, MeshDim::Tp])?).filter(|_| first_replica)
-            }
+            // Pipeline stages beside tp: every stage's tp ranks write their slices (under
+            // context parallelism the cp ranks hold copies: the first cp coordinate's write).
+            (true, false, true) => Some(mesh.comm_of(world, &[MeshDim::Pp, MeshDim::Tp])?)
+                .filter(|_| first_replica && mesh.coord(MeshDim::Cp) == 0),
             _ => None,
         };
         let dist = Dist {
