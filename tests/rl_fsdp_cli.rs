@@ -64,7 +64,10 @@ fn sharded_rl_keeps_parity_follows_one_process_and_reshards() {
         "optim/layers.0.attention.wq.weight.exp_avg",
         "ref/layers.0.attention.wq.weight",
     ] {
-        for shard in ["shard-0-of-2.safetensors", "shard-1-of-2.safetensors"] {
+        for shard in [
+            "shard-00000-of-00002.safetensors",
+            "shard-00001-of-00002.safetensors",
+        ] {
             let p = piece(&manifest, name, shard)
                 .unwrap_or_else(|| panic!("{name} has a piece in {shard}: {manifest}"));
             assert_eq!(p["global_shape"], serde_json::json!([32, 32]), "{p}");

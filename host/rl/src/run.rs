@@ -402,10 +402,11 @@ pub fn run_rl_dist(
         }
     }
 
-    // Under tensor parallelism the rollouts run on this thread (see `rollout_round` below).
-    let workers = match tp {
-        Some(_) => Vec::new(),
-        None => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
+    // Under tensor parallelism or FSDP the rollouts run on this thread (see `rollout_round`
+    // below).
+    let workers = match tp.is_some() || fsdp.is_some() {
+        true => Vec::new(),
+        false => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
     };
     let mut trainer = RlTrainer {
         model: &model,
