@@ -147,9 +147,9 @@ pub fn first_step_samples(run_dir: &Path) -> Vec<Value> {
 }
 
 /// Copies the finished 4-step run `done` to `<dir>/<run>`, drops its step-4 checkpoint and runs
-/// `anneal rl` there again on `n` ranks with `set`: it must resume from step 2 and log every
-/// step's loss bit for bit as `done` did.
-pub fn resumes_bitwise(n: usize, dir: &Path, done: &Path, run: &str, set: &[&str]) {
+/// `anneal rl` there again on `n` ranks with `set`: it must resume from step 2. Returns the
+/// continued run's training rows (steps 1 and 2 as `done` logged them, then its own).
+pub fn resume_copy(n: usize, dir: &Path, done: &Path, run: &str, set: &[&str]) -> Vec<Value> {
     let again = dir.join(run);
     let copied = Command::new("cp")
         .arg("-r")
@@ -162,10 +162,16 @@ pub fn resumes_bitwise(n: usize, dir: &Path, done: &Path, run: &str, set: &[&str
     let (out, _) = rl(n, dir, run, set);
     let stdout = anneal_tests::cli::ok(&out);
     assert!(stdout.contains("step 2"), "resumes from step 2: {stdout}");
-    let (before, resumed) = (steps(done), steps(&again));
+    let resumed = steps(&again);
     assert_eq!(resumed.len(), 4);
+    resumed
+}
+
+/// [`resume_copy`], whose every step's loss must be bit for bit what `done` logged.
+pub fn resumes_bitwise(n: usize, dir: &Path, done: &Path, run: &str, set: &[&str]) {
+    let resumed = resume_copy(n, dir, done, run, set);
     let loss = |r: &Value| r["loss"].as_f64().expect("loss");
-    for (a, b) in before.iter().zip(&resumed) {
+    for (a, b) in steps(done).iter().zip(&resumed) {
         assert_eq!(loss(a).to_bits(), loss(b).to_bits(), "step {}", a["step"]);
     }
 }

@@ -59,6 +59,25 @@ pub(crate) fn snapshot(
     reference: Option<&Params>,
     spare: Vec<Vec<u8>>,
 ) -> Snapshot {
+    let state = train_state(cfg, progress, provenance, elapsed_s);
+    let params = named.iter().map(|(n, p)| (format!("model/{n}"), p));
+    let optim = optim_state.iter().map(|(n, t)| (format!("optim/{n}"), t));
+    // In the policy's (sorted) order, so the same run writes the same file.
+    let frozen = reference.into_iter().flat_map(|r| {
+        named
+            .iter()
+            .filter_map(|(n, _)| r.get(n).map(|t| (format!("ref/{n}"), t)))
+    });
+    Snapshot::capture(state, params.chain(optim).chain(frozen), spare)
+}
+
+/// The counters of an RL checkpoint after `progress` (`train_state.json`).
+pub(crate) fn train_state(
+    cfg: &JobConfig,
+    progress: &Progress,
+    provenance: &Provenance,
+    elapsed_s: f64,
+) -> TrainState {
     let mut state = TrainState {
         step: progress.step,
         seed: cfg.training.seed,
@@ -77,15 +96,7 @@ pub(crate) fn snapshot(
         rl: Some(progress.rl.clone()),
     };
     provenance.stamp(&mut state);
-    let params = named.iter().map(|(n, p)| (format!("model/{n}"), p));
-    let optim = optim_state.iter().map(|(n, t)| (format!("optim/{n}"), t));
-    // In the policy's (sorted) order, so the same run writes the same file.
-    let frozen = reference.into_iter().flat_map(|r| {
-        named
-            .iter()
-            .filter_map(|(n, _)| r.get(n).map(|t| (format!("ref/{n}"), t)))
-    });
-    Snapshot::capture(state, params.chain(optim).chain(frozen), spare)
+    state
 }
 
 /// What a run continues with after [`restore`].

@@ -16,8 +16,10 @@ use anneal_engine::Tensor;
 use anneal_runtime::infer::Sampling;
 use anneal_runtime::plugins::Params;
 use anneal_train::harness::Resumed;
-use anneal_train::harness::{resume, split_buffers, RunDir, RunKind, Saver};
-use anneal_train::{io_err, Console, Dist, LrSchedule, MetricsLog, TpInference, TrainError};
+use anneal_train::harness::{resume, split_buffers, RunDir, RunKind, Saver, ShardSaver};
+use anneal_train::{
+    io_err, Console, Dist, FsdpPolicy, LrSchedule, MetricsLog, TpInference, TrainError,
+};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,9 +67,10 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, sharded
-/// parameters (FSDP), tensor parallelism with asynchronous rollouts or sequence parallelism,
-/// and a step's prompts that do not split into whole groups per rank. User errors naming the
+/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, expert
+/// parallelism, tensor parallelism or sharded parameters (FSDP) with asynchronous rollouts,
+/// the two together, sequence parallelism, an optimizer that needs whole matrices or encoded
+/// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
@@ -89,29 +92,44 @@ pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
             cp.size()
         )));
     }
-    let tp = dist.tp_degree();
-    if tp > 1 {
-        // The ranks of a group decode together on the training thread: one synchronous
-        // rollout per step, no sequence split (a decode step has one position).
+    let (tp, shard) = (dist.tp_degree(), dist.shard().map_or(1, |c| c.size()));
+    let par = &cfg.parallelism;
+    if par.ep > 1 {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.ep` ({}): `anneal rl` does not run expert parallel; set parallelism.ep = 1",
+            par.ep
+        )));
+    }
+    if tp > 1 && shard > 1 {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.tp` ({tp}) with `parallelism.dp_shard` ({shard}): `anneal rl` runs tensor parallel or sharded (FSDP), not both yet; set one of them to 1"
+        )));
+    }
+    // Under tensor parallelism the ranks of a group decode together on the training thread;
+    // under FSDP the whole policy exists only while a step runs (gathered there, once): one
+    // synchronous rollout per step, no sequence split (a decode step has one position).
+    let together = match (tp > 1, shard > 1) {
+        (true, _) => Some(("parallelism.tp", tp, "the ranks of a group roll out together on the training thread, once per step")),
+        (_, true) => Some(("parallelism.dp_shard", shard, "the policy is whole only while a step runs, gathered once on the training thread for that step's rollouts")),
+        _ => None,
+    };
+    if let Some((layout, n, why)) = together {
         let refused = [
             (r.max_staleness > 0, "rl.max_staleness", "0"),
             (r.rollout_threads > 1, "rl.rollout_threads", "1"),
-            (
-                cfg.parallelism.tp_sequence,
-                "parallelism.tp_sequence",
-                "false",
-            ),
+            (par.tp_sequence, "parallelism.tp_sequence", "false"),
         ];
         if let Some((_, key, want)) = refused.iter().find(|(bad, _, _)| *bad) {
             return Err(TrainError::Config(format!(
-                "config: `{key}` with `parallelism.tp` ({tp}): under tensor parallelism the ranks of a group roll out together on the training thread, once per step; set {key} = {want}"
+                "config: `{key}` with `{layout}` ({n}): {why}; set {key} = {want}"
             )));
         }
     }
-    if dist.shard().is_some() {
-        return Err(TrainError::Config(
-            "config: `parallelism.dp_shard`: `anneal rl` runs data parallel with whole replicas only (parallelism.dp_replicate); sharded parameters (FSDP) are not implemented for RL yet; set parallelism.dp_shard = 1".into(),
-        ));
+    if shard > 1 && par.fsdp_all_gather_dtype != "float32" {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.fsdp_all_gather_dtype` = \"{}\" with `parallelism.dp_shard` ({shard}): `anneal rl` gathers the policy in float32, so rollouts and trainer see the same bits; set parallelism.fsdp_all_gather_dtype = \"float32\"",
+            par.fsdp_all_gather_dtype
+        )));
     }
     if !r.prompts_per_step.is_multiple_of(ranks) {
         return Err(TrainError::Config(format!(
@@ -128,7 +146,11 @@ pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
 /// and sums the gradients with the others, so every replica applies the same update. Rank 0
 /// alone holds the run directory, evaluates and writes metrics, samples (the step's groups
 /// from every rank) and checkpoints; the others continue from the checkpoint it resumed.
-/// Sharded parameters (FSDP) are refused.
+/// With `parallelism.dp_shard` (FSDP, HSDP with `dp_replicate`) each rank keeps its rows of
+/// the policy, optimizer state and KL reference ([`FsdpPolicy`]): a step gathers the policy
+/// whole once for its rollouts (on the training thread) and its trainer forward, reduce-scatters
+/// the gradients and steps the optimizer on the rows; the first replica's ranks write their
+/// rows of each checkpoint.
 pub fn run_rl_dist(
     cfg: &JobConfig,
     run_dir: &Path,
@@ -239,6 +261,32 @@ pub fn run_rl_dist(
         }
         None => (named, reference),
     };
+    // Under FSDP each rank keeps its rows of the policy, of the optimizer state and of the KL
+    // reference it started from.
+    let fsdp = FsdpPolicy::of_dist(&dist, &named);
+    let (named, reference) = match &fsdp {
+        Some(f) => {
+            if optimizer.spec().needs_full_matrix {
+                return Err(TrainError::Config(format!(
+                    "config: `parallelism.dp_shard` with `optimizer.plugin` = {}: `anneal rl` under FSDP steps the optimizer on this rank's rows, and this optimizer needs whole matrices; set parallelism.dp_shard = 1 or use adamw",
+                    cfg.optimizer.plugin
+                )));
+            }
+            let shards = f.shard(&named)?;
+            let state = f.shard_state(&named, optimizer.state().clone())?;
+            if !state.is_empty() {
+                optimizer.load_state(&shards, state).map_err(|m| {
+                    TrainError::Checkpoint(anneal_train::checkpoint::CheckpointError::Mismatch(
+                        format!("the optimizer state of this rank's rows: {m}"),
+                    ))
+                })?;
+            }
+            let reference = reference.map(|r| f.shard_map(&named, &r)).transpose()?;
+            console.note(&f.summary(&shards));
+            (shards, reference)
+        }
+        None => (named, reference),
+    };
     if let Some(run) = &run {
         run.record(cfg, &tokenizer_path)?;
     }
@@ -276,7 +324,12 @@ pub fn run_rl_dist(
     let per_rank = r.prompts_per_step / ranks;
     let capacity = per_rank * (r.max_staleness as usize + 1);
     let all: Vec<(String, Tensor)> = named.iter().chain(&buffers).cloned().collect();
-    let weights = publishable(&all, opts.perturb_rollout_weights)?;
+    // Under FSDP the rollouts get each step's gathered policy (published in the loop); nothing
+    // whole rests in the buffer between steps.
+    let weights = match &fsdp {
+        Some(_) => Params::default(),
+        None => publishable(&all, opts.perturb_rollout_weights)?,
+    };
     let buffer = Arc::new(RolloutBuffer::<Group, Params>::new(
         weights.clone(),
         r.max_staleness,
@@ -291,7 +344,16 @@ pub fn run_rl_dist(
         total, r.prompts_per_step, r.group_size, r.loss, r.max_staleness, r.rollout_threads
     ));
 
-    let mut saver = run.as_ref().map(|run| Saver::new(cfg, run));
+    // Under FSDP the ranks of the first replica each write their rows and rank 0 publishes
+    // the step (as `anneal train` saves FSDP); otherwise the lead writes whole tensors.
+    let mut shard_saver = match (&fsdp, dist.save_group()) {
+        (Some(_), Some(group)) => Some(ShardSaver::for_group(cfg, run_dir, group)?),
+        _ => None,
+    };
+    let mut saver = match &fsdp {
+        Some(_) => None,
+        None => run.as_ref().map(|run| Saver::new(cfg, run)),
+    };
     let mut logs = match lead {
         true => Some((
             MetricsLog::open(run_dir).map_err(io_err(run_dir))?,
@@ -314,8 +376,17 @@ pub fn run_rl_dist(
                 None => Ok(None),
             }
         };
-    if resumed.step == 0 {
-        if let Some(acc) = eval(&params, &held_out)? {
+    // Under FSDP the evaluated policy is gathered whole by every rank (a collective); the
+    // first rank evaluates.
+    let whole_for_eval = |names: &[(String, Tensor)], p: &Params| -> Result<Params, TrainError> {
+        match &fsdp {
+            Some(f) => f.gather_map(&dist, names, p),
+            None => Ok(p.clone()),
+        }
+    };
+    if resumed.step == 0 && (held_out.is_some() || (fsdp.is_some() && r.eval_freq > 0)) {
+        let whole = whole_for_eval(&named, &params)?;
+        if let Some(acc) = eval(&whole, &held_out)? {
             let row = RlRow {
                 eval_accuracy: Some(acc),
                 time: clock(),
@@ -331,10 +402,11 @@ pub fn run_rl_dist(
         }
     }
 
-    // Under tensor parallelism the rollouts run on this thread (see `rollout_round` below).
-    let workers = match tp {
-        Some(_) => Vec::new(),
-        None => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
+    // Under tensor parallelism or FSDP the rollouts run on this thread (see `rollout_round`
+    // below).
+    let workers = match tp.is_some() || fsdp.is_some() {
+        true => Vec::new(),
+        false => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
     };
     let mut trainer = RlTrainer {
         model: &model,
@@ -347,6 +419,8 @@ pub fn run_rl_dist(
         aux_weights: cfg.training.aux_loss_weights.clone(),
         tp: tp.as_ref(),
         gathered: None,
+        fsdp: fsdp.as_ref(),
+        whole: None,
     };
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
@@ -358,7 +432,23 @@ pub fn run_rl_dist(
                 break;
             }
             let waited = Instant::now();
-            if tp.is_some() {
+            if let Some(f) = &fsdp {
+                // The step's whole policy, gathered once: the rollouts decode with it and the
+                // trainer's first forward runs on it, so both see the same bits.
+                let whole = f.gather(&dist, &trainer.named, true)?;
+                let all: Vec<(String, Tensor)> =
+                    whole.iter().chain(&trainer.buffers).cloned().collect();
+                let weights = if opts.perturb_rollout_weights != 0.0 {
+                    publishable(&all, opts.perturb_rollout_weights)?
+                } else {
+                    // Views of the gathered tensors (they are this step's own, not updated).
+                    Arc::new(all.into_iter().map(|(n, t)| (n, t.detach())).collect())
+                };
+                buffer.publish(version, weights);
+                rollout_round(&ctx, &buffer, per_rank);
+                buffer.publish(version, Params::default());
+                trainer.whole = Some(whole);
+            } else if tp.is_some() {
                 // Synchronous (max_staleness 0): this step's rollouts with the current weights.
                 rollout_round(&ctx, &buffer, per_rank);
             }
@@ -395,10 +485,12 @@ pub fn run_rl_dist(
                 first.get_or_insert(out);
             }
             let out = first.expect("updates_per_batch is at least 1");
-            buffer.publish(
-                step,
-                publishable(&trainer.all(), opts.perturb_rollout_weights)?,
-            );
+            let next = match &fsdp {
+                // The next step gathers the updated rows for its own rollouts.
+                Some(_) => Params::default(),
+                None => publishable(&trainer.all(), opts.perturb_rollout_weights)?,
+            };
+            buffer.publish(step, next);
             let t_train = train_started.elapsed().as_secs_f64();
             // The step's groups from every rank, in prompt order.
             let taken = if ranks > 1 {
@@ -414,9 +506,13 @@ pub fn run_rl_dist(
             let mut row = RlRow::of_step(step, version, lr, &taken, &out, since_last);
             row.t_train = t_train;
             row.t_wait = t_wait;
-            if main && r.eval_freq > 0 && (step % r.eval_freq == 0 || step == total) {
-                row.eval_accuracy = eval(&trainer.params, &held_out)?;
-                summary.eval_last = row.eval_accuracy;
+            let eval_due = r.eval_freq > 0 && (step % r.eval_freq == 0 || step == total);
+            if eval_due && (main || fsdp.is_some()) {
+                let whole = whole_for_eval(&trainer.named, &trainer.params)?;
+                if main {
+                    row.eval_accuracy = eval(&whole, &held_out)?;
+                    summary.eval_last = row.eval_accuracy;
+                }
             }
             row.time = clock();
             if let Some((log, sample_log)) = &mut logs {
@@ -435,6 +531,11 @@ pub fn run_rl_dist(
             }
             if let Some(saver) = &mut saver {
                 saver.save_if_due(step, &console, |spare| {
+                    trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare)
+                })?;
+            }
+            if let (Some(saver), Some(comm)) = (&mut shard_saver, dist.save_group()) {
+                saver.step_end(step, comm, &console, |spare| {
                     trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare)
                 })?;
             }
@@ -458,6 +559,16 @@ pub fn run_rl_dist(
         trainer.prepare_save(&optimizer)?;
     }
     let elapsed = clock();
+    if let (Some(saver), Some(comm)) = (&mut shard_saver, dist.save_group()) {
+        saver.finish(
+            summary.stopped,
+            progress.step,
+            resumed.step,
+            comm,
+            &console,
+            |spare| trainer.snapshot(cfg, &progress, &provenance, &optimizer, elapsed, spare),
+        )?;
+    }
     if let Some(saver) = &mut saver {
         saver.finish(
             summary.stopped,

@@ -2,7 +2,7 @@
 //! metrics read from its logits (trainer logprobs, entropy), the loss, backward and clipping.
 
 use crate::buffer::Item;
-use crate::checkpoint::{snapshot, Progress};
+use crate::checkpoint::{snapshot, train_state, Progress};
 use crate::loss::{
     advantages, entropies, gather_logprobs, kept_tokens, rl_loss, LossBatch, LossSettings,
     WholeStep,
@@ -16,7 +16,7 @@ use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer}
 use anneal_train::checkpoint::Snapshot;
 use anneal_train::harness::{clip_grads, global_grad_norm, Provenance};
 use anneal_train::outputs::{weighted_aux, StepOutputs};
-use anneal_train::{Dist, TpInference, TrainError};
+use anneal_train::{Dist, FsdpPolicy, TpInference, TrainError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -74,6 +74,12 @@ pub(crate) struct RlTrainer<'a> {
     /// Under tensor parallelism, the whole policy, optimizer state and reference gathered for
     /// the next checkpoint ([`RlTrainer::prepare_save`]).
     pub gathered: Option<Gathered>,
+    /// Under FSDP, the layout: `named` (and `params`) hold this rank's rows of the policy and
+    /// `reference` its rows of the reference (buffers whole); a step gathers them whole.
+    pub fsdp: Option<&'a FsdpPolicy>,
+    /// Under FSDP, the whole policy gathered for this step's rollouts, which the step's first
+    /// forward takes (so the trainer runs on the very tensors the rollouts decoded with).
+    pub whole: Option<Vec<(String, Tensor)>>,
 }
 
 /// Whole tensors gathered over the tensor-parallel group for a checkpoint.
@@ -147,6 +153,27 @@ impl RlTrainer<'_> {
         elapsed_s: f64,
         spare: Vec<Vec<u8>>,
     ) -> Snapshot {
+        if let Some(fsdp) = self.fsdp {
+            // This rank's rows of everything, as FSDP training writes them.
+            let state = train_state(cfg, progress, provenance, elapsed_s);
+            let mut pieces = Vec::new();
+            let named = self.named.iter().map(|(n, t)| (n, t));
+            let buffers = self.buffers.iter().map(|(n, t)| (n, t));
+            fsdp.pieces("model", named, buffers, &mut pieces);
+            fsdp.state_pieces(&self.named, optimizer.state(), &mut pieces);
+            if let Some(r) = &self.reference {
+                // The reference holds every trained parameter (a copy of the policy), so its
+                // shards line up with the layout.
+                let shards = self.named.iter().filter_map(|(n, _)| r.get_key_value(n));
+                let mut whole: Vec<(&String, &Tensor)> = r
+                    .iter()
+                    .filter(|(n, _)| self.named.binary_search_by(|(m, _)| m.cmp(n)).is_err())
+                    .collect();
+                whole.sort_by(|a, b| a.0.cmp(b.0));
+                fsdp.pieces("ref", shards, whole, &mut pieces);
+            }
+            return Snapshot::capture_pieces(state, pieces, spare);
+        }
         match &self.gathered {
             Some(g) => snapshot(
                 cfg,
@@ -249,12 +276,23 @@ impl RlTrainer<'_> {
             .collect();
         let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?;
         let positions = Tensor::from_vec((0..l.t as i64).collect(), &[l.t])?;
-        let fwd = self.forward_opts(&self.params, true);
+        // Under FSDP the forward runs on the whole policy: the one the rollouts decoded with
+        // (a later update of the same batch gathers the updated rows afresh).
+        let policy = match self.fsdp {
+            Some(f) => Some(match self.whole.take() {
+                Some(w) => w,
+                None => f.gather(dist, &self.named, true)?,
+            }),
+            None => None,
+        };
+        let params: Params = match &policy {
+            Some(w) => Arc::new(w.iter().chain(&self.buffers).cloned().collect()),
+            None => self.params.clone(),
+        };
+        let fwd = self.forward_opts(&params, true);
         // The model's auxiliary losses (a router's balancing loss) train the policy as they do
         // in `anneal train`; its statistics are reported.
-        let full = self
-            .model
-            .forward_full(&self.params, &ids, &positions, &fwd)?;
+        let full = self.model.forward_full(&params, &ids, &positions, &fwd)?;
         let aux = weighted_aux(&self.aux_weights, &full.aux_losses)?;
         let mut outputs = StepOutputs::default();
         outputs.add(aux.as_ref(), &full.aux_losses, &full.stats)?;
@@ -286,7 +324,11 @@ impl RlTrainer<'_> {
             tokens += 1;
         }
         drop(rows);
-        let ref_logp = match &self.reference {
+        let reference = match (self.fsdp, &self.reference) {
+            (Some(f), Some(r)) => Some(f.gather_map(dist, &self.named, r)?),
+            (_, r) => r.clone(),
+        };
+        let ref_logp = match &reference {
             Some(refp) => {
                 let _g = autograd::no_grad();
                 let rl =
@@ -365,11 +407,17 @@ impl RlTrainer<'_> {
             Some(aux) => out.loss.add(&aux)?.backward()?,
             None => out.loss.backward()?,
         }
-        dist.all_reduce_grads(&self.named)?;
-        let grad_norm = match self.tp {
+        match (self.fsdp, &policy) {
+            // The whole policy's gradients to this rank's rows, summed over the ranks.
+            (Some(f), Some(w)) => f.reduce_grads(dist, w, &self.named)?,
+            _ => dist.all_reduce_grads(&self.named)?,
+        }
+        drop((params, policy, reference));
+        let grad_norm = match (self.tp, self.fsdp) {
             // Each split parameter's slices counted once over the group.
-            Some(tp) => tp.grad_norm(&self.named)?,
-            None => global_grad_norm(&self.named),
+            (Some(tp), _) => tp.grad_norm(&self.named)?,
+            (None, Some(f)) => f.grad_norm(dist, &self.named)?,
+            (None, None) => global_grad_norm(&self.named),
         };
         clip_grads(&self.named, max_grad_norm, grad_norm)?;
         let (mut entropy, mut kl, mut dropped) = (

@@ -140,13 +140,7 @@ pub fn run_dist(
     // pipeline parallelism each stage its parameters) and rank 0 publishes; otherwise rank 0
     // saves the whole (the replicas are identical).
     let mut shard_saver = match trainer.dist().save_group() {
-        Some(group) => {
-            // One name for every rank's temporary directory of a save.
-            let mut tag = tag_seed().to_le_bytes();
-            group.broadcast(&mut tag, 0)?;
-            let tag = u64::from_le_bytes(tag);
-            Some(ShardSaver::new(cfg, run_dir, format!("{tag:016x}")))
-        }
+        Some(group) => Some(ShardSaver::for_group(cfg, run_dir, group)?),
         None => None,
     };
     let mut saver = match shard_saver {
@@ -281,13 +275,4 @@ pub fn run_dist(
         started.elapsed().as_secs_f64(),
     );
     Ok(summary)
-}
-
-/// A value for the name of a save's temporary directories, unique to this process and moment.
-fn tag_seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    nanos ^ u64::from(std::process::id()).rotate_left(40)
 }

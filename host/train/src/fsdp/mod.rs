@@ -15,11 +15,14 @@
 //! experts. Its pieces in checkpoints are global rows, so any layout reads them back.
 
 mod gather_codec;
+mod policy;
 mod units;
 
 pub(crate) use gather_codec::GatherCodec;
+pub use policy::FsdpPolicy;
 pub(crate) use units::{Active, Hook, Units};
 
+use crate::checkpoint::PieceRef;
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};
 use anneal_engine::Tensor;
@@ -257,6 +260,58 @@ impl Fsdp {
             .ok_or_else(|| {
                 TrainError::Config(format!("optimizer state {key} belongs to no parameter"))
             })
+    }
+
+    /// This rank's checkpoint pieces of `shards` (its rows of the trained parameters, in
+    /// layout order) as `<prefix>/<name>`; on the `first` rank of the shard group also the
+    /// tensors held `whole` (buffers), which every rank holds alike.
+    pub fn shard_pieces<'a>(
+        &self,
+        first: bool,
+        prefix: &str,
+        shards: impl IntoIterator<Item = (&'a String, &'a Tensor)>,
+        whole: impl IntoIterator<Item = (&'a String, &'a Tensor)>,
+        out: &mut Vec<PieceRef<'a>>,
+    ) {
+        for ((n, p), (shape, rows)) in shards.into_iter().zip(self.param_rows()) {
+            // A rank past the last rows holds none; the others' pieces cover the tensor.
+            if !rows.is_empty() || (first && shape.first().is_none_or(|&r| r == 0)) {
+                out.push((
+                    format!("{prefix}/{n}"),
+                    p,
+                    Some((shape.to_vec(), rows.start)),
+                ));
+            }
+        }
+        if first {
+            out.extend(
+                whole
+                    .into_iter()
+                    .map(|(n, p)| (format!("{prefix}/{n}"), p, None)),
+            );
+        }
+    }
+
+    /// This rank's checkpoint pieces of the optimizer state (`optim/<param>.<state>`): its
+    /// rows of the parameter-shaped states; on the `first` rank the states held whole.
+    /// `names` are the trained parameters in layout order.
+    pub fn state_pieces<'a>(
+        &self,
+        first: bool,
+        names: &[(String, Tensor)],
+        state: &'a BTreeMap<String, Tensor>,
+        out: &mut Vec<PieceRef<'a>>,
+    ) {
+        for (key, t) in state {
+            match self.state_piece(names, key, t.shape()) {
+                Some((shape, start)) if t.numel() > 0 || (first && shape.first() == Some(&0)) => {
+                    out.push((format!("optim/{key}"), t, Some((shape, start))))
+                }
+                Some(_) => {}
+                None if first => out.push((format!("optim/{key}"), t, None)),
+                None => {}
+            }
+        }
     }
 
     /// Bytes of parameters, gradients and optimizer state this rank holds between steps.

@@ -131,6 +131,20 @@ impl ShardSaver {
         }
     }
 
+    /// The saver of one rank of `group` (the ranks writing a checkpoint together): rank 0's
+    /// tag for the saves' temporary directories is broadcast, so every rank writes into the
+    /// same one. Collective over `group`.
+    pub fn for_group(
+        cfg: &JobConfig,
+        run_dir: &Path,
+        group: &dyn Collective,
+    ) -> Result<ShardSaver, TrainError> {
+        let mut tag = tag_seed().to_le_bytes();
+        group.broadcast(&mut tag, 0)?;
+        let tag = u64::from_le_bytes(tag);
+        Ok(ShardSaver::new(cfg, run_dir, format!("{tag:016x}")))
+    }
+
     /// Whether step `step` is saved (as [`Saver::due`]).
     pub fn due(&self, step: u64) -> bool {
         is_due(self.interval, self.total, step)
@@ -190,6 +204,15 @@ impl ShardSaver {
         }
         Ok(())
     }
+}
+
+/// A value for the name of a save's temporary directories, unique to this process and moment.
+fn tag_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ u64::from(std::process::id()).rotate_left(40)
 }
 
 /// Every `interval` steps (none for 0) and at the last one, `total`.

@@ -65,29 +65,10 @@ impl Trainer {
         // Tensors held whole (buffers, replicated state) are saved by shard rank 0 alone.
         let first = self.dist.shard().is_none_or(|c| c.rank() == 0);
         let mut pieces: Vec<PieceRef<'_>> = Vec::new();
-        for ((n, p), (shape, rows)) in self.named.iter().zip(fsdp.param_rows()) {
-            // A rank past the last rows holds none; the others' pieces cover the tensor.
-            if !rows.is_empty() || (first && shape.first().is_none_or(|&r| r == 0)) {
-                pieces.push((format!("model/{n}"), p, Some((shape.to_vec(), rows.start))));
-            }
-        }
-        if first {
-            pieces.extend(
-                self.buffers
-                    .iter()
-                    .map(|(n, p)| (format!("model/{n}"), p, None)),
-            );
-        }
-        for (key, t) in optim_state {
-            match fsdp.state_piece(&self.named, key, t.shape()) {
-                Some((shape, start)) if t.numel() > 0 || (first && shape.first() == Some(&0)) => {
-                    pieces.push((format!("optim/{key}"), t, Some((shape, start))))
-                }
-                Some(_) => {}
-                None if first => pieces.push((format!("optim/{key}"), t, None)),
-                None => {}
-            }
-        }
+        let shards = self.named.iter().map(|(n, p)| (n, p));
+        let buffers = self.buffers.iter().map(|(n, p)| (n, p));
+        fsdp.shard_pieces(first, "model", shards, buffers, &mut pieces);
+        fsdp.state_pieces(first, &self.named, optim_state, &mut pieces);
         Snapshot::capture_pieces(state, pieces, spare)
     }
 

@@ -1,0 +1,117 @@
+//! `anneal rl` with sharded parameters (`parallelism.dp_shard = 2` on 2 MPI ranks: each holds
+//! half the rows of the policy, of its gradients, of the AdamW state and of the KL reference
+//! between steps, and gathers the policy whole once per step for its rollouts and the trainer)
+//! against one process: rollout and trainer logprobs stay bitwise equal (mismatch exactly 0),
+//! step 1 is the single process's loss bit for bit and the curve follows it, the checkpoints
+//! hold each rank's rows as FSDP training writes them, and they reshard: FSDP(2) resumes its
+//! own, one process resumes FSDP(2)'s and FSDP(2) one process's, each continuing bit for bit.
+
+use anneal_tests::cli as common;
+
+mod dist_support;
+mod rl_support;
+
+use common::{ok, user_error};
+use dist_support::{follows_single, manifest_of, piece};
+use rl_support::{first_step_samples, resume_copy, resumes_bitwise, rl, rl_job, steps};
+use serde_json::Value;
+
+const FSDP2: &str = "parallelism.dp_shard=2";
+
+fn loss(r: &Value) -> f64 {
+    r["loss"].as_f64().expect("loss")
+}
+
+/// The losses of training rows.
+fn losses(rows: &[Value]) -> Vec<f64> {
+    rows.iter().map(loss).collect()
+}
+
+#[test]
+fn sharded_rl_keeps_parity_follows_one_process_and_reshards() {
+    let dir = rl_job("fsdp");
+    let (out, one_dir) = rl(1, &dir, "one", &[]);
+    ok(&out);
+    let (out, fsdp_dir) = rl(2, &dir, "fsdp2", &[FSDP2]);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("fsdp: the policy sharded over 2"),
+        "{stdout}"
+    );
+    let (one, two) = (steps(&one_dir), steps(&fsdp_dir));
+    assert_eq!((one.len(), two.len()), (4, 4), "rank 0 alone writes rows");
+    assert!(loss(&one[0]).abs() > 1e-3, "a loss worth comparing");
+    // The rollouts decode with the gathered policy the trainer's forward runs on.
+    for r in one.iter().chain(&two) {
+        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
+    }
+    assert_eq!(loss(&one[0]).to_bits(), loss(&two[0]).to_bits(), "step 1");
+    follows_single("fsdp2", &losses(&one), &losses(&two));
+    for (a, b) in one.iter().zip(&two) {
+        let (g, h) = (
+            a["grad_norm"].as_f64().unwrap(),
+            b["grad_norm"].as_f64().unwrap(),
+        );
+        assert!((g - h).abs() <= 1e-4 * g, "step {}: {g} vs {h}", a["step"]);
+    }
+    assert_eq!(first_step_samples(&one_dir), first_step_samples(&fsdp_dir));
+
+    // Each rank wrote its rows of the policy, of the optimizer state and of the reference.
+    let step2 = fsdp_dir.join("checkpoints/step-2");
+    let manifest = manifest_of(&step2);
+    for name in [
+        "model/layers.0.attention.wq.weight",
+        "optim/layers.0.attention.wq.weight.exp_avg",
+        "ref/layers.0.attention.wq.weight",
+    ] {
+        for shard in [
+            "shard-00000-of-00002.safetensors",
+            "shard-00001-of-00002.safetensors",
+        ] {
+            let p = piece(&manifest, name, shard)
+                .unwrap_or_else(|| panic!("{name} has a piece in {shard}: {manifest}"));
+            assert_eq!(p["global_shape"], serde_json::json!([32, 32]), "{p}");
+        }
+    }
+
+    // Resharding: the continued runs' step 3 starts from the saved bits (bitwise the run that
+    // wrote the checkpoint), step 4 follows it.
+    resumes_bitwise(2, &dir, &fsdp_dir, "fsdp2-again", &[FSDP2]);
+    for (n, done, set, run) in [
+        (1, &fsdp_dir, &[][..], "fsdp2-to-one"),
+        (2, &one_dir, &[FSDP2][..], "one-to-fsdp2"),
+    ] {
+        let resumed = resume_copy(n, &dir, done, run, set);
+        let before = steps(done);
+        assert_eq!(
+            loss(&before[2]).to_bits(),
+            loss(&resumed[2]).to_bits(),
+            "{run}: step 3"
+        );
+        follows_single(run, &losses(&before), &losses(&resumed));
+        assert_eq!(resumed[2]["logprob_mismatch_max"].as_f64(), Some(0.0));
+    }
+}
+
+#[test]
+fn what_sharded_rl_does_not_run_is_a_user_error() {
+    let dir = rl_job("fsdp-refused");
+    for (set, needles) in [
+        (
+            "rl.max_staleness=1",
+            &["rl.max_staleness", "parallelism.dp_shard"][..],
+        ),
+        (
+            "rl.rollout_threads=2",
+            &["rl.rollout_threads", "parallelism.dp_shard"][..],
+        ),
+        ("parallelism.ep=2", &["parallelism.ep"][..]),
+        (
+            "parallelism.fsdp_all_gather_dtype=bfloat16",
+            &["parallelism.fsdp_all_gather_dtype"][..],
+        ),
+    ] {
+        let (out, _) = rl(2, &dir, "refused", &[FSDP2, set]);
+        user_error(&out, needles);
+    }
+}
