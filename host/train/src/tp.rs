@@ -534,8 +534,8 @@ impl StageParams for TpHook {
 }
 
 /// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP), sharding
-/// (FSDP, [`crate::tp_fsdp`]) and pipeline stages ([`crate::pp::tp`]); pipeline stages with
-/// `tp` and a third split of the stage (`dp_shard`, `cp`) are refused, naming the keys.
+/// (FSDP, [`crate::tp_fsdp`]) and pipeline stages ([`crate::pp::tp`]), also all three; pipeline
+/// stages with `tp` and `cp` are refused, naming the keys.
 pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     use anneal_dist::MeshDim;
     let tp = mesh.degree(MeshDim::Tp);
@@ -543,15 +543,11 @@ pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     if tp == 1 || pp == 1 {
         return Ok(());
     }
-    for dim in [MeshDim::DpShard, MeshDim::Cp] {
-        let n = mesh.degree(dim);
-        if n > 1 {
-            return Err(config_err(format!(
-                "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}) and `parallelism.{}` ({n}): pipeline stages run tensor-parallel beside data-parallel replicas (parallelism.dp_replicate) only so far; set parallelism.{} = 1",
-                dim.key(),
-                dim.key()
-            )));
-        }
+    let n = mesh.degree(MeshDim::Cp);
+    if n > 1 {
+        return Err(config_err(format!(
+            "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}) and `parallelism.cp` ({n}): pipeline stages run tensor-parallel beside data parallelism (parallelism.dp_replicate, parallelism.dp_shard) only so far; set parallelism.cp = 1"
+        )));
     }
     Ok(())
 }
