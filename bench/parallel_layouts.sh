@@ -3,10 +3,12 @@
 # 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
 # virtual stages per rank), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
 # parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), PP(2) x TP(2) with and without SP (pp2_tp2,
-# pp2_tp2_sp), CP(2), CP(2) x FSDP(2), PP(2) x CP(2) and PP(2) x TP(2) x CP(2) with and without
-# SP (pp2_tp2_cp2, pp2_tp2_cp2_sp; 8 ranks), one compute thread per rank, a global
+# pp2_tp2_sp), PP(2) x TP(2) x FSDP(2) with and without SP on 8 ranks (pp2_tp2_fsdp2,
+# pp2_tp2_fsdp2_sp), CP(2), CP(2) x FSDP(2), PP(2) x CP(2) and PP(2) x TP(2) x CP(2) with and
+# without SP (pp2_tp2_cp2, pp2_tp2_cp2_sp; 8 ranks), one compute thread per rank, a global
 # batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel rank
-# under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2) and CP(2) x FSDP(2)); and on the debug
+# under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2), PP(2) x TP(2) x FSDP(2) and
+# CP(2) x FSDP(2)); and on the debug
 # Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
 # dp_shard 2; no balancing bias, as the README's figures were measured).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
@@ -31,6 +33,11 @@
 #   all-reduce and 4 per block for its L/2 blocks, (2L + 1) A per micro-batch; with SP 1.5 A
 #   for the embedding and 6 A per block) plus the pipeline's sends (one activation per
 #   micro-batch: A, or A/2 under SP, where each tp rank sends its share of the sequence).
+# - PP(2) x TP(2) x FSDP(2): rank 0's PP(2) x TP(2) traffic for its 4 micro-batches plus FSDP's
+#   on its stage's slices once per step (gathered once and kept through the schedule): the
+#   gather counted as its send (half of the stage's P_stage f32: the embedding's vocab slice and
+#   L/2 blocks' slices) and the reduce-scatter as its whole input, 1.5 P_stage x 4 bytes. The
+#   flags, losses, norm sums and SP's replicated-gradient sums are left out.
 # - CP: the bytes rank 0's attention ring sent per step (cp_ring_bytes) next to the ring's
 #   theory: per block and micro-batch, cp - 1 forward passes of keys, values (f32) and their
 #   i64 positions for seq_len / cp rows, and cp backward passes that add the keys' and values'
@@ -96,6 +103,9 @@ for layers in 4 16; do
     run "tp2_fsdp2-$layers" "$layers" 4 parallelism.tp=2 parallelism.dp_shard=2
     run "pp2_tp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.tp=2
     run "pp2_tp2_sp-$layers" "$layers" 4 parallelism.pp=2 parallelism.tp=2 parallelism.tp_sequence=true
+    run "pp2_tp2_fsdp2-$layers" "$layers" 8 parallelism.pp=2 parallelism.tp=2 parallelism.dp_shard=2
+    run "pp2_tp2_fsdp2_sp-$layers" "$layers" 8 parallelism.pp=2 parallelism.tp=2 parallelism.dp_shard=2 \
+        parallelism.tp_sequence=true
     run "cp2-$layers" "$layers" 2 parallelism.cp=2
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
     run "pp2xcp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.cp=2
@@ -140,7 +150,9 @@ for layers in (4, 16):
                                         ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2),
                                         ("pp2xfsdp2", 1, micro // 2), ("tp2", 0, micro),
                                         ("tp2_sp", 0, micro), ("tp2_fsdp2", 0, micro // 2),
-                                        ("pp2_tp2", 1, micro), ("pp2_tp2_sp", 1, micro)):
+                                        ("pp2_tp2", 1, micro), ("pp2_tp2_sp", 1, micro),
+                                        ("pp2_tp2_fsdp2", 1, micro // 2),
+                                        ("pp2_tp2_fsdp2_sp", 1, micro // 2)):
         path = f"{out}/{name}-{layers}/metrics.jsonl"
         if not os.path.exists(path):
             continue
@@ -169,6 +181,17 @@ for layers in (4, 16):
             # Under SP the boundary carries half the sequence; the embedding scatters (A) and
             # gathers back (A/2), each block 6 A as in tp2_sp.
             theory = micro * ((6 * (layers // 2) + 1.5) * act + act / 2) / 1e6
+        if name.startswith("pp2_tp2_fsdp2"):
+            # Rank 0 (stage 0, shard 0, first tp rank): pp2_tp2's traffic for its 4 micro-batches,
+            # plus FSDP's on its stage's slices once per step: the gather counted as its send
+            # (half the stage) and the gradients' reduce-scatter as its whole input.
+            block = (2 * dim * dim + 2 * dim * kv + 3 * dim * ffn) / 2 + 2 * dim
+            stage = vocab * dim / 2 + (layers // 2) * block
+            if name == "pp2_tp2_fsdp2":
+                tp = (4 * (layers // 2) + 1) * act + act
+            else:
+                tp = (6 * (layers // 2) + 1.5) * act + act / 2
+            theory = (per_rank * tp + 1.5 * stage * 4) / 1e6
         bub = [r["pp_bubble"] for r in rows[warmup:] if "pp_bubble" in r]
         th = rows[-1].get("pp_bubble_theory")
         print(f"{name + '-' + str(layers):>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {theory:>10.2f} "

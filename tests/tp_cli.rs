@@ -293,7 +293,7 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
     user_error(&out, &["parallelism.tp_sequence", "training.seq_len"]);
     let (out, _) = job.train("sp-alone", &one_step(&["parallelism.tp_sequence=true"]));
     user_error(&out, &["parallelism.tp_sequence", "parallelism.tp"]);
-    // What does not run under tp yet: experts, Muon, FSDP inside pipeline stages beside tp.
+    // What does not run under tp yet: experts, Muon.
     let out = tp2(
         "moe",
         &[
@@ -305,21 +305,6 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
     user_error(&out, &["parallelism.tp", "experts"]);
     let out = tp2("muon", &["optimizer.plugin=\"muon\""]);
     user_error(&out, &["parallelism.tp", "optimizer.plugin"]);
-    // Pipeline stages run tensor-parallel (tests/pp_tp_cli.rs), but not with FSDP inside too.
-    let out = mpiexec_train(
-        8,
-        &job,
-        &job.dir.join("pp-fsdp"),
-        &one_step(&[
-            "parallelism.tp=2",
-            "parallelism.pp=2",
-            "parallelism.dp_shard=2",
-        ]),
-    );
-    user_error(
-        &out,
-        &["parallelism.tp", "parallelism.pp", "parallelism.dp_shard"],
-    );
 }
 
 /// Qwen3's q/k norms are shared by the heads and applied to each apart: every rank applies them

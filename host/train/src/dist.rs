@@ -50,7 +50,8 @@ pub struct Dist {
     tp: Option<std::rc::Rc<dyn Collective>>,
     /// Under TP × FSDP, the ranks of the first replica that save a checkpoint together
     /// (`dp_shard` × `cp` × `tp`: each holds rows no other rank of it holds); under PP × TP its
-    /// `pp` × `tp` ranks (of the first `cp` coordinate under PP × TP × CP).
+    /// `pp` × `tp` ranks (of the first `cp` coordinate under PP × TP × CP); under
+    /// PP × TP × FSDP its `pp` × `dp_shard` × `cp` × `tp` ranks.
     tp_save: Option<Box<dyn Collective>>,
 }
 
@@ -179,10 +180,17 @@ impl Dist {
         // Every rank takes part in the split; the other replicas' groups go unused.
         let first_replica = mesh.coord(MeshDim::DpReplicate) == 0;
         let tp_save = match (tp.is_some(), shard.is_some(), pp.is_some()) {
-            (true, true, _) => {
+            (true, true, false) => {
                 Some(mesh.comm_of(world, &[MeshDim::DpShard, MeshDim::Cp, MeshDim::Tp])?)
                     .filter(|_| first_replica)
             }
+            // FSDP inside tensor-parallel stages: every rank of the first replica holds rows
+            // no other rank of it holds.
+            (true, true, true) => Some(mesh.comm_of(
+                world,
+                &[MeshDim::Pp, MeshDim::DpShard, MeshDim::Cp, MeshDim::Tp],
+            )?)
+            .filter(|_| first_replica),
             // Pipeline stages beside tp: every stage's tp ranks write their slices (under
             // context parallelism the cp ranks hold copies: the first cp coordinate's write).
             (true, false, true) => Some(mesh.comm_of(world, &[MeshDim::Pp, MeshDim::Tp])?)
@@ -272,7 +280,7 @@ impl Dist {
     /// The ranks that write one checkpoint together, one shard each, when this rank is one of
     /// them: under pipeline parallelism every stage of the first replica; under FSDP / HSDP the
     /// `dp_shard` ranks of the first replica group; under TP × FSDP its `dp_shard` × `cp` × `tp`
-    /// ranks; under PP × TP its `pp` × `tp` ranks. `None` when one rank saves it whole (or this
+    /// ranks (times `pp` with pipeline stages too); under PP × TP its `pp` × `tp` ranks. `None` when one rank saves it whole (or this
     /// rank's replica does not save).
     pub fn save_group(&self) -> Option<&dyn Collective> {
         if self.tp_save.is_some() {

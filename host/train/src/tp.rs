@@ -534,9 +534,9 @@ impl StageParams for TpHook {
 }
 
 /// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP), sharding
-/// (FSDP, [`crate::tp_fsdp`]), context parallelism and pipeline stages ([`crate::pp::tp`],
-/// with `cp` inside them too); pipeline stages with `tp` and `dp_shard` are refused, naming
-/// the keys.
+/// (FSDP, [`crate::tp_fsdp`]), context parallelism and pipeline stages ([`crate::pp::tp`]),
+/// and stages with `tp` and either `dp_shard` or `cp` inside them; stages with both (16 ranks
+/// at the least, never run) are refused, naming the keys.
 pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     use anneal_dist::MeshDim;
     let tp = mesh.degree(MeshDim::Tp);
@@ -544,12 +544,10 @@ pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     if tp == 1 || pp == 1 {
         return Ok(());
     }
-    // Context parallelism runs inside tensor-parallel stages: each stage's ring carries its tp
-    // share of the key/value heads, as without stages.
-    let n = mesh.degree(MeshDim::DpShard);
-    if n > 1 {
+    let (shard, cp) = (mesh.degree(MeshDim::DpShard), mesh.degree(MeshDim::Cp));
+    if shard > 1 && cp > 1 {
         return Err(config_err(format!(
-            "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}) and `parallelism.dp_shard` ({n}): pipeline stages run tensor-parallel beside data-parallel replicas (parallelism.dp_replicate) and context parallelism (parallelism.cp) only so far; set parallelism.dp_shard = 1"
+            "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}), `parallelism.dp_shard` ({shard}) and `parallelism.cp` ({cp}): pipeline stages run tensor-parallel beside FSDP (parallelism.dp_shard) or context parallelism (parallelism.cp), not both so far; set parallelism.dp_shard = 1 or parallelism.cp = 1"
         )));
     }
     Ok(())

@@ -62,14 +62,30 @@ impl StageParams for Hook {
 
 /// The global gradient norm from the shards of the local slices: per parameter the f64 sum of
 /// squares over the `shard` ranks (added in rank order), then over `tp` a split parameter's
-/// slices summed in rank order and a replicated one's taken once; the parameters added in name
-/// order, so every rank gets the same bits. Collective over both.
+/// slices summed in rank order and a replicated one's taken once ([`grad_sums`]); the
+/// parameters added in name order, so every rank gets the same bits. Collective over both.
 pub(crate) fn grad_norm(
     layout: &TpLayout,
     shard: &dyn Collective,
     tp: &dyn Collective,
     shards: &Named,
 ) -> Result<f64, TrainError> {
+    Ok(grad_sums(layout, shard, tp, shards)?
+        .iter()
+        .sum::<f64>()
+        .sqrt())
+}
+
+/// Each parameter's f64 sum of squares over its shards and its tensor-parallel slices, in
+/// `shards`' order: the shard ranks' sums added in rank order, then a split parameter's
+/// slices summed over `tp` in rank order and a replicated one's taken once (from the first
+/// tp rank), the same bits on every rank of the `shard` × `tp` group. Collective over both.
+pub(crate) fn grad_sums(
+    layout: &TpLayout,
+    shard: &dyn Collective,
+    tp: &dyn Collective,
+    shards: &[(String, Tensor)],
+) -> Result<Vec<f64>, TrainError> {
     let n = shards.len();
     let local: Vec<i64> = shards
         .iter()
@@ -88,15 +104,14 @@ pub(crate) fn grad_norm(
         .map(|i| over_shard.iter().map(|r| r[i]).sum::<f64>().to_bits() as i64)
         .collect();
     let over_tp = summed(tp, &slice)?;
-    let total: f64 = shards
+    Ok(shards
         .iter()
         .enumerate()
         .map(|(i, (name, _))| match layout.is_split(name) {
             true => over_tp.iter().map(|r| r[i]).sum::<f64>(),
             false => over_tp[0][i],
         })
-        .sum();
-    Ok(total.sqrt())
+        .collect())
 }
 
 /// A row-split tensor's share for this rank's checkpoint piece: `(key, rows, whole shape,
@@ -215,13 +230,15 @@ pub(crate) fn pieces<'a>(
 /// This rank's shards of the local slices of every parameter, the buffers whole, and the
 /// optimizer state of the shards, from a checkpoint of any layout: each tensor read as just
 /// the rows this rank keeps (a row-split one's shard rows full width, then cut to this rank's
-/// columns). `shards` are the current shards in the trainer's order, laid out by `fsdp`.
+/// columns). `shards` are the current shards in the trainer's order, laid out by `fsdp`; with
+/// `staged` (a pipeline rank's stages) the parameters outside them and their state are neither
+/// read nor handed to the optimizer.
 pub(crate) fn restore(
     layout: &TpLayout,
     fsdp: &Fsdp,
     ckpt: &Loaded,
     model: &PluginModel,
-    shards: &Named,
+    (shards, staged): (&Named, bool),
     optimizer: &mut PluginOptimizer,
 ) -> Result<(Named, Named), TrainError> {
     let (t, _) = layout.place();
@@ -238,10 +255,12 @@ pub(crate) fn restore(
             None => Some(r),
         }
     };
-    let loaded = crate::harness::params_rows_from_checkpoint(ckpt, model, "model", &global_rows)?
-        .into_iter()
-        .map(|(n, p)| Ok((n.clone(), cut_cols(layout, &n, p)?)))
-        .collect::<Result<Named, TrainError>>()?;
+    let keep = |name: &str| !staged || rows.contains_key(name);
+    let loaded =
+        crate::harness::params_of_rows_from_checkpoint(ckpt, model, "model", &keep, &global_rows)?
+            .into_iter()
+            .map(|(n, p)| Ok((n.clone(), cut_cols(layout, &n, p)?)))
+            .collect::<Result<Named, TrainError>>()?;
     let (named, buffers) = crate::harness::split_buffers(model, loaded);
     let wholes: HashMap<&str, &[usize]> = model
         .spec()
@@ -256,6 +275,9 @@ pub(crate) fn restore(
         };
         let shape = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
         let param = param_of_state(key).unwrap_or(key);
+        if !keep(param) {
+            continue;
+        }
         let s = match wholes.get(param) {
             // Parameter-shaped state is laid out as its parameter.
             Some(&w) if w == shape => match global_rows(param, w) {

@@ -11,6 +11,13 @@
 //! `pp` in name order, the same bits on every rank. Checkpoints hold global pieces written by
 //! every stage's `tp` ranks (rows of the column/vocab slices; the row-split and replicated
 //! tensors whole from the group's first rank), so any layout reads them.
+//!
+//! With `dp_shard` too (FSDP applied last) a stage's slices are what FSDP shards over the
+//! stage's `dp_shard` ranks ([`crate::pp::sharded`]: gathered once per step, gradients
+//! reduce-scattered over `dp_shard` only, never summed over `tp`), the norm adds the shard's
+//! squares, then the slices once over `tp`, then the stages ([`sharded_grad_norm`]), and
+//! checkpoints are TP × FSDP's global pieces ([`crate::tp_fsdp`]) written by every rank of
+//! the first replica.
 
 use super::Pipeline;
 use crate::tp::TpLayout;
@@ -50,4 +57,19 @@ pub(crate) fn grad_norm(
 ) -> Result<f64, TrainError> {
     let sums = layout.grad_sums(tp, named)?;
     pipe.norm_of_sums(pp, named.iter().map(|(n, _)| n.as_str()).zip(sums))
+}
+
+/// The global gradient norm under PP × TP × FSDP, from this rank's shards of its stages'
+/// slices (`shards`): each parameter's squares summed over `shard` in rank order, then over
+/// `tp` counting each slice once ([`crate::tp_fsdp::grad_sums`]), then over `pp` and in name
+/// order ([`Pipeline::norm_of_sums`]), so every rank gets the same bits. Collective over all
+/// three.
+pub(crate) fn sharded_grad_norm(
+    pipe: &Pipeline,
+    layout: &TpLayout,
+    (shard, tp, pp): (&dyn Collective, &dyn Collective, &dyn Collective),
+    shards: &[(String, Tensor)],
+) -> Result<f64, TrainError> {
+    let sums = crate::tp_fsdp::grad_sums(layout, shard, tp, shards)?;
+    pipe.norm_of_sums(pp, shards.iter().map(|(n, _)| n.as_str()).zip(sums))
 }

@@ -339,6 +339,23 @@ impl Trainer {
         Ok(((active, group, tp), opts))
     }
 
+    /// The forward options of a pipelined step (or evaluation) whose stages read `params`,
+    /// gathered from FSDP shards: the stage hook must then hand out those tensors, not the
+    /// resting shards (expert parallelism's resident experts, or tensor parallelism's
+    /// slices); `None` when `opts` already reads the right map.
+    fn gathered_stage_opts(&self, opts: &ForwardOpts, params: &Params) -> Option<ForwardOpts> {
+        if self.experts.is_some() {
+            return Some(crate::ep::resident_opts(opts, params));
+        }
+        let (layout, _) = self.tp.as_ref().zip(self.fsdp.as_ref())?;
+        let mut opts = opts.clone();
+        opts.stage_params = Some(Arc::new(crate::tp::TpHook {
+            params: params.clone(),
+            tp: layout.context(),
+        }));
+        Some(opts)
+    }
+
     fn forward_opts(&self, training: bool) -> ForwardOpts {
         let ac = &self.cfg.activation_checkpoint;
         ForwardOpts {
@@ -476,15 +493,12 @@ impl Trainer {
                 None => None,
             };
             let params = stage.as_ref().map_or(&self.params, |g| &g.params);
-            let ep_opts = self
-                .experts
-                .as_ref()
-                .map(|_| crate::ep::resident_opts(&opts, params));
+            let stage_opts = self.gathered_stage_opts(&opts, params);
             let ctx = crate::pp::StepCtx {
                 model: &self.model,
                 params,
                 positions: &self.positions,
-                opts: ep_opts.as_ref().unwrap_or(&opts),
+                opts: stage_opts.as_ref().unwrap_or(&opts),
                 amp: anneal_engine::DType::parse(&t.dtype),
                 aux_weights: &t.aux_loss_weights,
                 // Each cp rank's mean over its tokens, as without stages.
@@ -509,7 +523,7 @@ impl Trainer {
         }
         // Under SP the replicated parameters' partial gradients are summed over tp once the
         // micro-batches (or the pipeline's schedule) ran; under FSDP on the shards, below.
-        if let (Some((layout, comm)), None) = (tp_grads, &units) {
+        if let (Some((layout, comm)), None) = (tp_grads, &self.fsdp) {
             layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
         }
         let distributed = self.dist.grads().size() > 1;
@@ -535,9 +549,6 @@ impl Trainer {
                         grads.early_scatters,
                         grads.gather_bytes,
                     ));
-                    if let Some((layout, comm)) = tp_grads {
-                        layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
-                    }
                 }
                 None => match pp_shard_grads.take() {
                     Some((rows, got)) => Fsdp::set_shard_grads(
@@ -549,6 +560,11 @@ impl Trainer {
                     )?,
                     None => self.dist.all_reduce_grads(&self.named)?,
                 },
+            }
+            // Every rank of a tensor-parallel group holds the same rows of a replicated
+            // parameter, so SP's partial gradients are summed on the shards.
+            if let (Some((layout, comm)), Some(_)) = (tp_grads, &self.fsdp) {
+                layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
             }
         }
         drop(_active);
@@ -563,6 +579,10 @@ impl Trainer {
             self.dist.pp(),
             tp_grads,
         ) {
+            (Some(_), Some(sc), Some(pipe), Some(pc), Some((layout, tc))) => {
+                let comms = (sc, tc.as_ref(), pc);
+                crate::pp::tp::sharded_grad_norm(pipe, layout, comms, &self.named)?
+            }
             (Some(fsdp), Some(sc), Some(_), Some(pc), _) => {
                 crate::pp::sharded::grad_norm(fsdp, sc, pc, &self.named)?
             }
@@ -715,15 +735,12 @@ impl Trainer {
                 None => None,
             };
             let params = stage.as_ref().map_or(&self.params, |g| &g.params);
-            let ep_opts = self
-                .experts
-                .as_ref()
-                .map(|_| crate::ep::resident_opts(&opts, params));
+            let stage_opts = self.gathered_stage_opts(&opts, params);
             let ctx = crate::pp::StepCtx {
                 model: &self.model,
                 params,
                 positions: &self.positions,
-                opts: ep_opts.as_ref().unwrap_or(&opts),
+                opts: stage_opts.as_ref().unwrap_or(&opts),
                 amp: anneal_engine::DType::parse(&self.cfg.training.dtype),
                 aux_weights: &self.cfg.training.aux_loss_weights,
                 scale: None,

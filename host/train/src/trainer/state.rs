@@ -35,7 +35,9 @@ impl Trainer {
         self.provenance.stamp(&mut state);
         let optim_state = self.optimizer.state();
         if let (Some(tp), Some(fsdp)) = (&self.tp, &self.fsdp) {
-            let first = self.dist.save_group().is_none_or(|c| c.rank() == 0);
+            // The stage's first shard and tp rank writes what its stage holds whole (the
+            // save group spans the stages under pipeline parallelism).
+            let first = self.dist.shard().is_none_or(|c| c.rank() == 0) && tp.place().0 == 0;
             let gathered = self.tp_fsdp_save.gathered();
             let mut pieces = Vec::new();
             crate::tp_fsdp::pieces(
@@ -147,8 +149,9 @@ impl Trainer {
         let (named, buffers) = match &self.fsdp {
             Some(fsdp) if self.tp.is_some() => {
                 let tp = self.tp.as_ref().expect("matched is_some");
-                let (model, named) = (&self.model, &self.named);
-                crate::tp_fsdp::restore(tp, fsdp, &ckpt, model, named, &mut self.optimizer)?
+                // Under pipeline parallelism, this rank's stages alone.
+                let mine = (&self.named, self.pipeline.is_some());
+                crate::tp_fsdp::restore(tp, fsdp, &ckpt, &self.model, mine, &mut self.optimizer)?
             }
             Some(fsdp) => {
                 let rows: std::collections::HashMap<&str, std::ops::Range<usize>> = self
