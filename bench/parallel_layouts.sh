@@ -10,7 +10,8 @@
 # under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2), PP(2) x TP(2) x FSDP(2) and
 # CP(2) x FSDP(2)); and on the debug
 # Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
-# dp_shard 2; no balancing bias, as the README's figures were measured).
+# dp_shard 2; no balancing bias, as the README's figures were measured) and TP(2) (moe_tp2:
+# every expert's width split over 2 ranks).
 # For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
@@ -57,6 +58,9 @@
 #   drawn = routed when the routing is even (the measured figure moves with rank 0's experts'
 #   share); under CP(2) x EP(2) a rank routes seq_len / cp tokens per micro-batch, under
 #   PP(2) x EP(2) rank 0 runs its stage's layers only.
+# - MoE TP(2): dense TP(2)'s (4L + 2) A per micro-batch (the MoE layer all-reduces its combined
+#   output forward and its input's gradient backward, as the dense feed-forward does) plus,
+#   per layer, the routing weights' gradient (tokens x top-k f32) summed backward.
 # The PyTorch peer (bench/parallel_layouts_torch.py: torch.distributed.pipelining and DTensor
 # tensor parallelism over gloo, same shapes, batch and thread count) runs the pipeline and
 # tensor-parallel layouts next to ours; PEER=0 skips it. ONLY=tp2 (a name prefix) runs a subset
@@ -127,6 +131,7 @@ run_moe moe_fsdp2 2 parallelism.dp_shard=2
 run_moe moe_ep2 2 parallelism.dp_shard=2 parallelism.ep=2
 run_moe moe_cp2xep2 4 parallelism.cp=2 parallelism.dp_shard=2 parallelism.ep=2
 run_moe moe_pp2xep2 4 parallelism.pp=2 parallelism.dp_shard=2 parallelism.ep=2
+run_moe moe_tp2 2 parallelism.tp=2
 if [ "$PEER" = 1 ]; then
     source bench/peer_env.sh
     need_venv torch
@@ -243,7 +248,8 @@ print(f"\n{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'a2a
 for name, per_rank, tokens, layers_here, ep in (("moe_fsdp2", micro // 2, seq, moe_layers, 1),
                                                ("moe_ep2", micro // 2, seq, moe_layers, 2),
                                                ("moe_cp2xep2", micro // 2, seq // 2, moe_layers, 2),
-                                               ("moe_pp2xep2", micro // 2, seq, moe_layers // 2, 2)):
+                                               ("moe_pp2xep2", micro // 2, seq, moe_layers // 2, 2),
+                                               ("moe_tp2", micro, seq, moe_layers, 1)):
     path = f"{out}/{name}/metrics.jsonl"
     if not os.path.exists(path):
         continue
@@ -255,6 +261,10 @@ for name, per_rank, tokens, layers_here, ep in (("moe_fsdp2", micro // 2, seq, m
     counts = 2 * experts * 8
     theory = (layers_here * per_rank * (counts + 4 * tokens * top_k * dim * 4) / 1e6
               if ep > 1 else float("nan"))
+    if name == "moe_tp2":
+        act = seq * dim * 4
+        theory = micro * ((4 * moe_layers + 2) * act + moe_layers * seq * top_k * 4
+                          + 12 * seq) / 1e6
     print(f"{name:>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {a2a:>12.2f} {theory:>10.2f}")
 # PyTorch on the same shapes: our layout's tokens/s over the peer's (above 1: we are faster).
 ours_for = {"pp": "pp2", "pp_inter": "pp2i", "tp": "tp2", "tp_sp": "tp2_sp"}

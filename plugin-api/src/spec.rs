@@ -38,9 +38,10 @@ pub enum Init {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TensorParallel {
-    /// Split the output features (the first dim of a `[out, in]` weight).
+    /// Split the output features (the first dim of a `[out, in]` weight; of stacked experts'
+    /// `[expert, out, in]`, the second).
     Column,
-    /// Split the input features (the second dim).
+    /// Split the input features (the last dim).
     Row,
     /// Split the vocabulary (embedding tables).
     Vocab,

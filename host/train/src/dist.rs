@@ -325,9 +325,19 @@ impl Dist {
     /// keeps whole, such as the aux-loss-free balancing bias, which the ranks update from the
     /// same summed token counts); returns their digest.
     pub fn check_same(&self, named: &[(String, Tensor)]) -> Result<u64, TrainError> {
+        self.check_same_over(self.grads(), named)
+    }
+
+    /// [`Dist::check_same`] over the ranks of `comm` (a tensor-parallel group, whose ranks keep
+    /// the buffers whole and update them from the same whole-batch counts).
+    pub fn check_same_over(
+        &self,
+        comm: &dyn Collective,
+        named: &[(String, Tensor)],
+    ) -> Result<u64, TrainError> {
         let h = digest(named);
         let mut bytes = h.to_le_bytes();
-        self.grads().broadcast(&mut bytes, 0)?;
+        comm.broadcast(&mut bytes, 0)?;
         let root = u64::from_le_bytes(bytes);
         if root != h {
             return Err(TrainError::Dist(anneal_dist::DistError::Diverged {

@@ -30,6 +30,10 @@ type Named = Vec<(String, Tensor)>;
 /// How the model's parameters split over the tensor-parallel group, and this rank's place.
 pub(crate) struct TpLayout {
     splits: Arc<HashMap<String, TpSplit>>,
+    /// The dim each split parameter is cut along, and its number of dims: `[out, in]` weights
+    /// are cut along 0 (column, vocab) or 1 (row), stacked experts' `[expert, out, in]` along
+    /// 1 or 2.
+    dims: HashMap<String, (usize, usize)>,
     /// The replicated parameters applied to each head apart (per-head norms), whose
     /// gradients are partial on every rank.
     per_head: HashSet<String>,
@@ -59,6 +63,9 @@ impl TpLayout {
         let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
         let mut layout = TpLayout::of_model(&model, spec, rank, ranks)?;
         let (n, key) = (ranks, "`parallelism.tp`");
+        if spec.params.iter().any(|p| p.placement.expert_dim.is_some()) {
+            check_moe_mesh(cfg, &model, n)?;
+        }
         let sequence = cfg.parallelism.tp_sequence;
         let seq = cfg.training.seq_len;
         if sequence && !seq.is_multiple_of(n) {
@@ -71,7 +78,8 @@ impl TpLayout {
     }
 
     /// The layout of `spec` (named `model` in errors) over `ranks` ranks, without sequence
-    /// parallelism: the checks of [`TpLayout::new`] that concern the model alone.
+    /// parallelism: the checks of [`TpLayout::new`] that concern the model alone. A matrix
+    /// declared replicated (FSDP does not shard it: a router) stays whole on every rank.
     pub(crate) fn of_model(
         model: &str,
         spec: &ModelSpec,
@@ -82,24 +90,17 @@ impl TpLayout {
         let key = "`parallelism.tp`";
         let hf = spec.hf.as_ref().map(|h| &h.config);
         let field = |k: &str| hf.and_then(|c| c.get(k)).and_then(|v| v.as_u64());
-        if let Some(p) = spec
-            .params
-            .iter()
-            .find(|p| p.placement.expert_dim.is_some())
-        {
-            return Err(config_err(format!(
-                "{key} = {n}: {model} has experts (parameter {}); tensor parallelism does not split mixture-of-experts layers yet; set parallelism.tp = 1 (parallelism.ep splits experts)",
-                p.name
-            )));
-        }
-        // Other plugins' attention layouts are not checked to run on a rank's share of heads;
-        // the Llama 3 family and dense Qwen3 (per-head q/k norms) are.
+        // Other plugins' attention and expert layouts are not checked to run on a rank's share
+        // of heads and expert widths; the Llama 3 family, dense Qwen3 (per-head q/k norms) and
+        // Qwen3-MoE (their attention, routed experts without biases) are.
         let model_type = hf
             .and_then(|c| c.get("model_type"))
             .and_then(|v| v.as_str());
-        if spec.architecture != "llama" || !matches!(model_type, Some("llama" | "qwen3")) {
+        if spec.architecture != "llama"
+            || !matches!(model_type, Some("llama" | "qwen3" | "qwen3_moe"))
+        {
             return Err(config_err(format!(
-                "{key} = {n}: tensor parallelism runs the Llama 3 family and dense Qwen3 (plugin llama, model_type llama or qwen3) so far, and {model} is {} / {}; set parallelism.tp = 1",
+                "{key} = {n}: tensor parallelism runs the Llama 3 family, Qwen3 and Qwen3-MoE (plugin llama, model_type llama, qwen3 or qwen3_moe) so far, and {model} is {} / {}; set parallelism.tp = 1",
                 spec.architecture,
                 model_type.unwrap_or("?")
             )));
@@ -118,21 +119,28 @@ impl TpLayout {
             }
         }
         let mut splits = HashMap::new();
+        let mut dims = HashMap::new();
         for p in &spec.params {
             match p.placement.tensor_parallel {
                 Some(split) => {
-                    let dim = split_dim(split);
+                    // `[out, in]`, or stacked experts' `[expert, out, in]`.
+                    let experts = p.placement.expert_dim == Some(0);
+                    let ndim = if experts { 3 } else { 2 };
+                    let dim = cut_dim(split, ndim);
                     let size = p.shape.get(dim).copied().unwrap_or(0);
-                    if p.shape.len() != 2 || !size.is_multiple_of(n) {
+                    if p.shape.len() != ndim || !size.is_multiple_of(n) {
                         return Err(config_err(format!(
                             "{key} = {n} does not divide dim {dim} of parameter {} {:?} of {model} ({}); pick a tp that divides it",
                             p.name,
                             p.shape,
-                            what_dim(split)
+                            what_dim(split, experts)
                         )));
                     }
                     splits.insert(p.name.clone(), split);
+                    dims.insert(p.name.clone(), (dim, ndim));
                 }
+                // Kept whole on every rank (a router: every rank routes the whole batch).
+                None if p.shape.len() == 2 && !p.placement.fsdp => {}
                 None if p.shape.len() >= 2 => {
                     return Err(config_err(format!(
                         "{key} = {n}: parameter {} {:?} of {model} declares no tensor-parallel placement (column, row or vocab), so it cannot be split; set parallelism.tp = 1",
@@ -150,6 +158,7 @@ impl TpLayout {
             .collect();
         Ok(TpLayout {
             splits: Arc::new(splits),
+            dims,
             per_head,
             rank,
             ranks,
@@ -176,10 +185,16 @@ impl TpLayout {
         )
     }
 
-    /// Whether parameter `name` is split by its input features (dim 1), which a checkpoint
-    /// piece (whole dim-0 rows) cannot hold.
+    /// Whether parameter `name` is split along a dim other than 0 (a weight by its input
+    /// features; stacked experts by either), which a checkpoint piece (whole dim-0 rows)
+    /// cannot hold: such tensors are gathered whole for a save.
     pub fn is_row_split(&self, name: &str) -> bool {
-        self.splits.get(name) == Some(&TpSplit::Row)
+        self.dims.get(name).is_some_and(|&(dim, _)| dim != 0)
+    }
+
+    /// The dim parameter `name` is split along, when it is split.
+    pub fn split_dim(&self, name: &str) -> Option<usize> {
+        self.dims.get(name).map(|&(dim, _)| dim)
     }
 
     /// Whether parameter `name` is split.
@@ -189,7 +204,7 @@ impl TpLayout {
 
     /// The split dim of `name` and this rank's range of it, given the whole shape.
     pub(crate) fn piece(&self, name: &str, whole: &[usize]) -> Option<(usize, Range<usize>)> {
-        let dim = split_dim(*self.splits.get(name)?);
+        let (dim, _) = *self.dims.get(name)?;
         let len = whole.get(dim)? / self.ranks;
         Some((dim, self.rank * len..(self.rank + 1) * len))
     }
@@ -324,13 +339,13 @@ impl TpLayout {
     ) -> Result<Named, TrainError> {
         let mut out = Vec::new();
         for (n, p) in named {
-            if self.splits.get(n) != Some(&TpSplit::Row) {
+            let Some(dim) = self.split_dim(n).filter(|&d| d != 0) else {
                 continue;
-            }
-            out.push((format!("model/{n}"), gather_cols(comm, p)?));
+            };
+            out.push((format!("model/{n}"), gather_along(comm, p, dim)?));
             for (key, t) in state {
                 if param_of_state(key) == Some(n.as_str()) && t.shape() == p.shape() {
-                    out.push((format!("optim/{key}"), gather_cols(comm, t)?));
+                    out.push((format!("optim/{key}"), gather_along(comm, t, dim)?));
                 }
             }
         }
@@ -370,7 +385,7 @@ impl TpLayout {
         } else {
             param_of_state(key)?
         };
-        if split_dim(*self.splits.get(name)?) != 0 || local.is_empty() {
+        if self.dims.get(name)?.0 != 0 || local.is_empty() {
             return None;
         }
         let mut whole = local.to_vec();
@@ -387,12 +402,11 @@ impl TpLayout {
     }
 
     /// This rank's slice of a whole optimizer state tensor read from a checkpoint, when it
-    /// belongs to a row-split parameter (and has its shape); the tensor unchanged otherwise.
+    /// belongs to a parameter split along a dim other than 0 (and has its number of dims);
+    /// the tensor unchanged otherwise.
     pub fn slice_state(&self, key: &str, t: Tensor) -> Result<Tensor, TrainError> {
-        match param_of_state(key) {
-            Some(name) if self.splits.get(name) == Some(&TpSplit::Row) && t.rank() == 2 => {
-                self.slice(name, &t)
-            }
+        match param_of_state(key).and_then(|name| Some((name, *self.dims.get(name)?))) {
+            Some((name, (dim, ndim))) if dim != 0 && t.rank() == ndim => self.slice(name, &t),
             _ => Ok(t),
         }
     }
@@ -404,37 +418,80 @@ fn param_of_state(key: &str) -> Option<&str> {
     key.rsplit_once('.').map(|(p, _)| p)
 }
 
-/// The dim of a `[out, in]` weight a split cuts.
-fn split_dim(split: TpSplit) -> usize {
+/// The dim a split cuts of a weight with `ndim` dims: `[out, in]`, or stacked experts'
+/// `[expert, out, in]` (the vocabulary is the first dim of a table).
+fn cut_dim(split: TpSplit, ndim: usize) -> usize {
     match split {
-        TpSplit::Column | TpSplit::Vocab => 0,
-        TpSplit::Row => 1,
+        TpSplit::Vocab => 0,
+        TpSplit::Column => ndim - 2,
+        TpSplit::Row => ndim - 1,
     }
 }
 
-fn what_dim(split: TpSplit) -> &'static str {
-    match split {
-        TpSplit::Column => "its output features: heads × head_dim or model.args.ffn_dim",
-        TpSplit::Row => "its input features: heads × head_dim or model.args.ffn_dim",
-        TpSplit::Vocab => "the vocabulary: model.args.vocab_size",
+fn what_dim(split: TpSplit, experts: bool) -> &'static str {
+    match (split, experts) {
+        (TpSplit::Column, false) => "its output features: heads × head_dim or model.args.ffn_dim",
+        (TpSplit::Row, false) => "its input features: heads × head_dim or model.args.ffn_dim",
+        (TpSplit::Column | TpSplit::Row, true) => {
+            "each expert's width: model.args.moe.expert_ffn_dim"
+        }
+        (TpSplit::Vocab, _) => "the vocabulary: model.args.vocab_size",
     }
+}
+
+/// Tensor parallelism with a model that has experts: beside replicas (DDP) only so far, and
+/// never with expert parallelism (the experts would be split two ways at once). One line
+/// naming the keys.
+fn check_moe_mesh(cfg: &JobConfig, model: &str, tp: usize) -> Result<(), TrainError> {
+    let par = &cfg.parallelism;
+    if par.ep > 1 {
+        return Err(config_err(format!(
+            "`parallelism.tp` ({tp}) with `parallelism.ep` ({}): {model}'s experts cannot be split by both expert and tensor parallelism; set parallelism.ep = 1 (tp then splits each expert) or parallelism.tp = 1",
+            par.ep
+        )));
+    }
+    for (k, v) in [("dp_shard", par.dp_shard), ("pp", par.pp), ("cp", par.cp)] {
+        if v > 1 {
+            return Err(config_err(format!(
+                "`parallelism.tp` ({tp}) with `parallelism.{k}` ({v}): tensor parallelism over {model}'s experts runs beside data-parallel replicas (parallelism.dp_replicate) only so far; set parallelism.{k} = 1"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A row-split `[out, in / ranks]` slice joined with the other ranks' into `[out, in]`.
 pub(crate) fn gather_cols(comm: &dyn Collective, local: &Tensor) -> Result<Tensor, TrainError> {
-    let (rows, cols) = (local.shape()[0], local.shape()[1]);
+    gather_along(comm, local, 1)
+}
+
+/// This rank's slice `local` of a tensor split along `dim` joined with the other ranks' (in
+/// rank order) into the whole. Collective over `comm`.
+pub(crate) fn gather_along(
+    comm: &dyn Collective,
+    local: &Tensor,
+    dim: usize,
+) -> Result<Tensor, TrainError> {
+    let shape = local.shape();
+    // `[outer, len, inner]` around `dim`: each rank's block of `len · inner` values per outer
+    // index lands side by side.
+    let outer: usize = shape[..dim].iter().product();
+    let block: usize = shape[dim..].iter().product();
     let n = comm.size();
-    let mine = local.to_vec_f32();
+    let mine = local.contiguous()?.to_vec_f32();
     let mut all = vec![0f32; mine.len() * n];
     comm.all_gather((&mine[..]).into(), (&mut all[..]).into())?;
     let mut whole = vec![0f32; mine.len() * n];
     for r in 0..n {
-        for i in 0..rows {
-            let src = &all[r * mine.len() + i * cols..r * mine.len() + (i + 1) * cols];
-            whole[i * cols * n + r * cols..i * cols * n + (r + 1) * cols].copy_from_slice(src);
+        for i in 0..outer {
+            let src = &all[r * mine.len() + i * block..r * mine.len() + (i + 1) * block];
+            let at = (i * n + r) * block;
+            whole[at..at + block].copy_from_slice(src);
         }
     }
-    Ok(Tensor::from_vec(whole, &[rows, cols * n])?.to_dtype(local.dtype())?)
+    let mut shape = shape.to_vec();
+    shape[dim] *= n;
+    Ok(Tensor::from_vec(whole, &shape)?.to_dtype(local.dtype())?)
 }
 
 thread_local! {

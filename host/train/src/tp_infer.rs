@@ -33,7 +33,7 @@ pub struct TpActive {
 impl TpInference {
     /// `spec` (named `model` in errors) split over the ranks of `comm`, or the user error
     /// naming what does not split (the checks of `parallelism.tp` in training: the Llama 3
-    /// family or dense Qwen3, heads and split dims divisible by the degree, no experts).
+    /// family, Qwen3 or Qwen3-MoE, heads and split dims divisible by the degree).
     pub fn new(
         model: &str,
         spec: &ModelSpec,
@@ -162,31 +162,12 @@ impl TpInference {
 
     /// The whole tensor of parameter `name` from this rank's slice `local`.
     fn whole_of(&self, name: &str, local: &Tensor) -> Result<Tensor, TrainError> {
-        if !self.layout.is_split(name) || local.rank() != 2 {
-            return Ok(local.clone());
-        }
-        let (rows, cols) = (local.shape()[0], local.shape()[1]);
-        let n = self.comm.size();
-        let mine = local.to_vec_f32();
-        let mut all = vec![0f32; mine.len() * n];
-        self.comm
-            .all_gather((&mine[..]).into(), (&mut all[..]).into())?;
-        let t = if self.layout.is_row_split(name) {
-            // Rank-major `[n, rows, cols]` blocks side by side: `[rows, n · cols]`.
-            let mut whole = vec![0f32; all.len()];
-            for r in 0..n {
-                for i in 0..rows {
-                    let src = &all[(r * rows + i) * cols..(r * rows + i + 1) * cols];
-                    let at = i * cols * n + r * cols;
-                    whole[at..at + cols].copy_from_slice(src);
-                }
+        match self.layout.split_dim(name) {
+            Some(dim) if local.rank() > dim => {
+                crate::tp::gather_along(self.comm.as_ref(), local, dim)
             }
-            Tensor::from_vec(whole, &[rows, cols * n])?
-        } else {
-            // Split by rows: the gathered blocks are the whole rows in order.
-            Tensor::from_vec(all, &[rows * n, cols])?
-        };
-        Ok(t.to_dtype(local.dtype())?)
+            _ => Ok(local.clone()),
+        }
     }
 }
 

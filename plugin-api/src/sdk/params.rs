@@ -86,11 +86,13 @@ impl Decl {
         self.dtype_set = true;
         self
     }
-    /// Tensor parallelism splits the output features (dim 0 of `[out, in]`).
+    /// Tensor parallelism splits the output features (dim 0 of `[out, in]`, dim 1 of stacked
+    /// experts' `[expert, out, in]`).
     pub fn column(self) -> Self {
         self.tp(TensorParallel::Column)
     }
-    /// Tensor parallelism splits the input features (dim 1 of `[out, in]`).
+    /// Tensor parallelism splits the input features (the last dim of `[out, in]` or
+    /// `[expert, out, in]`).
     pub fn row(self) -> Self {
         self.tp(TensorParallel::Row)
     }
@@ -121,7 +123,8 @@ impl Decl {
         self.spec.placement.fsdp = false;
         self
     }
-    /// Kept whole on every rank (FSDP does not shard it).
+    /// Kept whole on every rank: FSDP does not shard it, and tensor parallelism keeps a matrix
+    /// declared so whole (a router's gate, applied by every rank to the whole batch).
     pub fn replicated(mut self) -> Self {
         self.spec.placement.fsdp = false;
         self

@@ -148,22 +148,37 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                     Some(m) => {
                         let (e, ef) = (m.n_experts, m.expert_ffn_dim);
                         let names = ExpertNames::of(&a.hf_model_type);
-                        let mut experts = |name: &str, shape: [usize; 3], std: f64, hf: &str| {
-                            l.add(
-                                Decl::new(name, shape)
+                        // Stacked `[expert, out, in]` linears: tensor parallelism splits each
+                        // expert's gate / up by outputs and its down by inputs.
+                        let mut experts =
+                            |name: &str, shape: [usize; 3], std: f64, hf: &str, col: bool| {
+                                let decl = Decl::new(name, shape)
                                     .trunc_normal(std)
                                     .expert_dim(0)
-                                    .hf(HfMap::stack(hf, e)),
-                            )
-                        };
+                                    .hf(HfMap::stack(hf, e));
+                                l.add(if col { decl.column() } else { decl.row() })
+                            };
                         FeedForward::Experts {
-                            w1: experts("feed_forward.experts.w1", [e, ef, d], std, names.gate),
-                            w3: experts("feed_forward.experts.w3", [e, ef, d], depth_std, names.up),
+                            w1: experts(
+                                "feed_forward.experts.w1",
+                                [e, ef, d],
+                                std,
+                                names.gate,
+                                true,
+                            ),
+                            w3: experts(
+                                "feed_forward.experts.w3",
+                                [e, ef, d],
+                                depth_std,
+                                names.up,
+                                true,
+                            ),
                             w2: experts(
                                 "feed_forward.experts.w2",
                                 [e, d, ef],
                                 depth_std,
                                 names.down,
+                                false,
                             ),
                             router: l.add(
                                 Decl::new("feed_forward.router.weight", [e, d])

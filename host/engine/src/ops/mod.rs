@@ -93,13 +93,13 @@ pub use moe_balance::{
 };
 pub use moe_ep::{ExpertExchange, ExpertParallel, RowsInFlight};
 pub use moe_layer::{
-    moe_ffn, moe_ffn_ep, ExpertActivation, ExpertLayout, MoeOutput, MoeSpec, MoeWeights,
-    SharedExpert,
+    moe_ffn, moe_ffn_ep, moe_ffn_tp, ExpertActivation, ExpertLayout, MoeOutput, MoeSpec,
+    MoeTensorParallel, MoeWeights, SharedExpert,
 };
 pub use moe_router::{route, RouterScore, RouterSpec, Routing};
 pub use shape::{cat, stack};
 pub use tp::{
-    tp_copy, tp_embedding, tp_gather, tp_reduce, tp_scatter, vocab_parallel_cross_entropy,
-    TensorParallelGroup, TpGroup,
+    tp_copy, tp_embedding, tp_gather, tp_gather_replicated, tp_reduce, tp_scatter,
+    vocab_parallel_cross_entropy, TensorParallelGroup, TpGroup,
 };
 pub use tp_vocab::tp_vocab_gather;

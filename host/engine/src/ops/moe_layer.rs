@@ -12,12 +12,31 @@
 //! in a fixed order, so results are bitwise identical for any thread count. Optional
 //! per-expert biases on the three products and GPT-OSS's clamped activation make the same
 //! function serve GPT-OSS.
+//!
+//! Under tensor parallelism ([`moe_ffn_tp`], Megatron's expert tensor parallelism without
+//! expert parallelism) every rank holds each expert's slice of `F`: gate and up split by their
+//! outputs, down by its inputs. The router stays whole and routes the whole batch on every
+//! rank with the same bits (so the counts, the balancing loss and an aux-loss-free bias see
+//! the whole batch's statistics everywhere); the experts' products give partial sums that are
+//! combined with the routing weights and then summed over the group once, `[tokens, D]`:
+//!
+//! ```text
+//! x_all   = tp_copy(x)         (SP: tp_gather(x) along the sequence)
+//! logits  = x · W_router       (SP: this rank's tokens, then tp_gather_replicated)
+//! weights = tp_copy(weights)   the partial outputs give partial weight gradients: summed
+//! out     = tp_reduce(combine(experts_local(x_all), weights))   (SP: tp_scatter)
+//! ```
+//! The router reads `x` rather than `x_all`: its gradient is whole on every rank, and
+//! `tp_copy`'s backward sums only the experts' partial ones.
 
 use super::be;
 use super::moe::{sort_by_expert, ExpertRouting};
 use super::moe_balance::{load_balancing_loss, RouterStats};
 use super::moe_ep::{run_experts, ExpertParallel};
 use super::moe_router::{route, RouterSpec};
+use super::tp::{
+    tp_copy, tp_gather, tp_gather_replicated, tp_reduce, tp_scatter, TensorParallelGroup,
+};
 use crate::autograd::record;
 use crate::cpu::float_out;
 use crate::error::{invalid, Error, Result};
@@ -268,12 +287,58 @@ pub fn moe_ffn_ep(
     spec: &MoeSpec,
     ep: Option<&ExpertParallel>,
 ) -> Result<MoeOutput> {
+    moe_ffn_in(x, w, spec, ep, None)
+}
+
+/// How [`moe_ffn_tp`] runs over a tensor-parallel group.
+#[derive(Clone, Debug)]
+pub struct MoeTensorParallel {
+    /// The group: every rank holds slice `rank` of each expert's `F` (and of the shared
+    /// experts' width).
+    pub group: TensorParallelGroup,
+    /// Sequence parallelism: the input and output hold this rank's share of this dim (the
+    /// sequence of `[batch, seq, D]`), gathered before the experts and scattered after.
+    pub sequence_dim: Option<usize>,
+}
+
+/// [`moe_ffn`] over a tensor-parallel group (see the module docs): `w.gate` / `w.up` are this
+/// rank's `[E, F / ranks, ..]` column slices and `w.down` its row slice (likewise the shared
+/// experts'), the router is whole. The output, the statistics and the auxiliary loss are the
+/// whole batch's, the same bits on every rank. Per-expert biases are not split (refused).
+pub fn moe_ffn_tp(
+    x: &Tensor,
+    w: &MoeWeights<'_>,
+    spec: &MoeSpec,
+    tp: &MoeTensorParallel,
+) -> Result<MoeOutput> {
+    if w.gate_bias.is_some() || w.up_bias.is_some() || w.down_bias.is_some() {
+        return Err(invalid(
+            "moe_ffn",
+            "per-expert biases are not split under tensor parallelism yet",
+        ));
+    }
+    moe_ffn_in(x, w, spec, None, Some(tp))
+}
+
+fn moe_ffn_in(
+    x: &Tensor,
+    w: &MoeWeights<'_>,
+    spec: &MoeSpec,
+    ep: Option<&ExpertParallel>,
+    tp: Option<&MoeTensorParallel>,
+) -> Result<MoeOutput> {
     spec.router.validate()?;
     let d = *x
         .shape()
         .last()
         .ok_or_else(|| invalid("moe_ffn", "x is a scalar"))?;
     let e = spec.router.num_experts;
+    if ep.is_some() && tp.is_some() {
+        return Err(invalid(
+            "moe_ffn",
+            "experts split over an expert group and a tensor-parallel group at once",
+        ));
+    }
     // The experts this rank holds.
     let el = match ep {
         Some(p) if p.exchange.ranks() == 0 || !e.is_multiple_of(p.exchange.ranks()) => {
@@ -335,25 +400,43 @@ pub fn moe_ffn_ep(
             expect_shape(name, b, &want)?;
         }
     }
-    let n = x.numel() / d.max(1);
-    let x2 = x.reshape(&[n, d])?;
-    // `a [n, in] · m [in, out]` as one batched product, the path on which batch-invariant mode
-    // makes a token's row independent of the other tokens (a decode step equals the forward).
+    // The tokens the experts read: under tensor parallelism every rank's whole batch (the
+    // input's gradient then summed over the group), gathered along the sequence under SP.
+    let sequence = tp.and_then(|t| t.sequence_dim);
+    let x_all = match (tp, sequence) {
+        (None, _) => x.clone(),
+        (Some(t), None) => tp_copy(x, &t.group),
+        (Some(t), Some(dim)) => tp_gather(x, dim, &t.group)?,
+    };
+    let n = x_all.numel() / d.max(1);
+    let x2 = x_all.reshape(&[n, d])?;
+    // `a [rows, in] · m [in, out]` as one batched product, the path on which batch-invariant
+    // mode makes a token's row independent of the other tokens (a decode step equals the
+    // forward).
     let linear = |a: &Tensor, m: &Tensor| -> Result<Tensor> {
-        let out = m.shape()[1];
-        a.reshape(&[1, n, a.shape()[1]])?
+        let (rows, out) = (a.shape()[0], m.shape()[1]);
+        a.reshape(&[1, rows, a.shape()[1]])?
             .matmul(m)?
-            .reshape(&[n, out])
+            .reshape(&[rows, out])
     };
     let router = as_in_out(w.router)?;
+    // The router reads `x` itself (this rank's tokens under SP): its gradient is whole, not a
+    // partial sum for `tp_copy` / `tp_gather` to add up.
+    let xr = x.reshape(&[x.numel() / d.max(1), d])?;
     // The router stays in f32 even inside an autocast region: expert choice is sensitive to
     // rounding of the logits (the gate is computed in f32, as in Megatron and TorchTitan).
     let no_autocast = crate::autocast::set_autocast(None);
-    let mut logits = if x2.dtype() == DType::F32 && router.dtype() == DType::F32 {
-        linear(&x2, &router)?
+    let mut logits = if xr.dtype() == DType::F32 && router.dtype() == DType::F32 {
+        linear(&xr, &router)?
     } else {
-        linear(&x2.to_dtype(DType::F32)?, &router.to_dtype(DType::F32)?)?
+        linear(&xr.to_dtype(DType::F32)?, &router.to_dtype(DType::F32)?)?
     };
+    if let (Some(t), Some(dim)) = (tp, sequence) {
+        // Every rank routes the whole batch, with the same bits.
+        let mut local = x.shape().to_vec();
+        *local.last_mut().expect("x has a hidden dim") = e;
+        logits = tp_gather_replicated(&logits.reshape(&local)?, dim, &t.group)?.reshape(&[n, e])?;
+    }
     if let Some(b) = w.router_bias {
         logits = logits.add(&b.to_dtype(DType::F32)?)?;
     }
@@ -399,11 +482,25 @@ pub fn moe_ffn_ep(
         Some(p) => run_experts(p, &xs, &counts, &experts)?,
         None => experts(&xs, &counts)?,
     };
-    let mut out = ys.moe_combine(&r.weights, &routing)?;
+    // Under TP the experts' outputs are partial sums, and so is the gradient the combine
+    // gives the routing weights: `tp_copy` sums it over the group.
+    let weights = match tp {
+        Some(t) => tp_copy(&r.weights, &t.group),
+        None => r.weights.clone(),
+    };
+    let mut out = ys.moe_combine(&weights, &routing)?;
     if let Some(s) = &w.shared {
         let hs = linear(&x2, &as_in_out(s.gate)?)?.swiglu(&linear(&x2, &as_in_out(s.up)?)?)?;
         out = out.add(&linear(&hs, &as_in_out(s.down)?)?)?;
     }
+    // The partial sums added over the group once, `[tokens, D]` (under SP each rank keeps its
+    // share of the sequence).
+    let out = out.reshape(x_all.shape())?;
+    let out = match (tp, sequence) {
+        (None, _) => out,
+        (Some(t), None) => tp_reduce(&out, &t.group)?,
+        (Some(t), Some(dim)) => tp_scatter(&out, dim, &t.group)?,
+    };
     let aux_loss = if spec.aux_loss_coef != 0.0 {
         Some(
             load_balancing_loss(&r.scores, &counts, spec.router.score)?
@@ -414,7 +511,7 @@ pub fn moe_ffn_ep(
     };
     let stats = RouterStats::new(&r.scores, &counts, spec.router.score)?;
     Ok(MoeOutput {
-        out: out.reshape(x.shape())?,
+        out,
         aux_loss,
         counts,
         stats,

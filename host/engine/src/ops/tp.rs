@@ -175,6 +175,27 @@ pub fn tp_scatter(x: &Tensor, dim: usize, tp: &TensorParallelGroup) -> Result<Te
     }))
 }
 
+/// Every rank's `x` (its shard along `dim`) joined in rank order, for a computation that every
+/// rank then repeats on the whole, with the same bits (a mixture-of-experts router's logits
+/// under sequence parallelism). The gradient is then the same on every rank, so the backward
+/// cuts this rank's shard of it and sums nothing (unlike [`tp_gather`], whose gradient is a
+/// partial sum per rank).
+pub fn tp_gather_replicated(x: &Tensor, dim: usize, tp: &TensorParallelGroup) -> Result<Tensor> {
+    const OP: &str = "tp_gather_replicated";
+    if dim >= x.rank() {
+        return Err(invalid(OP, format!("dim {dim} of {:?}", x.shape())));
+    }
+    let out = gather_along(tp.group.as_ref(), x, dim)?;
+    let (len, start) = (x.shape()[dim], x.shape()[dim] * tp.group.rank());
+    Ok(record(OP, out, &[x], move || {
+        move |grad: &Tensor| {
+            Ok(vec![Some(
+                grad.narrow(dim as isize, start, len)?.contiguous()?,
+            )])
+        }
+    }))
+}
+
 fn ids_of(ids: &Tensor, op: &'static str) -> Result<Vec<i64>> {
     match ids.dtype() {
         DType::I64 => Ok(ids.to_vec::<i64>()),

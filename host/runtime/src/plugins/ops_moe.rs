@@ -2,7 +2,8 @@
 //! `grouped_matmul_nt`): each maps its typed attributes (`anneal_plugin_api::ops`) onto the
 //! engine op of the same name, so a plugin's MoE layer computes exactly what the engine does.
 //! `moe_ffn` runs its experts over the session's expert group when the trainer installed one
-//! (expert parallelism), which the plugin never sees.
+//! (expert parallelism), or as this rank's slices of them over the tensor-parallel group
+//! (`ops_tp.rs`), which the plugin never sees.
 
 use super::host::HostSession;
 use anneal_engine::ops::{
@@ -155,7 +156,25 @@ pub(crate) fn ffn(inputs: &[Tensor], a: o::MoeFfn, session: &HostSession) -> R<V
             arg(inputs, 4, op)?,
         )
     };
-    let out = eo::moe_ffn_ep(arg(inputs, 0, op)?, &w, &spec, session.experts()).map_err(e)?;
+    let tp = match session.tp() {
+        Some(tp) => tp.moe(
+            w.router,
+            [w.gate, w.up, w.down],
+            w.shared.map(|s| [s.gate, s.up, s.down]),
+        )?,
+        None => None,
+    };
+    let x = arg(inputs, 0, op)?;
+    let out = match (tp, session.experts()) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{op}: experts split by expert and tensor parallelism at once are not supported"
+            ))
+        }
+        (Some(tp), None) => eo::moe_ffn_tp(x, &w, &spec, &tp),
+        (None, ep) => eo::moe_ffn_ep(x, &w, &spec, ep),
+    }
+    .map_err(e)?;
     let s = &out.stats;
     let tokens: Vec<f32> = s.tokens_per_expert.iter().map(|&c| c as f32).collect();
     let n = tokens.len();

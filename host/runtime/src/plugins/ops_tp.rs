@@ -9,12 +9,16 @@
 //! vocab (as an embedding)          masked local lookup → tp_reduce (SP: tp_scatter)
 //! ```
 //! A plugin sees local shapes only (a column-split query projection yields its share of the
-//! heads) and contains no parallelism code.
+//! heads) and contains no parallelism code. `moe_ffn` runs its experts' slices the same way
+//! ([`TpSession::moe`], the engine's `moe_ffn_tp`): the gathered or copied input, one sum of
+//! the layer's output over the group.
 //!
 //! Several linears reading the same input (q, k, v; gate and up) share one `tp_copy` /
 //! `tp_gather` of it, so the input's gradient is reduced once (and, under SP, gathered once).
 
-use anneal_engine::ops::{tp_copy, tp_embedding, tp_gather, tp_reduce, tp_scatter};
+use anneal_engine::ops::{
+    tp_copy, tp_embedding, tp_gather, tp_reduce, tp_scatter, MoeTensorParallel,
+};
 pub use anneal_engine::ops::{TensorParallelGroup, TpGroup};
 use anneal_engine::Tensor;
 use anneal_plugin_api::spec::TensorParallel as TpSplit;
@@ -114,6 +118,34 @@ impl TpSession {
             Some(TpSplit::Column | TpSplit::Vocab) => product(&self.column_input(x)?).map(Some),
             Some(TpSplit::Row) => self.combine(&product(x)?).map(Some),
         }
+    }
+
+    /// How `moe_ffn` runs over the group, given its router and expert weights (and shared
+    /// experts'): the gate and up column-split, the down row-split, the router whole. `None`
+    /// when no weight of the layer is split (it then runs whole on every rank).
+    pub(crate) fn moe(
+        &self,
+        router: &Tensor,
+        experts: [&Tensor; 3],
+        shared: Option<[&Tensor; 3]>,
+    ) -> R<Option<MoeTensorParallel>> {
+        let want = [TpSplit::Column, TpSplit::Column, TpSplit::Row];
+        let got = |ws: [&Tensor; 3]| ws.map(|w| self.split_of(w));
+        let layer = got(experts);
+        if layer == [None; 3] && self.split_of(router).is_none() && shared.is_none() {
+            return Ok(None);
+        }
+        let fits = |g: [Option<TpSplit>; 3]| g.iter().zip(&want).all(|(g, w)| *g == Some(*w));
+        if !fits(layer) || !shared.map(got).is_none_or(fits) || self.split_of(router).is_some() {
+            return Err(format!(
+                "moe_ffn under tensor parallelism: the experts' (and shared experts') gate and up must be column-split and down row-split, the router whole; got gate/up/down {layer:?}, router {:?}",
+                self.split_of(router)
+            ));
+        }
+        Ok(Some(MoeTensorParallel {
+            group: self.tp.group.clone(),
+            sequence_dim: self.tp.sequence.then_some(SEQ_DIM),
+        }))
     }
 
     /// The rows of a vocab-split table `w` at `ids`; `None` when `w` is not split.

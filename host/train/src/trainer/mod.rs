@@ -686,14 +686,23 @@ impl Trainer {
         self.dist.check_replicas(&self.named)
     }
 
-    /// Checks that every data-parallel rank holds the same buffers (the aux-loss-free
-    /// balancing bias, updated from token counts summed over every rank); returns their
-    /// digest, `None` without buffers or in one process.
+    /// Checks that every data-parallel and tensor-parallel rank holds the same buffers (the
+    /// aux-loss-free balancing bias, updated from the whole batch's token counts); returns
+    /// their digest, `None` without buffers or in one process.
     pub fn check_buffers(&self) -> Result<Option<u64>, TrainError> {
-        if self.dist.grads().size() == 1 || self.buffers.is_empty() {
+        if self.buffers.is_empty() {
             return Ok(None);
         }
-        self.dist.check_same(&self.buffers).map(Some)
+        let mut checked = None;
+        if self.dist.grads().size() > 1 {
+            checked = Some(self.dist.check_same(&self.buffers)?);
+        }
+        // Every rank of a tensor-parallel group routes the whole batch and keeps the buffers
+        // (a router's balancing bias) whole: they must agree too.
+        if let Some(tp) = self.dist.tp() {
+            checked = Some(self.dist.check_same_over(tp.as_ref(), &self.buffers)?);
+        }
+        Ok(checked)
     }
 
     /// The job's processes as this trainer sees them.
