@@ -155,6 +155,10 @@ impl DeltaRuleCache {
                 let [hk, hv, hg, hb] = head;
                 let head = [hk?, hv?, hg?, hb?];
                 let zq = Tensor::zeros(head[0].shape(), DType::F32);
+                // The anchor is what batch-invariant steps continue from, so its chunks run in
+                // that mode whatever this step's (on CPUs without AVX-512 the modes' products
+                // differ; with it they are the same kernel).
+                let _mode = crate::invariant::set_batch_invariant(true);
                 self.anchor = self.chunked(&zq, &head)?.1;
             }
             self.keep_after(&all, full, total)?;

@@ -179,9 +179,12 @@ fn forward(x: &Inputs, m: &DeltaRuleDims, save: bool) -> Forward {
     let z = sizes(m);
     let chunks = m.t.div_ceil(CHUNK);
     let ss = m.dk * m.dv;
+    // The mode is per thread: the pool's threads take the caller's (see `mm`).
+    let invariant = crate::invariant::batch_invariant();
     let per_head: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..m.b * m.hv)
         .into_par_iter()
         .map(|bh| {
+            let _mode = crate::invariant::set_batch_invariant(invariant);
             let head = Head::of(x, m, bh);
             let mut s = match x.state {
                 Some(s0) => s0[bh * ss..(bh + 1) * ss].to_vec(),
@@ -244,9 +247,11 @@ fn backward(
     let chunks = m.t.div_ceil(CHUNK);
     let ss = m.dk * m.dv;
     let gd = m.gd();
+    let invariant = crate::invariant::batch_invariant();
     let per_head: Vec<[Vec<f32>; 6]> = (0..m.b * m.hv)
         .into_par_iter()
         .map(|bh| {
+            let _mode = crate::invariant::set_batch_invariant(invariant);
             let head = Head::of(x, m, bh);
             let (b, h) = (bh / m.hv, bh % m.hv);
             let d_o = gather(d_out, m, b, h, m.hv, m.dv);
