@@ -11,8 +11,7 @@ use anneal_tests::cli as common;
 
 use common::{anneal, losses, ok, rows, user_error, Job};
 use dist_support::{
-    copy_run, kill_rank_and_wait, loss_values, manifest_of, mpiexec_rl, mpiexec_train, piece,
-    wait_for_rows,
+    copy_run, kill_rank_and_wait, loss_values, manifest_of, mpiexec_train, piece, wait_for_rows,
 };
 use std::path::Path;
 use std::process::Command;
@@ -498,9 +497,6 @@ fn meshes_that_do_not_fit_are_user_errors() {
     // Tensor parallelism needs its ranks too.
     let (out, _) = job.train("c", &["parallelism.tp=2"]);
     user_error(&out, &["tp (2)", "1 process"]);
-    // RL runs data parallel, without sharding.
-    let out = mpiexec_rl(2, &job, &job.dir.join("rl"), &["parallelism.dp_shard=2"]);
-    user_error(&out, &["parallelism.dp_shard", "anneal rl", "FSDP"]);
     // --nproc without an MPI launcher on PATH.
     let out = anneal()
         .args(["train", "--nproc", "2"])
