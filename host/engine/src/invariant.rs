@@ -4,13 +4,14 @@
 //! Plain kernels may pick their code path by size (`gemm` has a separate path for one row, and
 //! attention's tile products go through it), so the same row can round differently in a decode
 //! step than in a full forward. In this mode every reduction a row goes through has a fixed
-//! order that ignores the other rows. On CPUs with the packed AVX-512 kernel that costs almost
-//! nothing: its products are row-independent by construction (`cpu::sgemm`), attention scores
-//! each query on its own with a fixed lane tree and aligns key blocks to position 0, and decode
-//! steps reuse packed weights. Elsewhere matrix products run on zero-padded 64-row tiles and
-//! attention on 64-aligned query and key blocks, which costs padding work in decode. The gated
-//! delta rule's decode (`ops::DeltaRuleCache`) reruns the chunked kernel over the tokens since
-//! the last 64-aligned state instead of the recurrence, so a step sees the same chunks as a full
+//! order that ignores the other rows. On CPUs with a packed kernel (AVX-512, or AVX2 + FMA)
+//! that costs almost nothing: its products are row-independent by construction
+//! (`cpu::sgemm`), attention scores each query on its own with a fixed lane tree and aligns
+//! key blocks to position 0, and decode steps reuse packed weights. Elsewhere (no AVX2) matrix
+//! products run on zero-padded 64-row tiles and attention on 64-aligned query and key blocks,
+//! which costs padding work in decode. The gated delta rule's decode (`ops::DeltaRuleCache`)
+//! reruns the chunked kernel over the tokens since the last 64-aligned state instead of the
+//! recurrence, so a step sees the same chunks as a full forward.
 //! forward. RL rollouts and the trainer's logprob pass turn the mode on.
 //!
 //! The flag is per thread (ops decide on the calling thread before they fan out).

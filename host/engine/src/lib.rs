@@ -52,8 +52,10 @@ pub fn init_threads(n: usize) -> Result<()> {
 /// The matrix-product kernels this CPU runs, in words (chosen at run time by its features):
 /// `f32: ...; bf16: ...`.
 pub fn matmul_kernels() -> String {
-    let f32 = if cpu::sgemm_available() {
+    let f32 = if cpu::sgemm_available() && cpu::simd::level() == cpu::simd::SimdLevel::Avx512 {
         "packed AVX-512 (12x32 FMA micro-kernel)"
+    } else if cpu::sgemm_available() {
+        "packed AVX2/FMA (12x32 block as 6x16 micro-kernels)"
     } else {
         "gemm crate (AVX2/FMA or scalar)"
     };

@@ -594,9 +594,9 @@ fn moe_ffn_on_an_empty_batch_is_empty() {
 #[test]
 fn moe_ffn_rows_do_not_depend_on_the_batch_in_batch_invariant_mode() {
     // A decode step (one token) must give the bits the same token gets inside a full forward.
-    // On the packed AVX-512 kernel each expert's rows are computed independently of how many
-    // rows the expert has; elsewhere the grouped product is not batch-invariant.
-    if !anneal_engine::matmul_kernels().starts_with("f32: packed AVX-512") {
+    // On the packed kernels (AVX-512, AVX2) each expert's rows are computed independently of
+    // how many rows the expert has; elsewhere the grouped product is not batch-invariant.
+    if !anneal_engine::matmul_kernels().starts_with("f32: packed") {
         return;
     }
     let _inv = anneal_engine::invariant::set_batch_invariant(true);

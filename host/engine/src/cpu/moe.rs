@@ -1,11 +1,12 @@
 //! Grouped matrix products for mixture-of-experts layers: rows sorted by expert, one weight
 //! matrix per expert.
 //!
-//! On AVX-512 each expert's product runs on the packed kernel ([`super::sgemm`]), whose result
-//! does not depend on threads or on how rows are split, so experts are scheduled freely: small
-//! experts one per task (each packs its weight once), large ones spread over the pool. Elsewhere,
-//! work is cut into (expert, block of rows) tasks whose boundaries depend only on the counts, each
-//! a single-threaded `gemm`. Either way results are bitwise identical with any thread count.
+//! On AVX-512 or AVX2 each expert's product runs on the packed kernel ([`super::sgemm`]), whose
+//! result does not depend on threads or on how rows are split, so experts are scheduled freely:
+//! small experts one per task (each packs its weight once), large ones spread over the pool.
+//! Elsewhere, work is cut into (expert, block of rows) tasks whose boundaries depend only on the
+//! counts, each a single-threaded `gemm`. Either way results are bitwise identical with any
+//! thread count.
 //! bf16 operands run on the AVX512-BF16 kernel the same way (f32 accumulation) where the CPU
 //! has it.
 

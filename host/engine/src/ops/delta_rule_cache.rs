@@ -156,8 +156,8 @@ impl DeltaRuleCache {
                 let head = [hk?, hv?, hg?, hb?];
                 let zq = Tensor::zeros(head[0].shape(), DType::F32);
                 // The anchor is what batch-invariant steps continue from, so its chunks run in
-                // that mode whatever this step's (on CPUs without AVX-512 the modes' products
-                // differ; with it they are the same kernel).
+                // that mode whatever this step's (on CPUs without a packed kernel the modes'
+                // products differ; with one they are the same kernel).
                 let _mode = crate::invariant::set_batch_invariant(true);
                 self.anchor = self.chunked(&zq, &head)?.1;
             }

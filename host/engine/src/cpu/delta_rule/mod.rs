@@ -17,7 +17,7 @@ use rayon::prelude::*;
 /// `c[m×n] (+)= a[m×k] · b[k×n]` for strided `a` (`(i, l)` at `i·ars + l·acs`) and `b`, with
 /// `c` row-major; single-threaded (callers spread over heads).
 ///
-/// On the packed AVX-512 kernel an element's result does not depend on `m`, `n` or on the
+/// On the packed kernels (AVX-512, AVX2) an element's result does not depend on `m`, `n` or on the
 /// other rows, and extra trailing terms of exact zero leave it unchanged: what makes a partial
 /// chunk's rows equal to the same rows of a full chunk. Without it, batch-invariant mode uses a
 /// plain loop with the same properties (slower), and the `gemm` crate otherwise.

@@ -33,7 +33,10 @@ pub(crate) fn available() -> bool {
     {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| super::available() && std::arch::is_x86_feature_detected!("avx512bf16"))
+        *HAS.get_or_init(|| {
+            super::simd::level() == super::SimdLevel::Avx512
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

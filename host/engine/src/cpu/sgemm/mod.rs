@@ -1,4 +1,5 @@
-//! Packed f32 matrix products with our own AVX-512 micro-kernel (BLIS-style blocking).
+//! Packed f32 matrix products with our own micro-kernels (BLIS-style blocking): AVX-512, and
+//! AVX2 + FMA on CPUs without it (the same `MR × NR` block as 6 × 16 sub-blocks, the same bits).
 //!
 //! Why not only the `gemm` crate: on stable Rust it has AVX2 kernels only, which halves the
 //! FMA width on cores with full-width AVX-512 (Intel, Zen 5); and it picks code paths by
@@ -21,6 +22,7 @@
 //! bitwise identical for any thread count, and a row's result does not depend on how many
 //! rows the product has or where the row sits (what batch-invariant mode needs).
 
+mod avx2;
 mod avx512;
 pub(crate) mod bf16;
 pub(crate) mod pack_cache;
@@ -77,16 +79,44 @@ impl<T> MatRef<'_, T> {
     }
 }
 
-/// Whether this CPU runs the packed AVX-512 kernel (else callers use the `gemm` crate).
+/// Whether this CPU runs a packed kernel (AVX-512, or AVX2 + FMA); else callers use the `gemm`
+/// crate and batch-invariant mode pads products to fixed tiles.
 pub(crate) fn available() -> bool {
-    simd::level() == SimdLevel::Avx512
+    matches!(simd::level(), SimdLevel::Avx512 | SimdLevel::Avx2)
+}
+
+/// The micro-kernel for this CPU: `C[rows × NR] (+)= A_strip · B_strip` (see
+/// [`avx512::kernel_rows`] for the operands). Both kernels give the same bits.
+///
+/// # Safety
+/// As for [`avx512::kernel_rows`]; [`available`] holds.
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_rows(
+    rows: usize,
+    kc: usize,
+    a: &[*const f32; MR],
+    a_step: usize,
+    b: *const f32,
+    b_step: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) {
+    // SAFETY: the caller's contract; the level says which instructions the CPU has.
+    unsafe {
+        if simd::level() == SimdLevel::Avx512 {
+            avx512::kernel_rows(rows, kc, a, a_step, b, b_step, c, ldc, accumulate)
+        } else {
+            avx2::kernel_rows(rows, kc, a, a_step, b, b_step, c, ldc, accumulate)
+        }
+    }
 }
 
 /// `c[m×n] = a[m×k] · b[k×n]` with `c` row-major and contiguous. Spreads over the rayon pool
 /// when `parallel`; the result is the same either way. `b_source` names where B lives, so a B
 /// that stays unchanged across calls is packed once (see [`pack_cache`]); the result is the
 /// same with or without it. Panics if an operand does not fit its slice or the CPU lacks
-/// AVX-512 (callers check [`available`]).
+/// both kernels (callers check [`available`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sgemm(
     m: usize,
@@ -115,7 +145,7 @@ pub(crate) fn sgemm_into(
     accumulate: bool,
     parallel: bool,
 ) {
-    assert!(available(), "sgemm needs AVX-512");
+    assert!(available(), "sgemm needs AVX-512 or AVX2 + FMA");
     assert!(
         a.fits(m, k) && b.fits(k, n) && c.len() == m * n,
         "sgemm operands out of bounds"
@@ -280,7 +310,7 @@ unsafe fn compute_tile(
                 if nr == NR {
                     // SAFETY: mr rows of NR elements at stride ldc, all in bounds.
                     unsafe {
-                        avx512::kernel_rows(
+                        kernel_rows(
                             mr, kc, &a_rows, a_step, b_strip, b_step, dst, ldc, accumulate,
                         )
                     };
@@ -297,7 +327,7 @@ unsafe fn compute_tile(
                     }
                     // SAFETY: tmp is MR × NR with row stride NR.
                     unsafe {
-                        avx512::kernel_rows(
+                        kernel_rows(
                             mr,
                             kc,
                             &a_rows,
@@ -413,5 +443,162 @@ fn pack_b(
         out.par_chunks_mut(NR * kc).enumerate().for_each(strip);
     } else {
         out.chunks_mut(NR * kc).enumerate().for_each(strip);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1) with many mantissa bits.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// Element (i, j) as one fused multiply-add chain over k, from `init`: what every kernel
+    /// must give bit for bit.
+    fn chain(a: &MatRef<'_>, b: &MatRef<'_>, i: usize, j: usize, k: usize, init: f32) -> f32 {
+        (0..k).fold(init, |s, l| {
+            a.data[a.off + i * a.rs + l * a.cs].mul_add(b.data[b.off + l * b.rs + j * b.cs], s)
+        })
+    }
+
+    #[test]
+    fn every_element_is_one_fma_chain_whatever_the_rows_layout_and_threads() {
+        if !available() {
+            return;
+        }
+        // Two KC blocks, an edge column strip, row counts around MR and MC, both layouts of
+        // each operand, accumulating or not, on one thread and on the pool.
+        let (k, n) = (KC + 45, 2 * NR + 7);
+        let ad = values(2 * MC * k + 3, 1);
+        let bd = values(k * n + 5, 2);
+        for m in [1, 5, MR, MR + 1, MC + 3] {
+            for (a_t, b_t, accumulate, parallel) in [
+                (false, false, false, false),
+                (true, false, true, true),
+                (false, true, false, true),
+                (true, true, true, false),
+            ] {
+                let a = if a_t {
+                    MatRef {
+                        data: &ad,
+                        off: 3,
+                        rs: 1,
+                        cs: m,
+                    }
+                } else {
+                    MatRef {
+                        data: &ad,
+                        off: 3,
+                        rs: k,
+                        cs: 1,
+                    }
+                };
+                let b = if b_t {
+                    MatRef {
+                        data: &bd,
+                        off: 5,
+                        rs: 1,
+                        cs: k,
+                    }
+                } else {
+                    MatRef {
+                        data: &bd,
+                        off: 5,
+                        rs: n,
+                        cs: 1,
+                    }
+                };
+                let init = values(m * n, 3);
+                let mut c = init.clone();
+                sgemm_into(m, n, k, a, b, None, &mut c, accumulate, parallel);
+                for i in 0..m {
+                    for j in 0..n {
+                        let start = if accumulate { init[i * n + j] } else { 0.0 };
+                        assert_eq!(
+                            c[i * n + j].to_bits(),
+                            chain(&a, &b, i, j, k, start).to_bits(),
+                            "m {m} a_t {a_t} b_t {b_t} acc {accumulate} at ({i}, {j})"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_avx2_and_avx512_kernels_give_the_same_bits() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+                return;
+            }
+            let kc = 37;
+            let a_strip = values(MR * kc, 4);
+            let b_strip = values(NR * kc, 5);
+            let a: [*const f32; MR] = std::array::from_fn(|r| a_strip[r..].as_ptr());
+            for rows in 1..=MR {
+                for accumulate in [false, true] {
+                    let init = values(MR * NR, 6);
+                    let mut c = init.clone();
+                    // SAFETY: the CPU has AVX2 + FMA; the strips hold MR × kc and NR × kc
+                    // floats (packed, steps MR and NR), C holds MR × NR.
+                    unsafe {
+                        avx2::kernel_rows(
+                            rows,
+                            kc,
+                            &a,
+                            MR,
+                            b_strip.as_ptr(),
+                            NR,
+                            c.as_mut_ptr(),
+                            NR,
+                            accumulate,
+                        )
+                    };
+                    for r in 0..rows {
+                        for j in 0..NR {
+                            let want = (0..kc)
+                                .fold(if accumulate { init[r * NR + j] } else { 0.0 }, |s, p| {
+                                    a_strip[p * MR + r].mul_add(b_strip[p * NR + j], s)
+                                });
+                            assert_eq!(c[r * NR + j].to_bits(), want.to_bits(), "({r}, {j})");
+                        }
+                    }
+                    assert_eq!(
+                        c[rows * NR..],
+                        init[rows * NR..],
+                        "rows past {rows} untouched"
+                    );
+                    if simd::level() == SimdLevel::Avx512 {
+                        let mut c512 = init.clone();
+                        // SAFETY: as above, and the CPU has AVX-512F.
+                        unsafe {
+                            avx512::kernel_rows(
+                                rows,
+                                kc,
+                                &a,
+                                MR,
+                                b_strip.as_ptr(),
+                                NR,
+                                c512.as_mut_ptr(),
+                                NR,
+                                accumulate,
+                            )
+                        };
+                        assert_eq!(c512, c, "rows {rows} accumulate {accumulate}");
+                    }
+                }
+            }
+        }
     }
 }
