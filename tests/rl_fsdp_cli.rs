@@ -5,6 +5,7 @@
 //! step 1 is the single process's loss bit for bit and the curve follows it, the checkpoints
 //! hold each rank's rows as FSDP training writes them, and they reshard: FSDP(2) resumes its
 //! own, one process resumes FSDP(2)'s and FSDP(2) one process's, each continuing bit for bit.
+//! HSDP (two replicas of FSDP(2) on 4 ranks) follows one process and FSDP(2) resumes it.
 
 use anneal_tests::cli as common;
 
@@ -91,6 +92,32 @@ fn sharded_rl_keeps_parity_follows_one_process_and_reshards() {
         follows_single(run, &losses(&before), &losses(&resumed));
         assert_eq!(resumed[2]["logprob_mismatch_max"].as_f64(), Some(0.0));
     }
+}
+
+#[test]
+fn hybrid_sharded_rl_follows_one_process_and_reshards_to_fsdp() {
+    // HSDP: two replicas of a policy sharded over two ranks, each rank rolling out a quarter
+    // of the prompts; the gradients reduce-scatter within a replica and sum across them.
+    let dir = rl_job("hsdp");
+    let (out, one_dir) = rl(1, &dir, "one", &[]);
+    ok(&out);
+    let hsdp = [FSDP2, "parallelism.dp_replicate=2"];
+    let (out, hsdp_dir) = rl(4, &dir, "hsdp", &hsdp);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("fsdp: the policy sharded over 2"),
+        "{stdout}"
+    );
+    let (one, four) = (steps(&one_dir), steps(&hsdp_dir));
+    assert_eq!(four.len(), 4, "rank 0 alone writes rows");
+    for r in &four {
+        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
+    }
+    follows_single("hsdp", &losses(&one), &losses(&four));
+    // The first replica's ranks wrote the checkpoint as FSDP(2) writes it: FSDP(2) resumes it.
+    let resumed = resume_copy(2, &dir, &hsdp_dir, "hsdp-to-fsdp2", &[FSDP2]);
+    follows_single("hsdp-to-fsdp2", &losses(&one), &losses(&resumed));
+    assert_eq!(resumed[2]["logprob_mismatch_max"].as_f64(), Some(0.0));
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! half the heads of the policy, of its KV cache during rollouts and of the trainer's
 //! projections) against one process: the rollout and trainer logprobs stay bitwise equal
 //! (mismatch exactly 0), the curve follows the one-process run within 1e-4, the checkpoints
-//! hold whole tensors (a resume continues bit for bit), and what the ranks of a group cannot
-//! do together is refused in one line.
+//! hold whole tensors (a resume continues bit for bit), a run started from a checkpoint reads
+//! each rank's slices and follows one process, and what the ranks of a group cannot do together
+//! is refused in one line.
 
 use anneal_tests::cli as common;
 
@@ -75,6 +76,28 @@ fn tensor_parallel_rl_keeps_parity_and_follows_one_process() {
     };
     assert_eq!(shapes(&manifest), shapes(&one_manifest));
     resumes_bitwise(2, &dir, &tp_dir, "tp2-resumed", &[TP2]);
+
+    // Starting from a checkpoint, each rank reads its slices tensor by tensor (never the whole
+    // policy) and goes on like one process started from the same checkpoint.
+    let from = format!(
+        "rl.init_from={}",
+        one_dir.join("checkpoints/step-2").display()
+    );
+    let short = "training.steps=2";
+    let (out, one_from) = rl(1, &dir, "one-from", &[&from, short]);
+    ok(&out);
+    let (out, tp_from) = rl(2, &dir, "tp2-from", &[TP2, &from, short]);
+    ok(&out);
+    let rank1 = std::fs::read_to_string(tp_from.join("logs/rank-1.log")).expect("rank 1's log");
+    assert!(rank1.contains("keeps its slices"), "{rank1}");
+    let (one, two) = (steps(&one_from), steps(&tp_from));
+    assert_eq!((one.len(), two.len()), (2, 2));
+    for (a, b) in one.iter().zip(&two) {
+        assert_eq!(b["logprob_mismatch_max"].as_f64(), Some(0.0), "{b}");
+        let (x, y) = (loss(a), loss(b));
+        assert!((x - y).abs() <= 1e-4 * x.abs(), "from step 2: {x} vs {y}");
+    }
+    assert_eq!(first_step_samples(&one_from), first_step_samples(&tp_from));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use anneal_engine::Tensor;
 use anneal_runtime::plugins::{Params, PluginModel, PluginOptimizer};
 use anneal_train::checkpoint::{Loaded, RlState, Snapshot, TrainState};
 use anneal_train::harness::{params_from_checkpoint, restore_optimizer, split_buffers, Provenance};
-use anneal_train::TrainError;
+use anneal_train::{TpInference, TrainError};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -119,12 +119,18 @@ pub(crate) fn restore(
     cfg: &JobConfig,
     model: &PluginModel,
     optimizer: &mut PluginOptimizer,
+    tp: Option<&TpInference>,
     ckpt: Loaded,
 ) -> Result<Restored, TrainError> {
     let rl = ckpt.state.rl.clone().unwrap_or_default();
-    let (named, buffers) = split_buffers(model, params_from_checkpoint(&ckpt, model, "model")?);
+    // Under tensor parallelism this rank's slices, read one tensor at a time.
+    let params = |prefix: &str| match tp {
+        Some(tp) => tp.params_from_checkpoint(&ckpt, model, prefix),
+        None => params_from_checkpoint(&ckpt, model, prefix),
+    };
+    let (named, buffers) = split_buffers(model, params("model")?);
     let reference = if cfg.rl.kl_coef > 0.0 {
-        if !ckpt.tensors.keys().any(|k| k.starts_with("ref/")) {
+        if !ckpt.names().any(|k| k.starts_with("ref/")) {
             return Err(TrainError::Checkpoint(
                 anneal_train::checkpoint::CheckpointError::Mismatch(format!(
                     "{}: no KL reference (ref/*): it was saved with rl.kl_coef = 0, the config \
@@ -133,14 +139,15 @@ pub(crate) fn restore(
                 )),
             ));
         }
-        let frozen: HashMap<String, Tensor> = params_from_checkpoint(&ckpt, model, "ref")?
-            .into_iter()
-            .collect();
+        let frozen: HashMap<String, Tensor> = params("ref")?.into_iter().collect();
         Some(Arc::new(frozen))
     } else {
         None
     };
-    restore_optimizer(&ckpt, &named, optimizer)?;
+    match tp {
+        Some(tp) => tp.restore_optimizer(&ckpt, &named, optimizer)?,
+        None => restore_optimizer(&ckpt, &named, optimizer)?,
+    }
     Ok(Restored {
         named,
         buffers,

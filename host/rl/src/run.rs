@@ -15,8 +15,9 @@ use anneal_config::JobConfig;
 use anneal_engine::Tensor;
 use anneal_runtime::infer::Sampling;
 use anneal_runtime::plugins::Params;
+use anneal_train::checkpoint::{load_dir_with, Contents};
 use anneal_train::harness::Resumed;
-use anneal_train::harness::{resume, split_buffers, RunDir, RunKind, Saver, ShardSaver};
+use anneal_train::harness::{resume_with, split_buffers, RunDir, RunKind, Saver, ShardSaver};
 use anneal_train::{
     io_err, Console, Dist, FsdpPolicy, LrSchedule, MetricsLog, TpInference, TrainError,
 };
@@ -210,10 +211,19 @@ pub fn run_rl_dist(
     let _tp_active = tp.as_ref().map(TpInference::activate);
     let mut restored = None;
     let resumed = match &run {
-        Some(run) => resume(cfg, run, RunKind::Rl, &provenance, &console, |l| {
-            restored = Some(restore(cfg, &model, &mut optimizer, l)?);
-            Ok(())
-        }),
+        // Tensors are read when asked for: under tensor parallelism a rank reads its slices.
+        Some(run) => resume_with(
+            cfg,
+            run,
+            RunKind::Rl,
+            &provenance,
+            &console,
+            Contents::OnDemand,
+            |l| {
+                restored = Some(restore(cfg, &model, &mut optimizer, tp.as_ref(), l)?);
+                Ok(())
+            },
+        ),
         None => Ok(Resumed::default()),
     };
     // A checkpoint rank 0 refuses fails every rank.
@@ -224,8 +234,9 @@ pub fn run_rl_dist(
         if !lead && step > 0 {
             let dir = run_dir.join("checkpoints").join(format!("step-{step}"));
             console.note(&format!("resuming from {} (step {step})", dir.display()));
-            let loaded = anneal_train::checkpoint::load_dir(&dir)?;
-            restored = Some(restore(cfg, &model, &mut optimizer, loaded)?);
+            // Rank 0 has verified the files.
+            let loaded = load_dir_with(&dir, Contents::Trusted)?;
+            restored = Some(restore(cfg, &model, &mut optimizer, tp.as_ref(), loaded)?);
         }
         Resumed { step, ..resumed }
     } else {
@@ -234,32 +245,16 @@ pub fn run_rl_dist(
     let (named, buffers, reference, mut progress) = match restored {
         Some(r) => (r.named, r.buffers, r.reference, r.progress),
         None => {
-            let (named, buffers) =
-                split_buffers(&model, initial_params(cfg, &model, &|m| console.note(m))?);
+            let (named, buffers) = split_buffers(
+                &model,
+                initial_params(cfg, &model, tp.as_ref(), &|m| console.note(m))?,
+            );
             let all: Vec<(String, Tensor)> = named.iter().chain(&buffers).cloned().collect();
             let reference: Option<Params> = (r.kl_coef > 0.0)
                 .then(|| publishable(&all, 0.0))
                 .transpose()?;
             (named, buffers, reference, Progress::default())
         }
-    };
-    // Under tensor parallelism each rank keeps its slices of the whole policy it started from
-    // (and of the optimizer state a checkpoint restored).
-    let (named, reference) = match &tp {
-        Some(tp) => {
-            let whole = named.clone();
-            let named = tp.slice_params(named)?;
-            let state = tp.slice_state(&whole, optimizer.state().clone())?;
-            if !state.is_empty() {
-                optimizer.load_state(&named, state).map_err(|m| {
-                    TrainError::Checkpoint(anneal_train::checkpoint::CheckpointError::Mismatch(
-                        format!("the optimizer state of this rank's slices: {m}"),
-                    ))
-                })?;
-            }
-            (named, reference.map(|r| tp.slice(&r)).transpose()?)
-        }
-        None => (named, reference),
     };
     // Under FSDP each rank keeps its rows of the policy, of the optimizer state and of the KL
     // reference it started from.

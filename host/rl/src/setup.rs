@@ -5,10 +5,11 @@ use crate::rollout::{Prompt, PromptSource};
 use anneal_config::JobConfig;
 use anneal_data::TextTokenizer;
 use anneal_engine::Tensor;
+use anneal_runtime::plugins::model::init_param;
 use anneal_runtime::plugins::{PluginModel, PluginOptimizer};
-use anneal_train::checkpoint::load_dir;
+use anneal_train::checkpoint::{load_dir_with, Contents};
 use anneal_train::harness::{load_model, load_optimizer, params_from_checkpoint, Provenance};
-use anneal_train::TrainError;
+use anneal_train::{TpInference, TrainError};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -66,33 +67,64 @@ fn cfg_err(key: &str, msg: impl std::fmt::Display) -> TrainError {
 }
 
 /// The starting policy of a fresh run, sorted by name: a checkpoint step dir, a Hugging Face
-/// dir (`rl.init_from`), or fresh weights from `training.seed`.
+/// dir (`rl.init_from`), or fresh weights from `training.seed`. Under tensor parallelism (`tp`)
+/// each tensor is cut to this rank's slice as soon as it is read or drawn, so a rank holds at
+/// most one whole tensor, never the whole policy.
 pub(crate) fn initial_params(
     cfg: &JobConfig,
     model: &PluginModel,
+    tp: Option<&TpInference>,
     note: &dyn Fn(&str),
 ) -> Result<Vec<(String, Tensor)>, TrainError> {
     let from = &cfg.rl.init_from;
     let dir = Path::new(from);
+    let keep = |name: &str, whole: Tensor| match tp {
+        Some(tp) => tp.slice_one(name, &whole),
+        None => Ok(whole),
+    };
     let mut named: Vec<(String, Tensor)> = if from.is_empty() {
         note("policy: fresh weights from training.seed");
-        model.init_params(cfg.training.seed)?.into_iter().collect()
+        // Each parameter's stream is named after it, so drawing them one by one gives the
+        // values of a whole draw.
+        model
+            .spec()
+            .params
+            .iter()
+            .map(|p| {
+                let whole = init_param(p, cfg.training.seed)?;
+                Ok((p.name.clone(), keep(&p.name, whole)?))
+            })
+            .collect::<Result<_, TrainError>>()?
     } else if dir.join("manifest.json").exists() {
         note(&format!("policy: checkpoint {from}"));
-        let loaded = load_dir(dir)?;
-        params_from_checkpoint(&loaded, model, "model").map_err(|e| cfg_err("rl.init_from", e))?
+        // Tensors are read when asked for, one at a time.
+        let loaded = load_dir_with(dir, Contents::OnDemand)?;
+        match tp {
+            Some(tp) => tp.params_from_checkpoint(&loaded, model, "model"),
+            None => params_from_checkpoint(&loaded, model, "model"),
+        }
+        .map_err(|e| cfg_err("rl.init_from", e))?
     } else if dir.join("config.json").exists() {
         note(&format!("policy: Hugging Face directory {from}"));
-        anneal_runtime::hf::load_params(dir, model.spec())
-            .map_err(|e| cfg_err("rl.init_from", e))?
-            .into_iter()
-            .collect()
+        anneal_runtime::hf::load_params_with(dir, model.spec(), &mut |name, whole| {
+            keep(name, whole).map_err(|e| e.to_string())
+        })
+        .map_err(|e| cfg_err("rl.init_from", e))?
+        .into_iter()
+        .collect()
     } else {
         return Err(cfg_err(
             "rl.init_from",
             format!("{from} is neither a checkpoint step dir (manifest.json) nor a Hugging Face dir (config.json)"),
         ));
     };
+    if let Some(tp) = tp {
+        note(&format!(
+            "policy: tensor-parallel rank {} of {} keeps its slices, cut as each tensor is read",
+            tp.rank(),
+            tp.ranks()
+        ));
+    }
     named.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(named)
 }

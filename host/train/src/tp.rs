@@ -610,6 +610,31 @@ pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
     Ok(())
 }
 
+/// This rank's slices of the parameters `keep` picks (by name) from a checkpoint of any
+/// layout, read one tensor at a time: a column- or vocab-split parameter as its rows of the
+/// whole, a row-split one read whole and cut, the others whole. Never more than one whole
+/// tensor is held.
+pub(crate) fn params_from_checkpoint(
+    layout: &TpLayout,
+    ckpt: &crate::checkpoint::Loaded,
+    model: &anneal_runtime::plugins::PluginModel,
+    prefix: &str,
+    keep: &dyn Fn(&str) -> bool,
+) -> Result<Named, TrainError> {
+    let rows_of = |n: &str, w: &[usize]| layout.rows_of(n, w);
+    crate::harness::params_of_rows_from_checkpoint(ckpt, model, prefix, keep, &rows_of)?
+        .into_iter()
+        .map(|(n, t)| {
+            let t = if layout.is_row_split(&n) {
+                layout.slice(&n, &t)?
+            } else {
+                t
+            };
+            Ok((n, t))
+        })
+        .collect()
+}
+
 /// The optimizer state of `named` (this rank's slices) from a checkpoint of any layout: a
 /// column/vocab-split parameter's state read as its rows, a row-split one's read whole and cut,
 /// the rest whole. With `own_only` (a pipeline rank's stages) the state of parameters outside

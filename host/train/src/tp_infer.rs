@@ -12,10 +12,9 @@ use crate::{Dist, TrainError};
 use anneal_dist::Collective;
 use anneal_engine::Tensor;
 use anneal_plugin_api::spec::ModelSpec;
-use anneal_runtime::plugins::{Params, TensorParallelism};
+use anneal_runtime::plugins::TensorParallelism;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
-use std::sync::Arc;
 
 type Named = Vec<(String, Tensor)>;
 
@@ -69,24 +68,33 @@ impl TpInference {
         self.layout.summary()
     }
 
-    /// This rank's slices of whole tensors (copies of the split ones; the others shared).
-    pub fn slice(&self, whole: &Params) -> Result<Params, TrainError> {
-        let mut out = std::collections::HashMap::with_capacity(whole.len());
-        for (n, t) in whole.iter() {
-            out.insert(n.clone(), self.slice_one(n, t)?);
-        }
-        Ok(Arc::new(out))
-    }
-
     /// This rank's slice of parameter `name`, given whole (a copy when it is split, else
     /// `whole` itself): what a rank keeps of each tensor as it loads them one by one.
     pub fn slice_one(&self, name: &str, whole: &Tensor) -> Result<Tensor, TrainError> {
         self.layout.slice(name, whole)
     }
 
-    /// This rank's slices of whole trainable parameters, as trainable leaves.
-    pub fn slice_params(&self, whole: Named) -> Result<Named, TrainError> {
-        self.layout.slice_params(whole)
+    /// This rank's slices of the model's parameters under `prefix` (`model`, or an RL run's
+    /// `ref`) in a checkpoint of any layout, read one tensor at a time: loaded with
+    /// [`crate::checkpoint::Contents::OnDemand`], the rank never holds the whole model.
+    pub fn params_from_checkpoint(
+        &self,
+        ckpt: &crate::checkpoint::Loaded,
+        model: &anneal_runtime::plugins::PluginModel,
+        prefix: &str,
+    ) -> Result<Named, TrainError> {
+        crate::tp::params_from_checkpoint(&self.layout, ckpt, model, prefix, &|_| true)
+    }
+
+    /// Loads this rank's slices of a checkpoint's optimizer state into `optimizer`, for
+    /// `named` (this rank's slices of the parameters), one tensor at a time.
+    pub fn restore_optimizer(
+        &self,
+        ckpt: &crate::checkpoint::Loaded,
+        named: &Named,
+        optimizer: &mut anneal_runtime::plugins::PluginOptimizer,
+    ) -> Result<(), TrainError> {
+        crate::tp::restore_optimizer(&self.layout, ckpt, named, optimizer, false)
     }
 
     /// What a forward over the slices needs (no sequence parallelism).
@@ -135,27 +143,6 @@ impl TpInference {
                 None => t.clone(),
             };
             out.insert(key.clone(), t);
-        }
-        Ok(out)
-    }
-
-    /// This rank's slices of whole optimizer state (read from a checkpoint): each
-    /// `<param>.<state>` of its split parameter's whole shape cut like the parameter.
-    /// `whole` gives the parameters' whole shapes.
-    pub fn slice_state(
-        &self,
-        whole: &Named,
-        state: BTreeMap<String, Tensor>,
-    ) -> Result<BTreeMap<String, Tensor>, TrainError> {
-        let shapes: HashMap<&str, &[usize]> =
-            whole.iter().map(|(n, t)| (n.as_str(), t.shape())).collect();
-        let mut out = BTreeMap::new();
-        for (key, t) in state {
-            let t = match param_of(&key).filter(|p| shapes.get(p) == Some(&t.shape())) {
-                Some(p) => self.layout.slice(p, &t)?,
-                None => t,
-            };
-            out.insert(key, t);
         }
         Ok(out)
     }

@@ -178,20 +178,8 @@ impl Trainer {
             }
             None if self.tp.is_some() => {
                 let tp = self.tp.as_ref().expect("matched is_some");
-                // Column and vocab slices are rows of the whole; row slices are cut from it.
-                let rows_of = |n: &str, w: &[usize]| tp.rows_of(n, w);
                 let loaded =
-                    params_of_rows_from_checkpoint(&ckpt, &self.model, "model", &keep, &rows_of)?
-                        .into_iter()
-                        .map(|(n, t)| {
-                            let t = if tp.is_row_split(&n) {
-                                tp.slice(&n, &t)?
-                            } else {
-                                t
-                            };
-                            Ok((n, t))
-                        })
-                        .collect::<Result<Vec<_>, TrainError>>()?;
+                    crate::tp::params_from_checkpoint(tp, &ckpt, &self.model, "model", &keep)?;
                 let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
                 crate::tp::restore_optimizer(tp, &ckpt, &named, &mut self.optimizer, staged)?;
                 (named, buffers)
