@@ -6,8 +6,9 @@
 //! parallelism follow the single process (step 1 within 1e-6, 50 steps within 1e-4), TP2
 //! reruns bitwise, the balancing bias stays the same bits on every rank and sees the single
 //! process's token counts, and a TP2 checkpoint (the experts' slices gathered whole) resumes in
-//! one process on the single process's curve. Layouts not supported with experts are one line
-//! naming the keys, exit 2.
+//! one process on the single process's curve. TP2 composes with FSDP2, CP2 and PP2 (4 ranks
+//! each, on the single process's curve; TP2 x FSDP2's checkpoint resumes in one process).
+//! Experts split by both tp and ep are one line naming the keys, exit 2.
 
 mod dist_support;
 
@@ -103,6 +104,50 @@ fn tensor_parallel_experts_follow_the_single_process_and_resume() {
 }
 
 #[test]
+fn tensor_parallel_experts_compose_with_fsdp_context_and_pipeline_parallelism() {
+    // The balancing loss weighted 0: under cp it is each rank's tokens' (see the README), so
+    // every layout here must follow the same single process. The balancing bias stays on: its
+    // token counts are summed over the data-parallel and cp ranks.
+    let job = Job::new("tp-moe-composed");
+    let no_aux = ["training.aux_loss_weights.load_balance=0.0"];
+    let (single, single_dir) = job.train("single", &settings(&no_aux));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    let fsdp = ["parallelism.tp=2", "parallelism.dp_shard=2"];
+    let cp = ["parallelism.tp=2", "parallelism.cp=2"];
+    let pp = ["parallelism.tp=2", "parallelism.pp=2"];
+    let mut dirs = Vec::new();
+    for (name, layout) in [("tp2-fsdp2", &fsdp), ("tp2-cp2", &cp), ("pp2-tp2", &pp)] {
+        let dir = job.dir.join(name);
+        let set: Vec<&str> = settings(&no_aux).into_iter().chain(*layout).collect();
+        let out = ok(&mpiexec_train(4, &job, &dir, &set));
+        assert!(
+            out.contains("buffers identical on every rank"),
+            "{name}: the balancing bias is checked: {out}"
+        );
+        follows_single(name, &want, &loss_values(&dir));
+        dirs.push(dir);
+    }
+    // Each rank of the first stage routes the whole batch of its data-parallel and cp share;
+    // summed, the counts that move the bias are one process's.
+    assert_eq!(counts(&single_dir), counts(&dirs[0]));
+    // TP2 x FSDP2's checkpoint (expert slices sharded by rows, saved as global pieces) resumes
+    // in one process on the single process's curve.
+    let dir = job.dir.join("tp2-fsdp2-as-single");
+    copy_run(&dirs[0], &dir, &[50]);
+    let out = ok(&job.train("tp2-fsdp2-as-single", &settings(&no_aux)).0);
+    assert!(out.contains("(step 40)"), "resumed at 40: {out}");
+    let got = loss_values(&dir);
+    for (step, (a, b)) in want[40..].iter().zip(&got[40..]).enumerate() {
+        assert!(
+            (a - b).abs() / a < 1e-4,
+            "resumed step {}: {b} vs {a}",
+            step + 41
+        );
+    }
+}
+
+#[test]
 fn tensor_parallel_expert_layouts_not_supported_name_the_keys() {
     let job = Job::new("tp-moe-bad");
     let one_step = |extra: &[&'static str]| -> Vec<&'static str> {
@@ -133,7 +178,4 @@ fn tensor_parallel_expert_layouts_not_supported_name_the_keys() {
         ],
     );
     user_error(&out, &["parallelism.tp", "parallelism.ep"]);
-    // FSDP over the experts' slices is not wired yet.
-    let out = launch("fsdp", 4, &["parallelism.tp=2", "parallelism.dp_shard=2"]);
-    user_error(&out, &["parallelism.tp", "parallelism.dp_shard"]);
 }

@@ -439,9 +439,8 @@ fn what_dim(split: TpSplit, experts: bool) -> &'static str {
     }
 }
 
-/// Tensor parallelism with a model that has experts: beside replicas (DDP) only so far, and
-/// never with expert parallelism (the experts would be split two ways at once). One line
-/// naming the keys.
+/// Tensor parallelism with a model that has experts: never with expert parallelism (the
+/// experts would be split two ways at once). One line naming the keys.
 fn check_moe_mesh(cfg: &JobConfig, model: &str, tp: usize) -> Result<(), TrainError> {
     let par = &cfg.parallelism;
     if par.ep > 1 {
@@ -450,19 +449,7 @@ fn check_moe_mesh(cfg: &JobConfig, model: &str, tp: usize) -> Result<(), TrainEr
             par.ep
         )));
     }
-    for (k, v) in [("dp_shard", par.dp_shard), ("pp", par.pp), ("cp", par.cp)] {
-        if v > 1 {
-            return Err(config_err(format!(
-                "`parallelism.tp` ({tp}) with `parallelism.{k}` ({v}): tensor parallelism over {model}'s experts runs beside data-parallel replicas (parallelism.dp_replicate) only so far; set parallelism.{k} = 1"
-            )));
-        }
-    }
     Ok(())
-}
-
-/// A row-split `[out, in / ranks]` slice joined with the other ranks' into `[out, in]`.
-pub(crate) fn gather_cols(comm: &dyn Collective, local: &Tensor) -> Result<Tensor, TrainError> {
-    gather_along(comm, local, 1)
 }
 
 /// This rank's slice `local` of a tensor split along `dim` joined with the other ranks' (in

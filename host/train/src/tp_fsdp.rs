@@ -15,7 +15,8 @@
 //!
 //! Checkpoints hold global pieces, so any layout reads them: a column- or vocab-split slice's
 //! shard rows are rows of the whole, written by the rank holding them; a replicated
-//! parameter's by the group's first tensor-parallel rank; a row-split parameter's shard rows are
+//! parameter's by the group's first tensor-parallel rank; the shard rows of a parameter split
+//! along a dim other than 0 (a row split, or a stacked experts' weight split by width) are
 //! gathered over `tp` only (each rank gets its `1 / dp_shard` of the rows, full width) and the
 //! `tp` ranks write a share of those rows each ([`TpFsdpSave`]), since a piece may cut dim 0
 //! alone. No rank ever holds a whole row-split tensor to save it.
@@ -114,8 +115,8 @@ pub(crate) fn grad_sums(
         .collect())
 }
 
-/// A row-split tensor's share for this rank's checkpoint piece: `(key, rows, whole shape,
-/// first row)`.
+/// A tensor split along a dim other than 0: this rank's share of it for its checkpoint piece,
+/// `(key, rows, whole shape, first row)`.
 pub(crate) type Gathered = (String, Tensor, Vec<usize>, usize);
 
 /// What a TP × FSDP rank saves beside its own rows: its share of the row-split tensors' shard
@@ -140,10 +141,13 @@ impl TpFsdpSave {
         let (t, ranks) = layout.place();
         let mut out = Vec::new();
         for ((name, p), (local, rows)) in shards.iter().zip(fsdp.param_rows()) {
-            if !layout.is_row_split(name) {
+            // Split along a dim other than 0: a 2-d row split, or a stacked experts' weight
+            // split by its width (dim 1 or 2 of `[expert, out, in]`).
+            let Some(dim) = layout.split_dim(name).filter(|&d| d != 0) else {
                 continue;
-            }
-            let whole = vec![local[0], local[1] * ranks];
+            };
+            let mut whole = local.to_vec();
+            whole[dim] *= ranks;
             let tensors = std::iter::once((format!("model/{name}"), p)).chain(
                 state
                     .iter()
@@ -151,7 +155,7 @@ impl TpFsdpSave {
                     .map(|(k, s)| (format!("optim/{k}"), s)),
             );
             for (key, local_rows) in tensors {
-                let full = crate::tp::gather_cols(tp, local_rows)?;
+                let full = crate::tp::gather_along(tp, local_rows, dim)?;
                 // This rank's share of the shard's rows (ceil-sized blocks over tp).
                 let per = rows.len().div_ceil(ranks);
                 let (a, b) = ((t * per).min(rows.len()), ((t + 1) * per).min(rows.len()));
@@ -297,11 +301,12 @@ pub(crate) fn restore(
     Ok((named, buffers))
 }
 
-/// A row-split parameter's (or its state's) rows cut to this rank's columns; `t` otherwise.
+/// The rows of a parameter split along a dim other than 0 (or of its state) cut to this
+/// rank's part of that dim; `t` otherwise.
 fn cut_cols(layout: &TpLayout, name: &str, t: Tensor) -> Result<Tensor, TrainError> {
-    match layout.is_row_split(name) && t.rank() == 2 {
-        true => layout.slice(name, &t),
-        false => Ok(t),
+    match layout.split_dim(name) {
+        Some(dim) if dim != 0 && t.rank() > dim => layout.slice(name, &t),
+        _ => Ok(t),
     }
 }
 
