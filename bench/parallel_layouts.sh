@@ -4,7 +4,8 @@
 # virtual stages per rank), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
 # parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), PP(2) x TP(2) with and without SP (pp2_tp2,
 # pp2_tp2_sp), PP(2) x TP(2) x FSDP(2) with and without SP on 8 ranks (pp2_tp2_fsdp2,
-# pp2_tp2_fsdp2_sp), CP(2), CP(2) x FSDP(2), PP(2) x CP(2) and PP(2) x TP(2) x CP(2) with and
+# pp2_tp2_fsdp2_sp), CP(2), CP(2) x FSDP(2), CP(2) x TP(2) (cp2_tp2: each rank's ring carries
+# its half of the KV heads), PP(2) x CP(2) and PP(2) x TP(2) x CP(2) with and
 # without SP (pp2_tp2_cp2, pp2_tp2_cp2_sp; 8 ranks), one compute thread per rank, a global
 # batch of 8 x 256 in micro-batches of 1 sequence (8 micro-batches: 4 per data-parallel rank
 # under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2), PP(2) x TP(2) x FSDP(2) and
@@ -112,6 +113,7 @@ for layers in 4 16; do
         parallelism.tp_sequence=true
     run "cp2-$layers" "$layers" 2 parallelism.cp=2
     run "cp2_fsdp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.dp_shard=2
+    run "cp2_tp2-$layers" "$layers" 4 parallelism.cp=2 parallelism.tp=2
     run "pp2xcp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.cp=2
     run "pp2_tp2_cp2-$layers" "$layers" 8 parallelism.pp=2 parallelism.tp=2 parallelism.cp=2
     run "pp2_tp2_cp2_sp-$layers" "$layers" 8 parallelism.pp=2 parallelism.tp=2 parallelism.cp=2 \
@@ -206,7 +208,8 @@ kv, cp = 256, 2
 print(f"\n{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'ring MB/step':>13} {'theory MB':>10}")
 for layers in (4, 16):
     for name, per_rank, blocks in (("single", micro, layers), ("cp2", micro, layers),
-                                   ("cp2_fsdp2", micro // 2, layers), ("pp2xcp2", micro, layers // 2),
+                                   ("cp2_fsdp2", micro // 2, layers), ("cp2_tp2", micro, layers),
+                                   ("pp2xcp2", micro, layers // 2),
                                    ("pp2_tp2_cp2", micro, layers // 2),
                                    ("pp2_tp2_cp2_sp", micro, layers // 2)):
         path = f"{out}/{name}-{layers}/metrics.jsonl"

@@ -4,8 +4,9 @@
 //! with and without sequence parallelism, follows the single process (step 1 within 1e-6,
 //! every step and the validation loss within 1e-4) and reruns bitwise; its checkpoint, written
 //! by the first cp coordinate's `pp × tp` ranks, resumes in one process and as CP2 × TP2 on the
-//! single process's curve. Under sequence parallelism a cp rank's part of the sequence must
-//! split over `tp`, or the layout is refused naming the keys.
+//! single process's curve. With FSDP too (PP2 × TP2 × FSDP2 × CP2, 16 ranks) it follows the
+//! single process and its checkpoint resumes in one process. Under sequence parallelism a cp
+//! rank's part of the sequence must split over `tp`, or the layout is refused naming the keys.
 
 mod dist_support;
 
@@ -109,6 +110,37 @@ fn pipeline_stages_run_tensor_and_context_parallel_and_reshard() {
         "PP2 x TP2 x CP2 -> CP2 x TP2",
         &want,
         &loss_values(&to_cp_tp),
+    );
+}
+
+#[test]
+fn pipeline_stages_run_tensor_parallel_beside_both_fsdp_and_context_parallelism() {
+    // All four dims on 16 ranks: each stage's tp slices sharded over dp_shard x cp, its
+    // sequences split over cp. It follows the single process, and its checkpoint (every
+    // rank's global rows) resumes in one process on the single process's curve.
+    let job = Job::new("pp-tp-fsdp-cp");
+    let (single, single_dir) = job.train("single", &settings(&[]));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    let dir = job.dir.join("pp2-tp2-fsdp2-cp2");
+    let layout: Vec<&'static str> = PP2_TP2_CP2
+        .iter()
+        .chain(&["parallelism.dp_shard=2"])
+        .copied()
+        .collect();
+    let out = ok(&mpiexec_train(16, &job, &dir, &settings(&layout)));
+    for line in ["pipeline: 2 stage(s)", "tp: rank 0 of 2", "cp: rank 0 of 2"] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    follows_single("PP2 x TP2 x FSDP2 x CP2", &want, &loss_values(&dir));
+    let to_one = job.dir.join("to-one");
+    copy_run(&dir, &to_one, &[10]);
+    let out = ok(&train_one(&job, &to_one, &settings(&[])));
+    assert!(out.contains("step 5"), "resumes from step 5: {out}");
+    follows_single(
+        "PP2 x TP2 x FSDP2 x CP2 -> single",
+        &want,
+        &loss_values(&to_one),
     );
 }
 

@@ -118,7 +118,6 @@ impl Dist {
             )));
         }
         crate::cp::check_mesh(cfg, &mesh)?;
-        crate::tp::check_mesh(&mesh)?;
         // Every rank splits the same communicators in the same order (collective calls).
         let dp = if world.size() == 1 {
             Box::new(Single::new()) as Box<dyn Collective>

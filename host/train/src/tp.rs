@@ -577,26 +577,6 @@ impl StageParams for TpHook {
     }
 }
 
-/// The meshes tensor parallelism composes with so far: data-parallel replicas (DDP), sharding
-/// (FSDP, [`crate::tp_fsdp`]), context parallelism and pipeline stages ([`crate::pp::tp`]),
-/// and stages with `tp` and either `dp_shard` or `cp` inside them; stages with both (16 ranks
-/// at the least, never run) are refused, naming the keys.
-pub(crate) fn check_mesh(mesh: &anneal_dist::Mesh) -> Result<(), TrainError> {
-    use anneal_dist::MeshDim;
-    let tp = mesh.degree(MeshDim::Tp);
-    let pp = mesh.degree(MeshDim::Pp);
-    if tp == 1 || pp == 1 {
-        return Ok(());
-    }
-    let (shard, cp) = (mesh.degree(MeshDim::DpShard), mesh.degree(MeshDim::Cp));
-    if shard > 1 && cp > 1 {
-        return Err(config_err(format!(
-            "`parallelism.tp` ({tp}) with `parallelism.pp` ({pp}), `parallelism.dp_shard` ({shard}) and `parallelism.cp` ({cp}): pipeline stages run tensor-parallel beside FSDP (parallelism.dp_shard) or context parallelism (parallelism.cp), not both so far; set parallelism.dp_shard = 1 or parallelism.cp = 1"
-        )));
-    }
-    Ok(())
-}
-
 /// This rank's slices of the parameters `keep` picks (by name) from a checkpoint of any
 /// layout, read one tensor at a time: a column- or vocab-split parameter as its rows of the
 /// whole, a row-split one read whole and cut, the others whole. Never more than one whole
