@@ -145,6 +145,44 @@ pub fn copy_run(from: &Path, to: &Path, drop_steps: &[u64]) {
     }
 }
 
+/// `from`'s run copied to `<job dir>/<name>` without its checkpoints of steps `dropped`, then
+/// resumed with `set` on `n` ranks (`n = 1`: one process), which must say it resumed at `step`.
+/// Returns the copy's losses: `from`'s rows up to `step`, then the resumed run's.
+pub fn resumed_copy(
+    job: &Job,
+    name: &str,
+    from: &Path,
+    (dropped, step): (&[u64], u64),
+    n: usize,
+    set: &[&str],
+) -> Vec<f64> {
+    let dir = job.dir.join(name);
+    copy_run(from, &dir, dropped);
+    let out = match n {
+        1 => train_one(job, &dir, set),
+        _ => mpiexec_train(n, job, &dir, set),
+    };
+    let stdout = anneal_tests::cli::ok(&out);
+    assert!(
+        stdout.contains(&format!("(step {step})")),
+        "{name}: resumed at {step}: {stdout}"
+    );
+    loss_values(&dir)
+}
+
+/// Asserts that a resumed run's losses `got` stay within 1e-4 (relative) of the single
+/// process's `want` at every step after the first `resumed_at`.
+pub fn follows_after(name: &str, want: &[f64], got: &[f64], resumed_at: usize) {
+    assert_eq!(want.len(), got.len(), "{name}: steps");
+    for (step, (a, b)) in want.iter().zip(got).enumerate().skip(resumed_at) {
+        assert!(
+            (a - b).abs() / a.abs() < 1e-4,
+            "{name} resumed step {}: {b} vs {a}",
+            step + 1
+        );
+    }
+}
+
 /// Asserts that a layout's losses `got` follow the single process's `want` (`name` in the
 /// messages): step 1 within 1e-6 relative, every step within 1e-4.
 pub fn follows_single(name: &str, want: &[f64], got: &[f64]) {

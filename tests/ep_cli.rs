@@ -13,7 +13,9 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
+use dist_support::{
+    follows_after, follows_single, loss_values, manifest_of, mpiexec_train, piece, resumed_copy,
+};
 use std::path::Path;
 
 const MOE: [&str; 4] = [
@@ -94,23 +96,9 @@ fn expert_parallel_runs_follow_the_single_process_and_reshard() {
 
     // EP2 and EP2 x FSDP2 checkpoints resume as one process, on the single process's curve.
     for (name, from) in [("ep2", &ep2), ("ep2-fsdp2", &ep2_fsdp2)] {
-        let dir = job.dir.join(format!("{name}-as-single"));
-        copy_run(from, &dir, &[50]);
-        let (out, _) = job.train(&format!("{name}-as-single"), &settings(&[]));
-        let stdout = ok(&out);
-        assert!(
-            stdout.contains("(step 40)"),
-            "{name}: resumed at 40: {stdout}"
-        );
-        let got = loss_values(&dir);
-        assert_eq!(got.len(), 50, "{name}: 40 + 10 rows");
-        for (step, (a, b)) in want[40..].iter().zip(&got[40..]).enumerate() {
-            assert!(
-                (a - b).abs() / a < 1e-4,
-                "{name} resumed step {}: {b} vs {a}",
-                step + 41
-            );
-        }
+        let name = format!("{name}-as-single");
+        let got = resumed_copy(&job, &name, from, (&[50], 40), 1, &settings(&[]));
+        follows_after(&name, &want, &got, 40);
     }
 }
 

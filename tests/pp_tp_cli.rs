@@ -12,7 +12,7 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, Job};
-use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
+use dist_support::{follows_single, loss_values, manifest_of, mpiexec_train, piece, resumed_copy};
 use std::path::Path;
 
 /// Four micro-batches of one sequence per step, 4 blocks (2 per stage, or 1 per virtual stage).
@@ -40,20 +40,7 @@ fn settings(extra: &[&'static str]) -> Vec<&'static str> {
 /// Resumes `from`'s step-40 checkpoint (its step-50 one dropped) in `layout` on `n` ranks and
 /// checks steps 41..=50 against the single process's `want`.
 fn resume_as(job: &Job, name: &str, from: &Path, n: usize, layout: &[&'static str], want: &[f64]) {
-    let dir = job.dir.join(name);
-    copy_run(from, &dir, &[50]);
-    let stdout = if n == 1 {
-        let (out, _) = job.train(name, &settings(layout));
-        ok(&out)
-    } else {
-        ok(&mpiexec_train(n, job, &dir, &settings(layout)))
-    };
-    assert!(
-        stdout.contains("(step 40)"),
-        "{name}: resumed at 40: {stdout}"
-    );
-    let got = loss_values(&dir);
-    assert_eq!(got.len(), 50, "{name}: 40 + 10 rows");
+    let got = resumed_copy(job, name, from, (&[50], 40), n, &settings(layout));
     follows_single(name, want, &got);
 }
 

@@ -11,7 +11,7 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
+use dist_support::{follows_single, loss_values, manifest_of, mpiexec_train, piece, resumed_copy};
 use std::path::{Path, PathBuf};
 
 /// Four micro-batches of one sequence per step (two per `dp_shard` rank), 4 blocks (2 per
@@ -46,19 +46,9 @@ fn resume_as(
     layout: &[&'static str],
     want: &[f64],
 ) -> PathBuf {
-    let dir = job.dir.join(name);
-    copy_run(from, &dir, &[10]);
-    let stdout = if n == 1 {
-        ok(&job.train(name, &settings(layout)).0)
-    } else {
-        ok(&mpiexec_train(n, job, &dir, &settings(layout)))
-    };
-    assert!(
-        stdout.contains("(step 5)"),
-        "{name}: resumed at 5: {stdout}"
-    );
-    follows_single(name, want, &loss_values(&dir));
-    dir
+    let got = resumed_copy(job, name, from, (&[10], 5), n, &settings(layout));
+    follows_single(name, want, &got);
+    job.dir.join(name)
 }
 
 #[test]

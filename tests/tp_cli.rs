@@ -14,8 +14,11 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
-use std::path::{Path, PathBuf};
+use dist_support::{
+    copy_run, follows_after, follows_single, loss_values, manifest_of, mpiexec_train, piece,
+    resumed_copy,
+};
+use std::path::Path;
 
 /// Four micro-batches of one sequence: all four on each rank of a TP group, two per replica
 /// under TP2 × DDP2.
@@ -39,27 +42,8 @@ fn settings(extra: &[&'static str]) -> Vec<&'static str> {
 /// Resumes `from`'s step-40 checkpoint (its step-50 one dropped) in `layout` on `n` ranks and
 /// checks steps 41..=50 against the single process's `want`.
 fn resume_as(job: &Job, name: &str, from: &Path, n: usize, layout: &[&'static str], want: &[f64]) {
-    let dir: PathBuf = job.dir.join(name);
-    copy_run(from, &dir, &[50]);
-    let stdout = if n == 1 {
-        let (out, _) = job.train(name, &settings(layout));
-        ok(&out)
-    } else {
-        ok(&mpiexec_train(n, job, &dir, &settings(layout)))
-    };
-    assert!(
-        stdout.contains("(step 40)"),
-        "{name}: resumed at 40: {stdout}"
-    );
-    let got = loss_values(&dir);
-    assert_eq!(got.len(), 50, "{name}: 40 + 10 rows");
-    for (step, (a, b)) in want[40..].iter().zip(&got[40..]).enumerate() {
-        assert!(
-            (a - b).abs() / a < 1e-4,
-            "{name} resumed step {}: {b} vs {a}",
-            step + 41
-        );
-    }
+    let got = resumed_copy(job, name, from, (&[50], 40), n, &settings(layout));
+    follows_after(name, want, &got, 40);
 }
 
 #[test]

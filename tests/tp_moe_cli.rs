@@ -15,7 +15,9 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece};
+use dist_support::{
+    follows_after, follows_single, loss_values, manifest_of, mpiexec_train, piece, resumed_copy,
+};
 use std::path::Path;
 
 const MOE: [&str; 4] = [
@@ -87,20 +89,8 @@ fn tensor_parallel_experts_follow_the_single_process_and_resume() {
     }
 
     // Resumed in one process at step 40, steps 41..=50 stay on the single process's curve.
-    let dir = job.dir.join("tp2-as-single");
-    copy_run(&tp2, &dir, &[50]);
-    let (out, _) = job.train("tp2-as-single", &settings(&[]));
-    let out = ok(&out);
-    assert!(out.contains("(step 40)"), "resumed at 40: {out}");
-    let got = loss_values(&dir);
-    assert_eq!(got.len(), 50, "40 + 10 rows");
-    for (step, (a, b)) in want[40..].iter().zip(&got[40..]).enumerate() {
-        assert!(
-            (a - b).abs() / a < 1e-4,
-            "resumed step {}: {b} vs {a}",
-            step + 41
-        );
-    }
+    let got = resumed_copy(&job, "tp2-as-single", &tp2, (&[50], 40), 1, &settings(&[]));
+    follows_after("tp2-as-single", &want, &got, 40);
 }
 
 #[test]
@@ -133,18 +123,9 @@ fn tensor_parallel_experts_compose_with_fsdp_context_and_pipeline_parallelism() 
     assert_eq!(counts(&single_dir), counts(&dirs[0]));
     // TP2 x FSDP2's checkpoint (expert slices sharded by rows, saved as global pieces) resumes
     // in one process on the single process's curve.
-    let dir = job.dir.join("tp2-fsdp2-as-single");
-    copy_run(&dirs[0], &dir, &[50]);
-    let out = ok(&job.train("tp2-fsdp2-as-single", &settings(&no_aux)).0);
-    assert!(out.contains("(step 40)"), "resumed at 40: {out}");
-    let got = loss_values(&dir);
-    for (step, (a, b)) in want[40..].iter().zip(&got[40..]).enumerate() {
-        assert!(
-            (a - b).abs() / a < 1e-4,
-            "resumed step {}: {b} vs {a}",
-            step + 41
-        );
-    }
+    let name = "tp2-fsdp2-as-single";
+    let got = resumed_copy(&job, name, &dirs[0], (&[50], 40), 1, &settings(&no_aux));
+    follows_after(name, &want, &got, 40);
 }
 
 #[test]
