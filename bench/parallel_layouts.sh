@@ -230,7 +230,8 @@ for layers in (4, 16):
         if name.startswith("pp2_tp2_cp2"):
             act = t * dim * 4
             sp = name.endswith("_sp")
-            tp_bytes = per_rank * ((3 * blocks + 1.5) * act if sp else (2 * blocks + 1) * act)
+            # `blocks` is the stage's L/2: (2L + 1) A, or (3L + 1.5) A under SP.
+            tp_bytes = per_rank * ((6 * blocks + 1.5) * act if sp else (4 * blocks + 1) * act)
             boundary = per_rank * (act / 2 if sp else act)
             block = (2 * dim * dim + 2 * dim * kv + 3 * dim * ffn) / 2 + 2 * dim
             grads = 1.5 * (vocab * dim / 2 + blocks * block) * 4 + (blocks * 2 * dim * 4 if sp else 0)
