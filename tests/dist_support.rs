@@ -136,6 +136,36 @@ pub fn piece<'a>(
         .find(|t| t["name"] == name && t["shard"] == shard)
 }
 
+/// Asserts where a checkpoint of `world` shards put its pieces: each `(tensor, shard, slice)`
+/// of `present` lies in that shard as that `slice`, and no `(tensor, shard)` of `absent` does.
+pub fn assert_pieces(
+    manifest: &serde_json::Value,
+    world: usize,
+    present: &[(&str, usize, serde_json::Value)],
+    absent: &[(&str, usize)],
+) {
+    assert_eq!(manifest["world_size"], world, "{manifest}");
+    let slice_in = |name: &str, shard: usize| {
+        let file = format!("shard-{shard:05}-of-{world:05}.safetensors");
+        piece(manifest, name, &file).map(|p| p["slice"].clone())
+    };
+    for (name, shard, slice) in present {
+        assert_eq!(
+            slice_in(name, *shard).as_ref(),
+            Some(slice),
+            "{name} in shard {shard}"
+        );
+    }
+    for &(name, shard) in absent {
+        assert_eq!(slice_in(name, shard), None, "{name} not in shard {shard}");
+    }
+}
+
+/// The `slice` of a 2-d piece: rows `a..b`, all `cols` columns.
+pub fn rows_slice(a: usize, b: usize, cols: usize) -> serde_json::Value {
+    serde_json::json!([[a, b], [0, cols]])
+}
+
 /// Copies the run dir `from` to `to`, without its checkpoints of `drop_steps`.
 pub fn copy_run(from: &Path, to: &Path, drop_steps: &[u64]) {
     let copied = Command::new("cp").arg("-r").arg(from).arg(to).status();

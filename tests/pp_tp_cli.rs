@@ -12,7 +12,10 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, Job};
-use dist_support::{follows_single, loss_values, manifest_of, mpiexec_train, piece, resumed_copy};
+use dist_support::{
+    assert_pieces, follows_single, loss_values, manifest_of, mpiexec_train, resumed_copy,
+    rows_slice,
+};
 use std::path::Path;
 
 /// Four micro-batches of one sequence per step, 4 blocks (2 per stage, or 1 per virtual stage).
@@ -107,37 +110,28 @@ fn interleaved_pipeline_stages_run_tensor_parallel() {
 /// Rank `2 s + t` of PP2 × TP2 writes stage `s`'s global pieces: rows of its column- and
 /// vocab-split slices; on the first tp rank the row-split tensors whole and the replicated ones.
 fn pieces(m: &serde_json::Value) {
-    assert_eq!(m["world_size"], 4, "{m}");
-    let slice_in = |name: &str, shard: usize| -> Option<serde_json::Value> {
-        let p = piece(m, name, &format!("shard-{shard:05}-of-00004.safetensors"))?;
-        Some(p["slice"].clone())
-    };
-    let rows = |a: usize, b: usize, cols: usize| serde_json::json!([[a, b], [0, cols]]);
-    for (name, shard, slice) in [
-        ("model/tok_embeddings.weight", 0, rows(0, 160, 32)),
-        ("model/tok_embeddings.weight", 1, rows(160, 320, 32)),
-        ("model/layers.0.attention.wq.weight", 1, rows(16, 32, 32)),
-        ("model/layers.1.attention.wo.weight", 0, rows(0, 32, 32)),
-        ("model/layers.3.attention.wq.weight", 3, rows(16, 32, 32)),
-        ("model/layers.3.feed_forward.w2.weight", 2, rows(0, 32, 64)),
-        ("model/output.weight", 3, rows(160, 320, 32)),
-        ("model/norm.weight", 2, serde_json::json!([[0, 32]])),
-    ] {
-        assert_eq!(
-            slice_in(name, shard),
-            Some(slice),
-            "{name} in shard {shard}"
-        );
-    }
-    for (name, shard) in [
-        // Another stage's parameters, and what the first tp rank writes.
-        ("model/layers.0.attention.wq.weight", 2),
-        ("model/layers.3.attention.wq.weight", 1),
-        ("model/layers.1.attention.wo.weight", 1),
-        ("model/norm.weight", 3),
-    ] {
-        assert_eq!(slice_in(name, shard), None, "{name} not in shard {shard}");
-    }
+    let rows = rows_slice;
+    assert_pieces(
+        m,
+        4,
+        &[
+            ("model/tok_embeddings.weight", 0, rows(0, 160, 32)),
+            ("model/tok_embeddings.weight", 1, rows(160, 320, 32)),
+            ("model/layers.0.attention.wq.weight", 1, rows(16, 32, 32)),
+            ("model/layers.1.attention.wo.weight", 0, rows(0, 32, 32)),
+            ("model/layers.3.attention.wq.weight", 3, rows(16, 32, 32)),
+            ("model/layers.3.feed_forward.w2.weight", 2, rows(0, 32, 64)),
+            ("model/output.weight", 3, rows(160, 320, 32)),
+            ("model/norm.weight", 2, serde_json::json!([[0, 32]])),
+        ],
+        &[
+            // Another stage's parameters, and what the first tp rank writes.
+            ("model/layers.0.attention.wq.weight", 2),
+            ("model/layers.3.attention.wq.weight", 1),
+            ("model/layers.1.attention.wo.weight", 1),
+            ("model/norm.weight", 3),
+        ],
+    );
 }
 
 /// Replicas of the whole PP2 × TP2 pipeline (8 ranks): the batch splits over `dp_replicate`,

@@ -14,7 +14,8 @@ use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
 use dist_support::{
-    copy_run, follows_single, loss_values, manifest_of, mpiexec_train, piece, train_one,
+    assert_pieces, copy_run, follows_single, loss_values, manifest_of, mpiexec_train, rows_slice,
+    train_one,
 };
 use std::path::Path;
 
@@ -148,34 +149,25 @@ fn pipeline_stages_run_tensor_parallel_beside_both_fsdp_and_context_parallelism(
 /// `s`'s rows of its column- and vocab-split slices, and on the first tp rank the row-split
 /// tensors whole and the replicated ones; the second cp coordinate's copies are not written.
 fn pieces(m: &serde_json::Value) {
-    assert_eq!(m["world_size"], 4, "{m}");
-    let slice_in = |name: &str, shard: usize| -> Option<serde_json::Value> {
-        let p = piece(m, name, &format!("shard-{shard:05}-of-00004.safetensors"))?;
-        Some(p["slice"].clone())
-    };
-    let rows = |a: usize, b: usize, cols: usize| serde_json::json!([[a, b], [0, cols]]);
-    for (name, shard, slice) in [
-        ("model/tok_embeddings.weight", 1, rows(160, 320, 32)),
-        ("model/layers.0.attention.wk.weight", 1, rows(16, 32, 32)),
-        ("model/layers.1.attention.wo.weight", 0, rows(0, 32, 32)),
-        ("model/layers.2.feed_forward.w1.weight", 3, rows(32, 64, 32)),
-        ("model/layers.3.feed_forward.w2.weight", 2, rows(0, 32, 64)),
-        ("model/output.weight", 3, rows(160, 320, 32)),
-        ("model/norm.weight", 2, serde_json::json!([[0, 32]])),
-    ] {
-        assert_eq!(
-            slice_in(name, shard),
-            Some(slice),
-            "{name} in shard {shard}"
-        );
-    }
-    for (name, shard) in [
-        ("model/layers.0.attention.wk.weight", 3),
-        ("model/layers.1.attention.wo.weight", 1),
-        ("model/norm.weight", 3),
-    ] {
-        assert_eq!(slice_in(name, shard), None, "{name} not in shard {shard}");
-    }
+    let rows = rows_slice;
+    assert_pieces(
+        m,
+        4,
+        &[
+            ("model/tok_embeddings.weight", 1, rows(160, 320, 32)),
+            ("model/layers.0.attention.wk.weight", 1, rows(16, 32, 32)),
+            ("model/layers.1.attention.wo.weight", 0, rows(0, 32, 32)),
+            ("model/layers.2.feed_forward.w1.weight", 3, rows(32, 64, 32)),
+            ("model/layers.3.feed_forward.w2.weight", 2, rows(0, 32, 64)),
+            ("model/output.weight", 3, rows(160, 320, 32)),
+            ("model/norm.weight", 2, serde_json::json!([[0, 32]])),
+        ],
+        &[
+            ("model/layers.0.attention.wk.weight", 3),
+            ("model/layers.1.attention.wo.weight", 1),
+            ("model/norm.weight", 3),
+        ],
+    );
 }
 
 /// Sequence parallelism splits a cp rank's part of each sequence: 20 tokens cut into 4 chunks

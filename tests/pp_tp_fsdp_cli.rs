@@ -11,7 +11,10 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{follows_single, loss_values, manifest_of, mpiexec_train, piece, resumed_copy};
+use dist_support::{
+    assert_pieces, follows_single, loss_values, manifest_of, mpiexec_train, resumed_copy,
+    rows_slice,
+};
 use std::path::{Path, PathBuf};
 
 /// Four micro-batches of one sequence per step (two per `dp_shard` rank), 4 blocks (2 per
@@ -125,37 +128,28 @@ fn val_losses(run_dir: &Path) -> Vec<f64> {
 /// `t`; of a row-split tensor, shard `d`'s rows gathered full width over tp, half of them per
 /// tp rank; a replicated tensor's shard rows from the first tp rank only.
 fn pieces(m: &serde_json::Value) {
-    assert_eq!(m["world_size"], 8, "{m}");
-    let slice_in = |name: &str, shard: usize| -> Option<serde_json::Value> {
-        let p = piece(m, name, &format!("shard-{shard:05}-of-00008.safetensors"))?;
-        Some(p["slice"].clone())
-    };
-    let rows = |a: usize, b: usize, cols: usize| serde_json::json!([[a, b], [0, cols]]);
-    for (name, shard, slice) in [
-        ("model/tok_embeddings.weight", 0, rows(0, 80, 32)),
-        ("model/tok_embeddings.weight", 2, rows(80, 160, 32)),
-        ("model/tok_embeddings.weight", 1, rows(160, 240, 32)),
-        ("model/layers.0.attention.wq.weight", 1, rows(16, 24, 32)),
-        ("model/layers.0.attention.wq.weight", 3, rows(24, 32, 32)),
-        ("model/layers.1.attention.wo.weight", 1, rows(8, 16, 32)),
-        ("model/layers.1.attention.wo.weight", 2, rows(16, 24, 32)),
-        ("model/layers.3.attention.wq.weight", 7, rows(24, 32, 32)),
-        ("model/layers.3.feed_forward.w2.weight", 6, rows(16, 24, 64)),
-        ("model/output.weight", 7, rows(240, 320, 32)),
-        ("model/norm.weight", 6, serde_json::json!([[16, 32]])),
-    ] {
-        assert_eq!(
-            slice_in(name, shard),
-            Some(slice),
-            "{name} in shard {shard}"
-        );
-    }
-    for (name, shard) in [
-        // Another stage's parameters, and a replicated one on the second tp rank.
-        ("model/layers.0.attention.wq.weight", 5),
-        ("model/layers.3.attention.wq.weight", 3),
-        ("model/norm.weight", 7),
-    ] {
-        assert_eq!(slice_in(name, shard), None, "{name} not in shard {shard}");
-    }
+    let rows = rows_slice;
+    assert_pieces(
+        m,
+        8,
+        &[
+            ("model/tok_embeddings.weight", 0, rows(0, 80, 32)),
+            ("model/tok_embeddings.weight", 2, rows(80, 160, 32)),
+            ("model/tok_embeddings.weight", 1, rows(160, 240, 32)),
+            ("model/layers.0.attention.wq.weight", 1, rows(16, 24, 32)),
+            ("model/layers.0.attention.wq.weight", 3, rows(24, 32, 32)),
+            ("model/layers.1.attention.wo.weight", 1, rows(8, 16, 32)),
+            ("model/layers.1.attention.wo.weight", 2, rows(16, 24, 32)),
+            ("model/layers.3.attention.wq.weight", 7, rows(24, 32, 32)),
+            ("model/layers.3.feed_forward.w2.weight", 6, rows(16, 24, 64)),
+            ("model/output.weight", 7, rows(240, 320, 32)),
+            ("model/norm.weight", 6, serde_json::json!([[16, 32]])),
+        ],
+        &[
+            // Another stage's parameters, and a replicated one on the second tp rank.
+            ("model/layers.0.attention.wq.weight", 5),
+            ("model/layers.3.attention.wq.weight", 3),
+            ("model/norm.weight", 7),
+        ],
+    );
 }
