@@ -23,6 +23,11 @@ fn no_gpu() -> Option<String> {
     if line.starts_with("cuda backend: cuda on ") {
         None
     } else {
+        // scripts/test.sh runs these tests on the CPU's emulation of a GPU and requires it.
+        assert!(
+            std::env::var("ANNEAL_REQUIRE_CUDA").as_deref() != Ok("1"),
+            "ANNEAL_REQUIRE_CUDA=1 but {line}"
+        );
         Some(line)
     }
 }

@@ -12,7 +12,9 @@
 //! which costs padding work in decode. The gated delta rule's decode (`ops::DeltaRuleCache`)
 //! reruns the chunked kernel over the tokens since the last 64-aligned state instead of the
 //! recurrence, so a step sees the same chunks as a full forward.
-//! forward. RL rollouts and the trainer's logprob pass turn the mode on.
+//! On a GPU the products run on one FMA chain per element (`cuda/kernels/gemm.cu`,
+//! the packed CPU kernel's bits for f32) instead of cuBLAS, and attention on the tiled kernel at
+//! every key length. RL rollouts and the trainer's logprob pass turn the mode on.
 //!
 //! The flag is per thread (ops decide on the calling thread before they fan out).
 

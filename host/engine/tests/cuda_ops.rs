@@ -1,5 +1,7 @@
 //! Every CUDA op against the CPU backend on the same inputs. Needs a GPU with the driver,
-//! cuBLAS and NVRTC; elsewhere each test prints SKIP with what is missing and passes.
+//! cuBLAS and NVRTC, or the CPU's emulation of one (tools/cuda-emu, run by scripts/test.sh);
+//! elsewhere each test prints SKIP with what is missing and passes, unless
+//! `ANNEAL_REQUIRE_CUDA=1` makes a missing device a failure.
 #![cfg(feature = "cuda")]
 
 use anneal_engine::{DType, Device, Tensor};
@@ -11,6 +13,10 @@ fn gpu_or_skip(test: &str) -> bool {
     match anneal_engine::cuda::probe(0) {
         Ok(_) => true,
         Err(why) => {
+            assert!(
+                std::env::var("ANNEAL_REQUIRE_CUDA").as_deref() != Ok("1"),
+                "ANNEAL_REQUIRE_CUDA=1 but {why}"
+            );
             println!("SKIP {test}: {why}");
             false
         }
@@ -231,6 +237,10 @@ fn a_case_without_a_cuda_kernel_is_an_error_naming_it() {
 /// Index, selection, dropout, LayerNorm and MoE kernels.
 #[path = "cuda/index_moe.rs"]
 mod index_moe;
+
+/// Batch-invariant mode: products and attention rows as in a decode step.
+#[path = "cuda/invariant.rs"]
+mod invariant;
 
 /// The tiled attention kernel.
 #[path = "cuda/attention_tiled.rs"]

@@ -59,9 +59,13 @@ fn tiled_fits(d: usize, dv: usize) -> bool {
 }
 
 /// The kernel [`forward`] and [`backward`] use for these shapes: the tiled one from
-/// [`TILED_MIN_KEYS`] keys on or where the exact one does not fit, when its head dims fit.
+/// [`TILED_MIN_KEYS`] keys on or where the exact one does not fit, when its head dims fit. In
+/// batch-invariant mode the tiled one whenever its head dims fit, so a decode step (few keys)
+/// and a full forward (many) take the same kernel; its key tiles start at key 0 and the tiles
+/// past a query's last visible key add nothing, so a query row gets the same bits either way.
 pub fn kernel_for(tk: usize, d: usize, dv: usize) -> AttentionKernel {
-    if tiled_fits(d, dv) && (tk >= TILED_MIN_KEYS || !exact_fits(tk, d, dv)) {
+    let by_length = tk >= TILED_MIN_KEYS || !exact_fits(tk, d, dv);
+    if tiled_fits(d, dv) && (by_length || crate::invariant::batch_invariant()) {
         AttentionKernel::Tiled
     } else {
         AttentionKernel::Exact

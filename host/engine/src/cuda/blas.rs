@@ -1,9 +1,12 @@
 //! Matrix products through cuBLAS: f32 in full f32 (no TF32, so GPU and CPU agree closely),
 //! bf16 inputs with f32 accumulation. Row-major `C = A·B` is computed as the column-major
-//! `Cᵀ = Bᵀ·Aᵀ`, so no operand is transposed or copied.
+//! `Cᵀ = Bᵀ·Aᵀ`, so no operand is transposed or copied. In batch-invariant mode the products
+//! run on kernels/gemm.cu instead: one FMA chain per element whatever the shape, so a row's
+//! result does not depend on the rows beside it (cuBLAS picks its algorithm by size).
 
 use super::backend::contiguous_as;
-use super::launch::{empty, gpu_of, ptr, zeros};
+use super::device::Gpu;
+use super::launch::{empty, gpu_of, launch, ptr, zeros};
 use crate::error::{Error, Result};
 use crate::{DType, Tensor};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
@@ -42,6 +45,10 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     let (a, b) = (contiguous_as(a, dtype, OP)?, contiguous_as(b, dtype, OP)?);
     let out = empty(&gpu, dtype, &out_shape)?;
+    if crate::invariant::batch_invariant() {
+        invariant(&gpu, &a, &b, &out, [batch, m, k, n])?;
+        return Ok(out);
+    }
     let data_type = if dtype == DType::BF16 {
         cudaDataType::CUDA_R_16BF
     } else {
@@ -81,4 +88,54 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     .map_err(|e| super::device::cuda_error(gpu.ordinal, "cuBLAS gemm", format!("{e:?}")))?;
     Ok(out)
+}
+
+/// Outputs per block side of kernels/gemm.cu (`GT`).
+const INVARIANT_TILE: usize = 64;
+/// The hardware's bound on a grid's y and z dimensions.
+const GRID_YZ: usize = 65_535;
+
+/// `out[b] = a[b]·b[b]` (contiguous `[batch, m, k]`, `[batch, k, n]`, `[batch, m, n]`, all of
+/// `out`'s dtype) on the batch-invariant kernel, in launches of at most [`GRID_YZ`] batch
+/// entries.
+fn invariant(
+    gpu: &std::sync::Arc<Gpu>,
+    a: &Tensor,
+    b: &Tensor,
+    out: &Tensor,
+    [batch, m, k, n]: [usize; 4],
+) -> Result<()> {
+    const OP: &str = "matmul";
+    let row_tiles = m.div_ceil(INVARIANT_TILE);
+    if row_tiles > GRID_YZ {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!("{m} rows exceed one launch of the batch-invariant product"),
+        });
+    }
+    let name = format!(
+        "gemm_invariant_{}",
+        super::launch::float_suffix(out.dtype(), OP)?
+    );
+    let size = out.dtype().size_in_bytes() as u64;
+    let (pa, pb, pc) = (ptr(a, OP)?, ptr(b, OP)?, ptr(out, OP)?);
+    let (mi, ki, ni) = (m as i64, k as i64, n as i64);
+    let mut first = 0;
+    while first < batch {
+        let count = (batch - first).min(GRID_YZ);
+        let at = |p: u64, per: usize| p + (first * per) as u64 * size;
+        let (ca, cb, cc) = (at(pa, m * k), at(pb, k * n), at(pc, m * n));
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (
+                n.div_ceil(INVARIANT_TILE) as u32,
+                row_tiles as u32,
+                count as u32,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(gpu, "gemm", name, cfg; ca, cb, cc, mi, ki, ni)?;
+        first += count;
+    }
+    Ok(())
 }

@@ -75,6 +75,10 @@ pub const KERNELS: &[KernelSource] = &[
         name: "moe",
         source: include_str!("kernels/moe.cu"),
     },
+    KernelSource {
+        name: "gemm",
+        source: include_str!("kernels/gemm.cu"),
+    },
 ];
 
 /// The kernel source named `name`.

@@ -51,8 +51,8 @@ impl Tensor {
             };
             let mut shape = self.shape()[..ra - 1].to_vec();
             shape.push(n);
-            // The row-tiled product is a CPU kernel; on a GPU cuBLAS computes it (batch
-            // invariance there is not promised yet).
+            // The row-tiled product is a CPU kernel; the CUDA backend's products are
+            // batch-invariant in this mode by themselves (cuda/kernels/gemm.cu).
             if crate::invariant::batch_invariant() && self.device() == crate::Device::Cpu {
                 crate::cpu::matmul_row_tiles(&a2, &rhs.detach())?.reshape(&shape)?
             } else {
