@@ -5,7 +5,8 @@
 # engine against PyTorch's cuBLAS on 8192³, then training (job.device = "cuda"): the debug Llama
 # 30 steps on CPU and GPU in f32 (losses within 1e-4 relative) and bf16 (within 2%), and
 # llama3_1b 20 steps in bf16 on the GPU (tokens/s, MFU against the H200's 989 TFLOP/s dense
-# bf16). Ends with a short table; exits 1 when a step fails.
+# bf16), and `anneal rl` on the GPU (the digit-sorting demo, logprob mismatch exactly 0). Ends
+# with a short table; exits 1 when a step fails.
 #
 #   bash bench/gpu_check.sh build   # where cargo is: builds the binaries and the llama/adamw
 #                                   # plugins, stripped, into bench/gpu_carry/ with the corpus
@@ -211,8 +212,33 @@ PY
   else
     row "llama3_1b 20 steps bf16" "FAILED" "see above"; failed=1
   fi
+  # RL on the GPU: the digit-sorting demo's policy after 20 supervised steps (on the CPU), then
+  # 6 GRPO steps on the GPU; rollouts (KV-cache decode) and the trainer's forward must give the
+  # same logprobs bit for bit (batch-invariant mode).
+  python3 scripts/digits-sft-data.py "$log/digits.jsonl" 2000 >/dev/null
+  if run_step rl-sft "$CARRY/anneal" train configs/rl_digits_sft.toml --run-dir "$log/rl-sft" \
+       --set training.steps=20 --set checkpoint.interval=20 --set metrics.eval_freq=0 \
+       --set metrics.progress_bar=false --set "data.path=\"$log/digits.jsonl\"" \
+       --set "data.cache_dir=\"$log/cache\"" &&
+     run_step rl "$CARRY/anneal" rl configs/rl_digits.toml --run-dir "$log/rl" \
+       --set "rl.init_from=\"$log/rl-sft/checkpoints/step-20\"" --set training.steps=6 \
+       --set rl.eval_freq=0 --set 'job.device="cuda"'; then
+    verdict=$(python3 - "$log/rl/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if "loss" in r]
+worst = max(r["logprob_mismatch_max"] for r in rows)
+ok = "ok" if rows and worst == 0 else "FAILED"
+print(f"{ok} {len(rows)} steps, logprob mismatch max {worst:g}, reward {rows[0]['reward_mean']:.3f} -> {rows[-1]['reward_mean']:.3f}")
+PY
+)
+    echo "rl: $verdict"
+    row "anneal rl 6 steps on cuda" "${verdict%% *}" "${verdict#* }"
+    [ "${verdict%% *}" = ok ] || failed=1
+  else
+    row "anneal rl 6 steps on cuda" "FAILED" "see above"; failed=1
+  fi
 else
-  for t in "train debug Llama 30 steps, f32" "train debug Llama 30 steps, bf16" "llama3_1b 20 steps bf16"; do
+  for t in "train debug Llama 30 steps, f32" "train debug Llama 30 steps, bf16" "llama3_1b 20 steps bf16" "anneal rl 6 steps on cuda"; do
     row "$t" "SKIP" "no GPU"
   done
 fi

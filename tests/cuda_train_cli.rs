@@ -2,9 +2,12 @@
 //! (exit 2), `cpu` is the default bit for bit, and where no GPU can run, `cuda` is one line
 //! saying why (exit 2). With a GPU: the tiny Llama trains on CUDA like on the CPU (f32 within
 //! 1e-4 relative, bf16 within 2%), its checkpoint resumes on the CPU, and generation from it
-//! agrees on both devices. Without one those print SKIP with the reason and pass.
+//! agrees on both devices; `anneal rl` rolls out and trains on it with a logprob mismatch of
+//! exactly 0 and resumes bit for bit. Without one those print SKIP with the reason and pass.
 
 use anneal_tests::cli as common;
+
+mod rl_support;
 
 use common::{anneal, losses, ok, rows, Job};
 use std::path::Path;
@@ -184,4 +187,35 @@ fn trains_and_generates_on_cuda_like_the_cpu() {
     for (a, b) in lp(&c).iter().zip(&lp(&g)) {
         assert!((a - b).abs() < 1e-3, "logprob cpu {a} vs cuda {b}");
     }
+}
+
+#[test]
+fn rl_on_cuda_keeps_rollouts_and_trainer_bitwise_equal() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP rl_on_cuda_keeps_rollouts_and_trainer_bitwise_equal: {why}");
+        return;
+    }
+    let dir = rl_support::rl_job("cuda");
+    let cuda = "job.device=\"cuda\"";
+    let (out, done) = rl_support::rl(1, &dir, "gpu", &[cuda]);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("cuda:0"),
+        "the policy is on the GPU: {stdout}"
+    );
+    let steps = rl_support::steps(&done);
+    assert_eq!(steps.len(), 4);
+    for s in &steps {
+        // Rollouts (decode with a KV cache) and the trainer's forward (the whole batch) give
+        // the same logprobs bit for bit: batch-invariant products and attention on the GPU.
+        assert_eq!(s["logprob_mismatch_max"].as_f64(), Some(0.0), "{s}");
+        assert!(s["loss"].as_f64().is_some_and(f64::is_finite), "{s}");
+    }
+    // Same seed and config on the GPU: a run continued from its step-2 checkpoint logs the same
+    // losses bit for bit.
+    rl_support::resumes_bitwise(1, &dir, &done, "gpu-resumed", &[cuda]);
+    // The run's checkpoint continues on the CPU.
+    let (out, cpu) = rl_support::rl(1, &dir, "gpu", &["job.device=\"cpu\"", "training.steps=5"]);
+    ok(&out);
+    assert_eq!(rl_support::steps(&cpu).len(), 5);
 }

@@ -12,7 +12,8 @@
 // - Kernels, copies and products run when they are queued (the stream is always idle), one at
 //   a time across threads. Dynamic shared memory above 48 KiB is refused unless raised with
 //   cuFuncSetAttribute, as on the hardware.
-// - cuBLAS products accumulate in f32 in k order (no TF32), f32 or bf16 operands.
+// - cuBLAS products accumulate in f32 (no TF32), f32 or bf16 operands, in an order that
+//   depends on the shape as the real library's does (split-k for few output rows).
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -258,22 +259,29 @@ void store(void* p, int type, size_t i, float v) {
 
 size_t type_size(int type) { return type == CUDA_R_16BF ? 2 : 4; }
 
-/// Column-major C = alpha·op(A)·op(B) + beta·C for one batch entry.
+/// Column-major C = alpha·op(A)·op(B) + beta·C for one batch entry. Like the real library,
+/// the summation order depends on the shape: with few output columns (the rows of a row-major
+/// product: a decode step) k is split in two halves summed apart (split-k), so code that needs
+/// a row's bits not to depend on the rows beside it cannot rely on cuBLAS here either.
 void gemm(int ta, int tb, int m, int n, int k, float alpha, const void* A, int at, long lda,
           const void* B, int bt, long ldb, float beta, void* C, int ct, long ldc) {
-    std::vector<float> a(size_t(m) * k), b(k), acc(m);
+    std::vector<float> a(size_t(m) * k), b(k), acc(m), part(m);
     for (int p = 0; p < k; ++p)
         for (int i = 0; i < m; ++i)
             a[size_t(p) * m + i] = load(A, at, ta ? size_t(i) * lda + p : size_t(p) * lda + i);
+    int split = n < 8 && k >= 32 ? k / 2 : k;
     for (int j = 0; j < n; ++j) {
         for (int p = 0; p < k; ++p)
             b[p] = load(B, bt, tb ? size_t(p) * ldb + j : size_t(j) * ldb + p);
         std::fill(acc.begin(), acc.end(), 0.0f);
+        std::fill(part.begin(), part.end(), 0.0f);
         for (int p = 0; p < k; ++p) {
             const float* ap = &a[size_t(p) * m];
             float bp = b[p];
-            for (int i = 0; i < m; ++i) acc[i] += ap[i] * bp;
+            float* dst = p < split ? acc.data() : part.data();
+            for (int i = 0; i < m; ++i) dst[i] += ap[i] * bp;
         }
+        for (int i = 0; i < m; ++i) acc[i] += part[i];
         for (int i = 0; i < m; ++i) {
             size_t ci = size_t(j) * ldc + i;
             float v = alpha * acc[i];

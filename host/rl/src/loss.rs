@@ -237,7 +237,7 @@ pub fn rl_loss(b: &LossBatch, s: &LossSettings) -> Result<LossOut> {
 pub fn gather_logprobs(logprobs_nlv: &Tensor, targets: &[i64]) -> Result<Tensor> {
     let s = logprobs_nlv.shape().to_vec();
     let (n, l) = (s[0], s[1]);
-    let idx = Tensor::from_slice(targets, &[n, l, 1])?;
+    let idx = Tensor::from_slice(targets, &[n, l, 1])?.to_device(logprobs_nlv.device())?;
     logprobs_nlv.gather(-1, &idx)?.reshape(&[n, l])
 }
 

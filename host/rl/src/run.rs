@@ -14,7 +14,7 @@ use crate::trainer::{publishable, RlTrainer, StepOut};
 use anneal_config::JobConfig;
 use anneal_engine::Tensor;
 use anneal_runtime::infer::Sampling;
-use anneal_runtime::plugins::Params;
+use anneal_runtime::plugins::{Params, PluginOptimizer};
 use anneal_train::checkpoint::{load_dir_with, Contents};
 use anneal_train::harness::Resumed;
 use anneal_train::harness::{resume_with, split_buffers, RunDir, RunKind, Saver, ShardSaver};
@@ -75,13 +75,9 @@ pub fn run_rl(
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
     let (r, ranks) = (&cfg.rl, dist.size());
-    // Resolved first, so an unusable device says why (the probe's reason), as for training.
-    if anneal_train::device::resolve(&cfg.job.device, "job.device")? != anneal_engine::Device::Cpu {
-        return Err(TrainError::Config(format!(
-            "config: `job.device` = {}: `anneal rl` runs on the CPU for now (its rollouts and batch-invariant kernels are not on CUDA yet); set job.device = \"cpu\"",
-            cfg.job.device
-        )));
-    }
+    // Resolved first, so an unusable device says why (the probe's reason), as for training; on
+    // a GPU the job runs in one process.
+    anneal_train::device::for_job(cfg, ranks * dist.tp_degree())?;
     if dist.pp().is_some() {
         return Err(TrainError::Config(
             "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
@@ -256,6 +252,15 @@ pub fn run_rl_dist(
             (named, buffers, reference, Progress::default())
         }
     };
+    // Read or initialised on the host (the same values on any device), then placed: policy,
+    // buffers, KL reference and optimizer state (only one process runs on a GPU).
+    let device = anneal_train::device::for_job(cfg, world)?;
+    let (named, buffers, reference) = place_on(device, named, buffers, reference, &mut optimizer)?;
+    if device != anneal_engine::Device::Cpu {
+        console.note(&format!(
+            "policy, KL reference and optimizer state on {device}"
+        ));
+    }
     // Under FSDP each rank keeps its rows of the policy, of the optimizer state and of the KL
     // reference it started from.
     let fsdp = FsdpPolicy::of_dist(&dist, &named);
@@ -655,4 +660,37 @@ fn gather_taken(dist: &Dist, taken: Taken<Group>) -> Result<Taken<Group>, TrainE
         );
     }
     Ok(out)
+}
+
+/// Tensors by name.
+type Named = Vec<(String, Tensor)>;
+
+/// The policy (leaves that take gradients again), buffers, KL reference and `optimizer`'s
+/// state moved to `device`; unchanged on the CPU.
+fn place_on(
+    device: anneal_engine::Device,
+    named: Named,
+    buffers: Named,
+    reference: Option<Params>,
+    optimizer: &mut PluginOptimizer,
+) -> Result<(Named, Named, Option<Params>), TrainError> {
+    if device == anneal_engine::Device::Cpu {
+        return Ok((named, buffers, reference));
+    }
+    let place = anneal_train::device::place;
+    let named = place(named, device)?
+        .into_iter()
+        .map(|(n, p)| (n, p.requires_grad_()))
+        .collect();
+    let reference = match reference {
+        Some(r) => {
+            let whole = r.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
+            Some(Arc::new(place(whole, device)?.into_iter().collect()))
+        }
+        None => None,
+    };
+    for t in optimizer.state_mut().values_mut() {
+        *t = t.to_device(device)?;
+    }
+    Ok((named, place(buffers, device)?, reference))
 }

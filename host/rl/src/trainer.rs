@@ -274,7 +274,10 @@ impl RlTrainer<'_> {
             .iter()
             .flat_map(|it| it.value.samples.iter().map(|s| s.scored.reward))
             .collect();
-        let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?;
+        // On the policy's device (positions stay on the host, where RoPE and attention read
+        // them).
+        let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?
+            .to_device(anneal_runtime::infer::device_of(&self.params))?;
         let positions = Tensor::from_vec((0..l.t as i64).collect(), &[l.t])?;
         // Under FSDP the forward runs on the whole policy: the one the rollouts decoded with
         // (a later update of the same batch gathers the updated rows afresh).
