@@ -283,6 +283,25 @@ mod kernels {
                 1e-5,
             );
         }
+        // Over a dim that is not the last (scores over keys held in dim -2).
+        let (x3, g3) = (rand(&[3, 7, 5], 23), rand(&[3, 7, 5], 24));
+        for log in [false, true] {
+            let y = cpu.softmax(&x3, 1, log).expect("cpu");
+            close(
+                "softmax over dim 1",
+                &cuda.softmax(&gpu(&x3), 1, log).expect("cuda"),
+                &y,
+                1e-5,
+            );
+            close(
+                "softmax_backward over dim 1",
+                &cuda
+                    .softmax_backward(&gpu(&y), &gpu(&g3), 1, log)
+                    .expect("cuda"),
+                &cpu.softmax_backward(&y, &g3, 1, log).expect("cpu"),
+                1e-5,
+            );
+        }
         let (o_c, r_c) = cpu.rms_norm(&x, Some(&w), 1e-6).expect("cpu");
         let (o_g, r_g) = cuda.rms_norm(&gpu(&x), Some(&gpu(&w)), 1e-6).expect("cuda");
         close("rms_norm", &o_g, &o_c, 1e-5);

@@ -18,11 +18,27 @@ const ROW_THREADS: u32 = 256;
 /// Rows per partial sum of the RMSNorm weight gradient (fixed: the sum order never changes).
 const DW_CHUNK: usize = 256;
 
-fn last_dim_only(x: &Tensor, dim: usize, op: &'static str) -> Result<()> {
-    if dim + 1 != x.rank() {
-        return Err(not_yet(op));
+/// `f` over the last dim of `xs` when `dim` is another: the operands with `dim` and the last
+/// swapped (views), `f`'s result swapped back and made contiguous. `None` when `dim` is last.
+fn via_last_dim(
+    xs: &[&Tensor],
+    dim: usize,
+    f: impl FnOnce(&[Tensor], usize) -> Result<Tensor>,
+) -> Option<Result<Tensor>> {
+    let last = xs[0].rank().checked_sub(1)?;
+    if dim == last {
+        return None;
     }
-    Ok(())
+    let run = || {
+        let swapped = xs
+            .iter()
+            .map(|x| x.transpose(dim as isize, last as isize))
+            .collect::<Result<Vec<_>>>()?;
+        f(&swapped, last)?
+            .transpose(dim as isize, last as isize)?
+            .contiguous()
+    };
+    Some(run())
 }
 
 /// `w` as contiguous f32 on the device, or a null pointer when absent.
@@ -40,7 +56,10 @@ fn weight_f32(w: Option<&Tensor>, op: &'static str) -> Result<(Option<Tensor>, u
 impl FusedBackend for CudaBackend {
     fn softmax(&self, x: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
         const OP: &str = "softmax";
-        last_dim_only(x, dim, OP)?;
+        // Over another dim (an attention's scores over keys held in dim -2): by a transpose.
+        if let Some(r) = via_last_dim(&[x], dim, |t, d| self.softmax(&t[0], d, log)) {
+            return r;
+        }
         let suf = float_suffix(x.dtype(), OP)?;
         let gpu = gpu_of(x, OP)?;
         let x = contiguous_as(x, x.dtype(), OP)?;
@@ -57,7 +76,11 @@ impl FusedBackend for CudaBackend {
 
     fn softmax_backward(&self, y: &Tensor, g: &Tensor, dim: usize, log: bool) -> Result<Tensor> {
         const OP: &str = "softmax_backward";
-        last_dim_only(y, dim, OP)?;
+        if let Some(r) = via_last_dim(&[y, g], dim, |t, d| {
+            self.softmax_backward(&t[0], &t[1], d, log)
+        }) {
+            return r;
+        }
         let dtype = if y.dtype() == g.dtype() {
             y.dtype()
         } else {
