@@ -2,8 +2,8 @@
 //! (exit 2), `cpu` is the default bit for bit, and where no GPU can run, `cuda` is one line
 //! saying why (exit 2). With a GPU: the tiny Llama trains on CUDA like on the CPU (f32 within
 //! 1e-4 relative, bf16 within 2%), its checkpoint resumes on the CPU, and generation from it
-//! agrees on both devices; `anneal rl` rolls out and trains on it with a logprob mismatch of
-//! exactly 0 and resumes bit for bit. Without one those print SKIP with the reason and pass.
+//! agrees on both devices; every model family trains on it like on the CPU; `anneal rl` rolls
+//! out and trains on it with a logprob mismatch of exactly 0 and resumes bit for bit. Without one those print SKIP with the reason and pass.
 
 use anneal_tests::cli as common;
 
@@ -228,39 +228,62 @@ fn the_model_families_train_on_cuda_like_the_cpu() {
     }
     let job = Job::new("device-families");
     // Tiny configs of each family: MoE routing and grouped products, sinks and sliding windows,
-    // latent attention with multi-token prediction, DeepSeek-V4's compressed sparse attention.
-    // (Qwen3.5 and Kimi Linear need the gated delta rule, which has no CUDA kernel yet.)
+    // latent attention with multi-token prediction, DeepSeek-V4's compressed sparse attention,
+    // and the gated delta rule of Qwen3.5 and Kimi Linear (computed on the host for now).
     let families = [
         (
+            "gpt_oss",
             "gpt_oss",
             "{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 1, head_dim = 16, vocab_size = 320, \
              max_seq_len = 64, sliding_window = 8, n_experts = 4, expert_ffn_dim = 16, \
              balance_rate = 0.01 }",
+            None,
         ),
         (
+            "deepseek_v3",
             "deepseek_v3",
             "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
              q_lora_rank = 16, kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, \
              v_head_dim = 8, ffn_dim = 64, first_k_dense = 1, n_experts = 4, top_k = 2, \
              expert_ffn_dim = 16, n_group = 2, topk_group = 1, mtp_layers = 1, balance_rate = 0.01 }",
+            None,
         ),
         (
+            "deepseek_v4",
             "deepseek_v4",
             "{ dim = 32, n_heads = 2, head_dim = 16, rope_head_dim = 8, q_lora_rank = 16, \
              o_groups = 2, o_lora_rank = 16, index_n_heads = 2, index_head_dim = 8, \
              index_topk = 3, csa_rate = 2, hca_rate = 4, sliding_window = 6, n_experts = 4, \
              top_k = 2, expert_ffn_dim = 32, vocab_size = 320, max_seq_len = 64 }",
+            None,
+        ),
+        (
+            "qwen3_5",
+            "qwen3_5",
+            "{ dim = 32, n_layers = 4, n_heads = 2, n_kv_heads = 1, head_dim = 16, ffn_dim = 64, \
+             linear_n_key_heads = 1, linear_n_value_heads = 2, linear_key_head_dim = 16, \
+             linear_value_head_dim = 16, vocab_size = 320, max_seq_len = 64 }",
+            None,
+        ),
+        (
+            "kimi_linear",
+            "deepseek_v3",
+            "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
+             kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, v_head_dim = 8, \
+             ffn_dim = 64, n_experts = 4, top_k = 2, expert_ffn_dim = 16, \
+             kda = { n_heads = 2, head_dim = 16, conv_kernel = 4, layers = [0] } }",
+            Some("model.flavor=\"kimi_linear_debug\""),
         ),
     ];
     // Two steps: the first update's effect shows in the second loss.
     let steps = ["training.steps=2", "checkpoint.interval=0"];
-    for (plugin, args) in families {
-        let config = job.config_with_model(plugin, plugin, args);
-        let run = |name: &str, device: &str| {
-            let dir = job.dir.join(format!("{plugin}-{name}"));
+    for (name, plugin, args, flavor) in families {
+        let config = job.config_with_model(name, plugin, args);
+        let run = |run: &str, device: &str| {
+            let dir = job.dir.join(format!("{name}-{run}"));
             let mut c = anneal();
             c.arg("train").arg(&config).arg("--run-dir").arg(&dir);
-            for s in steps.iter().copied().chain([device]) {
+            for s in steps.iter().copied().chain(flavor).chain([device]) {
                 c.args(["--set", s]);
             }
             ok(&c.output().expect("anneal train"));
@@ -270,7 +293,7 @@ fn the_model_families_train_on_cuda_like_the_cpu() {
             run("cpu", "job.device=\"cpu\""),
             run("gpu", "job.device=\"cuda\""),
         );
-        assert_close(plugin, &gpu, &cpu, 1e-4);
+        assert_close(name, &gpu, &cpu, 1e-4);
     }
     // The llama plugin's Qwen3-MoE flavor.
     let moe = [

@@ -322,6 +322,9 @@ pub trait DeltaRuleBackend: Send + Sync {
 pub fn delta_rule_backend_for(device: Device) -> Result<&'static dyn DeltaRuleBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
+        // No CUDA kernel yet: computed on the host (see cuda::HostDeltaRule).
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::HostDeltaRule),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }

@@ -438,17 +438,6 @@ impl Tensor {
         }
     }
 
-    /// Fails unless the tensor lives where the CPU backend can compute on it.
-    pub(crate) fn check_cpu(&self, op: &'static str) -> Result<()> {
-        match self.device() {
-            Device::Cpu => Ok(()),
-            d => Err(Error::DeviceUnavailable {
-                device: d,
-                reason: format!("{op} has no CUDA kernel yet (only the CPU backend computes it)"),
-            }),
-        }
-    }
-
     // ---- autograd ----
 
     /// True when gradients flow to or through this tensor.

@@ -10,6 +10,7 @@
 pub mod attention;
 mod backend;
 mod blas;
+mod delta_rule;
 mod device;
 mod fused;
 mod index;
@@ -20,6 +21,7 @@ pub mod pool;
 mod staging;
 
 pub use backend::CudaBackend;
+pub use delta_rule::HostDeltaRule;
 pub use device::{gpu, memory_stats, DeviceBuffer, Gpu};
 
 use crate::error::{Error, Result};

@@ -11,7 +11,8 @@
 //! `cpu::delta_rule`) forward and backward as one fused op. Decode runs either the recurrence
 //! token by token ([`gated_delta_rule_recurrent`]) or, in batch-invariant mode, the chunked form
 //! over the tokens since the last 64-aligned position ([`DeltaRuleCache`]), so that a sequence's
-//! outputs have the same bits in a prefill, in a training forward and step by step.
+//! outputs have the same bits in a prefill, in a training forward and step by step. On a GPU the
+//! CPU backend computes it (`cuda::HostDeltaRule`): no CUDA kernel exists for it yet.
 
 use crate::autograd::{is_grad_enabled, no_grad, record};
 use crate::backend::{delta_rule_backend_for, DeltaRuleBackend};
@@ -137,7 +138,7 @@ pub(super) fn resolve(
                 expected: "a floating dtype",
             });
         }
-        t.check_cpu(OP)?;
+        t.check_device(OP)?;
     }
     if q.rank() != 4 {
         return Err(shape_error("q", "[B, T, Hk, Dk]".into(), q));
