@@ -315,3 +315,28 @@ fn the_model_families_train_on_cuda_like_the_cpu() {
         1e-4,
     );
 }
+
+#[test]
+fn tf32_products_only_where_asked() {
+    let job = Job::new("device-tf32");
+    let steps = "training.steps=3";
+    let tf32 = "training.allow_tf32=true";
+    // The CPU has no TF32: the key changes nothing there.
+    let (a, cpu) = job.train("cpu", &[steps]);
+    let (b, cpu_tf32) = job.train("cpu-tf32", &[steps, tf32]);
+    ok(&a);
+    ok(&b);
+    assert_eq!(losses(&cpu), losses(&cpu_tf32));
+    if let Some(why) = no_gpu() {
+        println!("SKIP tf32_products_only_where_asked on the GPU: {why}");
+        return;
+    }
+    let cuda = "job.device=\"cuda\"";
+    let (a, gpu) = job.train("gpu", &[steps, cuda]);
+    let (b, gpu_tf32) = job.train("gpu-tf32", &[steps, cuda, tf32]);
+    ok(&a);
+    ok(&b);
+    // TF32 rounds the products' inputs to 10 mantissa bits: other bits, the same curve.
+    assert_ne!(losses(&gpu), losses(&gpu_tf32), "TF32 was used");
+    assert_close("tf32", &loss_values(&gpu_tf32), &loss_values(&cpu), 1e-2);
+}

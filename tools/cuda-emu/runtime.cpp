@@ -12,7 +12,8 @@
 // - Kernels, copies and products run when they are queued (the stream is always idle), one at
 //   a time across threads. Dynamic shared memory above 48 KiB is refused unless raised with
 //   cuFuncSetAttribute, as on the hardware.
-// - cuBLAS products accumulate in f32 (no TF32), f32 or bf16 operands, in an order that
+// - cuBLAS products accumulate in f32 (TF32 rounds f32 operands first when asked), f32 or bf16
+//   operands, in an order that
 //   depends on the shape as the real library's does (split-k for few output rows).
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -232,6 +233,15 @@ bool compile(Program& p) {
 constexpr int CUDA_R_32F = 0;
 constexpr int CUDA_R_16BF = 14;
 
+/// `f` rounded to TF32 (10 mantissa bits, to nearest even), as tensor cores read f32 operands.
+float tf32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 float load(const void* p, int type, size_t i) {
     if (type == CUDA_R_16BF) {
         uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
@@ -264,15 +274,19 @@ size_t type_size(int type) { return type == CUDA_R_16BF ? 2 : 4; }
 /// product: a decode step) k is split in two halves summed apart (split-k), so code that needs
 /// a row's bits not to depend on the rows beside it cannot rely on cuBLAS here either.
 void gemm(int ta, int tb, int m, int n, int k, float alpha, const void* A, int at, long lda,
-          const void* B, int bt, long ldb, float beta, void* C, int ct, long ldc) {
+          const void* B, int bt, long ldb, float beta, void* C, int ct, long ldc, bool use_tf32) {
     std::vector<float> a(size_t(m) * k), b(k), acc(m), part(m);
     for (int p = 0; p < k; ++p)
         for (int i = 0; i < m; ++i)
             a[size_t(p) * m + i] = load(A, at, ta ? size_t(i) * lda + p : size_t(p) * lda + i);
+    if (use_tf32)
+        for (auto& x : a) x = tf32(x);
     int split = n < 8 && k >= 32 ? k / 2 : k;
     for (int j = 0; j < n; ++j) {
         for (int p = 0; p < k; ++p)
             b[p] = load(B, bt, tb ? size_t(p) * ldb + j : size_t(j) * ldb + p);
+        if (use_tf32)
+            for (auto& x : b) x = tf32(x);
         std::fill(acc.begin(), acc.end(), 0.0f);
         std::fill(part.begin(), part.end(), 0.0f);
         for (int p = 0; p < k; ++p) {
@@ -655,10 +669,12 @@ int cublasGemmStridedBatchedEx(void*, int ta, int tb, int m, int n, int k, const
             complain("cuBLAS: only f32 and bf16 products are emulated");
             return 15; // CUBLAS_STATUS_NOT_SUPPORTED
         }
-    if (compute != 68) { // CUBLAS_COMPUTE_32F
-        complain("cuBLAS: only CUBLAS_COMPUTE_32F is emulated (TF32 would round differently)");
+    // CUBLAS_COMPUTE_32F, or CUBLAS_COMPUTE_32F_FAST_TF32 (f32 operands rounded to TF32).
+    if (compute != 68 && compute != 77) {
+        complain("cuBLAS: only CUBLAS_COMPUTE_32F and CUBLAS_COMPUTE_32F_FAST_TF32 are emulated");
         return 15;
     }
+    bool use_tf32 = compute == 77 && at == CUDA_R_32F && bt == CUDA_R_32F;
     if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < (ta ? k : m) || ldb < (tb ? n : k) ||
         ldc < m)
         return 7; // CUBLAS_STATUS_INVALID_VALUE
@@ -673,7 +689,7 @@ int cublasGemmStridedBatchedEx(void*, int ta, int tb, int m, int n, int k, const
     for (int i = 0; i < batch; ++i)
         gemm(ta, tb, m, n, k, al, static_cast<const char*>(A) + sa * i * type_size(at), at, lda,
              static_cast<const char*>(B) + sb * i * type_size(bt), bt, ldb, be,
-             static_cast<char*>(C) + sc * i * type_size(ct), ct, ldc);
+             static_cast<char*>(C) + sc * i * type_size(ct), ct, ldc, use_tf32);
     return 0;
 }
 int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* A,

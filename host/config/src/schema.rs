@@ -163,6 +163,10 @@ pub struct Training {
     /// inputs with f32 accumulation and bf16 activations between them; parameters, gradients
     /// and optimizer state stay f32).
     pub dtype: String,
+    /// On a GPU, let float32 matrix products round their inputs to TF32 (10-bit mantissa, f32
+    /// accumulation) on the tensor cores, as PyTorch's `allow_tf32`: faster, less exact. No
+    /// effect on the CPU, on bf16 products or in batch-invariant mode.
+    pub allow_tf32: bool,
     /// CPU threads (0 = all cores).
     pub threads: usize,
     /// Memory the run may use, in MiB, checked against an estimate before any parameter is
@@ -186,6 +190,7 @@ impl Default for Training {
             seed: 42,
             max_grad_norm: 1.0,
             dtype: "float32".into(),
+            allow_tf32: false,
             threads: 0,
             memory_limit_mb: 0,
             skip_memory_check: false,

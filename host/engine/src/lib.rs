@@ -49,6 +49,20 @@ pub fn init_threads(n: usize) -> Result<()> {
         })
 }
 
+static ALLOW_TF32: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Lets float32 matrix products on a GPU round their inputs to TF32 (tensor cores, f32
+/// accumulation), for the whole process (`training.allow_tf32`). Off by default; the CPU
+/// backend, bf16 products and batch-invariant mode ignore it.
+pub fn set_allow_tf32(on: bool) {
+    ALLOW_TF32.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`set_allow_tf32`] turned TF32 products on.
+pub fn allow_tf32() -> bool {
+    ALLOW_TF32.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The matrix-product kernels this CPU runs, in words (chosen at run time by its features):
 /// `f32: ...; bf16: ...`.
 pub fn matmul_kernels() -> String {

@@ -1,4 +1,5 @@
-//! Matrix products through cuBLAS: f32 in full f32 (no TF32, so GPU and CPU agree closely),
+//! Matrix products through cuBLAS: f32 in full f32 (no TF32 unless `crate::set_allow_tf32`
+//! asked for it, so GPU and CPU agree closely),
 //! bf16 inputs with f32 accumulation. Row-major `C = A·B` is computed as the column-major
 //! `Cᵀ = Bᵀ·Aᵀ`, so no operand is transposed or copied. In batch-invariant mode the products
 //! run on kernels/gemm.cu instead: one FMA chain per element whatever the shape, so a row's
@@ -54,6 +55,12 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     } else {
         cudaDataType::CUDA_R_32F
     };
+    // TF32 only where asked (`crate::set_allow_tf32`), for f32 operands.
+    let compute = if dtype == DType::F32 && crate::allow_tf32() {
+        cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+    } else {
+        cublasComputeType_t::CUBLAS_COMPUTE_32F
+    };
     let (alpha, beta) = (1.0f32, 0.0f32);
     let blas = gpu.blas()?;
     gpu.bind()?;
@@ -82,7 +89,7 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             n as i32,
             (m * n) as i64,
             batch as i32,
-            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            compute,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
