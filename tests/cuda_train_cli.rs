@@ -230,48 +230,16 @@ fn the_model_families_train_on_cuda_like_the_cpu() {
     // Tiny configs of each family: MoE routing and grouped products, sinks and sliding windows,
     // latent attention with multi-token prediction, DeepSeek-V4's compressed sparse attention,
     // and the gated delta rule of Qwen3.5 and Kimi Linear (computed on the host for now).
+    use anneal_tests::tiny;
     let families = [
-        (
-            "gpt_oss",
-            "gpt_oss",
-            "{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 1, head_dim = 16, vocab_size = 320, \
-             max_seq_len = 64, sliding_window = 8, n_experts = 4, expert_ffn_dim = 16, \
-             balance_rate = 0.01 }",
-            None,
-        ),
-        (
-            "deepseek_v3",
-            "deepseek_v3",
-            "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
-             q_lora_rank = 16, kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, \
-             v_head_dim = 8, ffn_dim = 64, first_k_dense = 1, n_experts = 4, top_k = 2, \
-             expert_ffn_dim = 16, n_group = 2, topk_group = 1, mtp_layers = 1, balance_rate = 0.01 }",
-            None,
-        ),
-        (
-            "deepseek_v4",
-            "deepseek_v4",
-            "{ dim = 32, n_heads = 2, head_dim = 16, rope_head_dim = 8, q_lora_rank = 16, \
-             o_groups = 2, o_lora_rank = 16, index_n_heads = 2, index_head_dim = 8, \
-             index_topk = 3, csa_rate = 2, hca_rate = 4, sliding_window = 6, n_experts = 4, \
-             top_k = 2, expert_ffn_dim = 32, vocab_size = 320, max_seq_len = 64 }",
-            None,
-        ),
-        (
-            "qwen3_5",
-            "qwen3_5",
-            "{ dim = 32, n_layers = 4, n_heads = 2, n_kv_heads = 1, head_dim = 16, ffn_dim = 64, \
-             linear_n_key_heads = 1, linear_n_value_heads = 2, linear_key_head_dim = 16, \
-             linear_value_head_dim = 16, vocab_size = 320, max_seq_len = 64 }",
-            None,
-        ),
+        ("gpt_oss", "gpt_oss", tiny::GPT_OSS, None),
+        ("deepseek_v3", "deepseek_v3", tiny::DEEPSEEK_V3, None),
+        ("deepseek_v4", "deepseek_v4", tiny::DEEPSEEK_V4, None),
+        ("qwen3_5", "qwen3_5", tiny::QWEN3_5, None),
         (
             "kimi_linear",
             "deepseek_v3",
-            "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
-             kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, v_head_dim = 8, \
-             ffn_dim = 64, n_experts = 4, top_k = 2, expert_ffn_dim = 16, \
-             kda = { n_heads = 2, head_dim = 16, conv_kernel = 4, layers = [0] } }",
+            tiny::KIMI_LINEAR,
             Some("model.flavor=\"kimi_linear_debug\""),
         ),
     ];

@@ -13,10 +13,7 @@ use serde_json::Value;
 
 /// A small DeepSeek-V4 for the tiny corpus (rows of 32 tokens): sliding, CSA (blocks of 2, the
 /// indexer keeping 3), HCA (blocks of 4) and CSA blocks over a window of 6, two streams.
-const TINY: &str = "{ dim = 32, n_heads = 2, head_dim = 16, rope_head_dim = 8, q_lora_rank = 16, \
-                    o_groups = 2, o_lora_rank = 16, index_n_heads = 2, index_head_dim = 8, \
-                    index_topk = 3, csa_rate = 2, hca_rate = 4, sliding_window = 6, n_experts = 4, \
-                    top_k = 2, expert_ffn_dim = 32, vocab_size = 320, max_seq_len = 64 }";
+use anneal_tests::tiny::DEEPSEEK_V4 as TINY;
 
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_str(&ok(out)).expect("one JSON object")

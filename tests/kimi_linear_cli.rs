@@ -29,10 +29,7 @@ fn the_debug_flavor_trains_and_recomputes_bitwise() {
     let config = job.config_with_model(
         "kimi_linear",
         "deepseek_v3",
-        "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
-         kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, v_head_dim = 8, \
-         ffn_dim = 64, n_experts = 4, top_k = 2, expert_ffn_dim = 16, \
-         kda = { n_heads = 2, head_dim = 16, conv_kernel = 4, layers = [0] } }",
+        anneal_tests::tiny::KIMI_LINEAR,
     );
     let train = |name: &str, mode: &str| {
         let run = job.dir.join(name);

@@ -83,13 +83,7 @@ fn aux_loss_free_balancing_moves_the_routing_bias_and_metrics_carry_the_load() {
 #[test]
 fn gpt_oss_trains_balances_and_resumes_bitwise() {
     let job = Job::new("gpt-oss");
-    let config = job.config_with_model(
-        "gpt_oss",
-        "gpt_oss",
-        "{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 1, head_dim = 16, vocab_size = 320, \
-         max_seq_len = 64, sliding_window = 8, n_experts = 4, expert_ffn_dim = 16, \
-         balance_rate = 0.01 }",
-    );
+    let config = job.config_with_model("gpt_oss", "gpt_oss", anneal_tests::tiny::GPT_OSS);
     let train = |run: &std::path::Path| {
         let mut c = anneal();
         c.arg("train").arg(&config).arg("--run-dir").arg(run);
@@ -164,10 +158,7 @@ fn deepseek_v3_trains_with_multi_token_prediction_and_balances_every_sparse_bloc
     let config = job.config_with_model(
         "deepseek_v3",
         "deepseek_v3",
-        "{ dim = 32, n_layers = 2, n_heads = 2, vocab_size = 320, max_seq_len = 64, \
-         q_lora_rank = 16, kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, \
-         v_head_dim = 8, ffn_dim = 64, first_k_dense = 1, n_experts = 4, top_k = 2, \
-         expert_ffn_dim = 16, n_group = 2, topk_group = 1, mtp_layers = 1, balance_rate = 0.01 }",
+        anneal_tests::tiny::DEEPSEEK_V3,
     );
     let train = |name: &str, mode: &str| {
         let run = job.dir.join(name);

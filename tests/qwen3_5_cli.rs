@@ -10,10 +10,7 @@ use anneal_tests::cli::{anneal, ok, root, rows, Job};
 use serde_json::Value;
 
 /// A small Qwen3.5 for the tiny corpus: three Gated DeltaNet blocks and one attention block.
-const TINY: &str =
-    "{ dim = 32, n_layers = 4, n_heads = 2, n_kv_heads = 1, head_dim = 16, ffn_dim = 64, \
-                    linear_n_key_heads = 1, linear_n_value_heads = 2, linear_key_head_dim = 16, \
-                    linear_value_head_dim = 16, vocab_size = 320, max_seq_len = 64 }";
+use anneal_tests::tiny::QWEN3_5 as TINY;
 
 fn json_of(out: &std::process::Output) -> Value {
     serde_json::from_str(&ok(out)).expect("one JSON object")
