@@ -13,6 +13,9 @@
 #                                   # (gitignored; carry that folder to the GPU)
 #   bash bench/gpu_check.sh         # runs the check with bench/gpu_carry/ (building it first
 #                                   # when it is missing and cargo is there)
+#   bash bench/gpu_check.sh emulated  # rehearses it on the CPU's emulation of a GPU
+#                                   # (tools/cuda-emu): the benchmarks (GEMM TFLOP/s, llama3_1b)
+#                                   # are skipped and the runs are 2 steps long
 #
 # Without a GPU (any developer machine) the same run compiles the kernels and prints each GPU
 # test's SKIP reason. Libraries: on the GPU machine cuBLAS/NVRTC come from the nvidia-* packages of
@@ -21,7 +24,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=bench/gpu_carry
-STEP_TIMEOUT=${STEP_TIMEOUT:-240}
+EMULATED=0
+[ "${1:-}" = emulated ] && EMULATED=1
+STEP_TIMEOUT=${STEP_TIMEOUT:-$([ "$EMULATED" = 1 ] && echo 1200 || echo 240)}
+DEBUG_STEPS=30 RL_STEPS=6
+[ "$EMULATED" = 1 ] && DEBUG_STEPS=2 RL_STEPS=2
 
 build() {
   set -e
@@ -98,7 +105,16 @@ run_step() { # name, command...: runs it with a timeout, keeps its output
   return "${PIPESTATUS[0]}"
 }
 
-run_step info "$CARRY/anneal" info
+# The kernels' compile test needs the real NVRTC and ptxas; emulation begins after it.
+if [ "$EMULATED" = 1 ]; then
+  emu=$(bash tools/cuda-emu/build.sh) || exit 1
+  export ANNEAL_CUDA_EMU_CACHE="$emu/cache"
+  EMU=(env "LD_LIBRARY_PATH=$emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+else
+  EMU=()
+fi
+
+run_step info "${EMU[@]}" "$CARRY/anneal" info
 row "anneal info" "ok" "$(grep '^cuda backend' "$log/info.out" | cut -c1-80)"
 
 if run_step kernels "$CARRY/cuda_kernels_compile" --nocapture; then
@@ -108,7 +124,7 @@ else
   row "kernels -> PTX (sm_80, sm_90)" "FAILED" "see above"; failed=1
 fi
 
-if run_step ops "$CARRY/cuda_ops" --nocapture --test-threads 1; then
+if run_step ops "${EMU[@]}" "$CARRY/cuda_ops" --nocapture --test-threads 1; then
   skips=$(grep -c 'SKIP ' "$log/ops.out")
   if [ "$skips" -gt 0 ]; then
     row "CUDA ops vs CPU" "SKIP" "$(grep -m1 -o 'SKIP .*' "$log/ops.out" | cut -d: -f2- | cut -c1-70)"
@@ -121,7 +137,9 @@ fi
 
 gpu_ok=0
 grep -q 'SKIP ' "$log/ops.out" || gpu_ok=1
-if [ "$gpu_ok" = 1 ]; then
+if [ "$EMULATED" = 1 ]; then
+  row "GEMM bf16 8192^3" "SKIP" "emulated GPU"
+elif [ "$gpu_ok" = 1 ]; then
   if run_step gemm "$CARRY/cuda_ops" --ignored --nocapture gemm_tflops; then
     row "GEMM bf16 8192^3, engine" "ok" "$(grep -o 'BF16.*TFLOP/s' "$log/gemm.out" | head -1)"
   else
@@ -162,7 +180,7 @@ train() { # name, steps, extra --set values...: trains in $log/<name>
     --set metrics.progress_bar=false --set checkpoint.interval=0
     --set "data.path=\"$PWD/$CARRY/shakespeare\"" --set "data.cache_dir=\"$log/cache\"")
   for s in "$@"; do sets+=(--set "$s"); done
-  run_step "$name" "$CARRY/anneal" train configs/llama3_debug.toml --run-dir "$log/$name" "${sets[@]}"
+  run_step "$name" "${EMU[@]}" "$CARRY/anneal" train configs/llama3_debug.toml --run-dir "$log/$name" "${sets[@]}"
 }
 compare() { # label, cpu run, gpu run, relative tolerance: a table row from their losses
   local verdict
@@ -185,16 +203,19 @@ PY
 if [ "$gpu_ok" = 1 ]; then
   for dtype in float32 bfloat16; do
     tol=1e-4; [ "$dtype" = bfloat16 ] && tol=0.02
-    if train "cpu-$dtype" 30 "training.dtype=\"$dtype\"" &&
-       train "gpu-$dtype" 30 "training.dtype=\"$dtype\"" 'job.device="cuda"'; then
-      compare "debug Llama 30 steps, $dtype" "cpu-$dtype" "gpu-$dtype" "$tol"
+    label="debug Llama $DEBUG_STEPS steps, $dtype"
+    if train "cpu-$dtype" "$DEBUG_STEPS" "training.dtype=\"$dtype\"" &&
+       train "gpu-$dtype" "$DEBUG_STEPS" "training.dtype=\"$dtype\"" 'job.device="cuda"'; then
+      compare "$label" "cpu-$dtype" "gpu-$dtype" "$tol"
     else
-      row "debug Llama 30 steps, $dtype" "FAILED" "see above"; failed=1
+      row "$label" "FAILED" "see above"; failed=1
     fi
   done
   # llama3_1b on the GPU: bf16 compute, f32 master weights and AdamW state; its vocabulary
   # is larger than the corpus tokenizer's, which it only needs to hold.
-  if train gpu-1b 20 'model.flavor="llama3_1b"' 'training.dtype="bfloat16"' 'job.device="cuda"' \
+  if [ "$EMULATED" = 1 ]; then
+    row "llama3_1b 20 steps bf16" "SKIP" "emulated GPU"
+  elif train gpu-1b 20 'model.flavor="llama3_1b"' 'training.dtype="bfloat16"' 'job.device="cuda"' \
        training.seq_len=2048 training.batch_size=8 training.micro_batch_size=8 \
        metrics.peak_tflops=989.0 'lr_scheduler.warmup_steps=2'; then
     verdict=$(python3 - "$log/gpu-1b/metrics.jsonl" <<'PY'
@@ -220,8 +241,8 @@ PY
        --set training.steps=20 --set checkpoint.interval=20 --set metrics.eval_freq=0 \
        --set metrics.progress_bar=false --set "data.path=\"$log/digits.jsonl\"" \
        --set "data.cache_dir=\"$log/cache\"" &&
-     run_step rl "$CARRY/anneal" rl configs/rl_digits.toml --run-dir "$log/rl" \
-       --set "rl.init_from=\"$log/rl-sft/checkpoints/step-20\"" --set training.steps=6 \
+     run_step rl "${EMU[@]}" "$CARRY/anneal" rl configs/rl_digits.toml --run-dir "$log/rl" \
+       --set "rl.init_from=\"$log/rl-sft/checkpoints/step-20\"" --set "training.steps=$RL_STEPS" \
        --set rl.eval_freq=0 --set 'job.device="cuda"'; then
     verdict=$(python3 - "$log/rl/metrics.jsonl" <<'PY'
 import json, sys
@@ -232,10 +253,10 @@ print(f"{ok} {len(rows)} steps, logprob mismatch max {worst:g}, reward {rows[0][
 PY
 )
     echo "rl: $verdict"
-    row "anneal rl 6 steps on cuda" "${verdict%% *}" "${verdict#* }"
+    row "anneal rl $RL_STEPS steps on cuda" "${verdict%% *}" "${verdict#* }"
     [ "${verdict%% *}" = ok ] || failed=1
   else
-    row "anneal rl 6 steps on cuda" "FAILED" "see above"; failed=1
+    row "anneal rl $RL_STEPS steps on cuda" "FAILED" "see above"; failed=1
   fi
 else
   for t in "train debug Llama 30 steps, f32" "train debug Llama 30 steps, bf16" "llama3_1b 20 steps bf16" "anneal rl 6 steps on cuda"; do
