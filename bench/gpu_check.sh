@@ -33,10 +33,12 @@ DEBUG_STEPS=30 RL_STEPS=6
 build() {
   set -e
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}"
-  cargo build --release -p anneal -p anneal-plugin-llama -p anneal-plugin-adamw
+  # The whole workspace, as CI and the test command build it: a subset would unify features
+  # differently and rebuild the dependencies.
+  cargo build --release --workspace
   local json
   json=$(mktemp)
-  cargo test --release -p anneal-engine --test cuda_ops --test cuda_kernels_compile --no-run \
+  cargo test --release --workspace --test cuda_ops --test cuda_kernels_compile --no-run \
     --message-format=json >"$json"
   mkdir -p "$CARRY"
   python3 - "$json" "$CARRY" <<'PY'
