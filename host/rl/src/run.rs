@@ -665,8 +665,8 @@ fn gather_taken(dist: &Dist, taken: Taken<Group>) -> Result<Taken<Group>, TrainE
 /// Tensors by name.
 type Named = Vec<(String, Tensor)>;
 
-/// The policy (leaves that take gradients again), buffers, KL reference and `optimizer`'s
-/// state moved to `device`; unchanged on the CPU.
+/// The policy, buffers and `optimizer`'s state (`anneal_train::device::place_policy`) and the
+/// KL reference moved to `device`; unchanged on the CPU.
 fn place_on(
     device: anneal_engine::Device,
     named: Named,
@@ -674,23 +674,14 @@ fn place_on(
     reference: Option<Params>,
     optimizer: &mut PluginOptimizer,
 ) -> Result<(Named, Named, Option<Params>), TrainError> {
-    if device == anneal_engine::Device::Cpu {
-        return Ok((named, buffers, reference));
-    }
-    let place = anneal_train::device::place;
-    let named = place(named, device)?
-        .into_iter()
-        .map(|(n, p)| (n, p.requires_grad_()))
-        .collect();
+    let (named, buffers) = anneal_train::device::place_policy(device, named, buffers, optimizer)?;
     let reference = match reference {
-        Some(r) => {
+        Some(r) if device != anneal_engine::Device::Cpu => {
             let whole = r.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
-            Some(Arc::new(place(whole, device)?.into_iter().collect()))
+            let placed = anneal_train::device::place(whole, device)?;
+            Some(Arc::new(placed.into_iter().collect()))
         }
-        None => None,
+        other => other,
     };
-    for t in optimizer.state_mut().values_mut() {
-        *t = t.to_device(device)?;
-    }
-    Ok((named, place(buffers, device)?, reference))
+    Ok((named, buffers, reference))
 }

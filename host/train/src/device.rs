@@ -54,6 +54,30 @@ pub fn for_job(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> 
     Ok(device)
 }
 
+/// Tensors by name.
+type Named = Vec<(String, Tensor)>;
+
+/// A policy read or initialised on the host, moved to `device`: the parameters (leaves that
+/// take gradients again), the buffers and `optimizer`'s state. Unchanged on the CPU.
+pub fn place_policy(
+    device: Device,
+    named: Named,
+    buffers: Named,
+    optimizer: &mut anneal_runtime::plugins::PluginOptimizer,
+) -> Result<(Named, Named), TrainError> {
+    if device == Device::Cpu {
+        return Ok((named, buffers));
+    }
+    let named = place(named, device)?
+        .into_iter()
+        .map(|(n, p)| (n, p.requires_grad_()))
+        .collect();
+    for t in optimizer.state_mut().values_mut() {
+        *t = t.to_device(device)?;
+    }
+    Ok((named, place(buffers, device)?))
+}
+
 /// Each tensor copied to `device` (no copy when it is already there), names kept.
 pub fn place(
     named: Vec<(String, Tensor)>,

@@ -200,18 +200,8 @@ impl Trainer {
         };
         // A checkpoint loads on the host whatever device wrote it; placed here (only one
         // process runs on a GPU, so only the last arm above reaches this with a GPU device).
-        let (named, buffers) = if self.device == anneal_engine::Device::Cpu {
-            (named, buffers)
-        } else {
-            let named = crate::device::place(named, self.device)?
-                .into_iter()
-                .map(|(n, p)| (n, p.requires_grad_()))
-                .collect();
-            for t in self.optimizer.state_mut().values_mut() {
-                *t = t.to_device(self.device)?;
-            }
-            (named, crate::device::place(buffers, self.device)?)
-        };
+        let (named, buffers) =
+            crate::device::place_policy(self.device, named, buffers, &mut self.optimizer)?;
         self.loader.restore(&ckpt.state.loader)?;
         self.params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         self.named = named;
