@@ -544,3 +544,49 @@ fn logprobs_with_tensor(job: &Job, name: &str, bad: &str, shape: &[usize]) -> St
         .arg(&dir);
     error_line(&run_within(cmd, 60), 2)
 }
+
+#[test]
+fn a_corrupt_safetensors_header_names_the_tensor_and_the_file() {
+    let job = Job::new("bad-header");
+    let src = fixture("tiny_llama");
+    let dir = job.dir.join("hf-bad-header");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let name = header
+        .as_object()
+        .unwrap()
+        .keys()
+        .find(|k| *k != "__metadata__")
+        .unwrap()
+        .clone();
+    let end = header[&name]["data_offsets"][1].as_u64().unwrap();
+    for (field, value, words) in [
+        (
+            "data_offsets",
+            json!([0, data.len() + 1000]),
+            "outside the".to_string(),
+        ),
+        ("dtype", json!("F99"), "unknown dtype".to_string()),
+        ("shape", json!([end + 1]), "needs".to_string()),
+    ] {
+        let mut h = header.clone();
+        h[&name][field] = value;
+        let text = h.to_string().into_bytes();
+        let file = [&(text.len() as u64).to_le_bytes()[..], &text, data].concat();
+        std::fs::write(dir.join("model.safetensors"), file).unwrap();
+        let mut cmd = anneal();
+        cmd.args(["logprobs", "--tokens", "1,2,3", "--model-dir"])
+            .arg(&dir);
+        let line = error_line(&run_within(cmd, 60), 2);
+        assert!(
+            line.contains("model.safetensors")
+                && line.contains(&format!("tensor `{name}`"))
+                && line.contains(&words),
+            "{field}: {line}"
+        );
+    }
+}

@@ -38,9 +38,116 @@ fn from_st(d: StDtype) -> Option<DType> {
     })
 }
 
+/// Checks a safetensors header (the JSON after the 8-byte length) against the `data_len`
+/// bytes of tensor data after it, tensor by tensor, so that an error names the tensor as well
+/// as `path`: a dtype, shape or `data_offsets` that is malformed, offsets outside the data,
+/// a size that is not the shape's, tensors that overlap or leave gaps, data left over.
+fn check_header(path: &Path, header: &[u8], data_len: u64) -> Result<Metadata> {
+    use serde_json::Value;
+    let map: serde_json::Map<String, Value> = serde_json::from_slice(header)
+        .map_err(|e| io_err(path, format!("bad safetensors header: {e}")))?;
+    let mut spans: Vec<(u64, u64, &str)> = Vec::new();
+    for (name, info) in &map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad = |msg: String| io_err(path, format!("tensor `{name}`: {msg}"));
+        let dtype_name = info
+            .get("dtype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("no dtype (a string such as \"F32\")".into()))?;
+        let dtype: StDtype = serde_json::from_value(Value::String(dtype_name.into()))
+            .map_err(|_| bad(format!("unknown dtype \"{dtype_name}\"")))?;
+        let shape: Vec<u64> = info
+            .get("shape")
+            .and_then(Value::as_array)
+            .and_then(|dims| dims.iter().map(Value::as_u64).collect())
+            .ok_or_else(|| bad("the shape is not a list of non-negative integers".into()))?;
+        let offsets: Vec<u64> = info
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .and_then(|o| o.iter().map(Value::as_u64).collect())
+            .filter(|o: &Vec<u64>| o.len() == 2)
+            .ok_or_else(|| bad("data_offsets is not a pair [start, end] of byte offsets".into()))?;
+        let (start, end) = (offsets[0], offsets[1]);
+        if start > end || end > data_len {
+            return Err(bad(format!(
+                "data_offsets [{start}, {end}] are outside the {data_len} bytes of tensor data"
+            )));
+        }
+        let bytes = shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.bitsize() as u64))
+            .filter(|bits| bits % 8 == 0)
+            .map(|bits| bits / 8)
+            .ok_or_else(|| {
+                bad(format!(
+                    "shape {shape:?} of {dtype_name} is not a whole number of bytes"
+                ))
+            })?;
+        if end - start != bytes {
+            return Err(bad(format!(
+                "shape {shape:?} of {dtype_name} needs {bytes} bytes, its data_offsets [{start}, {end}] hold {}",
+                end - start
+            )));
+        }
+        spans.push((start, end, name));
+    }
+    spans.sort_unstable();
+    let mut at = 0;
+    for (start, end, name) in spans {
+        if start != at {
+            let how = if start < at {
+                "overlap"
+            } else {
+                "leave a gap after"
+            };
+            return Err(io_err(
+                path,
+                format!(
+                    "tensor `{name}`: data_offsets [{start}, {end}] {how} the tensor bytes before \
+                     them (which end at {at})"
+                ),
+            ));
+        }
+        at = end;
+    }
+    if at != data_len {
+        return Err(io_err(
+            path,
+            format!(
+                "the safetensors header describes {at} bytes of tensors, the file holds {data_len}"
+            ),
+        ));
+    }
+    // Checked above: the library's own parse agrees.
+    serde_json::from_slice(header).map_err(|e| io_err(path, format!("bad safetensors header: {e}")))
+}
+
+/// Checks the header of safetensors `bytes` with [`check_header`].
+fn check_bytes(path: &Path, bytes: &[u8]) -> Result<()> {
+    let short = || io_err(path, "not a safetensors file (shorter than its header)");
+    let len: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(short)?;
+    let n = u64::from_le_bytes(len);
+    let file_len = bytes.len() as u64;
+    if n > MAX_HEADER || 8 + n > file_len {
+        return Err(io_err(
+            path,
+            format!("safetensors header of {n} bytes does not fit the {file_len}-byte file"),
+        ));
+    }
+    let header = &bytes[8..8 + n as usize];
+    check_header(path, header, file_len - 8 - n).map(drop)
+}
+
 /// Parses safetensors bytes into named tensors (bad headers and unsupported dtypes are errors
-/// naming `path`).
+/// naming `path`, and the tensor when one is at fault).
 pub fn load_safetensors_bytes(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, Tensor>> {
+    check_bytes(path, bytes)?;
     let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| io_err(path, e))?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {
@@ -108,7 +215,8 @@ pub struct SafetensorsFile {
 
 impl SafetensorsFile {
     /// Opens `path` and reads its header; a header that does not describe the file (bad JSON,
-    /// overlapping or short tensors, a length other than the file's) is an error naming it.
+    /// overlapping or short tensors, a length other than the file's) is an error naming it, and
+    /// the tensor at fault.
     pub fn open(path: impl AsRef<Path>) -> Result<SafetensorsFile> {
         let path = path.as_ref().to_path_buf();
         let mut file = File::open(&path).map_err(|e| io_err(&path, e))?;
@@ -125,19 +233,8 @@ impl SafetensorsFile {
         }
         let mut header = vec![0u8; n as usize];
         file.read_exact(&mut header).map_err(|e| io_err(&path, e))?;
-        let meta: Metadata = serde_json::from_slice(&header)
-            .map_err(|e| io_err(&path, format!("bad safetensors header: {e}")))?;
         let data_start = 8 + n;
-        if data_start + meta.data_len() as u64 != file_len {
-            return Err(io_err(
-                &path,
-                format!(
-                    "the safetensors header describes {} bytes of tensors, the file holds {}",
-                    meta.data_len(),
-                    file_len - data_start
-                ),
-            ));
-        }
+        let meta = check_header(&path, &header, file_len - data_start)?;
         Ok(SafetensorsFile {
             path,
             file: Mutex::new(file),
@@ -235,5 +332,86 @@ mod tests {
             assert!(err.contains("t.safetensors"), "{what}: {err}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A safetensors file of `header` (JSON) and `data` bytes.
+    fn with_header(header: &serde_json::Value, data: usize) -> Vec<u8> {
+        let h = header.to_string().into_bytes();
+        [&(h.len() as u64).to_le_bytes()[..], &h, &vec![0u8; data]].concat()
+    }
+
+    #[test]
+    fn a_bad_header_names_the_tensor_and_the_file() {
+        use serde_json::json;
+        let ok = json!({
+            "__metadata__": {"format": "pt"},
+            "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+            "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 32]},
+        });
+        let path = Path::new("model.safetensors");
+        assert_eq!(
+            load_safetensors_bytes(path, &with_header(&ok, 32))
+                .unwrap()
+                .len(),
+            2
+        );
+        let bad = |name: &str, field: &str, value: serde_json::Value| {
+            let mut h = ok.clone();
+            h[name][field] = value;
+            h
+        };
+        for (header, data, tensor, words) in [
+            (
+                bad("b", "data_offsets", json!([24, 4000])),
+                32,
+                "b",
+                "outside the 32 bytes",
+            ),
+            (
+                bad("w", "dtype", json!("F99")),
+                32,
+                "w",
+                "unknown dtype \"F99\"",
+            ),
+            (bad("w", "dtype", json!(3)), 32, "w", "no dtype"),
+            (
+                bad("w", "shape", json!([2, -3])),
+                32,
+                "w",
+                "shape is not a list",
+            ),
+            (bad("w", "shape", json!([2, 4])), 32, "w", "needs 32 bytes"),
+            (
+                bad("b", "data_offsets", json!([20, 28])),
+                32,
+                "b",
+                "overlap",
+            ),
+            (
+                bad("b", "data_offsets", json!([28, 36])),
+                36,
+                "b",
+                "leave a gap",
+            ),
+            (bad("w", "data_offsets", json!([0])), 32, "w", "not a pair"),
+        ] {
+            let bytes = with_header(&header, data);
+            let err = load_safetensors_bytes(path, &bytes)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("model.safetensors: ")
+                    && err.contains(&format!("tensor `{tensor}`"))
+                    && err.contains(words),
+                "{header}: {err}"
+            );
+        }
+        let err = load_safetensors_bytes(path, &with_header(&ok, 40))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("describes 32 bytes of tensors, the file holds 40"),
+            "{err}"
+        );
     }
 }
