@@ -176,3 +176,32 @@ fn deepseek_v3_decodes_from_its_latent_cache_like_its_training_forward() {
         .collect();
     assert_eq!(tail, decoded);
 }
+
+#[test]
+fn prompt_and_text_may_start_with_a_dash() {
+    let dir = fixtures().join("tiny_llama");
+    let tok = fixtures().join("tiny_tokenizer.json");
+    for prompt in ["-x the cat", "--the cat"] {
+        let out = anneal()
+            .args(["generate", "--model-dir"])
+            .arg(&dir)
+            .args(["--max-new-tokens", "2", "--tokenizer"])
+            .arg(&tok)
+            .args(["--prompt", prompt])
+            .output()
+            .unwrap();
+        let g = json_of(&out);
+        assert_eq!(g["tokens"].as_array().map(Vec::len), Some(2), "{g}");
+        // The prompt is the text given, dash included.
+        let scored = anneal()
+            .args(["logprobs", "--model-dir"])
+            .arg(&dir)
+            .arg("--tokenizer")
+            .arg(&tok)
+            .args(["--text", prompt])
+            .output()
+            .unwrap();
+        let lp = json_of(&scored);
+        assert_eq!(lp["tokens"], g["prompt_tokens"], "{lp} {g}");
+    }
+}

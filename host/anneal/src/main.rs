@@ -35,10 +35,10 @@ enum Command {
         #[arg(long)]
         model_dir: std::path::PathBuf,
         /// Comma-separated token ids.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         tokens: Option<String>,
-        /// Text to score (needs --tokenizer).
-        #[arg(long)]
+        /// Text to score (needs --tokenizer); may start with `-`.
+        #[arg(long, allow_hyphen_values = true)]
         text: Option<String>,
         /// A tokenizer.json for --text.
         #[arg(long)]
@@ -53,10 +53,11 @@ enum Command {
         #[arg(long)]
         model_dir: std::path::PathBuf,
         /// Comma-separated prompt token ids.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         prompt_tokens: Option<String>,
-        /// Prompt text (needs --tokenizer; the output then also has the decoded text).
-        #[arg(long)]
+        /// Prompt text (needs --tokenizer; the output then also has the decoded text); may
+        /// start with `-`.
+        #[arg(long, allow_hyphen_values = true)]
         prompt: Option<String>,
         /// A tokenizer.json for --prompt and for decoding.
         #[arg(long)]

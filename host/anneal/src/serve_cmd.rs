@@ -21,8 +21,13 @@ pub struct ServeArgs {
     /// The registry (registry.sqlite), run directories and reward modules live here.
     #[arg(long, value_name = "DIR", default_value = "runs", env = "ANNEAL_HOME")]
     home: PathBuf,
-    /// A token every API call must send as `Authorization: Bearer <token>`.
-    #[arg(long, env = "ANNEAL_TOKEN", hide_env_values = true)]
+    /// A token every API call must send as `Authorization: Bearer <token>` (may start with `-`).
+    #[arg(
+        long,
+        env = "ANNEAL_TOKEN",
+        hide_env_values = true,
+        allow_hyphen_values = true
+    )]
     token: Option<String>,
     /// The config files offered to new runs (runs may only name files in it).
     #[arg(long, value_name = "DIR", default_value = "configs")]
