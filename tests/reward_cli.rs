@@ -171,3 +171,30 @@ fn the_rl_demo_rewards_score_exact_and_partial_matches() {
         assert!(got["details"].get("correct").is_none(), "{got}");
     }
 }
+
+#[test]
+fn a_module_over_the_size_limit_is_refused_before_it_is_read() {
+    // 200 MB that take no disk (a sparse file): refused from its size, naming file and limit.
+    let dir = std::env::temp_dir().join(format!("anneal-reward-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let big = dir.join("big.wasm");
+    std::fs::File::create(&big)
+        .and_then(|f| f.set_len(200 << 20))
+        .expect("sparse file");
+    let out = anneal()
+        .args(["reward", "test"])
+        .arg(&big)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run anneal");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&*big.to_string_lossy())
+            && stderr.contains("209715200 bytes")
+            && stderr.contains("over the limit of 67108864 bytes (64 MiB)"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

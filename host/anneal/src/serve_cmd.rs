@@ -38,8 +38,9 @@ pub struct ServeArgs {
     /// How many runs may train at once; more wait as `queued`.
     #[arg(long, value_name = "N", default_value_t = 1)]
     max_running: usize,
-    /// The largest reward module upload, in MiB.
-    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    /// The largest reward module upload, in MiB (what `anneal reward test` and `anneal rl`
+    /// load by default).
+    #[arg(long, value_name = "MIB", default_value_t = anneal_reward::MAX_MODULE_BYTES >> 20)]
     max_upload_mb: usize,
     /// The wall time one reward test request may use across all its inputs, in seconds.
     #[arg(long, value_name = "S", default_value_t = 30.0)]

@@ -3,6 +3,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The largest reward module loaded, in bytes, by default: what `anneal serve` accepts as an
+/// upload (`--max-upload-mb`) and what [`crate::Sandbox::load_file`] reads (`anneal reward
+/// test`, `anneal rl`). Parsing and compiling take a few times a module's size in memory.
+pub const MAX_MODULE_BYTES: usize = 64 << 20;
+
 /// How every scoring call is limited, and what it gets when it fails.
 #[derive(Clone, Debug)]
 pub struct SandboxConfig {
@@ -28,6 +33,8 @@ pub struct SandboxConfig {
     pub cache_dir: Option<PathBuf>,
     /// What the module may reach outside its own memory.
     pub grants: Grants,
+    /// The largest module loaded, in bytes (a file is checked before it is read).
+    pub max_module_bytes: usize,
 }
 
 impl SandboxConfig {
@@ -63,6 +70,7 @@ impl Default for SandboxConfig {
             epoch_tick: Duration::from_millis(1),
             cache_dir: None,
             grants: Grants::default(),
+            max_module_bytes: MAX_MODULE_BYTES,
         }
     }
 }

@@ -134,6 +134,19 @@ pub enum LoadError {
         /// The underlying error.
         error: std::io::Error,
     },
+    /// The module is larger than the sandbox loads ([`crate::SandboxConfig::max_module_bytes`]).
+    #[error(
+        "reward module {name} is {bytes} bytes, over the limit of {max} bytes ({} MiB)",
+        max >> 20
+    )]
+    TooLarge {
+        /// The file (or the caller-given label).
+        name: String,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
     /// The bytes are neither WebAssembly text nor a valid module or component.
     #[error("invalid reward module {name}: {message}")]
     Invalid {

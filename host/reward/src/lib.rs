@@ -42,7 +42,7 @@ mod set;
 mod state;
 
 pub use call::{ScoreInput, ScoreOutcome};
-pub use config::{CallLimits, Grants, SandboxConfig};
+pub use config::{CallLimits, Grants, SandboxConfig, MAX_MODULE_BYTES};
 pub use error::{CallError, ErrorKind, LoadError};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use module::{ModuleKind, RewardModule};

@@ -122,12 +122,31 @@ impl Sandbox {
         self.metrics.snapshot()
     }
 
-    /// Loads a module or component from a file (`.wasm` binary or `.wat` text).
+    /// Loads a module or component from a file (`.wasm` binary or `.wat` text). A file over
+    /// [`SandboxConfig::max_module_bytes`] is refused from its size, before it is read.
     pub fn load_file(&self, path: &Path) -> Result<RewardModule, LoadError> {
-        let bytes = std::fs::read(path).map_err(|error| LoadError::Io {
+        use std::io::Read;
+        let io = |error| LoadError::Io {
             path: path.to_path_buf(),
             error,
-        })?;
+        };
+        let max = self.config.max_module_bytes as u64;
+        let too_large = |bytes| LoadError::TooLarge {
+            name: path.display().to_string(),
+            bytes,
+            max,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        let size = file.metadata().map_err(io)?.len();
+        if size > max {
+            return Err(too_large(size));
+        }
+        // The size may change while reading (or a pipe has none): read at most one byte more.
+        let mut bytes = Vec::with_capacity(size as usize);
+        file.take(max + 1).read_to_end(&mut bytes).map_err(io)?;
+        if bytes.len() as u64 > max {
+            return Err(too_large(bytes.len() as u64));
+        }
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -138,6 +157,13 @@ impl Sandbox {
     /// Loads a module or component from bytes (binary or WebAssembly text). Compiled modules are
     /// cached by content hash: loading the same bytes again is a lookup.
     pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<RewardModule, LoadError> {
+        if bytes.len() > self.config.max_module_bytes {
+            return Err(LoadError::TooLarge {
+                name: name.to_string(),
+                bytes: bytes.len() as u64,
+                max: self.config.max_module_bytes as u64,
+            });
+        }
         let binary = wat::parse_bytes(bytes).map_err(|e| {
             // The text parser's message spans several lines (with a source snippet): keep the
             // first line and the position, so a user sees one line.

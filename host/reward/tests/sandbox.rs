@@ -447,3 +447,35 @@ fn invalid_bytes_fail_at_load() {
         .expect_err("invalid");
     assert!(matches!(err, LoadError::Invalid { .. }), "{err}");
 }
+
+#[test]
+fn a_module_over_the_size_limit_is_refused_naming_it() {
+    let sb = sandbox(|c| c.max_module_bytes = 100);
+    let big = GOOD.as_bytes();
+    match sb.load_bytes("big.wat", big) {
+        Err(e @ LoadError::TooLarge { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("big.wat") && msg.contains(&format!("{} bytes", big.len())),
+                "{msg}"
+            );
+        }
+        other => panic!("not refused for its size: {:?}", other.err()),
+    }
+    // A file is refused from its size, before it is read: 1 GiB that take no disk.
+    let dir = std::env::temp_dir().join(format!("anneal-reward-size-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("huge.wasm");
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(1 << 30))
+        .expect("sparse file");
+    let Err(err) = sandbox(|_| {}).load_file(&path) else {
+        panic!("a 1 GiB module was loaded");
+    };
+    assert!(
+        matches!(err, LoadError::TooLarge { bytes, max, .. } if bytes == 1 << 30 && max == 64 << 20),
+        "{err}"
+    );
+    assert!(err.to_string().contains("huge.wasm"), "{err}");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -159,6 +159,8 @@ impl AppState {
             .get_or_init(|| {
                 Sandbox::new(SandboxConfig {
                     cache_dir: Some(self.options.rewards_dir().join("cache")),
+                    // Whatever the server accepts as an upload it can load.
+                    max_module_bytes: self.options.max_upload_bytes,
                     ..SandboxConfig::default()
                 })
                 .map(Arc::new)
