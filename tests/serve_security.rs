@@ -2,7 +2,8 @@
 //! with the headers a hostile page would make a browser send. Covers DNS rebinding (`Host`),
 //! cross-site requests (`Origin`, form content types), the JSON error shape of every failure,
 //! reward tests held to a budget and stopped when their client goes away or the server stops,
-//! prompts that look like flags, and `configs/` symlinks that point outside it.
+//! prompts that look like flags, `configs/` symlinks that point outside it, and symlinked logs
+//! in a run directory.
 
 use anneal_tests::serve::{cpu_seconds, kill, temp_home, tiny_configs, Server};
 use serde_json::{json, Value};
@@ -462,4 +463,34 @@ fn configs_symlinks_pointing_outside_are_not_followed() {
     let (code, alias) = server.get("/api/configs/alias.toml");
     assert_eq!(code, 200, "{alias}");
     assert_eq!(alias["text"], tiny.as_str());
+}
+
+#[test]
+fn a_symlinked_log_in_a_run_dir_is_not_followed() {
+    let server = start("log-links", &[]);
+    let id = completed_run(&server);
+    let (_, run) = server.get(&format!("/api/runs/{id}"));
+    let run_dir = std::path::PathBuf::from(run["run_dir"].as_str().expect("run_dir"));
+    let secret = server.home.join("secret.txt");
+    std::fs::write(&secret, "secret-marker\n").expect("outside file");
+    std::fs::create_dir_all(run_dir.join("logs")).expect("logs/");
+    std::os::unix::fs::symlink(&secret, run_dir.join("logs/rank-1.log")).expect("symlink");
+    std::fs::write(run_dir.join("logs/rank-2.log"), "rank two\n").expect("rank 2 log");
+    let log = run_dir.join("stdout.log");
+    std::fs::remove_file(&log).expect("remove stdout.log");
+    std::os::unix::fs::symlink(&secret, &log).expect("symlink");
+
+    let (code, body) = server.get(&format!("/api/runs/{id}/logs"));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["ranks"], json!([0, 2]), "{body}");
+    assert!(!body.to_string().contains("secret-marker"), "{body}");
+    let (code, body) = server.get(&format!("/api/runs/{id}/logs?rank=1"));
+    assert_eq!(code, 404, "{body}");
+    assert!(!body.to_string().contains("secret-marker"), "{body}");
+    let (code, body) = server.get(&format!("/api/runs/{id}/logs?rank=2"));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["lines"], json!(["rank two"]), "{body}");
+    // Nor does the run's summary read its last log line through the link.
+    let (_, run) = server.get(&format!("/api/runs/{id}"));
+    assert!(!run.to_string().contains("secret-marker"), "{run}");
 }

@@ -1,5 +1,9 @@
 //! Reading what a run writes into its directory: metric rows (`metrics.jsonl`), the log, and
 //! checkpoint folders.
+//!
+//! Only regular files are read, and never through a symbolic link (not even a link inside the
+//! run directory: a run's files are written by the trainer, so a link is something else's
+//! doing and may point anywhere, say at `~/.ssh`); a FIFO or device is not opened either.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -26,9 +30,47 @@ fn parse_rows(text: &str) -> impl Iterator<Item = Row> + '_ {
         })
 }
 
+/// Opens `path` for reading if it is a regular file that is not a symbolic link, nor in a
+/// folder that is one (`logs/` of a run, say); fails otherwise. Opening never blocks (on a
+/// FIFO, say) and the check is on the descriptor opened, so nothing can swap the file in
+/// between.
+pub fn open_regular(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let refused = |what: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} is {what}, not a regular file", path.display()),
+        )
+    };
+    if let Some(parent) = path.parent() {
+        if std::fs::symlink_metadata(parent).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(refused("in a folder that is a symbolic link"));
+        }
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refused("a symbolic link"),
+            _ => e,
+        })?;
+    if !file.metadata()?.is_file() {
+        return Err(refused("a special file"));
+    }
+    Ok(file)
+}
+
+/// The whole of a regular file as text (see [`open_regular`]).
+fn read_regular(path: &Path) -> std::io::Result<String> {
+    let mut text = String::new();
+    open_regular(path)?.read_to_string(&mut text)?;
+    Ok(text)
+}
+
 /// The rows of `<run_dir>/metrics.jsonl` whose step is above `since` (all rows without it).
 pub fn read_metrics(run_dir: &Path, since: Option<f64>) -> Vec<Row> {
-    let Ok(text) = std::fs::read_to_string(run_dir.join(METRICS_FILE)) else {
+    let Ok(text) = read_regular(&run_dir.join(METRICS_FILE)) else {
         return Vec::new();
     };
     // Only complete lines: the last one may still be being written.
@@ -95,7 +137,7 @@ impl Tail {
 
     /// The rows completed since the last call.
     pub fn poll(&mut self) -> Vec<Row> {
-        let Ok(mut file) = std::fs::File::open(&self.path) else {
+        let Ok(mut file) = open_regular(&self.path) else {
             return Vec::new();
         };
         let len = file.metadata().map(|m| m.len()).unwrap_or(0);
@@ -120,9 +162,10 @@ impl Tail {
     }
 }
 
-/// The last `max_bytes` of a file as text (starting at a line boundary when cut).
+/// The last `max_bytes` of a regular file as text (starting at a line boundary when cut);
+/// `None` for a symbolic link or anything but a regular file (see [`open_regular`]).
 pub fn tail_text(path: &Path, max_bytes: u64) -> Option<String> {
-    let mut file = std::fs::File::open(path).ok()?;
+    let mut file = open_regular(path).ok()?;
     let len = file.metadata().ok()?.len();
     let start = len.saturating_sub(max_bytes);
     file.seek(SeekFrom::Start(start)).ok()?;
@@ -142,13 +185,21 @@ pub fn rank_log(run_dir: &Path, r: usize) -> std::path::PathBuf {
     run_dir.join("logs").join(format!("rank-{r}.log"))
 }
 
-/// The ranks with a log in `run_dir`: 0 (the run's own log) and every `logs/rank-<r>.log`,
-/// sorted.
+/// The ranks with a log in `run_dir`: 0 (the run's own log) and every `logs/rank-<r>.log`
+/// that is a regular file (not a symbolic link), sorted.
 pub fn rank_logs(run_dir: &Path) -> Vec<usize> {
     let mut ranks = vec![0];
-    if let Ok(rd) = std::fs::read_dir(run_dir.join("logs")) {
+    let logs = run_dir.join("logs");
+    // `logs` itself must be a folder, not a link to one.
+    let real_dir = std::fs::symlink_metadata(&logs).is_ok_and(|m| m.is_dir());
+    if let (true, Ok(rd)) = (real_dir, std::fs::read_dir(&logs)) {
         ranks.extend(rd.filter_map(|e| {
-            let name = e.ok()?.file_name().into_string().ok()?;
+            let e = e.ok()?;
+            // The entry's own type: a symbolic link is not followed.
+            if !e.file_type().ok()?.is_file() {
+                return None;
+            }
+            let name = e.file_name().into_string().ok()?;
             let r: usize = name
                 .strip_prefix("rank-")?
                 .strip_suffix(".log")?
@@ -279,6 +330,38 @@ mod tests {
         assert!(tail.poll().is_empty());
         assert_eq!(read_metrics(&dir, Some(1.0)).len(), 1);
         assert_eq!(read_metrics(&dir, None).len(), 2);
+    }
+
+    #[test]
+    fn only_regular_files_are_read_never_through_a_link() {
+        let dir = temp_dir("links");
+        let outside = temp_dir("links-outside");
+        std::fs::write(outside.join("secret"), "secret-marker\n").expect("write");
+        std::fs::create_dir_all(dir.join("logs")).expect("mkdir");
+        std::fs::write(dir.join("logs/rank-1.log"), "rank one\n").expect("write");
+        std::os::unix::fs::symlink(outside.join("secret"), dir.join("logs/rank-2.log"))
+            .expect("symlink");
+        std::os::unix::fs::symlink(outside.join("secret"), dir.join("run.log")).expect("symlink");
+        assert_eq!(rank_logs(&dir), [0, 1]);
+        assert_eq!(tail_lines(&dir.join("logs/rank-1.log"), 5), ["rank one"]);
+        assert!(tail_lines(&dir.join("logs/rank-2.log"), 5).is_empty());
+        assert!(tail_text(&dir.join("run.log"), 100).is_none());
+        let err = open_regular(&dir.join("run.log")).expect_err("a link");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        // A `logs` folder that is a link to another folder is not read either.
+        let other = temp_dir("links-other");
+        std::fs::create_dir_all(other.join("logs")).expect("mkdir");
+        std::fs::write(other.join("logs/rank-3.log"), "x\n").expect("write");
+        std::os::unix::fs::symlink(other.join("logs"), outside.join("logs")).expect("symlink");
+        assert_eq!(rank_logs(&outside), [0]);
+        assert!(tail_text(&outside.join("logs/rank-3.log"), 100).is_none());
+        // Nor a FIFO (opening it would wait for a writer).
+        let fifo = dir.join("metrics.jsonl");
+        let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
+        // SAFETY: mkfifo(3) on a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(read_metrics(&dir, None).is_empty());
+        assert!(Tail::new(fifo).poll().is_empty());
     }
 
     #[test]
