@@ -151,12 +151,21 @@ fn host_name(host: &str) -> &str {
     }
 }
 
-/// The middleware: refuses what [`Guard::admit`] refuses, before anything else runs.
+/// The middleware: refuses what [`Guard::admit`] refuses, before anything else runs, in the
+/// error shape of the API asked (OpenAI's under `/v1`).
 pub async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
     match guard.admit(request.method(), request.headers()) {
         Ok(()) => next.run(request).await,
+        Err(e) if is_openai_path(request.uri().path()) => {
+            crate::openai::refusal(e.status(), e.message())
+        }
         Err(e) => e.into_response(),
     }
+}
+
+/// Whether `path` is the OpenAI-compatible endpoint's.
+fn is_openai_path(path: &str) -> bool {
+    path == "/v1" || path.starts_with("/v1/")
 }
 
 #[cfg(test)]

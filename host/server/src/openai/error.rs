@@ -1,10 +1,17 @@
 //! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}` with the HTTP
-//! status OpenAI uses for the same failure.
+//! status OpenAI uses for the same failure. Every error under `/v1` has it: the handlers' own,
+//! what axum answers by itself (a body over [`MAX_REQUEST_BYTES`], a wrong method; rewritten
+//! by [`openai_errors`]) and the request checks of `guard.rs` ([`refusal`]).
 
-use axum::http::StatusCode;
+use axum::extract::{OriginalUri, Request};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
+
+/// The largest request body `/v1` reads (a 413 beyond it).
+pub const MAX_REQUEST_BYTES: usize = 2 << 20;
 
 /// A failed OpenAI-compatible call.
 #[derive(Debug)]
@@ -88,6 +95,30 @@ impl OaiError {
         }
     }
 
+    /// Any status, with the `type` and `code` OpenAI gives it: what the server's own checks
+    /// and axum's rejections become under `/v1`.
+    pub fn from_status(status: StatusCode, message: impl Into<String>) -> OaiError {
+        let (kind, code) = match status {
+            StatusCode::UNAUTHORIZED => ("authentication_error", Some("invalid_api_key")),
+            StatusCode::FORBIDDEN => ("permission_error", Some("forbidden")),
+            StatusCode::NOT_FOUND => ("invalid_request_error", Some("unknown_url")),
+            StatusCode::METHOD_NOT_ALLOWED => ("invalid_request_error", Some("method_not_allowed")),
+            StatusCode::PAYLOAD_TOO_LARGE => ("invalid_request_error", Some("request_too_large")),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+                ("invalid_request_error", Some("unsupported_media_type"))
+            }
+            s if s.is_server_error() => ("server_error", None),
+            _ => ("invalid_request_error", None),
+        };
+        OaiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code,
+        }
+    }
+
     /// The same error with a code.
     pub fn with_code(mut self, code: &'static str) -> OaiError {
         self.code = Some(code);
@@ -113,3 +144,68 @@ impl IntoResponse for OaiError {
 
 /// What a handler returns.
 pub type OaiResult<T> = Result<T, OaiError>;
+
+/// A refusal of `guard.rs` (403, 415) in OpenAI's shape.
+pub fn refusal(status: StatusCode, message: impl Into<String>) -> Response {
+    OaiError::from_status(status, message).into_response()
+}
+
+/// The most of a non-JSON error body that is turned into the message (axum's rejections are
+/// one short sentence).
+const MAX_MESSAGE_BYTES: usize = 16 * 1024;
+
+/// Rewrites every error response under `/v1` that is not JSON (axum's own: a body over the
+/// limit, a wrong method, a bad path) into OpenAI's shape with the same status (and `Allow`).
+pub async fn openai_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request
+        .extensions()
+        .get::<OriginalUri>()
+        .map_or_else(|| request.uri().path(), |u| u.0.path())
+        .to_string();
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let allow = parts.headers.get(header::ALLOW).cloned();
+    let text = axum::body::to_bytes(body, MAX_MESSAGE_BYTES)
+        .await
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    let message = match status {
+        StatusCode::METHOD_NOT_ALLOWED => format!(
+            "{method} is not allowed on {path}; use {}",
+            allow
+                .as_ref()
+                .and_then(|a| a.to_str().ok())
+                .unwrap_or("another method")
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => format!(
+            "the request body is larger than {} bytes ({} MiB), the most this server reads",
+            MAX_REQUEST_BYTES,
+            MAX_REQUEST_BYTES >> 20
+        ),
+        _ if !text.is_empty() => text,
+        _ => format!(
+            "{method} {path}: {}",
+            status.canonical_reason().unwrap_or("failed")
+        ),
+    };
+    let mut out = OaiError::from_status(status, message).into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(header::ALLOW, allow);
+    }
+    out
+}

@@ -10,7 +10,7 @@
 //!               turning token events into text updates (stop strings, logprobs)
 //! text.rs       incremental detokenization with stop strings
 //! responses.rs  response bodies and stream chunks in OpenAI's shapes
-//! error.rs      OpenAI's error shape
+//! error.rs      OpenAI's error shape, for every failure under /v1
 //! ```
 //!
 //! Concurrent requests to one model share its decode loop: each choice joins the running batch
@@ -27,8 +27,9 @@ mod text;
 
 pub use models::{load_models, ModelError, ServedModel};
 
+pub use error::{openai_errors, refusal, MAX_REQUEST_BYTES};
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -76,10 +77,14 @@ pub fn routes(models: Vec<Arc<ServedModel>>, token: Option<String>) -> Router {
         .with_state(state)
 }
 
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
 /// With a token configured, every call needs `Authorization: Bearer <token>`.
 async fn require_token(State(state): State<Arc<OpenAi>>, request: Request, next: Next) -> Response {
     let Some(token) = &state.token else {
         return next.run(request).await;
+        // Outermost: what axum answers by itself (a body over the limit, a wrong method)
+        // gets OpenAI's shape too.
+        .layer(axum::middleware::from_fn(openai_errors))
     };
     let given = request
         .headers()
