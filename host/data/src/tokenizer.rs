@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -31,6 +32,9 @@ pub struct TextTokenizer {
     inner: Tokenizer,
     eos_id: u32,
     vocab_size: usize,
+    /// Whether the decoder is byte-level (GPT-2 style: each byte of text is one character of a
+    /// token), so a token's bytes can be read from its string.
+    byte_level: bool,
     /// Where it came from, for error messages.
     origin: String,
 }
@@ -146,6 +150,28 @@ impl TextTokenizer {
             .map_err(|e| tok_err(&self.origin, e))
     }
 
+    /// The bytes of text token `id` stands for, exactly, even when they are not whole UTF-8
+    /// characters (a byte-level BPE's single bytes, a byte-fallback `<0xE2>`), where decoding
+    /// it alone gives a replacement character. Empty for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let text = self.inner.decode(&[id], false).unwrap_or_default();
+        if !text.contains('\u{FFFD}') {
+            return text.into_bytes();
+        }
+        let Some(token) = self.inner.id_to_token(id) else {
+            return text.into_bytes();
+        };
+        if let Some(byte) = byte_fallback(&token) {
+            return vec![byte];
+        }
+        if self.byte_level {
+            if let Some(bytes) = byte_level_bytes(&token) {
+                return bytes;
+            }
+        }
+        text.into_bytes()
+    }
+
     /// Number of ids, added tokens included: every id this tokenizer produces is below it.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
@@ -181,13 +207,48 @@ impl TextTokenizer {
             .max()
             .map_or(0, |m| m as usize + 1);
         let vocab_size = inner.get_vocab_size(true).max(max_id);
+        let byte_level = match inner.get_decoder() {
+            Some(DecoderWrapper::ByteLevel(_)) => true,
+            Some(DecoderWrapper::Sequence(seq)) => seq
+                .get_decoders()
+                .iter()
+                .any(|d| matches!(d, DecoderWrapper::ByteLevel(_))),
+            _ => false,
+        };
         TextTokenizer {
             inner,
             eos_id,
             vocab_size,
+            byte_level,
             origin,
         }
     }
+}
+
+/// The byte of a byte-fallback token (`<0xE2>`), as SentencePiece-style vocabularies hold them.
+fn byte_fallback(token: &str) -> Option<u8> {
+    let hex = token.strip_prefix("<0x")?.strip_suffix('>')?;
+    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok())?
+}
+
+/// The bytes behind a byte-level BPE token's string (GPT-2's `bytes_to_unicode`: printable
+/// bytes stand for themselves, the other 68 for U+0100 onwards in byte order); `None` if a
+/// character is not one of the 256.
+fn byte_level_bytes(token: &str) -> Option<Vec<u8>> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+    let shifted: Vec<u8> = (0u8..=255).filter(|&b| !printable(u32::from(b))).collect();
+    token
+        .chars()
+        .map(|c| {
+            let c = u32::from(c);
+            if c < 256 && printable(c) {
+                u8::try_from(c).ok()
+            } else {
+                let i = usize::try_from(c.checked_sub(256)?).ok()?;
+                shifted.get(i).copied()
+            }
+        })
+        .collect()
 }
 
 fn tok_err(context: &str, e: impl std::fmt::Display) -> DataError {

@@ -197,3 +197,31 @@ fn unreadable_tokenizer_files_name_the_file() {
     let err = TextTokenizer::from_file(&bad).unwrap_err();
     assert!(err.to_string().contains("bad.json"), "{err}");
 }
+
+#[test]
+fn token_bytes_are_exact_for_tokens_that_split_a_character() {
+    let dir = tempfile::tempdir().unwrap();
+    let tok = TextTokenizer::train_bpe(&corpus(dir.path()), 320).unwrap();
+    // "🦊" never occurs in the corpus: it encodes as its four single-byte tokens, which each
+    // decode alone to a replacement character but keep their own byte.
+    let ids = tok.encode("🦊").unwrap();
+    assert_eq!(ids.len(), 4);
+    assert_eq!(tok.decode(&ids[..1]).unwrap(), "\u{FFFD}");
+    let bytes: Vec<u8> = ids.iter().flat_map(|&id| tok.token_bytes(id)).collect();
+    assert_eq!(bytes, "🦊".as_bytes());
+    let the: Vec<u8> = tok
+        .encode(" the")
+        .unwrap()
+        .iter()
+        .flat_map(|&id| tok.token_bytes(id))
+        .collect();
+    assert_eq!(the, b" the");
+    // Every token's bytes differ from every other's: the 128 bytes that are not characters on
+    // their own included.
+    let all: std::collections::HashSet<Vec<u8>> = (0..tok.vocab_size() as u32)
+        .map(|id| tok.token_bytes(id))
+        .collect();
+    assert_eq!(all.len(), tok.vocab_size());
+    assert!(!all.contains(&Vec::new()));
+    assert_eq!(tok.token_bytes(100_000), b"");
+}

@@ -14,14 +14,41 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 /// One token in a logprobs report.
 #[derive(Clone, Debug)]
 pub struct TokenLogprob {
-    /// The token's own text.
-    pub text: String,
+    /// The token.
+    pub token: TokenText,
     /// Its logprob.
     pub logprob: f32,
     /// Where its text starts in the choice's text (bytes).
     pub offset: usize,
-    /// The most likely alternatives: text and logprob.
-    pub top: Vec<(String, f32)>,
+    /// The most likely alternatives with their logprobs, most likely first.
+    pub top: Vec<(TokenText, f32)>,
+}
+
+/// A token as a logprobs report shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenText {
+    /// Its id.
+    pub id: i64,
+    /// Its text; for bytes that are not UTF-8 (part of a character) `bytes:\xe2\x80`, as
+    /// OpenAI writes them, so different tokens print differently.
+    pub text: String,
+    /// Its exact bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl TokenText {
+    /// Token `id` of `tokenizer`.
+    pub fn new(tokenizer: &anneal_data::TextTokenizer, id: i64) -> TokenText {
+        let bytes = tokenizer.token_bytes(u32::try_from(id).unwrap_or(u32::MAX));
+        let text = match std::str::from_utf8(&bytes) {
+            Ok(text) => text.to_string(),
+            Err(_) => bytes.iter().fold(String::from("bytes:"), |mut s, b| {
+                s.push_str(&format!("\\x{b:02x}"));
+                s
+            }),
+        };
+        TokenText { id, text, bytes }
+    }
 }
 
 /// What the choices of a request produce, in order.
@@ -215,17 +242,16 @@ impl Running {
     }
 
     fn logprob(&self, t: &Token, offset: usize) -> TokenLogprob {
-        let text = |id: i64| {
-            self.model
-                .tokenizer
-                .decode(&[u32::try_from(id).unwrap_or(u32::MAX)])
-                .unwrap_or_default()
-        };
+        let tok = &self.model.tokenizer;
         TokenLogprob {
-            text: text(t.id),
+            token: TokenText::new(tok, t.id),
             logprob: t.logprob,
             offset,
-            top: t.top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
+            top: t
+                .top
+                .iter()
+                .map(|&(id, lp)| (TokenText::new(tok, id), lp))
+                .collect(),
         }
     }
 }

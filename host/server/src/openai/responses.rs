@@ -2,7 +2,7 @@
 //! (`text_completion`) and `/v1/chat/completions` (`chat.completion`,
 //! `chat.completion.chunk`).
 
-use super::generate::{TokenLogprob, Update, Usage};
+use super::generate::{TokenLogprob, TokenText, Update, Usage};
 use super::request::Api;
 use serde_json::{json, Value};
 
@@ -66,26 +66,42 @@ pub fn usage_json(u: Usage) -> Value {
     })
 }
 
-/// Logprobs of some tokens of one choice, in the endpoint's shape.
+/// Logprobs of some tokens of one choice, in the endpoint's shape. Chat entries carry each
+/// token's exact `bytes`; the completions endpoint's `top_logprobs` maps are keyed by text, so
+/// an alternative whose text an earlier one already took is keyed `token_id:<id>` (texts of
+/// bytes that are not UTF-8 are `bytes:\xNN...`, so that only happens for two tokens of
+/// the same bytes).
 fn logprobs_json(api: Api, tokens: &[TokenLogprob]) -> Value {
     match api {
         Api::Completions => json!({
-            "tokens": tokens.iter().map(|t| &t.text).collect::<Vec<_>>(),
+            "tokens": tokens.iter().map(|t| &t.token.text).collect::<Vec<_>>(),
             "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-            "top_logprobs": tokens.iter().map(|t| {
-                t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
-            }).collect::<Vec<_>>(),
+            "top_logprobs": tokens.iter().map(|t| top_map(&t.top)).collect::<Vec<_>>(),
             "text_offset": tokens.iter().map(|t| t.offset).collect::<Vec<_>>(),
         }),
         Api::Chat => {
-            let entry = |text: &str, lp: f32| json!({ "token": text, "logprob": lp, "bytes": text.as_bytes() });
+            let entry = |t: &TokenText, lp: f32| json!({ "token": t.text, "logprob": lp, "bytes": t.bytes });
             json!({ "content": tokens.iter().map(|t| {
-                let mut e = entry(&t.text, t.logprob);
+                let mut e = entry(&t.token, t.logprob);
                 e["top_logprobs"] = t.top.iter().map(|(s, lp)| entry(s, *lp)).collect();
                 e
             }).collect::<Vec<_>>() })
         }
     }
+}
+
+/// The completions endpoint's map of alternatives, one key per alternative.
+fn top_map(top: &[(TokenText, f32)]) -> serde_json::Map<String, Value> {
+    let mut map = serde_json::Map::new();
+    for (t, lp) in top {
+        let key = if map.contains_key(&t.text) {
+            format!("token_id:{}", t.id)
+        } else {
+            t.text.clone()
+        };
+        map.insert(key, json!(lp));
+    }
+    map
 }
 
 /// One choice collected for a non-streaming response.
@@ -210,4 +226,45 @@ pub fn usage_chunk(header: &Header, usage: Usage) -> Value {
     let mut c = header.wrap(true, vec![]);
     c["usage"] = usage_json(usage);
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(id: i64, text: &str, bytes: &[u8]) -> TokenText {
+        TokenText {
+            id,
+            text: text.into(),
+            bytes: bytes.to_vec(),
+        }
+    }
+
+    #[test]
+    fn alternatives_keep_their_bytes_and_unique_keys() {
+        let top = vec![
+            (t(5, "a", b"a"), -0.5),
+            (t(200, "bytes:\\xe2", &[0xe2]), -1.0),
+            (t(201, "bytes:\\x80", &[0x80]), -1.5),
+            (t(9, "a", b"a"), -2.0),
+        ];
+        let tokens = [TokenLogprob {
+            token: t(5, "a", b"a"),
+            logprob: -0.5,
+            offset: 0,
+            top,
+        }];
+        let legacy = logprobs_json(Api::Completions, &tokens);
+        let map = legacy["top_logprobs"][0].as_object().unwrap();
+        let keys: Vec<&str> = map.keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 4, "{legacy}");
+        for key in ["a", "bytes:\\xe2", "bytes:\\x80", "token_id:9"] {
+            assert!(map.contains_key(key), "{key}: {legacy}");
+        }
+        let chat = logprobs_json(Api::Chat, &tokens);
+        let alts = chat["content"][0]["top_logprobs"].as_array().unwrap();
+        assert_eq!(alts.len(), 4);
+        assert_eq!(alts[1]["bytes"], json!([0xe2]));
+        assert_eq!(alts[2]["token"], "bytes:\\x80");
+    }
 }
