@@ -1,17 +1,29 @@
-//! The OpenAI-compatible endpoint (`/v1`) under hostile input, with real servers: every error
+//! The OpenAI-compatible endpoint (`/v1`) under hostile input, with real servers: a model whose
+//! chat template never ends (each render stopped at its limits with an OpenAI error, off the
+//! async workers, so the server keeps answering and still stops on SIGTERM), every error
 //! under `/v1` in OpenAI's shape, and logprobs whose alternatives print alike.
 
-use anneal_tests::cli::{ok, Job};
-use anneal_tests::serve::{temp_home, Server};
+use anneal_tests::cli::{anneal, ok, Job};
+use anneal_tests::serve::{kill, temp_home, Server};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Loops 10^10 times writing nothing: only fuel stops it.
+const QUIET: &str =
+    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}x";
+/// Loops 10^10 times writing the first message each time.
+const LOUD: &str = "{% for a in range(100000) %}{% for b in range(100000) %}{{ messages[0].content }}{% endfor %}{% endfor %}";
 
 /// A tiny Llama trained for two steps (its logits nearly uniform, so the 128 byte tokens that
-/// are no character alone are among any 20 most likely).
+/// are no character alone are among any 20 most likely) and two Hugging Face exports of it
+/// with endless chat templates.
 struct Models {
     step: PathBuf,
+    quiet: PathBuf,
+    loud: PathBuf,
 }
 
 fn models() -> &'static Models {
@@ -27,9 +39,33 @@ fn models() -> &'static Models {
             ],
         );
         ok(&out);
+        let step = run.join("checkpoints/step-2");
+        let export = |name: &str, template: &str| {
+            let hf = job.dir.join(name);
+            ok(&anneal()
+                .args(["checkpoint", "export", "--to-hf"])
+                .arg(&hf)
+                .arg(&step)
+                .output()
+                .expect("run anneal"));
+            let config = json!({ "chat_template": template, "eos_token": "<|endoftext|>" });
+            std::fs::write(hf.join("tokenizer_config.json"), config.to_string())
+                .expect("tokenizer_config.json");
+            hf
+        };
         Models {
-            step: run.join("checkpoints/step-2"),
+            quiet: export("endless-quiet", QUIET),
+            loud: export("endless-loud", LOUD),
+            step,
         }
+    })
+}
+
+fn chat(model: &str) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "the king speaks of"}],
+        "max_tokens": 2,
     })
 }
 
@@ -51,6 +87,87 @@ fn openai_error(what: &str, body: &[u8]) -> Value {
         "{what}: {value}"
     );
     error.clone()
+}
+
+#[test]
+fn an_endless_chat_template_is_stopped_and_the_server_keeps_answering() {
+    let m = models();
+    let home = temp_home("openai-endless");
+    let args = [
+        "--model",
+        m.quiet.to_str().expect("utf-8"),
+        "--model",
+        m.loud.to_str().expect("utf-8"),
+    ];
+    let mut server = Server::start(&home, &args);
+    // More renders at once than the machine has async workers (a render on a worker used to
+    // take it for good): every one ends with OpenAI's error, and health answers meanwhile.
+    let replies = std::thread::scope(|s| {
+        let calls: Vec<_> = (0..8)
+            .map(|i| {
+                let server = &server;
+                let model = if i % 2 == 0 {
+                    "endless-quiet"
+                } else {
+                    "endless-loud"
+                };
+                s.spawn(move || server.post("/v1/chat/completions", &chat(model)))
+            })
+            .collect();
+        for _ in 0..5 {
+            assert_eq!(server.get("/api/health").0, 200);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        calls
+            .into_iter()
+            .map(|c| c.join().expect("a request thread"))
+            .collect::<Vec<_>>()
+    });
+    for (status, body) in replies {
+        assert_eq!(status, 400, "{body}");
+        let error = openai_error("endless template", body.to_string().as_bytes());
+        assert_eq!(error["param"], "messages", "{body}");
+        assert_eq!(error["code"], "chat_template_limit", "{body}");
+        let message = error["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("chat template exceeded its limits") && message.contains("fuel"),
+            "{body}"
+        );
+    }
+    // A client that leaves at once: its render stops, the server goes on.
+    drop(server.open(
+        "POST",
+        "/v1/chat/completions",
+        &[("Content-Type", "application/json")],
+        Some(chat("endless-loud").to_string().as_bytes()),
+    ));
+    assert_eq!(server.get("/api/health").0, 200);
+    // SIGTERM with renders in flight ends the server.
+    let body = chat("endless-quiet").to_string();
+    let _open: Vec<_> = (0..6)
+        .map(|_| {
+            server.open(
+                "POST",
+                "/v1/chat/completions",
+                &[("Content-Type", "application/json")],
+                Some(body.as_bytes()),
+            )
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    kill(i64::from(server.child.id()), 15);
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let status = status.expect("anneal serve still runs 20 s after SIGTERM");
+    assert!(status.success(), "{status}");
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! ```text
 //! models.rs     loading --model paths (checkpoint step dirs, HF dirs): names, tokenizer, stops
 //! template.rs   chat templates (Jinja, as transformers renders them) and the fallback format
+//! chat.rs       rendering a chat prompt on a blocking thread, bounded and cancellable
 //! request.rs    reading and checking request fields (errors name the field)
 //! generate.rs   queueing choices on the model's decode loop (anneal_runtime::serving) and
 //!               turning token events into text updates (stop strings, logprobs)
@@ -17,6 +18,7 @@
 //! at the next step (continuous batching). With a server token, every call needs
 //! `Authorization: Bearer <token>` (the client's `api_key`), as the rest of the API does.
 
+mod chat;
 mod error;
 mod generate;
 pub mod models;
@@ -25,9 +27,9 @@ mod responses;
 pub mod template;
 mod text;
 
+pub use error::{openai_errors, refusal, MAX_REQUEST_BYTES};
 pub use models::{load_models, ModelError, ServedModel};
 
-pub use error::{openai_errors, refusal, MAX_REQUEST_BYTES};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::header;
@@ -49,6 +51,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 pub struct OpenAi {
     models: Vec<Arc<ServedModel>>,
     token: Option<String>,
+    renders: chat::Renders,
 }
 
 impl OpenAi {
@@ -63,28 +66,32 @@ impl OpenAi {
 
 /// The `/v1` routes (to be nested under `/v1`) for `models`; with `token`, calls need it.
 pub fn routes(models: Vec<Arc<ServedModel>>, token: Option<String>) -> Router {
-    let state = Arc::new(OpenAi { models, token });
+    let state = Arc::new(OpenAi {
+        models,
+        token,
+        renders: chat::Renders::for_this_machine(),
+    });
     Router::new()
         .route("/models", get(list_models))
         .route("/models/{id}", get(show_model))
         .route("/completions", post(completions))
         .route("/chat/completions", post(chat_completions))
         .fallback(|| async { OaiError::no_route() })
+        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
             require_token,
         ))
+        // Outermost: what axum answers by itself (a body over the limit, a wrong method)
+        // gets OpenAI's shape too.
+        .layer(axum::middleware::from_fn(openai_errors))
         .with_state(state)
 }
 
-        .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
 /// With a token configured, every call needs `Authorization: Bearer <token>`.
 async fn require_token(State(state): State<Arc<OpenAi>>, request: Request, next: Next) -> Response {
     let Some(token) = &state.token else {
         return next.run(request).await;
-        // Outermost: what axum answers by itself (a body over the limit, a wrong method)
-        // gets OpenAI's shape too.
-        .layer(axum::middleware::from_fn(openai_errors))
     };
     let given = request
         .headers()
@@ -146,14 +153,7 @@ async fn respond(state: &OpenAi, api: Api, bytes: &[u8]) -> OaiResult<Response> 
         Api::Completions => request::completion_prompts(&body, &model)?,
         Api::Chat => {
             let messages = request::chat_messages(&body)?;
-            let template = model
-                .template
-                .as_ref()
-                .map_err(|e| OaiError::server(e.clone()))?;
-            let text = template
-                .render(&messages)
-                .map_err(|e| OaiError::invalid(Some("messages"), e.to_string()))?;
-            vec![request::encode(&model, &text, "messages")?]
+            vec![chat::prompt(&model, messages, &state.renders).await?]
         }
     };
     let budgets = prompts

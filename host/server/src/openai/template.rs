@@ -9,11 +9,19 @@
 //!
 //! Without a template the prompt is one line per message, `<role>: <content>`, then
 //! `assistant:` (the documented fallback, fit for models trained on plain text).
+//!
+//! A template is code from the model's files, so a render is held to [`RenderLimits`]: fuel
+//! (minijinja's count of instructions and of the bytes a template creates, which bounds both its
+//! time and its memory), the size of the prompt it writes, and wall time; and it stops when its
+//! caller sets the cancel flag (a client that went away). Time, size and the flag are checked
+//! whenever the template writes; a template that loops without writing runs out of fuel.
 
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// One chat message, as the template sees it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -41,6 +49,57 @@ pub enum TemplateError {
     /// Rendering failed (the template raised an exception or used something unsupported).
     #[error("the chat template failed: {0}")]
     Render(String),
+    /// Rendering went past one of its [`RenderLimits`].
+    #[error("the chat template exceeded its limits: {0}")]
+    Limit(String),
+    /// The caller gave up on the render (its client went away).
+    #[error("the chat template render was cancelled")]
+    Cancelled,
+}
+
+/// What one render of a chat template may spend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// minijinja fuel: about one per instruction plus one per 64 bytes the template creates.
+    pub fuel: u64,
+    /// The longest prompt the template may write, in bytes.
+    pub max_output_bytes: usize,
+    /// Wall time.
+    pub max_time: Duration,
+}
+
+impl RenderLimits {
+    /// Fuel per render. Real templates (ChatML, Llama 3, Qwen3 with its reasoning logic) spend
+    /// a few hundred per message plus one per 16 or so bytes of content, so a full-size request
+    /// (2 MiB of messages) stays well below; a loop of 10^10 steps stops after a fraction of a
+    /// second, having allocated at most 64 bytes per fuel (320 MiB, usually far less at once).
+    pub const FUEL: u64 = 5_000_000;
+    /// The longest prompt: four times the largest request body, far beyond any context.
+    pub const MAX_OUTPUT_BYTES: usize = 8 << 20;
+    /// Wall time per render (a backstop: fuel ends a runaway render sooner).
+    pub const MAX_TIME: Duration = Duration::from_secs(10);
+}
+
+impl Default for RenderLimits {
+    fn default() -> Self {
+        RenderLimits {
+            fuel: Self::FUEL,
+            max_output_bytes: Self::MAX_OUTPUT_BYTES,
+            max_time: Self::MAX_TIME,
+        }
+    }
+}
+
+impl std::fmt::Display for RenderLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} fuel, {} bytes of output, {} s",
+            self.fuel,
+            self.max_output_bytes,
+            self.max_time.as_secs_f64()
+        )
+    }
 }
 
 /// A model's chat template (or the fallback format).
@@ -48,6 +107,7 @@ pub struct ChatTemplate {
     env: Option<Environment<'static>>,
     bos: String,
     eos: String,
+    limits: RenderLimits,
 }
 
 const NAME: &str = "chat";
@@ -59,6 +119,7 @@ impl ChatTemplate {
             env: None,
             bos: String::new(),
             eos: String::new(),
+            limits: RenderLimits::default(),
         }
     }
 
@@ -94,7 +155,8 @@ impl ChatTemplate {
         ChatTemplate::new(source, token("bos_token"), token("eos_token"))
     }
 
-    /// A Jinja template (or the fallback for `None`) with the tokenizer's BOS and EOS texts.
+    /// A Jinja template (or the fallback for `None`) with the tokenizer's BOS and EOS texts,
+    /// held to the default [`RenderLimits`].
     pub fn new(
         source: Option<String>,
         bos: Option<String>,
@@ -103,7 +165,9 @@ impl ChatTemplate {
         let Some(source) = source else {
             return Ok(ChatTemplate::fallback());
         };
+        let limits = RenderLimits::default();
         let mut env = Environment::new();
+        env.set_fuel(Some(limits.fuel));
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
                 .trim_blocks(true)
@@ -121,7 +185,22 @@ impl ChatTemplate {
             env: Some(env),
             bos: bos.unwrap_or_default(),
             eos: eos.unwrap_or_default(),
+            limits,
         })
+    }
+
+    /// The same template held to other limits.
+    pub fn with_limits(mut self, limits: RenderLimits) -> ChatTemplate {
+        if let Some(env) = &mut self.env {
+            env.set_fuel(Some(limits.fuel));
+        }
+        self.limits = limits;
+        self
+    }
+
+    /// What one render may spend.
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
     }
 
     /// True when the model has no template of its own.
@@ -131,6 +210,16 @@ impl ChatTemplate {
 
     /// The prompt for `messages`, ending where the assistant's reply starts.
     pub fn render(&self, messages: &[Message]) -> Result<String, TemplateError> {
+        self.render_cancellable(messages, &AtomicBool::new(false))
+    }
+
+    /// [`ChatTemplate::render`] that stops, failing with [`TemplateError::Cancelled`], once
+    /// `cancel` is set. Renders take long only by looping, so call this off async workers.
+    pub fn render_cancellable(
+        &self,
+        messages: &[Message],
+        cancel: &AtomicBool,
+    ) -> Result<String, TemplateError> {
         let Some(env) = &self.env else {
             let mut out: String = messages
                 .iter()
@@ -142,14 +231,88 @@ impl ChatTemplate {
         let template = env
             .get_template(NAME)
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
-        template
-            .render(minijinja::context! {
+        let mut out = BoundedWriter {
+            buf: Vec::new(),
+            max: self.limits.max_output_bytes,
+            deadline: Instant::now() + self.limits.max_time,
+            cancel,
+            stopped: None,
+        };
+        let rendered = template.render_captured_to(
+            minijinja::context! {
                 messages => minijinja::Value::from(minijinja::value::Serde(messages)),
                 add_generation_prompt => true,
                 bos_token => &self.bos,
                 eos_token => &self.eos,
-            })
-            .map_err(|e| TemplateError::Render(describe(&e)))
+            },
+            &mut out,
+        );
+        match (rendered, out.stopped) {
+            (Ok(_), _) => String::from_utf8(out.buf)
+                .map_err(|_| TemplateError::Render("the output is not UTF-8".into())),
+            (Err(_), Some(Stop::Cancelled)) => Err(TemplateError::Cancelled),
+            (Err(_), Some(Stop::Output)) => Err(self.limit_error(format!(
+                "its output passed {} bytes",
+                self.limits.max_output_bytes
+            ))),
+            (Err(_), Some(Stop::Time)) => Err(self.limit_error(format!(
+                "it ran past {} s",
+                self.limits.max_time.as_secs_f64()
+            ))),
+            (Err(e), None) if e.kind() == ErrorKind::OutOfFuel => {
+                Err(self.limit_error(format!("it ran out of fuel ({})", self.limits.fuel)))
+            }
+            (Err(e), None) => Err(TemplateError::Render(describe(&e))),
+        }
+    }
+
+    fn limit_error(&self, what: String) -> TemplateError {
+        TemplateError::Limit(format!(
+            "{what}; a render may use {} (the template loops too long for these messages)",
+            self.limits
+        ))
+    }
+}
+
+/// Why a [`BoundedWriter`] refused a write.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    Output,
+    Time,
+    Cancelled,
+}
+
+/// The render's output: refuses to grow past `max` bytes, after `deadline` or once `cancel`
+/// is set, which ends the render at the template's next write.
+struct BoundedWriter<'a> {
+    buf: Vec<u8>,
+    max: usize,
+    deadline: Instant,
+    cancel: &'a AtomicBool,
+    stopped: Option<Stop>,
+}
+
+impl std::io::Write for BoundedWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let stop = if self.cancel.load(Ordering::Relaxed) {
+            Some(Stop::Cancelled)
+        } else if self.buf.len() + data.len() > self.max {
+            Some(Stop::Output)
+        } else if Instant::now() > self.deadline {
+            Some(Stop::Time)
+        } else {
+            None
+        };
+        if let Some(stop) = stop {
+            self.stopped = Some(stop);
+            return Err(std::io::Error::other("render stopped"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -237,6 +400,67 @@ mod tests {
             .err()
             .unwrap();
         assert!(matches!(err, TemplateError::Compile(_)), "{err}");
+    }
+
+    /// A ChatML template in the style of Qwen's (a system default, a branch per role).
+    const CHATML: &str = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or message.role == 'assistant' %}{{- '<|im_start|>' + message.role + '\\n' + message.content.strip() + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+    #[test]
+    fn a_real_template_renders_a_full_size_request_within_the_limits() {
+        // 2 MiB of messages, the most a request body holds.
+        let many: Vec<Message> = (0..2048)
+            .map(|i| Message {
+                role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
+                content: "x".repeat(1000),
+            })
+            .collect();
+        let t = ChatTemplate::new(Some(CHATML.into()), None, None).unwrap();
+        let out = t.render(&many).unwrap();
+        assert!(out.len() > 2_000_000 && out.ends_with("<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn endless_templates_stop_at_their_limits() {
+        let endless = |body: &str| {
+            ChatTemplate::new(
+                Some(format!(
+                    "{{% for a in range(100000) %}}{{% for b in range(100000) %}}{body}{{% endfor %}}{{% endfor %}}"
+                )),
+                None,
+                None,
+            )
+            .unwrap()
+        };
+        let limit = |t: &ChatTemplate| match t.render(&msgs()) {
+            Err(TemplateError::Limit(m)) => m,
+            other => panic!("not a limit: {other:?}"),
+        };
+        // Writing nothing: the fuel ends it.
+        let quiet = endless("");
+        assert!(limit(&quiet).contains("ran out of fuel"));
+        // Writing: the fuel or the output cap, whichever comes first.
+        let loud = endless("{{ messages[0].content * 100 }}");
+        let m = limit(&loud);
+        assert!(m.contains("fuel") && m.contains("bytes of output"), "{m}");
+        let capped = endless("{{ messages[0].content * 100 }}").with_limits(RenderLimits {
+            max_output_bytes: 1000,
+            ..RenderLimits::default()
+        });
+        assert!(limit(&capped).contains("output passed 1000 bytes"));
+        let slow = endless("x").with_limits(RenderLimits {
+            fuel: u64::MAX / 128,
+            max_output_bytes: usize::MAX,
+            max_time: Duration::from_millis(200),
+        });
+        assert!(limit(&slow).contains("ran past 0.2 s"));
+        // A cancelled render stops at its next write.
+        let cancel = AtomicBool::new(true);
+        assert!(matches!(
+            loud.render_cancellable(&msgs(), &cancel),
+            Err(TemplateError::Cancelled)
+        ));
+        let err = TemplateError::Limit(String::new()).to_string();
+        assert!(err.starts_with("the chat template exceeded its limits"));
     }
 
     #[test]
