@@ -473,7 +473,8 @@ pub struct Rl {
     /// one, so a policy pretrained or fine-tuned by `anneal train` expects it (without it the
     /// model cannot tell a prompt from the truncated tail of a longer document).
     pub prepend_eos: bool,
-    /// Completions sampled per prompt (a group).
+    /// Completions sampled per prompt (a group): at least 2, since every loss compares the
+    /// completions of a group (with one, every advantage is 0 and the policy never moves).
     pub group_size: usize,
     /// Prompts (groups) per trainer step.
     pub prompts_per_step: usize,
@@ -523,6 +524,25 @@ pub struct Rl {
     /// At most this many samples per written step: the first ones, in group order, so a multiple
     /// of `group_size` keeps whole groups.
     pub samples_per_step: usize,
+}
+
+impl RlLoss {
+    /// Whether the loss compares the completions of a group (its advantages are rewards
+    /// relative to the group's), so a group of one learns nothing. Every loss so far does.
+    pub fn needs_groups(self) -> bool {
+        match self {
+            RlLoss::Grpo | RlLoss::DrGrpo | RlLoss::Dapo => true,
+        }
+    }
+
+    /// The name `rl.loss` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            RlLoss::Grpo => "grpo",
+            RlLoss::DrGrpo => "dr_grpo",
+            RlLoss::Dapo => "dapo",
+        }
+    }
 }
 
 impl Default for Rl {
