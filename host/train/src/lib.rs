@@ -24,7 +24,7 @@ mod tp_infer;
 mod trainer;
 
 pub use context::RankRing;
-pub use dist::Dist;
+pub use dist::{BatchSplit, Dist};
 pub use fsdp::FsdpPolicy;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, run_dist, RunSummary};

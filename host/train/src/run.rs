@@ -67,6 +67,14 @@ pub fn run_dist(
             dist.mesh().describe()
         ));
     }
+    if let crate::BatchSplit::Rows { rows } = dist.batch_split() {
+        console.note(&format!(
+            "data parallel: the {} micro-batch(es) of a step do not split over the {} data-parallel ranks, so each rank trains on {rows} of the {} rows of every one",
+            cfg.training.batch_size / cfg.training.micro_batch_size,
+            dist.size(),
+            cfg.training.micro_batch_size
+        ));
+    }
     // Rank 0 builds (and caches) the tokenizer and the tokenized corpus before the others
     // read them, so no two processes write one cache file; if it fails, so do they.
     if !main {

@@ -431,16 +431,18 @@ impl Trainer {
         let units = self.units.clone();
         let (_active, opts) = self.block_forward(true)?;
         // Every rank reads the whole global batch (so the order never depends on the number of
-        // ranks) and trains on its own consecutive micro-batches.
-        let mine = self.dist.my_micro_batches(n_micro);
-        let mut losses = Vec::with_capacity(mine.len());
+        // ranks) and trains on its own consecutive micro-batches, or on its rows of each.
+        let mut losses = Vec::with_capacity(self.dist.local_micro_batches(n_micro));
         let mut outputs = StepOutputs::default();
         let mut pp_batches = Vec::new();
+        // Each part's mean loss weighs 1 / parts: the step's mean once summed over the ranks
+        // (each of the cp ranks holds as many tokens of a sequence).
+        let parts = self.dist.loss_parts(n_micro) * self.cp.as_ref().map_or(1, |c| c.size());
         for i in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);
-            if !mine.contains(&i) {
+            let Some(b) = self.dist.local_batch(i, n_micro, b) else {
                 continue;
-            }
+            };
             if self.pipeline.is_some() {
                 // Under context parallelism the stages run on this rank's part of each sequence.
                 pp_batches.push(match &self.cp {
@@ -460,8 +462,6 @@ impl Trainer {
                 Some(aux) => loss.add(&aux)?,
                 None => loss,
             };
-            // Each of the cp ranks holds as many tokens: its mean over cp sums to the whole's.
-            let parts = n_micro * self.cp.as_ref().map_or(1, |c| c.size());
             let loss = if parts > 1 {
                 loss.mul_scalar(1.0 / parts as f32)?
             } else {
@@ -501,8 +501,8 @@ impl Trainer {
                 opts: stage_opts.as_ref().unwrap_or(&opts),
                 amp: anneal_engine::DType::parse(&t.dtype),
                 aux_weights: &t.aux_loss_weights,
-                // Each cp rank's mean over its tokens, as without stages.
-                scale: Some(n_micro * self.cp.as_ref().map_or(1, |c| c.size()))
+                // Each part's mean over its tokens, as without stages.
+                scale: Some(parts)
                     .filter(|&parts| parts > 1)
                     .map(|parts| 1.0 / parts as f32),
             };
@@ -529,10 +529,11 @@ impl Trainer {
         let distributed = self.dist.grads().size() > 1;
         let mut fsdp_figures = None;
         if distributed {
-            losses = match &self.cp {
+            let gathered = match &self.cp {
                 Some(cp) => cp.micro_batch_losses(self.dist.grads(), &losses)?,
                 None => self.dist.gather_f32(&losses)?,
             };
+            losses = self.dist.micro_batch_losses(gathered);
             outputs.reduce_across(self.dist.grads())?;
             match &units {
                 Some(u) => {
