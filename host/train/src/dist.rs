@@ -208,6 +208,11 @@ impl Dist {
         &self.mesh
     }
 
+    /// The resolved mesh's degrees.
+    pub fn degrees(&self) -> crate::preflight::Degrees {
+        crate::preflight::Degrees::of(&self.mesh)
+    }
+
     /// The data-parallel communicator.
     pub fn dp(&self) -> &dyn Collective {
         self.dp.as_ref()

@@ -52,11 +52,15 @@ pub fn run_dist(
     let cfg = &crate::harness::with_model_plugin(cfg)?;
     let dist = Dist::new(cfg, world)?;
     let (main, ranks) = (world.rank() == 0, world.size());
+    // A run dir another process holds is refused before anything loads; what else can be
+    // refused cheaply is, before any expensive work (a start refused here leaves no run dir it
+    // made, see `RunDir`).
     let run = if main {
         Some(RunDir::open(run_dir)?)
     } else {
         None
     };
+    let checked = crate::preflight::train(cfg, ranks)?;
     let total = cfg.training.steps;
     let mut console = Console::new(total, 0, cfg.metrics.progress_bar && main);
     console.note(&format!("run dir: {}", run_dir.display()));
@@ -80,7 +84,7 @@ pub fn run_dist(
     if !main {
         led_by_rank0(world, Ok::<_, TrainError>(()))?;
     }
-    let trainer = Trainer::with_dist(cfg, dist, &|m| console.note(m));
+    let trainer = Trainer::from_preflight(cfg, dist, checked, &|m| console.note(m));
     let mut trainer = match main {
         true => led_by_rank0(world, trainer)?,
         false => trainer?,

@@ -8,7 +8,7 @@ mod state;
 use crate::dist::Dist;
 use crate::ep::{ActiveGroup, ExpertGroup};
 use crate::fsdp::{Active, Fsdp, Hook, Units};
-use crate::harness::{clip_grads, global_grad_norm, load_model, load_optimizer, Provenance};
+use crate::harness::{clip_grads, global_grad_norm, Provenance};
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
@@ -117,13 +117,29 @@ impl Trainer {
     /// (initialisation depends on the seed only) and reads the same batches; `dist` says which
     /// share of each step this rank trains on.
     pub fn with_dist(cfg: &JobConfig, dist: Dist, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
+        let checked = crate::preflight::train(cfg, dist.mesh().world_size())?;
+        Self::from_preflight(cfg, dist, checked, note)
+    }
+
+    /// [`Trainer::with_dist`] after its up-front checks ([`crate::preflight::train`]), going
+    /// on with what they built: the device, the plugins and the corpus files.
+    pub fn from_preflight(
+        cfg: &JobConfig,
+        dist: Dist,
+        checked: crate::preflight::Preflight,
+        note: &dyn Fn(&str),
+    ) -> Result<Self, TrainError> {
         let d = &cfg.data;
         let t = &cfg.training;
-        // Before any data work: a device that cannot run fails at once, in one line.
-        let device = crate::device::for_job(cfg, dist.mesh().world_size())?;
+        let crate::preflight::Preflight {
+            device,
+            model,
+            optimizer,
+            files,
+        } = checked;
+        anneal_engine::set_allow_tf32(t.allow_tf32);
         let data_path = PathBuf::from(&d.path);
         let cache_dir = PathBuf::from(&d.cache_dir);
-        let files = anneal_data::discover_files(&data_path)?;
         note(&format!(
             "data: {} file(s) under {}",
             files.len(),
@@ -152,23 +168,12 @@ impl Trainer {
             tokenizer_sha256: tokenizer.sha256()?,
             data_sha256: dataset.train_sha256(),
         };
-        let model = load_model(cfg)?;
         let spec = model.spec();
-        if tokenizer.vocab_size() > spec.vocab_size {
-            return Err(TrainError::Config(format!(
-                "config: `model.args.vocab_size`: the model has {} embeddings but the tokenizer has {} tokens; set model.args.vocab_size to at least {}",
-                spec.vocab_size,
-                tokenizer.vocab_size(),
-                tokenizer.vocab_size()
-            )));
-        }
-        if t.seq_len > spec.max_seq_len {
-            return Err(TrainError::Config(format!(
-                "config: `training.seq_len`: {} is longer than the model's max_seq_len {}",
-                t.seq_len, spec.max_seq_len
-            )));
-        }
-        crate::memory::check(cfg, spec, crate::memory::Workload::Train)?;
+        crate::preflight::vocab(
+            spec,
+            tokenizer.vocab_size(),
+            &tokenizer_path.to_string_lossy(),
+        )?;
         let initial = match &cfg.checkpoint.init_from_hf {
             Some(dir) => {
                 note(&format!(
@@ -191,8 +196,6 @@ impl Trainer {
             named.iter().map(|(_, p)| p.numel()).sum::<usize>(),
             spec.n_layers
         ));
-
-        let optimizer = load_optimizer(cfg)?;
 
         let loader = PackedLoader::new(dataset.train.into(), t.seq_len, t.seed, d.shuffle)?;
         let val_batches = if cfg.metrics.eval_freq > 0 && dataset.val.len() > t.seq_len {
