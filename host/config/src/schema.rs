@@ -480,6 +480,9 @@ pub struct Rl {
     pub prompts_per_step: usize,
     /// Longest completion.
     pub max_new_tokens: usize,
+    /// Skip (and count) the prompts of `prompts_path` that do not fit the model's context
+    /// with `max_new_tokens` after them; `false` refuses the run, naming the first such line.
+    pub skip_long_prompts: bool,
     /// Sampling temperature (> 0).
     pub temperature: f32,
     /// Nucleus sampling threshold (1 = off).
@@ -557,6 +560,7 @@ impl Default for Rl {
             group_size: 8,
             prompts_per_step: 8,
             max_new_tokens: 16,
+            skip_long_prompts: false,
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,

@@ -271,4 +271,5 @@ fn a_group_of_one_is_refused_for_every_loss_that_compares_a_group() {
     }
     let ok = resolve_with_env(Source::Defaults, &set(&["rl.group_size=2"]), &[]).unwrap();
     assert_eq!(ok.rl.group_size, 2);
+    assert!(!ok.rl.skip_long_prompts);
 }
