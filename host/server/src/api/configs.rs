@@ -77,6 +77,8 @@ pub struct Checked {
     pub overrides: Vec<String>,
     /// Training or RL.
     pub kind: Kind,
+    /// What the run will say about the config at its start (prompts it leaves out).
+    pub notes: Vec<String>,
 }
 
 impl ConfigRequest {
@@ -96,7 +98,10 @@ impl ConfigRequest {
 
     /// Resolves the config (a 422 with the problem by key path when it does not), and for an RL
     /// job loads its reward modules as the run will (a module that does not load or does not
-    /// match the reward ABI is a 422 naming `rl.rewards[i].path`).
+    /// match the reward ABI is a 422 naming `rl.rewards[i].path`). Then makes the run's own
+    /// up-front checks ([`anneal_train::preflight::train`], [`anneal_rl::preflight`]: the
+    /// mesh, the device, the plugins and the model's context, the data or the prompts), so a
+    /// config called valid here does not fail at start for any of them.
     pub fn check(&self, state: &AppState) -> ApiResult<Checked> {
         let (text, name, path) = self.source(state)?;
         let mut overrides = self.overrides.clone();
@@ -109,14 +114,32 @@ impl ConfigRequest {
         if kind == Kind::Rl {
             check_rewards(state, &cfg)?;
         }
+        let notes = preflight(&cfg, kind)?;
         Ok(Checked {
             text,
             resolved: cfg.to_toml(),
             path,
             overrides,
             kind,
+            notes,
         })
     }
+}
+
+/// The run's up-front checks, with the processes the server starts it with; a refusal is a 422
+/// under the key it names.
+fn preflight(cfg: &anneal_config::JobConfig, kind: Kind) -> ApiResult<Vec<String>> {
+    let processes = config::processes(cfg);
+    let checked = match kind {
+        Kind::Train => anneal_train::preflight::train(cfg, processes).map(|_| Vec::new()),
+        Kind::Rl => anneal_rl::preflight(cfg, processes),
+    };
+    checked.map_err(|e| {
+        ApiError::invalid_config(vec![Problem {
+            key_path: e.key_path(),
+            message: e.to_string(),
+        }])
+    })
 }
 
 fn problem(key_path: &str, message: impl Into<String>) -> ApiError {
@@ -188,8 +211,8 @@ fn check_rewards(state: &AppState, cfg: &anneal_config::JobConfig) -> ApiResult<
     }
 }
 
-/// Resolves a config: `200 {"ok":true,"kind":"train"|"rl","resolved":"<toml>","overrides":[..]}`
-/// or `422` with the problems.
+/// Resolves and checks a config: `200 {"ok":true,"kind":"train"|"rl","resolved":"<toml>",
+/// "overrides":[..],"notes":[..]}` or `422` with the problems.
 pub async fn validate(
     State(state): State<Arc<AppState>>,
     Json(request): Json<ConfigRequest>,
@@ -205,5 +228,6 @@ pub async fn validate(
         "kind": checked.kind,
         "resolved": checked.resolved,
         "overrides": checked.overrides,
+        "notes": checked.notes,
     })))
 }
