@@ -1,6 +1,7 @@
 //! Data-parallel `anneal train` on real MPI ranks (2 processes, one compute thread each):
 //! the step-1 loss is bitwise the single process's, later losses stay within 1e-4 and a rerun
-//! is bitwise identical; `--nproc` launches and resumes; meshes that do not fit are one-line
+//! is bitwise identical; a micro-batch that does not split over the ranks has its rows split
+//! (within 1e-5 of the single process); `--nproc` launches and resumes; meshes that do not fit are one-line
 //! errors with exit code 2; a rank killed with SIGKILL ends the job. Checkpoints of sharded runs
 //! are one shard per rank and reshard: they resume on other world sizes and layouts (the rest
 //! of the sharded-checkpoint tests are in dist_checkpoint_cli.rs).
@@ -508,9 +509,65 @@ fn meshes_that_do_not_fit_are_user_errors() {
     // The old keys are gone.
     let (out, _) = job.train("d", &["parallelism.data_parallel=2"]);
     user_error(&out, &["data_parallel"]);
-    // A global batch that does not split over the ranks.
-    let out = mpiexec_train(2, &job, &job.dir.join("e"), &[]);
-    user_error(&out, &["training.batch_size", "micro_batch_size"]);
+    // A global batch that splits over the ranks neither by micro-batches nor by rows, named
+    // by the key that set the ranks.
+    let odd = [
+        "training.batch_size=3",
+        "training.micro_batch_size=3",
+        "parallelism.dp_replicate=1",
+        "parallelism.dp_shard=2",
+    ];
+    let out = mpiexec_train(2, &job, &job.dir.join("e"), &odd);
+    user_error(
+        &out,
+        &[
+            "training.batch_size",
+            "micro_batch_size",
+            "parallelism.dp_shard = 2",
+        ],
+    );
+    let line = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!line.contains("dp_replicate"), "{line}");
+    let out = mpiexec_train(2, &job, &job.dir.join("f"), &odd[..2]);
+    user_error(&out, &["parallelism.dp_replicate = -1, here 2"]);
+}
+
+/// One micro-batch of 4 rows per step (the tiny job's own batch), a thread per rank.
+const ONE_MICRO_BATCH: [&str; 3] = [
+    "training.steps=4",
+    "training.threads=1",
+    "metrics.eval_freq=2",
+];
+
+#[test]
+fn a_micro_batch_that_does_not_split_over_the_ranks_splits_its_rows() {
+    let job = Job::new("rows");
+    let (single, single_dir) = job.train("single", &ONE_MICRO_BATCH);
+    ok(&single);
+    let one = loss_values(&single_dir);
+    assert_eq!(one.len(), 4);
+    // DDP(2) and FSDP(2): each rank trains on 2 of the micro-batch's 4 rows.
+    for (name, layout) in [("ddp", None), ("fsdp", Some("parallelism.dp_shard=2"))] {
+        let mut set = ONE_MICRO_BATCH.to_vec();
+        set.extend(layout);
+        let run_dir = job.dir.join(name);
+        ok(&mpiexec_train(2, &job, &run_dir, &set));
+        let two = loss_values(&run_dir);
+        assert_eq!(two.len(), 4, "{name}");
+        for (step, (a, b)) in one.iter().zip(&two).enumerate() {
+            assert!((a - b).abs() < 1e-5, "{name} step {}: {a} vs {b}", step + 1);
+        }
+        let val = |d: &Path| {
+            rows(d)
+                .iter()
+                .filter_map(|r| r["val_loss"].as_f64())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(val(&run_dir).len(), 2);
+        for (a, b) in val(&single_dir).iter().zip(val(&run_dir)) {
+            assert!((a - b).abs() < 1e-5, "{name} held-out: {a} vs {b}");
+        }
+    }
 }
 
 #[test]

@@ -378,13 +378,19 @@ fn stop_resume_and_conflicts() {
 #[test]
 fn a_failing_job_is_failed_with_its_error_line() {
     let server = start("fail", &[]);
-    // Valid as a config, but the corpus does not exist: the trainer exits 2 with one line.
-    let id = create(&server, "bad-data", &["data.path=\"/nonexistent/corpus\""]);
+    // Valid as far as validation looks (a corpus whose first document is fine), but a later
+    // line is not JSON: reading the corpus, the trainer exits 2 with one line naming it.
+    let corpus = server.home.join("bad.jsonl");
+    let mut text = "{\"text\": \"the king speaks of the sea\"}\n".repeat(20);
+    text.push_str("not json\n");
+    std::fs::write(&corpus, text).expect("corpus");
+    let data = format!("data.path=\"{}\"", corpus.display());
+    let id = create(&server, "bad-data", &[&data]);
     let run = server.wait_status(id, &["failed", "completed"], 2 * MINUTE);
     assert_eq!(run["status"], "failed", "{run}");
     assert_eq!(run["exit_code"], 2);
     let reason = run["exit_reason"].as_str().expect("a reason");
-    assert!(reason.contains("/nonexistent/corpus"), "{reason}");
+    assert!(reason.contains("bad.jsonl:21"), "{reason}");
 }
 
 #[test]

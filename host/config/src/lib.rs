@@ -617,6 +617,15 @@ fn validate_rl(r: &Rl) -> Result<(), ConfigError> {
             return Err(ConfigError::at(k, "must be at least 1"));
         }
     }
+    if r.group_size < 2 && r.loss.needs_groups() {
+        return Err(ConfigError::at(
+            "rl.group_size",
+            format!(
+                "is 1, but rl.loss = \"{}\" scores each completion against the others of its group: with one, every advantage is 0 and the policy never learns; set rl.group_size to at least 2",
+                r.loss.name()
+            ),
+        ));
+    }
     if !(r.temperature > 0.0 && r.temperature.is_finite()) {
         return Err(ConfigError::at(
             "rl.temperature",

@@ -473,12 +473,16 @@ pub struct Rl {
     /// one, so a policy pretrained or fine-tuned by `anneal train` expects it (without it the
     /// model cannot tell a prompt from the truncated tail of a longer document).
     pub prepend_eos: bool,
-    /// Completions sampled per prompt (a group).
+    /// Completions sampled per prompt (a group): at least 2, since every loss compares the
+    /// completions of a group (with one, every advantage is 0 and the policy never moves).
     pub group_size: usize,
     /// Prompts (groups) per trainer step.
     pub prompts_per_step: usize,
     /// Longest completion.
     pub max_new_tokens: usize,
+    /// Skip (and count) the prompts of `prompts_path` that do not fit the model's context
+    /// with `max_new_tokens` after them; `false` refuses the run, naming the first such line.
+    pub skip_long_prompts: bool,
     /// Sampling temperature (> 0).
     pub temperature: f32,
     /// Nucleus sampling threshold (1 = off).
@@ -525,6 +529,25 @@ pub struct Rl {
     pub samples_per_step: usize,
 }
 
+impl RlLoss {
+    /// Whether the loss compares the completions of a group (its advantages are rewards
+    /// relative to the group's), so a group of one learns nothing. Every loss so far does.
+    pub fn needs_groups(self) -> bool {
+        match self {
+            RlLoss::Grpo | RlLoss::DrGrpo | RlLoss::Dapo => true,
+        }
+    }
+
+    /// The name `rl.loss` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            RlLoss::Grpo => "grpo",
+            RlLoss::DrGrpo => "dr_grpo",
+            RlLoss::Dapo => "dapo",
+        }
+    }
+}
+
 impl Default for Rl {
     fn default() -> Self {
         Rl {
@@ -537,6 +560,7 @@ impl Default for Rl {
             group_size: 8,
             prompts_per_step: 8,
             max_new_tokens: 16,
+            skip_long_prompts: false,
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,

@@ -259,3 +259,17 @@ fn job_device_is_cpu_cuda_or_cuda_n() {
         assert!(!e.contains('\n'), "one line: {e}");
     }
 }
+
+#[test]
+fn a_group_of_one_is_refused_for_every_loss_that_compares_a_group() {
+    for loss in ["grpo", "dr_grpo", "dapo"] {
+        let over = set(&["rl.group_size=1", &format!("rl.loss=\"{loss}\"")]);
+        let e = resolve_with_env(Source::Defaults, &over, &[]).unwrap_err();
+        assert_eq!(e.key_path.as_deref(), Some("rl.group_size"), "{loss}: {e}");
+        assert!(e.to_string().contains(loss), "{e}");
+        assert!(e.to_string().contains("advantage is 0"), "{e}");
+    }
+    let ok = resolve_with_env(Source::Defaults, &set(&["rl.group_size=2"]), &[]).unwrap();
+    assert_eq!(ok.rl.group_size, 2);
+    assert!(!ok.rl.skip_long_prompts);
+}

@@ -92,23 +92,65 @@ fn read_jsonl(path: &Path, text: &str, field: &str, docs: &mut Vec<String>) -> R
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |message: String| DataError::BadJsonLine {
-            path: path.to_path_buf(),
-            line: i + 1,
-            message,
-        };
-        let value: serde_json::Value =
-            serde_json::from_str(line).map_err(|e| bad(format!("not valid JSON ({e})")))?;
-        let obj = value
-            .as_object()
-            .ok_or_else(|| bad("not a JSON object".into()))?;
-        let text = obj
-            .get(field)
-            .ok_or_else(|| bad(format!("missing field \"{field}\"")))?;
-        let text = text
-            .as_str()
-            .ok_or_else(|| bad(format!("field \"{field}\" is not a string")))?;
-        docs.push(text.to_owned());
+        docs.push(jsonl_text(path, i + 1, line, field)?);
     }
     Ok(())
 }
+
+/// The document of line `number` of a JSONL file: the string in its field `field`.
+fn jsonl_text(path: &Path, number: usize, line: &str, field: &str) -> Result<String> {
+    let bad = |message: String| DataError::BadJsonLine {
+        path: path.to_path_buf(),
+        line: number,
+        message,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| bad(format!("not valid JSON ({e})")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| bad("not a JSON object".into()))?;
+    let text = obj
+        .get(field)
+        .ok_or_else(|| bad(format!("missing field \"{field}\"")))?;
+    let text = text
+        .as_str()
+        .ok_or_else(|| bad(format!("field \"{field}\" is not a string")))?;
+    Ok(text.to_owned())
+}
+
+/// The cheap part of [`read_documents`]' checks, for a validation before a run: every file
+/// opens for reading, and a JSONL file's first document is a JSON object with the string field
+/// `text_field` (a mistyped field shows there). Reads at most a line per file, so a later bad
+/// line or a file that is not UTF-8 further on still fails when the corpus is read.
+pub fn check_files(files: &[PathBuf], text_field: &str) -> Result<()> {
+    use std::io::{BufRead, Read};
+    for f in files {
+        let file = fs::File::open(f).map_err(|e| DataError::io(f, e))?;
+        if kind(f) != Some(Kind::JsonLines) {
+            continue;
+        }
+        // The first non-blank line, read up to a bound (a JSONL file may be one huge line).
+        let mut reader = std::io::BufReader::new(file).take(MAX_FIRST_LINE);
+        let mut line = String::new();
+        for number in 1.. {
+            line.clear();
+            let read = reader
+                .read_line(&mut line)
+                .map_err(|e| DataError::io(f, e))?;
+            if read == 0 {
+                break;
+            }
+            if !line.trim().is_empty() {
+                // A line cut at the bound is not judged; one that ends the file is whole.
+                if line.ends_with('\n') || reader.limit() > 0 {
+                    jsonl_text(f, number, line.trim_end(), text_field)?;
+                }
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How much of a JSONL file [`check_files`] reads looking for its first document.
+const MAX_FIRST_LINE: u64 = 1 << 20;

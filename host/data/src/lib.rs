@@ -15,7 +15,7 @@ pub mod tokenizer;
 
 use std::path::PathBuf;
 
-pub use corpus::{discover_files, read_documents};
+pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;
 pub use loader::{Batch, LoaderState, PackedLoader};
 pub use tokenizer::TextTokenizer;

@@ -5,6 +5,7 @@
 //! ```text
 //! run.rs         the loop: resume, rollouts in, one trainer step per batch, publish, log, save
 //! setup.rs       tokenizer, prompts, plugins and the starting policy of a run
+//! preflight.rs   the run's up-front checks as one call (`anneal serve` validates with it)
 //! trainer.rs     one trainer step: batch-invariant forward, logprob mismatch, loss, backward
 //! loss.rs        GRPO / Dr.GRPO / DAPO, k3 KL, truncated importance ratio
 //! rollout.rs     prompts, rollout workers, scoring, held-out evaluation
@@ -18,6 +19,7 @@ pub mod buffer;
 mod checkpoint;
 pub mod loss;
 mod metrics;
+mod preflight;
 pub mod rollout;
 mod run;
 pub mod samples;
@@ -25,4 +27,5 @@ mod setup;
 mod trainer;
 
 pub use metrics::RlRow;
+pub use preflight::preflight;
 pub use run::{check_layout, run_rl, run_rl_dist, RlOptions, RlSummary};

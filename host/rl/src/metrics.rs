@@ -56,6 +56,10 @@ pub struct RlRow {
     pub eval_accuracy: Option<f64>,
     /// Seconds since the start.
     pub time: f64,
+    /// Prompts of `rl.prompts_path` the run leaves out for not fitting the model's context
+    /// (`rl.skip_long_prompts`); absent when none are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompts_skipped: Option<u64>,
     /// The model's weighted auxiliary losses, added to the loss trained on (`loss` is
     /// without them, as in `anneal train`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,6 +75,7 @@ impl RlRow {
         let full = RlRow {
             eval_accuracy: Some(0.0),
             aux_loss: Some(0.0),
+            prompts_skipped: Some(0),
             ..Default::default()
         };
         serde_json::to_value(full)
@@ -137,6 +142,7 @@ impl RlRow {
             samples_per_s: n / seconds_since_last_row.max(1e-9),
             eval_accuracy: None,
             time: 0.0,
+            prompts_skipped: None,
             aux_loss: out.aux_loss,
             outputs: out.outputs.clone(),
         }

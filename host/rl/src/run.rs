@@ -18,6 +18,7 @@ use anneal_runtime::plugins::{Params, PluginOptimizer};
 use anneal_train::checkpoint::{load_dir_with, Contents};
 use anneal_train::harness::Resumed;
 use anneal_train::harness::{resume_with, split_buffers, RunDir, RunKind, Saver, ShardSaver};
+use anneal_train::preflight::Degrees;
 use anneal_train::{
     io_err, Console, Dist, FsdpPolicy, LrSchedule, MetricsLog, TpInference, TrainError,
 };
@@ -74,22 +75,33 @@ pub fn run_rl(
 /// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
-    let (r, ranks) = (&cfg.rl, dist.size());
+    let degrees = dist.degrees();
+    check_mesh_layout(cfg, &degrees)?;
+    // Applies `training.allow_tf32` for the process.
+    anneal_train::device::for_job(cfg, degrees.processes())?;
+    Ok(())
+}
+
+/// [`check_layout`] of the mesh's degrees alone, changing nothing in this process (what
+/// [`crate::preflight`] asks).
+pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), TrainError> {
+    let r = &cfg.rl;
+    let ranks = mesh.dp();
     // Resolved first, so an unusable device says why (the probe's reason), as for training; on
     // a GPU the job runs in one process.
-    anneal_train::device::for_job(cfg, ranks * dist.tp_degree())?;
-    if dist.pp().is_some() {
+    anneal_train::device::check(cfg, mesh.processes())?;
+    if mesh.pp > 1 {
         return Err(TrainError::Config(
             "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
         ));
     }
-    if let Some(cp) = dist.cp() {
+    let cp = mesh.cp;
+    if cp > 1 {
         return Err(TrainError::Config(format!(
-            "config: `parallelism.cp` ({}): `anneal rl` does not run context parallel (generation with a sequence split over ranks is not implemented); set parallelism.cp = 1",
-            cp.size()
+            "config: `parallelism.cp` ({cp}): `anneal rl` does not run context parallel (generation with a sequence split over ranks is not implemented); set parallelism.cp = 1"
         )));
     }
-    let (tp, shard) = (dist.tp_degree(), dist.shard().map_or(1, |c| c.size()));
+    let (tp, shard) = (mesh.tp, mesh.dp_shard);
     let par = &cfg.parallelism;
     if par.ep > 1 {
         return Err(TrainError::Config(format!(
@@ -167,7 +179,20 @@ pub fn run_rl_dist(
     // the first of them alone writes the run's files.
     let tp_rank = dist.tp_rank();
     let lead = main && tp_rank == 0;
+    // A run dir another process holds is refused before anything loads (a start refused
+    // after that leaves no run dir it made, see `RunDir`).
     let run = lead.then(|| RunDir::open(run_dir)).transpose()?;
+    let Setup {
+        tokenizer,
+        tokenizer_path,
+        prompts,
+        model,
+        mut optimizer,
+        provenance,
+        skipped_prompts,
+    } = prepare(cfg)?;
+    // Counted in every row of metrics.jsonl when prompts were left out.
+    let prompts_skipped = (skipped_prompts > 0).then_some(skipped_prompts as u64);
     let total = cfg.training.steps;
     let console = Console::new(total, 0, cfg.metrics.progress_bar && lead);
     console.note(&format!("run dir: {}", run_dir.display()));
@@ -182,14 +207,9 @@ pub fn run_rl_dist(
             dist.mesh().describe()
         ));
     }
-    let Setup {
-        tokenizer,
-        tokenizer_path,
-        prompts,
-        model,
-        mut optimizer,
-        provenance,
-    } = prepare(cfg)?;
+    if let Some(note) = crate::preflight::skipped_note(cfg, skipped_prompts) {
+        console.note(&note);
+    }
     let model_name = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
     let tp = TpInference::of_dist(&dist, &model_name, model.spec())?;
     if let Some(tp) = &tp {
@@ -390,6 +410,7 @@ pub fn run_rl_dist(
             let row = RlRow {
                 eval_accuracy: Some(acc),
                 time: clock(),
+                prompts_skipped,
                 ..Default::default()
             };
             console.note(&format!("step      0  eval_accuracy {acc:.3}"));
@@ -506,6 +527,7 @@ pub fn run_rl_dist(
             let mut row = RlRow::of_step(step, version, lr, &taken, &out, since_last);
             row.t_train = t_train;
             row.t_wait = t_wait;
+            row.prompts_skipped = prompts_skipped;
             let eval_due = r.eval_freq > 0 && (step % r.eval_freq == 0 || step == total);
             if eval_due && (main || fsdp.is_some()) {
                 let whole = whole_for_eval(&trainer.named, &trainer.params)?;

@@ -1,14 +1,14 @@
 //! What an RL run is made of before its first step: the tokenizer, the prompts, the model and
 //! optimizer plugins, the starting policy, and the digests its checkpoints record.
 
-use crate::rollout::{Prompt, PromptSource};
+use crate::rollout::{encode_prompt, Prompt, PromptSource};
 use anneal_config::JobConfig;
 use anneal_data::TextTokenizer;
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::model::init_param;
 use anneal_runtime::plugins::{PluginModel, PluginOptimizer};
 use anneal_train::checkpoint::{load_dir_with, Contents};
-use anneal_train::harness::{load_model, load_optimizer, params_from_checkpoint, Provenance};
+use anneal_train::harness::{params_from_checkpoint, Provenance};
 use anneal_train::{TpInference, TrainError};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
@@ -26,15 +26,30 @@ pub(crate) struct Setup {
     pub optimizer: PluginOptimizer,
     /// Digests of the tokenizer and the prompts.
     pub provenance: Provenance,
+    /// Prompts of `rl.prompts_path` left out for not fitting the model's context
+    /// (`rl.skip_long_prompts`).
+    pub skipped_prompts: usize,
 }
 
 /// Loads the tokenizer (`rl.tokenizer`, or the one next to `rl.init_from`), the prompts, the
-/// model and optimizer plugins, and checks that the tokenizer fits the model.
+/// model and optimizer plugins, and checks that the tokenizer fits the model and that every
+/// prompt leaves room for `rl.max_new_tokens` in the model's context (or skips those that do
+/// not, with `rl.skip_long_prompts`). Everything `anneal rl` can refuse before any expensive
+/// work; [`crate::preflight`] runs it for `anneal serve`'s validation too.
 pub(crate) fn prepare(cfg: &JobConfig) -> Result<Setup, TrainError> {
     let tokenizer_path = tokenizer_path(cfg)?;
-    let tokenizer = Arc::new(TextTokenizer::from_file(&tokenizer_path)?);
+    let tokenizer = Arc::new(TextTokenizer::from_file(&tokenizer_path).map_err(|e| {
+        let key = match cfg.rl.tokenizer.is_empty() {
+            true => "rl.init_from",
+            false => "rl.tokenizer",
+        };
+        TrainError::from(e).at(key)
+    })?);
     let (prompts, prompts_sha256) = load_prompts(cfg)?;
-    let model = Arc::new(load_model(cfg)?);
+    let (model, optimizer) = anneal_train::preflight::plugins(cfg)?;
+    let model = Arc::new(model);
+    let (prompts, skipped_prompts) =
+        fit_prompts(cfg, &tokenizer, model.spec().max_seq_len, prompts)?;
     if tokenizer.vocab_size() > model.spec().vocab_size {
         return Err(cfg_err(
             "model.args.vocab_size",
@@ -46,8 +61,7 @@ pub(crate) fn prepare(cfg: &JobConfig) -> Result<Setup, TrainError> {
             ),
         ));
     }
-    let optimizer = load_optimizer(cfg)?;
-    anneal_train::memory::check(cfg, model.spec(), anneal_train::memory::Workload::Rl)?;
+    anneal_train::preflight::context(cfg, model.spec(), anneal_train::memory::Workload::Rl)?;
     let provenance = Provenance {
         tokenizer_sha256: tokenizer.sha256()?,
         data_sha256: prompts_sha256,
@@ -55,11 +69,116 @@ pub(crate) fn prepare(cfg: &JobConfig) -> Result<Setup, TrainError> {
     Ok(Setup {
         tokenizer,
         tokenizer_path,
-        prompts,
+        prompts: match prompts {
+            Prompts::Task(source) => source,
+            Prompts::File { list, .. } => {
+                PromptSource::List(Arc::new(list.into_iter().map(|(_, p)| p).collect()))
+            }
+        },
         model,
         optimizer,
         provenance,
+        skipped_prompts,
     })
+}
+
+/// The prompts as read: the built-in task, or a file's prompts with their line numbers.
+enum Prompts {
+    Task(PromptSource),
+    File {
+        path: PathBuf,
+        list: Vec<(usize, Prompt)>,
+    },
+}
+
+/// The longest prompt of the built-in `digits_sort` task: 5 digits and `=`, at most a token a
+/// byte.
+const LONGEST_TASK_PROMPT: usize = 6;
+
+/// Keeps the prompts whose tokens (after the end-of-text token when `rl.prepend_eos`) leave
+/// room for `rl.max_new_tokens` in the model's `max_seq_len` positions; one that does not is
+/// an error naming its file and line, or with `rl.skip_long_prompts` is left out and counted.
+/// (Rollouts would otherwise fail on it when its step comes, and again on every resume.)
+fn fit_prompts(
+    cfg: &JobConfig,
+    tokenizer: &TextTokenizer,
+    max_seq_len: usize,
+    prompts: Prompts,
+) -> Result<(Prompts, usize), TrainError> {
+    let r = &cfg.rl;
+    let room = max_seq_len.saturating_sub(r.max_new_tokens);
+    let (path, list) = match prompts {
+        Prompts::Task(source) => {
+            let longest = LONGEST_TASK_PROMPT + usize::from(r.prepend_eos);
+            if longest > room {
+                return Err(cfg_err(
+                    "rl.max_new_tokens",
+                    format!(
+                        "{} new tokens after a prompt of up to {longest} tokens do not fit the model's {max_seq_len} positions (max_seq_len); lower rl.max_new_tokens to at most {}",
+                        r.max_new_tokens,
+                        max_seq_len.saturating_sub(longest)
+                    ),
+                ));
+            }
+            return Ok((Prompts::Task(source), 0));
+        }
+        Prompts::File { path, list } => (path, list),
+    };
+    let mut kept = Vec::with_capacity(list.len());
+    let mut long: Vec<(usize, usize)> = Vec::new();
+    for (line, prompt) in list {
+        let tokens = encode_prompt(tokenizer, &prompt.prompt, r.prepend_eos)
+            .map_err(|e| {
+                cfg_err(
+                    "rl.prompts_path",
+                    format!("{} line {line}: {e}", path.display()),
+                )
+            })?
+            .len();
+        match tokens > room {
+            true => long.push((line, tokens)),
+            false => kept.push((line, prompt)),
+        }
+    }
+    let Some(&(line, tokens)) = long.first() else {
+        return Ok((Prompts::File { path, list: kept }, 0));
+    };
+    if !r.skip_long_prompts {
+        let more = match long.len() {
+            1 => String::new(),
+            n => format!(
+                " ({} more: line{} {}{})",
+                n - 1,
+                if n > 2 { "s" } else { "" },
+                long[1..]
+                    .iter()
+                    .take(10)
+                    .map(|(l, _)| l.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if n > 11 { ", .." } else { "" }
+            ),
+        };
+        return Err(cfg_err(
+            "rl.prompts_path",
+            format!(
+                "{} line {line}: the prompt is {tokens} tokens, and with rl.max_new_tokens = {} after it that is more than the model's {max_seq_len} positions (max_seq_len){more}; shorten it, lower rl.max_new_tokens, or set rl.skip_long_prompts = true to train without such prompts",
+                path.display(),
+                r.max_new_tokens
+            ),
+        ));
+    }
+    if kept.is_empty() {
+        return Err(cfg_err(
+            "rl.prompts_path",
+            format!(
+                "every prompt of {} is too long for the model's {max_seq_len} positions with rl.max_new_tokens = {} after it (line {line}: {tokens} tokens)",
+                path.display(),
+                r.max_new_tokens
+            ),
+        ));
+    }
+    Ok((Prompts::File { path, list: kept }, long.len()))
 }
 
 fn cfg_err(key: &str, msg: impl std::fmt::Display) -> TrainError {
@@ -151,13 +270,16 @@ fn tokenizer_path(cfg: &JobConfig) -> Result<PathBuf, TrainError> {
     })
 }
 
-/// The prompts (`rl.prompts_path`, or the built-in task) and a digest of them: of the file's
-/// bytes, or of the task's name and seed.
-fn load_prompts(cfg: &JobConfig) -> Result<(PromptSource, String), TrainError> {
+/// The prompts (`rl.prompts_path`, with their line numbers, or the built-in task) and a digest
+/// of them: of the file's bytes, or of the task's name and seed.
+fn load_prompts(cfg: &JobConfig) -> Result<(Prompts, String), TrainError> {
     let r = &cfg.rl;
     if r.prompts_path.is_empty() {
         let digest = sha256_hex(format!("digits_sort task, seed {}", r.task_seed).as_bytes());
-        return Ok((PromptSource::DigitsSort { seed: r.task_seed }, digest));
+        return Ok((
+            Prompts::Task(PromptSource::DigitsSort { seed: r.task_seed }),
+            digest,
+        ));
     }
     let path = Path::new(&r.prompts_path);
     let bytes = std::fs::read(path)
@@ -178,7 +300,7 @@ fn load_prompts(cfg: &JobConfig) -> Result<(PromptSource, String), TrainError> {
                 ),
             )
         })?;
-        list.push(p);
+        list.push((i + 1, p));
     }
     if list.is_empty() {
         return Err(cfg_err(
@@ -186,7 +308,13 @@ fn load_prompts(cfg: &JobConfig) -> Result<(PromptSource, String), TrainError> {
             format!("{} has no prompts", path.display()),
         ));
     }
-    Ok((PromptSource::List(Arc::new(list)), sha256_hex(&bytes)))
+    Ok((
+        Prompts::File {
+            path: path.to_path_buf(),
+            list,
+        },
+        sha256_hex(&bytes),
+    ))
 }
 
 fn sha256_hex(data: &[u8]) -> String {

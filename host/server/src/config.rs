@@ -1,6 +1,7 @@
-//! Job configs: the files under `configs/` (and nothing outside it), resolving TOML text with
-//! overrides into the full config the trainer would run (or the problems by key path), and the
-//! kind of job a config describes (training or RL).
+//! Job configs: the files of the configs folder (`anneal serve --configs DIR`, default
+//! `configs/`; nothing outside it), resolving TOML text with overrides into the full config the
+//! trainer would run (or the problems by key path), and the kind of job a config describes
+//! (training or RL).
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -97,21 +98,82 @@ impl Kind {
 pub struct ConfigFile {
     /// The file name (`llama3_debug.toml`).
     pub name: String,
-    /// The path runs are created with (`configs/llama3_debug.toml`).
+    /// The path runs are created with: the folder as [`ConfigsDir::shown`] names it, then the
+    /// name (`configs/llama3_debug.toml`).
     pub path: String,
 }
 
-/// The `*.toml` files directly in `dir`, by name (symlinks only when [`locate`] finds them).
-pub fn list(dir: &Path) -> Vec<ConfigFile> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// The configs folder, and how the API names it.
+#[derive(Clone, Debug)]
+pub struct ConfigsDir {
+    /// The folder.
+    pub dir: PathBuf,
+    /// The folder in the paths the API lists: its path from the runs' working directory when
+    /// it lies inside it (`configs`, `my/configs`), else its own name (`cfgs` for
+    /// `--configs /data/cfgs`).
+    pub shown: String,
+    /// Whether the folder lies inside the working directory.
+    inside: bool,
+}
+
+impl ConfigsDir {
+    /// `dir` as seen from the runs' working directory `work_dir`.
+    pub fn new(dir: &Path, work_dir: &Path) -> ConfigsDir {
+        let inside = dir
+            .strip_prefix(work_dir)
+            .ok()
+            .filter(|rel| !rel.as_os_str().is_empty());
+        let shown = match inside {
+            Some(rel) => rel.to_string_lossy().into_owned(),
+            None => dir
+                .file_name()
+                .map_or_else(|| "configs".into(), |n| n.to_string_lossy().into_owned()),
+        };
+        ConfigsDir {
+            dir: dir.to_path_buf(),
+            shown: shown.trim_end_matches('/').to_string(),
+            inside: inside.is_some(),
+        }
+    }
+
+    /// The API's path of the file `name` in the folder (`configs/tiny.toml`).
+    pub fn path_of(&self, name: &str) -> String {
+        format!("{}/{name}", self.shown)
+    }
+
+    /// The folder as messages name it: `configs/` inside the working directory, else the
+    /// whole path, so the user sees which folder is meant.
+    pub fn display(&self) -> String {
+        match self.inside {
+            true => format!("{}/", self.shown),
+            false => format!("{}/", self.dir.display()),
+        }
+    }
+
+    /// The file name a request means: `<name>`, the listed `<shown>/<name>`, or the file's
+    /// whole path `<dir>/<name>`.
+    fn name_in<'a>(&self, requested: &'a str) -> &'a str {
+        let listed = format!("{}/", self.shown);
+        let whole = format!("{}/", self.dir.display());
+        requested
+            .strip_prefix(&listed)
+            .or_else(|| requested.strip_prefix(&whole))
+            .unwrap_or(requested)
+    }
+}
+
+/// The `*.toml` files directly in the folder, by name (symlinks only when [`locate`] finds
+/// them).
+pub fn list(configs: &ConfigsDir) -> Vec<ConfigFile> {
+    let Ok(entries) = std::fs::read_dir(&configs.dir) else {
         return Vec::new();
     };
     let mut out: Vec<ConfigFile> = entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .filter(|n| locate(dir, n).is_some())
+        .filter(|n| locate(configs, n).is_some())
         .map(|name| ConfigFile {
-            path: format!("configs/{name}"),
+            path: configs.path_of(&name),
             name,
         })
         .collect();
@@ -127,18 +189,19 @@ fn is_config_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
 
-/// Finds a config by `configs/<name>` or `<name>`: only a plain name directly in `dir`, so no
-/// path can reach outside it, and a symlink only when its target is a file inside `dir` too (a
-/// link to `~/.ssh/config.toml` must not be readable through the API). Returns the canonical
-/// `configs/<name>` and the resolved file, which is what must be read.
-pub fn locate(dir: &Path, requested: &str) -> Option<(String, PathBuf)> {
-    let name = requested.strip_prefix("configs/").unwrap_or(requested);
+/// Finds a config by its path as [`list`] gives it (`configs/<name>`, see [`ConfigsDir`]), by
+/// its whole path or by its bare `<name>`: only a plain name directly in the folder, so
+/// no path can reach outside it, and a symlink only when its target is a file inside the
+/// folder too (a link to `~/.ssh/config.toml` must not be readable through the API). Returns
+/// the canonical path and the resolved file, which is what must be read.
+pub fn locate(configs: &ConfigsDir, requested: &str) -> Option<(String, PathBuf)> {
+    let name = configs.name_in(requested);
     if !is_config_name(name) {
         return None;
     }
-    let root = dir.canonicalize().ok()?;
+    let root = configs.dir.canonicalize().ok()?;
     let file = root.join(name).canonicalize().ok()?;
-    (file.starts_with(&root) && file.is_file()).then(|| (format!("configs/{name}"), file))
+    (file.starts_with(&root) && file.is_file()).then(|| (configs.path_of(name), file))
 }
 
 #[cfg(test)]
@@ -159,14 +222,21 @@ mod tests {
         assert_eq!(Kind::parse("train"), Kind::Train);
     }
 
+    /// The folder as `anneal serve` run from its parent sees it (`configs`).
+    fn configs(dir: &Path) -> ConfigsDir {
+        ConfigsDir::new(dir, dir.parent().expect("a parent"))
+    }
+
     #[test]
     fn only_plain_names_inside_the_folder_are_found() {
-        let dir = std::env::temp_dir().join(format!("anneal-configs-{}", std::process::id()));
+        let base = std::env::temp_dir().join(format!("anneal-configs-{}", std::process::id()));
+        let dir = base.join("configs");
         std::fs::create_dir_all(dir.join("sub")).expect("mkdir");
         std::fs::write(dir.join("a.toml"), "x = 1").expect("write");
         std::fs::write(dir.join("sub/b.toml"), "x = 1").expect("write");
-        assert!(locate(&dir, "configs/a.toml").is_some());
-        assert!(locate(&dir, "a.toml").is_some());
+        let dir = &configs(&dir);
+        assert!(locate(dir, "configs/a.toml").is_some());
+        assert!(locate(dir, "a.toml").is_some());
         for bad in [
             "../a.toml",
             "sub/b.toml",
@@ -174,10 +244,36 @@ mod tests {
             "/etc/passwd",
             "a.txt",
         ] {
-            assert!(locate(&dir, bad).is_none(), "{bad}");
+            assert!(locate(dir, bad).is_none(), "{bad}");
         }
-        let names: Vec<String> = list(&dir).into_iter().map(|c| c.name).collect();
+        let names: Vec<String> = list(dir).into_iter().map(|c| c.name).collect();
         assert_eq!(names, ["a.toml"]);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn another_folder_is_named_as_it_is() {
+        let base = std::env::temp_dir().join(format!("anneal-cfgdir-{}", std::process::id()));
+        let dir = base.join("my/cfgs");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("a.toml"), "x = 1").expect("write");
+        let whole = format!("{}/a.toml", dir.display());
+        // Inside the working directory: the path from it.
+        let inside = ConfigsDir::new(&dir, &base);
+        assert_eq!(list(&inside)[0].path, "my/cfgs/a.toml");
+        for asked in ["my/cfgs/a.toml", "a.toml", whole.as_str()] {
+            assert_eq!(locate(&inside, asked).expect("found").0, "my/cfgs/a.toml");
+        }
+        assert!(locate(&inside, "configs/a.toml").is_none());
+        assert_eq!(inside.display(), "my/cfgs/");
+        // Elsewhere: its own name, and the whole path in messages.
+        let outside = ConfigsDir::new(&dir, Path::new("/nonexistent-work-dir"));
+        assert_eq!(list(&outside)[0].path, "cfgs/a.toml");
+        for asked in ["cfgs/a.toml", "a.toml", whole.as_str()] {
+            assert_eq!(locate(&outside, asked).expect("found").0, "cfgs/a.toml");
+        }
+        assert_eq!(outside.display(), format!("{}/", dir.display()));
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]
@@ -195,13 +291,14 @@ mod tests {
         link(Path::new("../secret.toml"), "up.toml");
         link(&base.join("secret.toml"), "abs.toml");
         link(Path::new("missing.toml"), "dangling.toml");
-        let (path, file) = locate(&dir, "configs/alias.toml").expect("an inside link");
+        let configs = configs(&dir);
+        let (path, file) = locate(&configs, "configs/alias.toml").expect("an inside link");
         assert_eq!(path, "configs/alias.toml");
         assert_eq!(std::fs::read_to_string(file).expect("read"), "x = 1");
         for bad in ["up.toml", "abs.toml", "dangling.toml"] {
-            assert!(locate(&dir, bad).is_none(), "{bad}");
+            assert!(locate(&configs, bad).is_none(), "{bad}");
         }
-        let names: Vec<String> = list(&dir).into_iter().map(|c| c.name).collect();
+        let names: Vec<String> = list(&configs).into_iter().map(|c| c.name).collect();
         assert_eq!(names, ["a.toml", "alias.toml"]);
         let _ = std::fs::remove_dir_all(&base);
     }

@@ -43,8 +43,15 @@ fn prefix(key: &str) -> &'static str {
 /// process (the collectives still move host buffers). Applies `training.allow_tf32` (GPU f32
 /// products on TF32) for the process.
 pub fn for_job(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> {
-    let device = resolve(&cfg.job.device, "job.device")?;
+    let device = check(cfg, processes)?;
     anneal_engine::set_allow_tf32(cfg.training.allow_tf32);
+    Ok(device)
+}
+
+/// [`for_job`] without changing anything in this process: what a validation asks (the
+/// server's, before it starts the job).
+pub fn check(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> {
+    let device = resolve(&cfg.job.device, "job.device")?;
     if device != Device::Cpu && processes > 1 {
         return Err(TrainError::Config(format!(
             "config: `job.device` = {}: a job of {processes} processes runs on the CPU for now (on a GPU the trainer runs in one process); set job.device = \"cpu\" or run one process",

@@ -3,7 +3,9 @@
 //!
 //! Data parallelism by replicas (DDP) is what runs: every rank holds the whole model, reads
 //! the same global batch from the same loader (so the data order does not depend on the number
-//! of ranks) and trains on its consecutive share of the step's micro-batches; the gradients are
+//! of ranks) and trains on its consecutive share of the step's micro-batches (or, when their
+//! count does not split over the ranks, on its consecutive rows of every one: [`BatchSplit`]);
+//! the gradients are
 //! summed (each micro-batch's loss already carries `1 / micro-batches`, so the sum is the
 //! average) before the norm, clipping and the optimizer, so every replica applies the same update.
 //! With `dp_shard > 1` the parameters are sharded ([`crate::fsdp`]); `dp_replicate` × `dp_shard`
@@ -19,15 +21,17 @@
 
 use crate::TrainError;
 use anneal_config::JobConfig;
+use anneal_data::Batch;
 use anneal_dist::{Collective, Mesh, MeshDim, Single};
 use anneal_engine::Tensor;
-use std::ops::Range;
 
 /// The trainer's view of the job's processes.
 pub struct Dist {
     mesh: Mesh,
     /// Every data-parallel rank (`dp_replicate` × `dp_shard`): the batch is split over it.
     dp: Box<dyn Collective>,
+    /// How the global batch spreads over `dp`'s ranks.
+    split: BatchSplit,
     /// The `dp_shard` communicator, when parameters are sharded.
     shard: Option<Box<dyn Collective>>,
     /// The `dp_replicate` communicator, when sharded parameters are also replicated (HSDP).
@@ -61,6 +65,7 @@ impl Dist {
         Dist {
             mesh: Mesh::new([1; 6], 1, 0).expect("a mesh of ones fits one process"),
             dp: Box::new(Single::new()),
+            split: BatchSplit::MicroBatches,
             shard: None,
             replicate: None,
             experts: None,
@@ -78,8 +83,8 @@ impl Dist {
     /// than `dp_replicate`, `dp_shard` and `ep`, is a user error naming the keys. Collective
     /// over `world`.
     pub fn new(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
-        let dist = Dist::unbatched(cfg, world)?;
-        dist.check_batch(cfg)?;
+        let mut dist = Dist::unbatched(cfg, world)?;
+        dist.split = batch_split(cfg, &dist.mesh)?;
         Ok(dist)
     }
 
@@ -87,37 +92,12 @@ impl Dist {
     /// micro-batches per rank: for `anneal rl`, whose ranks split a step's prompts instead.
     pub fn unbatched(cfg: &JobConfig, world: &dyn Collective) -> Result<Dist, TrainError> {
         let mesh = Mesh::new(cfg.parallelism.degrees(), world.size(), world.rank())?;
-        for dim in MeshDim::ALL {
-            if !matches!(
-                dim,
-                MeshDim::DpReplicate
-                    | MeshDim::DpShard
-                    | MeshDim::Ep
-                    | MeshDim::Pp
-                    | MeshDim::Cp
-                    | MeshDim::Tp
-            ) && mesh.degree(dim) > 1
-            {
-                return Err(TrainError::Config(format!(
-                    "config: `parallelism.{}` resolves to {}: only data (dp_replicate, dp_shard), expert (ep), pipeline (pp), context (cp) and tensor (tp) parallelism run across processes so far; set parallelism.{} = 1",
-                    dim.key(),
-                    mesh.degree(dim),
-                    dim.key()
-                )));
-            }
-        }
+        check_mesh(cfg, &mesh)?;
         let (rep, shard) = (
             mesh.degree(MeshDim::DpReplicate),
             mesh.degree(MeshDim::DpShard),
         );
         let pp = mesh.degree(MeshDim::Pp);
-        if pp > 1 && shard > 1 && cfg.parallelism.fsdp_all_gather_dtype != "float32" {
-            return Err(TrainError::Config(format!(
-                "config: `parallelism.fsdp_all_gather_dtype` = \"{}\" with `parallelism.pp` ({pp}): pipeline stages gather their shards in float32; set parallelism.fsdp_all_gather_dtype = \"float32\"",
-                cfg.parallelism.fsdp_all_gather_dtype
-            )));
-        }
-        crate::cp::check_mesh(cfg, &mesh)?;
         // Every rank splits the same communicators in the same order (collective calls).
         let dp = if world.size() == 1 {
             Box::new(Single::new()) as Box<dyn Collective>
@@ -199,6 +179,7 @@ impl Dist {
         let dist = Dist {
             mesh,
             dp,
+            split: BatchSplit::MicroBatches,
             shard,
             replicate,
             experts,
@@ -210,20 +191,6 @@ impl Dist {
             tp_save,
         };
         Ok(dist)
-    }
-
-    /// The global batch must split into whole micro-batches per data-parallel rank.
-    fn check_batch(&self, cfg: &JobConfig) -> Result<(), TrainError> {
-        let t = &cfg.training;
-        let n = self.dp.size();
-        let micro = t.batch_size / t.micro_batch_size;
-        if !micro.is_multiple_of(n) {
-            return Err(TrainError::Config(format!(
-                "config: `training.batch_size` ({}) / `training.micro_batch_size` ({}) = {micro} micro-batches per step do not split evenly over {n} data-parallel ranks (parallelism.dp_replicate); make the micro-batch count a multiple of {n}",
-                t.batch_size, t.micro_batch_size
-            )));
-        }
-        Ok(())
     }
 
     /// This process's rank in the data-parallel group.
@@ -239,6 +206,11 @@ impl Dist {
     /// The resolved mesh.
     pub fn mesh(&self) -> &Mesh {
         &self.mesh
+    }
+
+    /// The resolved mesh's degrees.
+    pub fn degrees(&self) -> crate::preflight::Degrees {
+        crate::preflight::Degrees::of(&self.mesh)
     }
 
     /// The data-parallel communicator.
@@ -360,10 +332,73 @@ impl Dist {
         Ok(flags.into_iter().map(|f| f > 0.0).collect())
     }
 
-    /// The step's micro-batches (of `n_micro`, in loader order) this rank trains on.
-    pub fn my_micro_batches(&self, n_micro: usize) -> Range<usize> {
-        let per = n_micro / self.size();
-        self.rank() * per..(self.rank() + 1) * per
+    /// How the step's global batch spreads over the data-parallel ranks.
+    pub fn batch_split(&self) -> BatchSplit {
+        self.split
+    }
+
+    /// How many micro-batches of a step of `n_micro` this rank trains on.
+    pub fn local_micro_batches(&self, n_micro: usize) -> usize {
+        match self.split {
+            BatchSplit::MicroBatches => n_micro / self.size(),
+            BatchSplit::Rows { .. } => n_micro,
+        }
+    }
+
+    /// This rank's part of the step's micro-batch `i` (of `n_micro`, in loader order): the
+    /// whole of it when it is one of this rank's consecutive micro-batches, its consecutive
+    /// rows of it under a row split, `None` when another rank trains on it.
+    pub fn local_batch(&self, i: usize, n_micro: usize, b: Batch) -> Option<Batch> {
+        match self.split {
+            BatchSplit::MicroBatches => {
+                let per = n_micro / self.size();
+                (self.rank() * per..(self.rank() + 1) * per)
+                    .contains(&i)
+                    .then_some(b)
+            }
+            BatchSplit::Rows { rows } => {
+                let (from, to) = (
+                    self.rank() * rows * b.seq_len,
+                    (self.rank() + 1) * rows * b.seq_len,
+                );
+                Some(Batch {
+                    inputs: b.inputs[from..to].to_vec(),
+                    targets: b.targets[from..to].to_vec(),
+                    batch: rows,
+                    seq_len: b.seq_len,
+                })
+            }
+        }
+    }
+
+    /// How many equal parts of the step one rank's micro-batch is (each part's mean loss
+    /// carries `1 / parts`, so the sum over ranks and micro-batches is the step's mean): the
+    /// step's micro-batches, times the ranks sharing each under a row split.
+    pub fn loss_parts(&self, n_micro: usize) -> usize {
+        match self.split {
+            BatchSplit::MicroBatches => n_micro,
+            BatchSplit::Rows { .. } => n_micro * self.size(),
+        }
+    }
+
+    /// The step's micro-batch losses, in loader order, from every data-parallel rank's losses
+    /// of its micro-batches (`gathered`: rank by rank): as they are when each rank trained on
+    /// whole micro-batches, each micro-batch's ranks' means averaged (in rank order) under a
+    /// row split.
+    pub fn micro_batch_losses(&self, gathered: Vec<f32>) -> Vec<f32> {
+        match self.split {
+            BatchSplit::MicroBatches => gathered,
+            BatchSplit::Rows { .. } => {
+                let ranks = self.size();
+                let per = gathered.len() / ranks.max(1);
+                (0..per)
+                    .map(|i| {
+                        let sum: f64 = (0..ranks).map(|r| f64::from(gathered[r * per + i])).sum();
+                        (sum / ranks as f64) as f32
+                    })
+                    .collect()
+            }
+        }
     }
 
     /// Sums the parameters' gradients over the data-parallel ranks, in f32, in one buffer. A
@@ -477,6 +512,76 @@ impl Dist {
     pub fn comm_bytes(&self) -> u64 {
         self.dp.comm_bytes()
     }
+}
+
+/// How a step's global batch (`training.batch_size` rows in micro-batches of
+/// `training.micro_batch_size`) spreads over the data-parallel ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BatchSplit {
+    /// Each rank trains on its consecutive share of the step's whole micro-batches (the step's
+    /// losses then add up in the single process's order).
+    MicroBatches,
+    /// The micro-batches do not split over the ranks but their rows do (TorchTitan's local
+    /// batch): every rank trains on every micro-batch, on its `rows` consecutive rows of it.
+    Rows {
+        /// Rows of each micro-batch per rank: `micro_batch_size / ranks`.
+        rows: usize,
+    },
+}
+
+/// The checks of the mesh against the rest of the config that need no process: the
+/// pipeline's gathers, context parallelism's sequence cut. User errors naming the keys.
+pub(crate) fn check_mesh(cfg: &JobConfig, mesh: &Mesh) -> Result<(), TrainError> {
+    let (shard, pp) = (mesh.degree(MeshDim::DpShard), mesh.degree(MeshDim::Pp));
+    if pp > 1 && shard > 1 && cfg.parallelism.fsdp_all_gather_dtype != "float32" {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.fsdp_all_gather_dtype` = \"{}\" with `parallelism.pp` ({pp}): pipeline stages gather their shards in float32; set parallelism.fsdp_all_gather_dtype = \"float32\"",
+            cfg.parallelism.fsdp_all_gather_dtype
+        )));
+    }
+    crate::cp::check_mesh(cfg, mesh)
+}
+
+/// How `mesh`'s data-parallel ranks split the global batch: by whole micro-batches when their
+/// count divides by the ranks, else by rows when `training.micro_batch_size` does; neither is
+/// a user error naming the keys that set the ranks.
+pub(crate) fn batch_split(cfg: &JobConfig, mesh: &Mesh) -> Result<BatchSplit, TrainError> {
+    let t = &cfg.training;
+    let n = mesh.degree(MeshDim::DpReplicate) * mesh.degree(MeshDim::DpShard);
+    let micro = t.batch_size / t.micro_batch_size;
+    if micro.is_multiple_of(n) {
+        return Ok(BatchSplit::MicroBatches);
+    }
+    if t.micro_batch_size.is_multiple_of(n) {
+        return Ok(BatchSplit::Rows {
+            rows: t.micro_batch_size / n,
+        });
+    }
+    Err(TrainError::Config(format!(
+        "config: `training.batch_size` ({}) / `training.micro_batch_size` ({}) = {micro} micro-batch(es) per step, and neither they nor the {} rows of a micro-batch split evenly over the {n} data-parallel ranks ({}); make the micro-batch count or training.micro_batch_size a multiple of {n}",
+        t.batch_size,
+        t.micro_batch_size,
+        t.micro_batch_size,
+        dp_keys(cfg, mesh)
+    )))
+}
+
+/// The keys that make the data-parallel ranks, as set: `parallelism.dp_shard = 2`, with a
+/// `-1` shown with what it resolved to.
+fn dp_keys(cfg: &JobConfig, mesh: &Mesh) -> String {
+    let p = &cfg.parallelism;
+    let keys: Vec<String> = [
+        ("dp_replicate", p.dp_replicate, MeshDim::DpReplicate),
+        ("dp_shard", p.dp_shard, MeshDim::DpShard),
+    ]
+    .into_iter()
+    .filter(|&(_, _, dim)| mesh.degree(dim) > 1)
+    .map(|(key, set, dim)| match set {
+        -1 => format!("parallelism.{key} = -1, here {}", mesh.degree(dim)),
+        _ => format!("parallelism.{key} = {set}"),
+    })
+    .collect();
+    keys.join(" × ")
 }
 
 /// FNV-1a over the tensors' bytes in name order: cheap, and any differing bit shows.

@@ -16,6 +16,7 @@ pub mod memory;
 mod metrics;
 pub mod outputs;
 mod pp;
+pub mod preflight;
 mod run;
 mod schedule;
 mod tp;
@@ -24,7 +25,7 @@ mod tp_infer;
 mod trainer;
 
 pub use context::RankRing;
-pub use dist::Dist;
+pub use dist::{BatchSplit, Dist};
 pub use fsdp::FsdpPolicy;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use run::{run, run_dist, RunSummary};
@@ -82,6 +83,15 @@ pub enum TrainError {
     /// A collective between the job's processes failed.
     #[error("distributed: {0}")]
     Dist(#[from] anneal_dist::DistError),
+    /// An error about what the config key `key` names (a plugin, the data, the device).
+    #[error("config: `{key}`: {source}")]
+    At {
+        /// The dotted key path (`model.plugin`, `data.path`).
+        key: String,
+        /// What went wrong there.
+        #[source]
+        source: Box<TrainError>,
+    },
     /// Reading or writing a run file.
     #[error("{}: {source}", path.display())]
     Io {
@@ -93,10 +103,52 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// `self` as being about the config key `key` (which the message then names first).
+    pub fn at(self, key: &str) -> TrainError {
+        TrainError::At {
+            key: key.to_string(),
+            source: Box::new(self),
+        }
+    }
+
+    /// The config key this error is about, when it names one: the key of a `config: `key`: ..`
+    /// message, of a mesh that does not fit (`parallelism.*`), of the data (`data.path`, or
+    /// `data.tokenizer` for a tokenizer file). What `anneal serve` reports a problem under.
+    pub fn key_path(&self) -> Option<String> {
+        use anneal_data::DataError as D;
+        use anneal_dist::MeshError as M;
+        match self {
+            TrainError::At { key, .. } => Some(key.clone()),
+            TrainError::Config(message) => {
+                let rest = message.strip_prefix("config: `")?;
+                let key = &rest[..rest.find('`')?];
+                let plain = !key.is_empty()
+                    && key
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']'));
+                plain.then(|| key.to_string())
+            }
+            TrainError::Mesh(e) => Some(match e {
+                M::BadDegree { key, .. } => format!("parallelism.{key}"),
+                M::TwoWildcards { second, .. } => format!("parallelism.{second}"),
+                M::EpNotDividing { .. } => "parallelism.ep".into(),
+                M::WorldSize { .. } => "parallelism".into(),
+            }),
+            TrainError::Data(D::Tokenizer { .. } | D::NoEos { .. }) => {
+                Some("data.tokenizer".into())
+            }
+            TrainError::Data(_) => Some("data.path".into()),
+            _ => None,
+        }
+    }
+
     /// Whether the user can fix this by changing the config, the data or the plugins (the CLI
     /// exits with code 2 for these).
     pub fn is_user_error(&self) -> bool {
         use crate::checkpoint::CheckpointError as C;
+        if let TrainError::At { source, .. } = self {
+            return source.is_user_error();
+        }
         matches!(
             self,
             TrainError::Config(_)

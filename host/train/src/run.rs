@@ -52,11 +52,15 @@ pub fn run_dist(
     let cfg = &crate::harness::with_model_plugin(cfg)?;
     let dist = Dist::new(cfg, world)?;
     let (main, ranks) = (world.rank() == 0, world.size());
+    // A run dir another process holds is refused before anything loads; what else can be
+    // refused cheaply is, before any expensive work (a start refused here leaves no run dir it
+    // made, see `RunDir`).
     let run = if main {
         Some(RunDir::open(run_dir)?)
     } else {
         None
     };
+    let checked = crate::preflight::train(cfg, ranks)?;
     let total = cfg.training.steps;
     let mut console = Console::new(total, 0, cfg.metrics.progress_bar && main);
     console.note(&format!("run dir: {}", run_dir.display()));
@@ -67,12 +71,20 @@ pub fn run_dist(
             dist.mesh().describe()
         ));
     }
+    if let crate::BatchSplit::Rows { rows } = dist.batch_split() {
+        console.note(&format!(
+            "data parallel: the {} micro-batch(es) of a step do not split over the {} data-parallel ranks, so each rank trains on {rows} of the {} rows of every one",
+            cfg.training.batch_size / cfg.training.micro_batch_size,
+            dist.size(),
+            cfg.training.micro_batch_size
+        ));
+    }
     // Rank 0 builds (and caches) the tokenizer and the tokenized corpus before the others
     // read them, so no two processes write one cache file; if it fails, so do they.
     if !main {
         led_by_rank0(world, Ok::<_, TrainError>(()))?;
     }
-    let trainer = Trainer::with_dist(cfg, dist, &|m| console.note(m));
+    let trainer = Trainer::from_preflight(cfg, dist, checked, &|m| console.note(m));
     let mut trainer = match main {
         true => led_by_rank0(world, trainer)?,
         false => trainer?,

@@ -285,8 +285,22 @@ impl DeepseekArgs {
             }
             Ok(())
         };
-        if let Some(dense) = &self.dense_layers {
-            in_range("dense_layers", dense)?;
+        match &self.dense_layers {
+            Some(dense) => in_range("dense_layers", dense)?,
+            // A count that covers every block leaves no MoE layer: the experts configured
+            // would never run, which is almost always a slip (a layer count lowered for a
+            // small run). A dense model on purpose says so by listing its blocks.
+            None if self.first_k_dense >= self.n_layers => {
+                return Err(format!(
+                    "first_k_dense (first_k_dense_replace) = {} makes all {} blocks dense (n_layers), so the model has no MoE layer and never uses its {} experts; set it below {}, or for a dense model on purpose list every block in dense_layers ([0, .., {}])",
+                    self.first_k_dense,
+                    self.n_layers,
+                    self.n_experts,
+                    self.n_layers,
+                    self.n_layers.saturating_sub(1)
+                ))
+            }
+            None => {}
         }
         // That layout's config.json names the dense blocks by their count
         // (`first_k_dense_replace`).
@@ -523,9 +537,11 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         Some(n) => n,
         None => f.need_uint("num_local_experts")?,
     };
+    let n_layers = f.need_uint("num_hidden_layers")?;
+    let first_k_dense = f.uint("first_k_dense_replace")?.unwrap_or(0);
     let args = DeepseekArgs {
         dim: f.need_uint("hidden_size")?,
-        n_layers: f.need_uint("num_hidden_layers")?,
+        n_layers,
         n_heads: f.need_uint("num_attention_heads")?,
         vocab_size: f.need_uint("vocab_size")?,
         norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-6),
@@ -539,7 +555,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         v_head_dim: f.need_uint("v_head_dim")?,
         rope_interleave: f.bool("rope_interleave")?.unwrap_or(true),
         ffn_dim: f.need_uint("intermediate_size")?,
-        first_k_dense: f.uint("first_k_dense_replace")?.unwrap_or(0),
+        first_k_dense,
         n_experts,
         top_k: f.need_uint("num_experts_per_tok")?,
         expert_ffn_dim: f.need_uint("moe_intermediate_size")?,
@@ -557,7 +573,9 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         dtype: "f32".into(),
         hf_model_type: model_type.to_string(),
         mla_rope: true,
-        dense_layers: None,
+        // A checkpoint whose every block is dense says so on purpose (its weights hold no
+        // experts there), which the arguments spell as the full list.
+        dense_layers: (first_k_dense >= n_layers).then(|| (0..n_layers).collect()),
         kda: None,
         hf_released_layout: false,
     };
@@ -619,5 +637,31 @@ mod tests {
             let e = from_hf_config(&c).unwrap_err();
             assert!(e.contains(want), "{k}: {e}");
         }
+    }
+
+    #[test]
+    fn no_moe_layer_is_refused_unless_the_dense_blocks_are_listed() {
+        let mut a = flavor("debugmodel").unwrap();
+        for k in [a.n_layers, a.n_layers + 3] {
+            a.first_k_dense = k;
+            let e = a.validate().unwrap_err();
+            assert!(e.starts_with("first_k_dense"), "{e}");
+            assert!(
+                e.contains("no MoE layer") && e.contains("dense_layers"),
+                "{e}"
+            );
+        }
+        a.first_k_dense = a.n_layers - 1;
+        a.validate().unwrap();
+        // A dense model on purpose: every block listed.
+        a.first_k_dense = a.n_layers;
+        a.dense_layers = Some((0..a.n_layers).collect());
+        a.validate().unwrap();
+        assert!((0..a.n_layers).all(|i| !a.is_sparse(i)));
+        // A checkpoint whose config.json makes every block dense reads as that list.
+        let mut c = tiny();
+        c["first_k_dense_replace"] = json!(3);
+        let hf = from_hf_config(&c).unwrap();
+        assert_eq!(hf.dense_layers, Some(vec![0, 1, 2]));
     }
 }

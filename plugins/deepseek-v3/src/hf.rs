@@ -29,7 +29,8 @@ pub fn adapter(a: &DeepseekArgs) -> HfAdapter {
         "qk_nope_head_dim": a.qk_nope_head_dim,
         "qk_rope_head_dim": a.qk_rope_head_dim,
         "v_head_dim": a.v_head_dim,
-        "first_k_dense_replace": a.first_k_dense,
+        // The leading dense blocks, so a model listing all its blocks dense reads back so.
+        "first_k_dense_replace": (0..a.n_layers).take_while(|&i| !a.is_sparse(i)).count(),
         "n_routed_experts": a.n_experts,
         "num_experts_per_tok": a.top_k,
         "n_shared_experts": a.n_shared_experts,

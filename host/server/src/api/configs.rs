@@ -2,7 +2,7 @@
 //! a new run's config passes (the same for both).
 
 use super::{ApiError, ApiResult};
-use crate::config::{self, Kind, Problem};
+use crate::config::{self, ConfigsDir, Kind, Problem};
 use crate::AppState;
 use anneal_reward::{MemberSpec, RewardSet, SetError};
 use axum::extract::{Path, State};
@@ -11,9 +11,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// The config files under `configs/`.
+/// The config files of the configs folder.
 pub async fn list(State(state): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!(config::list(&state.options.configs_dir)))
+    Json(json!(config::list(&configs_dir(&state))))
+}
+
+/// The configs folder (`--configs`), named as seen from the runs' working directory.
+pub fn configs_dir(state: &AppState) -> ConfigsDir {
+    ConfigsDir::new(&state.options.configs_dir, &state.options.work_dir)
 }
 
 /// One config file's text.
@@ -25,22 +30,25 @@ pub async fn show(
     Ok(Json(json!({ "name": name, "path": path, "text": text })))
 }
 
-/// Reads `configs/<name>`; anything else is a 404.
+/// Reads a file of the configs folder (by its listed path or its name); anything else is a
+/// 404 naming the folder.
 pub fn read_config(state: &AppState, requested: &str) -> ApiResult<(String, String)> {
-    let (path, file) = config::locate(&state.options.configs_dir, requested)
-        .ok_or_else(|| ApiError::not_found(format!("no config '{requested}' in configs/")))?;
+    let configs = configs_dir(state);
+    let (path, file) = config::locate(&configs, requested).ok_or_else(|| {
+        ApiError::not_found(format!("no config '{requested}' in {}", configs.display()))
+    })?;
     let text = std::fs::read_to_string(&file)
         .map_err(|e| ApiError::internal(format!("cannot read {path}: {e}")))?;
     Ok((path, text))
 }
 
-/// A config to check: inline text or a file under `configs/`, plus overrides, plus (for RL jobs)
-/// reward modules picked from those uploaded.
+/// A config to check: inline text or a file of the configs folder, plus overrides, plus (for RL
+/// jobs) reward modules picked from those uploaded.
 #[derive(Deserialize)]
 pub struct ConfigRequest {
     /// Inline TOML.
     pub config: Option<String>,
-    /// `configs/<file>`.
+    /// A file of the configs folder: its path as `GET /api/configs` lists it, or its name.
     pub config_path: Option<String>,
     /// `key.path=value` overrides.
     #[serde(default)]
@@ -67,20 +75,23 @@ fn one() -> f64 {
 
 /// A config that resolved: what a run is created with.
 pub struct Checked {
-    /// The config text as given (or as read from `configs/`).
+    /// The config text as given (or as read from the configs folder).
     pub text: String,
     /// The full resolved config as TOML.
     pub resolved: String,
-    /// `configs/<file>`, when it came from one.
+    /// The file's path in the configs folder, when it came from one.
     pub path: Option<String>,
     /// The overrides the process gets: the request's, then `rl.rewards` for picked modules.
     pub overrides: Vec<String>,
     /// Training or RL.
     pub kind: Kind,
+    /// What the run will say about the config at its start (prompts it leaves out).
+    pub notes: Vec<String>,
 }
 
 impl ConfigRequest {
-    /// The text and the name to resolve it under, and the `configs/` path when there is one.
+    /// The text and the name to resolve it under, and the configs folder's path when there is
+    /// one.
     pub fn source(&self, state: &AppState) -> ApiResult<(String, String, Option<String>)> {
         match (&self.config, &self.config_path) {
             (Some(text), None) => Ok((text.clone(), "config".into(), None)),
@@ -88,15 +99,19 @@ impl ConfigRequest {
                 let (path, text) = read_config(state, p)?;
                 Ok((text, path.clone(), Some(path)))
             }
-            _ => Err(ApiError::bad_request(
-                "give exactly one of \"config\" (TOML text) and \"config_path\" (configs/<file>)",
-            )),
+            _ => Err(ApiError::bad_request(format!(
+                "give exactly one of \"config\" (TOML text) and \"config_path\" (a file of {})",
+                configs_dir(state).display()
+            ))),
         }
     }
 
     /// Resolves the config (a 422 with the problem by key path when it does not), and for an RL
     /// job loads its reward modules as the run will (a module that does not load or does not
-    /// match the reward ABI is a 422 naming `rl.rewards[i].path`).
+    /// match the reward ABI is a 422 naming `rl.rewards[i].path`). Then makes the run's own
+    /// up-front checks ([`anneal_train::preflight::train`], [`anneal_rl::preflight`]: the
+    /// mesh, the device, the plugins and the model's context, the data or the prompts), so a
+    /// config called valid here does not fail at start for any of them.
     pub fn check(&self, state: &AppState) -> ApiResult<Checked> {
         let (text, name, path) = self.source(state)?;
         let mut overrides = self.overrides.clone();
@@ -109,14 +124,32 @@ impl ConfigRequest {
         if kind == Kind::Rl {
             check_rewards(state, &cfg)?;
         }
+        let notes = preflight(&cfg, kind)?;
         Ok(Checked {
             text,
             resolved: cfg.to_toml(),
             path,
             overrides,
             kind,
+            notes,
         })
     }
+}
+
+/// The run's up-front checks, with the processes the server starts it with; a refusal is a 422
+/// under the key it names.
+fn preflight(cfg: &anneal_config::JobConfig, kind: Kind) -> ApiResult<Vec<String>> {
+    let processes = config::processes(cfg);
+    let checked = match kind {
+        Kind::Train => anneal_train::preflight::train(cfg, processes).map(|_| Vec::new()),
+        Kind::Rl => anneal_rl::preflight(cfg, processes),
+    };
+    checked.map_err(|e| {
+        ApiError::invalid_config(vec![Problem {
+            key_path: e.key_path(),
+            message: e.to_string(),
+        }])
+    })
 }
 
 fn problem(key_path: &str, message: impl Into<String>) -> ApiError {
@@ -188,8 +221,8 @@ fn check_rewards(state: &AppState, cfg: &anneal_config::JobConfig) -> ApiResult<
     }
 }
 
-/// Resolves a config: `200 {"ok":true,"kind":"train"|"rl","resolved":"<toml>","overrides":[..]}`
-/// or `422` with the problems.
+/// Resolves and checks a config: `200 {"ok":true,"kind":"train"|"rl","resolved":"<toml>",
+/// "overrides":[..],"notes":[..]}` or `422` with the problems.
 pub async fn validate(
     State(state): State<Arc<AppState>>,
     Json(request): Json<ConfigRequest>,
@@ -205,5 +238,6 @@ pub async fn validate(
         "kind": checked.kind,
         "resolved": checked.resolved,
         "overrides": checked.overrides,
+        "notes": checked.notes,
     })))
 }

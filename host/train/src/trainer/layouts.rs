@@ -44,7 +44,9 @@ impl Trainer {
             self.tp = Some(layout);
         }
         if let Some(comm) = self.dist.pp() {
-            let micro = t.batch_size / t.micro_batch_size / self.dist.size();
+            let micro = self
+                .dist
+                .local_micro_batches(t.batch_size / t.micro_batch_size);
             let all = std::mem::take(&mut self.named);
             let buffers = std::mem::take(&mut self.buffers);
             let (pipeline, mine, my_buffers) =

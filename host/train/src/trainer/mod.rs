@@ -8,7 +8,7 @@ mod state;
 use crate::dist::Dist;
 use crate::ep::{ActiveGroup, ExpertGroup};
 use crate::fsdp::{Active, Fsdp, Hook, Units};
-use crate::harness::{clip_grads, global_grad_norm, load_model, load_optimizer, Provenance};
+use crate::harness::{clip_grads, global_grad_norm, Provenance};
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
@@ -117,13 +117,29 @@ impl Trainer {
     /// (initialisation depends on the seed only) and reads the same batches; `dist` says which
     /// share of each step this rank trains on.
     pub fn with_dist(cfg: &JobConfig, dist: Dist, note: &dyn Fn(&str)) -> Result<Self, TrainError> {
+        let checked = crate::preflight::train(cfg, dist.mesh().world_size())?;
+        Self::from_preflight(cfg, dist, checked, note)
+    }
+
+    /// [`Trainer::with_dist`] after its up-front checks ([`crate::preflight::train`]), going
+    /// on with what they built: the device, the plugins and the corpus files.
+    pub fn from_preflight(
+        cfg: &JobConfig,
+        dist: Dist,
+        checked: crate::preflight::Preflight,
+        note: &dyn Fn(&str),
+    ) -> Result<Self, TrainError> {
         let d = &cfg.data;
         let t = &cfg.training;
-        // Before any data work: a device that cannot run fails at once, in one line.
-        let device = crate::device::for_job(cfg, dist.mesh().world_size())?;
+        let crate::preflight::Preflight {
+            device,
+            model,
+            optimizer,
+            files,
+        } = checked;
+        anneal_engine::set_allow_tf32(t.allow_tf32);
         let data_path = PathBuf::from(&d.path);
         let cache_dir = PathBuf::from(&d.cache_dir);
-        let files = anneal_data::discover_files(&data_path)?;
         note(&format!(
             "data: {} file(s) under {}",
             files.len(),
@@ -152,23 +168,12 @@ impl Trainer {
             tokenizer_sha256: tokenizer.sha256()?,
             data_sha256: dataset.train_sha256(),
         };
-        let model = load_model(cfg)?;
         let spec = model.spec();
-        if tokenizer.vocab_size() > spec.vocab_size {
-            return Err(TrainError::Config(format!(
-                "config: `model.args.vocab_size`: the model has {} embeddings but the tokenizer has {} tokens; set model.args.vocab_size to at least {}",
-                spec.vocab_size,
-                tokenizer.vocab_size(),
-                tokenizer.vocab_size()
-            )));
-        }
-        if t.seq_len > spec.max_seq_len {
-            return Err(TrainError::Config(format!(
-                "config: `training.seq_len`: {} is longer than the model's max_seq_len {}",
-                t.seq_len, spec.max_seq_len
-            )));
-        }
-        crate::memory::check(cfg, spec, crate::memory::Workload::Train)?;
+        crate::preflight::vocab(
+            spec,
+            tokenizer.vocab_size(),
+            &tokenizer_path.to_string_lossy(),
+        )?;
         let initial = match &cfg.checkpoint.init_from_hf {
             Some(dir) => {
                 note(&format!(
@@ -191,8 +196,6 @@ impl Trainer {
             named.iter().map(|(_, p)| p.numel()).sum::<usize>(),
             spec.n_layers
         ));
-
-        let optimizer = load_optimizer(cfg)?;
 
         let loader = PackedLoader::new(dataset.train.into(), t.seq_len, t.seed, d.shuffle)?;
         let val_batches = if cfg.metrics.eval_freq > 0 && dataset.val.len() > t.seq_len {
@@ -431,16 +434,18 @@ impl Trainer {
         let units = self.units.clone();
         let (_active, opts) = self.block_forward(true)?;
         // Every rank reads the whole global batch (so the order never depends on the number of
-        // ranks) and trains on its own consecutive micro-batches.
-        let mine = self.dist.my_micro_batches(n_micro);
-        let mut losses = Vec::with_capacity(mine.len());
+        // ranks) and trains on its own consecutive micro-batches, or on its rows of each.
+        let mut losses = Vec::with_capacity(self.dist.local_micro_batches(n_micro));
         let mut outputs = StepOutputs::default();
         let mut pp_batches = Vec::new();
+        // Each part's mean loss weighs 1 / parts: the step's mean once summed over the ranks
+        // (each of the cp ranks holds as many tokens of a sequence).
+        let parts = self.dist.loss_parts(n_micro) * self.cp.as_ref().map_or(1, |c| c.size());
         for i in 0..n_micro {
             let b = self.loader.next_batch(t.micro_batch_size);
-            if !mine.contains(&i) {
+            let Some(b) = self.dist.local_batch(i, n_micro, b) else {
                 continue;
-            }
+            };
             if self.pipeline.is_some() {
                 // Under context parallelism the stages run on this rank's part of each sequence.
                 pp_batches.push(match &self.cp {
@@ -460,8 +465,6 @@ impl Trainer {
                 Some(aux) => loss.add(&aux)?,
                 None => loss,
             };
-            // Each of the cp ranks holds as many tokens: its mean over cp sums to the whole's.
-            let parts = n_micro * self.cp.as_ref().map_or(1, |c| c.size());
             let loss = if parts > 1 {
                 loss.mul_scalar(1.0 / parts as f32)?
             } else {
@@ -501,8 +504,8 @@ impl Trainer {
                 opts: stage_opts.as_ref().unwrap_or(&opts),
                 amp: anneal_engine::DType::parse(&t.dtype),
                 aux_weights: &t.aux_loss_weights,
-                // Each cp rank's mean over its tokens, as without stages.
-                scale: Some(n_micro * self.cp.as_ref().map_or(1, |c| c.size()))
+                // Each part's mean over its tokens, as without stages.
+                scale: Some(parts)
                     .filter(|&parts| parts > 1)
                     .map(|parts| 1.0 / parts as f32),
             };
@@ -529,10 +532,11 @@ impl Trainer {
         let distributed = self.dist.grads().size() > 1;
         let mut fsdp_figures = None;
         if distributed {
-            losses = match &self.cp {
+            let gathered = match &self.cp {
                 Some(cp) => cp.micro_batch_losses(self.dist.grads(), &losses)?,
                 None => self.dist.gather_f32(&losses)?,
             };
+            losses = self.dist.micro_batch_losses(gathered);
             outputs.reduce_across(self.dist.grads())?;
             match &units {
                 Some(u) => {

@@ -1,0 +1,236 @@
+//! The checks a run makes before any expensive work (tokenizing the corpus, drawing weights),
+//! in one place, so that `anneal serve`'s validation
+//! (`POST /api/configs/validate`, run creation) asks exactly what the run will: a config the
+//! server calls valid does not fail at start for any of these, and one it refuses names the key.
+//!
+//! - the mesh of `[parallelism]` against the job's processes and the batch ([`crate::Dist`]'s
+//!   checks, without communicators);
+//! - the device (`job.device`: a CUDA device is probed, its libraries and the device itself);
+//! - the model and optimizer plugins with their flavor and arguments, the model's context
+//!   (`training.seq_len` ≤ its `max_seq_len`) and vocabulary, and the memory estimate;
+//! - the data: `data.path` names readable corpus files (the first document of each JSON Lines
+//!   file is checked; the corpus is not read or tokenized here), and a tokenizer file loads.
+//!
+//! Errors carry the key they are about ([`TrainError::key_path`]).
+
+use crate::harness::{load_model, load_optimizer};
+use crate::memory::Workload;
+use crate::TrainError;
+use anneal_config::JobConfig;
+use anneal_engine::Device;
+use anneal_plugin_api::spec::ModelSpec;
+use anneal_runtime::plugins::{PluginError, PluginModel, PluginOptimizer};
+use std::path::PathBuf;
+
+/// What the checks of a training run built on the way, which the run goes on with.
+pub struct Preflight {
+    /// The job's device (`job.device`), usable here.
+    pub device: Device,
+    /// The model plugin with the config's flavor and arguments.
+    pub model: PluginModel,
+    /// The optimizer plugin with its arguments.
+    pub optimizer: PluginOptimizer,
+    /// The corpus files under `data.path`, sorted.
+    pub files: Vec<PathBuf>,
+}
+
+/// The checks of `anneal train` for a job of `processes` processes (see the module docs).
+pub fn train(cfg: &JobConfig, processes: usize) -> Result<Preflight, TrainError> {
+    layout(cfg, processes)?;
+    let device = crate::device::check(cfg, processes)?;
+    let (model, optimizer) = plugins(cfg)?;
+    context(cfg, model.spec(), Workload::Train)?;
+    let files = data(cfg)?;
+    if cfg.data.tokenizer != "train" {
+        // A tokenizer file that does not load, or has more tokens than the model embeddings.
+        let path = PathBuf::from(&cfg.data.tokenizer);
+        let tokenizer = anneal_data::TextTokenizer::from_file(&path)
+            .map_err(|e| TrainError::from(e).at("data.tokenizer"))?;
+        vocab(model.spec(), tokenizer.vocab_size(), &cfg.data.tokenizer)?;
+    } else {
+        // A trained tokenizer has at most data.vocab_size tokens.
+        vocab(model.spec(), cfg.data.vocab_size, "data.vocab_size")?;
+    }
+    Ok(Preflight {
+        device,
+        model,
+        optimizer,
+        files,
+    })
+}
+
+/// The mesh `[parallelism]` asks for over `processes` processes, as rank 0 sees it, and how
+/// the global batch splits over its data-parallel ranks.
+pub fn layout(cfg: &JobConfig, processes: usize) -> Result<Degrees, TrainError> {
+    let mesh = checked_mesh(cfg, processes)?;
+    crate::dist::batch_split(cfg, &mesh)?;
+    Ok(Degrees::of(&mesh))
+}
+
+/// The degrees of the mesh `[parallelism]` asks for over `processes` processes, checked
+/// against the rest of the config (what [`crate::Dist`] refuses before any communicator).
+pub fn mesh(cfg: &JobConfig, processes: usize) -> Result<Degrees, TrainError> {
+    Ok(Degrees::of(&checked_mesh(cfg, processes)?))
+}
+
+fn checked_mesh(cfg: &JobConfig, processes: usize) -> Result<anneal_dist::Mesh, TrainError> {
+    let mesh = anneal_dist::Mesh::new(cfg.parallelism.degrees(), processes, 0)?;
+    crate::dist::check_mesh(cfg, &mesh)?;
+    Ok(mesh)
+}
+
+/// A resolved mesh's degrees (a `-1` replaced by what it takes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Degrees {
+    /// Pipeline stages.
+    pub pp: usize,
+    /// Data-parallel replicas.
+    pub dp_replicate: usize,
+    /// Data-parallel shards.
+    pub dp_shard: usize,
+    /// Context-parallel ranks.
+    pub cp: usize,
+    /// Expert-parallel ranks (borrowed from `dp_shard`).
+    pub ep: usize,
+    /// Tensor-parallel ranks.
+    pub tp: usize,
+}
+
+impl Degrees {
+    /// The degrees of `mesh`.
+    pub fn of(mesh: &anneal_dist::Mesh) -> Degrees {
+        use anneal_dist::MeshDim as D;
+        Degrees {
+            pp: mesh.degree(D::Pp),
+            dp_replicate: mesh.degree(D::DpReplicate),
+            dp_shard: mesh.degree(D::DpShard),
+            cp: mesh.degree(D::Cp),
+            ep: mesh.degree(D::Ep),
+            tp: mesh.degree(D::Tp),
+        }
+    }
+
+    /// The data-parallel ranks: replicas × shards.
+    pub fn dp(&self) -> usize {
+        self.dp_replicate * self.dp_shard
+    }
+
+    /// The job's processes.
+    pub fn processes(&self) -> usize {
+        self.pp * self.dp() * self.cp * self.tp
+    }
+}
+
+/// The model and optimizer plugins, a failure named by the key that chose it: the plugin
+/// (`model.plugin`), the flavor (`model.flavor`) or the argument (`model.args.<name>` when the
+/// plugin's message starts with one the config sets, else `model.args`).
+pub fn plugins(cfg: &JobConfig) -> Result<(PluginModel, PluginOptimizer), TrainError> {
+    let model = load_model(cfg).map_err(|e| keyed(e, "model", &cfg.model.args))?;
+    let optimizer = load_optimizer(cfg).map_err(|e| keyed(e, "optimizer", &cfg.optimizer.args))?;
+    Ok((model, optimizer))
+}
+
+/// `training.seq_len` within the model's context, and the memory estimate of `workload`.
+pub fn context(cfg: &JobConfig, spec: &ModelSpec, workload: Workload) -> Result<(), TrainError> {
+    let t = &cfg.training;
+    if workload == Workload::Train && t.seq_len > spec.max_seq_len {
+        return Err(TrainError::Config(format!(
+            "config: `training.seq_len`: {} is longer than the model's max_seq_len {}; lower training.seq_len or raise model.args.max_seq_len",
+            t.seq_len, spec.max_seq_len
+        )));
+    }
+    crate::memory::check(cfg, spec, workload)
+}
+
+/// The corpus files under `data.path`, each readable (see [`anneal_data::check_files`]).
+pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
+    let path = PathBuf::from(&cfg.data.path);
+    let files =
+        anneal_data::discover_files(&path).map_err(|e| TrainError::from(e).at("data.path"))?;
+    anneal_data::check_files(&files, &cfg.data.text_field)
+        .map_err(|e| TrainError::from(e).at("data.path"))?;
+    Ok(files)
+}
+
+/// A tokenizer of `tokens` tokens (from `what`) must fit the model's embeddings.
+pub fn vocab(spec: &ModelSpec, tokens: usize, what: &str) -> Result<(), TrainError> {
+    if tokens <= spec.vocab_size {
+        return Ok(());
+    }
+    Err(TrainError::Config(format!(
+        "config: `model.args.vocab_size`: the model has {} embeddings but the tokenizer ({what}) has {tokens} tokens; set model.args.vocab_size to at least {tokens}",
+        spec.vocab_size
+    )))
+}
+
+/// `e` about the plugin of `section` (`model` or `optimizer`), under the key that chose what
+/// failed. A message that already names its key (`model.plugin` from a Hugging Face
+/// directory's `model_type`) stays as it is.
+fn keyed(e: TrainError, section: &str, args: &anneal_config::PluginArgs) -> TrainError {
+    let key = match &e {
+        TrainError::Plugin(PluginError::Create { msg, .. }) => args_key(section, msg, args),
+        TrainError::Plugin(_) => format!("{section}.plugin"),
+        _ => return e,
+    };
+    e.at(&key)
+}
+
+/// The key a plugin's refusal of its flavor or arguments is about.
+fn args_key(section: &str, msg: &str, args: &anneal_config::PluginArgs) -> String {
+    // The SDK says which call failed first.
+    let msg = msg.strip_prefix("create: ").unwrap_or(msg);
+    if msg.starts_with("unknown flavor") {
+        return format!("{section}.flavor");
+    }
+    // `bad plugin arguments: betas[1]: ...` (the SDK's deserializer names the path).
+    let named = msg.strip_prefix("bad plugin arguments: ").unwrap_or(msg);
+    let word: String = named
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    match args.contains_key(&word) {
+        true => format!("{section}.args.{word}"),
+        false => format!("{section}.args"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plugin_refusal_names_the_argument_the_config_sets() {
+        let mut args = anneal_config::PluginArgs::new();
+        args.insert("first_k_dense".into(), 4.into());
+        args.insert("betas".into(), serde_json::json!([0.9, "x"]));
+        let key = |msg: &str| args_key("model", msg, &args);
+        assert_eq!(
+            key("first_k_dense (x) = 4 makes all"),
+            "model.args.first_k_dense"
+        );
+        assert_eq!(
+            key("bad plugin arguments: betas[1]: invalid type"),
+            "model.args.betas"
+        );
+        assert_eq!(key("n_layers must be at least 1"), "model.args");
+        assert_eq!(key("create: unknown flavor 'x' (known: a)"), "model.flavor");
+        assert_eq!(
+            key("create: first_k_dense (x) = 4"),
+            "model.args.first_k_dense"
+        );
+    }
+
+    #[test]
+    fn key_paths_come_from_the_message_or_the_wrapper() {
+        let e = TrainError::Config("config: `training.seq_len`: too long".into());
+        assert_eq!(e.key_path().as_deref(), Some("training.seq_len"));
+        let e = TrainError::Config("memory: the run needs".into());
+        assert_eq!(e.key_path(), None);
+        let e = TrainError::Config("config: `parallelism.tp` = 3 with x".into()).at("job.device");
+        assert_eq!(e.key_path().as_deref(), Some("job.device"));
+        assert!(e
+            .to_string()
+            .starts_with("config: `job.device`: config: `parallelism.tp`"));
+        assert!(e.is_user_error());
+    }
+}
