@@ -250,6 +250,21 @@ try {
     return rows.length > 0 && rows.every((r) => new Function('r', 'a', src)(r, a));
   }, [predicate, arg], { timeout: 30_000 });
   if ((await samplesTotal()) !== 48) throw new Error(`${await samplesTotal()} samples, expected 48`);
+  // Pages of 20, newest first: older, older (the last 8, no older), then newer again.
+  const summary = (text) => page.waitForFunction((t) => document.querySelector('#samples-summary').textContent === t, text, { timeout: 30_000 });
+  await summary('1–20 of 48');
+  for (const text of ['21–40 of 48', '41–48 of 48']) {
+    await page.click('#samples-older');
+    await summary(text);
+  }
+  if (!(await page.isDisabled('#samples-older'))) throw new Error('"older" stays enabled on the last page');
+  await rowsSatisfy('return Number(r.dataset.step) <= 1');
+  await page.click('#samples-newer');
+  await summary('21–40 of 48');
+  await page.click('#samples-newer');
+  await summary('1–20 of 48');
+  await rowsSatisfy('return Number(r.dataset.step) >= 4');
+  step('samples: paged older and newer');
   await page.check('#samples-erroring');
   await rowsSatisfy('return Number(r.dataset.errors) > 0');
   const erroringLabel = Number((await page.textContent('#samples-erroring-count')).replace(/\D/g, ''));
