@@ -171,6 +171,8 @@ function showRun(r) {
   const active = r.status === 'running' || r.status === 'queued';
   stopBtn.disabled = !active;
   resumeBtn.disabled = active;
+  // A completed run trained all its steps: there is nothing to resume (the API refuses it).
+  resumeBtn.hidden = r.status === 'completed';
   const ran = r.started_at ? fmtDuration((r.finished_at || Date.now()) - r.started_at) : '–';
   facts.replaceChildren(...[
     el('div', {}, `config: ${r.config_path || 'inline TOML'}`, r.overrides.length ? ` · overrides: ${r.overrides.join(' ')}` : ''),

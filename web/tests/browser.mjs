@@ -117,6 +117,19 @@ try {
   await page.goto(`${base}/run.html?id=${shortId}`);
   await waitStatus('completed', 120_000);
   step(`run ${shortId} completed`);
+  // A completed run trained all its steps: no Resume, on its page or in the runs table (the
+  // stopped run keeps its), and the API refuses it.
+  await page.waitForSelector('#resume', { state: 'hidden', timeout: 10_000 });
+  const refused = await page.evaluate(async (id) => {
+    const res = await fetch(`/api/runs/${id}/resume`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{}' });
+    return { status: res.status, body: await res.json() };
+  }, shortId);
+  if (refused.status !== 409 || !/completed/.test(refused.body.error)) throw new Error(`resuming a completed run answered ${JSON.stringify(refused)}, expected 409`);
+  await page.goto(`${base}/`);
+  await page.waitForSelector(`button[data-resume="${longId}"]`, { timeout: 30_000 });
+  await page.waitForSelector(`tr[data-run="${shortId}"] [data-status="completed"]`, { timeout: 30_000 });
+  if (await page.$(`button[data-resume="${shortId}"]`)) throw new Error('the runs table offers Resume on a completed run');
+  step('completed run: no Resume (page, table), the API answers 409');
 
   // 4b. A mixture-of-experts run: its load imbalance (with the run's mean and max over layers) and
   //     router entropy are charted with a series per layer, its auxiliary loss on a chart of its own.

@@ -164,7 +164,8 @@ pub async fn stop(
     Ok((StatusCode::ACCEPTED, Json(run_json(&run, false))))
 }
 
-/// Starts a stopped, failed or completed run again in its run dir: `202` with the run.
+/// Starts a stopped or failed run again in its run dir: `202` with the run; `409` for an
+/// active or completed one.
 pub async fn resume(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
