@@ -288,11 +288,43 @@ fn rl_runs_start_from_configs_with_uploaded_rewards_and_serve_their_samples() {
     );
     assert_eq!(code, 400);
 
-    // Resumed, it is still an RL run (nothing left to train: it ends at once).
-    let (code, _) = server.post(&format!("/api/runs/{id}/resume"), &json!({}));
+    // A completed run trained all its steps: a resume is refused, saying why.
+    let (code, err) = server.post(&format!("/api/runs/{id}/resume"), &json!({}));
+    assert_eq!(code, 409, "{err}");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("completed")),
+        "{err}"
+    );
+    assert_eq!(
+        server.get(&format!("/api/runs/{id}")).1["status"],
+        "completed"
+    );
+    assert_eq!(samples(&server, id, "")["total"], 48);
+
+    // A stopped RL run resumes as an RL run, keeping its samples.
+    let (code, body) = server.post(
+        "/api/runs",
+        &json!({
+            "name": "rl-long", "config_path": "configs/rl_tiny.toml",
+            "overrides": [init_from, "training.steps=1000000"], "rewards": picks,
+        }),
+    );
+    assert_eq!(code, 201, "{body}");
+    let long = body["id"].as_i64().expect("id");
+    server.wait_rows(long, 3, MINUTES);
+    let (code, _) = server.post(&format!("/api/runs/{long}/stop"), &json!({}));
     assert_eq!(code, 202);
-    server.wait_status(id, &["completed"], MINUTES);
-    let (_, logs) = server.get(&format!("/api/runs/{id}/logs?tail=1000"));
+    let run = server.wait_status(long, &["stopped", "failed", "completed"], MINUTES);
+    assert_eq!(run["status"], "stopped", "{run}");
+    let kept = samples(&server, long, "")["total"].as_u64().expect("total");
+    assert!(kept > 0);
+    let rows = server.wait_rows(long, 1, MINUTES).len();
+    let (code, _) = server.post(&format!("/api/runs/{long}/resume"), &json!({}));
+    assert_eq!(code, 202);
+    server.wait_rows(long, rows + 2, MINUTES);
+    let (_, logs) = server.get(&format!("/api/runs/{long}/logs?tail=1000"));
     let starts: Vec<&str> = logs["lines"]
         .as_array()
         .expect("lines")
@@ -305,9 +337,11 @@ fn rl_runs_start_from_configs_with_uploaded_rewards_and_serve_their_samples() {
         starts.iter().all(|l| l.contains("start: anneal rl ")),
         "{starts:?}"
     );
-    assert_eq!(
-        samples(&server, id, "")["total"],
-        48,
+    assert!(
+        samples(&server, long, "")["total"].as_u64() >= Some(kept),
         "the resume kept the samples"
     );
+    let (code, _) = server.post(&format!("/api/runs/{long}/stop"), &json!({}));
+    assert_eq!(code, 202);
+    server.wait_status(long, &["stopped", "failed"], MINUTES);
 }

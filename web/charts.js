@@ -1,6 +1,6 @@
 // Line charts drawn as SVG with no library, so the UI runs from `web/` as it is, with nothing to
-// install: several series of [x, y] points, axes with readable ticks, a legend whose values
-// follow the pointer, and axis-less sparklines.
+// install: several series of [x, y] points, an optional shaded band (a mean ± std), titled axes
+// with readable ticks, a legend whose values follow the pointer, and axis-less sparklines.
 
 const SVG = 'http://www.w3.org/2000/svg';
 /** The font of axis labels (style.css gives `.plot text` the same). */
@@ -41,15 +41,34 @@ export function paddedRange(min, max) {
 }
 
 /**
- * About `count` round ticks in [lo, hi], 1, 2 or 5 times a power of ten of `unit` apart (a
- * byte axis passes its unit, so ticks fall on round numbers of what the labels show).
+ * The [lo, hi] a y axis shows for values in [min, max]. A quantity that cannot be negative
+ * (`nonNegative`: bytes, times, rates, norms; a `count` too) never gets an axis below zero, and
+ * when it is all zero gets [0, 1], not a range around zero with negative ticks; a count's axis
+ * always starts at 0 ("how many" reads from zero).
  */
-export function niceTicks(lo, hi, count = 5, unit = 1) {
+export function axisRange(min, max, { count = false, nonNegative = false } = {}) {
+  if (!Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+  let [lo, hi] = paddedRange(min, max);
+  if ((count || nonNegative) && min >= 0) {
+    if (max <= 0) return [0, 1];
+    if (count || lo < 0) lo = 0;
+  }
+  return [lo, hi];
+}
+
+/**
+ * About `count` round ticks in [lo, hi], 1, 2 or 5 times a power of ten of `unit` apart (a
+ * byte axis passes its unit, so ticks fall on round numbers of what the labels show); with
+ * `integer`, at least 1 apart.
+ */
+export function niceTicks(lo, hi, count = 5, unit = 1, integer = false) {
   const span = (hi - lo) / unit;
   if (!(span > 0) || !Number.isFinite(span)) return { values: [lo], step: unit };
   const raw = span / count;
   const power = 10 ** Math.floor(Math.log10(raw));
-  const step = ([1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw) || 10 * power) * unit;
+  let step = ([1, 2, 5, 10].map((m) => m * power).find((s) => s >= raw) || 10 * power) * unit;
+  // Counts (and bytes in B) have no halves.
+  if (integer) step = Math.max(step, 1);
   const values = [];
   for (let k = Math.ceil(lo / step); k * step <= hi + step * 1e-9; k++) values.push(k * step);
   return { values, step };
@@ -105,14 +124,18 @@ function textWidth(text, font) {
   return measureCtx.measureText(text).width;
 }
 
-/** The extent of the x and y values of every series. */
-function extent(series) {
+/** The extent of the x and y values of every series (and of a band's [x, lo, hi] points). */
+function extent(series, band = []) {
   let [x0, x1, y0, y1] = [Infinity, -Infinity, Infinity, -Infinity];
   for (const pts of series) {
     for (const [x, y] of pts) {
       x0 = Math.min(x0, x); x1 = Math.max(x1, x);
       y0 = Math.min(y0, y); y1 = Math.max(y1, y);
     }
+  }
+  for (const [x, lo, hi] of band) {
+    x0 = Math.min(x0, x); x1 = Math.max(x1, x);
+    y0 = Math.min(y0, lo); y1 = Math.max(y1, hi);
   }
   return { x0, x1, y0, y1, empty: x0 > x1 };
 }
@@ -129,35 +152,54 @@ function nearest(pts, x) {
   return Math.abs(pts[lo][0] - x) <= Math.abs(pts[hi][0] - x) ? pts[lo] : pts[hi];
 }
 
+/** A legend entry: a swatch, the label and a value that follows the pointer. */
+function legendItem(legend, label, color, swatchClass = '') {
+  const item = document.createElement('span');
+  const swatch = document.createElement('i');
+  swatch.style.background = color;
+  if (swatchClass) swatch.className = swatchClass;
+  const value = document.createElement('b');
+  item.append(swatch, document.createTextNode(` ${label} `), value);
+  legend.append(item);
+  return value;
+}
+
 /**
- * A line chart in `container`: `set(seriesPoints)` replaces its data (one array of [x, y] points
- * per label). The container gets `data-points` (points of the first series), `data-series`
- * (series with points), and after each draw `data-y-ticks` (the y tick labels as drawn, JSON),
- * `data-y-axis` and `data-y-labels` (the y axis' width and its widest label's, in CSS pixels),
- * so that tests can see the chart fill up and read its axis.
+ * A line chart in `container`: `set(seriesPoints, band)` replaces its data (one array of [x, y]
+ * points per label; `band`, with the `band` option, [x, lo, hi] points shaded around the first
+ * series). Options: `yTitle` (the y axis' title, with its unit) and `xTitle` (default "step");
+ * `bytes` (binary-unit ticks), `count` (an axis from 0 with whole ticks), `nonNegative` (never
+ * an axis below 0), `percent` (ticks and values read as "12.5%"), `yFormat` (legend values). The container gets `data-points` (points
+ * of the first series), `data-series` (series with points), `data-band` (band points),
+ * `data-y-title` / `data-x-title`, and after each draw `data-y-ticks` (the y tick labels as
+ * drawn, JSON), `data-y-axis` and `data-y-labels` (the y axis' width and its widest label's, in
+ * CSS pixels), so that tests can see the chart fill up and read its axes.
  */
 export class LineChart {
-  constructor(container, { title, labels, height = 200, yFormat, bytes = false } = {}) {
+  constructor(container, { title, labels, height = 216, yFormat, bytes = false, count = false, nonNegative = false, percent = false, yTitle = '', xTitle = 'step', band = null } = {}) {
     this.container = container;
     this.labels = labels;
     this.height = height;
     this.bytes = bytes;
-    this.format = (v) => (v === null || v === undefined ? '–' : yFormat ? yFormat(v) : formatValue(v));
+    this.count = count;
+    this.nonNegative = nonNegative || bytes || count;
+    this.percent = percent;
+    this.yTitle = yTitle;
+    this.xTitle = xTitle;
+    const plain = percent ? formatPercent : formatValue;
+    this.format = (v) => (v === null || v === undefined ? '–' : yFormat ? yFormat(v) : plain(v));
     this.series = labels.map(() => []);
+    this.band = [];
     container.classList.add('chart');
+    container.dataset.yTitle = yTitle;
+    container.dataset.xTitle = xTitle;
     container.append(Object.assign(document.createElement('h3'), { textContent: title }));
     this.svg = svg('svg', { class: 'plot', height, role: 'img', 'aria-label': title });
     container.append(this.svg);
     const legend = Object.assign(document.createElement('div'), { className: 'legend' });
-    this.values = labels.map((label, i) => {
-      const item = document.createElement('span');
-      const swatch = document.createElement('i');
-      swatch.style.background = COLORS[i % COLORS.length];
-      const value = document.createElement('b');
-      item.append(swatch, document.createTextNode(` ${label} `), value);
-      legend.append(item);
-      return value;
-    });
+    this.values = labels.map((label, i) => legendItem(legend, label, COLORS[i % COLORS.length]));
+    // The band's value is its half-width (the "± std"), next to its series' value.
+    if (band) this.bandValue = legendItem(legend, band, COLORS[0], 'band');
     container.append(legend);
     this.svg.addEventListener('pointermove', (e) => this.hover(e));
     this.svg.addEventListener('pointerleave', () => this.hover(null));
@@ -172,10 +214,12 @@ export class LineChart {
     return Math.max(300, this.container.clientWidth - 24 || 400);
   }
 
-  set(seriesPoints) {
+  set(seriesPoints, band = []) {
     this.series = seriesPoints.map((pts) => pts.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y)));
+    this.band = this.bandValue ? band.filter((p) => p.every(Number.isFinite)) : [];
     this.container.dataset.points = String(this.series[0] ? this.series[0].length : 0);
     this.container.dataset.series = String(this.series.filter((p) => p.length > 0).length);
+    this.container.dataset.band = String(this.band.length);
     this.draw();
   }
 
@@ -183,11 +227,12 @@ export class LineChart {
   yTicks(lo, hi) {
     if (this.bytes) {
       const k = byteUnit(Math.max(Math.abs(lo), Math.abs(hi)));
-      const t = niceTicks(lo, hi, 4, 1024 ** k);
+      const t = niceTicks(lo, hi, 4, 1024 ** k, k === 0);
       return { values: t.values, labels: formatBytesTicks(t.values, t.step, k) };
     }
-    const t = niceTicks(lo, hi, 4);
-    return { values: t.values, labels: formatTicks(t.values, t.step) };
+    const t = niceTicks(lo, hi, 4, 1, this.count);
+    const labels = formatTicks(t.values, t.step);
+    return { values: t.values, labels: this.percent ? labels.map((l) => (l === '' ? l : `${l}%`)) : labels };
   }
 
   draw() {
@@ -197,13 +242,15 @@ export class LineChart {
     this.svg.setAttribute('width', width);
     this.svg.setAttribute('viewBox', `0 0 ${width} ${height}`);
     this.svg.replaceChildren();
-    const ext = extent(this.series);
+    const ext = extent(this.series, this.band);
     const [xLo, xHi] = ext.empty ? [0, 1] : ext.x0 === ext.x1 ? [ext.x0 - 1, ext.x1 + 1] : [ext.x0, ext.x1];
-    const [yLo, yHi] = ext.empty ? [0, 1] : paddedRange(ext.y0, ext.y1);
+    const [yLo, yHi] = ext.empty ? [0, 1] : axisRange(ext.y0, ext.y1, { count: this.count, nonNegative: this.nonNegative });
     const yt = this.yTicks(yLo, yHi);
-    // As wide as the widest label: a fixed width cut "447.8 MiB" down to "7.8 MiB".
+    // As wide as the widest label: a fixed width cut "447.8 MiB" down to "7.8 MiB". The axis
+    // titles take a line of their own (left, turned; below).
     const widest = Math.ceil(Math.max(0, ...yt.labels.map((l) => textWidth(l, AXIS_FONT))));
-    const box = { left: widest + 12, right: width - 10, top: 8, bottom: height - 22 };
+    const titleLine = 16;
+    const box = { left: widest + 12 + (this.yTitle ? titleLine : 0), right: width - 10, top: 8, bottom: height - 22 - (this.xTitle ? titleLine - 2 : 0) };
     const sx = (x) => box.left + ((x - xLo) / (xHi - xLo)) * (box.right - box.left);
     const sy = (y) => box.bottom - ((y - yLo) / (yHi - yLo)) * (box.bottom - box.top);
     this.scale = { sx, xLo, xHi, box };
@@ -218,12 +265,28 @@ export class LineChart {
     const xt = niceTicks(xLo, xHi, Math.max(2, Math.floor((box.right - box.left) / 80)));
     const xLabels = formatTicks(xt.values, xt.step);
     xt.values.forEach((v, i) => {
-      const t = svg('text', { x: sx(v), y: height - 6, 'text-anchor': 'middle' });
+      const t = svg('text', { x: sx(v), y: box.bottom + 16, 'text-anchor': 'middle' });
       t.textContent = xLabels[i];
       grid.append(t);
     });
     grid.append(svg('line', { class: 'axis', x1: box.left, x2: box.right, y1: box.bottom, y2: box.bottom }));
+    if (this.yTitle) {
+      const cy = (box.top + box.bottom) / 2;
+      const t = svg('text', { class: 'axis-title y-title', x: 11, y: cy, 'text-anchor': 'middle', transform: `rotate(-90 11 ${cy})` });
+      t.textContent = this.yTitle;
+      grid.append(t);
+    }
+    if (this.xTitle) {
+      const t = svg('text', { class: 'axis-title x-title', x: (box.left + box.right) / 2, y: height - 3, 'text-anchor': 'middle' });
+      t.textContent = this.xTitle;
+      grid.append(t);
+    }
     this.svg.append(grid);
+    if (this.band.length) {
+      const upper = this.band.map(([x, , hi], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)},${sy(hi).toFixed(1)}`);
+      const lower = this.band.slice().reverse().map(([x, lo]) => `L${sx(x).toFixed(1)},${sy(lo).toFixed(1)}`);
+      this.svg.append(svg('path', { class: 'band', d: `${upper.join('')}${lower.join('')}Z`, fill: COLORS[0], 'fill-opacity': 0.18, stroke: 'none' }));
+    }
     this.series.forEach((pts, i) => {
       if (!pts.length) return;
       const d = pts.map(([x, y], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join('');
@@ -255,7 +318,21 @@ export class LineChart {
       const p = x === null ? pts[pts.length - 1] : nearest(pts, x);
       this.values[i].textContent = p ? this.format(p[1]) : '–';
     });
+    if (this.bandValue) {
+      const b = x === null ? this.band[this.band.length - 1] : nearest(this.band, x);
+      this.bandValue.textContent = b ? `±${this.format((b[2] - b[1]) / 2)}` : '–';
+    }
   }
+}
+
+/**
+ * A percent as the CLI prints it ("12.3%"), with more digits only where one decimal would show
+ * a small value as 0.
+ */
+export function formatPercent(v) {
+  if (!Number.isFinite(v)) return String(v);
+  const fixed = v.toFixed(1);
+  return `${Number(fixed) === 0 && v !== 0 ? String(Number(v.toPrecision(2))) : fixed}%`;
 }
 
 /** A legend value: four significant digits (three fixed decimals lose small values). */

@@ -1,15 +1,16 @@
 // Compare runs (training and RL): pick runs and metrics; their curves are overlaid on one chart
 // per metric.
-import { api, el, layout, param, statusBadge, every, showError, fmtBytes } from './app.js';
-import { LineChart, pointsOf } from './charts.js';
+import { api, el, layout, param, statusBadge, every, showError } from './app.js';
+import { LineChart } from './charts.js';
+import { chartOptions, fieldInfo, fieldPoints } from './metrics.js';
 
 const main = layout();
-const TRAIN_METRICS = ['loss', 'val_loss', 'lr', 'grad_norm', 'tokens_per_s', 'mfu', 'mem_peak_bytes'];
+const TRAIN_METRICS = ['loss', 'val_loss', 'lr', 'grad_norm', 'tokens_per_s', 'mfu', 'mem_peak_bytes', 'state_bytes'];
 const RL_METRICS = ['reward_mean', 'reward_std', 'accuracy', 'eval_accuracy', 'response_len_mean', 'entropy', 'kl_ref',
   'logprob_mismatch_max', 'staleness_mean', 't_rollout', 't_reward', 't_train', 'samples_per_s'];
 const METRICS = [...TRAIN_METRICS, ...RL_METRICS.filter((m) => !TRAIN_METRICS.includes(m))];
 // An RL run's row at step 0 carries only the held-out accuracy before training.
-const pointsFor = (rows, metric) => pointsOf(metric === 'eval_accuracy' ? rows : rows.filter((r) => r.step > 0 || !('reward_mean' in r)), metric);
+const pointsFor = (rows, metric) => fieldPoints(metric === 'eval_accuracy' ? rows : rows.filter((r) => r.step > 0 || !('reward_mean' in r)), metric);
 const chosen = new Set((param('ids') || '').split(',').map(Number).filter((n) => n > 0));
 const picks = el('div', { class: 'pill-list', id: 'run-picks' });
 const metricPicks = el('div', { class: 'pill-list', id: 'metric-picks' });
@@ -86,7 +87,7 @@ function draw() {
     if (!series.some((s) => s.length)) continue;
     const box = el('div', { 'data-chart': metric });
     chartsBox.append(box);
-    new LineChart(box, { title: metric, labels, bytes: metric === 'mem_peak_bytes', yFormat: metric === 'mem_peak_bytes' ? fmtBytes : undefined }).set(series);
+    new LineChart(box, { title: `${fieldInfo(metric).title} · ${metric}`, labels, ...chartOptions(metric) }).set(series);
   }
   if (!chartsBox.children.length) {
     chartsBox.append(el('p', { class: 'muted' }, ids.length ? 'No data for these metrics yet.' : 'Pick runs above.'));

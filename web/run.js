@@ -2,54 +2,64 @@
 // status, stop/resume, an RL run's samples, logs, checkpoints, config, and a sampling box.
 import { api, events, el, layout, param, statusBadge, fmt, fmtBytes, fmtTime, fmtDuration, every, showError } from './app.js';
 import { LineChart, pointsOf, formatValue } from './charts.js';
+import { chartOptions, fieldInfo, fieldPoints } from './metrics.js';
 import { SamplesView } from './samples.js';
 
 const main = layout();
 const id = param('id');
 
+/**
+ * A chart: `series` is [[label, field or rows => points], ...]; its axis reads as its first
+ * field's (units, bytes, counts, percent: metrics.js) unless `options` say otherwise.
+ */
+const chart = (id, title, series, options = {}) => ({ id, title, series, ...chartOptions(series[0][1]), ...options });
+
 // The charts of a training run; any other numeric metric gets a chart of its own when it
-// first appears. A series is [label, key] or [label, rows => points].
+// first appears.
 const TRAIN_CHARTS = [
-  { id: 'loss', title: 'Loss', series: [['train', 'loss'], ['validation', 'val_loss']] },
-  { id: 'lr', title: 'Learning rate', series: [['lr', 'lr']] },
-  { id: 'tokens_per_s', title: 'Tokens / s', series: [['tokens/s', 'tokens_per_s']] },
-  { id: 'mfu', title: 'MFU', series: [['mfu', 'mfu']] },
-  { id: 'mem', title: 'Peak memory', series: [['peak', 'mem_peak_bytes']], bytes: true, yFormat: fmtBytes },
-  { id: 'grad_norm', title: 'Gradient norm', series: [['norm', 'grad_norm']] },
-  { id: 'tflops', title: 'TFLOP/s', series: [['TFLOP/s', 'tflops']] },
+  chart('loss', 'Loss', [['train', 'loss'], ['validation', 'val_loss']], { yTitle: 'cross-entropy (nats / token)' }),
+  chart('lr', 'Learning rate', [['lr', 'lr']]),
+  chart('tokens_per_s', 'Tokens / s', [['tokens/s', 'tokens_per_s']]),
+  chart('mfu', 'MFU (model FLOPs utilization)', [['mfu', 'mfu']]),
+  chart('mem', 'Peak memory', [['peak', 'mem_peak_bytes']]),
+  chart('state_bytes', fieldInfo('state_bytes').title, [['rank 0', 'state_bytes']]),
+  chart('comm_bytes', fieldInfo('comm_bytes').title, [['this rank', 'comm_bytes']]),
+  chart('grad_norm', 'Gradient norm', [['norm', 'grad_norm']]),
+  chart('tflops', 'TFLOP/s', [['TFLOP/s', 'tflops']]),
 ];
 
 // An RL run's row at step 0 only carries the held-out accuracy before training: every other
 // series starts at step 1.
 const trained = (rows) => rows.filter((r) => r.step > 0);
-const rewardBand = (sign) => (rows) => trained(rows)
+/** The reward's mean ± std as one band: [step, mean − std, mean + std]. */
+const rewardBand = (rows) => trained(rows)
   .filter((r) => typeof r.reward_mean === 'number' && typeof r.reward_std === 'number')
-  .map((r) => [r.step, r.reward_mean + sign * r.reward_std]);
+  .map((r) => [r.step, r.reward_mean - r.reward_std, r.reward_mean + r.reward_std]);
 const secondsFormat = (v) => `${formatValue(v)} s`;
 const RL_CHARTS = [
-  { id: 'reward', title: 'Reward (mean ± std)', series: [['mean', 'reward_mean'], ['mean + std', rewardBand(1)], ['mean − std', rewardBand(-1)]] },
-  { id: 'accuracy', title: 'Accuracy', series: [['samples', 'accuracy'], ['held-out (greedy)', (rows) => pointsOf(rows, 'eval_accuracy')]] },
-  { id: 'response_len', title: 'Response length (tokens)', series: [['mean', 'response_len_mean']] },
-  { id: 'entropy', title: 'Entropy (nats / token)', series: [['entropy', 'entropy']] },
-  { id: 'kl', title: 'KL to the reference', series: [['k3', 'kl_ref']] },
-  { id: 'mismatch', title: 'Logprob mismatch (max |rollout − trainer|)', series: [['max', 'logprob_mismatch_max']] },
-  { id: 'staleness', title: 'Staleness (policy versions)', series: [['mean', 'staleness_mean']] },
-  { id: 'timings', title: 'Time per step, by phase', series: [['rollout', 't_rollout'], ['reward', 't_reward'], ['train', 't_train'], ['wait', 't_wait']], yFormat: secondsFormat },
-  { id: 'loss', title: 'Loss', series: [['loss', 'loss']] },
-  { id: 'grad_norm', title: 'Gradient norm', series: [['norm', 'grad_norm']] },
-  { id: 'lr', title: 'Learning rate', series: [['lr', 'lr']] },
-  { id: 'samples_per_s', title: 'Samples / s', series: [['samples/s', 'samples_per_s']] },
-  { id: 'reward_errors', title: 'Reward errors', series: [['errors', 'reward_errors'], ['of which timeouts', 'reward_timeouts']] },
-  { id: 'dropped', title: 'Dropped', series: [['groups (equal rewards)', 'dropped_groups'], ['stale rollouts', 'dropped_stale']] },
+  chart('reward', 'Reward (mean ± std)', [['mean', 'reward_mean']], { band: ['± std', rewardBand] }),
+  chart('accuracy', 'Accuracy', [['samples', 'accuracy'], ['held-out (greedy)', (rows) => pointsOf(rows, 'eval_accuracy')]]),
+  chart('response_len', 'Response length', [['mean', 'response_len_mean']], { yTitle: 'tokens (mean)' }),
+  chart('entropy', 'Entropy', [['entropy', 'entropy']]),
+  chart('kl', 'KL to the reference', [['k3', 'kl_ref']]),
+  chart('mismatch', 'Logprob mismatch (max |rollout − trainer|)', [['max', 'logprob_mismatch_max']]),
+  chart('staleness', 'Staleness', [['mean', 'staleness_mean']]),
+  chart('timings', 'Time per step, by phase', [['rollout', 't_rollout'], ['reward', 't_reward'], ['train', 't_train'], ['wait', 't_wait']], { yTitle: 'seconds', yFormat: secondsFormat }),
+  chart('loss', 'Loss', [['loss', 'loss']], { yTitle: 'policy loss' }),
+  chart('grad_norm', 'Gradient norm', [['norm', 'grad_norm']]),
+  chart('lr', 'Learning rate', [['lr', 'lr']]),
+  chart('samples_per_s', 'Samples / s', [['samples/s', 'samples_per_s']]),
+  chart('reward_errors', 'Reward errors', [['errors', 'reward_errors'], ['of which timeouts', 'reward_timeouts']], { yTitle: 'failed calls per step' }),
+  chart('dropped', 'Dropped', [['groups (equal rewards)', 'dropped_groups'], ['stale rollouts', 'dropped_stale']], { yTitle: 'per step' }),
 ];
-const MOE_TITLES = {
-  imbalance: 'Expert load imbalance (max / mean tokens), by layer',
-  entropy: 'Router entropy (nats), by layer',
+const MOE_CHARTS = {
+  imbalance: { title: 'Expert load imbalance (max / mean tokens), by layer', yTitle: 'max / mean tokens per expert' },
+  entropy: { title: 'Router entropy, by layer', yTitle: 'nats' },
 };
 const NOT_CHARTED = new Set(['step', 'time', 'epoch', 'tokens', 'elapsed_s', 'reward_std']);
 
 function seriesPoints(spec, rows) {
-  return spec.series.map(([, key]) => (typeof key === 'function' ? key(rows) : pointsOf(spec.rl ? trained(rows) : rows, key)));
+  return spec.series.map(([, key]) => (typeof key === 'function' ? key(rows) : fieldPoints(spec.rl ? trained(rows) : rows, key)));
 }
 
 const title = el('span', {}, `Run ${id}`);
@@ -92,7 +102,8 @@ function chartFor(spec) {
     const box = el('div', { 'data-chart': spec.id });
     chartsBox.append(box);
     const labels = spec.series.map(([label]) => label);
-    c = { spec, chart: new LineChart(box, { title: spec.title, labels, yFormat: spec.yFormat, bytes: spec.bytes }) };
+    const { title, yTitle, yFormat, bytes, count, nonNegative, percent } = spec;
+    c = { spec, chart: new LineChart(box, { title, labels, yTitle, yFormat, bytes, count, nonNegative, percent, band: spec.band ? spec.band[0] : null }) };
     charts.set(spec.id, c);
   }
   return c;
@@ -126,9 +137,7 @@ function redraw() {
     const auxKeys = [...present].filter((k) => /^aux_loss\./.test(k)).sort();
     if (rows.some((r) => typeof r.aux_loss === 'number')) {
       specs.push({
-        id: 'aux_loss',
-        title: 'Auxiliary loss (weighted total, and each)',
-        series: [['total', 'aux_loss'], ...auxKeys.map((k) => [k.slice('aux_loss.'.length), k])],
+        ...chart('aux_loss', 'Auxiliary loss (weighted total, and each)', [['total', 'aux_loss'], ...auxKeys.map((k) => [k.slice('aux_loss.'.length), k])]),
         rl: isRl(),
       });
       ['aux_loss', ...auxKeys].forEach((k) => known.add(k));
@@ -143,14 +152,15 @@ function redraw() {
           known.add(key);
         }
       }
-      specs.push({ id: `moe.${name}`, title: MOE_TITLES[name] || `${name} by layer`, series, rl: isRl() });
+      const moe = MOE_CHARTS[name] || { title: `${name} by layer`, yTitle: name };
+      specs.push({ ...chart(`moe.${name}`, moe.title, series), yTitle: moe.yTitle, rl: isRl() });
     }
     for (const key of present) {
       if (!known.has(key) && !NOT_CHARTED.has(key) && rows.some((r) => typeof r[key] === 'number')) {
-        specs.push({ id: key, title: key, series: [[key, key]], rl: isRl() });
+        specs.push({ ...chart(key, fieldInfo(key).title, [[key, key]]), rl: isRl() });
       }
     }
-    for (const spec of specs) chartFor(spec).chart.set(seriesPoints(spec, rows));
+    for (const spec of specs) chartFor(spec).chart.set(seriesPoints(spec, rows), spec.band ? spec.band[1](rows) : []);
   }, 150);
 }
 
@@ -171,6 +181,8 @@ function showRun(r) {
   const active = r.status === 'running' || r.status === 'queued';
   stopBtn.disabled = !active;
   resumeBtn.disabled = active;
+  // A completed run trained all its steps: there is nothing to resume (the API refuses it).
+  resumeBtn.hidden = r.status === 'completed';
   const ran = r.started_at ? fmtDuration((r.finished_at || Date.now()) - r.started_at) : '–';
   facts.replaceChildren(...[
     el('div', {}, `config: ${r.config_path || 'inline TOML'}`, r.overrides.length ? ` · overrides: ${r.overrides.join(' ')}` : ''),

@@ -78,10 +78,12 @@ async function refresh() {
     r.cells.val.textContent = fmt(rl ? latest.eval_accuracy : latest.val_loss);
     r.cells.started.textContent = fmtTime(run.started_at || run.created_at);
     const active = run.status === 'running' || run.status === 'queued';
+    // Stop while active, resume once stopped or failed; a completed run has nothing to resume.
     r.cells.actions.replaceChildren(
       active
         ? el('button', { onclick: () => act(run.id, 'stop') }, 'Stop')
-        : el('button', { onclick: () => act(run.id, 'resume') }, 'Resume'),
+        : run.status === 'completed' ? ''
+          : el('button', { 'data-resume': run.id, onclick: () => act(run.id, 'resume') }, 'Resume'),
       ' ',
       el('button', { class: 'danger', disabled: active, onclick: () => act(run.id, 'delete') }, 'Delete'),
     );

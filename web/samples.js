@@ -1,6 +1,7 @@
 // An RL run's samples (its samples.jsonl, through GET /api/runs/{id}/samples): newest step
-// first, a page at a time, filtered by step, by failed samples (not correct, or a reward below a
-// threshold) and by erroring ones (a reward module's call failed).
+// first, a page at a time ("‹ newer" / "older ›"; the server reads only the page's lines), filtered
+// by step, by failed samples (not correct, or a reward below a threshold) and by erroring ones (a
+// reward module's call failed).
 import { api, el, showError } from './app.js';
 
 /** A short number: at most four significant digits, no trailing zeros. */
@@ -13,6 +14,9 @@ export class SamplesView {
     this.box = box;
     this.runId = runId;
     this.offset = 0;
+    // Where the pages before this one started (a page of long samples may hold fewer than PAGE).
+    this.previous = [];
+    this.shown = 0;
     this.seq = 0;
     this.lastLoad = 0;
     this.status = null;
@@ -51,7 +55,12 @@ export class SamplesView {
   }
 
   turn(direction) {
-    this.offset = Math.max(0, this.offset + direction * PAGE);
+    if (direction > 0) {
+      this.previous.push(this.offset);
+      this.offset += Math.max(1, this.shown);
+    } else {
+      this.offset = this.previous.length ? this.previous.pop() : Math.max(0, this.offset - PAGE);
+    }
     this.reload(false);
   }
 
@@ -66,7 +75,10 @@ export class SamplesView {
   }
 
   async reload(fromStart) {
-    if (fromStart) this.offset = 0;
+    if (fromStart) {
+      this.offset = 0;
+      this.previous = [];
+    }
     const mine = ++this.seq;
     this.lastLoad = Date.now();
     try {
@@ -90,6 +102,8 @@ export class SamplesView {
     this.failedCount.textContent = `(${page.counts.failed})`;
     this.erroringCount.textContent = `(${page.counts.erroring})`;
     this.box.dataset.total = String(page.total);
+    this.box.dataset.offset = String(page.offset);
+    this.shown = page.samples.length;
     const last = Math.min(page.offset + page.samples.length, page.total);
     this.summary.textContent = page.total ? `${page.offset + 1}–${last} of ${page.total}` : 'no samples';
     this.newer.disabled = page.offset === 0;

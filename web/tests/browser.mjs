@@ -3,8 +3,10 @@
 // points, stop it, resume it, compare two runs, check the runs table's mini-curves, the plugins
 // page, a reward module upload and test, and the sampling box. Then RL: start an RL run from an
 // [rl] config with uploaded reward modules (weights) and the short run's checkpoint, watch its
-// RL charts, filter its samples (failed, erroring, a step), compare two RL runs; and check that
-// the charts' y axes label every tick distinctly and fit their labels.
+// RL charts (axis titles, the reward's band, counters from 0), page and filter its samples
+// (failed, erroring, a step), compare two RL runs; and check that the charts' y axes label every
+// tick distinctly and fit their labels, MFU reads as a percent and the state in binary bytes, and
+// that a completed run offers no Resume.
 // Saves screenshots of each stage.
 //
 //   node web/tests/browser.mjs http://127.0.0.1:PORT SCREENSHOT_DIR
@@ -63,6 +65,18 @@ const shot = async (name) => {
 const points = (chart) => page.$eval(`[data-chart="${chart}"]`, (e) => Number(e.dataset.points || 0)).catch(() => 0);
 const waitStatus = (status, timeout = 90_000) =>
   page.waitForSelector(`#run-status [data-status="${status}"]`, { timeout });
+/** Every chart on the page has a y axis title (with its unit) and "step" below, both drawn. */
+const checkAxisTitles = async (where) => {
+  const charts = await page.$$eval('[data-chart]', (es) => es.map((e) => ({
+    chart: e.dataset.chart, y: e.dataset.yTitle, x: e.dataset.xTitle,
+    drawn: [...e.querySelectorAll('text.axis-title')].map((t) => t.textContent),
+  })));
+  if (!charts.length) throw new Error(`${where}: no charts`);
+  for (const c of charts) {
+    if (!c.y || c.x !== 'step' || c.drawn.length !== 2 || !c.drawn.includes(c.y)) throw new Error(`${where}: chart ${c.chart} lacks axis titles: ${JSON.stringify(c)}`);
+  }
+  step(`${where}: ${charts.length} charts with axis titles (${charts.map((c) => `${c.chart}: ${c.y}`).join('; ')})`);
+};
 const waitPointsAbove = (chart, n, timeout = 90_000) =>
   page.waitForFunction(([c, k]) => Number(document.querySelector(`[data-chart="${c}"]`)?.dataset.points || 0) > k,
     [chart, n], { timeout });
@@ -117,6 +131,19 @@ try {
   await page.goto(`${base}/run.html?id=${shortId}`);
   await waitStatus('completed', 120_000);
   step(`run ${shortId} completed`);
+  // A completed run trained all its steps: no Resume, on its page or in the runs table (the
+  // stopped run keeps its), and the API refuses it.
+  await page.waitForSelector('#resume', { state: 'hidden', timeout: 10_000 });
+  const refused = await page.evaluate(async (id) => {
+    const res = await fetch(`/api/runs/${id}/resume`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{}' });
+    return { status: res.status, body: await res.json() };
+  }, shortId);
+  if (refused.status !== 409 || !/completed/.test(refused.body.error)) throw new Error(`resuming a completed run answered ${JSON.stringify(refused)}, expected 409`);
+  await page.goto(`${base}/`);
+  await page.waitForSelector(`button[data-resume="${longId}"]`, { timeout: 30_000 });
+  await page.waitForSelector(`tr[data-run="${shortId}"] [data-status="completed"]`, { timeout: 30_000 });
+  if (await page.$(`button[data-resume="${shortId}"]`)) throw new Error('the runs table offers Resume on a completed run');
+  step('completed run: no Resume (page, table), the API answers 409');
 
   // 4b. A mixture-of-experts run: its load imbalance (with the run's mean and max over layers) and
   //     router entropy are charted with a series per layer, its auxiliary loss on a chart of its own.
@@ -232,14 +259,25 @@ try {
   //     length, entropy, KL, mismatch, staleness, per-phase timings) as it runs to completion.
   await waitStatus('completed', 180_000);
   const series = (chart) => page.$eval(`[data-chart="${chart}"]`, (e) => Number(e.dataset.series || 0)).catch(() => 0);
-  const rlCharts = { reward: 3, accuracy: 2, response_len: 1, entropy: 1, mismatch: 1, staleness: 1, timings: 4, reward_errors: 2 };
+  const rlCharts = { reward: 1, accuracy: 2, response_len: 1, entropy: 1, mismatch: 1, staleness: 1, timings: 4, reward_errors: 2, dropped: 2 };
   for (const [chart, n] of Object.entries(rlCharts)) {
     await page.waitForFunction(([c, k]) => Number(document.querySelector(`[data-chart="${c}"]`)?.dataset.series || 0) >= k,
       [chart, n], { timeout: 30_000 }).catch(async () => { throw new Error(`chart ${chart}: ${await series(chart)} series, expected ${n}`); });
   }
   if (await page.$('[data-chart="tokens_per_s"]')) throw new Error('an RL run shows the training charts');
   if (await points('reward') !== 6) throw new Error(`the reward chart has ${await points('reward')} points, expected steps 1-6`);
-  step('RL charts: reward, accuracy (+ held-out), length, entropy, mismatch, staleness, timings');
+  // Reward ± std: the mean as a line, the std as one shaded band around it (not two more lines).
+  const band = await page.$eval('[data-chart="reward"]', (e) => ({ points: Number(e.dataset.band), paths: e.querySelectorAll('path.band').length, legend: e.querySelector('.legend').textContent }));
+  if (band.points !== 6 || band.paths !== 1 || !/± std ±/.test(band.legend)) throw new Error(`the reward band: ${JSON.stringify(band)}`);
+  // Counters that stayed zero (nothing dropped by GRPO) read from 0 in whole numbers.
+  const counters = await page.$$eval('[data-chart="dropped"], [data-chart="reward_errors"]', (es) => es.map((e) => [e.dataset.chart, JSON.parse(e.dataset.yTicks)]));
+  for (const [chart, ticks] of counters) {
+    if (ticks[0] !== '0' || !ticks.every((t) => /^\d+$/.test(t))) throw new Error(`chart ${chart}: counter ticks ${JSON.stringify(ticks)}`);
+  }
+  const dropped = counters.find(([c]) => c === 'dropped');
+  if (!dropped || JSON.stringify(dropped[1]) !== '["0","1"]') throw new Error(`the all-zero dropped chart's ticks: ${JSON.stringify(dropped)}`);
+  await checkAxisTitles('RL run');
+  step('RL charts: reward (mean + band), accuracy (+ held-out), length, entropy, mismatch, staleness, timings, counters from 0');
   await shot('09-rl-run');
 
   // 11. The samples view: 6 steps x 8 samples; the erroring, failed (+ threshold) and step filters.
@@ -250,6 +288,21 @@ try {
     return rows.length > 0 && rows.every((r) => new Function('r', 'a', src)(r, a));
   }, [predicate, arg], { timeout: 30_000 });
   if ((await samplesTotal()) !== 48) throw new Error(`${await samplesTotal()} samples, expected 48`);
+  // Pages of 20, newest first: older, older (the last 8, no older), then newer again.
+  const summary = (text) => page.waitForFunction((t) => document.querySelector('#samples-summary').textContent === t, text, { timeout: 30_000 });
+  await summary('1–20 of 48');
+  for (const text of ['21–40 of 48', '41–48 of 48']) {
+    await page.click('#samples-older');
+    await summary(text);
+  }
+  if (!(await page.isDisabled('#samples-older'))) throw new Error('"older" stays enabled on the last page');
+  await rowsSatisfy('return Number(r.dataset.step) <= 1');
+  await page.click('#samples-newer');
+  await summary('21–40 of 48');
+  await page.click('#samples-newer');
+  await summary('1–20 of 48');
+  await rowsSatisfy('return Number(r.dataset.step) >= 4');
+  step('samples: paged older and newer');
   await page.check('#samples-erroring');
   await rowsSatisfy('return Number(r.dataset.errors) > 0');
   const erroringLabel = Number((await page.textContent('#samples-erroring-count')).replace(/\D/g, ''));
@@ -299,6 +352,23 @@ try {
   //     445 MiB (which read "0.001, 0.001, 0" and "7.8-8.7 MiB" before).
   await page.goto(`${base}/run.html?id=${longId}`);
   await waitPointsAbove('lr', 1);
+  await waitPointsAbove('state_bytes', 1);
+  await checkAxisTitles('training run');
+  // MFU as a percent, as the CLI prints it ("mfu 12.3%"): ticks and legend, the newest row's.
+  const mfu = await page.$eval('[data-chart="mfu"]', (e) => ({ ticks: JSON.parse(e.dataset.yTicks), value: e.querySelector('.legend b').textContent, title: e.dataset.yTitle }));
+  const lastRows = await page.evaluate(async (id) => (await fetch(`/api/runs/${id}/metrics?fields=mfu,state_bytes`)).json(), longId);
+  const lastMfu = lastRows.filter((r) => typeof r.mfu === 'number').pop().mfu;
+  if (!mfu.ticks.filter((t) => t !== '').every((t) => /^-?[\d.]+%$/.test(t)) || !/%$/.test(mfu.value) || !(Math.abs(parseFloat(mfu.value) - lastMfu * 100) <= Math.max(0.05, lastMfu)) || mfu.title !== '% of peak') {
+    throw new Error(`MFU does not read as a percent (${lastMfu} in metrics.jsonl): ${JSON.stringify(mfu)}`);
+  }
+  step(`MFU: ${mfu.value}, ticks ${mfu.ticks.join(', ')}`);
+  // The state's bytes: a readable title, one binary unit on the axis.
+  const state = await page.$eval('[data-chart="state_bytes"]', (e) => ({ title: e.querySelector('h3').textContent, ticks: JSON.parse(e.dataset.yTicks), value: e.querySelector('.legend b').textContent }));
+  const stateTicks = state.ticks.filter((t) => t !== '');
+  if (state.title !== 'State (parameters + gradients + optimizer)' || !stateTicks.every((t) => /^[\d.]+ (B|KiB|MiB|GiB)$/.test(t)) || new Set(stateTicks.map((t) => t.split(' ')[1])).size !== 1 || !/ (KiB|MiB|GiB)$/.test(state.value)) {
+    throw new Error(`the state chart: ${JSON.stringify(state)}`);
+  }
+  step(`state: ${state.value}, ticks ${stateTicks.join(', ')}`);
   const axes = await page.evaluate(async () => {
     const { LineChart } = await import('/charts.js');
     const { fmtBytes } = await import('/app.js');

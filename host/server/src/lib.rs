@@ -6,7 +6,7 @@
 //! runs.rs       the manager: queue, start, watch, stop, resume, reconcile at startup
 //! process.rs    the per-run supervisor process and its exit record
 //! files.rs      metrics.jsonl, logs and checkpoint folders of a run directory
-//! samples.rs    an RL run's samples.jsonl: filters and pages
+//! samples/      an RL run's samples.jsonl: an index kept per run, filters and pages
 //! config.rs     configs/, config resolution, the kind of a job (train or rl)
 //! guard.rs      Host, Origin and content-type checks against web pages driving the server
 //! api/          the HTTP handlers
@@ -143,6 +143,8 @@ pub struct AppState {
     registry: Arc<Registry>,
     manager: Arc<Manager>,
     sandbox: OnceLock<Result<Arc<Sandbox>, String>>,
+    /// The index of each RL run's samples file, and the bound on concurrent reads of them.
+    samples: samples::Samples,
     /// Set when SIGINT or SIGTERM arrives: long work on blocking threads stops.
     shutting_down: AtomicBool,
 }
@@ -230,6 +232,7 @@ pub async fn serve(
         registry,
         manager,
         sandbox: OnceLock::new(),
+        samples: samples::Samples::default(),
         shutting_down: AtomicBool::new(false),
     });
     let app = static_routes(web_dir)

@@ -268,14 +268,21 @@ impl Manager {
         self.registry.run(id)?.ok_or(RunError::NotFound(id))
     }
 
-    /// Starts a finished run again from its run directory (the trainer resumes from its newest
-    /// checkpoint).
+    /// Starts a stopped or failed run again from its run directory (the trainer resumes from
+    /// its newest checkpoint). A completed run trained all its steps and a resume takes no new
+    /// settings, so it would only end again at once: refused.
     pub fn resume(&self, id: i64) -> Result<Run, RunError> {
         let run = self.registry.run(id)?.ok_or(RunError::NotFound(id))?;
         if run.status.is_active() {
             return Err(RunError::Conflict(format!(
                 "run {id} is {}; stop it before resuming",
                 run.status.as_str()
+            )));
+        }
+        if run.status == Status::Completed {
+            return Err(RunError::Conflict(format!(
+                "run {id} is completed: it trained all its steps, so there is nothing to resume \
+                 (start a new run to train further)"
             )));
         }
         self.registry.requeue(id)?;

@@ -164,7 +164,8 @@ pub async fn stop(
     Ok((StatusCode::ACCEPTED, Json(run_json(&run, false))))
 }
 
-/// Starts a stopped, failed or completed run again in its run dir: `202` with the run.
+/// Starts a stopped or failed run again in its run dir: `202` with the run; `409` for an
+/// active or completed one.
 pub async fn resume(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
@@ -262,21 +263,29 @@ pub async fn checkpoints(
 
 /// A page of an RL run's samples (`samples.jsonl`), newest step first, filtered by step, failed
 /// (not correct, or a reward below `threshold`) and erroring (a reward module's call failed).
+/// At most [`crate::samples::MAX_READERS`] requests read at once; each reads only the lines
+/// appended since the last request and those of its page.
 pub async fn samples(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     Query(q): Query<crate::samples::Query>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<crate::samples::Page>> {
     let run = find_run(&state, &id)?;
     if q.threshold.is_some_and(|t| !t.is_finite()) {
         return Err(ApiError::bad_request("threshold must be a finite number"));
     }
+    let _turn = state.samples.turn().await;
+    let reader = Arc::clone(&state);
     let page = tokio::task::spawn_blocking(move || {
-        crate::samples::read(std::path::Path::new(&run.run_dir), &q)
+        reader
+            .samples
+            .read(std::path::Path::new(&run.run_dir), &q)
+            .map_err(|e| format!("reading the samples of run {} failed: {e}", run.id))
     })
     .await
-    .map_err(|e| ApiError::internal(format!("reading samples failed: {e}")))?;
-    Ok(Json(json!(page)))
+    .map_err(|e| ApiError::internal(format!("reading samples failed: {e}")))?
+    .map_err(ApiError::internal)?;
+    Ok(Json(page))
 }
 
 /// `POST /api/runs/{id}/generate` body.
