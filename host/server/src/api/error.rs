@@ -117,9 +117,50 @@ pub fn one_line(text: &str) -> String {
 /// one short sentence).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024;
 
-/// Rewrites every error response that is not JSON into `{"error": ...}` with the same status
-/// (and `Allow` header, for a wrong method).
-pub async fn json_errors(request: Request, next: Next) -> Response {
+/// An error response that is not JSON (axum's own: a body over the limit, a wrong method, a
+/// bad path), caught by [`catch_plain_errors`] so a middleware can answer it in its own shape.
+pub struct PlainError {
+    /// The response's status.
+    pub status: StatusCode,
+    method: axum::http::Method,
+    path: String,
+    text: String,
+    allow: Option<header::HeaderValue>,
+}
+
+impl PlainError {
+    /// One line for the user: the allowed methods for a 405, else axum's text, else the
+    /// status's reason.
+    pub fn message(&self) -> String {
+        let (method, path) = (&self.method, &self.path);
+        match (&self.allow, self.status) {
+            (allow, StatusCode::METHOD_NOT_ALLOWED) => format!(
+                "{method} is not allowed on {path}; use {}",
+                allow
+                    .as_ref()
+                    .and_then(|a| a.to_str().ok())
+                    .unwrap_or("another method")
+            ),
+            _ if !self.text.is_empty() => self.text.clone(),
+            _ => format!(
+                "{method} {path}: {}",
+                self.status.canonical_reason().unwrap_or("failed")
+            ),
+        }
+    }
+
+    /// `out`, the error in the caller's shape, with the original `Allow` header kept.
+    pub fn answer(self, mut out: Response) -> Response {
+        if let Some(allow) = self.allow {
+            out.headers_mut().insert(header::ALLOW, allow);
+        }
+        out
+    }
+}
+
+/// Runs the inner service and hands back its error responses that are not JSON as
+/// [`PlainError`]; every other response passes as it is.
+pub async fn catch_plain_errors(request: Request, next: Next) -> Result<Response, PlainError> {
     let method = request.method().clone();
     let path = request
         .extensions()
@@ -134,28 +175,30 @@ pub async fn json_errors(request: Request, next: Next) -> Response {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("application/json"));
     if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return response;
+        return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let allow = parts.headers.get(header::ALLOW).cloned();
     let text = axum::body::to_bytes(body, MAX_MESSAGE_BYTES)
         .await
         .map(|b| one_line(&String::from_utf8_lossy(&b)))
         .unwrap_or_default();
-    let message = match (&allow, status) {
-        (Some(allow), StatusCode::METHOD_NOT_ALLOWED) => format!(
-            "{method} is not allowed on {path}; use {}",
-            allow.to_str().unwrap_or_default()
-        ),
-        _ if !text.is_empty() => text,
-        _ => format!(
-            "{method} {path}: {}",
-            status.canonical_reason().unwrap_or("failed")
-        ),
-    };
-    let mut out = ApiError::new(status, message).into_response();
-    if let Some(allow) = allow {
-        out.headers_mut().insert(header::ALLOW, allow);
+    Err(PlainError {
+        status,
+        method,
+        path,
+        text,
+        allow: parts.headers.get(header::ALLOW).cloned(),
+    })
+}
+
+/// Rewrites every error response that is not JSON into `{"error": ...}` with the same status
+/// (and `Allow` header, for a wrong method).
+pub async fn json_errors(request: Request, next: Next) -> Response {
+    match catch_plain_errors(request, next).await {
+        Ok(response) => response,
+        Err(plain) => {
+            let out = ApiError::new(plain.status, plain.message()).into_response();
+            plain.answer(out)
+        }
     }
-    out
 }

@@ -2,7 +2,7 @@
 //! every failure shares: `{"error": "<one line>", "errors": [{"key_path":..,"message":..}]}`.
 
 mod configs;
-mod error;
+pub(crate) mod error;
 mod events;
 mod misc;
 mod reward_test;

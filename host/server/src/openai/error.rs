@@ -3,8 +3,9 @@
 //! what axum answers by itself (a body over [`MAX_REQUEST_BYTES`], a wrong method; rewritten
 //! by [`openai_errors`]) and the request checks of `guard.rs` ([`refusal`]).
 
-use axum::extract::{OriginalUri, Request};
-use axum::http::{header, StatusCode};
+use crate::api::error::catch_plain_errors;
+use axum::extract::Request;
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -150,62 +151,22 @@ pub fn refusal(status: StatusCode, message: impl Into<String>) -> Response {
     OaiError::from_status(status, message).into_response()
 }
 
-/// The most of a non-JSON error body that is turned into the message (axum's rejections are
-/// one short sentence).
-const MAX_MESSAGE_BYTES: usize = 16 * 1024;
-
 /// Rewrites every error response under `/v1` that is not JSON (axum's own: a body over the
 /// limit, a wrong method, a bad path) into OpenAI's shape with the same status (and `Allow`).
 pub async fn openai_errors(request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    let path = request
-        .extensions()
-        .get::<OriginalUri>()
-        .map_or_else(|| request.uri().path(), |u| u.0.path())
-        .to_string();
-    let response = next.run(request).await;
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.starts_with("application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return response;
+    match catch_plain_errors(request, next).await {
+        Ok(response) => response,
+        Err(plain) => {
+            let message = match plain.status {
+                StatusCode::PAYLOAD_TOO_LARGE => format!(
+                    "the request body is larger than {} bytes ({} MiB), the most this server reads",
+                    MAX_REQUEST_BYTES,
+                    MAX_REQUEST_BYTES >> 20
+                ),
+                _ => plain.message(),
+            };
+            let out = OaiError::from_status(plain.status, message).into_response();
+            plain.answer(out)
+        }
     }
-    let (parts, body) = response.into_parts();
-    let allow = parts.headers.get(header::ALLOW).cloned();
-    let text = axum::body::to_bytes(body, MAX_MESSAGE_BYTES)
-        .await
-        .map(|b| {
-            String::from_utf8_lossy(&b)
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default();
-    let message = match status {
-        StatusCode::METHOD_NOT_ALLOWED => format!(
-            "{method} is not allowed on {path}; use {}",
-            allow
-                .as_ref()
-                .and_then(|a| a.to_str().ok())
-                .unwrap_or("another method")
-        ),
-        StatusCode::PAYLOAD_TOO_LARGE => format!(
-            "the request body is larger than {} bytes ({} MiB), the most this server reads",
-            MAX_REQUEST_BYTES,
-            MAX_REQUEST_BYTES >> 20
-        ),
-        _ if !text.is_empty() => text,
-        _ => format!(
-            "{method} {path}: {}",
-            status.canonical_reason().unwrap_or("failed")
-        ),
-    };
-    let mut out = OaiError::from_status(status, message).into_response();
-    if let Some(allow) = allow {
-        out.headers_mut().insert(header::ALLOW, allow);
-    }
-    out
 }
