@@ -4,12 +4,12 @@
 //! under `/v1` in OpenAI's shape, and logprobs whose alternatives print alike.
 
 use anneal_tests::cli::{anneal, ok, Job};
-use anneal_tests::serve::{kill, temp_home, Server};
+use anneal_tests::serve::{temp_home, Server};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Loops 10^10 times writing nothing: only fuel stops it.
 const QUIET: &str =
@@ -155,19 +155,7 @@ fn an_endless_chat_template_is_stopped_and_the_server_keeps_answering() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(200));
-    kill(i64::from(server.child.id()), 15);
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = server.child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let status = status.expect("anneal serve still runs 20 s after SIGTERM");
-    assert!(status.success(), "{status}");
+    server.terminate_within(Duration::from_secs(20));
 }
 
 #[test]

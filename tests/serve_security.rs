@@ -5,7 +5,7 @@
 //! prompts that look like flags, `configs/` symlinks that point outside it, and symlinked logs
 //! in a run directory.
 
-use anneal_tests::serve::{cpu_seconds, kill, temp_home, tiny_configs, Server};
+use anneal_tests::serve::{cpu_seconds, temp_home, tiny_configs, Server};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -426,19 +426,7 @@ fn sigterm_ends_the_server_during_a_reward_test() {
         Some(body.as_bytes()),
     );
     std::thread::sleep(Duration::from_millis(1500));
-    kill(i64::from(server.child.id()), 15);
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = server.child.try_wait().expect("wait") {
-            break Some(status);
-        }
-        if start.elapsed() > Duration::from_secs(5) {
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let status = status.expect("anneal serve still runs 5 s after SIGTERM");
-    assert!(status.success(), "{status}");
+    server.terminate_within(Duration::from_secs(5));
 }
 
 #[test]

@@ -88,6 +88,24 @@ impl Server {
         self.leave_runs = true;
     }
 
+    /// Sends SIGTERM and waits for the server to exit; panics unless it exits with success
+    /// within `within` (a server that keeps running after SIGTERM is the failure).
+    pub fn terminate_within(&mut self, within: Duration) {
+        kill(i64::from(self.child.id()), 15);
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait for anneal serve") {
+                break status;
+            }
+            assert!(
+                start.elapsed() <= within,
+                "anneal serve still runs {within:?} after SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "anneal serve exited with {status}");
+    }
+
     /// One request; returns the status and the body parsed as JSON (`Null` when empty).
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
         let bytes = body.map(|b| b.to_string().into_bytes());
