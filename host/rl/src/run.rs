@@ -18,6 +18,7 @@ use anneal_runtime::plugins::{Params, PluginOptimizer};
 use anneal_train::checkpoint::{load_dir_with, Contents};
 use anneal_train::harness::Resumed;
 use anneal_train::harness::{resume_with, split_buffers, RunDir, RunKind, Saver, ShardSaver};
+use anneal_train::parallel::{Axis, Placement, Placements};
 use anneal_train::preflight::Degrees;
 use anneal_train::{
     io_err, Console, Dist, FsdpPolicy, LrSchedule, MetricsLog, TpInference, TrainError,
@@ -429,8 +430,16 @@ pub fn run_rl_dist(
         true => Vec::new(),
         false => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
     };
+    let mut placements = Placements::replicated(named.iter().map(|(n, _)| n.clone()));
+    if let Some(tp) = &tp {
+        placements = placements.with(Axis::Tp, |n| tp.placement(n));
+    }
+    if fsdp.is_some() {
+        placements = placements.with(Axis::DpShard, |_| Placement::Shard(0));
+    }
     let mut trainer = RlTrainer {
         model: &model,
+        placements,
         params,
         named,
         buffers,

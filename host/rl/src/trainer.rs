@@ -14,8 +14,9 @@ use anneal_engine::{autograd, Tensor};
 use anneal_runtime::infer::{tensor_parallel_opts, token_logprob, whole_vocab};
 use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer};
 use anneal_train::checkpoint::Snapshot;
-use anneal_train::harness::{clip_grads, global_grad_norm, Provenance};
+use anneal_train::harness::{clip_grads, Provenance};
 use anneal_train::outputs::{weighted_aux, StepOutputs};
+use anneal_train::parallel::Placements;
 use anneal_train::{Dist, FsdpPolicy, TpInference, TrainError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -77,6 +78,8 @@ pub(crate) struct RlTrainer<'a> {
     /// Under FSDP, the layout: `named` (and `params`) hold this rank's rows of the policy and
     /// `reference` its rows of the reference (buffers whole); a step gathers them whole.
     pub fsdp: Option<&'a FsdpPolicy>,
+    /// Where each policy parameter lives over the mesh: what the gradient norm adds by.
+    pub placements: Placements,
     /// Under FSDP, the whole policy gathered for this step's rollouts, which the step's first
     /// forward takes (so the trainer runs on the very tensors the rollouts decoded with).
     pub whole: Option<Vec<(String, Tensor)>>,
@@ -416,12 +419,7 @@ impl RlTrainer<'_> {
             _ => dist.all_reduce_grads(&self.named)?,
         }
         drop((params, policy, reference));
-        let grad_norm = match (self.tp, self.fsdp) {
-            // Each split parameter's slices counted once over the group.
-            (Some(tp), _) => tp.grad_norm(&self.named)?,
-            (None, Some(f)) => f.grad_norm(dist, &self.named)?,
-            (None, None) => global_grad_norm(&self.named),
-        };
+        let grad_norm = self.placements.grad_norm(dist, &self.named)?;
         clip_grads(&self.named, max_grad_norm, grad_norm)?;
         let (mut entropy, mut kl, mut dropped) = (
             ent_sum / tokens.max(1) as f64,

@@ -243,6 +243,22 @@ impl Dist {
         self.shard.as_deref()
     }
 
+    /// The communicator over the ranks that differ from this one in `axis` alone, when the
+    /// layout has one (`dp_replicate`'s: the replicas' under HSDP, every data-parallel rank's
+    /// without FSDP).
+    pub fn axis(&self, axis: crate::parallel::Axis) -> Option<&dyn Collective> {
+        use crate::parallel::Axis;
+        match axis {
+            Axis::DpReplicate => match &self.shard {
+                Some(_) => self.replicate(),
+                None => Some(self.dp.as_ref()),
+            },
+            Axis::DpShard => self.shard(),
+            Axis::Tp => self.tp().map(|c| c.as_ref()),
+            Axis::Pp => self.pp(),
+        }
+    }
+
     /// The `pp` communicator (the ranks of this rank's pipeline, by stage) when `pp > 1`.
     pub fn pp(&self) -> Option<&dyn Collective> {
         self.pp.as_deref()

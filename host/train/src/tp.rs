@@ -90,19 +90,14 @@ impl TpLayout {
         let key = "`parallelism.tp`";
         let hf = spec.hf.as_ref().map(|h| &h.config);
         let field = |k: &str| hf.and_then(|c| c.get(k)).and_then(|v| v.as_u64());
-        // Other plugins' attention and expert layouts are not checked to run on a rank's share
-        // of heads and expert widths; the Llama 3 family, dense Qwen3 (per-head q/k norms) and
-        // Qwen3-MoE (their attention, routed experts without biases) are.
-        let model_type = hf
-            .and_then(|c| c.get("model_type"))
-            .and_then(|v| v.as_str());
-        if spec.architecture != "llama"
-            || !matches!(model_type, Some("llama" | "qwen3" | "qwen3_moe"))
-        {
+        // The plugin says whether its forward runs on a rank's share of heads and widths.
+        if !spec.parallel.tensor {
             return Err(config_err(format!(
-                "{key} = {n}: tensor parallelism runs the Llama 3 family, Qwen3 and Qwen3-MoE (plugin llama, model_type llama, qwen3 or qwen3_moe) so far, and {model} is {} / {}; set parallelism.tp = 1",
+                "{key} = {n}: {model} ({} / {}) does not declare tensor-parallel support (its plugin's `ModelSpec::parallel.tensor`); set parallelism.tp = 1",
                 spec.architecture,
-                model_type.unwrap_or("?")
+                hf.and_then(|c| c.get("model_type"))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("no Hugging Face model_type")
             )));
         }
         for (k, arg) in [
@@ -197,6 +192,15 @@ impl TpLayout {
         self.dims.get(name).map(|&(dim, _)| dim)
     }
 
+    /// How parameter `name` lies over the tensor-parallel ranks: split along its cut dim, or
+    /// whole on every rank.
+    pub fn placement(&self, name: &str) -> crate::parallel::Placement {
+        match self.split_dim(name) {
+            Some(dim) => crate::parallel::Placement::Shard(dim),
+            None => crate::parallel::Placement::Replicate,
+        }
+    }
+
     /// Whether parameter `name` is split.
     pub fn is_split(&self, name: &str) -> bool {
         self.splits.contains_key(name)
@@ -257,38 +261,6 @@ impl TpLayout {
             splits: self.splits.clone(),
             sequence: self.sequence,
         }
-    }
-
-    /// The global gradient norm: per parameter the f64 sum of squares, a split parameter's
-    /// summed over its slices in rank order, a replicated one's taken once; the parameters
-    /// added in name order, so every rank gets the same bits.
-    pub fn grad_norm(&self, comm: &dyn Collective, named: &Named) -> Result<f64, TrainError> {
-        Ok(self.grad_sums(comm, named)?.iter().sum::<f64>().sqrt())
-    }
-
-    /// Each parameter's f64 sum of squares over the group, in `named`'s order: a split
-    /// parameter's slices summed in rank order, a replicated one's taken once (from the first
-    /// rank), the same bits on every rank. Collective over `comm`.
-    pub fn grad_sums(
-        &self,
-        comm: &dyn Collective,
-        named: &[(String, Tensor)],
-    ) -> Result<Vec<f64>, TrainError> {
-        let local: Vec<i64> = named
-            .iter()
-            .map(|(_, p)| p.grad().map_or(0.0, |g| g.sum_of_squares()).to_bits() as i64)
-            .collect();
-        let mut all = vec![0i64; local.len() * comm.size()];
-        comm.all_gather((&local[..]).into(), (&mut all[..]).into())?;
-        let at = |r: usize, i: usize| f64::from_bits(all[r * local.len() + i] as u64);
-        Ok(named
-            .iter()
-            .enumerate()
-            .map(|(i, (n, _))| match self.is_split(n) {
-                true => (0..comm.size()).map(|r| at(r, i)).sum::<f64>(),
-                false => at(0, i),
-            })
-            .collect())
     }
 
     /// Sums over the group, the same bits on every rank, the replicated parameters' gradients

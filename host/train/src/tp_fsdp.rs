@@ -9,9 +9,8 @@
 //! `dp_replicate` under HSDP), never over `tp` for a split parameter, whose slices are
 //! different tensors; under sequence parallelism the replicated parameters' shard gradients are
 //! then summed over `tp` ([`TpLayout::sum_replicated_grads`] on the shards: every rank of a
-//! tensor-parallel group holds the same rows of them). The norm ([`grad_norm`]) adds each
-//! parameter's squares over the shard group, then over `tp` counting each slice once and a
-//! replicated parameter once.
+//! tensor-parallel group holds the same rows of them). The norm is the placements' one
+//! ([`crate::parallel`]).
 //!
 //! Checkpoints hold global pieces, so any layout reads them: a column- or vocab-split slice's
 //! shard rows are rows of the whole, written by the rank holding them; a replicated
@@ -59,60 +58,6 @@ impl StageParams for Hook {
     fn tensor_parallel(&self) -> Option<TensorParallelism> {
         Some(self.tp.clone())
     }
-}
-
-/// The global gradient norm from the shards of the local slices: per parameter the f64 sum of
-/// squares over the `shard` ranks (added in rank order), then over `tp` a split parameter's
-/// slices summed in rank order and a replicated one's taken once ([`grad_sums`]); the
-/// parameters added in name order, so every rank gets the same bits. Collective over both.
-pub(crate) fn grad_norm(
-    layout: &TpLayout,
-    shard: &dyn Collective,
-    tp: &dyn Collective,
-    shards: &Named,
-) -> Result<f64, TrainError> {
-    Ok(grad_sums(layout, shard, tp, shards)?
-        .iter()
-        .sum::<f64>()
-        .sqrt())
-}
-
-/// Each parameter's f64 sum of squares over its shards and its tensor-parallel slices, in
-/// `shards`' order: the shard ranks' sums added in rank order, then a split parameter's
-/// slices summed over `tp` in rank order and a replicated one's taken once (from the first
-/// tp rank), the same bits on every rank of the `shard` × `tp` group. Collective over both.
-pub(crate) fn grad_sums(
-    layout: &TpLayout,
-    shard: &dyn Collective,
-    tp: &dyn Collective,
-    shards: &[(String, Tensor)],
-) -> Result<Vec<f64>, TrainError> {
-    let n = shards.len();
-    let local: Vec<i64> = shards
-        .iter()
-        .map(|(_, p)| p.grad().map_or(0.0, |g| g.sum_of_squares()).to_bits() as i64)
-        .collect();
-    let summed = |comm: &dyn Collective, local: &[i64]| -> Result<Vec<Vec<f64>>, TrainError> {
-        let mut all = vec![0i64; n * comm.size()];
-        comm.all_gather(local.into(), (&mut all[..]).into())?;
-        Ok(all
-            .chunks(n.max(1))
-            .map(|r| r.iter().map(|&b| f64::from_bits(b as u64)).collect())
-            .collect())
-    };
-    let over_shard = summed(shard, &local)?;
-    let slice: Vec<i64> = (0..n)
-        .map(|i| over_shard.iter().map(|r| r[i]).sum::<f64>().to_bits() as i64)
-        .collect();
-    let over_tp = summed(tp, &slice)?;
-    Ok(shards
-        .iter()
-        .enumerate()
-        .map(|(i, (name, _))| match layout.is_split(name) {
-            true => over_tp.iter().map(|r| r[i]).sum::<f64>(),
-            false => over_tp[0][i],
-        })
-        .collect())
 }
 
 /// A tensor split along a dim other than 0: this rank's share of it for its checkpoint piece,

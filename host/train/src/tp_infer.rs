@@ -109,11 +109,9 @@ impl TpInference {
         }
     }
 
-    /// The global gradient norm of `named` (this rank's slices): each split parameter's
-    /// squares summed over its slices, each replicated one counted once; the same bits on
-    /// every rank.
-    pub fn grad_norm(&self, named: &Named) -> Result<f64, TrainError> {
-        self.layout.grad_norm(self.comm.as_ref(), named)
+    /// How parameter `name` lies over the group: split along its cut dim, or whole.
+    pub fn placement(&self, name: &str) -> crate::parallel::Placement {
+        self.layout.placement(name)
     }
 
     /// Whole tensors from this rank's slices `named` (split parameters gathered over the group

@@ -171,33 +171,6 @@ impl Fsdp {
         Ok(())
     }
 
-    /// The global gradient norm from the shards: each rank's f64 sum of squares, gathered over
-    /// the shard ranks and added in rank order (so every rank gets the same bits).
-    pub fn grad_norm(
-        &self,
-        shard_comm: &dyn Collective,
-        shards: &[(String, Tensor)],
-    ) -> Result<f64, TrainError> {
-        Ok(self.grad_sum_of_squares(shard_comm, shards)?.sqrt())
-    }
-
-    /// The squared norm behind [`Fsdp::grad_norm`].
-    pub fn grad_sum_of_squares(
-        &self,
-        shard_comm: &dyn Collective,
-        shards: &[(String, Tensor)],
-    ) -> Result<f64, TrainError> {
-        let local: f64 = shards
-            .iter()
-            .filter_map(|(_, p)| p.grad())
-            .map(|g| g.sum_of_squares())
-            .sum();
-        let mut all = vec![0i64; shard_comm.size()];
-        let bits = [local.to_bits() as i64];
-        shard_comm.all_gather((&bits[..]).into(), (&mut all[..]).into())?;
-        Ok(all.iter().map(|&b| f64::from_bits(b as u64)).sum::<f64>())
-    }
-
     /// This rank's rows of each trained parameter (in layout order) and its full shape: where
     /// its shard sits in the whole, for checkpoint pieces and for reading a checkpoint back.
     pub fn param_rows(&self) -> impl Iterator<Item = (&[usize], Range<usize>)> {

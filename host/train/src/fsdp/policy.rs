@@ -162,11 +162,6 @@ impl FsdpPolicy {
         Fsdp::set_shard_grads(dist.grads(), dist.replicate(), shards, rows, &got)
     }
 
-    /// The global gradient norm from the shards' gradients (the same bits on every rank).
-    pub fn grad_norm(&self, dist: &Dist, shards: &[(String, Tensor)]) -> Result<f64, TrainError> {
-        self.fsdp.grad_norm(shard_comm(dist)?, shards)
-    }
-
     /// This rank's checkpoint pieces of `shards` as `<prefix>/<name>` (and, on the shard
     /// group's first rank, of the tensors held `whole`), as FSDP training writes them: any
     /// layout reads them back.

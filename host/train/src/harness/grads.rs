@@ -28,19 +28,8 @@ pub fn split_buffers(model: &PluginModel, all: Named) -> (Named, Named) {
     (named, buffers)
 }
 
-/// The global L2 norm of the parameters' gradients (f64 sums, so it does not depend on the
-/// thread count).
-pub fn global_grad_norm(named: &[(String, Tensor)]) -> f64 {
-    named
-        .iter()
-        .filter_map(|(_, p)| p.grad())
-        .map(|g| g.sum_of_squares())
-        .sum::<f64>()
-        .sqrt()
-}
-
 /// Scales the gradients down to global norm `max_norm` when their norm `norm` (from
-/// [`global_grad_norm`]) is finite and above it; `max_norm = 0` turns clipping off.
+/// [`crate::parallel::Placements::grad_norm`]) is finite and above it; `max_norm = 0` turns clipping off.
 pub fn clip_grads(
     named: &[(String, Tensor)],
     max_norm: f64,

@@ -20,7 +20,7 @@ mod resume;
 mod run_dir;
 mod saver;
 
-pub use grads::{clip_grads, global_grad_norm, split_buffers};
+pub use grads::{clip_grads, split_buffers};
 pub use plugins::{load_model, load_optimizer, model_plugin_name, with_model_plugin};
 pub use resume::{
     params_from_checkpoint, params_of_from_checkpoint, params_of_rows_from_checkpoint,

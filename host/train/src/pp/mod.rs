@@ -30,8 +30,6 @@ pub struct Pipeline {
     pub layout: Layout,
     /// This rank's coordinate along `pp`.
     rank: usize,
-    /// Every trained parameter's name, sorted (the single process's order of the norm).
-    all_names: Vec<String>,
 }
 
 /// What a pipelined step needs from the trainer.
@@ -79,14 +77,9 @@ struct Stash {
 }
 
 impl Pipeline {
-    /// The pipeline rank `rank` sees; `all_names` are every trained parameter's names.
-    pub fn new(layout: Layout, rank: usize, mut all_names: Vec<String>) -> Pipeline {
-        all_names.sort();
-        Pipeline {
-            layout,
-            rank,
-            all_names,
-        }
+    /// The pipeline rank `rank` sees.
+    pub fn new(layout: Layout, rank: usize) -> Pipeline {
+        Pipeline { layout, rank }
     }
 
     /// The global stages this rank runs, by chunk.
@@ -328,56 +321,6 @@ impl Pipeline {
         comm.all_reduce_sum(&mut losses)?;
         Ok(losses)
     }
-
-    /// The global gradient norm over every stage's parameters, bitwise the single process's:
-    /// each rank's f64 sum of squares per parameter is gathered, and the sums are added in name
-    /// order (a parameter's is nonzero on its one rank, so adding the others' zeros is exact).
-    /// Collective over `comm`.
-    pub fn grad_norm(
-        &self,
-        comm: &dyn Collective,
-        named: &[(String, Tensor)],
-    ) -> Result<f64, TrainError> {
-        let sums = named
-            .iter()
-            .filter_map(|(name, p)| p.grad().map(|g| (name.as_str(), g.sum_of_squares())));
-        self.norm_of_sums(comm, sums)
-    }
-
-    /// The global norm from this rank's per-parameter sums of squares `sums` (by name), added
-    /// over the ranks of `comm` and then in name order, as [`Pipeline::grad_norm`] does.
-    /// Collective over `comm`.
-    pub(crate) fn norm_of_sums<'a>(
-        &self,
-        comm: &dyn Collective,
-        sums: impl Iterator<Item = (&'a str, f64)>,
-    ) -> Result<f64, TrainError> {
-        let n = self.all_names.len();
-        let mut mine = vec![0f64; n];
-        for (name, v) in sums {
-            if let Ok(i) = self.all_names.binary_search_by(|a| a.as_str().cmp(name)) {
-                mine[i] = v;
-            }
-        }
-        let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let mut all = vec![0u8; bytes.len() * comm.size()];
-        comm.all_gather((&bytes[..]).into(), (&mut all[..]).into())?;
-        let value = |r: usize, i: usize| {
-            let at = (r * n + i) * 8;
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&all[at..at + 8]);
-            f64::from_le_bytes(b)
-        };
-        let mut sum = 0.0f64;
-        for i in 0..n {
-            let mut v = 0.0f64;
-            for r in 0..comm.size() {
-                v += value(r, i);
-            }
-            sum += v;
-        }
-        Ok(sum.sqrt())
-    }
 }
 
 /// The cross-entropy of the last stage's `[logits]` against `b`'s targets (under tensor
@@ -474,8 +417,7 @@ pub fn setup(
         .cloned()
         .collect();
     let (in_embed, in_head) = layout::outer_owners(model, &outer)?;
-    let all_names = named.iter().map(|(n, _)| n.clone()).collect();
-    let pipeline = Pipeline::new(layout, rank, all_names);
+    let pipeline = Pipeline::new(layout, rank);
     let owned = |n: &String| {
         pipeline.owns(
             layer_of.get(n.as_str()).copied().flatten(),

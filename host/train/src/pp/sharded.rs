@@ -86,23 +86,3 @@ pub(crate) fn scatter_grads(
     }
     Ok((rows, got))
 }
-
-/// The global gradient norm from the shards of every stage: the sum of squares over the
-/// `dp_shard` ranks of a stage ([`Fsdp::grad_sum_of_squares`]), then over the stages in
-/// pipeline rank order, so every rank gets the same bits. Collective over both.
-pub(crate) fn grad_norm(
-    fsdp: &Fsdp,
-    shard_comm: &dyn Collective,
-    pp_comm: &dyn Collective,
-    shards: &[(String, Tensor)],
-) -> Result<f64, TrainError> {
-    let stage = fsdp.grad_sum_of_squares(shard_comm, shards)?;
-    let mut all = vec![0i64; pp_comm.size()];
-    let bits = [stage.to_bits() as i64];
-    pp_comm.all_gather((&bits[..]).into(), (&mut all[..]).into())?;
-    Ok(all
-        .iter()
-        .map(|&b| f64::from_bits(b as u64))
-        .sum::<f64>()
-        .sqrt())
-}

@@ -7,22 +7,16 @@
 //! coordinate): without sequence parallelism each sends its copy of the whole activation,
 //! under it its share of the sequence, so the pipeline's traffic per rank falls by `tp`.
 //!
-//! The norm ([`grad_norm`]) counts each slice once over `tp`, then adds the stages' sums over
-//! `pp` in name order, the same bits on every rank. Checkpoints hold global pieces written by
+//! Checkpoints hold global pieces written by
 //! every stage's `tp` ranks (rows of the column/vocab slices; the row-split and replicated
 //! tensors whole from the group's first rank), so any layout reads them.
 //!
 //! With `dp_shard` too (FSDP applied last) a stage's slices are what FSDP shards over the
 //! stage's `dp_shard` ranks ([`crate::pp::sharded`]: gathered once per step, gradients
-//! reduce-scattered over `dp_shard` only, never summed over `tp`), the norm adds the shard's
-//! squares, then the slices once over `tp`, then the stages ([`sharded_grad_norm`]), and
-//! checkpoints are TP × FSDP's global pieces ([`crate::tp_fsdp`]) written by every rank of
+//! reduce-scattered over `dp_shard` only, never summed over `tp`) and checkpoints are TP × FSDP's global pieces ([`crate::tp_fsdp`]) written by every rank of
 //! the first replica.
 
-use super::Pipeline;
-use crate::tp::TpLayout;
 use crate::TrainError;
-use anneal_dist::Collective;
 use anneal_engine::ops::{vocab_parallel_cross_entropy, CrossEntropy};
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::ForwardOpts;
@@ -42,34 +36,4 @@ pub(crate) fn cross_entropy(
     Ok(Some(vocab_parallel_cross_entropy(
         logits, y, ignore, &tp.group,
     )?))
-}
-
-/// The global gradient norm of `named` (this rank's slices of its stages' parameters): each
-/// parameter's squares summed over `tp` counting each slice once ([`TpLayout::grad_sums`]),
-/// then over `pp` and in name order ([`Pipeline::norm_of_sums`]), so every rank gets the same
-/// bits. Collective over both.
-pub(crate) fn grad_norm(
-    pipe: &Pipeline,
-    layout: &TpLayout,
-    tp: &dyn Collective,
-    pp: &dyn Collective,
-    named: &[(String, Tensor)],
-) -> Result<f64, TrainError> {
-    let sums = layout.grad_sums(tp, named)?;
-    pipe.norm_of_sums(pp, named.iter().map(|(n, _)| n.as_str()).zip(sums))
-}
-
-/// The global gradient norm under PP × TP × FSDP, from this rank's shards of its stages'
-/// slices (`shards`): each parameter's squares summed over `shard` in rank order, then over
-/// `tp` counting each slice once ([`crate::tp_fsdp::grad_sums`]), then over `pp` and in name
-/// order ([`Pipeline::norm_of_sums`]), so every rank gets the same bits. Collective over all
-/// three.
-pub(crate) fn sharded_grad_norm(
-    pipe: &Pipeline,
-    layout: &TpLayout,
-    (shard, tp, pp): (&dyn Collective, &dyn Collective, &dyn Collective),
-    shards: &[(String, Tensor)],
-) -> Result<f64, TrainError> {
-    let sums = crate::tp_fsdp::grad_sums(layout, shard, tp, shards)?;
-    pipe.norm_of_sums(pp, shards.iter().map(|(n, _)| n.as_str()).zip(sums))
 }

@@ -6,6 +6,7 @@
 use super::Trainer;
 use crate::ep::ExpertGroup;
 use crate::fsdp::{Fsdp, GatherCodec, Units};
+use crate::parallel::{Axis, Placement, Placements};
 use crate::TrainError;
 use anneal_config::JobConfig;
 use std::cell::RefCell;
@@ -22,6 +23,7 @@ impl Trainer {
         note: &dyn Fn(&str),
     ) -> Result<(), TrainError> {
         let t = &cfg.training;
+        let mut placements = Placements::replicated(self.named.iter().map(|(n, _)| n.clone()));
         if let Some(ring) = self.dist.take_ring_comm() {
             let cp = crate::cp::Context::activate(ring);
             self.positions = cp.positions(t.seq_len)?;
@@ -39,6 +41,7 @@ impl Trainer {
                 )));
             }
             note(&layout.summary());
+            placements = placements.with(Axis::Tp, |n| layout.placement(n));
             self.named = layout.slice_params(std::mem::take(&mut self.named))?;
             self.params = Arc::new(self.named.iter().chain(&self.buffers).cloned().collect());
             self.tp = Some(layout);
@@ -56,6 +59,7 @@ impl Trainer {
             self.buffers = my_buffers;
             self.params = Arc::new(self.named.iter().chain(&self.buffers).cloned().collect());
             self.pipeline = Some(pipeline);
+            placements = placements.with(Axis::Pp, |_| Placement::Stage);
         }
         if let (Some(comm), Some(_)) = (self.dist.shard(), &self.pipeline) {
             // FSDP inside the stages: the shards rest here; a step gathers the stage whole
@@ -99,6 +103,11 @@ impl Trainer {
             self.units = Some(Rc::new(RefCell::new(units)));
             self.release_full();
         }
+        if self.fsdp.is_some() {
+            // Every parameter's padded rows (a stage's, under pipeline parallelism).
+            placements = placements.with(Axis::DpShard, |_| Placement::Shard(0));
+        }
+        self.placements = placements;
         Ok(())
     }
 }

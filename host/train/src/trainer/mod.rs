@@ -8,7 +8,7 @@ mod state;
 use crate::dist::Dist;
 use crate::ep::{ActiveGroup, ExpertGroup};
 use crate::fsdp::{Active, Fsdp, Hook, Units};
-use crate::harness::{clip_grads, global_grad_norm, Provenance};
+use crate::harness::{clip_grads, Provenance};
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
@@ -92,6 +92,8 @@ pub struct Trainer {
     cp: Option<crate::cp::Context>,
     /// The tensor-parallel layout when `tp > 1` (`named` then holds this rank's slices).
     tp: Option<crate::tp::TpLayout>,
+    /// Where each trained parameter lives over the mesh: what the gradient norm adds by.
+    placements: crate::parallel::Placements,
     /// Under TP × FSDP, the row-split shares the next checkpoint writes.
     tp_fsdp_save: crate::tp_fsdp::TpFsdpSave,
     /// Where parameters, buffers, gradients, optimizer state and each batch live
@@ -254,6 +256,7 @@ impl Trainer {
             pipeline: None,
             cp: None,
             tp: None,
+            placements: crate::parallel::Placements::replicated(std::iter::empty()),
             tp_fsdp_save: Default::default(),
             device,
         };
@@ -576,31 +579,7 @@ impl Trainer {
         // same for any number of ranks.
         let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
         let aux_loss = outputs.aux_total();
-        let grad_norm = match (
-            &self.fsdp,
-            self.dist.shard(),
-            &self.pipeline,
-            self.dist.pp(),
-            tp_grads,
-        ) {
-            (Some(_), Some(sc), Some(pipe), Some(pc), Some((layout, tc))) => {
-                let comms = (sc, tc.as_ref(), pc);
-                crate::pp::tp::sharded_grad_norm(pipe, layout, comms, &self.named)?
-            }
-            (Some(fsdp), Some(sc), Some(_), Some(pc), _) => {
-                crate::pp::sharded::grad_norm(fsdp, sc, pc, &self.named)?
-            }
-            (Some(_), Some(sc), _, _, Some((layout, tc))) => {
-                crate::tp_fsdp::grad_norm(layout, sc, tc.as_ref(), &self.named)?
-            }
-            (Some(fsdp), Some(comm), _, _, _) => fsdp.grad_norm(comm, &self.named)?,
-            (_, _, Some(pipe), Some(pc), Some((layout, tc))) => {
-                crate::pp::tp::grad_norm(pipe, layout, tc.as_ref(), pc, &self.named)?
-            }
-            (_, _, Some(pipe), Some(comm), _) => pipe.grad_norm(comm, &self.named)?,
-            (_, _, _, _, Some((layout, comm))) => layout.grad_norm(comm.as_ref(), &self.named)?,
-            _ => global_grad_norm(&self.named),
-        };
+        let grad_norm = self.placements.grad_norm(&self.dist, &self.named)?;
         let checked = [
             ("loss", loss),
             ("auxiliary loss", aux_loss.unwrap_or(0.0)),
