@@ -280,6 +280,13 @@ fn bad_tensor_parallel_layouts_name_the_keys() {
     // What does not run under tp yet: Muon (experts: tests/tp_moe_cli.rs).
     let out = tp2("muon", &["optimizer.plugin=\"muon\""]);
     user_error(&out, &["parallelism.tp", "optimizer.plugin"]);
+    // A model whose spec does not declare tensor-parallel support (the llama plugin's Mixtral
+    // flavors): the plugin says so, not a list of family names in the host.
+    let out = tp2("mixtral", &["model.flavor=\"debugmodel_mixtral\""]);
+    user_error(
+        &out,
+        &["parallelism.tp", "mixtral", "tensor-parallel support"],
+    );
 }
 
 /// Qwen3's q/k norms are shared by the heads and applied to each apart: every rank applies them

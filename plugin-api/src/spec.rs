@@ -124,6 +124,21 @@ pub struct ModelSpec {
     /// How to read and write the Hugging Face layout of this model, if it has one.
     #[serde(default)]
     pub hf: Option<HfAdapter>,
+    /// The parallel layouts whose forward the model must take part in, that it supports.
+    #[serde(default)]
+    pub parallel: ParallelSupport,
+}
+
+/// The parallel layouts a model's forward takes part in, that it declares it supports. Data
+/// parallelism, FSDP, pipeline stages and context parallelism need nothing of a model beyond
+/// its parameters' placements; these do.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ParallelSupport {
+    /// The forward runs on a rank's share of the heads and of every parameter declared
+    /// tensor-parallel (column, row, vocab, experts' widths): each op it uses on them is
+    /// one the host combines over the group, and its per-head tensors follow the rank's heads.
+    #[serde(default)]
+    pub tensor: bool,
 }
 
 /// The Hugging Face side of a model besides its tensors (each parameter carries its own

@@ -417,6 +417,7 @@ mod tests {
             ],
             kv_cache: vec![Some((2, 2))],
             hf: None,
+            parallel: Default::default(),
         }
     }
 

@@ -305,6 +305,7 @@ mod tests {
             params,
             kv_cache: vec![],
             hf: None,
+            parallel: Default::default(),
         }
     }
 

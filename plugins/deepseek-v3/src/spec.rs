@@ -456,6 +456,7 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
             })
             .collect(),
         hf: Some(crate::hf::adapter(a)),
+        parallel: Default::default(),
         params,
     }
 }

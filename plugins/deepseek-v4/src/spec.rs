@@ -596,6 +596,7 @@ pub fn model_spec(a: &DeepseekV4Args, params: Vec<ParamSpec>) -> ModelSpec {
         // so estimates from this are upper bounds.
         kv_cache: vec![Some((1, a.head_dim)); a.n_layers],
         hf: Some(hf::adapter(a)),
+        parallel: Default::default(),
         params,
     }
 }

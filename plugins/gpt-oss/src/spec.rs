@@ -237,6 +237,7 @@ pub fn model_spec(a: &GptOssArgs, params: Vec<ParamSpec>) -> ModelSpec {
         active_params: Some(n - idle_experts),
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim)); a.n_layers],
         hf: Some(crate::hf::adapter(a)),
+        parallel: Default::default(),
         params,
     }
 }

@@ -3,7 +3,9 @@
 
 use crate::config::LlamaArgs;
 use crate::hf;
-use anneal_plugin_api::sdk::{Decl, HfMap, Init, ModelSpec, Param, ParamSpec, ParamTable};
+use anneal_plugin_api::sdk::{
+    Decl, HfMap, Init, ModelSpec, ParallelSupport, Param, ParamSpec, ParamTable,
+};
 
 /// The parameters of one block.
 pub struct BlockParams {
@@ -277,5 +279,10 @@ pub fn model_spec(a: &LlamaArgs, params: Vec<ParamSpec>) -> ModelSpec {
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim())); a.n_layers],
         hf: Some(hf::adapter(a)),
         params,
+        // Checked to run on a rank's share of the heads and widths: the Llama 3 family, dense
+        // Qwen3 (per-head q/k norms) and Qwen3-MoE (routed experts without biases).
+        parallel: ParallelSupport {
+            tensor: matches!(a.hf_model_type.as_str(), "llama" | "qwen3" | "qwen3_moe"),
+        },
     }
 }

@@ -460,6 +460,7 @@ pub fn model_spec(a: &Qwen35Args, params: Vec<ParamSpec>) -> ModelSpec {
             })
             .collect(),
         hf: Some(hf::adapter(a)),
+        parallel: Default::default(),
         params,
     }
 }

@@ -112,6 +112,7 @@ impl Model for BadLogits {
             },
             kv_cache: vec![],
             hf: None,
+            parallel: Default::default(),
         }
     }
 

@@ -198,6 +198,7 @@ mod tests {
             params: specs.to_vec(),
             kv_cache: vec![],
             hf: None,
+            parallel: Default::default(),
         };
         model.check().unwrap();
         let params = import_all(specs, &hf);
