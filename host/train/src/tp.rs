@@ -40,9 +40,6 @@ pub(crate) struct TpLayout {
     rank: usize,
     ranks: usize,
     sequence: bool,
-    /// The row-split tensors gathered whole for the next checkpoint (see
-    /// [`TpLayout::prepare_save`]), by checkpoint key.
-    gathered: RefCell<Named>,
 }
 
 fn config_err(msg: String) -> TrainError {
@@ -158,7 +155,6 @@ impl TpLayout {
             rank,
             ranks,
             sequence: false,
-            gathered: RefCell::new(Vec::new()),
         })
     }
 
@@ -298,96 +294,10 @@ impl TpLayout {
         Ok(())
     }
 
-    /// The whole tensors of the row-split (dim-1) parameters in `named` and of their
-    /// parameter-shaped optimizer state (`<param>.<state>` in `state`), gathered over the
-    /// group, by checkpoint key (`model/<name>`, `optim/<key>`). A checkpoint piece covers
-    /// whole dim-0 rows, so these are saved whole (by the group's first rank); the column and
-    /// vocab splits are saved as each rank's rows. Collective over `comm`.
-    pub fn gather_row_split(
-        &self,
-        comm: &dyn Collective,
-        named: &Named,
-        state: &std::collections::BTreeMap<String, Tensor>,
-    ) -> Result<Named, TrainError> {
-        let mut out = Vec::new();
-        for (n, p) in named {
-            let Some(dim) = self.split_dim(n).filter(|&d| d != 0) else {
-                continue;
-            };
-            out.push((format!("model/{n}"), gather_along(comm, p, dim)?));
-            for (key, t) in state {
-                if param_of_state(key) == Some(n.as_str()) && t.shape() == p.shape() {
-                    out.push((format!("optim/{key}"), gather_along(comm, t, dim)?));
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Gathers the row-split tensors whole ([`TpLayout::gather_row_split`]) for the snapshot
-    /// that follows; collective over `comm`, so every rank of the group calls it before a save
-    /// (a snapshot cannot fail or talk).
-    pub fn prepare_save(
-        &self,
-        comm: &dyn Collective,
-        named: &Named,
-        state: &std::collections::BTreeMap<String, Tensor>,
-    ) -> Result<(), TrainError> {
-        let whole = self.gather_row_split(comm, named, state)?;
-        *self.gathered.borrow_mut() = whole;
-        Ok(())
-    }
-
-    /// The row-split tensors [`TpLayout::prepare_save`] gathered, by checkpoint key.
-    pub fn gathered(&self) -> std::cell::Ref<'_, Named> {
-        self.gathered.borrow()
-    }
-
     /// This rank's place in the group: `(rank, ranks)`.
     pub fn place(&self) -> (usize, usize) {
         (self.rank, self.ranks)
     }
-
-    /// Where this rank's tensor `local` (parameter `name`, or optimizer state `<name>.<s>` of
-    /// the parameter's local shape) sits in the whole, when it is a dim-0 piece of it:
-    /// `(whole shape, first row)`.
-    pub fn row_piece(&self, key: &str, local: &[usize]) -> Option<(Vec<usize>, usize)> {
-        let name = if self.splits.contains_key(key) {
-            key
-        } else {
-            param_of_state(key)?
-        };
-        if self.dims.get(name)?.0 != 0 || local.is_empty() {
-            return None;
-        }
-        let mut whole = local.to_vec();
-        whole[0] *= self.ranks;
-        Some((whole, self.rank * local[0]))
-    }
-
-    /// The part of optimizer state `key` (whole shape `whole`) this rank reads of a checkpoint:
-    /// `Some(rows)` for a column/vocab-split parameter's state; `None` reads it whole (then
-    /// [`TpLayout::slice_state`] cuts a row-split one).
-    pub fn state_rows(&self, key: &str, whole: &[usize]) -> Option<Range<usize>> {
-        let name = param_of_state(key)?;
-        self.rows_of(name, whole)
-    }
-
-    /// This rank's slice of a whole optimizer state tensor read from a checkpoint, when it
-    /// belongs to a parameter split along a dim other than 0 (and has its number of dims);
-    /// the tensor unchanged otherwise.
-    pub fn slice_state(&self, key: &str, t: Tensor) -> Result<Tensor, TrainError> {
-        match param_of_state(key).and_then(|name| Some((name, *self.dims.get(name)?))) {
-            Some((name, (dim, ndim))) if dim != 0 && t.rank() == ndim => self.slice(name, &t),
-            _ => Ok(t),
-        }
-    }
-}
-
-/// The parameter an optimizer state key `<param>.<state>` belongs to (state names carry no
-/// dot, parameter names do).
-fn param_of_state(key: &str) -> Option<&str> {
-    key.rsplit_once('.').map(|(p, _)| p)
 }
 
 /// The dim a split cuts of a weight with `ndim` dims: `[out, in]`, or stacked experts'
@@ -547,64 +457,4 @@ impl StageParams for TpHook {
     fn tensor_parallel(&self) -> Option<TensorParallelism> {
         Some(self.tp.clone())
     }
-}
-
-/// This rank's slices of the parameters `keep` picks (by name) from a checkpoint of any
-/// layout, read one tensor at a time: a column- or vocab-split parameter as its rows of the
-/// whole, a row-split one read whole and cut, the others whole. Never more than one whole
-/// tensor is held.
-pub(crate) fn params_from_checkpoint(
-    layout: &TpLayout,
-    ckpt: &crate::checkpoint::Loaded,
-    model: &anneal_runtime::plugins::PluginModel,
-    prefix: &str,
-    keep: &dyn Fn(&str) -> bool,
-) -> Result<Named, TrainError> {
-    let rows_of = |n: &str, w: &[usize]| layout.rows_of(n, w);
-    crate::harness::params_of_rows_from_checkpoint(ckpt, model, prefix, keep, &rows_of)?
-        .into_iter()
-        .map(|(n, t)| {
-            let t = if layout.is_row_split(&n) {
-                layout.slice(&n, &t)?
-            } else {
-                t
-            };
-            Ok((n, t))
-        })
-        .collect()
-}
-
-/// The optimizer state of `named` (this rank's slices) from a checkpoint of any layout: a
-/// column/vocab-split parameter's state read as its rows, a row-split one's read whole and cut,
-/// the rest whole. With `own_only` (a pipeline rank's stages) the state of parameters outside
-/// `named` is neither read nor handed to the optimizer.
-pub(crate) fn restore_optimizer(
-    layout: &TpLayout,
-    ckpt: &crate::checkpoint::Loaded,
-    named: &Named,
-    optimizer: &mut anneal_runtime::plugins::PluginOptimizer,
-    own_only: bool,
-) -> Result<(), TrainError> {
-    let own: std::collections::HashSet<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
-    let mut state = std::collections::BTreeMap::new();
-    for name in ckpt.names() {
-        let Some(key) = name.strip_prefix("optim/") else {
-            continue;
-        };
-        if own_only && !param_of_state(key).is_some_and(|p| own.contains(p)) {
-            continue;
-        }
-        let whole = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
-        let t = match layout.state_rows(key, whole) {
-            Some(r) => ckpt.rows(name, r)?,
-            None => layout.slice_state(key, ckpt.tensor(name)?)?,
-        };
-        state.insert(key.to_string(), t);
-    }
-    optimizer.load_state(named, state).map_err(|m| {
-        TrainError::Checkpoint(crate::checkpoint::CheckpointError::Mismatch(format!(
-            "{}: {m}",
-            ckpt.dir.display()
-        )))
-    })
 }

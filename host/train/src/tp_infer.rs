@@ -83,7 +83,8 @@ impl TpInference {
         model: &anneal_runtime::plugins::PluginModel,
         prefix: &str,
     ) -> Result<Named, TrainError> {
-        crate::tp::params_from_checkpoint(&self.layout, ckpt, model, prefix, &|_| true)
+        let keep: &dyn Fn(&str) -> bool = &|_| true;
+        crate::parallel::checkpoint::read_params(self.cut(), ckpt, model, (prefix, keep), &[])
     }
 
     /// Loads this rank's slices of a checkpoint's optimizer state into `optimizer`, for
@@ -94,7 +95,20 @@ impl TpInference {
         named: &Named,
         optimizer: &mut anneal_runtime::plugins::PluginOptimizer,
     ) -> Result<(), TrainError> {
-        crate::tp::restore_optimizer(&self.layout, ckpt, named, optimizer, false)
+        crate::parallel::checkpoint::read_optimizer(
+            self.cut(),
+            ckpt,
+            (named.as_slice(), false),
+            optimizer,
+        )
+    }
+
+    /// How the group cuts the parameters, as checkpoints see it.
+    fn cut(&self) -> crate::parallel::checkpoint::Cut<'_> {
+        crate::parallel::checkpoint::Cut {
+            tp: Some(&self.layout),
+            fsdp: None,
+        }
     }
 
     /// What a forward over the slices needs (no sequence parallelism).

@@ -23,10 +23,8 @@ mod saver;
 pub use grads::{clip_grads, split_buffers};
 pub use plugins::{load_model, load_optimizer, model_plugin_name, with_model_plugin};
 pub use resume::{
-    params_from_checkpoint, params_of_from_checkpoint, params_of_rows_from_checkpoint,
-    params_rows_from_checkpoint, restore_optimizer, restore_optimizer_of,
-    restore_optimizer_of_with, restore_optimizer_with, resume, resume_with, truncate_step_logs,
-    Provenance, Resumed, RowsOf, RunKind, STEP_LOGS,
+    params_from_checkpoint, params_of_rows_from_checkpoint, restore_optimizer, resume, resume_with,
+    truncate_step_logs, Provenance, Resumed, RowsOf, RunKind, STEP_LOGS,
 };
 pub use run_dir::{RunDir, LOCK_FILE};
 pub use saver::{Saver, ShardSaver};

@@ -222,44 +222,13 @@ pub fn params_from_checkpoint(
     model: &PluginModel,
     prefix: &str,
 ) -> Result<Vec<(String, Tensor)>, TrainError> {
-    params_rows_from_checkpoint(ckpt, model, prefix, &|_, _| None)
-}
-
-/// [`params_from_checkpoint`] keeping of each parameter the rows `rows` picks (an FSDP rank's
-/// shard), read from whichever of the checkpoint's shards hold them.
-pub fn params_rows_from_checkpoint(
-    ckpt: &Loaded,
-    model: &PluginModel,
-    prefix: &str,
-    rows: RowsOf<'_>,
-) -> Result<Vec<(String, Tensor)>, TrainError> {
-    params_picked(ckpt, model, prefix, &|_| true, rows)
-}
-
-/// [`params_rows_from_checkpoint`] of the parameters `keep` picks by name (a pipeline rank's
-/// stages sharded by FSDP); the others are neither read nor checked.
-pub fn params_of_rows_from_checkpoint(
-    ckpt: &Loaded,
-    model: &PluginModel,
-    prefix: &str,
-    keep: &dyn Fn(&str) -> bool,
-    rows: RowsOf<'_>,
-) -> Result<Vec<(String, Tensor)>, TrainError> {
-    params_picked(ckpt, model, prefix, keep, rows)
+    params_of_rows_from_checkpoint(ckpt, model, prefix, &|_| true, &|_, _| None)
 }
 
 /// [`params_from_checkpoint`] of the parameters `keep` picks by name (a pipeline rank's
-/// stages), whole; the others are neither read nor checked.
-pub fn params_of_from_checkpoint(
-    ckpt: &Loaded,
-    model: &PluginModel,
-    prefix: &str,
-    keep: &dyn Fn(&str) -> bool,
-) -> Result<Vec<(String, Tensor)>, TrainError> {
-    params_picked(ckpt, model, prefix, keep, &|_, _| None)
-}
-
-fn params_picked(
+/// stages), keeping of each the rows `rows` picks (an FSDP rank's shard), read from whichever
+/// of the checkpoint's shards hold them; the others are neither read nor checked.
+pub fn params_of_rows_from_checkpoint(
     ckpt: &Loaded,
     model: &PluginModel,
     prefix: &str,
@@ -292,80 +261,15 @@ fn params_picked(
     Ok(named)
 }
 
-/// Loads the optimizer state `optim/<param>.<state>` of `ckpt` into `optimizer` for `named`.
+/// Loads the optimizer state `optim/<param>.<state>` of `ckpt` into `optimizer` for `named`
+/// (whole parameters: every tensor read whole).
 pub fn restore_optimizer(
     ckpt: &Loaded,
     named: &[(String, Tensor)],
     optimizer: &mut PluginOptimizer,
 ) -> Result<(), TrainError> {
-    restore_optimizer_with(ckpt, named, optimizer, &|_, _| None)
-}
-
-/// [`restore_optimizer`] keeping of each state tensor the rows `rows` picks (given the state's
-/// key `<param>.<state>` and whole shape): an FSDP rank's rows of it.
-pub fn restore_optimizer_with(
-    ckpt: &Loaded,
-    named: &[(String, Tensor)],
-    optimizer: &mut PluginOptimizer,
-    rows: RowsOf<'_>,
-) -> Result<(), TrainError> {
-    restore_optimizer_picked(ckpt, named, optimizer, false, rows)
-}
-
-/// [`restore_optimizer`] of the state of `named` alone (`<param>.<state>` for a parameter of
-/// `named`; a pipeline rank's stages): the other parameters' state is not read.
-pub fn restore_optimizer_of(
-    ckpt: &Loaded,
-    named: &[(String, Tensor)],
-    optimizer: &mut PluginOptimizer,
-) -> Result<(), TrainError> {
-    restore_optimizer_picked(ckpt, named, optimizer, true, &|_, _| None)
-}
-
-/// [`restore_optimizer_of`] keeping the rows `rows` picks (a pipeline rank's stages sharded by
-/// FSDP).
-pub fn restore_optimizer_of_with(
-    ckpt: &Loaded,
-    named: &[(String, Tensor)],
-    optimizer: &mut PluginOptimizer,
-    rows: RowsOf<'_>,
-) -> Result<(), TrainError> {
-    restore_optimizer_picked(ckpt, named, optimizer, true, rows)
-}
-
-/// The optimizer state of `ckpt` (of `named`'s parameters alone when `own_only`), each tensor
-/// cut to the rows `rows` picks, loaded into `optimizer`.
-fn restore_optimizer_picked(
-    ckpt: &Loaded,
-    named: &[(String, Tensor)],
-    optimizer: &mut PluginOptimizer,
-    own_only: bool,
-    rows: RowsOf<'_>,
-) -> Result<(), TrainError> {
-    let own: std::collections::HashSet<&str> = named.iter().map(|(n, _)| n.as_str()).collect();
-    let mut state = std::collections::BTreeMap::new();
-    for name in ckpt.names() {
-        let Some(key) = name.strip_prefix("optim/") else {
-            continue;
-        };
-        // State names carry no dot: the parameter is everything before the last one.
-        if own_only
-            && !key
-                .rsplit_once('.')
-                .is_some_and(|(param, _)| own.contains(param))
-        {
-            continue;
-        }
-        let shape = ckpt.describe(name).map(|d| d.0).unwrap_or_default();
-        let t = match rows(key, shape) {
-            Some(r) => ckpt.rows(name, r)?,
-            None => ckpt.tensor(name)?,
-        };
-        state.insert(key.to_string(), t);
-    }
-    optimizer
-        .load_state(named, state)
-        .map_err(|m| mismatch(ckpt, m))
+    let whole = crate::parallel::checkpoint::Cut::default();
+    crate::parallel::checkpoint::read_optimizer(whole, ckpt, (named, false), optimizer)
 }
 
 /// Drops the rows of the step logs ([`STEP_LOGS`]) past `step` (all of them for `None`),

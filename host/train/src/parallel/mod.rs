@@ -1,13 +1,15 @@
 //! The parallel layer: where each trained parameter lives over the job's mesh
 //! ([`Placements`]: for every axis of the mesh, `Shard(dim)`, `Replicate`, `Partial` or
 //! `Stage`), and what is written once over those placements instead of once per layout: the
-//! gradient norm ([`Placements::grad_norm`]), which clipping then uses.
+//! gradient norm ([`Placements::grad_norm`]), which clipping then uses, and the trainer's
+//! checkpoint pieces and restores ([`checkpoint`]).
 //!
 //! Each layout contributes to the placements rather than owning a code path: FSDP shards
 //! every parameter's rows over its ranks, tensor parallelism splits the parameters a plugin
 //! declares split (column, row, vocab, experts' widths) and keeps the rest whole, a pipeline
 //! puts each parameter on one stage, and data-parallel replicas hold copies.
 
+pub(crate) mod checkpoint;
 mod norm;
 mod placement;
 

@@ -94,8 +94,8 @@ pub struct Trainer {
     tp: Option<crate::tp::TpLayout>,
     /// Where each trained parameter lives over the mesh: what the gradient norm adds by.
     placements: crate::parallel::Placements,
-    /// Under TP × FSDP, the row-split shares the next checkpoint writes.
-    tp_fsdp_save: crate::tp_fsdp::TpFsdpSave,
+    /// Under tensor parallelism, the row-split tensors' rows the next checkpoint writes.
+    save_rows: crate::parallel::checkpoint::SaveRows,
     /// Where parameters, buffers, gradients, optimizer state and each batch live
     /// (`job.device`); positions stay on the host, where RoPE and attention read them.
     device: Device,
@@ -257,7 +257,7 @@ impl Trainer {
             cp: None,
             tp: None,
             placements: crate::parallel::Placements::replicated(std::iter::empty()),
-            tp_fsdp_save: Default::default(),
+            save_rows: Default::default(),
             device,
         };
         trainer.apply_layouts(cfg, note)?;
