@@ -15,6 +15,7 @@ pub mod harness;
 pub mod memory;
 mod metrics;
 pub mod outputs;
+pub mod plan;
 mod pp;
 pub mod preflight;
 mod run;
