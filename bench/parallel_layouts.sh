@@ -13,7 +13,8 @@
 # Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
 # dp_shard 2; no balancing bias, as the README's figures were measured) and TP(2) (moe_tp2:
 # every expert's width split over 2 ranks).
-# For each: the median tokens/s after WARMUP steps, the largest per-rank tensor peak
+# For each: `anneal plan`'s bytes and peak beside the measured ones (the last table; the plan
+# models MoE routing traffic only as far as its notes say), the median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
 # the schedule's theory (pp_bubble_theory).
@@ -87,6 +88,8 @@ run() { # name layers nproc extra-sets...
     case "$name" in "$ONLY"*) ;; *) return 0 ;; esac
     local sets=("${COMMON[@]}" --set model.args.n_layers="$layers")
     for s in "$@"; do sets+=(--set "$s"); done
+    "$BIN" plan configs/llama3_debug.toml "${sets[@]}" --nproc "$n" --device cpu --json \
+        >"$OUT/$name.plan.json" 2>/dev/null || rm -f "$OUT/$name.plan.json"
     if [ "$n" = 1 ]; then
         "$BIN" train configs/llama3_debug.toml --run-dir "$OUT/$name" "${sets[@]}" \
             >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; exit 1; }
@@ -126,6 +129,8 @@ run_moe() { # name nproc extra-sets...
     case "$name" in "$ONLY"*) ;; *) return 0 ;; esac
     local sets=("${COMMON[@]}" --set model.args.moe.balance_rate=0.0)
     for s in "$@"; do sets+=(--set "$s"); done
+    "$BIN" plan configs/qwen3_moe_debug.toml "${sets[@]}" --nproc "$n" --device cpu --json \
+        >"$OUT/$name.plan.json" 2>/dev/null || rm -f "$OUT/$name.plan.json"
     mpiexec -n "$n" "$BIN" train configs/qwen3_moe_debug.toml --run-dir "$OUT/$name" "${sets[@]}" \
         >"$OUT/$name.log" 2>&1 || { echo "$name failed:"; tail -5 "$OUT/$name.log"; exit 1; }
 }
@@ -270,6 +275,23 @@ for name, per_rank, tokens, layers_here, ep in (("moe_fsdp2", micro // 2, seq, m
         theory = micro * ((4 * moe_layers + 2) * act + moe_layers * seq * top_k * 4
                           + 12 * seq) / 1e6
     print(f"{name:>16} {tps:>7.0f} {peak:>9.0f} {comm:>13.2f} {a2a:>12.2f} {theory:>10.2f}")
+# `anneal plan` (computed from the config and the spec before anything is allocated) beside
+# what each run measured: rank 0's bytes per step and the busiest rank's peak.
+print(f"\n{'layout':>18} {'comm B/step':>12} {'plan B':>12} {'exact':>6} {'peak MiB':>9} {'plan MiB':>9} {'plan/peak':>9}")
+for path in sorted(os.listdir(out)):
+    if not path.endswith(".plan.json"):
+        continue
+    name = path[: -len(".plan.json")]
+    try:
+        rows = [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")]
+    except OSError:
+        continue
+    plan = json.load(open(f"{out}/{path}"))
+    comm = statistics.median(r.get("comm_bytes") or 0 for r in rows[warmup:])
+    peak = max(r["mem_peak_bytes"] for r in rows)
+    planned, ppeak = plan["comm"]["total"], plan["memory"]["peak"]
+    print(f"{name:>18} {comm:>12.0f} {planned:>12} {('yes' if planned == comm else 'no'):>6} "
+          f"{peak / 2**20:>9.1f} {ppeak / 2**20:>9.1f} {ppeak / peak:>9.3f}")
 # PyTorch on the same shapes: our layout's tokens/s over the peer's (above 1: we are faster).
 ours_for = {"pp": "pp2", "pp_inter": "pp2i", "tp": "tp2", "tp_sp": "tp2_sp"}
 peer_rows = []

@@ -4,6 +4,7 @@
 mod dist_cmd;
 mod errors;
 mod infer_cmd;
+mod plan_cmd;
 mod plugins_cmd;
 
 use clap::{Parser, Subcommand};
@@ -121,6 +122,25 @@ enum Command {
         /// (the same as `mpiexec -n N anneal train ...`; needs MPI, see scripts/setup-mpi.sh).
         #[arg(long, value_name = "N")]
         nproc: Option<usize>,
+    },
+    /// Plan a training run before allocating anything: per-rank memory (parameters,
+    /// gradients, optimizer state, activations, buffers), per-step communication bytes by
+    /// kind and an estimated step time on a device.
+    Plan {
+        /// The job config, e.g. configs/llama3_debug.toml.
+        config: std::path::PathBuf,
+        /// Override a key: `--set parallelism.tp=8` (repeatable; values are TOML).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// The device to estimate for: h200, h100 or cpu.
+        #[arg(long, default_value = "h200")]
+        device: String,
+        /// The job's processes (default: the product of the mesh's degrees).
+        #[arg(long, value_name = "N")]
+        nproc: Option<usize>,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Post-train a policy with RL (GRPO / Dr.GRPO / DAPO) and WebAssembly rewards, from a job
     /// config with an `[rl]` section; metrics go to `<run dir>/metrics.jsonl`.
@@ -273,6 +293,13 @@ fn main() -> ExitCode {
             set,
             run_dir,
         } => rl_cmd::rl(&config, &set, run_dir),
+        Command::Plan {
+            config,
+            set,
+            device,
+            nproc,
+            json,
+        } => plan_cmd::run(&config, &set, &device, nproc, json),
         Command::Config(ConfigCommand::Show { config, set }) => train_cmd::show(&config, &set),
         Command::Checkpoint(CheckpointCommand::Export {
             to_hf,

@@ -16,6 +16,7 @@ pub mod memory;
 mod metrics;
 pub mod outputs;
 pub mod parallel;
+pub mod plan;
 mod pp;
 pub mod preflight;
 mod run;
