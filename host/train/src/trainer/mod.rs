@@ -1,15 +1,16 @@
 //! The trainer: a model plugin, its parameters, an optimizer plugin, a schedule and a data
 //! loader, advanced one optimizer step at a time. The parallel layouts it takes at setup are
-//! in `layouts.rs`; saving and restoring its state in `state.rs`.
+//! in `layouts.rs`; saving and restoring its state in `state.rs`; the named steps of one
+//! training step in `step.rs`.
 
 mod layouts;
 mod state;
+mod step;
 
 use crate::dist::Dist;
 use crate::ep::{ActiveGroup, ExpertGroup};
 use crate::fsdp::{Active, Fsdp, Hook, Units};
 use crate::harness::{clip_grads, Provenance};
-use crate::outputs::{weighted_aux, StepOutputs};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
@@ -425,176 +426,21 @@ impl Trainer {
         let n_micro = t.batch_size / t.micro_batch_size;
         let step = self.step + 1;
         let _profiled = anneal_engine::profile::step(step);
-        let comm_before = self.dist.comm_bytes();
-        if let Some(g) = &self.experts {
-            // Evaluation's exchanges are not the step's.
-            g.take_bytes();
-        }
-        if self.cp.is_some() {
-            // Nor are its ring passes.
-            crate::context::take_ring_bytes();
-        }
-        let units = self.units.clone();
-        let (_active, opts) = self.block_forward(true)?;
-        // Every rank reads the whole global batch (so the order never depends on the number of
-        // ranks) and trains on its own consecutive micro-batches, or on its rows of each.
-        let mut losses = Vec::with_capacity(self.dist.local_micro_batches(n_micro));
-        let mut outputs = StepOutputs::default();
-        let mut pp_batches = Vec::new();
-        // Each part's mean loss weighs 1 / parts: the step's mean once summed over the ranks
-        // (each of the cp ranks holds as many tokens of a sequence).
-        let parts = self.dist.loss_parts(n_micro) * self.cp.as_ref().map_or(1, |c| c.size());
-        for i in 0..n_micro {
-            let b = self.loader.next_batch(t.micro_batch_size);
-            let Some(b) = self.dist.local_batch(i, n_micro, b) else {
-                continue;
-            };
-            if self.pipeline.is_some() {
-                // Under context parallelism the stages run on this rank's part of each sequence.
-                pp_batches.push(match &self.cp {
-                    Some(cp) => cp.local_batch(&b),
-                    None => b,
-                });
-                continue;
-            }
-            if let Some(u) = &units {
-                u.borrow_mut().begin_micro_batch()?;
-            }
-            let (loss, out) = self.batch_forward(&b, &opts)?;
-            losses.push(loss.item()?);
-            let aux = weighted_aux(&t.aux_loss_weights, &out.aux_losses)?;
-            outputs.add(aux.as_ref(), &out.aux_losses, &out.stats)?;
-            let loss = match aux {
-                Some(aux) => loss.add(&aux)?,
-                None => loss,
-            };
-            let loss = if parts > 1 {
-                loss.mul_scalar(1.0 / parts as f32)?
-            } else {
-                loss
-            };
-            if let Some(u) = &units {
-                u.borrow_mut().begin_backward()?;
-            }
-            loss.backward()?;
-            if let Some(u) = &units {
-                u.borrow_mut().end_backward()?;
-            }
-        }
-        let tp_grads = self.tp.as_ref().zip(self.dist.tp());
-        let mut pp_figures = None;
-        let mut pp_shard_grads = None;
-        if let (Some(pipe), Some(comm)) = (&self.pipeline, self.dist.pp()) {
-            let sharded = self.fsdp.as_ref().zip(self.dist.shard());
-            let efsdp = self.dist.experts().map(|(_, f)| f);
-            let stage = match sharded {
-                Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
-                    fsdp,
-                    sc,
-                    efsdp,
-                    &self.named,
-                    &self.buffers,
-                    true,
-                )?),
-                None => None,
-            };
-            let params = stage.as_ref().map_or(&self.params, |g| &g.params);
-            let stage_opts = self.gathered_stage_opts(&opts, params);
-            let ctx = crate::pp::StepCtx {
-                model: &self.model,
-                params,
-                positions: &self.positions,
-                opts: stage_opts.as_ref().unwrap_or(&opts),
-                amp: anneal_engine::DType::parse(&t.dtype),
-                aux_weights: &t.aux_loss_weights,
-                // Each part's mean over its tokens, as without stages.
-                scale: Some(parts)
-                    .filter(|&parts| parts > 1)
-                    .map(|parts| 1.0 / parts as f32),
-            };
-            let r = pipe.step(comm, &ctx, &pp_batches)?;
-            losses = r.losses;
-            outputs = r.outputs;
-            outputs.sum_aux_total_across(comm)?;
-            // The idle share over the pipeline's ranks: their waits over their whole time.
-            let mut times = [r.wait_s as f32, (r.wait_s + r.busy_s) as f32];
-            comm.all_reduce_sum(&mut times)?;
-            let bubble = f64::from(times[0]) / f64::from(times[1]).max(1e-12);
-            pp_figures = Some((bubble, pipe.theory_bubble(pp_batches.len())));
-            if let (Some((fsdp, sc)), Some(g)) = (sharded, &stage) {
-                pp_shard_grads = Some(crate::pp::sharded::scatter_grads(
-                    fsdp, sc, efsdp, &g.named,
-                )?);
-            }
-        }
-        // Under SP the replicated parameters' partial gradients are summed over tp once the
-        // micro-batches (or the pipeline's schedule) ran; under FSDP on the shards, below.
-        if let (Some((layout, comm)), None) = (tp_grads, &self.fsdp) {
-            layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
-        }
-        let distributed = self.dist.grads().size() > 1;
-        let mut fsdp_figures = None;
-        if distributed {
-            let gathered = match &self.cp {
-                Some(cp) => cp.micro_batch_losses(self.dist.grads(), &losses)?,
-                None => self.dist.gather_f32(&losses)?,
-            };
-            losses = self.dist.micro_batch_losses(gathered);
-            outputs.reduce_across(self.dist.grads())?;
-            match &units {
-                Some(u) => {
-                    let grads = u.borrow_mut().take_grads();
-                    Fsdp::set_shard_grads(
-                        self.dist.grads(),
-                        self.dist.replicate(),
-                        &self.named,
-                        grads.rows,
-                        &grads.got,
-                    )?;
-                    fsdp_figures = Some((
-                        grads.full_bytes_peak,
-                        grads.early_scatters,
-                        grads.gather_bytes,
-                    ));
-                }
-                None => match pp_shard_grads.take() {
-                    Some((rows, got)) => Fsdp::set_shard_grads(
-                        self.dist.grads(),
-                        self.dist.replicate(),
-                        &self.named,
-                        rows,
-                        &got,
-                    )?,
-                    None => self.dist.all_reduce_grads(&self.named)?,
-                },
-            }
-            // Every rank of a tensor-parallel group holds the same rows of a replicated
-            // parameter, so SP's partial gradients are summed on the shards.
-            if let (Some((layout, comm)), Some(_)) = (tp_grads, &self.fsdp) {
-                layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
-            }
-        }
-        drop(_active);
+        let comm_before = self.begin_step_counters();
+        let (active, opts) = self.block_forward(true)?;
+        let mut acc = self.micro_batches(t, n_micro, &opts)?;
+        let pipeline = self.pipeline_schedule(t, &opts, &mut acc)?;
+        let fsdp_figures = self.sync_grads(&mut acc, pipeline.shard_grads)?;
+        drop(active);
         // Summed in micro-batch order whatever the layout, so the step's loss is bitwise the
         // same for any number of ranks.
-        let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
-        let aux_loss = outputs.aux_total();
+        let loss = acc.losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
+        let aux_loss = acc.outputs.aux_total();
         let grad_norm = self.placements.grad_norm(&self.dist, &self.named)?;
-        let checked = [
-            ("loss", loss),
-            ("auxiliary loss", aux_loss.unwrap_or(0.0)),
-            ("gradient norm", grad_norm),
-        ];
-        for (what, value) in checked {
-            if !value.is_finite() {
-                self.zero_grad();
-                self.release_full();
-                return Err(TrainError::NonFinite { step, what, value });
-            }
-        }
+        self.check_finite(step, [loss, aux_loss.unwrap_or(0.0), grad_norm])?;
         clip_grads(&self.named, t.max_grad_norm, grad_norm)?;
         self.model
-            .before_optimizer_step(&self.params, outputs.stat_sums(), step)?;
+            .before_optimizer_step(&self.params, acc.outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);
         let sharding = self.fsdp.as_ref().zip(self.dist.shard());
         let owner = crate::full_matrix::optimizer_step(
@@ -610,6 +456,7 @@ impl Trainer {
         self.step = step;
         self.last_lr = lr;
         self.tokens += (t.batch_size * t.seq_len) as u64;
+        let talked = self.dist.grads().size() > 1 || self.pipeline.is_some() || self.tp.is_some();
         Ok(StepOutcome {
             step,
             loss,
@@ -618,47 +465,8 @@ impl Trainer {
             tokens: (t.batch_size * t.seq_len) as u64,
             seconds: started.elapsed().as_secs_f64(),
             aux_loss,
-            outputs: {
-                let mut fields = outputs.fields();
-                if let Some((peak, early, gathered)) = fsdp_figures {
-                    // Bytes of full (gathered) parameters this rank held at once during the
-                    // step: about the outer unit and two blocks, not the whole model.
-                    fields.insert("fsdp_full_bytes_peak".into(), peak.into());
-                    // Block reduce-scatters that overlapped the rest of the backward.
-                    fields.insert("fsdp_early_scatters".into(), early.into());
-                    // Bytes this rank sent in parameter all-gathers (as encoded).
-                    fields.insert("fsdp_gather_bytes".into(), gathered.into());
-                }
-                if self.cp.is_some() {
-                    // Bytes this rank's attention ring sent (keys, values and their positions
-                    // forward; with their gradients backward; again for recomputed blocks).
-                    fields.insert(
-                        "cp_ring_bytes".into(),
-                        crate::context::take_ring_bytes().into(),
-                    );
-                }
-                if let Some(g) = &self.experts {
-                    // Bytes this rank sent in the MoE layers' expert exchanges (counts and
-                    // token rows, forward and backward).
-                    fields.insert("ep_a2a_bytes".into(), g.take_bytes().into());
-                }
-                if let Some((measured, theory)) = pp_figures {
-                    // The pipeline ranks' time waiting on a neighbour over their whole time
-                    // in the schedule, beside the schedule's theory.
-                    fields.insert("pp_bubble".into(), measured.into());
-                    fields.insert("pp_bubble_theory".into(), theory.into());
-                }
-                if let Some(o) = owner {
-                    // The owner layout of a whole-matrix optimizer (Muon) on this rank: the
-                    // matrices it updated whole, their estimated work and the bytes it sent.
-                    fields.insert("owner_matrices".into(), o.owned.into());
-                    fields.insert("owner_work".into(), o.work.into());
-                    fields.insert("owner_bytes".into(), o.bytes.into());
-                }
-                fields
-            },
-            comm_bytes: (distributed || self.pipeline.is_some() || self.tp.is_some())
-                .then(|| self.dist.comm_bytes() - comm_before),
+            outputs: self.step_fields(acc.outputs, fsdp_figures, pipeline.figures, owner),
+            comm_bytes: talked.then(|| self.dist.comm_bytes() - comm_before),
             state_bytes,
         })
     }
