@@ -53,7 +53,11 @@ fn of(dir: &Path) -> Run {
         curve,
         theory: num(&rows[0], "pp_bubble_theory"),
         measured: rows.iter().map(|r| num(r, "pp_bubble")).sum::<f64>() / n,
-        peak: rows.iter().filter_map(|r| r["mem_peak_bytes"].as_u64()).max().unwrap_or(0),
+        peak: rows
+            .iter()
+            .filter_map(|r| r["mem_peak_bytes"].as_u64())
+            .max()
+            .unwrap_or(0),
     }
 }
 
@@ -65,7 +69,12 @@ fn zero_bubble_schedules_give_1f1b_gradients_bitwise() {
     // p = 2 and m = 4: 1F1B (p-1)/(vm+p-1), zero bubble (p-1)/(3vm+p-1)).
     let runs: [(&str, Vec<&str>, &str, f64); 8] = [
         ("1f1b", vec![], "1f1b", 1.0 / 5.0),
-        ("zero_bubble", vec!["parallelism.pp_schedule=zero_bubble"], "1f1b", 1.0 / 13.0),
+        (
+            "zero_bubble",
+            vec!["parallelism.pp_schedule=zero_bubble"],
+            "1f1b",
+            1.0 / 13.0,
+        ),
         (
             "interleaved",
             vec!["parallelism.pp_schedule=interleaved_1f1b", v2],
@@ -74,23 +83,40 @@ fn zero_bubble_schedules_give_1f1b_gradients_bitwise() {
         ),
         // Four stages in V order against 1F1B's two: the split of the blocks does not change
         // the sums either.
-        ("zbv", vec!["parallelism.pp_schedule=zbv", v2], "1f1b", 1.0 / 25.0),
+        (
+            "zbv",
+            vec!["parallelism.pp_schedule=zbv", v2],
+            "1f1b",
+            1.0 / 25.0,
+        ),
         (
             "zero_bubble_interleaved",
             vec!["parallelism.pp_schedule=zero_bubble", v2],
             "interleaved",
             1.0 / 25.0,
         ),
-        ("1f1b_recompute", vec!["activation_checkpoint.mode=full"], "1f1b_recompute", 1.0 / 5.0),
+        (
+            "1f1b_recompute",
+            vec!["activation_checkpoint.mode=full"],
+            "1f1b_recompute",
+            1.0 / 5.0,
+        ),
         (
             "zero_bubble_recompute",
-            vec!["parallelism.pp_schedule=zero_bubble", "activation_checkpoint.mode=full"],
+            vec![
+                "parallelism.pp_schedule=zero_bubble",
+                "activation_checkpoint.mode=full",
+            ],
             "1f1b_recompute",
             1.0 / 13.0,
         ),
         (
             "zbv_recompute",
-            vec!["parallelism.pp_schedule=zbv", v2, "activation_checkpoint.mode=full"],
+            vec![
+                "parallelism.pp_schedule=zbv",
+                v2,
+                "activation_checkpoint.mode=full",
+            ],
             "1f1b_recompute",
             1.0 / 25.0,
         ),
@@ -98,15 +124,30 @@ fn zero_bubble_schedules_give_1f1b_gradients_bitwise() {
     let mut done: Vec<(&str, Run)> = Vec::new();
     for (name, set, reference, theory) in &runs {
         let r = run(&job, name, set);
-        assert!((r.theory - theory).abs() < 1e-12, "{name}: theory {}", r.theory);
-        assert!((0.0..1.0).contains(&r.measured), "{name}: bubble {}", r.measured);
+        assert!(
+            (r.theory - theory).abs() < 1e-12,
+            "{name}: theory {}",
+            r.theory
+        );
+        assert!(
+            (0.0..1.0).contains(&r.measured),
+            "{name}: bubble {}",
+            r.measured
+        );
         eprintln!(
             "{name}: bubble {:.3} (theory {theory:.3}), mem_peak_bytes {}",
             r.measured, r.peak
         );
         if reference != name {
-            let want = &done.iter().find(|(n, _)| n == reference).expect("ran first").1;
-            assert_eq!(r.curve, want.curve, "{name} vs {reference}: (loss, grad_norm) bits");
+            let want = &done
+                .iter()
+                .find(|(n, _)| n == reference)
+                .expect("ran first")
+                .1;
+            assert_eq!(
+                r.curve, want.curve,
+                "{name} vs {reference}: (loss, grad_norm) bits"
+            );
         }
         done.push((name, r));
     }

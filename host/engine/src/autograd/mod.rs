@@ -341,18 +341,20 @@ fn node_grads(
             let source = any_later.then(|| split::Source::Done(vec![None; later.len()]));
             return Ok((vec![None; node.inputs.len()], source));
         }
-        (Some(_), None) => {
-            return Err(invalid(
-                node.name,
-                "backward through this part of the graph ran already (its saved tensors were freed)",
-            ))
-        }
+        (Some(_), None) => return Err(invalid(
+            node.name,
+            "backward through this part of the graph ran already (its saved tensors were freed)",
+        )),
     };
     let check = |grads: &Vec<Option<Tensor>>| {
         if grads.len() != node.inputs.len() {
             return Err(invalid(
                 node.name,
-                format!("backward returned {} grads for {} inputs", grads.len(), node.inputs.len()),
+                format!(
+                    "backward returned {} grads for {} inputs",
+                    grads.len(),
+                    node.inputs.len()
+                ),
             ));
         }
         Ok(())

@@ -7,7 +7,9 @@ use std::sync::Arc;
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
         .map(|i| {
-            let h = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed * 97);
+            let h = (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed * 97);
             ((h % 2001) as f32 - 1000.0) / 337.0
         })
         .collect()
@@ -54,7 +56,10 @@ impl Block {
         let h = h.mul(&h).unwrap().mul_scalar(0.1).unwrap();
         let y = h.matmul(&self.w2.transpose(0, 1).unwrap()).unwrap();
         // w1 again, on the output side: two contributions to one leaf.
-        let y = y.matmul(&w1t).unwrap().matmul(&self.w2.transpose(0, 1).unwrap());
+        let y = y
+            .matmul(&w1t)
+            .unwrap()
+            .matmul(&self.w2.transpose(0, 1).unwrap());
         let y = y.unwrap().mul(&self.scale).unwrap();
         let ids = Tensor::from_vec(vec![0i64, 3, 1, 4, 2, 3], &[2, 3]).unwrap();
         let e = self.ids_table.embedding(&ids).unwrap();
@@ -77,7 +82,11 @@ fn run(micro: usize, split: bool, recompute: bool) -> Vec<Vec<u32>> {
         let x = leaf(&[2, 3, 4], 10 + k as u32);
         let out = if recompute {
             let b2 = b.clone();
-            checkpoint(&[x.clone()], Arc::new(move |xs: &[Tensor]| Ok(b2.forward(&xs[0])))).unwrap()
+            checkpoint(
+                &[x.clone()],
+                Arc::new(move |xs: &[Tensor]| Ok(b2.forward(&xs[0]))),
+            )
+            .unwrap()
         } else {
             b.forward(&x)
         };
@@ -156,7 +165,9 @@ fn a_weights_hooks_fire_once_in_the_weight_pass() {
 fn passes_with_nothing_deferred_run_back_to_back() {
     let x = leaf(&[2], 1);
     let y = x.mul_scalar(2.0).unwrap();
-    let w = y.backward_split(Tensor::ones(&[2], DType::F32), &[&x]).unwrap();
+    let w = y
+        .backward_split(Tensor::ones(&[2], DType::F32), &[&x])
+        .unwrap();
     assert!(w.is_empty());
     assert_eq!(x.grad().unwrap().to_vec::<f32>(), [2.0, 2.0]);
     // The queue was reset: a second split pass runs.

@@ -338,9 +338,16 @@ mod tests {
             }
         }
         // Interleaving shrinks it, and the zero-bubble schedules shrink it further.
-        assert!(theory_bubble(Schedule::OneFOneB, 2, 2, 4) < theory_bubble(Schedule::OneFOneB, 2, 1, 4));
-        assert!(theory_bubble(Schedule::ZeroBubble, 2, 1, 4) < theory_bubble(Schedule::OneFOneB, 2, 1, 4));
-        assert!(theory_bubble(Schedule::Zbv, 2, 2, 4) < theory_bubble(Schedule::ZeroBubble, 2, 1, 4));
+        assert!(
+            theory_bubble(Schedule::OneFOneB, 2, 2, 4) < theory_bubble(Schedule::OneFOneB, 2, 1, 4)
+        );
+        assert!(
+            theory_bubble(Schedule::ZeroBubble, 2, 1, 4)
+                < theory_bubble(Schedule::OneFOneB, 2, 1, 4)
+        );
+        assert!(
+            theory_bubble(Schedule::Zbv, 2, 2, 4) < theory_bubble(Schedule::ZeroBubble, 2, 1, 4)
+        );
     }
 
     #[test]
@@ -352,7 +359,10 @@ mod tests {
                 let one = peak(&ops(Schedule::OneFOneB, p, ref_v, m, 0), false) * v / ref_v;
                 for r in 0..p {
                     let got = peak(&ops(s, p, v, m, r), true);
-                    assert!(got <= one, "{s:?} p {p} v {v} m {m} rank {r}: {got} > {one}");
+                    assert!(
+                        got <= one,
+                        "{s:?} p {p} v {v} m {m} rank {r}: {got} > {one}"
+                    );
                 }
             }
         }
