@@ -153,6 +153,42 @@ fn zero_bubble_schedules_give_1f1b_gradients_bitwise() {
     }
 }
 
+/// With the stages tensor-parallel (PP(2) × TP(2)) or their parameters FSDP-sharded
+/// (PP(2) × FSDP(2)), on 4 ranks, the zero-bubble schedules still give 1F1B's curve bitwise:
+/// the collectives inside a stage run where its ranks run the same passes.
+#[test]
+fn zero_bubble_schedules_compose_with_tp_and_fsdp() {
+    let job = Job::new("pp-zb-composed");
+    let v2 = "parallelism.pp_virtual_stages=2";
+    let tp = "parallelism.tp=2";
+    let fsdp = "parallelism.dp_shard=2";
+    let zb = "parallelism.pp_schedule=zero_bubble";
+    let zbv = "parallelism.pp_schedule=zbv";
+    // (name, settings, the 1F1B run to match, whether the gradient norm matches too: under
+    // FSDP the norm adds each rank's shard sums, so a V, whose first rank holds the first and
+    // the last stage, groups that sum otherwise and may move its last bit; the losses, which
+    // the gradients drive, stay bitwise).
+    for (name, set, reference, norm) in [
+        ("tp_1f1b", vec![tp], None, true),
+        ("tp_zero_bubble", vec![tp, zb], Some("tp_1f1b"), true),
+        ("tp_zbv", vec![tp, zbv, v2], Some("tp_1f1b"), true),
+        ("fsdp_1f1b", vec![fsdp], None, true),
+        ("fsdp_zero_bubble", vec![fsdp, zb], Some("fsdp_1f1b"), true),
+        ("fsdp_zbv", vec![fsdp, zbv, v2], Some("fsdp_1f1b"), false),
+    ] {
+        let dir = job.dir.join(name);
+        let all: Vec<&str> = BASE.iter().chain(&set).copied().collect();
+        ok(&mpiexec_train(4, &job, &dir, &all));
+        let Some(reference) = reference else { continue };
+        let (got, want) = (of(&dir).curve, of(&job.dir.join(reference)).curve);
+        let losses = |c: &[(u64, u64)]| c.iter().map(|x| x.0).collect::<Vec<_>>();
+        assert_eq!(losses(&got), losses(&want), "{name} vs {reference}: losses");
+        if norm {
+            assert_eq!(got, want, "{name} vs {reference}: gradient norms");
+        }
+    }
+}
+
 #[test]
 fn a_v_needs_two_stages_per_rank() {
     let job = Job::new("pp-zb-errors");
