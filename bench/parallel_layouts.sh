@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Parallel layouts side by side on the debug Llama (hidden 256, FFN 1024, vocab 8192) with its
-# 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) interleaved (2
-# virtual stages per rank), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
+# 4 blocks and a 16-block variant: one process, FSDP(2), PP(2) 1F1B, PP(2) zero bubble (ZB-H1,
+# pp2zb), PP(2) interleaved (2 virtual stages per rank), PP(2) ZBV (2 stages per rank in V
+# order, pp2zbv) and interleaved zero bubble (pp2zbi), PP(2) x DDP(2), PP(2) x FSDP(2), TP(2), TP(2) with sequence
 # parallelism (tp2_sp), TP(2) x FSDP(2) (tp2_fsdp2), PP(2) x TP(2) with and without SP (pp2_tp2,
 # pp2_tp2_sp), PP(2) x TP(2) x FSDP(2) with and without SP on 8 ranks (pp2_tp2_fsdp2,
 # pp2_tp2_fsdp2_sp), CP(2), CP(2) x FSDP(2), CP(2) x TP(2) (cp2_tp2: each rank's ring carries
@@ -18,6 +19,13 @@
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
 # the schedule's theory (pp_bubble_theory).
+# - Zero-bubble pipelines: with a forward, an input-gradient and a weight-gradient pass costing
+#   the same the bubble is (p - 1) / (3 v m + p - 1) (1F1B: (p - 1) / (v m + p - 1)); each rank
+#   keeps at most 1F1B's first rank's micro-batches (p; under zbv 2p half-size chunks), but a
+#   deferred weight pass keeps its products' inputs and output gradients (the head's logits'
+#   gradient included) until it runs, so the peak is compared with 1F1B's beside it. Under zbv
+#   rank 0 holds stages 0 and 3 and sends one activation (0 -> 1) and one gradient (3 -> 2) per
+#   micro-batch.
 # - Pipelines: each stage boundary moves micro_batch x seq_len x dim f32 forward and the same
 #   backward, per micro-batch (data-parallel gradient sums not counted in the theory).
 # - TP: the theory counts what the counter counts: an all-reduce its buffer once, an all-gather
@@ -102,7 +110,12 @@ for layers in 4 16; do
     run "single-$layers" "$layers" 1
     run "fsdp2-$layers" "$layers" 2 parallelism.dp_shard=2
     run "pp2-$layers" "$layers" 2 parallelism.pp=2
+    run "pp2zb-$layers" "$layers" 2 parallelism.pp=2 parallelism.pp_schedule=zero_bubble
     run "pp2i-$layers" "$layers" 2 parallelism.pp=2 parallelism.pp_schedule=interleaved_1f1b \
+        parallelism.pp_virtual_stages=2
+    run "pp2zbv-$layers" "$layers" 2 parallelism.pp=2 parallelism.pp_schedule=zbv \
+        parallelism.pp_virtual_stages=2
+    run "pp2zbi-$layers" "$layers" 2 parallelism.pp=2 parallelism.pp_schedule=zero_bubble \
         parallelism.pp_virtual_stages=2
     run "pp2xddp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_replicate=2
     run "pp2xfsdp2-$layers" "$layers" 4 parallelism.pp=2 parallelism.dp_shard=2
@@ -159,7 +172,9 @@ ffn, vocab, kv = 1024, 8192, 256
 print(f"{'layout':>16} {'tok/s':>7} {'peak MiB':>9} {'comm MB/step':>13} {'theory MB':>10} {'bubble':>7} {'theory':>7}")
 for layers in (4, 16):
     for name, boundaries, per_rank in (("single", 0, micro), ("fsdp2", 0, micro), ("pp2", 1, micro),
-                                        ("pp2i", 3, micro), ("pp2xddp2", 1, micro // 2),
+                                        ("pp2zb", 1, micro), ("pp2i", 3, micro),
+                                        ("pp2zbv", 2, micro), ("pp2zbi", 3, micro),
+                                        ("pp2xddp2", 1, micro // 2),
                                         ("pp2xfsdp2", 1, micro // 2), ("tp2", 0, micro),
                                         ("tp2_sp", 0, micro), ("tp2_fsdp2", 0, micro // 2),
                                         ("pp2_tp2", 1, micro), ("pp2_tp2_sp", 1, micro),
@@ -175,6 +190,9 @@ for layers in (4, 16):
         # Rank 0 sends forward on each of its boundaries and backward on the others': in all,
         # every boundary moves one activation and one gradient per micro-batch, split over 2 ranks.
         theory = boundaries * 2 * per_rank * seq * dim * 4 / 2 / 1e6 if boundaries else float("nan")
+        if name == "pp2zbv":
+            # The V: rank 0 sends stage 0's activation and stage 3's gradient per micro-batch.
+            theory = 2 * per_rank * seq * dim * 4 / 1e6
         act = seq * dim * 4
         if name == "tp2":
             theory = micro * ((4 * layers + 2) * act + 12 * seq) / 1e6

@@ -437,14 +437,20 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         ));
     }
     match (p.pp_schedule.as_str(), p.pp_virtual_stages) {
-        ("1f1b", 1) | ("interleaved_1f1b", 1..) => {}
+        ("1f1b", 1) | ("interleaved_1f1b" | "zero_bubble", 1..) | ("zbv", 2) => {}
         ("1f1b", v) => {
             return Err(ConfigError::at(
                 "parallelism.pp_virtual_stages",
                 format!("is {v}, but parallelism.pp_schedule = \"1f1b\" runs one stage per rank; set pp_schedule = \"interleaved_1f1b\" or pp_virtual_stages = 1"),
             ))
         }
-        ("interleaved_1f1b", _) => {
+        ("zbv", v) => {
+            return Err(ConfigError::at(
+                "parallelism.pp_virtual_stages",
+                format!("is {v}, but parallelism.pp_schedule = \"zbv\" runs two stages per rank in V order; set pp_virtual_stages = 2"),
+            ))
+        }
+        ("interleaved_1f1b" | "zero_bubble", _) => {
             return Err(ConfigError::at(
                 "parallelism.pp_virtual_stages",
                 "must be at least 1",
@@ -453,7 +459,7 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         (other, _) => {
             return Err(ConfigError::at(
                 "parallelism.pp_schedule",
-                format!("unknown schedule '{other}' (1f1b or interleaved_1f1b)"),
+                format!("unknown schedule '{other}' (1f1b, interleaved_1f1b, zero_bubble or zbv)"),
             ))
         }
     }

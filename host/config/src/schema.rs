@@ -239,11 +239,15 @@ pub struct Parallelism {
     pub fsdp_all_gather_dtype: String,
     /// Values per scale of a quantized all-gather (128 or 256 are usual).
     pub fsdp_all_gather_block: i64,
-    /// The pipeline schedule when `pp > 1`: `1f1b` (one forward, one backward) or
-    /// `interleaved_1f1b` (each rank holds `pp_virtual_stages` non-adjacent stages).
+    /// The pipeline schedule when `pp > 1`: `1f1b` (one forward, one backward),
+    /// `interleaved_1f1b` (each rank holds `pp_virtual_stages` non-adjacent stages),
+    /// `zero_bubble` (backwards split into input and weight passes, the weight passes filling
+    /// the idle time: ZB-H1 with one stage per rank, interleaved with several) or `zbv` (zero
+    /// bubble with two stages per rank in V order, `pp_virtual_stages = 2`).
     pub pp_schedule: String,
-    /// Stages per rank under `interleaved_1f1b` (the pipeline has `pp × pp_virtual_stages`
-    /// stages, stage `s` on rank `s mod pp`); 1 under `1f1b`.
+    /// Stages per rank under `interleaved_1f1b` and `zero_bubble` (the pipeline has
+    /// `pp × pp_virtual_stages` stages, stage `s` on rank `s mod pp`); 1 under `1f1b`, 2 under
+    /// `zbv` (rank `r` holds stages `r` and `2·pp − 1 − r`).
     pub pp_virtual_stages: i64,
     /// Blocks per pipeline stage, first stage first (`[3, 5]`: blocks 0–2, then 3–7); empty:
     /// balanced by the model's per-block cost. Must sum to the model's layer count.

@@ -526,6 +526,14 @@ impl Tensor {
     pub fn backward_with(&self, grad: Tensor) -> Result<()> {
         autograd::backward(self, grad)
     }
+
+    /// The first half of a split backward (zero-bubble pipelines): backpropagates `grad` only
+    /// as far as the leaves `now` need (their gradients are final on return) and returns the
+    /// rest, the other leaves' (weights') gradients, to [`autograd::WeightGrads::run`] later.
+    /// Together the two halves give each leaf bitwise what [`Tensor::backward_with`] would.
+    pub fn backward_split(&self, grad: Tensor, now: &[&Tensor]) -> Result<autograd::WeightGrads> {
+        autograd::split::backward_split(self, grad, now)
+    }
 }
 
 /// Row-major elements of a tensor, borrowed or converted.

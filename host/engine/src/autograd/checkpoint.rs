@@ -76,7 +76,9 @@ fn recompute(
         f(&leaves)?
     };
     if out.requires_grad() {
-        out.backward_with(g.clone())?;
+        // Inside a split backward the region splits too: its inputs' gradients now, the
+        // parameters' with the weight pass.
+        super::split::backward_region(&out, g.clone(), &leaves)?;
     }
     Ok(leaves
         .iter()

@@ -7,17 +7,21 @@
 //!   bitwise reproducible.
 //! - A leaf's hooks fire when its last incoming edge of the pass has been processed, i.e. when its
 //!   gradient for this pass is final (what overlapping gradient communication waits for).
+//! - A split backward ([`split`]) computes the same values in the same order as one pass: it
+//!   only moves the weight side's work (and its accumulation) to a later call.
 
 pub mod checkpoint;
 pub mod hook;
+pub mod split;
 
 pub use checkpoint::{checkpoint, RegionFn};
 pub use hook::{before_backward, BeforeBackwardFn};
+pub use split::WeightGrads;
 
 use crate::error::{invalid, Result};
 use crate::tensor::{GradMeta, Tensor};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// A callback fired with a leaf's final gradient of a backward pass.
@@ -27,6 +31,41 @@ pub type GradHook = Box<dyn Fn(&Tensor) + Send + Sync>;
 pub trait BackwardOp: Send + Sync {
     /// Gradients for each recorded input (in recording order), given the output's gradient.
     fn backward(&self, grad: &Tensor) -> Result<Vec<Option<Tensor>>>;
+
+    /// Whether [`BackwardOp::backward_part`] computes the inputs' gradients separately, so a
+    /// split backward can defer the weight side's (a product's `dW = gᵀ·x`).
+    fn splits(&self) -> bool {
+        false
+    }
+
+    /// The gradients of the inputs `want` marks (the others `None`), each bitwise what
+    /// [`BackwardOp::backward`] gives; may be called twice (complementary halves), so it must
+    /// not consume what the op saved. Without [`BackwardOp::splits`], all of them.
+    fn backward_part(&self, grad: &Tensor, want: &[bool]) -> Result<Vec<Option<Tensor>>> {
+        let _ = want;
+        self.backward(grad)
+    }
+}
+
+/// A gradient rule that computes the inputs' gradients separately (see
+/// [`BackwardOp::backward_part`]): `f(grad, want)`, where an empty `want` asks for all.
+pub(crate) struct SplitRule<F>(pub F);
+
+impl<F> BackwardOp for SplitRule<F>
+where
+    F: Fn(&Tensor, &[bool]) -> Result<Vec<Option<Tensor>>> + Send + Sync,
+{
+    fn backward(&self, grad: &Tensor) -> Result<Vec<Option<Tensor>>> {
+        (self.0)(grad, &[])
+    }
+
+    fn splits(&self) -> bool {
+        true
+    }
+
+    fn backward_part(&self, grad: &Tensor, want: &[bool]) -> Result<Vec<Option<Tensor>>> {
+        (self.0)(grad, want)
+    }
 }
 
 impl<F> BackwardOp for F
@@ -164,6 +203,14 @@ fn key(n: &Arc<Node>) -> usize {
 
 /// Runs the backward pass from `root` with gradient `grad`.
 pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
+    run(root, grad, None)
+}
+
+/// The backward pass from `root`. With `now` (a split pass: the slots of the leaves whose
+/// gradients are wanted now), only the nodes from which some path reaches one of those leaves
+/// compute, and only toward them; the rest (the weight side) is queued on [`split`]'s list in
+/// the order one pass would run it, with whatever the computing nodes owe it.
+fn run(root: &Tensor, grad: Tensor, now: Option<&HashSet<usize>>) -> Result<()> {
     if grad.shape() != root.shape() {
         return Err(crate::Error::ShapeMismatch {
             op: "backward",
@@ -202,36 +249,41 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
             }
         }
     }
+    let weight_side = match now {
+        Some(now) => split::weight_side(&root_node, &node_deps, now),
+        None => HashSet::new(),
+    };
+    // An input the weight pass serves: a weight-side node, or a leaf not wanted now.
+    let deferred = |e: &Edge| match (e, now) {
+        (Edge::Node(m), Some(_)) => weight_side.contains(&key(m)),
+        (Edge::Leaf(l), Some(now)) => !now.contains(&(Arc::as_ptr(l) as usize)),
+        _ => false,
+    };
 
-    let mut pending: HashMap<usize, Tensor> = HashMap::from([(key(&root_node), grad)]);
+    let mut pending: HashMap<usize, Tensor> = HashMap::new();
+    if weight_side.contains(&key(&root_node)) {
+        split::push(split::Deferred::Seed {
+            node: root_node.clone(),
+            grad,
+        });
+    } else {
+        pending.insert(key(&root_node), grad);
+    }
     let mut ready = vec![root_node];
     while let Some(node) = ready.pop() {
-        let g = pending.remove(&key(&node));
-        let op = node.op.lock().expect("node lock poisoned").take();
-        let grads = match (g, op) {
-            (Some(g), Some(op)) => {
-                let grads = op.backward(&g)?;
-                if grads.len() != node.inputs.len() {
-                    return Err(invalid(
-                        node.name,
-                        format!("backward returned {} grads for {} inputs", grads.len(), node.inputs.len()),
-                    ));
-                }
-                grads
-            }
-            (None, _) => vec![None; node.inputs.len()],
-            (Some(_), None) => {
-                return Err(invalid(
-                    node.name,
-                    "backward through this part of the graph ran already (its saved tensors were freed)",
-                ))
-            }
+        let later: Vec<bool> = node.inputs.iter().map(&deferred).collect();
+        let (grads, source) = if weight_side.contains(&key(&node)) {
+            (vec![None; node.inputs.len()], Some(split::Source::Node))
+        } else {
+            let (grads, source) = node_grads(&node, pending.remove(&key(&node)), &later)?;
+            (grads, source)
         };
-        for (edge, g) in node.inputs.iter().zip(grads) {
+        let mut fire = vec![false; node.inputs.len()];
+        for (i, (edge, g)) in node.inputs.iter().zip(grads).enumerate() {
             match edge {
                 Edge::None => {}
                 Edge::Leaf(l) => {
-                    if let Some(g) = g {
+                    if let (Some(g), false) = (g, later[i]) {
                         l.accumulate(g)?;
                     }
                     let uses = leaf_uses
@@ -239,11 +291,14 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
                         .expect("counted above");
                     *uses -= 1;
                     if *uses == 0 {
-                        l.fire_hooks();
+                        match later[i] {
+                            true => fire[i] = true,
+                            false => l.fire_hooks(),
+                        }
                     }
                 }
                 Edge::Node(m) => {
-                    if let Some(g) = g {
+                    if let (Some(g), false) = (g, later[i]) {
                         let k = key(m);
                         let summed = match pending.remove(&k) {
                             None => g,
@@ -259,6 +314,74 @@ pub(crate) fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
                 }
             }
         }
+        if let Some(source) = source {
+            split::push(split::Deferred::Route {
+                node,
+                source,
+                route: later,
+                fire,
+            });
+        }
     }
     Ok(())
+}
+
+/// The gradients a computing node passes on now (for its inputs not marked `later`), and what
+/// the weight pass needs for the others (`None` when no input waits for it).
+fn node_grads(
+    node: &Arc<Node>,
+    g: Option<Tensor>,
+    later: &[bool],
+) -> Result<(Vec<Option<Tensor>>, Option<split::Source>)> {
+    let op = node.op.lock().expect("node lock poisoned").take();
+    let any_later = later.iter().any(|&l| l);
+    let (g, op) = match (g, op) {
+        (Some(g), Some(op)) => (g, op),
+        (None, _) => {
+            let source = any_later.then(|| split::Source::Done(vec![None; later.len()]));
+            return Ok((vec![None; node.inputs.len()], source));
+        }
+        (Some(_), None) => return Err(invalid(
+            node.name,
+            "backward through this part of the graph ran already (its saved tensors were freed)",
+        )),
+    };
+    let check = |grads: &Vec<Option<Tensor>>| {
+        if grads.len() != node.inputs.len() {
+            return Err(invalid(
+                node.name,
+                format!(
+                    "backward returned {} grads for {} inputs",
+                    grads.len(),
+                    node.inputs.len()
+                ),
+            ));
+        }
+        Ok(())
+    };
+    if !any_later {
+        let grads = op.backward(&g)?;
+        check(&grads)?;
+        return Ok((grads, None));
+    }
+    if op.splits() {
+        let want: Vec<bool> = later.iter().map(|&l| !l).collect();
+        let grads = op.backward_part(&g, &want)?;
+        check(&grads)?;
+        let source = split::Source::Part {
+            op,
+            grad: g,
+            want: later.to_vec(),
+        };
+        return Ok((grads, Some(source)));
+    }
+    // An op that computes every gradient at once: the weight side's wait, computed.
+    let mut grads = op.backward(&g)?;
+    check(&grads)?;
+    let kept = grads
+        .iter_mut()
+        .zip(later)
+        .map(|(g, &l)| if l { g.take() } else { None })
+        .collect();
+    Ok((grads, Some(split::Source::Done(kept))))
 }

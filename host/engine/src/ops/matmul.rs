@@ -1,7 +1,7 @@
 //! Matrix products with broadcasting batch dims.
 
 use super::be;
-use crate::autograd::record;
+use crate::autograd::{record, SplitRule};
 use crate::error::{Error, Result};
 use crate::layout::broadcast_shapes;
 use crate::Tensor;
@@ -70,7 +70,11 @@ impl Tensor {
         Ok(record("matmul", out, &[self, rhs], || {
             let (need_a, need_b) = (self.requires_grad(), rhs.requires_grad());
             let (a, b) = (self.detach(), rhs.detach());
-            move |g: &Tensor| {
+            // The two gradients are separate products, so a split backward computes `ga` in
+            // its input pass and `gb` (a weight's) in its weight pass.
+            SplitRule(move |g: &Tensor, want: &[bool]| {
+                let wants = |i: usize| want.is_empty() || want[i];
+                let (need_a, need_b) = (need_a && wants(0), need_b && wants(1));
                 let ga = if need_a {
                     Some(g.matmul(&b.transpose(-1, -2)?)?.sum_to_shape(a.shape())?)
                 } else {
@@ -95,7 +99,7 @@ impl Tensor {
                     Some(a.transpose(-1, -2)?.matmul(g)?.sum_to_shape(b.shape())?)
                 };
                 Ok(vec![ga, gb])
-            }
+            })
         }))
     }
 }

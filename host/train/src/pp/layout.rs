@@ -1,11 +1,13 @@
 //! Which blocks each pipeline stage runs and which parameters each rank holds.
 //!
 //! The pipeline has `pp × pp_virtual_stages` stages of contiguous blocks; stage `s` runs on
-//! pipeline rank `s mod pp` (so under interleaving a rank holds every `pp`-th stage). The first
+//! pipeline rank `s mod pp` (so under interleaving a rank holds every `pp`-th stage), or under
+//! `pp_schedule = "zbv"` in V order (rank `r` runs stages `r` and `2·pp − 1 − r`). The first
 //! stage also runs `embed`, the last `head` and the loss. Blocks are split as
 //! `parallelism.pp_split` says, or balanced by their parameter counts (a block's matrix products
 //! cost twice its parameters in FLOPs per token, so equal blocks split equally).
 
+use super::schedule::{self, Schedule};
 use crate::TrainError;
 use anneal_config::JobConfig;
 use anneal_engine::Tensor;
@@ -24,6 +26,8 @@ pub struct Layout {
     pub v: usize,
     /// The blocks of each stage, first stage first.
     pub stages: Vec<Range<usize>>,
+    /// The schedule, which also places the stages on the ranks.
+    pub schedule: Schedule,
 }
 
 impl Layout {
@@ -65,7 +69,23 @@ impl Layout {
             stages.push(at..at + n);
             at += n;
         }
-        Ok(Layout { p, v, stages })
+        let schedule = Schedule::from_name(&par.pp_schedule);
+        Ok(Layout {
+            p,
+            v,
+            stages,
+            schedule,
+        })
+    }
+
+    /// The stage rank `rank`'s chunk `chunk` runs.
+    pub fn stage_of(&self, rank: usize, chunk: usize) -> usize {
+        schedule::stage_of(self.schedule, rank, chunk, self.p)
+    }
+
+    /// The rank that runs stage `s`.
+    pub fn rank_of(&self, s: usize) -> usize {
+        schedule::rank_of(self.schedule, s, self.p)
     }
 
     /// Stages in the pipeline.
@@ -90,7 +110,7 @@ impl Layout {
             .map(|(s, r)| {
                 format!(
                     "stage {s} (rank {}): blocks {}..{}",
-                    s % self.p,
+                    self.rank_of(s),
                     r.start,
                     r.end
                 )

@@ -1,6 +1,7 @@
 //! Pipeline parallelism: the model's stages (`embed`, blocks, `head`) split into contiguous
 //! pipeline stages over the `pp` ranks ([`layout`]), a step's micro-batches run through them in
-//! a 1F1B or interleaved-1F1B order ([`schedule`]), hidden tensors forward and their gradients
+//! a 1F1B, interleaved-1F1B or zero-bubble order ([`schedule`], [`zb`]: backwards split into
+//! input and weight passes by the autograd), hidden tensors forward and their gradients
 //! backward point-to-point ([`wire`]). Each rank holds (and trains, and saves) only its stages'
 //! parameters; the loss of each micro-batch is computed on the last stage and shared, so the
 //! step's loss and gradients are bitwise those of one process.
@@ -10,16 +11,18 @@ pub mod schedule;
 pub(crate) mod sharded;
 pub(crate) mod tp;
 pub mod wire;
+pub mod zb;
 
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::TrainError;
 use anneal_data::Batch;
 use anneal_dist::{Collective, Pending};
+use anneal_engine::autograd::WeightGrads;
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{DType, Tensor};
 use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, StageInput};
 use layout::Layout;
-use schedule::{stage_of, Op};
+use schedule::Op;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 use wire::Kind;
@@ -84,14 +87,17 @@ impl Pipeline {
 
     /// The global stages this rank runs, by chunk.
     pub fn my_stages(&self) -> Vec<usize> {
-        (0..self.layout.v)
-            .map(|c| stage_of(self.rank, c, self.layout.p))
-            .collect()
+        let mut stages: Vec<usize> = (0..self.layout.v)
+            .map(|c| self.layout.stage_of(self.rank, c))
+            .collect();
+        // Evaluation runs them in pipeline order.
+        stages.sort_unstable();
+        stages
     }
 
     /// The pipeline rank that runs stage `s`.
     fn rank_of(&self, s: usize) -> usize {
-        s % self.layout.p
+        self.layout.rank_of(s)
     }
 
     /// Whether this rank holds a parameter of block `layer`, or (for `None`) one outside the
@@ -122,7 +128,7 @@ impl Pipeline {
 
     /// The schedule's idle fraction in theory for `m` micro-batches.
     pub fn theory_bubble(&self, m: usize) -> f64 {
-        schedule::theory_bubble(self.layout.p, self.layout.v, m)
+        schedule::theory_bubble(self.layout.schedule, self.layout.p, self.layout.v, m)
     }
 
     /// Runs forward and backward of `batches` (this data-parallel rank's micro-batches, in
@@ -137,16 +143,19 @@ impl Pipeline {
         let (p, v, m) = (self.layout.p, self.layout.v, batches.len());
         let n_stages = self.layout.n_stages();
         let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();
+        // Split backwards' weight passes, waiting for their `Weight` op.
+        let mut weights: HashMap<(usize, usize), WeightGrads> = HashMap::new();
+        let split = self.layout.schedule.splits_backward();
         let mut sends: Vec<Box<dyn Pending>> = Vec::new();
         let mut losses = vec![0f32; m];
         let mut outputs = StepOutputs::default();
         // A micro-batch's named outputs over this rank's chunks, added once all ran.
         let mut per_mb: Vec<MbOutputs> = (0..m).map(|_| MbOutputs::default()).collect();
         let (mut wait_s, mut busy_s) = (0.0, 0.0);
-        for op in schedule::ops(p, v, m, self.rank) {
+        for op in schedule::ops(self.layout.schedule, p, v, m, self.rank) {
             match op {
                 Op::Forward { mb, chunk } => {
-                    let s = stage_of(self.rank, chunk, p);
+                    let s = self.layout.stage_of(self.rank, chunk);
                     let last = s + 1 == n_stages;
                     let b = &batches[mb];
                     let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
@@ -228,15 +237,27 @@ impl Pipeline {
                     busy_s += t.elapsed().as_secs_f64();
                 }
                 Op::Backward { mb, chunk } => {
-                    let s = stage_of(self.rank, chunk, p);
+                    let s = self.layout.stage_of(self.rank, chunk);
                     let e = stash.remove(&(mb, chunk)).ok_or_else(|| {
                         TrainError::Pipeline(format!(
                             "the schedule runs the backward of micro-batch {mb} on stage {s} before its forward"
                         ))
                     })?;
+                    // Under a zero-bubble schedule the weights' gradients wait for `Weight`.
+                    let mut run_backward = |root: &Tensor, seed: Tensor| match split {
+                        true => {
+                            let now: Vec<&Tensor> = e.input.iter().collect();
+                            weights.insert((mb, chunk), root.backward_split(seed, &now)?);
+                            Ok::<_, TrainError>(())
+                        }
+                        false => Ok(root.backward_with(seed)?),
+                    };
                     if s + 1 == n_stages {
                         let t = Instant::now();
-                        e.root.backward()?;
+                        // The scalar loss's seed, as `Tensor::backward` makes it.
+                        let one = Tensor::ones(e.root.shape(), e.root.dtype())
+                            .to_device(e.root.device())?;
+                        run_backward(&e.root, one)?;
                         busy_s += t.elapsed().as_secs_f64();
                     } else {
                         let t = Instant::now();
@@ -251,13 +272,23 @@ impl Pipeline {
                             )?,
                             false => g,
                         };
-                        e.root.backward_with(seed)?;
+                        run_backward(&e.root, seed)?;
                         busy_s += t.elapsed().as_secs_f64();
                     }
                     if let Some(leaf) = &e.input {
                         let tag = wire::tag(Kind::Gradient, s, mb);
                         sends.push(wire::send_grad(comm, leaf, self.rank_of(s - 1), tag)?);
                     }
+                }
+                Op::Weight { mb, chunk } => {
+                    let w = weights.remove(&(mb, chunk)).ok_or_else(|| {
+                        TrainError::Pipeline(format!(
+                            "the schedule runs the weight pass of micro-batch {mb} on chunk {chunk} before its backward"
+                        ))
+                    })?;
+                    let t = Instant::now();
+                    w.run()?;
+                    busy_s += t.elapsed().as_secs_f64();
                 }
             }
         }
