@@ -4,35 +4,25 @@
 //! `anneal train` ([`run`]).
 
 pub mod checkpoint;
-mod context;
-mod cp;
 pub mod device;
-mod dist;
-mod ep;
-mod fsdp;
-mod full_matrix;
 pub mod harness;
 pub mod memory;
 mod metrics;
 pub mod outputs;
 pub mod parallel;
 pub mod plan;
-mod pp;
 pub mod preflight;
 mod run;
 mod schedule;
-mod tp;
-mod tp_fsdp;
-mod tp_infer;
 mod trainer;
 
-pub use context::RankRing;
-pub use dist::{BatchSplit, Dist};
-pub use fsdp::FsdpPolicy;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
+pub use parallel::context::RankRing;
+pub use parallel::dist::{BatchSplit, Dist};
+pub use parallel::fsdp::FsdpPolicy;
+pub use parallel::tp_infer::{TpActive, TpInference};
 pub use run::{run, run_dist, RunSummary};
 pub use schedule::LrSchedule;
-pub use tp_infer::{TpActive, TpInference};
 pub use trainer::{StepOutcome, Trainer};
 
 use std::path::PathBuf;

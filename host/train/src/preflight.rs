@@ -63,7 +63,7 @@ pub fn train(cfg: &JobConfig, processes: usize) -> Result<Preflight, TrainError>
 /// the global batch splits over its data-parallel ranks.
 pub fn layout(cfg: &JobConfig, processes: usize) -> Result<Degrees, TrainError> {
     let mesh = checked_mesh(cfg, processes)?;
-    crate::dist::batch_split(cfg, &mesh)?;
+    crate::parallel::dist::batch_split(cfg, &mesh)?;
     Ok(Degrees::of(&mesh))
 }
 
@@ -75,7 +75,7 @@ pub fn mesh(cfg: &JobConfig, processes: usize) -> Result<Degrees, TrainError> {
 
 fn checked_mesh(cfg: &JobConfig, processes: usize) -> Result<anneal_dist::Mesh, TrainError> {
     let mesh = anneal_dist::Mesh::new(cfg.parallelism.degrees(), processes, 0)?;
-    crate::dist::check_mesh(cfg, &mesh)?;
+    crate::parallel::dist::check_mesh(cfg, &mesh)?;
     Ok(mesh)
 }
 

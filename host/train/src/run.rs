@@ -5,9 +5,9 @@
 //! its own shard and rank 0 publishes the step once it has every rank's piece.
 
 use crate::checkpoint::{load_dir_with, Contents};
-use crate::dist::Dist;
 use crate::harness::{resume_with, Resumed, RunDir, RunKind, Saver, ShardSaver};
 use crate::metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
+use crate::parallel::dist::Dist;
 use crate::{io_err, TrainError, Trainer};
 use anneal_config::JobConfig;
 use anneal_dist::led_by_rank0;

@@ -18,8 +18,8 @@
 //! (then cuts a row-split one's columns), from whichever shards of whatever layout hold them.
 
 use crate::checkpoint::{CheckpointError, Loaded, PieceRef};
-use crate::fsdp::Fsdp;
-use crate::tp::TpLayout;
+use crate::parallel::fsdp::Fsdp;
+use crate::parallel::tp::TpLayout;
 use crate::TrainError;
 use anneal_dist::Collective;
 use anneal_engine::{Storage, Tensor};
@@ -179,7 +179,7 @@ impl SaveRows {
                     .map(|(k, s)| (format!("optim/{k}"), s)),
             );
             for (key, local_rows) in tensors {
-                let full = crate::tp::gather_along(tp, local_rows, dim)?;
+                let full = crate::parallel::tp::gather_along(tp, local_rows, dim)?;
                 let per = rows.len().div_ceil(writers);
                 let (a, b) = (
                     (share * per).min(rows.len()),

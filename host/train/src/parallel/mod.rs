@@ -10,7 +10,17 @@
 //! puts each parameter on one stage, and data-parallel replicas hold copies.
 
 pub(crate) mod checkpoint;
+pub(crate) mod context;
+pub(crate) mod cp;
+pub(crate) mod dist;
+pub(crate) mod ep;
+pub(crate) mod fsdp;
+pub(crate) mod full_matrix;
 mod norm;
 mod placement;
+pub(crate) mod pp;
+pub(crate) mod tp;
+pub(crate) mod tp_fsdp;
+pub(crate) mod tp_infer;
 
 pub use placement::{Axis, Placement, Placements};

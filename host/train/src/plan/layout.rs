@@ -1,6 +1,6 @@
 //! Which parameters a rank holds, at which size, and the batch it trains on: the ground the
 //! memory and communication figures stand on. Mirrors what the trainer does: pipeline stages
-//! from [`crate::pp::layout::Layout`] (the embedding on the first stage, the other outer
+//! from [`crate::parallel::pp::layout::Layout`] (the embedding on the first stage, the other outer
 //! parameters on the last), tensor-parallel slices of `Placement::tensor_parallel`, FSDP's
 //! ceil-sized row blocks ([`anneal_dist::Dim0Shard`]) over `dp_shard × cp`, expert slices over
 //! `ep`.
@@ -115,17 +115,17 @@ pub fn views(
     let mesh = anneal_dist::Mesh::new(cfg.parallelism.degrees(), processes, 0)?;
     let t = &cfg.training;
     let n_micro = t.batch_size / t.micro_batch_size.max(1);
-    let (micro_batches, rows) = match crate::dist::batch_split(cfg, &mesh)? {
+    let (micro_batches, rows) = match crate::parallel::dist::batch_split(cfg, &mesh)? {
         BatchSplit::MicroBatches => (n_micro / degrees.dp(), t.micro_batch_size),
         BatchSplit::Rows { rows } => (n_micro, rows),
     };
     let tokens = rows * t.seq_len / degrees.cp;
     let pipeline = (degrees.pp > 1)
         .then(|| {
-            crate::pp::layout::Layout::new(
+            crate::parallel::pp::layout::Layout::new(
                 cfg,
                 spec.n_layers,
-                &crate::pp::layout::block_costs(spec),
+                &crate::parallel::pp::layout::block_costs(spec),
             )
         })
         .transpose()?;

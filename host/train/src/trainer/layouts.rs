@@ -4,8 +4,8 @@
 //! the expert groups expert parallelism needs.
 
 use super::Trainer;
-use crate::ep::ExpertGroup;
-use crate::fsdp::{Fsdp, GatherCodec, Units};
+use crate::parallel::ep::ExpertGroup;
+use crate::parallel::fsdp::{Fsdp, GatherCodec, Units};
 use crate::parallel::{Axis, Placement, Placements};
 use crate::TrainError;
 use anneal_config::JobConfig;
@@ -25,14 +25,18 @@ impl Trainer {
         let t = &cfg.training;
         let mut placements = Placements::replicated(self.named.iter().map(|(n, _)| n.clone()));
         if let Some(ring) = self.dist.take_ring_comm() {
-            let cp = crate::cp::Context::activate(ring);
+            let cp = crate::parallel::cp::Context::activate(ring);
             self.positions = cp.positions(t.seq_len)?;
             note(&cp.summary(t.seq_len));
             self.cp = Some(cp);
         }
         if let Some(comm) = self.dist.tp() {
-            let layout =
-                crate::tp::TpLayout::new(cfg, self.model.spec(), comm.rank(), comm.size())?;
+            let layout = crate::parallel::tp::TpLayout::new(
+                cfg,
+                self.model.spec(),
+                comm.rank(),
+                comm.size(),
+            )?;
             if self.optimizer.spec().needs_full_matrix {
                 return Err(TrainError::Config(format!(
                     "config: `parallelism.tp` = {} with `optimizer.plugin` = {}: an optimizer that steps whole matrices would see this rank's slices only; set parallelism.tp = 1 or use adamw",
@@ -53,7 +57,7 @@ impl Trainer {
             let all = std::mem::take(&mut self.named);
             let buffers = std::mem::take(&mut self.buffers);
             let (pipeline, mine, my_buffers) =
-                crate::pp::setup(cfg, &self.model, comm.rank(), all, buffers, micro)?;
+                crate::parallel::pp::setup(cfg, &self.model, comm.rank(), all, buffers, micro)?;
             note(&pipeline.summary(micro));
             self.named = mine;
             self.buffers = my_buffers;
@@ -63,9 +67,14 @@ impl Trainer {
         }
         if let (Some(comm), Some(_)) = (self.dist.shard(), &self.pipeline) {
             // FSDP inside the stages: the shards rest here; a step gathers the stage whole
-            // (crate::pp::sharded), its experts to this rank's slice under expert parallelism.
-            let experts =
-                crate::ep::layout_of(cfg, &self.dist, self.model.spec(), &self.optimizer, note)?;
+            // (crate::parallel::pp::sharded), its experts to this rank's slice under expert parallelism.
+            let experts = crate::parallel::ep::layout_of(
+                cfg,
+                &self.dist,
+                self.model.spec(),
+                &self.optimizer,
+                note,
+            )?;
             self.experts = experts.as_ref().map(|_| ExpertGroup::new());
             let fsdp = Fsdp::new(&self.named, comm.rank(), comm.size(), experts.as_ref());
             note(&format!(
@@ -85,8 +94,13 @@ impl Trainer {
             let par = &cfg.parallelism;
             let block = usize::try_from(par.fsdp_all_gather_block).unwrap_or(0);
             let codec = GatherCodec::parse(&par.fsdp_all_gather_dtype, block)?;
-            let experts =
-                crate::ep::layout_of(cfg, &self.dist, self.model.spec(), &self.optimizer, note)?;
+            let experts = crate::parallel::ep::layout_of(
+                cfg,
+                &self.dist,
+                self.model.spec(),
+                &self.optimizer,
+                note,
+            )?;
             self.experts = experts.as_ref().map(|_| ExpertGroup::new());
             let units = Units::new(
                 &self.named,

@@ -7,10 +7,10 @@ mod layouts;
 mod state;
 mod step;
 
-use crate::dist::Dist;
-use crate::ep::{ActiveGroup, ExpertGroup};
-use crate::fsdp::{Active, Fsdp, Hook, Units};
 use crate::harness::{clip_grads, Provenance};
+use crate::parallel::dist::Dist;
+use crate::parallel::ep::{ActiveGroup, ExpertGroup};
+use crate::parallel::fsdp::{Active, Fsdp, Hook, Units};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
@@ -88,11 +88,11 @@ pub struct Trainer {
     /// The expert group the MoE layers exchange rows over, under expert parallelism.
     experts: Option<Rc<ExpertGroup>>,
     /// This rank's stages when `pp > 1` (`named` then holds their parameters only).
-    pipeline: Option<crate::pp::Pipeline>,
+    pipeline: Option<crate::parallel::pp::Pipeline>,
     /// This rank's part of every sequence and its attention ring, when `cp > 1`.
-    cp: Option<crate::cp::Context>,
+    cp: Option<crate::parallel::cp::Context>,
     /// The tensor-parallel layout when `tp > 1` (`named` then holds this rank's slices).
-    tp: Option<crate::tp::TpLayout>,
+    tp: Option<crate::parallel::tp::TpLayout>,
     /// Where each trained parameter lives over the mesh: what the gradient norm adds by.
     placements: crate::parallel::Placements,
     /// Under tensor parallelism, the row-split tensors' rows the next checkpoint writes.
@@ -106,7 +106,7 @@ pub struct Trainer {
 type Guards = (
     Option<Active>,
     Option<ActiveGroup>,
-    Option<crate::tp::ActiveTp>,
+    Option<crate::parallel::tp::ActiveTp>,
 );
 
 impl Trainer {
@@ -333,13 +333,15 @@ impl Trainer {
                 let tp = layout.context();
                 opts.stage_params = Some(match &active {
                     // FSDP's per-block gathers hand out the local slices.
-                    Some(_) => Arc::new(crate::tp_fsdp::Hook { tp }) as Arc<dyn StageParams>,
-                    None => Arc::new(crate::tp::TpHook {
+                    Some(_) => {
+                        Arc::new(crate::parallel::tp_fsdp::Hook { tp }) as Arc<dyn StageParams>
+                    }
+                    None => Arc::new(crate::parallel::tp::TpHook {
                         params: self.params.clone(),
                         tp,
                     }),
                 });
-                Some(crate::tp::activate(comm))
+                Some(crate::parallel::tp::activate(comm))
             }
             _ => None,
         };
@@ -352,11 +354,11 @@ impl Trainer {
     /// slices); `None` when `opts` already reads the right map.
     fn gathered_stage_opts(&self, opts: &ForwardOpts, params: &Params) -> Option<ForwardOpts> {
         if self.experts.is_some() {
-            return Some(crate::ep::resident_opts(opts, params));
+            return Some(crate::parallel::ep::resident_opts(opts, params));
         }
         let (layout, _) = self.tp.as_ref().zip(self.fsdp.as_ref())?;
         let mut opts = opts.clone();
-        opts.stage_params = Some(Arc::new(crate::tp::TpHook {
+        opts.stage_params = Some(Arc::new(crate::parallel::tp::TpHook {
             params: params.clone(),
             tp: layout.context(),
         }));
@@ -443,7 +445,7 @@ impl Trainer {
             .before_optimizer_step(&self.params, acc.outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);
         let sharding = self.fsdp.as_ref().zip(self.dist.shard());
-        let owner = crate::full_matrix::optimizer_step(
+        let owner = crate::parallel::full_matrix::optimizer_step(
             &mut self.optimizer,
             sharding,
             &self.named,
@@ -524,7 +526,7 @@ impl Trainer {
             let (_active, opts) = self.block_forward(false)?;
             let efsdp = self.dist.experts().map(|(_, f)| f);
             let stage = match self.fsdp.as_ref().zip(self.dist.shard()) {
-                Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
+                Some((fsdp, sc)) => Some(crate::parallel::pp::sharded::gather(
                     fsdp,
                     sc,
                     efsdp,
@@ -536,7 +538,7 @@ impl Trainer {
             };
             let params = stage.as_ref().map_or(&self.params, |g| &g.params);
             let stage_opts = self.gathered_stage_opts(&opts, params);
-            let ctx = crate::pp::StepCtx {
+            let ctx = crate::parallel::pp::StepCtx {
                 model: &self.model,
                 params,
                 positions: &self.positions,

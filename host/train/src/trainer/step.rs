@@ -3,9 +3,9 @@
 //! step's extra metrics fields.
 
 use super::Trainer;
-use crate::fsdp::Fsdp;
-use crate::full_matrix::OwnerFigures;
 use crate::outputs::{weighted_aux, StepOutputs};
+use crate::parallel::fsdp::Fsdp;
+use crate::parallel::full_matrix::OwnerFigures;
 use crate::TrainError;
 use anneal_config::Training;
 use anneal_data::Batch;
@@ -48,7 +48,7 @@ impl Trainer {
         }
         if self.cp.is_some() {
             // Nor are its ring passes.
-            crate::context::take_ring_bytes();
+            crate::parallel::context::take_ring_bytes();
         }
         self.dist.comm_bytes()
     }
@@ -129,7 +129,7 @@ impl Trainer {
         let sharded = self.fsdp.as_ref().zip(self.dist.shard());
         let efsdp = self.dist.experts().map(|(_, f)| f);
         let stage = match sharded {
-            Some((fsdp, sc)) => Some(crate::pp::sharded::gather(
+            Some((fsdp, sc)) => Some(crate::parallel::pp::sharded::gather(
                 fsdp,
                 sc,
                 efsdp,
@@ -141,7 +141,7 @@ impl Trainer {
         };
         let params = stage.as_ref().map_or(&self.params, |g| &g.params);
         let stage_opts = self.gathered_stage_opts(opts, params);
-        let ctx = crate::pp::StepCtx {
+        let ctx = crate::parallel::pp::StepCtx {
             model: &self.model,
             params,
             positions: &self.positions,
@@ -163,7 +163,7 @@ impl Trainer {
         let bubble = f64::from(times[0]) / f64::from(times[1]).max(1e-12);
         let theory = pipe.theory_bubble(acc.pipeline_batches.len());
         let shard_grads = match (sharded, &stage) {
-            (Some((fsdp, sc)), Some(g)) => Some(crate::pp::sharded::scatter_grads(
+            (Some((fsdp, sc)), Some(g)) => Some(crate::parallel::pp::sharded::scatter_grads(
                 fsdp, sc, efsdp, &g.named,
             )?),
             _ => None,
@@ -261,7 +261,7 @@ impl Trainer {
             // forward; with their gradients backward; again for recomputed blocks).
             fields.insert(
                 "cp_ring_bytes".into(),
-                crate::context::take_ring_bytes().into(),
+                crate::parallel::context::take_ring_bytes().into(),
             );
         }
         if let Some(g) = &self.experts {

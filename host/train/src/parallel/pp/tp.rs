@@ -1,5 +1,5 @@
 //! Tensor (and sequence) parallelism inside pipeline stages (`pp` × `tp`). Each stage's blocks
-//! run tensor-parallel over the stage's `tp` group exactly as without stages ([`crate::tp`]):
+//! run tensor-parallel over the stage's `tp` group exactly as without stages ([`crate::parallel::tp`]):
 //! the rank keeps its slices of its stages' parameters, the forward's `linear` / `embedding`
 //! host ops combine over the group, the first stage's embedding is vocab-split and the last
 //! stage's loss vocab-parallel ([`cross_entropy`]). Hidden tensors travel between the ranks
@@ -12,8 +12,8 @@
 //! tensors whole from the group's first rank), so any layout reads them.
 //!
 //! With `dp_shard` too (FSDP applied last) a stage's slices are what FSDP shards over the
-//! stage's `dp_shard` ranks ([`crate::pp::sharded`]: gathered once per step, gradients
-//! reduce-scattered over `dp_shard` only, never summed over `tp`) and checkpoints are TP × FSDP's global pieces ([`crate::tp_fsdp`]) written by every rank of
+//! stage's `dp_shard` ranks ([`crate::parallel::pp::sharded`]: gathered once per step, gradients
+//! reduce-scattered over `dp_shard` only, never summed over `tp`) and checkpoints are TP × FSDP's global pieces ([`crate::parallel::tp_fsdp`]) written by every rank of
 //! the first replica.
 
 use crate::TrainError;

@@ -144,7 +144,10 @@ impl FsdpPolicy {
         training: bool,
     ) -> Result<Named, TrainError> {
         let comm = shard_comm(dist)?;
-        Ok(crate::pp::sharded::gather(&self.fsdp, comm, None, shards, &[], training)?.named)
+        Ok(
+            crate::parallel::pp::sharded::gather(&self.fsdp, comm, None, shards, &[], training)?
+                .named,
+        )
     }
 
     /// Reduce-scatters the gradients of the whole parameters `whole` (this rank's batch) to
@@ -158,7 +161,8 @@ impl FsdpPolicy {
         shards: &[(String, Tensor)],
     ) -> Result<(), TrainError> {
         let comm = shard_comm(dist)?;
-        let (rows, got) = crate::pp::sharded::scatter_grads(&self.fsdp, comm, None, whole)?;
+        let (rows, got) =
+            crate::parallel::pp::sharded::scatter_grads(&self.fsdp, comm, None, whole)?;
         Fsdp::set_shard_grads(dist.grads(), dist.replicate(), shards, rows, &got)
     }
 

@@ -159,7 +159,7 @@ pub(crate) fn expert_layout(
     optimizer: &anneal_runtime::plugins::PluginOptimizer,
     ep: &dyn anneal_dist::Collective,
     efsdp: &dyn anneal_dist::Collective,
-) -> Result<crate::fsdp::Experts, TrainError> {
+) -> Result<crate::parallel::fsdp::Experts, TrainError> {
     let n = ep.size();
     let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
     let mut names = std::collections::HashSet::new();
@@ -195,7 +195,7 @@ pub(crate) fn expert_layout(
             cfg.optimizer.plugin
         )));
     }
-    Ok(crate::fsdp::Experts {
+    Ok(crate::parallel::fsdp::Experts {
         names,
         slice: (ep.rank(), n),
         efsdp: (efsdp.rank(), efsdp.size()),
@@ -248,11 +248,11 @@ pub(crate) fn resident_opts(
 /// [`expert_layout`]), with its line for the log; `None` without expert parallelism.
 pub(crate) fn layout_of(
     cfg: &anneal_config::JobConfig,
-    dist: &crate::dist::Dist,
+    dist: &crate::parallel::dist::Dist,
     spec: &anneal_plugin_api::spec::ModelSpec,
     optimizer: &anneal_runtime::plugins::PluginOptimizer,
     note: &dyn Fn(&str),
-) -> Result<Option<crate::fsdp::Experts>, TrainError> {
+) -> Result<Option<crate::parallel::fsdp::Experts>, TrainError> {
     let Some((ep, efsdp)) = dist.experts() else {
         return Ok(None);
     };

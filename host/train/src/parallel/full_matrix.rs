@@ -15,7 +15,7 @@
 //! 1/N, which is what FSDP promises, and leaves checkpoints and resharding as they are for every
 //! optimizer. Full tensors exist only on their owner, one bucket at a time.
 
-use crate::fsdp::Fsdp;
+use crate::parallel::fsdp::Fsdp;
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};
 use anneal_engine::Tensor;

@@ -151,7 +151,7 @@ impl Fsdp {
             Some(rep) => {
                 // One buffer for every parameter: one collective instead of one per parameter.
                 let mut flat = rows.concat();
-                crate::dist::sum_identically(rep, &mut flat)?;
+                crate::parallel::dist::sum_identically(rep, &mut flat)?;
                 let mut at = 0;
                 rows.iter()
                     .map(|r| {

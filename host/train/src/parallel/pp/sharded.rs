@@ -8,9 +8,9 @@
 //!
 //! Under expert parallelism (`ep`, borrowing dp_shard's ranks) an expert parameter is gathered
 //! over its efsdp ranks into this rank's slice of the experts only, never the whole: the MoE
-//! layers send token rows to the ranks holding the other slices ([`crate::ep`]).
+//! layers send token rows to the ranks holding the other slices ([`crate::parallel::ep`]).
 
-use crate::fsdp::Fsdp;
+use crate::parallel::fsdp::Fsdp;
 use crate::TrainError;
 use anneal_dist::Collective;
 use anneal_engine::Tensor;

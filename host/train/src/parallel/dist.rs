@@ -8,14 +8,14 @@
 //! the gradients are
 //! summed (each micro-batch's loss already carries `1 / micro-batches`, so the sum is the
 //! average) before the norm, clipping and the optimizer, so every replica applies the same update.
-//! With `dp_shard > 1` the parameters are sharded ([`crate::fsdp`]); `dp_replicate` × `dp_shard`
+//! With `dp_shard > 1` the parameters are sharded ([`crate::parallel::fsdp`]); `dp_replicate` × `dp_shard`
 //! is HSDP, and the data is split over all of their ranks. Expert parallelism (`ep`, which must
 //! divide `dp_shard`) borrows the shard ranks: each keeps `1 / ep` of the experts
-//! ([`crate::fsdp::Experts`]) and the MoE layers send token rows to them ([`crate::ep`]).
-//! Pipeline parallelism (`pp`) splits the model's stages over its ranks ([`crate::pp`]); with
+//! ([`crate::parallel::fsdp::Experts`]) and the MoE layers send token rows to them ([`crate::parallel::ep`]).
+//! Pipeline parallelism (`pp`) splits the model's stages over its ranks ([`crate::parallel::pp`]); with
 //! `dp_shard` as well, each stage is FSDP-sharded over its shard ranks (and with `ep`, a
-//! stage's experts split over them, [`crate::pp::sharded`]).
-//! Context parallelism (`cp`) splits each sequence over `cp` ranks ([`crate::cp`]): the batch
+//! stage's experts split over them, [`crate::parallel::pp::sharded`]).
+//! Context parallelism (`cp`) splits each sequence over `cp` ranks ([`crate::parallel::cp`]): the batch
 //! is still split over the data-parallel ranks only, but gradients, losses and statistics are
 //! summed over data-parallel × `cp` ranks, and FSDP shards over `dp_shard` × `cp`.
 
@@ -48,9 +48,9 @@ pub struct Dist {
     job: Option<Box<dyn Collective>>,
     /// Under context parallelism: this rank's `cp` group, and a second communicator over the
     /// same ranks for the attention ring (which installs it on the training thread).
-    cp: Option<crate::cp::CpComms>,
+    cp: Option<crate::parallel::cp::CpComms>,
     /// The `tp` communicator (this rank's tensor-parallel group), when `tp > 1`; shared with
-    /// the forward's collectives while a step runs ([`crate::tp`]).
+    /// the forward's collectives while a step runs ([`crate::parallel::tp`]).
     tp: Option<std::rc::Rc<dyn Collective>>,
     /// Under TP × FSDP, the ranks of the first replica that save a checkpoint together
     /// (`dp_shard` × `cp` × `tp`: each holds rows no other rank of it holds); under PP × TP its
@@ -140,7 +140,7 @@ impl Dist {
         } else {
             (None, None, None)
         };
-        let cp = crate::cp::CpComms::new(&mesh, world)?;
+        let cp = crate::parallel::cp::CpComms::new(&mesh, world)?;
         let job = match (job, &cp) {
             (None, Some(_)) => Some(mesh.comm_of(world, &MeshDim::ALL)?),
             (job, _) => job,
@@ -555,7 +555,7 @@ pub(crate) fn check_mesh(cfg: &JobConfig, mesh: &Mesh) -> Result<(), TrainError>
             cfg.parallelism.fsdp_all_gather_dtype
         )));
     }
-    crate::cp::check_mesh(cfg, mesh)
+    crate::parallel::cp::check_mesh(cfg, mesh)
 }
 
 /// How `mesh`'s data-parallel ranks split the global batch: by whole micro-batches when their

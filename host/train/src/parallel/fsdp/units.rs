@@ -191,7 +191,7 @@ impl StageParams for Hook {
     }
 
     fn expert_parallel(&self) -> Option<anneal_engine::ops::ExpertParallel> {
-        crate::ep::current()
+        crate::parallel::ep::current()
     }
 }
 

@@ -2,26 +2,26 @@
 //! equal chunks and rank `r` of a `cp` group holds chunks `r` and `2·cp − 1 − r` (causal load
 //! balancing: under a causal mask a head chunk is cheap and its mirror from the tail dear, so
 //! every rank does the same work). Its tokens, targets and positions are those chunks; the
-//! attention host op passes keys and values around the group's ring ([`crate::context`]), and
+//! attention host op passes keys and values around the group's ring ([`crate::parallel::context`]), and
 //! everything else in a block works token by token.
 //!
 //! Each rank's loss is the mean over its tokens divided by `cp` (every rank holds as many
 //! tokens), so summing over the group gives the micro-batch's mean; gradients, losses,
 //! auxiliary losses and statistics are summed over data-parallel × `cp` ranks
-//! ([`crate::dist::Dist::grads`]). A model's auxiliary losses are computed per rank over its
+//! ([`crate::parallel::dist::Dist::grads`]). A model's auxiliary losses are computed per rank over its
 //! own tokens (a router's balancing loss sees half of each sequence under cp = 2) and weighted
 //! by `1 / cp` like the cross-entropy, so the reported `aux_loss.*` are the mean over the
 //! group's ranks, close to but not the single process's; statistics summed for the buffer hook
 //! (expert token counts) are the whole step's, exactly, while their reported means are per
 //! rank's tokens.
 //!
-//! Composed: inside pipeline stages ([`crate::pp`]) each stage runs its blocks on this rank's
+//! Composed: inside pipeline stages ([`crate::parallel::pp`]) each stage runs its blocks on this rank's
 //! chunks ([`Context::local_batch`]), with the ring over the stage's `cp` group and hidden
 //! tensors passed between ranks of the same `cp` coordinate. Under expert parallelism the MoE
 //! layers dispatch this rank's tokens over an expert group within its `cp` coordinate, and each
 //! slice of experts is sharded over its `efsdp × cp` ranks ([`anneal_dist::Mesh::expert_comms`]).
 
-use crate::context::{ActiveRing, RankRing};
+use crate::parallel::context::{ActiveRing, RankRing};
 use crate::TrainError;
 use anneal_config::JobConfig;
 use anneal_data::Batch;

@@ -1,5 +1,5 @@
 //! Tensor parallelism outside the pretraining step: a policy or a served model held as this
-//! rank's slices ([`crate::tp::TpLayout`], the same placements and checks as training), the
+//! rank's slices ([`crate::parallel::tp::TpLayout`], the same placements and checks as training), the
 //! group its decode and the RL trainer's forward run over, and the pieces a run needs around
 //! them (the global gradient norm, whole tensors for a checkpoint).
 //!
@@ -7,7 +7,7 @@
 //! in a training step: every rank of the group must then run the same forwards (and backwards)
 //! in the same order.
 
-use crate::tp::{activate, ActiveTp, TpLayout};
+use crate::parallel::tp::{activate, ActiveTp, TpLayout};
 use crate::{Dist, TrainError};
 use anneal_dist::Collective;
 use anneal_engine::Tensor;
@@ -163,7 +163,7 @@ impl TpInference {
     fn whole_of(&self, name: &str, local: &Tensor) -> Result<Tensor, TrainError> {
         match self.layout.split_dim(name) {
             Some(dim) if local.rank() > dim => {
-                crate::tp::gather_along(self.comm.as_ref(), local, dim)
+                crate::parallel::tp::gather_along(self.comm.as_ref(), local, dim)
             }
             _ => Ok(local.clone()),
         }

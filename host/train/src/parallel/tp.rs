@@ -4,7 +4,7 @@
 //! the norm counts each slice once, sequence parallelism sums the replicated parameters'
 //! partial gradients, and checkpoints hold global pieces so any layout reads them.
 //!
-//! Like the expert group ([`crate::ep`]), the communicator lives in a thread-local while a step
+//! Like the expert group ([`crate::parallel::ep`]), the communicator lives in a thread-local while a step
 //! (or an evaluation) runs: the engine's group object must be `Send + Sync` (autograd keeps it
 //! for the backward), the communicators are not, and both only run on the training thread.
 //!
