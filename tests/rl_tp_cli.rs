@@ -16,6 +16,32 @@ use serde_json::Value;
 
 const TP2: &str = "parallelism.tp=2";
 
+/// Qwen3's q/k norms are replicated but applied to each head apart, so every tensor-parallel
+/// rank's gradient of them is partial: the RL trainer sums them over the group (the
+/// placements' partial gradients, as pretraining does), and its gradient norm follows one
+/// process.
+#[test]
+fn tensor_parallel_rl_sums_qwen3s_per_head_norm_gradients() {
+    let dir = rl_job("tp-qwen3");
+    let qwen3 = "model.flavor=\"debugmodel_qwen3\"";
+    let (out, one_dir) = rl(1, &dir, "one", &[qwen3]);
+    ok(&out);
+    let (out, tp_dir) = rl(2, &dir, "tp2", &[qwen3, TP2]);
+    ok(&out);
+    let (one, two) = (steps(&one_dir), steps(&tp_dir));
+    assert_eq!((one.len(), two.len()), (4, 4));
+    for (a, b) in one.iter().zip(&two) {
+        assert_eq!(b["logprob_mismatch_max"].as_f64(), Some(0.0), "{b}");
+        let norm = |r: &Value| r["grad_norm"].as_f64().expect("grad_norm");
+        let (g, h) = (norm(a), norm(b));
+        assert!(
+            (g - h).abs() <= 1e-4 * g,
+            "step {}: grad norm {g} vs {h}",
+            a["step"]
+        );
+    }
+}
+
 #[test]
 fn tensor_parallel_rl_keeps_parity_and_follows_one_process() {
     let dir = rl_job("tp");

@@ -432,7 +432,9 @@ pub fn run_rl_dist(
     };
     let mut placements = Placements::replicated(named.iter().map(|(n, _)| n.clone()));
     if let Some(tp) = &tp {
-        placements = placements.with(Axis::Tp, |n| tp.placement(n));
+        placements = placements
+            .with(Axis::Tp, |n| tp.placement(n))
+            .with_partial_grads(Axis::Tp, |n| tp.partial_grad(n));
     }
     if fsdp.is_some() {
         placements = placements.with(Axis::DpShard, |_| Placement::Shard(0));

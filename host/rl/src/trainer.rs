@@ -16,7 +16,7 @@ use anneal_runtime::plugins::{ForwardOpts, Params, PluginModel, PluginOptimizer}
 use anneal_train::checkpoint::Snapshot;
 use anneal_train::harness::{clip_grads, Provenance};
 use anneal_train::outputs::{weighted_aux, StepOutputs};
-use anneal_train::parallel::Placements;
+use anneal_train::parallel::{Axis, Placements};
 use anneal_train::{Dist, FsdpPolicy, TpInference, TrainError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -412,6 +412,12 @@ impl RlTrainer<'_> {
                 .backward()?,
             Some(aux) => out.loss.add(&aux)?.backward()?,
             None => out.loss.backward()?,
+        }
+        // Gradients partial over tp (per-head norms: each rank applies them to its heads)
+        // are summed over its ranks first, as in pretraining.
+        if let Some(comm) = dist.axis(Axis::Tp) {
+            self.placements
+                .sum_partial_grads(Axis::Tp, comm, &self.named)?;
         }
         match (self.fsdp, &policy) {
             // The whole policy's gradients to this rank's rows, summed over the ranks.

@@ -1,7 +1,8 @@
 //! The parallel layer: where each trained parameter lives over the job's mesh
 //! ([`Placements`]: for every axis of the mesh, `Shard(dim)`, `Replicate`, `Partial` or
 //! `Stage`), and what is written once over those placements instead of once per layout: the
-//! gradient norm ([`Placements::grad_norm`]), which clipping then uses, and the trainer's
+//! gradient norm ([`Placements::grad_norm`]), which clipping then uses, the sums of gradients
+//! that are partial over an axis ([`Placements::sum_partial_grads`]), and the trainer's
 //! checkpoint pieces and restores ([`checkpoint`]).
 //!
 //! Each layout contributes to the placements rather than owning a code path: FSDP shards
@@ -16,6 +17,7 @@ pub(crate) mod dist;
 pub(crate) mod ep;
 pub(crate) mod fsdp;
 pub(crate) mod full_matrix;
+mod grads;
 mod norm;
 mod placement;
 pub(crate) mod pp;

@@ -65,6 +65,9 @@ pub struct Placements {
     /// The axes with more than one rank that place some parameter other than whole, each
     /// with one placement per name.
     axes: Vec<(Axis, Vec<Placement>)>,
+    /// Per axis, which parameters' gradients are `Partial` over it after the backward (each
+    /// rank computed a part of the sum), one flag per name.
+    partial_grads: Vec<(Axis, Vec<bool>)>,
 }
 
 impl Placements {
@@ -76,6 +79,7 @@ impl Placements {
         Placements {
             names,
             axes: Vec::new(),
+            partial_grads: Vec::new(),
         }
     }
 
@@ -86,6 +90,25 @@ impl Placements {
         self.axes.push((axis, places));
         self.axes.sort_by_key(|(a, _)| *a);
         self
+    }
+
+    /// Marks over `axis` the gradients that are `Partial` after the backward: those of the
+    /// parameters `partial(name)` picks.
+    pub fn with_partial_grads(mut self, axis: Axis, partial: impl Fn(&str) -> bool) -> Placements {
+        let flags = self.names.iter().map(|n| partial(n)).collect();
+        self.partial_grads.retain(|(a, _)| *a != axis);
+        self.partial_grads.push((axis, flags));
+        self
+    }
+
+    /// Whether parameter `name`'s gradient is `Partial` over `axis` after the backward.
+    pub fn grad_is_partial(&self, name: &str, axis: Axis) -> bool {
+        let at = self.index(name);
+        self.partial_grads
+            .iter()
+            .find(|(a, _)| *a == axis)
+            .zip(at)
+            .is_some_and(|((_, flags), i)| flags[i])
     }
 
     /// Every trained parameter's name, sorted.

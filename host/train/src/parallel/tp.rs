@@ -259,39 +259,13 @@ impl TpLayout {
         }
     }
 
-    /// Sums over the group, the same bits on every rank, the replicated parameters' gradients
-    /// that are partial on each rank: the per-head ones (each rank applies them to its share
-    /// of the heads) always, and every one under sequence parallelism (the norms, applied to
-    /// the rank's share of the sequence). The others see whole activations on every rank and
-    /// their gradients are already equal.
-    pub fn sum_replicated_grads(
-        &self,
-        comm: &dyn Collective,
-        named: &Named,
-    ) -> Result<(), TrainError> {
-        let partial = |n: &str| !self.is_split(n) && (self.sequence || self.per_head.contains(n));
-        let mine: Vec<&(String, Tensor)> = named.iter().filter(|(n, _)| partial(n)).collect();
-        if mine.is_empty() {
-            return Ok(());
-        }
-        let mut buf = Vec::new();
-        for (_, p) in &mine {
-            match p.grad() {
-                Some(g) => buf.extend(g.to_vec_f32()),
-                None => buf.resize(buf.len() + p.numel(), 0.0),
-            }
-        }
-        comm.all_reduce_sum(&mut buf)?;
-        let mut at = 0;
-        for (_, p) in mine {
-            let n = p.numel();
-            if let Some(old) = p.grad() {
-                let g = Tensor::from_slice(&buf[at..at + n], p.shape())?.to_dtype(old.dtype())?;
-                p.set_grad(Some(g))?;
-            }
-            at += n;
-        }
-        Ok(())
+    /// Whether parameter `name`'s gradient is partial on each rank of the group (summed over
+    /// it before use): a replicated parameter applied per head (each rank applies it to its
+    /// share of the heads) always, and every replicated one under sequence parallelism (the
+    /// norms, applied to the rank's share of the sequence). The others see whole activations
+    /// on every rank and their gradients are already equal.
+    pub fn partial_grad(&self, name: &str) -> bool {
+        !self.is_split(name) && (self.sequence || self.per_head.contains(name))
     }
 
     /// This rank's place in the group: `(rank, ranks)`.

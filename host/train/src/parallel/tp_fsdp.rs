@@ -8,7 +8,7 @@
 //! Gradients travel the FSDP way only: reduce-scattered over `dp_shard` (then summed over
 //! `dp_replicate` under HSDP), never over `tp` for a split parameter, whose slices are
 //! different tensors; under sequence parallelism the replicated parameters' shard gradients are
-//! then summed over `tp` ([`crate::parallel::tp::TpLayout::sum_replicated_grads`] on the shards: every rank of a
+//! then summed over `tp` ([`crate::parallel::Placements::sum_partial_grads`] on the shards: every rank of a
 //! tensor-parallel group holds the same rows of them). The norm is the placements' one
 //! ([`crate::parallel`]).
 //!

@@ -103,6 +103,12 @@ impl TpInference {
         )
     }
 
+    /// Whether parameter `name`'s gradient is partial on each rank of the group (a per-head
+    /// norm's: each rank applies it to its heads).
+    pub fn partial_grad(&self, name: &str) -> bool {
+        self.layout.partial_grad(name)
+    }
+
     /// How the group cuts the parameters, as checkpoints see it.
     fn cut(&self) -> crate::parallel::checkpoint::Cut<'_> {
         crate::parallel::checkpoint::Cut {

@@ -120,7 +120,7 @@ pub fn plan(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> CommPlan {
 /// embedding all-reduces its output, the head its input's gradient, the loss 12 bytes per
 /// token. Under SP each all-reduce becomes a reduce-scatter (its whole input) and an
 /// all-gather (a `1/tp` share), and the replicated parameters' partial gradients are summed
-/// over the group once per step (`TpLayout::sum_replicated_grads`, per-head weights always).
+/// over the group once per step (`Placements::sum_partial_grads`, per-head weights always).
 fn tensor_parallel(c: &mut CommPlan, v: &RankView, m: u64, t: u64) {
     let tp = v.degrees.tp as u64;
     let conv = |width: u64| -> u64 {

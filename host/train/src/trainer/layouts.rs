@@ -45,7 +45,9 @@ impl Trainer {
                 )));
             }
             note(&layout.summary());
-            placements = placements.with(Axis::Tp, |n| layout.placement(n));
+            placements = placements
+                .with(Axis::Tp, |n| layout.placement(n))
+                .with_partial_grads(Axis::Tp, |n| layout.partial_grad(n));
             self.named = layout.slice_params(std::mem::take(&mut self.named))?;
             self.params = Arc::new(self.named.iter().chain(&self.buffers).cloned().collect());
             self.tp = Some(layout);

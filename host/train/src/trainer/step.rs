@@ -6,6 +6,7 @@ use super::Trainer;
 use crate::outputs::{weighted_aux, StepOutputs};
 use crate::parallel::fsdp::Fsdp;
 use crate::parallel::full_matrix::OwnerFigures;
+use crate::parallel::Axis;
 use crate::TrainError;
 use anneal_config::Training;
 use anneal_data::Batch;
@@ -183,11 +184,14 @@ impl Trainer {
         acc: &mut Accumulated,
         shard_grads: Option<(Vec<Vec<f32>>, Vec<bool>)>,
     ) -> Result<Option<FsdpFigures>, TrainError> {
-        let tp_grads = self.tp.as_ref().zip(self.dist.tp());
-        // Under SP the replicated parameters' partial gradients are summed over tp once the
-        // micro-batches (or the pipeline's schedule) ran; under FSDP on the shards, below.
-        if let (Some((layout, comm)), None) = (tp_grads, &self.fsdp) {
-            layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
+        let tp = self.dist.tp();
+        // The gradients partial over tp (per-head norms; under SP every replicated one) are
+        // summed once the micro-batches (or the pipeline's schedule) ran; under FSDP on the
+        // shards, below.
+        if let (Some(comm), None) = (tp, &self.fsdp) {
+            let local = &self.named;
+            self.placements
+                .sum_partial_grads(Axis::Tp, comm.as_ref(), local)?;
         }
         if self.dist.grads().size() == 1 {
             return Ok(None);
@@ -216,9 +220,11 @@ impl Trainer {
             (None, None) => self.dist.all_reduce_grads(&self.named)?,
         }
         // Every rank of a tensor-parallel group holds the same rows of a replicated
-        // parameter, so SP's partial gradients are summed on the shards.
-        if let (Some((layout, comm)), Some(_)) = (tp_grads, &self.fsdp) {
-            layout.sum_replicated_grads(comm.as_ref(), &self.named)?;
+        // parameter, so its partial gradients are summed on the shards.
+        if let (Some(comm), Some(_)) = (tp, &self.fsdp) {
+            let local = &self.named;
+            self.placements
+                .sum_partial_grads(Axis::Tp, comm.as_ref(), local)?;
         }
         Ok(figures)
     }
