@@ -80,7 +80,7 @@ fn checked_mesh(cfg: &JobConfig, processes: usize) -> Result<anneal_dist::Mesh, 
 }
 
 /// A resolved mesh's degrees (a `-1` replaced by what it takes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Degrees {
     /// Pipeline stages.
     pub pp: usize,

@@ -52,7 +52,7 @@ pub struct Plan {
     /// Its trained parameters, all ranks together.
     pub parameters_total: u64,
     /// The mesh's degrees.
-    pub mesh: MeshDegrees,
+    pub mesh: Degrees,
     /// The job's processes.
     pub processes: usize,
     /// Micro-batches each data-parallel rank trains on per step.
@@ -67,36 +67,6 @@ pub struct Plan {
     pub time: TimePlan,
     /// What the figures assume, in words.
     pub assumptions: Vec<String>,
-}
-
-/// [`Degrees`] in a serializable form.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct MeshDegrees {
-    /// Pipeline stages.
-    pub pp: usize,
-    /// Data-parallel replicas.
-    pub dp_replicate: usize,
-    /// Data-parallel shards.
-    pub dp_shard: usize,
-    /// Context-parallel ranks.
-    pub cp: usize,
-    /// Expert-parallel ranks.
-    pub ep: usize,
-    /// Tensor-parallel ranks.
-    pub tp: usize,
-}
-
-impl From<Degrees> for MeshDegrees {
-    fn from(d: Degrees) -> Self {
-        MeshDegrees {
-            pp: d.pp,
-            dp_replicate: d.dp_replicate,
-            dp_shard: d.dp_shard,
-            cp: d.cp,
-            ep: d.ep,
-            tp: d.tp,
-        }
-    }
 }
 
 /// Plans the run `input` describes. Refuses what a run would refuse before any work: the mesh
@@ -130,7 +100,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, TrainError> {
     Ok(Plan {
         model: input.spec.architecture.clone(),
         parameters_total,
-        mesh: degrees.into(),
+        mesh: degrees,
         processes: input.processes,
         local_micro_batches: views[0].micro_batches,
         tokens_per_micro_batch: views[0].tokens,

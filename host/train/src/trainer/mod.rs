@@ -524,18 +524,7 @@ impl Trainer {
             // The stages' hook and group under tensor parallelism, as in training; the expert
             // group under expert parallelism (no FSDP units here).
             let (_active, opts) = self.block_forward(false)?;
-            let efsdp = self.dist.experts().map(|(_, f)| f);
-            let stage = match self.fsdp.as_ref().zip(self.dist.shard()) {
-                Some((fsdp, sc)) => Some(crate::parallel::pp::sharded::gather(
-                    fsdp,
-                    sc,
-                    efsdp,
-                    &self.named,
-                    &self.buffers,
-                    false,
-                )?),
-                None => None,
-            };
+            let stage = self.gather_stage(false)?;
             let params = stage.as_ref().map_or(&self.params, |g| &g.params);
             let stage_opts = self.gathered_stage_opts(&opts, params);
             let ctx = crate::parallel::pp::StepCtx {

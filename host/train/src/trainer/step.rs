@@ -129,17 +129,7 @@ impl Trainer {
         };
         let sharded = self.fsdp.as_ref().zip(self.dist.shard());
         let efsdp = self.dist.experts().map(|(_, f)| f);
-        let stage = match sharded {
-            Some((fsdp, sc)) => Some(crate::parallel::pp::sharded::gather(
-                fsdp,
-                sc,
-                efsdp,
-                &self.named,
-                &self.buffers,
-                true,
-            )?),
-            None => None,
-        };
+        let stage = self.gather_stage(true)?;
         let params = stage.as_ref().map_or(&self.params, |g| &g.params);
         let stage_opts = self.gathered_stage_opts(opts, params);
         let ctx = crate::parallel::pp::StepCtx {
@@ -173,6 +163,27 @@ impl Trainer {
             figures: Some((bubble, theory)),
             shard_grads,
         })
+    }
+
+    /// Under FSDP inside pipeline stages, this rank's stage gathered whole from its shards
+    /// (`training`: as leaves whose gradients are reduce-scattered after the schedule);
+    /// `None` without FSDP. Collective over the shard group.
+    pub(super) fn gather_stage(
+        &self,
+        training: bool,
+    ) -> Result<Option<crate::parallel::pp::sharded::Gathered>, TrainError> {
+        let efsdp = self.dist.experts().map(|(_, f)| f);
+        match self.fsdp.as_ref().zip(self.dist.shard()) {
+            Some((fsdp, sc)) => Ok(Some(crate::parallel::pp::sharded::gather(
+                fsdp,
+                sc,
+                efsdp,
+                &self.named,
+                &self.buffers,
+                training,
+            )?)),
+            None => Ok(None),
+        }
     }
 
     /// Sums the step's gradients (and its losses and outputs) over the ranks that computed
