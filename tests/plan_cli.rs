@@ -76,7 +76,7 @@ fn check(job: &Job, name: &str, n: usize, layout: &[&str]) -> (u64, u64) {
 #[test]
 fn plans_match_the_measured_bytes_exactly_and_the_peak_within_ten_percent() {
     let job = Job::new("plan");
-    let layouts: [(&str, usize, &[&str]); 11] = [
+    let layouts: [(&str, usize, &[&str]); 13] = [
         ("single", 1, &[]),
         ("ddp2", 2, &["parallelism.dp_replicate=2"]),
         ("ddp4", 4, &["parallelism.dp_replicate=4"]),
@@ -100,6 +100,23 @@ fn plans_match_the_measured_bytes_exactly_and_the_peak_within_ten_percent() {
             "pp2_fsdp2",
             4,
             &["parallelism.pp=2", "parallelism.dp_shard=2"],
+        ),
+        (
+            "cp2_fsdp2",
+            4,
+            &["parallelism.cp=2", "parallelism.dp_shard=2"],
+        ),
+        // ZBV: the V puts the first and last stages on rank 0, whose sends and deferred weight
+        // passes the plan reads from the schedule itself.
+        (
+            "pp2_zbv",
+            2,
+            &[
+                "parallelism.pp=2",
+                "parallelism.pp_schedule=\"zbv\"",
+                "parallelism.pp_virtual_stages=2",
+                "model.args.n_layers=4",
+            ],
         ),
     ];
     for (name, n, layout) in layouts {

@@ -70,8 +70,11 @@ pub struct RankView {
     pub pp_rank: usize,
     /// Stages in the pipeline (`pp × pp_virtual_stages`).
     pub n_stages: usize,
-    /// The stages it runs, each with its blocks.
+    /// The stages it runs, each with its blocks, in chunk order (the schedule's `chunk` `c` is
+    /// `stages[c]`).
     pub stages: Vec<(usize, Range<usize>)>,
+    /// The pipeline's schedule, when there is one.
+    pub schedule: Option<crate::parallel::pp::schedule::Schedule>,
     /// What it holds (trained parameters and buffers), in spec order.
     pub params: Vec<Held>,
     /// Trained parameters of the whole model (the pipeline's norm gathers a sum for each).
@@ -145,12 +148,13 @@ pub fn views(
     let mut out = Vec::with_capacity(degrees.pp);
     for pp_rank in 0..degrees.pp {
         let stages: Vec<(usize, Range<usize>)> = match &pipeline {
-            Some(l) => l
-                .stages
-                .iter()
-                .cloned()
-                .enumerate()
-                .filter(|(s, _)| s % degrees.pp == pp_rank)
+            // By chunk, as the schedule places them (ZBV's V puts stages 0 and 2p - 1 on the
+            // first rank).
+            Some(l) => (0..l.v)
+                .map(|c| {
+                    let s = l.stage_of(pp_rank, c);
+                    (s, l.stages[s].clone())
+                })
                 .collect(),
             None => vec![(0, 0..spec.n_layers)],
         };
@@ -200,6 +204,7 @@ pub fn views(
                 1
             },
             sequence: degrees.tp > 1 && cfg.parallelism.tp_sequence,
+            schedule: pipeline.as_ref().map(|l| l.schedule),
         });
     }
     Ok(out)

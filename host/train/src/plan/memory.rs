@@ -8,8 +8,12 @@
 //!   `0.87 ×` the values its parameters read and write (`in + out` per matrix, `2·d` per vector,
 //!   `2·(in + out)` per expert stack) and `2·V + 4·dim` for the head's logits, their softmax and
 //!   gradients (fitted to the engine's measured peaks of the debug Llama: a block keeps ~23
-//!   residual widths per token); recomputed blocks keep their input only, plus one block at a
-//!   time; a pipeline rank holds `min(m, pp − rank)` micro-batches in flight (1F1B);
+//!   residual widths per token; under sequence parallelism the norms' values on this rank's
+//!   share of the sequence); recomputed blocks keep their input only, plus one block at a
+//!   time; a pipeline rank's chunks hold what its schedule keeps in flight, found by running
+//!   the schedule's own op list (`pp::schedule::ops`): 1F1B keeps `min(m, pp − rank)`
+//!   micro-batches, interleaving more chunks, and a zero-bubble schedule's deferred weight
+//!   pass keeps each product's input and output gradient (the head's logits' gradient too);
 //! - **buffers**: the model's buffers (not trained) and working memory: the accumulated
 //!   gradient's new copy for the largest parameter (when a rank runs two or more micro-batches),
 //!   FSDP's gathered outer unit (or a pipeline stage's gathered parameters and their whole
@@ -65,44 +69,115 @@ fn values_per_token(shape: &[usize]) -> u64 {
     }
 }
 
-/// Activation bytes per token of one micro-batch on `v`, and the largest block's (recompute).
-fn activation_per_token(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> u64 {
+/// What one micro-batch costs a chunk (a pipeline stage; the whole model without pipeline),
+/// in bytes per token.
+#[derive(Clone, Copy, Default)]
+struct ChunkCost {
+    /// Kept from its forward until its backward.
+    forward: f64,
+    /// Kept from its input-gradient pass until its deferred weight pass (zero-bubble
+    /// schedules): each product's input and output gradient, the head's logits' gradient.
+    weight: f64,
+    /// The largest block's activations (what recompute brings back, one block at a time).
+    largest: f64,
+}
+
+/// The cost of the chunk holding `blocks` (and the head when `head`), per token of a
+/// micro-batch.
+fn chunk_cost(
+    cfg: &JobConfig,
+    spec: &ModelSpec,
+    v: &RankView,
+    blocks: std::ops::Range<usize>,
+    head: bool,
+) -> ChunkCost {
     let ac = &cfg.activation_checkpoint;
     let every = match ac.mode {
         RecomputeMode::Full => 1,
         RecomputeMode::Selective => ac.every.max(1),
         RecomputeMode::None | RecomputeMode::Budget => 0,
     };
-    let (mut kept, mut largest) = (0f64, 0f64);
-    for (_, blocks) in &v.stages {
-        for l in blocks.clone() {
-            let values: u64 = v
-                .params
-                .iter()
-                .filter(|p| p.layer == Some(l))
-                .map(|p| values_per_token(&p.local))
-                .sum();
-            let block = BLOCK_FACTOR * values as f64;
-            largest = largest.max(block);
-            kept += if every > 0 && l % every == 0 {
-                v.dim as f64
+    // Under sequence parallelism the norms run on this rank's share of the sequence.
+    let vector_share = if v.sequence {
+        1.0 / v.degrees.tp as f64
+    } else {
+        1.0
+    };
+    let mut cost = ChunkCost::default();
+    for l in blocks {
+        let (mut values, mut products) = (0f64, 0f64);
+        for p in v.params.iter().filter(|p| p.layer == Some(l)) {
+            let n = values_per_token(&p.local) as f64;
+            if p.local.len() == 1 {
+                values += n * vector_share;
             } else {
-                block
-            };
+                values += n;
+                products += n;
+            }
         }
+        let block = BLOCK_FACTOR * values;
+        cost.largest = cost.largest.max(block);
+        cost.forward += if every > 0 && l % every == 0 {
+            v.dim as f64
+        } else {
+            block
+        };
+        cost.weight += products;
     }
-    if every > 0 {
-        kept += largest;
-    }
-    if v.has_head() {
+    if head {
         let vocab = v
             .params
             .iter()
             .find(|p| p.outer == Some(super::layout::Outer::Head) && p.local.len() == 2)
             .map_or(spec.vocab_size, |p| p.local[0]);
-        kept += (2 * vocab + 4 * v.dim) as f64;
+        cost.forward += 2.0 * vocab as f64 + 4.0 * v.dim as f64 * vector_share;
+        cost.weight += (vocab + v.dim) as f64;
     }
-    (kept * 4.0) as u64
+    ChunkCost {
+        forward: cost.forward * 4.0,
+        weight: cost.weight * 4.0,
+        largest: cost.largest * 4.0,
+    }
+}
+
+/// The most activation bytes per token `v` keeps alive at once: its chunks' micro-batches in
+/// flight as its schedule runs them (1F1B keeps `min(m, pp − rank)`, interleaving and deferred
+/// weight passes more), plus one recomputed block.
+fn activation_per_token(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> f64 {
+    let costs: Vec<ChunkCost> = v
+        .stages
+        .iter()
+        .map(|(s, blocks)| chunk_cost(cfg, spec, v, blocks.clone(), *s + 1 == v.n_stages))
+        .collect();
+    let largest = costs.iter().map(|c| c.largest).fold(0.0, f64::max);
+    let recompute = match cfg.activation_checkpoint.mode {
+        RecomputeMode::Full | RecomputeMode::Selective => largest,
+        RecomputeMode::None | RecomputeMode::Budget => 0.0,
+    };
+    let Some(schedule) = v.schedule else {
+        return costs.iter().map(|c| c.forward).sum::<f64>() + recompute;
+    };
+    use crate::parallel::pp::schedule::{ops, Op};
+    let (p, chunks, m) = (v.degrees.pp, v.stages.len(), v.micro_batches.max(1));
+    let split = schedule.splits_backward();
+    let (mut live, mut peak) = (0f64, 0f64);
+    for op in ops(schedule, p, chunks, m, v.pp_rank) {
+        match op {
+            Op::Forward { chunk, .. } => {
+                live += costs[chunk].forward;
+                peak = peak.max(live);
+            }
+            Op::Backward { chunk, .. } => {
+                live -= costs[chunk].forward;
+                if split {
+                    live += costs[chunk].weight;
+                    peak = peak.max(live);
+                }
+            }
+            Op::Weight { chunk, .. } => live -= costs[chunk].weight,
+        }
+    }
+    peak + recompute
 }
 
 /// The memory of one pipeline rank.
@@ -122,12 +197,7 @@ fn of_rank(
         .sum();
     let model_buffers: u64 = v.params.iter().filter(|p| !p.trainable).map(bytes).sum();
     let m = v.micro_batches;
-    let in_flight = if v.degrees.pp > 1 {
-        m.min(v.degrees.pp - v.pp_rank).max(1)
-    } else {
-        1
-    } as u64;
-    let activations = in_flight * v.tokens as u64 * activation_per_token(cfg, spec, v);
+    let activations = (v.tokens as f64 * activation_per_token(cfg, spec, v)) as u64;
     let whole = |p: &Held| p.numel() * p.elem;
     let working = match (f > 1, v.degrees.pp > 1) {
         // A stage's parameters gathered whole for the step and their whole gradients.
@@ -138,12 +208,22 @@ fn of_rank(
         (false, _) => 0,
     };
     // With one micro-batch the blocks' gradients replace their activations as backward runs.
-    let grads_at_peak = if m >= 2 || f > 1 {
-        gradients
-    } else {
-        v.trained().filter(|p| p.layer.is_none()).map(bytes).sum()
+    // Under FSDP the rows' gradients are made at the step's end, when the activations are
+    // gone: FSDP's units keep them in host buffers of their own until then (`fsdp/units.rs`;
+    // at the peak only the outer unit's are tensors), and a pipeline stage reduce-scatters
+    // its whole gradients once its schedule ran (`pp/sharded.rs`). Under CP × FSDP the
+    // measured peak holds every row's gradient and one more whole copy of the largest
+    // parameter (measured on the bench layouts, not traced to its allocation).
+    let outer_grads = v.trained().filter(|p| p.layer.is_none()).map(bytes).sum();
+    let largest_whole = v.trained().map(whole).max().unwrap_or(0);
+    let (grads_at_peak, cp_extra) = match (f > 1, v.degrees.pp > 1, v.degrees.cp > 1) {
+        (true, _, true) => (gradients, largest_whole),
+        (true, false, false) => (outer_grads, 0),
+        (true, true, false) => (0, 0),
+        (false, ..) if m >= 2 => (gradients, 0),
+        (false, ..) => (outer_grads, 0),
     };
-    let buffers = model_buffers + working;
+    let buffers = model_buffers + working + cp_extra;
     MemoryPlan {
         rank: v.pp_rank,
         parameters,
@@ -172,16 +252,13 @@ pub fn plan(
 /// What the memory figures assume, in words.
 pub fn assumptions(cfg: &JobConfig) -> Vec<String> {
     let mut out = vec![
-        "memory is the busiest rank's: parameters, gradients and optimizer state (f32) on its slices and FSDP rows; activations ~0.87 x the values each block's weights read and write per token, 2V + 4 dim for the logits (fitted to the CPU engine's measured peaks), min(m, pp - rank) micro-batches in flight under 1F1B".to_string(),
+        "memory is the busiest rank's: parameters, gradients and optimizer state (f32) on its slices and FSDP rows; activations ~0.87 x the values each block's weights read and write per token, 2V + 4 dim for the logits (fitted to the CPU engine's measured peaks), the micro-batches and deferred weight passes its pipeline schedule keeps in flight".to_string(),
     ];
     if cfg.parallelism.tp_sequence {
         out.push(
-            "sequence parallelism's smaller norm and residual activations are not subtracted"
+            "sequence parallelism splits the norms' activations over tp; its smaller residual activations are not subtracted"
                 .into(),
         );
-    }
-    if cfg.parallelism.pp_virtual_stages > 1 {
-        out.push("interleaved 1F1B's extra in-flight chunks are not added".into());
     }
     out
 }
