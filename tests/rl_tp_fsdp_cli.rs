@@ -4,7 +4,8 @@
 //! group rolls out and trains on them together) against one process: the rollout and trainer
 //! logprobs stay bitwise equal (mismatch exactly 0), the curve follows the one-process run, the
 //! checkpoints hold whole tensors and a TP × FSDP resume continues bit for bit, and a TP × FSDP
-//! run resumes one process's checkpoint.
+//! run resumes one process's checkpoint. Qwen3's per-head norm gradients (partial over `tp`) are
+//! summed over the group before FSDP reduce-scatters them.
 
 use anneal_tests::cli as common;
 
@@ -56,7 +57,11 @@ fn tensor_parallel_by_sharded_rl_keeps_parity_follows_one_process_and_resumes() 
         "{rank3}"
     );
     let (one, four) = (steps(&one_dir), steps(&tf_dir));
-    assert_eq!((one.len(), four.len()), (4, 4), "the lead alone writes rows");
+    assert_eq!(
+        (one.len(), four.len()),
+        (4, 4),
+        "the lead alone writes rows"
+    );
     assert!(losses(&one)[0].abs() > 1e-3, "a loss worth comparing");
     for r in &four {
         // The group decodes and trains on the very slices gathered from the rows.
@@ -79,5 +84,27 @@ fn tensor_parallel_by_sharded_rl_keeps_parity_follows_one_process_and_resumes() 
     follows_single("one-to-tp2-fsdp2", &losses(&one), &losses(&resumed));
     for r in &resumed[2..] {
         assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
+    }
+}
+
+/// Qwen3's q/k norms are replicated over `tp` but applied to each rank's heads apart, so their
+/// gradients are partial: summed over the group on the gathered slices, then reduce-scattered
+/// to the rows; the gradient norm (over both axes) follows one process.
+#[test]
+fn tensor_parallel_by_sharded_rl_sums_qwen3s_per_head_norm_gradients() {
+    let dir = rl_job("tp-fsdp-qwen3");
+    let qwen3 = "model.flavor=\"debugmodel_qwen3\"";
+    let (out, one_dir) = rl(1, &dir, "one", &[qwen3]);
+    ok(&out);
+    let (out, tf_dir) = rl(4, &dir, "tp2-fsdp2", &[qwen3, TP2_FSDP2[0], TP2_FSDP2[1]]);
+    ok(&out);
+    let (one, four) = (steps(&one_dir), steps(&tf_dir));
+    assert_eq!((one.len(), four.len()), (4, 4));
+    follows_single("qwen3 tp2-fsdp2", &losses(&one), &losses(&four));
+    for (a, b) in one.iter().zip(&four) {
+        assert_eq!(b["logprob_mismatch_max"].as_f64(), Some(0.0), "{b}");
+        let norm = |r: &Value| r["grad_norm"].as_f64().expect("grad_norm");
+        let (g, h) = (norm(a), norm(b));
+        assert!((g - h).abs() <= 1e-4 * g, "step {}: {g} vs {h}", a["step"]);
     }
 }

@@ -365,9 +365,7 @@ pub fn run_rl_dist(
     // the step (as `anneal train` saves FSDP); otherwise, and under TP x FSDP, the lead writes
     // whole tensors.
     let mut shard_saver = match (&fsdp, dist.save_group()) {
-        (Some(_), Some(group)) if tp.is_none() => {
-            Some(ShardSaver::for_group(cfg, run_dir, group)?)
-        }
+        (Some(_), Some(group)) if tp.is_none() => Some(ShardSaver::for_group(cfg, run_dir, group)?),
         _ => None,
     };
     let mut saver = match &fsdp {
