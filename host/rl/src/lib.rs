@@ -7,6 +7,7 @@
 //! setup.rs       tokenizer, prompts, plugins and the starting policy of a run
 //! preflight.rs   the run's up-front checks as one call (`anneal serve` validates with it)
 //! trainer.rs     one trainer step: batch-invariant forward, logprob mismatch, loss, backward
+//! tp_fsdp.rs     tensor parallel x FSDP: rows gathered to slices, partial grads, whole saves
 //! loss.rs        GRPO / Dr.GRPO / DAPO, k3 KL, truncated importance ratio
 //! rollout.rs     prompts, rollout workers, scoring, held-out evaluation
 //! buffer.rs      the rollout buffer keyed by policy version (bounded staleness)
@@ -24,6 +25,7 @@ pub mod rollout;
 mod run;
 pub mod samples;
 mod setup;
+mod tp_fsdp;
 mod trainer;
 
 pub use metrics::RlRow;

@@ -71,8 +71,8 @@ pub fn run_rl(
 }
 
 /// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, expert
-/// parallelism, tensor parallelism or sharded parameters (FSDP) with asynchronous rollouts,
-/// the two together, sequence parallelism, an optimizer that needs whole matrices or encoded
+/// parallelism, tensor parallelism or sharded parameters (FSDP, also together) with
+/// asynchronous rollouts, sequence parallelism, an optimizer that needs whole matrices or encoded
 /// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
@@ -108,11 +108,6 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
         return Err(TrainError::Config(format!(
             "config: `parallelism.ep` ({}): `anneal rl` does not run expert parallel; set parallelism.ep = 1",
             par.ep
-        )));
-    }
-    if tp > 1 && shard > 1 {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.tp` ({tp}) with `parallelism.dp_shard` ({shard}): `anneal rl` runs tensor parallel or sharded (FSDP), not both yet; set one of them to 1"
         )));
     }
     // Under tensor parallelism the ranks of a group decode together on the training thread;
@@ -160,7 +155,8 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
 /// the policy, optimizer state and KL reference ([`FsdpPolicy`]): a step gathers the policy
 /// whole once for its rollouts (on the training thread) and its trainer forward, reduce-scatters
 /// the gradients and steps the optimizer on the rows; the first replica's ranks write their
-/// rows of each checkpoint.
+/// rows of each checkpoint. With `parallelism.tp` as well the rows are of this rank's
+/// tensor-parallel slices, gathered to the slices (see [`crate::tp_fsdp`]).
 pub fn run_rl_dist(
     cfg: &JobConfig,
     run_dir: &Path,
@@ -366,14 +362,15 @@ pub fn run_rl_dist(
     ));
 
     // Under FSDP the ranks of the first replica each write their rows and rank 0 publishes
-    // the step (as `anneal train` saves FSDP); otherwise the lead writes whole tensors.
+    // the step (as `anneal train` saves FSDP); otherwise, and under TP x FSDP, the lead writes
+    // whole tensors.
     let mut shard_saver = match (&fsdp, dist.save_group()) {
-        (Some(_), Some(group)) => Some(ShardSaver::for_group(cfg, run_dir, group)?),
+        (Some(_), Some(group)) if tp.is_none() => Some(ShardSaver::for_group(cfg, run_dir, group)?),
         _ => None,
     };
     let mut saver = match &fsdp {
-        Some(_) => None,
-        None => run.as_ref().map(|run| Saver::new(cfg, run)),
+        Some(_) if tp.is_none() => None,
+        _ => run.as_ref().map(|run| Saver::new(cfg, run)),
     };
     let mut logs = match lead {
         true => Some((
@@ -560,7 +557,7 @@ pub fn run_rl_dist(
             let elapsed = clock();
             if tp.is_some() && dist.any(saver.as_ref().is_some_and(|s| s.due(step)))? {
                 // Every rank of the group gathers; the lead writes.
-                trainer.prepare_save(&optimizer)?;
+                trainer.prepare_save(&optimizer, &dist)?;
             }
             if let Some(saver) = &mut saver {
                 saver.save_if_due(step, &console, |spare| {
@@ -589,7 +586,7 @@ pub fn run_rl_dist(
     result?;
     if summary.stopped {
         // A stop saves the last step (see `Saver::finish`): gathered by the whole group.
-        trainer.prepare_save(&optimizer)?;
+        trainer.prepare_save(&optimizer, &dist)?;
     }
     let elapsed = clock();
     if let (Some(saver), Some(comm)) = (&mut shard_saver, dist.save_group()) {

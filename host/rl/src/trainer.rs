@@ -156,7 +156,8 @@ impl RlTrainer<'_> {
         elapsed_s: f64,
         spare: Vec<Vec<u8>>,
     ) -> Snapshot {
-        if let Some(fsdp) = self.fsdp {
+        // Under TP x FSDP the checkpoint holds the whole tensors `prepare_save` gathered.
+        if let (Some(fsdp), None) = (self.fsdp, self.tp) {
             // This rank's rows of everything, as FSDP training writes them.
             let state = train_state(cfg, progress, provenance, elapsed_s);
             let mut pieces = Vec::new();
@@ -202,14 +203,21 @@ impl RlTrainer<'_> {
     }
 
     /// Under tensor parallelism, gathers the whole policy, optimizer state and KL reference
-    /// for the snapshot that follows (a checkpoint holds whole tensors, whatever the layout).
+    /// for the snapshot that follows (a checkpoint holds whole tensors, whatever the layout;
+    /// under TP x FSDP the rows are first gathered to slices over `dp_shard`).
     /// Collective over the group: every rank calls it before a save, whether or not it writes.
-    pub fn prepare_save(&mut self, optimizer: &PluginOptimizer) -> Result<(), TrainError> {
+    pub fn prepare_save(
+        &mut self,
+        optimizer: &PluginOptimizer,
+        dist: &Dist,
+    ) -> Result<(), TrainError> {
         let Some(tp) = self.tp else {
             return Ok(());
         };
-        let all = self.all();
-        let reference = match &self.reference {
+        let slices = crate::tp_fsdp::Slices::of(self, optimizer.state(), dist)?;
+        let all: Vec<(String, Tensor)> =
+            slices.named.iter().chain(&self.buffers).cloned().collect();
+        let reference = match &slices.reference {
             Some(r) => {
                 let mut sorted: Vec<(String, Tensor)> =
                     r.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
@@ -220,7 +228,7 @@ impl RlTrainer<'_> {
         };
         self.gathered = Some(Gathered {
             named: tp.whole(&all)?,
-            state: tp.whole_state(&self.named, optimizer.state())?,
+            state: tp.whole_state(&slices.named, &slices.state)?,
             reference,
         });
         Ok(())
@@ -414,10 +422,11 @@ impl RlTrainer<'_> {
             None => out.loss.backward()?,
         }
         // Gradients partial over tp (per-head norms: each rank applies them to its heads)
-        // are summed over its ranks first, as in pretraining.
+        // are summed over its ranks first, as in pretraining; under FSDP on the gathered
+        // slices, which hold them, before the reduce-scatter.
         if let Some(comm) = dist.axis(Axis::Tp) {
-            self.placements
-                .sum_partial_grads(Axis::Tp, comm, &self.named)?;
+            let grads = policy.as_deref().unwrap_or(&self.named);
+            self.placements.sum_partial_grads(Axis::Tp, comm, grads)?;
         }
         match (self.fsdp, &policy) {
             // The whole policy's gradients to this rank's rows, summed over the ranks.

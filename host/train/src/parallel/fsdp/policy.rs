@@ -18,6 +18,8 @@ use anneal_runtime::plugins::Params;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+mod state;
+
 type Named = Vec<(String, Tensor)>;
 
 /// A policy sharded over the `dp_shard` ranks (see the module docs).
