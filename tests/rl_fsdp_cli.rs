@@ -132,7 +132,8 @@ fn what_sharded_rl_does_not_run_is_a_user_error() {
             "rl.rollout_threads=2",
             &["rl.rollout_threads", "parallelism.dp_shard"][..],
         ),
-        ("parallelism.ep=2", &["parallelism.ep"][..]),
+        // Expert parallelism needs a model with experts (tests/rl_ep_cli.rs runs one).
+        ("parallelism.ep=2", &["parallelism.ep", "no experts"][..]),
         (
             "parallelism.fsdp_all_gather_dtype=bfloat16",
             &["parallelism.fsdp_all_gather_dtype"][..],

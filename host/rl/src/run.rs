@@ -70,9 +70,10 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, expert
-/// parallelism, tensor parallelism or sharded parameters (FSDP, also together) with
-/// asynchronous rollouts, sequence parallelism, an optimizer that needs whole matrices or encoded
+/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, tensor
+/// parallelism or sharded parameters (FSDP, also together, and expert parallelism, which
+/// borrows FSDP's ranks) with asynchronous rollouts, sequence parallelism, an optimizer that
+/// needs whole matrices or encoded
 /// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
@@ -104,12 +105,6 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
     }
     let (tp, shard) = (mesh.tp, mesh.dp_shard);
     let par = &cfg.parallelism;
-    if par.ep > 1 {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.ep` ({}): `anneal rl` does not run expert parallel; set parallelism.ep = 1",
-            par.ep
-        )));
-    }
     // Under tensor parallelism the ranks of a group decode together on the training thread;
     // under FSDP the whole policy exists only while a step runs (gathered there, once): one
     // synchronous rollout per step, no sequence split (a decode step has one position).
@@ -280,7 +275,11 @@ pub fn run_rl_dist(
     }
     // Under FSDP each rank keeps its rows of the policy, of the optimizer state and of the KL
     // reference it started from.
-    let fsdp = FsdpPolicy::of_dist(&dist, &named);
+    // Under expert parallelism (which borrows the dp_shard ranks) each keeps its experts.
+    let fsdp =
+        FsdpPolicy::of_dist_with_experts(cfg, &dist, &named, model.spec(), &optimizer, &|m| {
+            console.note(m)
+        })?;
     let (named, reference) = match &fsdp {
         Some(f) => {
             if optimizer.spec().needs_full_matrix {
@@ -465,8 +464,13 @@ pub fn run_rl_dist(
                 // The step's whole policy, gathered once: the rollouts decode with it and the
                 // trainer's first forward runs on it, so both see the same bits.
                 let whole = f.gather(&dist, &trainer.named, true)?;
-                let all: Vec<(String, Tensor)> =
-                    whole.iter().chain(&trainer.buffers).cloned().collect();
+                // Under expert parallelism the trainer keeps this rank's experts and the
+                // rollouts decode with all of them (see `FsdpPolicy::whole_experts`).
+                let all: Vec<(String, Tensor)> = f
+                    .whole_experts(&dist, whole.clone())?
+                    .into_iter()
+                    .chain(trainer.buffers.iter().cloned())
+                    .collect();
                 let weights = if opts.perturb_rollout_weights != 0.0 {
                     publishable(&all, opts.perturb_rollout_weights)?
                 } else {

@@ -303,7 +303,17 @@ impl RlTrainer<'_> {
             Some(w) => Arc::new(w.iter().chain(&self.buffers).cloned().collect()),
             None => self.params.clone(),
         };
-        let fwd = self.forward_opts(&params, true);
+        // Under expert parallelism the forward and backward run this rank's experts, token rows
+        // exchanged over the expert group.
+        let _experts = self
+            .fsdp
+            .map(|f| f.activate_experts(dist))
+            .transpose()?
+            .flatten();
+        let fwd = match self.fsdp {
+            Some(f) => f.trainer_opts(&self.forward_opts(&params, true), &params),
+            None => self.forward_opts(&params, true),
+        };
         // The model's auxiliary losses (a router's balancing loss) train the policy as they do
         // in `anneal train`; its statistics are reported.
         let full = self.model.forward_full(&params, &ids, &positions, &fwd)?;

@@ -19,7 +19,7 @@ mod trainer;
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use parallel::context::RankRing;
 pub use parallel::dist::{BatchSplit, Dist};
-pub use parallel::fsdp::FsdpPolicy;
+pub use parallel::fsdp::{ExpertsActive, FsdpPolicy};
 pub use parallel::tp_infer::{TpActive, TpInference};
 pub use run::{run, run_dist, RunSummary};
 pub use schedule::LrSchedule;

@@ -19,7 +19,7 @@ mod policy;
 mod units;
 
 pub(crate) use gather_codec::GatherCodec;
-pub use policy::FsdpPolicy;
+pub use policy::{ExpertsActive, FsdpPolicy};
 pub(crate) use units::{Active, Hook, Units};
 
 use crate::checkpoint::PieceRef;

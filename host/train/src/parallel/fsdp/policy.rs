@@ -7,7 +7,12 @@
 //! Once per step rather than per block: a rollout decodes token by token, each token running
 //! every block, so per-block gathers would move the policy once per generated token; and the
 //! rollout's policy must be the trainer's very bits (the gather is exact f32), which one
-//! gathered copy gives by construction.
+//! gathered copy gives by construction. Under expert parallelism the experts stay split over
+//! the expert group for the trainer ([`experts`]).
+
+mod experts;
+
+pub use experts::ExpertsActive;
 
 use super::Fsdp;
 use crate::checkpoint::PieceRef;
@@ -27,6 +32,8 @@ pub struct FsdpPolicy {
     fsdp: Fsdp,
     /// This rank's place in the shard group and the group's size.
     place: (usize, usize),
+    /// Under expert parallelism, the experts' layout and group.
+    experts: Option<experts::PolicyExperts>,
 }
 
 impl FsdpPolicy {
@@ -37,6 +44,7 @@ impl FsdpPolicy {
         Some(FsdpPolicy {
             fsdp: Fsdp::new(named, comm.rank(), comm.size(), None),
             place: (comm.rank(), comm.size()),
+            experts: None,
         })
     }
 
@@ -45,8 +53,7 @@ impl FsdpPolicy {
         let mine: usize = shards.iter().map(|(_, p)| p.numel()).sum();
         let whole: usize = self
             .fsdp
-            .layouts()
-            .iter()
+            .param_rows()
             .map(|(shape, _)| shape.iter().product::<usize>())
             .sum();
         format!(
@@ -81,8 +88,8 @@ impl FsdpPolicy {
         Ok(Arc::new(out))
     }
 
-    /// The whole tensors of a map sharded by [`FsdpPolicy::shard_map`]. Collective over the
-    /// shard group.
+    /// The whole tensors of a map sharded by [`FsdpPolicy::shard_map`] (experts too). Collective
+    /// over the shard group.
     pub fn gather_map(
         &self,
         dist: &Dist,
@@ -90,8 +97,9 @@ impl FsdpPolicy {
         map: &Params,
     ) -> Result<Params, TrainError> {
         let picked = self.picked(names, map)?;
+        let gathered = self.gather(dist, &picked, false)?;
         let mut out: HashMap<String, Tensor> =
-            self.gather(dist, &picked, false)?.into_iter().collect();
+            self.whole_experts(dist, gathered)?.into_iter().collect();
         for (n, t) in map.iter() {
             out.entry(n.clone()).or_insert_with(|| t.clone());
         }
@@ -138,7 +146,9 @@ impl FsdpPolicy {
     }
 
     /// The whole parameters from this rank's rows `shards` (exact: the f32 values travel as
-    /// they are), as trainable leaves when `training`. Collective over the shard group.
+    /// they are), as trainable leaves when `training`; under expert parallelism an expert
+    /// parameter is this rank's slice of the experts ([`FsdpPolicy::whole_experts`] makes it
+    /// whole). Collective over the shard group.
     pub fn gather(
         &self,
         dist: &Dist,
@@ -146,10 +156,15 @@ impl FsdpPolicy {
         training: bool,
     ) -> Result<Named, TrainError> {
         let comm = shard_comm(dist)?;
-        Ok(
-            crate::parallel::pp::sharded::gather(&self.fsdp, comm, None, shards, &[], training)?
-                .named,
-        )
+        Ok(crate::parallel::pp::sharded::gather(
+            &self.fsdp,
+            comm,
+            self.efsdp(dist),
+            shards,
+            &[],
+            training,
+        )?
+        .named)
     }
 
     /// Reduce-scatters the gradients of the whole parameters `whole` (this rank's batch) to
@@ -164,7 +179,7 @@ impl FsdpPolicy {
     ) -> Result<(), TrainError> {
         let comm = shard_comm(dist)?;
         let (rows, got) =
-            crate::parallel::pp::sharded::scatter_grads(&self.fsdp, comm, None, whole)?;
+            crate::parallel::pp::sharded::scatter_grads(&self.fsdp, comm, self.efsdp(dist), whole)?;
         Fsdp::set_shard_grads(dist.grads(), dist.replicate(), shards, rows, &got)
     }
 
