@@ -7,6 +7,7 @@
 //! setup.rs       tokenizer, prompts, plugins and the starting policy of a run
 //! preflight.rs   the run's up-front checks as one call (`anneal serve` validates with it)
 //! trainer.rs     one trainer step: batch-invariant forward, logprob mismatch, loss, backward
+//! cp.rs          context parallelism: each rank's part of the rows, logits made whole
 //! loss.rs        GRPO / Dr.GRPO / DAPO, k3 KL, truncated importance ratio
 //! rollout.rs     prompts, rollout workers, scoring, held-out evaluation
 //! buffer.rs      the rollout buffer keyed by policy version (bounded staleness)
@@ -17,6 +18,7 @@
 
 pub mod buffer;
 mod checkpoint;
+mod cp;
 pub mod loss;
 mod metrics;
 mod preflight;
