@@ -71,8 +71,8 @@ pub fn run_rl(
 }
 
 /// Refuses what multi-rank RL does not run: pipeline stages, context parallelism beside tensor
-/// parallelism or FSDP, expert
-/// parallelism, tensor parallelism or sharded parameters (FSDP) with asynchronous rollouts,
+/// parallelism or FSDP, expert parallelism, tensor parallelism or sharded parameters (FSDP)
+/// with asynchronous rollouts,
 /// the two together, sequence parallelism, an optimizer that needs whole matrices or encoded
 /// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
@@ -156,7 +156,8 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
 /// the policy, optimizer state and KL reference ([`FsdpPolicy`]): a step gathers the policy
 /// whole once for its rollouts (on the training thread) and its trainer forward, reduce-scatters
 /// the gradients and steps the optimizer on the rows; the first replica's ranks write their
-/// rows of each checkpoint.
+/// rows of each checkpoint. With `parallelism.cp` the ranks of a cp group train on the first
+/// one's rollouts, each running its part of every row ([`crate::cp`]).
 pub fn run_rl_dist(
     cfg: &JobConfig,
     run_dir: &Path,
