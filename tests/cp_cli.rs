@@ -13,7 +13,7 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{anneal, losses, ok, rows, user_error, Job};
-use dist_support::{copy_run, loss_values, manifest_of, mpiexec_rl, mpiexec_train, train_one};
+use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, train_one};
 use std::path::Path;
 
 /// Four micro-batches of one sequence of 32 tokens per step, one thread per rank.
@@ -318,7 +318,4 @@ fn layouts_context_parallelism_cannot_run_are_user_errors() {
         &["parallelism.cp=2", "training.seq_len=30"],
     );
     user_error(&out, &["training.seq_len", "parallelism.cp"]);
-    // RL generates, which does not split a sequence.
-    let out = mpiexec_rl(2, &job, &job.dir.join("rl"), &["parallelism.cp=2"]);
-    user_error(&out, &["parallelism.cp", "anneal rl"]);
 }

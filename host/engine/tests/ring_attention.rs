@@ -194,3 +194,104 @@ fn ring_attention_needs_positions() {
         .to_string();
     assert!(err.contains("q_pos and k_pos"), "{err}");
 }
+
+/// Batch-invariant mode gathers the keys and values whole (all-gather context parallelism):
+/// every rank's output rows are the whole forward's bit for bit, whatever the chunk sizes
+/// against the invariant kernels' 64-row tiles; the gradients are the whole ones' (each
+/// rank's key/value gradient the sum of every rank's queries' shares, so close, not equal).
+#[test]
+fn batch_invariant_ring_attention_gathers_and_equals_the_whole_rows_bitwise() {
+    use anneal_engine::invariant::set_batch_invariant;
+    for (n, c, base) in [
+        (2, 40, AttentionParams::causal()),
+        (3, 5, AttentionParams::causal()),
+        (
+            2,
+            6,
+            AttentionParams {
+                sliding_window: Some(7),
+                softcap: Some(4.0),
+                ..AttentionParams::causal()
+            },
+        ),
+    ] {
+        let (b, hq, hkv, t, d) = (2, 4, 2, 2 * n * c, 8);
+        let (q, k, v) = (
+            randn(&[b, hq, t, d], "q"),
+            randn(&[b, hkv, t, d], "k"),
+            randn(&[b, hkv, t, d], "v"),
+        );
+        let go = randn(&[b, hq, t, d], "go");
+        let leaf = |x: &Tensor| x.detach().requires_grad_();
+        let (fq, fk, fv) = (leaf(&q), leaf(&k), leaf(&v));
+        let all = Tensor::from_vec((0..t as i64).collect(), &[t]).unwrap();
+        let whole = AttentionParams {
+            q_pos: Some(all.clone()),
+            k_pos: Some(all),
+            ..base.clone()
+        };
+        let full = {
+            let _inv = set_batch_invariant(true);
+            sdpa(&fq, &fk, &fv, &whole).unwrap()
+        };
+        full.backward_with(go.clone()).unwrap();
+        let results: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = rings(n)
+                .into_iter()
+                .enumerate()
+                .map(|(r, ring)| {
+                    let (q, k, v, go, base) = (&q, &k, &v, &go, &base);
+                    s.spawn(move || {
+                        let _inv = set_batch_invariant(true);
+                        let pos = balanced(r, n, t);
+                        let (lq, lk, lv) = (
+                            leaf(&rows(q, &pos)),
+                            leaf(&rows(k, &pos)),
+                            leaf(&rows(v, &pos)),
+                        );
+                        let p =
+                            Tensor::from_vec(pos.iter().map(|&x| x as i64).collect(), &[pos.len()])
+                                .unwrap();
+                        let params = AttentionParams {
+                            q_pos: Some(p.clone()),
+                            k_pos: Some(p),
+                            ..base.clone()
+                        };
+                        let out = ring_attention(&lq, &lk, &lv, &params, ring).unwrap();
+                        out.backward_with(rows(go, &pos)).unwrap();
+                        let grads = [lq.grad(), lk.grad(), lv.grad()].map(Option::unwrap);
+                        (pos, out, grads)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, (pos, out, [dq, dk, dv])) in results.into_iter().enumerate() {
+            let want = rows(&full, &pos).to_vec_f32();
+            let got = out.to_vec_f32();
+            assert_eq!(got.len(), want.len());
+            for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    w.to_bits(),
+                    "n {n} rank {r} out[{i}]: {a} vs {w}"
+                );
+            }
+            close(
+                &format!("rank {r} dq"),
+                &dq,
+                &rows(&fq.grad().unwrap(), &pos),
+            );
+            close(
+                &format!("rank {r} dk"),
+                &dk,
+                &rows(&fk.grad().unwrap(), &pos),
+            );
+            close(
+                &format!("rank {r} dv"),
+                &dv,
+                &rows(&fv.grad().unwrap(), &pos),
+            );
+        }
+    }
+}

@@ -8,6 +8,7 @@
 //! preflight.rs   the run's up-front checks as one call (`anneal serve` validates with it)
 //! trainer.rs     one trainer step: batch-invariant forward, logprob mismatch, loss, backward
 //! tp_fsdp.rs     tensor parallel x FSDP: rows gathered to slices, partial grads, whole saves
+//! cp.rs          context parallelism: each rank's part of the rows, logits made whole
 //! loss.rs        GRPO / Dr.GRPO / DAPO, k3 KL, truncated importance ratio
 //! rollout.rs     prompts, rollout workers, scoring, held-out evaluation
 //! buffer.rs      the rollout buffer keyed by policy version (bounded staleness)
@@ -18,6 +19,7 @@
 
 pub mod buffer;
 mod checkpoint;
+mod cp;
 pub mod loss;
 mod metrics;
 mod preflight;

@@ -70,10 +70,10 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, tensor
-/// parallelism or sharded parameters (FSDP, also together, and expert parallelism, which
-/// borrows FSDP's ranks) with asynchronous rollouts, sequence parallelism, an optimizer that
-/// needs whole matrices or encoded
+/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism beside tensor
+/// parallelism or FSDP, tensor parallelism or sharded parameters (FSDP, also together, and
+/// expert parallelism, which borrows FSDP's ranks) with asynchronous rollouts, sequence
+/// parallelism, an optimizer that needs whole matrices or encoded
 /// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
 pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
@@ -97,13 +97,8 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
             "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
         ));
     }
-    let cp = mesh.cp;
-    if cp > 1 {
-        return Err(TrainError::Config(format!(
-            "config: `parallelism.cp` ({cp}): `anneal rl` does not run context parallel (generation with a sequence split over ranks is not implemented); set parallelism.cp = 1"
-        )));
-    }
     let (tp, shard) = (mesh.tp, mesh.dp_shard);
+    crate::cp::check(mesh)?;
     let par = &cfg.parallelism;
     // Under tensor parallelism the ranks of a group decode together on the training thread;
     // under FSDP the whole policy exists only while a step runs (gathered there, once): one
@@ -152,21 +147,28 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
 /// the gradients and steps the optimizer on the rows; the first replica's ranks write their
 /// rows of each checkpoint. With `parallelism.tp` as well the rows are of this rank's
 /// tensor-parallel slices, gathered to the slices (see [`crate::tp_fsdp`]).
+/// With `parallelism.cp` the ranks of a cp group train on the first
+/// one's rollouts, each running its part of every row ([`crate::cp`]).
 pub fn run_rl_dist(
     cfg: &JobConfig,
     run_dir: &Path,
     scorer: Arc<dyn Scorer>,
     stop: &AtomicBool,
     opts: &RlOptions,
-    dist: Dist,
+    mut dist: Dist,
 ) -> Result<RlSummary, TrainError> {
     let started = Instant::now();
     let cfg = &anneal_train::harness::with_model_plugin(cfg)?;
     let r = &cfg.rl;
-    let (ranks, main) = (dist.size(), dist.rank() == 0);
-    // The whole job's processes: the data-parallel ranks times each one's tensor-parallel group.
-    let world = ranks * dist.tp_degree();
     check_layout(cfg, &dist)?;
+    // Under context parallelism the first rank of each cp group rolls out and evaluates.
+    let cp = crate::cp::RlContext::of_dist(&mut dist);
+    let cp_size = cp.as_ref().map_or(1, |c| c.size());
+    let cp_follower = cp.as_ref().is_some_and(|c| c.rank() > 0);
+    let (ranks, main) = (dist.size(), dist.rank() == 0 && !cp_follower);
+    // The whole job's processes: the data-parallel ranks times each one's tensor-parallel and
+    // context-parallel groups.
+    let world = ranks * dist.tp_degree() * cp_size;
     // `main` ranks (the first data-parallel rank's tensor-parallel group) evaluate together;
     // the first of them alone writes the run's files.
     let tp_rank = dist.tp_rank();
@@ -198,6 +200,9 @@ pub fn run_rl_dist(
             dist.rank(),
             dist.mesh().describe()
         ));
+    }
+    if let Some(cp) = &cp {
+        console.note(&cp.summary());
     }
     if let Some(note) = crate::preflight::skipped_note(cfg, skipped_prompts) {
         console.note(&note);
@@ -422,7 +427,8 @@ pub fn run_rl_dist(
 
     // Under tensor parallelism or FSDP the rollouts run on this thread (see `rollout_round`
     // below).
-    let workers = match tp.is_some() || fsdp.is_some() {
+    // Under context parallelism the group's first rank rolls out for the group.
+    let workers = match tp.is_some() || fsdp.is_some() || cp_follower {
         true => Vec::new(),
         false => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
     };
@@ -449,6 +455,7 @@ pub fn run_rl_dist(
         gathered: None,
         fsdp: fsdp.as_ref(),
         whole: None,
+        cp: cp.as_ref(),
     };
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
@@ -485,12 +492,16 @@ pub fn run_rl_dist(
                 // Synchronous (max_staleness 0): this step's rollouts with the current weights.
                 rollout_round(&ctx, &buffer, per_rank);
             }
-            let Some(taken) = buffer.take(per_rank, version) else {
-                let failed = ctx.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                return Err(TrainError::Rollout(
-                    failed.unwrap_or_else(|| "the rollout workers stopped".into()),
-                ));
+            let taken = match cp_follower {
+                true => None,
+                false => Some(buffer.take(per_rank, version).ok_or_else(|| {
+                    let failed = ctx.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    TrainError::Rollout(
+                        failed.unwrap_or_else(|| "the rollout workers stopped".into()),
+                    )
+                })?),
             };
+            let taken = crate::cp::share_taken(&dist, taken)?;
             let t_wait = waited.elapsed().as_secs_f64();
             let step = version + 1;
             let lr = schedule.lr(step);
@@ -574,7 +585,7 @@ pub fn run_rl_dist(
                 })?;
             }
         }
-        if ranks > 1 {
+        if dist.grads().size() > 1 {
             if let Some(digest) = dist.check_replicas(&trainer.named)? {
                 console.note(&format!(
                     "replicas identical: parameter digest {digest:016x}"

@@ -83,6 +83,8 @@ pub(crate) struct RlTrainer<'a> {
     /// Under FSDP, the whole policy gathered for this step's rollouts, which the step's first
     /// forward takes (so the trainer runs on the very tensors the rollouts decoded with).
     pub whole: Option<Vec<(String, Tensor)>>,
+    /// Under context parallelism, this rank's part of every row ([`crate::cp`]).
+    pub cp: Option<&'a crate::cp::RlContext>,
 }
 
 /// Whole tensors gathered over the tensor-parallel group for a checkpoint.
@@ -238,6 +240,7 @@ impl RlTrainer<'_> {
     fn forward_opts(&self, params: &Params, training: bool) -> ForwardOpts {
         ForwardOpts {
             training,
+            ring: self.cp.map(|c| c.ring()),
             ..tensor_parallel_opts(params, self.tp.map(|t| t.context()).as_ref())
         }
     }
@@ -245,7 +248,11 @@ impl RlTrainer<'_> {
     /// The logits of a forward, whole-vocabulary rows under tensor parallelism.
     fn whole(&self, logits: Tensor) -> Result<Tensor, TrainError> {
         let tp = self.tp.map(|t| t.context());
-        Ok(whole_vocab(self.model, logits, tp.as_ref())?)
+        let logits = whole_vocab(self.model, logits, tp.as_ref())?;
+        match self.cp {
+            Some(cp) => cp.whole_rows(&logits),
+            None => Ok(logits),
+        }
     }
 
     /// The policy's parameters and buffers, sorted by name within each.
@@ -280,6 +287,7 @@ impl RlTrainer<'_> {
             1 => longest(items),
             _ => dist.max_u64(longest(items) as u64)? as usize,
         };
+        let t = self.cp.map_or(t, |cp| cp.padded(t));
         let l = layout(items, version, t);
         let rewards: Vec<f64> = items
             .iter()
@@ -287,9 +295,15 @@ impl RlTrainer<'_> {
             .collect();
         // On the policy's device (positions stay on the host, where RoPE and attention read
         // them).
-        let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?
-            .to_device(anneal_runtime::infer::device_of(&self.params))?;
-        let positions = Tensor::from_vec((0..l.t as i64).collect(), &[l.t])?;
+        // Under context parallelism this rank's part of every row, at its global positions.
+        let (ids, positions) = match self.cp {
+            Some(cp) => cp.local(&l.inputs, l.n, l.t)?,
+            None => (
+                Tensor::from_slice(&l.inputs, &[l.n, l.t])?,
+                Tensor::from_vec((0..l.t as i64).collect(), &[l.t])?,
+            ),
+        };
+        let ids = ids.to_device(anneal_runtime::infer::device_of(&self.params))?;
         // Under FSDP the forward runs on the whole policy: the one the rollouts decoded with
         // (a later update of the same batch gathers the updated rows afresh).
         let policy = match self.fsdp {
@@ -402,9 +416,8 @@ impl RlTrainer<'_> {
             },
             &self.settings,
         )?;
-        if ranks > 1 {
-            outputs.reduce_across(dist.dp())?;
-        }
+        // Summed over data-parallel × cp ranks: each holds part of the step's tokens.
+        outputs.reduce_across(dist.grads())?;
         let fields = outputs.fields();
         if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
             return Err(anneal_engine::Error::Invalid {
@@ -422,11 +435,12 @@ impl RlTrainer<'_> {
         } else {
             out.loss.item()? as f64
         };
+        let parts = ranks * self.cp.map_or(1, |c| c.size());
         match aux {
             // Each rank's auxiliary loss is its share's; the summed gradients average them.
-            Some(aux) if ranks > 1 => out
+            Some(aux) if parts > 1 => out
                 .loss
-                .add(&aux.mul_scalar(1.0 / ranks as f32)?)?
+                .add(&aux.mul_scalar(1.0 / parts as f32)?)?
                 .backward()?,
             Some(aux) => out.loss.add(&aux)?.backward()?,
             None => out.loss.backward()?,

@@ -18,6 +18,7 @@ mod trainer;
 
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};
 pub use parallel::context::RankRing;
+pub use parallel::cp::Context as CpContext;
 pub use parallel::dist::{BatchSplit, Dist};
 pub use parallel::fsdp::{ExpertsActive, FsdpPolicy};
 pub use parallel::tp_infer::{TpActive, TpInference};

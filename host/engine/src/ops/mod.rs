@@ -4,6 +4,7 @@
 //! node in the autograd graph when grad is enabled and an input requires grad.
 
 mod attention;
+mod cp_gather;
 mod delta_rule;
 mod delta_rule_cache;
 mod elementwise;
@@ -14,6 +15,7 @@ mod ring_attention;
 mod view;
 
 pub use attention::{scaled_dot_product_attention, AttentionGrads, AttentionParams, AttentionSpec};
+pub use cp_gather::{cp_gather, gather_attention, GatherGrad};
 pub use delta_rule::{
     gated_delta_rule, gated_delta_rule_recurrent, DeltaRuleInputs, DeltaRuleOutput,
     DeltaRuleParams, DeltaRuleSpec, DELTA_RULE_CHUNK,

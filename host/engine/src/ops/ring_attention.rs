@@ -18,6 +18,10 @@
 //!
 //! Partial outputs are merged in f32; with bf16 inputs each partial is rounded to bf16 by the
 //! kernel first, so bf16 context parallelism is close to, not equal to, the single process.
+//!
+//! In batch-invariant mode the keys and values are gathered whole instead
+//! ([`super::gather_attention`]): each query row is then the whole forward's bit for bit, which
+//! the merge cannot give.
 
 use super::attention::{resolve, AttentionParams, AttentionSpec};
 use super::be;
@@ -41,7 +45,8 @@ const OP: &str = "ring_attention";
 /// Tq, D]`, `k [B, Hkv, Tk, D]`, `v [B, Hkv, Tk, Dv]` are this rank's, `params.q_pos` /
 /// `params.k_pos` their absolute positions in the whole sequence (required, since a rank's
 /// slice does not start at 0). Equal to [`super::scaled_dot_product_attention`] over the whole
-/// sequence, restricted to this rank's query rows (up to the rounding of the merge).
+/// sequence, restricted to this rank's query rows (up to the rounding of the merge; exactly
+/// in batch-invariant mode, which gathers the keys instead, see the module docs).
 pub fn ring_attention(
     q: &Tensor,
     k: &Tensor,
@@ -52,6 +57,9 @@ pub fn ring_attention(
     let (Some(_), Some(k_pos)) = (&params.q_pos, &params.k_pos) else {
         return Err(invalid(OP, "q_pos and k_pos must be given"));
     };
+    if crate::invariant::batch_invariant() {
+        return super::gather_attention(q, k, v, params, ring);
+    }
     let spec = resolve(q, k, v, params)?;
     let k_pos = k_pos.to_dtype(DType::I64)?;
     let sinks = params.sinks.as_ref();

@@ -126,8 +126,9 @@ impl Split {
 }
 
 /// A `cp > 1` trainer's side of context parallelism: which part of each sequence it holds,
-/// and the attention ring, installed on the training thread while the trainer lives.
-pub(crate) struct Context {
+/// and the attention ring, installed on the training thread while the trainer lives (also
+/// `anneal rl`'s, as `anneal_train::CpContext`).
+pub struct Context {
     split: Split,
     ring: Arc<dyn KvRing>,
     _active: ActiveRing,
@@ -151,6 +152,17 @@ impl Context {
     /// Ranks in the `cp` group.
     pub fn size(&self) -> usize {
         self.split.size
+    }
+
+    /// This rank's `cp` coordinate.
+    pub fn rank(&self) -> usize {
+        self.split.rank
+    }
+
+    /// The positions this rank holds in a sequence of `seq_len` (a multiple of `2·cp`), in the
+    /// order its part lays them out.
+    pub fn local_positions(&self, seq_len: usize) -> Vec<usize> {
+        self.split.positions(seq_len)
     }
 
     /// The ring the attention op passes keys and values around.
