@@ -16,7 +16,11 @@ fn off_by_default_and_left_out_of_the_serialized_config() {
     assert_eq!(c.fault_tolerance.max_restarts, 3);
     assert!(!c.to_toml().contains("fault_tolerance"), "{}", c.to_toml());
 
-    let on = resolve(&["fault_tolerance.enabled=true", "fault_tolerance.max_restarts=2"]).unwrap();
+    let on = resolve(&[
+        "fault_tolerance.enabled=true",
+        "fault_tolerance.max_restarts=2",
+    ])
+    .unwrap();
     assert!(on.fault_tolerance.enabled);
     let text = on.to_toml();
     assert!(text.contains("[fault_tolerance]"), "{text}");
@@ -35,7 +39,11 @@ fn off_by_default_and_left_out_of_the_serialized_config() {
 
 #[test]
 fn bad_values_and_unknown_keys_name_the_key() {
-    let e = resolve(&["fault_tolerance.enabled=true", "fault_tolerance.max_restarts=0"]).unwrap_err();
+    let e = resolve(&[
+        "fault_tolerance.enabled=true",
+        "fault_tolerance.max_restarts=0",
+    ])
+    .unwrap_err();
     assert!(e.contains("fault_tolerance.max_restarts"), "{e}");
     let e = resolve(&["fault_tolerance.enabled=true", "checkpoint.interval=0"]).unwrap_err();
     assert!(
@@ -46,7 +54,10 @@ fn bad_values_and_unknown_keys_name_the_key() {
     resolve(&["fault_tolerance.max_restarts=0", "checkpoint.interval=0"]).unwrap();
     let e = resolve(&["fault_tolerance.heal_from_peer=true"]).unwrap_err();
     assert!(e.contains("heal_from_peer"), "{e}");
-    let env = [("ANNEAL_FAULT_TOLERANCE__ENABLED".to_string(), "true".to_string())];
+    let env = [(
+        "ANNEAL_FAULT_TOLERANCE__ENABLED".to_string(),
+        "true".to_string(),
+    )];
     let c = resolve_with_env(Source::Defaults, &[], &env).unwrap();
     assert!(c.fault_tolerance.enabled);
 }
