@@ -84,6 +84,7 @@ fn a_killed_rank_of_one_replica_restarts_the_job_to_the_uninterrupted_curve() {
         stderr.contains("fault_tolerance: the job failed") && stderr.contains("(restart 1 of 3)"),
         "{stderr}"
     );
+    assert!(!stderr.contains("nothing restarts this job"), "{stderr}");
     // The killed replica rejoined: rank 3 started twice, in the one run dir.
     let rank3 = std::fs::read_to_string(run_dir.join("logs/rank-3.log")).unwrap();
     assert_eq!(
@@ -115,4 +116,19 @@ fn fault_tolerance_without_checkpoints_is_refused_before_any_rank_starts() {
     .unwrap();
     user_error(&out, &["fault_tolerance.enabled", "checkpoint.interval"]);
     assert!(!job.dir.join("bad").exists());
+}
+
+#[test]
+fn a_fault_tolerant_run_without_the_launcher_says_nothing_restarts_it() {
+    let job = Job::new("replica-heal-plain");
+    let (out, _) = job.train(
+        "plain",
+        &["training.steps=1", "fault_tolerance.enabled=true"],
+    );
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("fault_tolerance.enabled: nothing restarts this job"),
+        "{stderr}"
+    );
 }

@@ -35,6 +35,9 @@ pub fn launch(
             threads_per_rank(nproc).to_string(),
         ));
     }
+    if cfg.fault_tolerance.enabled {
+        env.push((crate::restart::LAUNCHER_ENV, "1".to_string()));
+    }
     let signals = Signals::register()?;
     let mut restarts = 0;
     loop {

@@ -8,6 +8,11 @@
 
 use anneal_config::FaultTolerance;
 
+/// Set by the `--nproc` launcher in the environment of the job it starts, so a rank knows a
+/// launcher that restarts it is there. (Not a config key: the config's environment layer
+/// skips `ANNEAL_*` names that start with no section.)
+pub(crate) const LAUNCHER_ENV: &str = "ANNEAL_NPROC_LAUNCHER";
+
 /// The exit code of a user error (a bad config, a refused checkpoint): restarting would fail
 /// the same way.
 const USER_ERROR: u8 = 2;
@@ -48,6 +53,17 @@ pub(crate) fn restart_note(
         ft.max_restarts,
         run_dir.display()
     )
+}
+
+/// The note a run with `fault_tolerance.enabled` prints when no `--nproc` launcher started it
+/// (a plain `anneal train`, or `mpiexec` called by hand): nothing will restart it, which the
+/// config alone would not tell.
+pub(crate) fn unrestartable_note(ft: &FaultTolerance) -> Option<String> {
+    (ft.enabled && std::env::var_os(LAUNCHER_ENV).is_none()).then(|| {
+        "fault_tolerance.enabled: nothing restarts this job if it fails: only `anneal train \
+         --nproc N` does (rerun the command to resume)"
+            .to_string()
+    })
 }
 
 #[cfg(test)]
