@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 /// `anneal train --nproc N CONFIG ...`: resolves the config here (so a bad one fails before
 /// any process starts), then runs `mpiexec -n N <this binary> train CONFIG ...` with the run
 /// directory fixed for every rank and, unless `training.threads` is set, an equal share of the
-/// cores per rank. Returns the launcher's exit code.
+/// cores per rank. With `fault_tolerance.enabled` a failed job is started again on the same run
+/// directory ([`crate::restart`]). Returns the launcher's exit code.
 pub fn launch(
     config: &Path,
     set: &[String],
@@ -34,22 +35,65 @@ pub fn launch(
             threads_per_rank(nproc).to_string(),
         ));
     }
-    let mut cmd = anneal_dist::launch::mpiexec_command(nproc, &exe, &env)
-        .map_err(|e| UserError(e.to_string()))?;
-    cmd.arg("train").arg(config).arg("--run-dir").arg(&run_dir);
-    for s in set {
-        cmd.arg("--set").arg(s);
+    if cfg.fault_tolerance.enabled {
+        env.push((crate::restart::LAUNCHER_ENV, "1".to_string()));
     }
-    if let Some(steps) = profile {
-        cmd.arg(format!("--profile={steps}"));
+    let signals = Signals::register()?;
+    let mut restarts = 0;
+    loop {
+        let mut cmd = anneal_dist::launch::mpiexec_command(nproc, &exe, &env)
+            .map_err(|e| UserError(e.to_string()))?;
+        cmd.arg("train").arg(config).arg("--run-dir").arg(&run_dir);
+        for s in set {
+            cmd.arg("--set").arg(s);
+        }
+        if let Some(steps) = profile {
+            cmd.arg(format!("--profile={steps}"));
+        }
+        let status = wait_forwarding_term(&mut cmd, &signals)?;
+        // A rank's failure reaches us as mpiexec's exit code (the rank's own code under MPICH).
+        let code = match status.code() {
+            Some(0) => 0,
+            Some(c) => u8::try_from(c).unwrap_or(1).max(1),
+            None => 1,
+        };
+        let ft = &cfg.fault_tolerance;
+        match crate::restart::after_exit(ft, code, signals.stopped(), restarts) {
+            crate::restart::After::Exit(code) => return Ok(code),
+            crate::restart::After::Restart(n) => {
+                eprintln!("{}", crate::restart::restart_note(ft, code, n, &run_dir));
+                restarts = n;
+            }
+        }
     }
-    let status = wait_forwarding_term(&mut cmd)?;
-    // A rank's failure reaches us as mpiexec's exit code (the rank's own code under MPICH).
-    Ok(match status.code() {
-        Some(0) => 0,
-        Some(c) => u8::try_from(c).unwrap_or(1).max(1),
-        None => 1,
-    })
+}
+
+/// SIGTERM and SIGINT as they reach the launcher: a SIGTERM is passed on to `mpiexec`, and
+/// either one means the user stopped the job, so a failure that follows is not restarted.
+struct Signals {
+    term: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    int: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Signals {
+    fn register() -> anyhow::Result<Signals> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let signals = Signals {
+            term: Default::default(),
+            int: Default::default(),
+        };
+        signal_hook::flag::register(SIGTERM, signals.term.clone())?;
+        signal_hook::flag::register(SIGINT, signals.int.clone())?;
+        Ok(signals)
+    }
+
+    fn term(&self) -> bool {
+        self.term.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn stopped(&self) -> bool {
+        self.term() || self.int.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// Runs `cmd` (mpiexec) to its end. This process outlives the ranks: Ctrl-C reaches mpiexec
@@ -57,20 +101,15 @@ pub fn launch(
 /// to mpiexec, which forwards it to every rank (each stops after its step and rank 0 saves).
 fn wait_forwarding_term(
     cmd: &mut std::process::Command,
+    signals: &Signals,
 ) -> anyhow::Result<std::process::ExitStatus> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    let term = Arc::new(AtomicBool::new(false));
-    signal_hook::flag::register(SIGTERM, term.clone())?;
-    signal_hook::flag::register(SIGINT, Arc::new(AtomicBool::new(false)))?;
     let mut child = cmd.spawn().context("running mpiexec")?;
     let mut forwarded = false;
     loop {
         if let Some(status) = child.try_wait().context("waiting for mpiexec")? {
             return Ok(status);
         }
-        if term.load(Ordering::SeqCst) && !forwarded {
+        if signals.term() && !forwarded {
             forwarded = true;
             if let Ok(pid) = libc::pid_t::try_from(child.id()) {
                 // SAFETY: kill(2) on the pid of a child we have not reaped yet.

@@ -10,6 +10,7 @@ mod plugins_cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod restart;
 mod reward_cmd;
 mod rl_cmd;
 mod serve_cmd;

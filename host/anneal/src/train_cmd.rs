@@ -47,6 +47,11 @@ pub fn train(
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&cfg.job.name));
     // MPI only when a launcher started this process; a plain run never touches it.
     let world = anneal_dist::init()?;
+    if world.rank() == 0 {
+        if let Some(note) = crate::restart::unrestartable_note(&cfg.fault_tolerance) {
+            eprintln!("{note}");
+        }
+    }
     if world.size() == 1 {
         return train_on(&cfg, &run_dir, profile, world.as_ref());
     }

@@ -79,6 +79,7 @@ pub const SECTIONS: &[&str] = &[
     "data",
     "metrics",
     "rl",
+    "fault_tolerance",
 ];
 
 /// Composes a config from `source`, the process environment and `overrides`
@@ -541,6 +542,27 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         return Err(ConfigError::at(
             "checkpoint.keep_latest",
             "must be at least 1",
+        ));
+    }
+    validate_fault_tolerance(c)
+}
+
+/// A restart resumes from the newest checkpoint, so a fault-tolerant run must write them
+/// during training, and must be allowed at least one restart.
+fn validate_fault_tolerance(c: &JobConfig) -> Result<(), ConfigError> {
+    if !c.fault_tolerance.enabled {
+        return Ok(());
+    }
+    if c.fault_tolerance.max_restarts == 0 {
+        return Err(ConfigError::at(
+            "fault_tolerance.max_restarts",
+            "must be at least 1 when fault_tolerance.enabled = true",
+        ));
+    }
+    if c.checkpoint.interval == 0 {
+        return Err(ConfigError::at(
+            "fault_tolerance.enabled",
+            "needs checkpoint.interval > 0: a restarted job resumes from the newest checkpoint",
         ));
     }
     Ok(())

@@ -32,6 +32,10 @@ pub struct JobConfig {
     pub metrics: Metrics,
     /// RL post-training (`anneal rl`).
     pub rl: Rl,
+    /// What `anneal train --nproc N` does when a rank of the job dies. Left out of the
+    /// serialized config while off, so a run that does not use it records what it did before.
+    #[serde(skip_serializing_if = "FaultTolerance::is_off")]
+    pub fault_tolerance: FaultTolerance,
 }
 
 /// `[job]`
@@ -323,6 +327,36 @@ impl Default for Checkpoint {
             allow_tokenizer_change: false,
             allow_data_change: false,
             init_from_hf: None,
+        }
+    }
+}
+
+/// `[fault_tolerance]`: restarting a multi-process job after one of its ranks dies. MPI (MPICH
+/// over UCX, without ULFM or dynamic processes) cannot keep the surviving replicas of a job
+/// running nor let a restarted one join them, so the launcher restarts the whole job and it
+/// resumes from the newest complete checkpoint (README, "Replica failure").
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FaultTolerance {
+    /// Restart the job (every rank) after a rank fails, resuming from the newest complete
+    /// checkpoint. Read by the `anneal train --nproc N` launcher only.
+    pub enabled: bool,
+    /// Restarts one launch may make before it reports the failure.
+    pub max_restarts: u32,
+}
+
+impl FaultTolerance {
+    /// Whether the section is at its defaults.
+    pub fn is_off(&self) -> bool {
+        *self == FaultTolerance::default()
+    }
+}
+
+impl Default for FaultTolerance {
+    fn default() -> Self {
+        FaultTolerance {
+            enabled: false,
+            max_restarts: 3,
         }
     }
 }
