@@ -373,6 +373,42 @@ fn logits_of_the_wrong_shape_are_an_error_not_a_crash() {
     }
 }
 
+/// A plugin's typed errors decide the exit code: its refusal of the input is the user's to fix
+/// (2, its message), its panic is its own bug (1, said so), and neither crashes the host.
+#[test]
+fn a_plugins_refusal_is_the_users_error_and_its_panic_is_its_bug() {
+    let job = Job::new("plugin-error-kinds");
+    let dir = badlogits_plugin_dir(&job.dir);
+    for (flavor, code, says) in [
+        (
+            "refuse",
+            2,
+            "sequences longer than 4 tokens are not supported",
+        ),
+        ("panic", 1, "a bug in it, not in your input"),
+    ] {
+        let mut c = Command::new(anneal_bin());
+        // A backtrace asked for is printed besides the error; the check is of the error alone.
+        c.env("ANNEAL_PLUGIN_PATH", &dir)
+            .env_remove("RUST_BACKTRACE")
+            .arg("train")
+            .arg(job.config())
+            .arg("--run-dir")
+            .arg(job.dir.join(format!("run-{flavor}")))
+            .args(["--set", "model.plugin=\"badlogits\""])
+            .args(["--set", &format!("model.flavor=\"{flavor}\"")])
+            .args(["--set", "training.steps=1"]);
+        let line = error_line(&run_within(c, 120), code);
+        assert!(
+            line.contains("badlogits") && line.contains(says),
+            "{flavor}: {line}"
+        );
+        if flavor == "panic" {
+            assert!(line.contains("deliberate panic in head"), "{line}");
+        }
+    }
+}
+
 #[test]
 fn the_server_answers_bad_configs_and_sampling_with_4xx_not_500() {
     let home = temp_home("bad-input");

@@ -39,6 +39,42 @@ pub enum Attr {
     Tensor(Handle),
 }
 
+/// Whose problem an error across the boundary is, so the host can tell the user what to do.
+#[repr(u8)]
+#[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The plugin refused its input (arguments, a flavor, a shape or setting it does not
+    /// support): the user's to change.
+    Input,
+    /// The plugin failed by itself (a panic, a broken invariant): a bug in the plugin.
+    Internal,
+    /// A host op or lookup the plugin called failed, passed back unchanged.
+    Host,
+}
+
+/// An error crossing the boundary, in either direction: its kind and its message.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct PluginError {
+    /// Whose problem it is.
+    pub kind: ErrorKind,
+    /// What went wrong, for the user.
+    pub message: RString,
+}
+
+impl PluginError {
+    /// An error of `kind` saying `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<RString>) -> Self {
+        PluginError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// The result of a call across the boundary.
+pub type PluginResult<T> = RResult<T, PluginError>;
+
 /// Whether a plugin is a model or an optimizer.
 #[repr(u8)]
 #[derive(StableAbi, Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,21 +117,20 @@ pub struct HostVTable {
         RStr<'_>,
         RSlice<'_, Handle>,
         RSlice<'_, Attr>,
-    ) -> RResult<RVec<Handle>, RString>,
+    ) -> PluginResult<RVec<Handle>>,
     /// The shape of a tensor.
-    pub shape: unsafe extern "C" fn(*const c_void, Handle) -> RResult<RVec<u64>, RString>,
+    pub shape: unsafe extern "C" fn(*const c_void, Handle) -> PluginResult<RVec<u64>>,
     /// The dtype name of a tensor (`f32`, `bf16`, ...).
-    pub dtype: unsafe extern "C" fn(*const c_void, Handle) -> RResult<RString, RString>,
+    pub dtype: unsafe extern "C" fn(*const c_void, Handle) -> PluginResult<RString>,
     /// A handle to the parameter (or optimizer state) named `name`.
-    pub param: unsafe extern "C" fn(*const c_void, RStr<'_>) -> RResult<Handle, RString>,
+    pub param: unsafe extern "C" fn(*const c_void, RStr<'_>) -> PluginResult<Handle>,
     /// Another handle to the same tensor.
     pub retain: unsafe extern "C" fn(*const c_void, Handle) -> Handle,
     /// Gives a handle back; the tensor lives on while the host or other handles hold it.
     pub release: unsafe extern "C" fn(*const c_void, Handle),
     /// Hands the host a named output of the forward besides the logits (an auxiliary loss or a
     /// statistic), from any stage. Only model forwards accept them.
-    pub emit:
-        unsafe extern "C" fn(*const c_void, OutputKind, RStr<'_>, Handle) -> RResult<(), RString>,
+    pub emit: unsafe extern "C" fn(*const c_void, OutputKind, RStr<'_>, Handle) -> PluginResult<()>,
 }
 
 /// What a named forward output is for.
@@ -136,7 +171,7 @@ pub trait ModelPlugin: Send + Sync {
         host: &HostVTable,
         ctx: &ForwardCtx,
         tokens: Handle,
-    ) -> RResult<RVec<Handle>, RString>;
+    ) -> PluginResult<RVec<Handle>>;
     /// One block: hidden state in, hidden state out.
     fn layer(
         &self,
@@ -144,7 +179,7 @@ pub trait ModelPlugin: Send + Sync {
         ctx: &ForwardCtx,
         index: u64,
         hidden: RVec<Handle>,
-    ) -> RResult<RVec<Handle>, RString>;
+    ) -> PluginResult<RVec<Handle>>;
     /// The hidden state to logits `[B, T, V]`.
     #[sabi(last_prefix_field)]
     fn head(
@@ -152,11 +187,11 @@ pub trait ModelPlugin: Send + Sync {
         host: &HostVTable,
         ctx: &ForwardCtx,
         hidden: RVec<Handle>,
-    ) -> RResult<Handle, RString>;
+    ) -> PluginResult<Handle>;
     /// Updates the model's buffers once per optimizer step, after backward and before the
     /// update. `host.param` reaches every parameter and buffer by name, and `"stats.<name>"`:
     /// each statistic the step's forwards emitted, summed over its micro-batches.
-    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> RResult<(), RString>;
+    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> PluginResult<()>;
 }
 
 /// An optimizer instance, as seen by the host.
@@ -167,7 +202,7 @@ pub trait OptimizerPlugin: Send + Sync {
     /// Updates one parameter in place. Its gradient and state are reachable through
     /// `host.param` as `"<name>"`, `"<name>.grad"` and `"<name>.<state>"`.
     #[sabi(last_prefix_field)]
-    fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> RResult<(), RString>;
+    fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> PluginResult<()>;
     /// Updates every parameter in `names` (reached as in `step`) in one call, so an optimizer
     /// can fuse them into one host op. Since API version 2; it sits after the prefix so that
     /// an older plugin still loads far enough for the version check to name the mismatch.
@@ -177,7 +212,7 @@ pub trait OptimizerPlugin: Send + Sync {
         names: RSlice<'_, RStr<'_>>,
         step: u64,
         lr: f64,
-    ) -> RResult<(), RString>;
+    ) -> PluginResult<()>;
 }
 
 /// An owned model instance across the boundary.
@@ -208,7 +243,7 @@ pub struct PluginMod {
     pub create: extern "C" fn(
         flavor: ROption<RStr<'_>>,
         args_json: RStr<'_>,
-    ) -> RResult<PluginInstance, RString>,
+    ) -> PluginResult<PluginInstance>,
 }
 
 impl RootModule for PluginModRef {

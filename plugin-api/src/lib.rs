@@ -24,4 +24,6 @@ pub use serde_json;
 /// 3: plugins declare the Hugging Face model types they serve (`PluginInfo::model_types`);
 /// parameters carry their Hugging Face mapping (`ParamSpec::hf`); host-op attributes are the
 /// typed structs of [`ops`].
-pub const API_VERSION: u32 = 3;
+/// 4: errors across the boundary are typed ([`abi::PluginError`]: refused input, a plugin's
+/// own failure, or a host op's failure passed back).
+pub const API_VERSION: u32 = 4;

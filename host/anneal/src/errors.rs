@@ -57,12 +57,14 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
 fn classify(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
     if e.is::<UserError>()
         || e.is::<anneal_config::ConfigError>()
-        || e.is::<anneal_runtime::plugins::PluginError>()
         || e.is::<anneal_runtime::hf::HfError>()
         || e.is::<anneal_runtime::infer::RequestError>()
         || e.is::<anneal_data::DataError>()
     {
         return Some(true);
+    }
+    if let Some(p) = e.downcast_ref::<anneal_runtime::plugins::PluginError>() {
+        return Some(p.is_user_error());
     }
     if let Some(t) = e.downcast_ref::<anneal_train::TrainError>() {
         return Some(t.is_user_error());
@@ -90,7 +92,11 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<bool> {
         // theirs to fix; failing to read or write a file is not.
         return Some(!matches!(c, CheckpointError::Io { .. }));
     }
-    if e.is::<anneal_engine::Error>() || e.is::<std::io::Error>() {
+    if let Some(engine) = e.downcast_ref::<anneal_engine::Error>() {
+        // A plugin's refusal of its input is the user's to fix; any other engine error is not.
+        return Some(matches!(engine, anneal_engine::Error::PluginRefused { .. }));
+    }
+    if e.is::<std::io::Error>() {
         return Some(false);
     }
     None

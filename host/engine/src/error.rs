@@ -59,6 +59,24 @@ pub enum Error {
         /// What was wrong.
         msg: String,
     },
+    /// A model or optimizer plugin refused what it was given (an argument, a shape or a setting
+    /// it does not support): the user's input must change.
+    #[error("{plugin}: {msg}")]
+    PluginRefused {
+        /// The plugin.
+        plugin: String,
+        /// Where and what it refused.
+        msg: String,
+    },
+    /// A plugin failed by itself (a panic, a broken invariant of its own): a bug in the plugin,
+    /// not the user's input.
+    #[error("{plugin}: failed inside the plugin (a bug in it, not in your input): {msg}")]
+    PluginBug {
+        /// The plugin.
+        plugin: String,
+        /// Where and what failed.
+        msg: String,
+    },
     /// Reading or writing a tensor file failed.
     #[error("{path}: {msg}")]
     Io {

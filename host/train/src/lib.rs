@@ -139,8 +139,13 @@ impl TrainError {
     /// exits with code 2 for these).
     pub fn is_user_error(&self) -> bool {
         use crate::checkpoint::CheckpointError as C;
-        if let TrainError::At { source, .. } = self {
-            return source.is_user_error();
+        match self {
+            TrainError::At { source, .. } => return source.is_user_error(),
+            TrainError::Plugin(p) => return p.is_user_error(),
+            TrainError::Engine(e) => {
+                return matches!(e, anneal_engine::Error::PluginRefused { .. });
+            }
+            _ => {}
         }
         matches!(
             self,

@@ -32,8 +32,8 @@ impl<'h> Host<'h> {
         opts: &CompressedMaskOpts,
     ) -> Result<Tensor<'h>> {
         if opts.window.is_some() != k_pos.is_some() {
-            return Err(Error(
-                "compressed_mask: window keys' positions go with a window".into(),
+            return Err(Error::input(
+                "compressed_mask: window keys' positions go with a window",
             ));
         }
         let attrs = ops::CompressedMask {
@@ -49,8 +49,8 @@ impl<'h> Host<'h> {
         let mut out = self.call_op(&attrs, &inputs)?;
         match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
-            _ => Err(Error(
-                "host op compressed_mask returned the wrong number of outputs".into(),
+            _ => Err(Error::internal(
+                "host op compressed_mask returned the wrong number of outputs",
             )),
         }
     }
@@ -101,8 +101,8 @@ impl<'h> Host<'h> {
         let mut out = self.call_op(&attrs, &inputs)?;
         match (out.pop(), out.is_empty()) {
             (Some(t), true) => Ok(t),
-            _ => Err(Error(
-                "host op gathered_attention returned the wrong number of outputs".into(),
+            _ => Err(Error::internal(
+                "host op gathered_attention returned the wrong number of outputs",
             )),
         }
     }

@@ -2,36 +2,81 @@
 //! `export_plugin!` macro that writes a plugin's root module.
 
 use super::{Ctx, Error, Host, Model, Optimizer, Result};
-use crate::abi::{ForwardCtx, Handle, HostVTable, ModelPlugin, OptimizerPlugin};
-use abi_stable::std_types::{RErr, ROk, RResult, RSlice, RStr, RString, RVec};
+use crate::abi::{
+    ErrorKind, ForwardCtx, Handle, HostVTable, ModelPlugin, OptimizerPlugin, PluginError,
+    PluginResult,
+};
+use abi_stable::std_types::{RErr, ROk, RSlice, RStr, RString, RVec};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs plugin code so that neither an error nor a panic crosses the boundary as anything but
-/// an error message.
-pub fn catch<T>(what: &str, f: impl FnOnce() -> Result<T>) -> RResult<T, RString> {
+/// a typed error: the plugin's own errors keep their kind, a panic is
+/// [`ErrorKind::Internal`](crate::abi::ErrorKind::Internal).
+pub fn catch<T>(what: &str, f: impl FnOnce() -> Result<T>) -> PluginResult<T> {
+    quiet_panics();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => ROk(v),
-        Ok(Err(Error(e))) => RErr(format!("{what}: {e}").into()),
+        Ok(Err(e)) => RErr(PluginError::new(e.kind, format!("{what}: {}", e.msg))),
         Err(payload) => {
             let msg = payload
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic payload".into());
-            RErr(format!("{what}: plugin panicked: {msg}").into())
+            let at = PANIC_AT
+                .with(|a| a.borrow_mut().take())
+                .map(|l| format!(" (at {l})"))
+                .unwrap_or_default();
+            RErr(PluginError::new(
+                ErrorKind::Internal,
+                format!("{what}: panic in the plugin: {msg}{at}"),
+            ))
         }
     }
 }
 
-/// A spec as JSON, or `{"error": ...}` if building it failed or panicked.
+thread_local! {
+    /// Where the last panic on this thread happened, for the error that reports it.
+    static PANIC_AT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Replaces the plugin's panic hook (its own: a plugin links its own standard library) with one
+/// that only notes where the panic happened, so a caught panic reaches the user once, as the
+/// error [`catch`] returns, instead of also as a message and backtrace on stderr. With
+/// `RUST_BACKTRACE` set the default hook still prints, for whoever debugs the plugin.
+fn quiet_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        let verbose = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0");
+        std::panic::set_hook(Box::new(move |info| {
+            let at = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()));
+            PANIC_AT.with(|a| *a.borrow_mut() = at);
+            if verbose {
+                default(info);
+            }
+        }));
+    });
+}
+
+/// A spec as JSON, or `{"error": ..., "kind": ...}` if building it failed or panicked.
 fn spec_to_json<S: serde::Serialize>(spec: impl FnOnce() -> S) -> RString {
     match catch("spec", || {
-        serde_json::to_string(&spec()).map_err(Error::from)
+        serde_json::to_string(&spec()).map_err(|e| Error::internal(e.to_string()))
     }) {
         ROk(s) => s.into(),
-        RErr(e) => serde_json::json!({ "error": e.as_str() })
-            .to_string()
-            .into(),
+        RErr(e) => serde_json::json!({
+            "error": e.message.as_str(),
+            "kind": match e.kind {
+                ErrorKind::Input => "input",
+                ErrorKind::Internal => "internal",
+                ErrorKind::Host => "host",
+            },
+        })
+        .to_string()
+        .into(),
     }
 }
 
@@ -61,7 +106,7 @@ impl<M: Model> ModelPlugin for ModelAdapter<M> {
         host: &HostVTable,
         ctx: &ForwardCtx,
         tokens: Handle,
-    ) -> RResult<RVec<Handle>, RString> {
+    ) -> PluginResult<RVec<Handle>> {
         catch("embed", || {
             let h = Host::new(host);
             Ok(handles(self.0.embed(&make_ctx(h, ctx), h.adopt(tokens))?))
@@ -74,7 +119,7 @@ impl<M: Model> ModelPlugin for ModelAdapter<M> {
         ctx: &ForwardCtx,
         index: u64,
         hidden: RVec<Handle>,
-    ) -> RResult<RVec<Handle>, RString> {
+    ) -> PluginResult<RVec<Handle>> {
         catch("layer", || {
             let h = Host::new(host);
             let hidden = hidden.into_iter().map(|x| h.adopt(x)).collect();
@@ -91,7 +136,7 @@ impl<M: Model> ModelPlugin for ModelAdapter<M> {
         host: &HostVTable,
         ctx: &ForwardCtx,
         hidden: RVec<Handle>,
-    ) -> RResult<Handle, RString> {
+    ) -> PluginResult<Handle> {
         catch("head", || {
             let h = Host::new(host);
             let hidden = hidden.into_iter().map(|x| h.adopt(x)).collect();
@@ -99,7 +144,7 @@ impl<M: Model> ModelPlugin for ModelAdapter<M> {
         })
     }
 
-    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> RResult<(), RString> {
+    fn before_optimizer_step(&self, host: &HostVTable, step: u64) -> PluginResult<()> {
         catch("before_optimizer_step", || {
             self.0.before_optimizer_step(Host::new(host), step)
         })
@@ -114,7 +159,7 @@ impl<O: Optimizer> OptimizerPlugin for OptimizerAdapter<O> {
         spec_to_json(|| self.0.spec())
     }
 
-    fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> RResult<(), RString> {
+    fn step(&self, host: &HostVTable, name: RStr<'_>, step: u64, lr: f64) -> PluginResult<()> {
         catch("step", || {
             self.0.step(Host::new(host), name.as_str(), step, lr)
         })
@@ -126,7 +171,7 @@ impl<O: Optimizer> OptimizerPlugin for OptimizerAdapter<O> {
         names: RSlice<'_, RStr<'_>>,
         step: u64,
         lr: f64,
-    ) -> RResult<(), RString> {
+    ) -> PluginResult<()> {
         catch("step", || {
             let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
             self.0.step_all(Host::new(host), &names, step, lr)
@@ -162,7 +207,7 @@ macro_rules! export_plugin {
             extern "C" fn create(
                 flavor: ::abi_stable::std_types::ROption<::abi_stable::std_types::RStr<'_>>,
                 args: ::abi_stable::std_types::RStr<'_>,
-            ) -> ::abi_stable::std_types::RResult<$crate::abi::PluginInstance, ::abi_stable::std_types::RString> {
+            ) -> $crate::abi::PluginResult<$crate::abi::PluginInstance> {
                 $crate::sdk::catch("create", || {
                     let args: $crate::serde_json::Value = if args.as_str().trim().is_empty() {
                         $crate::serde_json::Value::Object(Default::default())
@@ -198,15 +243,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn panics_and_errors_become_messages() {
-        let r: RResult<(), RString> = catch("create", || panic!("boom {}", 7));
-        assert_eq!(
-            r.into_result().unwrap_err().as_str(),
-            "create: plugin panicked: boom 7"
+    fn panics_are_internal_and_errors_keep_their_kind() {
+        let e = catch::<()>("create", || panic!("boom {}", 7)).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("create: panic in the plugin: boom 7 (at "),
+            "{}",
+            e.message
         );
-        let r: RResult<(), RString> = catch("step", || Err(Error("bad lr".into())));
-        assert_eq!(r.into_result().unwrap_err().as_str(), "step: bad lr");
+        assert_eq!(e.kind, ErrorKind::Internal);
+        let e = catch::<()>("step", || Err("bad lr".into())).unwrap_err();
+        assert_eq!(e.message.as_str(), "step: bad lr");
+        assert_eq!(e.kind, ErrorKind::Input);
+        let e = catch::<()>("layer", || Err(Error::internal("lost a tensor"))).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Internal);
         assert_eq!(catch("x", || Ok(3)).into_result().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_failed_spec_says_its_kind() {
+        let json = spec_to_json(|| -> serde_json::Value { panic!("no spec") });
+        let v: serde_json::Value = serde_json::from_str(json.as_str()).unwrap();
+        assert_eq!(v["kind"], "internal");
+        let msg = v["error"].as_str().unwrap();
+        assert!(
+            msg.starts_with("spec: panic in the plugin: no spec"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -18,17 +18,50 @@ pub use moe::{tokens_per_expert_stat, MoeFfnOpts, MoeFfnOutput, Router, RouterSc
 pub use params::{Decl, LayerScope, Param, ParamTable};
 pub use tensor::{AdamWStep, AttentionOpts, Host, Llama3Scaling, Rope, Tensor, YarnScaling};
 
-pub use crate::abi::{Attr, OutputKind, PluginKind};
+pub use crate::abi::{Attr, ErrorKind, OutputKind, PluginError, PluginKind};
 pub use crate::spec::*;
 
 /// An error inside a plugin: a message for the user, which the host prefixes with the plugin
-/// name.
+/// name, and whose problem it is ([`ErrorKind`]). Plugin code usually builds it from a string
+/// (`Err(format!(..).into())`), which says the plugin refuses its input; a host op's error
+/// keeps the host's kind, and a panic becomes [`ErrorKind::Internal`] at the boundary.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Error(pub String);
+pub struct Error {
+    /// Whose problem it is.
+    pub kind: ErrorKind,
+    /// What went wrong.
+    pub msg: String,
+}
+
+impl Error {
+    /// The plugin refuses its input (arguments, flavor, a shape or setting it does not support).
+    pub fn input(msg: impl Into<String>) -> Self {
+        Error {
+            kind: ErrorKind::Input,
+            msg: msg.into(),
+        }
+    }
+
+    /// The plugin broke by itself (an invariant of its own that does not hold): a bug.
+    pub fn internal(msg: impl Into<String>) -> Self {
+        Error {
+            kind: ErrorKind::Internal,
+            msg: msg.into(),
+        }
+    }
+
+    /// An error the host returned, with its kind kept.
+    pub(crate) fn from_host(e: PluginError) -> Self {
+        Error {
+            kind: e.kind,
+            msg: e.message.into(),
+        }
+    }
+}
 
 impl std::fmt::Display for Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.msg)
     }
 }
 
@@ -36,19 +69,19 @@ impl std::error::Error for Error {}
 
 impl From<String> for Error {
     fn from(s: String) -> Self {
-        Error(s)
+        Error::input(s)
     }
 }
 
 impl From<&str> for Error {
     fn from(s: &str) -> Self {
-        Error(s.to_string())
+        Error::input(s)
     }
 }
 
 impl From<serde_json::Error> for Error {
     fn from(e: serde_json::Error) -> Self {
-        Error(format!("bad plugin arguments: {e}"))
+        Error::input(format!("bad plugin arguments: {e}"))
     }
 }
 
@@ -104,7 +137,7 @@ impl<'h> Ctx<'h> {
             dim: dim as i64,
         };
         let [t]: [Tensor<'h>; 1] = self.host.call_op(&attrs, &[x])?.try_into().map_err(|_| {
-            Error("host op cache_append returned the wrong number of outputs".into())
+            Error::internal("host op cache_append returned the wrong number of outputs")
         })?;
         Ok(t)
     }
@@ -168,8 +201,10 @@ pub trait Optimizer: Send + Sync + 'static {
     /// with one fused host op.
     fn step_all(&self, host: Host<'_>, names: &[&str], step: u64, lr: f64) -> Result<()> {
         for name in names {
-            self.step(host, name, step, lr)
-                .map_err(|e| Error(format!("{name}: {e}")))?;
+            self.step(host, name, step, lr).map_err(|e| Error {
+                msg: format!("{name}: {e}"),
+                ..e
+            })?;
         }
         Ok(())
     }
@@ -190,9 +225,9 @@ pub fn from_args<T: serde::de::DeserializeOwned>(args: serde_json::Value) -> Res
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path == "." {
-            Error(format!("bad plugin arguments: {inner}"))
+            Error::input(format!("bad plugin arguments: {inner}"))
         } else {
-            Error(format!("bad plugin arguments: {path}: {inner}"))
+            Error::input(format!("bad plugin arguments: {path}: {inner}"))
         }
     })
 }

@@ -207,7 +207,7 @@ impl<'h> Tensor<'h> {
         // The host decides whether the coefficient is 0 (in its own precision): 5 outputs
         // with a loss, 4 without.
         if !(4..=5).contains(&v.len()) {
-            return Err(Error(format!(
+            return Err(Error::internal(format!(
                 "host op moe_ffn returned {} outputs, expected 4 or 5",
                 v.len()
             )));
@@ -215,7 +215,7 @@ impl<'h> Tensor<'h> {
         let mut v = v.into_iter();
         let mut next = || {
             v.next()
-                .ok_or_else(|| Error("moe_ffn: missing output".into()))
+                .ok_or_else(|| Error::internal("moe_ffn: missing output"))
         };
         Ok(MoeFfnOutput {
             out: next()?,
@@ -244,11 +244,13 @@ impl<'h> Tensor<'h> {
         };
         let mut inputs = vec![self];
         inputs.extend(bias);
-        let [w, e, s]: [Tensor<'h>; 3] = self
-            .host()
-            .call_op(&attrs, &inputs)?
-            .try_into()
-            .map_err(|_| Error("host op moe_route returned the wrong number of outputs".into()))?;
+        let [w, e, s]: [Tensor<'h>; 3] =
+            self.host()
+                .call_op(&attrs, &inputs)?
+                .try_into()
+                .map_err(|_| {
+                    Error::internal("host op moe_route returned the wrong number of outputs")
+                })?;
         Ok((w, e, s))
     }
 

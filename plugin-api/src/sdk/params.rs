@@ -240,7 +240,7 @@ impl ParamTable {
             .collect();
         near.sort();
         let near: Vec<&str> = near.iter().take(2).map(|n| n.1).collect();
-        Err(Error(format!(
+        Err(Error::internal(format!(
             "no parameter '{name}' is declared (closest: {})",
             near.join(", ")
         )))
@@ -343,8 +343,8 @@ mod tests {
         l.add(Decl::new("attention.wk.weight", [2, 2]));
         let e = t.get("layers.0.attention.wqq.weight").unwrap_err();
         assert!(
-            e.0.contains("'layers.0.attention.wqq.weight'")
-                && e.0.contains("closest: layers.0.attention.wq.weight"),
+            e.msg.contains("'layers.0.attention.wqq.weight'")
+                && e.msg.contains("closest: layers.0.attention.wq.weight"),
             "{e}"
         );
         // A mapping that does not fit its parameter, a name declared twice, a Hugging Face

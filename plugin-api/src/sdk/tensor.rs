@@ -42,7 +42,7 @@ impl<'h> Host<'h> {
                     host: *self,
                 })
                 .collect()),
-            Err(e) => Err(Error(e.into())),
+            Err(e) => Err(Error::from_host(e)),
         }
     }
 
@@ -59,7 +59,7 @@ impl<'h> Host<'h> {
     pub fn call1(&self, op: &str, inputs: &[&Tensor<'h>], attrs: &[Attr]) -> Result<Tensor<'h>> {
         let mut v = self.call(op, inputs, attrs)?;
         if v.len() != 1 {
-            return Err(Error(format!(
+            return Err(Error::internal(format!(
                 "host op {op} returned {} outputs, expected 1",
                 v.len()
             )));
@@ -76,14 +76,14 @@ impl<'h> Host<'h> {
                 handle: h,
                 host: *self,
             })
-            .map_err(|e| Error(e.into()))
+            .map_err(Error::from_host)
     }
 
     /// Hands the host a named output besides the logits (see [`crate::abi::OutputKind`]).
     pub fn emit(&self, kind: crate::abi::OutputKind, name: &str, t: &Tensor<'h>) -> Result<()> {
         // SAFETY: as in `call`.
         let out = unsafe { (self.vt.emit)(self.vt.ctx, kind, RStr::from(name), t.handle) };
-        out.into_result().map_err(|e| Error(e.into()))
+        out.into_result().map_err(Error::from_host)
     }
 
     /// The tensor of a declared parameter (see [`super::ParamTable`]).
@@ -164,7 +164,7 @@ impl<'h> Tensor<'h> {
         let out = unsafe { (self.host.vt.shape)(self.host.vt.ctx, self.handle) };
         out.into_result()
             .map(|v| v.into_iter().map(|d| d as usize).collect())
-            .map_err(|e| Error(e.into()))
+            .map_err(Error::from_host)
     }
 
     /// The dtype name.
@@ -173,7 +173,7 @@ impl<'h> Tensor<'h> {
         let out = unsafe { (self.host.vt.dtype)(self.host.vt.ctx, self.handle) };
         out.into_result()
             .map(|s| s.into())
-            .map_err(|e| Error(e.into()))
+            .map_err(Error::from_host)
     }
 
     pub(super) fn op(
@@ -405,8 +405,8 @@ impl<'h> Tensor<'h> {
         };
         let mut v = self.host.call_op(&attrs, &[self])?;
         if v.len() != 2 {
-            return Err(Error(
-                "host op topk returned the wrong number of outputs".into(),
+            return Err(Error::internal(
+                "host op topk returned the wrong number of outputs",
             ));
         }
         let i = v.remove(1);
@@ -469,7 +469,7 @@ impl<'h> Host<'h> {
         };
         let v = self.call_op(&attrs, &[expert_ids])?;
         v.try_into().map_err(|_| {
-            Error("host op sort_by_expert returned the wrong number of outputs".into())
+            Error::internal("host op sort_by_expert returned the wrong number of outputs")
         })
     }
 }

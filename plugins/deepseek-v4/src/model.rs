@@ -249,8 +249,8 @@ impl Model for DeepseekV4 {
         let mut hidden = hidden.into_iter();
         let (Some(x), Some(tokens), Some(pos)) = (hidden.next(), hidden.next(), hidden.next())
         else {
-            return Err(Error(
-                "layer: expected the streams, token ids and positions".into(),
+            return Err(Error::internal(
+                "layer: expected the streams, token ids and positions",
             ));
         };
         let l = self

@@ -3,8 +3,10 @@
 
 use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
-use anneal_plugin_api::abi::{PluginInfo, PluginInstance, PluginKind, PluginMod, PluginModRef};
+use abi_stable::std_types::{ROption, RStr, RVec};
+use anneal_plugin_api::abi::{
+    PluginInfo, PluginInstance, PluginKind, PluginMod, PluginModRef, PluginResult,
+};
 
 extern "C" fn info() -> PluginInfo {
     PluginInfo {
@@ -17,10 +19,7 @@ extern "C" fn info() -> PluginInfo {
     }
 }
 
-extern "C" fn create(
-    _flavor: ROption<RStr<'_>>,
-    _args: RStr<'_>,
-) -> RResult<PluginInstance, RString> {
+extern "C" fn create(_flavor: ROption<RStr<'_>>, _args: RStr<'_>) -> PluginResult<PluginInstance> {
     anneal_plugin_api::sdk::catch("create", || panic!("deliberate panic in create"))
 }
 

@@ -9,10 +9,13 @@
 //! runs that compare gradients. Flavor `moe` puts the host's MoE layer (`moe_ffn`, 4
 //! experts, top-2, `[out, in]` weights) in its block and reports the layer's balancing loss as
 //! `balance` and its statistics `router_imbalance`, `router_entropy` and `tokens_per_expert`.
+//! Flavor `refuse`'s head refuses its input (a plugin's typed user error) and flavor `panic`'s
+//! head panics (a plugin's bug), so tests check that the host tells the two apart.
 //! Arguments are ignored.
 
 use anneal_plugin_api::sdk::{
-    Ctx, Factory, Init, Model, ModelSpec, MoeFfnOpts, ParamSpec, Placement, Result, Router, Tensor,
+    Ctx, Error, Factory, Init, Model, ModelSpec, MoeFfnOpts, ParamSpec, Placement, Result, Router,
+    Tensor,
 };
 
 /// Vocabulary of the logits (the end-to-end tests' tokenizers have 320 tokens).
@@ -38,6 +41,8 @@ impl Factory for BadLogits {
             "aux".into(),
             "aux_rl".into(),
             "moe".into(),
+            "refuse".into(),
+            "panic".into(),
         ]
     }
 
@@ -45,7 +50,7 @@ impl Factory for BadLogits {
         let flavor = flavor.unwrap_or("rank2");
         if !Self::flavors().iter().any(|f| f == flavor) {
             return Err(format!(
-                "unknown flavor '{flavor}' (known: rank2, narrow, ok, aux, aux_rl, moe)"
+                "unknown flavor '{flavor}' (known: rank2, narrow, ok, aux, aux_rl, moe, refuse, panic)"
             )
             .into());
         }
@@ -158,6 +163,10 @@ impl Model for BadLogits {
         match self.flavor.as_str() {
             "rank2" => logits.reshape(&[-1, VOCAB as i64]),
             "narrow" => logits.narrow(2, 0, VOCAB - 1),
+            "refuse" => Err(Error::input(
+                "sequences longer than 4 tokens are not supported by this flavor",
+            )),
+            "panic" => panic!("deliberate panic in head"),
             _ => Ok(logits),
         }
     }

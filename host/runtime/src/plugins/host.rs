@@ -3,9 +3,11 @@
 
 use super::kv_cache::KvCache;
 use super::ops;
-use abi_stable::std_types::{RErr, ROk, RResult, RSlice, RStr, RString, RVec};
+use abi_stable::std_types::{RErr, ROk, RSlice, RStr, RString, RVec};
 use anneal_engine::Tensor;
-use anneal_plugin_api::abi::{Attr, Handle, HostVTable, OutputKind};
+use anneal_plugin_api::abi::{
+    Attr, ErrorKind, Handle, HostVTable, OutputKind, PluginError, PluginResult,
+};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -175,12 +177,14 @@ impl HostSession {
     }
 }
 
-/// Runs `f` so that neither a panic nor an error unwinds into plugin code.
-fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> RResult<T, RString> {
+/// Runs `f` so that neither a panic nor an error unwinds into plugin code: either reaches the
+/// plugin as a [`ErrorKind::Host`] error, which it passes back with its kind.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> PluginResult<T> {
+    let host = |msg: String| RErr(PluginError::new(ErrorKind::Host, msg));
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => ROk(v),
-        Ok(Err(e)) => RErr(format!("{what}: {e}").into()),
-        Err(_) => RErr(format!("{what}: internal error in the host (panic)").into()),
+        Ok(Err(e)) => host(format!("{what}: {e}")),
+        Err(_) => host(format!("{what}: internal error in the host (panic)")),
     }
 }
 
@@ -196,7 +200,7 @@ unsafe extern "C" fn host_call(
     op: RStr<'_>,
     inputs: RSlice<'_, Handle>,
     attrs: RSlice<'_, Attr>,
-) -> RResult<RVec<Handle>, RString> {
+) -> PluginResult<RVec<Handle>> {
     // SAFETY: plugins only receive ctx inside a vtable from a live session.
     let s = unsafe { session(ctx) };
     guarded(&format!("host op {}", op.as_str()), || {
@@ -209,7 +213,7 @@ unsafe extern "C" fn host_call(
     })
 }
 
-unsafe extern "C" fn host_shape(ctx: *const c_void, h: Handle) -> RResult<RVec<u64>, RString> {
+unsafe extern "C" fn host_shape(ctx: *const c_void, h: Handle) -> PluginResult<RVec<u64>> {
     // SAFETY: as in host_call.
     let s = unsafe { session(ctx) };
     guarded("shape", || {
@@ -217,13 +221,13 @@ unsafe extern "C" fn host_shape(ctx: *const c_void, h: Handle) -> RResult<RVec<u
     })
 }
 
-unsafe extern "C" fn host_dtype(ctx: *const c_void, h: Handle) -> RResult<RString, RString> {
+unsafe extern "C" fn host_dtype(ctx: *const c_void, h: Handle) -> PluginResult<RString> {
     // SAFETY: as in host_call.
     let s = unsafe { session(ctx) };
     guarded("dtype", || Ok(s.get(h)?.dtype().name().into()))
 }
 
-unsafe extern "C" fn host_param(ctx: *const c_void, name: RStr<'_>) -> RResult<Handle, RString> {
+unsafe extern "C" fn host_param(ctx: *const c_void, name: RStr<'_>) -> PluginResult<Handle> {
     // SAFETY: as in host_call.
     let s = unsafe { session(ctx) };
     guarded("param", || {
@@ -260,7 +264,7 @@ unsafe extern "C" fn host_emit(
     kind: OutputKind,
     name: RStr<'_>,
     h: Handle,
-) -> RResult<(), RString> {
+) -> PluginResult<()> {
     // SAFETY: as in host_call.
     let s = unsafe { session(ctx) };
     guarded(&format!("emit {}", name.as_str()), || {

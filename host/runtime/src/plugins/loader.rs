@@ -91,6 +91,32 @@ pub enum PluginError {
         /// Its message.
         msg: String,
     },
+    /// The plugin failed by itself (a panic, a broken invariant): a bug in the plugin, not the
+    /// user's input.
+    #[error("plugin '{name}' failed (a bug in the plugin, not in your input): {msg}")]
+    Failed {
+        /// The plugin's name.
+        name: String,
+        /// Its message.
+        msg: String,
+    },
+}
+
+impl PluginError {
+    /// The error `plugin` returned across the boundary, by its kind: a refusal is
+    /// [`PluginError::Create`], anything else [`PluginError::Failed`].
+    pub fn of(plugin: &str, e: anneal_plugin_api::abi::PluginError) -> PluginError {
+        let (name, msg) = (plugin.to_string(), e.message.into());
+        match e.kind {
+            anneal_plugin_api::abi::ErrorKind::Input => PluginError::Create { name, msg },
+            _ => PluginError::Failed { name, msg },
+        }
+    }
+
+    /// Whether the user's input must change (everything but a plugin's own failure).
+    pub fn is_user_error(&self) -> bool {
+        !matches!(self, PluginError::Failed { .. })
+    }
 }
 
 /// A loaded, checked plugin library.
@@ -141,10 +167,7 @@ impl LoadedPlugin {
         };
         self.module.create()(flavor, RStr::from(args.as_str()))
             .into_result()
-            .map_err(|e| PluginError::Create {
-                name: self.name().to_string(),
-                msg: e.into(),
-            })
+            .map_err(|e| PluginError::of(self.name(), e))
     }
 }
 

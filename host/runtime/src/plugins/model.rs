@@ -10,7 +10,9 @@ use abi_stable::std_types::RVec;
 use anneal_engine::autograd::{before_backward, checkpoint, RegionFn};
 use anneal_engine::rng::RngKey;
 use anneal_engine::{DType, Tensor};
-use anneal_plugin_api::abi::{ForwardCtx, Handle, ModelBox, OutputKind, PluginInstance};
+use anneal_plugin_api::abi::{
+    self, ErrorKind, ForwardCtx, Handle, ModelBox, OutputKind, PluginInstance,
+};
 use anneal_plugin_api::spec::{Init, ModelSpec, ParamSpec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -105,6 +107,27 @@ fn stage_err(name: &str, stage: &str, e: impl std::fmt::Display) -> anneal_engin
     }
 }
 
+/// A plugin call's error as the engine's, by its kind: a refusal is the user's to fix, a
+/// failure inside the plugin is its bug, a host op's failure stays the host's. (The SDK's
+/// messages already begin with the call's name.)
+pub(crate) fn call_err(name: &str, stage: &str, e: abi::PluginError) -> anneal_engine::Error {
+    let msg = match e.message.starts_with(stage) {
+        true => e.message.to_string(),
+        false => format!("{stage}: {}", e.message),
+    };
+    match e.kind {
+        ErrorKind::Input => anneal_engine::Error::PluginRefused {
+            plugin: name.to_string(),
+            msg,
+        },
+        ErrorKind::Internal => anneal_engine::Error::PluginBug {
+            plugin: name.to_string(),
+            msg,
+        },
+        ErrorKind::Host => stage_err(name, stage, e.message),
+    }
+}
+
 impl PluginModel {
     /// Wraps an instance created by [`super::LoadedPlugin::create`].
     pub fn new(name: &str, inst: PluginInstance) -> Result<Self, PluginError> {
@@ -118,9 +141,13 @@ impl PluginModel {
         let json = inst.spec_json();
         let value: serde_json::Value = serde_json::from_str(json.as_str())
             .map_err(|e| create_err(format!("its model spec is not JSON: {e}")))?;
-        // The SDK reports a spec that failed to build as `{"error": ...}`.
+        // The SDK reports a spec that failed to build as `{"error": ..., "kind": ...}`.
         if let Some(e) = value.get("error").and_then(|e| e.as_str()) {
-            return Err(create_err(e.to_string()));
+            let kind = match value.get("kind").and_then(|k| k.as_str()) {
+                Some("input") | None => ErrorKind::Input,
+                _ => ErrorKind::Internal,
+            };
+            return Err(PluginError::of(name, abi::PluginError::new(kind, e)));
         }
         // The spec itself is not shown: it lists every parameter (thousands of characters).
         let spec: ModelSpec = serde_json::from_value(value)
@@ -340,7 +367,7 @@ impl PluginModel {
         self.inst
             .before_optimizer_step(&vt, step)
             .into_result()
-            .map_err(|e| stage_err(&self.name, "before_optimizer_step", e))
+            .map_err(|e| call_err(&self.name, "before_optimizer_step", e))
     }
 
     /// Block `i` alone on `hidden` (never recomputed).
@@ -645,7 +672,7 @@ fn layer(
 }
 
 /// One plugin call of a forward: gets the instance, the op table, the context and the session.
-type StageResult = Result<RVec<Handle>, abi_stable::std_types::RString>;
+type StageResult = Result<RVec<Handle>, abi::PluginError>;
 
 #[allow(clippy::too_many_arguments)]
 fn run_stage(
@@ -676,7 +703,7 @@ fn run_stage(
         positions: session.insert(positions.clone()),
         use_cache: opts.cache.is_some(),
     };
-    let out = f(inst, &vt, &ctx, &session).map_err(|e| stage_err(name, what, e))?;
+    let out = f(inst, &vt, &ctx, &session).map_err(|e| call_err(name, what, e))?;
     sink.lock()
         .expect("sink lock poisoned")
         .extend(session.take_emitted());

@@ -136,10 +136,7 @@ impl PluginOptimizer {
         self.inst
             .step_all(&vt, RSlice::from(&names[..]), step, lr)
             .into_result()
-            .map_err(|e| PluginError::Create {
-                name: self.name.clone(),
-                msg: e.to_string(),
-            })
+            .map_err(|e| PluginError::of(&self.name, e))
     }
 }
 
