@@ -72,7 +72,6 @@ fn two_ranks_train_like_one_process() {
 fn layouts_rl_does_not_run_are_user_errors() {
     let dir = rl_job("refused");
     for (set, needles) in [
-        ("parallelism.pp=2", &["parallelism.pp"][..]),
         ("rl.prompts_per_step=3", &["rl.prompts_per_step", "2"][..]),
     ] {
         let (out, _) = rl(2, &dir, "refused", &[set]);

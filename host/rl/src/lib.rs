@@ -19,6 +19,7 @@ pub mod buffer;
 mod checkpoint;
 pub mod loss;
 mod metrics;
+mod pp;
 mod preflight;
 pub mod rollout;
 mod run;

@@ -70,7 +70,8 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism, expert
+/// Refuses what multi-rank RL does not run: pipeline stages beside other layouts or with
+/// asynchronous rollouts ([`crate::pp::check`]), context parallelism, expert
 /// parallelism, tensor parallelism or sharded parameters (FSDP) with asynchronous rollouts,
 /// the two together, sequence parallelism, an optimizer that needs whole matrices or encoded
 /// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
@@ -91,11 +92,7 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
     // Resolved first, so an unusable device says why (the probe's reason), as for training; on
     // a GPU the job runs in one process.
     anneal_train::device::check(cfg, mesh.processes())?;
-    if mesh.pp > 1 {
-        return Err(TrainError::Config(
-            "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
-        ));
-    }
+    crate::pp::check(cfg, mesh)?;
     let cp = mesh.cp;
     if cp > 1 {
         return Err(TrainError::Config(format!(
@@ -173,13 +170,14 @@ pub fn run_rl_dist(
     let cfg = &anneal_train::harness::with_model_plugin(cfg)?;
     let r = &cfg.rl;
     let (ranks, main) = (dist.size(), dist.rank() == 0);
-    // The whole job's processes: the data-parallel ranks times each one's tensor-parallel group.
-    let world = ranks * dist.tp_degree();
+    // The whole job's processes: the data-parallel ranks times each one's tensor-parallel group
+    // (and pipeline stages).
+    let world = ranks * dist.tp_degree() * dist.pp().map_or(1, |c| c.size());
     check_layout(cfg, &dist)?;
     // `main` ranks (the first data-parallel rank's tensor-parallel group) evaluate together;
     // the first of them alone writes the run's files.
     let tp_rank = dist.tp_rank();
-    let lead = main && tp_rank == 0;
+    let lead = main && tp_rank == 0 && dist.pp().is_none_or(|c| c.rank() == 0);
     // A run dir another process holds is refused before anything loads (a start refused
     // after that leaves no run dir it made, see `RunDir`).
     let run = lead.then(|| RunDir::open(run_dir)).transpose()?;
@@ -277,6 +275,10 @@ pub fn run_rl_dist(
     // buffers, KL reference and optimizer state (only one process runs on a GPU).
     let device = anneal_train::device::for_job(cfg, world)?;
     let (named, buffers, reference) = place_on(device, named, buffers, reference, &mut optimizer)?;
+    // Under pipeline parallelism each rank keeps its stages' policy and optimizer state.
+    let note = |m: &str| console.note(m);
+    let (pp, named, buffers) =
+        crate::pp::split(cfg, &dist, &model, named, buffers, &mut optimizer, &note)?;
     if device != anneal_engine::Device::Cpu {
         console.note(&format!(
             "policy, KL reference and optimizer state on {device}"
@@ -347,9 +349,9 @@ pub fn run_rl_dist(
     let all: Vec<(String, Tensor)> = named.iter().chain(&buffers).cloned().collect();
     // Under FSDP the rollouts get each step's gathered policy (published in the loop); nothing
     // whole rests in the buffer between steps.
-    let weights = match &fsdp {
-        Some(_) => Params::default(),
-        None => publishable(&all, opts.perturb_rollout_weights)?,
+    let weights = match fsdp.is_some() || pp.is_some() {
+        true => Params::default(),
+        false => publishable(&all, opts.perturb_rollout_weights)?,
     };
     let buffer = Arc::new(RolloutBuffer::<Group, Params>::new(
         weights.clone(),
@@ -402,7 +404,10 @@ pub fn run_rl_dist(
     let whole_for_eval = |names: &[(String, Tensor)], p: &Params| -> Result<Params, TrainError> {
         match &fsdp {
             Some(f) => f.gather_map(&dist, names, p),
-            None => Ok(p.clone()),
+            None => match &pp {
+                Some(pp) => pp.whole_params(p),
+                None => Ok(p.clone()),
+            },
         }
     };
     if resumed.step == 0 && (held_out.is_some() || (fsdp.is_some() && r.eval_freq > 0)) {
@@ -426,7 +431,7 @@ pub fn run_rl_dist(
 
     // Under tensor parallelism or FSDP the rollouts run on this thread (see `rollout_round`
     // below).
-    let workers = match tp.is_some() || fsdp.is_some() {
+    let workers = match tp.is_some() || fsdp.is_some() || pp.is_some() {
         true => Vec::new(),
         false => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
     };
@@ -438,6 +443,9 @@ pub fn run_rl_dist(
     }
     if fsdp.is_some() {
         placements = placements.with(Axis::DpShard, |_| Placement::Shard(0));
+    }
+    if let Some(pp) = &pp {
+        placements = pp.placements();
     }
     let mut trainer = RlTrainer {
         model: &model,
@@ -453,6 +461,7 @@ pub fn run_rl_dist(
         gathered: None,
         fsdp: fsdp.as_ref(),
         whole: None,
+        pp: pp.as_ref(),
     };
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
@@ -480,6 +489,9 @@ pub fn run_rl_dist(
                 rollout_round(&ctx, &buffer, per_rank);
                 buffer.publish(version, Params::default());
                 trainer.whole = Some(whole);
+            } else if let Some(pp) = &pp {
+                let perturb = opts.perturb_rollout_weights;
+                pp.rollout_round(&trainer, &ctx, &buffer, version, per_rank, perturb)?;
             } else if tp.is_some() {
                 // Synchronous (max_staleness 0): this step's rollouts with the current weights.
                 rollout_round(&ctx, &buffer, per_rank);
@@ -517,10 +529,10 @@ pub fn run_rl_dist(
                 first.get_or_insert(out);
             }
             let out = first.expect("updates_per_batch is at least 1");
-            let next = match &fsdp {
-                // The next step gathers the updated rows for its own rollouts.
-                Some(_) => Params::default(),
-                None => publishable(&trainer.all(), opts.perturb_rollout_weights)?,
+            let next = match fsdp.is_some() || pp.is_some() {
+                // The next step gathers the updated rows (stages) for its own rollouts.
+                true => Params::default(),
+                false => publishable(&trainer.all(), opts.perturb_rollout_weights)?,
             };
             buffer.publish(step, next);
             let t_train = train_started.elapsed().as_secs_f64();
@@ -558,7 +570,9 @@ pub fn run_rl_dist(
             summary.steps = step;
             summary.rows.push(row);
             let elapsed = clock();
-            if tp.is_some() && dist.any(saver.as_ref().is_some_and(|s| s.due(step)))? {
+            if (tp.is_some() || pp.is_some())
+                && dist.any(saver.as_ref().is_some_and(|s| s.due(step)))?
+            {
                 // Every rank of the group gathers; the lead writes.
                 trainer.prepare_save(&optimizer)?;
             }

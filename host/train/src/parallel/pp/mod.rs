@@ -10,6 +10,7 @@ pub mod layout;
 pub mod schedule;
 pub(crate) mod sharded;
 pub(crate) mod tp;
+pub(crate) mod whole;
 pub mod wire;
 pub mod zb;
 
@@ -140,6 +141,21 @@ impl Pipeline {
         ctx: &StepCtx<'_>,
         batches: &[Batch],
     ) -> Result<StepResult, TrainError> {
+        self.step_with(comm, ctx, batches, &mut |_, out, b| loss_of(out, b, ctx.opts))
+    }
+
+    /// [`Pipeline::step`] with the last stage's loss of each micro-batch computed by `loss`
+    /// (given the micro-batch's index, the head's outputs and the batch) instead of the
+    /// cross-entropy: how `anneal rl` trains through the pipeline. The loss it returns is what
+    /// [`StepResult::losses`] reports and what the backward starts from (plus the auxiliary
+    /// losses, scaled by [`StepCtx::scale`] like the cross-entropy).
+    pub fn step_with(
+        &self,
+        comm: &dyn Collective,
+        ctx: &StepCtx<'_>,
+        batches: &[Batch],
+        loss: &mut LossFn<'_>,
+    ) -> Result<StepResult, TrainError> {
         let (p, v, m) = (self.layout.p, self.layout.v, batches.len());
         let n_stages = self.layout.n_stages();
         let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();
@@ -184,7 +200,7 @@ impl Pipeline {
                             ctx.opts,
                         )?;
                         let ce = match last {
-                            true => Some(loss_of(&part.hidden, b, ctx.opts)?),
+                            true => Some(loss(mb, &part.hidden, b)?),
                             false => None,
                         };
                         (part, ce)
@@ -408,6 +424,10 @@ impl MbOutputs {
         Ok(())
     }
 }
+
+/// The last stage's loss of one micro-batch: from its index in the step, the head's outputs
+/// (`[logits]`) and the batch, a scalar on the autograd graph.
+pub type LossFn<'a> = dyn FnMut(usize, &[Tensor], &Batch) -> Result<Tensor, TrainError> + 'a;
 
 /// What rank `rank` of a pipeline keeps: the pipeline, and its stages' trained parameters
 /// and buffers.
