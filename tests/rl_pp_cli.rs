@@ -40,7 +40,11 @@ fn pipeline_rl_keeps_parity_follows_one_process_and_resumes() {
         "{stdout}"
     );
     let (one, two) = (steps(&one_dir), steps(&pp_dir));
-    assert_eq!((one.len(), two.len()), (4, 4), "the first rank alone writes rows");
+    assert_eq!(
+        (one.len(), two.len()),
+        (4, 4),
+        "the first rank alone writes rows"
+    );
     assert!(loss(&one[0]).abs() > 1e-3, "a loss worth comparing");
     // The rollouts decode with the gathered stages the pipeline's forward runs on.
     for r in one.iter().chain(&two) {

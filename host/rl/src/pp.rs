@@ -159,10 +159,7 @@ impl PpPolicy<'_> {
     /// The whole policy from this rank's `params` (its stages'), for an evaluation.
     /// Collective over `pp`.
     pub fn whole_params(&self, params: &Params) -> Result<Params, TrainError> {
-        let mut local: Named = params
-            .iter()
-            .map(|(n, t)| (n.clone(), t.clone()))
-            .collect();
+        let mut local: Named = params.iter().map(|(n, t)| (n.clone(), t.clone())).collect();
         local.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Arc::new(self.gather(&local)?.into_iter().collect()))
     }
@@ -358,7 +355,12 @@ impl PpPolicy<'_> {
 impl LastStage {
     /// The mismatch and the entropies of the tokens `span` of the padded batch from their
     /// micro-batch's `logits` (`[rows, T, V]`), as the one-process trainer reads them.
-    fn measure(&mut self, l: &Layout, span: Range<usize>, logits: &Tensor) -> Result<(), TrainError> {
+    fn measure(
+        &mut self,
+        l: &Layout,
+        span: Range<usize>,
+        logits: &Tensor,
+    ) -> Result<(), TrainError> {
         let v = logits.shape().last().copied().unwrap_or(0);
         let rows = logits.to_vec_f32();
         for k in span.clone() {
@@ -396,9 +398,12 @@ fn reference_logprobs(
     let _g = autograd::no_grad();
     let ids = Tensor::from_slice(&l.inputs, &[l.n, l.t])?
         .to_device(anneal_runtime::infer::device_of(reference))?;
-    let logits = tr
-        .model
-        .forward(reference, &ids, positions, &tr.forward_opts(reference, false))?;
+    let logits = tr.model.forward(
+        reference,
+        &ids,
+        positions,
+        &tr.forward_opts(reference, false),
+    )?;
     let v = logits.shape()[2];
     let rows = logits.to_vec_f32();
     Ok((0..l.n * l.t)

@@ -141,7 +141,9 @@ impl Pipeline {
         ctx: &StepCtx<'_>,
         batches: &[Batch],
     ) -> Result<StepResult, TrainError> {
-        self.step_with(comm, ctx, batches, &mut |_, out, b| loss_of(out, b, ctx.opts))
+        self.step_with(comm, ctx, batches, &mut |_, out, b| {
+            loss_of(out, b, ctx.opts)
+        })
     }
 
     /// [`Pipeline::step`] with the last stage's loss of each micro-batch computed by `loss`

@@ -50,9 +50,11 @@ fn encode(local: &[(String, Tensor)]) -> Result<Vec<u8>, TrainError> {
                 t.dtype().name()
             )));
         }
-        header
-            .tensors
-            .push((name.clone(), t.shape().to_vec(), t.dtype().name().to_string()));
+        header.tensors.push((
+            name.clone(),
+            t.shape().to_vec(),
+            t.dtype().name().to_string(),
+        ));
     }
     let head = serde_json::to_vec(&header)
         .map_err(|e| TrainError::Pipeline(format!("cannot encode tensor names: {e}")))?;
