@@ -305,7 +305,13 @@ impl PpPolicy<'_> {
             // Each group's loss carries the whole step's normalizers already.
             scale: None,
         };
-        let result = self.pipeline.step_with(comm, &ctx, &batches, &mut loss)?;
+        // The model's auxiliary losses (a router's balancing loss) are each group's: their
+        // mean over the groups stands for the step's, as the data-parallel path averages its
+        // ranks' shares.
+        let aux_scale = Some(1.0 / batches.len().max(1) as f32);
+        let result = self
+            .pipeline
+            .step_with(comm, &ctx, &batches, aux_scale, &mut loss)?;
         // The step's figures, from the last stage to every rank (as bits).
         let mut figures = [0f64; 6];
         if is_last {
@@ -328,6 +334,13 @@ impl PpPolicy<'_> {
         }
         let [loss, mismatch, ent_sum, tokens, kl_sum, dropped] = figures;
         let outputs = result.outputs;
+        // The auxiliary-loss total is every stage's (statistics stay per stage).
+        let mut aux = [
+            outputs.aux_total().unwrap_or(0.0) as f32,
+            f32::from(u8::from(outputs.aux_total().is_some())),
+        ];
+        comm.all_reduce_sum(&mut aux)?;
+        let aux_loss = (aux[1] > 0.0).then_some(aux[0] as f64);
         let fields = outputs.fields();
         if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
             return Err(anneal_engine::Error::Invalid {
@@ -345,7 +358,7 @@ impl PpPolicy<'_> {
             kl: tr.reference.as_ref().map(|_| kl_sum / tokens.max(1.0)),
             mismatch_max: mismatch,
             dropped_groups: dropped as usize,
-            aux_loss: outputs.aux_total(),
+            aux_loss,
             outputs: fields,
             stat_sums: outputs.stat_sums().to_vec(),
         })

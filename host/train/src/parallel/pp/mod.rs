@@ -141,7 +141,7 @@ impl Pipeline {
         ctx: &StepCtx<'_>,
         batches: &[Batch],
     ) -> Result<StepResult, TrainError> {
-        self.step_with(comm, ctx, batches, &mut |_, out, b| {
+        self.step_with(comm, ctx, batches, None, &mut |_, out, b| {
             loss_of(out, b, ctx.opts)
         })
     }
@@ -150,12 +150,14 @@ impl Pipeline {
     /// (given the micro-batch's index, the head's outputs and the batch) instead of the
     /// cross-entropy: how `anneal rl` trains through the pipeline. The loss it returns is what
     /// [`StepResult::losses`] reports and what the backward starts from (plus the auxiliary
-    /// losses, scaled by [`StepCtx::scale`] like the cross-entropy).
+    /// losses, scaled by [`StepCtx::scale`] like the cross-entropy, and by `aux_scale` too:
+    /// RL's losses carry the whole step's normalizers, its auxiliary losses are averaged).
     pub fn step_with(
         &self,
         comm: &dyn Collective,
         ctx: &StepCtx<'_>,
         batches: &[Batch],
+        aux_scale: Option<f32>,
         loss: &mut LossFn<'_>,
     ) -> Result<StepResult, TrainError> {
         let (p, v, m) = (self.layout.p, self.layout.v, batches.len());
@@ -209,6 +211,10 @@ impl Pipeline {
                     };
                     let aux = weighted_aux(ctx.aux_weights, &part.aux_losses)?;
                     per_mb[mb].add(aux.as_ref(), part.aux_losses, part.stats)?;
+                    let aux = match (aux, aux_scale) {
+                        (Some(a), Some(k)) => Some(a.mul_scalar(k)?),
+                        (aux, _) => aux,
+                    };
                     if chunk + 1 == v {
                         std::mem::take(&mut per_mb[mb]).flush(&mut outputs)?;
                     }
