@@ -12,9 +12,7 @@ mod dist_support;
 use anneal_tests::cli as common;
 
 use common::{losses, ok, rows, user_error, Job};
-use dist_support::{
-    copy_run, loss_values, manifest_of, mpiexec_rl, mpiexec_train, piece, train_one,
-};
+use dist_support::{copy_run, loss_values, manifest_of, mpiexec_train, piece, train_one};
 use std::path::Path;
 
 /// Four micro-batches of one sequence per step, one thread per rank, 4 blocks (so 2 ranks can
@@ -413,7 +411,5 @@ fn layouts_that_do_not_fit_the_model_are_user_errors() {
     user_error(&out, &["parallelism.pp_schedule", "gpipe"]);
     let (out, _) = job.train("e", &["parallelism.pp_virtual_stages=2"]);
     user_error(&out, &["parallelism.pp_virtual_stages", "1f1b"]);
-    // Generation under a pipeline is not implemented: RL refuses it.
-    let out = mpiexec_rl(2, &job, &job.dir.join("rl"), &["parallelism.pp=2"]);
-    user_error(&out, &["parallelism.pp", "anneal rl"]);
+    // (`anneal rl` runs under a pipeline: tests/rl_pp_cli.rs.)
 }

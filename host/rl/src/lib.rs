@@ -22,6 +22,7 @@ mod checkpoint;
 mod cp;
 pub mod loss;
 mod metrics;
+mod pp;
 mod preflight;
 pub mod rollout;
 mod run;

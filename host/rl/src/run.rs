@@ -70,9 +70,10 @@ pub fn run_rl(
     run_rl_dist(cfg, run_dir, scorer, stop, opts, Dist::single())
 }
 
-/// Refuses what multi-rank RL does not run: pipeline stages, context parallelism beside tensor
-/// parallelism or FSDP, tensor parallelism or sharded parameters (FSDP, also together, and
-/// expert parallelism, which borrows FSDP's ranks) with asynchronous rollouts, sequence
+/// Refuses what multi-rank RL does not run: pipeline stages beside other layouts or with
+/// asynchronous rollouts ([`crate::pp::check`]), context parallelism beside tensor parallelism
+/// or FSDP, tensor parallelism or sharded parameters (FSDP, also together, and expert
+/// parallelism, which borrows FSDP's ranks) with asynchronous rollouts, sequence
 /// parallelism, an optimizer that needs whole matrices or encoded
 /// gathers under FSDP, and a step's prompts that do not split into whole groups per rank. User errors naming the
 /// keys. (Whether the model splits under `parallelism.tp` is checked once it is loaded.)
@@ -92,10 +93,7 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
     // Resolved first, so an unusable device says why (the probe's reason), as for training; on
     // a GPU the job runs in one process.
     anneal_train::device::check(cfg, mesh.processes())?;
-    if mesh.pp > 1 {
-        return Err(TrainError::Config(
-            "config: `parallelism.pp`: `anneal rl` does not run pipeline parallel (generation under pp is not implemented); set parallelism.pp = 1".into(),
-        ));
+    crate::pp::check(cfg, mesh)?;
     }
     let (tp, shard) = (mesh.tp, mesh.dp_shard);
     crate::cp::check(mesh)?;
@@ -166,13 +164,13 @@ pub fn run_rl_dist(
     let cp_size = cp.as_ref().map_or(1, |c| c.size());
     let cp_follower = cp.as_ref().is_some_and(|c| c.rank() > 0);
     let (ranks, main) = (dist.size(), dist.rank() == 0 && !cp_follower);
-    // The whole job's processes: the data-parallel ranks times each one's tensor-parallel and
-    // context-parallel groups.
-    let world = ranks * dist.tp_degree() * cp_size;
+    // The whole job's processes: the data-parallel ranks times each one's tensor-parallel,
+    // context-parallel and pipeline groups.
+    let world = ranks * dist.tp_degree() * cp_size * dist.pp().map_or(1, |c| c.size());
     // `main` ranks (the first data-parallel rank's tensor-parallel group) evaluate together;
     // the first of them alone writes the run's files.
     let tp_rank = dist.tp_rank();
-    let lead = main && tp_rank == 0;
+    let lead = main && tp_rank == 0 && dist.pp().is_none_or(|c| c.rank() == 0);
     // A run dir another process holds is refused before anything loads (a start refused
     // after that leaves no run dir it made, see `RunDir`).
     let run = lead.then(|| RunDir::open(run_dir)).transpose()?;
@@ -273,6 +271,10 @@ pub fn run_rl_dist(
     // buffers, KL reference and optimizer state (only one process runs on a GPU).
     let device = anneal_train::device::for_job(cfg, world)?;
     let (named, buffers, reference) = place_on(device, named, buffers, reference, &mut optimizer)?;
+    // Under pipeline parallelism each rank keeps its stages' policy and optimizer state.
+    let note = |m: &str| console.note(m);
+    let (pp, named, buffers) =
+        crate::pp::split(cfg, &dist, &model, named, buffers, &mut optimizer, &note)?;
     if device != anneal_engine::Device::Cpu {
         console.note(&format!(
             "policy, KL reference and optimizer state on {device}"
@@ -347,9 +349,9 @@ pub fn run_rl_dist(
     let all: Vec<(String, Tensor)> = named.iter().chain(&buffers).cloned().collect();
     // Under FSDP the rollouts get each step's gathered policy (published in the loop); nothing
     // whole rests in the buffer between steps.
-    let weights = match &fsdp {
-        Some(_) => Params::default(),
-        None => publishable(&all, opts.perturb_rollout_weights)?,
+    let weights = match fsdp.is_some() || pp.is_some() {
+        true => Params::default(),
+        false => publishable(&all, opts.perturb_rollout_weights)?,
     };
     let buffer = Arc::new(RolloutBuffer::<Group, Params>::new(
         weights.clone(),
@@ -403,7 +405,10 @@ pub fn run_rl_dist(
     let whole_for_eval = |names: &[(String, Tensor)], p: &Params| -> Result<Params, TrainError> {
         match &fsdp {
             Some(f) => f.gather_map(&dist, names, p),
-            None => Ok(p.clone()),
+            None => match &pp {
+                Some(pp) => pp.whole_params(p),
+                None => Ok(p.clone()),
+            },
         }
     };
     if resumed.step == 0 && (held_out.is_some() || (fsdp.is_some() && r.eval_freq > 0)) {
@@ -428,7 +433,7 @@ pub fn run_rl_dist(
     // Under tensor parallelism or FSDP the rollouts run on this thread (see `rollout_round`
     // below).
     // Under context parallelism the group's first rank rolls out for the group.
-    let workers = match tp.is_some() || fsdp.is_some() || cp_follower {
+    let workers = match tp.is_some() || fsdp.is_some() || pp.is_some() || cp_follower {
         true => Vec::new(),
         false => spawn_workers(cfg, per_rank, &ctx, &buffer)?,
     };
@@ -440,6 +445,9 @@ pub fn run_rl_dist(
     }
     if fsdp.is_some() {
         placements = placements.with(Axis::DpShard, |_| Placement::Shard(0));
+    }
+    if let Some(pp) = &pp {
+        placements = pp.placements();
     }
     let mut trainer = RlTrainer {
         model: &model,
@@ -456,6 +464,7 @@ pub fn run_rl_dist(
         fsdp: fsdp.as_ref(),
         whole: None,
         cp: cp.as_ref(),
+        pp: pp.as_ref(),
     };
     let mut last_row_time = Instant::now();
     let result = (|| -> Result<(), TrainError> {
@@ -488,6 +497,9 @@ pub fn run_rl_dist(
                 rollout_round(&ctx, &buffer, per_rank);
                 buffer.publish(version, Params::default());
                 trainer.whole = Some(whole);
+            } else if let Some(pp) = &pp {
+                let perturb = opts.perturb_rollout_weights;
+                pp.rollout_round(&trainer, &ctx, &buffer, version, per_rank, perturb)?;
             } else if tp.is_some() {
                 // Synchronous (max_staleness 0): this step's rollouts with the current weights.
                 rollout_round(&ctx, &buffer, per_rank);
@@ -529,10 +541,10 @@ pub fn run_rl_dist(
                 first.get_or_insert(out);
             }
             let out = first.expect("updates_per_batch is at least 1");
-            let next = match &fsdp {
-                // The next step gathers the updated rows for its own rollouts.
-                Some(_) => Params::default(),
-                None => publishable(&trainer.all(), opts.perturb_rollout_weights)?,
+            let next = match fsdp.is_some() || pp.is_some() {
+                // The next step gathers the updated rows (stages) for its own rollouts.
+                true => Params::default(),
+                false => publishable(&trainer.all(), opts.perturb_rollout_weights)?,
             };
             buffer.publish(step, next);
             let t_train = train_started.elapsed().as_secs_f64();
@@ -570,7 +582,9 @@ pub fn run_rl_dist(
             summary.steps = step;
             summary.rows.push(row);
             let elapsed = clock();
-            if tp.is_some() && dist.any(saver.as_ref().is_some_and(|s| s.due(step)))? {
+            if (tp.is_some() || pp.is_some())
+                && dist.any(saver.as_ref().is_some_and(|s| s.due(step)))?
+            {
                 // Every rank of the group gathers; the lead writes.
                 trainer.prepare_save(&optimizer, &dist)?;
             }

@@ -85,29 +85,32 @@ pub(crate) struct RlTrainer<'a> {
     pub whole: Option<Vec<(String, Tensor)>>,
     /// Under context parallelism, this rank's part of every row ([`crate::cp`]).
     pub cp: Option<&'a crate::cp::RlContext>,
+    /// Under pipeline parallelism, the pipeline: `named`, `buffers` and the optimizer state
+    /// are this rank's stages' ([`crate::pp`]).
+    pub pp: Option<&'a crate::pp::PpPolicy<'a>>,
 }
 
 /// Whole tensors gathered over the tensor-parallel group for a checkpoint.
 pub(crate) struct Gathered {
-    named: Vec<(String, Tensor)>,
-    state: BTreeMap<String, Tensor>,
-    reference: Option<Params>,
+    pub named: Vec<(String, Tensor)>,
+    pub state: BTreeMap<String, Tensor>,
+    pub reference: Option<Params>,
 }
 
 /// The padded batch layout shared by the trainer forward and the loss: row `i` holds sample
 /// `i`'s tokens but the last as inputs; position `t` predicts token `t + 1`.
-struct Layout {
-    n: usize,
-    t: usize,
-    inputs: Vec<i64>,
-    targets: Vec<i64>,
-    mask: Vec<f32>,
-    rollout: Vec<f32>,
-    current: Vec<bool>,
+pub(crate) struct Layout {
+    pub n: usize,
+    pub t: usize,
+    pub inputs: Vec<i64>,
+    pub targets: Vec<i64>,
+    pub mask: Vec<f32>,
+    pub rollout: Vec<f32>,
+    pub current: Vec<bool>,
 }
 
 /// The longest input row of `items` (at least 1).
-fn longest(items: &[Item<Group>]) -> usize {
+pub(crate) fn longest(items: &[Item<Group>]) -> usize {
     items
         .iter()
         .flat_map(|it| it.value.samples.iter())
@@ -118,7 +121,7 @@ fn longest(items: &[Item<Group>]) -> usize {
 }
 
 /// `items` padded to `t` positions (at least [`longest`]).
-fn layout(items: &[Item<Group>], version: u64, t: usize) -> Layout {
+pub(crate) fn layout(items: &[Item<Group>], version: u64, t: usize) -> Layout {
     let samples: Vec<(u64, &Sample)> = items
         .iter()
         .flat_map(|it| it.value.samples.iter().map(move |s| (it.version, s)))
@@ -213,6 +216,10 @@ impl RlTrainer<'_> {
         optimizer: &PluginOptimizer,
         dist: &Dist,
     ) -> Result<(), TrainError> {
+        if let Some(pp) = self.pp {
+            self.gathered = Some(pp.gather_for_save(self, optimizer)?);
+            return Ok(());
+        }
         let Some(tp) = self.tp else {
             return Ok(());
         };
@@ -237,7 +244,7 @@ impl RlTrainer<'_> {
     }
 
     /// The forward options of the trainer's forwards over `params`.
-    fn forward_opts(&self, params: &Params, training: bool) -> ForwardOpts {
+    pub(crate) fn forward_opts(&self, params: &Params, training: bool) -> ForwardOpts {
         ForwardOpts {
             training,
             ring: self.cp.map(|c| c.ring()),
@@ -281,6 +288,9 @@ impl RlTrainer<'_> {
         max_grad_norm: f64,
         dist: &Dist,
     ) -> Result<StepOut, TrainError> {
+        if let Some(pp) = self.pp {
+            return pp.step(self, items, version, max_grad_norm, dist);
+        }
         let _inv = set_batch_invariant(true);
         let ranks = dist.size();
         let t = match ranks {

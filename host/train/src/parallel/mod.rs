@@ -26,3 +26,9 @@ pub(crate) mod tp_fsdp;
 pub(crate) mod tp_infer;
 
 pub use placement::{Axis, Placement, Placements};
+/// The pipeline as `anneal rl` drives it: its stages' setup, the schedule with a caller's
+/// last-stage loss, and every stage's tensors gathered on every rank.
+pub use pp::{
+    setup as pipeline_setup, whole::gather_whole as pipeline_gather, LossFn, Pipeline,
+    StepCtx as PipelineCtx, StepResult as PipelineResult,
+};

@@ -10,6 +10,7 @@ pub mod layout;
 pub mod schedule;
 pub(crate) mod sharded;
 pub(crate) mod tp;
+pub(crate) mod whole;
 pub mod wire;
 pub mod zb;
 
@@ -140,6 +141,25 @@ impl Pipeline {
         ctx: &StepCtx<'_>,
         batches: &[Batch],
     ) -> Result<StepResult, TrainError> {
+        self.step_with(comm, ctx, batches, None, &mut |_, out, b| {
+            loss_of(out, b, ctx.opts)
+        })
+    }
+
+    /// [`Pipeline::step`] with the last stage's loss of each micro-batch computed by `loss`
+    /// (given the micro-batch's index, the head's outputs and the batch) instead of the
+    /// cross-entropy: how `anneal rl` trains through the pipeline. The loss it returns is what
+    /// [`StepResult::losses`] reports and what the backward starts from (plus the auxiliary
+    /// losses, scaled by [`StepCtx::scale`] like the cross-entropy, and by `aux_scale` too:
+    /// RL's losses carry the whole step's normalizers, its auxiliary losses are averaged).
+    pub fn step_with(
+        &self,
+        comm: &dyn Collective,
+        ctx: &StepCtx<'_>,
+        batches: &[Batch],
+        aux_scale: Option<f32>,
+        loss: &mut LossFn<'_>,
+    ) -> Result<StepResult, TrainError> {
         let (p, v, m) = (self.layout.p, self.layout.v, batches.len());
         let n_stages = self.layout.n_stages();
         let mut stash: HashMap<(usize, usize), Stash> = HashMap::new();
@@ -184,13 +204,17 @@ impl Pipeline {
                             ctx.opts,
                         )?;
                         let ce = match last {
-                            true => Some(loss_of(&part.hidden, b, ctx.opts)?),
+                            true => Some(loss(mb, &part.hidden, b)?),
                             false => None,
                         };
                         (part, ce)
                     };
                     let aux = weighted_aux(ctx.aux_weights, &part.aux_losses)?;
                     per_mb[mb].add(aux.as_ref(), part.aux_losses, part.stats)?;
+                    let aux = match (aux, aux_scale) {
+                        (Some(a), Some(k)) => Some(a.mul_scalar(k)?),
+                        (aux, _) => aux,
+                    };
                     if chunk + 1 == v {
                         std::mem::take(&mut per_mb[mb]).flush(&mut outputs)?;
                     }
@@ -408,6 +432,10 @@ impl MbOutputs {
         Ok(())
     }
 }
+
+/// The last stage's loss of one micro-batch: from its index in the step, the head's outputs
+/// (`[logits]`) and the batch, a scalar on the autograd graph.
+pub type LossFn<'a> = dyn FnMut(usize, &[Tensor], &Batch) -> Result<Tensor, TrainError> + 'a;
 
 /// What rank `rank` of a pipeline keeps: the pipeline, and its stages' trained parameters
 /// and buffers.
