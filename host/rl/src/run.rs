@@ -94,7 +94,6 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
     // a GPU the job runs in one process.
     anneal_train::device::check(cfg, mesh.processes())?;
     crate::pp::check(cfg, mesh)?;
-    }
     let (tp, shard) = (mesh.tp, mesh.dp_shard);
     crate::cp::check(mesh)?;
     let par = &cfg.parallelism;

@@ -89,7 +89,7 @@ mod tests {
             (json!({"weight_decay": -0.1}), "weight_decay"),
         ] {
             let e = AdamW::create(None, args.clone()).expect_err("refused");
-            assert!(e.0.starts_with(key), "{args}: {e}");
+            assert!(e.msg.starts_with(key), "{args}: {e}");
         }
         assert!(AdamW::create(None, json!({"betas": [0.0, 0.999], "eps": 0.0})).is_ok());
     }

@@ -175,7 +175,7 @@ mod tests {
             let e = DeepseekV3::create(None, args.clone())
                 .err()
                 .expect("refused");
-            assert!(e.0.contains(key), "{args}: {e}");
+            assert!(e.msg.contains(key), "{args}: {e}");
         }
     }
 }

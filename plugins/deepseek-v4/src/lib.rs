@@ -130,7 +130,7 @@ mod tests {
             let e = DeepseekV4::create(None, args.clone())
                 .err()
                 .expect("refused");
-            assert!(e.0.contains(key), "{args}: {e}");
+            assert!(e.msg.contains(key), "{args}: {e}");
         }
     }
 }

@@ -79,7 +79,7 @@ mod tests {
             (serde_json::json!({"sliding_window": 0}), "sliding_window"),
         ] {
             let e = GptOss::create(None, args.clone()).err().expect("refused");
-            assert!(e.0.contains(key), "{args}: {e}");
+            assert!(e.msg.contains(key), "{args}: {e}");
         }
         assert!(GptOss::create(Some("nope"), serde_json::json!({})).is_err());
     }

@@ -109,11 +109,11 @@ mod tests {
         let e = Llama::create(None, serde_json::json!({"n_kv_heads": 3}))
             .err()
             .unwrap();
-        assert!(e.0.contains("n_kv_heads"), "{e}");
+        assert!(e.msg.contains("n_kv_heads"), "{e}");
         let e = Llama::create(None, serde_json::json!({"dimm": 3}))
             .err()
             .unwrap();
-        assert!(e.0.contains("dimm"), "{e}");
+        assert!(e.msg.contains("dimm"), "{e}");
     }
 
     #[test]
@@ -127,13 +127,13 @@ mod tests {
             (serde_json::json!({"sliding_layers": [7]}), "sliding_layers"),
         ] {
             let e = Llama::create(None, args.clone()).err().expect("refused");
-            assert!(e.0.contains(key), "{args}: {e}");
+            assert!(e.msg.contains(key), "{args}: {e}");
         }
         let hf = serde_json::json!({"hf_config": {
             "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "intermediate_size": 128, "vocab_size": 100, "rms_norm_eps": -1e-6
         }});
         let e = Llama::create(None, hf).err().expect("refused");
-        assert!(e.0.contains("rms_norm_eps"), "{e}");
+        assert!(e.msg.contains("rms_norm_eps"), "{e}");
     }
 }

@@ -297,7 +297,7 @@ mod tests {
             (json!({"ns_dtype": "fp8"}), "ns_dtype"),
         ] {
             let e = Muon::create(None, args.clone()).expect_err("refused");
-            assert!(e.0.starts_with(key), "{args}: {e}");
+            assert!(e.msg.starts_with(key), "{args}: {e}");
         }
     }
 

@@ -165,7 +165,7 @@ mod tests {
             let e = Qwen35::create(Some("debugmodel"), args.clone())
                 .err()
                 .expect("refused");
-            assert!(e.0.contains(key), "{args}: {e}");
+            assert!(e.msg.contains(key), "{args}: {e}");
         }
     }
 }

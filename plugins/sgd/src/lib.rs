@@ -122,7 +122,7 @@ mod tests {
             ),
         ] {
             let e = Sgd::create(None, args.clone()).expect_err("refused");
-            assert!(e.0.starts_with(key), "{args}: {e}");
+            assert!(e.msg.starts_with(key), "{args}: {e}");
         }
     }
 }
