@@ -12,7 +12,7 @@
 # under PP(2) x DDP(2), PP(2) x FSDP(2), TP(2) x FSDP(2), PP(2) x TP(2) x FSDP(2) and
 # CP(2) x FSDP(2)); and on the debug
 # Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
-# dp_shard 2; no balancing bias, as the README's figures were measured) and TP(2) (moe_tp2:
+# dp_shard 2; no balancing bias, as docs/distributed.md's figures were measured) and TP(2) (moe_tp2:
 # every expert's width split over 2 ranks).
 # For each: `anneal plan`'s bytes and peak beside the measured ones (the last table; the plan
 # models MoE routing traffic only as far as its notes say), the median tokens/s after WARMUP steps, the largest per-rank tensor peak
@@ -135,7 +135,7 @@ for layers in 4 16; do
     run "pp2_tp2_cp2_sp-$layers" "$layers" 8 parallelism.pp=2 parallelism.tp=2 parallelism.cp=2 \
         parallelism.tp_sequence=true
 done
-# The MoE layouts: 4 blocks, no balancing bias (as the README's figures were measured).
+# The MoE layouts: 4 blocks, no balancing bias (as docs/distributed.md's figures were measured).
 run_moe() { # name nproc extra-sets...
     local name="$1" n="$2"
     shift 2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the README's screenshots of the RL pages (docs/screenshots/*.png) from a real run:
+# Regenerates docs/serving.md's screenshots of the RL pages (docs/screenshots/*.png) from a real run:
 # the digit-sorting warm start (configs/rl_digits_sft.toml), then 150 steps of
 # configs/rl_digits.toml started through `anneal serve`'s API with the two example reward
 # modules uploaded, then headless Chromium on the run page and on its failed samples.

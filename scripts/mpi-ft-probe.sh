@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Probes what the installed MPI offers for replica fail/heal (README, "Replica failure"):
+# Probes what the installed MPI offers for replica fail/heal (docs/distributed.md, "Replica failure"):
 #  1. dynamic processes: can a job open a port (MPI_Open_port) and spawn (MPI_Comm_spawn)?
 #     Without them a restarted replica cannot join running ones.
 #  2. a dead peer: in one 4-rank job that Hydra leaves running when a rank dies

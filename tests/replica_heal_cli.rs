@@ -3,7 +3,7 @@
 //! run dir, every rank (the killed replica's included) resumes from the newest complete
 //! checkpoint, and the run finishes with the loss curve of an uninterrupted run, bit for bit.
 //! What this is not (the surviving replica does not carry on, the state comes from disk rather
-//! than from a live peer) and why MPI here cannot do that: README, "Replica failure".
+//! than from a live peer) and why MPI here cannot do that: docs/distributed.md, "Replica failure".
 
 mod dist_support;
 

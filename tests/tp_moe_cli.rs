@@ -95,7 +95,7 @@ fn tensor_parallel_experts_follow_the_single_process_and_resume() {
 
 #[test]
 fn tensor_parallel_experts_compose_with_fsdp_context_and_pipeline_parallelism() {
-    // The balancing loss weighted 0: under cp it is each rank's tokens' (see the README), so
+    // The balancing loss weighted 0: under cp it is each rank's tokens' (see docs/distributed.md), so
     // every layout here must follow the same single process. The balancing bias stays on: its
     // token counts are summed over the data-parallel and cp ranks.
     let job = Job::new("tp-moe-composed");

@@ -4,7 +4,7 @@
 //! rerun the command. The whole job restarts, not the failed replica alone: MPI as installed
 //! (MPICH 4.0 over UCX) has no dynamic processes, so a new process cannot join running ones,
 //! and a rank waiting on a dead peer waits forever instead of getting an error, so the
-//! survivors cannot carry on by themselves (README, "Replica failure").
+//! survivors cannot carry on by themselves (docs/distributed.md, "Replica failure").
 
 use anneal_config::FaultTolerance;
 

@@ -334,7 +334,7 @@ impl Default for Checkpoint {
 /// `[fault_tolerance]`: restarting a multi-process job after one of its ranks dies. MPI (MPICH
 /// over UCX, without ULFM or dynamic processes) cannot keep the surviving replicas of a job
 /// running nor let a restarted one join them, so the launcher restarts the whole job and it
-/// resumes from the newest complete checkpoint (README, "Replica failure").
+/// resumes from the newest complete checkpoint (docs/distributed.md, "Replica failure").
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FaultTolerance {

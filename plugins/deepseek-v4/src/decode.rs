@@ -216,7 +216,7 @@ mod tests {
             plain as f64 / n as f64,
             plain as f64 / ours as f64
         );
-        // The figures the README quotes: 6,596 bytes per token against 88,064, 13.4× smaller
+        // The figures docs/training.md quotes: 6,596 bytes per token against 88,064, 13.4× smaller
         // (20 CSA layers at 512 / 4 + 128 / 4 values per token, 23 HCA at 512 / 128).
         assert_eq!((ours, plain), (6_915_933_824, 92_341_796_864));
     }
