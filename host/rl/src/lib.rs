@@ -6,9 +6,11 @@
 //! run.rs         the loop: resume, rollouts in, one trainer step per batch, publish, log, save
 //! setup.rs       tokenizer, prompts, plugins and the starting policy of a run
 //! preflight.rs   the run's up-front checks as one call (`anneal serve` validates with it)
+//! step.rs        a step's phases the loop names: sharded rollouts, the optimizer updates
 //! trainer.rs     one trainer step: batch-invariant forward, logprob mismatch, loss, backward
 //! tp_fsdp.rs     tensor parallel x FSDP: rows gathered to slices, partial grads, whole saves
 //! cp.rs          context parallelism: each rank's part of the rows, logits made whole
+//! pp.rs          pipeline parallelism: stages kept, gathered for rollouts, the RL loss last
 //! loss.rs        GRPO / Dr.GRPO / DAPO, k3 KL, truncated importance ratio
 //! rollout.rs     prompts, rollout workers, scoring, held-out evaluation
 //! buffer.rs      the rollout buffer keyed by policy version (bounded staleness)
@@ -28,6 +30,7 @@ pub mod rollout;
 mod run;
 pub mod samples;
 mod setup;
+mod step;
 mod tp_fsdp;
 mod trainer;
 

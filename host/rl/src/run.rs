@@ -10,7 +10,7 @@ use crate::loss::LossSettings;
 use crate::metrics::RlRow;
 use crate::rollout::{evaluate, rollout_round, worker, Group, Prompt, RolloutCtx, Scorer, Share};
 use crate::setup::{initial_params, prepare, Setup};
-use crate::trainer::{publishable, RlTrainer, StepOut};
+use crate::trainer::{publishable, RlTrainer};
 use anneal_config::JobConfig;
 use anneal_engine::Tensor;
 use anneal_runtime::infer::Sampling;
@@ -475,27 +475,9 @@ pub fn run_rl_dist(
                 break;
             }
             let waited = Instant::now();
-            if let Some(f) = &fsdp {
-                // The step's whole policy, gathered once: the rollouts decode with it and the
-                // trainer's first forward runs on it, so both see the same bits.
-                let whole = f.gather(&dist, &trainer.named, true)?;
-                // Under expert parallelism the trainer keeps this rank's experts and the
-                // rollouts decode with all of them (see `FsdpPolicy::whole_experts`).
-                let all: Vec<(String, Tensor)> = f
-                    .whole_experts(&dist, whole.clone())?
-                    .into_iter()
-                    .chain(trainer.buffers.iter().cloned())
-                    .collect();
-                let weights = if opts.perturb_rollout_weights != 0.0 {
-                    publishable(&all, opts.perturb_rollout_weights)?
-                } else {
-                    // Views of the gathered tensors (they are this step's own, not updated).
-                    Arc::new(all.into_iter().map(|(n, t)| (n, t.detach())).collect())
-                };
-                buffer.publish(version, weights);
-                rollout_round(&ctx, &buffer, per_rank);
-                buffer.publish(version, Params::default());
-                trainer.whole = Some(whole);
+            if fsdp.is_some() {
+                let perturb = opts.perturb_rollout_weights;
+                trainer.sharded_rollout_round(&dist, &ctx, &buffer, version, per_rank, perturb)?;
             } else if let Some(pp) = &pp {
                 let perturb = opts.perturb_rollout_weights;
                 pp.rollout_round(&trainer, &ctx, &buffer, version, per_rank, perturb)?;
@@ -517,29 +499,18 @@ pub fn run_rl_dist(
             let step = version + 1;
             let lr = schedule.lr(step);
             let train_started = Instant::now();
-            // `updates_per_batch` optimizer steps on the same rollouts (GRPO's μ); the row
-            // reports the first, on-policy pass (where the mismatch must be 0).
-            let mut first: Option<StepOut> = None;
-            for update in 0..r.updates_per_batch as u64 {
-                let out = trainer.step(&taken.items, version, cfg.training.max_grad_norm, &dist)?;
-                let checked = [
-                    ("loss", out.loss),
-                    ("auxiliary loss", out.aux_loss.unwrap_or(0.0)),
-                    ("gradient norm", out.grad_norm),
-                ];
-                for (what, value) in checked {
-                    if !value.is_finite() {
-                        trainer.zero_grad();
-                        return Err(TrainError::NonFinite { step, what, value });
-                    }
-                }
-                let optimizer_step = version * r.updates_per_batch as u64 + update + 1;
-                model.before_optimizer_step(&trainer.params, &out.stat_sums, optimizer_step)?;
-                optimizer.step(&trainer.named, optimizer_step, lr)?;
-                trainer.zero_grad();
-                first.get_or_insert(out);
-            }
-            let out = first.expect("updates_per_batch is at least 1");
+            // The row reports the first, on-policy update.
+            let updates = r.updates_per_batch as u64;
+            let max_norm = cfg.training.max_grad_norm;
+            let out = trainer.update(
+                &taken.items,
+                version,
+                updates,
+                lr,
+                max_norm,
+                &mut optimizer,
+                &dist,
+            )?;
             let next = match fsdp.is_some() || pp.is_some() {
                 // The next step gathers the updated rows (stages) for its own rollouts.
                 true => Params::default(),
