@@ -51,14 +51,6 @@ pub struct MemoryPlan {
     pub peak: u64,
 }
 
-fn rows(p: &Held, fsdp: usize) -> u64 {
-    if fsdp > 1 {
-        p.shard_numel(fsdp)
-    } else {
-        p.numel()
-    }
-}
-
 /// Activation values per token a parameter of (local) `shape` accounts for.
 fn values_per_token(shape: &[usize]) -> u64 {
     match shape {
@@ -188,12 +180,12 @@ fn of_rank(
     v: &RankView,
 ) -> MemoryPlan {
     let f = v.fsdp;
-    let bytes = |p: &Held| rows(p, f) * p.elem;
+    let bytes = |p: &Held| v.rows(p) * p.elem;
     let parameters: u64 = v.trained().map(bytes).sum();
     let gradients = parameters;
     let optimizer_bytes: u64 = v
         .trained()
-        .map(|p| rows(p, f) * 4 * optimizer.state.len() as u64)
+        .map(|p| v.rows(p) * 4 * optimizer.state.len() as u64)
         .sum();
     let model_buffers: u64 = v.params.iter().filter(|p| !p.trainable).map(bytes).sum();
     let m = v.micro_batches;
