@@ -85,7 +85,10 @@ pub fn plan(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> CommPlan {
         // `Dist::gather_f32` (or `cp.micro_batch_losses`) of the micro-batch losses, and
         // `StepOutputs::reduce_across`: micro-batch count, auxiliary total and the MoE
         // layers' statistics (the only statistics a spec tells of).
-        let stats = v.moe.as_ref().map_or(0, |moe| moe.output_floats(v.moe_layers()));
+        let stats = v
+            .moe
+            .as_ref()
+            .map_or(0, |moe| moe.output_floats(v.moe_layers()));
         c.add("losses and outputs", "dp", m * 4 + 8 + stats * 4);
         if fsdp {
             fsdp_traffic(&mut c, v, m);
@@ -282,7 +285,10 @@ pub fn assumptions(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> Vec<Strin
     if d.ep > 1 {
         out.push("expert exchanges (ep) are counted at an even routing (each rank's experts draw as many rows as its tokens send out): the measured bytes move with the routing".into());
     }
-    if v.moe.as_ref().is_some_and(|m| m.top_k == m.experts && spec.active_params.is_none()) {
+    if v.moe
+        .as_ref()
+        .is_some_and(|m| m.top_k == m.experts && spec.active_params.is_none())
+    {
         out.push("the spec gives no active parameters: every expert is taken as routed to".into());
     }
     if cfg.activation_checkpoint.mode != anneal_config::RecomputeMode::None

@@ -122,9 +122,9 @@ impl RankView {
 
     /// MoE layers among the blocks of its stages.
     pub fn moe_layers(&self) -> u64 {
-        self.moe.as_ref().map_or(0, |m| {
-            self.stages.iter().map(|(_, b)| m.layers_in(b)).sum()
-        })
+        self.moe
+            .as_ref()
+            .map_or(0, |m| self.stages.iter().map(|(_, b)| m.layers_in(b)).sum())
     }
 
     /// Whether it holds the head (the last stage).

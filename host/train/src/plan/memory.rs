@@ -17,7 +17,8 @@
 //! - **buffers**: the model's buffers (not trained) and working memory: the accumulated
 //!   gradient's new copy for the largest parameter (when a rank runs two or more micro-batches),
 //!   FSDP's gathered outer unit (or a pipeline stage's gathered parameters and their whole
-//!   gradients).
+//!   gradients); with a MoE load-balancing loss every FSDP unit in full (the loss's gradient
+//!   reaches every router at once, so the backward gathers every block up front).
 //!
 //! With one micro-batch per rank the peak holds the head's gradients but not yet the blocks'
 //! (they appear as the activations they replace are freed); from the second micro-batch on it
@@ -215,7 +216,21 @@ fn of_rank(
         (false, ..) if m >= 2 => (gradients, 0),
         (false, ..) => (outer_grads, 0),
     };
-    let buffers = model_buffers + working + cp_extra;
+    let mut buffers = model_buffers + working + cp_extra;
+    let mut peak = parameters + grads_at_peak + optimizer_bytes + activations + buffers;
+    // A MoE load-balancing loss reaches every layer's router straight from the loss, so the
+    // backward's first steps ask for every block's parameters: FSDP's units gather them all
+    // again while the activations are still alive (measured: `fsdp_full_bytes_peak` is every
+    // unit in full). The peak is then this moment's when it is the larger (under CP the
+    // end of the step's, above, can be).
+    if f > 1 && v.degrees.pp == 1 && v.moe.as_ref().is_some_and(|m| m.aux_loss) {
+        let blocks_whole: u64 = v.trained().filter(|p| p.layer.is_some()).map(whole).sum();
+        let gathered = model_buffers + working + blocks_whole;
+        let backward_start = parameters + outer_grads + optimizer_bytes + activations + gathered;
+        if backward_start > peak {
+            (buffers, peak) = (gathered, backward_start);
+        }
+    }
     MemoryPlan {
         rank: v.pp_rank,
         parameters,
@@ -223,7 +238,7 @@ fn of_rank(
         optimizer: optimizer_bytes,
         activations,
         buffers,
-        peak: parameters + grads_at_peak + optimizer_bytes + activations + buffers,
+        peak,
     }
 }
 
