@@ -274,11 +274,12 @@ pub fn assumptions(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> Vec<Strin
         "communication is rank 0's, counted as comm_bytes counts it (an all-reduce its buffer once, an all-gather its send, a reduce-scatter its whole input, sends their bytes)".to_string(),
     ];
     // The layouts `tests/plan_cli.rs` checks to the byte: one kind of parallelism at a time.
-    let kinds = [d.pp, d.dp_replicate * d.dp_shard, d.cp, d.tp, d.ep]
+    // (`ep` borrows `dp_shard`'s ranks: EP(2) over FSDP(2) is checked too.)
+    let kinds = [d.pp, d.dp_replicate * d.dp_shard, d.cp, d.tp]
         .iter()
         .filter(|&&n| n > 1)
         .count();
-    let exact = kinds <= 1 || (d.pp == 1 && d.cp == 1 && d.tp == 1 && d.ep == 1);
+    let exact = kinds <= 1 || (d.pp == 1 && d.cp == 1 && d.tp == 1);
     if !exact {
         out.push("this composition of layouts is modelled term by term but not checked against a run: treat its bytes as an estimate".into());
     }

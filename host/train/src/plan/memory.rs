@@ -257,10 +257,16 @@ pub fn plan(
 }
 
 /// What the memory figures assume, in words.
-pub fn assumptions(cfg: &JobConfig) -> Vec<String> {
+pub fn assumptions(cfg: &JobConfig, v: &RankView) -> Vec<String> {
     let mut out = vec![
         "memory is the busiest rank's: parameters, gradients and optimizer state (f32) on its slices and FSDP rows; activations ~0.87 x the values each block's weights read and write per token, 2V + 4 dim for the logits (fitted to the CPU engine's measured peaks), the micro-batches and deferred weight passes its pipeline schedule keeps in flight".to_string(),
     ];
+    if v.fsdp > 1 && v.degrees.pp == 1 && v.moe.as_ref().is_some_and(|m| m.aux_loss) {
+        out.push(
+            "the MoE load-balancing loss makes FSDP gather every block at the backward's start: the peak holds every unit in full"
+                .into(),
+        );
+    }
     if cfg.parallelism.tp_sequence {
         out.push(
             "sequence parallelism splits the norms' activations over tp; its smaller residual activations are not subtracted"

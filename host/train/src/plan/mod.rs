@@ -96,7 +96,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, TrainError> {
         .filter(|p| p.trainable)
         .map(|p| p.shape.iter().product::<usize>() as u64)
         .sum();
-    let mut assumptions = memory::assumptions(cfg);
+    let mut assumptions = memory::assumptions(cfg, &views[0]);
     assumptions.extend(comm::assumptions(cfg, input.spec, &views[0]));
     assumptions.extend(time.assumptions.iter().cloned());
     Ok(Plan {
