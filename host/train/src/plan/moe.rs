@@ -91,3 +91,66 @@ impl Moe {
         2 * layers * per_layer + u64::from(self.aux_loss)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anneal_plugin_api::spec::{Init, ParamSpec, Placement};
+
+    fn param(name: &str, shape: &[usize], layer: Option<usize>, expert: bool) -> ParamSpec {
+        ParamSpec {
+            name: name.into(),
+            shape: shape.to_vec(),
+            dtype: "float32".into(),
+            init: Init::Zeros,
+            placement: Placement {
+                expert_dim: expert.then_some(0),
+                ..Placement::default()
+            },
+            layer,
+            hf: None,
+            trainable: true,
+        }
+    }
+
+    fn spec(params: Vec<ParamSpec>, active: Option<usize>) -> ModelSpec {
+        ModelSpec {
+            architecture: "test".into(),
+            n_layers: 2,
+            vocab_size: 16,
+            max_seq_len: 8,
+            flops_per_token: 0.0,
+            active_params: active,
+            params,
+            kv_cache: vec![],
+            hf: None,
+            parallel: Default::default(),
+        }
+    }
+
+    #[test]
+    fn experts_per_token_come_from_the_active_parameters() {
+        // 8 experts of 4x4 in layer 1 only, a dense 4x4 in each layer: 2 of 8 active.
+        let params = vec![
+            param("l0.w", &[4, 4], Some(0), false),
+            param("l1.w", &[4, 4], Some(1), false),
+            param("l1.experts", &[8, 4, 4], Some(1), true),
+        ];
+        let active = 2 * 16 + 2 * 16;
+        let moe = Moe::of(&spec(params.clone(), Some(active))).expect("a MoE");
+        assert_eq!(
+            (moe.layers.clone(), moe.experts, moe.top_k),
+            (vec![1], 8, 2)
+        );
+        assert!(moe.aux_loss && !moe.balance_bias);
+        // Imbalance and entropy twice (tensor and sum) per layer, one loss.
+        assert_eq!(moe.output_floats(1), 5);
+        assert_eq!(moe.output_floats(0), 0);
+        // Without active parameters every expert is taken as routed to.
+        assert_eq!(Moe::of(&spec(params, None)).map(|m| m.top_k), Some(8));
+        assert_eq!(
+            Moe::of(&spec(vec![param("w", &[4, 4], Some(0), false)], None)),
+            None
+        );
+    }
+}
