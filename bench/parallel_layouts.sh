@@ -15,7 +15,8 @@
 # dp_shard 2; no balancing bias, as docs/distributed.md's figures were measured) and TP(2) (moe_tp2:
 # every expert's width split over 2 ranks).
 # For each: `anneal plan`'s bytes and peak beside the measured ones (the last table; the plan
-# models MoE routing traffic only as far as its notes say), the median tokens/s after WARMUP steps, the largest per-rank tensor peak
+# counts MoE expert exchanges at an even routing, so EP layouts' bytes are not exact), the
+# median tokens/s after WARMUP steps, the largest per-rank tensor peak
 # (mem_peak_bytes), the bytes rank 0 handed to collectives and sends per step (comm_bytes)
 # next to the theoretical traffic, and for pipelines the measured bubble (pp_bubble) next to
 # the schedule's theory (pp_bubble_theory).

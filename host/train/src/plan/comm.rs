@@ -76,20 +76,27 @@ pub fn plan(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> CommPlan {
     if d.cp > 1 {
         ring(&mut c, spec, v, m, t);
     }
+    if let Some(moe) = &v.moe {
+        experts(&mut c, moe, v, m, t);
+    }
     let grads_group = d.dp() * d.cp;
     let held = v.trained().count() as u64;
     if grads_group > 1 {
         // `Dist::gather_f32` (or `cp.micro_batch_losses`) of the micro-batch losses, and
-        // `StepOutputs::reduce_across`: micro-batch count and auxiliary total (the model's
-        // statistics are not in the spec: a MoE router's counts add to this).
-        c.add("losses and outputs", "dp", m * 4 + 8);
+        // `StepOutputs::reduce_across`: micro-batch count, auxiliary total and the MoE
+        // layers' statistics (the only statistics a spec tells of).
+        let stats = v
+            .moe
+            .as_ref()
+            .map_or(0, |moe| moe.output_floats(v.moe_layers()));
+        c.add("losses and outputs", "dp", m * 4 + 8 + stats * 4);
         if fsdp {
             fsdp_traffic(&mut c, v, m);
             // `Fsdp::set_shard_grads`: a has-gradient flag per parameter over the gradient
             // group, then under HSDP the rows summed over the replicas in one buffer.
             c.add("gradient flags", "dp", held * 4);
             if d.dp_replicate > 1 {
-                let rows: u64 = v.trained().map(|p| p.shard_numel(v.fsdp)).sum();
+                let rows: u64 = v.trained().map(|p| v.rows(p)).sum();
                 c.add(
                     "dp gradient sum",
                     "dp",
@@ -154,13 +161,7 @@ fn tensor_parallel(c: &mut CommPlan, v: &RankView, m: u64, t: u64) {
     let replicated: u64 = v
         .trained()
         .filter(|p| p.split.is_none() && (v.sequence || p.per_head))
-        .map(|p| {
-            if v.fsdp > 1 {
-                p.shard_numel(v.fsdp)
-            } else {
-                p.numel()
-            }
-        })
+        .map(|p| v.rows(p))
         .sum();
     c.add("tp replicated gradient sum", "tp", replicated * 4);
 }
@@ -191,9 +192,13 @@ fn pipeline(c: &mut CommPlan, v: &RankView, m: u64, t: u64) {
     if v.fsdp > 1 {
         // `pp/sharded.rs`: the stage's rows gathered once per step and their gradients
         // reduce-scattered once.
-        let shard: u64 = v.trained().map(|p| p.shard_numel(v.fsdp)).sum();
+        let shard: u64 = v.trained().map(|p| v.rows(p)).sum();
+        let whole: u64 = v
+            .trained()
+            .map(|p| v.rows(p) * v.shard_group(p) as u64)
+            .sum();
         c.add("fsdp gathers", "dp", shard * 4);
-        c.add("fsdp reduce-scatters", "dp", shard * v.fsdp as u64 * 4);
+        c.add("fsdp reduce-scatters", "dp", whole * 4);
     }
 }
 
@@ -205,17 +210,42 @@ fn fsdp_traffic(c: &mut CommPlan, v: &RankView, m: u64) {
     if v.degrees.pp > 1 {
         return;
     }
-    let n = v.fsdp as u64;
-    let (mut outer, mut blocks) = (0u64, 0u64);
+    let (mut outer, mut blocks, mut scattered) = (0u64, 0u64, 0u64);
     for p in v.trained() {
-        let rows = p.shard_numel(v.fsdp) * 4;
+        let rows = v.rows(p) * 4;
         match p.layer {
             None => outer += rows,
             Some(_) => blocks += rows,
         }
+        scattered += rows * v.shard_group(p) as u64;
     }
     c.add("fsdp gathers", "dp", m * (outer + 2 * blocks));
-    c.add("fsdp reduce-scatters", "dp", m * n * (outer + blocks));
+    c.add("fsdp reduce-scatters", "dp", m * scattered);
+}
+
+/// The MoE layers' own traffic on rank 0's stages, per layer and micro-batch
+/// (`engine/src/ops/moe_layer.rs`, `moe_ep.rs`). Under tensor parallelism the routing
+/// weights' gradient (`T·k` f32) is summed backward (`tp_copy`), and under SP each rank's
+/// router logits (`T/tp · E` f32) are gathered forward. Under expert parallelism the per-expert
+/// counts (an i64 per expert for each of the two halves) go out forward, and the routed rows
+/// (`T·k` of `dim` f32, this rank's own experts' included) go out and their gradients come
+/// back, as do the rows this rank's experts drew: `2·(routed + drawn)·dim·4` bytes, taken at an
+/// even routing (drawn = routed). The measured figure moves with the routing.
+fn experts(c: &mut CommPlan, moe: &super::moe::Moe, v: &RankView, m: u64, t: u64) {
+    let layers = v.moe_layers();
+    let k = moe.top_k as u64;
+    if v.degrees.tp > 1 {
+        let mut per_layer = t * k * 4;
+        if v.sequence {
+            per_layer += t / v.degrees.tp as u64 * moe.experts as u64 * 4;
+        }
+        c.add("tp routing", "tp", m * layers * per_layer);
+    }
+    if v.degrees.ep > 1 {
+        let counts = 2 * moe.experts as u64 * 8;
+        let rows = 4 * t * k * v.dim as u64 * 4;
+        c.add("ep exchanges", "ep", m * layers * (counts + rows));
+    }
 }
 
 /// Context parallelism's attention ring (`engine/src/ops/ring_attention.rs` over
@@ -244,16 +274,23 @@ pub fn assumptions(cfg: &JobConfig, spec: &ModelSpec, v: &RankView) -> Vec<Strin
         "communication is rank 0's, counted as comm_bytes counts it (an all-reduce its buffer once, an all-gather its send, a reduce-scatter its whole input, sends their bytes)".to_string(),
     ];
     // The layouts `tests/plan_cli.rs` checks to the byte: one kind of parallelism at a time.
-    let kinds = [d.pp, d.dp_replicate * d.dp_shard, d.cp, d.tp, d.ep]
+    // (`ep` borrows `dp_shard`'s ranks: EP(2) over FSDP(2) is checked too.)
+    let kinds = [d.pp, d.dp_replicate * d.dp_shard, d.cp, d.tp]
         .iter()
         .filter(|&&n| n > 1)
         .count();
-    let exact = kinds <= 1 || (d.pp == 1 && d.cp == 1 && d.tp == 1 && d.ep == 1);
+    let exact = kinds <= 1 || (d.pp == 1 && d.cp == 1 && d.tp == 1);
     if !exact {
         out.push("this composition of layouts is modelled term by term but not checked against a run: treat its bytes as an estimate".into());
     }
-    if d.ep > 1 || spec.params.iter().any(|p| p.placement.expert_dim.is_some()) {
-        out.push("mixture-of-experts traffic is not counted: expert exchanges (ep), the router's gradient under tp and the routers' statistics depend on the routing".into());
+    if d.ep > 1 {
+        out.push("expert exchanges (ep) are counted at an even routing (each rank's experts draw as many rows as its tokens send out): the measured bytes move with the routing".into());
+    }
+    if v.moe
+        .as_ref()
+        .is_some_and(|m| m.top_k == m.experts && spec.active_params.is_none())
+    {
+        out.push("the spec gives no active parameters: every expert is taken as routed to".into());
     }
     if cfg.activation_checkpoint.mode != anneal_config::RecomputeMode::None
         && (d.dp_shard > 1 || d.cp > 1)

@@ -123,6 +123,8 @@ fn span(v: &RankView, dim: &str) -> usize {
     match dim {
         "tp" => d.tp,
         "cp" => d.cp * d.tp,
+        // An expert group: `ep` consecutive `dp_shard` ranks of one `cp` coordinate.
+        "ep" => d.ep * d.cp * d.tp,
         // The gradient group: dp_replicate × dp_shard × cp.
         "dp" => d.dp_replicate * d.dp_shard * d.cp * d.tp,
         "pp" => d.pp * d.dp() * d.cp * d.tp,

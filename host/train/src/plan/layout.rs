@@ -89,12 +89,42 @@ pub struct RankView {
     pub fsdp: usize,
     /// Sequence parallelism is on (`tp > 1` and `tp_sequence`).
     pub sequence: bool,
+    /// The model's mixture of experts, `None` for a dense model.
+    pub moe: Option<super::moe::Moe>,
 }
 
 impl RankView {
     /// The trained parameters it holds.
     pub fn trained(&self) -> impl Iterator<Item = &Held> {
         self.params.iter().filter(|p| p.trainable)
+    }
+
+    /// The ranks `p`'s rows are sharded over (1 without FSDP): `fsdp`, or for an expert stack
+    /// under expert parallelism the expert-FSDP group (`fsdp / ep`, the ranks holding the same
+    /// experts).
+    pub fn shard_group(&self, p: &Held) -> usize {
+        if p.expert && self.degrees.ep > 1 && self.fsdp > 1 {
+            (self.fsdp / self.degrees.ep).max(1)
+        } else {
+            self.fsdp
+        }
+    }
+
+    /// `p`'s elements on this rank: its FSDP rows (padded) over [`RankView::shard_group`] when
+    /// sharded, its slice otherwise.
+    pub fn rows(&self, p: &Held) -> u64 {
+        if self.fsdp > 1 {
+            p.shard_numel(self.shard_group(p))
+        } else {
+            p.numel()
+        }
+    }
+
+    /// MoE layers among the blocks of its stages.
+    pub fn moe_layers(&self) -> u64 {
+        self.moe
+            .as_ref()
+            .map_or(0, |m| self.stages.iter().map(|(_, b)| m.layers_in(b)).sum())
     }
 
     /// Whether it holds the head (the last stage).
@@ -205,6 +235,7 @@ pub fn views(
             },
             sequence: degrees.tp > 1 && cfg.parallelism.tp_sequence,
             schedule: pipeline.as_ref().map(|l| l.schedule),
+            moe: super::moe::Moe::of(spec),
         });
     }
     Ok(out)

@@ -17,7 +17,8 @@
 //! - **buffers**: the model's buffers (not trained) and working memory: the accumulated
 //!   gradient's new copy for the largest parameter (when a rank runs two or more micro-batches),
 //!   FSDP's gathered outer unit (or a pipeline stage's gathered parameters and their whole
-//!   gradients).
+//!   gradients); with a MoE load-balancing loss every FSDP unit in full (the loss's gradient
+//!   reaches every router at once, so the backward gathers every block up front).
 //!
 //! With one micro-batch per rank the peak holds the head's gradients but not yet the blocks'
 //! (they appear as the activations they replace are freed); from the second micro-batch on it
@@ -49,14 +50,6 @@ pub struct MemoryPlan {
     pub buffers: u64,
     /// The estimated peak (`mem_peak_bytes`).
     pub peak: u64,
-}
-
-fn rows(p: &Held, fsdp: usize) -> u64 {
-    if fsdp > 1 {
-        p.shard_numel(fsdp)
-    } else {
-        p.numel()
-    }
 }
 
 /// Activation values per token a parameter of (local) `shape` accounts for.
@@ -188,12 +181,12 @@ fn of_rank(
     v: &RankView,
 ) -> MemoryPlan {
     let f = v.fsdp;
-    let bytes = |p: &Held| rows(p, f) * p.elem;
+    let bytes = |p: &Held| v.rows(p) * p.elem;
     let parameters: u64 = v.trained().map(bytes).sum();
     let gradients = parameters;
     let optimizer_bytes: u64 = v
         .trained()
-        .map(|p| rows(p, f) * 4 * optimizer.state.len() as u64)
+        .map(|p| v.rows(p) * 4 * optimizer.state.len() as u64)
         .sum();
     let model_buffers: u64 = v.params.iter().filter(|p| !p.trainable).map(bytes).sum();
     let m = v.micro_batches;
@@ -223,7 +216,21 @@ fn of_rank(
         (false, ..) if m >= 2 => (gradients, 0),
         (false, ..) => (outer_grads, 0),
     };
-    let buffers = model_buffers + working + cp_extra;
+    let mut buffers = model_buffers + working + cp_extra;
+    let mut peak = parameters + grads_at_peak + optimizer_bytes + activations + buffers;
+    // A MoE load-balancing loss reaches every layer's router straight from the loss, so the
+    // backward's first steps ask for every block's parameters: FSDP's units gather them all
+    // again while the activations are still alive (measured: `fsdp_full_bytes_peak` is every
+    // unit in full). The peak is then this moment's when it is the larger (under CP the
+    // end of the step's, above, can be).
+    if f > 1 && v.degrees.pp == 1 && v.moe.as_ref().is_some_and(|m| m.aux_loss) {
+        let blocks_whole: u64 = v.trained().filter(|p| p.layer.is_some()).map(whole).sum();
+        let gathered = model_buffers + working + blocks_whole;
+        let backward_start = parameters + outer_grads + optimizer_bytes + activations + gathered;
+        if backward_start > peak {
+            (buffers, peak) = (gathered, backward_start);
+        }
+    }
     MemoryPlan {
         rank: v.pp_rank,
         parameters,
@@ -231,7 +238,7 @@ fn of_rank(
         optimizer: optimizer_bytes,
         activations,
         buffers,
-        peak: parameters + grads_at_peak + optimizer_bytes + activations + buffers,
+        peak,
     }
 }
 
@@ -250,10 +257,16 @@ pub fn plan(
 }
 
 /// What the memory figures assume, in words.
-pub fn assumptions(cfg: &JobConfig) -> Vec<String> {
+pub fn assumptions(cfg: &JobConfig, v: &RankView) -> Vec<String> {
     let mut out = vec![
         "memory is the busiest rank's: parameters, gradients and optimizer state (f32) on its slices and FSDP rows; activations ~0.87 x the values each block's weights read and write per token, 2V + 4 dim for the logits (fitted to the CPU engine's measured peaks), the micro-batches and deferred weight passes its pipeline schedule keeps in flight".to_string(),
     ];
+    if v.fsdp > 1 && v.degrees.pp == 1 && v.moe.as_ref().is_some_and(|m| m.aux_loss) {
+        out.push(
+            "the MoE load-balancing loss makes FSDP gather every block at the backward's start: the peak holds every unit in full"
+                .into(),
+        );
+    }
     if cfg.parallelism.tp_sequence {
         out.push(
             "sequence parallelism splits the norms' activations over tp; its smaller residual activations are not subtracted"

@@ -9,6 +9,7 @@
 //!   sends their bytes), by kind;
 //! - [`memory`]: per-rank parameters, gradients, optimizer state, activations and buffers, and
 //!   the peak the allocator will report (`mem_peak_bytes`);
+//! - [`moe`]: a mixture of experts' layers, experts, top-k and statistics, from the spec;
 //! - [`device`]: the device table (H100, H200, this CPU) and the step-time estimate.
 //!
 //! The figures are rank 0's for communication (what `metrics.jsonl` logs) and the busiest
@@ -18,6 +19,7 @@ pub mod comm;
 pub mod device;
 pub mod layout;
 pub mod memory;
+pub mod moe;
 
 use crate::preflight::Degrees;
 use crate::TrainError;
@@ -94,7 +96,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, TrainError> {
         .filter(|p| p.trainable)
         .map(|p| p.shape.iter().product::<usize>() as u64)
         .sum();
-    let mut assumptions = memory::assumptions(cfg);
+    let mut assumptions = memory::assumptions(cfg, &views[0]);
     assumptions.extend(comm::assumptions(cfg, input.spec, &views[0]));
     assumptions.extend(time.assumptions.iter().cloned());
     Ok(Plan {
