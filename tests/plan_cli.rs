@@ -218,4 +218,27 @@ fn a_671b_model_plans_on_paper_and_bad_input_names_the_key() {
         &["--nproc", "3"],
         &["parallelism.tp"],
     );
+    // What a run refuses once it reads the model: TP on a model that does not declare it
+    // (DeepSeek-V3), and experts split by both TP and EP (Qwen3-MoE).
+    let mut c = anneal();
+    c.arg("plan")
+        .arg(&config)
+        .args(["--nproc", "2", "--set", "parallelism.tp=2"]);
+    user_error(&c.output().expect("run anneal plan"), &["parallelism.tp"]);
+    let moe = job.config_with_model("moe", "llama", "{}");
+    let mut c = anneal();
+    c.arg("plan").arg(&moe).args(["--nproc", "4"]);
+    let sets = [
+        "model.flavor=\"debugmodel_qwen3_moe\"",
+        "parallelism.tp=2",
+        "parallelism.dp_shard=2",
+        "parallelism.ep=2",
+    ];
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    user_error(
+        &c.output().expect("run anneal plan"),
+        &["parallelism.tp", "parallelism.ep"],
+    );
 }

@@ -84,6 +84,11 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, TrainError> {
             t.seq_len, input.spec.max_seq_len
         )));
     }
+    if degrees.tp > 1 {
+        // The tensor-parallel checks a run makes (the model's support, its splits, experts
+        // never split by both `tp` and `ep`).
+        crate::parallel::tp::TpLayout::new(cfg, input.spec, 0, degrees.tp)?;
+    }
     let views = layout::views(cfg, input.spec, degrees, input.processes)?;
     let comm = comm::plan(cfg, input.spec, &views[0]);
     let memory = memory::plan(cfg, input.spec, input.optimizer, &views);
