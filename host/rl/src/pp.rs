@@ -25,7 +25,9 @@ use crate::loss::{
     advantages, entropies, gather_logprobs, kept_tokens, rl_loss, LossBatch, WholeStep,
 };
 use crate::rollout::{Group, RolloutCtx};
-use crate::trainer::{layout, longest, publishable, Gathered, Layout, RlTrainer, StepOut};
+use crate::trainer::{
+    layout, longest, metric_fields, publishable, Gathered, Layout, RlTrainer, StepOut,
+};
 use anneal_config::JobConfig;
 use anneal_data::Batch;
 use anneal_engine::invariant::set_batch_invariant;
@@ -182,9 +184,7 @@ impl PpPolicy<'_> {
             true => publishable(&whole, perturb)?,
             false => Arc::new(whole.into_iter().collect()),
         };
-        buffer.publish(version, weights);
-        crate::rollout::rollout_round(ctx, buffer, groups);
-        buffer.publish(version, Params::default());
+        crate::rollout::rollout_round_with(ctx, buffer, version, weights, groups);
         Ok(())
     }
 
@@ -342,14 +342,7 @@ impl PpPolicy<'_> {
         ];
         comm.all_reduce_sum(&mut aux)?;
         let aux_loss = (aux[1] > 0.0).then_some(aux[0] as f64);
-        let fields = outputs.fields();
-        if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
-            return Err(anneal_engine::Error::Invalid {
-                op: "plugin",
-                msg: format!("the model named a statistic '{name}', an anneal rl metrics field"),
-            }
-            .into());
-        }
+        let fields = metric_fields(&outputs)?;
         let grad_norm = tr.placements.grad_norm(dist, &tr.named)?;
         clip_grads(&tr.named, max_grad_norm, grad_norm)?;
         Ok(StepOut {

@@ -344,6 +344,21 @@ pub fn worker(ctx: Arc<RolloutCtx>, buffer: Arc<RolloutBuffer<Group, Params>>, m
     while rollout_round(&ctx, &buffer, max_groups) {}
 }
 
+/// One synchronous round with `weights`, which the buffer holds only while it runs: they are
+/// published as `version`, this thread decodes up to `max_groups` groups with them, and the
+/// buffer lets go of them (the next step publishes its own).
+pub(crate) fn rollout_round_with(
+    ctx: &RolloutCtx,
+    buffer: &RolloutBuffer<Group, Params>,
+    version: u64,
+    weights: Params,
+    max_groups: usize,
+) {
+    buffer.publish(version, weights);
+    rollout_round(ctx, buffer, max_groups);
+    buffer.publish(version, Params::default());
+}
+
 /// One round of a [`worker`]: begins up to `max_groups` rollouts (waiting for room and fresh
 /// weights), generates and hands in those groups. `false` once the buffer has closed or the
 /// round failed (the failure is kept in `ctx.failed` and the buffer closed). Under tensor

@@ -2,7 +2,7 @@
 //! policy is sharded (FSDP, EP), and the optimizer updates on the step's rollouts.
 
 use crate::buffer::{Item, RolloutBuffer};
-use crate::rollout::{rollout_round, Group, RolloutCtx};
+use crate::rollout::{rollout_round_with, Group, RolloutCtx};
 use crate::trainer::{publishable, RlTrainer, StepOut};
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::{Params, PluginOptimizer};
@@ -39,9 +39,7 @@ impl RlTrainer<'_> {
             // Views of the gathered tensors (they are this step's own, not updated).
             Arc::new(all.into_iter().map(|(n, t)| (n, t.detach())).collect())
         };
-        buffer.publish(version, weights);
-        rollout_round(ctx, buffer, groups);
-        buffer.publish(version, Params::default());
+        rollout_round_with(ctx, buffer, version, weights, groups);
         self.whole = Some(whole);
         Ok(())
     }

@@ -428,14 +428,7 @@ impl RlTrainer<'_> {
         )?;
         // Summed over data-parallel × cp ranks: each holds part of the step's tokens.
         outputs.reduce_across(dist.grads())?;
-        let fields = outputs.fields();
-        if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
-            return Err(anneal_engine::Error::Invalid {
-                op: "plugin",
-                msg: format!("the model named a statistic '{name}', an anneal rl metrics field"),
-            }
-            .into());
-        }
+        let fields = metric_fields(&outputs)?;
         let loss = if ranks > 1 {
             // Every rank's terms in rank order are the one-process batch's rows in order.
             let all = dist.gather_f32(&out.terms.to_vec_f32())?;
@@ -496,6 +489,22 @@ impl RlTrainer<'_> {
             stat_sums: outputs.stat_sums().to_vec(),
         })
     }
+}
+
+/// The model's auxiliary losses and statistics as `metrics.jsonl` fields; a statistic named
+/// like one of `anneal rl`'s own fields is the plugin's error.
+pub(crate) fn metric_fields(
+    outputs: &StepOutputs,
+) -> Result<BTreeMap<String, serde_json::Value>, TrainError> {
+    let fields = outputs.fields();
+    if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
+        return Err(anneal_engine::Error::Invalid {
+            op: "plugin",
+            msg: format!("the model named a statistic '{name}', an anneal rl metrics field"),
+        }
+        .into());
+    }
+    Ok(fields)
 }
 
 /// Every data-parallel rank's `local`, gathered and added in rank order (so every rank gets
