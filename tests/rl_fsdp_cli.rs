@@ -10,23 +10,15 @@
 use anneal_tests::cli as common;
 
 mod dist_support;
+mod rl_layout_support;
 mod rl_support;
 
 use common::{ok, user_error};
 use dist_support::{follows_single, manifest_of, piece};
-use rl_support::{first_step_samples, resume_copy, resumes_bitwise, rl, rl_job, steps};
-use serde_json::Value;
+use rl_layout_support::{checkpoints_move, follows_one_process, losses, mismatch_zero};
+use rl_support::{resume_copy, rl, rl_job, steps};
 
 const FSDP2: &str = "parallelism.dp_shard=2";
-
-fn loss(r: &Value) -> f64 {
-    r["loss"].as_f64().expect("loss")
-}
-
-/// The losses of training rows.
-fn losses(rows: &[Value]) -> Vec<f64> {
-    rows.iter().map(loss).collect()
-}
 
 #[test]
 fn sharded_rl_keeps_parity_follows_one_process_and_reshards() {
@@ -39,23 +31,8 @@ fn sharded_rl_keeps_parity_follows_one_process_and_reshards() {
         stdout.contains("fsdp: the policy sharded over 2"),
         "{stdout}"
     );
-    let (one, two) = (steps(&one_dir), steps(&fsdp_dir));
-    assert_eq!((one.len(), two.len()), (4, 4), "rank 0 alone writes rows");
-    assert!(loss(&one[0]).abs() > 1e-3, "a loss worth comparing");
     // The rollouts decode with the gathered policy the trainer's forward runs on.
-    for r in one.iter().chain(&two) {
-        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
-    }
-    assert_eq!(loss(&one[0]).to_bits(), loss(&two[0]).to_bits(), "step 1");
-    follows_single("fsdp2", &losses(&one), &losses(&two));
-    for (a, b) in one.iter().zip(&two) {
-        let (g, h) = (
-            a["grad_norm"].as_f64().unwrap(),
-            b["grad_norm"].as_f64().unwrap(),
-        );
-        assert!((g - h).abs() <= 1e-4 * g, "step {}: {g} vs {h}", a["step"]);
-    }
-    assert_eq!(first_step_samples(&one_dir), first_step_samples(&fsdp_dir));
+    follows_one_process("fsdp2", &one_dir, &fsdp_dir, (true, 1e-4));
 
     // Each rank wrote its rows of the policy, of the optimizer state and of the reference.
     let step2 = fsdp_dir.join("checkpoints/step-2");
@@ -77,21 +54,7 @@ fn sharded_rl_keeps_parity_follows_one_process_and_reshards() {
 
     // Resharding: the continued runs' step 3 starts from the saved bits (bitwise the run that
     // wrote the checkpoint), step 4 follows it.
-    resumes_bitwise(2, &dir, &fsdp_dir, "fsdp2-again", &[FSDP2]);
-    for (n, done, set, run) in [
-        (1, &fsdp_dir, &[][..], "fsdp2-to-one"),
-        (2, &one_dir, &[FSDP2][..], "one-to-fsdp2"),
-    ] {
-        let resumed = resume_copy(n, &dir, done, run, set);
-        let before = steps(done);
-        assert_eq!(
-            loss(&before[2]).to_bits(),
-            loss(&resumed[2]).to_bits(),
-            "{run}: step 3"
-        );
-        follows_single(run, &losses(&before), &losses(&resumed));
-        assert_eq!(resumed[2]["logprob_mismatch_max"].as_f64(), Some(0.0));
-    }
+    checkpoints_move(&dir, &one_dir, &fsdp_dir, (2, "fsdp2", &[FSDP2]));
 }
 
 #[test]
@@ -110,9 +73,7 @@ fn hybrid_sharded_rl_follows_one_process_and_reshards_to_fsdp() {
     );
     let (one, four) = (steps(&one_dir), steps(&hsdp_dir));
     assert_eq!(four.len(), 4, "rank 0 alone writes rows");
-    for r in &four {
-        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
-    }
+    mismatch_zero("hsdp", &four);
     follows_single("hsdp", &losses(&one), &losses(&four));
     // The first replica's ranks wrote the checkpoint as FSDP(2) writes it: FSDP(2) resumes it.
     let resumed = resume_copy(2, &dir, &hsdp_dir, "hsdp-to-fsdp2", &[FSDP2]);

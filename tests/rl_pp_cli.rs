@@ -10,23 +10,15 @@
 use anneal_tests::cli as common;
 
 mod dist_support;
+mod rl_layout_support;
 mod rl_support;
 
 use common::{ok, user_error};
-use dist_support::{follows_single, manifest_of, piece};
-use rl_support::{first_step_samples, resume_copy, resumes_bitwise, rl, rl_job, steps};
-use serde_json::Value;
+use dist_support::{manifest_of, piece};
+use rl_layout_support::{checkpoints_move, follows_one_process};
+use rl_support::{rl, rl_job, steps};
 
 const PP2: &str = "parallelism.pp=2";
-
-fn loss(r: &Value) -> f64 {
-    r["loss"].as_f64().expect("loss")
-}
-
-/// The losses of training rows.
-fn losses(rows: &[Value]) -> Vec<f64> {
-    rows.iter().map(loss).collect()
-}
 
 #[test]
 fn pipeline_rl_keeps_parity_follows_one_process_and_resumes() {
@@ -39,30 +31,11 @@ fn pipeline_rl_keeps_parity_follows_one_process_and_resumes() {
         stdout.contains("pipeline: 2 stage(s) on 2 rank(s)"),
         "{stdout}"
     );
-    let (one, two) = (steps(&one_dir), steps(&pp_dir));
-    assert_eq!(
-        (one.len(), two.len()),
-        (4, 4),
-        "the first rank alone writes rows"
-    );
-    assert!(loss(&one[0]).abs() > 1e-3, "a loss worth comparing");
     // The rollouts decode with the gathered stages the pipeline's forward runs on.
-    for r in one.iter().chain(&two) {
-        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
-    }
-    assert_eq!(loss(&one[0]).to_bits(), loss(&two[0]).to_bits(), "step 1");
+    let (one, two) = follows_one_process("pp2", &one_dir, &pp_dir, (true, 1e-4));
     for key in ["reward_mean", "entropy"] {
         assert_eq!(one[0][key], two[0][key], "step 1 {key}");
     }
-    follows_single("pp2", &losses(&one), &losses(&two));
-    for (a, b) in one.iter().zip(&two) {
-        let (g, h) = (
-            a["grad_norm"].as_f64().unwrap(),
-            b["grad_norm"].as_f64().unwrap(),
-        );
-        assert!((g - h).abs() <= 1e-4 * g, "step {}: {g} vs {h}", a["step"]);
-    }
-    assert_eq!(first_step_samples(&one_dir), first_step_samples(&pp_dir));
 
     // The checkpoint is whole: both stages' parameters, optimizer state and reference in the
     // first rank's one shard.
@@ -82,23 +55,7 @@ fn pipeline_rl_keeps_parity_follows_one_process_and_resumes() {
 
     // The pipeline resumes its own checkpoint bit for bit; across layouts the continued
     // run's step 3 starts from the saved bits (bitwise the run that wrote the checkpoint).
-    resumes_bitwise(2, &dir, &pp_dir, "pp2-again", &[PP2]);
-    for (n, done, set, run) in [
-        (1, &pp_dir, &[][..], "pp2-to-one"),
-        (2, &one_dir, &[PP2][..], "one-to-pp2"),
-    ] {
-        let resumed = resume_copy(n, &dir, done, run, set);
-        let before = steps(done);
-        assert_eq!(
-            loss(&before[2]).to_bits(),
-            loss(&resumed[2]).to_bits(),
-            "{run}: step 3"
-        );
-        follows_single(run, &losses(&before), &losses(&resumed));
-        for r in &resumed[2..] {
-            assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{run}: {r}");
-        }
-    }
+    checkpoints_move(&dir, &one_dir, &pp_dir, (2, "pp2", &[PP2]));
 }
 
 #[test]

@@ -10,20 +10,16 @@
 use anneal_tests::cli as common;
 
 mod dist_support;
+mod rl_layout_support;
 mod rl_support;
 
 use common::ok;
 use dist_support::follows_single;
-use rl_support::{first_step_samples, resume_copy, resumes_bitwise, rl, rl_job, steps};
+use rl_layout_support::{follows_one_process, losses, mismatch_zero};
+use rl_support::{resume_copy, resumes_bitwise, rl, rl_job, steps};
 use serde_json::Value;
 
 const TP2_FSDP2: [&str; 2] = ["parallelism.tp=2", "parallelism.dp_shard=2"];
-
-fn losses(rows: &[Value]) -> Vec<f64> {
-    rows.iter()
-        .map(|r| r["loss"].as_f64().expect("loss"))
-        .collect()
-}
 
 /// The checkpoint's tensors as `[name, global_shape, slice]`, sorted.
 fn tensors(run_dir: &std::path::Path, step: u64) -> Vec<Value> {
@@ -56,24 +52,8 @@ fn tensor_parallel_by_sharded_rl_keeps_parity_follows_one_process_and_resumes() 
         rank3.contains("rank 1 of 2, tensor-parallel rank 1 of 2"),
         "{rank3}"
     );
-    let (one, four) = (steps(&one_dir), steps(&tf_dir));
-    assert_eq!(
-        (one.len(), four.len()),
-        (4, 4),
-        "the lead alone writes rows"
-    );
-    assert!(losses(&one)[0].abs() > 1e-3, "a loss worth comparing");
-    for r in &four {
-        // The group decodes and trains on the very slices gathered from the rows.
-        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
-    }
-    follows_single("tp2-fsdp2", &losses(&one), &losses(&four));
-    for (a, b) in one.iter().zip(&four) {
-        let norm = |r: &Value| r["grad_norm"].as_f64().expect("grad_norm");
-        let (g, h) = (norm(a), norm(b));
-        assert!((g - h).abs() <= 1e-4 * g, "step {}: {g} vs {h}", a["step"]);
-    }
-    assert_eq!(first_step_samples(&one_dir), first_step_samples(&tf_dir));
+    // The group decodes and trains on the very slices gathered from the rows.
+    let (one, _) = follows_one_process("tp2-fsdp2", &one_dir, &tf_dir, (false, 1e-4));
 
     // Whole tensors, as one process saves them: the same names, shapes and pieces.
     assert_eq!(tensors(&tf_dir, 2), tensors(&one_dir, 2));
@@ -82,9 +62,7 @@ fn tensor_parallel_by_sharded_rl_keeps_parity_follows_one_process_and_resumes() 
     // One process's checkpoint: each rank reads its slices' rows and goes on like one process.
     let resumed = resume_copy(4, &dir, &one_dir, "one-to-tp2-fsdp2", &TP2_FSDP2);
     follows_single("one-to-tp2-fsdp2", &losses(&one), &losses(&resumed));
-    for r in &resumed[2..] {
-        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
-    }
+    mismatch_zero("one-to-tp2-fsdp2", &resumed[2..]);
 }
 
 /// Qwen3's q/k norms are replicated over `tp` but applied to each rank's heads apart, so their
