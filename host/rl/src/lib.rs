@@ -3,7 +3,9 @@
 //! samples file (`samples.jsonl`) it writes for reading runs.
 //!
 //! ```text
-//! run.rs         the loop: resume, rollouts in, one trainer step per batch, publish, log, save
+//! run/           `anneal rl`: the run as a short sequence (mod.rs), the layouts it refuses
+//!                (layout.rs), the rank's roles and starting policy (start.rs), each step's
+//!                phases: rollouts, updates, publish, row, evaluation, save (steps.rs)
 //! setup.rs       tokenizer, prompts, plugins and the starting policy of a run
 //! preflight.rs   the run's up-front checks as one call (`anneal serve` validates with it)
 //! step.rs        a step's phases the loop names: sharded rollouts, the optimizer updates
