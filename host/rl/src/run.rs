@@ -207,6 +207,14 @@ pub fn run_rl_dist(
     let model_name = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
     let tp = TpInference::of_dist(&dist, &model_name, model.spec())?;
     if let Some(tp) = &tp {
+        // Training splits experts both ways; the RL trainer's sharded policy does not yet.
+        if cfg.parallelism.ep > 1 {
+            return Err(TrainError::Config(format!(
+                "config: `parallelism.tp` = {} with `parallelism.ep` = {}: `anneal rl` does not split experts by both expert and tensor parallelism yet; set parallelism.ep = 1 (tp then splits each expert) or parallelism.tp = 1",
+                tp.ranks(),
+                cfg.parallelism.ep
+            )));
+        }
         if optimizer.spec().needs_full_matrix {
             return Err(TrainError::Config(format!(
                 "config: `parallelism.tp` = {} with `optimizer.plugin` = {}: an optimizer that steps whole matrices would see this rank's slices only; set parallelism.tp = 1 or use adamw",
