@@ -10,7 +10,8 @@
 //! each, on the single process's curve; TP2 x FSDP2's checkpoint resumes in one process).
 //! TP2 x EP2 (dp_shard 2, 4 ranks: each rank holds half the width of half the experts, the
 //! rows sent to the expert group's rank of the same tp coordinate) follows the single
-//! process, resumes its own checkpoint bit for bit and its checkpoint resumes in one process.
+//! process, resumes its own checkpoint bit for bit and its checkpoint resumes in one process;
+//! it composes with SP (4 ranks), CP2 and PP2 (8 ranks each), on the single process's curve.
 
 mod dist_support;
 
@@ -228,4 +229,41 @@ fn experts_split_by_tensor_and_expert_parallelism_follow_the_single_process_and_
     );
     let got = resumed_copy(&job, "tp2-ep2-as-single", &dir, (&[10], 5), 1, &short(&[]));
     follows_after("tp2-ep2-as-single", &want, &got, 5);
+}
+
+#[test]
+fn experts_split_both_ways_compose_with_sequence_context_and_pipeline_parallelism() {
+    // The balancing loss weighted 0 (under cp it is each rank's tokens'); the bias stays on.
+    let job = Job::new("tp-ep-moe-composed");
+    let short = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut s = settings(extra);
+        s.extend([
+            "training.steps=6",
+            "metrics.eval_freq=0",
+            "checkpoint.interval=0",
+            "training.aux_loss_weights.load_balance=0.0",
+        ]);
+        s
+    };
+    let (single, single_dir) = job.train("single", &short(&[]));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    let tp_ep = [
+        "parallelism.tp=2",
+        "parallelism.dp_shard=2",
+        "parallelism.ep=2",
+    ];
+    for (name, n, extra) in [
+        ("tp2-sp-ep2", 4, "parallelism.tp_sequence=true"),
+        ("cp2-tp2-ep2", 8, "parallelism.cp=2"),
+        ("pp2-tp2-ep2", 8, "parallelism.pp=2"),
+    ] {
+        let dir = job.dir.join(name);
+        let layout: Vec<&'static str> = tp_ep.iter().copied().chain([extra]).collect();
+        let out = ok(&mpiexec_train(n, &job, &dir, &short(&layout)));
+        for line in ["in 2 slices of experts", "buffers identical on every rank"] {
+            assert!(out.contains(line), "{name}: {line}: {out}");
+        }
+        follows_single(name, &want, &loss_values(&dir));
+    }
 }
