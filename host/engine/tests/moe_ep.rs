@@ -221,8 +221,11 @@ fn two_expert_ranks_compute_the_one_process_layer() {
 /// waits for every rank and reads them all in rank order (rank-order sums, as MPI's).
 struct TpThreads {
     rank: usize,
-    shared: Arc<(Barrier, Mutex<Vec<Vec<f32>>>)>,
+    shared: Arc<Posts>,
 }
+
+/// What a tensor-parallel group's threads meet at: a barrier and each rank's posted values.
+type Posts = (Barrier, Mutex<Vec<Vec<f32>>>);
 
 impl TpThreads {
     fn exchange(&self, mine: &[f32]) -> Vec<Vec<f32>> {
@@ -329,7 +332,7 @@ fn experts_split_by_expert_and_width_compute_the_one_process_layer() {
     let mut ep: Vec<Vec<Option<Threads>>> = (0..2)
         .map(|_| group(2).into_iter().map(Some).collect())
         .collect();
-    let tp: Vec<Arc<(Barrier, Mutex<Vec<Vec<f32>>>)>> = (0..2)
+    let tp: Vec<Arc<Posts>> = (0..2)
         .map(|_| Arc::new((Barrier::new(2), Mutex::new(vec![Vec::new(); 2]))))
         .collect();
     let mut handles = Vec::new();
