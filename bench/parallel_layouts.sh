@@ -13,7 +13,8 @@
 # CP(2) x FSDP(2)); and on the debug
 # Qwen3-MoE (8 experts) FSDP(2), EP(2), CP(2) x EP(2) and PP(2) x EP(2) (the experts split over
 # dp_shard 2; no balancing bias, as docs/distributed.md's figures were measured) and TP(2) (moe_tp2:
-# every expert's width split over 2 ranks).
+# every expert's width split over 2 ranks) and TP(2) x EP(2) (moe_tp2xep2, 4 ranks: half the
+# width of half the experts on each).
 # For each: `anneal plan`'s bytes and peak beside the measured ones (the last table; the plan
 # counts MoE expert exchanges at an even routing, so EP layouts' bytes are not exact), the
 # median tokens/s after WARMUP steps, the largest per-rank tensor peak
@@ -72,6 +73,10 @@
 # - MoE TP(2): dense TP(2)'s (4L + 2) A per micro-batch (the MoE layer all-reduces its combined
 #   output forward and its input's gradient backward, as the dense feed-forward does) plus,
 #   per layer, the routing weights' gradient (tokens x top-k f32) summed backward.
+# - MoE TP(2) x EP(2) (dp_shard 2, 4 ranks): its theory column is the expert exchanges' as
+#   under EP(2) (each tp rank sends its dp share's whole sequence to the expert group of its
+#   tp coordinate); its comm also holds TP(2)'s and FSDP(2)'s traffic, which the plan table
+#   below counts term by term.
 # The PyTorch peer (bench/parallel_layouts_torch.py: torch.distributed.pipelining and DTensor
 # tensor parallelism over gloo, same shapes, batch and thread count) runs the pipeline and
 # tensor-parallel layouts next to ours; PEER=0 skips it. ONLY=tp2 (a name prefix) runs a subset
@@ -153,6 +158,7 @@ run_moe moe_ep2 2 parallelism.dp_shard=2 parallelism.ep=2
 run_moe moe_cp2xep2 4 parallelism.cp=2 parallelism.dp_shard=2 parallelism.ep=2
 run_moe moe_pp2xep2 4 parallelism.pp=2 parallelism.dp_shard=2 parallelism.ep=2
 run_moe moe_tp2 2 parallelism.tp=2
+run_moe moe_tp2xep2 4 parallelism.tp=2 parallelism.dp_shard=2 parallelism.ep=2
 if [ "$PEER" = 1 ]; then
     source bench/peer_env.sh
     need_venv torch
@@ -277,7 +283,8 @@ for name, per_rank, tokens, layers_here, ep in (("moe_fsdp2", micro // 2, seq, m
                                                ("moe_ep2", micro // 2, seq, moe_layers, 2),
                                                ("moe_cp2xep2", micro // 2, seq // 2, moe_layers, 2),
                                                ("moe_pp2xep2", micro // 2, seq, moe_layers // 2, 2),
-                                               ("moe_tp2", micro, seq, moe_layers, 1)):
+                                               ("moe_tp2", micro, seq, moe_layers, 1),
+                                               ("moe_tp2xep2", micro // 2, seq, moe_layers, 2)):
     path = f"{out}/{name}/metrics.jsonl"
     if not os.path.exists(path):
         continue

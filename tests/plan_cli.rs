@@ -4,7 +4,7 @@
 //! sequence, 2 steps, one thread per rank), the planned bytes per step equal every logged
 //! row's `comm_bytes` of rank 0 exactly and the planned peak is within 10% of the logged
 //! `mem_peak_bytes` (the job's busiest rank, the largest over the steps); one process plans
-//! no communication. The tiny Qwen3-MoE under FSDP(2), TP(2) and EP(2): every byte but the
+//! no communication. The tiny Qwen3-MoE under FSDP(2), TP(2), EP(2) and TP(2) × EP(2): every byte but the
 //! expert exchanges exact (those within 20% of the plan's even routing), the peak within 10%. A paper plan of DeepSeek-V3 671B on 512 ranks needs no weights; bad
 //! input is a one-line error naming the key, exit code 2.
 
@@ -154,7 +154,7 @@ fn moe_plans_match_every_routing_independent_byte_and_the_peak_within_ten_percen
         "model.args.moe.balance_rate=0.01",
     ];
     let job = Job::new("plan-moe");
-    let layouts: [(&str, usize, &[&str]); 3] = [
+    let layouts: [(&str, usize, &[&str]); 4] = [
         ("moe_fsdp2", 2, &["parallelism.dp_shard=2"]),
         ("moe_tp2", 2, &["parallelism.tp=2"]),
         // Every byte but the exchanges exact; those within 20% of the even routing's.
@@ -162,6 +162,16 @@ fn moe_plans_match_every_routing_independent_byte_and_the_peak_within_ten_percen
             "moe_ep2",
             2,
             &["parallelism.dp_shard=2", "parallelism.ep=2"],
+        ),
+        // Experts split both ways: half the width of half the experts on each rank.
+        (
+            "moe_tp2_ep2",
+            4,
+            &[
+                "parallelism.tp=2",
+                "parallelism.dp_shard=2",
+                "parallelism.ep=2",
+            ],
         ),
     ];
     for (name, n, layout) in layouts {
@@ -219,26 +229,34 @@ fn a_671b_model_plans_on_paper_and_bad_input_names_the_key() {
         &["parallelism.tp"],
     );
     // What a run refuses once it reads the model: TP on a model that does not declare it
-    // (DeepSeek-V3), and experts split by both TP and EP (Qwen3-MoE).
+    // (DeepSeek-V3), and an expert width TP does not divide (Qwen3-MoE); experts split by both
+    // TP and EP are planned.
     let mut c = anneal();
     c.arg("plan")
         .arg(&config)
         .args(["--nproc", "2", "--set", "parallelism.tp=2"]);
     user_error(&c.output().expect("run anneal plan"), &["parallelism.tp"]);
     let moe = job.config_with_model("moe", "llama", "{}");
-    let mut c = anneal();
-    c.arg("plan").arg(&moe).args(["--nproc", "4"]);
-    let sets = [
+    let tp_ep = [
         "model.flavor=\"debugmodel_qwen3_moe\"",
         "parallelism.tp=2",
         "parallelism.dp_shard=2",
         "parallelism.ep=2",
     ];
-    for s in sets {
+    let planned = plan(&moe, &tp_ep, 4);
+    let kinds = planned["comm"]["kinds"].as_array().expect("kinds");
+    for kind in ["tp routing", "ep exchanges"] {
+        assert!(kinds.iter().any(|k| k[0] == kind), "{kind}: {planned}");
+    }
+    let mut uneven = tp_ep.to_vec();
+    uneven.push("model.args.moe.expert_ffn_dim=15");
+    let mut c = anneal();
+    c.arg("plan").arg(&moe).args(["--nproc", "4"]);
+    for s in &uneven {
         c.args(["--set", s]);
     }
     user_error(
         &c.output().expect("run anneal plan"),
-        &["parallelism.tp", "parallelism.ep"],
+        &["parallelism.tp", "moe.expert_ffn_dim"],
     );
 }

@@ -8,7 +8,10 @@
 //! process's token counts, and a TP2 checkpoint (the experts' slices gathered whole) resumes in
 //! one process on the single process's curve. TP2 composes with FSDP2, CP2 and PP2 (4 ranks
 //! each, on the single process's curve; TP2 x FSDP2's checkpoint resumes in one process).
-//! Experts split by both tp and ep are one line naming the keys, exit 2.
+//! TP2 x EP2 (dp_shard 2, 4 ranks: each rank holds half the width of half the experts, the
+//! rows sent to the expert group's rank of the same tp coordinate) follows the single
+//! process, resumes its own checkpoint bit for bit and its checkpoint resumes in one process;
+//! it composes with SP (4 ranks), CP2 and PP2 (8 ranks each), on the single process's curve.
 
 mod dist_support;
 
@@ -148,15 +151,119 @@ fn tensor_parallel_expert_layouts_not_supported_name_the_keys() {
         &["parallelism.tp=2", "model.args.moe.expert_ffn_dim=15"],
     );
     user_error(&out, &["parallelism.tp", "moe.expert_ffn_dim"]);
-    // Experts split two ways at once.
-    let out = launch(
-        "ep",
-        4,
-        &[
-            "parallelism.tp=2",
-            "parallelism.dp_shard=2",
-            "parallelism.ep=2",
-        ],
+}
+
+#[test]
+fn experts_split_by_tensor_and_expert_parallelism_follow_the_single_process_and_resume() {
+    let job = Job::new("tp-ep-moe");
+    // Ten steps, a checkpoint at 5: enough for the curve and the resumes.
+    let short = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut s = settings(extra);
+        s.extend([
+            "training.steps=10",
+            "metrics.eval_freq=5",
+            "checkpoint.interval=5",
+        ]);
+        s
+    };
+    let (single, single_dir) = job.train("single", &short(&[]));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    let layout = [
+        "parallelism.tp=2",
+        "parallelism.dp_shard=2",
+        "parallelism.ep=2",
+    ];
+    let dir = job.dir.join("tp2-ep2");
+    let out = ok(&mpiexec_train(4, &job, &dir, &short(&layout)));
+    for line in [
+        "tp: rank 0 of 2",
+        "in 2 slices of experts (this rank: slice 0)",
+        "buffers identical on every rank",
+    ] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
+    let got = loss_values(&dir);
+    follows_single("MoE TP2 x EP2", &want, &got);
+    let rel: Vec<f64> = want
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs() / a.abs())
+        .collect();
+    println!(
+        "TP2 x EP2 against one process: step 1 {:.1e}, at most {:.1e} over {} steps",
+        rel[0],
+        rel.iter().cloned().fold(0.0, f64::max),
+        rel.len()
     );
-    user_error(&out, &["parallelism.tp", "parallelism.ep"]);
+    // Each tp rank routes its data-parallel share whole: summed over dp_shard, the counts
+    // that move the bias are one process's.
+    assert_eq!(counts(&single_dir), counts(&dir));
+    let a2a: Vec<u64> = rows(&dir)
+        .iter()
+        .filter_map(|r| r["ep_a2a_bytes"].as_u64())
+        .collect();
+    assert!(a2a.len() == 10 && a2a.iter().all(|&b| b > 0), "{a2a:?}");
+
+    // Ranks are (dp_shard, tp) with tp fastest: shard s holds experts 2s..2s+2, and its two
+    // tp ranks write one expert each, gathered full width (16) over tp.
+    let m = manifest_of(&dir.join("checkpoints/step-5"));
+    for (name, width_dim) in [
+        ("model/layers.0.feed_forward.experts.w1", 1),
+        ("model/layers.0.feed_forward.experts.w2", 2),
+    ] {
+        for rank in 0..4 {
+            let file = format!("shard-{rank:05}-of-00004.safetensors");
+            let p = piece(&m, name, &file).unwrap_or_else(|| panic!("{name} in {file}: {m}"));
+            assert_eq!(p["slice"][0], serde_json::json!([rank, rank + 1]), "{p}");
+            assert_eq!(p["slice"][width_dim], serde_json::json!([0, 16]), "{p}");
+        }
+    }
+
+    // Resumed at step 5 in the same layout: the same bits; in one process: the single curve.
+    let again = resumed_copy(&job, "tp2-ep2-again", &dir, (&[10], 5), 4, &short(&layout));
+    assert_eq!(
+        again.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        losses(&dir),
+        "TP2 x EP2 resumes its checkpoint bit for bit"
+    );
+    let got = resumed_copy(&job, "tp2-ep2-as-single", &dir, (&[10], 5), 1, &short(&[]));
+    follows_after("tp2-ep2-as-single", &want, &got, 5);
+}
+
+#[test]
+fn experts_split_both_ways_compose_with_sequence_context_and_pipeline_parallelism() {
+    // The balancing loss weighted 0 (under cp it is each rank's tokens'); the bias stays on.
+    let job = Job::new("tp-ep-moe-composed");
+    let short = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut s = settings(extra);
+        s.extend([
+            "training.steps=6",
+            "metrics.eval_freq=0",
+            "checkpoint.interval=0",
+            "training.aux_loss_weights.load_balance=0.0",
+        ]);
+        s
+    };
+    let (single, single_dir) = job.train("single", &short(&[]));
+    ok(&single);
+    let want = loss_values(&single_dir);
+    let tp_ep = [
+        "parallelism.tp=2",
+        "parallelism.dp_shard=2",
+        "parallelism.ep=2",
+    ];
+    for (name, n, extra) in [
+        ("tp2-sp-ep2", 4, "parallelism.tp_sequence=true"),
+        ("cp2-tp2-ep2", 8, "parallelism.cp=2"),
+        ("pp2-tp2-ep2", 8, "parallelism.pp=2"),
+    ] {
+        let dir = job.dir.join(name);
+        let layout: Vec<&'static str> = tp_ep.iter().copied().chain([extra]).collect();
+        let out = ok(&mpiexec_train(n, &job, &dir, &short(&layout)));
+        for line in ["in 2 slices of experts", "buffers identical on every rank"] {
+            assert!(out.contains(line), "{name}: {line}: {out}");
+        }
+        follows_single(name, &want, &loss_values(&dir));
+    }
 }

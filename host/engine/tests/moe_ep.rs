@@ -2,17 +2,19 @@
 //! each hold half of the experts and their own tokens; each rank's output is the one-process
 //! layer's on its tokens with all the experts, and its experts' gradients are the sum of the
 //! one-process gradients over both ranks' tokens (forward and backward exchanges checked).
+//! With a tensor-parallel group as well (`moe_ffn_tp_ep`, four threads: two data ranks × two
+//! tp ranks) each rank holds its width half of its expert half, and the same holds.
 
 mod common;
 
 use anneal_engine::ops::{
-    moe_ffn, moe_ffn_ep, ExpertExchange, ExpertParallel, MoeSpec, MoeWeights, RouterScore,
-    RouterSpec, RowsInFlight,
+    moe_ffn, moe_ffn_ep, moe_ffn_tp_ep, ExpertExchange, ExpertParallel, MoeSpec, MoeTensorParallel,
+    MoeWeights, RouterScore, RouterSpec, RowsInFlight, TensorParallelGroup, TpGroup,
 };
 use anneal_engine::{Result, Tensor};
 use common::*;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 
 enum Msg {
     Counts(Vec<i64>),
@@ -213,4 +215,187 @@ fn two_expert_ranks_compute_the_one_process_layer() {
             .to_vec_f32()
     };
     assert_eq!(plain, want[0][0]);
+}
+
+/// One rank of an in-process tensor-parallel group: each collective posts this rank's values,
+/// waits for every rank and reads them all in rank order (rank-order sums, as MPI's).
+struct TpThreads {
+    rank: usize,
+    shared: Arc<Posts>,
+}
+
+/// What a tensor-parallel group's threads meet at: a barrier and each rank's posted values.
+type Posts = (Barrier, Mutex<Vec<Vec<f32>>>);
+
+impl TpThreads {
+    fn exchange(&self, mine: &[f32]) -> Vec<Vec<f32>> {
+        let (barrier, slots) = &*self.shared;
+        slots.lock().unwrap()[self.rank] = mine.to_vec();
+        barrier.wait();
+        let all = slots.lock().unwrap().clone();
+        barrier.wait();
+        all
+    }
+}
+
+impl TpGroup for TpThreads {
+    fn ranks(&self) -> usize {
+        self.shared.1.lock().unwrap().len()
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        let all = self.exchange(buf);
+        for (i, v) in buf.iter_mut().enumerate() {
+            *v = all.iter().map(|r| r[i]).sum();
+        }
+        Ok(())
+    }
+    fn all_gather(&self, local: &[f32]) -> Result<Vec<f32>> {
+        Ok(self.exchange(local).concat())
+    }
+    fn reduce_scatter_sum(&self, send: &[f32]) -> Result<Vec<f32>> {
+        let all = self.exchange(send);
+        let n = send.len() / all.len();
+        Ok((self.rank * n..(self.rank + 1) * n)
+            .map(|i| all.iter().map(|r| r[i]).sum())
+            .collect())
+    }
+}
+
+/// Elements `[experts, :, width]` of a `[E, D, F]` stack (`width_dim` 2) or `[E, F, D]` (1).
+fn cut(
+    v: &[f32],
+    shape: [usize; 3],
+    experts: std::ops::Range<usize>,
+    width_dim: usize,
+    width: std::ops::Range<usize>,
+) -> Vec<f32> {
+    let mut out = Vec::new();
+    for e in experts {
+        for i in 0..shape[1] {
+            for j in 0..shape[2] {
+                let w = if width_dim == 1 { i } else { j };
+                if width.contains(&w) {
+                    out.push(v[(e * shape[1] + i) * shape[2] + j]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Data rank `s`'s output and gradients (x, router, gate, up, down) on tp rank `t` of 2, with
+/// its expert half (by `ep`) of every expert's width half.
+fn run_tp_ep(s: usize, t: usize, ep: ExpertParallel, tp: TensorParallelGroup) -> Vec<Vec<f32>> {
+    let x = randn(&[N, D], &format!("x{s}")).requires_grad_();
+    let router = randn(&[D, E], "router").requires_grad_();
+    let (lo, n) = (ep.exchange.rank() * E / 2, E / 2);
+    let stack = |name: &str, shape: &[usize], width_dim: usize| -> Tensor {
+        let full = randn(shape, name).mul_scalar(0.3).unwrap();
+        let half = shape[width_dim] / 2;
+        full.narrow(0, lo, n)
+            .unwrap()
+            .narrow(width_dim as isize, t * half, half)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .requires_grad_()
+    };
+    let (gate, up, down) = (
+        stack("gate", &[E, D, F], 2),
+        stack("up", &[E, D, F], 2),
+        stack("down", &[E, F, D], 1),
+    );
+    let w = MoeWeights::new(&router, &gate, &up, &down);
+    let tp = MoeTensorParallel {
+        group: tp,
+        sequence_dim: None,
+    };
+    let out = moe_ffn_tp_ep(&x, &w, &spec(), &tp, Some(&ep)).unwrap().out;
+    out.backward_with(randn(&[N, D], &format!("g{s}"))).unwrap();
+    let g = |t: &Tensor| t.grad().unwrap().to_vec_f32();
+    vec![
+        out.to_vec_f32(),
+        g(&x),
+        g(&router),
+        g(&gate),
+        g(&up),
+        g(&down),
+    ]
+}
+
+#[test]
+fn experts_split_by_expert_and_width_compute_the_one_process_layer() {
+    // Expert groups by tp coordinate (the data ranks of one tp rank), tp groups by data rank.
+    let mut ep: Vec<Vec<Option<Threads>>> = (0..2)
+        .map(|_| group(2).into_iter().map(Some).collect())
+        .collect();
+    let tp: Vec<Arc<Posts>> = (0..2)
+        .map(|_| Arc::new((Barrier::new(2), Mutex::new(vec![Vec::new(); 2]))))
+        .collect();
+    let mut handles = Vec::new();
+    for s in 0..2 {
+        for t in 0..2 {
+            let exchange = ep[t][s].take().unwrap();
+            let shared = tp[s].clone();
+            handles.push(std::thread::spawn(move || {
+                let ep = ExpertParallel {
+                    exchange: Arc::new(exchange),
+                };
+                let tp = TensorParallelGroup {
+                    group: Arc::new(TpThreads { rank: t, shared }),
+                };
+                run_tp_ep(s, t, ep, tp)
+            }));
+        }
+    }
+    // By data rank, then tp rank.
+    let got: Vec<Vec<Vec<f32>>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let want: Vec<Vec<Vec<f32>>> = (0..2).map(|r| run(r, None)).collect();
+    for s in 0..2 {
+        let (a, b) = (&got[2 * s], &got[2 * s + 1]);
+        // The tp ranks of a data rank end with the same output and router / input gradients.
+        for k in 0..3 {
+            assert_eq!(
+                a[k], b[k],
+                "data rank {s}: value {k} differs between tp ranks"
+            );
+        }
+        for (k, name) in [(0, "out"), (1, "dx"), (2, "drouter")] {
+            assert_close(&format!("rank {s} {name}"), &a[k], &want[s][k], 1e-5, 1e-6);
+        }
+        // Expert gradients: both data ranks' tokens, for this rank's experts and width.
+        for t in 0..2 {
+            let mine = &got[2 * s + t];
+            for (k, name, shape, width_dim) in [
+                (3, "dgate", [E, D, F], 2),
+                (4, "dup", [E, D, F], 2),
+                (5, "ddown", [E, F, D], 1),
+            ] {
+                let part = |v: &[f32]| {
+                    cut(
+                        v,
+                        shape,
+                        s * E / 2..(s + 1) * E / 2,
+                        width_dim,
+                        t * F / 2..(t + 1) * F / 2,
+                    )
+                };
+                let sum: Vec<f32> = part(&want[0][k])
+                    .iter()
+                    .zip(part(&want[1][k]))
+                    .map(|(a, b)| a + b)
+                    .collect();
+                assert_close(
+                    &format!("rank ({s}, {t}) {name}"),
+                    &mine[k],
+                    &sum,
+                    1e-5,
+                    1e-6,
+                );
+            }
+        }
+    }
 }

@@ -95,8 +95,8 @@ pub use moe_balance::{
 };
 pub use moe_ep::{ExpertExchange, ExpertParallel, RowsInFlight};
 pub use moe_layer::{
-    moe_ffn, moe_ffn_ep, moe_ffn_tp, ExpertActivation, ExpertLayout, MoeOutput, MoeSpec,
-    MoeTensorParallel, MoeWeights, SharedExpert,
+    moe_ffn, moe_ffn_ep, moe_ffn_tp, moe_ffn_tp_ep, ExpertActivation, ExpertLayout, MoeOutput,
+    MoeSpec, MoeTensorParallel, MoeWeights, SharedExpert,
 };
 pub use moe_router::{route, RouterScore, RouterSpec, Routing};
 pub use shape::{cat, stack};

@@ -28,6 +28,10 @@
 //! ```
 //! The router reads `x` rather than `x_all`: its gradient is whole on every rank, and
 //! `tp_copy`'s backward sums only the experts' partial ones.
+//!
+//! With an expert group as well ([`moe_ffn_tp_ep`]) `experts_local` sends the rows of `x_all`
+//! to their experts' ranks ([`super::moe_ep`]), each rank of the expert group holding its
+//! experts' slices of the same tensor-parallel coordinate; nothing else changes.
 
 use super::be;
 use super::moe::{sort_by_expert, ExpertRouting};
@@ -311,13 +315,33 @@ pub fn moe_ffn_tp(
     spec: &MoeSpec,
     tp: &MoeTensorParallel,
 ) -> Result<MoeOutput> {
+    moe_ffn_tp_ep(x, w, spec, tp, None)
+}
+
+/// [`moe_ffn_tp`] with the experts also split over an expert group when `ep` is given
+/// (expert tensor parallelism beside expert parallelism): the stacks are this rank's
+/// `E / ep` experts, each cut to this rank's `F / tp` slice. Every rank of a tensor-parallel
+/// group routes the same tokens (the gathered sequence under SP) and sends the same rows to
+/// the rank of its expert group that holds the rows' experts; that rank shares its
+/// tensor-parallel coordinate (`anneal_dist::Mesh::expert_comms`), so the rows come back as
+/// the partial sums of that width slice and are combined and summed over the tensor-parallel
+/// group once, as without `ep`. The backward's exchanges carry the partial input gradients,
+/// which the input's `tp_copy` (`tp_gather`) then sums. Routing, statistics and the
+/// auxiliary loss are the tokens' of the tensor-parallel group, the same bits on its ranks.
+pub fn moe_ffn_tp_ep(
+    x: &Tensor,
+    w: &MoeWeights<'_>,
+    spec: &MoeSpec,
+    tp: &MoeTensorParallel,
+    ep: Option<&ExpertParallel>,
+) -> Result<MoeOutput> {
     if w.gate_bias.is_some() || w.up_bias.is_some() || w.down_bias.is_some() {
         return Err(invalid(
             "moe_ffn",
             "per-expert biases are not split under tensor parallelism yet",
         ));
     }
-    moe_ffn_in(x, w, spec, None, Some(tp))
+    moe_ffn_in(x, w, spec, ep, Some(tp))
 }
 
 fn moe_ffn_in(
@@ -333,12 +357,6 @@ fn moe_ffn_in(
         .last()
         .ok_or_else(|| invalid("moe_ffn", "x is a scalar"))?;
     let e = spec.router.num_experts;
-    if ep.is_some() && tp.is_some() {
-        return Err(invalid(
-            "moe_ffn",
-            "experts split over an expert group and a tensor-parallel group at once",
-        ));
-    }
     // The experts this rank holds.
     let el = match ep {
         Some(p) if p.exchange.ranks() == 0 || !e.is_multiple_of(p.exchange.ranks()) => {

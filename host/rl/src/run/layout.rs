@@ -32,6 +32,13 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
     let (tp, shard) = (mesh.tp, mesh.dp_shard);
     crate::cp::check(mesh)?;
     let par = &cfg.parallelism;
+    // Training splits experts both ways; the RL trainer's sharded policy does not yet.
+    if tp > 1 && mesh.ep > 1 {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.tp` = {tp} with `parallelism.ep` = {}: `anneal rl` does not split experts by both expert and tensor parallelism yet; set parallelism.ep = 1 (tp then splits each expert) or parallelism.tp = 1",
+            mesh.ep
+        )));
+    }
     // Under tensor parallelism the ranks of a group decode together on the training thread;
     // under FSDP the whole policy exists only while a step runs (gathered there, once): one
     // synchronous rollout per step, no sequence split (a decode step has one position).

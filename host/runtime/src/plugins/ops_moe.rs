@@ -165,13 +165,9 @@ pub(crate) fn ffn(inputs: &[Tensor], a: o::MoeFfn, session: &HostSession) -> R<V
         None => None,
     };
     let x = arg(inputs, 0, op)?;
+    // Under both, each rank holds its expert slice's share of every expert's width.
     let out = match (tp, session.experts()) {
-        (Some(_), Some(_)) => {
-            return Err(format!(
-                "{op}: experts split by expert and tensor parallelism at once are not supported"
-            ))
-        }
-        (Some(tp), None) => eo::moe_ffn_tp(x, &w, &spec, &tp),
+        (Some(tp), ep) => eo::moe_ffn_tp_ep(x, &w, &spec, &tp, ep),
         (None, ep) => eo::moe_ffn_ep(x, &w, &spec, ep),
     }
     .map_err(e)?;

@@ -208,6 +208,8 @@ pub(crate) fn expert_layout(
 /// the group active on this thread.
 struct ResidentExperts {
     params: anneal_runtime::plugins::Params,
+    /// Under `tp` too: the slices' tensor-parallel context.
+    tp: Option<anneal_runtime::plugins::TensorParallelism>,
 }
 
 impl anneal_runtime::plugins::StageParams for ResidentExperts {
@@ -229,17 +231,24 @@ impl anneal_runtime::plugins::StageParams for ResidentExperts {
     fn expert_parallel(&self) -> Option<ExpertParallel> {
         current()
     }
+
+    fn tensor_parallel(&self) -> Option<anneal_runtime::plugins::TensorParallelism> {
+        self.tp.clone()
+    }
 }
 
 /// `opts` for a forward over the resident `params` whose MoE layers run expert-parallel over
-/// the active group (a pipeline stage under `pp` × `ep`).
+/// the active group (a pipeline stage under `pp` × `ep`), with `tp`'s context when the
+/// parameters are tensor-parallel slices too.
 pub(crate) fn resident_opts(
     opts: &anneal_runtime::plugins::ForwardOpts,
     params: &anneal_runtime::plugins::Params,
+    tp: Option<anneal_runtime::plugins::TensorParallelism>,
 ) -> anneal_runtime::plugins::ForwardOpts {
     let mut opts = opts.clone();
     opts.stage_params = Some(Arc::new(ResidentExperts {
         params: params.clone(),
+        tp,
     }));
     opts
 }

@@ -48,9 +48,11 @@ fn config_err(msg: String) -> TrainError {
 
 impl TpLayout {
     /// The layout of `spec` over `ranks` tensor-parallel ranks, or the user error naming the
-    /// keys: a model this does not run (experts, another architecture, a parameter of two or
-    /// more dims without a placement), heads or a split dim that `ranks` does not divide, a
-    /// sequence that does not split under sequence parallelism.
+    /// keys: a model this does not run (a plugin without tensor-parallel support, a parameter
+    /// of two or more dims without a placement), heads or a split dim that `ranks` does not
+    /// divide, a sequence that does not split under sequence parallelism. Experts split by
+    /// width here may also be split by expert over `ep` (FSDP's expert slices of the local
+    /// stacks, [`crate::parallel::fsdp::Experts`]).
     pub fn new(
         cfg: &JobConfig,
         spec: &ModelSpec,
@@ -60,9 +62,6 @@ impl TpLayout {
         let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
         let mut layout = TpLayout::of_model(&model, spec, rank, ranks)?;
         let (n, key) = (ranks, "`parallelism.tp`");
-        if spec.params.iter().any(|p| p.placement.expert_dim.is_some()) {
-            check_moe_mesh(cfg, &model, n)?;
-        }
         let sequence = cfg.parallelism.tp_sequence;
         let seq = cfg.training.seq_len;
         if sequence && !seq.is_multiple_of(n) {
@@ -293,19 +292,6 @@ fn what_dim(split: TpSplit, experts: bool) -> &'static str {
         }
         (TpSplit::Vocab, _) => "the vocabulary: model.args.vocab_size",
     }
-}
-
-/// Tensor parallelism with a model that has experts: never with expert parallelism (the
-/// experts would be split two ways at once). One line naming the keys.
-fn check_moe_mesh(cfg: &JobConfig, model: &str, tp: usize) -> Result<(), TrainError> {
-    let par = &cfg.parallelism;
-    if par.ep > 1 {
-        return Err(config_err(format!(
-            "`parallelism.tp` ({tp}) with `parallelism.ep` ({}): {model}'s experts cannot be split by both expert and tensor parallelism; set parallelism.ep = 1 (tp then splits each expert) or parallelism.tp = 1",
-            par.ep
-        )));
-    }
-    Ok(())
 }
 
 /// This rank's slice `local` of a tensor split along `dim` joined with the other ranks' (in

@@ -39,4 +39,10 @@ impl StageParams for Hook {
     fn tensor_parallel(&self) -> Option<TensorParallelism> {
         Some(self.tp.clone())
     }
+
+    /// Under `ep` too, the MoE layers send the rows to the experts' ranks of the same `tp`
+    /// coordinate (each holding its experts' width slices).
+    fn expert_parallel(&self) -> Option<anneal_engine::ops::ExpertParallel> {
+        crate::parallel::ep::current()
+    }
 }

@@ -85,8 +85,8 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, TrainError> {
         )));
     }
     if degrees.tp > 1 {
-        // The tensor-parallel checks a run makes (the model's support, its splits, experts
-        // never split by both `tp` and `ep`).
+        // The tensor-parallel checks a run makes (the model's support, its splits; experts
+        // may be split by both `tp` and `ep`, which the views below place).
         crate::parallel::tp::TpLayout::new(cfg, input.spec, 0, degrees.tp)?;
     }
     let views = layout::views(cfg, input.spec, degrees, input.processes)?;

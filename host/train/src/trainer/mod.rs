@@ -354,7 +354,8 @@ impl Trainer {
     /// slices); `None` when `opts` already reads the right map.
     fn gathered_stage_opts(&self, opts: &ForwardOpts, params: &Params) -> Option<ForwardOpts> {
         if self.experts.is_some() {
-            return Some(crate::parallel::ep::resident_opts(opts, params));
+            let tp = self.tp.as_ref().map(|layout| layout.context());
+            return Some(crate::parallel::ep::resident_opts(opts, params, tp));
         }
         let (layout, _) = self.tp.as_ref().zip(self.fsdp.as_ref())?;
         let mut opts = opts.clone();

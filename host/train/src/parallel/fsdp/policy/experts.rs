@@ -125,7 +125,7 @@ impl FsdpPolicy {
     /// the active group; `opts` as they are otherwise.
     pub fn trainer_opts(&self, opts: &ForwardOpts, params: &Params) -> ForwardOpts {
         match &self.experts {
-            Some(_) => crate::parallel::ep::resident_opts(opts, params),
+            Some(_) => crate::parallel::ep::resident_opts(opts, params, None),
             None => opts.clone(),
         }
     }
