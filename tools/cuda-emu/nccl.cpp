@@ -383,9 +383,14 @@ int ncclGetUniqueId(char* id) {
     return ncclSuccess;
 }
 
-int ncclCommInitRank(void** out, int nranks, const char* id_bytes, int rank) {
+/// ncclUniqueId: passed by value, so in memory on the stack, not as a pointer.
+struct UniqueId {
+    char internal[128];
+};
+
+int ncclCommInitRank(void** out, int nranks, UniqueId unique, int rank) {
     *out = nullptr;
-    std::string id(id_bytes, strnlen(id_bytes, 128));
+    std::string id(unique.internal, strnlen(unique.internal, 128));
     if (id.rfind("anneal-emu ", 0) != 0 || id.size() != 11 + 32) {
         say(nullptr, "ncclCommInitRank: the unique id does not come from this emulation's "
                      "ncclGetUniqueId");
@@ -493,7 +498,7 @@ int ncclCommInitRank(void** out, int nranks, const char* id_bytes, int rank) {
     return ncclSuccess;
 }
 
-int ncclCommInitRankConfig(void** out, int nranks, const char* id, int rank, void*) {
+int ncclCommInitRankConfig(void** out, int nranks, UniqueId id, int rank, void*) {
     return ncclCommInitRank(out, nranks, id, rank);
 }
 
