@@ -19,6 +19,10 @@ const CHILD_ENV: &str = "ANNEAL_EMU_DEVICES_CHILD";
 fn emulated() -> bool {
     // SAFETY: only tries to open the library by name.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        assert!(
+            std::env::var("ANNEAL_REQUIRE_CUDA").as_deref() != Ok("1"),
+            "ANNEAL_REQUIRE_CUDA=1 but there is no CUDA driver library"
+        );
         println!("SKIP: no CUDA driver library here");
         return false;
     }
