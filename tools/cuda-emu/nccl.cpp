@@ -13,10 +13,10 @@
 //   same bits and they equal the MPI collectives' bits. bf16/f16 round after every addition.
 // - Checks: buffers must be live blocks of the communicator's device, large enough for the call;
 //   the n-th collective of every rank must be the same call (op, count, dtype, root); a send
-//   must meet a receive of the same count and type; two ranks each waiting for the other
-//   (a collective against a send/recv, or two receives), a peer process that exited, or no
+//   must meet a receive of the same count and type; ranks waiting for each other in a cycle
+//   (a collective against a send/recv, receives in a ring), a peer process that exited, or no
 //   progress for ANNEAL_NCCL_EMU_TIMEOUT seconds (default 600) fail the communicator on every
-//   rank, with both calls named on stderr, instead of hanging.
+//   rank, with the calls involved named on stderr, instead of hanging.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -198,17 +198,58 @@ bool blocked_by(Comm& c, int who, const Wait& w, int me) {
     }
 }
 
+/// A cycle of waits through this rank (this rank waits for the first, ..., the last for this
+/// one), found on the published waits, or empty. Every wait in it is judged on the shared data,
+/// so each rank in it cannot move until the next one does: a deadlock, once it lasts (the
+/// caller's grace covers waits read while they end). `sig` gets the ranks' wait epochs.
+template <class WaitsOn>
+std::vector<int> wait_cycle(Comm& c, WaitsOn waits_on, std::vector<Wait>* waits,
+                            std::vector<uint64_t>* sig) {
+    int n = c.n;
+    waits->assign(n, Wait{W_NONE, -1, 0, Desc{}});
+    std::vector<uint64_t> epoch(n, 0);
+    for (int k = 0; k < n; ++k)
+        if (k != c.rank && !read_wait(c.slots[k], &(*waits)[k], &epoch[k]))
+            (*waits)[k].kind = W_NONE;
+    // Breadth first from the ranks this one waits for, along "k waits for j", back to here.
+    std::vector<int> parent(n, -2), queue;
+    for (int j = 0; j < n; ++j)
+        if (j != c.rank && waits_on(j)) {
+            parent[j] = -1;
+            queue.push_back(j);
+        }
+    for (size_t at = 0; at < queue.size(); ++at) {
+        int k = queue[at];
+        for (int j = 0; j < n; ++j) {
+            if (!blocked_by(c, k, (*waits)[k], j)) continue;
+            if (j == c.rank) {
+                std::vector<int> path;
+                for (int x = k; x >= 0; x = parent[x]) path.insert(path.begin(), x);
+                sig->clear();
+                for (int x : path) sig->push_back(uint64_t(x) << 48 ^ epoch[x]);
+                return path;
+            }
+            if (parent[j] == -2) {
+                parent[j] = k;
+                queue.push_back(j);
+            }
+        }
+    }
+    return {};
+}
+
 /// Waits until `ready()`, failing the communicator when another rank failed it, a rank it
-/// waits for exited or waits for this one (a deadlock: their calls do not match), or nothing
-/// happened for the timeout. `waits_on(k)` says whether rank k is one this wait needs.
+/// waits for exited, the ranks wait for each other in a cycle (a deadlock: their calls do not
+/// match), or nothing happened for the timeout. `waits_on(k)`: whether this wait needs rank k.
 template <class Ready, class WaitsOn>
 int wait_until(Comm& c, const Wait& w, Ready ready, WaitsOn waits_on) {
     if (ready()) return ncclSuccess;
     Slot& mine = c.slots[c.rank];
     publish(mine, w);
     auto start = Clock::now(), last_check = start;
-    std::vector<uint64_t> cycle_epoch(c.n, 0);
-    std::vector<Clock::time_point> cycle_since(c.n);
+    std::vector<uint64_t> cycle_sig, sig;
+    std::vector<Wait> waits;
+    Clock::time_point cycle_since = start;
     int rc = ncclSuccess;
     for (int spin = 0;; ++spin) {
         if (ready()) break;
@@ -232,26 +273,25 @@ int wait_until(Comm& c, const Wait& w, Ready ready, WaitsOn waits_on) {
                               std::to_string(pid) + ") exited before taking part");
                 break;
             }
-            Wait theirs;
-            uint64_t epoch;
-            if (w.kind == W_JOIN || !read_wait(c.slots[k], &theirs, &epoch) ||
-                !blocked_by(c, k, theirs, c.rank)) {
-                cycle_epoch[k] = 0;
-                continue;
-            }
-            // Both wait for each other: a deadlock once it lasts (the grace covers reading a
-            // wait that ends right now).
-            if (cycle_epoch[k] != epoch) {
-                cycle_epoch[k] = epoch;
-                cycle_since[k] = now;
-            } else if (now - cycle_since[k] > std::chrono::seconds(1)) {
-                rc = fail(c, ncclInvalidUsage,
-                          "the ranks' calls do not match: " + describe(w.call) + " on rank " +
-                              std::to_string(c.rank) + " and " + describe(theirs.call) +
-                              " on rank " + std::to_string(k) + " each wait for the other");
-            }
         }
         if (rc != ncclSuccess) break;
+        std::vector<int> cycle;
+        if (w.kind != W_JOIN) cycle = wait_cycle(c, waits_on, &waits, &sig);
+        if (cycle.empty()) {
+            cycle_sig.clear();
+        } else if (sig != cycle_sig) {
+            cycle_sig = sig;
+            cycle_since = now;
+        } else if (now - cycle_since > std::chrono::seconds(1)) {
+            std::string text = "the ranks' calls do not match, they wait for each other: rank " +
+                               std::to_string(c.rank) + " in " + describe(w.call);
+            for (int k : cycle)
+                text += " waits for rank " + std::to_string(k) + ", rank " + std::to_string(k) +
+                        " in " + describe(waits[k].call);
+            text += " waits for rank " + std::to_string(c.rank);
+            rc = fail(c, ncclInvalidUsage, text);
+            break;
+        }
         if (std::chrono::duration<double>(now - start).count() > timeout_seconds()) {
             std::string missing;
             for (int k = 0; k < c.n; ++k)

@@ -260,6 +260,11 @@ int take_recv(const Op& o) {
     int src = o.d.root;
     Pair& p = c.pair(src, c.rank);
     uint64_t idx = c.taken[src];
+    // A rank's sends to itself are posted before its receives: none there is none to come.
+    if (src == c.rank && p.sent.load(std::memory_order_acquire) <= idx)
+        return fail_comm(c, ncclInvalidUsage,
+                         call_text(o.d) + ": a receive from this rank itself with no send to "
+                                          "itself before it in the same group");
     int rc = wait_peer(c, W_RECV, src, o.d,
                        [&] { return p.sent.load(std::memory_order_acquire) > idx; });
     if (rc) return rc;

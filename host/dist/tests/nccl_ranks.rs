@@ -406,17 +406,15 @@ fn mismatched_calls_fail_on_every_rank_instead_of_hanging() {
     if !nccl_here("mismatched_calls_fail_on_every_rank_instead_of_hanging") {
         return;
     }
-    let (ok, stdout, stderr) = run_bounded(2, "mismatch_ranks");
+    let (ok, stdout, stderr) = run_bounded(3, "mismatch_ranks");
     assert!(ok, "{stdout}\n{stderr}");
-    for r in 0..2 {
-        assert!(
-            stdout.contains(&format!("rank {r}/2: mismatch failed")),
-            "{stdout}\n{stderr}"
-        );
-        assert!(
-            stdout.contains(&format!("rank {r}/2: crossed calls failed")),
-            "{stdout}\n{stderr}"
-        );
+    for r in 0..3 {
+        for phase in ["mismatch", "crossed calls", "ring of receives"] {
+            assert!(
+                stdout.contains(&format!("rank {r}/3: {phase} failed")),
+                "{stdout}\n{stderr}"
+            );
+        }
     }
     if stderr.contains("anneal nccl emulation") {
         // Both calls named: the op, the count and the type, for each rank.
@@ -429,11 +427,20 @@ fn mismatched_calls_fail_on_every_rank_instead_of_hanging() {
             stderr.contains("rank 1 called ncclAllGather(count 1, float32)"),
             "{stderr}"
         );
-        assert!(stderr.contains("each wait for the other"), "{stderr}");
+        // A receive against a collective, and three receives in a ring, wait for each other.
+        assert!(
+            stderr.contains("ncclRecv(count 3, float32, peer 1) waits for rank 1"),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains("ncclRecv(count 2, float32, peer 2) waits for rank 2"),
+            "{stderr}"
+        );
     }
 }
 
-/// Rank 0 all-reduces while rank 1 all-gathers; then rank 0 receives while rank 1 all-reduces.
+/// Rank 0 all-reduces while the others all-gather; then rank 0 receives while the others
+/// all-reduce; then every rank receives from the next one, and nobody sends.
 #[test]
 fn mismatch_ranks() {
     if std::env::var_os(RANK_ENV).is_none() {
@@ -445,7 +452,7 @@ fn mismatch_ranks() {
     let err = if r == 0 {
         nccl.all_reduce_sum(&mut [1.0; 4])
     } else {
-        nccl.all_gather(SendBuf::F32(&[1.0]), (&mut [0f32; 2][..]).into())
+        nccl.all_gather(SendBuf::F32(&[1.0]), (&mut vec![0f32; n][..]).into())
     }
     .expect_err("different collectives on the ranks");
     println!("rank {r}/{n}: mismatch failed: {err}");
@@ -461,5 +468,12 @@ fn mismatch_ranks() {
     }
     .expect_err("a receive against a collective");
     println!("rank {r}/{n}: crossed calls failed: {err}");
+    drop(nccl);
+
+    let nccl = Nccl::new(mpi.split(0, 0).unwrap(), None).unwrap();
+    let err = nccl
+        .recv(RecvBuf::F32(&mut [0f32; 2]), (r + 1) % n, 0)
+        .expect_err("receives in a ring");
+    println!("rank {r}/{n}: ring of receives failed: {err}");
     mpi.barrier().unwrap();
 }
