@@ -19,4 +19,4 @@ cargo test --workspace --release "$@"
 emu=$(bash tools/cuda-emu/build.sh)
 LD_LIBRARY_PATH="$emu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ANNEAL_CUDA_EMU_CACHE="$emu/cache" \
   ANNEAL_REQUIRE_CUDA=1 cargo test --workspace --release --test cuda_ops --test cuda_train_cli \
-  --test nccl --test nccl_ranks --test nccl_peer_exit --test emu_devices "$@"
+  --test nccl --test nccl_ranks --test nccl_emu --test emu_devices "$@"
