@@ -97,6 +97,13 @@ fn check_host_forms(mpi: &dyn Collective, nccl: &Nccl) {
     nccl.all_reduce_sum(&mut b).unwrap();
     assert_eq!(bits(&a), bits(&b), "all_reduce_sum");
 
+    // Over the emulation's first 64 KiB of staging memory, so it grows and peers map it again.
+    let x = values(r, 40_000, 11);
+    let (mut a, mut b) = (x.clone(), x);
+    mpi.all_reduce_sum(&mut a).unwrap();
+    nccl.all_reduce_sum(&mut b).unwrap();
+    assert_eq!(bits(&a), bits(&b), "a large all_reduce_sum");
+
     let send = values(r, 3 * n, 2);
     let (mut a, mut b) = (vec![0f32; 3], vec![0f32; 3]);
     mpi.reduce_scatter_sum(&send, &mut a).unwrap();
@@ -188,6 +195,20 @@ fn check_host_forms(mpi: &dyn Collective, nccl: &Nccl) {
         nccl.send(SendBuf::F32(&msg), next, 0).unwrap();
     }
     assert_eq!(bits(&got), bits(&values(prev, 5, 5)), "send/recv");
+    let big = values(r, 30_000, 12);
+    let mut got = vec![0f32; 30_000];
+    if r % 2 == 0 {
+        nccl.send(SendBuf::F32(&big), next, 0).unwrap();
+        nccl.recv(RecvBuf::F32(&mut got), prev, 0).unwrap();
+    } else {
+        nccl.recv(RecvBuf::F32(&mut got), prev, 0).unwrap();
+        nccl.send(SendBuf::F32(&big), next, 0).unwrap();
+    }
+    assert_eq!(
+        bits(&got),
+        bits(&values(prev, 30_000, 12)),
+        "a large send/recv"
+    );
 
     // The non-blocking forms, three in flight, waited for in reverse.
     let p1 = nccl.iall_reduce_sum(values(r, 4, 6)).unwrap();
