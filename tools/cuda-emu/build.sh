@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the CUDA emulation library (runtime.cpp: driver API, NVRTC, cuBLAS; nccl.cpp and
-# nccl_ops.cpp: NCCL between processes) into DIR (default $CARGO_TARGET_DIR/cuda-emu, else
+# Builds the CUDA emulation library (runtime.cpp: driver API and NVRTC; cublas.cpp; nccl.cpp
+# and nccl_ops.cpp: NCCL between processes) into DIR (default $CARGO_TARGET_DIR/cuda-emu, else
 # target/cuda-emu), links it under the names cudarc opens (libcuda.so, libcublas.so,
 # libnvrtc.so, libnccl.so), copies the kernel prelude beside it, and prints DIR.
 # Rebuilds only when a source changed.
@@ -17,7 +17,7 @@ if ! command -v "$cxx" >/dev/null; then
   { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq g++; } >&2
 fi
 lib="$dir/libanneal_cuda_emu.so"
-sources=("$here/runtime.cpp" "$here/nccl.cpp" "$here/nccl_ops.cpp")
+sources=("$here/runtime.cpp" "$here/cublas.cpp" "$here/nccl.cpp" "$here/nccl_ops.cpp")
 stale=0
 [ -f "$lib" ] || stale=1
 for f in "${sources[@]}" "$here"/*.h; do
