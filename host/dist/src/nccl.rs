@@ -10,14 +10,14 @@
 //! The host-slice [`Collective`] methods copy their send buffer to the GPU, run the NCCL call on
 //! the communicator's stream and copy the result back; the non-blocking forms return as soon as
 //! the work is queued, and [`Pending::wait`] synchronises it. The device entry points
-//! (`*_device`, [`device`]) take device buffers directly, for callers whose data is already on
-//! the GPU. NCCL has no message tags: sends and receives between one pair of ranks match in the
+//! (`*_device`; their stream rules are in [`device`]) take device buffers directly, for callers
+//! whose data is already on the GPU. NCCL has no message tags: sends and receives between one pair of ranks match in the
 //! order they are posted, and `tag` is ignored.
 //!
 //! Without a GPU, the CPU emulation in `tools/cuda-emu` provides the driver and an NCCL between
 //! processes (docs/cuda.md), so these run under `mpiexec` on any machine.
 
-mod device;
+pub mod device;
 
 pub use device::NcclDtype;
 
