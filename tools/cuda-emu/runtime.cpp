@@ -1,20 +1,25 @@
 // CUDA emulation on the CPU: the parts of the CUDA driver API, NVRTC and cuBLAS that the
 // engine's CUDA backend calls, so its kernels, launch shapes and device-memory handling run
 // where no GPU is. Built as one shared library that build.sh links under the names cudarc
-// opens (libcuda.so, libcublas.so, libnvrtc.so); it is only ever found through
-// LD_LIBRARY_PATH, which scripts/cuda-emu.sh sets for the emulated test runs.
+// opens (libcuda.so, libcublas.so, libnvrtc.so, and libnccl.so; cuBLAS is in cublas.cpp, NCCL in
+// nccl.cpp); it is only ever found through LD_LIBRARY_PATH, which scripts/test.sh sets for the
+// emulated runs.
 //
+// - ANNEAL_CUDA_EMU_DEVICES devices (default 2), each with its own primary context and memory:
+//   a block belongs to the device whose context (or stream) allocated it.
 // - Device memory is host memory from mmap, each block followed by a guard page, and every
 //   copy, memset, kernel pointer argument and cuBLAS operand is checked against the live
 //   blocks, so a host pointer handed to a kernel or a copy past a block's end fails loudly.
+//   Kernels and cuBLAS products may only touch blocks of their stream's device (or of a peer
+//   enabled with cuCtxEnablePeerAccess); copies may name any device's blocks, as with unified
+//   addressing on the hardware.
 // - NVRTC "compiles" a kernel source with the host's C++ compiler after emu_kernel.h, into a
 //   cached shared library; the "PTX" names that library and cuModuleLoadData opens it.
 // - Kernels, copies and products run when they are queued (the stream is always idle), one at
 //   a time across threads. Dynamic shared memory above 48 KiB is refused unless raised with
 //   cuFuncSetAttribute, as on the hardware.
-// - cuBLAS products accumulate in f32 (TF32 rounds f32 operands first when asked), f32 or bf16
-//   operands, in an order that
-//   depends on the shape as the real library's does (split-k for few output rows).
+// - cuBLAS products (cublas.cpp) accumulate in f32, in an order that depends on the shape as the
+//   real library's does.
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -34,12 +39,19 @@
 #include <string>
 #include <vector>
 
+#include "emu_shared.h"
+
+std::recursive_mutex emu_rt::big_lock;
+
 namespace {
+
+using emu_rt::big_lock;
 
 constexpr int CUDA_SUCCESS = 0;
 constexpr int CUDA_ERROR_INVALID_VALUE = 1;
 constexpr int CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr int CUDA_ERROR_INVALID_DEVICE = 101;
+constexpr int CUDA_ERROR_INVALID_CONTEXT = 201;
 constexpr int CUDA_ERROR_INVALID_IMAGE = 200;
 constexpr int CUDA_ERROR_NOT_FOUND = 500;
 constexpr int CUDA_ERROR_ILLEGAL_ADDRESS = 700;
@@ -50,16 +62,65 @@ constexpr size_t TOTAL_MEM = size_t(16) << 30;
 constexpr int DEFAULT_DYNAMIC_SMEM = 48 << 10;
 constexpr int MAX_DYNAMIC_SMEM = 227 << 10;
 
-std::recursive_mutex big_lock;
+// ---- devices, contexts and streams ----
+
+constexpr int MAX_DEVICES = 64;
+constexpr int DEFAULT_DEVICES = 2;
+
+/// The number of emulated devices: ANNEAL_CUDA_EMU_DEVICES, else DEFAULT_DEVICES; -1 (and a
+/// message naming the variable) when it is not a number from 1 to MAX_DEVICES.
+int device_count() {
+    static int n = [] {
+        const char* env = getenv("ANNEAL_CUDA_EMU_DEVICES");
+        if (!env || !*env) return DEFAULT_DEVICES;
+        char* end = nullptr;
+        long v = strtol(env, &end, 10);
+        if (*end || v < 1 || v > MAX_DEVICES) {
+            fprintf(stderr,
+                    "anneal cuda emulation: ANNEAL_CUDA_EMU_DEVICES = \"%s\" is not a number of "
+                    "devices from 1 to %d\n",
+                    env, MAX_DEVICES);
+            return -1;
+        }
+        return int(v);
+    }();
+    return n;
+}
+
+bool valid_device(int dev) { return dev >= 0 && dev < device_count(); }
+
+/// A device's primary context (the only kind the backend makes).
+struct Context {
+    int dev;
+};
+Context contexts[MAX_DEVICES] = {};
+
+struct Stream {
+    int dev;
+};
+
+thread_local Context* current_ctx;
+
+int current_device() { return current_ctx ? current_ctx->dev : 0; }
+
+/// The device work queued on `s` runs on; the null stream is the current context's.
+int stream_device(void* s) { return s ? static_cast<Stream*>(s)->dev : current_device(); }
+
+/// peer[a][b]: kernels on device a may read device b's memory (cuCtxEnablePeerAccess).
+bool peer[MAX_DEVICES][MAX_DEVICES] = {};
 
 // ---- device memory ----
 
 struct Block {
     size_t bytes;
     size_t mapped;
+    int dev;
 };
 std::map<uintptr_t, Block> blocks;
-size_t used = 0;
+size_t used[MAX_DEVICES] = {};
+
+/// The device kernels launched now may touch (-1: none is being launched).
+int launching_device = -1;
 
 const Block* find_block(uintptr_t p, uintptr_t* start) {
     auto it = blocks.upper_bound(p);
@@ -71,30 +132,71 @@ const Block* find_block(uintptr_t p, uintptr_t* start) {
     return &it->second;
 }
 
-/// Whether [p, p + n) lies inside one live device block.
-bool device_range(uintptr_t p, size_t n) {
+/// Whether [p, p + n) lies inside one live device block (of device `dev`, unless it is -1).
+bool device_range(uintptr_t p, size_t n, int dev = -1) {
     uintptr_t start;
     const Block* b = find_block(p, &start);
-    return b && p + n <= start + b->bytes;
-}
-
-int device_ptr_check(const void* p) {
-    std::lock_guard<std::recursive_mutex> l(big_lock);
-    uintptr_t start;
-    return find_block(reinterpret_cast<uintptr_t>(p), &start) != nullptr;
+    return b && p + n <= start + b->bytes && (dev < 0 || b->dev == dev);
 }
 
 void complain(const std::string& what) {
     fprintf(stderr, "anneal cuda emulation: %s\n", what.c_str());
 }
 
-int bad_range(const char* op, uintptr_t p, size_t n) {
+/// Whether a kernel on the launching device may touch `p`: a live block of that device or of
+/// an enabled peer. A block of another device is named, since "not device memory" would mislead.
+int device_ptr_check(const void* p) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    uintptr_t start;
+    const Block* b = find_block(reinterpret_cast<uintptr_t>(p), &start);
+    if (!b) return 0;
+    int dev = launching_device;
+    if (dev < 0 || b->dev == dev || peer[dev][b->dev]) return 1;
     char buf[200];
-    snprintf(buf, sizeof buf, "%s: [0x%lx, +%zu) is not inside one device allocation", op,
-             (unsigned long)p, n);
+    snprintf(buf, sizeof buf, "%p is memory of device %d, used by a kernel on device %d", p,
+             b->dev, dev);
+    complain(buf);
+    return 0;
+}
+
+int bad_range(const char* op, uintptr_t p, size_t n, int dev = -1) {
+    char buf[240];
+    if (dev >= 0)
+        snprintf(buf, sizeof buf,
+                 "%s: [0x%lx, +%zu) is not inside one allocation of device %d", op,
+                 (unsigned long)p, n, dev);
+    else
+        snprintf(buf, sizeof buf, "%s: [0x%lx, +%zu) is not inside one device allocation", op,
+                 (unsigned long)p, n);
     complain(buf);
     return CUDA_ERROR_ILLEGAL_ADDRESS;
 }
+
+} // namespace
+
+int emu_rt::current_device() { return ::current_device(); }
+int emu_rt::stream_device(void* s) { return ::stream_device(s); }
+void emu_rt::complain(const std::string& what) { ::complain(what); }
+int emu_rt::bad_range(const char* op, uintptr_t p, size_t n, int dev) {
+    return ::bad_range(op, p, n, dev);
+}
+
+bool emu_rt::kernel_range(uintptr_t p, size_t n, int dev) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    uintptr_t start;
+    const Block* b = find_block(p, &start);
+    return b && device_range(p, n) && (b->dev == dev || peer[dev][b->dev]);
+}
+
+bool emu_rt::device_block(uintptr_t p, size_t n, int dev, int* owner) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    uintptr_t start;
+    const Block* b = find_block(p, &start);
+    *owner = b ? b->dev : -1;
+    return b && b->dev == dev && p + n >= p && p + n <= start + b->bytes;
+}
+
+namespace {
 
 // ---- modules and functions ----
 
@@ -228,92 +330,6 @@ bool compile(Program& p) {
     return true;
 }
 
-// ---- cuBLAS ----
-
-constexpr int CUDA_R_32F = 0;
-constexpr int CUDA_R_16BF = 14;
-
-/// `f` rounded to TF32 (10 mantissa bits, to nearest even), as tensor cores read f32 operands.
-float tf32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-float load(const void* p, int type, size_t i) {
-    if (type == CUDA_R_16BF) {
-        uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
-        float f;
-        memcpy(&f, &bits, 4);
-        return f;
-    }
-    return static_cast<const float*>(p)[i];
-}
-
-void store(void* p, int type, size_t i, float v) {
-    if (type == CUDA_R_16BF) {
-        uint32_t u;
-        memcpy(&u, &v, 4);
-        uint16_t h;
-        if ((u & 0x7fffffffu) > 0x7f800000u)
-            h = uint16_t((u >> 16) | 0x40u);
-        else
-            h = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        static_cast<uint16_t*>(p)[i] = h;
-    } else {
-        static_cast<float*>(p)[i] = v;
-    }
-}
-
-size_t type_size(int type) { return type == CUDA_R_16BF ? 2 : 4; }
-
-/// Column-major C = alpha·op(A)·op(B) + beta·C for one batch entry. Like the real library,
-/// the summation order depends on the shape: with few output columns (the rows of a row-major
-/// product: a decode step) k is split in two halves summed apart (split-k), so code that needs
-/// a row's bits not to depend on the rows beside it cannot rely on cuBLAS here either.
-void gemm(int ta, int tb, int m, int n, int k, float alpha, const void* A, int at, long lda,
-          const void* B, int bt, long ldb, float beta, void* C, int ct, long ldc, bool use_tf32) {
-    std::vector<float> a(size_t(m) * k), b(k), acc(m), part(m);
-    for (int p = 0; p < k; ++p)
-        for (int i = 0; i < m; ++i)
-            a[size_t(p) * m + i] = load(A, at, ta ? size_t(i) * lda + p : size_t(p) * lda + i);
-    if (use_tf32)
-        for (auto& x : a) x = tf32(x);
-    int split = n < 8 && k >= 32 ? k / 2 : k;
-    for (int j = 0; j < n; ++j) {
-        for (int p = 0; p < k; ++p)
-            b[p] = load(B, bt, tb ? size_t(p) * ldb + j : size_t(j) * ldb + p);
-        if (use_tf32)
-            for (auto& x : b) x = tf32(x);
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        std::fill(part.begin(), part.end(), 0.0f);
-        for (int p = 0; p < k; ++p) {
-            const float* ap = &a[size_t(p) * m];
-            float bp = b[p];
-            float* dst = p < split ? acc.data() : part.data();
-            for (int i = 0; i < m; ++i) dst[i] += ap[i] * bp;
-        }
-        for (int i = 0; i < m; ++i) acc[i] += part[i];
-        for (int i = 0; i < m; ++i) {
-            size_t ci = size_t(j) * ldc + i;
-            float v = alpha * acc[i];
-            if (beta != 0.0f) v += beta * load(C, ct, ci);
-            store(C, ct, ci, v);
-        }
-    }
-}
-
-/// The bytes operand X of a product spans: the last element's offset plus one.
-size_t span(int trans, int rows, int cols, long ld, long long stride, int batch, int type) {
-    if (rows == 0 || cols == 0 || batch == 0) return 0;
-    // op(X) is rows x cols; stored X is (trans ? cols x rows : rows x cols), column-major.
-    long r = trans ? cols : rows, c = trans ? rows : cols;
-    size_t last = size_t(stride) * (batch - 1) + size_t(ld) * (c - 1) + (r - 1);
-    return (last + 1) * type_size(type);
-}
-
 } // namespace
 
 extern "C" {
@@ -326,12 +342,13 @@ int cuDriverGetVersion(int* v) {
     return CUDA_SUCCESS;
 }
 int cuDeviceGetCount(int* n) {
-    *n = 1;
+    if (device_count() < 0) return CUDA_ERROR_INVALID_VALUE;
+    *n = device_count();
     return CUDA_SUCCESS;
 }
 int cuDeviceGet(int* dev, int ordinal) {
-    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-    *dev = 0;
+    if (!valid_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
     return CUDA_SUCCESS;
 }
 int cuDeviceGetName(char* name, int len, int) {
@@ -356,16 +373,21 @@ int cuDeviceGetAttribute(int* v, int attr, int) {
     }
     return CUDA_SUCCESS;
 }
-static int primary_ctx_token;
-int cuDevicePrimaryCtxRetain(void** ctx, int) {
-    *ctx = &primary_ctx_token;
+int cuDevicePrimaryCtxRetain(void** ctx, int dev) {
+    if (!valid_device(dev)) return CUDA_ERROR_INVALID_DEVICE;
+    contexts[dev].dev = dev;
+    *ctx = &contexts[dev];
     return CUDA_SUCCESS;
 }
 int cuDevicePrimaryCtxRelease_v2(int) { return CUDA_SUCCESS; }
 int cuDevicePrimaryCtxRelease(int) { return CUDA_SUCCESS; }
-static thread_local void* current_ctx;
 int cuCtxSetCurrent(void* ctx) {
-    current_ctx = ctx;
+    auto* c = static_cast<Context*>(ctx);
+    if (c && (c < contexts || c >= contexts + MAX_DEVICES)) {
+        complain("cuCtxSetCurrent: not a context of this emulation");
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    current_ctx = c;
     return CUDA_SUCCESS;
 }
 int cuCtxGetCurrent(void** ctx) {
@@ -373,7 +395,27 @@ int cuCtxGetCurrent(void** ctx) {
     return CUDA_SUCCESS;
 }
 int cuCtxGetDevice(int* dev) {
-    *dev = 0;
+    *dev = current_device();
+    return CUDA_SUCCESS;
+}
+int cuDeviceCanAccessPeer(int* can, int dev, int peer_dev) {
+    if (!valid_device(dev) || !valid_device(peer_dev)) return CUDA_ERROR_INVALID_DEVICE;
+    *can = dev != peer_dev;
+    return CUDA_SUCCESS;
+}
+int cuCtxEnablePeerAccess(void* peer_ctx, unsigned) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    auto* p = static_cast<Context*>(peer_ctx);
+    if (!p || p < contexts || p >= contexts + MAX_DEVICES) return CUDA_ERROR_INVALID_CONTEXT;
+    if (p->dev == current_device()) return CUDA_ERROR_INVALID_DEVICE;
+    peer[current_device()][p->dev] = true;
+    return CUDA_SUCCESS;
+}
+int cuCtxDisablePeerAccess(void* peer_ctx) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    auto* p = static_cast<Context*>(peer_ctx);
+    if (!p || p < contexts || p >= contexts + MAX_DEVICES) return CUDA_ERROR_INVALID_CONTEXT;
+    peer[current_device()][p->dev] = false;
     return CUDA_SUCCESS;
 }
 int cuCtxSynchronize() { return CUDA_SUCCESS; }
@@ -394,13 +436,14 @@ int cuGetErrorString(int err, const char** s) {
 int cuGetErrorName(int err, const char** s) { return cuGetErrorString(err, s); }
 
 // Streams and events: work runs when queued, so every stream is idle and every event complete.
+// A stream belongs to the device of the context current when it was made.
 int cuStreamCreate(void** s, unsigned) {
-    *s = new int(0);
+    *s = new Stream{current_device()};
     return CUDA_SUCCESS;
 }
 int cuStreamCreateWithPriority(void** s, unsigned, int) { return cuStreamCreate(s, 0); }
 int cuStreamDestroy_v2(void* s) {
-    delete static_cast<int*>(s);
+    delete static_cast<Stream*>(s);
     return CUDA_SUCCESS;
 }
 int cuStreamSynchronize(void*) { return CUDA_SUCCESS; }
@@ -424,9 +467,10 @@ int cuEventElapsedTime(float* ms, void*, void*) {
 }
 int cuEventElapsedTime_v2(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
 
-int cuMemAlloc_v2(uint64_t* dptr, size_t bytes) {
+/// A block of `bytes` on device `dev`.
+int alloc_on(int dev, uint64_t* dptr, size_t bytes) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
-    if (used + bytes > TOTAL_MEM) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (used[dev] + bytes > TOTAL_MEM) return CUDA_ERROR_OUT_OF_MEMORY;
     size_t mapped = (bytes + PAGE - 1) / PAGE * PAGE + PAGE;
     void* m = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -434,11 +478,12 @@ int cuMemAlloc_v2(uint64_t* dptr, size_t bytes) {
     mprotect(static_cast<char*>(m) + mapped - PAGE, PAGE, PROT_NONE);
     // Fresh device memory is not zeroed on a GPU; make reads of it stand out.
     memset(m, 0xff, bytes);
-    blocks[reinterpret_cast<uintptr_t>(m)] = Block{bytes, mapped};
-    used += bytes;
+    blocks[reinterpret_cast<uintptr_t>(m)] = Block{bytes, mapped, dev};
+    used[dev] += bytes;
     *dptr = reinterpret_cast<uint64_t>(m);
     return CUDA_SUCCESS;
 }
+int cuMemAlloc_v2(uint64_t* dptr, size_t bytes) { return alloc_on(current_device(), dptr, bytes); }
 int cuMemFree_v2(uint64_t dptr) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     auto it = blocks.find(dptr);
@@ -447,15 +492,17 @@ int cuMemFree_v2(uint64_t dptr) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     munmap(reinterpret_cast<void*>(dptr), it->second.mapped);
-    used -= it->second.bytes;
+    used[it->second.dev] -= it->second.bytes;
     blocks.erase(it);
     return CUDA_SUCCESS;
 }
-int cuMemAllocAsync(uint64_t* dptr, size_t bytes, void*) { return cuMemAlloc_v2(dptr, bytes); }
+int cuMemAllocAsync(uint64_t* dptr, size_t bytes, void* s) {
+    return alloc_on(stream_device(s), dptr, bytes);
+}
 int cuMemFreeAsync(uint64_t dptr, void*) { return cuMemFree_v2(dptr); }
 int cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
-    *free_bytes = TOTAL_MEM - used;
+    *free_bytes = TOTAL_MEM - used[current_device()];
     *total = TOTAL_MEM;
     return CUDA_SUCCESS;
 }
@@ -497,6 +544,19 @@ int cuMemcpyDtoHAsync_v2(void* dst, uint64_t src, size_t n, void*) {
 }
 int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void*) {
     return cuMemcpyDtoD_v2(dst, src, n);
+}
+int cuMemcpyPeer(uint64_t dst, void* dst_ctx, uint64_t src, void* src_ctx, size_t n) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    auto *d = static_cast<Context*>(dst_ctx), *s = static_cast<Context*>(src_ctx);
+    if (!d || !s) return CUDA_ERROR_INVALID_CONTEXT;
+    if (n && !device_range(src, n, s->dev)) return bad_range("peer copy source", src, n, s->dev);
+    if (n && !device_range(dst, n, d->dev))
+        return bad_range("peer copy destination", dst, n, d->dev);
+    memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
+    return CUDA_SUCCESS;
+}
+int cuMemcpyPeerAsync(uint64_t dst, void* dst_ctx, uint64_t src, void* src_ctx, size_t n, void*) {
+    return cuMemcpyPeer(dst, dst_ctx, src, src_ctx, n);
 }
 int cuMemsetD8_v2(uint64_t dst, unsigned char v, size_t n) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
@@ -566,7 +626,7 @@ int cuFuncGetAttribute(int* v, int attr, void* f) {
 }
 
 int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                   unsigned bz, unsigned smem, void*, void** params, void** extra) {
+                   unsigned bz, unsigned smem, void* stream, void** params, void** extra) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     auto* fn = static_cast<Function*>(f);
     char err[512] = {0};
@@ -595,7 +655,10 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
         return CUDA_ERROR_INVALID_VALUE;
     }
     unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-    if (fn->launch(params, grid, block, smem, err, sizeof err) != 0) {
+    launching_device = stream_device(stream);
+    int rc = fn->launch(params, grid, block, smem, err, sizeof err);
+    launching_device = -1;
+    if (rc != 0) {
         complain(err);
         return CUDA_ERROR_LAUNCH_FAILED;
     }
@@ -643,66 +706,6 @@ int nvrtcGetProgramLog(void* prog, char* out) {
     auto& p = static_cast<Program*>(prog)->log;
     memcpy(out, p.c_str(), p.size() + 1);
     return 0;
-}
-
-// ---------------- cuBLAS ----------------
-
-int cublasCreate_v2(void** h) {
-    *h = new int(0);
-    return 0;
-}
-int cublasDestroy_v2(void* h) {
-    delete static_cast<int*>(h);
-    return 0;
-}
-int cublasSetStream_v2(void*, void*) { return 0; }
-int cublasSetMathMode(void*, int) { return 0; }
-int cublasSetWorkspace_v2(void*, void*, size_t) { return 0; }
-
-int cublasGemmStridedBatchedEx(void*, int ta, int tb, int m, int n, int k, const void* alpha,
-                               const void* A, int at, int lda, long long sa, const void* B,
-                               int bt, int ldb, long long sb, const void* beta, void* C, int ct,
-                               int ldc, long long sc, int batch, int compute, int) {
-    std::lock_guard<std::recursive_mutex> l(big_lock);
-    for (int t : {at, bt, ct})
-        if (t != CUDA_R_32F && t != CUDA_R_16BF) {
-            complain("cuBLAS: only f32 and bf16 products are emulated");
-            return 15; // CUBLAS_STATUS_NOT_SUPPORTED
-        }
-    // CUBLAS_COMPUTE_32F, or CUBLAS_COMPUTE_32F_FAST_TF32 (f32 operands rounded to TF32).
-    if (compute != 68 && compute != 77) {
-        complain("cuBLAS: only CUBLAS_COMPUTE_32F and CUBLAS_COMPUTE_32F_FAST_TF32 are emulated");
-        return 15;
-    }
-    bool use_tf32 = compute == 77 && at == CUDA_R_32F && bt == CUDA_R_32F;
-    if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < (ta ? k : m) || ldb < (tb ? n : k) ||
-        ldc < m)
-        return 7; // CUBLAS_STATUS_INVALID_VALUE
-    auto a = reinterpret_cast<uintptr_t>(A), b = reinterpret_cast<uintptr_t>(B),
-         c = reinterpret_cast<uintptr_t>(C);
-    size_t an = span(ta, m, k, lda, sa, batch, at), bn = span(tb, k, n, ldb, sb, batch, bt),
-           cn = span(0, m, n, ldc, sc, batch, ct);
-    if (an && k && !device_range(a, an)) return bad_range("cuBLAS A", a, an), 14;
-    if (bn && k && !device_range(b, bn)) return bad_range("cuBLAS B", b, bn), 14;
-    if (cn && !device_range(c, cn)) return bad_range("cuBLAS C", c, cn), 14;
-    float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-    for (int i = 0; i < batch; ++i)
-        gemm(ta, tb, m, n, k, al, static_cast<const char*>(A) + sa * i * type_size(at), at, lda,
-             static_cast<const char*>(B) + sb * i * type_size(bt), bt, ldb, be,
-             static_cast<char*>(C) + sc * i * type_size(ct), ct, ldc, use_tf32);
-    return 0;
-}
-int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* A,
-                 int at, int lda, const void* B, int bt, int ldb, const void* beta, void* C,
-                 int ct, int ldc, int compute, int algo) {
-    return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0,
-                                      beta, C, ct, ldc, 0, 1, compute, algo);
-}
-int cublasSgemm_v2(void* h, int ta, int tb, int m, int n, int k, const float* alpha,
-                   const float* A, int lda, const float* B, int ldb, const float* beta, float* C,
-                   int ldc) {
-    return cublasGemmEx(h, ta, tb, m, n, k, alpha, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, beta,
-                        C, CUDA_R_32F, ldc, 68, -1);
 }
 
 } // extern "C"

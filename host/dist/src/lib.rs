@@ -6,7 +6,8 @@
 //! launch.rs   the `mpiexec` command line for N ranks on this machine (`anneal train --nproc`)
 //! mpi.rs      `Mpi`: the trait over an MPI communicator (the `mpi` crate; MPICH or Open MPI)
 //! nccl.rs     `Nccl`: the trait over an NCCL communicator between GPUs (cudarc, loaded at run
-//!             time), bootstrapped over another communicator (feature `nccl`, on by default)
+//!             time), bootstrapped over another communicator (feature `nccl`, on by default);
+//!             nccl/device.rs: its entry points over raw device buffers
 //! single.rs   `Single`: world size 1, so a plain process needs no MPI at run time
 //! shard.rs    `Dim0Shard`: a rank's rows of a tensor sharded on dim 0 (FSDP's layout), and
 //!             the padded gathers and reduce-scatters that move them

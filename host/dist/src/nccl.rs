@@ -7,16 +7,27 @@
 //! bootstrap communicator the same way and join a fresh NCCL communicator over it, so the mesh
 //! code works unchanged on GPUs.
 //!
-//! Until the CUDA backend keeps tensors on the device, this implementation moves host slices:
-//! each call copies its send buffer to the GPU, runs the NCCL collective on the communicator's
-//! stream and copies the result back. The non-blocking forms return as soon as the work is queued
-//! on the stream; [`Pending::wait`] synchronises it. NCCL has no message tags: sends and receives
-//! between one pair of ranks match in the order they are posted, and `tag` is ignored.
+//! The host-slice [`Collective`] methods copy their send buffer to the GPU, run the NCCL call on
+//! the communicator's stream and copy the result back; the non-blocking forms return as soon as
+//! the work is queued, and [`Pending::wait`] synchronises it. The device entry points
+//! (`*_device`; their stream rules are in [`device`]) take device buffers directly, for callers
+//! whose data is already on the GPU. NCCL has no message tags: sends and receives between one pair of ranks match in the
+//! order they are posted, and `tag` is ignored.
+//!
+//! Without a GPU, the CPU emulation in `tools/cuda-emu` provides the driver and an NCCL between
+//! processes (docs/cuda.md), so these run under `mpiexec` on any machine.
+
+pub mod device;
+
+pub use device::NcclDtype;
 
 use crate::{check_all_to_all, check_gather, check_rank, check_reduce_scatter};
 use crate::{Collective, DistError, Pending, RecvBuf, SendBuf};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
-use cudarc::nccl::{Comm, Id, NcclType, ReduceOp};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+};
+use cudarc::nccl::result;
+use device::RawComm;
 use std::cell::Cell;
 use std::sync::Arc;
 
@@ -40,7 +51,25 @@ pub fn unavailable() -> Option<String> {
     }
 }
 
-fn nccl_err(op: &'static str, e: cudarc::nccl::result::NcclError) -> DistError {
+/// An NCCL error with NCCL's own last message (which names the call and the cause).
+fn nccl_err(c: &Nccl, op: &'static str, e: result::NcclError) -> DistError {
+    // SAFETY: the communicator is live; NCCL returns a C string it owns (possibly empty).
+    let last = unsafe {
+        let p = cudarc::nccl::sys::ncclGetLastError(c.comm.0);
+        if p.is_null() {
+            String::new()
+        } else {
+            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    if last.is_empty() {
+        DistError::Backend(format!("NCCL {op}: {:?}", e.0))
+    } else {
+        DistError::Backend(format!("NCCL {op}: {:?}: {last}", e.0))
+    }
+}
+
+fn init_err(op: &'static str, e: result::NcclError) -> DistError {
     DistError::Backend(format!("NCCL {op}: {:?}", e.0))
 }
 
@@ -62,9 +91,25 @@ fn local_device(rank: usize, gpus: usize) -> usize {
     local % gpus.max(1)
 }
 
+/// The NCCL element type of a host element type.
+trait Element: DeviceRepr + ValidAsZeroBits + Copy {
+    const DTYPE: NcclDtype;
+}
+impl Element for f32 {
+    const DTYPE: NcclDtype = NcclDtype::F32;
+}
+impl Element for u8 {
+    const DTYPE: NcclDtype = NcclDtype::U8;
+}
+impl Element for i64 {
+    const DTYPE: NcclDtype = NcclDtype::I64;
+}
+
 /// An NCCL communicator and the bootstrap communicator it was built over.
 pub struct Nccl {
-    comm: Comm,
+    comm: RawComm,
+    rank: usize,
+    size: usize,
     stream: Arc<CudaStream>,
     bootstrap: Box<dyn Collective>,
     device: usize,
@@ -73,8 +118,9 @@ pub struct Nccl {
 
 impl Nccl {
     /// Joins an NCCL communicator of `bootstrap`'s ranks on GPU `device` (by default the rank's
-    /// local index modulo the machine's GPUs). Collective over `bootstrap`: every rank calls it.
-    /// Fails with [`DistError::Unavailable`] naming what is missing when there is no GPU or NCCL.
+    /// local index modulo the machine's GPUs), on a stream of its own. Collective over
+    /// `bootstrap`: every rank calls it. Fails with [`DistError::Unavailable`] naming what is
+    /// missing when there is no GPU or NCCL.
     pub fn new(bootstrap: Box<dyn Collective>, device: Option<usize>) -> Result<Nccl, DistError> {
         if let Some(why) = unavailable() {
             return Err(DistError::Unavailable(why));
@@ -88,19 +134,46 @@ impl Nccl {
         }
         let ctx = CudaContext::new(device).map_err(|e| cuda_err("context", e))?;
         let stream = ctx.new_stream().map_err(|e| cuda_err("stream", e))?;
+        Nccl::new_on_stream(bootstrap, stream)
+    }
+
+    /// Joins an NCCL communicator of `bootstrap`'s ranks whose calls are queued on `stream`
+    /// (e.g. the CUDA backend's stream, so collectives are ordered with its kernels without
+    /// events); the device is the stream's. Collective over `bootstrap`.
+    pub fn new_on_stream(
+        bootstrap: Box<dyn Collective>,
+        stream: Arc<CudaStream>,
+    ) -> Result<Nccl, DistError> {
+        if let Some(why) = unavailable() {
+            return Err(DistError::Unavailable(why));
+        }
+        let ctx = stream.context().clone();
+        // ncclCommInitRank joins on the calling thread's current device.
+        ctx.bind_to_thread().map_err(|e| cuda_err("context", e))?;
+        let device = ctx.ordinal();
         let mut bytes = [0u8; 128];
         if bootstrap.rank() == 0 {
-            let id = Id::new().map_err(|e| nccl_err("unique id", e))?;
-            for (b, c) in bytes.iter_mut().zip(id.internal()) {
-                *b = *c as u8;
+            let id = result::get_uniqueid().map_err(|e| init_err("unique id", e))?;
+            for (b, c) in bytes.iter_mut().zip(id.internal) {
+                *b = c as u8;
             }
         }
         bootstrap.broadcast(&mut bytes, 0)?;
-        let id = Id::uninit(bytes.map(|b| b as std::ffi::c_char));
-        let comm = Comm::from_rank(stream.clone(), bootstrap.rank(), bootstrap.size(), id)
-            .map_err(|e| nccl_err("init", e))?;
+        let id = cudarc::nccl::sys::ncclUniqueId {
+            internal: bytes.map(|b| b as std::ffi::c_char),
+        };
+        let (rank, size) = (bootstrap.rank(), bootstrap.size());
+        let mut raw = std::mem::MaybeUninit::uninit();
+        // SAFETY: `raw` is written by a successful init, and only then read.
+        let comm = unsafe {
+            result::comm_init_rank(raw.as_mut_ptr(), size as i32, id, rank as i32)
+                .map_err(|e| init_err("init", e))?;
+            RawComm(raw.assume_init())
+        };
         Ok(Nccl {
             comm,
+            rank,
+            size,
             stream,
             bootstrap,
             device,
@@ -111,6 +184,11 @@ impl Nccl {
     /// The GPU this rank's communicator runs on.
     pub fn device(&self) -> usize {
         self.device
+    }
+
+    /// The stream every call of this communicator is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
     }
 
     fn count(&self, bytes: usize) {
@@ -139,125 +217,89 @@ impl Nccl {
             .map_err(|e| cuda_err("synchronize", e))
     }
 
-    fn gather_typed<T: DeviceRepr + ValidAsZeroBits + NcclType>(
+    /// Runs `call` on device copies of `send` and an output of `out_len` elements (their
+    /// addresses), then copies the output into `recv`.
+    fn staged<T: Element>(
         &self,
         send: &[T],
         recv: &mut [T],
+        call: impl FnOnce(u64, u64) -> Result<(), DistError>,
     ) -> Result<(), DistError> {
-        if recv.is_empty() {
-            return Ok(());
+        // cudarc refuses empty device buffers; one element stands in and is never read.
+        let s = if send.is_empty() {
+            self.zeros::<T>(1)?
+        } else {
+            self.to_device(send)?
+        };
+        let mut r = self.zeros::<T>(recv.len().max(1))?;
+        {
+            let (sp, _s) = s.device_ptr(&self.stream);
+            let (rp, _r) = r.device_ptr_mut(&self.stream);
+            call(sp, rp)?;
         }
-        let s = self.to_device(send)?;
-        let mut r = self.zeros::<T>(recv.len())?;
-        self.comm
-            .all_gather(&s, &mut r)
-            .map_err(|e| nccl_err("all_gather", e))?;
+        if recv.is_empty() {
+            return self
+                .stream
+                .synchronize()
+                .map_err(|e| cuda_err("synchronize", e));
+        }
         self.to_host(&r, recv)
     }
 
-    fn all_to_all_typed<T: DeviceRepr + ValidAsZeroBits + NcclType>(
+    fn gather_typed<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<(), DistError> {
+        if recv.is_empty() {
+            return Ok(());
+        }
+        let n = send.len();
+        // SAFETY: staged passes device buffers of send.len() and recv.len() elements.
+        self.staged(send, recv, |s, r| unsafe {
+            self.all_gather_device(s, r, n, T::DTYPE)
+        })
+    }
+
+    fn all_to_all_typed<T: Element>(
         &self,
         send: &[T],
         send_counts: &[usize],
         recv: &mut [T],
         recv_counts: &[usize],
     ) -> Result<(), DistError> {
-        let s = if send.is_empty() {
-            None
-        } else {
-            Some(self.to_device(send)?)
-        };
-        // One receive buffer per peer, so each gets its own mutable view inside the group.
-        let mut bufs = recv_counts
-            .iter()
-            .map(|&n| {
-                if n == 0 {
-                    Ok(None)
-                } else {
-                    self.zeros::<T>(n).map(Some)
-                }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        {
-            let mut offsets = Vec::with_capacity(send_counts.len());
-            let mut at = 0;
-            for &n in send_counts {
-                offsets.push(at..at + n);
-                at += n;
-            }
-            let sends: Vec<_> = offsets
-                .into_iter()
-                .enumerate()
-                .filter(|(_, r)| !r.is_empty())
-                .filter_map(|(peer, r)| Some((peer, s.as_ref()?.slice(r))))
-                .collect();
-            let recvs: Vec<_> = bufs
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(peer, b)| Some((peer, b.as_mut()?.as_view_mut())))
-                .collect();
-            let mut group = self.comm.group();
-            for (peer, view) in sends {
-                group
-                    .send(view, peer as i32)
-                    .map_err(|e| nccl_err("all_to_all_v send", e))?;
-            }
-            for (peer, view) in recvs {
-                group
-                    .recv(view, peer as i32)
-                    .map_err(|e| nccl_err("all_to_all_v recv", e))?;
-            }
-        }
-        let mut at = 0;
-        for (b, &n) in bufs.iter().zip(recv_counts) {
-            if let Some(b) = b {
-                self.to_host(b, &mut recv[at..at + n])?;
-            }
-            at += n;
-        }
-        Ok(())
+        // SAFETY: the counts were checked against the buffers' lengths.
+        self.staged(send, recv, |s, r| unsafe {
+            self.all_to_all_v_device(s, send_counts, r, recv_counts, T::DTYPE)
+        })
     }
 
-    fn send_typed<T: DeviceRepr + NcclType>(
-        &self,
-        buf: &[T],
-        dest: usize,
-    ) -> Result<(), DistError> {
+    fn send_typed<T: Element>(&self, buf: &[T], dest: usize) -> Result<(), DistError> {
         if buf.is_empty() {
             return Ok(());
         }
-        let s = self.to_device(buf)?;
-        self.comm
-            .send(&s, dest as i32)
-            .map_err(|e| nccl_err("send", e))?;
-        self.stream
-            .synchronize()
-            .map_err(|e| cuda_err("synchronize", e))
+        let n = buf.len();
+        // SAFETY: a device copy of `buf`; nothing is received.
+        self.staged(buf, &mut [], |s, _| unsafe {
+            self.send_device(s, n, T::DTYPE, dest)
+        })
     }
 
-    fn recv_typed<T: DeviceRepr + ValidAsZeroBits + NcclType>(
-        &self,
-        buf: &mut [T],
-        src: usize,
-    ) -> Result<(), DistError> {
+    fn recv_typed<T: Element>(&self, buf: &mut [T], src: usize) -> Result<(), DistError> {
         if buf.is_empty() {
             return Ok(());
         }
-        let mut r = self.zeros::<T>(buf.len())?;
-        self.comm
-            .recv(&mut r, src as i32)
-            .map_err(|e| nccl_err("recv", e))?;
-        self.to_host(&r, buf)
+        let n = buf.len();
+        // SAFETY: a device buffer of buf.len() elements.
+        self.staged(&[], buf, |_, r| unsafe {
+            self.recv_device(r, n, T::DTYPE, src)
+        })
     }
 
-    /// Queues `run` on the stream over a device copy of `send` and an output of `out_len`
-    /// elements; the handle copies the output back when waited for.
+    /// Queues `run` (given the device addresses of a copy of `send` and of an output of
+    /// `out_len` elements) on the stream; the handle copies the output back when waited for.
     fn start(
         &self,
         send: Vec<f32>,
         out_len: usize,
         op: &'static str,
-        run: impl FnOnce(&Comm, &CudaSlice<f32>, &mut CudaSlice<f32>) -> Result<(), DistError>,
+        run: impl FnOnce(u64, u64) -> Result<(), DistError>,
     ) -> Result<Box<dyn Pending>, DistError> {
         self.count(send.len() * 4);
         if out_len == 0 {
@@ -265,7 +307,11 @@ impl Nccl {
         }
         let s = self.to_device(&send)?;
         let mut out = self.zeros::<f32>(out_len)?;
-        run(&self.comm, &s, &mut out)?;
+        {
+            let (sp, _s) = s.device_ptr(&self.stream);
+            let (op_, _o) = out.device_ptr_mut(&self.stream);
+            run(sp, op_)?;
+        }
         Ok(Box::new(InFlight {
             stream: self.stream.clone(),
             _send: s,
@@ -308,11 +354,11 @@ impl Pending for InFlight {
 
 impl Collective for Nccl {
     fn rank(&self) -> usize {
-        self.comm.rank()
+        self.rank
     }
 
     fn size(&self) -> usize {
-        self.comm.world_size()
+        self.size
     }
 
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), DistError> {
@@ -369,9 +415,11 @@ impl Collective for Nccl {
         }
         self.count(buf.len());
         let mut dev = self.to_device(buf)?;
-        self.comm
-            .broadcast_in_place(&mut dev, root as i32)
-            .map_err(|e| nccl_err("broadcast", e))?;
+        {
+            let (p, _p) = dev.device_ptr_mut(&self.stream);
+            // SAFETY: in place on a device copy of `buf`.
+            unsafe { self.broadcast_device(p, p, buf.len(), NcclDtype::U8, root)? };
+        }
         self.to_host(&dev, buf)
     }
 
@@ -401,10 +449,9 @@ impl Collective for Nccl {
 
     fn iall_reduce_sum(&self, buf: Vec<f32>) -> Result<Box<dyn Pending>, DistError> {
         let n = buf.len();
-        self.start(buf, n, "all_reduce", |comm, s, out| {
-            comm.all_reduce(s, out, &ReduceOp::Sum)
-                .map(drop)
-                .map_err(|e| nccl_err("all_reduce", e))
+        // SAFETY: `start` passes device buffers of n elements each.
+        self.start(buf, n, "all_reduce", |s, out| unsafe {
+            self.all_reduce_sum_device(s, out, n, NcclDtype::F32)
         })
     }
 
@@ -419,25 +466,24 @@ impl Collective for Nccl {
             });
         }
         let n = send.len() / size;
-        self.start(send, n, "reduce_scatter", |comm, s, out| {
-            comm.reduce_scatter(s, out, &ReduceOp::Sum)
-                .map(drop)
-                .map_err(|e| nccl_err("reduce_scatter", e))
+        // SAFETY: `start` passes device buffers of size * n and n elements.
+        self.start(send, n, "reduce_scatter", |s, out| unsafe {
+            self.reduce_scatter_sum_device(s, out, n, NcclDtype::F32)
         })
     }
 
     fn iall_gather(&self, send: Vec<f32>) -> Result<Box<dyn Pending>, DistError> {
-        let n = send.len() * self.size();
-        self.start(send, n, "all_gather", |comm, s, out| {
-            comm.all_gather(s, out)
-                .map(drop)
-                .map_err(|e| nccl_err("all_gather", e))
+        let (k, n) = (send.len(), send.len() * self.size());
+        // SAFETY: `start` passes device buffers of k and size * k elements.
+        self.start(send, n, "all_gather", |s, out| unsafe {
+            self.all_gather_device(s, out, k, NcclDtype::F32)
         })
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Box<dyn Collective>, DistError> {
+        // The sub-communicator queues on the same stream (and so the same device).
         let sub = self.bootstrap.split(color, key)?;
-        Ok(Box::new(Nccl::new(sub, Some(self.device))?))
+        Ok(Box::new(Nccl::new_on_stream(sub, self.stream.clone())?))
     }
 
     fn comm_bytes(&self) -> u64 {
