@@ -91,7 +91,7 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
     let r = &cfg.rl;
     let ranks = mesh.dp();
     // Resolved first, so an unusable device says why (the probe's reason), as for training; on
-    // a GPU the job runs in one process.
+    // GPUs each rank takes its own (`device::check`).
     anneal_train::device::check(cfg, mesh.processes())?;
     crate::pp::check(cfg, mesh)?;
     let (tp, shard) = (mesh.tp, mesh.dp_shard);
@@ -267,7 +267,7 @@ pub fn run_rl_dist(
         }
     };
     // Read or initialised on the host (the same values on any device), then placed: policy,
-    // buffers, KL reference and optimizer state (only one process runs on a GPU).
+    // buffers, KL reference and optimizer state (each rank on its own GPU).
     let device = anneal_train::device::for_job(cfg, world)?;
     let (named, buffers, reference) = place_on(device, named, buffers, reference, &mut optimizer)?;
     // Under pipeline parallelism each rank keeps its stages' policy and optimizer state.

@@ -334,7 +334,7 @@ pub(crate) fn gather_along(
     }
     let mut shape = shape.to_vec();
     shape[dim] *= n;
-    Ok(Tensor::from_vec(whole, &shape)?.to_dtype(local.dtype())?)
+    super::staged::rebuild(whole, &shape, local.dtype(), local.device())
 }
 
 thread_local! {
