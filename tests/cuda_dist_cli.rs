@@ -15,7 +15,10 @@ mod rl_support;
 use anneal_tests::cli as common;
 
 use common::{anneal, losses, ok, Job};
-use dist_support::{loss_values, mpiexec_train};
+use dist_support::{
+    follows_after, kill_rank_and_wait, loss_values, mpiexec_train, mpiexec_train_command,
+    resumed_copy, wait_for_rows,
+};
 use std::path::{Path, PathBuf};
 
 const CUDA: &str = "job.device=\"cuda\"";
@@ -127,4 +130,160 @@ fn fsdp_on_two_gpu_ranks_follows_the_single_process() {
     let s = singles(&job, &[]);
     let dir = two_gpu_ranks(&job, "fsdp2", &["parallelism.dp_shard=2"]);
     follows("FSDP2", &s, &dir, true);
+}
+
+#[test]
+fn tensor_pipeline_and_context_parallel_gpu_ranks_follow_the_single_process() {
+    if let Some(why) = no_gpu() {
+        println!(
+            "SKIP tensor_pipeline_and_context_parallel_gpu_ranks_follow_the_single_process: {why}"
+        );
+        return;
+    }
+    let job = Job::new("cuda-dist-layouts");
+    let s = singles(&job, &[]);
+    // As on the CPU: TP and CP within 1e-6 at step 1, the pipeline's step 1 bit for bit.
+    let tp = two_gpu_ranks(&job, "tp2", &["parallelism.tp=2"]);
+    follows("TP2", &s, &tp, false);
+    let pp = two_gpu_ranks(&job, "pp2", &["parallelism.pp=2"]);
+    follows("PP2", &s, &pp, true);
+    let cp = two_gpu_ranks(&job, "cp2", &["parallelism.cp=2"]);
+    follows("CP2", &s, &cp, false);
+}
+
+/// The debug MoE model the CPU's expert-parallel test trains.
+const MOE: [&str; 4] = [
+    "model.flavor=\"debugmodel_qwen3_moe\"",
+    "model.args.moe.n_experts=4",
+    "model.args.moe.expert_ffn_dim=16",
+    "model.args.moe.balance_rate=0.01",
+];
+
+#[test]
+fn expert_parallel_gpu_ranks_follow_the_single_process() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP expert_parallel_gpu_ranks_follow_the_single_process: {why}");
+        return;
+    }
+    let job = Job::new("cuda-dist-ep");
+    let s = singles(&job, &MOE);
+    let layout: Vec<&'static str> = MOE
+        .iter()
+        .chain(&["parallelism.dp_shard=2", "parallelism.ep=2"])
+        .copied()
+        .collect();
+    let ep = two_gpu_ranks(&job, "ep2", &layout);
+    follows("EP2", &s, &ep, false);
+}
+
+#[test]
+fn sharded_rl_on_gpu_ranks_keeps_the_logprobs_bitwise_equal() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP sharded_rl_on_gpu_ranks_keeps_the_logprobs_bitwise_equal: {why}");
+        return;
+    }
+    let dir = rl_support::rl_job("cuda-fsdp");
+    let (out, one) = rl_support::rl(1, &dir, "one-gpu", &[CUDA]);
+    ok(&out);
+    let (out, two) = rl_support::rl(2, &dir, "fsdp2-gpu", &[CUDA, "parallelism.dp_shard=2"]);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("fsdp: the policy sharded over 2"),
+        "{stdout}"
+    );
+    let (one, two) = (rl_support::steps(&one), rl_support::steps(&two));
+    assert_eq!((one.len(), two.len()), (4, 4));
+    let loss = |r: &serde_json::Value| r["loss"].as_f64().expect("loss");
+    for r in one.iter().chain(&two) {
+        // Rollouts decode with the gathered policy the trainer's forward runs on, on the GPU.
+        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
+    }
+    // As on the CPU: step 1 is the one process's bit for bit, the rest follows.
+    assert_eq!(loss(&one[0]).to_bits(), loss(&two[0]).to_bits(), "step 1");
+    for (a, b) in one.iter().zip(&two) {
+        let (a, b) = (loss(a), loss(b));
+        assert!((a - b).abs() <= 1e-4 * a.abs(), "{a} vs {b}");
+    }
+}
+
+#[test]
+fn a_gpu_ranks_sharded_checkpoint_resumes_on_the_cpu() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP a_gpu_ranks_sharded_checkpoint_resumes_on_the_cpu: {why}");
+        return;
+    }
+    let job = Job::new("cuda-dist-ckpt");
+    let (out, cpu) = job.train("single-cpu", &with(&["training.steps=4"]));
+    ok(&out);
+    let want = loss_values(&cpu);
+    let gpu = two_gpu_ranks(
+        &job,
+        "fsdp2",
+        &["parallelism.dp_shard=2", "training.steps=4"],
+    );
+    let m = dist_support::manifest_of(&gpu.join("checkpoints/step-2"));
+    assert!(
+        m.to_string().contains("shard-00001-of-00002"),
+        "one shard per rank: {m}"
+    );
+    // Continued from step 2 by one CPU process and by two CPU ranks (FSDP2), on the curve.
+    let one = resumed_copy(
+        &job,
+        "as-one-cpu",
+        &gpu,
+        (&[4], 2),
+        1,
+        &with(&["training.steps=4"]),
+    );
+    follows_after("one CPU process", &want, &one, 2);
+    let two = resumed_copy(
+        &job,
+        "as-two-cpu",
+        &gpu,
+        (&[4], 2),
+        2,
+        &with(&["training.steps=4", "parallelism.dp_shard=2"]),
+    );
+    follows_after("two CPU ranks", &want, &two, 2);
+}
+
+#[test]
+fn a_killed_gpu_rank_ends_the_job_and_the_rerun_resumes() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP a_killed_gpu_rank_ends_the_job_and_the_rerun_resumes: {why}");
+        return;
+    }
+    let job = Job::new("cuda-dist-kill");
+    let run_dir = job.dir.join("run");
+    let set = [
+        "training.micro_batch_size=1",
+        "training.steps=100000",
+        "training.threads=1",
+        "metrics.eval_freq=100000",
+        "checkpoint.interval=2",
+        "parallelism.dp_shard=2",
+        CUDA,
+    ];
+    let mut child = mpiexec_train_command(2, &job, &run_dir, &set, &[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("mpiexec");
+    // Past the step-2 checkpoint.
+    wait_for_rows(&run_dir, 3);
+    let status = kill_rank_and_wait(&mut child, &run_dir, 1);
+    assert!(
+        !status.success(),
+        "a killed GPU rank fails the job: {status}"
+    );
+    // The rerun on the same run dir resumes from the newest checkpoint.
+    let mut again: Vec<&str> = set.to_vec();
+    again[1] = "training.steps=6";
+    let out = mpiexec_train(2, &job, &run_dir, &again);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains("resuming from"),
+        "the rerun resumes: {stdout}"
+    );
+    assert_eq!(loss_values(&run_dir).last().map(|_| ()), Some(()));
 }

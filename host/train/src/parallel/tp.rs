@@ -224,10 +224,10 @@ impl TpLayout {
             Some((dim, r)) => {
                 let view = t.detach().narrow(dim as isize, r.start, r.len())?;
                 let bytes = view.contiguous()?.to_bytes();
-                Ok(Tensor::from_storage(
-                    Storage::from_bytes(view.dtype(), &bytes),
-                    view.shape(),
-                )?)
+                let t =
+                    Tensor::from_storage(Storage::from_bytes(view.dtype(), &bytes), view.shape())?;
+                // The copy lives where the whole one does.
+                super::staged::place(t, view.device())
             }
         }
     }
