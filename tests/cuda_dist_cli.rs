@@ -287,3 +287,19 @@ fn a_killed_gpu_rank_ends_the_job_and_the_rerun_resumes() {
     );
     assert_eq!(loss_values(&run_dir).last().map(|_| ()), Some(()));
 }
+
+#[test]
+fn a_named_gpu_shared_by_the_ranks_of_one_machine_is_refused() {
+    // Checked before the device is probed, so this runs with or without a GPU.
+    let job = Job::new("cuda-dist-named");
+    let dir = job.dir.join("run");
+    let out = mpiexec_train(2, &job, &dir, &with(&["job.device=\"cuda:0\""]));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`job.device` = cuda:0")
+            && err.contains("2 ranks of this job share this machine"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
