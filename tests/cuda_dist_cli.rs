@@ -1,13 +1,15 @@
 //! Multi-process jobs on GPUs (one rank per GPU, collectives staged through host memory):
 //! `job.device = "cuda"` under `mpiexec` gives each rank its own device, and each layout on
-//! two emulated GPU ranks follows the single process: step 1 within 1e-6 of the CPU's single
+//! two emulated GPU ranks (DDP, FSDP, TP, PP, CP, EP) follows the single process: step 1
+//! within 1e-6 of the CPU's single
 //! process and the curve within 1e-4, and bit for bit the GPU's single process where the CPU
 //! layout is bit for bit the CPU's single process (the emulated GPU's f32 kernels sum in
 //! another order than the CPU's, so bitwise claims compare GPU with GPU). `anneal rl` under
 //! FSDP on GPU ranks keeps the logprob mismatch at exactly 0. A sharded checkpoint written by
 //! two GPU ranks resumes on one CPU process and on two CPU ranks; a GPU rank killed mid-run
 //! ends the job, and the rerun resumes. Without a GPU (real or emulated) every test prints
-//! SKIP with the reason and passes; under `ANNEAL_REQUIRE_CUDA=1` a missing GPU fails.
+//! SKIP with the reason and passes; under `ANNEAL_REQUIRE_CUDA=1` a missing GPU fails. A named
+//! `cuda:N` shared by the ranks of one machine is one line naming `job.device` (any machine).
 
 mod dist_support;
 mod rl_support;
@@ -121,15 +123,18 @@ fn follows(name: &str, s: &Singles, dir: &Path, bitwise: bool) {
 }
 
 #[test]
-fn fsdp_on_two_gpu_ranks_follows_the_single_process() {
+fn data_parallel_gpu_ranks_follow_the_single_process() {
     if let Some(why) = no_gpu() {
-        println!("SKIP fsdp_on_two_gpu_ranks_follows_the_single_process: {why}");
+        println!("SKIP data_parallel_gpu_ranks_follow_the_single_process: {why}");
         return;
     }
     let job = Job::new("cuda-dist-fsdp");
     let s = singles(&job, &[]);
     let dir = two_gpu_ranks(&job, "fsdp2", &["parallelism.dp_shard=2"]);
     follows("FSDP2", &s, &dir, true);
+    // Replicas (the default mesh): gradients summed over the ranks, as on the CPU.
+    let dir = two_gpu_ranks(&job, "ddp2", &[]);
+    follows("DDP2", &s, &dir, true);
 }
 
 #[test]
