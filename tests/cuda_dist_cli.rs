@@ -308,3 +308,34 @@ fn a_named_gpu_shared_by_the_ranks_of_one_machine_is_refused() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn tensor_parallel_generation_runs_on_gpu_ranks() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP tensor_parallel_generation_runs_on_gpu_ranks: {why}");
+        return;
+    }
+    let model = common::root().join("host/runtime/tests/fixtures/tiny_llama");
+    let run = |n: usize, extra: &[&str]| {
+        let mut c = if n == 1 {
+            anneal()
+        } else {
+            let mut c = anneal_dist::launch::mpiexec_command(n, &common::anneal_bin(), &[])
+                .expect("mpiexec");
+            c.env_remove("ANNEAL_PLUGIN_PATH");
+            c
+        };
+        c.args(["generate", "--model-dir"])
+            .arg(&model)
+            .args(["--prompt-tokens", "1,5,9,3", "--max-new-tokens", "8"])
+            .args(["--temperature", "0", "--device", "cuda"])
+            .args(extra);
+        let stdout = ok(&c.output().expect("anneal generate"));
+        let line = stdout.lines().find(|l| l.starts_with('{')).expect("JSON");
+        serde_json::from_str::<serde_json::Value>(line).expect("one JSON object")
+    };
+    let one = run(1, &[]);
+    let two = run(2, &["--tp", "2"]);
+    assert_eq!(two["tp"], 2);
+    assert_eq!(one["tokens"], two["tokens"], "greedy: the same tokens");
+}

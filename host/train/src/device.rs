@@ -52,22 +52,34 @@ pub fn for_job(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> 
 /// `cuda` is `cuda:{local rank modulo the machine's GPUs}` ([`rank_device`]); a named
 /// `cuda:N` is refused when several ranks share this machine (they would share one GPU).
 pub fn check(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> {
-    let name = cfg.job.device.as_str();
+    for_ranks(&cfg.job.device, "job.device", processes)
+}
+
+/// [`resolve`] for one rank of a job of `processes` processes: `cuda` is this rank's GPU
+/// ([`rank_device`]); a named `cuda:N` is refused when several ranks share this machine.
+pub fn for_ranks(name: &str, key: &str, processes: usize) -> Result<Device, TrainError> {
     if processes > 1 && name != "cuda" {
         if let Some(DeviceName::Cuda(_)) = parse_device(name) {
             let local = anneal_dist::local_ranks().unwrap_or(processes);
             if local > 1 {
                 return Err(TrainError::Config(format!(
-                    "config: `job.device` = {name}: {local} ranks of this job share this machine, and one GPU each is what `job.device = \"cuda\"` picks (cuda:<local rank>); set job.device = \"cuda\""
+                    "{}`{key}` = {name}: {local} ranks of this job share this machine, and one GPU each is what `cuda` picks (cuda:<local rank>); set {key} to cuda",
+                    prefix(key)
                 )));
             }
         }
     }
     if processes > 1 && name == "cuda" {
         let device = rank_device(anneal_engine::backend::cuda_device_count());
-        return resolve(&format!("{device}"), "job.device");
+        return match anneal_engine::backend::backend_for(device) {
+            Ok(_) => Ok(device),
+            Err(e) => Err(TrainError::Config(format!(
+                "{}`{key}` = cuda (this rank's {device}): {e}",
+                prefix(key)
+            ))),
+        };
     }
-    resolve(name, "job.device")
+    resolve(name, key)
 }
 
 /// The GPU this rank of a job of several processes takes when `job.device = "cuda"`: its rank
