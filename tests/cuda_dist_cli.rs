@@ -5,7 +5,7 @@
 //! process and the curve within 1e-4, and bit for bit the GPU's single process where the CPU
 //! layout is bit for bit the CPU's single process (the emulated GPU's f32 kernels sum in
 //! another order than the CPU's, so bitwise claims compare GPU with GPU). `anneal rl` under
-//! FSDP on GPU ranks keeps the logprob mismatch at exactly 0. A sharded checkpoint written by
+//! FSDP (and TP, PP, CP) on GPU ranks keeps the logprob mismatch at exactly 0. A sharded checkpoint written by
 //! two GPU ranks resumes on one CPU process and on two CPU ranks; a GPU rank killed mid-run
 //! ends the job, and the rerun resumes. Without a GPU (real or emulated) every test prints
 //! SKIP with the reason and passes; under `ANNEAL_REQUIRE_CUDA=1` a missing GPU fails. A named
@@ -338,4 +338,32 @@ fn tensor_parallel_generation_runs_on_gpu_ranks() {
     let two = run(2, &["--tp", "2"]);
     assert_eq!(two["tp"], 2);
     assert_eq!(one["tokens"], two["tokens"], "greedy: the same tokens");
+}
+
+#[test]
+fn rl_layouts_on_gpu_ranks_keep_the_mismatch_at_zero() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP rl_layouts_on_gpu_ranks_keep_the_mismatch_at_zero: {why}");
+        return;
+    }
+    let dir = rl_support::rl_job("cuda-layouts");
+    let (out, one) = rl_support::rl(1, &dir, "one-gpu", &[CUDA]);
+    ok(&out);
+    let one = rl_support::steps(&one);
+    let loss = |r: &serde_json::Value| r["loss"].as_f64().expect("loss");
+    for (name, layout) in [
+        ("tp2", "parallelism.tp=2"),
+        ("pp2", "parallelism.pp=2"),
+        ("cp2", "parallelism.cp=2"),
+    ] {
+        let (out, two) = rl_support::rl(2, &dir, name, &[CUDA, layout]);
+        ok(&out);
+        let two = rl_support::steps(&two);
+        assert_eq!(two.len(), 4, "{name}");
+        for (a, b) in one.iter().zip(&two) {
+            assert_eq!(b["logprob_mismatch_max"].as_f64(), Some(0.0), "{name}: {b}");
+            let (a, b) = (loss(a), loss(b));
+            assert!((a - b).abs() <= 1e-4 * a.abs(), "{name}: {a} vs {b}");
+        }
+    }
 }
