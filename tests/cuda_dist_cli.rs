@@ -1,15 +1,16 @@
 //! Multi-process jobs on GPUs (one rank per GPU, collectives staged through host memory):
 //! `job.device = "cuda"` under `mpiexec` gives each rank its own device, and each layout on
 //! two emulated GPU ranks (DDP, FSDP, TP, PP, CP, EP) follows the single process: step 1
-//! within 1e-6 of the CPU's single
-//! process and the curve within 1e-4, and bit for bit the GPU's single process where the CPU
-//! layout is bit for bit the CPU's single process (the emulated GPU's f32 kernels sum in
-//! another order than the CPU's, so bitwise claims compare GPU with GPU). `anneal rl` under
-//! FSDP (and TP, PP, CP) on GPU ranks keeps the logprob mismatch at exactly 0. A sharded checkpoint written by
-//! two GPU ranks resumes on one CPU process and on two CPU ranks; a GPU rank killed mid-run
-//! ends the job, and the rerun resumes. Without a GPU (real or emulated) every test prints
-//! SKIP with the reason and passes; under `ANNEAL_REQUIRE_CUDA=1` a missing GPU fails. A named
-//! `cuda:N` shared by the ranks of one machine is one line naming `job.device` (any machine).
+//! within 1e-6 of the CPU's single process and the curve within 1e-4, and bit for bit the
+//! GPU's single process where the CPU layout is bit for bit the CPU's single process (the
+//! emulated GPU's f32 kernels sum in another order than the CPU's, so bitwise claims compare
+//! GPU with GPU). `anneal rl` under FSDP, TP, PP and CP on GPU ranks keeps the logprob
+//! mismatch at exactly 0. A sharded checkpoint written by two GPU ranks resumes on one CPU
+//! process and on two CPU ranks; a GPU rank killed mid-run ends the job, and the rerun
+//! resumes; `generate --tp 2` on GPU ranks decodes the one process's greedy tokens. Without a
+//! GPU (real or emulated) every test prints SKIP with the reason and passes; under
+//! `ANNEAL_REQUIRE_CUDA=1` a missing GPU fails. A named `cuda:N` shared by the ranks of one
+//! machine is one line naming `job.device` (on any machine).
 
 mod dist_support;
 mod rl_support;
