@@ -160,4 +160,22 @@ mod tests {
             assert!(!e.contains('\n'), "{e}");
         }
     }
+
+    #[test]
+    fn a_named_gpu_is_refused_for_several_local_ranks() {
+        // Outside a launcher every rank counts as local.
+        if anneal_dist::local_ranks().is_none() {
+            let e = for_ranks("cuda:1", "job.device", 2)
+                .expect_err("two ranks on one GPU")
+                .to_string();
+            assert!(
+                e.starts_with(
+                    "config: `job.device` = cuda:1: 2 ranks of this job share this machine"
+                ),
+                "{e}"
+            );
+        }
+        // One process keeps the device it names (refused here only when it cannot run).
+        assert_eq!(for_ranks("cpu", "--device", 4).expect("cpu"), Device::Cpu);
+    }
 }
