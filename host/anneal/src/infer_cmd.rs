@@ -125,15 +125,9 @@ pub fn generate(
     if mode.batch == 0 {
         user_bail!("--batch must be at least 1");
     }
-    // Before anything loads: a device that cannot run fails at once, in one line.
-    let device = anneal_train::device::resolve(mode.device, "--device")?;
-    if device != anneal_engine::Device::Cpu && mode.tp > 1 {
-        user_bail!(
-            "--device {} with --tp {}: tensor-parallel decoding runs on the CPU for now",
-            mode.device,
-            mode.tp
-        );
-    }
+    // Before anything loads: a device that cannot run fails at once, in one line. Under
+    // `--tp`, `cuda` is each rank's own GPU.
+    anneal_train::device::for_ranks(mode.device, "--device", mode.tp.max(1))?;
     match mode.tp {
         0 => user_bail!("--tp must be at least 1"),
         1 => generate_on(dir, plugin, input, max_new, sampling, mode, None),
@@ -196,7 +190,8 @@ fn generate_on(
     };
     check_vocab(&model, &prompt)?;
     // The weights go to the device (checked in `generate`); the KV cache follows them.
-    let device = anneal_train::device::resolve(mode.device, "--device")?;
+    let ranks = mode.tp.max(1);
+    let device = anneal_train::device::for_ranks(mode.device, "--device", ranks)?;
     let params = if device == anneal_engine::Device::Cpu {
         params
     } else {

@@ -485,6 +485,19 @@ pub fn local_ranks() -> Option<usize> {
         .filter(|&n: &usize| n > 0)
 }
 
+/// This rank's index among the ranks of this job on this machine, from the launcher's
+/// environment (MPICH: `MPI_LOCALRANKID`, Open MPI: `OMPI_COMM_WORLD_LOCAL_RANK`, Slurm:
+/// `SLURM_LOCALID`), or `None` when it does not say: which GPU of the machine the rank takes.
+pub fn local_rank() -> Option<usize> {
+    [
+        "MPI_LOCALRANKID",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "SLURM_LOCALID",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.parse().ok())
+}
+
 /// Checks the lengths of an all-gather: `recv` holds `size` copies of `send`'s length, and
 /// both have the same element type.
 fn check_gather(send: &SendBuf<'_>, recv: &RecvBuf<'_>, size: usize) -> Result<(), DistError> {

@@ -80,15 +80,7 @@ fn cuda_err(op: &'static str, e: cudarc::driver::DriverError) -> DistError {
 /// The GPU this rank uses when none is named: its rank among the ranks on this machine (from
 /// the launcher) modulo the GPUs there.
 fn local_device(rank: usize, gpus: usize) -> usize {
-    let local = [
-        "MPI_LOCALRANKID",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "SLURM_LOCALID",
-    ]
-    .iter()
-    .find_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
-    .unwrap_or(rank);
-    local % gpus.max(1)
+    crate::local_rank().unwrap_or(rank) % gpus.max(1)
 }
 
 /// The NCCL element type of a host element type.

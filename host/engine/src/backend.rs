@@ -147,6 +147,20 @@ fn cuda_unavailable(device: Device) -> Error {
     Error::DeviceUnavailable { device, reason }
 }
 
+/// How many CUDA devices the driver sees on this machine: 0 where CUDA cannot run (no driver,
+/// a library missing, a build without the backend). Creates no context, so every rank of a
+/// job may ask before it picks its device.
+pub fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        if crate::cuda::missing_libraries().is_empty() {
+            return cudarc::driver::CudaContext::device_count()
+                .map_or(0, |n| usize::try_from(n).unwrap_or(0));
+        }
+    }
+    0
+}
+
 /// The backend computing on `device`, or why none can.
 pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
     match device {

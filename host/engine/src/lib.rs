@@ -26,6 +26,7 @@ pub mod layout;
 pub mod ops;
 pub mod profile;
 pub mod rng;
+pub mod staged;
 mod storage;
 mod tensor;
 

@@ -117,6 +117,14 @@ impl Storage {
         self.note_write();
     }
 
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// [`Storage::restore`] for a storage on a GPU: its new device memory, already holding
+    /// the values; counts as a write.
+    pub(crate) fn restore_on_device(&mut self, mem: DeviceMem) {
+        self.device = Some(mem);
+        self.note_write();
+    }
+
     fn buf(&self) -> &Buffer {
         assert!(
             self.device.is_none(),

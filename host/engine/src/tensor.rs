@@ -285,7 +285,20 @@ impl Tensor {
         }
         let mut bytes = Vec::with_capacity(values.numel() * values.dtype().size_in_bytes());
         values.copy_bytes_into(&mut bytes);
-        guard.restore(&bytes);
+        match self.device() {
+            Device::Cpu => guard.restore(&bytes),
+            // A GPU tensor's storage gets device memory again (FSDP's re-gathered block on a
+            // GPU rank), never host memory its kernels cannot read.
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => guard.restore_on_device(crate::cuda::gpu(n)?.upload(&bytes)?),
+            #[cfg(not(feature = "cuda"))]
+            d @ Device::Cuda(_) => {
+                return Err(crate::Error::DeviceUnavailable {
+                    device: d,
+                    reason: "this build has no CUDA backend".into(),
+                })
+            }
+        }
         Ok(())
     }
 

@@ -432,7 +432,8 @@ impl RlTrainer<'_> {
         let loss = if ranks > 1 {
             // Every rank's terms in rank order are the one-process batch's rows in order.
             let all = dist.gather_f32(&out.terms.to_vec_f32())?;
-            Tensor::from_vec(all, &[l.n * ranks, l.t])?
+            // On this rank's device, summed as the one process sums its terms.
+            anneal_engine::staged::from_host_f32(all, &[l.n * ranks, l.t], out.terms.device())?
                 .sum_all()?
                 .item()? as f64
         } else {

@@ -39,9 +39,8 @@ fn prefix(key: &str) -> &'static str {
     }
 }
 
-/// The job's device, refusing what does not run there yet: on a GPU the trainer runs in one
-/// process (the collectives still move host buffers). Applies `training.allow_tf32` (GPU f32
-/// products on TF32) for the process.
+/// The job's device. Applies `training.allow_tf32` (GPU f32 products on TF32) for the
+/// process.
 pub fn for_job(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> {
     let device = check(cfg, processes)?;
     anneal_engine::set_allow_tf32(cfg.training.allow_tf32);
@@ -49,16 +48,52 @@ pub fn for_job(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> 
 }
 
 /// [`for_job`] without changing anything in this process: what a validation asks (the
-/// server's, before it starts the job).
+/// server's, before it starts the job). A job of several processes takes one GPU per rank:
+/// `cuda` is `cuda:{local rank modulo the machine's GPUs}` ([`rank_device`]); a named
+/// `cuda:N` is refused when several ranks share this machine (they would share one GPU).
 pub fn check(cfg: &JobConfig, processes: usize) -> Result<Device, TrainError> {
-    let device = resolve(&cfg.job.device, "job.device")?;
-    if device != Device::Cpu && processes > 1 {
-        return Err(TrainError::Config(format!(
-            "config: `job.device` = {}: a job of {processes} processes runs on the CPU for now (on a GPU the trainer runs in one process); set job.device = \"cpu\" or run one process",
-            cfg.job.device
-        )));
+    for_ranks(&cfg.job.device, "job.device", processes)
+}
+
+/// [`resolve`] for one rank of a job of `processes` processes: `cuda` is this rank's GPU
+/// ([`rank_device`]); a named `cuda:N` is refused when several ranks share this machine.
+pub fn for_ranks(name: &str, key: &str, processes: usize) -> Result<Device, TrainError> {
+    if processes > 1 && name != "cuda" {
+        if let Some(DeviceName::Cuda(_)) = parse_device(name) {
+            let local = anneal_dist::local_ranks().unwrap_or(processes);
+            if local > 1 {
+                return Err(TrainError::Config(format!(
+                    "{}`{key}` = {name}: {local} ranks of this job share this machine, and one GPU each is what `cuda` picks (cuda:<local rank>); set {key} to cuda",
+                    prefix(key)
+                )));
+            }
+        }
     }
-    Ok(device)
+    if processes > 1 && name == "cuda" {
+        let device = rank_device(anneal_engine::backend::cuda_device_count());
+        return match anneal_engine::backend::backend_for(device) {
+            Ok(_) => Ok(device),
+            Err(e) => Err(TrainError::Config(format!(
+                "{}`{key}` = cuda (this rank's {device}): {e}",
+                prefix(key)
+            ))),
+        };
+    }
+    resolve(name, key)
+}
+
+/// The GPU this rank of a job of several processes takes when `job.device = "cuda"`: its rank
+/// among the ranks on this machine (from the launcher, else its world rank) modulo the `gpus`
+/// the driver sees (cuda:0 when it sees none, so the error names a device).
+pub fn rank_device(gpus: usize) -> Device {
+    let local = anneal_dist::local_rank()
+        .or_else(|| {
+            ["PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok()?.parse().ok())
+        })
+        .unwrap_or(0);
+    Device::Cuda(local % gpus.max(1))
 }
 
 /// Tensors by name.
@@ -124,5 +159,23 @@ mod tests {
             );
             assert!(!e.contains('\n'), "{e}");
         }
+    }
+
+    #[test]
+    fn a_named_gpu_is_refused_for_several_local_ranks() {
+        // Outside a launcher every rank counts as local.
+        if anneal_dist::local_ranks().is_none() {
+            let e = for_ranks("cuda:1", "job.device", 2)
+                .expect_err("two ranks on one GPU")
+                .to_string();
+            assert!(
+                e.starts_with(
+                    "config: `job.device` = cuda:1: 2 ranks of this job share this machine"
+                ),
+                "{e}"
+            );
+        }
+        // One process keeps the device it names (refused here only when it cannot run).
+        assert_eq!(for_ranks("cpu", "--device", 4).expect("cpu"), Device::Cpu);
     }
 }

@@ -93,6 +93,7 @@ pub fn cp_gather(
     }
     let sorted: Vec<i64> = order.iter().map(|&i| positions[i]).collect();
     let idx = Tensor::from_vec(order.iter().map(|&i| i as i64).collect(), &[order.len()])?;
+    let idx = crate::staged::place(idx, x.device())?;
     let whole = joined.index_select(dim as isize, &idx)?;
     // Where each of this rank's rows sits in the whole.
     let mine: Vec<i64> = own_pos
@@ -100,7 +101,7 @@ pub fn cp_gather(
         .map(|p| sorted.binary_search(p).map(|i| i as i64))
         .collect::<std::result::Result<_, _>>()
         .map_err(|_| invalid(OP, "a position of this rank is missing from the whole"))?;
-    let mine = Tensor::from_vec(mine, &[own_pos.len()])?;
+    let mine = crate::staged::place(Tensor::from_vec(mine, &[own_pos.len()])?, x.device())?;
     let out = record(OP, whole, &[x], move || {
         move |g: &Tensor| {
             let g = match grad {
@@ -113,7 +114,7 @@ pub fn cp_gather(
                             *a += b;
                         }
                     }
-                    Tensor::from_vec(sum, g.shape())?.to_dtype(g.dtype())?
+                    crate::staged::from_host(sum, g.shape(), g.dtype(), g.device())?
                 }
             };
             Ok(vec![Some(g.index_select(dim as isize, &mine)?)])

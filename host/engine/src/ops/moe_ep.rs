@@ -94,7 +94,11 @@ struct InFlight {
 fn start(ex: &Arc<dyn ExpertExchange>, x: &Tensor, rows: Counts) -> Result<InFlight> {
     let width = x.shape().get(1).copied().unwrap_or(0);
     let scale = |v: &[usize]| v.iter().map(|&r| r * width).collect::<Vec<_>>();
-    let pending = ex.start(x.to_vec_f32(), &scale(&rows.send), &scale(&rows.recv))?;
+    let pending = ex.start(
+        crate::staged::to_host(x),
+        &scale(&rows.send),
+        &scale(&rows.recv),
+    )?;
     Ok(InFlight {
         pending,
         input: x.clone(),
@@ -120,7 +124,8 @@ impl InFlight {
                 ),
             ));
         }
-        let out = Tensor::from_vec(got, &[n, self.width])?.to_dtype(self.input.dtype())?;
+        let device = self.input.device();
+        let out = crate::staged::from_host(got, &[n, self.width], self.input.dtype(), device)?;
         let (ex, rows, width) = (ex.clone(), self.rows, self.width);
         Ok(record(OP, out, &[&self.input], move || {
             move |g: &Tensor| {
@@ -131,11 +136,18 @@ impl InFlight {
                 let scale = |v: &[usize]| v.iter().map(|&r| r * width).collect::<Vec<_>>();
                 let n: usize = back.recv.iter().sum();
                 let dx = ex
-                    .start(g.to_vec_f32(), &scale(&back.send), &scale(&back.recv))?
+                    .start(
+                        crate::staged::to_host(g),
+                        &scale(&back.send),
+                        &scale(&back.recv),
+                    )?
                     .wait()?;
-                Ok(vec![Some(
-                    Tensor::from_vec(dx, &[n, width])?.to_dtype(g.dtype())?,
-                )])
+                Ok(vec![Some(crate::staged::from_host(
+                    dx,
+                    &[n, width],
+                    g.dtype(),
+                    device,
+                )?)])
             }
         }))
     }
@@ -233,7 +245,8 @@ pub(crate) fn run_experts(
         for (k, &i) in perm.iter().enumerate() {
             inverse[i as usize] = k as i64;
         }
-        let grouped = got.index_select(0, &Tensor::from_vec(perm, &[o])?)?;
+        let perm = crate::staged::place(Tensor::from_vec(perm, &[o])?, got.device())?;
+        let grouped = got.index_select(0, &perm)?;
         // With no rows, the output still hangs off the received rows, so this rank records
         // (and in backward runs) the same exchanges as the others.
         let y = if o == 0 {
@@ -241,7 +254,8 @@ pub(crate) fn run_experts(
         } else {
             experts(&grouped, &local)?
         };
-        let y = y.index_select(0, &Tensor::from_vec(inverse, &[o])?)?;
+        let inverse = crate::staged::place(Tensor::from_vec(inverse, &[o])?, y.device())?;
+        let y = y.index_select(0, &inverse)?;
         let back = Counts {
             send: rows.recv,
             recv: rows.send,

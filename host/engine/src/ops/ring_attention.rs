@@ -27,7 +27,7 @@ use super::attention::{resolve, AttentionParams, AttentionSpec};
 use super::be;
 use crate::autograd::record;
 use crate::error::{invalid, Result};
-use crate::{DType, Tensor};
+use crate::{staged, DType, Tensor};
 use std::sync::Arc;
 
 /// One rank's place in a ring of context-parallel ranks.
@@ -114,11 +114,13 @@ pub fn ring_attention(
                 // The last pass brings every block home with all ranks' contributions.
                 block = pass(ring.as_ref(), &block, 5)?;
             }
-            let dq = Tensor::from_vec(dq, qd.shape())?.to_dtype(qd.dtype())?;
+            // The sums were made in host memory (staged: `crate::staged`); each gradient
+            // lands on its input's device.
+            let dq = staged::from_host(dq, qd.shape(), qd.dtype(), qd.device())?;
             let mut out = vec![
                 Some(dq),
-                Some(block[3].to_dtype(kd.dtype())?),
-                Some(block[4].to_dtype(vd.dtype())?),
+                Some(staged::place(block[3].to_dtype(kd.dtype())?, kd.device())?),
+                Some(staged::place(block[4].to_dtype(vd.dtype())?, vd.device())?),
             ];
             if sinks.is_some() {
                 out.push(dsinks);
@@ -206,8 +208,8 @@ impl Partial {
     /// The output `[B, Hq, Tq, Dv]` in `q`'s dtype and the logsumexp `[B, Hq, Tq]` in f32.
     fn into_tensors(self, q: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let (qs, dv) = (q.shape(), v.shape()[3]);
-        let out = Tensor::from_vec(self.out, &[qs[0], qs[1], qs[2], dv])?.to_dtype(q.dtype())?;
-        let lse = Tensor::from_vec(self.lse, &qs[..3])?;
+        let out = staged::from_host(self.out, &[qs[0], qs[1], qs[2], dv], q.dtype(), q.device())?;
+        let lse = staged::from_host_f32(self.lse, &qs[..3], q.device())?;
         Ok((out, lse))
     }
 }

@@ -23,7 +23,7 @@
 
 use crate::autograd::record;
 use crate::error::{invalid, Error, Result};
-use crate::{DType, Tensor};
+use crate::{DType, Device, Tensor};
 use std::sync::Arc;
 
 /// The collectives of a tensor-parallel group, as the ops need them. Every rank of the group
@@ -63,20 +63,22 @@ impl std::fmt::Debug for TensorParallelGroup {
     }
 }
 
-/// `values` as a tensor of `shape` in `dtype` (collectives move f32).
-fn tensor_of(values: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Tensor> {
+/// `values` as a tensor of `shape` in `dtype` on `device` (collectives move f32 through host
+/// memory: [`crate::staged`]).
+fn tensor_of(values: Vec<f32>, shape: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
     let t = Tensor::from_vec(values, shape)?;
-    if dtype == DType::F32 {
-        Ok(t)
+    let t = if dtype == DType::F32 {
+        t
     } else {
-        t.to_dtype(dtype)
-    }
+        t.to_dtype(dtype)?
+    };
+    crate::staged::place(t, device)
 }
 
 fn all_reduced(g: &dyn TpGroup, x: &Tensor) -> Result<Tensor> {
-    let mut v = x.to_vec_f32();
+    let mut v = crate::staged::to_host(x);
     g.all_reduce_sum(&mut v)?;
-    tensor_of(v, x.shape(), x.dtype())
+    tensor_of(v, x.shape(), x.dtype(), x.device())
 }
 
 /// `x` unchanged; its gradient is summed over the group (the input of a column-split linear:
@@ -109,11 +111,17 @@ fn front(x: &Tensor, dim: usize) -> Result<Vec<f32>> {
     Ok(x.permute(&perm)?.to_vec_f32())
 }
 
-fn unfront(values: Vec<f32>, shape: &[usize], dim: usize, dtype: DType) -> Result<Tensor> {
+fn unfront(
+    values: Vec<f32>,
+    shape: &[usize],
+    dim: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<Tensor> {
     let mut moved = shape.to_vec();
     let d = moved.remove(dim);
     moved.insert(0, d);
-    let t = tensor_of(values, &moved, dtype)?;
+    let t = tensor_of(values, &moved, dtype, device)?;
     if dim == 0 {
         return Ok(t);
     }
@@ -127,7 +135,7 @@ fn gather_along(g: &dyn TpGroup, x: &Tensor, dim: usize) -> Result<Tensor> {
     let got = g.all_gather(&front(x, dim)?)?;
     let mut shape = x.shape().to_vec();
     shape[dim] *= g.ranks();
-    unfront(got, &shape, dim, x.dtype())
+    unfront(got, &shape, dim, x.dtype(), x.device())
 }
 
 fn scatter_along(g: &dyn TpGroup, x: &Tensor, dim: usize, op: &'static str) -> Result<Tensor> {
@@ -144,7 +152,7 @@ fn scatter_along(g: &dyn TpGroup, x: &Tensor, dim: usize, op: &'static str) -> R
     let mine = g.reduce_scatter_sum(&front(x, dim)?)?;
     let mut shape = x.shape().to_vec();
     shape[dim] /= n;
-    unfront(mine, &shape, dim, x.dtype())
+    unfront(mine, &shape, dim, x.dtype(), x.device())
 }
 
 /// Sequence parallelism: every rank's `x` (its shard of the sequence along `dim`) joined in
@@ -227,8 +235,8 @@ pub fn tp_embedding(w_local: &Tensor, ids: &Tensor, tp: &TensorParallelGroup) ->
     }
     let mut mask_shape = ids.shape().to_vec();
     mask_shape.push(1);
-    let local = Tensor::from_vec(local, ids.shape())?;
-    let mask = tensor_of(mask, &mask_shape, w_local.dtype())?;
+    let local = crate::staged::place(Tensor::from_vec(local, ids.shape())?, w_local.device())?;
+    let mask = tensor_of(mask, &mask_shape, w_local.dtype(), w_local.device())?;
     w_local.embedding(&local)?.mul(&mask)
 }
 
@@ -293,7 +301,11 @@ pub fn vocab_parallel_cross_entropy(
         .filter(|&i| valid[i])
         .map(|i| f64::from(sums[i].ln() + max[i] - sums[n + i]))
         .sum();
-    let out = Tensor::scalar((total / n_valid.max(1) as f64) as f32);
+    let device = logits.device();
+    let out = crate::staged::place(
+        Tensor::scalar((total / n_valid.max(1) as f64) as f32),
+        device,
+    )?;
     let dtype = logits.dtype();
     Ok(record(OP, out, &[logits], move || {
         move |grad: &Tensor| {
@@ -309,7 +321,7 @@ pub fn vocab_parallel_cross_entropy(
                     out[(t - start) as usize] -= scale;
                 }
             }
-            Ok(vec![Some(tensor_of(dx, &[n, v], dtype)?)])
+            Ok(vec![Some(tensor_of(dx, &[n, v], dtype, device)?)])
         }
     }))
 }

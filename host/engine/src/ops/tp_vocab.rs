@@ -24,7 +24,7 @@ pub fn tp_vocab_gather(x: &Tensor, tp: &TensorParallelGroup) -> Result<Tensor> {
         return Err(invalid(OP, "a scalar has no vocabulary dim".to_string()));
     };
     let rows = x.numel() / cols.max(1);
-    let got = g.all_gather(&x.to_vec_f32())?;
+    let got = g.all_gather(&crate::staged::to_host(x))?;
     // Rank-major blocks `[ranks, rows, cols]` to row-major `[rows, ranks · cols]`.
     let mut whole = vec![0f32; got.len()];
     for r in 0..ranks {
@@ -41,6 +41,7 @@ pub fn tp_vocab_gather(x: &Tensor, tp: &TensorParallelGroup) -> Result<Tensor> {
     if x.dtype() != DType::F32 {
         out = out.to_dtype(x.dtype())?;
     }
+    let out = crate::staged::place(out, x.device())?;
     Ok(record(OP, out, &[x], move || {
         move |grad: &Tensor| {
             let mine = grad

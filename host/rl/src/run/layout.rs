@@ -26,7 +26,7 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
     let r = &cfg.rl;
     let ranks = mesh.dp();
     // Resolved first, so an unusable device says why (the probe's reason), as for training; on
-    // a GPU the job runs in one process.
+    // GPUs each rank takes its own (`device::check`).
     anneal_train::device::check(cfg, mesh.processes())?;
     crate::pp::check(cfg, mesh)?;
     let (tp, shard) = (mesh.tp, mesh.dp_shard);

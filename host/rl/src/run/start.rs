@@ -180,7 +180,8 @@ pub(super) fn start_policy<'a>(
             (named, buffers, reference, Progress::default())
         }
     };
-    // Policy, buffers, KL reference and optimizer state on the job's device.
+    // Policy, buffers, KL reference and optimizer state on the job's device (each rank on its
+    // own GPU).
     let device = anneal_train::device::for_job(cfg, roles.world)?;
     let (named, buffers, reference) = place_on(device, named, buffers, reference, optimizer)?;
     // Under pipeline parallelism each rank keeps its stages' policy and optimizer state.

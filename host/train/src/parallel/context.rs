@@ -3,7 +3,7 @@
 
 use anneal_dist::{Collective, RecvBuf, SendBuf};
 use anneal_engine::ops::KvRing;
-use anneal_engine::{Error, Result, Storage, Tensor};
+use anneal_engine::{Error, Result, Tensor};
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -84,7 +84,7 @@ impl KvRing for RankRing {
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
         let send = || -> Result<()> {
             for t in blocks {
-                let bytes = t.to_bytes();
+                let bytes = anneal_engine::staged::to_host_bytes(t);
                 comm.send(SendBuf::U8(&bytes), next, RING_TAG)
                     .map_err(ring_err)?;
                 SENT.with(|s| s.set(s.get() + bytes.len() as u64));
@@ -98,7 +98,9 @@ impl KvRing for RankRing {
                     let mut bytes = vec![0u8; t.numel() * t.dtype().size_in_bytes()];
                     comm.recv(RecvBuf::U8(&mut bytes), prev, RING_TAG)
                         .map_err(ring_err)?;
-                    Tensor::from_storage(Storage::from_bytes(t.dtype(), &bytes), t.shape())
+                    // Each block lands where the one it stands for lives (keys on the GPU,
+                    // positions on the host).
+                    anneal_engine::staged::from_host_bytes(&bytes, t.dtype(), t.shape(), t.device())
                 })
                 .collect()
         };

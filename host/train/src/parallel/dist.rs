@@ -445,6 +445,7 @@ impl Dist {
                     Some(old) if old.dtype() != g.dtype() => g.to_dtype(old.dtype())?,
                     _ => g,
                 };
+                let g = super::staged::place(g, p.device())?;
                 p.set_grad(Some(g))?;
             }
             at += n;

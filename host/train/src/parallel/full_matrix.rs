@@ -225,7 +225,7 @@ fn step_bucket(
         let mut full = full.into_iter();
         let mut tensor = |dtype| -> Result<Tensor, TrainError> {
             let v = full.next().expect("one run per tensor");
-            Ok(Tensor::from_vec(v, shape)?.to_dtype(dtype)?)
+            super::staged::rebuild(v, shape, dtype, shard_param.device())
         };
         let param = tensor(shard_param.dtype())?.requires_grad_();
         param.set_grad(Some(tensor(grad_dtype)?))?;
@@ -272,7 +272,8 @@ fn step_bucket(
             at[owner] += len;
             v
         };
-        let p = Tensor::from_vec(next(), &local_shape)?.to_dtype(shard_param.dtype())?;
+        let device = shard_param.device();
+        let p = super::staged::rebuild(next(), &local_shape, shard_param.dtype(), device)?;
         // `detach` shares the storage: the trainer's leaf itself changes, as in a plain step.
         shard_param.detach().copy_from(&p)?;
         for s in &all_state {
@@ -281,7 +282,7 @@ fn step_bucket(
                 .state()
                 .get(&key)
                 .map_or(anneal_engine::DType::F32, |t| t.dtype());
-            let t = Tensor::from_vec(next(), &local_shape)?.to_dtype(dtype)?;
+            let t = super::staged::rebuild(next(), &local_shape, dtype, device)?;
             optimizer.state_mut().insert(key, t);
         }
     }

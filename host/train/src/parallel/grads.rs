@@ -35,7 +35,12 @@ impl Placements {
         for (_, p) in mine {
             let n = p.numel();
             if let Some(old) = p.grad() {
-                let g = Tensor::from_slice(&buf[at..at + n], p.shape())?.to_dtype(old.dtype())?;
+                let g = super::staged::rebuild(
+                    buf[at..at + n].to_vec(),
+                    p.shape(),
+                    old.dtype(),
+                    old.device(),
+                )?;
                 p.set_grad(Some(g))?;
             }
             at += n;

@@ -21,6 +21,7 @@ mod grads;
 mod norm;
 mod placement;
 pub(crate) mod pp;
+pub(crate) mod staged;
 pub(crate) mod tp;
 pub(crate) mod tp_fsdp;
 pub(crate) mod tp_infer;

@@ -223,10 +223,10 @@ impl TpLayout {
             Some((dim, r)) => {
                 let view = t.detach().narrow(dim as isize, r.start, r.len())?;
                 let bytes = view.contiguous()?.to_bytes();
-                Ok(Tensor::from_storage(
-                    Storage::from_bytes(view.dtype(), &bytes),
-                    view.shape(),
-                )?)
+                let t =
+                    Tensor::from_storage(Storage::from_bytes(view.dtype(), &bytes), view.shape())?;
+                // The copy lives where the whole one does.
+                super::staged::place(t, view.device())
             }
         }
     }
@@ -320,7 +320,7 @@ pub(crate) fn gather_along(
     }
     let mut shape = shape.to_vec();
     shape[dim] *= n;
-    Ok(Tensor::from_vec(whole, &shape)?.to_dtype(local.dtype())?)
+    super::staged::rebuild(whole, &shape, local.dtype(), local.device())
 }
 
 thread_local! {

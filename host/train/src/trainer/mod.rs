@@ -394,7 +394,10 @@ impl Trainer {
         ));
         // Under context parallelism this rank's part of each sequence.
         let (x, y, t) = match &self.cp {
-            Some(cp) => cp.batch(b)?,
+            Some(cp) => {
+                let (x, y, t) = cp.batch(b)?;
+                (x.to_device(self.device)?, y.to_device(self.device)?, t)
+            }
             None => (
                 Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?.to_device(self.device)?,
                 Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?.to_device(self.device)?,

@@ -23,6 +23,7 @@ pub use policy::{ExpertsActive, FsdpPolicy};
 pub(crate) use units::{Active, Hook, Units};
 
 use crate::checkpoint::PieceRef;
+use crate::parallel::staged;
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};
 use anneal_engine::Tensor;
@@ -126,7 +127,7 @@ impl Fsdp {
                 let values = p.to_vec_f32();
                 let from = offset * s.row_len;
                 let rows = s.slice(&values[from..]).to_vec();
-                let t = Tensor::from_vec(rows, &s.shape(shape))?.to_dtype(p.dtype())?;
+                let t = staged::rebuild(rows, &s.shape(shape), p.dtype(), p.device())?;
                 Ok((n.clone(), t.requires_grad_()))
             })
             .collect()
@@ -164,7 +165,7 @@ impl Fsdp {
         };
         for (((_, shard), rows), flag) in shards.iter().zip(rows).zip(flags) {
             if flag > 0.0 {
-                let g = Tensor::from_vec(rows, shard.shape())?.to_dtype(shard.dtype())?;
+                let g = staged::rebuild_like(rows, shard)?;
                 shard.set_grad(Some(g))?;
             }
         }

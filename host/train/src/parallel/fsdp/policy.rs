@@ -136,7 +136,7 @@ impl FsdpPolicy {
                     let mut shape = t.shape().to_vec();
                     shape[0] = rows.len();
                     let mine = values[rows.start * row_len..rows.end * row_len].to_vec();
-                    Tensor::from_vec(mine, &shape)?.to_dtype(t.dtype())?
+                    crate::parallel::staged::rebuild(mine, &shape, t.dtype(), t.device())?
                 }
                 None => t,
             };

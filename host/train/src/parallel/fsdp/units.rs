@@ -25,9 +25,10 @@
 //! not, and both only ever run on the training thread.
 
 use super::{Experts, GatherCodec};
+use crate::parallel::staged;
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard, Pending};
-use anneal_engine::{DType, Tensor};
+use anneal_engine::{DType, Device, Tensor};
 use anneal_runtime::plugins::{Params, Stage, StageParams};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -120,6 +121,8 @@ pub(crate) struct Units {
     codec: GatherCodec,
     /// Bytes this rank sent in parameter gathers this step.
     gather_bytes: u64,
+    /// Where this step's shards live: gathered parameters are rebuilt there.
+    device: Device,
     mb: Option<MicroBatch>,
 }
 
@@ -256,6 +259,7 @@ impl Units {
             early_scatters: 0,
             codec,
             gather_bytes: 0,
+            device: Device::Cpu,
             mb: None,
         }
     }
@@ -305,7 +309,8 @@ impl Units {
                 }
                 u.comms = Some(comms);
             }
-            u.local = shards.iter().map(|(_, p)| p.to_vec_f32()).collect();
+            u.local = shards.iter().map(|(_, p)| staged::flatten(&[p])).collect();
+            u.device = shards.first().map_or(Device::Cpu, |(_, p)| p.device());
             u.buffers = buffers.to_vec();
             u.grad_rows = shards.iter().map(|(_, p)| vec![0.0; p.numel()]).collect();
             u.got_grad = vec![false; u.n_params];
@@ -429,7 +434,7 @@ impl Units {
                 }
                 full.truncate(m.shard.full_len());
                 at += m.shard.block_len();
-                out[k] = Some(Tensor::from_vec(full, &m.shape)?.to_dtype(m.dtype)?);
+                out[k] = Some(staged::rebuild(full, &m.shape, m.dtype, self.device)?);
             }
         }
         out.into_iter()

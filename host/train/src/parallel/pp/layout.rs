@@ -178,7 +178,11 @@ pub fn outer_owners(
     outer: &[(String, Tensor)],
 ) -> Result<(HashSet<String>, HashSet<String>), TrainError> {
     let _no_grad = anneal_engine::autograd::no_grad();
-    let tokens = Tensor::from_vec(vec![0i64], &[1, 1])?;
+    // The probe's token where the parameters are (ids on the host cannot index GPU weights).
+    let device = outer
+        .first()
+        .map_or(anneal_engine::Device::Cpu, |(_, t)| t.device());
+    let tokens = crate::parallel::staged::place(Tensor::from_vec(vec![0i64], &[1, 1])?, device)?;
     let positions = Tensor::from_vec(vec![0i64], &[1])?;
     let opts = ForwardOpts::default();
     let without = |skip: Option<&str>| -> Params {

@@ -15,6 +15,7 @@ pub mod wire;
 pub mod zb;
 
 use crate::outputs::{weighted_aux, StepOutputs};
+use crate::parallel::staged;
 use crate::TrainError;
 use anneal_data::Batch;
 use anneal_dist::{Collective, Pending};
@@ -53,6 +54,17 @@ pub struct StepCtx<'a> {
     /// What each micro-batch's loss is scaled by (`1 / micro-batches of the step`), or `None`
     /// for one micro-batch.
     pub scale: Option<f32>,
+}
+
+impl StepCtx<'_> {
+    /// Where this rank's stages compute (its parameters' device): token ids, targets and what
+    /// arrives from a neighbour stage land there.
+    fn device(&self) -> anneal_engine::Device {
+        self.params
+            .values()
+            .next()
+            .map_or(anneal_engine::Device::Cpu, |t| t.device())
+    }
 }
 
 /// What a pipelined step did on this rank.
@@ -172,6 +184,7 @@ impl Pipeline {
         // A micro-batch's named outputs over this rank's chunks, added once all ran.
         let mut per_mb: Vec<MbOutputs> = (0..m).map(|_| MbOutputs::default()).collect();
         let (mut wait_s, mut busy_s) = (0.0, 0.0);
+        let device = ctx.device();
         for op in schedule::ops(self.layout.schedule, p, v, m, self.rank) {
             match op {
                 Op::Forward { mb, chunk } => {
@@ -179,12 +192,13 @@ impl Pipeline {
                     let last = s + 1 == n_stages;
                     let b = &batches[mb];
                     let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
+                    let x = staged::place(x, device)?;
                     let (input, hidden) = if s == 0 {
                         (None, None)
                     } else {
                         let t = Instant::now();
                         let tag = wire::tag(Kind::Activation, s, mb);
-                        let (leaf, h) = wire::recv_hidden(comm, self.rank_of(s - 1), tag)?;
+                        let (leaf, h) = wire::recv_hidden(comm, self.rank_of(s - 1), tag, device)?;
                         wait_s += t.elapsed().as_secs_f64();
                         (Some(leaf), Some(h))
                     };
@@ -286,12 +300,15 @@ impl Pipeline {
                     } else {
                         let t = Instant::now();
                         let tag = wire::tag(Kind::Gradient, s + 1, mb);
-                        let g = wire::recv_grad(comm, e.out_len, self.rank_of(s + 1), tag)?;
+                        let g = wire::recv_grad(comm, e.out_len, self.rank_of(s + 1), tag, device)?;
                         wait_s += t.elapsed().as_secs_f64();
                         let t = Instant::now();
                         let seed = match e.has_aux {
                             true => anneal_engine::ops::cat(
-                                &[g, Tensor::from_vec(vec![1f32], &[1])?],
+                                &[
+                                    g,
+                                    staged::place(Tensor::from_vec(vec![1f32], &[1])?, device)?,
+                                ],
                                 0,
                             )?,
                             false => g,
@@ -343,12 +360,17 @@ impl Pipeline {
         let mut sends: Vec<Box<dyn Pending>> = Vec::new();
         for (mb, b) in batches.iter().enumerate() {
             for s in self.my_stages() {
-                let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
+                let x = staged::place(
+                    Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?,
+                    ctx.device(),
+                )?;
                 let input = if s == 0 {
                     StageInput::Tokens(&x)
                 } else {
                     let tag = wire::tag(Kind::Activation, s, mb % 512);
-                    StageInput::Hidden(wire::recv_hidden(comm, self.rank_of(s - 1), tag)?.1)
+                    StageInput::Hidden(
+                        wire::recv_hidden(comm, self.rank_of(s - 1), tag, ctx.device())?.1,
+                    )
                 };
                 let last = s + 1 == n_stages;
                 let _amp = anneal_engine::autocast::set_autocast(ctx.amp);
@@ -385,6 +407,7 @@ fn loss_of(out: &[Tensor], b: &Batch, opts: &ForwardOpts) -> Result<Tensor, Trai
         .first()
         .ok_or_else(|| TrainError::Pipeline("the head returned nothing".into()))?;
     let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
+    let y = staged::place(y, logits.device())?;
     let v = logits.shape().last().copied().unwrap_or(0);
     let logits = logits.reshape(&[b.batch * b.seq_len, v])?;
     if let Some(ce) = tp::cross_entropy(&logits, &y, opts)? {

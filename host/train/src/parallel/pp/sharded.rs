@@ -56,7 +56,7 @@ pub(crate) fn gather(
     for (i, ((name, shard), (shape, rows))) in shards.iter().zip(fsdp.layouts()).enumerate() {
         let c = comm_of(fsdp, i, comm, efsdp)?;
         let whole = rows.all_gather(c, &shard.to_vec_f32())?;
-        let t = Tensor::from_vec(whole, shape)?.to_dtype(shard.dtype())?;
+        let t = crate::parallel::staged::rebuild(whole, shape, shard.dtype(), shard.device())?;
         named.push((name.clone(), if training { t.requires_grad_() } else { t }));
     }
     let params = Arc::new(named.iter().chain(buffers).cloned().collect());

@@ -5,7 +5,7 @@
 
 use crate::TrainError;
 use anneal_dist::Collective;
-use anneal_engine::{DType, Tensor};
+use anneal_engine::{DType, Device, Tensor};
 
 /// What one rank sends: each tensor's name, shape and dtype, then every value.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -21,6 +21,8 @@ pub fn gather_whole(
     local: &[(String, Tensor)],
 ) -> Result<Vec<(String, Tensor)>, TrainError> {
     let mut out = Vec::new();
+    // The others' tensors land on this rank's device (every rank of a job computes on one kind).
+    let device = local.first().map_or(Device::Cpu, |(_, t)| t.device());
     for root in 0..comm.size() {
         if root == comm.rank() {
             out.extend(local.iter().map(|(n, t)| (n.clone(), t.detach())));
@@ -33,7 +35,7 @@ pub fn gather_whole(
             comm.broadcast(&mut len, root)?;
             let mut bytes = vec![0u8; u64::from_le_bytes(len) as usize];
             comm.broadcast(&mut bytes, root)?;
-            out.extend(decode(&bytes)?);
+            out.extend(decode(&bytes, device)?);
         }
     }
     Ok(out)
@@ -68,7 +70,7 @@ fn encode(local: &[(String, Tensor)]) -> Result<Vec<u8>, TrainError> {
     Ok(bytes)
 }
 
-fn decode(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, TrainError> {
+fn decode(bytes: &[u8], device: Device) -> Result<Vec<(String, Tensor)>, TrainError> {
     let bad = |what: &str| TrainError::Pipeline(format!("a pipeline rank sent {what}"));
     let head_len = bytes
         .get(..8)
@@ -97,7 +99,7 @@ fn decode(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, TrainError> {
         } else {
             t.to_dtype(dtype)?
         };
-        out.push((name, t));
+        out.push((name, super::super::staged::place(t, device)?));
     }
     Ok(out)
 }

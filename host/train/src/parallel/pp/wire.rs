@@ -6,9 +6,10 @@
 //! Sends are non-blocking, so two neighbours sending to each other never both wait; receives
 //! block, in the schedule's order.
 
+use crate::parallel::staged;
 use crate::TrainError;
 use anneal_dist::{Collective, Pending};
-use anneal_engine::{DType, Tensor};
+use anneal_engine::{DType, Device, Tensor};
 use anneal_runtime::plugins::{pack_hidden, unpack_hidden};
 
 /// Length of the header message.
@@ -128,6 +129,7 @@ pub fn recv_hidden(
     comm: &dyn Collective,
     src: usize,
     tag: u16,
+    device: Device,
 ) -> Result<(Tensor, Vec<Tensor>), TrainError> {
     let mut header = vec![0f32; HEADER];
     comm.recv((&mut header[..]).into(), src, tag)?;
@@ -148,7 +150,9 @@ pub fn recv_hidden(
     let ints: usize = parts.iter().filter(|p| p.0).map(|p| numel(&p.2)).sum();
     let mut payload = vec![0f32; floats + ints];
     comm.recv((&mut payload[..]).into(), src, tag)?;
-    let leaf = Tensor::from_slice(&payload[..floats], &[floats])?.requires_grad_();
+    // What arrives lands on this stage's device (staged through host memory).
+    let leaf =
+        staged::place(Tensor::from_slice(&payload[..floats], &[floats])?, device)?.requires_grad_();
     let float_parts: Vec<(Vec<usize>, DType)> = parts
         .iter()
         .filter(|p| !p.0)
@@ -162,7 +166,10 @@ pub fn recv_hidden(
             let k = numel(&shape);
             let values: Vec<i64> = payload[at..at + k].iter().map(|&v| v as i64).collect();
             at += k;
-            hidden.push(Tensor::from_vec(values, &shape)?.to_dtype(dtype)?);
+            hidden.push(staged::place(
+                Tensor::from_vec(values, &shape)?.to_dtype(dtype)?,
+                device,
+            )?);
         } else {
             let view = float_views
                 .next()
@@ -193,10 +200,11 @@ pub fn recv_grad(
     len: usize,
     src: usize,
     tag: u16,
+    device: Device,
 ) -> Result<Tensor, TrainError> {
     let mut g = vec![0f32; len];
     comm.recv((&mut g[..]).into(), src, tag)?;
-    Ok(Tensor::from_vec(g, &[len])?)
+    staged::place(Tensor::from_vec(g, &[len])?, device)
 }
 
 #[cfg(test)]
@@ -219,7 +227,7 @@ mod tests {
         for s in sends {
             s.wait().unwrap();
         }
-        let (leaf, got) = recv_hidden(&comm, 0, fwd).unwrap();
+        let (leaf, got) = recv_hidden(&comm, 0, fwd, Device::Cpu).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].shape(), &[1, 2, 3]);
         assert_eq!(got[0].to_vec_f32(), y.to_vec_f32());
@@ -238,7 +246,7 @@ mod tests {
             .unwrap();
         let back = tag(Kind::Gradient, 1, 3);
         send_grad(&comm, &leaf, 0, back).unwrap().wait().unwrap();
-        let g = recv_grad(&comm, packed.numel(), 0, back).unwrap();
+        let g = recv_grad(&comm, packed.numel(), 0, back, Device::Cpu).unwrap();
         assert_eq!(g.to_vec_f32(), vec![3.0; 6]);
         packed.backward_with(g).unwrap();
         assert_eq!(h.grad().unwrap().to_vec_f32(), vec![6.0; 6]);

@@ -103,7 +103,8 @@ impl FsdpPolicy {
                 // The slices divide the experts evenly (checked by the layout): no padding.
                 let rows = Dim0Shard::new(&shape, slice, slices);
                 let whole = rows.all_gather(ep, &t.to_vec_f32())?;
-                Ok((n, Tensor::from_vec(whole, &shape)?.to_dtype(t.dtype())?))
+                let whole = crate::parallel::staged::rebuild(whole, &shape, t.dtype(), t.device())?;
+                Ok((n, whole))
             })
             .collect()
     }

@@ -29,7 +29,7 @@ impl FsdpPolicy {
                     })?;
                     let rows = &self.fsdp.layouts()[i].1;
                     let values = rows.all_gather(comm, &t.to_vec_f32())?;
-                    Tensor::from_vec(values, &shape)?.to_dtype(t.dtype())?
+                    crate::parallel::staged::rebuild(values, &shape, t.dtype(), t.device())?
                 }
                 None => t.clone(),
             };
