@@ -48,6 +48,22 @@ fn no_gpu() -> Option<String> {
     }
 }
 
+/// GPUs on this machine as `anneal info` reports them (`…, N devices)`), 1 when it does not say.
+fn gpus_here() -> usize {
+    let out = anneal().arg("info").output().expect("anneal info");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines()
+        .find(|l| l.starts_with("cuda backend:"))
+        .and_then(|l| {
+            l.rsplit_once(", ")?
+                .1
+                .strip_suffix(" devices)")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(1)
+}
+
 /// Four micro-batches of one sequence per step (two per rank on 2 ranks), one thread per
 /// rank, a few steps.
 const BASE: [&str; 5] = [
@@ -92,7 +108,9 @@ fn two_gpu_ranks(job: &Job, name: &str, layout: &[&'static str]) -> PathBuf {
     let stdout = ok(&out);
     assert!(stdout.contains("rank 0 of 2"), "{stdout}");
     let log = std::fs::read_to_string(dir.join("logs/rank-1.log")).expect("rank 1's log");
-    assert!(log.contains("on cuda:"), "rank 1 computes on a GPU: {log}");
+    // Each rank takes the GPU of its local rank (the emulator has two unless told otherwise).
+    let want = format!("on cuda:{}", 1 % gpus_here());
+    assert!(log.contains(&want), "rank 1 computes {want}: {log}");
     dir
 }
 
