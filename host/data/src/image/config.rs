@@ -153,7 +153,7 @@ impl Reader<'_> {
             }
         }
         let image_std = self.triple("image_std")?.unwrap_or(d.image_std);
-        if image_std.iter().any(|&s| s == 0.0) {
+        if image_std.contains(&0.0) {
             return Err(bad(self.origin, "image_std", "must not contain 0"));
         }
         let rescale_factor = match self.map.get("rescale_factor") {

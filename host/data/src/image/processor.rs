@@ -102,8 +102,8 @@ impl ImageProcessor {
         }
         if height == 0
             || width == 0
-            || height as usize % factor != 0
-            || width as usize % factor != 0
+            || !(height as usize).is_multiple_of(factor)
+            || !(width as usize).is_multiple_of(factor)
         {
             return Err(ImageError::BadShape {
                 width,
