@@ -4,6 +4,8 @@
 //! (antialiasing), coefficients normalised in `f64` then fixed to 22-bit integers, sums rounded and
 //! clipped to 8 bits after each pass.
 
+use rayon::prelude::*;
+
 use super::RgbImage;
 
 /// Fixed-point bits of the 8-bit path's coefficients (`32 - 8 - 2` in PIL).
@@ -97,28 +99,30 @@ fn pass(src: &[u8], src_w: usize, src_h: usize, c: &Coeffs, horizontal: bool) ->
         (src_w, out_n)
     };
     let mut out = vec![0u8; out_w * out_h * 3];
-    for yy in 0..out_h {
-        for xx in 0..out_w {
-            let o = if horizontal { xx } else { yy };
-            let (min, count) = c.bounds[o];
-            let k = &c.weights[o * c.ksize..o * c.ksize + count];
-            let mut ss = [1i64 << (PRECISION_BITS - 1); 3];
-            for (i, &w) in k.iter().enumerate() {
-                let at = if horizontal {
-                    (yy * src_w + min + i) * 3
-                } else {
-                    ((min + i) * src_w + xx) * 3
-                };
-                for (s, &v) in ss.iter_mut().zip(&src[at..at + 3]) {
-                    *s += v as i64 * w as i64;
+    // Output rows are independent: splitting them over threads changes no value.
+    out.par_chunks_mut(out_w * 3)
+        .enumerate()
+        .for_each(|(yy, row)| {
+            for xx in 0..out_w {
+                let o = if horizontal { xx } else { yy };
+                let (min, count) = c.bounds[o];
+                let k = &c.weights[o * c.ksize..o * c.ksize + count];
+                let mut ss = [1i64 << (PRECISION_BITS - 1); 3];
+                for (i, &w) in k.iter().enumerate() {
+                    let at = if horizontal {
+                        (yy * src_w + min + i) * 3
+                    } else {
+                        ((min + i) * src_w + xx) * 3
+                    };
+                    for (s, &v) in ss.iter_mut().zip(&src[at..at + 3]) {
+                        *s += v as i64 * w as i64;
+                    }
+                }
+                for (dst, &s) in row[xx * 3..xx * 3 + 3].iter_mut().zip(&ss) {
+                    *dst = clip8(s);
                 }
             }
-            let at = (yy * out_w + xx) * 3;
-            for (dst, &s) in out[at..at + 3].iter_mut().zip(&ss) {
-                *dst = clip8(s);
-            }
-        }
-    }
+        });
     out
 }
 

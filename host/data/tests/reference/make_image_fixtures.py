@@ -14,8 +14,9 @@ one (`Qwen2VLImageProcessorPil`, PIL's bicubic resize) and the fast one (`Qwen2V
 torchvision). Both are configured from the `preprocessor_config.json` written next to the images,
 the file the Rust side parses too. Written:
 
-- the images and two configs (`qwen2vl/`: Qwen2-VL's defaults; `qwen3vl/`: Qwen3-VL's patch 16
-  and `size` dict, with small pixel bounds so the fixtures stay small);
+- the images and three configs (`qwen2vl/`: Qwen2-VL's defaults; `qwen3vl/`: Qwen3-VL's patch 16
+  and `size` dict, with small pixel bounds so the fixtures stay small; `tiny/`: a 512-pixel
+  budget for a 7.5x downscale);
 - `reference.safetensors`: per case `<case>.decoded` (PIL's RGB pixels after `convert_to_rgb`,
   u8 [H, W, 3]), `<case>.pixel_values` (the slow processor's, f32) and `<case>.image_grid_thw`
   (i64 [1, 3]);
@@ -65,10 +66,20 @@ CONFIGS = {
         "image_processor_type": "Qwen2VLImageProcessorFast",
         "processor_class": "Qwen3VLProcessor",
     },
+    # Qwen3-VL style with a tiny pixel budget, so a 120 x 240 image shrinks 3.75x and 7.5x: the
+    # filter's support is widest there.
+    "tiny": {
+        "size": {"shortest_edge": 256, "longest_edge": 512},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    },
 }
 
 
-def draw(h, w, seed):
+def draw(h, w, seed, noise=20):
     """Gradients, a disc, stripes and a little seeded noise: edges and texture that resizing shows."""
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
     r = 255 * x / max(w - 1, 1)
@@ -78,7 +89,7 @@ def draw(h, w, seed):
     r[disc], g[disc], b[disc] = 250, 30, 40
     stripes = (x.astype(int) // 4) % 2 == 0
     g[stripes & (y < h / 4)] = 255
-    noise = np.random.default_rng(seed).integers(-20, 21, size=(h, w, 3))
+    noise = np.random.default_rng(seed).integers(-noise, noise + 1, size=(h, w, 3))
     img = np.stack([r, g, b], axis=-1) + noise
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
@@ -96,13 +107,15 @@ def make_images():
     save("rgb_h56_w56.png", draw(56, 56, 1), "qwen2vl")
     alpha = np.tile(np.linspace(0, 255, 56).astype(np.uint8)[None, :], (56, 1))
     save("rgba_h56_w56.png", np.dstack([draw(56, 56, 2), alpha]), "qwen2vl")
-    save("photo_h84_w56.jpg", draw(84, 56, 3), "qwen2vl", quality=90)
+    save("photo_h56_w56.jpg", draw(56, 56, 3), "qwen2vl", quality=90)
     save("rgb_h64_w64.png", draw(64, 64, 4), "qwen3vl")
     # Resized: down (60 x 90 -> 56 x 84, lossy WebP), up (33 x 47 -> 56 x 84), and a 2x
     # downscale where the filter's support widens (200 x 120 -> 96 x 64 under qwen3vl's bounds).
     save("shapes_h60_w90.webp", draw(60, 90, 5), "qwen2vl", quality=85)
     save("small_h33_w47.png", draw(33, 47, 6), "qwen2vl")
-    save("large_h200_w120.png", draw(200, 120, 7), "qwen3vl")
+    save("large_h200_w120.png", draw(200, 120, 7, noise=4), "qwen3vl")
+    # 120 x 240 -> 32 x 32 under `tiny` (no noise, to keep the PNG small).
+    save("wide_h120_w240.png", draw(120, 240, 8, noise=0), "tiny")
     return cases
 
 
