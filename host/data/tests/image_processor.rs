@@ -101,8 +101,8 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn max_byte_diff(a: &RgbImage, b: &RgbImage) -> u8 {
-    assert_eq!((a.width, a.height), (b.width, b.height));
-    let diffs = a.pixels.iter().zip(&b.pixels);
+    assert_eq!((a.width(), a.height()), (b.width(), b.height()));
+    let diffs = a.pixels().iter().zip(b.pixels());
     diffs.map(|(x, y)| x.abs_diff(*y)).max().unwrap_or(0)
 }
 
@@ -148,7 +148,7 @@ fn grid_and_placeholder_count() {
         let m = case.config.merge_size;
         let expected = case.grid.iter().product::<usize>() / (m * m);
         assert_eq!(out.placeholder_tokens(), expected, "{}", case.name);
-        let (h, w) = (case.decoded.height, case.decoded.width);
+        let (h, w) = (case.decoded.height(), case.decoded.width());
         assert_eq!(processor.placeholder_tokens(h, w).unwrap(), expected);
     }
     // 33 x 47 → 56 x 84 under Qwen2-VL's defaults: a 4 x 6 grid, 6 tokens.
@@ -165,12 +165,12 @@ fn decoding_matches_pil() {
         let ours = load_image(&case.file).unwrap();
         let diff = max_byte_diff(&ours, &case.decoded);
         let mean = ours
-            .pixels
+            .pixels()
             .iter()
-            .zip(&case.decoded.pixels)
+            .zip(case.decoded.pixels())
             .map(|(x, y)| x.abs_diff(*y) as f64)
             .sum::<f64>()
-            / ours.pixels.len() as f64;
+            / ours.pixels().len() as f64;
         let out = ImageProcessor::new(case.config.clone())
             .process(&ours)
             .unwrap();
@@ -306,6 +306,10 @@ fn bad_config_values_name_the_key() {
         (r#"{"do_resize": "yes"}"#, "do_resize"),
         (r#"{"resample": 2}"#, "resample"),
         (r#"{"min_pixels": 5000, "max_pixels": 4000}"#, "min_pixels"),
+        (
+            r#"{"size": {"shortest_edge": 4000000000}}"#,
+            "size.shortest_edge",
+        ),
         (r#"[1, 2]"#, "(file)"),
     ];
     for (json, key) in cases {
@@ -339,8 +343,7 @@ fn config_fields_and_defaults() {
         ProcessorConfig::from_json_str("{}", "cfg").unwrap(),
         ProcessorConfig::default()
     );
-    let qwen3 =
-        ProcessorConfig::from_file(&fixtures().join("qwen3vl/preprocessor_config.json")).unwrap();
+    let qwen3 = ProcessorConfig::from_dir(&fixtures().join("qwen3vl")).unwrap();
     assert_eq!((qwen3.min_pixels, qwen3.max_pixels), (1024, 8192));
 }
 

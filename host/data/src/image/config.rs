@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::{ImageError, Result};
+use super::{ImageError, Result, DEFAULT_MAX_PIXELS};
 
 /// PIL's code for bicubic resampling, the only `resample` this processor implements.
 const PIL_BICUBIC: u64 = 3;
@@ -77,6 +77,11 @@ impl ProcessorConfig {
         Self::from_json_str(&text, &path.display().to_string())
     }
 
+    /// Reads `preprocessor_config.json` from a checkpoint directory.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        Self::from_file(&dir.join("preprocessor_config.json"))
+    }
+
     /// Parses the JSON text of a `preprocessor_config.json`; `origin` names it in errors.
     pub fn from_json_str(text: &str, origin: &str) -> Result<Self> {
         let value: Value = serde_json::from_str(text).map_err(|e| bad(origin, "(file)", e))?;
@@ -104,6 +109,8 @@ impl Reader<'_> {
     fn config(&self) -> Result<ProcessorConfig> {
         let d = ProcessorConfig::default();
         let (mut min_pixels, mut max_pixels) = (d.min_pixels, d.max_pixels);
+        // Which key set `min_pixels`, so an error names the one in the file.
+        let mut min_key = "min_pixels".to_string();
         if let Some(size) = self.map.get("size") {
             let Value::Object(size) = size else {
                 return Err(bad(self.origin, "size", "expected an object"));
@@ -121,25 +128,36 @@ impl Reader<'_> {
                 ("max_pixels", false),
             ] {
                 if let Some(v) = sub.positive(key, &format!("size.{key}"))? {
-                    *if is_min {
-                        &mut min_pixels
+                    if is_min {
+                        min_pixels = v;
+                        min_key = format!("size.{key}");
                     } else {
-                        &mut max_pixels
-                    } = v;
+                        max_pixels = v;
+                    }
                 }
             }
         }
         // Top-level `min_pixels` / `max_pixels` override `size`, as in transformers' __init__.
         if let Some(v) = self.positive("min_pixels", "min_pixels")? {
             min_pixels = v;
+            min_key = "min_pixels".into();
         }
         if let Some(v) = self.positive("max_pixels", "max_pixels")? {
             max_pixels = v;
         }
+        // The processor makes about `min_pixels` pixels from a small image: bound it by the
+        // loader's limit so a config cannot ask for an arbitrarily large output.
+        if min_pixels > DEFAULT_MAX_PIXELS {
+            return Err(bad(
+                self.origin,
+                &min_key,
+                format!("{min_pixels} is above the pixel limit of {DEFAULT_MAX_PIXELS}"),
+            ));
+        }
         if min_pixels > max_pixels {
             return Err(bad(
                 self.origin,
-                "min_pixels",
+                &min_key,
                 format!("{min_pixels} is above max_pixels {max_pixels}"),
             ));
         }

@@ -24,14 +24,12 @@ pub use processor::{smart_resize, ImageProcessor, ProcessedImage};
 pub use resample::resize_bicubic;
 
 /// An 8-bit RGB image, rows top to bottom, each pixel `[r, g, b]` (`height · width · 3` bytes).
+/// The fields are private so the buffer always fits the size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RgbImage {
-    /// Width in pixels.
-    pub width: u32,
-    /// Height in pixels.
-    pub height: u32,
-    /// The pixels, row-major, 3 bytes each.
-    pub pixels: Vec<u8>,
+    width: u32,
+    height: u32,
+    pixels: Vec<u8>,
 }
 
 impl RgbImage {
@@ -45,6 +43,26 @@ impl RgbImage {
             height,
             pixels,
         })
+    }
+
+    /// Width in pixels.
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// Height in pixels.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// The pixels, row-major, 3 bytes each.
+    pub fn pixels(&self) -> &[u8] {
+        &self.pixels
+    }
+
+    /// The pixel buffer, giving up the image.
+    pub fn into_pixels(self) -> Vec<u8> {
+        self.pixels
     }
 }
 

@@ -128,9 +128,17 @@ fn pass(src: &[u8], src_w: usize, src_h: usize, c: &Coeffs, horizontal: bool) ->
 
 /// Resizes to `width × height` exactly as PIL's `Image.resize((width, height), BICUBIC)` on an
 /// RGB image: the same size returns a copy, and a pass whose side does not change is skipped.
-/// Both target sides must be at least 1.
+/// A zero target side, or an empty input, gives an empty image of the target size.
 pub fn resize_bicubic(image: &RgbImage, width: u32, height: u32) -> RgbImage {
     let (in_w, in_h) = (image.width as usize, image.height as usize);
+    if width == 0 || height == 0 || in_w == 0 || in_h == 0 {
+        let pixels = vec![0; width as usize * height as usize * 3];
+        return RgbImage {
+            width,
+            height,
+            pixels,
+        };
+    }
     let (out_w, out_h) = (width as usize, height as usize);
     let mut pixels = image.pixels.clone();
     let mut cur_w = in_w;
@@ -173,5 +181,6 @@ mod tests {
         let img = RgbImage::new(5, 4, [9u8, 200, 77].repeat(20)).unwrap();
         let out = resize_bicubic(&img, 13, 2);
         assert!(out.pixels.chunks(3).all(|p| p == [9, 200, 77]));
+        assert_eq!(resize_bicubic(&img, 0, 3).pixels.len(), 0);
     }
 }
