@@ -197,17 +197,23 @@ fn missing_file_is_named() {
 }
 
 #[test]
-fn truncated_png_is_corrupt() {
-    let bytes = std::fs::read(fixtures().join("rgb_h56_w56.png")).unwrap();
+fn truncated_images_are_corrupt() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cut.png");
-    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-    let err = load_image(&path).unwrap_err();
-    assert!(matches!(err, ImageError::Corrupt { .. }), "{err:?}");
-    assert!(
-        err.to_string().starts_with(&path.display().to_string()),
-        "{err}"
-    );
+    for file in [
+        "rgb_h56_w56.png",
+        "photo_h56_w56.jpg",
+        "shapes_h60_w90.webp",
+    ] {
+        let bytes = std::fs::read(fixtures().join(file)).unwrap();
+        let path = dir.path().join(format!("cut-{file}"));
+        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        let err = load_image(&path).unwrap_err();
+        assert!(matches!(err, ImageError::Corrupt { .. }), "{file}: {err:?}");
+        assert!(
+            err.to_string().starts_with(&path.display().to_string()),
+            "{err}"
+        );
+    }
 }
 
 #[test]
@@ -292,6 +298,51 @@ fn oversized_image_is_refused_before_decoding() {
     let err = load_image_with_limit(&small, 56 * 56 - 1).unwrap_err();
     assert!(matches!(err, ImageError::TooLarge { .. }), "{err:?}");
     assert!(load_image_with_limit(&small, 56 * 56).is_ok());
+}
+
+/// Rewrites the size a JPEG's SOF0 marker or a lossy WebP's VP8 frame header declares.
+fn with_declared_size(mut bytes: Vec<u8>, width: u16, height: u16) -> Vec<u8> {
+    if let Some(at) = bytes.windows(2).position(|w| w == [0xFF, 0xC0]) {
+        // FFC0, length (2), precision (1), height (2, big-endian), width (2).
+        bytes[at + 5..at + 7].copy_from_slice(&height.to_be_bytes());
+        bytes[at + 7..at + 9].copy_from_slice(&width.to_be_bytes());
+    } else {
+        // VP8 key frame start code, then 14-bit width and height, little-endian.
+        let at = bytes
+            .windows(3)
+            .position(|w| w == [0x9D, 0x01, 0x2A])
+            .unwrap()
+            + 3;
+        bytes[at..at + 2].copy_from_slice(&width.to_le_bytes());
+        bytes[at + 2..at + 4].copy_from_slice(&height.to_le_bytes());
+    }
+    bytes
+}
+
+/// The same refusal from JPEG and WebP headers: the fixtures with their declared size rewritten
+/// (16,383 is the most a VP8 frame can declare).
+#[test]
+fn oversized_jpeg_and_webp_are_refused_before_decoding() {
+    for (file, side) in [
+        ("photo_h56_w56.jpg", 20_000),
+        ("shapes_h60_w90.webp", 16_383),
+    ] {
+        let bytes = std::fs::read(fixtures().join(file)).unwrap();
+        let bytes = with_declared_size(bytes, side, side);
+        LARGEST.with(|c| c.set(0));
+        let err = decode_image(&bytes, Path::new(file), DEFAULT_MAX_PIXELS).unwrap_err();
+        let largest = LARGEST.with(|c| c.get());
+        assert!(
+            largest < 1 << 20,
+            "{file}: largest allocation {largest} bytes"
+        );
+        match err {
+            ImageError::TooLarge { width, height, .. } => {
+                assert_eq!((width, height), (side as u32, side as u32), "{file}")
+            }
+            other => panic!("{file}: {other:?}"),
+        }
+    }
 }
 
 #[test]

@@ -3,10 +3,12 @@
 //! `convert_to_rgb` does (PIL's `alpha_composite` over an opaque white background).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Cursor, Seek};
+use std::io::{BufRead, BufReader, Cursor, ErrorKind, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use ::image::{DynamicImage, ImageDecoder, ImageError as CrateError, ImageReader, Limits};
+use ::image::{
+    DynamicImage, ImageDecoder, ImageError as CrateError, ImageFormat, ImageReader, Limits,
+};
 
 use super::{ImageError, Result, RgbImage};
 
@@ -50,6 +52,22 @@ fn decode_from(reader: impl BufRead + Seek, path: &Path, max_pixels: u64) -> Res
             detail: "unrecognised content".into(),
         });
     };
+    if format == ImageFormat::Jpeg {
+        // The JPEG decoder fills a cut-off scan with grey and reports success; PIL refuses such a
+        // file ("image file is truncated"), and so do we.
+        let mut inner = reader.into_inner();
+        let complete = jpeg_is_complete(&mut inner).map_err(|e| io_or_corrupt(path, e))?;
+        inner
+            .seek(SeekFrom::Start(0))
+            .map_err(|e| io_or_corrupt(path, e))?;
+        if !complete {
+            return Err(ImageError::Corrupt {
+                path: path.to_path_buf(),
+                message: "JPEG data ends before its end-of-image marker".into(),
+            });
+        }
+        reader = ImageReader::with_format(inner, format);
+    }
     // The limit is ours, checked below from the header; the crate's own default limits would
     // refuse some large-but-allowed images with a less precise message.
     reader.no_limits();
@@ -75,6 +93,60 @@ fn decode_from(reader: impl BufRead + Seek, path: &Path, max_pixels: u64) -> Res
     let image = DynamicImage::from_decoder(decoder)
         .map_err(|e| map_crate_error(path, format!("{format:?}"), e))?;
     Ok(to_rgb(image))
+}
+
+/// Whether a JPEG stream reaches its end-of-image marker (`FF D9`): the marker segments before
+/// the first scan are skipped by their lengths (an EXIF thumbnail inside them has its own markers),
+/// then the entropy-coded data, where a data byte `FF` is always followed by `00` or a restart
+/// marker, is searched for `FF D9`.
+fn jpeg_is_complete(r: &mut impl Read) -> std::io::Result<bool> {
+    let mut byte = [0u8; 1];
+    let mut next = |r: &mut dyn Read| -> std::io::Result<Option<u8>> {
+        match r.read_exact(&mut byte) {
+            Ok(()) => Ok(Some(byte[0])),
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    if (next(r)?, next(r)?) != (Some(0xFF), Some(0xD8)) {
+        return Ok(false);
+    }
+    // Marker segments up to the first start-of-scan.
+    loop {
+        let Some(0xFF) = next(r)? else {
+            return Ok(false);
+        };
+        let mut marker = next(r)?;
+        while marker == Some(0xFF) {
+            marker = next(r)?; // fill bytes
+        }
+        match marker {
+            None | Some(0xD9) => return Ok(false),
+            Some(0x01 | 0xD0..=0xD7) => continue, // markers without a length
+            Some(m) => {
+                let (Some(hi), Some(lo)) = (next(r)?, next(r)?) else {
+                    return Ok(false);
+                };
+                let len = u16::from_be_bytes([hi, lo]) as u64;
+                let skip = len.saturating_sub(2);
+                if std::io::copy(&mut r.take(skip), &mut std::io::sink())? < skip {
+                    return Ok(false);
+                }
+                if m == 0xDA {
+                    break;
+                }
+            }
+        }
+    }
+    // Scan data (and any later scans' headers, for progressive files) up to `FF D9`.
+    let mut prev_ff = false;
+    while let Some(b) = next(r)? {
+        if prev_ff && b == 0xD9 {
+            return Ok(true);
+        }
+        prev_ff = b == 0xFF;
+    }
+    Ok(false)
 }
 
 fn io_or_corrupt(path: &Path, e: std::io::Error) -> ImageError {
@@ -185,6 +257,19 @@ fn composite_on_white<'a>(pixels: impl Iterator<Item = &'a [u8]>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jpeg_completeness_skips_segments_and_finds_the_end() {
+        // SOI, an APP1 segment whose payload holds FF D9, SOS, scan data with a stuffed FF 00.
+        let head = [0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x06, 0xFF, 0xD9, 0xFF, 0xD9];
+        let scan = [0xFF, 0xDA, 0x00, 0x03, 0x01, 0x12, 0xFF, 0x00, 0x34];
+        let body = [&head[..], &scan[..]].concat();
+        let complete = |b: &[u8]| jpeg_is_complete(&mut Cursor::new(b)).unwrap();
+        assert!(!complete(&body));
+        assert!(complete(&[&body[..], &[0xFF, 0xD9]].concat()));
+        assert!(!complete(&body[..7]));
+        assert!(!complete(b"not a jpeg"));
+    }
 
     #[test]
     fn composite_keeps_opaque_and_whitens_transparent() {
