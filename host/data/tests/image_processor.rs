@@ -88,7 +88,7 @@ fn cases() -> Vec<Case> {
             grid: [grid[0], grid[1], grid[2]],
         });
     }
-    assert_eq!(out.len(), 8, "cases.json lists the eight fixtures");
+    assert_eq!(out.len(), 10, "cases.json lists the ten fixtures");
     out
 }
 

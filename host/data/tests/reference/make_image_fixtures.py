@@ -116,6 +116,9 @@ def make_images():
     save("large_h200_w120.png", draw(200, 120, 7, noise=4), "qwen3vl")
     # 120 x 240 -> 32 x 32 under `tiny` (no noise, to keep the PNG small).
     save("wide_h120_w240.png", draw(120, 240, 8, noise=0), "tiny")
+    # One side kept, so PIL skips that pass: 32 x 40 -> 32 x 32 and 40 x 32 -> 32 x 32 under `tiny`.
+    save("onepass_h32_w40.png", draw(32, 40, 9, noise=0), "tiny")
+    save("onepass_h40_w32.png", draw(40, 32, 10, noise=0), "tiny")
     return cases
 
 
