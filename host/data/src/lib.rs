@@ -6,10 +6,13 @@
 //! [`discover_files`] → [`TextTokenizer::load_or_train`] → [`TokenDataset::build`] →
 //! [`PackedLoader::new`] on `train` → [`PackedLoader::next_batch`] each step, and
 //! [`PackedLoader::eval_batches`] on `val`.
+//!
+//! Images for vision-language models are read and preprocessed by [`image`].
 
 mod cache;
 pub mod corpus;
 pub mod dataset;
+pub mod image;
 pub mod loader;
 pub mod tokenizer;
 
