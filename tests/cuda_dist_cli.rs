@@ -352,8 +352,15 @@ fn a_killed_gpu_rank_ends_the_job_and_the_rerun_resumes() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("mpiexec");
-    // Past the step-2 checkpoint.
+    // Past the step-2 checkpoint, and that checkpoint published (it is written in the
+    // background: on a loaded machine step 3 can end before it is).
     wait_for_rows(&run_dir, 3);
+    let published = run_dir.join("checkpoints/step-2");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !published.is_dir() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(published.is_dir(), "step 2's checkpoint published");
     let status = kill_rank_and_wait(&mut child, &run_dir, 1);
     assert!(
         !status.success(),
