@@ -1,16 +1,18 @@
-//! Multi-process jobs on GPUs (one rank per GPU, collectives staged through host memory):
-//! `job.device = "cuda"` under `mpiexec` gives each rank its own device, and each layout on
-//! two emulated GPU ranks (DDP, FSDP, TP, PP, CP, EP) follows the single process: step 1
-//! within 1e-6 of the CPU's single process and the curve within 1e-4, and bit for bit the
-//! GPU's single process where the CPU layout is bit for bit the CPU's single process (the
-//! emulated GPU's f32 kernels sum in another order than the CPU's, so bitwise claims compare
-//! GPU with GPU). `anneal rl` under FSDP, TP, PP and CP on GPU ranks keeps the logprob
-//! mismatch at exactly 0. A sharded checkpoint written by two GPU ranks resumes on one CPU
-//! process and on two CPU ranks; a GPU rank killed mid-run ends the job, and the rerun
-//! resumes; `generate --tp 2` on GPU ranks decodes the one process's greedy tokens. Without a
-//! GPU (real or emulated) every test prints SKIP with the reason and passes; under
-//! `ANNEAL_REQUIRE_CUDA=1` a missing GPU fails. A named `cuda:N` shared by the ranks of one
-//! machine is one line naming `job.device` (on any machine).
+//! Multi-process jobs on GPUs (one rank per GPU; DDP's and FSDP's collectives over NCCL where it
+//! loads, every other one staged through host memory): `job.device = "cuda"` under `mpiexec`
+//! gives each rank its own device, and each layout on two emulated GPU ranks (DDP, FSDP, TP,
+//! PP, CP, EP) follows the single process: step 1 within 1e-6 of the CPU's single process and
+//! the curve within 1e-4, and bit for bit the GPU's single process where the CPU layout is bit
+//! for bit the CPU's single process (the emulated GPU's f32 kernels sum in another order than
+//! the CPU's, so bitwise claims compare GPU with GPU). DDP and FSDP give the same losses and
+//! gradient norms, bit for bit, with their collectives staged over MPI and over NCCL
+//! (`ANNEAL_COLLECTIVES`), and the rank's log says which path ran. `anneal rl` under FSDP, TP,
+//! PP and CP on GPU ranks keeps the logprob mismatch at exactly 0. A sharded checkpoint written
+//! by two GPU ranks resumes on one CPU process and on two CPU ranks; a GPU rank killed mid-run
+//! ends the job, and the rerun resumes; `generate --tp 2` on GPU ranks decodes the one
+//! process's greedy tokens. Without a GPU (real or emulated) every test prints SKIP with the
+//! reason and passes; under `ANNEAL_REQUIRE_CUDA=1` a missing GPU fails. A named `cuda:N`
+//! shared by the ranks of one machine is one line naming `job.device` (on any machine).
 
 mod dist_support;
 mod rl_support;
@@ -156,6 +158,63 @@ fn data_parallel_gpu_ranks_follow_the_single_process() {
     follows("DDP2", &s, &dir, true);
 }
 
+/// `anneal train` on 2 GPU ranks with `layout` and `ANNEAL_COLLECTIVES=path`: its run dir and
+/// rank 1's log.
+fn two_gpu_ranks_on(job: &Job, path: &str, layout: &[&'static str]) -> (PathBuf, String) {
+    let name = format!("{}-{path}", layout.join("-").replace(['.', '='], "_"));
+    let dir = job.dir.join(name);
+    let mut set = with(layout);
+    set.push(CUDA);
+    let env = [("ANNEAL_COLLECTIVES", path.to_string())];
+    let out = mpiexec_train_command(2, job, &dir, &set, &env)
+        .output()
+        .expect("run mpiexec");
+    ok(&out);
+    let log = std::fs::read_to_string(dir.join("logs/rank-1.log")).expect("rank 1's log");
+    (dir, log)
+}
+
+/// Every step's loss and gradient norm, as bits.
+fn loss_and_norm_bits(dir: &Path) -> Vec<(u64, u64)> {
+    common::rows(dir)
+        .iter()
+        .filter_map(|r| Some((r["loss"].as_f64()?, r["grad_norm"].as_f64()?)))
+        .map(|(l, g)| (l.to_bits(), g.to_bits()))
+        .collect()
+}
+
+#[test]
+fn nccl_and_staged_collectives_give_the_same_bits() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP nccl_and_staged_collectives_give_the_same_bits: {why}");
+        return;
+    }
+    let job = Job::new("cuda-dist-nccl");
+    // DDP's gradient sum on device buffers; FSDP's gathers and reduce-scatters over NCCL.
+    for (layout, what) in [
+        (&[][..], "DDP's gradient sum on device buffers"),
+        (&["parallelism.dp_shard=2"][..], "FSDP's gathers"),
+    ] {
+        let (staged, staged_log) = two_gpu_ranks_on(&job, "staged", layout);
+        let (nccl, nccl_log) = two_gpu_ranks_on(&job, "nccl", layout);
+        assert!(
+            staged_log.contains("collectives: staged through host memory over MPI"),
+            "{layout:?}: {staged_log}"
+        );
+        assert!(
+            nccl_log.contains(&format!(
+                "collectives: NCCL on cuda:{} for {what}",
+                1 % gpus_here()
+            )),
+            "{layout:?}: {nccl_log}"
+        );
+        // Both sum in rank order on the emulator: the same bits, step by step.
+        let (a, b) = (loss_and_norm_bits(&staged), loss_and_norm_bits(&nccl));
+        assert_eq!(a.len(), 3, "{layout:?}: {a:?}");
+        assert_eq!(a, b, "{layout:?}: staged vs NCCL (loss, grad norm) bits");
+    }
+}
+
 #[test]
 fn tensor_pipeline_and_context_parallel_gpu_ranks_follow_the_single_process() {
     if let Some(why) = no_gpu() {
@@ -293,8 +352,15 @@ fn a_killed_gpu_rank_ends_the_job_and_the_rerun_resumes() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("mpiexec");
-    // Past the step-2 checkpoint.
+    // Past the step-2 checkpoint, and that checkpoint published (it is written in the
+    // background: on a loaded machine step 3 can end before it is).
     wait_for_rows(&run_dir, 3);
+    let published = run_dir.join("checkpoints/step-2");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !published.is_dir() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(published.is_dir(), "step 2's checkpoint published");
     let status = kill_rank_and_wait(&mut child, &run_dir, 1);
     assert!(
         !status.success(),

@@ -183,6 +183,13 @@ impl Nccl {
         &self.stream
     }
 
+    /// Waits for every call queued so far on [`Nccl::stream`].
+    pub fn synchronize(&self) -> Result<(), DistError> {
+        self.stream
+            .synchronize()
+            .map_err(|e| cuda_err("synchronize", e))
+    }
+
     fn count(&self, bytes: usize) {
         self.sent.set(self.sent.get() + bytes as u64);
     }

@@ -17,6 +17,7 @@ mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod device;
+mod device_ptr;
 mod dtype;
 mod error;
 pub mod flops;
@@ -33,6 +34,7 @@ mod tensor;
 pub use cpu::logsumexp::logsumexp;
 pub use cpu::simd::{level as simd_level, SimdLevel};
 pub use device::Device;
+pub use device_ptr::synchronize;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use storage::Storage;

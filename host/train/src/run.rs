@@ -89,6 +89,9 @@ pub fn run_dist(
         true => led_by_rank0(world, trainer)?,
         false => trainer?,
     };
+    if let Some(path) = trainer.start_device_collectives()? {
+        console.note(&path);
+    }
     let provenance = trainer.provenance().clone();
     // A sharded rank reads just its rows of the checkpoint, never the whole model.
     let contents = match trainer.is_sharded() {

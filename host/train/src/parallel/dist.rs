@@ -23,7 +23,7 @@ use crate::TrainError;
 use anneal_config::JobConfig;
 use anneal_data::Batch;
 use anneal_dist::{Collective, Mesh, MeshDim, Single};
-use anneal_engine::Tensor;
+use anneal_engine::{Device, Tensor};
 
 /// The trainer's view of the job's processes.
 pub struct Dist {
@@ -57,6 +57,9 @@ pub struct Dist {
     /// `pp` × `tp` ranks (of the first `cp` coordinate under PP × TP × CP); under
     /// PP × TP × FSDP its `pp` × `dp_shard` × `cp` × `tp` ranks.
     tp_save: Option<Box<dyn Collective>>,
+    /// NCCL on this rank's GPU for DDP's and FSDP's collectives, once
+    /// [`Dist::start_device_collectives`] built them.
+    device_comms: Option<crate::parallel::nccl::DeviceComms>,
 }
 
 impl Dist {
@@ -75,6 +78,7 @@ impl Dist {
             cp: None,
             tp: None,
             tp_save: None,
+            device_comms: None,
         }
     }
 
@@ -189,6 +193,7 @@ impl Dist {
             cp,
             tp,
             tp_save,
+            device_comms: None,
         };
         Ok(dist)
     }
@@ -424,6 +429,11 @@ impl Dist {
         if self.grads().size() == 1 {
             return Ok(());
         }
+        if let Some(nccl) = self.device_comms.as_ref().and_then(|d| d.grads.as_ref()) {
+            if crate::parallel::nccl::all_reduce_grads(nccl, named)? {
+                return Ok(());
+            }
+        }
         let total: usize = named.iter().map(|(_, p)| p.numel()).sum();
         let mut buf = Vec::with_capacity(total + named.len());
         for (_, p) in named {
@@ -477,6 +487,65 @@ impl Dist {
             }));
         }
         Ok(Some(h))
+    }
+
+    /// At job start, on a job of several processes on GPUs: builds NCCL communicators on this
+    /// rank's GPU for DDP's gradient sum (or FSDP's gathers and reduce-scatters) when
+    /// `ANNEAL_COLLECTIVES` and the machine allow it ([`crate::parallel::nccl`]), and returns
+    /// the console note saying which path runs (`None` on the CPU or a single process, where
+    /// nothing changes). Every rank agrees on the path; `nccl` asked for where some rank cannot
+    /// run it is an error naming the variable. Collective over the job.
+    pub fn start_device_collectives(
+        &mut self,
+        device: Device,
+    ) -> Result<Option<String>, TrainError> {
+        use crate::parallel::nccl::{self, Choice, DeviceComms, ENV};
+        if self.job().size() == 1 || !matches!(device, Device::Cuda(_)) {
+            return Ok(None);
+        }
+        let choice = nccl::choice()?;
+        let other = [MeshDim::Pp, MeshDim::Tp, MeshDim::Cp, MeshDim::Ep]
+            .into_iter()
+            .find(|&d| self.mesh.degree(d) > 1);
+        let why_not = match (choice, other) {
+            (Choice::Staged, _) => Some(format!("{ENV} = staged")),
+            (_, Some(d)) => Some(format!(
+                "parallelism.{} > 1 keeps its collectives staged",
+                d.key()
+            )),
+            _ => nccl::unavailable(device),
+        };
+        // One rank without NCCL keeps every rank staged (their collectives must match).
+        let staged = self.any(why_not.is_some())?;
+        if staged {
+            let why = why_not.unwrap_or_else(|| "another rank cannot run NCCL".into());
+            if choice == Choice::Nccl && other.is_none() {
+                return Err(TrainError::Config(format!(
+                    "environment: `{ENV}` = nccl, but NCCL cannot run on this job's GPUs: {why}"
+                )));
+            }
+            return Ok(Some(format!(
+                "collectives: staged through host memory over MPI ({why})"
+            )));
+        }
+        let Device::Cuda(ordinal) = device else {
+            unreachable!("checked above")
+        };
+        let comms = DeviceComms::new(self.grads(), self.shard(), ordinal)?;
+        let what = match comms.grads.is_some() {
+            true => "DDP's gradient sum on device buffers",
+            false => "FSDP's gathers and reduce-scatters (host-staged buffers)",
+        };
+        self.device_comms = Some(comms);
+        Ok(Some(format!(
+            "collectives: NCCL on {device} for {what}; every other collective staged through host memory over MPI"
+        )))
+    }
+
+    /// FSDP's gather and reduce-scatter NCCL communicators over the shard ranks, once (the
+    /// units take them at their first step), when [`Dist::start_device_collectives`] built them.
+    pub(crate) fn take_shard_device_comms(&self) -> Option<crate::parallel::nccl::GroupComms> {
+        self.device_comms.as_ref()?.shard.borrow_mut().take()
     }
 
     /// Every rank's values of `local`, concatenated in rank order.

@@ -18,6 +18,7 @@ pub(crate) mod ep;
 pub(crate) mod fsdp;
 pub(crate) mod full_matrix;
 mod grads;
+pub mod nccl;
 mod norm;
 mod placement;
 pub(crate) mod pp;

@@ -6,7 +6,9 @@
 //!
 //! This stage stages through host memory (over `anneal_engine::staged`): a GPU rank copies its
 //! tensors to the host, the collective runs there over MPI, and the results are copied back.
-//! The next stage (NCCL on device buffers) swaps this module's bodies, not its callers. On the
+//! The next stage (NCCL on device buffers) swaps this module's bodies, not its callers; DDP's
+//! gradient sum and FSDP's unit collectives already take NCCL when it runs
+//! ([`crate::parallel::nccl`]). On the
 //! CPU nothing changes: the same buffers, sums and casts as before, so results are bit for
 //! bit those of the host-only code.
 

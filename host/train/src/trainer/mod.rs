@@ -320,7 +320,14 @@ impl Trainer {
         let active = match (&self.units, self.dist.shard()) {
             (Some(u), Some(comm)) => {
                 opts.stage_params = Some(Arc::new(Hook) as Arc<dyn StageParams>);
-                Some(Units::activate(u, comm, efsdp, &self.named, &self.buffers)?)
+                Some(Units::activate(
+                    u,
+                    comm,
+                    efsdp,
+                    self.dist.take_shard_device_comms(),
+                    &self.named,
+                    &self.buffers,
+                )?)
             }
             _ => None,
         };
@@ -500,6 +507,14 @@ impl Trainer {
             checked = Some(self.dist.check_same_over(tp.as_ref(), &self.buffers)?);
         }
         Ok(checked)
+    }
+
+    /// Builds NCCL on this rank's GPU for the data-parallel collectives where it can run
+    /// ([`Dist::start_device_collectives`]); the console note says which path runs. Collective
+    /// over the job: every rank calls it, after every rank built its trainer.
+    pub fn start_device_collectives(&mut self) -> Result<Option<String>, TrainError> {
+        let device = self.device();
+        self.dist.start_device_collectives(device)
     }
 
     /// The job's processes as this trainer sees them.

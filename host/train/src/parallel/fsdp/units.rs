@@ -289,12 +289,14 @@ impl Units {
     /// Starts a step on `this`: `shards` are this rank's parameter shards (read once here; the
     /// optimizer changes them only after the step), `buffers` go to every stage as they are;
     /// `comm` is the `dp_shard` communicator and `efsdp` the expert-FSDP one under expert
-    /// parallelism (collective at the first step, which splits them).
+    /// parallelism (collective at the first step, which splits them); `nccl`, NCCL gather and
+    /// reduce-scatter communicators over `comm`'s ranks, replaces `comm`'s splits.
     /// The returned guard keeps the driver reachable from the hooks until dropped.
     pub fn activate(
         this: &Rc<RefCell<Units>>,
         comm: &dyn Collective,
         efsdp: Option<&dyn Collective>,
+        nccl: Option<GroupComms>,
         shards: &[(String, Tensor)],
         buffers: &[(String, Tensor)],
     ) -> Result<Active, TrainError> {
@@ -302,7 +304,10 @@ impl Units {
             let mut u = this.borrow_mut();
             if u.comms.is_none() {
                 let mut comms = Vec::new();
-                for c in std::iter::once(comm).chain(efsdp) {
+                // `dp_shard`'s NCCL communicators when the job built them (every rank or none).
+                let prebuilt = usize::from(nccl.is_some());
+                comms.extend(nccl);
+                for c in std::iter::once(comm).chain(efsdp).skip(prebuilt) {
                     let gather = c.split(0, c.rank() as u32)?;
                     let scatter = c.split(0, c.rank() as u32)?;
                     comms.push((gather, scatter));
