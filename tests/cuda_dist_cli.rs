@@ -19,7 +19,7 @@ mod rl_support;
 
 use anneal_tests::cli as common;
 
-use common::{anneal, losses, ok, Job};
+use common::{anneal, gpus_here, losses, no_gpu, ok, Job};
 use dist_support::{
     follows_after, kill_rank_and_wait, loss_values, mpiexec_train, mpiexec_train_command,
     resumed_copy, wait_for_rows,
@@ -27,44 +27,6 @@ use dist_support::{
 use std::path::{Path, PathBuf};
 
 const CUDA: &str = "job.device=\"cuda\"";
-
-/// `None` when CUDA device 0 runs here, else why not (from `anneal info`).
-fn no_gpu() -> Option<String> {
-    let out = anneal().arg("info").output().expect("anneal info");
-    ok(&out);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("cuda backend:"))
-        .unwrap_or("cuda backend: not reported")
-        .to_string();
-    if line.starts_with("cuda backend: cuda on ") {
-        None
-    } else {
-        // scripts/test.sh runs these tests on the CPU's emulation of a GPU and requires it.
-        assert!(
-            std::env::var("ANNEAL_REQUIRE_CUDA").as_deref() != Ok("1"),
-            "ANNEAL_REQUIRE_CUDA=1 but {line}"
-        );
-        Some(line)
-    }
-}
-
-/// GPUs on this machine as `anneal info` reports them (`…, N devices)`), 1 when it does not say.
-fn gpus_here() -> usize {
-    let out = anneal().arg("info").output().expect("anneal info");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    text.lines()
-        .find(|l| l.starts_with("cuda backend:"))
-        .and_then(|l| {
-            l.rsplit_once(", ")?
-                .1
-                .strip_suffix(" devices)")?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(1)
-}
 
 /// Four micro-batches of one sequence per step (two per rank on 2 ranks), one thread per
 /// rank, a few steps.

@@ -9,31 +9,9 @@ use anneal_tests::cli as common;
 
 mod rl_support;
 
-use common::{anneal, losses, ok, rows, Job};
+use common::{anneal, losses, no_gpu, ok, rows, Job};
 use std::path::Path;
 use std::process::Output;
-
-/// `None` when CUDA device 0 runs here, else why not (from `anneal info`).
-fn no_gpu() -> Option<String> {
-    let out = anneal().arg("info").output().expect("anneal info");
-    ok(&out);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("cuda backend:"))
-        .unwrap_or("cuda backend: not reported")
-        .to_string();
-    if line.starts_with("cuda backend: cuda on ") {
-        None
-    } else {
-        // scripts/test.sh runs these tests on the CPU's emulation of a GPU and requires it.
-        assert!(
-            std::env::var("ANNEAL_REQUIRE_CUDA").as_deref() != Ok("1"),
-            "ANNEAL_REQUIRE_CUDA=1 but {line}"
-        );
-        Some(line)
-    }
-}
 
 fn user_error(out: &Output) -> String {
     let err = String::from_utf8_lossy(&out.stderr).trim().to_string();

@@ -284,3 +284,37 @@ pub fn user_error(out: &Output, needles: &[&str]) {
         assert!(line.contains(n), "{n} not in {line}");
     }
 }
+
+/// `anneal info`'s `cuda backend:` line.
+fn cuda_backend_line() -> String {
+    let out = anneal().arg("info").output().expect("anneal info");
+    ok(&out);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("cuda backend:"))
+        .unwrap_or("cuda backend: not reported")
+        .to_string()
+}
+
+/// `None` when CUDA device 0 runs here, else why not (from `anneal info`). Under
+/// `ANNEAL_REQUIRE_CUDA=1` (scripts/test.sh runs the CUDA tests on the CPU's emulation of a GPU
+/// and requires it) a missing GPU fails instead.
+pub fn no_gpu() -> Option<String> {
+    let line = cuda_backend_line();
+    if line.starts_with("cuda backend: cuda on ") {
+        return None;
+    }
+    assert!(
+        std::env::var("ANNEAL_REQUIRE_CUDA").as_deref() != Ok("1"),
+        "ANNEAL_REQUIRE_CUDA=1 but {line}"
+    );
+    Some(line)
+}
+
+/// GPUs on this machine as `anneal info` reports them (`…, N devices)`), 1 when it does not say.
+pub fn gpus_here() -> usize {
+    cuda_backend_line()
+        .rsplit_once(", ")
+        .and_then(|(_, n)| n.strip_suffix(" devices)")?.parse().ok())
+        .unwrap_or(1)
+}
