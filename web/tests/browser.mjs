@@ -53,8 +53,12 @@ page.on('console', (m) => {
 });
 page.on('response', (r) => { if (r.status() >= 500) consoleErrors.push(`${r.status()} from ${r.url()}`); });
 page.on('requestfailed', (r) => {
-  // Event streams are cut when the page navigates away.
-  if (!r.url().includes('/events')) consoleErrors.push(`request failed: ${r.url()}`);
+  // Leaving a page cancels its event streams and the polls still in flight (net::ERR_ABORTED);
+  // a refused, reset or empty answer from the server fails the test.
+  const why = r.failure()?.errorText || 'unknown';
+  if (!r.url().includes('/events') && why !== 'net::ERR_ABORTED') {
+    consoleErrors.push(`request failed (${why}): ${r.url()}`);
+  }
 });
 
 const step = (what) => console.log(`browser: ${what}`);
