@@ -10,9 +10,29 @@
 //! copied beyond what the collectives always did, so CPU results are bit for bit unchanged.
 
 use crate::{DType, Device, Result, Tensor};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes this process has moved between a device and host memory for collectives.
+static STAGED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes this process has copied between a GPU and host memory for collectives so far (both
+/// directions, counted in the tensors' own dtypes): 0 where every collective runs on device
+/// buffers. The trainer reports it at the end of a multi-process GPU run.
+pub fn staged_bytes() -> u64 {
+    STAGED_BYTES.load(Ordering::Relaxed)
+}
+
+/// Counts `t`'s bytes when it crosses between a device and the host.
+fn count(t: &Tensor, to: Device) {
+    if t.device() != to {
+        let bytes = (t.numel() * t.dtype().size_in_bytes()) as u64;
+        STAGED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+    }
+}
 
 /// `t`'s values as f32 in host memory (row-major), whatever its device and dtype.
 pub fn to_host(t: &Tensor) -> Vec<f32> {
+    count(t, Device::Cpu);
     t.to_vec_f32()
 }
 
@@ -20,6 +40,7 @@ pub fn to_host(t: &Tensor) -> Vec<f32> {
 pub fn flatten(ts: &[&Tensor]) -> Vec<f32> {
     let mut buf = Vec::with_capacity(ts.iter().map(|t| t.numel()).sum());
     for t in ts {
+        count(t, Device::Cpu);
         buf.extend(t.to_vec_f32());
     }
     buf
@@ -47,12 +68,14 @@ pub fn place(t: Tensor, device: Device) -> Result<Tensor> {
     if t.device() == device {
         Ok(t)
     } else {
+        count(&t, device);
         t.to_device(device)
     }
 }
 
 /// `t`'s elements as raw bytes in its own dtype, in host memory (what a byte-wise send moves).
 pub fn to_host_bytes(t: &Tensor) -> Vec<u8> {
+    count(t, Device::Cpu);
     t.to_bytes()
 }
 

@@ -250,6 +250,15 @@ pub fn run_dist(
         }
         console.progress(out.step);
     }
+    if ranks > 1 && device != anneal_engine::Device::Cpu {
+        // What the collectives still copy through host memory (0 once all run on device).
+        let staged = anneal_engine::staged::staged_bytes();
+        let steps = (summary.steps - resumed_from).max(1);
+        console.note(&format!(
+            "collectives: {staged} bytes staged through host memory on this rank ({} per step)",
+            staged / steps
+        ));
+    }
     if ranks > 1 {
         if let Some(digest) = trainer.check_replicas()? {
             console.note(&format!(
