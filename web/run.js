@@ -56,7 +56,7 @@ const MOE_CHARTS = {
   imbalance: { title: 'Expert load imbalance (max / mean tokens), by layer', yTitle: 'max / mean tokens per expert' },
   entropy: { title: 'Router entropy, by layer', yTitle: 'nats' },
 };
-const NOT_CHARTED = new Set(['step', 'time', 'epoch', 'tokens', 'elapsed_s', 'reward_std']);
+const NOT_CHARTED = new Set(['step', 'time', 'wall_time', 'epoch', 'tokens', 'elapsed_s', 'reward_std']);
 
 function seriesPoints(spec, rows) {
   return spec.series.map(([, key]) => (typeof key === 'function' ? key(rows) : fieldPoints(spec.rl ? trained(rows) : rows, key)));

@@ -14,6 +14,7 @@ pub mod plan;
 pub mod preflight;
 mod run;
 mod schedule;
+pub mod tensorboard;
 mod trainer;
 
 pub use metrics::{cpu_peak_tflops, measure_peak_tflops, Console, MetricsLog, MetricsRow};

@@ -1,6 +1,8 @@
-//! What a run reports: one JSON row per logged step in `<run_dir>/metrics.jsonl`, a line on the
-//! terminal, and a progress bar when stderr is a terminal.
+//! What a run reports: one JSON row per logged step in `<run_dir>/metrics.jsonl` (and the same
+//! values as TensorBoard scalars in `<run_dir>/events.out.tfevents.*`), a line on the terminal,
+//! and a progress bar when stderr is a terminal.
 
+use crate::tensorboard::{self, EventWriter};
 use serde::Serialize;
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Write};
@@ -62,14 +64,17 @@ pub struct MetricsRow {
 pub struct MetricsLog {
     path: PathBuf,
     file: File,
+    events: EventWriter,
 }
 
 impl MetricsLog {
-    /// Opens (appending) `<run_dir>/metrics.jsonl`.
+    /// Opens (appending) `<run_dir>/metrics.jsonl`, and starts a new TensorBoard event file in
+    /// `run_dir` ([`crate::tensorboard`]).
     pub fn open(run_dir: &Path) -> std::io::Result<Self> {
         let path = run_dir.join("metrics.jsonl");
         let file = OpenOptions::new().create(true).append(true).open(&path)?;
-        Ok(MetricsLog { path, file })
+        let events = EventWriter::create(run_dir)?;
+        Ok(MetricsLog { path, file, events })
     }
 
     /// Where the rows go.
@@ -77,12 +82,20 @@ impl MetricsLog {
         &self.path
     }
 
-    /// Writes one row (a [`MetricsRow`], or an RL run's row) as one line.
+    /// Writes one row (a [`MetricsRow`], or an RL run's row) as one line, with the wall-clock
+    /// time it was written (`wall_time`, seconds since the Unix epoch), and its numeric fields as
+    /// TensorBoard scalars at its `step`.
     pub fn write<R: Serialize>(&mut self, row: &R) -> std::io::Result<()> {
-        let mut line = serde_json::to_string(row).expect("metrics rows always serialize");
+        let mut value = serde_json::to_value(row).expect("metrics rows always serialize");
+        if let serde_json::Value::Object(fields) = &mut value {
+            fields.insert("wall_time".into(), tensorboard::unix_seconds().into());
+        }
+        let mut line = value.to_string();
         line.push('\n');
         self.file.write_all(line.as_bytes())?;
-        self.file.flush()
+        self.file.flush()?;
+        let step = value.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
+        self.events.scalars(step, &tensorboard::scalars_of(&value))
     }
 }
 
