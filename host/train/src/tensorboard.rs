@@ -164,10 +164,9 @@ mod tests {
 
     #[test]
     fn masked_crc_matches_tensorflows_known_value() {
-        // CRC-32C of "123456789" is 0xe3069283 (RFC 3720's check value); masked as TFRecord does.
-        let crc = 0xe306_9283u32;
-        let masked = ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8);
-        assert_eq!(masked_crc(b"123456789"), masked);
+        // CRC-32C of "123456789" is 0xe3069283 (RFC 3720's check value); TFRecord's mask,
+        // ((crc >> 15) | (crc << 17)) + 0xa282ead8, makes it 0xc78ab0e5.
+        assert_eq!(masked_crc(b"123456789"), 0xc78a_b0e5);
     }
 
     #[test]
