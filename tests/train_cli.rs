@@ -198,3 +198,32 @@ fn sigterm_stops_after_the_current_step() {
     assert!(stdout.contains("stop requested"), "{stdout}");
     assert!(losses(&run_dir).len() < 100000);
 }
+
+#[test]
+fn json_lines_train_through_the_configured_text_field() {
+    let job = Job::new("field");
+    // The tiny corpus's lines as JSON records whose text is under `body` (no `text` field).
+    let dir = job.dir.join("records");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut lines = String::new();
+    for f in ["doc0.txt", "doc1.txt"] {
+        let text = std::fs::read_to_string(job.dir.join("corpus").join(f)).unwrap();
+        for chunk in text.lines().collect::<Vec<_>>().chunks(20) {
+            lines.push_str(&serde_json::json!({ "id": f, "body": chunk.join("\n") }).to_string());
+            lines.push('\n');
+        }
+    }
+    std::fs::write(dir.join("records.jsonl"), lines).unwrap();
+    let path = format!("data.path={:?}", dir.display().to_string());
+    let (out, run_dir) = job.train(
+        "body",
+        &[&path, "data.text_field=\"body\"", "training.steps=3"],
+    );
+    ok(&out);
+    assert_eq!(losses(&run_dir).len(), 3);
+    // The default field is missing from these records: a clear error naming it.
+    let (out, _) = job.train("text", &[&path, "training.steps=3"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"text\"") || err.contains("`text`"), "{err}");
+}

@@ -66,7 +66,17 @@ impl TextTokenizer {
     /// JSONL files are read through their `"text"` field. The result depends only on the
     /// documents and `vocab_size`, not on the thread count.
     pub fn train_bpe(files: &[PathBuf], vocab_size: usize) -> Result<Self> {
-        let docs = read_documents(files, DEFAULT_TEXT_FIELD)?;
+        Self::train_bpe_with_field(files, DEFAULT_TEXT_FIELD, vocab_size)
+    }
+
+    /// [`TextTokenizer::train_bpe`] reading JSONL files through their field `text_field` (the
+    /// one the dataset is built from, `data.text_field`).
+    pub fn train_bpe_with_field(
+        files: &[PathBuf],
+        text_field: &str,
+        vocab_size: usize,
+    ) -> Result<Self> {
+        let docs = read_documents(files, text_field)?;
         Self::train_bpe_on_texts(&docs, vocab_size)
     }
 
@@ -107,12 +117,14 @@ impl TextTokenizer {
     }
 
     /// Loads (`spec` is a path to a `tokenizer.json`) or trains (`spec` is `"train"`) a tokenizer
-    /// and returns it with the `tokenizer.json` it lives in. A trained tokenizer is cached as
-    /// `<cache_dir>/tokenizer-<hash>.json`, the hash covering the file paths, their contents and
-    /// `vocab_size`, and reused by later calls with the same inputs.
+    /// and returns it with the `tokenizer.json` it lives in. A trained tokenizer reads JSONL
+    /// files through their field `text_field`, and is cached as `<cache_dir>/tokenizer-<hash>.json`,
+    /// the hash covering the file paths, their contents, `text_field` and `vocab_size`, and
+    /// reused by later calls with the same inputs.
     pub fn load_or_train(
         spec: &str,
         files: &[PathBuf],
+        text_field: &str,
         vocab_size: usize,
         cache_dir: &Path,
     ) -> Result<(Self, PathBuf)> {
@@ -120,8 +132,10 @@ impl TextTokenizer {
             let path = PathBuf::from(spec);
             return Ok((Self::from_file(&path)?, path));
         }
-        let mut key = CacheKey::new("anneal-data bpe tokenizer v1");
-        key.files(files)?.u64(vocab_size as u64);
+        let mut key = CacheKey::new("anneal-data bpe tokenizer v2");
+        key.files(files)?
+            .bytes(text_field.as_bytes())
+            .u64(vocab_size as u64);
         let path = cache_dir.join(format!("tokenizer-{}.json", key.hex()));
         if path.is_file() {
             // A cache file that no longer loads (say, truncated by a full disk) is retrained.
@@ -129,7 +143,7 @@ impl TextTokenizer {
                 return Ok((tok, path));
             }
         }
-        let tok = Self::train_bpe(files, vocab_size)?;
+        let tok = Self::train_bpe_with_field(files, text_field, vocab_size)?;
         tok.save(&path)?;
         Ok((tok, path))
     }

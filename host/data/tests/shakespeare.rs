@@ -21,7 +21,8 @@ fn bpe_8192_on_shakespeare() {
     let cache = tempfile::tempdir().unwrap();
 
     let t = Instant::now();
-    let (tok, path) = TextTokenizer::load_or_train("train", &files, 8192, cache.path()).unwrap();
+    let (tok, path) =
+        TextTokenizer::load_or_train("train", &files, "text", 8192, cache.path()).unwrap();
     println!(
         "train BPE 8192: {:.2} s -> {}",
         t.elapsed().as_secs_f64(),
@@ -47,7 +48,7 @@ fn bpe_8192_on_shakespeare() {
 
     let t = Instant::now();
     let (_, cached_path) =
-        TextTokenizer::load_or_train("train", &files, 8192, cache.path()).unwrap();
+        TextTokenizer::load_or_train("train", &files, "text", 8192, cache.path()).unwrap();
     let again = TokenDataset::build(&files, "text", &tok, 0.05, cache.path()).unwrap();
     println!(
         "cached tokenizer + streams: {:.2} s",

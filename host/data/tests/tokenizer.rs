@@ -118,7 +118,7 @@ fn load_or_train_caches_by_inputs_and_reuses_the_cache() {
     let dir = tempfile::tempdir().unwrap();
     let files = corpus(dir.path());
     let cache = dir.path().join("cache");
-    let (tok, path) = TextTokenizer::load_or_train("train", &files, 300, &cache).unwrap();
+    let (tok, path) = TextTokenizer::load_or_train("train", &files, "text", 300, &cache).unwrap();
     let name = path.file_name().unwrap().to_str().unwrap();
     assert!(
         name.starts_with("tokenizer-") && name.ends_with(".json"),
@@ -127,23 +127,50 @@ fn load_or_train_caches_by_inputs_and_reuses_the_cache() {
     assert_eq!(path.parent().unwrap(), cache);
     assert!(path.is_file());
 
-    let (again, path2) = TextTokenizer::load_or_train("train", &files, 300, &cache).unwrap();
+    let (again, path2) =
+        TextTokenizer::load_or_train("train", &files, "text", 300, &cache).unwrap();
     assert_eq!(path2, path);
     assert_eq!(again.encode(CORPUS).unwrap(), tok.encode(CORPUS).unwrap());
 
     // The second call reads the cache file rather than training: swap in a different tokenizer.
     let other = TextTokenizer::train_bpe(&files, 270).unwrap();
     other.save(&path).unwrap();
-    let (reused, _) = TextTokenizer::load_or_train("train", &files, 300, &cache).unwrap();
+    let (reused, _) = TextTokenizer::load_or_train("train", &files, "text", 300, &cache).unwrap();
     assert_eq!(reused.vocab_size(), other.vocab_size());
 
     // Another vocab size or changed contents make another cache entry.
-    let (_, p_vocab) = TextTokenizer::load_or_train("train", &files, 290, &cache).unwrap();
+    let (_, p_vocab) = TextTokenizer::load_or_train("train", &files, "text", 290, &cache).unwrap();
     assert_ne!(p_vocab, path);
     fs::write(&files[1], "{\"text\": \"something else entirely\"}\n").unwrap();
-    let (_, p_edit) = TextTokenizer::load_or_train("train", &files, 300, &cache).unwrap();
+    let (_, p_edit) = TextTokenizer::load_or_train("train", &files, "text", 300, &cache).unwrap();
     assert_ne!(p_edit, path);
     assert_ne!(p_edit, p_vocab);
+}
+
+#[test]
+fn a_trained_tokenizer_reads_the_configured_text_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("notes.jsonl");
+    fs::write(
+        &data,
+        "{\"body\": \"the quick brown fox\", \"text\": \"zzzz zzzz zzzz\"}\n{\"body\": \"jumps over the lazy dog\"}\n",
+    )
+    .unwrap();
+    let files = vec![data];
+    let cache = dir.path().join("cache");
+    // Only `body` is in every line: reading `text` fails on the second, naming the field.
+    let (tok, body) = TextTokenizer::load_or_train("train", &files, "body", 270, &cache).unwrap();
+    let err = TextTokenizer::load_or_train("train", &files, "text", 270, &cache).unwrap_err();
+    assert!(err.to_string().contains("text"), "{err}");
+    // The merges come from the `body` documents; the field is part of the cache key.
+    assert!(tok.encode("the quick").unwrap().len() < "the quick".len());
+    let direct = TextTokenizer::train_bpe_with_field(&files, "body", 270).unwrap();
+    assert_eq!(tok.to_json().unwrap(), direct.to_json().unwrap());
+    fs::write(&files[0], "{\"body\": \"a\", \"text\": \"b\"}\n").unwrap();
+    let (_, text) = TextTokenizer::load_or_train("train", &files, "text", 270, &cache).unwrap();
+    let (_, body2) = TextTokenizer::load_or_train("train", &files, "body", 270, &cache).unwrap();
+    assert_ne!(text, body2, "another field, another cache entry");
+    assert_ne!(body, body2, "other contents, another cache entry");
 }
 
 #[test]
@@ -154,7 +181,7 @@ fn load_or_train_with_a_path_loads_that_file() {
     tok.save(&path).unwrap();
     let cache = dir.path().join("cache");
     let (loaded, used) =
-        TextTokenizer::load_or_train(path.to_str().unwrap(), &[], 0, &cache).unwrap();
+        TextTokenizer::load_or_train(path.to_str().unwrap(), &[], "text", 0, &cache).unwrap();
     assert_eq!(used, path);
     assert_eq!(loaded.encode(CORPUS).unwrap(), tok.encode(CORPUS).unwrap());
     assert!(!cache.exists(), "loading a file must not write the cache");

@@ -149,8 +149,13 @@ impl Trainer {
             data_path.display()
         ));
         let started = Instant::now();
-        let (tokenizer, tokenizer_path) =
-            TextTokenizer::load_or_train(&d.tokenizer, &files, d.vocab_size, &cache_dir)?;
+        let (tokenizer, tokenizer_path) = TextTokenizer::load_or_train(
+            &d.tokenizer,
+            &files,
+            &d.text_field,
+            d.vocab_size,
+            &cache_dir,
+        )?;
         let dataset = TokenDataset::build(
             &files,
             &d.text_field,
