@@ -20,7 +20,7 @@ mod units;
 
 pub(crate) use gather_codec::GatherCodec;
 pub use policy::{ExpertsActive, FsdpPolicy};
-pub(crate) use units::{Active, Hook, Units};
+pub(crate) use units::{set_shard_grads_device, Active, Hook, Units};
 
 use crate::checkpoint::PieceRef;
 use crate::parallel::staged;
