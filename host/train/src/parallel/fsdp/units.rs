@@ -863,7 +863,10 @@ impl Units {
         self.local = Vec::new();
         self.local_dev = Vec::new();
         self.buffers = Vec::new();
-        let device_rows = self.dev.as_ref().map(|_| std::mem::take(&mut self.grad_dev));
+        let device_rows = self
+            .dev
+            .as_ref()
+            .map(|_| std::mem::take(&mut self.grad_dev));
         StepGrads {
             device_rows,
             rows: std::mem::take(&mut self.grad_rows),

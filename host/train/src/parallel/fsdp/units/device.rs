@@ -72,7 +72,12 @@ fn zeros(n: usize, device: Device) -> Result<Tensor, TrainError> {
 }
 
 /// A tensor of `shape` and `dtype` on `device` in storage of its own, holding `values`.
-fn own(values: &Tensor, shape: &[usize], dtype: DType, device: Device) -> Result<Tensor, TrainError> {
+fn own(
+    values: &Tensor,
+    shape: &[usize],
+    dtype: DType,
+    device: Device,
+) -> Result<Tensor, TrainError> {
     let t = Tensor::zeros_on(shape, dtype, device)?;
     t.copy_from(&values.reshape(shape)?)?;
     Ok(t)
@@ -162,10 +167,18 @@ impl Units {
 
     /// This step's f32 shard rows on the GPU (views of the shards when they are f32) and zero
     /// gradient rows.
-    pub(super) fn begin_step_device(&mut self, shards: &[(String, Tensor)]) -> Result<(), TrainError> {
+    pub(super) fn begin_step_device(
+        &mut self,
+        shards: &[(String, Tensor)],
+    ) -> Result<(), TrainError> {
         self.local_dev = shards
             .iter()
-            .map(|(_, p)| Ok(p.detach().to_dtype(DType::F32)?.contiguous()?.reshape(&[p.numel()])?))
+            .map(|(_, p)| {
+                Ok(p.detach()
+                    .to_dtype(DType::F32)?
+                    .contiguous()?
+                    .reshape(&[p.numel()])?)
+            })
             .collect::<Result<_, TrainError>>()?;
         self.grad_dev = shards
             .iter()
@@ -260,7 +273,10 @@ impl Units {
                 let block = m.shard.block_len();
                 let col = match live.leaves.get(k).and_then(|l| l.grad()) {
                     Some(g) => {
-                        let flat = g.to_dtype(DType::F32)?.contiguous()?.reshape(&[g.numel()])?;
+                        let flat = g
+                            .to_dtype(DType::F32)?
+                            .contiguous()?
+                            .reshape(&[g.numel()])?;
                         let pad = ranks * block - flat.numel();
                         match pad {
                             0 => flat,
@@ -284,7 +300,10 @@ impl Units {
             // SAFETY: `send` (`stride * ranks` f32) and `out` (`stride` f32) are contiguous on
             // the communicator's GPU, written by the engine before the synchronisation above,
             // and kept in the flight (untouched but by NCCL) until its stream is waited for.
-            unsafe { dev.scatter.reduce_scatter_sum_device(s, o, stride, NcclDtype::F32)? };
+            unsafe {
+                dev.scatter
+                    .reduce_scatter_sum_device(s, o, stride, NcclDtype::F32)?
+            };
             flights.push((0, Flight::Device(Buffers { _send: send, out })));
         }
         for (k, m) in self.units[u].iter().enumerate() {
