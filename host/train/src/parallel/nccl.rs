@@ -16,10 +16,12 @@
 //! `cp` or `ep` every collective stays staged. The communicators are built once, at job start,
 //! each bootstrapped over an MPI communicator of the same ranks (NCCL's unique id broadcast over
 //! it). Compute and NCCL run on different streams, ordered by waiting on each (the engine's
-//! stream before a call, NCCL's after it); overlapping them is a later stage.
+//! stream before a call, NCCL's after it: FSDP's prefetched gathers are launched early and
+//! waited for when their unit is reached); overlapping compute with them is a later stage.
 //!
-//! Sums: the DDP path is the staged path's reduce-scatter then all-gather (every rank the same
-//! bits). On the CPU emulation NCCL sums in rank order as MPI does, so both paths give the same
+//! Sums: the DDP path and HSDP's replica sum are the staged path's reduce-scatter then
+//! all-gather (every rank the same bits); FSDP's reduce-scatters lay their buffers out as the
+//! staged path does and add each micro-batch's rows to zeros in the same order. On the CPU emulation NCCL sums in rank order as MPI does, so both paths give the same
 //! bits; real NCCL picks its own order (within rounding of the staged path).
 
 use crate::TrainError;
