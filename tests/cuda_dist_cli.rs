@@ -167,18 +167,25 @@ fn nccl_and_staged_collectives_give_the_same_bits() {
     }
     let job = Job::new("cuda-dist-nccl");
     // DDP's gradient sum, FSDP's gathers and reduce-scatters and HSDP's replica sum (4 ranks:
-    // 2 replicas of 2 shards) on device buffers.
-    for (ranks, layout, what) in [
-        (2, &[][..], "DDP's gradient sum on device buffers"),
-        (
-            2,
-            &["parallelism.dp_shard=2"][..],
-            "FSDP's gathers and reduce-scatters on device buffers",
-        ),
+    // 2 replicas of 2 shards) on device buffers; int8-encoded gathers host-staged over NCCL.
+    let fsdp = "FSDP's gathers and reduce-scatters on device buffers";
+    for (ranks, layout, what, on_device) in [
+        (2, &[][..], "DDP's gradient sum on device buffers", true),
+        (2, &["parallelism.dp_shard=2"][..], fsdp, true),
         (
             4,
             &["parallelism.dp_replicate=2", "parallelism.dp_shard=2"][..],
             "FSDP's gathers and reduce-scatters and HSDP's replica sum on device buffers",
+            true,
+        ),
+        (
+            2,
+            &[
+                "parallelism.dp_shard=2",
+                "parallelism.fsdp_all_gather_dtype=int8",
+            ][..],
+            fsdp,
+            false,
         ),
     ] {
         let (staged, staged_log) = gpu_ranks_on(&job, ranks, "staged", layout);
@@ -205,6 +212,9 @@ fn nccl_and_staged_collectives_give_the_same_bits() {
         let (host, device) = (staged_per_step(&staged_log), staged_per_step(&nccl_log));
         println!("{layout:?}: staged {host} bytes per step, NCCL {device}");
         assert!(host > 0, "{layout:?}: the staged path stages: {staged_log}");
+        if !on_device {
+            continue;
+        }
         assert_eq!(
             device, 0,
             "{layout:?}: NCCL stages {device} bytes per step, the staged path {host}"

@@ -127,7 +127,7 @@ impl Fsdp {
                 let from = offset * s.row_len;
                 let t = match p.device() {
                     // On a GPU the rows are cut there (the same values, no host round trip).
-                    Device::Cuda(_) if s.len() > 0 => {
+                    Device::Cuda(_) if !s.is_empty() => {
                         let flat = p.detach().contiguous()?.reshape(&[p.numel()])?;
                         let rows = flat.narrow(0, from + s.start * s.row_len, s.len())?;
                         let t = Tensor::zeros_on(&s.shape(shape), p.dtype(), p.device())?;
