@@ -6,7 +6,8 @@
 //! for bit the CPU's single process (the emulated GPU's f32 kernels sum in another order than
 //! the CPU's, so bitwise claims compare GPU with GPU). DDP and FSDP give the same losses and
 //! gradient norms, bit for bit, with their collectives staged over MPI and over NCCL
-//! (`ANNEAL_COLLECTIVES`), and the rank's log says which path ran. `anneal rl` under FSDP, TP,
+//! (`ANNEAL_COLLECTIVES`), and so does HSDP on four ranks; the rank's log says which path ran,
+//! and on NCCL nothing of theirs is staged through host memory. `anneal rl` under FSDP, TP,
 //! PP and CP on GPU ranks keeps the logprob mismatch at exactly 0. A sharded checkpoint written
 //! by two GPU ranks resumes on one CPU process and on two CPU ranks; a GPU rank killed mid-run
 //! ends the job, and the rerun resumes; `generate --tp 2` on GPU ranks decodes the one
@@ -120,15 +121,18 @@ fn data_parallel_gpu_ranks_follow_the_single_process() {
     follows("DDP2", &s, &dir, true);
 }
 
-/// `anneal train` on 2 GPU ranks with `layout` and `ANNEAL_COLLECTIVES=path`: its run dir and
-/// rank 1's log.
-fn two_gpu_ranks_on(job: &Job, path: &str, layout: &[&'static str]) -> (PathBuf, String) {
+/// `anneal train` on `ranks` GPU ranks (as many emulated GPUs) with `layout` and
+/// `ANNEAL_COLLECTIVES=path`: its run dir and rank 1's log.
+fn gpu_ranks_on(job: &Job, ranks: usize, path: &str, layout: &[&'static str]) -> (PathBuf, String) {
     let name = format!("{}-{path}", layout.join("-").replace(['.', '='], "_"));
     let dir = job.dir.join(name);
     let mut set = with(layout);
     set.push(CUDA);
-    let env = [("ANNEAL_COLLECTIVES", path.to_string())];
-    let out = mpiexec_train_command(2, job, &dir, &set, &env)
+    let env = [
+        ("ANNEAL_COLLECTIVES", path.to_string()),
+        ("ANNEAL_CUDA_EMU_DEVICES", ranks.max(2).to_string()),
+    ];
+    let out = mpiexec_train_command(ranks, job, &dir, &set, &env)
         .output()
         .expect("run mpiexec");
     ok(&out);
@@ -145,6 +149,16 @@ fn loss_and_norm_bits(dir: &Path) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// The bytes per step a rank's log says its collectives staged through host memory.
+fn staged_per_step(log: &str) -> u64 {
+    log.lines()
+        .find_map(|l| {
+            let (_, rest) = l.split_once("staged through host memory on this rank (")?;
+            rest.strip_suffix(" per step)")?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no staged bytes line: {log}"))
+}
+
 #[test]
 fn nccl_and_staged_collectives_give_the_same_bits() {
     if let Some(why) = no_gpu() {
@@ -152,13 +166,30 @@ fn nccl_and_staged_collectives_give_the_same_bits() {
         return;
     }
     let job = Job::new("cuda-dist-nccl");
-    // DDP's gradient sum on device buffers; FSDP's gathers and reduce-scatters over NCCL.
-    for (layout, what) in [
-        (&[][..], "DDP's gradient sum on device buffers"),
-        (&["parallelism.dp_shard=2"][..], "FSDP's gathers"),
+    // DDP's gradient sum, FSDP's gathers and reduce-scatters and HSDP's replica sum (4 ranks:
+    // 2 replicas of 2 shards) on device buffers; int8-encoded gathers host-staged over NCCL.
+    let fsdp = "FSDP's gathers and reduce-scatters on device buffers";
+    for (ranks, layout, what, on_device) in [
+        (2, &[][..], "DDP's gradient sum on device buffers", true),
+        (2, &["parallelism.dp_shard=2"][..], fsdp, true),
+        (
+            4,
+            &["parallelism.dp_replicate=2", "parallelism.dp_shard=2"][..],
+            "FSDP's gathers and reduce-scatters and HSDP's replica sum on device buffers",
+            true,
+        ),
+        (
+            2,
+            &[
+                "parallelism.dp_shard=2",
+                "parallelism.fsdp_all_gather_dtype=int8",
+            ][..],
+            fsdp,
+            false,
+        ),
     ] {
-        let (staged, staged_log) = two_gpu_ranks_on(&job, "staged", layout);
-        let (nccl, nccl_log) = two_gpu_ranks_on(&job, "nccl", layout);
+        let (staged, staged_log) = gpu_ranks_on(&job, ranks, "staged", layout);
+        let (nccl, nccl_log) = gpu_ranks_on(&job, ranks, "nccl", layout);
         assert!(
             staged_log.contains("collectives: staged through host memory over MPI"),
             "{layout:?}: {staged_log}"
@@ -174,6 +205,20 @@ fn nccl_and_staged_collectives_give_the_same_bits() {
         let (a, b) = (loss_and_norm_bits(&staged), loss_and_norm_bits(&nccl));
         assert_eq!(a.len(), 3, "{layout:?}: {a:?}");
         assert_eq!(a, b, "{layout:?}: staged vs NCCL (loss, grad norm) bits");
+        // On NCCL every parameter and gradient byte of these layouts stays on the GPU (the
+        // shards are even cut there at start); the step's scalars (losses, has-gradient flags)
+        // are host values that never were on a device. So nothing is staged, against every
+        // parameter and gradient byte (and more) on the staged path.
+        let (host, device) = (staged_per_step(&staged_log), staged_per_step(&nccl_log));
+        println!("{layout:?}: staged {host} bytes per step, NCCL {device}");
+        assert!(host > 0, "{layout:?}: the staged path stages: {staged_log}");
+        if !on_device {
+            continue;
+        }
+        assert_eq!(
+            device, 0,
+            "{layout:?}: NCCL stages {device} bytes per step, the staged path {host}"
+        );
     }
 }
 

@@ -531,10 +531,11 @@ impl Dist {
         let Device::Cuda(ordinal) = device else {
             unreachable!("checked above")
         };
-        let comms = DeviceComms::new(self.grads(), self.shard(), ordinal)?;
-        let what = match comms.grads.is_some() {
-            true => "DDP's gradient sum on device buffers",
-            false => "FSDP's gathers and reduce-scatters (host-staged buffers)",
+        let comms = DeviceComms::new(self.grads(), self.shard(), self.replicate(), ordinal)?;
+        let what = match (comms.grads.is_some(), comms.replicate.is_some()) {
+            (true, _) => "DDP's gradient sum on device buffers",
+            (false, false) => "FSDP's gathers and reduce-scatters on device buffers (f32 gathers; quantized or bf16 ones staged)",
+            (false, true) => "FSDP's gathers and reduce-scatters and HSDP's replica sum on device buffers (f32 gathers; quantized or bf16 ones staged)",
         };
         self.device_comms = Some(comms);
         Ok(Some(format!(
@@ -544,8 +545,14 @@ impl Dist {
 
     /// FSDP's gather and reduce-scatter NCCL communicators over the shard ranks, once (the
     /// units take them at their first step), when [`Dist::start_device_collectives`] built them.
-    pub(crate) fn take_shard_device_comms(&self) -> Option<crate::parallel::nccl::GroupComms> {
+    pub(crate) fn take_shard_device_comms(&self) -> Option<crate::parallel::nccl::ShardNccl> {
         self.device_comms.as_ref()?.shard.borrow_mut().take()
+    }
+
+    /// HSDP's NCCL communicator over the `dp_replicate` ranks (the replica sum of the gradient
+    /// rows on device), when [`Dist::start_device_collectives`] built it.
+    pub(crate) fn replicate_device_comm(&self) -> Option<&anneal_dist::nccl::Nccl> {
+        self.device_comms.as_ref()?.replicate.as_ref()
     }
 
     /// Every rank's values of `local`, concatenated in rank order.

@@ -1,9 +1,14 @@
-//! NCCL on the rank's GPU for the hot data-parallel collectives of a multi-process GPU job:
-//! DDP's gradient sum runs on one device buffer (the gradients flattened on the GPU, an NCCL
-//! reduce-scatter and all-gather on its raw address, the sums split back as device tensors),
-//! and FSDP's per-unit parameter all-gathers and gradient reduce-scatters run over NCCL
-//! communicators (their buffers still staged through host memory: the units keep this rank's
-//! rows as host f32). Every other collective stays staged ([`super::staged`]).
+//! NCCL on the rank's GPU for the hot data-parallel collectives of a multi-process GPU job, on
+//! device buffers (raw addresses, NCCL's `*_device` entry points): DDP's gradient sum (the
+//! gradients flattened on the GPU, an NCCL reduce-scatter and all-gather on one buffer, the sums
+//! split back as device tensors); FSDP's per-unit parameter all-gathers and gradient
+//! reduce-scatters (the units keep this rank's f32 shard rows on the GPU, the gathered
+//! parameters are device tensors, the gradient rows are summed on the GPU:
+//! [`crate::parallel::fsdp`]'s `units/device.rs`); and HSDP's sum of the gradient rows over the
+//! replicas (an NCCL communicator of its own over the `dp_replicate` ranks). Quantized or bf16
+//! parameter gathers (`parallelism.fsdp_all_gather_dtype` other than f32) keep their encoding on
+//! the host: their buffers are staged through host memory over the same NCCL communicators.
+//! Every other collective stays staged ([`super::staged`]).
 //!
 //! Which path runs: `ANNEAL_COLLECTIVES` = `auto` (the default: NCCL where every rank of the job
 //! can load it), `staged` (always through host memory over MPI) or `nccl` (NCCL, or an error
@@ -11,10 +16,12 @@
 //! `cp` or `ep` every collective stays staged. The communicators are built once, at job start,
 //! each bootstrapped over an MPI communicator of the same ranks (NCCL's unique id broadcast over
 //! it). Compute and NCCL run on different streams, ordered by waiting on each (the engine's
-//! stream before a call, NCCL's after it); overlapping them is a later stage.
+//! stream before a call, NCCL's after it: FSDP's prefetched gathers are launched early and
+//! waited for when their unit is reached); overlapping compute with them is a later stage.
 //!
-//! Sums: the DDP path is the staged path's reduce-scatter then all-gather (every rank the same
-//! bits). On the CPU emulation NCCL sums in rank order as MPI does, so both paths give the same
+//! Sums: the DDP path and HSDP's replica sum are the staged path's reduce-scatter then
+//! all-gather (every rank the same bits); FSDP's reduce-scatters lay their buffers out as the
+//! staged path does and add each micro-batch's rows to zeros in the same order. On the CPU emulation NCCL sums in rank order as MPI does, so both paths give the same
 //! bits; real NCCL picks its own order (within rounding of the staged path).
 
 use crate::TrainError;
@@ -53,8 +60,8 @@ fn parse(value: Option<&str>) -> Result<Choice, TrainError> {
     }
 }
 
-/// A group's gather and reduce-scatter communicators (FSDP's units keep one of each).
-pub(crate) type GroupComms = (Box<dyn Collective>, Box<dyn Collective>);
+/// FSDP's NCCL gather and reduce-scatter communicators over the shard ranks.
+pub(crate) type ShardNccl = (Nccl, Nccl);
 
 /// This rank's NCCL communicators.
 pub(crate) struct DeviceComms {
@@ -62,7 +69,9 @@ pub(crate) struct DeviceComms {
     pub grads: Option<Nccl>,
     /// FSDP's gather and reduce-scatter communicators over the shard ranks, until the units take
     /// them at their first step.
-    pub shard: RefCell<Option<GroupComms>>,
+    pub shard: RefCell<Option<ShardNccl>>,
+    /// Under HSDP, over the `dp_replicate` ranks: the sum of the gradient rows over the replicas.
+    pub replicate: Option<Nccl>,
 }
 
 /// An NCCL communicator over `comm`'s ranks on GPU `ordinal`, bootstrapped over a split of
@@ -74,23 +83,26 @@ fn over(comm: &dyn Collective, ordinal: usize) -> Result<Nccl, TrainError> {
 
 impl DeviceComms {
     /// Communicators on GPU `ordinal`: over `grads` when parameters are not sharded, else a
-    /// gather and a reduce-scatter one over `shard`. Collective over both.
+    /// gather and a reduce-scatter one over `shard` (and one over `replicate` under HSDP).
+    /// Collective over all three.
     pub fn new(
         grads: &dyn Collective,
         shard: Option<&dyn Collective>,
+        replicate: Option<&dyn Collective>,
         ordinal: usize,
     ) -> Result<DeviceComms, TrainError> {
         let (grads, shard) = match shard {
             None => (Some(over(grads, ordinal)?), None),
-            Some(s) => {
-                let gather = Box::new(over(s, ordinal)?) as Box<dyn Collective>;
-                let scatter = Box::new(over(s, ordinal)?) as Box<dyn Collective>;
-                (None, Some((gather, scatter)))
-            }
+            Some(s) => (None, Some((over(s, ordinal)?, over(s, ordinal)?))),
+        };
+        let replicate = match (&shard, replicate) {
+            (Some(_), Some(r)) => Some(over(r, ordinal)?),
+            _ => None,
         };
         Ok(DeviceComms {
             grads,
             shard: RefCell::new(shard),
+            replicate,
         })
     }
 }

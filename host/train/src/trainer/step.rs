@@ -218,7 +218,19 @@ impl Trainer {
         match (&self.units, shard_grads) {
             (Some(u), _) => {
                 let grads = u.borrow_mut().take_grads();
-                Fsdp::set_shard_grads(dp, replicate, &self.named, grads.rows, &grads.got)?;
+                match grads.device_rows {
+                    Some(rows) => crate::parallel::fsdp::set_shard_grads_device(
+                        dp,
+                        replicate,
+                        self.dist.replicate_device_comm(),
+                        &self.named,
+                        rows,
+                        &grads.got,
+                    )?,
+                    None => {
+                        Fsdp::set_shard_grads(dp, replicate, &self.named, grads.rows, &grads.got)?
+                    }
+                }
                 figures = Some((
                     grads.full_bytes_peak,
                     grads.early_scatters,

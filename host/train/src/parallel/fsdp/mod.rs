@@ -20,13 +20,13 @@ mod units;
 
 pub(crate) use gather_codec::GatherCodec;
 pub use policy::{ExpertsActive, FsdpPolicy};
-pub(crate) use units::{Active, Hook, Units};
+pub(crate) use units::{set_shard_grads_device, Active, Hook, Units};
 
 use crate::checkpoint::PieceRef;
 use crate::parallel::staged;
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard};
-use anneal_engine::Tensor;
+use anneal_engine::{Device, Tensor};
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 
@@ -124,10 +124,22 @@ impl Fsdp {
         full.iter()
             .zip(self.layout.iter().zip(&self.whole))
             .map(|((n, p), ((shape, s), (_, offset)))| {
-                let values = p.to_vec_f32();
                 let from = offset * s.row_len;
-                let rows = s.slice(&values[from..]).to_vec();
-                let t = staged::rebuild(rows, &s.shape(shape), p.dtype(), p.device())?;
+                let t = match p.device() {
+                    // On a GPU the rows are cut there (the same values, no host round trip).
+                    Device::Cuda(_) if !s.is_empty() => {
+                        let flat = p.detach().contiguous()?.reshape(&[p.numel()])?;
+                        let rows = flat.narrow(0, from + s.start * s.row_len, s.len())?;
+                        let t = Tensor::zeros_on(&s.shape(shape), p.dtype(), p.device())?;
+                        t.copy_from(&rows.reshape(&s.shape(shape))?)?;
+                        t
+                    }
+                    _ => {
+                        let values = p.to_vec_f32();
+                        let rows = s.slice(&values[from..]).to_vec();
+                        staged::rebuild(rows, &s.shape(shape), p.dtype(), p.device())?
+                    }
+                };
                 Ok((n.clone(), t.requires_grad_()))
             })
             .collect()

@@ -20,11 +20,19 @@
 //! gather and reduce-scatter beside the dense ones' (group 0, over `dp_shard`). Every rank runs the same model on the same shapes, so
 //! its graph (and so the sequence of collectives it starts and waits for) is the same.
 //!
+//! On GPU ranks with NCCL ([`crate::parallel::nccl`]) and f32 gathers, the shard rows, the
+//! gathers, the reduce-scatters and the step's gradient rows all stay on the GPU ([`device`]).
+//!
 //! The driver lives in a thread-local for the length of a step ([`Units::activate`]): the
 //! runner's hook and the engine's gradient hooks must be `Send + Sync`, the communicators are
 //! not, and both only ever run on the training thread.
 
+mod device;
+
+pub(crate) use device::set_shard_grads_device;
+
 use super::{Experts, GatherCodec};
+use crate::parallel::nccl::ShardNccl;
 use crate::parallel::staged;
 use crate::TrainError;
 use anneal_dist::{Collective, Dim0Shard, Pending};
@@ -53,8 +61,26 @@ struct Member {
 /// A group's gather and reduce-scatter communicators.
 type GroupComms = (Box<dyn Collective>, Box<dyn Collective>);
 
+/// One collective in flight: over a [`Collective`] (host buffers) or NCCL on device buffers.
+enum Flight {
+    Host(Box<dyn Pending>),
+    Device(device::Buffers),
+}
+
+impl Flight {
+    /// The host collective's received values (a device one is the caller's mistake).
+    fn wait_host(self) -> Result<Vec<f32>, TrainError> {
+        match self {
+            Flight::Host(p) => Ok(p.wait()?),
+            Flight::Device(_) => Err(TrainError::Engine(engine_err(
+                "a device collective waited for as a host one",
+            ))),
+        }
+    }
+}
+
 /// Collectives in flight for one unit, one per group it has members in.
-type InFlight = Vec<(usize, Box<dyn Pending>)>;
+type InFlight = Vec<(usize, Flight)>;
 
 /// Whether the micro-batch is in its forward or its backward.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -123,6 +149,11 @@ pub(crate) struct Units {
     gather_bytes: u64,
     /// Where this step's shards live: gathered parameters are rebuilt there.
     device: Device,
+    /// NCCL on device buffers for the shard group, when the job runs it ([`device`]).
+    dev: Option<device::DeviceGroup>,
+    /// On device buffers: this step's f32 shard rows and gradient rows, by trainer index.
+    local_dev: Vec<Tensor>,
+    grad_dev: Vec<Tensor>,
     mb: Option<MicroBatch>,
 }
 
@@ -140,6 +171,8 @@ pub(crate) struct StepGrads {
     pub early_scatters: u64,
     /// Bytes this rank sent in parameter all-gathers during the step.
     pub gather_bytes: u64,
+    /// On device buffers: the gradient rows on the GPU (then `rows` is empty).
+    pub device_rows: Option<Vec<Tensor>>,
 }
 
 thread_local! {
@@ -260,6 +293,9 @@ impl Units {
             codec,
             gather_bytes: 0,
             device: Device::Cpu,
+            dev: None,
+            local_dev: Vec::new(),
+            grad_dev: Vec::new(),
             mb: None,
         }
     }
@@ -290,23 +326,39 @@ impl Units {
     /// optimizer changes them only after the step), `buffers` go to every stage as they are;
     /// `comm` is the `dp_shard` communicator and `efsdp` the expert-FSDP one under expert
     /// parallelism (collective at the first step, which splits them); `nccl`, NCCL gather and
-    /// reduce-scatter communicators over `comm`'s ranks, replaces `comm`'s splits.
+    /// reduce-scatter communicators over `comm`'s ranks, replaces `comm`'s splits: on device
+    /// buffers when the gathers are f32 and the shards live on its GPU, else with host buffers.
     /// The returned guard keeps the driver reachable from the hooks until dropped.
     pub fn activate(
         this: &Rc<RefCell<Units>>,
         comm: &dyn Collective,
         efsdp: Option<&dyn Collective>,
-        nccl: Option<GroupComms>,
+        nccl: Option<ShardNccl>,
         shards: &[(String, Tensor)],
         buffers: &[(String, Tensor)],
     ) -> Result<Active, TrainError> {
         {
             let mut u = this.borrow_mut();
+            let device = shards.first().map_or(Device::Cpu, |(_, p)| p.device());
             if u.comms.is_none() {
                 let mut comms = Vec::new();
                 // `dp_shard`'s NCCL communicators when the job built them (every rank or none).
                 let prebuilt = usize::from(nccl.is_some());
-                comms.extend(nccl);
+                match nccl {
+                    // Every rank agrees: the same codec, shards on each rank's own GPU.
+                    Some(n) if u.codec == GatherCodec::F32 && efsdp.is_none() => {
+                        let group = device::DeviceGroup::new(n);
+                        if group.device() != device {
+                            return Err(TrainError::Engine(engine_err(format!(
+                                "the shards live on {device}, NCCL on {}",
+                                group.device()
+                            ))));
+                        }
+                        u.dev = Some(group);
+                    }
+                    Some((g, s)) => comms.push((Box::new(g) as _, Box::new(s) as _)),
+                    None => {}
+                }
                 for c in std::iter::once(comm).chain(efsdp).skip(prebuilt) {
                     let gather = c.split(0, c.rank() as u32)?;
                     let scatter = c.split(0, c.rank() as u32)?;
@@ -314,8 +366,12 @@ impl Units {
                 }
                 u.comms = Some(comms);
             }
-            u.local = shards.iter().map(|(_, p)| staged::flatten(&[p])).collect();
-            u.device = shards.first().map_or(Device::Cpu, |(_, p)| p.device());
+            u.device = device;
+            if u.dev.is_some() {
+                u.begin_step_device(shards)?;
+            } else {
+                u.local = shards.iter().map(|(_, p)| staged::flatten(&[p])).collect();
+            }
             u.buffers = buffers.to_vec();
             u.grad_rows = shards.iter().map(|(_, p)| vec![0.0; p.numel()]).collect();
             u.got_grad = vec![false; u.n_params];
@@ -374,6 +430,9 @@ impl Units {
     /// Starts unit `u`'s all-gathers: every member's rows, padded to its block, in one buffer
     /// per group. A group of one rank (experts not sharded further) sends nothing encoded.
     fn start_gather(&mut self, u: usize) -> Result<(), TrainError> {
+        if self.dev.is_some() {
+            return self.start_gather_device(u);
+        }
         let mut started = Vec::new();
         for (g, ks) in self.groups(u) {
             let members = &self.units[u];
@@ -390,7 +449,7 @@ impl Units {
             } else {
                 send
             };
-            started.push((g, self.comms(g)?.0.iall_gather(send)?));
+            started.push((g, Flight::Host(self.comms(g)?.0.iall_gather(send)?)));
         }
         let bytes = self.unit_bytes(u);
         self.hold(bytes);
@@ -408,11 +467,14 @@ impl Units {
                 self.mb()?.gathers.remove(&u).expect("just started")
             }
         };
+        if self.dev.is_some() {
+            return self.take_gather_device(u, pending);
+        }
         let groups = self.groups(u);
         let members = &self.units[u];
         let mut out: Vec<Option<Tensor>> = vec![None; members.len()];
         for (g, pending) in pending {
-            let words = pending.wait()?;
+            let words = pending.wait_host()?;
             let ks = groups
                 .iter()
                 .find(|(gg, _)| *gg == g)
@@ -662,6 +724,9 @@ impl Units {
     /// Starts unit `u`'s reduce-scatters (members' gradients, zeros for none, in one buffer
     /// per group laid out rank block by rank block) and lets go of its leaves.
     fn start_scatter(&mut self, u: usize) -> Result<(), TrainError> {
+        if self.dev.is_some() {
+            return self.start_scatter_device(u);
+        }
         let live = std::mem::take(&mut self.mb()?.live[u]);
         let members = &self.units[u];
         let grads: Vec<Option<Vec<f32>>> = members
@@ -692,7 +757,8 @@ impl Units {
                     at += block;
                 }
             }
-            started.push((group, self.comms(group)?.1.ireduce_scatter_sum(send)?));
+            let pending = self.comms(group)?.1.ireduce_scatter_sum(send)?;
+            started.push((group, Flight::Host(pending)));
         }
         for (m, g) in self.units[u].iter().zip(&grads) {
             if g.is_some() {
@@ -714,9 +780,12 @@ impl Units {
         let Some((u, pending)) = self.mb()?.scatters.pop_front() else {
             return Ok(());
         };
+        if self.dev.is_some() {
+            return self.finish_scatter_device(u, pending);
+        }
         let groups = self.groups(u);
         for (g, pending) in pending {
-            let block = pending.wait()?;
+            let block = pending.wait_host()?;
             let ks = groups
                 .iter()
                 .find(|(gg, _)| *gg == g)
@@ -740,7 +809,7 @@ impl Units {
     pub fn end_forward_only(&mut self) -> Result<(), TrainError> {
         let gathers = std::mem::take(&mut self.mb()?.gathers);
         for (_, g) in gathers.into_values().flatten() {
-            g.wait()?;
+            self.settle(g)?;
         }
         self.mb = None;
         self.full_bytes = 0;
@@ -759,7 +828,7 @@ impl Units {
         let gathers = std::mem::take(&mut self.mb()?.gathers);
         for (u, g) in gathers {
             for (_, g) in g {
-                g.wait()?;
+                self.settle(g)?;
             }
             let bytes = self.unit_bytes(u);
             self.let_go(bytes);
@@ -772,11 +841,34 @@ impl Units {
         Ok(())
     }
 
+    /// Waits for a collective in flight whose result is not needed.
+    fn settle(&self, flight: Flight) -> Result<(), TrainError> {
+        match (flight, &self.dev) {
+            (Flight::Host(p), _) => drop(p.wait()?),
+            (Flight::Device(b), Some(dev)) => {
+                dev.synchronize()?;
+                drop(b);
+            }
+            (Flight::Device(_), None) => {
+                return Err(TrainError::Engine(engine_err(
+                    "a device collective without its communicators",
+                )))
+            }
+        }
+        Ok(())
+    }
+
     /// The step's gradients and figures; the step's copies of shards and buffers go.
     pub fn take_grads(&mut self) -> StepGrads {
         self.local = Vec::new();
+        self.local_dev = Vec::new();
         self.buffers = Vec::new();
+        let device_rows = self
+            .dev
+            .as_ref()
+            .map(|_| std::mem::take(&mut self.grad_dev));
         StepGrads {
+            device_rows,
             rows: std::mem::take(&mut self.grad_rows),
             got: std::mem::take(&mut self.got_grad),
             full_bytes_peak: self.full_bytes_peak,
