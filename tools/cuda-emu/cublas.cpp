@@ -151,12 +151,16 @@ int cublasGemmStridedBatchedEx(void* handle, int ta, int tb, int m, int n, int k
     if (an && k && !on_device(a, an)) return emu_rt::bad_range("cuBLAS A", a, an, dev), 14;
     if (bn && k && !on_device(b, bn)) return emu_rt::bad_range("cuBLAS B", b, bn, dev), 14;
     if (cn && !on_device(c, cn)) return emu_rt::bad_range("cuBLAS C", c, cn, dev), 14;
+    // alpha and beta are host values read now; the product runs when the stream reaches it.
     float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-    for (int i = 0; i < batch; ++i)
-        gemm(ta, tb, m, n, k, al, static_cast<const char*>(A) + sa * i * type_size(at), at, lda,
-             static_cast<const char*>(B) + sb * i * type_size(bt), bt, ldb, be,
-             static_cast<char*>(C) + sc * i * type_size(ct), ct, ldc, use_tf32);
-    return 0;
+    int rc = emu_rt::enqueue(static_cast<Blas*>(handle)->stream, [=]() {
+        for (int i = 0; i < batch; ++i)
+            gemm(ta, tb, m, n, k, al, static_cast<const char*>(A) + sa * i * type_size(at), at,
+                 lda, static_cast<const char*>(B) + sb * i * type_size(bt), bt, ldb, be,
+                 static_cast<char*>(C) + sc * i * type_size(ct), ct, ldc, use_tf32);
+        return 0;
+    });
+    return rc ? 13 : 0; // CUBLAS_STATUS_EXECUTION_FAILED after an earlier failure
 }
 int cublasGemmEx(void* h, int ta, int tb, int m, int n, int k, const void* alpha, const void* A,
                  int at, int lda, const void* B, int bt, int ldb, const void* beta, void* C,

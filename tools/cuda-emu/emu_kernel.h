@@ -291,6 +291,31 @@ inline int launch(void (*kernel)(A...), const char* name, void** params, const u
     return 0;
 }
 
+/// A copy of a launch's arguments, so the launch can run after cuLaunchKernel returned (the
+/// caller's `params` may be gone by then, as on the hardware): one malloc'd block whose start is
+/// the pointer array a launch takes, followed by the values. Null, with `err` set, when a pointer
+/// argument is not device memory (checked now, so the launch fails at once, as it does on a GPU).
+template <class... A>
+inline void** capture(void (*)(A...), const char* name, void** params, char* err, int errlen) {
+    if (!pointers_ok<A...>(params, err, errlen, name, std::index_sequence_for<A...>{}))
+        return nullptr;
+    constexpr size_t n = sizeof...(A);
+    const size_t sizes[] = {sizeof(std::decay_t<A>)..., 0};
+    size_t total = (n + 1) * sizeof(void*);
+    for (size_t i = 0; i < n; ++i) total = (total + 15) / 16 * 16 + sizes[i];
+    char* mem = static_cast<char*>(malloc(total ? total : 1));
+    void** ptrs = reinterpret_cast<void**>(mem);
+    size_t at = (n + 1) * sizeof(void*);
+    for (size_t i = 0; i < n; ++i) {
+        at = (at + 15) / 16 * 16;
+        memcpy(mem + at, params[i], sizes[i]);
+        ptrs[i] = mem + at;
+        at += sizes[i];
+    }
+    ptrs[n] = nullptr;
+    return ptrs;
+}
+
 } // namespace emu
 
 extern "C" __attribute__((visibility("default"))) void emu_set_pointer_check(
@@ -303,6 +328,10 @@ extern "C" __attribute__((visibility("default"))) void emu_set_pointer_check(
         void** params, const unsigned* grid, const unsigned* block, unsigned smem, char* err, \
         int errlen) {                                                                          \
         return ::emu::launch(&name, #name, params, grid, block, smem, err, errlen);           \
+    }                                                                                          \
+    extern "C" __attribute__((visibility("default"))) void** emu_capture_##name(              \
+        void** params, char* err, int errlen) {                                                \
+        return ::emu::capture(&name, #name, params, err, errlen);                              \
     }
 
 // ---- what NVRTC provides to a kernel ----

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -31,5 +32,13 @@ void complain(const std::string& what);
 /// Says [p, p + n) is not inside one allocation (of device `dev`, unless -1) and returns
 /// CUDA_ERROR_ILLEGAL_ADDRESS.
 int bad_range(const char* op, uintptr_t p, size_t n, int dev = -1);
+
+/// Queues `op` on stream `stream` (runtime.cpp's "streams and events"): it runs when something
+/// waits for that stream. The null stream runs every stream's queued work, then `op`, now.
+/// Returns a sticky error of the device, or in eager mode `op`'s result.
+int enqueue(void* stream, std::function<int()> op);
+
+/// Runs the work queued on `stream` (the null stream: on every stream); a sticky error or 0.
+int drain_stream(void* stream);
 
 } // namespace emu_rt

@@ -3,8 +3,11 @@
 // the library as libnccl.so too.
 //
 // - ncclGetUniqueId makes a random nonce; ncclCommInitRank maps the shared object named from it.
-// - Work runs when it is enqueued: the emulated streams are always idle, so running a call to
-//   completion before returning is the stream order NCCL promises. Inside ncclGroupStart/End the
+// - Work runs when it is enqueued, after the work queued before it on its stream (runtime.cpp's
+//   streams are queues: that runs it, and through the stream's event waits whatever it waits
+//   for), so running a call to completion before returning is the stream order NCCL promises,
+//   and a call whose stream does not wait for the kernels that wrote its buffers reads the
+//   values from before them. Inside ncclGroupStart/End the
 //   calls wait for ncclGroupEnd, which posts every send first, then runs the collectives in
 //   order, then the receives, then waits until its sends were taken: ranks that both send and
 //   then receive in one group do not deadlock.

@@ -380,7 +380,13 @@ int run(const std::vector<Op>& ops) {
 }
 
 /// Checks a call's arguments and runs it, or keeps it for ncclGroupEnd inside a group.
-int enqueue(void* comm, Desc d, const void* send, void* recv) {
+int enqueue(void* comm, Desc d, const void* send, void* recv, void* stream) {
+    // The call runs now, so the work queued before it on its stream runs first (and, through
+    // that stream's event waits, whatever it waits for): stream order.
+    if (emu_rt::drain_stream(stream)) {
+        note(nullptr, std::string(call_name(d.kind)) + ": earlier work on its stream failed");
+        return group_depth ? (group_error = ncclUnhandledCudaError) : ncclUnhandledCudaError;
+    }
     auto* c = static_cast<Comm*>(comm);
     if (!c) {
         note(nullptr, std::string(call_name(d.kind)) + ": the communicator is null");
@@ -422,40 +428,44 @@ int enqueue(void* comm, Desc d, const void* send, void* recv) {
 
 extern "C" {
 
-int ncclAllReduce(const void* s, void* r, size_t count, int dtype, int op, void* comm, void*) {
-    return enqueue(comm, Desc{ALL_REDUCE, dtype, op, -1, count}, s, r);
+int ncclAllReduce(const void* s, void* r, size_t count, int dtype, int op, void* comm,
+                  void* st) {
+    return enqueue(comm, Desc{ALL_REDUCE, dtype, op, -1, count}, s, r, st);
 }
 int ncclReduce(const void* s, void* r, size_t count, int dtype, int op, int root, void* comm,
-               void*) {
-    return enqueue(comm, Desc{REDUCE, dtype, op, root, count}, s, r);
+               void* st) {
+    return enqueue(comm, Desc{REDUCE, dtype, op, root, count}, s, r, st);
 }
-int ncclBroadcast(const void* s, void* r, size_t count, int dtype, int root, void* comm, void*) {
-    return enqueue(comm, Desc{BROADCAST, dtype, -1, root, count}, s, r);
+int ncclBroadcast(const void* s, void* r, size_t count, int dtype, int root, void* comm,
+                  void* st) {
+    return enqueue(comm, Desc{BROADCAST, dtype, -1, root, count}, s, r, st);
 }
 int ncclBcast(void* buf, size_t count, int dtype, int root, void* comm, void* stream) {
     return ncclBroadcast(buf, buf, count, dtype, root, comm, stream);
 }
-int ncclAllGather(const void* s, void* r, size_t count, int dtype, void* comm, void*) {
-    return enqueue(comm, Desc{ALL_GATHER, dtype, -1, -1, count}, s, r);
+int ncclAllGather(const void* s, void* r, size_t count, int dtype, void* comm, void* st) {
+    return enqueue(comm, Desc{ALL_GATHER, dtype, -1, -1, count}, s, r, st);
 }
 int ncclReduceScatter(const void* s, void* r, size_t count, int dtype, int op, void* comm,
-                      void*) {
-    return enqueue(comm, Desc{REDUCE_SCATTER, dtype, op, -1, count}, s, r);
+                      void* st) {
+    return enqueue(comm, Desc{REDUCE_SCATTER, dtype, op, -1, count}, s, r, st);
 }
-int ncclAlltoAll(const void* s, void* r, size_t count, int dtype, void* comm, void*) {
-    return enqueue(comm, Desc{ALL_TO_ALL, dtype, -1, -1, count}, s, r);
+int ncclAlltoAll(const void* s, void* r, size_t count, int dtype, void* comm, void* st) {
+    return enqueue(comm, Desc{ALL_TO_ALL, dtype, -1, -1, count}, s, r, st);
 }
-int ncclGather(const void* s, void* r, size_t count, int dtype, int root, void* comm, void*) {
-    return enqueue(comm, Desc{GATHER, dtype, -1, root, count}, s, r);
+int ncclGather(const void* s, void* r, size_t count, int dtype, int root, void* comm,
+               void* st) {
+    return enqueue(comm, Desc{GATHER, dtype, -1, root, count}, s, r, st);
 }
-int ncclScatter(const void* s, void* r, size_t count, int dtype, int root, void* comm, void*) {
-    return enqueue(comm, Desc{SCATTER, dtype, -1, root, count}, s, r);
+int ncclScatter(const void* s, void* r, size_t count, int dtype, int root, void* comm,
+                void* st) {
+    return enqueue(comm, Desc{SCATTER, dtype, -1, root, count}, s, r, st);
 }
-int ncclSend(const void* s, size_t count, int dtype, int peer, void* comm, void*) {
-    return enqueue(comm, Desc{SEND, dtype, -1, peer, count}, s, nullptr);
+int ncclSend(const void* s, size_t count, int dtype, int peer, void* comm, void* st) {
+    return enqueue(comm, Desc{SEND, dtype, -1, peer, count}, s, nullptr, st);
 }
-int ncclRecv(void* r, size_t count, int dtype, int peer, void* comm, void*) {
-    return enqueue(comm, Desc{RECV, dtype, -1, peer, count}, nullptr, r);
+int ncclRecv(void* r, size_t count, int dtype, int peer, void* comm, void* st) {
+    return enqueue(comm, Desc{RECV, dtype, -1, peer, count}, nullptr, r, st);
 }
 
 int ncclGroupStart() {

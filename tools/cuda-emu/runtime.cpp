@@ -15,8 +15,10 @@
 //   addressing on the hardware.
 // - NVRTC "compiles" a kernel source with the host's C++ compiler after emu_kernel.h, into a
 //   cached shared library; the "PTX" names that library and cuModuleLoadData opens it.
-// - Kernels, copies and products run when they are queued (the stream is always idle), one at
-//   a time across threads. Dynamic shared memory above 48 KiB is refused unless raised with
+// - Streams are queues and events order them (see "streams and events" below): queued work runs
+//   when something waits for it, so a missing cuStreamWaitEvent shows as stale values, every
+//   time; ANNEAL_CUDA_EMU_STREAMS=eager runs work as it is queued. Work runs one op at a time
+//   across threads. Dynamic shared memory above 48 KiB is refused unless raised with
 //   cuFuncSetAttribute, as on the hardware.
 // - cuBLAS products (cublas.cpp) accumulate in f32, in an order that depends on the shape as the
 //   real library's does.
@@ -30,7 +32,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <regex>
@@ -95,8 +100,10 @@ struct Context {
 };
 Context contexts[MAX_DEVICES] = {};
 
+/// A stream: its device and the work queued on it and not run yet (see "streams" below).
 struct Stream {
     int dev;
+    std::deque<std::function<int()>> queue;
 };
 
 thread_local Context* current_ctx;
@@ -198,15 +205,140 @@ bool emu_rt::device_block(uintptr_t p, size_t n, int dev, int* owner) {
 
 namespace {
 
+// ---- streams and events ----
+//
+// A stream is a queue: its work runs in order, but only once something needs it (the default,
+// "lazy"): cuStreamSynchronize, cuEventSynchronize, cuCtxSynchronize; a stream waiting on an
+// event (cuStreamWaitEvent: when the waiting stream reaches the wait, the recording stream runs
+// up to the record); work on the legacy null stream, synchronous copies and memsets, cuMemFree
+// and cuMemFreeHost (every stream first, as the driver synchronises there); a copy into pageable
+// host memory (its stream first: the driver returns only once such a copy is done); an NCCL
+// call (its stream first, then NCCL runs it). So a program that reads another stream's results
+// without an event wait reads the values from before that work, every time, instead of racing,
+// and a correct program gets the same bits as when everything runs at once. cuEventQuery and
+// cuStreamQuery answer "not ready" while the work is queued, as on a busy GPU. Host copies keep
+// CUDA's rules: a pageable source is read when the copy is queued, a pinned one (cuMemHostAlloc)
+// when it runs. ANNEAL_CUDA_EMU_STREAMS=eager runs all work as it is queued (every stream idle).
+// Queued work that fails (a kernel's deadlock) says so on stderr when it runs; the error is then
+// returned by every later synchronisation and queued call of the device (sticky, as a GPU's).
+
+constexpr int CUDA_ERROR_NOT_READY = 600;
+
+bool eager_streams() {
+    static bool eager = [] {
+        const char* env = getenv("ANNEAL_CUDA_EMU_STREAMS");
+        if (!env || !*env || !strcmp(env, "lazy")) return false;
+        if (!strcmp(env, "eager")) return true;
+        complain(std::string("ANNEAL_CUDA_EMU_STREAMS = \"") + env +
+                 "\" is not lazy or eager; streams run lazily");
+        return false;
+    }();
+    return eager;
+}
+
+std::set<Stream*> live_streams;
+int sticky[MAX_DEVICES] = {};
+
+/// An event's state, shared with the queued work that records or waits on it (an event may be
+/// destroyed while that work is still queued).
+struct EventState {
+    Stream* stream = nullptr; // where it was last recorded (only read while a record is queued)
+    uint64_t recorded = 0;    // records made
+    uint64_t completed = 0;   // records that ran
+};
+struct Event {
+    std::shared_ptr<EventState> st = std::make_shared<EventState>();
+};
+
+/// Runs the oldest queued op of `s`; in lazy mode its failure becomes the device's sticky error.
+int run_one(Stream* s) {
+    auto op = std::move(s->queue.front());
+    s->queue.pop_front();
+    int rc = op();
+    if (rc && !eager_streams() && !sticky[s->dev]) sticky[s->dev] = rc;
+    return rc;
+}
+
+/// Runs everything queued on `s`; the device's sticky error, or success.
+int drain(Stream* s) {
+    while (!s->queue.empty()) run_one(s);
+    return sticky[s->dev];
+}
+
+/// Runs the queued work of every stream; the first sticky error of any device, or success.
+int drain_all() {
+    for (bool again = true; again;) {
+        again = false;
+        for (Stream* s : live_streams)
+            if (!s->queue.empty()) {
+                drain(s);
+                again = true;
+            }
+    }
+    for (int d = 0; d < MAX_DEVICES; ++d)
+        if (sticky[d]) return sticky[d];
+    return CUDA_SUCCESS;
+}
+
+/// Runs `s`'s work until the record numbered `gen` of event `st` ran. Waits only name records
+/// queued before them, so this never needs work queued after the wait: no cycles.
+void run_until(const std::shared_ptr<EventState>& st, uint64_t gen) {
+    while (st->completed < gen && st->stream && !st->stream->queue.empty()) run_one(st->stream);
+}
+
+/// Queues `op` on stream `sp`; on the null stream, runs every stream's work and then `op`. In
+/// eager mode the stream runs at once and `op`'s own result is returned.
+int enqueue(void* sp, std::function<int()> op) {
+    auto* s = static_cast<Stream*>(sp);
+    if (!s) {
+        int rc = drain_all();
+        return rc ? rc : op();
+    }
+    if (sticky[s->dev]) return sticky[s->dev];
+    s->queue.push_back(std::move(op));
+    if (!eager_streams()) return CUDA_SUCCESS;
+    int rc = CUDA_SUCCESS;
+    while (!s->queue.empty()) rc = run_one(s);
+    return rc;
+}
+
+/// Host allocations from cuMemHostAlloc (pinned: queued copies read and write them when they
+/// run), by start address.
+std::map<uintptr_t, size_t> pinned;
+
+bool is_pinned(const void* p, size_t n) {
+    auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = pinned.upper_bound(a);
+    if (it == pinned.begin()) return false;
+    --it;
+    return a + n <= it->first + it->second;
+}
+
+} // namespace
+
+int emu_rt::enqueue(void* stream, std::function<int()> op) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    return ::enqueue(stream, std::move(op));
+}
+
+int emu_rt::drain_stream(void* stream) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    return stream ? drain(static_cast<Stream*>(stream)) : drain_all();
+}
+
+namespace {
+
 // ---- modules and functions ----
 
 typedef int (*LaunchFn)(void**, const unsigned*, const unsigned*, unsigned, char*, int);
+typedef void** (*CaptureFn)(void**, char*, int);
 
 struct Module {
     void* handle;
 };
 struct Function {
     LaunchFn launch;
+    CaptureFn capture; // copies the arguments so the launch can be queued (null: runs at once)
     std::string name;
     int max_dynamic_smem = DEFAULT_DYNAMIC_SMEM;
 };
@@ -418,7 +550,10 @@ int cuCtxDisablePeerAccess(void* peer_ctx) {
     peer[current_device()][p->dev] = false;
     return CUDA_SUCCESS;
 }
-int cuCtxSynchronize() { return CUDA_SUCCESS; }
+int cuCtxSynchronize() {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    return drain_all();
+}
 int cuCtxPushCurrent_v2(void* ctx) { return cuCtxSetCurrent(ctx); }
 int cuCtxPopCurrent_v2(void** ctx) {
     if (ctx) *ctx = current_ctx;
@@ -435,32 +570,85 @@ int cuGetErrorString(int err, const char** s) {
 }
 int cuGetErrorName(int err, const char** s) { return cuGetErrorString(err, s); }
 
-// Streams and events: work runs when queued, so every stream is idle and every event complete.
-// A stream belongs to the device of the context current when it was made.
+// Streams and events: queues, see "streams and events" above. A stream belongs to the device of
+// the context current when it was made.
 int cuStreamCreate(void** s, unsigned) {
-    *s = new Stream{current_device()};
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    auto* st = new Stream{current_device(), {}};
+    live_streams.insert(st);
+    *s = st;
     return CUDA_SUCCESS;
 }
 int cuStreamCreateWithPriority(void** s, unsigned, int) { return cuStreamCreate(s, 0); }
 int cuStreamDestroy_v2(void* s) {
-    delete static_cast<Stream*>(s);
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    auto* st = static_cast<Stream*>(s);
+    if (!st) return CUDA_ERROR_INVALID_VALUE;
+    // Its queued work still runs (as on the hardware), before the queue goes away.
+    drain(st);
+    live_streams.erase(st);
+    delete st;
     return CUDA_SUCCESS;
 }
-int cuStreamSynchronize(void*) { return CUDA_SUCCESS; }
-int cuStreamQuery(void*) { return CUDA_SUCCESS; }
-int cuStreamWaitEvent(void*, void*, unsigned) { return CUDA_SUCCESS; }
+int cuStreamSynchronize(void* s) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    return s ? drain(static_cast<Stream*>(s)) : drain_all();
+}
+int cuStreamQuery(void* s) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (s) return static_cast<Stream*>(s)->queue.empty() ? sticky[static_cast<Stream*>(s)->dev]
+                                                         : CUDA_ERROR_NOT_READY;
+    for (Stream* st : live_streams)
+        if (!st->queue.empty()) return CUDA_ERROR_NOT_READY;
+    return CUDA_SUCCESS;
+}
+int cuStreamWaitEvent(void* s, void* e, unsigned) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    auto st = static_cast<Event*>(e)->st;
+    uint64_t gen = st->recorded;
+    if (st->completed >= gen) return CUDA_SUCCESS; // nothing outstanding to wait for
+    return enqueue(s, [st, gen]() {
+        run_until(st, gen);
+        return CUDA_SUCCESS;
+    });
+}
 int cuEventCreate(void** e, unsigned) {
-    *e = new int(0);
+    *e = new Event();
     return CUDA_SUCCESS;
 }
 int cuEventDestroy_v2(void* e) {
-    delete static_cast<int*>(e);
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    delete static_cast<Event*>(e);
     return CUDA_SUCCESS;
 }
-int cuEventRecord(void*, void*) { return CUDA_SUCCESS; }
-int cuEventRecordWithFlags(void*, void*, unsigned) { return CUDA_SUCCESS; }
-int cuEventSynchronize(void*) { return CUDA_SUCCESS; }
-int cuEventQuery(void*) { return CUDA_SUCCESS; }
+int cuEventRecord(void* e, void* s) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    auto st = static_cast<Event*>(e)->st;
+    uint64_t gen = ++st->recorded;
+    st->stream = static_cast<Stream*>(s);
+    return enqueue(s, [st, gen]() {
+        st->completed = std::max(st->completed, gen);
+        return CUDA_SUCCESS;
+    });
+}
+int cuEventRecordWithFlags(void* e, void* s, unsigned) { return cuEventRecord(e, s); }
+int cuEventSynchronize(void* e) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    auto st = static_cast<Event*>(e)->st;
+    if (st->completed >= st->recorded) return CUDA_SUCCESS;
+    Stream* on = st->stream;
+    run_until(st, st->recorded);
+    return on ? sticky[on->dev] : CUDA_SUCCESS;
+}
+int cuEventQuery(void* e) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    auto& st = static_cast<Event*>(e)->st;
+    return st->completed >= st->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
 int cuEventElapsedTime(float* ms, void*, void*) {
     *ms = 0.0f;
     return CUDA_SUCCESS;
@@ -486,6 +674,8 @@ int alloc_on(int dev, uint64_t* dptr, size_t bytes) {
 int cuMemAlloc_v2(uint64_t* dptr, size_t bytes) { return alloc_on(current_device(), dptr, bytes); }
 int cuMemFree_v2(uint64_t dptr) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
+    // The driver synchronises here: queued work that uses the block runs first.
+    drain_all();
     auto it = blocks.find(dptr);
     if (it == blocks.end()) {
         complain("cuMemFree of an address that is not a live allocation");
@@ -507,75 +697,119 @@ int cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     return CUDA_SUCCESS;
 }
 int cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
     *p = malloc(bytes ? bytes : 1);
-    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (!*p) return CUDA_ERROR_OUT_OF_MEMORY;
+    pinned[reinterpret_cast<uintptr_t>(*p)] = bytes;
+    return CUDA_SUCCESS;
 }
 int cuMemAllocHost_v2(void** p, size_t bytes) { return cuMemHostAlloc(p, bytes, 0); }
 int cuMemFreeHost(void* p) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    drain_all();
+    pinned.erase(reinterpret_cast<uintptr_t>(p));
     free(p);
     return CUDA_SUCCESS;
 }
 
-int cuMemcpyHtoD_v2(uint64_t dst, const void* src, size_t n) {
+// Copies and memsets: the ranges are checked when the call is made (so a bad one fails at once),
+// the bytes move when the work runs. The synchronous forms run on the null stream.
+int cuMemcpyHtoDAsync_v2(uint64_t dst, const void* src, size_t n, void* s) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     if (n && !device_range(dst, n)) return bad_range("copy to device", dst, n);
     if (n && device_ptr_check(src)) return bad_range("copy to device from device memory", dst, n);
-    memcpy(reinterpret_cast<void*>(dst), src, n);
-    return CUDA_SUCCESS;
+    auto* d = reinterpret_cast<void*>(dst);
+    if (!n) return CUDA_SUCCESS;
+    if (is_pinned(src, n))
+        return enqueue(s, [d, src, n]() {
+            memcpy(d, src, n);
+            return CUDA_SUCCESS;
+        });
+    // Pageable memory is read now: the caller may reuse it as soon as the call returns.
+    auto bytes = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                     static_cast<const char*>(src) + n);
+    return enqueue(s, [d, bytes]() {
+        memcpy(d, bytes->data(), bytes->size());
+        return CUDA_SUCCESS;
+    });
+}
+int cuMemcpyDtoHAsync_v2(void* dst, uint64_t src, size_t n, void* s) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (n && !device_range(src, n)) return bad_range("copy to host", src, n);
+    auto* from = reinterpret_cast<const void*>(src);
+    auto copy = [dst, from, n]() {
+        memcpy(dst, from, n);
+        return CUDA_SUCCESS;
+    };
+    if (!n) return CUDA_SUCCESS;
+    if (is_pinned(dst, n)) return enqueue(s, copy);
+    // Into pageable memory the driver returns only once the copy is done.
+    int rc = s ? drain(static_cast<Stream*>(s)) : drain_all();
+    return rc ? rc : copy();
+}
+int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void* s) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (n && !device_range(src, n)) return bad_range("device copy source", src, n);
+    if (n && !device_range(dst, n)) return bad_range("device copy destination", dst, n);
+    auto *d = reinterpret_cast<void*>(dst), *f = reinterpret_cast<void*>(src);
+    return enqueue(s, [d, f, n]() {
+        memmove(d, f, n);
+        return CUDA_SUCCESS;
+    });
+}
+int cuMemcpyHtoD_v2(uint64_t dst, const void* src, size_t n) {
+    return cuMemcpyHtoDAsync_v2(dst, src, n, nullptr);
 }
 int cuMemcpyDtoH_v2(void* dst, uint64_t src, size_t n) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     if (n && !device_range(src, n)) return bad_range("copy to host", src, n);
-    memcpy(dst, reinterpret_cast<const void*>(src), n);
-    return CUDA_SUCCESS;
+    int rc = drain_all();
+    if (!rc) memcpy(dst, reinterpret_cast<const void*>(src), n);
+    return rc;
 }
 int cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n) {
+    return cuMemcpyDtoDAsync_v2(dst, src, n, nullptr);
+}
+int cuMemcpyPeerAsync(uint64_t dst, void* dst_ctx, uint64_t src, void* src_ctx, size_t n,
+                      void* s) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
-    if (n && !device_range(src, n)) return bad_range("device copy source", src, n);
-    if (n && !device_range(dst, n)) return bad_range("device copy destination", dst, n);
-    memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
-    return CUDA_SUCCESS;
-}
-int cuMemcpyHtoDAsync_v2(uint64_t dst, const void* src, size_t n, void*) {
-    return cuMemcpyHtoD_v2(dst, src, n);
-}
-int cuMemcpyDtoHAsync_v2(void* dst, uint64_t src, size_t n, void*) {
-    return cuMemcpyDtoH_v2(dst, src, n);
-}
-int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void*) {
-    return cuMemcpyDtoD_v2(dst, src, n);
-}
-int cuMemcpyPeer(uint64_t dst, void* dst_ctx, uint64_t src, void* src_ctx, size_t n) {
-    std::lock_guard<std::recursive_mutex> l(big_lock);
-    auto *d = static_cast<Context*>(dst_ctx), *s = static_cast<Context*>(src_ctx);
-    if (!d || !s) return CUDA_ERROR_INVALID_CONTEXT;
-    if (n && !device_range(src, n, s->dev)) return bad_range("peer copy source", src, n, s->dev);
+    auto *d = static_cast<Context*>(dst_ctx), *c = static_cast<Context*>(src_ctx);
+    if (!d || !c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (n && !device_range(src, n, c->dev)) return bad_range("peer copy source", src, n, c->dev);
     if (n && !device_range(dst, n, d->dev))
         return bad_range("peer copy destination", dst, n, d->dev);
-    memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), n);
-    return CUDA_SUCCESS;
+    auto *to = reinterpret_cast<void*>(dst), *from = reinterpret_cast<void*>(src);
+    return enqueue(s, [to, from, n]() {
+        memmove(to, from, n);
+        return CUDA_SUCCESS;
+    });
 }
-int cuMemcpyPeerAsync(uint64_t dst, void* dst_ctx, uint64_t src, void* src_ctx, size_t n, void*) {
-    return cuMemcpyPeer(dst, dst_ctx, src, src_ctx, n);
+int cuMemcpyPeer(uint64_t dst, void* dst_ctx, uint64_t src, void* src_ctx, size_t n) {
+    return cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, n, nullptr);
 }
-int cuMemsetD8_v2(uint64_t dst, unsigned char v, size_t n) {
+int cuMemsetD8Async(uint64_t dst, unsigned char v, size_t n, void* s) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     if (n && !device_range(dst, n)) return bad_range("memset", dst, n);
-    memset(reinterpret_cast<void*>(dst), v, n);
-    return CUDA_SUCCESS;
+    auto* d = reinterpret_cast<void*>(dst);
+    return enqueue(s, [d, v, n]() {
+        memset(d, v, n);
+        return CUDA_SUCCESS;
+    });
 }
-int cuMemsetD8Async(uint64_t dst, unsigned char v, size_t n, void*) {
-    return cuMemsetD8_v2(dst, v, n);
+int cuMemsetD8_v2(uint64_t dst, unsigned char v, size_t n) {
+    return cuMemsetD8Async(dst, v, n, nullptr);
 }
-int cuMemsetD32_v2(uint64_t dst, unsigned v, size_t n) {
+int cuMemsetD32Async(uint64_t dst, unsigned v, size_t n, void* s) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     if (n && !device_range(dst, n * 4)) return bad_range("memset", dst, n * 4);
     auto* p = reinterpret_cast<unsigned*>(dst);
-    for (size_t i = 0; i < n; ++i) p[i] = v;
-    return CUDA_SUCCESS;
+    return enqueue(s, [p, v, n]() {
+        for (size_t i = 0; i < n; ++i) p[i] = v;
+        return CUDA_SUCCESS;
+    });
 }
-int cuMemsetD32Async(uint64_t dst, unsigned v, size_t n, void*) {
-    return cuMemsetD32_v2(dst, v, n);
+int cuMemsetD32_v2(uint64_t dst, unsigned v, size_t n) {
+    return cuMemsetD32Async(dst, v, n, nullptr);
 }
 
 int cuModuleLoadData(void** module, const void* image) {
@@ -608,7 +842,8 @@ int cuModuleGetFunction(void** f, void* module, const char* name) {
     std::string sym = std::string("emu_launch_") + name;
     auto fn = reinterpret_cast<LaunchFn>(dlsym(m->handle, sym.c_str()));
     if (!fn) return CUDA_ERROR_NOT_FOUND;
-    *f = new Function{fn, name};
+    auto cap = reinterpret_cast<CaptureFn>(dlsym(m->handle, (std::string("emu_capture_") + name).c_str()));
+    *f = new Function{fn, cap, name};
     return CUDA_SUCCESS;
 }
 int cuFuncSetAttribute(void* f, int attr, int value) {
@@ -654,15 +889,40 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
         complain(err);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
-    launching_device = stream_device(stream);
-    int rc = fn->launch(params, grid, block, smem, err, sizeof err);
+    int dev = stream_device(stream);
+    if (!fn->capture) {
+        // A module without argument capture runs at once, after its stream's queued work.
+        int rc = stream ? drain(static_cast<Stream*>(stream)) : drain_all();
+        if (rc) return rc;
+        unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+        launching_device = dev;
+        rc = fn->launch(params, grid, block, smem, err, sizeof err);
+        launching_device = -1;
+        if (rc != 0) complain(err);
+        return rc ? CUDA_ERROR_LAUNCH_FAILED : CUDA_SUCCESS;
+    }
+    // The arguments are checked and copied now (a bad pointer fails the call); the grid runs
+    // when the stream reaches it.
+    launching_device = dev;
+    void** args = fn->capture(params, err, sizeof err);
     launching_device = -1;
-    if (rc != 0) {
+    if (!args) {
         complain(err);
         return CUDA_ERROR_LAUNCH_FAILED;
     }
-    return CUDA_SUCCESS;
+    return enqueue(stream, [fn, gx, gy, gz, bx, by, bz, smem, dev, args]() {
+        unsigned grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+        char e[512] = {0};
+        launching_device = dev;
+        int rc = fn->launch(args, grid, block, smem, e, sizeof e);
+        launching_device = -1;
+        free(args);
+        if (rc != 0) {
+            complain(e);
+            return CUDA_ERROR_LAUNCH_FAILED;
+        }
+        return CUDA_SUCCESS;
+    });
 }
 
 // ---------------- NVRTC ----------------

@@ -29,6 +29,7 @@ pub mod profile;
 pub mod rng;
 pub mod staged;
 mod storage;
+pub mod streams;
 mod tensor;
 
 pub use cpu::logsumexp::logsumexp;
@@ -38,6 +39,7 @@ pub use device_ptr::synchronize;
 pub use dtype::{DType, Element};
 pub use error::{Error, Result};
 pub use storage::Storage;
+pub use streams::{record_stream, Stream, StreamEvent};
 pub use tensor::Tensor;
 
 /// Sizes the CPU backend's persistent thread pool (call once, before any op; later calls fail).

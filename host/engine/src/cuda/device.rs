@@ -1,5 +1,5 @@
-//! One CUDA device as the engine uses it: its context, the stream every op is queued on, the
-//! kernel modules compiled for it (NVRTC, once per device and source), cuBLAS, and the caching
+//! One CUDA device as the engine uses it: its context, the stream every op is queued on (and
+//! the communication stream beside it, [`super::streams`]), the kernel modules compiled for it (NVRTC, once per device and source), cuBLAS, and the caching
 //! allocator ([`super::pool`]) over `cuMemAlloc`.
 
 use super::kernels::{self, KernelSource};
@@ -41,6 +41,34 @@ impl RawAlloc for DriverAlloc {
     fn synchronize(&mut self) {
         let _ = self.ctx.synchronize();
     }
+
+    fn record_event(&mut self, stream: u64) -> Result<u64, String> {
+        self.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+        let flags = cudarc::driver::sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let ev = drv::event::create(flags).map_err(|e| e.to_string())?;
+        // SAFETY: `ev` was just created; `stream` is one of this context's live streams (the
+        // pool is only told of the device's own streams, which live as long as the device).
+        match unsafe { drv::event::record(ev, stream as cudarc::driver::sys::CUstream) } {
+            Ok(()) => Ok(ev as u64),
+            Err(e) => {
+                // SAFETY: created above, recorded nowhere.
+                let _ = unsafe { drv::event::destroy(ev) };
+                Err(e.to_string())
+            }
+        }
+    }
+
+    fn event_done(&mut self, event: u64) -> bool {
+        // SAFETY: `event` came from `record_event` and is destroyed only by `destroy_event`.
+        unsafe { drv::event::query(event as cudarc::driver::sys::CUevent) }.is_ok()
+    }
+
+    fn destroy_event(&mut self, event: u64) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: as above; destroyed once.
+            let _ = unsafe { drv::event::destroy(event as cudarc::driver::sys::CUevent) };
+        }
+    }
 }
 
 /// A CUDA device ready for ops.
@@ -50,8 +78,10 @@ pub struct Gpu {
     /// Its architecture for NVRTC (`sm_90`).
     pub arch: String,
     pub(crate) ctx: Arc<CudaContext>,
-    /// Every op on this device is queued here, in program order.
+    /// Every op on this device is queued here, in program order (the compute stream).
     pub(crate) stream: Arc<CudaStream>,
+    /// The communication stream, made on first use ([`super::streams`]).
+    pub(crate) comm: OnceLock<std::result::Result<Arc<CudaStream>, String>>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: OnceLock<std::result::Result<cudarc::cublas::CudaBlas, String>>,
@@ -82,6 +112,7 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
         arch: info.arch(),
         ctx: ctx.clone(),
         stream,
+        comm: OnceLock::new(),
         modules: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
         blas: OnceLock::new(),
@@ -93,7 +124,8 @@ pub fn gpu(ordinal: usize) -> Result<Arc<Gpu>> {
 }
 
 impl Gpu {
-    fn err(&self, op: &str, e: impl std::fmt::Display) -> Error {
+    /// A driver failure of `op` on this device.
+    pub(crate) fn err(&self, op: &str, e: impl std::fmt::Display) -> Error {
         cuda_error(self.ordinal, op, e)
     }
 
@@ -272,6 +304,16 @@ impl DeviceBuffer {
     /// The device it lives on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
+    }
+}
+
+impl DeviceBuffer {
+    /// Keeps the block from reuse after it is dropped until the work queued so far (and later,
+    /// up to the drop) on `stream` is done: that stream uses it (the pool's `record_stream`).
+    pub(crate) fn record_stream(&self, stream: u64) {
+        if let Ok(mut pool) = self.gpu.pool.lock() {
+            pool.record_stream(&self.block, stream);
+        }
     }
 }
 

@@ -19,10 +19,12 @@ mod launch;
 mod moe;
 pub mod pool;
 mod staging;
+mod streams;
 
 pub use backend::CudaBackend;
 pub use delta_rule::HostDeltaRule;
 pub use device::{gpu, memory_stats, DeviceBuffer, Gpu};
+pub use streams::comm_stream;
 
 use crate::error::{Error, Result};
 use crate::storage::Storage;

@@ -8,6 +8,15 @@
 //! kernels that used the old tensor finish before any kernel that uses the new one starts). A
 //! block is never handed to another stream from the cache. When a raw allocation fails, the pool
 //! frees every cached block and tries once more before reporting out-of-memory.
+//!
+//! Cross-stream use (PyTorch's `recordStream`): a block allocated on one stream and also used by
+//! work queued on another (the communication stream reading a gradient buffer) is recorded with
+//! [`Pool::record_stream`]. When such a block is freed, the pool records an event on each of
+//! those streams and keeps the block aside until every event has completed; only then does it
+//! go back to its own stream's cache. Without the record, the allocating stream could be handed
+//! the block and overwrite it while the other stream's work still reads it. Pending blocks are
+//! looked at (events queried, never waited on) at each allocation, and synchronised away by
+//! [`Pool::empty_cache`].
 
 use std::collections::HashMap;
 
@@ -37,6 +46,13 @@ pub trait RawAlloc {
     /// Waits until every stream's queued work is done (before cached blocks go back to the
     /// driver, since kernels may still use them).
     fn synchronize(&mut self);
+    /// An event recorded now on `stream`: it completes once the work queued there so far is
+    /// done.
+    fn record_event(&mut self, stream: u64) -> Result<u64, String>;
+    /// Whether `event` has completed (a query: never waits).
+    fn event_done(&mut self, event: u64) -> bool;
+    /// Releases an event from [`RawAlloc::record_event`].
+    fn destroy_event(&mut self, event: u64);
 }
 
 /// The allocator's counters, in bytes except the counts.
@@ -69,6 +85,10 @@ pub struct Block {
 pub struct Pool<R: RawAlloc> {
     raw: R,
     free: HashMap<(u64, usize), Vec<u64>>,
+    /// Other streams that used a live block (by address), from [`Pool::record_stream`].
+    uses: HashMap<u64, Vec<u64>>,
+    /// Freed blocks waiting for their events (one per other stream that used them).
+    pending: Vec<(Block, Vec<u64>)>,
     stats: PoolStats,
 }
 
@@ -78,6 +98,8 @@ impl<R: RawAlloc> Pool<R> {
         Pool {
             raw,
             free: HashMap::new(),
+            uses: HashMap::new(),
+            pending: Vec::new(),
             stats: PoolStats::default(),
         }
     }
@@ -85,6 +107,7 @@ impl<R: RawAlloc> Pool<R> {
     /// A block of at least `bytes` for work queued on `stream`: a cached block of the class freed
     /// on that stream when there is one (no synchronisation needed), else a fresh one.
     pub fn alloc(&mut self, bytes: usize, stream: u64) -> Result<Block, String> {
+        self.collect_pending();
         let class = size_class(bytes);
         let ptr = match self.free.get_mut(&(stream, class)).and_then(|v| v.pop()) {
             Some(ptr) => {
@@ -115,22 +138,87 @@ impl<R: RawAlloc> Pool<R> {
         Ok(Block { ptr, class, stream })
     }
 
+    /// Notes that work queued on `stream` uses `block` (live, from this pool): when it is freed
+    /// it is kept from reuse until the work queued on `stream` by then is done. Its own stream
+    /// needs no record.
+    pub fn record_stream(&mut self, block: &Block, stream: u64) {
+        if stream == block.stream {
+            return;
+        }
+        let uses = self.uses.entry(block.ptr).or_default();
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
+    }
+
     /// Returns `block` to the cache of its stream. Work already queued on that stream may still
-    /// read it; only later work on the same stream can get it back, so that is safe.
+    /// read it; only later work on the same stream can get it back, so that is safe. A block
+    /// other streams used waits for an event on each of them first.
     pub fn free(&mut self, block: Block) {
         self.stats.allocated -= block.class;
+        if let Some(streams) = self.uses.remove(&block.ptr) {
+            let mut events = Vec::with_capacity(streams.len());
+            for s in streams {
+                match self.raw.record_event(s) {
+                    Ok(e) => events.push(e),
+                    // No event: wait for everything instead, which covers that stream's work.
+                    Err(_) => self.raw.synchronize(),
+                }
+            }
+            if !events.is_empty() {
+                self.pending.push((block, events));
+                return;
+            }
+        }
+        self.cache(block);
+    }
+
+    fn cache(&mut self, block: Block) {
         self.free
             .entry((block.stream, block.class))
             .or_default()
             .push(block.ptr);
     }
 
-    /// Synchronises, then returns every cached block to the driver.
+    /// Moves the pending blocks whose events have all completed to their stream's cache.
+    fn collect_pending(&mut self) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let raw = &mut self.raw;
+            let (_, events) = &mut self.pending[i];
+            events.retain(|&e| {
+                let done = raw.event_done(e);
+                if done {
+                    raw.destroy_event(e);
+                }
+                !done
+            });
+            if events.is_empty() {
+                let (block, _) = self.pending.swap_remove(i);
+                self.cache(block);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Freed blocks still waiting for another stream's work.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Synchronises, then returns every cached block (and every pending one) to the driver.
     pub fn empty_cache(&mut self) {
-        if self.free.values().all(|v| v.is_empty()) {
+        if self.free.values().all(|v| v.is_empty()) && self.pending.is_empty() {
             return;
         }
         self.raw.synchronize();
+        for (block, events) in std::mem::take(&mut self.pending) {
+            for e in events {
+                self.raw.destroy_event(e);
+            }
+            self.cache(block);
+        }
         for ((_, class), ptrs) in self.free.drain() {
             for p in ptrs {
                 self.raw.free(p, class);
@@ -167,6 +255,10 @@ mod tests {
         limit: usize,
         frees: usize,
         syncs: usize,
+        /// Events recorded; those numbered up to `done` have completed.
+        events: u64,
+        done: u64,
+        destroyed: usize,
     }
 
     impl RawAlloc for Fake {
@@ -184,6 +276,17 @@ mod tests {
         }
         fn synchronize(&mut self) {
             self.syncs += 1;
+            self.done = self.events;
+        }
+        fn record_event(&mut self, _stream: u64) -> Result<u64, String> {
+            self.events += 1;
+            Ok(self.events)
+        }
+        fn event_done(&mut self, event: u64) -> bool {
+            event <= self.done
+        }
+        fn destroy_event(&mut self, _event: u64) {
+            self.destroyed += 1;
         }
     }
 
@@ -220,6 +323,49 @@ mod tests {
         assert_ne!(b.ptr, a.ptr);
         assert_eq!(pool.stats().mallocs, 2);
         assert_eq!(pool.stats().reserved, 2 * 4096);
+    }
+
+    #[test]
+    fn a_block_used_on_another_stream_waits_for_that_streams_event() {
+        let mut pool = Pool::new(Fake::default());
+        let a = pool.alloc(4096, 1).expect("fits");
+        pool.record_stream(&a, 2);
+        pool.record_stream(&a, 2);
+        pool.record_stream(&a, 1); // its own stream: nothing to wait for
+        pool.free(a);
+        assert_eq!(pool.raw().events, 1, "one event, on stream 2");
+        assert_eq!(pool.pending(), 1);
+        let b = pool.alloc(4096, 1).expect("fits");
+        assert_ne!(b.ptr, a.ptr, "stream 2 may still be reading it");
+        assert_eq!(
+            pool.stats().allocated,
+            4096,
+            "a pending block is not allocated"
+        );
+        assert_eq!(pool.stats().reserved, 2 * 4096);
+        // Stream 2's work is done: the next allocation on stream 1 gets the block back.
+        pool.raw.done = 1;
+        let c = pool.alloc(4096, 1).expect("fits");
+        assert_eq!(c.ptr, a.ptr);
+        assert_eq!((pool.pending(), pool.raw().destroyed), (0, 1));
+        assert_eq!(pool.raw().syncs, 0, "no synchronisation on the way");
+        // The record ended with the block: its next life starts without one.
+        pool.free(c);
+        assert_eq!(pool.pending(), 0);
+        pool.free(b);
+    }
+
+    #[test]
+    fn emptying_the_cache_synchronises_pending_blocks_away() {
+        let mut pool = Pool::new(Fake::default());
+        let a = pool.alloc(1 << 20, 1).expect("fits");
+        pool.record_stream(&a, 9);
+        pool.free(a);
+        assert_eq!(pool.pending(), 1);
+        pool.empty_cache();
+        assert_eq!(pool.pending(), 0);
+        assert_eq!((pool.raw().syncs, pool.raw().frees), (1, 1));
+        assert_eq!(pool.stats().reserved, 0);
     }
 
     #[test]

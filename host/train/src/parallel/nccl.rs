@@ -15,9 +15,14 @@
 //! saying why it cannot run). Only layouts of DDP, FSDP and HSDP take NCCL; with `pp`, `tp`,
 //! `cp` or `ep` every collective stays staged. The communicators are built once, at job start,
 //! each bootstrapped over an MPI communicator of the same ranks (NCCL's unique id broadcast over
-//! it). Compute and NCCL run on different streams, ordered by waiting on each (the engine's
-//! stream before a call, NCCL's after it: FSDP's prefetched gathers are launched early and
-//! waited for when their unit is reached); overlapping compute with them is a later stage.
+//! it). DDP's communicator queues on the engine's communication stream
+//! (`anneal_engine::streams`): the sum waits on the device for an event recorded on the compute
+//! stream after the flattening, compute waits for one recorded after the collectives, and the
+//! three buffers are recorded on the communication stream so the allocator does not hand them
+//! to compute work before NCCL is done with them; the host never waits for NCCL. FSDP's
+//! communicators run on streams of their own, ordered by waiting on each (the engine's stream
+//! before a call, NCCL's after it: FSDP's prefetched gathers are launched early and waited for
+//! when their unit is reached); overlapping compute with them is a later stage.
 //!
 //! Sums: the DDP path and HSDP's replica sum are the staged path's reduce-scatter then
 //! all-gather (every rank the same bits); FSDP's reduce-scatters lay their buffers out as the
@@ -29,6 +34,9 @@ use anneal_dist::nccl::{Nccl, NcclDtype};
 use anneal_dist::{Collective, DistError};
 use anneal_engine::{DType, Device, Tensor};
 use std::cell::RefCell;
+
+#[path = "nccl_streams.rs"]
+mod streams;
 
 /// The environment variable choosing the path: `auto`, `staged` or `nccl`.
 pub const ENV: &str = "ANNEAL_COLLECTIVES";
@@ -81,6 +89,16 @@ fn over(comm: &dyn Collective, ordinal: usize) -> Result<Nccl, TrainError> {
     Ok(Nccl::new(boot, Some(ordinal))?)
 }
 
+/// As [`over`], queued on the engine's communication stream of GPU `ordinal`.
+fn over_comm_stream(comm: &dyn Collective, ordinal: usize) -> Result<Nccl, TrainError> {
+    if let Some(why) = anneal_dist::nccl::unavailable() {
+        return Err(DistError::Unavailable(why).into());
+    }
+    let stream = anneal_engine::cuda::comm_stream(ordinal)?;
+    let boot = comm.split(0, comm.rank() as u32)?;
+    Ok(Nccl::new_on_stream(boot, stream)?)
+}
+
 impl DeviceComms {
     /// Communicators on GPU `ordinal`: over `grads` when parameters are not sharded, else a
     /// gather and a reduce-scatter one over `shard` (and one over `replicate` under HSDP).
@@ -92,7 +110,7 @@ impl DeviceComms {
         ordinal: usize,
     ) -> Result<DeviceComms, TrainError> {
         let (grads, shard) = match shard {
-            None => (Some(over(grads, ordinal)?), None),
+            None => (Some(over_comm_stream(grads, ordinal)?), None),
             Some(s) => (None, Some((over(s, ordinal)?, over(s, ordinal)?))),
         };
         let replicate = match (&shard, replicate) {
@@ -166,17 +184,23 @@ pub(crate) fn all_reduce_grads(
         ptr(&block, "the block")?,
         ptr(&out, "the result")?,
     );
-    // NCCL runs on its own stream: the engine's writes of the three buffers must be done.
-    anneal_engine::synchronize(device)?;
+    // NCCL queues on the communication stream: it waits (on the device) for compute's writes of
+    // the three buffers, and their blocks stay out of compute's reach until it is done.
+    let on_comm = streams::comm_ordered(nccl, device)?;
+    for t in [&send, &block, &out] {
+        on_comm.record(t)?;
+    }
     // SAFETY: the three tensors are contiguous f32 on the communicator's GPU with these lengths
-    // (`send` and `out` `padded`, `block` `padded / ranks`), their writes are synchronised above,
-    // and they live (unchanged but for NCCL's writes into fresh `block` and `out`) until the
-    // stream is synchronised below.
+    // (`send` and `out` `padded`, `block` `padded / ranks`); the communicator's stream waits for
+    // their writes (above, or a full synchronisation when it is not the engine's communication
+    // stream), and their blocks are not reused before the stream's work is done
+    // (`record_stream`), so dropping them before it has run is safe.
     unsafe {
         nccl.reduce_scatter_sum_device(s, b, padded / ranks, NcclDtype::F32)?;
         nccl.all_gather_device(b, o, padded / ranks, NcclDtype::F32)?;
     }
-    nccl.synchronize()?;
+    // Compute (and so the host reads below, which go through it) waits for the sum.
+    on_comm.done()?;
     drop((send, block));
     let summed = out.narrow(0, flags_at, named.len())?.to_vec_f32();
     let mut at = 0;
