@@ -7,7 +7,9 @@
 //! the CPU's, so bitwise claims compare GPU with GPU). DDP and FSDP give the same losses and
 //! gradient norms, bit for bit, with their collectives staged over MPI and over NCCL
 //! (`ANNEAL_COLLECTIVES`), and so does HSDP on four ranks; the rank's log says which path ran,
-//! and on NCCL nothing of theirs is staged through host memory. `anneal rl` under FSDP, TP,
+//! and on NCCL nothing of theirs is staged through host memory. So do TP, CP and EP, whose
+//! groups' collectives then move device buffers, the bytes staged per step falling under a
+//! bound. `anneal rl` under FSDP, TP,
 //! PP and CP on GPU ranks keeps the logprob mismatch at exactly 0. A sharded checkpoint written
 //! by two GPU ranks resumes on one CPU process and on two CPU ranks; a GPU rank killed mid-run
 //! ends the job, and the rerun resumes; `generate --tp 2` on GPU ranks decodes the one
@@ -457,5 +459,86 @@ fn rl_layouts_on_gpu_ranks_keep_the_mismatch_at_zero() {
             let (a, b) = (loss(a), loss(b));
             assert!((a - b).abs() <= 1e-4 * a.abs(), "{name}: {a} vs {b}");
         }
+    }
+}
+
+/// The `(total, per step)` bytes a rank's log says its collectives staged through host memory.
+fn staged_bytes(log: &str) -> (u64, u64) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("bytes staged through host memory"))
+        .unwrap_or_else(|| panic!("no staged-bytes note: {log}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "collectives: N bytes staged ... (M per step)" (a device ordinal may come before).
+    let n = nums.len();
+    assert!(n >= 2, "{line}");
+    (nums[n - 2], nums[n - 1])
+}
+
+/// TP, CP and EP move their collectives' device buffers over NCCL: the same loss and gradient
+/// norm bits as staged through host memory, and the staged bytes per step fall to a bound.
+#[test]
+fn tensor_context_and_expert_groups_over_nccl_give_the_staged_bits() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP tensor_context_and_expert_groups_over_nccl_give_the_staged_bits: {why}");
+        return;
+    }
+    let job = Job::new("cuda-dist-groups");
+    let ep: Vec<&'static str> = MOE
+        .iter()
+        .chain(&["parallelism.dp_shard=2", "parallelism.ep=2"])
+        .copied()
+        .collect();
+    // The tiny model (tests/support/cli.rs): dim 32, 2 layers, ffn 64, vocab 320, 41 120
+    // parameters; 4 micro-batches of 32 tokens per step.
+    const PARAM_BYTES: u64 = 41_120 * 4;
+    // What each layout still stages once its group runs on NCCL:
+    // - TP2: the vocabulary-parallel loss's gradient, built on the host (4 micro-batches × 32
+    //   rows × 160 columns × 4 B = 81 920 per step), plus one-time copies of parameters
+    //   (this rank's slices at start, the checkpoint's gathers), at most the f32 parameters;
+    // - CP2: dq, summed on the host by the ring's backward (2 layers × 4 micro-batches ×
+    //   16 rows × 2 heads × 16 dims × 4 B = 16 KiB per step), and the positions each attention
+    //   call places on the GPU (i64): under 64 KiB;
+    // - EP2 (dp_shard 2): FSDP's units, whose buffers stay host-staged on both paths; the rows
+    //   the exchanges moved (about a third of the staged path's bytes here) are gone, so
+    //   asserted as at least a fifth less than the staged path.
+    let bound = |layout: &str, staged: u64| match layout {
+        "tp" => 81_920 + PARAM_BYTES,
+        "cp" => 64 * 1024,
+        _ => staged - staged / 5,
+    };
+    for (name, layout, what) in [
+        (
+            "tp",
+            &["parallelism.tp=2"][..],
+            "tensor parallelism's all-reduce",
+        ),
+        (
+            "cp",
+            &["parallelism.cp=2"][..],
+            "context parallelism's ring pass",
+        ),
+        ("ep", &ep[..], "expert parallelism's all-to-all"),
+    ] {
+        let (staged, staged_log) = two_gpu_ranks_on(&job, "staged", layout);
+        let (nccl, nccl_log) = two_gpu_ranks_on(&job, "nccl", layout);
+        assert!(nccl_log.contains(what), "{name}: {nccl_log}");
+        let (a, b) = (loss_and_norm_bits(&staged), loss_and_norm_bits(&nccl));
+        assert_eq!(a.len(), 3, "{name}: {a:?}");
+        assert_eq!(a, b, "{name}: staged vs NCCL (loss, grad norm) bits");
+        let ((_, s), (_, n)) = (staged_bytes(&staged_log), staged_bytes(&nccl_log));
+        let most = bound(name, s);
+        println!("{name}: staged {s} bytes per step, NCCL {n} (bound {most})");
+        assert!(
+            n <= most,
+            "{name}: NCCL path stages {n} bytes per step, over {most}"
+        );
+        assert!(
+            s > most,
+            "{name}: the staged path ({s}) is within the bound {most}"
+        );
     }
 }

@@ -18,8 +18,10 @@
 //! processes (docs/cuda.md), so these run under `mpiexec` on any machine.
 
 pub mod device;
+mod group;
 
 pub use device::NcclDtype;
+pub use group::Transfer;
 
 use crate::{check_all_to_all, check_gather, check_rank, check_reduce_scatter};
 use crate::{Collective, DistError, Pending, RecvBuf, SendBuf};

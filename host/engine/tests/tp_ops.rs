@@ -7,7 +7,7 @@ use anneal_engine::ops::{
     cross_entropy, tp_copy, tp_embedding, tp_gather, tp_reduce, tp_scatter,
     vocab_parallel_cross_entropy, CrossEntropy, TensorParallelGroup, TpGroup,
 };
-use anneal_engine::{Result, Tensor};
+use anneal_engine::{DType, Result, Tensor};
 use std::sync::{Arc, Barrier, Mutex};
 
 /// A group of threads: each collective posts this rank's values, waits for every rank, and
@@ -269,5 +269,36 @@ fn vocab_parallel_embedding_and_loss_match_the_whole() {
             &cols_of(&gl, v, rank * half..(rank + 1) * half),
             &l_grad,
         );
+    }
+}
+
+/// The tensor collectives' default bodies (what the CPU runs; a device group overrides them):
+/// shapes along dim 0, sums in f32, the input's dtype kept.
+#[test]
+fn the_tensor_collectives_stage_by_default_keeping_the_dtype() {
+    let got = on_two_ranks(|rank, tp| {
+        let g = tp.group.as_ref();
+        let base = (rank * 10) as f32;
+        let x = Tensor::from_vec((0..6).map(|i| base + i as f32).collect(), &[2, 3])
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let sum = g.all_reduce_sum_tensor(&x).unwrap();
+        let all = g.all_gather_tensor(&x).unwrap();
+        let mine = g.reduce_scatter_sum_tensor(&x).unwrap();
+        for t in [&sum, &all, &mine] {
+            assert_eq!(t.dtype(), DType::BF16);
+        }
+        assert_eq!(
+            (sum.shape(), all.shape(), mine.shape()),
+            (&[2, 3][..], &[4, 3][..], &[1, 3][..])
+        );
+        (sum.to_vec_f32(), all.to_vec_f32(), mine.to_vec_f32())
+    });
+    for (rank, (sum, all, mine)) in got.into_iter().enumerate() {
+        assert_eq!(sum, vec![10.0, 12.0, 14.0, 16.0, 18.0, 20.0]);
+        assert_eq!(all, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
+        let want = [vec![10.0, 12.0, 14.0], vec![16.0, 18.0, 20.0]];
+        assert_eq!(mine, want[rank], "rank {rank}");
     }
 }

@@ -93,7 +93,7 @@ pub use moe::{histogram, sort_by_expert, ExpertCounts, ExpertRouting};
 pub use moe_balance::{
     load_balancing_loss, update_router_bias, ExpertLoad, RouterStats, DEFAULT_BIAS_UPDATE_RATE,
 };
-pub use moe_ep::{ExpertExchange, ExpertParallel, RowsInFlight};
+pub use moe_ep::{staged_start_rows, ExpertExchange, ExpertParallel, RowsInFlight, TensorInFlight};
 pub use moe_layer::{
     moe_ffn, moe_ffn_ep, moe_ffn_tp, moe_ffn_tp_ep, ExpertActivation, ExpertLayout, MoeOutput,
     MoeSpec, MoeTensorParallel, MoeWeights, SharedExpert,
@@ -101,7 +101,8 @@ pub use moe_layer::{
 pub use moe_router::{route, RouterScore, RouterSpec, Routing};
 pub use shape::{cat, stack};
 pub use tp::{
-    tp_copy, tp_embedding, tp_gather, tp_gather_replicated, tp_reduce, tp_scatter,
-    vocab_parallel_cross_entropy, TensorParallelGroup, TpGroup,
+    staged_all_gather, staged_all_reduce, staged_reduce_scatter, tp_copy, tp_embedding, tp_gather,
+    tp_gather_replicated, tp_reduce, tp_scatter, vocab_parallel_cross_entropy, TensorParallelGroup,
+    TpGroup,
 };
 pub use tp_vocab::tp_vocab_gather;

@@ -54,6 +54,78 @@ pub trait ExpertExchange: Send + Sync {
         send_counts: &[usize],
         recv_counts: &[usize],
     ) -> Result<Box<dyn RowsInFlight>>;
+
+    /// Starts sending `send_rows[r]` consecutive rows of `x [S, width]` to rank `r` while
+    /// receiving `recv_rows[r]` rows from each rank `r`; what arrives is `[Σ recv_rows, width]`
+    /// in `x`'s dtype on `x`'s device, packed in source-rank order. The default stages the rows
+    /// through host memory over [`ExpertExchange::start`] ([`staged_start_rows`]); an exchange
+    /// that moves device buffers (NCCL) overrides it, with the same bits (rows are copied, never
+    /// summed).
+    fn start_rows(
+        &self,
+        x: &Tensor,
+        send_rows: &[usize],
+        recv_rows: &[usize],
+    ) -> Result<Box<dyn TensorInFlight>> {
+        staged_start_rows(self, x, send_rows, recv_rows)
+    }
+}
+
+/// Rows of a tensor exchange in flight ([`ExpertExchange::start_rows`]).
+pub trait TensorInFlight {
+    /// Blocks until it completes; returns the rows that arrived.
+    fn wait(self: Box<Self>) -> Result<Tensor>;
+}
+
+/// [`ExpertExchange::start_rows`] through host memory: the rows copied out as f32, exchanged
+/// by [`ExpertExchange::start`], rebuilt in `x`'s dtype on its device when waited for.
+pub fn staged_start_rows<E: ExpertExchange + ?Sized>(
+    ex: &E,
+    x: &Tensor,
+    send_rows: &[usize],
+    recv_rows: &[usize],
+) -> Result<Box<dyn TensorInFlight>> {
+    let width = x.shape().get(1).copied().unwrap_or(0);
+    let scale = |v: &[usize]| v.iter().map(|&r| r * width).collect::<Vec<_>>();
+    let pending = ex.start(
+        crate::staged::to_host(x),
+        &scale(send_rows),
+        &scale(recv_rows),
+    )?;
+    Ok(Box::new(StagedRows {
+        pending,
+        rows: recv_rows.iter().sum(),
+        width,
+        dtype: x.dtype(),
+        device: x.device(),
+    }))
+}
+
+/// A staged exchange's host buffer in flight, and how to rebuild what arrives.
+struct StagedRows {
+    pending: Box<dyn RowsInFlight>,
+    rows: usize,
+    width: usize,
+    dtype: crate::DType,
+    device: crate::Device,
+}
+
+impl TensorInFlight for StagedRows {
+    fn wait(self: Box<Self>) -> Result<Tensor> {
+        let got = self.pending.wait()?;
+        if got.len() != self.rows * self.width {
+            return Err(invalid(
+                "moe_exchange",
+                format!(
+                    "received {} values, expected {} rows of {}",
+                    got.len(),
+                    self.rows,
+                    self.width
+                ),
+            ));
+        }
+        crate::staged::from_host(got, &[self.rows, self.width], self.dtype, self.device)
+    }
 }
 
 /// The expert-parallel context of one MoE layer call.
@@ -83,7 +155,7 @@ struct Counts {
 
 /// One half's rows on their way.
 struct InFlight {
-    pending: Box<dyn RowsInFlight>,
+    pending: Box<dyn TensorInFlight>,
     /// What was sent (recorded as the exchange's input for autograd).
     input: Tensor,
     rows: Counts,
@@ -93,12 +165,7 @@ struct InFlight {
 /// Starts sending the rows of `x [S, width]` (`rows.send[r]` to rank `r`).
 fn start(ex: &Arc<dyn ExpertExchange>, x: &Tensor, rows: Counts) -> Result<InFlight> {
     let width = x.shape().get(1).copied().unwrap_or(0);
-    let scale = |v: &[usize]| v.iter().map(|&r| r * width).collect::<Vec<_>>();
-    let pending = ex.start(
-        crate::staged::to_host(x),
-        &scale(&rows.send),
-        &scale(&rows.recv),
-    )?;
+    let pending = ex.start_rows(x, &rows.send, &rows.recv)?;
     Ok(InFlight {
         pending,
         input: x.clone(),
@@ -113,41 +180,30 @@ impl InFlight {
     fn finish(self, ex: &Arc<dyn ExpertExchange>) -> Result<Tensor> {
         const OP: &str = "moe_exchange";
         let n: usize = self.rows.recv.iter().sum();
-        let got = self.pending.wait()?;
-        if got.len() != n * self.width {
+        let out = self.pending.wait()?;
+        if out.shape() != [n, self.width] {
             return Err(invalid(
                 OP,
                 format!(
-                    "received {} values, expected {n} rows of {}",
-                    got.len(),
+                    "received rows of shape {:?}, expected {n} rows of {}",
+                    out.shape(),
                     self.width
                 ),
             ));
         }
-        let device = self.input.device();
-        let out = crate::staged::from_host(got, &[n, self.width], self.input.dtype(), device)?;
         let (ex, rows, width) = (ex.clone(), self.rows, self.width);
         Ok(record(OP, out, &[&self.input], move || {
             move |g: &Tensor| {
-                let back = Counts {
-                    send: rows.recv.clone(),
-                    recv: rows.send.clone(),
-                };
-                let scale = |v: &[usize]| v.iter().map(|&r| r * width).collect::<Vec<_>>();
-                let n: usize = back.recv.iter().sum();
-                let dx = ex
-                    .start(
-                        crate::staged::to_host(g),
-                        &scale(&back.send),
-                        &scale(&back.recv),
-                    )?
-                    .wait()?;
-                Ok(vec![Some(crate::staged::from_host(
-                    dx,
-                    &[n, width],
-                    g.dtype(),
-                    device,
-                )?)])
+                // The transposed exchange: what came from rank r goes back to it.
+                let dx = ex.start_rows(g, &rows.recv, &rows.send)?.wait()?;
+                let n: usize = rows.send.iter().sum();
+                if dx.shape() != [n, width] {
+                    return Err(invalid(
+                        OP,
+                        format!("gradient rows {:?}, expected [{n}, {width}]", dx.shape()),
+                    ));
+                }
+                Ok(vec![Some(dx)])
             }
         }))
     }

@@ -96,8 +96,10 @@ pub fn ring_attention(
             let back = be(&qd)?;
             let mut dq = vec![0f32; qd.numel()];
             let mut dsinks = None;
-            let dk0 = Tensor::zeros(kd.shape(), DType::F32);
-            let dv0 = Tensor::zeros(vd.shape(), DType::F32);
+            // The dk/dv accumulators live with the keys, so the ring passes them device to
+            // device where it can.
+            let dk0 = Tensor::zeros_on(kd.shape(), DType::F32, kd.device())?;
+            let dv0 = Tensor::zeros_on(vd.shape(), DType::F32, vd.device())?;
             let mut block = vec![kd.clone(), vd.clone(), k_pos.clone(), dk0, dv0];
             for step in 0..ring.size() {
                 let spec = with_keys(&spec, &block[2]);
@@ -156,11 +158,11 @@ fn add_into(acc: &mut [f32], t: &Tensor) {
     }
 }
 
-/// `acc + t` in f32, a fresh tensor (what arrived from the ring is not ours to write).
+/// `acc + t` in f32, a fresh tensor on `acc`'s device (what arrived from the ring is not ours
+/// to write): one IEEE addition per element, the same bits on every backend.
 fn plus(acc: &Tensor, t: &Tensor) -> Result<Tensor> {
-    let mut sum = acc.to_vec_f32();
-    add_into(&mut sum, t);
-    Tensor::from_vec(sum, acc.shape())
+    let t = staged::place(t.to_dtype(DType::F32)?, acc.device())?;
+    acc.to_dtype(DType::F32)?.add(&t)
 }
 
 /// A partial attention result in f32: the output rows `[rows, Dv]` and their logsumexp.

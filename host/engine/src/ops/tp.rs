@@ -43,6 +43,54 @@ pub trait TpGroup: Send + Sync {
 
     /// Sums `send` (`ranks()` equal blocks) over the group and returns block `rank()` of it.
     fn reduce_scatter_sum(&self, send: &[f32]) -> Result<Vec<f32>>;
+
+    /// `x` summed over the group in f32 (rank order), in `x`'s shape, dtype and device. The
+    /// default stages it through host memory ([`staged_all_reduce`]); a group that moves
+    /// device buffers (NCCL) overrides it with the same bits.
+    fn all_reduce_sum_tensor(&self, x: &Tensor) -> Result<Tensor> {
+        staged_all_reduce(self, x)
+    }
+
+    /// Every rank's `x` (all the same shape) joined along dim 0 in rank order, in `x`'s dtype
+    /// on its device. The default stages it ([`staged_all_gather`]).
+    fn all_gather_tensor(&self, x: &Tensor) -> Result<Tensor> {
+        staged_all_gather(self, x)
+    }
+
+    /// `x` (dim 0 a multiple of `ranks()`) summed over the group in f32, keeping block
+    /// `rank()` of dim 0, in `x`'s dtype on its device. The default stages it
+    /// ([`staged_reduce_scatter`]).
+    fn reduce_scatter_sum_tensor(&self, x: &Tensor) -> Result<Tensor> {
+        staged_reduce_scatter(self, x)
+    }
+}
+
+/// [`TpGroup::all_reduce_sum_tensor`] through host memory: `x` copied out as f32, summed by
+/// [`TpGroup::all_reduce_sum`], rebuilt where and as it was.
+pub fn staged_all_reduce<G: TpGroup + ?Sized>(g: &G, x: &Tensor) -> Result<Tensor> {
+    let mut v = crate::staged::to_host(x);
+    g.all_reduce_sum(&mut v)?;
+    tensor_of(v, x.shape(), x.dtype(), x.device())
+}
+
+/// [`TpGroup::all_gather_tensor`] through host memory.
+pub fn staged_all_gather<G: TpGroup + ?Sized>(g: &G, x: &Tensor) -> Result<Tensor> {
+    let got = g.all_gather(&crate::staged::to_host(x))?;
+    let mut shape = x.shape().to_vec();
+    if let Some(d0) = shape.first_mut() {
+        *d0 *= g.ranks();
+    }
+    tensor_of(got, &shape, x.dtype(), x.device())
+}
+
+/// [`TpGroup::reduce_scatter_sum_tensor`] through host memory.
+pub fn staged_reduce_scatter<G: TpGroup + ?Sized>(g: &G, x: &Tensor) -> Result<Tensor> {
+    let mine = g.reduce_scatter_sum(&crate::staged::to_host(x))?;
+    let mut shape = x.shape().to_vec();
+    if let Some(d0) = shape.first_mut() {
+        *d0 /= g.ranks().max(1);
+    }
+    tensor_of(mine, &shape, x.dtype(), x.device())
 }
 
 /// The tensor-parallel context of a forward: the group, shared by the ops that use it.
@@ -76,9 +124,7 @@ fn tensor_of(values: Vec<f32>, shape: &[usize], dtype: DType, device: Device) ->
 }
 
 fn all_reduced(g: &dyn TpGroup, x: &Tensor) -> Result<Tensor> {
-    let mut v = crate::staged::to_host(x);
-    g.all_reduce_sum(&mut v)?;
-    tensor_of(v, x.shape(), x.dtype(), x.device())
+    g.all_reduce_sum_tensor(x)
 }
 
 /// `x` unchanged; its gradient is summed over the group (the input of a column-split linear:
@@ -99,43 +145,31 @@ pub fn tp_reduce(x: &Tensor, tp: &TensorParallelGroup) -> Result<Tensor> {
     }))
 }
 
-/// Moves `dim` of `x` to the front, as a contiguous `[shape[dim], rest]` list of values, and
-/// back: how the sequence-parallel ops cut and join along any dim.
-fn front(x: &Tensor, dim: usize) -> Result<Vec<f32>> {
+/// `x` with `dim` moved to the front, contiguous (`[shape[dim], rest]`), and back: how the
+/// sequence-parallel ops cut and join along any dim (the group's tensor collectives work on
+/// dim 0). A copy on `x`'s device; no values change.
+fn front(x: &Tensor, dim: usize) -> Result<Tensor> {
     if dim == 0 {
-        return Ok(x.to_vec_f32());
+        return x.contiguous();
     }
     let mut perm: Vec<usize> = (0..x.rank()).collect();
     perm.remove(dim);
     perm.insert(0, dim);
-    Ok(x.permute(&perm)?.to_vec_f32())
+    x.permute(&perm)?.contiguous()
 }
 
-fn unfront(
-    values: Vec<f32>,
-    shape: &[usize],
-    dim: usize,
-    dtype: DType,
-    device: Device,
-) -> Result<Tensor> {
-    let mut moved = shape.to_vec();
-    let d = moved.remove(dim);
-    moved.insert(0, d);
-    let t = tensor_of(values, &moved, dtype, device)?;
+fn unfront(t: Tensor, dim: usize) -> Result<Tensor> {
     if dim == 0 {
         return Ok(t);
     }
     // Inverse of moving `dim` to the front.
-    let mut perm: Vec<usize> = (1..shape.len()).collect();
+    let mut perm: Vec<usize> = (1..t.rank()).collect();
     perm.insert(dim, 0);
     t.permute(&perm)?.contiguous()
 }
 
-fn gather_along(g: &dyn TpGroup, x: &Tensor, dim: usize) -> Result<Tensor> {
-    let got = g.all_gather(&front(x, dim)?)?;
-    let mut shape = x.shape().to_vec();
-    shape[dim] *= g.ranks();
-    unfront(got, &shape, dim, x.dtype(), x.device())
+pub(super) fn gather_along(g: &dyn TpGroup, x: &Tensor, dim: usize) -> Result<Tensor> {
+    unfront(g.all_gather_tensor(&front(x, dim)?)?, dim)
 }
 
 fn scatter_along(g: &dyn TpGroup, x: &Tensor, dim: usize, op: &'static str) -> Result<Tensor> {
@@ -149,10 +183,7 @@ fn scatter_along(g: &dyn TpGroup, x: &Tensor, dim: usize, op: &'static str) -> R
             ),
         ));
     }
-    let mine = g.reduce_scatter_sum(&front(x, dim)?)?;
-    let mut shape = x.shape().to_vec();
-    shape[dim] /= n;
-    unfront(mine, &shape, dim, x.dtype(), x.device())
+    unfront(g.reduce_scatter_sum_tensor(&front(x, dim)?)?, dim)
 }
 
 /// Sequence parallelism: every rank's `x` (its shard of the sequence along `dim`) joined in

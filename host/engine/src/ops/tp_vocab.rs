@@ -11,7 +11,7 @@
 use super::tp::TensorParallelGroup;
 use crate::autograd::record;
 use crate::error::{invalid, Result};
-use crate::{DType, Tensor};
+use crate::Tensor;
 
 /// `x [.., V / ranks]` (this rank's columns of a vocabulary-split product, rank `r` holding
 /// columns `[r·V/ranks, (r+1)·V/ranks)`) joined over the group into `[.., V]`; the gradient is
@@ -19,29 +19,13 @@ use crate::{DType, Tensor};
 pub fn tp_vocab_gather(x: &Tensor, tp: &TensorParallelGroup) -> Result<Tensor> {
     const OP: &str = "tp_vocab_gather";
     let g = tp.group.clone();
-    let (ranks, rank) = (g.ranks(), g.rank());
+    let rank = g.rank();
     let Some(&cols) = x.shape().last() else {
         return Err(invalid(OP, "a scalar has no vocabulary dim".to_string()));
     };
-    let rows = x.numel() / cols.max(1);
-    let got = g.all_gather(&crate::staged::to_host(x))?;
-    // Rank-major blocks `[ranks, rows, cols]` to row-major `[rows, ranks · cols]`.
-    let mut whole = vec![0f32; got.len()];
-    for r in 0..ranks {
-        for i in 0..rows {
-            let src = &got[(r * rows + i) * cols..(r * rows + i + 1) * cols];
-            let at = i * cols * ranks + r * cols;
-            whole[at..at + cols].copy_from_slice(src);
-        }
-    }
-    let mut shape = x.shape().to_vec();
-    let last = shape.len() - 1;
-    shape[last] *= ranks;
-    let mut out = Tensor::from_vec(whole, &shape)?;
-    if x.dtype() != DType::F32 {
-        out = out.to_dtype(x.dtype())?;
-    }
-    let out = crate::staged::place(out, x.device())?;
+    let last = x.rank() - 1;
+    // Along the last dim in rank order: rank r's columns land at `r · cols`.
+    let out = super::tp::gather_along(g.as_ref(), x, last)?;
     Ok(record(OP, out, &[x], move || {
         move |grad: &Tensor| {
             let mine = grad

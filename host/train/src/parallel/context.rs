@@ -1,6 +1,7 @@
 //! Context parallelism's ring: the [`KvRing`] that ring attention passes key/value blocks
 //! around, over the `cp` communicator of the mesh.
 
+use super::nccl_groups;
 use anneal_dist::{Collective, RecvBuf, SendBuf};
 use anneal_engine::ops::KvRing;
 use anneal_engine::{Error, Result, Tensor};
@@ -82,6 +83,35 @@ impl KvRing for RankRing {
             return Ok(blocks.to_vec());
         }
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        // Blocks on the GPU of an installed `cp` NCCL communicator pass device to device, in
+        // one group; the rest (positions on the host) over MPI below. Every rank holds the same
+        // kinds of blocks, so both sides split them alike.
+        let mut got: Vec<Option<Tensor>> = vec![None; blocks.len()];
+        let nccl = blocks
+            .iter()
+            .find_map(|t| nccl_groups::comm_for(nccl_groups::Group::Cp, t));
+        let on_device: Vec<usize> = match nccl {
+            Some(nccl) => {
+                let idx: Vec<usize> = (0..blocks.len())
+                    .filter(|&i| {
+                        nccl_groups::comm_for(nccl_groups::Group::Cp, &blocks[i]).is_some()
+                    })
+                    .collect();
+                let moved: Vec<Tensor> = idx.iter().map(|&i| blocks[i].clone()).collect();
+                let arrived = nccl_groups::ring_pass(&nccl, &moved, next, prev)?;
+                for (&i, t) in idx.iter().zip(arrived) {
+                    SENT.with(|s| s.set(s.get() + (t.numel() * t.dtype().size_in_bytes()) as u64));
+                    got[i] = Some(t);
+                }
+                idx
+            }
+            None => Vec::new(),
+        };
+        let blocks: Vec<Tensor> = (0..blocks.len())
+            .filter(|i| !on_device.contains(i))
+            .map(|i| blocks[i].clone())
+            .collect();
+        let blocks = &blocks[..];
         let send = || -> Result<()> {
             for t in blocks {
                 let bytes = anneal_engine::staged::to_host_bytes(t);
@@ -104,13 +134,23 @@ impl KvRing for RankRing {
                 })
                 .collect()
         };
-        if r % 2 == 0 {
+        let host = if r % 2 == 0 {
             send()?;
-            recv()
+            recv()?
         } else {
             let got = recv()?;
             send()?;
-            Ok(got)
-        }
+            got
+        };
+        // Back in the blocks' order.
+        let mut host = host.into_iter();
+        got.into_iter()
+            .map(|t| match t {
+                Some(t) => Ok(t),
+                None => host
+                    .next()
+                    .ok_or_else(|| ring_err("fewer blocks came back than were sent")),
+            })
+            .collect()
     }
 }

@@ -60,6 +60,9 @@ pub struct Dist {
     /// NCCL on this rank's GPU for DDP's and FSDP's collectives, once
     /// [`Dist::start_device_collectives`] built them.
     device_comms: Option<crate::parallel::nccl::DeviceComms>,
+    /// NCCL on this rank's GPU for the `tp`, `cp` and `ep` groups' collectives (installed on
+    /// the training thread while this lives), once [`Dist::start_device_collectives`] built them.
+    device_groups: Option<crate::parallel::nccl_groups::DeviceGroups>,
 }
 
 impl Dist {
@@ -79,6 +82,7 @@ impl Dist {
             tp: None,
             tp_save: None,
             device_comms: None,
+            device_groups: None,
         }
     }
 
@@ -194,6 +198,7 @@ impl Dist {
             tp,
             tp_save,
             device_comms: None,
+            device_groups: None,
         };
         Ok(dist)
     }
@@ -504,9 +509,8 @@ impl Dist {
             return Ok(None);
         }
         let choice = nccl::choice()?;
-        let other = [MeshDim::Pp, MeshDim::Tp, MeshDim::Cp, MeshDim::Ep]
-            .into_iter()
-            .find(|&d| self.mesh.degree(d) > 1);
+        // Pipeline stages' send/recv stays staged; tp, cp and ep take NCCL (nccl_groups).
+        let other = [MeshDim::Pp].into_iter().find(|&d| self.mesh.degree(d) > 1);
         let why_not = match (choice, other) {
             (Choice::Staged, _) => Some(format!("{ENV} = staged")),
             (_, Some(d)) => Some(format!(
@@ -531,16 +535,37 @@ impl Dist {
         let Device::Cuda(ordinal) = device else {
             unreachable!("checked above")
         };
-        let comms = DeviceComms::new(self.grads(), self.shard(), self.replicate(), ordinal)?;
-        let what = match (comms.grads.is_some(), comms.replicate.is_some()) {
-            (true, _) => "DDP's gradient sum on device buffers",
-            (false, false) => "FSDP's gathers and reduce-scatters on device buffers (f32 gathers; quantized or bf16 ones staged)",
-            (false, true) => "FSDP's gathers and reduce-scatters and HSDP's replica sum on device buffers (f32 gathers; quantized or bf16 ones staged)",
-        };
-        self.device_comms = Some(comms);
-        Ok(Some(format!(
-            "collectives: NCCL on {device} for {what}; every other collective staged through host memory over MPI"
-        )))
+        let groups = [MeshDim::Tp, MeshDim::Cp, MeshDim::Ep]
+            .into_iter()
+            .any(|d| self.mesh.degree(d) > 1);
+        let mut what = Vec::new();
+        // Beside tp, cp or ep groups, FSDP's units keep their staged communicators.
+        if !(groups && (self.shard.is_some() || self.grads().size() == 1)) {
+            let comms = DeviceComms::new(self.grads(), self.shard(), self.replicate(), ordinal)?;
+            what.push(match (comms.grads.is_some(), comms.replicate.is_some()) {
+                (true, _) => "DDP's gradient sum on device buffers",
+                (false, false) => "FSDP's gathers and reduce-scatters on device buffers (f32 gathers; quantized or bf16 ones staged)",
+                (false, true) => "FSDP's gathers and reduce-scatters and HSDP's replica sum on device buffers (f32 gathers; quantized or bf16 ones staged)",
+            });
+            self.device_comms = Some(comms);
+        }
+        let mesh_groups = crate::parallel::nccl_groups::DeviceGroups::install(
+            self.tp().map(|c| c.as_ref()),
+            self.cp(),
+            self.experts().map(|(ep, _)| ep),
+            ordinal,
+        )?;
+        let described = mesh_groups.describe();
+        if !described.is_empty() {
+            what.push(&described);
+        }
+        let note = format!(
+            "collectives: NCCL on {device} for {}; every other collective staged through host memory over MPI{}",
+            what.join(", "),
+            crate::parallel::nccl_groups::still_staged(groups, self.shard.is_some())
+        );
+        self.device_groups = Some(mesh_groups);
+        Ok(Some(note))
     }
 
     /// FSDP's gather and reduce-scatter NCCL communicators over the shard ranks, once (the

@@ -19,6 +19,7 @@ pub(crate) mod fsdp;
 pub(crate) mod full_matrix;
 mod grads;
 pub mod nccl;
+pub(crate) mod nccl_groups;
 mod norm;
 mod placement;
 pub(crate) mod pp;

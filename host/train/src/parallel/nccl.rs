@@ -12,8 +12,9 @@
 //!
 //! Which path runs: `ANNEAL_COLLECTIVES` = `auto` (the default: NCCL where every rank of the job
 //! can load it), `staged` (always through host memory over MPI) or `nccl` (NCCL, or an error
-//! saying why it cannot run). Only layouts of DDP, FSDP and HSDP take NCCL; with `pp`, `tp`,
-//! `cp` or `ep` every collective stays staged. The communicators are built once, at job start,
+//! saying why it cannot run). With `pp` every collective stays staged; the `tp`, `cp` and `ep`
+//! groups take NCCL on device buffers ([`super::nccl_groups`]), beside which FSDP's units stay
+//! staged. The communicators are built once, at job start,
 //! each bootstrapped over an MPI communicator of the same ranks (NCCL's unique id broadcast over
 //! it). DDP's communicator queues on the engine's communication stream
 //! (`anneal_engine::streams`): the sum waits on the device for an event recorded on the compute

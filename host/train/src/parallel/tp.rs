@@ -11,6 +11,7 @@
 //! Initialisation draws every parameter whole from its named stream and keeps this rank's
 //! slice, so the start does not depend on the layout.
 
+use super::nccl_groups;
 use crate::TrainError;
 use anneal_config::JobConfig;
 use anneal_dist::Collective;
@@ -389,6 +390,30 @@ impl TpGroup for Group {
         let mut out = vec![0f32; send.len() / self.ranks.max(1)];
         with_comm(|c| c.reduce_scatter_sum(send, &mut out))?;
         Ok(out)
+    }
+
+    // The tensor forms take NCCL on device buffers when the job installed a `tp`
+    // communicator ([`super::nccl_groups`]), else stage through host memory as the slices do.
+
+    fn all_reduce_sum_tensor(&self, x: &Tensor) -> anneal_engine::Result<Tensor> {
+        match nccl_groups::comm_for(nccl_groups::Group::Tp, x) {
+            Some(nccl) => nccl_groups::all_reduce(&nccl, x),
+            None => anneal_engine::ops::staged_all_reduce(self, x),
+        }
+    }
+
+    fn all_gather_tensor(&self, x: &Tensor) -> anneal_engine::Result<Tensor> {
+        match nccl_groups::comm_for(nccl_groups::Group::Tp, x) {
+            Some(nccl) => nccl_groups::all_gather(&nccl, x),
+            None => anneal_engine::ops::staged_all_gather(self, x),
+        }
+    }
+
+    fn reduce_scatter_sum_tensor(&self, x: &Tensor) -> anneal_engine::Result<Tensor> {
+        match nccl_groups::comm_for(nccl_groups::Group::Tp, x) {
+            Some(nccl) => nccl_groups::reduce_scatter(&nccl, x),
+            None => anneal_engine::ops::staged_reduce_scatter(self, x),
+        }
     }
 }
 
