@@ -158,6 +158,20 @@ pub struct ForwardCtx {
     pub positions: Handle,
     /// Whether attention layers should read and append the host's per-layer KV cache.
     pub use_cache: bool,
+    /// The images of this forward (vision-language models), in the order their placeholder
+    /// tokens appear; `None` for text. Since API version 5.
+    pub images: ROption<ImageInputs>,
+}
+
+/// The images of one forward, as the processor made them (`anneal_data::image`, or
+/// transformers' Qwen2-VL / Qwen3-VL image processor).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct ImageInputs {
+    /// `pixel_values [patches, C·t·p·p]` (f32), every image's patches one after another.
+    pub pixel_values: Handle,
+    /// `image_grid_thw`: three numbers per image (temporal, height, width in patches).
+    pub grid_thw: RVec<u64>,
 }
 
 /// A model instance (one flavor with its arguments), as seen by the host.

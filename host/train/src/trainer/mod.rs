@@ -386,6 +386,7 @@ impl Trainer {
             cache: None,
             stage_params: None,
             ring: self.cp.as_ref().map(|c| c.ring()),
+            images: None,
         }
     }
 
