@@ -9,6 +9,7 @@ mod linear_attention;
 mod moe;
 mod params;
 mod tensor;
+pub mod vision;
 
 pub use compressed::{CompressedMaskOpts, GatheredAttentionOpts};
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
