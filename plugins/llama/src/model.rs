@@ -136,9 +136,18 @@ impl Model for Llama {
     }
 
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        Ok(vec![ctx
-            .w(&self.params.tok_embeddings)?
-            .embedding(&tokens)?])
+        let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
+        match (&ctx.images, &self.params.vision, &self.args.vision) {
+            (None, _, _) => Ok(vec![h]),
+            (Some(images), Some(tower), Some(vl)) => {
+                crate::vl::embed_images(ctx, tower, vl.image_token_id, &tokens, h, images)
+            }
+            (Some(_), _, _) => Err(format!(
+                "this {} model takes no images (it has no vision tower)",
+                self.args.hf_model_type
+            )
+            .into()),
+        }
     }
 
     fn layer<'h>(
@@ -147,10 +156,9 @@ impl Model for Llama {
         index: usize,
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
-        let x_btd = hidden
-            .into_iter()
-            .next()
-            .ok_or("layer: missing hidden state")?;
+        // After the hidden state come the DeepStack features still to add (Qwen3-VL).
+        let mut hidden = hidden.into_iter();
+        let x_btd = hidden.next().ok_or("layer: missing hidden state")?;
         let l = self
             .params
             .layers
@@ -165,7 +173,7 @@ impl Model for Llama {
         )?)?;
         let normed = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
         let out = h.add(&self.feed_forward(ctx, l, index, &normed)?)?;
-        Ok(vec![out])
+        crate::vl::add_deepstack(out, hidden.collect())
     }
 
     /// Aux-loss-free balancing: each sparse layer's routing bias moves towards balance.
