@@ -131,6 +131,10 @@ pub struct HostVTable {
     /// Hands the host a named output of the forward besides the logits (an auxiliary loss or a
     /// statistic), from any stage. Only model forwards accept them.
     pub emit: unsafe extern "C" fn(*const c_void, OutputKind, RStr<'_>, Handle) -> PluginResult<()>,
+    /// The values of an integer tensor, row-major (a copy to host memory: meant for small
+    /// index tensors, such as the token ids a vision-language model finds its image
+    /// placeholders in). Since API version 5.
+    pub read_ints: unsafe extern "C" fn(*const c_void, Handle) -> PluginResult<RVec<i64>>,
 }
 
 /// What a named forward output is for.

@@ -263,6 +263,15 @@ impl<'h> Tensor<'h> {
     pub fn scale(&self, v: f64) -> Result<Tensor<'h>> {
         self.affine(v, 0.0)
     }
+    /// The values of this integer tensor, row-major (copied to host memory: for small index
+    /// tensors such as token ids).
+    pub fn read_ints(&self) -> Result<Vec<i64>> {
+        // SAFETY: as in `Host::call`.
+        let out = unsafe { (self.host.vt.read_ints)(self.host.vt.ctx, self.handle) };
+        out.into_result()
+            .map(|v| v.into_vec())
+            .map_err(Error::from_host)
+    }
     /// `self` limited to `[min, max]`.
     pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor<'h>> {
         self.op_with(ops::Clamp { min, max }, &[])
@@ -504,6 +513,10 @@ impl<'h> Host<'h> {
     /// Joins tensors along `dim`.
     pub fn cat(&self, tensors: &[&Tensor<'h>], dim: i64) -> Result<Tensor<'h>> {
         self.call1(ops::Cat::OP, tensors, &ops::Cat { dim }.to_attrs())
+    }
+    /// Tensors of one shape stacked along a new `dim`.
+    pub fn stack(&self, tensors: &[&Tensor<'h>], dim: i64) -> Result<Tensor<'h>> {
+        self.call1(ops::Stack::OP, tensors, &ops::Stack { dim }.to_attrs())
     }
     /// `cond ? a : b`, broadcasting.
     pub fn where_(&self, cond: &Tensor<'h>, a: &Tensor<'h>, b: &Tensor<'h>) -> Result<Tensor<'h>> {

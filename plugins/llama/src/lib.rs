@@ -4,6 +4,7 @@
 pub mod config;
 pub mod hf;
 pub mod model;
+pub mod mrope;
 pub mod spec;
 pub mod vl;
 

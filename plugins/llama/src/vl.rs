@@ -4,10 +4,10 @@
 //! the DeepStack features travel beside the hidden state, each added to the placeholder
 //! positions after one of the first blocks.
 //!
-//! Text positions are plain 1-D here: for text, transformers' interleaved 3-D MRoPE gives every
-//! axis the same position, which is the 1-D rotary embedding. The 3-D positions of a prompt
-//! with images (`get_rope_index`) are not computed yet, so a forward with images matches
-//! transformers in its image embeddings and DeepStack features, not yet in its logits.
+//! Text alone keeps 1-D positions: transformers' interleaved 3-D MRoPE then gives every axis
+//! the same position, which is the 1-D rotary embedding. With images, `embed` reads the token
+//! ids and computes the 3-D positions (`mrope.rs`), which travel beside the hidden state to
+//! every block; with a KV cache the prompt's delta is kept as state, so decode continues it.
 
 use crate::config::LlamaArgs;
 use anneal_plugin_api::sdk::vision::{VisionArgs, VisionTower};
@@ -79,7 +79,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         text["tie_word_embeddings"] = f.bool("tie_word_embeddings")?.unwrap_or(false).into();
     }
     let mut args = crate::config::from_hf_config(&text)
-        .map_err(|e| e.replacen("config.json: ", "config.json: text_config.", 1))?;
+        .map_err(|e| e.replacen("config.json: ", "config.json: text_config: ", 1))?;
     args.hf_model_type = "qwen3_vl".into();
     let tf = HfConfig::new(&text);
     let mrope_section = match tf.get("rope_parameters").or(tf.get("rope_scaling")) {
@@ -127,8 +127,8 @@ pub fn text_under_language_model(specs: &mut [ParamSpec]) {
 }
 
 /// The `embed` stage with images: token embeddings `h` with the image placeholders replaced by
-/// the tower's embeddings, then one `[B, T, D]` tensor per DeepStack feature (zero outside the
-/// placeholders).
+/// the tower's embeddings, then the 3-D positions (f32 `[3, B, T]`, from the token ids), then
+/// one `[B, T, D]` tensor per DeepStack feature (zero outside the placeholders).
 pub fn embed_images<'h>(
     ctx: &Ctx<'h>,
     tower: &VisionTower,
@@ -138,6 +138,21 @@ pub fn embed_images<'h>(
     images: &Images<'h>,
 ) -> Result<Vec<Tensor<'h>>> {
     let out = tower.forward(ctx, images)?;
+    let shape = tokens.shape()?;
+    let [b, t] = shape[..] else {
+        return Err(format!("tokens must be [B, T], got {shape:?}").into());
+    };
+    let ids = tokens.read_ints()?;
+    let m = tower.args.spatial_merge_size;
+    let (pos, deltas) =
+        crate::mrope::rope_index(&ids, (b, t), &images.grids, image_token_id as i64, m)?;
+    let pos: Vec<f32> = pos.iter().map(|&p| p as f32).collect();
+    let pos3 = ctx.host.constant_f32(&[3, b, t], &pos, &h)?;
+    if ctx.use_cache {
+        // Decode continues from each row's last position plus its delta.
+        let deltas = ctx.host.constant_i64(&[b, 1], &deltas, tokens)?;
+        ctx.set_state(0, MROPE_DELTA, &deltas)?;
+    }
     // 1 where the token is the placeholder: ids are exact in f32 below 2^24.
     let mask = tokens
         .to_dtype("f32")?
@@ -146,26 +161,53 @@ pub fn embed_images<'h>(
         .clamp(0.0, 1.0)?
         .affine(-1.0, 1.0)?;
     let zeros = h.scale(0.0)?;
-    let mut hidden = vec![h.masked_scatter(&mask, &out.embeds)?];
+    let mut hidden = vec![h.masked_scatter(&mask, &out.embeds)?, pos3];
     for f in &out.deepstack {
         hidden.push(zeros.masked_scatter(&mask, f)?);
     }
     Ok(hidden)
 }
 
-/// After block `out` was computed from a hidden state that carried DeepStack features
-/// `rest`: the first is added (this block is the next one they belong after) and the others
-/// travel on.
-pub fn add_deepstack<'h>(out: Tensor<'h>, rest: Vec<Tensor<'h>>) -> Result<Vec<Tensor<'h>>> {
-    let mut rest = rest.into_iter();
-    match rest.next() {
-        None => Ok(vec![out]),
-        Some(f) => {
-            let mut hidden = vec![out.add(&f)?];
-            hidden.extend(rest);
-            Ok(hidden)
-        }
+/// Where a cached sequence keeps its MRoPE delta (`max position + 1 − length` of its prompt).
+const MROPE_DELTA: &str = "mrope_delta";
+
+/// The `embed` stage without images: with a cache whose prompt had images, the 3-D positions
+/// of these tokens (all three the position plus the prompt's delta) follow the hidden state.
+pub fn embed_text<'h>(ctx: &Ctx<'h>, h: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
+    if !ctx.use_cache {
+        return Ok(vec![h]);
     }
+    let Some(delta) = ctx.state(0, MROPE_DELTA)? else {
+        return Ok(vec![h]);
+    };
+    let p = ctx
+        .positions
+        .to_dtype("f32")?
+        .add(&delta.to_dtype("f32")?)?;
+    let pos3 = ctx.host.stack(&[&p, &p, &p], 0)?;
+    ctx.set_state(0, MROPE_DELTA, &delta)?;
+    Ok(vec![h, pos3])
+}
+
+/// After block `out` was computed from a hidden state that carried 3-D positions `pos3` and
+/// DeepStack features `rest`: the first feature is added (this block is the next one they
+/// belong after), and the positions and the other features travel on.
+pub fn add_deepstack<'h>(
+    out: Tensor<'h>,
+    pos3: Option<Tensor<'h>>,
+    rest: Vec<Tensor<'h>>,
+) -> Result<Vec<Tensor<'h>>> {
+    let Some(pos3) = pos3 else {
+        return Ok(vec![out]);
+    };
+    let mut rest = rest.into_iter();
+    let out = match rest.next() {
+        Some(f) => out.add(&f)?,
+        None => out,
+    };
+    let mut hidden = vec![out, pos3];
+    hidden.extend(rest);
+    Ok(hidden)
 }
 
 /// The `config.json` of a Qwen3-VL export: `text` (the Qwen3 decoder's keys) as its
@@ -216,4 +258,129 @@ pub fn hf_config(mut text: serde_json::Value, a: &LlamaArgs, vl: &VlArgs) -> ser
             "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    fn config() -> serde_json::Value {
+        json!({
+            "model_type": "qwen3_vl",
+            "image_token_id": 90,
+            "tie_word_embeddings": false,
+            "text_config": {
+                "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
+                "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "head_dim": 16, "rms_norm_eps": 1e-6,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                    "mrope_section": [2, 3, 3], "mrope_interleaved": true}
+            },
+            "vision_config": {
+                "depth": 3, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+                "out_hidden_size": 32, "patch_size": 16, "num_position_embeddings": 16,
+                "deepstack_visual_indexes": [0, 1],
+                "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}
+            }
+        })
+    }
+
+    #[test]
+    fn qwen3_vl_config_reads_both_towers_and_names_transformers_tensors() {
+        let a = crate::config::from_hf_config(&config()).unwrap();
+        let vl = a.vision.as_ref().unwrap();
+        assert_eq!(vl.image_token_id, 90);
+        assert_eq!(vl.mrope_section, [2, 3, 3]);
+        assert!(a.qk_norm);
+        let specs = crate::spec::params(&a);
+        let hf = |name: &str| {
+            let p = specs.iter().find(|p| p.name == name).unwrap();
+            p.hf.as_ref().unwrap().sources.concat()
+        };
+        assert_eq!(
+            hf("tok_embeddings.weight"),
+            "model.language_model.embed_tokens.weight"
+        );
+        assert_eq!(
+            hf("layers.1.attention.wq.weight"),
+            "model.language_model.layers.1.self_attn.q_proj.weight"
+        );
+        assert_eq!(hf("output.weight"), "lm_head.weight");
+        assert_eq!(
+            hf("visual.blocks.2.attn.qkv.bias"),
+            "model.visual.blocks.2.attn.qkv.bias"
+        );
+        assert_eq!(
+            hf("visual.deepstack_merger_list.1.norm.weight"),
+            "model.visual.deepstack_merger_list.1.norm.weight"
+        );
+        let tower: usize = specs
+            .iter()
+            .filter(|p| p.name.starts_with("visual."))
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum();
+        assert_eq!(tower, vl.vision.n_params());
+        // The export names the architecture and nests both configs.
+        let exported = crate::hf::adapter(&a).config;
+        assert_eq!(
+            exported["architectures"][0],
+            "Qwen3VLForConditionalGeneration"
+        );
+        assert_eq!(
+            exported["text_config"]["rope_parameters"]["mrope_section"],
+            json!([2, 3, 3])
+        );
+        assert_eq!(
+            exported["vision_config"]["deepstack_visual_indexes"],
+            json!([0, 1])
+        );
+    }
+
+    #[test]
+    fn bad_qwen3_vl_configs_are_refused_by_key() {
+        let cases = [
+            (
+                "/vision_config/out_hidden_size",
+                json!(48),
+                "out_hidden_size",
+            ),
+            (
+                "/vision_config/num_position_embeddings",
+                json!(15),
+                "num_position_embeddings",
+            ),
+            (
+                "/vision_config/deepstack_visual_indexes",
+                json!([5]),
+                "deepstack_visual_indexes",
+            ),
+            ("/vision_config/num_heads", json!(3), "num_heads"),
+            ("/image_token_id", json!(96), "image_token_id"),
+            (
+                "/text_config/rope_parameters/mrope_section",
+                json!([2, 2, 2]),
+                "mrope_section",
+            ),
+            (
+                "/text_config/rope_parameters/mrope_interleaved",
+                json!(false),
+                "mrope_interleaved",
+            ),
+            (
+                "/text_config/hidden_size",
+                json!("x"),
+                "text_config: 'hidden_size'",
+            ),
+        ];
+        for (pointer, value, key) in cases {
+            let mut c = config();
+            *c.pointer_mut(pointer).unwrap() = value;
+            let e = crate::config::from_hf_config(&c).expect_err(pointer);
+            assert!(e.contains(key), "{pointer}: {e}");
+        }
+        let mut c = config();
+        c.as_object_mut().unwrap().remove("vision_config");
+        let e = crate::config::from_hf_config(&c).unwrap_err();
+        assert!(e.contains("vision_config"), "{e}");
+    }
 }

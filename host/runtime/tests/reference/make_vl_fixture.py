@@ -13,7 +13,10 @@ Writes `host/runtime/tests/fixtures/tiny_qwen3_vl/`: `config.json` and `model.sa
   70×50 one resized to 64×64;
 - `image_embeds` (f32 [tokens, D]): the tower's merged embeddings, `deepstack.<j>` (f32
   [tokens, D]) its DeepStack features;
-- `tokens` / `logits`: a text-only prompt and the full model's logits.
+- `tokens` / `logits`: a text-only prompt and the full model's logits;
+- `vl_tokens` / `vl_logits` / `vl_positions`: a prompt holding both images (2 and 4 placeholder
+  tokens, each between vision start and end tokens), the logits with the images, and
+  `get_rope_index`'s 3-D positions (i64 [3, 1, T]).
 """
 import os
 import pathlib
@@ -71,7 +74,17 @@ def main():
         vis = model.model.visual(pixel_values, grid_thw=grid)
         tokens = torch.randint(0, 90, (1, 12))
         logits = model(input_ids=tokens).logits
+    placeholders = lambda n: [92] + [90] * n + [93]
+    vl_tokens = torch.tensor([[1, 2, 3, *placeholders(2), 4, 5, *placeholders(4), 6, 7, 8]])
+    mm_types = (vl_tokens == 90).int()
+    with torch.no_grad():
+        vl_logits = model(input_ids=vl_tokens, pixel_values=pixel_values, image_grid_thw=grid,
+                          mm_token_type_ids=mm_types).logits
+        vl_positions, _ = model.model.get_rope_index(vl_tokens, mm_types, image_grid_thw=grid)
     out = {
+        "vl_tokens": vl_tokens.contiguous(),
+        "vl_logits": vl_logits.float().contiguous(),
+        "vl_positions": vl_positions.contiguous(),
         "pixel_values": pixel_values.contiguous(),
         "image_grid_thw": grid.contiguous(),
         "image_embeds": vis.pooler_output.contiguous(),
