@@ -494,7 +494,7 @@ fn plugins_are_listed() {
         .expect("llama");
     assert_eq!(
         llama["model_types"],
-        serde_json::json!(["llama", "qwen3", "qwen3_moe", "mixtral"]),
+        serde_json::json!(["llama", "qwen3", "qwen3_moe", "mixtral", "qwen3_vl"]),
         "{body}"
     );
 }

@@ -131,6 +131,10 @@ pub struct HostVTable {
     /// Hands the host a named output of the forward besides the logits (an auxiliary loss or a
     /// statistic), from any stage. Only model forwards accept them.
     pub emit: unsafe extern "C" fn(*const c_void, OutputKind, RStr<'_>, Handle) -> PluginResult<()>,
+    /// The values of an integer tensor, row-major (a copy to host memory: meant for small
+    /// index tensors, such as the token ids a vision-language model finds its image
+    /// placeholders in). Since API version 5.
+    pub read_ints: unsafe extern "C" fn(*const c_void, Handle) -> PluginResult<RVec<i64>>,
 }
 
 /// What a named forward output is for.
@@ -158,6 +162,20 @@ pub struct ForwardCtx {
     pub positions: Handle,
     /// Whether attention layers should read and append the host's per-layer KV cache.
     pub use_cache: bool,
+    /// The images of this forward (vision-language models), in the order their placeholder
+    /// tokens appear; `None` for text. Since API version 5.
+    pub images: ROption<ImageInputs>,
+}
+
+/// The images of one forward, as the processor made them (`anneal_data::image`, or
+/// transformers' Qwen2-VL / Qwen3-VL image processor).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct ImageInputs {
+    /// `pixel_values [patches, C·t·p·p]` (f32), every image's patches one after another.
+    pub pixel_values: Handle,
+    /// `image_grid_thw`: three numbers per image (temporal, height, width in patches).
+    pub grid_thw: RVec<u64>,
 }
 
 /// A model instance (one flavor with its arguments), as seen by the host.

@@ -26,4 +26,6 @@ pub use serde_json;
 /// typed structs of [`ops`].
 /// 4: errors across the boundary are typed ([`abi::PluginError`]: refused input, a plugin's
 /// own failure, or a host op's failure passed back).
-pub const API_VERSION: u32 = 4;
+/// 5: a forward may carry images (`ForwardCtx::images`: pixel values and their grids) for
+/// vision-language models; plugins may read an integer tensor's values (`HostVTable::read_ints`).
+pub const API_VERSION: u32 = 5;

@@ -360,6 +360,16 @@ host_ops! {
         blocks: bool,
         selected: bool,
     }
+    /// A new tensor of `shape` and `dtype` (`i64` or `f32`) from `values`, row-major: the
+    /// integers themselves for `i64`, the IEEE bit patterns (`f32::to_bits`) for `f32`, so
+    /// values computed by the plugin arrive exactly. Made on the device of `like` when given
+    /// (the host's default device otherwise). No gradient.
+    Constant = "constant" { shape: Vec<i64>, dtype: String, values: Vec<i64>, like: Option<Handle> }
+    /// PyTorch's `masked_scatter` along the rows: input 0 `x [.., D]` with the rows where the
+    /// mask (input 1, any dtype, `x`'s shape without the last dim, nonzero = take) is set
+    /// replaced, in order, by the rows of `src [N, D]` (input 2), `N` the mask's count.
+    /// Gradients to `x` (unmasked rows) and `src`.
+    MaskedScatter = "masked_scatter" {}
     /// `len` entries of `dim` from `start`, as a view.
     Narrow = "narrow" { dim: i64, start: i64, len: i64 }
     /// Tensors joined along `dim`.

@@ -90,6 +90,18 @@ fn make_ctx<'h>(host: Host<'h>, ctx: &ForwardCtx) -> Ctx<'h> {
         training: ctx.training,
         positions: host.adopt(ctx.positions),
         use_cache: ctx.use_cache,
+        images: ctx
+            .images
+            .as_ref()
+            .map(|im| super::Images {
+                pixel_values: host.adopt(im.pixel_values),
+                grids: im
+                    .grid_thw
+                    .chunks(3)
+                    .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
+                    .collect(),
+            })
+            .into_option(),
     }
 }
 

@@ -9,6 +9,7 @@ mod linear_attention;
 mod moe;
 mod params;
 mod tensor;
+pub mod vision;
 
 pub use compressed::{CompressedMaskOpts, GatheredAttentionOpts};
 pub use export::{catch, ModelAdapter, OptimizerAdapter};
@@ -100,6 +101,16 @@ pub struct Ctx<'h> {
     /// Whether attention should use the host's KV cache (and [`Ctx::cache_append`],
     /// [`Ctx::state`] keep state between calls).
     pub use_cache: bool,
+    /// The images of this forward, for a vision-language model; `None` for text.
+    pub images: Option<Images<'h>>,
+}
+
+/// The images of one forward: every image's patches one after another, and each image's grid.
+pub struct Images<'h> {
+    /// `pixel_values [patches, C·t·p·p]` (f32).
+    pub pixel_values: Tensor<'h>,
+    /// `(t, h, w)` in patches, one per image, in the order of their placeholder tokens.
+    pub grids: Vec<[usize; 3]>,
 }
 
 impl<'h> Ctx<'h> {

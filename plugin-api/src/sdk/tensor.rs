@@ -107,6 +107,49 @@ impl<'h> Host<'h> {
         self.call_op(&attrs, &inputs).map(|_| ())
     }
 
+    /// A new i64 tensor of `shape` holding `values` (row-major), on `like`'s device.
+    pub fn constant_i64(
+        &self,
+        shape: &[usize],
+        values: &[i64],
+        like: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        self.constant(shape, "i64", values.to_vec(), like)
+    }
+
+    /// A new f32 tensor of `shape` holding exactly `values` (row-major), on `like`'s device.
+    pub fn constant_f32(
+        &self,
+        shape: &[usize],
+        values: &[f32],
+        like: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let bits = values.iter().map(|v| i64::from(v.to_bits())).collect();
+        self.constant(shape, "f32", bits, like)
+    }
+
+    fn constant(
+        &self,
+        shape: &[usize],
+        dtype: &str,
+        values: Vec<i64>,
+        like: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let attrs = ops::Constant {
+            shape: shape.iter().map(|&d| d as i64).collect(),
+            dtype: dtype.into(),
+            values,
+            like: Some(like.handle),
+        };
+        let mut out = self.call_op(&attrs, &[])?;
+        if out.len() != 1 {
+            return Err(Error::internal(
+                "host op constant returned the wrong number of outputs",
+            ));
+        }
+        Ok(out.remove(0))
+    }
+
     /// Takes ownership of a handle the host passed in.
     pub fn adopt(&self, handle: Handle) -> Tensor<'h> {
         Tensor {
@@ -219,6 +262,19 @@ impl<'h> Tensor<'h> {
     /// `self * v`.
     pub fn scale(&self, v: f64) -> Result<Tensor<'h>> {
         self.affine(v, 0.0)
+    }
+    /// The values of this integer tensor, row-major (copied to host memory: for small index
+    /// tensors such as token ids).
+    pub fn read_ints(&self) -> Result<Vec<i64>> {
+        // SAFETY: as in `Host::call`.
+        let out = unsafe { (self.host.vt.read_ints)(self.host.vt.ctx, self.handle) };
+        out.into_result()
+            .map(|v| v.into_vec())
+            .map_err(Error::from_host)
+    }
+    /// `self` limited to `[min, max]`.
+    pub fn clamp(&self, min: f64, max: f64) -> Result<Tensor<'h>> {
+        self.op_with(ops::Clamp { min, max }, &[])
     }
     /// Elementwise unary op by name (`exp`, `sqrt`, `silu`, ...).
     pub fn unary(&self, name: &str) -> Result<Tensor<'h>> {
@@ -375,6 +431,11 @@ impl<'h> Tensor<'h> {
         let bias = bias.map(|b| b.handle);
         self.op_with(ops::LayerNorm { eps, bias }, &[weight])
     }
+    /// PyTorch's `masked_scatter` over rows: the rows of `self [.., D]` where `mask` (shape
+    /// `self`'s without the last dim) is nonzero replaced, in order, by the rows of `src [N, D]`.
+    pub fn masked_scatter(&self, mask: &Tensor<'h>, src: &Tensor<'h>) -> Result<Tensor<'h>> {
+        self.op_with(ops::MaskedScatter {}, &[mask, src])
+    }
     /// `len` entries of `dim` from `start`, as a view.
     pub fn narrow(&self, dim: i64, start: usize, len: usize) -> Result<Tensor<'h>> {
         let attrs = ops::Narrow {
@@ -452,6 +513,10 @@ impl<'h> Host<'h> {
     /// Joins tensors along `dim`.
     pub fn cat(&self, tensors: &[&Tensor<'h>], dim: i64) -> Result<Tensor<'h>> {
         self.call1(ops::Cat::OP, tensors, &ops::Cat { dim }.to_attrs())
+    }
+    /// Tensors of one shape stacked along a new `dim`.
+    pub fn stack(&self, tensors: &[&Tensor<'h>], dim: i64) -> Result<Tensor<'h>> {
+        self.call1(ops::Stack::OP, tensors, &ops::Stack { dim }.to_attrs())
     }
     /// `cond ? a : b`, broadcasting.
     pub fn where_(&self, cond: &Tensor<'h>, a: &Tensor<'h>, b: &Tensor<'h>) -> Result<Tensor<'h>> {

@@ -54,6 +54,9 @@ pub struct LlamaArgs {
     /// A mixture-of-experts feed-forward in the sparse layers (Qwen3-MoE).
     #[serde(default)]
     pub moe: Option<MoeArgs>,
+    /// Qwen3-VL's vision tower and image token (`None`: a text model).
+    #[serde(default)]
+    pub vision: Option<crate::vl::VlArgs>,
 }
 
 /// The mixture-of-experts feed-forward of Qwen3-MoE: a softmax top-k router over `n_experts`
@@ -168,6 +171,9 @@ impl LlamaArgs {
         if let Some(m) = &self.moe {
             m.validate(self.n_layers)?;
         }
+        if let Some(v) = &self.vision {
+            v.validate(self)?;
+        }
         Ok(())
     }
 }
@@ -251,6 +257,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
         dtype: "f32".into(),
         hf_model_type: "llama".into(),
         moe: None,
+        vision: None,
     };
     let qwen3 = |dim, n_layers, n_heads, ffn_dim, tie| LlamaArgs {
         dim,
@@ -366,12 +373,15 @@ pub const FLAVORS: &[&str] = &[
 pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
     let f = HfConfig::new(c);
     let model_type = f.str("model_type")?.unwrap_or("llama").to_string();
+    if model_type == "qwen3_vl" {
+        return crate::vl::from_hf_config(c);
+    }
     if !matches!(
         model_type.as_str(),
         "llama" | "qwen3" | "qwen3_moe" | "mixtral"
     ) {
         return Err(format!(
-            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3, qwen3_moe, mixtral)"
+            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3, qwen3_moe, mixtral, qwen3_vl)"
         ));
     }
     let mixtral = model_type == "mixtral";
@@ -408,6 +418,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
             _ => None,
         },
         hf_model_type: model_type,
+        vision: None,
     };
     if f.bool("attention_bias")?.unwrap_or(false) {
         return Err("config.json: attention_bias = true is not supported".into());

@@ -72,6 +72,9 @@ pub fn adapter(a: &LlamaArgs) -> HfAdapter {
         config["sliding_window"] = json!(w);
         config["use_sliding_window"] = json!(true);
     }
+    if let Some(vl) = &a.vision {
+        config = crate::vl::hf_config(config, a, vl);
+    }
     HfAdapter { config }
 }
 

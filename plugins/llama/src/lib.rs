@@ -4,7 +4,9 @@
 pub mod config;
 pub mod hf;
 pub mod model;
+pub mod mrope;
 pub mod spec;
+pub mod vl;
 
 use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::LlamaArgs;
@@ -28,7 +30,7 @@ impl Factory for Llama {
     }
 }
 
-anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe", "mixtral"], description = "Llama 3 / Qwen3 / Qwen3-MoE / Mixtral decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm)");
+anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe", "mixtral", "qwen3_vl"], description = "Llama 3 / Qwen3 / Qwen3-MoE / Mixtral / Qwen3-VL decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm; Qwen3-VL's vision tower)");
 
 #[cfg(test)]
 mod tests {

@@ -50,6 +50,7 @@ impl Llama {
         l: &BlockParams,
         index: usize,
         x_btd: &Tensor<'h>,
+        pos3: Option<&Tensor<'h>>,
     ) -> Result<Tensor<'h>> {
         let a = &self.args;
         let hd = a.head_dim() as i64;
@@ -69,8 +70,12 @@ impl Llama {
             k_bthd = k_bthd.rms_norm(&ctx.w(k_norm)?, a.norm_eps)?;
         }
         let rope = self.rope();
-        let q_bhtd = q_bthd.transpose(1, 2)?.rope(&ctx.positions, &rope)?;
-        let k_bhtd = k_bthd.transpose(1, 2)?.rope(&ctx.positions, &rope)?;
+        let turn = |x: Tensor<'h>| match (pos3, &a.vision) {
+            (Some(p), Some(vl)) => crate::mrope::apply(ctx, &x, p, &rope, &vl.mrope_section),
+            _ => x.rope(&ctx.positions, &rope),
+        };
+        let q_bhtd = turn(q_bthd.transpose(1, 2)?)?;
+        let k_bhtd = turn(k_bthd.transpose(1, 2)?)?;
         let v_bhtd = v_bthd.transpose(1, 2)?;
         let opts = AttentionOpts {
             causal: true,
@@ -136,9 +141,19 @@ impl Model for Llama {
     }
 
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        Ok(vec![ctx
-            .w(&self.params.tok_embeddings)?
-            .embedding(&tokens)?])
+        let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
+        match (&ctx.images, &self.params.vision, &self.args.vision) {
+            (None, _, Some(_)) => crate::vl::embed_text(ctx, h),
+            (None, _, None) => Ok(vec![h]),
+            (Some(images), Some(tower), Some(vl)) => {
+                crate::vl::embed_images(ctx, tower, vl.image_token_id, &tokens, h, images)
+            }
+            (Some(_), _, _) => Err(format!(
+                "this {} model takes no images (it has no vision tower)",
+                self.args.hf_model_type
+            )
+            .into()),
+        }
     }
 
     fn layer<'h>(
@@ -147,10 +162,10 @@ impl Model for Llama {
         index: usize,
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
-        let x_btd = hidden
-            .into_iter()
-            .next()
-            .ok_or("layer: missing hidden state")?;
+        // Qwen3-VL with images: then the 3-D positions and the DeepStack features to add.
+        let mut hidden = hidden.into_iter();
+        let x_btd = hidden.next().ok_or("layer: missing hidden state")?;
+        let pos3 = hidden.next();
         let l = self
             .params
             .layers
@@ -162,10 +177,11 @@ impl Model for Llama {
             l,
             index,
             &x_btd.rms_norm(&ctx.w(&l.attention_norm)?, eps)?,
+            pos3.as_ref(),
         )?)?;
         let normed = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
         let out = h.add(&self.feed_forward(ctx, l, index, &normed)?)?;
-        Ok(vec![out])
+        crate::vl::add_deepstack(out, pos3, hidden.collect())
     }
 
     /// Aux-loss-free balancing: each sparse layer's routing bias moves towards balance.

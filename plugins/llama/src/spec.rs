@@ -63,6 +63,8 @@ pub struct LlamaParams {
     pub norm: Param,
     /// Output projection `[vocab, dim]` (the embedding table when tied).
     pub output: Param,
+    /// Qwen3-VL's vision tower.
+    pub vision: Option<anneal_plugin_api::sdk::vision::VisionTower>,
 }
 
 /// Declares every parameter, TorchTitan-style: N(0,1) embeddings, truncated normal
@@ -208,13 +210,22 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
         .collect();
     let (norm, output) =
         t.final_norm_and_output(a.vocab_size, d, a.tie_embeddings.then_some(&tok_embeddings));
+    let vision = a
+        .vision
+        .as_ref()
+        .map(|v| anneal_plugin_api::sdk::vision::VisionTower::declare(v.vision.clone(), &mut t));
     let params = LlamaParams {
         tok_embeddings,
         layers,
         norm,
         output,
+        vision,
     };
-    (params, t.into_specs())
+    let mut specs = t.into_specs();
+    if a.vision.is_some() {
+        crate::vl::text_under_language_model(&mut specs);
+    }
+    (params, specs)
 }
 
 /// Where a model type keeps its router and experts in a Hugging Face checkpoint (`{e}`: the
@@ -267,7 +278,9 @@ pub fn model_spec(a: &LlamaArgs, params: Vec<ParamSpec>) -> ModelSpec {
         .filter_map(|i| a.moe_of(i))
         .map(|m| (m.n_experts - m.top_k) * 3 * a.dim * m.expert_ffn_dim)
         .sum();
-    let dense = (n - embedding - idle_experts) as f64;
+    // The vision tower runs per image patch, not per text token.
+    let vision = a.vision.as_ref().map_or(0, |v| v.vision.n_params());
+    let dense = (n - embedding - idle_experts - vision) as f64;
     let attn = 12.0 * (a.n_layers * a.n_heads * a.head_dim() * a.max_seq_len) as f64;
     ModelSpec {
         architecture: "llama".into(),

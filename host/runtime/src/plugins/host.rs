@@ -4,7 +4,7 @@
 use super::kv_cache::KvCache;
 use super::ops;
 use abi_stable::std_types::{RErr, ROk, RSlice, RStr, RString, RVec};
-use anneal_engine::Tensor;
+use anneal_engine::{DType, Device, Tensor};
 use anneal_plugin_api::abi::{
     Attr, ErrorKind, Handle, HostVTable, OutputKind, PluginError, PluginResult,
 };
@@ -173,6 +173,7 @@ impl HostSession {
             retain: host_retain,
             release: host_release,
             emit: host_emit,
+            read_ints: host_read_ints,
         }
     }
 }
@@ -218,6 +219,22 @@ unsafe extern "C" fn host_shape(ctx: *const c_void, h: Handle) -> PluginResult<R
     let s = unsafe { session(ctx) };
     guarded("shape", || {
         Ok(s.get(h)?.shape().iter().map(|&d| d as u64).collect())
+    })
+}
+
+unsafe extern "C" fn host_read_ints(ctx: *const c_void, h: Handle) -> PluginResult<RVec<i64>> {
+    // SAFETY: as in host_call.
+    let s = unsafe { session(ctx) };
+    guarded("read_ints", || {
+        let t = s.get(h)?;
+        if !matches!(t.dtype(), DType::I64 | DType::I32) {
+            return Err(format!(
+                "only integer tensors can be read, this one is {}",
+                t.dtype().name()
+            ));
+        }
+        let t = t.to_device(Device::Cpu).map_err(|e| e.to_string())?;
+        Ok(t.to_vec::<i64>().into())
     })
 }
 

@@ -12,6 +12,7 @@ mod ops_linear;
 mod ops_moe;
 mod ops_state;
 mod ops_tp;
+mod ops_vision;
 pub mod optimizer;
 pub mod recompute;
 pub mod stage_params;
@@ -23,8 +24,8 @@ pub use loader::{
     LoadedPlugin, PluginError,
 };
 pub use model::{
-    pack_hidden, unpack_hidden, ForwardOpts, ForwardOutput, Params, PartOutput, PluginModel,
-    StageInput,
+    pack_hidden, unpack_hidden, ForwardOpts, ForwardOutput, ImageInputs, Params, PartOutput,
+    PluginModel, StageInput,
 };
 pub use ops_tp::{TensorParallelGroup, TensorParallelism, TpGroup};
 pub use optimizer::PluginOptimizer;

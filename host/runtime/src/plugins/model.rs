@@ -73,6 +73,19 @@ pub struct ForwardOpts {
     /// tokens and positions given to the forward are then this rank's part, and the
     /// `attention` host op attends over every rank's keys with ring attention.
     pub ring: Option<Arc<dyn anneal_engine::ops::KvRing>>,
+    /// The images of this forward (a vision-language model's), handed to every stage as
+    /// `ForwardCtx::images`; the model's `embed` consumes them.
+    pub images: Option<Arc<ImageInputs>>,
+}
+
+/// A forward's images: `pixel_values [patches, C·t·p·p]` (f32) and each image's `(t, h, w)`
+/// grid in patches, as `anneal_data::image` (or transformers' processor) makes them.
+#[derive(Clone, Debug)]
+pub struct ImageInputs {
+    /// Every image's patches, one image after another.
+    pub pixel_values: Tensor,
+    /// `(t, h, w)` per image.
+    pub grid_thw: Vec<[usize; 3]>,
 }
 
 impl ForwardOpts {
@@ -702,6 +715,14 @@ fn run_stage(
         training: opts.training,
         positions: session.insert(positions.clone()),
         use_cache: opts.cache.is_some(),
+        images: opts
+            .images
+            .as_ref()
+            .map(|im| abi::ImageInputs {
+                pixel_values: session.insert(im.pixel_values.clone()),
+                grid_thw: im.grid_thw.iter().flatten().map(|&d| d as u64).collect(),
+            })
+            .into(),
     };
     let out = f(inst, &vt, &ctx, &session).map_err(|e| call_err(name, what, e))?;
     sink.lock()

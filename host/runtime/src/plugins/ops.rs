@@ -254,6 +254,8 @@ pub(crate) fn run(
             let key = anneal_engine::rng::RngKey::new(a.seed as u64, &a.stream);
             one(x()?.dropout(a.p as f32, &key, a.offset as u64))
         }
+        o::Constant::OP => super::ops_vision::constant(parse(attrs)?, session),
+        o::MaskedScatter::OP => super::ops_vision::masked_scatter(inputs),
         _ => Err(format!("this host has no op named '{op}'")),
     }
 }

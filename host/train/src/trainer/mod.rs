@@ -391,6 +391,7 @@ impl Trainer {
             cache: None,
             stage_params: None,
             ring: self.cp.as_ref().map(|c| c.ring()),
+            images: None,
         }
     }
 

@@ -1,0 +1,206 @@
+//! Qwen3-VL against transformers (fixture written by tests/reference/make_vl_fixture.py): the
+//! vision tower's merged image embeddings and DeepStack features for two images of different
+//! sizes (one resized by the processor), reached through the `embed` stage with every token a
+//! placeholder; the logits of a text prompt and of a prompt holding both images (3-D MRoPE
+//! positions, features in the placeholders, DeepStack); decode after an image prompt against
+//! the full forward; images the model cannot place are refused.
+
+mod common;
+
+use anneal_engine::io::load_safetensors;
+use anneal_engine::Tensor;
+use anneal_runtime::plugins::{ForwardOpts, ImageInputs, KvCache};
+use common::{fixture, max_abs_diff, model_for, positions};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const IMAGE_TOKEN: i64 = 90;
+
+fn images(exp: &BTreeMap<String, Tensor>) -> Arc<ImageInputs> {
+    let grid: Vec<i64> = exp["image_grid_thw"]
+        .to_dtype(anneal_engine::DType::F32)
+        .unwrap()
+        .to_vec_f32()
+        .iter()
+        .map(|&v| v as i64)
+        .collect();
+    Arc::new(ImageInputs {
+        pixel_values: exp["pixel_values"].clone(),
+        grid_thw: grid
+            .chunks(3)
+            .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
+            .collect(),
+    })
+}
+
+#[test]
+fn vision_tower_matches_transformers() {
+    let dir = fixture("tiny_qwen3_vl");
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+    // The two images' placeholders (2 and 4 tokens) apart by one text token.
+    let ids = [
+        IMAGE_TOKEN,
+        IMAGE_TOKEN,
+        1,
+        IMAGE_TOKEN,
+        IMAGE_TOKEN,
+        IMAGE_TOKEN,
+        IMAGE_TOKEN,
+    ];
+    let image_rows = [0, 1, 3, 4, 5, 6];
+    let tokens = Tensor::from_vec(ids.to_vec(), &[1, ids.len()]).unwrap();
+    let opts = ForwardOpts {
+        images: Some(images(&exp)),
+        ..Default::default()
+    };
+    let hidden = model
+        .embed(&params, &tokens, &positions(0, ids.len()), &opts)
+        .unwrap();
+    assert_eq!(
+        hidden.len(),
+        4,
+        "hidden state, 3-D positions, two DeepStack features"
+    );
+    let got_positions: Vec<f32> = hidden[1].to_vec_f32();
+    assert_eq!(
+        got_positions,
+        // time, height, width: the first image's 1 × 2 tokens from 0, text at 2, the second
+        // image's 2 × 2 from 3.
+        [0., 0., 2., 3., 3., 3., 3., 0., 0., 2., 3., 3., 4., 4., 0., 1., 2., 3., 4., 3., 4.]
+    );
+    for (got, name) in [&hidden[0], &hidden[2], &hidden[3]].into_iter().zip([
+        "image_embeds",
+        "deepstack.0",
+        "deepstack.1",
+    ]) {
+        assert_eq!(got.shape(), [1, ids.len(), 32], "{name}");
+        let rows = got.to_vec_f32();
+        let picked: Vec<f32> = image_rows
+            .iter()
+            .flat_map(|&r| rows[r * 32..(r + 1) * 32].to_vec())
+            .collect();
+        let d = max_abs_diff(&picked, &exp[name].to_vec_f32());
+        println!("{name}: max |difference| {d:e}");
+        assert!(d <= 1e-4, "{name}: max |difference| {d}");
+    }
+}
+
+#[test]
+fn text_logits_match_transformers() {
+    let dir = fixture("tiny_qwen3_vl");
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+    let tokens = &exp["tokens"];
+    let t = tokens.shape()[1];
+    let logits = model
+        .forward(&params, tokens, &positions(0, t), &ForwardOpts::default())
+        .unwrap();
+    let d = max_abs_diff(&logits.to_vec_f32(), &exp["logits"].to_vec_f32());
+    println!("text logits: max |difference| {d:e}");
+    assert!(d <= 1e-4, "max |logit difference| {d}");
+}
+
+#[test]
+fn logits_with_images_match_transformers() {
+    let dir = fixture("tiny_qwen3_vl");
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+    let tokens = &exp["vl_tokens"];
+    let t = tokens.shape()[1];
+    let opts = ForwardOpts {
+        images: Some(images(&exp)),
+        ..Default::default()
+    };
+    let logits = model
+        .forward(&params, tokens, &positions(0, t), &opts)
+        .unwrap();
+    assert_eq!(logits.shape(), exp["vl_logits"].shape());
+    let d = max_abs_diff(&logits.to_vec_f32(), &exp["vl_logits"].to_vec_f32());
+    println!("logits with images: max |difference| {d:e}");
+    assert!(d <= 1e-4, "max |logit difference| {d}");
+    // Without the images the same prompt gives other logits: the features reach the model.
+    let plain = model
+        .forward(&params, tokens, &positions(0, t), &ForwardOpts::default())
+        .unwrap();
+    assert!(max_abs_diff(&plain.to_vec_f32(), &exp["vl_logits"].to_vec_f32()) > 1e-2);
+}
+
+#[test]
+fn decode_after_an_image_prompt_continues_its_positions() {
+    let dir = fixture("tiny_qwen3_vl");
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+    let tokens = &exp["vl_tokens"];
+    let t = tokens.shape()[1];
+    let full = exp["vl_logits"].to_vec_f32();
+    let v = full.len() / t;
+    let cache = Arc::new(KvCache::new());
+    let prefill = 15; // past both images
+    let first = model
+        .forward(
+            &params,
+            &tokens.narrow(1, 0, prefill).unwrap(),
+            &positions(0, prefill),
+            &ForwardOpts {
+                images: Some(images(&exp)),
+                cache: Some(cache.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+        .to_vec_f32();
+    assert!(max_abs_diff(&first, &full[..prefill * v]) <= 1e-4);
+    let opts = ForwardOpts {
+        cache: Some(cache.clone()),
+        ..Default::default()
+    };
+    for pos in prefill..t {
+        let step = model
+            .forward(
+                &params,
+                &tokens.narrow(1, pos, 1).unwrap(),
+                &positions(pos, 1),
+                &opts,
+            )
+            .unwrap()
+            .to_vec_f32();
+        let d = max_abs_diff(&step, &full[pos * v..(pos + 1) * v]);
+        assert!(d <= 1e-4, "position {pos}: {d}");
+    }
+}
+
+#[test]
+fn images_that_do_not_fit_are_refused() {
+    let dir = fixture("tiny_qwen3_vl");
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+    let opts = ForwardOpts {
+        images: Some(images(&exp)),
+        ..Default::default()
+    };
+    // Five placeholders for the first image's two tokens.
+    let mut ids = vec![IMAGE_TOKEN; 5];
+    ids.push(3);
+    let tokens = Tensor::from_vec(ids, &[1, 6]).unwrap();
+    let err = model
+        .forward(&params, &tokens, &positions(0, 6), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("image 0 has 2 placeholder tokens") && err.contains("has 5 in a row"),
+        "{err}"
+    );
+    // A grid that does not cover the pixel rows.
+    let mut bad = (*images(&exp)).clone();
+    bad.grid_thw[1] = [1, 2, 2];
+    let opts = ForwardOpts {
+        images: Some(Arc::new(bad)),
+        ..Default::default()
+    };
+    let err = model
+        .forward(&params, &tokens, &positions(0, 6), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("pixel_values has 24 patch rows"), "{err}");
+}

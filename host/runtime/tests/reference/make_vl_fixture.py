@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Writes a tiny random Qwen3-VL model and the outputs of its vision tower for the plugin tests.
+
+Needs torch, safetensors, transformers (5.x) and pillow; run from the repository root with a
+Python that has them, e.g.:
+
+    /work/refvenv/bin/python host/runtime/tests/reference/make_vl_fixture.py
+
+Writes `host/runtime/tests/fixtures/tiny_qwen3_vl/`: `config.json` and `model.safetensors` as
+`save_pretrained` writes them, and `expected.safetensors` holding
+- `pixel_values` (f32 [patches, C·t·p·p]) and `image_grid_thw` (i64 [2, 3]): the slow
+  Qwen2-VL image processor's output for two generated images, a 64×32 one kept as it is and a
+  70×50 one resized to 64×64;
+- `image_embeds` (f32 [tokens, D]): the tower's merged embeddings, `deepstack.<j>` (f32
+  [tokens, D]) its DeepStack features;
+- `tokens` / `logits`: a text-only prompt and the full model's logits;
+- `vl_tokens` / `vl_logits` / `vl_positions`: a prompt holding both images (2 and 4 placeholder
+  tokens, each between vision start and end tokens), the logits with the images, and
+  `get_rope_index`'s 3-D positions (i64 [3, 1, T]).
+"""
+import os
+import pathlib
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "tiny_qwen3_vl"
+
+
+def images():
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 256, size=(32, 64, 3), dtype=np.uint8)  # h 32, w 64: no resize
+    b = rng.integers(0, 256, size=(50, 70, 3), dtype=np.uint8)  # resized to 64 × 64
+    return [Image.fromarray(a), Image.fromarray(b)]
+
+
+def main():
+    torch.manual_seed(0)
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+            rms_norm_eps=1e-6,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3],
+                                 mrope_interleaved=True),
+        ),
+        vision_config=dict(
+            depth=3, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=32,
+            patch_size=16, temporal_patch_size=2, in_channels=3, spatial_merge_size=2,
+            num_position_embeddings=16, deepstack_visual_indexes=[0, 1],
+        ),
+        image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
+        tie_word_embeddings=False,
+    )
+    model = Qwen3VLForConditionalGeneration(config).float().eval()
+    # Random norm weights and biases, so a swapped or missing one shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(OUT, safe_serialization=True)
+
+    proc = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2,
+                                 min_pixels=32 * 32, max_pixels=64 * 64,
+                                 image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    inputs = proc(images=images(), return_tensors="pt")
+    pixel_values, grid = inputs["pixel_values"].float(), inputs["image_grid_thw"].long()
+    with torch.no_grad():
+        vis = model.model.visual(pixel_values, grid_thw=grid)
+        tokens = torch.randint(0, 90, (1, 12))
+        logits = model(input_ids=tokens).logits
+    placeholders = lambda n: [92] + [90] * n + [93]
+    vl_tokens = torch.tensor([[1, 2, 3, *placeholders(2), 4, 5, *placeholders(4), 6, 7, 8]])
+    mm_types = (vl_tokens == 90).int()
+    with torch.no_grad():
+        vl_logits = model(input_ids=vl_tokens, pixel_values=pixel_values, image_grid_thw=grid,
+                          mm_token_type_ids=mm_types).logits
+        vl_positions, _ = model.model.get_rope_index(vl_tokens, mm_types, image_grid_thw=grid)
+    out = {
+        "vl_tokens": vl_tokens.contiguous(),
+        "vl_logits": vl_logits.float().contiguous(),
+        "vl_positions": vl_positions.contiguous(),
+        "pixel_values": pixel_values.contiguous(),
+        "image_grid_thw": grid.contiguous(),
+        "image_embeds": vis.pooler_output.contiguous(),
+        "tokens": tokens.contiguous(),
+        "logits": logits.float().contiguous(),
+    }
+    for j, f in enumerate(vis.deepstack_features):
+        out[f"deepstack.{j}"] = f.contiguous()
+    save_file(out, OUT / "expected.safetensors")
+    print({k: tuple(v.shape) for k, v in out.items()}, grid.tolist())
+
+
+if __name__ == "__main__":
+    main()

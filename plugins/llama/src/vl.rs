@@ -1,0 +1,386 @@
+//! Qwen3-VL (`qwen3_vl`, transformers' `Qwen3VLForConditionalGeneration`): the Qwen3 decoder
+//! with the vision tower of [`anneal_plugin_api::sdk::vision`]. The `embed` stage runs the tower
+//! on the forward's images and puts the merged embeddings into the image placeholder tokens;
+//! the DeepStack features travel beside the hidden state, each added to the placeholder
+//! positions after one of the first blocks.
+//!
+//! Text alone keeps 1-D positions: transformers' interleaved 3-D MRoPE then gives every axis
+//! the same position, which is the 1-D rotary embedding. With images, `embed` reads the token
+//! ids and computes the 3-D positions (`mrope.rs`), which travel beside the hidden state to
+//! every block; with a KV cache the prompt's delta is kept as state, so decode continues it.
+
+use crate::config::LlamaArgs;
+use anneal_plugin_api::sdk::vision::{VisionArgs, VisionTower};
+use anneal_plugin_api::sdk::{Ctx, HfConfig, Images, ParamSpec, Result, Tensor};
+use serde::{Deserialize, Serialize};
+
+/// What Qwen3-VL adds to the text model's arguments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VlArgs {
+    /// The vision tower.
+    pub vision: VisionArgs,
+    /// The placeholder token each merged image embedding replaces.
+    pub image_token_id: usize,
+    /// How many rotary frequency pairs the text model's MRoPE gives the time, height and width
+    /// positions (`rope_parameters.mrope_section`), kept for export.
+    #[serde(default)]
+    pub mrope_section: Vec<usize>,
+}
+
+impl VlArgs {
+    /// Checks the tower fits the text model.
+    pub fn validate(&self, a: &LlamaArgs) -> Result<(), String> {
+        self.vision
+            .validate()
+            .map_err(|e| format!("vision.vision.{e}"))?;
+        if self.vision.out_hidden_size != a.dim {
+            return Err(format!(
+                "vision.vision.out_hidden_size {} must equal the text model's dim {}",
+                self.vision.out_hidden_size, a.dim
+            ));
+        }
+        if self.vision.deepstack_visual_indexes.len() > a.n_layers {
+            return Err(format!(
+                "vision.vision.deepstack_visual_indexes: {} DeepStack features for {} layers",
+                self.vision.deepstack_visual_indexes.len(),
+                a.n_layers
+            ));
+        }
+        let pairs: usize = self.mrope_section.iter().sum();
+        if !self.mrope_section.is_empty() && pairs != a.head_dim() / 2 {
+            return Err(format!(
+                "vision.mrope_section {:?} must add up to half the head dim ({})",
+                self.mrope_section,
+                a.head_dim() / 2
+            ));
+        }
+        if self.image_token_id >= a.vocab_size {
+            return Err(format!(
+                "vision.image_token_id {} is outside the vocabulary of {}",
+                self.image_token_id, a.vocab_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The arguments of a `qwen3_vl` `config.json`: its `text_config` read as Qwen3's, its
+/// `vision_config` and `image_token_id`.
+pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
+    let f = HfConfig::new(c);
+    let mut text = f
+        .get("text_config")
+        .filter(|t| t.is_object())
+        .ok_or("config.json: qwen3_vl needs a 'text_config' object")?
+        .clone();
+    text["model_type"] = "qwen3".into();
+    if text.get("tie_word_embeddings").is_none() {
+        text["tie_word_embeddings"] = f.bool("tie_word_embeddings")?.unwrap_or(false).into();
+    }
+    let mut args = crate::config::from_hf_config(&text)
+        .map_err(|e| e.replacen("config.json: ", "config.json: text_config: ", 1))?;
+    args.hf_model_type = "qwen3_vl".into();
+    let tf = HfConfig::new(&text);
+    let mrope_section = match tf.get("rope_parameters").or(tf.get("rope_scaling")) {
+        Some(_) => {
+            let key = ["rope_parameters", "rope_scaling"]
+                .into_iter()
+                .find(|k| tf.get(k).is_some())
+                .unwrap_or("rope_parameters");
+            let r = tf.object(key)?;
+            if r.bool("mrope_interleaved")? == Some(false) {
+                return Err(format!(
+                    "config.json: text_config.{key}.mrope_interleaved = false (Qwen2-VL's \
+                     sectioned MRoPE) is not supported"
+                ));
+            }
+            r.uint_list("mrope_section")?.unwrap_or_default()
+        }
+        None => vec![],
+    };
+    let vl = VlArgs {
+        vision: VisionArgs::from_hf(&f.object("vision_config")?)?,
+        image_token_id: f.need_uint("image_token_id")?,
+        mrope_section,
+    };
+    vl.validate(&args)
+        .map_err(|e| format!("config.json: {e}"))?;
+    args.vision = Some(vl);
+    Ok(args)
+}
+
+/// Moves the text model's Hugging Face names under `model.language_model.` (where
+/// `Qwen3VLForConditionalGeneration` keeps them; `lm_head` stays).
+pub fn text_under_language_model(specs: &mut [ParamSpec]) {
+    for p in specs {
+        if let Some(m) = &mut p.hf {
+            for s in &mut m.sources {
+                if let Some(rest) = s.strip_prefix("model.") {
+                    if !rest.starts_with("visual.") {
+                        *s = format!("model.language_model.{rest}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The `embed` stage with images: token embeddings `h` with the image placeholders replaced by
+/// the tower's embeddings, then the 3-D positions (f32 `[3, B, T]`, from the token ids), then
+/// one `[B, T, D]` tensor per DeepStack feature (zero outside the placeholders).
+pub fn embed_images<'h>(
+    ctx: &Ctx<'h>,
+    tower: &VisionTower,
+    image_token_id: usize,
+    tokens: &Tensor<'h>,
+    h: Tensor<'h>,
+    images: &Images<'h>,
+) -> Result<Vec<Tensor<'h>>> {
+    let out = tower.forward(ctx, images)?;
+    let shape = tokens.shape()?;
+    let [b, t] = shape[..] else {
+        return Err(format!("tokens must be [B, T], got {shape:?}").into());
+    };
+    let ids = tokens.read_ints()?;
+    let m = tower.args.spatial_merge_size;
+    let (pos, deltas) =
+        crate::mrope::rope_index(&ids, (b, t), &images.grids, image_token_id as i64, m)?;
+    let pos: Vec<f32> = pos.iter().map(|&p| p as f32).collect();
+    let pos3 = ctx.host.constant_f32(&[3, b, t], &pos, &h)?;
+    if ctx.use_cache {
+        // Decode continues from each row's last position plus its delta.
+        let deltas = ctx.host.constant_i64(&[b, 1], &deltas, tokens)?;
+        ctx.set_state(0, MROPE_DELTA, &deltas)?;
+    }
+    // 1 where the token is the placeholder: ids are exact in f32 below 2^24.
+    let mask = tokens
+        .to_dtype("f32")?
+        .affine(1.0, -(image_token_id as f64))?
+        .unary("abs")?
+        .clamp(0.0, 1.0)?
+        .affine(-1.0, 1.0)?;
+    let zeros = h.scale(0.0)?;
+    let mut hidden = vec![h.masked_scatter(&mask, &out.embeds)?, pos3];
+    for f in &out.deepstack {
+        hidden.push(zeros.masked_scatter(&mask, f)?);
+    }
+    Ok(hidden)
+}
+
+/// Where a cached sequence keeps its MRoPE delta (`max position + 1 − length` of its prompt).
+const MROPE_DELTA: &str = "mrope_delta";
+
+/// The `embed` stage without images: with a cache whose prompt had images, the 3-D positions
+/// of these tokens (all three the position plus the prompt's delta) follow the hidden state.
+pub fn embed_text<'h>(ctx: &Ctx<'h>, h: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
+    if !ctx.use_cache {
+        return Ok(vec![h]);
+    }
+    let Some(delta) = ctx.state(0, MROPE_DELTA)? else {
+        return Ok(vec![h]);
+    };
+    let p = ctx
+        .positions
+        .to_dtype("f32")?
+        .add(&delta.to_dtype("f32")?)?;
+    let pos3 = ctx.host.stack(&[&p, &p, &p], 0)?;
+    ctx.set_state(0, MROPE_DELTA, &delta)?;
+    Ok(vec![h, pos3])
+}
+
+/// After block `out` was computed from a hidden state that carried 3-D positions `pos3` and
+/// DeepStack features `rest`: the first feature is added (this block is the next one they
+/// belong after), and the positions and the other features travel on.
+pub fn add_deepstack<'h>(
+    out: Tensor<'h>,
+    pos3: Option<Tensor<'h>>,
+    rest: Vec<Tensor<'h>>,
+) -> Result<Vec<Tensor<'h>>> {
+    let Some(pos3) = pos3 else {
+        return Ok(vec![out]);
+    };
+    let mut rest = rest.into_iter();
+    let out = match rest.next() {
+        Some(f) => out.add(&f)?,
+        None => out,
+    };
+    let mut hidden = vec![out, pos3];
+    hidden.extend(rest);
+    Ok(hidden)
+}
+
+/// The `config.json` of a Qwen3-VL export: `text` (the Qwen3 decoder's keys) as its
+/// `text_config`, the tower as its `vision_config`.
+pub fn hf_config(mut text: serde_json::Value, a: &LlamaArgs, vl: &VlArgs) -> serde_json::Value {
+    use serde_json::json;
+    let tie = text["tie_word_embeddings"].clone();
+    let torch_dtype = text["torch_dtype"].clone();
+    if let Some(o) = text.as_object_mut() {
+        for k in [
+            "architectures",
+            "rope_theta",
+            "rope_scaling",
+            "tie_word_embeddings",
+        ] {
+            o.remove(k);
+        }
+    }
+    text["model_type"] = json!("qwen3_vl_text");
+    text["rope_parameters"] = json!({
+        "rope_type": "default",
+        "rope_theta": a.rope_theta,
+        "mrope_section": vl.mrope_section,
+        "mrope_interleaved": true,
+    });
+    let v = &vl.vision;
+    json!({
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "image_token_id": vl.image_token_id,
+        "tie_word_embeddings": tie,
+        "torch_dtype": torch_dtype,
+        "text_config": text,
+        "vision_config": {
+            "model_type": "qwen3_vl_vision",
+            "depth": v.depth,
+            "hidden_size": v.hidden_size,
+            "num_heads": v.num_heads,
+            "intermediate_size": v.intermediate_size,
+            "out_hidden_size": v.out_hidden_size,
+            "patch_size": v.patch_size,
+            "temporal_patch_size": v.temporal_patch_size,
+            "in_channels": v.in_channels,
+            "spatial_merge_size": v.spatial_merge_size,
+            "num_position_embeddings": v.num_position_embeddings,
+            "deepstack_visual_indexes": v.deepstack_visual_indexes,
+            "hidden_act": v.hidden_act,
+            "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    fn config() -> serde_json::Value {
+        json!({
+            "model_type": "qwen3_vl",
+            "image_token_id": 90,
+            "tie_word_embeddings": false,
+            "text_config": {
+                "vocab_size": 96, "hidden_size": 32, "intermediate_size": 64,
+                "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                "head_dim": 16, "rms_norm_eps": 1e-6,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                    "mrope_section": [2, 3, 3], "mrope_interleaved": true}
+            },
+            "vision_config": {
+                "depth": 3, "hidden_size": 32, "num_heads": 2, "intermediate_size": 64,
+                "out_hidden_size": 32, "patch_size": 16, "num_position_embeddings": 16,
+                "deepstack_visual_indexes": [0, 1],
+                "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}
+            }
+        })
+    }
+
+    #[test]
+    fn qwen3_vl_config_reads_both_towers_and_names_transformers_tensors() {
+        let a = crate::config::from_hf_config(&config()).unwrap();
+        let vl = a.vision.as_ref().unwrap();
+        assert_eq!(vl.image_token_id, 90);
+        assert_eq!(vl.mrope_section, [2, 3, 3]);
+        assert!(a.qk_norm);
+        let specs = crate::spec::params(&a);
+        let hf = |name: &str| {
+            let p = specs.iter().find(|p| p.name == name).unwrap();
+            p.hf.as_ref().unwrap().sources.concat()
+        };
+        assert_eq!(
+            hf("tok_embeddings.weight"),
+            "model.language_model.embed_tokens.weight"
+        );
+        assert_eq!(
+            hf("layers.1.attention.wq.weight"),
+            "model.language_model.layers.1.self_attn.q_proj.weight"
+        );
+        assert_eq!(hf("output.weight"), "lm_head.weight");
+        assert_eq!(
+            hf("visual.blocks.2.attn.qkv.bias"),
+            "model.visual.blocks.2.attn.qkv.bias"
+        );
+        assert_eq!(
+            hf("visual.deepstack_merger_list.1.norm.weight"),
+            "model.visual.deepstack_merger_list.1.norm.weight"
+        );
+        let tower: usize = specs
+            .iter()
+            .filter(|p| p.name.starts_with("visual."))
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum();
+        assert_eq!(tower, vl.vision.n_params());
+        // The export names the architecture and nests both configs.
+        let exported = crate::hf::adapter(&a).config;
+        assert_eq!(
+            exported["architectures"][0],
+            "Qwen3VLForConditionalGeneration"
+        );
+        assert_eq!(
+            exported["text_config"]["rope_parameters"]["mrope_section"],
+            json!([2, 3, 3])
+        );
+        assert_eq!(
+            exported["vision_config"]["deepstack_visual_indexes"],
+            json!([0, 1])
+        );
+    }
+
+    #[test]
+    fn bad_qwen3_vl_configs_are_refused_by_key() {
+        let cases = [
+            (
+                "/vision_config/out_hidden_size",
+                json!(48),
+                "out_hidden_size",
+            ),
+            (
+                "/vision_config/num_position_embeddings",
+                json!(15),
+                "num_position_embeddings",
+            ),
+            (
+                "/vision_config/deepstack_visual_indexes",
+                json!([5]),
+                "deepstack_visual_indexes",
+            ),
+            ("/vision_config/num_heads", json!(3), "num_heads"),
+            ("/image_token_id", json!(96), "image_token_id"),
+            (
+                "/text_config/rope_parameters/mrope_section",
+                json!([2, 2, 2]),
+                "mrope_section",
+            ),
+            (
+                "/text_config/rope_parameters/mrope_interleaved",
+                json!(false),
+                "mrope_interleaved",
+            ),
+            (
+                "/text_config/hidden_size",
+                json!("x"),
+                "text_config: 'hidden_size'",
+            ),
+        ];
+        for (pointer, value, key) in cases {
+            let mut c = config();
+            *c.pointer_mut(pointer).unwrap() = value;
+            let e = crate::config::from_hf_config(&c).expect_err(pointer);
+            assert!(e.contains(key), "{pointer}: {e}");
+        }
+        let mut c = config();
+        c.as_object_mut().unwrap().remove("vision_config");
+        let e = crate::config::from_hf_config(&c).unwrap_err();
+        assert!(e.contains("vision_config"), "{e}");
+    }
+}
