@@ -145,6 +145,8 @@ fn a_run_trains_to_completion_with_metrics_events_and_logs() {
         .as_str()
         .is_some_and(|c| c.contains("[model]")));
     assert_eq!(run["latest"]["step"], 6, "{run}");
+    // The steps it trains to, from the config the trainer resolved (the page's progress line).
+    assert_eq!(run["total_steps"], 6, "{run}");
     assert!(run["latest"]["loss"].is_number(), "{run}");
 
     // Metrics: every training row, the trainer's keys, `since` and `fields` filters.

@@ -187,8 +187,31 @@ function showRun(r) {
   facts.replaceChildren(...[
     el('div', {}, `config: ${r.config_path || 'inline TOML'}`, r.overrides.length ? ` · overrides: ${r.overrides.join(' ')}` : ''),
     el('div', {}, `created ${fmtTime(r.created_at)} · attempts ${r.attempts} · last attempt ${ran} · dir ${r.run_dir}`),
+    progressLine(r),
     r.exit_reason ? el('div', { class: r.status === 'failed' ? 'error' : '', id: 'exit-reason' }, r.exit_reason) : null,
   ].filter(Boolean));
+}
+
+/** Seconds per step over the last rows (at most 20) of this process, or null. */
+function secondsPerStep() {
+  const timed = rows.filter((r) => typeof r.time === 'number' && r.step > 0).slice(-20);
+  if (timed.length < 2) return null;
+  const [a, b] = [timed[0], timed[timed.length - 1]];
+  // A resumed process restarts neither `step` nor `time`, so the pair stays meaningful.
+  return b.step > a.step && b.time > a.time ? (b.time - a.time) / (b.step - a.step) : null;
+}
+
+/** "step 120 / 500 · 3.1 s/step · ETA 19m 38s" while running; steps done of total otherwise. */
+function progressLine(r) {
+  const done = rows.length ? Math.max(...rows.map((x) => x.step ?? 0)) : 0;
+  if (!r.total_steps) return null;
+  const parts = [`step ${done} / ${r.total_steps}`];
+  const rate = secondsPerStep();
+  if (rate !== null) parts.push(`${rate < 1 ? rate.toPrecision(2) : rate.toFixed(1)} s/step`);
+  if (rate !== null && r.status === 'running' && done < r.total_steps) {
+    parts.push(`ETA ${fmtDuration((r.total_steps - done) * rate * 1000)}`);
+  }
+  return el('div', { id: 'run-progress' }, parts.join(' · '));
 }
 
 async function act(what) {

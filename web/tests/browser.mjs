@@ -107,6 +107,12 @@ try {
   const first = await points('loss');
   await waitPointsAbove('loss', first);
   step(`loss chart: ${first} -> ${await points('loss')} points`);
+  // The run's progress against its configured steps, with a time to go while it runs (the page
+  // polls the run every few seconds).
+  const progress = await page.waitForFunction(
+    () => /^step \d+ \/ 1000000 · [\d.]+ s\/step · ETA \S/.test(document.querySelector('#run-progress')?.textContent || '') && document.querySelector('#run-progress').textContent,
+    null, { timeout: 30_000 });
+  step(`progress: ${await progress.jsonValue()}`);
   await shot('02-run-live');
 
   // 3. Stop (graceful), then resume: the chart keeps growing after the resume.
@@ -135,6 +141,8 @@ try {
   await page.goto(`${base}/run.html?id=${shortId}`);
   await waitStatus('completed', 120_000);
   step(`run ${shortId} completed`);
+  await page.waitForFunction(() => /^step \d+ \/ 30\b/.test(document.querySelector('#run-progress')?.textContent || '') && !/ETA/.test(document.querySelector('#run-progress').textContent),
+    null, { timeout: 30_000 });
   // A completed run trained all its steps: no Resume, on its page or in the runs table (the
   // stopped run keeps its), and the API refuses it.
   await page.waitForSelector('#resume', { state: 'hidden', timeout: 10_000 });

@@ -8,7 +8,7 @@ use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::response::sse::{Event, KeepAlive, KeepAliveStream, Sse};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,10 +40,7 @@ pub async fn run_events(
     let mut tail = Tail::new(std::path::Path::new(&run.run_dir).join(crate::files::METRICS_FILE));
     tokio::spawn(async move {
         let status = |run: &crate::registry::Run| {
-            let mut v = json!(run);
-            if let Some(o) = v.as_object_mut() {
-                o.remove("config");
-            }
+            let v = super::runs::run_json(run, false);
             Ok(Event::default().event("status").data(v.to_string()))
         };
         if tx.send(status(&run)).await.is_err() {

@@ -56,7 +56,23 @@ fn latest_metrics(run: &Run) -> Value {
     Value::Object(latest)
 }
 
-fn run_json(run: &Run, with_config: bool) -> Value {
+/// The steps the run trains to (`training.steps` of the resolved `config.toml` the trainer
+/// wrote in its run dir), or null before the trainer has written it.
+fn total_steps(run: &Run) -> Value {
+    let path = PathBuf::from(&run.run_dir).join("config.toml");
+    let Some(text) = files::tail_text(&path, 1024 * 1024) else {
+        return Value::Null;
+    };
+    let steps = text
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|t| t.get("training")?.get("steps")?.as_integer());
+    steps.map_or(Value::Null, Value::from)
+}
+
+/// The run as the API shows it: the record (without its config text unless `with_config`),
+/// its latest metrics and its total steps.
+pub(crate) fn run_json(run: &Run, with_config: bool) -> Value {
     let mut v = json!(run);
     if !with_config {
         if let Some(o) = v.as_object_mut() {
@@ -64,6 +80,7 @@ fn run_json(run: &Run, with_config: bool) -> Value {
         }
     }
     v["latest"] = latest_metrics(run);
+    v["total_steps"] = total_steps(run);
     v
 }
 
