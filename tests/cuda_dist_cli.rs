@@ -462,22 +462,6 @@ fn rl_layouts_on_gpu_ranks_keep_the_mismatch_at_zero() {
     }
 }
 
-/// The `(total, per step)` bytes a rank's log says its collectives staged through host memory.
-fn staged_bytes(log: &str) -> (u64, u64) {
-    let line = log
-        .lines()
-        .find(|l| l.contains("bytes staged through host memory"))
-        .unwrap_or_else(|| panic!("no staged-bytes note: {log}"));
-    let nums: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    // "collectives: N bytes staged ... (M per step)" (a device ordinal may come before).
-    let n = nums.len();
-    assert!(n >= 2, "{line}");
-    (nums[n - 2], nums[n - 1])
-}
-
 /// TP, CP and EP move their collectives' device buffers over NCCL: the same loss and gradient
 /// norm bits as staged through host memory, and the staged bytes per step fall to a bound.
 #[test]
@@ -523,13 +507,13 @@ fn tensor_context_and_expert_groups_over_nccl_give_the_staged_bits() {
         ),
         ("ep", &ep[..], "expert parallelism's all-to-all"),
     ] {
-        let (staged, staged_log) = two_gpu_ranks_on(&job, "staged", layout);
-        let (nccl, nccl_log) = two_gpu_ranks_on(&job, "nccl", layout);
+        let (staged, staged_log) = gpu_ranks_on(&job, 2, "staged", layout);
+        let (nccl, nccl_log) = gpu_ranks_on(&job, 2, "nccl", layout);
         assert!(nccl_log.contains(what), "{name}: {nccl_log}");
         let (a, b) = (loss_and_norm_bits(&staged), loss_and_norm_bits(&nccl));
         assert_eq!(a.len(), 3, "{name}: {a:?}");
         assert_eq!(a, b, "{name}: staged vs NCCL (loss, grad norm) bits");
-        let ((_, s), (_, n)) = (staged_bytes(&staged_log), staged_bytes(&nccl_log));
+        let (s, n) = (staged_per_step(&staged_log), staged_per_step(&nccl_log));
         let most = bound(name, s);
         println!("{name}: staged {s} bytes per step, NCCL {n} (bound {most})");
         assert!(
