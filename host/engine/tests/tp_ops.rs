@@ -297,7 +297,10 @@ fn the_tensor_collectives_stage_by_default_keeping_the_dtype() {
     });
     for (rank, (sum, all, mine)) in got.into_iter().enumerate() {
         assert_eq!(sum, vec![10.0, 12.0, 14.0, 16.0, 18.0, 20.0]);
-        assert_eq!(all, vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]);
+        assert_eq!(
+            all,
+            vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+        );
         let want = [vec![10.0, 12.0, 14.0], vec![16.0, 18.0, 20.0]];
         assert_eq!(mine, want[rank], "rank {rank}");
     }
