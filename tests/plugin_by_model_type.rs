@@ -56,10 +56,17 @@ fn logprobs(dir: &Path, extra: &[&str]) -> Output {
 fn plugins_list_shows_the_model_types_each_plugin_serves() {
     let out = anneal().args(["plugins", "list"]).output().unwrap();
     let text = ok(&out);
-    assert!(
-        text.lines().next().unwrap().contains("MODEL TYPES"),
-        "{text}"
-    );
+    let header = text.lines().next().unwrap();
+    assert!(header.contains("MODEL TYPES"), "{text}");
+    // Every row's file stands under the FILE heading, however long its flavors or types.
+    let file_at = header.find("FILE").expect("a FILE column");
+    for row in text.lines().skip(1).filter(|l| l.contains(".so")) {
+        assert_eq!(
+            row.find('/'),
+            Some(file_at),
+            "misaligned row: {row}\n{text}"
+        );
+    }
     let llama = text
         .lines()
         .find(|l| l.starts_with("llama "))
@@ -98,7 +105,7 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
     let line = error_line(&logprobs(&unserved, &[]), 2);
     assert!(
         line.contains("model_type 'falcon_h1'")
-            && line.contains("llama (llama, qwen3, qwen3_moe, mixtral)")
+            && line.contains("llama (llama, qwen3, qwen3_moe, mixtral, qwen3_vl)")
             && line.contains("gpt_oss (gpt_oss)"),
         "{line}"
     );

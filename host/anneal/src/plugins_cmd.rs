@@ -9,10 +9,11 @@ use anneal_runtime::plugins::{discover, search_paths};
 pub fn list() -> anyhow::Result<()> {
     let dirs = search_paths();
     let found = discover(&dirs);
-    println!(
-        "{:<12} {:<10} {:<4} {:<28} {:<20} FILE",
-        "NAME", "KIND", "API", "FLAVORS", "MODEL TYPES"
-    );
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled)
+        .set_header(["NAME", "KIND", "API", "FLAVORS", "MODEL TYPES", "FILE"]);
     let mut broken = 0;
     for entry in &found {
         match entry {
@@ -23,19 +24,18 @@ pub fn list() -> anyhow::Result<()> {
                 };
                 let flavors: Vec<String> = p.info.flavors.iter().map(|f| f.to_string()).collect();
                 let types: Vec<&str> = p.model_types().collect();
-                println!(
-                    "{:<12} {:<10} {:<4} {:<28} {:<20} {}",
-                    p.name(),
-                    kind,
-                    p.info.api_version,
+                table.add_row([
+                    p.name().to_string(),
+                    kind.to_string(),
+                    p.info.api_version.to_string(),
                     flavors.join(","),
                     if types.is_empty() {
                         "-".into()
                     } else {
                         types.join(",")
                     },
-                    p.path.display()
-                );
+                    p.path.display().to_string(),
+                ]);
             }
             Err(e) => {
                 broken += 1;
@@ -43,6 +43,11 @@ pub fn list() -> anyhow::Result<()> {
             }
         }
     }
+    // Columns two spaces apart, the first at the margin (as `ps` or `cargo tree` print).
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    println!("{}", table.trim_fmt());
     if found.is_empty() {
         println!(
             "(no plugins found; searched {}; build them with `cargo build --release --workspace` or set ANNEAL_PLUGIN_PATH)",

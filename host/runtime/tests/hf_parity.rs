@@ -9,7 +9,7 @@ use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::hf;
 use anneal_runtime::plugins::{ForwardOpts, KvCache, PluginModel};
-use common::{fixture, max_abs_diff, model_for, plugin, positions};
+use common::{assert_decode_follows, fixture, max_abs_diff, model_for, plugin, positions};
 use std::sync::Arc;
 
 /// Every fixture with a transformers reference.
@@ -85,19 +85,7 @@ fn decode_with_kv_cache_matches_the_full_forward() {
         .unwrap()
         .to_vec_f32();
     assert!(max_abs_diff(&first, &full[..prefill * v]) < 1e-4);
-    for pos in prefill..t {
-        let step = model
-            .forward(
-                &params,
-                &tokens.narrow(1, pos, 1).unwrap(),
-                &positions(pos, 1),
-                &opts,
-            )
-            .unwrap()
-            .to_vec_f32();
-        let d = max_abs_diff(&step, &full[pos * v..(pos + 1) * v]);
-        assert!(d < 1e-4, "position {pos}: {d}");
-    }
+    assert_decode_follows(&model, &params, &tokens, prefill, &full, &opts, 1e-4);
     assert_eq!(cache.len(), t);
 }
 

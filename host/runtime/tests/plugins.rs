@@ -295,7 +295,8 @@ fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
     assert!(matches!(err, PluginError::NoModelType { .. }));
     let msg = err.to_string();
     assert!(
-        msg.contains("'falcon_h1'") && msg.contains("llama (llama, qwen3, qwen3_moe, mixtral)"),
+        msg.contains("'falcon_h1'")
+            && msg.contains("llama (llama, qwen3, qwen3_moe, mixtral, qwen3_vl)"),
         "{msg}"
     );
 }

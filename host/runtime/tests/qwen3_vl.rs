@@ -10,7 +10,7 @@ mod common;
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::{ForwardOpts, ImageInputs, KvCache};
-use common::{fixture, max_abs_diff, model_for, positions};
+use common::{assert_decode_follows, fixture, max_abs_diff, model_for, positions};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -155,19 +155,7 @@ fn decode_after_an_image_prompt_continues_its_positions() {
         cache: Some(cache.clone()),
         ..Default::default()
     };
-    for pos in prefill..t {
-        let step = model
-            .forward(
-                &params,
-                &tokens.narrow(1, pos, 1).unwrap(),
-                &positions(pos, 1),
-                &opts,
-            )
-            .unwrap()
-            .to_vec_f32();
-        let d = max_abs_diff(&step, &full[pos * v..(pos + 1) * v]);
-        assert!(d <= 1e-4, "position {pos}: {d}");
-    }
+    assert_decode_follows(&model, &params, tokens, prefill, &full, &opts, 1e-4);
 }
 
 #[test]

@@ -258,7 +258,6 @@ pub async fn serve(
 /// Holds an exclusive lock on `<home>/server.lock` for as long as the file stays open (the
 /// kernel releases it when the process dies, however it dies).
 fn lock_home(home: &std::path::Path) -> Result<std::fs::File, ServeError> {
-    use std::os::fd::AsRawFd;
     let path = home.join("server.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -269,12 +268,11 @@ fn lock_home(home: &std::path::Path) -> Result<std::fs::File, ServeError> {
             path: path.clone(),
             source,
         })?;
-    // SAFETY: flock(2) on a descriptor we own.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(ServeError::HomeInUse(home.to_path_buf()));
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(ServeError::HomeInUse(home.to_path_buf())),
+        Err(std::fs::TryLockError::Error(source)) => Err(ServeError::Home { path, source }),
     }
-    Ok(file)
 }
 
 fn static_routes(web_dir: Option<PathBuf>) -> axum::Router {

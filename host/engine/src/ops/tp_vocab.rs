@@ -68,10 +68,12 @@ mod tests {
 
     #[test]
     fn joins_columns_in_rank_order_and_keeps_its_own_gradient() {
-        // Rank 0 holds columns 0..2 of two rows, rank 1 (this one) columns 2..4.
+        // Rank 0 holds columns 0..2 of two rows ([[0, 1], [4, 5]]), rank 1 (this one) columns
+        // 2..4. The gather runs along dim 0 with the vocabulary dim moved to the front, so rank
+        // 0 sends its block column-major.
         let tp = TensorParallelGroup {
             group: Arc::new(Pair {
-                other: vec![0.0, 1.0, 4.0, 5.0],
+                other: vec![0.0, 4.0, 1.0, 5.0],
             }),
         };
         let x = Tensor::from_vec(vec![2.0, 3.0, 6.0, 7.0], &[2, 2])

@@ -55,3 +55,32 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// Decodes `tokens[from..]` (`[1, t]`) one token at a time through `opts`' KV cache, which
+/// already holds the prompt before `from`: every step's logits stay within `tol` of its row of
+/// `full`, the whole sequence's logits (`[t × vocab]` flattened).
+pub fn assert_decode_follows(
+    model: &PluginModel,
+    params: &Arc<HashMap<String, Tensor>>,
+    tokens: &Tensor,
+    from: usize,
+    full: &[f32],
+    opts: &anneal_runtime::plugins::ForwardOpts,
+    tol: f32,
+) {
+    let t = tokens.shape()[1];
+    let v = full.len() / t;
+    for pos in from..t {
+        let step = model
+            .forward(
+                params,
+                &tokens.narrow(1, pos, 1).unwrap(),
+                &positions(pos, 1),
+                opts,
+            )
+            .unwrap()
+            .to_vec_f32();
+        let d = max_abs_diff(&step, &full[pos * v..(pos + 1) * v]);
+        assert!(d < tol, "position {pos}: max |logit difference| {d}");
+    }
+}
