@@ -41,13 +41,14 @@ const REWARD_WAT: &str = r#"(module
 "#;
 
 /// Metrics that measure time, not what was computed.
-const TIMING: [&str; 6] = [
+const TIMING: [&str; 7] = [
     "t_rollout",
     "t_reward",
     "t_train",
     "t_wait",
     "samples_per_s",
     "time",
+    "wall_time",
 ];
 
 /// A folder with a tokenizer, the reward module and `rl.toml`: 8 synchronous GRPO steps of

@@ -299,6 +299,7 @@ fn computed_rows(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
                 "t_wait",
                 "samples_per_s",
                 "time",
+                "wall_time",
             ] {
                 obj.remove(k);
             }
