@@ -5,10 +5,10 @@ use crate::errors::UserError;
 use crate::user_bail;
 use anneal_runtime::hf;
 use anneal_runtime::infer::{self, Sampling};
-use anneal_runtime::plugins::{Params, PluginModel};
+use anneal_runtime::plugins::{ImageInputs, Params, PluginModel};
 use anneal_train::TpInference;
 use anyhow::Context;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -82,13 +82,59 @@ impl TokenSource<'_> {
     }
 }
 
-/// Prints `{"logprobs":[...],"loss":...}`.
-pub fn logprobs(dir: &Path, plugin: Option<&str>, input: TokenSource<'_>) -> anyhow::Result<()> {
+/// Reads `paths` through the image processor of the checkpoint in `dir`
+/// (`preprocessor_config.json`): every image's patches in one tensor, in the order given, on
+/// `device`. A directory without that file holds a text-only model and is refused.
+pub fn read_images(
+    dir: &Path,
+    paths: &[PathBuf],
+    device: anneal_engine::Device,
+) -> anyhow::Result<Option<Arc<ImageInputs>>> {
+    use anneal_data::image::{load_image, ImageError, ImageProcessor, ProcessorConfig};
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let user = |e: ImageError| UserError(e.to_string());
+    let config = ProcessorConfig::from_dir(dir).map_err(|e| match e {
+        ImageError::Missing { .. } => UserError(format!(
+            "--image: {} has no preprocessor_config.json: it holds a text-only model, which cannot read images",
+            dir.display()
+        )),
+        other => user(other),
+    })?;
+    let processor = ImageProcessor::new(config);
+    let (mut pixels, mut grid_thw, mut patch_dim) = (Vec::new(), Vec::new(), 0);
+    for path in paths {
+        let image = processor
+            .process(&load_image(path).map_err(user)?)
+            .map_err(user)?;
+        pixels.extend_from_slice(&image.pixel_values);
+        grid_thw.push(image.grid_thw);
+        patch_dim = image.patch_dim;
+    }
+    let rows = pixels.len() / patch_dim.max(1);
+    let pixel_values =
+        anneal_engine::Tensor::from_vec(pixels, &[rows, patch_dim])?.to_device(device)?;
+    Ok(Some(Arc::new(ImageInputs {
+        pixel_values,
+        grid_thw,
+    })))
+}
+
+/// Prints `{"logprobs":[...],"loss":...}`; `images` are the prompt's images in the order of
+/// their placeholder runs in the tokens.
+pub fn logprobs(
+    dir: &Path,
+    plugin: Option<&str>,
+    input: TokenSource<'_>,
+    images: &[PathBuf],
+) -> anyhow::Result<()> {
     let (tokens, _) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &tokens)?;
     infer::check_scoring(tokens.len(), model.spec().max_seq_len)?;
-    let (lp, loss) = infer::logprobs(&model, &params, &tokens)?;
+    let images = read_images(dir, images, infer::device_of(&params))?;
+    let (lp, loss) = infer::logprobs_with_images(&model, &params, &tokens, images)?;
     println!(
         "{}",
         serde_json::json!({ "tokens": tokens, "logprobs": lp, "loss": loss })

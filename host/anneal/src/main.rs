@@ -48,6 +48,10 @@ enum Command {
         /// The model plugin to run it with (default: the one serving config.json's model_type).
         #[arg(long)]
         plugin: Option<String>,
+        /// An image of the prompt (PNG, JPEG or WebP; repeat for several, in the order of their
+        /// placeholder runs): the tokens hold each image's placeholder tokens already expanded.
+        #[arg(long = "image")]
+        images: Vec<std::path::PathBuf>,
     },
     /// Generate tokens after a prompt (prefill + decode with a KV cache), as JSON.
     Generate {
@@ -225,13 +229,14 @@ fn main() -> ExitCode {
             text,
             tokenizer,
             plugin,
+            images,
         } => {
             let input = infer_cmd::TokenSource {
                 ids: tokens.as_deref(),
                 text: text.as_deref(),
                 tokenizer: tokenizer.as_deref(),
             };
-            infer_cmd::logprobs(&model_dir, plugin.as_deref(), input)
+            infer_cmd::logprobs(&model_dir, plugin.as_deref(), input, &images)
         }
         Command::Generate {
             model_dir,

@@ -2,7 +2,8 @@
 //! decode over the host's KV cache, with temperature / top-k / top-p sampling.
 
 use crate::plugins::{
-    ForwardOpts, KvCache, Params, PluginModel, ResidentTensorParallel, TensorParallelism,
+    ForwardOpts, ImageInputs, KvCache, Params, PluginModel, ResidentTensorParallel,
+    TensorParallelism,
 };
 use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::rng::RngKey;
@@ -124,12 +125,27 @@ fn positions(start: usize, n: usize) -> Result<Tensor> {
 ///
 /// Runs batch-invariant, so the values equal, bit for bit, those [`generate`] reports.
 pub fn logprobs(model: &PluginModel, params: &Params, tokens: &[i64]) -> Result<(Vec<f32>, f32)> {
+    logprobs_with_images(model, params, tokens, None)
+}
+
+/// [`logprobs`] of a prompt holding images: `tokens` carry each image's placeholder tokens
+/// already expanded (as the processor returns them), `images` the processed pixels.
+pub fn logprobs_with_images(
+    model: &PluginModel,
+    params: &Params,
+    tokens: &[i64],
+    images: Option<Arc<ImageInputs>>,
+) -> Result<(Vec<f32>, f32)> {
     let _g = autograd::no_grad();
     let _inv = set_batch_invariant(true);
     let n = tokens.len();
     check_scoring(n, model.spec().max_seq_len)?;
     let ids = Tensor::from_slice(tokens, &[1, n])?.to_device(device_of(params))?;
-    let logits = model.forward(params, &ids, &positions(0, n)?, &ForwardOpts::default())?;
+    let opts = ForwardOpts {
+        images,
+        ..ForwardOpts::default()
+    };
+    let logits = model.forward(params, &ids, &positions(0, n)?, &opts)?;
     let v = logits.shape()[2];
     let rows = logits.to_vec_f32();
     let out: Vec<f32> = (0..n - 1)

@@ -4,10 +4,12 @@
 Needs torch, safetensors, transformers (5.x) and pillow; run from the repository root with a
 Python that has them, e.g.:
 
-    /work/refvenv/bin/python host/runtime/tests/reference/make_vl_fixture.py
+    python host/runtime/tests/reference/make_vl_fixture.py
 
 Writes `host/runtime/tests/fixtures/tiny_qwen3_vl/`: `config.json` and `model.safetensors` as
-`save_pretrained` writes them, and `expected.safetensors` holding
+`save_pretrained` writes them; `preprocessor_config.json` (`PROCESSOR`) and the two images as
+`image0.png` and `image1.png` (`write_inputs`, which needs only numpy and pillow); and
+`expected.safetensors` holding
 - `pixel_values` (f32 [patches, C·t·p·p]) and `image_grid_thw` (i64 [2, 3]): the slow
   Qwen2-VL image processor's output for two generated images, a 64×32 one kept as it is and a
   70×50 one resized to 64×64;
@@ -22,13 +24,19 @@ import os
 import pathlib
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import json
+
 import numpy as np
-import torch
 from PIL import Image
-from safetensors.torch import save_file
-from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "tiny_qwen3_vl"
+
+# The image processor's settings: 16-pixel patches merged 2 × 2, between 32² and 64² pixels.
+PROCESSOR = dict(
+    patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=32 * 32, max_pixels=64 * 64,
+    image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    image_processor_type="Qwen2VLImageProcessor",
+)
 
 
 def images():
@@ -38,7 +46,20 @@ def images():
     return [Image.fromarray(a), Image.fromarray(b)]
 
 
+def write_inputs():
+    """The images as files (PNG: lossless, so `anneal logprobs --image` reads the same pixels)
+    and the processor's config, beside the checkpoint. Needs only numpy and pillow."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    for i, image in enumerate(images()):
+        image.save(OUT / f"image{i}.png")
+    (OUT / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n")
+
+
 def main():
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
     torch.manual_seed(0)
     config = Qwen3VLConfig(
         text_config=dict(
@@ -65,9 +86,9 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(OUT, safe_serialization=True)
 
-    proc = Qwen2VLImageProcessor(patch_size=16, temporal_patch_size=2, merge_size=2,
-                                 min_pixels=32 * 32, max_pixels=64 * 64,
-                                 image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    proc = Qwen2VLImageProcessor(
+        **{k: v for k, v in PROCESSOR.items() if k != "image_processor_type"})
+    write_inputs()
     inputs = proc(images=images(), return_tensors="pt")
     pixel_values, grid = inputs["pixel_values"].float(), inputs["image_grid_thw"].long()
     with torch.no_grad():

@@ -1,0 +1,115 @@
+//! `anneal logprobs --image` on a tiny Qwen3-VL checkpoint saved by transformers
+//! (`host/runtime/tests/reference/make_vl_fixture.py`): the CLI reads the two PNG files through
+//! the checkpoint's image processor and scores a prompt holding both images with transformers'
+//! logprobs within 1e-4. Bad images, a placeholder count that does not match an image, and an
+//! image for a text-only model are one error line each, exit 2.
+
+use anneal_engine::io::load_safetensors;
+use anneal_tests::cli::{anneal, ok, root, Job};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+fn fixture(name: &str) -> PathBuf {
+    root().join("host/runtime/tests/fixtures").join(name)
+}
+
+fn logprobs(dir: &Path, tokens: &[i64], images: &[PathBuf]) -> Output {
+    let ids: Vec<String> = tokens.iter().map(i64::to_string).collect();
+    let mut c = anneal();
+    c.args(["logprobs", "--tokens", &ids.join(","), "--model-dir"])
+        .arg(dir);
+    for image in images {
+        c.arg("--image").arg(image);
+    }
+    c.output().unwrap()
+}
+
+fn error_line(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line: {stderr}");
+    lines[0].to_string()
+}
+
+/// The prompt with both images and transformers' logprob of each next token.
+fn expected() -> (Vec<i64>, Vec<f64>) {
+    let exp = load_safetensors(fixture("tiny_qwen3_vl").join("expected.safetensors")).unwrap();
+    let tokens = exp["vl_tokens"].to_vec::<i64>();
+    let logits = exp["vl_logits"].to_vec_f32();
+    let v = logits.len() / tokens.len();
+    let want = (0..tokens.len() - 1)
+        .map(|i| {
+            let row = &logits[i * v..(i + 1) * v];
+            let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            row[tokens[i + 1] as usize] as f64 - lse
+        })
+        .collect();
+    (tokens, want)
+}
+
+fn images() -> Vec<PathBuf> {
+    let dir = fixture("tiny_qwen3_vl");
+    vec![dir.join("image0.png"), dir.join("image1.png")]
+}
+
+#[test]
+fn logprobs_of_a_prompt_with_two_images_match_transformers() {
+    let (tokens, want) = expected();
+    let dir = fixture("tiny_qwen3_vl");
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&logprobs(&dir, &tokens, &images()))).unwrap();
+    let got: Vec<f64> = v["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(got.len(), want.len(), "{v}");
+    let d = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    println!("logprobs with images: max |difference| {d:e}");
+    assert!(d <= 1e-4, "max |logprob difference| {d}");
+    // The images reach the model: without them the same tokens score otherwise.
+    let plain: serde_json::Value =
+        serde_json::from_str(&ok(&logprobs(&dir, &tokens, &[]))).unwrap();
+    assert_ne!(plain["logprobs"], v["logprobs"]);
+}
+
+#[test]
+fn bad_images_and_placeholders_are_one_error_line() {
+    let job = Job::new("vl-bad");
+    let (tokens, _) = expected();
+    let dir = fixture("tiny_qwen3_vl");
+    // A missing file, and a truncated PNG.
+    let missing = job.dir.join("nowhere.png");
+    let line = error_line(&logprobs(&dir, &tokens, &[missing, images()[1].clone()]));
+    assert!(
+        line.contains("nowhere.png") && line.contains("not found"),
+        "{line}"
+    );
+    let bytes = std::fs::read(&images()[0]).unwrap();
+    let cut = job.dir.join("cut.png");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let line = error_line(&logprobs(&dir, &tokens, &[cut, images()[1].clone()]));
+    assert!(line.contains("cut.png"), "{line}");
+    // The first image's run one placeholder short (image 0 makes 2 tokens).
+    let image_token = 90;
+    let at = tokens.iter().position(|&t| t == image_token).unwrap();
+    let mut short = tokens.clone();
+    short.remove(at);
+    let line = error_line(&logprobs(&dir, &short, &images()));
+    assert!(line.contains("placeholder"), "{line}");
+    // An image for a text-only checkpoint.
+    let line = error_line(&logprobs(&fixture("tiny_qwen3"), &[1, 2, 3], &images()));
+    assert!(line.contains("text-only"), "{line}");
+}
