@@ -1,8 +1,10 @@
 //! `anneal logprobs --image` on a tiny Qwen3-VL checkpoint saved by transformers
 //! (`host/runtime/tests/reference/make_vl_fixture.py`): the CLI reads the two PNG files through
 //! the checkpoint's image processor and scores a prompt holding both images with transformers'
-//! logprobs within 1e-4. Bad images, a placeholder count that does not match an image, and an
-//! image for a text-only model are one error line each, exit 2.
+//! logprobs within 1e-4; `anneal generate --image` after the images picks transformers' greedy
+//! token and decodes what scoring the whole sequence with the images gives. Bad images, a
+//! placeholder count that does not match an image, and an image for a text-only model are one
+//! error line each, exit 2.
 
 use anneal_engine::io::load_safetensors;
 use anneal_tests::cli::{anneal, ok, root, Job};
@@ -32,26 +34,39 @@ fn error_line(out: &Output) -> String {
     lines[0].to_string()
 }
 
-/// The prompt with both images and transformers' logprob of each next token.
-fn expected() -> (Vec<i64>, Vec<f64>) {
+/// The prompt with both images, transformers' logprob of each next token, and its greedy
+/// token after each position.
+fn expected() -> (Vec<i64>, Vec<f64>, Vec<i64>) {
     let exp = load_safetensors(fixture("tiny_qwen3_vl").join("expected.safetensors")).unwrap();
     let tokens = exp["vl_tokens"].to_vec::<i64>();
     let logits = exp["vl_logits"].to_vec_f32();
     let v = logits.len() / tokens.len();
+    let row = |i: usize| &logits[i * v..(i + 1) * v];
     let want = (0..tokens.len() - 1)
         .map(|i| {
-            let row = &logits[i * v..(i + 1) * v];
-            let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-            let lse = max
-                + row
-                    .iter()
-                    .map(|&x| (x as f64 - max).exp())
-                    .sum::<f64>()
-                    .ln();
-            row[tokens[i + 1] as usize] as f64 - lse
+            let max = row(i)
+                .iter()
+                .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+            let sum: f64 = row(i).iter().map(|&x| (x as f64 - max).exp()).sum();
+            row(i)[tokens[i + 1] as usize] as f64 - (max + sum.ln())
         })
         .collect();
-    (tokens, want)
+    let greedy = (0..tokens.len())
+        .map(|i| {
+            (0..v)
+                .max_by(|&a, &b| row(i)[a].total_cmp(&row(i)[b]))
+                .unwrap() as i64
+        })
+        .collect();
+    (tokens, want, greedy)
+}
+
+fn numbers(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
 }
 
 fn images() -> Vec<PathBuf> {
@@ -61,16 +76,11 @@ fn images() -> Vec<PathBuf> {
 
 #[test]
 fn logprobs_of_a_prompt_with_two_images_match_transformers() {
-    let (tokens, want) = expected();
+    let (tokens, want, _) = expected();
     let dir = fixture("tiny_qwen3_vl");
     let v: serde_json::Value =
         serde_json::from_str(&ok(&logprobs(&dir, &tokens, &images()))).unwrap();
-    let got: Vec<f64> = v["logprobs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
+    let got = numbers(&v["logprobs"]);
     assert_eq!(got.len(), want.len(), "{v}");
     let d = got
         .iter()
@@ -88,7 +98,7 @@ fn logprobs_of_a_prompt_with_two_images_match_transformers() {
 #[test]
 fn bad_images_and_placeholders_are_one_error_line() {
     let job = Job::new("vl-bad");
-    let (tokens, _) = expected();
+    let (tokens, _, _) = expected();
     let dir = fixture("tiny_qwen3_vl");
     // A missing file, and a truncated PNG.
     let missing = job.dir.join("nowhere.png");
@@ -112,4 +122,53 @@ fn bad_images_and_placeholders_are_one_error_line() {
     // An image for a text-only checkpoint.
     let line = error_line(&logprobs(&fixture("tiny_qwen3"), &[1, 2, 3], &images()));
     assert!(line.contains("text-only"), "{line}");
+}
+
+#[test]
+fn generation_after_two_images_follows_the_model_with_the_images() {
+    let (tokens, _, greedy) = expected();
+    let dir = fixture("tiny_qwen3_vl");
+    // The prompt up to just past the second image's end token.
+    let prompt = &tokens[..15];
+    let ids: Vec<String> = prompt.iter().map(i64::to_string).collect();
+    let mut c = anneal();
+    c.args(["generate", "--temperature", "0", "--max-new-tokens", "4"])
+        .args(["--prompt-tokens", &ids.join(","), "--model-dir"])
+        .arg(&dir);
+    for image in images() {
+        c.arg("--image").arg(image);
+    }
+    let g: serde_json::Value = serde_json::from_str(&ok(&c.output().unwrap())).unwrap();
+    let new: Vec<i64> = g["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect();
+    assert_eq!(new.len(), 4, "{g}");
+    // transformers' greedy token after the prompt.
+    assert_eq!(new[0], greedy[14], "{g}");
+    // Each decoded token's logprob is what scoring the whole sequence with the images gives.
+    let whole: Vec<i64> = prompt.iter().chain(&new).copied().collect();
+    let scored: serde_json::Value =
+        serde_json::from_str(&ok(&logprobs(&dir, &whole, &images()))).unwrap();
+    let scored = numbers(&scored["logprobs"]);
+    let decoded = numbers(&g["logprobs"]);
+    for (i, (a, b)) in decoded.iter().zip(&scored[prompt.len() - 1..]).enumerate() {
+        assert!((a - b).abs() <= 1e-4, "token {i}: decoded {a}, scored {b}");
+    }
+    // Several rows or ranks with images are refused in one line.
+    let mut c = anneal();
+    c.args([
+        "generate",
+        "--batch",
+        "2",
+        "--prompt-tokens",
+        &ids.join(","),
+    ])
+    .arg("--model-dir")
+    .arg(&dir)
+    .arg("--image")
+    .arg(&images()[0]);
+    assert!(error_line(&c.output().unwrap()).contains("--image"));
 }

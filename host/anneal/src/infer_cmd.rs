@@ -155,6 +155,8 @@ pub struct GenerateMode<'a> {
     pub tp: usize,
     /// `--device`: `cpu`, `cuda` or `cuda:N`, where the weights and the KV cache live.
     pub device: &'a str,
+    /// `--image`: the prompt's images, in the order of their placeholder runs.
+    pub images: &'a [PathBuf],
 }
 
 /// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens of the first row (and
@@ -170,6 +172,9 @@ pub fn generate(
     sampling.validate()?;
     if mode.batch == 0 {
         user_bail!("--batch must be at least 1");
+    }
+    if !mode.images.is_empty() && (mode.batch > 1 || mode.tp > 1) {
+        user_bail!("--image decodes one prompt in one process: leave out --batch and --tp");
     }
     // Before anything loads: a device that cannot run fails at once, in one line. Under
     // `--tp`, `cuda` is each rank's own GPU.
@@ -264,14 +269,12 @@ fn generate_on(
             ..sampling.clone()
         })
         .collect();
-    let (mut rows, stats) = infer::generate_batch_tp(
-        &model,
-        &params,
-        &prompts,
-        budget,
-        &samplings,
-        !mode.fast,
-        context.as_ref(),
+    let setup = infer::DecodeSetup {
+        tp: context.as_ref(),
+        images: read_images(dir, mode.images, device)?,
+    };
+    let (mut rows, stats) = infer::generate_batch_with(
+        &model, &params, &prompts, budget, &samplings, !mode.fast, setup,
     )?;
     if !speaks {
         return Ok(());

@@ -104,6 +104,10 @@ enum Command {
         /// Where the model and its KV cache live: cpu, cuda (GPU 0) or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// An image of the prompt (PNG, JPEG or WebP; repeat for several, in the order of their
+        /// placeholder runs): the prompt holds each image's placeholder tokens already expanded.
+        #[arg(long = "image")]
+        images: Vec<std::path::PathBuf>,
     },
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
@@ -254,6 +258,7 @@ fn main() -> ExitCode {
             fast,
             tp,
             device,
+            images,
         } => {
             let sampling = anneal_runtime::infer::Sampling {
                 temperature,
@@ -277,6 +282,7 @@ fn main() -> ExitCode {
                     fast,
                     tp,
                     device: &device,
+                    images: &images,
                 },
             )
         }

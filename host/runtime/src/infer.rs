@@ -392,6 +392,40 @@ pub fn generate_batch_tp(
     batch_invariant: bool,
     tp: Option<&TensorParallelism>,
 ) -> Result<(Vec<Generation>, DecodeStats)> {
+    let setup = DecodeSetup { tp, images: None };
+    generate_batch_with(
+        model,
+        params,
+        prompts,
+        max_new,
+        samplings,
+        batch_invariant,
+        setup,
+    )
+}
+
+/// What a decode runs with beside its prompts: a tensor-parallel group, and the images of
+/// the prompts (their placeholder tokens expanded in the prompts).
+#[derive(Clone, Default)]
+pub struct DecodeSetup<'a> {
+    /// The group of [`generate_batch_tp`], if any.
+    pub tp: Option<&'a TensorParallelism>,
+    /// The prompts' images, read by the prefill only: the model keeps what decode needs of
+    /// them (Qwen3-VL's position offset) in the KV cache.
+    pub images: Option<Arc<ImageInputs>>,
+}
+
+/// [`generate_batch_tp`] with its [`DecodeSetup`].
+pub fn generate_batch_with(
+    model: &PluginModel,
+    params: &Params,
+    prompts: &[&[i64]],
+    max_new: usize,
+    samplings: &[Sampling],
+    batch_invariant: bool,
+    setup: DecodeSetup<'_>,
+) -> Result<(Vec<Generation>, DecodeStats)> {
+    let tp = setup.tp;
     let _g = autograd::no_grad();
     let _inv = set_batch_invariant(batch_invariant);
     let mut stats = DecodeStats::default();
@@ -444,7 +478,15 @@ pub fn generate_batch_tp(
     let mut pos = 0;
     for step in 0..max_new {
         let ids = Tensor::from_slice(&input, &[rows, width])?.to_device(device_of(params))?;
-        let logits = model.forward(params, &ids, &positions(pos, width)?, &opts)?;
+        let logits = if step == 0 && setup.images.is_some() {
+            let prefill = ForwardOpts {
+                images: setup.images.clone(),
+                ..opts.clone()
+            };
+            model.forward(params, &ids, &positions(pos, width)?, &prefill)?
+        } else {
+            model.forward(params, &ids, &positions(pos, width)?, &opts)?
+        };
         let logits = whole_vocab(model, logits, tp)?;
         pos += width;
         let v = logits.shape()[2];
