@@ -21,7 +21,7 @@ use std::path::PathBuf;
 pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;
 pub use loader::{Batch, LoaderState, PackedLoader};
-pub use tokenizer::TextTokenizer;
+pub use tokenizer::{DecodeStream, TextTokenizer};
 
 /// Everything that can go wrong while reading, tokenizing or loading training data. Each message
 /// is one line naming the file (and line or key) involved.

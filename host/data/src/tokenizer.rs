@@ -164,6 +164,15 @@ impl TextTokenizer {
             .map_err(|e| tok_err(&self.origin, e))
     }
 
+    /// Decodes ids as they arrive, special tokens included: each step hands out only the text
+    /// the new id completes, without decoding everything again (`tokenizers`' `DecodeStream`).
+    pub fn decode_stream(&self) -> DecodeStream<'_> {
+        DecodeStream {
+            inner: self.inner.decode_stream(false),
+            origin: &self.origin,
+        }
+    }
+
     /// The bytes of text token `id` stands for, exactly, even when they are not whole UTF-8
     /// characters (a byte-level BPE's single bytes, a byte-fallback `<0xE2>`), where decoding
     /// it alone gives a replacement character. Empty for an id outside the vocabulary.
@@ -263,6 +272,26 @@ fn byte_level_bytes(token: &str) -> Option<Vec<u8>> {
             }
         })
         .collect()
+}
+
+/// Text as token ids arrive ([`TextTokenizer::decode_stream`]).
+pub struct DecodeStream<'a> {
+    inner: tokenizers::DecodeStream<
+        'a,
+        tokenizers::ModelWrapper,
+        NormalizerWrapper,
+        tokenizers::PreTokenizerWrapper,
+        tokenizers::PostProcessorWrapper,
+        DecoderWrapper,
+    >,
+    origin: &'a str,
+}
+
+impl DecodeStream<'_> {
+    /// Adds `id`: the text it completes, or `None` while its bytes do not end a character yet.
+    pub fn step(&mut self, id: u32) -> Result<Option<String>> {
+        self.inner.step(id).map_err(|e| tok_err(self.origin, e))
+    }
 }
 
 fn tok_err(context: &str, e: impl std::fmt::Display) -> DataError {

@@ -1,11 +1,12 @@
 //! Token ids → text as they arrive, with stop strings.
 //!
-//! Tokens do not map to whole characters (byte-level BPE splits UTF-8 sequences), so the text
-//! is decoded from all ids so far and only its new, complete suffix is handed out. Text that
-//! could still become a stop string is held back until it cannot; when a stop string appears,
-//! the text ends just before it.
+//! Tokens do not map to whole characters (byte-level BPE splits UTF-8 sequences), so each new
+//! id goes through the tokenizer's decode stream, which hands out text only once its
+//! characters are complete (and without decoding the whole completion again per token). Text
+//! that could still become a stop string is held back until it cannot; when a stop string
+//! appears, the text ends just before it.
 
-use anneal_data::TextTokenizer;
+use anneal_data::{DecodeStream, TextTokenizer};
 
 /// What one new token adds.
 #[derive(Debug, Default, PartialEq)]
@@ -21,6 +22,7 @@ pub struct Piece {
 pub struct TextStream<'a> {
     tokenizer: &'a TextTokenizer,
     stop: &'a [String],
+    stream: DecodeStream<'a>,
     ids: Vec<u32>,
     /// Bytes of the decoded text already handed out.
     emitted: usize,
@@ -34,6 +36,7 @@ impl<'a> TextStream<'a> {
         TextStream {
             tokenizer,
             stop,
+            stream: tokenizer.decode_stream(),
             ids: Vec::new(),
             emitted: 0,
             text: String::new(),
@@ -47,13 +50,13 @@ impl<'a> TextStream<'a> {
 
     /// Adds a token; returns the text that became final and whether a stop string ended it.
     pub fn push(&mut self, id: i64) -> Result<Piece, anneal_data::DataError> {
-        self.ids.push(u32::try_from(id).unwrap_or(u32::MAX));
-        let text = self.tokenizer.decode(&self.ids)?;
-        // A trailing replacement character is a UTF-8 sequence the next token may complete.
-        if text.ends_with('\u{FFFD}') {
+        let id = u32::try_from(id).unwrap_or(u32::MAX);
+        self.ids.push(id);
+        // Nothing while the id's bytes end inside a character the next token may complete.
+        let Some(chunk) = self.stream.step(id)? else {
             return Ok(Piece::default());
-        }
-        self.text = text;
+        };
+        self.text.push_str(&chunk);
         if let Some(at) = self.find_stop() {
             let piece = self.text[self.emitted..at].to_string();
             self.text.truncate(at);
