@@ -8,24 +8,12 @@
 
 mod rl_support;
 
-use anneal_tests::cli::{anneal, ok, root, rows, Job};
+use anneal_tests::cli::{anneal, floats, json_of, ok, root, rows, Job};
 use serde_json::Value;
 
 /// A small DeepSeek-V4 for the tiny corpus (rows of 32 tokens): sliding, CSA (blocks of 2, the
 /// indexer keeping 3), HCA (blocks of 4) and CSA blocks over a window of 6, two streams.
 use anneal_tests::tiny::DEEPSEEK_V4 as TINY;
-
-fn json_of(out: &std::process::Output) -> Value {
-    serde_json::from_str(&ok(out)).expect("one JSON object")
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .map(|x| x.as_f64().expect("a number"))
-        .collect()
-}
 
 #[test]
 fn a_small_model_of_every_block_kind_trains() {

@@ -3,20 +3,11 @@
 
 use anneal_tests::cli as common;
 
-use common::{anneal, root};
+use common::{anneal, json_of, root};
 use std::path::PathBuf;
 
 fn fixtures() -> PathBuf {
     root().join("host/runtime/tests/fixtures")
-}
-
-fn json_of(out: &std::process::Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
 #[test]

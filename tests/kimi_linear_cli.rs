@@ -4,23 +4,11 @@
 //! and `anneal generate`, decoding from the per-layer recurrent state across a 64-token chunk
 //! boundary, gives the training forward's logprobs bit for bit.
 
-use anneal_tests::cli::{anneal, ok, root, rows, Job};
+use anneal_tests::cli::{anneal, floats, json_of, ok, root, rows, Job};
 use std::path::PathBuf;
 
 fn fixture() -> PathBuf {
     root().join("host/runtime/tests/fixtures/tiny_kimi_linear")
-}
-
-fn json_of(out: &std::process::Output) -> serde_json::Value {
-    serde_json::from_str(&ok(out)).expect("one JSON object")
-}
-
-fn floats(v: &serde_json::Value) -> Vec<f64> {
-    v.as_array()
-        .expect("a list")
-        .iter()
-        .map(|x| x.as_f64().expect("a number"))
-        .collect()
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! --model` and a run's `checkpoint.init_from_hf` pick the plugin from `config.json`; `--plugin`
 //! still overrides; an unknown type is one clear line with exit code 2.
 
-use anneal_tests::cli::{anneal, ok, root, Job};
+use anneal_tests::cli::{anneal, error_line, ok, root, Job};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -35,14 +35,6 @@ fn hf_dir(job: &Job, name: &str, model_type: Option<&str>) -> PathBuf {
 }
 
 /// The one error line of a command that must fail with `code`.
-fn error_line(out: &Output, code: i32) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line: {stderr}");
-    lines[0].to_string()
-}
-
 fn logprobs(dir: &Path, extra: &[&str]) -> Output {
     anneal()
         .args(["logprobs", "--tokens", "1,2,3", "--model-dir"])

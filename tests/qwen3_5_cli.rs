@@ -6,23 +6,11 @@
 
 mod rl_support;
 
-use anneal_tests::cli::{anneal, ok, root, rows, Job};
+use anneal_tests::cli::{anneal, floats, json_of, ok, root, rows, Job};
 use serde_json::Value;
 
 /// A small Qwen3.5 for the tiny corpus: three Gated DeltaNet blocks and one attention block.
 use anneal_tests::tiny::QWEN3_5 as TINY;
-
-fn json_of(out: &std::process::Output) -> Value {
-    serde_json::from_str(&ok(out)).expect("one JSON object")
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .expect("an array")
-        .iter()
-        .map(|x| x.as_f64().expect("a number"))
-        .collect()
-}
 
 #[test]
 fn debug_flavors_train_and_the_moe_reports_its_experts() {

@@ -7,7 +7,7 @@
 //! error line each, exit 2.
 
 use anneal_engine::io::load_safetensors;
-use anneal_tests::cli::{anneal, ok, root, Job};
+use anneal_tests::cli::{anneal, error_line, floats, json_of, root, Job};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -24,14 +24,6 @@ fn logprobs(dir: &Path, tokens: &[i64], images: &[PathBuf]) -> Output {
         c.arg("--image").arg(image);
     }
     c.output().unwrap()
-}
-
-fn error_line(out: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(2), "stderr: {stderr}");
-    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line: {stderr}");
-    lines[0].to_string()
 }
 
 /// The prompt with both images, transformers' logprob of each next token, and its greedy
@@ -61,14 +53,6 @@ fn expected() -> (Vec<i64>, Vec<f64>, Vec<i64>) {
     (tokens, want, greedy)
 }
 
-fn numbers(v: &serde_json::Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
 fn images() -> Vec<PathBuf> {
     let dir = fixture("tiny_qwen3_vl");
     vec![dir.join("image0.png"), dir.join("image1.png")]
@@ -78,9 +62,8 @@ fn images() -> Vec<PathBuf> {
 fn logprobs_of_a_prompt_with_two_images_match_transformers() {
     let (tokens, want, _) = expected();
     let dir = fixture("tiny_qwen3_vl");
-    let v: serde_json::Value =
-        serde_json::from_str(&ok(&logprobs(&dir, &tokens, &images()))).unwrap();
-    let got = numbers(&v["logprobs"]);
+    let v = json_of(&logprobs(&dir, &tokens, &images()));
+    let got = floats(&v["logprobs"]);
     assert_eq!(got.len(), want.len(), "{v}");
     let d = got
         .iter()
@@ -90,8 +73,7 @@ fn logprobs_of_a_prompt_with_two_images_match_transformers() {
     println!("logprobs with images: max |difference| {d:e}");
     assert!(d <= 1e-4, "max |logprob difference| {d}");
     // The images reach the model: without them the same tokens score otherwise.
-    let plain: serde_json::Value =
-        serde_json::from_str(&ok(&logprobs(&dir, &tokens, &[]))).unwrap();
+    let plain = json_of(&logprobs(&dir, &tokens, &[]));
     assert_ne!(plain["logprobs"], v["logprobs"]);
 }
 
@@ -102,7 +84,7 @@ fn bad_images_and_placeholders_are_one_error_line() {
     let dir = fixture("tiny_qwen3_vl");
     // A missing file, and a truncated PNG.
     let missing = job.dir.join("nowhere.png");
-    let line = error_line(&logprobs(&dir, &tokens, &[missing, images()[1].clone()]));
+    let line = error_line(&logprobs(&dir, &tokens, &[missing, images()[1].clone()]), 2);
     assert!(
         line.contains("nowhere.png") && line.contains("not found"),
         "{line}"
@@ -110,17 +92,17 @@ fn bad_images_and_placeholders_are_one_error_line() {
     let bytes = std::fs::read(&images()[0]).unwrap();
     let cut = job.dir.join("cut.png");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
-    let line = error_line(&logprobs(&dir, &tokens, &[cut, images()[1].clone()]));
+    let line = error_line(&logprobs(&dir, &tokens, &[cut, images()[1].clone()]), 2);
     assert!(line.contains("cut.png"), "{line}");
     // The first image's run one placeholder short (image 0 makes 2 tokens).
     let image_token = 90;
     let at = tokens.iter().position(|&t| t == image_token).unwrap();
     let mut short = tokens.clone();
     short.remove(at);
-    let line = error_line(&logprobs(&dir, &short, &images()));
+    let line = error_line(&logprobs(&dir, &short, &images()), 2);
     assert!(line.contains("placeholder"), "{line}");
     // An image for a text-only checkpoint.
-    let line = error_line(&logprobs(&fixture("tiny_qwen3"), &[1, 2, 3], &images()));
+    let line = error_line(&logprobs(&fixture("tiny_qwen3"), &[1, 2, 3], &images()), 2);
     assert!(line.contains("text-only"), "{line}");
 }
 
@@ -138,22 +120,16 @@ fn generation_after_two_images_follows_the_model_with_the_images() {
     for image in images() {
         c.arg("--image").arg(image);
     }
-    let g: serde_json::Value = serde_json::from_str(&ok(&c.output().unwrap())).unwrap();
-    let new: Vec<i64> = g["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_i64().unwrap())
-        .collect();
+    let g = json_of(&c.output().unwrap());
+    let new: Vec<i64> = floats(&g["tokens"]).iter().map(|&t| t as i64).collect();
     assert_eq!(new.len(), 4, "{g}");
     // transformers' greedy token after the prompt.
     assert_eq!(new[0], greedy[14], "{g}");
     // Each decoded token's logprob is what scoring the whole sequence with the images gives.
     let whole: Vec<i64> = prompt.iter().chain(&new).copied().collect();
-    let scored: serde_json::Value =
-        serde_json::from_str(&ok(&logprobs(&dir, &whole, &images()))).unwrap();
-    let scored = numbers(&scored["logprobs"]);
-    let decoded = numbers(&g["logprobs"]);
+    let scored = json_of(&logprobs(&dir, &whole, &images()));
+    let scored = floats(&scored["logprobs"]);
+    let decoded = floats(&g["logprobs"]);
     for (i, (a, b)) in decoded.iter().zip(&scored[prompt.len() - 1..]).enumerate() {
         assert!((a - b).abs() <= 1e-4, "token {i}: decoded {a}, scored {b}");
     }
@@ -170,5 +146,5 @@ fn generation_after_two_images_follows_the_model_with_the_images() {
     .arg(&dir)
     .arg("--image")
     .arg(&images()[0]);
-    assert!(error_line(&c.output().unwrap()).contains("--image"));
+    assert!(error_line(&c.output().unwrap(), 2).contains("--image"));
 }

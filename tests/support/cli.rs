@@ -272,6 +272,29 @@ pub fn ok(out: &Output) -> String {
     stdout
 }
 
+/// Asserts a command succeeded and parses its stdout as one JSON object.
+pub fn json_of(out: &Output) -> serde_json::Value {
+    serde_json::from_str(&ok(out)).expect("one JSON object")
+}
+
+/// A JSON array of numbers.
+pub fn floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array()
+        .expect("an array")
+        .iter()
+        .map(|x| x.as_f64().expect("a number"))
+        .collect()
+}
+
+/// Asserts exit code `code` and exactly one `error:` line on stderr; returns that line.
+pub fn error_line(out: &Output, code: i32) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line: {stderr}");
+    lines[0].to_string()
+}
+
 /// Asserts exit code 2 and an `error: ` line that names every one of `needles`.
 pub fn user_error(out: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&out.stderr);
