@@ -462,12 +462,13 @@ fn rl_layouts_on_gpu_ranks_keep_the_mismatch_at_zero() {
     }
 }
 
-/// TP, CP and EP move their collectives' device buffers over NCCL: the same loss and gradient
-/// norm bits as staged through host memory, and the staged bytes per step fall to a bound.
+/// TP, CP, EP and PP move their collectives' device buffers over NCCL: the same loss and
+/// gradient norm bits as staged through host memory, and the staged bytes per step fall to a
+/// bound.
 #[test]
-fn tensor_context_and_expert_groups_over_nccl_give_the_staged_bits() {
+fn mesh_groups_over_nccl_give_the_staged_bits() {
     if let Some(why) = no_gpu() {
-        println!("SKIP tensor_context_and_expert_groups_over_nccl_give_the_staged_bits: {why}");
+        println!("SKIP mesh_groups_over_nccl_give_the_staged_bits: {why}");
         return;
     }
     let job = Job::new("cuda-dist-groups");
@@ -489,9 +490,12 @@ fn tensor_context_and_expert_groups_over_nccl_give_the_staged_bits() {
     // - EP2 (dp_shard 2): FSDP's units, whose buffers stay host-staged on both paths; the rows
     //   the exchanges moved (about a third of the staged path's bytes here) are gone, so
     //   asserted as at least a fifth less than the staged path.
+    // - PP2 (1F1B, and ZB-H1): the activations and gradients move device buffers (the token ids a stage
+    //   reads were never a collective's); a few scalars are left, under 64 bytes per step.
     let bound = |layout: &str, staged: u64| match layout {
         "tp" => 81_920 + PARAM_BYTES,
         "cp" => 64 * 1024,
+        "pp" | "zb" => 64,
         _ => staged - staged / 5,
     };
     for (name, layout, what) in [
@@ -506,6 +510,16 @@ fn tensor_context_and_expert_groups_over_nccl_give_the_staged_bits() {
             "context parallelism's ring pass",
         ),
         ("ep", &ep[..], "expert parallelism's all-to-all"),
+        (
+            "pp",
+            &["parallelism.pp=2"][..],
+            "pipeline stages' activations and gradients",
+        ),
+        (
+            "zb",
+            &["parallelism.pp=2", "parallelism.pp_schedule=zero_bubble"][..],
+            "pipeline stages' activations and gradients",
+        ),
     ] {
         let (staged, staged_log) = gpu_ranks_on(&job, 2, "staged", layout);
         let (nccl, nccl_log) = gpu_ranks_on(&job, 2, "nccl", layout);

@@ -509,21 +509,15 @@ impl Dist {
             return Ok(None);
         }
         let choice = nccl::choice()?;
-        // Pipeline stages' send/recv stays staged; tp, cp and ep take NCCL (nccl_groups).
-        let other = [MeshDim::Pp].into_iter().find(|&d| self.mesh.degree(d) > 1);
-        let why_not = match (choice, other) {
-            (Choice::Staged, _) => Some(format!("{ENV} = staged")),
-            (_, Some(d)) => Some(format!(
-                "parallelism.{} > 1 keeps its collectives staged",
-                d.key()
-            )),
+        let why_not = match choice {
+            Choice::Staged => Some(format!("{ENV} = staged")),
             _ => nccl::unavailable(device),
         };
         // One rank without NCCL keeps every rank staged (their collectives must match).
         let staged = self.any(why_not.is_some())?;
         if staged {
             let why = why_not.unwrap_or_else(|| "another rank cannot run NCCL".into());
-            if choice == Choice::Nccl && other.is_none() {
+            if choice == Choice::Nccl {
                 return Err(TrainError::Config(format!(
                     "environment: `{ENV}` = nccl, but NCCL cannot run on this job's GPUs: {why}"
                 )));
@@ -540,7 +534,8 @@ impl Dist {
             .any(|d| self.mesh.degree(d) > 1);
         let mut what = Vec::new();
         // Beside tp, cp or ep groups, FSDP's units keep their staged communicators.
-        if !(groups && (self.shard.is_some() || self.grads().size() == 1)) {
+        let data_parallel = self.shard.is_some() || self.grads().size() > 1;
+        if data_parallel && !(groups && self.shard.is_some()) {
             let comms = DeviceComms::new(self.grads(), self.shard(), self.replicate(), ordinal)?;
             what.push(match (comms.grads.is_some(), comms.replicate.is_some()) {
                 (true, _) => "DDP's gradient sum on device buffers",
@@ -553,6 +548,7 @@ impl Dist {
             self.tp().map(|c| c.as_ref()),
             self.cp(),
             self.experts().map(|(ep, _)| ep),
+            self.pp(),
             ordinal,
         )?;
         let described = mesh_groups.describe();

@@ -1,7 +1,8 @@
 //! NCCL on device buffers for the collectives inside a forward and backward: tensor (and
 //! sequence) parallelism's all-reduce, all-gather and reduce-scatter, context parallelism's
-//! ring pass, and expert parallelism's variable all-to-all of token rows. One NCCL
-//! communicator per mesh group (`tp`, `cp`, `ep`), each bootstrapped over that group's MPI
+//! ring pass, expert parallelism's variable all-to-all of token rows, and the pipeline's
+//! point-to-point messages ([`super::pp::wire`]). One NCCL communicator per mesh group (`tp`,
+//! `cp`, `ep`, `pp`), each bootstrapped over that group's MPI
 //! communicator at job start ([`crate::Dist::start_device_collectives`]).
 //!
 //! The engine's group traits (`TpGroup`, `KvRing`, `ExpertExchange`) take tensors; the
@@ -44,6 +45,7 @@ struct Installed {
     tp: Option<Rc<Nccl>>,
     cp: Option<Rc<Nccl>>,
     ep: Option<Rc<Nccl>>,
+    pp: Option<Rc<Nccl>>,
 }
 
 thread_local! {
@@ -75,11 +77,12 @@ impl DeviceGroups {
         tp: Option<&dyn Collective>,
         cp: Option<&dyn Collective>,
         ep: Option<&dyn Collective>,
+        pp: Option<&dyn Collective>,
         ordinal: usize,
     ) -> Result<DeviceGroups, TrainError> {
         let mut installed = Installed::default();
         let mut names = Vec::new();
-        let groups = [(tp, "tp"), (cp, "cp"), (ep, "ep")];
+        let groups = [(tp, "tp"), (cp, "cp"), (ep, "ep"), (pp, "pp")];
         for (i, (comm, name)) in groups.into_iter().enumerate() {
             let Some(comm) = comm.filter(|c| c.size() > 1) else {
                 continue;
@@ -88,7 +91,8 @@ impl DeviceGroups {
             match i {
                 0 => installed.tp = nccl,
                 1 => installed.cp = nccl,
-                _ => installed.ep = nccl,
+                2 => installed.ep = nccl,
+                _ => installed.pp = nccl,
             }
             names.push(name);
         }
@@ -104,7 +108,8 @@ impl DeviceGroups {
             .map(|&n| match n {
                 "tp" => "tensor parallelism's all-reduce / all-gather / reduce-scatter",
                 "cp" => "context parallelism's ring pass",
-                _ => "expert parallelism's all-to-all",
+                "ep" => "expert parallelism's all-to-all",
+                _ => "pipeline stages' activations and gradients (one stage per rank; interleaved and zbv schedules keep theirs staged)",
             })
             .collect();
         what.join(", ")
@@ -122,6 +127,12 @@ pub(crate) fn comm_for(group: Group, t: &Tensor) -> Option<Rc<Nccl>> {
         }
     })?;
     (t.device() == Device::Cuda(nccl.device())).then_some(nccl)
+}
+
+/// The pipeline's communicator installed on this thread, when `device` is its GPU.
+pub(crate) fn pipeline_comm(device: Device) -> Option<Rc<Nccl>> {
+    let nccl = INSTALLED.with(|i| i.borrow().pp.clone())?;
+    (device == Device::Cuda(nccl.device())).then_some(nccl)
 }
 
 fn err(op: &'static str, msg: impl std::fmt::Display) -> anneal_engine::Error {

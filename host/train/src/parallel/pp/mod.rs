@@ -7,6 +7,7 @@
 //! step's loss and gradients are bitwise those of one process.
 
 pub mod layout;
+pub mod p2p_plan;
 pub mod schedule;
 pub(crate) mod sharded;
 pub(crate) mod tp;
@@ -15,10 +16,9 @@ pub mod wire;
 pub mod zb;
 
 use crate::outputs::{weighted_aux, StepOutputs};
-use crate::parallel::staged;
 use crate::TrainError;
 use anneal_data::Batch;
-use anneal_dist::{Collective, Pending};
+use anneal_dist::Collective;
 use anneal_engine::autograd::WeightGrads;
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{DType, Tensor};
@@ -27,7 +27,7 @@ use layout::Layout;
 use schedule::Op;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
-use wire::Kind;
+use wire::{Kind, Wire};
 
 /// One rank's place in the pipeline.
 pub struct Pipeline {
@@ -178,13 +178,14 @@ impl Pipeline {
         // Split backwards' weight passes, waiting for their `Weight` op.
         let mut weights: HashMap<(usize, usize), WeightGrads> = HashMap::new();
         let split = self.layout.schedule.splits_backward();
-        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+        let device = ctx.device();
+        let plan = p2p_plan::plan(&self.layout, m, self.rank);
+        let mut wire = Wire::new(comm, device, plan);
         let mut losses = vec![0f32; m];
         let mut outputs = StepOutputs::default();
         // A micro-batch's named outputs over this rank's chunks, added once all ran.
         let mut per_mb: Vec<MbOutputs> = (0..m).map(|_| MbOutputs::default()).collect();
         let (mut wait_s, mut busy_s) = (0.0, 0.0);
-        let device = ctx.device();
         for op in schedule::ops(self.layout.schedule, p, v, m, self.rank) {
             match op {
                 Op::Forward { mb, chunk } => {
@@ -192,13 +193,13 @@ impl Pipeline {
                     let last = s + 1 == n_stages;
                     let b = &batches[mb];
                     let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?;
-                    let x = staged::place(x, device)?;
+                    let x = x.to_device(device)?;
                     let (input, hidden) = if s == 0 {
                         (None, None)
                     } else {
                         let t = Instant::now();
                         let tag = wire::tag(Kind::Activation, s, mb);
-                        let (leaf, h) = wire::recv_hidden(comm, self.rank_of(s - 1), tag, device)?;
+                        let (leaf, h) = wire.recv_hidden(self.rank_of(s - 1), tag)?;
                         wait_s += t.elapsed().as_secs_f64();
                         (Some(leaf), Some(h))
                     };
@@ -252,9 +253,8 @@ impl Pipeline {
                         }
                         None => {
                             let tag = wire::tag(Kind::Activation, s + 1, mb);
-                            let (packed, pending) =
-                                wire::send_hidden(comm, &part.hidden, self.rank_of(s + 1), tag)?;
-                            sends.extend(pending);
+                            let packed =
+                                wire.send_hidden(&part.hidden, self.rank_of(s + 1), tag)?;
                             let out_len = packed.numel();
                             let (root, has_aux) = match aux {
                                 Some(a) => {
@@ -300,15 +300,12 @@ impl Pipeline {
                     } else {
                         let t = Instant::now();
                         let tag = wire::tag(Kind::Gradient, s + 1, mb);
-                        let g = wire::recv_grad(comm, e.out_len, self.rank_of(s + 1), tag, device)?;
+                        let g = wire.recv_grad(e.out_len, self.rank_of(s + 1), tag)?;
                         wait_s += t.elapsed().as_secs_f64();
                         let t = Instant::now();
                         let seed = match e.has_aux {
                             true => anneal_engine::ops::cat(
-                                &[
-                                    g,
-                                    staged::place(Tensor::from_vec(vec![1f32], &[1])?, device)?,
-                                ],
+                                &[g, Tensor::from_vec(vec![1f32], &[1])?.to_device(device)?],
                                 0,
                             )?,
                             false => g,
@@ -318,7 +315,7 @@ impl Pipeline {
                     }
                     if let Some(leaf) = &e.input {
                         let tag = wire::tag(Kind::Gradient, s, mb);
-                        sends.push(wire::send_grad(comm, leaf, self.rank_of(s - 1), tag)?);
+                        wire.send_grad(leaf, self.rank_of(s - 1), tag)?;
                     }
                 }
                 Op::Weight { mb, chunk } => {
@@ -333,9 +330,7 @@ impl Pipeline {
                 }
             }
         }
-        for s in sends {
-            s.wait()?;
-        }
+        wire.finish()?;
         // The last stage's losses reach every rank: the others add zeros, which is exact.
         comm.all_reduce_sum(&mut losses)?;
         Ok(StepResult {
@@ -357,20 +352,17 @@ impl Pipeline {
         let _no_grad = anneal_engine::autograd::no_grad();
         let n_stages = self.layout.n_stages();
         let mut losses = vec![0f32; batches.len()];
-        let mut sends: Vec<Box<dyn Pending>> = Vec::new();
+        let plan = p2p_plan::evaluation(&self.layout, batches.len(), self.rank);
+        let mut wire = Wire::new(comm, ctx.device(), plan);
         for (mb, b) in batches.iter().enumerate() {
             for s in self.my_stages() {
-                let x = staged::place(
-                    Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?,
-                    ctx.device(),
-                )?;
+                let x = Tensor::from_slice(&b.inputs, &[b.batch, b.seq_len])?
+                    .to_device(ctx.device())?;
                 let input = if s == 0 {
                     StageInput::Tokens(&x)
                 } else {
                     let tag = wire::tag(Kind::Activation, s, mb % 512);
-                    StageInput::Hidden(
-                        wire::recv_hidden(comm, self.rank_of(s - 1), tag, ctx.device())?.1,
-                    )
+                    StageInput::Hidden(wire.recv_hidden(self.rank_of(s - 1), tag)?.1)
                 };
                 let last = s + 1 == n_stages;
                 let _amp = anneal_engine::autocast::set_autocast(ctx.amp);
@@ -386,15 +378,11 @@ impl Pipeline {
                     losses[mb] = loss_of(&part.hidden, b, ctx.opts)?.item()?;
                 } else {
                     let tag = wire::tag(Kind::Activation, s + 1, mb % 512);
-                    let (_, pending) =
-                        wire::send_hidden(comm, &part.hidden, self.rank_of(s + 1), tag)?;
-                    sends.extend(pending);
+                    wire.send_hidden(&part.hidden, self.rank_of(s + 1), tag)?;
                 }
             }
         }
-        for s in sends {
-            s.wait()?;
-        }
+        wire.finish()?;
         comm.all_reduce_sum(&mut losses)?;
         Ok(losses)
     }
@@ -407,7 +395,7 @@ fn loss_of(out: &[Tensor], b: &Batch, opts: &ForwardOpts) -> Result<Tensor, Trai
         .first()
         .ok_or_else(|| TrainError::Pipeline("the head returned nothing".into()))?;
     let y = Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?;
-    let y = staged::place(y, logits.device())?;
+    let y = y.to_device(logits.device())?;
     let v = logits.shape().last().copied().unwrap_or(0);
     let logits = logits.reshape(&[b.batch * b.seq_len, v])?;
     if let Some(ce) = tp::cross_entropy(&logits, &y, opts)? {
