@@ -61,3 +61,38 @@ fn bf16_is_deterministic_resumes_exactly_and_tracks_f32() {
         );
     }
 }
+
+/// A model declared in bf16 (as Llama 3.2 and Qwen3 checkpoints ship) trains on f32 master
+/// weights, computing in `training.dtype`: its optimizer steps (AdamW keeps f32 state), its
+/// checkpoint holds the f32 masters, and the run resumes from it bit for bit. With tied
+/// embeddings the first loss is near a uniform guess's, not hundreds.
+#[test]
+fn a_model_declared_in_bf16_trains_on_f32_masters_and_resumes() {
+    let job = Job::new("bf16-declared");
+    let set = [
+        "model.args.dtype=\"bf16\"",
+        "model.args.tie_embeddings=true",
+        BF16,
+        "checkpoint.interval=2",
+        "checkpoint.keep_latest=10",
+        "metrics.eval_freq=0",
+    ];
+    let steps = |n: &'static str| -> Vec<&'static str> {
+        set.iter().copied().chain(std::iter::once(n)).collect()
+    };
+    let (whole, dir) = job.train("whole", &steps("training.steps=4"));
+    ok(&whole);
+    let want = losses(&dir);
+    assert_eq!(want.len(), 4);
+    let first = f64::from_bits(want[0]);
+    let uniform = 320f64.ln();
+    assert!(
+        first.is_finite() && first < uniform + 2.0,
+        "first loss {first} vs ln(vocab) {uniform}"
+    );
+    let (half, half_dir) = job.train("half", &steps("training.steps=2"));
+    ok(&half);
+    let (rest, _) = job.train("half", &steps("training.steps=4"));
+    ok(&rest);
+    assert_eq!(losses(&half_dir), want, "resumed from the f32 masters");
+}

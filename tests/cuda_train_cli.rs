@@ -286,3 +286,29 @@ fn tf32_products_only_where_asked() {
     assert_ne!(losses(&gpu), losses(&gpu_tf32), "TF32 was used");
     assert_close("tf32", &loss_values(&gpu_tf32), &loss_values(&cpu), 1e-2);
 }
+
+/// A job on a GPU is sized against the GPU's memory, not the host's: a model whose weights,
+/// gradients and AdamW state alone pass the (emulated) GPU's 16 GiB is refused before anything
+/// is allocated, naming the device.
+#[test]
+fn the_memory_check_counts_the_gpus_memory() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP the_memory_check_counts_the_gpus_memory: {why}");
+        return;
+    }
+    let job = Job::new("device-memory");
+    let (out, _) = job.train(
+        "big",
+        &[
+            "model.args.dim=8192",
+            "model.args.ffn_dim=32768",
+            "job.device=\"cuda\"",
+            "training.steps=1",
+        ],
+    );
+    let err = user_error(&out);
+    assert!(
+        err.contains("the run needs about") && err.contains("the memory of cuda:0"),
+        "{err}"
+    );
+}

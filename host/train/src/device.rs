@@ -99,6 +99,21 @@ pub fn rank_device(gpus: usize) -> Device {
 /// Tensors by name.
 type Named = Vec<(String, Tensor)>;
 
+/// The weights a run trains, with every bf16 or f16 tensor widened to f32: mixed precision
+/// keeps f32 master weights (and f32 optimizer state beside them) even for a model declared,
+/// or a checkpoint shipped, in bf16; the forward computes in `training.dtype` either way.
+pub fn f32_masters(named: impl IntoIterator<Item = (String, Tensor)>) -> Result<Named, TrainError> {
+    named
+        .into_iter()
+        .map(|(n, t)| match t.dtype() {
+            anneal_engine::DType::BF16 | anneal_engine::DType::F16 => {
+                Ok((n, t.to_dtype(anneal_engine::DType::F32)?))
+            }
+            _ => Ok((n, t)),
+        })
+        .collect()
+}
+
 /// A policy read or initialised on the host, moved to `device`: the parameters (leaves that
 /// take gradients again), the buffers and `optimizer`'s state. Unchanged on the CPU.
 pub fn place_policy(

@@ -3,7 +3,8 @@
 //!
 //! What is counted (a documented, deliberately conservative formula; the engine's measured peak
 //! is logged as `mem_peak_bytes` to compare against):
-//! - **parameters**: every declared parameter's elements × its dtype's size;
+//! - **parameters**: every declared parameter's elements × 4 bytes: training keeps f32 master
+//!   weights even of a model declared in bf16 (compute runs in `training.dtype`);
 //! - **gradients**: the same again (a gradient has its parameter's shape and dtype);
 //! - **optimizer state**: the optimizer plugin's state tensors per parameter × elements × 4 bytes
 //!   (state is kept in f32; AdamW keeps 2, SGD with momentum 1);
@@ -23,7 +24,7 @@
 //! blocks (the factor 2 above leaves room for them on the models this runs).
 
 use crate::TrainError;
-use anneal_config::{JobConfig, RecomputeMode};
+use anneal_config::{parse_device, DeviceName, JobConfig, RecomputeMode};
 use anneal_engine::DType;
 use anneal_plugin_api::spec::ModelSpec;
 use anneal_runtime::plugins::{find, PluginOptimizer};
@@ -141,7 +142,8 @@ pub fn estimate(
 ) -> MemoryEstimate {
     let mut parameters = 0u64;
     for p in &spec.params {
-        let size = DType::parse(&p.dtype).map_or(4, |d| d.size_in_bytes()) as u64;
+        // f32 masters of low-precision floats; other dtypes (integer buffers) as declared.
+        let size = DType::parse(&p.dtype).map_or(4, |d| d.size_in_bytes().max(4)) as u64;
         parameters = parameters.saturating_add(elements(&p.shape).saturating_mul(size));
     }
     let numel = spec
@@ -244,8 +246,10 @@ pub fn optimizer_states(cfg: &JobConfig) -> Result<usize, TrainError> {
     Ok(optimizer.spec().state.len())
 }
 
-/// Memory this process may use: the configured limit, else the smaller of `MemAvailable` and
-/// what the cgroup's limit leaves. `None` when neither can be read (the check is then skipped).
+/// Memory this process may use: the configured limit; else, for a job on a GPU (whose
+/// parameters, gradients, optimizer state and activations all live there), the GPU's memory;
+/// else the smaller of `MemAvailable` and what the cgroup's limit leaves. `None` when none can
+/// be read (the check is then skipped).
 pub fn available(cfg: &JobConfig) -> Option<Available> {
     let limit_mb = cfg.training.memory_limit_mb;
     if limit_mb > 0 {
@@ -253,6 +257,23 @@ pub fn available(cfg: &JobConfig) -> Option<Available> {
             bytes: limit_mb.saturating_mul(1 << 20),
             source: "training.memory_limit_mb".into(),
         });
+    }
+    if let Some(DeviceName::Cuda(named)) = parse_device(&cfg.job.device) {
+        // `cuda` is this rank's GPU; an unusable one is refused later, naming the reason.
+        let ordinal = match cfg.job.device.as_str() {
+            "cuda" => match crate::device::rank_device(anneal_engine::backend::cuda_device_count())
+            {
+                anneal_engine::Device::Cuda(n) => n,
+                anneal_engine::Device::Cpu => named,
+            },
+            _ => named,
+        };
+        return anneal_engine::cuda::probe(ordinal)
+            .ok()
+            .map(|info| Available {
+                bytes: info.total_mem as u64,
+                source: format!("the memory of cuda:{ordinal} ({})", info.name),
+            });
     }
     let meminfo = std::fs::read_to_string("/proc/meminfo")
         .ok()

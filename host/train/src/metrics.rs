@@ -120,6 +120,25 @@ pub fn cpu_peak_tflops() -> Option<f64> {
     Some(anneal_engine::num_threads() as f64 * per_cycle * mhz * 1e6 / 1e12)
 }
 
+/// The dense bf16 peak of a GPU the driver names `name`, in TFLOP/s, from the vendor's
+/// datasheets (the SXM parts; `None` for a GPU not listed, whose MFU then needs
+/// `metrics.peak_tflops`). MFU on a GPU is against bf16 whatever `training.dtype` is, as is
+/// customary.
+pub fn gpu_peak_tflops(name: &str) -> Option<f64> {
+    const PEAKS: [(&str, f64); 6] = [
+        ("H100", 989.0),
+        ("H200", 989.0),
+        ("H800", 989.0),
+        ("A100", 312.0),
+        ("A800", 312.0),
+        ("L40S", 362.0),
+    ];
+    PEAKS
+        .iter()
+        .find(|(model, _)| name.split([' ', '-']).any(|w| w == *model))
+        .map(|&(_, peak)| peak)
+}
+
 /// Measures the machine's f32 matmul throughput (TFLOP/s) with the engine on all its threads:
 /// the best of a few 1024³ products. Used as the MFU denominator when none is configured.
 pub fn measure_peak_tflops() -> f64 {
@@ -240,5 +259,19 @@ impl Console {
     /// Removes the bar at the end.
     pub fn finish(&self) {
         self.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_peak_tflops;
+
+    #[test]
+    fn known_gpus_have_their_bf16_peak_and_others_none() {
+        assert_eq!(gpu_peak_tflops("NVIDIA H200"), Some(989.0));
+        assert_eq!(gpu_peak_tflops("NVIDIA H100 80GB HBM3"), Some(989.0));
+        assert_eq!(gpu_peak_tflops("NVIDIA A100-SXM4-80GB"), Some(312.0));
+        assert_eq!(gpu_peak_tflops("CUDA emulation on the CPU"), None);
+        assert_eq!(gpu_peak_tflops("NVIDIA GeForce RTX 4090"), None);
     }
 }

@@ -139,9 +139,13 @@ pub fn run_dist(
     console.set_start(resumed_from);
     let peak = if cfg.metrics.peak_tflops > 0.0 {
         cfg.metrics.peak_tflops
-    } else if trainer.device() != anneal_engine::Device::Cpu {
-        // The host's peak says nothing of a GPU's: no MFU unless metrics.peak_tflops says it.
-        0.0
+    } else if let anneal_engine::Device::Cuda(ordinal) = trainer.device() {
+        // The host's peak says nothing of a GPU's: the GPU's own datasheet peak where it is
+        // known, else no MFU unless metrics.peak_tflops says it.
+        anneal_engine::cuda::probe(ordinal)
+            .ok()
+            .and_then(|info| crate::metrics::gpu_peak_tflops(&info.name))
+            .unwrap_or(0.0)
     } else {
         cpu_peak_tflops().unwrap_or_else(measure_peak_tflops)
     };

@@ -174,7 +174,9 @@ impl ParamTable {
 
     /// A decoder's final RMSNorm `norm.weight [dim]` and output projection `output.weight
     /// [vocab, dim]` (truncated normal of std `dim^-0.5`; `tied` instead when the embedding is
-    /// shared), Hugging Face's `model.norm.weight` and `lm_head.weight`.
+    /// shared, which then takes the output's init: N(0, 1) rows would make the first logits of
+    /// std `√dim` and the first loss hundreds), Hugging Face's `model.norm.weight` and
+    /// `lm_head.weight`.
     pub fn final_norm_and_output(
         &mut self,
         vocab: usize,
@@ -186,11 +188,21 @@ impl ParamTable {
                 .ones()
                 .hf_name("model.norm.weight"),
         );
+        let std = (dim as f64).powf(-0.5);
         let output = match tied {
-            Some(embedding) => embedding.clone(),
+            Some(embedding) => {
+                if let Some(p) = self.params.iter_mut().find(|p| p.name == embedding.name()) {
+                    p.init = Init::TruncNormal {
+                        std,
+                        a: -3.0 * std,
+                        b: 3.0 * std,
+                    };
+                }
+                embedding.clone()
+            }
             None => self.add(
                 Decl::new("output.weight", [vocab, dim])
-                    .trunc_normal((dim as f64).powf(-0.5))
+                    .trunc_normal(std)
                     .column()
                     .hf_name("lm_head.weight"),
             ),

@@ -242,7 +242,9 @@ pub fn params_of_rows_from_checkpoint(
         let (shape, dtype) = ckpt
             .describe(&key)
             .ok_or_else(|| mismatch(ckpt, format!("no tensor {key}")))?;
-        if shape != p.shape.as_slice() || dtype != p.dtype {
+        // Training keeps f32 masters of a model declared in bf16 or f16 (`f32_masters`).
+        let master = dtype == "f32" && matches!(p.dtype.as_str(), "bf16" | "f16");
+        if shape != p.shape.as_slice() || (dtype != p.dtype && !master) {
             return Err(mismatch(
                 ckpt,
                 format!(

@@ -193,8 +193,9 @@ impl Trainer {
             }
             None => model.init_params(t.seed)?,
         };
-        // Initialised on the host (the same values on any device), then placed.
-        let initial = crate::device::place(initial.into_iter().collect(), device)?;
+        // Initialised on the host (the same values on any device), kept as f32 master weights
+        // (compute runs in `training.dtype`), then placed.
+        let initial = crate::device::place(crate::device::f32_masters(initial)?, device)?;
         let (named, buffers) = crate::harness::split_buffers(&model, initial);
         let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         note(&format!(
