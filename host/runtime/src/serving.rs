@@ -18,7 +18,7 @@
 //! [`crate::infer::generate`] with the same sampling settings (tested).
 
 use crate::infer::{pick, Generation, Sampling};
-use crate::plugins::{ForwardOpts, KvCache, Params, PluginModel};
+use crate::plugins::{ForwardOpts, ImageInputs, KvCache, Params, PluginModel};
 use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::rng::RngKey;
 use anneal_engine::{autograd, Tensor};
@@ -42,6 +42,10 @@ pub struct Request {
     pub stop_tokens: Vec<i64>,
     /// How many of the most likely alternatives to report with each token (0 = none).
     pub top_logprobs: usize,
+    /// The prompt's images, in the order of their placeholder runs (the prompt holds each
+    /// image's placeholder tokens already expanded). Only the prefill reads them: a request
+    /// with images is prefilled alone, and decode continues its 3-D positions from its cache.
+    pub images: Option<Arc<ImageInputs>>,
 }
 
 /// One generated token.
@@ -357,10 +361,12 @@ impl Worker {
         }
     }
 
-    /// Prefills new requests, one forward per group of prompts of the same length (each row
-    /// into its own fresh cache), and samples their first tokens. Returns the rows still live.
+    /// Prefills new requests, one forward per group of text prompts of the same length and one
+    /// per prompt with images (each row into its own fresh cache), and samples their first
+    /// tokens. Returns the rows still live.
     fn prefill(&self, jobs: Vec<Job>) -> Vec<Row> {
         let mut groups: BTreeMap<usize, Vec<Row>> = BTreeMap::new();
+        let mut alone: Vec<Row> = Vec::new();
         for mut job in jobs {
             if job.request.max_new == 0 {
                 (job.sink)(Event::Done(Finish::Length));
@@ -375,17 +381,26 @@ impl Worker {
                 request: job.request,
                 sink: job.sink,
             };
-            groups.entry(row.len).or_default().push(row);
+            if row.request.images.is_some() {
+                alone.push(row);
+            } else {
+                groups.entry(row.len).or_default().push(row);
+            }
         }
+        let groups = groups
+            .into_values()
+            .chain(alone.into_iter().map(|row| vec![row]));
         let mut out = Vec::new();
-        for (width, mut group) in groups {
+        for mut group in groups {
+            let width = group[0].len;
+            let images = group[0].request.images.clone();
             let ids: Vec<i64> = group
                 .iter()
                 .flat_map(|r| r.request.prompt.iter().copied())
                 .collect();
             let positions: Vec<i64> = (0..group.len()).flat_map(|_| 0..width as i64).collect();
             self.stats.lock().expect("stats lock poisoned").prefills += 1;
-            self.forward_rows(&mut group, ids, positions, width);
+            self.forward_rows(&mut group, ids, positions, width, images);
             out.extend(group.into_iter().filter(|r| r.live));
         }
         out
@@ -423,22 +438,38 @@ impl Worker {
                 .collect();
             let positions: Vec<i64> = group.iter().map(|r| r.len as i64).collect();
             group.iter_mut().for_each(|r| r.len += 1);
-            self.forward_rows(group, ids, positions, 1);
+            self.forward_rows(group, ids, positions, 1, None);
             start = end;
         }
     }
 
-    /// Runs `ids` (`[rows, width]`) at `positions` (same shape) over the rows' own caches and
-    /// gives each row the logits of its last position. A failure fails every row of the call.
-    fn forward_rows(&self, rows: &mut [Row], ids: Vec<i64>, positions: Vec<i64>, width: usize) {
+    /// Runs `ids` (`[rows, width]`) at `positions` (same shape) over the rows' own caches,
+    /// with `images` when the prompt holds some, and gives each row the logits of its last
+    /// position. A failure fails every row of the call.
+    fn forward_rows(
+        &self,
+        rows: &mut [Row],
+        ids: Vec<i64>,
+        positions: Vec<i64>,
+        width: usize,
+        images: Option<Arc<ImageInputs>>,
+    ) {
         let n = rows.len();
         let caches: Vec<Arc<KvCache>> = rows.iter().map(|r| r.cache.clone()).collect();
         let run = || -> anneal_engine::Result<Vec<f32>> {
-            let ids = Tensor::from_vec(ids, &[n, width])?
-                .to_device(crate::infer::device_of(&self.params))?;
+            let device = crate::infer::device_of(&self.params);
+            let ids = Tensor::from_vec(ids, &[n, width])?.to_device(device)?;
             let positions = Tensor::from_vec(positions, &[n, width])?;
+            let images = match images {
+                Some(im) => Some(Arc::new(ImageInputs {
+                    pixel_values: im.pixel_values.to_device(device)?,
+                    grid_thw: im.grid_thw.clone(),
+                })),
+                None => None,
+            };
             let opts = ForwardOpts {
                 cache: Some(Arc::new(KvCache::per_row(caches))),
+                images,
                 ..Default::default()
             };
             let logits = self.model.forward(&self.params, &ids, &positions, &opts)?;

@@ -315,6 +315,7 @@ fn the_serving_loop_decodes_prompts_of_different_lengths_as_the_training_forward
             },
             stop_tokens: vec![],
             top_logprobs: 0,
+            images: None,
         })
         .collect();
     let receivers: Vec<_> = requests

@@ -192,3 +192,72 @@ fn images_that_do_not_fit_are_refused() {
         .to_string();
     assert!(err.contains("pixel_values has 24 patch rows"), "{err}");
 }
+
+/// Continuous batching with images: a request whose prompt holds both images is prefilled
+/// with them, its first token is transformers' greedy one at transformers' logprob, and its
+/// tokens and logprobs are the same bits alone and beside text requests joining at once.
+#[test]
+fn the_decode_loop_serves_a_prompt_with_images_alone_or_beside_text() {
+    use anneal_runtime::infer::Sampling;
+    use anneal_runtime::serving::{Request, Scheduler, SchedulerOptions};
+    let dir = fixture("tiny_qwen3_vl");
+    let (model, params) = model_for(&dir);
+    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+    let prompt = exp["vl_tokens"].to_vec::<i64>();
+    let logits = exp["vl_logits"].to_vec_f32();
+    let v = logits.len() / prompt.len();
+    let last = &logits[logits.len() - v..];
+    let greedy = (0..v).max_by(|&a, &b| last[a].total_cmp(&last[b])).unwrap();
+    let request = |prompt: Vec<i64>, images| Request {
+        prompt,
+        max_new: 4,
+        sampling: Sampling {
+            temperature: 0.0,
+            ..Sampling::default()
+        },
+        stop_tokens: vec![],
+        top_logprobs: 0,
+        images,
+    };
+    let sched = Scheduler::start(Arc::new(model), params, SchedulerOptions::default()).unwrap();
+    let with_images = request(prompt.clone(), Some(images(&exp)));
+    let alone = sched.complete(with_images.clone()).unwrap().generation;
+    assert_eq!(alone.tokens[0], greedy as i64);
+    let lse = anneal_engine::logsumexp(last);
+    let want = (last[greedy] as f64 - lse) as f32;
+    assert!(
+        (alone.logprobs[0] - want).abs() <= 1e-4,
+        "{} vs {want}",
+        alone.logprobs[0]
+    );
+    // The same prompt without its images is another sequence (the placeholders embed as text).
+    let blind = sched
+        .complete(request(prompt.clone(), None))
+        .unwrap()
+        .generation;
+    assert_ne!(blind.logprobs, alone.logprobs);
+    // Beside text requests of the prompt's length and another length, all joining at once.
+    let others = [
+        request(prompt.iter().map(|&t| t % 90).collect(), None),
+        request(vec![1, 2, 3], None),
+    ];
+    let rxs: Vec<_> = std::iter::once(with_images)
+        .chain(others)
+        .map(|r| sched.submit_channel(r).unwrap())
+        .collect();
+    let first: Vec<_> = rxs[0]
+        .iter()
+        .filter_map(|e| match e {
+            anneal_runtime::serving::Event::Token(t) => Some((t.id, t.logprob.to_bits())),
+            _ => None,
+        })
+        .collect();
+    let bits: Vec<_> = alone
+        .tokens
+        .iter()
+        .zip(&alone.logprobs)
+        .map(|(&t, lp)| (t, lp.to_bits()))
+        .collect();
+    assert_eq!(first, bits);
+    assert!(sched.stats().max_rows >= 2);
+}

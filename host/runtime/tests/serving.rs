@@ -32,6 +32,7 @@ fn request(prompt: Vec<i64>, max_new: usize, temperature: f32, seed: u64) -> Req
         },
         stop_tokens: vec![],
         top_logprobs: 0,
+        images: None,
     }
 }
 

@@ -8,7 +8,8 @@ Python that has them, e.g.:
 
 Writes `host/runtime/tests/fixtures/tiny_qwen3_vl/`: `config.json` and `model.safetensors` as
 `save_pretrained` writes them; `preprocessor_config.json` (`PROCESSOR`) and the two images as
-`image0.png` and `image1.png` (`write_inputs`, which needs only numpy and pillow); and
+`image0.png` and `image1.png` (`write_inputs`, which needs only numpy and pillow), and
+`huge.png`, a PNG whose header claims 20,000 × 20,000 pixels (for the pixel limit); and
 `expected.safetensors` holding
 - `pixel_values` (f32 [patches, C·t·p·p]) and `image_grid_thw` (i64 [2, 3]): the slow
   Qwen2-VL image processor's output for two generated images, a 64×32 one kept as it is and a
@@ -53,6 +54,20 @@ def write_inputs():
     for i, image in enumerate(images()):
         image.save(OUT / f"image{i}.png")
     (OUT / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n")
+    (OUT / "huge.png").write_bytes(huge_png())
+
+
+def huge_png():
+    """A valid PNG header claiming 20,000 × 20,000 RGB pixels, with a few bytes of data."""
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+            + chunk(b"IEND", b""))
 
 
 def main():

@@ -1,6 +1,7 @@
-//! A chat request's prompt: its messages rendered by the model's template and tokenized, on a
-//! blocking thread (a template is the model's code and may loop; the async workers must stay
-//! free to answer everyone else, `/api/health` included).
+//! A chat request's prompt: its messages rendered by the model's template and tokenized, and
+//! its images read and their placeholders expanded, on a blocking thread (a template is the
+//! model's code and may loop, and images take time to decode; the async workers must stay free
+//! to answer everyone else, `/api/health` included).
 //!
 //! At most [`Renders::new`]'s count of renders run at once (each holds a thread, and memory up
 //! to its fuel); a request that waits longer than a render's time limit for a turn is answered
@@ -8,9 +9,11 @@
 //! is cancelled when its request is dropped (the client went away) or waited on too long.
 
 use super::error::{OaiError, OaiResult};
+use super::generate::Prompt;
+use super::images;
 use super::models::ServedModel;
-use super::request;
-use super::template::{Message, TemplateError};
+use super::request::{self, ChatInput};
+use super::template::TemplateError;
 use axum::http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -43,12 +46,22 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// The prompt tokens of `messages` for `model`.
+/// The prompt of a chat request for `model`: tokens, and images when its messages hold some.
 pub async fn prompt(
     model: &Arc<ServedModel>,
-    messages: Vec<Message>,
+    chat: ChatInput,
     renders: &Renders,
-) -> OaiResult<Vec<i64>> {
+) -> OaiResult<Prompt> {
+    if let (Some(first), None) = (chat.images.first(), &model.vision) {
+        return Err(OaiError::invalid(
+            Some(&first.param),
+            format!(
+                "model `{}` reads no images: it is a text-only model (no preprocessor_config.json)",
+                model.id
+            ),
+        )
+        .with_code("images_not_supported"));
+    }
     let template = model
         .template
         .as_ref()
@@ -81,9 +94,20 @@ pub async fn prompt(
                 .as_ref()
                 .map_err(|e| OaiError::server(e.clone()))?;
             let text = template
-                .render_cancellable(&messages, &cancel)
+                .render_cancellable(&chat.messages, &cancel)
                 .map_err(template_error)?;
-            request::encode(&model, &text, "messages")
+            let tokens = request::encode(&model, &text, "messages")?;
+            match &model.vision {
+                Some(vision) if !chat.images.is_empty() => {
+                    let (tokens, images) = images::attach(vision, tokens, &chat.images)?;
+                    Ok(Prompt {
+                        tokens,
+                        images: Some(images),
+                        max_new: 0,
+                    })
+                }
+                _ => Ok(Prompt::text(tokens)),
+            }
         })
     };
     // The render checks its own clock whenever it writes and its fuel ends a silent loop; this

@@ -11,8 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-/// The largest request body `/v1` reads (a 413 beyond it).
+/// The largest request body `/v1` reads (a 413 beyond it), and the most text a chat request's
+/// messages may hold.
 pub const MAX_REQUEST_BYTES: usize = 2 << 20;
+
+/// The largest body of a chat request, whose images may take more than its text.
+pub const MAX_CHAT_REQUEST_BYTES: usize = 24 << 20;
 
 /// A failed OpenAI-compatible call.
 #[derive(Debug)]
@@ -159,9 +163,10 @@ pub async fn openai_errors(request: Request, next: Next) -> Response {
         Err(plain) => {
             let message = match plain.status {
                 StatusCode::PAYLOAD_TOO_LARGE => format!(
-                    "the request body is larger than {} bytes ({} MiB), the most this server reads",
+                    "the request body is larger than this server reads: {} bytes ({} MiB), or {} MiB for chat requests with images",
                     MAX_REQUEST_BYTES,
-                    MAX_REQUEST_BYTES >> 20
+                    MAX_REQUEST_BYTES >> 20,
+                    MAX_CHAT_REQUEST_BYTES >> 20
                 ),
                 _ => plain.message(),
             };

@@ -6,6 +6,7 @@ use super::models::ServedModel;
 use super::request::GenOptions;
 use super::text::TextStream;
 use anneal_runtime::infer::Sampling;
+use anneal_runtime::plugins::ImageInputs;
 use anneal_runtime::serving::{Event, Finish, Request, ServingError, Token};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -105,22 +106,44 @@ fn fresh_seed() -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
-/// Queues every choice of `prompts` (each with its token budget) on the model's decode loop.
+/// One prompt of a request: its tokens (image placeholders expanded), its images, and how
+/// many tokens it may get.
+pub struct Prompt {
+    /// The token ids.
+    pub tokens: Vec<i64>,
+    /// The images of its placeholder runs, in order.
+    pub images: Option<Arc<ImageInputs>>,
+    /// The most new tokens (set from the request and the context once the prompt is known).
+    pub max_new: usize,
+}
+
+impl Prompt {
+    /// A prompt of text tokens.
+    pub fn text(tokens: Vec<i64>) -> Prompt {
+        Prompt {
+            tokens,
+            images: None,
+            max_new: 0,
+        }
+    }
+}
+
+/// Queues every choice of `prompts` on the model's decode loop.
 pub fn start(
     model: Arc<ServedModel>,
-    prompts: Vec<(Vec<i64>, usize)>,
+    prompts: Vec<Prompt>,
     opts: GenOptions,
 ) -> OaiResult<Running> {
     let (tx, events) = unbounded_channel();
     let seed = opts.seed.unwrap_or_else(fresh_seed);
-    let prompt_tokens = prompts.iter().map(|(p, _)| p.len()).sum();
+    let prompt_tokens = prompts.iter().map(|p| p.tokens.len()).sum();
     let mut cancel = Vec::new();
-    for (p, (prompt, max_new)) in prompts.into_iter().enumerate() {
+    for (p, prompt) in prompts.into_iter().enumerate() {
         for j in 0..opts.n {
             let index = p * opts.n + j;
             let request = Request {
-                prompt: prompt.clone(),
-                max_new,
+                prompt: prompt.tokens.clone(),
+                max_new: prompt.max_new,
                 sampling: Sampling {
                     temperature: opts.temperature,
                     top_k: opts.top_k,
@@ -130,6 +153,7 @@ pub fn start(
                 },
                 stop_tokens: model.stop_ids.clone(),
                 top_logprobs: opts.logprobs.unwrap_or(0),
+                images: prompt.images.clone(),
             };
             let flag = Arc::new(AtomicBool::new(false));
             let (tx, stop) = (tx.clone(), flag.clone());

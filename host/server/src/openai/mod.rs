@@ -21,13 +21,14 @@
 mod chat;
 mod error;
 mod generate;
+mod images;
 pub mod models;
 mod request;
 mod responses;
 pub mod template;
 mod text;
 
-pub use error::{openai_errors, refusal, MAX_REQUEST_BYTES};
+pub use error::{openai_errors, refusal, MAX_CHAT_REQUEST_BYTES, MAX_REQUEST_BYTES};
 pub use models::{load_models, ModelError, ServedModel};
 
 use axum::body::Bytes;
@@ -75,7 +76,10 @@ pub fn routes(models: Vec<Arc<ServedModel>>, token: Option<String>) -> Router {
         .route("/models", get(list_models))
         .route("/models/{id}", get(show_model))
         .route("/completions", post(completions))
-        .route("/chat/completions", post(chat_completions))
+        .route(
+            "/chat/completions",
+            post(chat_completions).layer(DefaultBodyLimit::max(MAX_CHAT_REQUEST_BYTES)),
+        )
         .fallback(|| async { OaiError::no_route() })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(axum::middleware::from_fn_with_state(
@@ -150,21 +154,24 @@ async fn respond(state: &OpenAi, api: Api, bytes: &[u8]) -> OaiResult<Response> 
     let model = state.find(&name)?;
     let opts = GenOptions::parse(&body, api)?;
     let prompts = match api {
-        Api::Completions => request::completion_prompts(&body, &model)?,
+        Api::Completions => request::completion_prompts(&body, &model)?
+            .into_iter()
+            .map(generate::Prompt::text)
+            .collect(),
         Api::Chat => {
-            let messages = request::chat_messages(&body)?;
-            vec![chat::prompt(&model, messages, &state.renders).await?]
+            let chat = request::chat_messages(&body)?;
+            vec![chat::prompt(&model, chat, &state.renders).await?]
         }
     };
-    let budgets = prompts
+    let prompts = prompts
         .into_iter()
-        .map(|p| {
-            let budget = request::token_budget(p.len(), &model, &opts, api)?;
-            Ok((p, budget))
+        .map(|mut p| {
+            p.max_new = request::token_budget(p.tokens.len(), &model, &opts, api)?;
+            Ok(p)
         })
         .collect::<OaiResult<Vec<_>>>()?;
     let header = Header::new(api, &model.id);
-    let running = generate::start(model, budgets, opts.clone())?;
+    let running = generate::start(model, prompts, opts.clone())?;
     if opts.stream {
         return Ok(stream(header, running, opts));
     }

@@ -8,6 +8,7 @@
 //! `chat_template.jinja`, `generation_config.json`), run with the `llama` plugin and served
 //! under its folder name. Two models with one name are refused at startup.
 
+use super::images::Vision;
 use super::template::{special_token, ChatTemplate};
 use anneal_data::TextTokenizer;
 use anneal_runtime::serving::{Scheduler, SchedulerOptions};
@@ -33,6 +34,8 @@ pub struct ServedModel {
     pub stop_ids: Vec<i64>,
     /// The longest sequence (prompt + completion) the model takes.
     pub context: usize,
+    /// How it reads images; `None` for a text-only model.
+    pub vision: Option<Vision>,
 }
 
 /// Why `--model` paths could not be served.
@@ -142,6 +145,13 @@ fn load(path: &Path, id: String, options: &SchedulerOptions) -> Result<ServedMod
         eprintln!("warning: model {id}: {e}; chat completions are refused");
     }
     let stop_ids = stop_ids(&dir, &tokenizer);
+    // A vision model's processor sits beside its config (a Hugging Face directory) or its
+    // tokenizer (a run).
+    let vision = match Vision::load(&full).map_err(fail)? {
+        Some(v) => Some(v),
+        None if dir != full => Vision::load(&dir).map_err(fail)?,
+        None => None,
+    };
     let context = model.spec().max_seq_len;
     let scheduler = Scheduler::start(Arc::new(model), Arc::new(params), options.clone())
         .map_err(|e| fail(format!("cannot start its decode thread: {e}")))?;
@@ -157,6 +167,7 @@ fn load(path: &Path, id: String, options: &SchedulerOptions) -> Result<ServedMod
         template,
         stop_ids,
         context,
+        vision,
     })
 }
 

@@ -1,9 +1,10 @@
 //! Reading and checking request bodies: each field by name, so an error names the field
 //! (`param`) the way OpenAI's do, and every limit is checked before anything is queued.
 
-use super::error::{OaiError, OaiResult};
+use super::error::{OaiError, OaiResult, MAX_REQUEST_BYTES};
+use super::images::{ImageUrl, MAX_IMAGES};
 use super::models::ServedModel;
-use super::template::Message;
+use super::template::{Content, Message, Part};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -284,8 +285,18 @@ pub fn completion_prompts(body: &Body, model: &ServedModel) -> OaiResult<Vec<Vec
     Ok(prompts)
 }
 
-/// The chat messages of a request; `content` may be a string or a list of text parts.
-pub fn chat_messages(body: &Body) -> OaiResult<Vec<Message>> {
+/// The messages of a chat request and the images its parts carry, in order.
+pub struct ChatInput {
+    /// The messages as the template sees them.
+    pub messages: Vec<Message>,
+    /// The `image_url` parts, in the order the template meets them.
+    pub images: Vec<ImageUrl>,
+}
+
+/// The chat messages of a request; `content` may be a string or a list of parts: `text`, and
+/// `image_url` (`{"url": "data:image/png;base64,..."}`, as OpenAI's clients send images).
+/// A message with images shows the template its parts; others keep their text joined.
+pub fn chat_messages(body: &Body) -> OaiResult<ChatInput> {
     let list: Vec<Value> = body.require("messages")?;
     if list.is_empty() {
         return Err(OaiError::invalid(
@@ -293,37 +304,82 @@ pub fn chat_messages(body: &Body) -> OaiResult<Vec<Message>> {
             "`messages` must have at least one message",
         ));
     }
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let bad = |what: &str| OaiError::invalid(Some(&param), format!("`{param}`: {what}"));
-            let role = m
-                .get("role")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("needs a string `role`"))?;
-            let content = match m.get("content") {
-                None | Some(Value::Null) => String::new(),
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .map(|p| match p.get("type").and_then(Value::as_str) {
-                        Some("text") => p
-                            .get("text")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| bad("a text part needs `text`")),
-                        _ => Err(bad("only text content parts are supported")),
-                    })
-                    .collect::<OaiResult<Vec<_>>>()?
-                    .concat(),
-                Some(_) => return Err(bad("`content` must be a string or a list of parts")),
-            };
-            Ok(Message {
-                role: role.to_owned(),
-                content,
-            })
-        })
-        .collect()
+    let mut images = Vec::new();
+    let mut text_bytes = 0;
+    let mut messages = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let bad = |what: &str| OaiError::invalid(Some(&param), format!("`{param}`: {what}"));
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("needs a string `role`"))?;
+        let content = match m.get("content") {
+            None | Some(Value::Null) => Content::Text(String::new()),
+            Some(Value::String(s)) => Content::Text(s.clone()),
+            Some(Value::Array(items)) => {
+                let mut parts = Vec::with_capacity(items.len());
+                for (j, p) in items.iter().enumerate() {
+                    let param = format!("{param}.content[{j}]");
+                    let bad =
+                        |what: &str| OaiError::invalid(Some(&param), format!("`{param}`: {what}"));
+                    match p.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            let text = p
+                                .get("text")
+                                .and_then(Value::as_str)
+                                .ok_or_else(|| bad("a text part needs `text`"))?;
+                            parts.push(Part::Text { text: text.into() });
+                        }
+                        Some("image_url") => {
+                            let url = p.get("image_url").and_then(|u| match u {
+                                Value::String(s) => Some(s.as_str()),
+                                u => u.get("url")?.as_str(),
+                            });
+                            let url = url.ok_or_else(|| {
+                                bad("an image_url part needs `image_url: {\"url\": ...}`")
+                            })?;
+                            images.push(ImageUrl {
+                                param,
+                                url: url.into(),
+                            });
+                            parts.push(Part::Image);
+                        }
+                        _ => {
+                            return Err(bad("only text and image_url content parts are supported"))
+                        }
+                    }
+                }
+                if parts.contains(&Part::Image) {
+                    Content::Parts(parts)
+                } else {
+                    Content::Text(Content::Parts(parts).text())
+                }
+            }
+            Some(_) => return Err(bad("`content` must be a string or a list of parts")),
+        };
+        text_bytes += content.text().len();
+        messages.push(Message {
+            role: role.to_owned(),
+            content,
+        });
+    }
+    if text_bytes > MAX_REQUEST_BYTES {
+        return Err(OaiError::invalid(
+            Some("messages"),
+            format!("the messages hold more than {MAX_REQUEST_BYTES} bytes of text"),
+        ));
+    }
+    if images.len() > MAX_IMAGES {
+        return Err(OaiError::invalid(
+            Some("messages"),
+            format!(
+                "the messages hold {} images; at most {MAX_IMAGES} per request",
+                images.len()
+            ),
+        ));
+    }
+    Ok(ChatInput { messages, images })
 }
 
 /// Token ids of `text` with the model's tokenizer.

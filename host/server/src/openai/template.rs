@@ -28,8 +28,62 @@ use std::time::{Duration, Instant};
 pub struct Message {
     /// `system`, `user`, `assistant`, ...
     pub role: String,
-    /// The text (content parts already joined).
-    pub content: String,
+    /// Its text, or its parts when it holds images.
+    pub content: Content,
+}
+
+/// A message's content as the template sees it: a string (text parts already joined), or, for
+/// a message holding images, the list of parts Hugging Face's vision templates take:
+/// `{"type": "text", "text": ...}` and `{"type": "image"}` (the image itself is kept apart; the
+/// template only places its placeholder).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// The text.
+    Text(String),
+    /// Text and image parts in order.
+    Parts(Vec<Part>),
+}
+
+/// One part of a [`Content::Parts`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Part {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image's place.
+    Image,
+}
+
+impl Content {
+    /// The text parts joined (what a template without image support, or the fallback, shows).
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(t) => t.clone(),
+            Content::Parts(parts) => parts
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Text { text } => Some(text.as_str()),
+                    Part::Image => None,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<&str> for Content {
+    fn from(text: &str) -> Content {
+        Content::Text(text.to_owned())
+    }
+}
+
+impl From<String> for Content {
+    fn from(text: String) -> Content {
+        Content::Text(text)
+    }
 }
 
 /// Why a template could not be read or rendered.
@@ -223,7 +277,7 @@ impl ChatTemplate {
         let Some(env) = &self.env else {
             let mut out: String = messages
                 .iter()
-                .map(|m| format!("{}: {}\n", m.role, m.content))
+                .map(|m| format!("{}: {}\n", m.role, m.content.text()))
                 .collect();
             out.push_str("assistant:");
             return Ok(out);
@@ -405,13 +459,41 @@ mod tests {
     /// A ChatML template in the style of Qwen's (a system default, a branch per role).
     const CHATML: &str = "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or message.role == 'assistant' %}{{- '<|im_start|>' + message.role + '\\n' + message.content.strip() + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
+    /// Image parts reach the template as Hugging Face's vision templates expect them, in the
+    /// style of Qwen-VL's: a string content stays a string, and parts keep their order.
+    #[test]
+    fn image_parts_reach_the_template_as_typed_parts() {
+        let src = "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}{%- if message.content is string %}{{- message.content }}{%- else %}{%- for part in message.content %}{%- if part.type == 'image' or 'image' in part %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}{%- elif 'text' in part %}{{- part.text }}{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}{{- '<|im_start|>assistant\\n' }}";
+        let t = ChatTemplate::new(Some(src.into()), None, None).unwrap();
+        let messages = vec![
+            msgs()[0].clone(),
+            Message {
+                role: "user".into(),
+                content: Content::Parts(vec![
+                    Part::Image,
+                    Part::Text {
+                        text: "What is this?".into(),
+                    },
+                    Part::Image,
+                ]),
+            },
+        ];
+        assert_eq!(
+            t.render(&messages).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n<|im_start|>assistant\n"
+        );
+        // The fallback shows the text parts.
+        let plain = ChatTemplate::fallback().render(&messages[1..]).unwrap();
+        assert_eq!(plain, "user: What is this?\nassistant:");
+    }
+
     #[test]
     fn a_real_template_renders_a_full_size_request_within_the_limits() {
         // 2 MiB of messages, the most a request body holds.
         let many: Vec<Message> = (0..2048)
             .map(|i| Message {
                 role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
-                content: "x".repeat(1000),
+                content: "x".repeat(1000).into(),
             })
             .collect();
         let t = ChatTemplate::new(Some(CHATML.into()), None, None).unwrap();
