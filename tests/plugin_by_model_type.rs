@@ -97,7 +97,7 @@ fn inference_picks_the_plugin_by_model_type_and_refuses_unknown_types() {
     let line = error_line(&logprobs(&unserved, &[]), 2);
     assert!(
         line.contains("model_type 'falcon_h1'")
-            && line.contains("llama (llama, qwen3, qwen3_moe, mixtral, qwen3_vl)")
+            && line.contains("llama (llama, qwen3, qwen3_moe, mixtral, qwen3_vl, qwen3_vl_moe)")
             && line.contains("gpt_oss (gpt_oss)"),
         "{line}"
     );

@@ -9,7 +9,10 @@ use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::hf;
 use anneal_runtime::plugins::{ForwardOpts, KvCache, PluginModel};
-use common::{assert_decode_follows, fixture, max_abs_diff, model_for, plugin, positions};
+use common::{
+    assert_decode_follows, assert_gradients_match, fixture, leaves, max_abs_diff, model_for,
+    next_token_loss, plugin, positions,
+};
 use std::sync::Arc;
 
 /// Every fixture with a transformers reference.
@@ -298,18 +301,13 @@ fn missing_weights_are_named() {
 
 #[test]
 fn loss_and_every_gradient_match_transformers() {
-    use anneal_engine::ops::{cross_entropy, CrossEntropy};
     for name in FIXTURES {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
         let tokens = &exp["tokens"];
-        let (b, t) = (tokens.shape()[0], tokens.shape()[1]);
-        let leaves: std::collections::HashMap<String, Tensor> = params
-            .iter()
-            .map(|(k, v)| (k.clone(), v.detach().requires_grad_()))
-            .collect();
-        let leaves = Arc::new(leaves);
+        let t = tokens.shape()[1];
+        let leaves = leaves(&params);
         let opts = ForwardOpts {
             training: true,
             ..Default::default()
@@ -317,20 +315,7 @@ fn loss_and_every_gradient_match_transformers() {
         let logits = model
             .forward(&leaves, tokens, &positions(0, t), &opts)
             .unwrap();
-        let v = logits.shape()[2];
-        let inputs = logits
-            .narrow(1, 0, t - 1)
-            .unwrap()
-            .reshape(&[b * (t - 1), v])
-            .unwrap();
-        let targets = tokens
-            .narrow(1, 1, t - 1)
-            .unwrap()
-            .contiguous()
-            .unwrap()
-            .reshape(&[b * (t - 1)])
-            .unwrap();
-        let loss = cross_entropy(&inputs, &targets, &CrossEntropy::default()).unwrap();
+        let loss = next_token_loss(&logits, tokens);
         let want = exp["loss"].to_vec_f32()[0];
         assert!(
             (loss.item().unwrap() - want).abs() <= 1e-5,
@@ -342,28 +327,7 @@ fn loss_and_every_gradient_match_transformers() {
             (loss.item().unwrap() - want).abs()
         );
         loss.backward().unwrap();
-        let mut worst = 0f32;
-        // transformers' gradients under the checkpoint's names, mapped onto our parameters as
-        // the weights are (per-expert tensors stacked, fused ones split, transposes).
-        let hf_grads: std::collections::HashMap<String, Tensor> = exp
-            .iter()
-            .filter_map(|(k, v)| Some((k.strip_prefix("grad.")?.to_string(), v.clone())))
-            .collect();
-        // Buffers (DeepSeek-V3's routing bias) take no gradient.
-        let mut trained = model.spec().clone();
-        trained.params.retain(|p| p.trainable);
-        let want = hf::params_from_tensors(&dir, &hf_grads, &trained).unwrap();
-        for (ours, leaf) in leaves.iter().filter(|(n, _)| want.contains_key(*n)) {
-            let g = leaf.grad().unwrap().to_vec_f32();
-            let w = want[ours].to_vec_f32();
-            let scale = w.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
-            let rel = max_abs_diff(&g, &w) / scale;
-            worst = worst.max(rel);
-            assert!(
-                rel <= 1e-4,
-                "{name}: gradient of {ours}: relative difference {rel}"
-            );
-        }
+        let (worst, _) = assert_gradients_match(name, &dir, &model, &leaves, &exp, 1e-4);
         println!("{name}: worst relative gradient difference {worst:e}");
     }
 }

@@ -282,6 +282,8 @@ fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
         ("qwen3", "llama"),
         ("qwen3_moe", "llama"),
         ("mixtral", "llama"),
+        ("qwen3_vl", "llama"),
+        ("qwen3_vl_moe", "llama"),
         ("gpt_oss", "gpt_oss"),
         ("deepseek_v3", "deepseek_v3"),
         ("kimi_k2", "deepseek_v3"),
@@ -296,7 +298,7 @@ fn model_plugins_are_found_by_the_hugging_face_model_types_they_declare() {
     let msg = err.to_string();
     assert!(
         msg.contains("'falcon_h1'")
-            && msg.contains("llama (llama, qwen3, qwen3_moe, mixtral, qwen3_vl)"),
+            && msg.contains("llama (llama, qwen3, qwen3_moe, mixtral, qwen3_vl, qwen3_vl_moe)"),
         "{msg}"
     );
 }

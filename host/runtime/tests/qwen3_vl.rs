@@ -2,19 +2,26 @@
 //! vision tower's merged image embeddings and DeepStack features for two images of different
 //! sizes (one resized by the processor), reached through the `embed` stage with every token a
 //! placeholder; the logits of a text prompt and of a prompt holding both images (3-D MRoPE
-//! positions, features in the placeholders, DeepStack); decode after an image prompt against
-//! the full forward; images the model cannot place are refused.
+//! positions, features in the placeholders, DeepStack); the loss of that prompt and every
+//! gradient, the vision tower's included; export and import back; decode after an image prompt
+//! against the full forward; images the model cannot place are refused.
 
 mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::{ForwardOpts, ImageInputs, KvCache};
-use common::{assert_decode_follows, fixture, max_abs_diff, model_for, positions};
+use common::{
+    assert_decode_follows, assert_gradients_match, fixture, leaves, max_abs_diff, model_for,
+    next_token_loss, positions,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const IMAGE_TOKEN: i64 = 90;
+
+/// The dense model and the MoE one (fused expert tensors), each with its own expectations.
+const FIXTURES: [&str; 2] = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe"];
 
 fn images(exp: &BTreeMap<String, Tensor>) -> Arc<ImageInputs> {
     let grid: Vec<i64> = exp["image_grid_thw"]
@@ -88,42 +95,158 @@ fn vision_tower_matches_transformers() {
 
 #[test]
 fn text_logits_match_transformers() {
-    let dir = fixture("tiny_qwen3_vl");
-    let (model, params) = model_for(&dir);
-    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
-    let tokens = &exp["tokens"];
-    let t = tokens.shape()[1];
-    let logits = model
-        .forward(&params, tokens, &positions(0, t), &ForwardOpts::default())
-        .unwrap();
-    let d = max_abs_diff(&logits.to_vec_f32(), &exp["logits"].to_vec_f32());
-    println!("text logits: max |difference| {d:e}");
-    assert!(d <= 1e-4, "max |logit difference| {d}");
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let tokens = &exp["tokens"];
+        let t = tokens.shape()[1];
+        let logits = model
+            .forward(&params, tokens, &positions(0, t), &ForwardOpts::default())
+            .unwrap();
+        let d = max_abs_diff(&logits.to_vec_f32(), &exp["logits"].to_vec_f32());
+        println!("{name}: text logits: max |difference| {d:e}");
+        assert!(d <= 1e-4, "{name}: max |logit difference| {d}");
+    }
 }
 
 #[test]
 fn logits_with_images_match_transformers() {
-    let dir = fixture("tiny_qwen3_vl");
-    let (model, params) = model_for(&dir);
-    let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
-    let tokens = &exp["vl_tokens"];
-    let t = tokens.shape()[1];
-    let opts = ForwardOpts {
-        images: Some(images(&exp)),
-        ..Default::default()
-    };
-    let logits = model
-        .forward(&params, tokens, &positions(0, t), &opts)
-        .unwrap();
-    assert_eq!(logits.shape(), exp["vl_logits"].shape());
-    let d = max_abs_diff(&logits.to_vec_f32(), &exp["vl_logits"].to_vec_f32());
-    println!("logits with images: max |difference| {d:e}");
-    assert!(d <= 1e-4, "max |logit difference| {d}");
-    // Without the images the same prompt gives other logits: the features reach the model.
-    let plain = model
-        .forward(&params, tokens, &positions(0, t), &ForwardOpts::default())
-        .unwrap();
-    assert!(max_abs_diff(&plain.to_vec_f32(), &exp["vl_logits"].to_vec_f32()) > 1e-2);
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let tokens = &exp["vl_tokens"];
+        let t = tokens.shape()[1];
+        let opts = ForwardOpts {
+            images: Some(images(&exp)),
+            ..Default::default()
+        };
+        let logits = model
+            .forward(&params, tokens, &positions(0, t), &opts)
+            .unwrap();
+        assert_eq!(logits.shape(), exp["vl_logits"].shape());
+        let d = max_abs_diff(&logits.to_vec_f32(), &exp["vl_logits"].to_vec_f32());
+        println!("{name}: logits with images: max |difference| {d:e}");
+        assert!(d <= 1e-4, "{name}: max |logit difference| {d}");
+        // Without the images the same prompt gives other logits: the features reach the model.
+        let plain = model
+            .forward(&params, tokens, &positions(0, t), &ForwardOpts::default())
+            .unwrap();
+        assert!(max_abs_diff(&plain.to_vec_f32(), &exp["vl_logits"].to_vec_f32()) > 1e-2);
+    }
+}
+
+/// The mean next-token loss of the prompt with both images, and its gradient for every
+/// parameter (the vision tower, the mergers and the text decoder), against transformers'
+/// (`grads.safetensors`, written by `make_vl_fixture.py --grads`).
+#[test]
+fn loss_and_every_gradient_with_images_match_transformers() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let grads = load_safetensors(dir.join("grads.safetensors")).unwrap();
+        let tokens = &exp["vl_tokens"];
+        let leaves = leaves(&params);
+        let opts = ForwardOpts {
+            images: Some(images(&exp)),
+            training: true,
+            ..Default::default()
+        };
+        let logits = model
+            .forward(&leaves, tokens, &positions(0, tokens.shape()[1]), &opts)
+            .unwrap();
+        let loss = next_token_loss(&logits, tokens);
+        let (ours, want) = (loss.item().unwrap(), grads["vl_loss"].to_vec_f32()[0]);
+        assert!((ours - want).abs() <= 1e-5, "{name}: loss {ours} vs {want}");
+        loss.backward().unwrap();
+        let (worst, compared) = assert_gradients_match(name, &dir, &model, &leaves, &grads, 1e-4);
+        // Every parameter has its reference, the vision tower's and the experts' included.
+        let trainable = model.spec().params.iter().filter(|p| p.trainable).count();
+        assert_eq!(compared, trainable, "{name}");
+        println!(
+            "{name}: |loss difference| {:e}, worst relative gradient difference {worst:e}",
+            (ours - want).abs()
+        );
+    }
+}
+
+/// Export writes a checkpoint that imports back to the same tensors (the MoE model's experts
+/// fused again), with the vision config and the image tokens transformers needs;
+/// `ANNEAL_VL_EXPORT=DIR` keeps each under `DIR/<fixture>` for
+/// `tests/reference/check_vl_export.py`, which reloads it in transformers.
+#[test]
+fn export_imports_back_with_its_vision_config() {
+    for name in FIXTURES {
+        let dir = fixture(name);
+        let (model, params) = model_for(&dir);
+        let keep =
+            std::env::var_os("ANNEAL_VL_EXPORT").map(|d| std::path::PathBuf::from(d).join(name));
+        let out = keep.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("anneal-vl-export-{name}-{}", std::process::id()))
+        });
+        anneal_runtime::hf::export(&out, model.spec(), &params, None).unwrap();
+        let back = anneal_runtime::hf::load_params(&out, model.spec()).unwrap();
+        assert_eq!(back.len(), params.len());
+        for (k, v) in params.iter() {
+            assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{name}: {k}");
+        }
+        // The same tensor names and shapes as transformers' checkpoint.
+        let ours = anneal_runtime::hf::read_tensors(&out).unwrap();
+        let theirs = anneal_runtime::hf::read_tensors(&dir).unwrap();
+        let shapes = |t: &std::collections::HashMap<String, Tensor>| {
+            let mut v: Vec<(String, Vec<usize>)> = t
+                .iter()
+                .map(|(k, t)| (k.clone(), t.shape().to_vec()))
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(shapes(&ours), shapes(&theirs), "{name}");
+        let cfg = anneal_runtime::hf::read_config(&out).unwrap();
+        let orig = anneal_runtime::hf::read_config(&dir).unwrap();
+        for key in [
+            "model_type",
+            "image_token_id",
+            "video_token_id",
+            "vision_start_token_id",
+            "vision_end_token_id",
+            "tie_word_embeddings",
+        ] {
+            assert_eq!(cfg[key], orig[key], "{name}: {key}");
+        }
+        for key in [
+            "depth",
+            "hidden_size",
+            "num_heads",
+            "intermediate_size",
+            "out_hidden_size",
+            "patch_size",
+            "temporal_patch_size",
+            "spatial_merge_size",
+            "num_position_embeddings",
+            "deepstack_visual_indexes",
+        ] {
+            assert_eq!(
+                cfg["vision_config"][key], orig["vision_config"][key],
+                "{name}: vision_config.{key}"
+            );
+        }
+        for key in ["model_type", "num_experts_per_tok", "moe_intermediate_size"] {
+            assert_eq!(
+                cfg["text_config"][key], orig["text_config"][key],
+                "{name}: text_config.{key}"
+            );
+        }
+        assert_eq!(
+            cfg["text_config"]["rope_parameters"]["mrope_section"],
+            orig["text_config"]["rope_parameters"]["mrope_section"]
+        );
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&out);
+        }
+    }
 }
 
 #[test]

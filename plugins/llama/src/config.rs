@@ -373,7 +373,7 @@ pub const FLAVORS: &[&str] = &[
 pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
     let f = HfConfig::new(c);
     let model_type = f.str("model_type")?.unwrap_or("llama").to_string();
-    if model_type == "qwen3_vl" {
+    if model_type == "qwen3_vl" || model_type == "qwen3_vl_moe" {
         return crate::vl::from_hf_config(c);
     }
     if !matches!(
@@ -381,7 +381,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         "llama" | "qwen3" | "qwen3_moe" | "mixtral"
     ) {
         return Err(format!(
-            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3, qwen3_moe, mixtral, qwen3_vl)"
+            "config.json: model_type '{model_type}' is not served by this plugin (llama, qwen3, qwen3_moe, mixtral, qwen3_vl, qwen3_vl_moe)"
         ));
     }
     let mixtral = model_type == "mixtral";

@@ -55,7 +55,7 @@ pub fn adapter(a: &LlamaArgs) -> HfAdapter {
         config["num_experts_per_tok"] = json!(m.top_k);
         config["router_aux_loss_coef"] = json!(m.aux_loss_coef);
         config["output_router_logits"] = json!(m.aux_loss_coef > 0.0);
-        if a.hf_model_type == "qwen3_moe" {
+        if matches!(a.hf_model_type.as_str(), "qwen3_moe" | "qwen3_vl_moe") {
             config["num_experts"] = json!(m.n_experts);
             config["moe_intermediate_size"] = json!(m.expert_ffn_dim);
             config["norm_topk_prob"] = json!(m.norm_topk_prob);

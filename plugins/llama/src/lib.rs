@@ -30,7 +30,7 @@ impl Factory for Llama {
     }
 }
 
-anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe", "mixtral", "qwen3_vl"], description = "Llama 3 / Qwen3 / Qwen3-MoE / Mixtral / Qwen3-VL decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm; Qwen3-VL's vision tower)");
+anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe", "mixtral", "qwen3_vl", "qwen3_vl_moe"], description = "Llama 3 / Qwen3 / Qwen3-MoE / Mixtral / Qwen3-VL (dense and MoE) decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm; Qwen3-VL's vision tower)");
 
 #[cfg(test)]
 mod tests {

@@ -155,11 +155,11 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                         // Stacked `[expert, out, in]` linears: tensor parallelism splits each
                         // expert's gate / up by outputs and its down by inputs.
                         let mut experts =
-                            |name: &str, shape: [usize; 3], std: f64, hf: &str, col: bool| {
+                            |name: &str, shape: [usize; 3], std: f64, hf: HfMap, col: bool| {
                                 let decl = Decl::new(name, shape)
                                     .trunc_normal(std)
                                     .expert_dim(0)
-                                    .hf(HfMap::stack(hf, e));
+                                    .hf(hf);
                                 l.add(if col { decl.column() } else { decl.row() })
                             };
                         FeedForward::Experts {
@@ -167,21 +167,21 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                                 "feed_forward.experts.w1",
                                 [e, ef, d],
                                 std,
-                                names.gate,
+                                names.expert(0, e),
                                 true,
                             ),
                             w3: experts(
                                 "feed_forward.experts.w3",
                                 [e, ef, d],
                                 depth_std,
-                                names.up,
+                                names.expert(1, e),
                                 true,
                             ),
                             w2: experts(
                                 "feed_forward.experts.w2",
                                 [e, d, ef],
                                 depth_std,
-                                names.down,
+                                names.expert(2, e),
                                 false,
                             ),
                             router: l.add(
@@ -228,14 +228,15 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
     (params, specs)
 }
 
-/// Where a model type keeps its router and experts in a Hugging Face checkpoint (`{e}`: the
-/// expert's index).
+/// Where a model type keeps its router and experts in a Hugging Face checkpoint: one tensor
+/// per expert (`{e}`: the expert's index) of gate, up and down, or (`fused`) all experts in two
+/// tensors, `gate_up_proj [E, 2·F, D]` (gate rows, then up rows) and `down_proj [E, D, F]`, as
+/// transformers 5 keeps Qwen3-VL-MoE's.
 struct ExpertNames {
     router: &'static str,
     balance_bias: &'static str,
-    gate: &'static str,
-    up: &'static str,
-    down: &'static str,
+    per_expert: [&'static str; 3],
+    fused: bool,
 }
 
 impl ExpertNames {
@@ -244,17 +245,32 @@ impl ExpertNames {
             "mixtral" => ExpertNames {
                 router: "block_sparse_moe.gate.weight",
                 balance_bias: "block_sparse_moe.gate.e_score_correction_bias",
-                gate: "block_sparse_moe.experts.{e}.w1.weight",
-                up: "block_sparse_moe.experts.{e}.w3.weight",
-                down: "block_sparse_moe.experts.{e}.w2.weight",
+                per_expert: [
+                    "block_sparse_moe.experts.{e}.w1.weight",
+                    "block_sparse_moe.experts.{e}.w3.weight",
+                    "block_sparse_moe.experts.{e}.w2.weight",
+                ],
+                fused: false,
             },
-            _ => ExpertNames {
+            other => ExpertNames {
                 router: "mlp.gate.weight",
                 balance_bias: "mlp.gate.e_score_correction_bias",
-                gate: "mlp.experts.{e}.gate_proj.weight",
-                up: "mlp.experts.{e}.up_proj.weight",
-                down: "mlp.experts.{e}.down_proj.weight",
+                per_expert: [
+                    "mlp.experts.{e}.gate_proj.weight",
+                    "mlp.experts.{e}.up_proj.weight",
+                    "mlp.experts.{e}.down_proj.weight",
+                ],
+                fused: other == "qwen3_vl_moe",
             },
+        }
+    }
+
+    /// The stacked gate (`which` 0), up (1) or down (2) projections of `n` experts.
+    fn expert(&self, which: usize, n: usize) -> HfMap {
+        match (self.fused, which) {
+            (false, _) => HfMap::stack(self.per_expert[which], n),
+            (true, 2) => HfMap::one("mlp.experts.down_proj"),
+            (true, part) => HfMap::one("mlp.experts.gate_up_proj").part(1, part, 2, false),
         }
     }
 }

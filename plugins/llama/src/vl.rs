@@ -1,5 +1,6 @@
-//! Qwen3-VL (`qwen3_vl`, transformers' `Qwen3VLForConditionalGeneration`): the Qwen3 decoder
-//! with the vision tower of [`anneal_plugin_api::sdk::vision`]. The `embed` stage runs the tower
+//! Qwen3-VL (`qwen3_vl`, transformers' `Qwen3VLForConditionalGeneration`; and `qwen3_vl_moe`,
+//! whose decoder is Qwen3-MoE's with fused expert tensors): the Qwen3 decoder with the vision
+//! tower of [`anneal_plugin_api::sdk::vision`]. The `embed` stage runs the tower
 //! on the forward's images and puts the merged embeddings into the image placeholder tokens;
 //! the DeepStack features travel beside the hidden state, each added to the placeholder
 //! positions after one of the first blocks.
@@ -26,6 +27,16 @@ pub struct VlArgs {
     /// positions (`rope_parameters.mrope_section`), kept for export.
     #[serde(default)]
     pub mrope_section: Vec<usize>,
+    /// The video placeholder and the tokens around each image or video, kept for export
+    /// (processors and chat templates read them from `config.json`).
+    #[serde(default)]
+    pub video_token_id: Option<usize>,
+    /// See `video_token_id`.
+    #[serde(default)]
+    pub vision_start_token_id: Option<usize>,
+    /// See `video_token_id`.
+    #[serde(default)]
+    pub vision_end_token_id: Option<usize>,
 }
 
 impl VlArgs {
@@ -65,22 +76,33 @@ impl VlArgs {
     }
 }
 
-/// The arguments of a `qwen3_vl` `config.json`: its `text_config` read as Qwen3's, its
+/// The arguments of a `qwen3_vl` or `qwen3_vl_moe` `config.json`: its `text_config` read as
+/// Qwen3's or Qwen3-MoE's (whose router always renormalises its top-k weights), its
 /// `vision_config` and `image_token_id`.
 pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
     let f = HfConfig::new(c);
+    let model_type = f.str("model_type")?.unwrap_or("qwen3_vl").to_string();
+    let moe = model_type == "qwen3_vl_moe";
     let mut text = f
         .get("text_config")
         .filter(|t| t.is_object())
-        .ok_or("config.json: qwen3_vl needs a 'text_config' object")?
+        .ok_or_else(|| format!("config.json: {model_type} needs a 'text_config' object"))?
         .clone();
-    text["model_type"] = "qwen3".into();
-    if text.get("tie_word_embeddings").is_none() {
-        text["tie_word_embeddings"] = f.bool("tie_word_embeddings")?.unwrap_or(false).into();
+    text["model_type"] = if moe { "qwen3_moe" } else { "qwen3" }.into();
+    if moe {
+        text["norm_topk_prob"] = true.into();
+    }
+    // The model's own flag decides (transformers' text configs carry a default of their own).
+    match f.bool("tie_word_embeddings")? {
+        Some(tie) => text["tie_word_embeddings"] = tie.into(),
+        None if text.get("tie_word_embeddings").is_none() => {
+            text["tie_word_embeddings"] = false.into()
+        }
+        None => {}
     }
     let mut args = crate::config::from_hf_config(&text)
         .map_err(|e| e.replacen("config.json: ", "config.json: text_config: ", 1))?;
-    args.hf_model_type = "qwen3_vl".into();
+    args.hf_model_type = model_type;
     let tf = HfConfig::new(&text);
     let mrope_section = match tf.get("rope_parameters").or(tf.get("rope_scaling")) {
         Some(_) => {
@@ -103,6 +125,9 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         vision: VisionArgs::from_hf(&f.object("vision_config")?)?,
         image_token_id: f.need_uint("image_token_id")?,
         mrope_section,
+        video_token_id: f.uint("video_token_id")?,
+        vision_start_token_id: f.uint("vision_start_token_id")?,
+        vision_end_token_id: f.uint("vision_end_token_id")?,
     };
     vl.validate(&args)
         .map_err(|e| format!("config.json: {e}"))?;
@@ -210,7 +235,7 @@ pub fn add_deepstack<'h>(
     Ok(hidden)
 }
 
-/// The `config.json` of a Qwen3-VL export: `text` (the Qwen3 decoder's keys) as its
+/// The `config.json` of a Qwen3-VL (or Qwen3-VL-MoE) export: `text` (the decoder's keys) as its
 /// `text_config`, the tower as its `vision_config`.
 pub fn hf_config(mut text: serde_json::Value, a: &LlamaArgs, vl: &VlArgs) -> serde_json::Value {
     use serde_json::json;
@@ -226,7 +251,13 @@ pub fn hf_config(mut text: serde_json::Value, a: &LlamaArgs, vl: &VlArgs) -> ser
             o.remove(k);
         }
     }
-    text["model_type"] = json!("qwen3_vl_text");
+    let moe = a.hf_model_type == "qwen3_vl_moe";
+    let (model_type, architecture) = if moe {
+        ("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration")
+    } else {
+        ("qwen3_vl", "Qwen3VLForConditionalGeneration")
+    };
+    text["model_type"] = json!(format!("{model_type}_text"));
     text["rope_parameters"] = json!({
         "rope_type": "default",
         "rope_theta": a.rope_theta,
@@ -235,14 +266,17 @@ pub fn hf_config(mut text: serde_json::Value, a: &LlamaArgs, vl: &VlArgs) -> ser
     });
     let v = &vl.vision;
     json!({
-        "model_type": "qwen3_vl",
-        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "model_type": model_type,
+        "architectures": [architecture],
         "image_token_id": vl.image_token_id,
+        "video_token_id": vl.video_token_id,
+        "vision_start_token_id": vl.vision_start_token_id,
+        "vision_end_token_id": vl.vision_end_token_id,
         "tie_word_embeddings": tie,
         "torch_dtype": torch_dtype,
         "text_config": text,
         "vision_config": {
-            "model_type": "qwen3_vl_vision",
+            "model_type": format!("{model_type}_vision"),
             "depth": v.depth,
             "hidden_size": v.hidden_size,
             "num_heads": v.num_heads,

@@ -84,3 +84,71 @@ pub fn assert_decode_follows(
         assert!(d < tol, "position {pos}: max |logit difference| {d}");
     }
 }
+
+/// Every parameter of `params` as a fresh leaf that takes a gradient.
+pub fn leaves(params: &HashMap<String, Tensor>) -> Arc<HashMap<String, Tensor>> {
+    Arc::new(
+        params
+            .iter()
+            .map(|(k, v)| (k.clone(), v.detach().requires_grad_()))
+            .collect(),
+    )
+}
+
+/// The mean next-token cross-entropy of `logits` (`[B, T, V]`) on `tokens` (`[B, T]`), as
+/// PyTorch's `cross_entropy` of the shifted rows.
+pub fn next_token_loss(logits: &Tensor, tokens: &Tensor) -> Tensor {
+    use anneal_engine::ops::{cross_entropy, CrossEntropy};
+    let (b, t, v) = (tokens.shape()[0], tokens.shape()[1], logits.shape()[2]);
+    let inputs = logits
+        .narrow(1, 0, t - 1)
+        .unwrap()
+        .reshape(&[b * (t - 1), v])
+        .unwrap();
+    let targets = tokens
+        .narrow(1, 1, t - 1)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .reshape(&[b * (t - 1)])
+        .unwrap();
+    cross_entropy(&inputs, &targets, &CrossEntropy::default()).unwrap()
+}
+
+/// Asserts that every trainable parameter's gradient in `leaves` is within `tol` (relative to
+/// the reference's largest magnitude) of transformers' `grad.<checkpoint name>` tensors in
+/// `reference`, mapped onto our parameters as the checkpoint's weights are (per-expert tensors
+/// stacked, fused ones split, transposes). Returns the worst relative difference and how many
+/// parameters were compared.
+pub fn assert_gradients_match(
+    name: &str,
+    dir: &Path,
+    model: &PluginModel,
+    leaves: &HashMap<String, Tensor>,
+    reference: &std::collections::BTreeMap<String, Tensor>,
+    tol: f32,
+) -> (f32, usize) {
+    let hf_grads: HashMap<String, Tensor> = reference
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("grad.")?.to_string(), v.clone())))
+        .collect();
+    // Buffers (DeepSeek-V3's routing bias) take no gradient.
+    let mut trained = model.spec().clone();
+    trained.params.retain(|p| p.trainable);
+    let want = hf::params_from_tensors(dir, &hf_grads, &trained).unwrap();
+    assert!(!want.is_empty(), "{name}: no reference gradients");
+    let (mut worst, mut compared) = (0f32, 0);
+    for (ours, leaf) in leaves.iter().filter(|(n, _)| want.contains_key(*n)) {
+        compared += 1;
+        let g = leaf.grad().unwrap().to_vec_f32();
+        let w = want[ours].to_vec_f32();
+        let scale = w.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+        let rel = max_abs_diff(&g, &w) / scale;
+        worst = worst.max(rel);
+        assert!(
+            rel <= tol,
+            "{name}: gradient of {ours}: relative difference {rel}"
+        );
+    }
+    (worst, compared)
+}

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Writes a tiny random Qwen3-VL model and the outputs of its vision tower for the plugin tests.
+"""Writes tiny random Qwen3-VL and Qwen3-VL-MoE models and their outputs for the plugin tests.
 
 Needs torch, safetensors, transformers (5.x) and pillow; run from the repository root with a
 Python that has them, e.g.:
 
-    python host/runtime/tests/reference/make_vl_fixture.py
+    python host/runtime/tests/reference/make_vl_fixture.py           # everything
+    python host/runtime/tests/reference/make_vl_fixture.py --grads   # only tiny_qwen3_vl's grads
+    python host/runtime/tests/reference/make_vl_fixture.py --moe     # only tiny_qwen3_vl_moe
 
 Writes `host/runtime/tests/fixtures/tiny_qwen3_vl/`: `config.json` and `model.safetensors` as
 `save_pretrained` writes them; `preprocessor_config.json` (`PROCESSOR`) and the two images as
@@ -19,7 +21,11 @@ Writes `host/runtime/tests/fixtures/tiny_qwen3_vl/`: `config.json` and `model.sa
 - `tokens` / `logits`: a text-only prompt and the full model's logits;
 - `vl_tokens` / `vl_logits` / `vl_positions`: a prompt holding both images (2 and 4 placeholder
   tokens, each between vision start and end tokens), the logits with the images, and
-  `get_rope_index`'s 3-D positions (i64 [3, 1, T]).
+  `get_rope_index`'s 3-D positions (i64 [3, 1, T]);
+
+and `grads.safetensors` (`write_grads`). `tiny_qwen3_vl_moe/` holds the same for a Qwen3-VL-MoE
+model (4 experts, top 2, fused `gate_up_proj` / `down_proj` expert tensors), with its processor
+config beside it; its images are `tiny_qwen3_vl/`'s.
 """
 import os
 import pathlib
@@ -30,7 +36,8 @@ import json
 import numpy as np
 from PIL import Image
 
-OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "tiny_qwen3_vl"
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
+OUT = FIXTURES / "tiny_qwen3_vl"
 
 # The image processor's settings: 16-pixel patches merged 2 × 2, between 32² and 64² pixels.
 PROCESSOR = dict(
@@ -47,14 +54,15 @@ def images():
     return [Image.fromarray(a), Image.fromarray(b)]
 
 
-def write_inputs():
+def write_inputs(images_too=True):
     """The images as files (PNG: lossless, so `anneal logprobs --image` reads the same pixels)
     and the processor's config, beside the checkpoint. Needs only numpy and pillow."""
     OUT.mkdir(parents=True, exist_ok=True)
-    for i, image in enumerate(images()):
-        image.save(OUT / f"image{i}.png")
     (OUT / "preprocessor_config.json").write_text(json.dumps(PROCESSOR, indent=2) + "\n")
-    (OUT / "huge.png").write_bytes(huge_png())
+    if images_too:
+        for i, image in enumerate(images()):
+            image.save(OUT / f"image{i}.png")
+        (OUT / "huge.png").write_bytes(huge_png())
 
 
 def huge_png():
@@ -70,20 +78,27 @@ def huge_png():
             + chunk(b"IEND", b""))
 
 
-def main():
+def main(moe=False):
     import torch
     from safetensors.torch import save_file
-    from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import (Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
+                              Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration)
 
+    global OUT
+    OUT = FIXTURES / ("tiny_qwen3_vl_moe" if moe else "tiny_qwen3_vl")
     torch.manual_seed(0)
-    config = Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
-            rms_norm_eps=1e-6,
-            rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3],
-                                 mrope_interleaved=True),
-        ),
+    text = dict(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3],
+                             mrope_interleaved=True),
+    )
+    if moe:
+        text.update(moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+                    decoder_sparse_step=1, mlp_only_layers=[])
+    config = (Qwen3VLMoeConfig if moe else Qwen3VLConfig)(
+        text_config=text,
         vision_config=dict(
             depth=3, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=32,
             patch_size=16, temporal_patch_size=2, in_channels=3, spatial_merge_size=2,
@@ -92,18 +107,22 @@ def main():
         image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93,
         tie_word_embeddings=False,
     )
-    model = Qwen3VLForConditionalGeneration(config).float().eval()
+    model_class = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
+    model = model_class(config).float().eval()
     # Random norm weights and biases, so a swapped or missing one shows.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith(".bias"):
                 p.add_(torch.randn_like(p) * 0.1)
+            if "experts" in name or name.endswith("mlp.gate.weight"):
+                # transformers 5 leaves fused experts and the router uninitialised (zeros).
+                p.copy_(torch.randn_like(p) * 0.2)
     OUT.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(OUT, safe_serialization=True)
 
     proc = Qwen2VLImageProcessor(
         **{k: v for k, v in PROCESSOR.items() if k != "image_processor_type"})
-    write_inputs()
+    write_inputs(images_too=not moe)
     inputs = proc(images=images(), return_tensors="pt")
     pixel_values, grid = inputs["pixel_values"].float(), inputs["image_grid_thw"].long()
     with torch.no_grad():
@@ -131,7 +150,41 @@ def main():
         out[f"deepstack.{j}"] = f.contiguous()
     save_file(out, OUT / "expected.safetensors")
     print({k: tuple(v.shape) for k, v in out.items()}, grid.tolist())
+    write_grads(model)
+
+
+def write_grads(model=None):
+    """`grads.safetensors`: `vl_loss`, the mean next-token cross-entropy of `vl_tokens` with
+    both images, and `grad.<name>`, its gradient for every parameter under the checkpoint's
+    names. Without a model (`--grads`) the saved checkpoint and `expected.safetensors` are read,
+    so the gradients can be added without rewriting the rest."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3VLForConditionalGeneration
+
+    if model is None:
+        model = Qwen3VLForConditionalGeneration.from_pretrained(OUT, dtype=torch.float32).eval()
+    exp = load_file(OUT / "expected.safetensors")
+    tokens, pixels, grid = exp["vl_tokens"], exp["pixel_values"], exp["image_grid_thw"]
+    model.zero_grad()
+    logits = model(input_ids=tokens, pixel_values=pixels, image_grid_thw=grid,
+                   mm_token_type_ids=(tokens == 90).int()).logits
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1].float(), tokens[0, 1:])
+    loss.backward()
+    out = {"vl_loss": loss.detach().reshape(1).contiguous()}
+    for name, p in model.named_parameters():
+        out[f"grad.{name}"] = (p.grad if p.grad is not None else torch.zeros_like(p)).contiguous()
+    save_file(out, OUT / "grads.safetensors")
+    print(f"vl_loss {loss.item():.6f}, {len(out) - 1} gradients")
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] == ["--grads"]:
+        write_grads()
+    elif sys.argv[1:] == ["--moe"]:
+        main(moe=True)
+    else:
+        main()
+        main(moe=True)

@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Reloads the Qwen3-VL and Qwen3-VL-MoE checkpoints that Anneal exported in transformers and
+compares their logits on the fixture's prompt with both images against the fixtures' (what
+transformers computed with the original checkpoints). Needs torch, safetensors and
+transformers (5.x):
+
+    ANNEAL_VL_EXPORT=/tmp/vl-export cargo test --release -p anneal-runtime --test qwen3_vl export
+    python host/runtime/tests/reference/check_vl_export.py /tmp/vl-export
+
+Exits 1 when any logit differs by more than 1e-4.
+"""
+import pathlib
+import sys
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForImageTextToText
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def main():
+    worst = 0.0
+    for name in ["tiny_qwen3_vl", "tiny_qwen3_vl_moe"]:
+        path = pathlib.Path(sys.argv[1]) / name
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+        exp = load_file(FIXTURES / name / "expected.safetensors")
+        tokens = exp["vl_tokens"]
+        with torch.no_grad():
+            logits = model(input_ids=tokens, pixel_values=exp["pixel_values"],
+                           image_grid_thw=exp["image_grid_thw"],
+                           mm_token_type_ids=(tokens == 90).int()).logits
+        diff = (logits.float() - exp["vl_logits"]).abs().max().item()
+        worst = max(worst, diff)
+        print(f"{name}: {type(model).__name__} from the export, max |logit difference| "
+              f"{diff:.2e} over {tokens.shape[1]} positions with 2 images")
+    sys.exit(0 if worst <= 1e-4 else 1)
+
+
+if __name__ == "__main__":
+    main()
