@@ -498,7 +498,14 @@ fn plugins_are_listed() {
         .expect("llama");
     assert_eq!(
         llama["model_types"],
-        serde_json::json!(["llama", "qwen3", "qwen3_moe", "mixtral", "qwen3_vl"]),
+        serde_json::json!([
+            "llama",
+            "qwen3",
+            "qwen3_moe",
+            "mixtral",
+            "qwen3_vl",
+            "qwen3_vl_moe"
+        ]),
         "{body}"
     );
 }

@@ -349,7 +349,7 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
         },
         "qwen3_0.6b" => qwen3(1024, 28, 16, 3072, true),
         "qwen3_8b" => qwen3(4096, 36, 32, 12_288, false),
-        _ => return None,
+        _ => return crate::vl::flavor(name),
     })
 }
 
@@ -365,6 +365,10 @@ pub const FLAVORS: &[&str] = &[
     "qwen3_8b",
     "qwen3_30b_a3b",
     "mixtral_8x7b",
+    "debugmodel_vl",
+    "qwen3_vl_2b",
+    "qwen3_vl_8b",
+    "qwen3_vl_30b_a3b",
 ];
 
 /// Arguments from a Hugging Face `config.json` (`llama`, `qwen3`, `qwen3_moe` and `mixtral`

@@ -50,6 +50,19 @@ mod tests {
     }
 
     #[test]
+    fn debugmodel_vl_has_a_tiny_tower_and_the_vision_tokens_last() {
+        let m = Llama::create(Some("debugmodel_vl"), serde_json::json!({})).unwrap();
+        let visual = spec::params(&m.args)
+            .iter()
+            .filter(|p| p.name.starts_with("visual."))
+            .count();
+        assert!(visual > 0);
+        let vl = m.args.vision.as_ref().unwrap();
+        assert_eq!(vl.image_token_id, m.args.vocab_size - 2);
+        assert_eq!(m.args.hf_model_type, "qwen3_vl");
+    }
+
+    #[test]
     fn released_sizes_count_right() {
         let count = |f| {
             let m = Llama::create(Some(f), serde_json::json!({})).unwrap();
@@ -64,6 +77,12 @@ mod tests {
         // Qwen3-30B-A3B: 128 experts of 768 in each of 48 layers.
         assert_eq!(count("qwen3_30b_a3b"), 30_532_122_624);
         assert_eq!(count("mixtral_8x7b"), 46_702_792_704);
+        // Qwen3-VL as transformers counts it (vision tower included; the 2B ties its
+        // embedding): 2B 2,127,532,032 (tower 406,957,056), 8B 8,767,123,696, 30B-A3B
+        // 31,070,754,032.
+        assert_eq!(count("qwen3_vl_2b"), 2_127_532_032);
+        assert_eq!(count("qwen3_vl_8b"), 8_767_123_696);
+        assert_eq!(count("qwen3_vl_30b_a3b"), 31_070_754_032);
     }
 
     #[test]

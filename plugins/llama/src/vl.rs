@@ -135,6 +135,95 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
     Ok(args)
 }
 
+/// The Qwen3-VL flavors: `qwen3_vl_2b`, `qwen3_vl_8b` and `qwen3_vl_30b_a3b` as released
+/// (parameter counts equal transformers'), and `debugmodel_vl`, the debug model with a tiny
+/// tower whose vision tokens are the vocabulary's last four ids.
+pub fn flavor(name: &str) -> Option<LlamaArgs> {
+    let tower = |depth, hidden_size, intermediate_size, out_hidden_size, deepstack: [usize; 3]| {
+        VisionArgs {
+            depth,
+            hidden_size,
+            num_heads: 16,
+            intermediate_size,
+            out_hidden_size,
+            patch_size: 16,
+            temporal_patch_size: 2,
+            in_channels: 3,
+            spatial_merge_size: 2,
+            num_position_embeddings: 2304,
+            deepstack_visual_indexes: deepstack.to_vec(),
+            hidden_act: "gelu_pytorch_tanh".into(),
+            rope_theta: 10_000.0,
+        }
+    };
+    // Qwen's vision tokens: <|vision_start|> 151652, <|vision_end|> 151653, <|image_pad|>
+    // 151655, <|video_pad|> 151656.
+    let qwen = |text: LlamaArgs, vision: VisionArgs, model_type: &str| LlamaArgs {
+        rope_theta: 5_000_000.0,
+        max_seq_len: 262_144,
+        hf_model_type: model_type.into(),
+        vision: Some(VlArgs {
+            vision,
+            image_token_id: 151_655,
+            mrope_section: vec![24, 20, 20],
+            video_token_id: Some(151_656),
+            vision_start_token_id: Some(151_652),
+            vision_end_token_id: Some(151_653),
+        }),
+        ..text
+    };
+    let qwen3_8b = crate::config::flavor("qwen3_8b")?;
+    Some(match name {
+        "qwen3_vl_2b" => qwen(
+            LlamaArgs {
+                dim: 2048,
+                n_layers: 28,
+                n_heads: 16,
+                ffn_dim: 6144,
+                tie_embeddings: true,
+                ..qwen3_8b
+            },
+            tower(24, 1024, 4096, 2048, [5, 11, 17]),
+            "qwen3_vl",
+        ),
+        "qwen3_vl_8b" => qwen(
+            qwen3_8b,
+            tower(27, 1152, 4304, 4096, [8, 16, 24]),
+            "qwen3_vl",
+        ),
+        "qwen3_vl_30b_a3b" => qwen(
+            crate::config::flavor("qwen3_30b_a3b")?,
+            tower(27, 1152, 4304, 2048, [8, 16, 24]),
+            "qwen3_vl_moe",
+        ),
+        "debugmodel_vl" => {
+            let text = crate::config::flavor("debugmodel_qwen3")?;
+            let v = text.vocab_size;
+            LlamaArgs {
+                hf_model_type: "qwen3_vl".into(),
+                vision: Some(VlArgs {
+                    vision: VisionArgs {
+                        depth: 2,
+                        hidden_size: 64,
+                        num_heads: 2,
+                        intermediate_size: 128,
+                        num_position_embeddings: 64,
+                        deepstack_visual_indexes: vec![0],
+                        ..tower(0, 0, 0, text.dim, [0; 3])
+                    },
+                    image_token_id: v - 2,
+                    mrope_section: vec![12, 10, 10],
+                    video_token_id: Some(v - 1),
+                    vision_start_token_id: Some(v - 4),
+                    vision_end_token_id: Some(v - 3),
+                }),
+                ..text
+            }
+        }
+        _ => return None,
+    })
+}
+
 /// Moves the text model's Hugging Face names under `model.language_model.` (where
 /// `Qwen3VLForConditionalGeneration` keeps them; `lm_head` stays).
 pub fn text_under_language_model(specs: &mut [ParamSpec]) {
