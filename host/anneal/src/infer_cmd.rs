@@ -103,22 +103,17 @@ pub fn read_images(
         other => user(other),
     })?;
     let processor = ImageProcessor::new(config);
-    let (mut pixels, mut grid_thw, mut patch_dim) = (Vec::new(), Vec::new(), 0);
-    for path in paths {
-        let image = processor
-            .process(&load_image(path).map_err(user)?)
-            .map_err(user)?;
-        pixels.extend_from_slice(&image.pixel_values);
-        grid_thw.push(image.grid_thw);
-        patch_dim = image.patch_dim;
-    }
-    let rows = pixels.len() / patch_dim.max(1);
-    let pixel_values =
-        anneal_engine::Tensor::from_vec(pixels, &[rows, patch_dim])?.to_device(device)?;
-    Ok(Some(Arc::new(ImageInputs {
-        pixel_values,
-        grid_thw,
-    })))
+    let processed = paths
+        .iter()
+        .map(|path| {
+            processor
+                .process(&load_image(path).map_err(user)?)
+                .map_err(user)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut images = ImageInputs::from_processed(processed)?;
+    images.pixel_values = images.pixel_values.to_device(device)?;
+    Ok(Some(Arc::new(images)))
 }
 
 /// Prints `{"logprobs":[...],"loss":...}`; `images` are the prompt's images in the order of

@@ -88,6 +88,26 @@ pub struct ImageInputs {
     pub grid_thw: Vec<[usize; 3]>,
 }
 
+impl ImageInputs {
+    /// The processor's outputs of a prompt's images, in order, as one forward's images (on the
+    /// host): their patch rows one image after another, and each image's grid.
+    pub fn from_processed(
+        images: Vec<anneal_data::image::ProcessedImage>,
+    ) -> anneal_engine::Result<ImageInputs> {
+        let patch_dim = images.first().map_or(0, |im| im.patch_dim);
+        let rows: usize = images.iter().map(|im| im.patches).sum();
+        let grid_thw = images.iter().map(|im| im.grid_thw).collect();
+        let mut pixels = Vec::with_capacity(rows * patch_dim);
+        for image in images {
+            pixels.extend_from_slice(&image.pixel_values);
+        }
+        Ok(ImageInputs {
+            pixel_values: Tensor::from_vec(pixels, &[rows, patch_dim])?,
+            grid_thw,
+        })
+    }
+}
+
 impl ForwardOpts {
     /// The parameters `stage` reads: from [`ForwardOpts::stage_params`] when set, else `params`.
     fn params_of(&self, params: &Params, stage: Stage) -> anneal_engine::Result<Params> {

@@ -103,7 +103,6 @@ pub async fn prompt(
                     Ok(Prompt {
                         tokens,
                         images: Some(images),
-                        max_new: 0,
                     })
                 }
                 _ => Ok(Prompt::text(tokens)),

@@ -106,15 +106,12 @@ fn fresh_seed() -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
-/// One prompt of a request: its tokens (image placeholders expanded), its images, and how
-/// many tokens it may get.
+/// One prompt of a request: its tokens (image placeholders expanded) and its images.
 pub struct Prompt {
     /// The token ids.
     pub tokens: Vec<i64>,
     /// The images of its placeholder runs, in order.
     pub images: Option<Arc<ImageInputs>>,
-    /// The most new tokens (set from the request and the context once the prompt is known).
-    pub max_new: usize,
 }
 
 impl Prompt {
@@ -123,27 +120,26 @@ impl Prompt {
         Prompt {
             tokens,
             images: None,
-            max_new: 0,
         }
     }
 }
 
-/// Queues every choice of `prompts` on the model's decode loop.
+/// Queues every choice of `prompts` (each with its token budget) on the model's decode loop.
 pub fn start(
     model: Arc<ServedModel>,
-    prompts: Vec<Prompt>,
+    prompts: Vec<(Prompt, usize)>,
     opts: GenOptions,
 ) -> OaiResult<Running> {
     let (tx, events) = unbounded_channel();
     let seed = opts.seed.unwrap_or_else(fresh_seed);
-    let prompt_tokens = prompts.iter().map(|p| p.tokens.len()).sum();
+    let prompt_tokens = prompts.iter().map(|(p, _)| p.tokens.len()).sum();
     let mut cancel = Vec::new();
-    for (p, prompt) in prompts.into_iter().enumerate() {
+    for (p, (prompt, max_new)) in prompts.into_iter().enumerate() {
         for j in 0..opts.n {
             let index = p * opts.n + j;
             let request = Request {
                 prompt: prompt.tokens.clone(),
-                max_new: prompt.max_new,
+                max_new,
                 sampling: Sampling {
                     temperature: opts.temperature,
                     top_k: opts.top_k,

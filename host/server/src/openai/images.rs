@@ -35,19 +35,14 @@ impl Vision {
             Err(ImageError::Missing { .. }) => return Ok(None),
             Err(e) => return Err(e.to_string()),
         };
-        let path = dir.join("config.json");
-        let model: Value = std::fs::read_to_string(&path)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null);
+        let model = anneal_runtime::hf::read_config(dir).unwrap_or(Value::Null);
         let image_token = model
             .get("image_token_id")
             .and_then(Value::as_i64)
             .ok_or_else(|| {
                 format!(
-                    "{} has preprocessor_config.json but {} gives no image_token_id",
-                    dir.display(),
-                    path.display()
+                    "{} has preprocessor_config.json but its config.json gives no image_token_id",
+                    dir.display()
                 )
             })?;
         Ok(Some(Vision {
@@ -110,45 +105,35 @@ pub fn attach(
             ),
         ));
     }
-    let (mut pixels, mut grid_thw, mut counts, mut patch_dim) =
-        (Vec::new(), Vec::new(), Vec::new(), 0);
-    for image in images {
-        let bytes = data_url_bytes(image)?;
-        let bad = |e: ImageError| {
-            OaiError::invalid(Some(&image.param), e.to_string()).with_code("invalid_image")
-        };
-        let rgb = decode_image(
-            &bytes,
-            Path::new(&image.param),
-            anneal_data::image::DEFAULT_MAX_PIXELS,
-        )
-        .map_err(bad)?;
-        let processed = vision.processor.process(&rgb).map_err(bad)?;
-        counts.push(processed.placeholder_tokens());
-        pixels.extend_from_slice(&processed.pixel_values);
-        grid_thw.push(processed.grid_thw);
-        patch_dim = processed.patch_dim;
-    }
-    let mut expanded = Vec::with_capacity(tokens.len() + counts.iter().sum::<usize>());
-    let mut next = counts.iter();
+    let processed = images
+        .iter()
+        .map(|image| {
+            let bad = |e: ImageError| {
+                OaiError::invalid(Some(&image.param), e.to_string()).with_code("invalid_image")
+            };
+            let bytes = data_url_bytes(image)?;
+            let rgb = decode_image(
+                &bytes,
+                Path::new(&image.param),
+                anneal_data::image::DEFAULT_MAX_PIXELS,
+            )
+            .map_err(bad)?;
+            vision.processor.process(&rgb).map_err(bad)
+        })
+        .collect::<OaiResult<Vec<_>>>()?;
+    let mut counts = processed.iter().map(|p| p.placeholder_tokens());
+    let mut expanded = Vec::with_capacity(tokens.len());
     for t in tokens {
         if t == vision.image_token {
-            let n = *next.next().expect("one count per placeholder");
+            let n = counts.next().expect("one count per placeholder");
             expanded.extend(std::iter::repeat_n(t, n));
         } else {
             expanded.push(t);
         }
     }
-    let rows = pixels.len() / patch_dim.max(1);
-    let pixel_values = anneal_engine::Tensor::from_vec(pixels, &[rows, patch_dim])
+    let inputs = ImageInputs::from_processed(processed)
         .map_err(|e| OaiError::server(format!("cannot hold the images: {e}")))?;
-    Ok((
-        expanded,
-        Arc::new(ImageInputs {
-            pixel_values,
-            grid_thw,
-        }),
-    ))
+    Ok((expanded, Arc::new(inputs)))
 }
 
 #[cfg(test)]

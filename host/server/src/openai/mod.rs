@@ -163,15 +163,15 @@ async fn respond(state: &OpenAi, api: Api, bytes: &[u8]) -> OaiResult<Response> 
             vec![chat::prompt(&model, chat, &state.renders).await?]
         }
     };
-    let prompts = prompts
+    let budgets = prompts
         .into_iter()
-        .map(|mut p| {
-            p.max_new = request::token_budget(p.tokens.len(), &model, &opts, api)?;
-            Ok(p)
+        .map(|p| {
+            let budget = request::token_budget(p.tokens.len(), &model, &opts, api)?;
+            Ok((p, budget))
         })
         .collect::<OaiResult<Vec<_>>>()?;
     let header = Header::new(api, &model.id);
-    let running = generate::start(model, prompts, opts.clone())?;
+    let running = generate::start(model, budgets, opts.clone())?;
     if opts.stream {
         return Ok(stream(header, running, opts));
     }
