@@ -18,6 +18,8 @@ const chart = (id, title, series, options = {}) => ({ id, title, series, ...char
 // first appears.
 const TRAIN_CHARTS = [
   chart('loss', 'Loss', [['train', 'loss'], ['validation', 'val_loss']], { yTitle: 'cross-entropy (nats / token)' }),
+  // Chat data only: held-out conversations whose replies greedy decoding writes exactly.
+  chart('eval_accuracy', 'Held-out accuracy (greedy replies)', [['held-out', 'eval_accuracy']]),
   chart('lr', 'Learning rate', [['lr', 'lr']]),
   chart('tokens_per_s', 'Tokens / s', [['tokens/s', 'tokens_per_s']]),
   chart('mfu', 'MFU (model FLOPs utilization)', [['mfu', 'mfu']]),

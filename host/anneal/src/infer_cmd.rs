@@ -116,6 +116,40 @@ pub fn read_images(
     Ok(Some(Arc::new(images)))
 }
 
+/// `prompt` with each image's placeholders expanded as the model reads them (a run of one
+/// `image_token_id` of the checkpoint's `config.json`, as a chat template writes it, becomes
+/// the image's count; a run already of that count stays), and the images read.
+fn prompt_with_images(
+    dir: &Path,
+    prompt: Vec<i64>,
+    paths: &[PathBuf],
+    device: anneal_engine::Device,
+) -> anyhow::Result<(Vec<i64>, Option<Arc<ImageInputs>>)> {
+    let Some(images) = read_images(dir, paths, device)? else {
+        return Ok((prompt, None));
+    };
+    let image_token = hf::read_config(dir)
+        .ok()
+        .and_then(|c| c.get("image_token_id")?.as_i64())
+        .ok_or_else(|| {
+            UserError(format!(
+                "--image: {}/config.json gives no image_token_id",
+                dir.display()
+            ))
+        })?;
+    let m = anneal_data::image::ProcessorConfig::from_dir(dir)
+        .map(|c| c.merge_size * c.merge_size)
+        .unwrap_or(4);
+    let counts: Vec<usize> = images
+        .grid_thw
+        .iter()
+        .map(|g| g.iter().product::<usize>() / m)
+        .collect();
+    let prompt = anneal_data::image::expand_placeholders(&prompt, image_token, &counts)
+        .map_err(|e| UserError(format!("--image: {e}")))?;
+    Ok((prompt, Some(images)))
+}
+
 /// Prints `{"logprobs":[...],"loss":...}`; `images` are the prompt's images in the order of
 /// their placeholder runs in the tokens.
 pub fn logprobs(
@@ -238,6 +272,8 @@ fn generate_on(
     // The weights go to the device (checked in `generate`); the KV cache follows them.
     let ranks = mode.tp.max(1);
     let device = anneal_train::device::for_ranks(mode.device, "--device", ranks)?;
+    // One placeholder per image (as a chat template writes it) is expanded to the image's.
+    let (prompt, images) = prompt_with_images(dir, prompt, mode.images, device)?;
     let params = if device == anneal_engine::Device::Cpu {
         params
     } else {
@@ -266,7 +302,7 @@ fn generate_on(
         .collect();
     let setup = infer::DecodeSetup {
         tp: context.as_ref(),
-        images: read_images(dir, mode.images, device)?,
+        images,
     };
     let (mut rows, stats) = infer::generate_batch_with(
         &model, &params, &prompts, budget, &samplings, !mode.fast, setup,

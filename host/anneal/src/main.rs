@@ -105,7 +105,9 @@ enum Command {
         #[arg(long, default_value = "cpu")]
         device: String,
         /// An image of the prompt (PNG, JPEG or WebP; repeat for several, in the order of their
-        /// placeholder runs): the prompt holds each image's placeholder tokens already expanded.
+        /// placeholder runs): the prompt holds one placeholder per image, as a chat template
+        /// writes it (expanded to the image's count), or each image's placeholders already
+        /// expanded.
         #[arg(long = "image")]
         images: Vec<std::path::PathBuf>,
     },

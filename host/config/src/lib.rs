@@ -528,6 +528,12 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "must be at least 257 (256 bytes plus the end-of-text token; 257 = bytes only)",
         ));
     }
+    if d.image_min_pixels == 0 || d.image_min_pixels > d.image_max_pixels {
+        return Err(ConfigError::at(
+            "data.image_min_pixels",
+            "must be at least 1 and at most data.image_max_pixels",
+        ));
+    }
     if c.metrics.log_freq == 0 {
         return Err(ConfigError::at("metrics.log_freq", "must be at least 1"));
     }

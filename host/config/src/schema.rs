@@ -417,6 +417,27 @@ pub struct Data {
     pub shuffle: bool,
     /// Where trained tokenizers and tokenized corpora are cached.
     pub cache_dir: String,
+    /// What the files hold: `text` (documents packed into windows), `chat` (JSON lines of
+    /// conversations, the loss on the assistant's replies, images for vision models), or
+    /// `auto` (chat when a `.jsonl` file's first line has a `messages` list).
+    pub format: DataFormat,
+    /// Chat data for a vision model trained without a `preprocessor_config.json`
+    /// (`checkpoint.init_from_hf` brings one): the fewest pixels an image is resized to.
+    pub image_min_pixels: u64,
+    /// As `image_min_pixels`: the most pixels.
+    pub image_max_pixels: u64,
+}
+
+/// `data.format`
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataFormat {
+    /// Chat when the data looks like it, else text.
+    Auto,
+    /// Documents packed into fixed windows.
+    Text,
+    /// Conversations, one per row.
+    Chat,
 }
 
 impl Default for Data {
@@ -429,6 +450,10 @@ impl Default for Data {
             val_fraction: 0.01,
             shuffle: true,
             cache_dir: "data/cache".into(),
+            format: DataFormat::Auto,
+            // Qwen3-VL's processor: 256 x 256 to 4,096 x 4,096 pixels.
+            image_min_pixels: 65_536,
+            image_max_pixels: 16_777_216,
         }
     }
 }

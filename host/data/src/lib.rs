@@ -7,9 +7,12 @@
 //! [`PackedLoader::new`] on `train` → [`PackedLoader::next_batch`] each step, and
 //! [`PackedLoader::eval_batches`] on `val`.
 //!
+//! Chat data (conversations with the loss on the assistant's replies, and their images) takes
+//! [`chat::read_conversations`] → [`chat::encode::ChatEncoder`] → [`ChatLoader`].
 //! Images for vision-language models are read and preprocessed by [`image`].
 
 mod cache;
+pub mod chat;
 pub mod corpus;
 pub mod dataset;
 pub mod image;
@@ -18,6 +21,7 @@ pub mod tokenizer;
 
 use std::path::PathBuf;
 
+pub use chat::loader::ChatLoader;
 pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;
 pub use loader::{Batch, LoaderState, PackedLoader};
@@ -94,6 +98,17 @@ pub enum DataError {
         /// Tokens one window needs.
         needed: usize,
     },
+    /// A conversation of chat data cannot be used (`origin` is `file:line`).
+    #[error("{origin}: {message}")]
+    Chat {
+        /// Where the conversation is.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An image could not be read or processed.
+    #[error(transparent)]
+    Image(#[from] image::ImageError),
     /// A saved loader state does not fit this loader.
     #[error("loader state cursor {cursor} is out of range: an epoch has {windows} windows")]
     BadLoaderState {

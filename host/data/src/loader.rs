@@ -16,9 +16,11 @@ pub struct LoaderState {
     pub cursor: u64,
 }
 
-/// A batch of windows, row-major `[batch, seq_len]`: row `r` of `targets` is row `r` of `inputs`
-/// shifted left by one token (the next token at every position).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A batch of rows, row-major `[batch, seq_len]`: row `r` of `targets` is row `r` of `inputs`
+/// shifted left by one token (the next token at every position), or
+/// [`IGNORE_INDEX`](crate::loader::IGNORE_INDEX) where no loss is taken (chat data outside the
+/// assistant's replies, padding).
+#[derive(Clone, Debug, PartialEq)]
 pub struct Batch {
     /// Input ids, `batch * seq_len` of them.
     pub inputs: Vec<i64>,
@@ -28,15 +30,24 @@ pub struct Batch {
     pub batch: usize,
     /// Tokens per row.
     pub seq_len: usize,
+    /// The rows' images, row after row, each in placeholder order (empty for text).
+    pub images: Vec<crate::image::ProcessedImage>,
+    /// How many of `images` each row holds (empty when no row has any).
+    pub row_images: Vec<usize>,
 }
 
+/// The target of a position that takes no loss (PyTorch's `ignore_index` default).
+pub const IGNORE_INDEX: i64 = -100;
+
 impl Batch {
-    fn with_capacity(rows: usize, seq_len: usize) -> Self {
+    pub(crate) fn with_capacity(rows: usize, seq_len: usize) -> Self {
         Batch {
             inputs: Vec::with_capacity(rows * seq_len),
             targets: Vec::with_capacity(rows * seq_len),
             batch: 0,
             seq_len,
+            images: Vec::new(),
+            row_images: Vec::new(),
         }
     }
 
@@ -47,6 +58,115 @@ impl Batch {
             .extend(w[..self.seq_len].iter().map(|&t| i64::from(t)));
         self.targets.extend(w[1..].iter().map(|&t| i64::from(t)));
         self.batch += 1;
+    }
+
+    /// Rows `from..to` of this batch, with their images.
+    pub fn rows(&self, from: usize, to: usize) -> Batch {
+        let (a, b) = (from * self.seq_len, to * self.seq_len);
+        let (images, row_images) = if self.row_images.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            let first: usize = self.row_images[..from].iter().sum();
+            let n: usize = self.row_images[from..to].iter().sum();
+            (
+                self.images[first..first + n].to_vec(),
+                self.row_images[from..to].to_vec(),
+            )
+        };
+        Batch {
+            inputs: self.inputs[a..b].to_vec(),
+            targets: self.targets[a..b].to_vec(),
+            batch: to - from,
+            seq_len: self.seq_len,
+            images,
+            row_images,
+        }
+    }
+
+    /// Target positions that take a loss.
+    pub fn trained_tokens(&self) -> usize {
+        self.targets.iter().filter(|&&t| t != IGNORE_INDEX).count()
+    }
+}
+
+/// A seeded, resumable visiting order over `items` things (windows, conversations): each
+/// epoch visits each exactly once, in the order of a Fisher–Yates permutation drawn from a
+/// splitmix64 generator seeded by `(seed, epoch)` (or in order without `shuffle`).
+#[derive(Clone, Debug)]
+pub(crate) struct EpochOrder {
+    items: usize,
+    seed: u64,
+    shuffle: bool,
+    epoch: u64,
+    cursor: u64,
+    /// The order of `epoch`.
+    order: Vec<u32>,
+}
+
+impl EpochOrder {
+    /// The order at epoch 0, cursor 0; `items` must be at least 1 and fit a u32.
+    pub(crate) fn new(items: usize, seed: u64, shuffle: bool, what: &'static str) -> Result<Self> {
+        if u32::try_from(items).is_err() {
+            return Err(DataError::InvalidArgument {
+                name: what,
+                message: format!("{items} per epoch is more than a u32 can index"),
+            });
+        }
+        let mut o = EpochOrder {
+            items,
+            seed,
+            shuffle,
+            epoch: 0,
+            cursor: 0,
+            order: Vec::new(),
+        };
+        o.order = o.epoch_order(0);
+        Ok(o)
+    }
+
+    /// The next item; when the epoch runs out the next one's order starts.
+    pub(crate) fn next(&mut self) -> usize {
+        let item = self.order[self.cursor as usize] as usize;
+        self.cursor += 1;
+        if self.cursor as usize == self.items {
+            self.epoch += 1;
+            self.cursor = 0;
+            self.order = self.epoch_order(self.epoch);
+        }
+        item
+    }
+
+    pub(crate) fn state(&self) -> LoaderState {
+        LoaderState {
+            epoch: self.epoch,
+            cursor: self.cursor,
+        }
+    }
+
+    pub(crate) fn restore(&mut self, s: &LoaderState) -> Result<()> {
+        if s.cursor >= self.items as u64 {
+            return Err(DataError::BadLoaderState {
+                cursor: s.cursor,
+                windows: self.items,
+            });
+        }
+        if s.epoch != self.epoch {
+            self.order = self.epoch_order(s.epoch);
+        }
+        self.epoch = s.epoch;
+        self.cursor = s.cursor;
+        Ok(())
+    }
+
+    fn epoch_order(&self, epoch: u64) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.items as u32).collect();
+        if self.shuffle {
+            let mut rng = SplitMix64::new(self.seed ^ SplitMix64::new(epoch).next_u64());
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+        }
+        order
     }
 }
 
@@ -61,13 +181,8 @@ impl Batch {
 pub struct PackedLoader {
     tokens: Arc<[u32]>,
     seq_len: usize,
-    seed: u64,
-    shuffle: bool,
     windows: usize,
-    epoch: u64,
-    cursor: u64,
-    /// The window order of `epoch`.
-    order: Vec<u32>,
+    order: EpochOrder,
 }
 
 impl PackedLoader {
@@ -87,24 +202,12 @@ impl PackedLoader {
                 needed: seq_len + 1,
             });
         }
-        if u32::try_from(windows).is_err() {
-            return Err(DataError::InvalidArgument {
-                name: "seq_len",
-                message: format!("{windows} windows per epoch is more than a u32 can index"),
-            });
-        }
-        let mut loader = PackedLoader {
+        Ok(PackedLoader {
             tokens,
             seq_len,
-            seed,
-            shuffle,
             windows,
-            epoch: 0,
-            cursor: 0,
-            order: Vec::new(),
-        };
-        loader.order = loader.epoch_order(0);
-        Ok(loader)
+            order: EpochOrder::new(windows, seed, shuffle, "seq_len")?,
+        })
     }
 
     /// The next `batch` windows; when an epoch runs out mid-batch the rest comes from the next
@@ -112,43 +215,22 @@ impl PackedLoader {
     pub fn next_batch(&mut self, batch: usize) -> Batch {
         let mut out = Batch::with_capacity(batch, self.seq_len);
         for _ in 0..batch {
-            let w = self.order[self.cursor as usize] as usize;
-            let start = w * self.seq_len;
+            let start = self.order.next() * self.seq_len;
             out.push_window(&self.tokens[start..start + self.seq_len + 1]);
-            self.cursor += 1;
-            if self.cursor as usize == self.windows {
-                self.epoch += 1;
-                self.cursor = 0;
-                self.order = self.epoch_order(self.epoch);
-            }
         }
         out
     }
 
     /// Where the loader stands now.
     pub fn state(&self) -> LoaderState {
-        LoaderState {
-            epoch: self.epoch,
-            cursor: self.cursor,
-        }
+        self.order.state()
     }
 
     /// Moves the loader to `s`, as taken by [`PackedLoader::state`] of a loader over the same
     /// tokens, `seq_len`, seed and `shuffle`. Errors when the cursor is not below
     /// [`PackedLoader::windows_per_epoch`].
     pub fn restore(&mut self, s: &LoaderState) -> Result<()> {
-        if s.cursor >= self.windows as u64 {
-            return Err(DataError::BadLoaderState {
-                cursor: s.cursor,
-                windows: self.windows,
-            });
-        }
-        if s.epoch != self.epoch {
-            self.order = self.epoch_order(s.epoch);
-        }
-        self.epoch = s.epoch;
-        self.cursor = s.cursor;
-        Ok(())
+        self.order.restore(s)
     }
 
     /// Windows in one epoch: `(tokens - 1) / seq_len`.
@@ -181,17 +263,6 @@ impl PackedLoader {
                 b
             })
             .collect()
-    }
-
-    fn epoch_order(&self, epoch: u64) -> Vec<u32> {
-        let mut order: Vec<u32> = (0..self.windows as u32).collect();
-        if self.shuffle {
-            let mut rng = SplitMix64::new(self.seed ^ SplitMix64::new(epoch).next_u64());
-            for i in (1..order.len()).rev() {
-                order.swap(i, rng.below(i as u64 + 1) as usize);
-            }
-        }
-        order
     }
 }
 

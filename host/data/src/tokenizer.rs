@@ -14,6 +14,9 @@ use crate::cache::{write_atomic, CacheKey};
 use crate::corpus::read_documents;
 use crate::{DataError, Result};
 
+/// Where a token came from in its text: `(start, end)` byte offsets.
+pub type ByteRange = (usize, usize);
+
 /// The end-of-text token of tokenizers trained here (id 0).
 pub const TRAINED_EOS: &str = "<|endoftext|>";
 
@@ -82,19 +85,36 @@ impl TextTokenizer {
 
     /// [`TextTokenizer::train_bpe`] on documents already in memory.
     pub fn train_bpe_on_texts(docs: &[String], vocab_size: usize) -> Result<Self> {
+        Self::train_bpe_with_specials(docs, vocab_size, &[])
+    }
+
+    /// [`TextTokenizer::train_bpe_on_texts`] with more special tokens, numbered from 1 in the
+    /// order given (after `<|endoftext|>`, id 0), so their ids do not depend on the corpus.
+    pub fn train_bpe_with_specials(
+        docs: &[String],
+        vocab_size: usize,
+        specials: &[&str],
+    ) -> Result<Self> {
         let alphabet: HashSet<char> = ByteLevel::alphabet().into_iter().collect();
-        let min = alphabet.len() + 1;
+        let min = alphabet.len() + 1 + specials.len();
         if vocab_size < min {
             return Err(DataError::InvalidArgument {
                 name: "vocab_size",
-                message: format!("{vocab_size} is below {min} (256 bytes + {TRAINED_EOS})"),
+                message: format!(
+                    "{vocab_size} is below {min} (256 bytes + {TRAINED_EOS} + {} more special tokens)",
+                    specials.len()
+                ),
             });
         }
+        let specials: Vec<AddedToken> = std::iter::once(TRAINED_EOS)
+            .chain(specials.iter().copied())
+            .map(|t| AddedToken::from(t, true))
+            .collect();
         let mut trainer = BpeTrainerBuilder::new()
             .show_progress(false)
             .vocab_size(vocab_size)
             .min_frequency(0)
-            .special_tokens(vec![AddedToken::from(TRAINED_EOS, true)])
+            .special_tokens(specials)
             .initial_alphabet(alphabet)
             .build();
         let byte_level = ByteLevel::new(false, true, true);
@@ -136,16 +156,74 @@ impl TextTokenizer {
         key.files(files)?
             .bytes(text_field.as_bytes())
             .u64(vocab_size as u64);
+        Self::cached(&key, cache_dir, || {
+            Self::train_bpe_with_field(files, text_field, vocab_size)
+        })
+    }
+
+    /// The tokenizer cached under `key` in `cache_dir`, or `train`'s, then cached. A cache file
+    /// that no longer loads (say, truncated by a full disk) is retrained.
+    fn cached(
+        key: &CacheKey,
+        cache_dir: &Path,
+        train: impl FnOnce() -> Result<Self>,
+    ) -> Result<(Self, PathBuf)> {
         let path = cache_dir.join(format!("tokenizer-{}.json", key.hex()));
-        if path.is_file() {
-            // A cache file that no longer loads (say, truncated by a full disk) is retrained.
-            if let Ok(tok) = Self::from_file(&path) {
-                return Ok((tok, path));
-            }
+        if let Ok(tok) = Self::from_file(&path) {
+            return Ok((tok, path));
         }
-        let tok = Self::train_bpe_with_field(files, text_field, vocab_size)?;
+        let tok = train()?;
         tok.save(&path)?;
         Ok((tok, path))
+    }
+
+    /// [`TextTokenizer::load_or_train`] for chat data: a trained tokenizer learns from `texts`
+    /// (the conversations as the template renders them) and numbers
+    /// [`crate::chat::template::CHATML_SPECIALS`] right after `<|endoftext|>`, so
+    /// [`crate::chat::template::CHATML`] renders them as single tokens; it is cached under a
+    /// hash of the texts and `vocab_size`.
+    pub fn load_or_train_chat(
+        spec: &str,
+        texts: &[String],
+        vocab_size: usize,
+        cache_dir: &Path,
+    ) -> Result<(Self, PathBuf)> {
+        if spec != "train" {
+            let path = PathBuf::from(spec);
+            return Ok((Self::from_file(&path)?, path));
+        }
+        let specials = crate::chat::template::CHATML_SPECIALS;
+        let mut key = CacheKey::new("anneal-data chat bpe tokenizer v1");
+        for t in texts {
+            key.bytes(t.as_bytes());
+        }
+        for s in specials {
+            key.bytes(s.as_bytes());
+        }
+        key.u64(vocab_size as u64);
+        Self::cached(&key, cache_dir, || {
+            Self::train_bpe_with_specials(texts, vocab_size, &specials)
+        })
+    }
+
+    /// The ids of `text` (without added special tokens) and the byte range of `text` each one
+    /// came from.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<ByteRange>)> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| tok_err(&self.origin, e))?;
+        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+    }
+
+    /// The id of a token's string (a special token such as `<|image_pad|>`), if it has one.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The string of token `id`, if it is in the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// The ids of `text`, without added special tokens.

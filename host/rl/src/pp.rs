@@ -242,6 +242,8 @@ impl PpPolicy<'_> {
                 targets: l.targets[r.start * t..r.end * t].to_vec(),
                 batch: r.len(),
                 seq_len: t,
+                images: Vec::new(),
+                row_images: Vec::new(),
             })
             .collect();
         let positions = Tensor::from_vec((0..t as i64).collect(), &[t])?;

@@ -25,7 +25,7 @@ pub use parallel::fsdp::{ExpertsActive, FsdpPolicy};
 pub use parallel::tp_infer::{TpActive, TpInference};
 pub use run::{run, run_dist, RunSummary};
 pub use schedule::LrSchedule;
-pub use trainer::{StepOutcome, Trainer};
+pub use trainer::{Evaluation, RunFiles, StepOutcome, Trainer};
 
 use std::path::PathBuf;
 

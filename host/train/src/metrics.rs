@@ -46,6 +46,10 @@ pub struct MetricsRow {
     /// Held-out loss.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
+    /// Chat data: the share of held-out conversations whose replies greedy decoding writes
+    /// exactly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_accuracy: Option<f64>,
     /// Weighted sum of the model's auxiliary losses (part of the loss trained on, not of
     /// `loss`), when it returns any.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -193,6 +197,7 @@ impl Console {
         };
         field("loss", r.loss.map(|v| format!("{v:.4}")));
         field("val_loss", r.val_loss.map(|v| format!("{v:.4}")));
+        field("eval_accuracy", r.eval_accuracy.map(|v| format!("{v:.3}")));
         field("grad_norm", r.grad_norm.map(|v| format!("{v:.3}")));
         field("lr", r.lr.map(|v| format!("{v:.2e}")));
         field("tok/s", r.tokens_per_s.map(|v| format!("{v:.0}")));

@@ -147,9 +147,20 @@ pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
     let path = PathBuf::from(&cfg.data.path);
     let files =
         anneal_data::discover_files(&path).map_err(|e| TrainError::from(e).at("data.path"))?;
-    anneal_data::check_files(&files, &cfg.data.text_field)
-        .map_err(|e| TrainError::from(e).at("data.path"))?;
+    if !is_chat(cfg, &files) {
+        anneal_data::check_files(&files, &cfg.data.text_field)
+            .map_err(|e| TrainError::from(e).at("data.path"))?;
+    }
     Ok(files)
+}
+
+/// Whether `files` are read as chat data (`data.format`, or for `auto` what they look like).
+pub fn is_chat(cfg: &JobConfig, files: &[PathBuf]) -> bool {
+    match cfg.data.format {
+        anneal_config::DataFormat::Chat => true,
+        anneal_config::DataFormat::Text => false,
+        anneal_config::DataFormat::Auto => anneal_data::chat::looks_like_chat(files),
+    }
 }
 
 /// A tokenizer of `tokens` tokens (from `what`) must fit the model's embeddings.

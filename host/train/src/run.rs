@@ -109,7 +109,7 @@ pub fn run_dist(
             |l| trainer.restore(l),
         )
         .and_then(|resumed| {
-            run.record(cfg, trainer.tokenizer().1)?;
+            run.record(cfg, trainer.tokenizer().1, trainer.run_files())?;
             Ok(resumed)
         }),
         None => Ok(Resumed::default()),
@@ -228,9 +228,11 @@ pub fn run_dist(
             // Sharded (or pipelined) parameters, or sequences split over cp ranks, need every
             // rank for evaluation; otherwise rank 0 evaluates alone.
             if eval_now && (main || trainer.is_sharded() || trainer.dist().cp().is_some()) {
-                let val_loss = trainer.evaluate()?;
+                let eval = trainer.evaluate_full()?;
+                let val_loss = eval.map(|e| e.loss);
                 if main {
                     row.val_loss = val_loss;
+                    row.eval_accuracy = eval.and_then(|e| e.accuracy);
                     summary.last_val_loss = val_loss.or(summary.last_val_loss);
                 }
             }

@@ -50,7 +50,7 @@ mod tests {
     }
 
     #[test]
-    fn debugmodel_vl_has_a_tiny_tower_and_the_vision_tokens_last() {
+    fn debugmodel_vl_has_a_tiny_tower_and_the_chat_tokenizers_vision_tokens() {
         let m = Llama::create(Some("debugmodel_vl"), serde_json::json!({})).unwrap();
         let visual = spec::params(&m.args)
             .iter()
@@ -58,7 +58,8 @@ mod tests {
             .count();
         assert!(visual > 0);
         let vl = m.args.vision.as_ref().unwrap();
-        assert_eq!(vl.image_token_id, m.args.vocab_size - 2);
+        assert_eq!(vl.image_token_id, 5);
+        assert_eq!(vl.vision_start_token_id, Some(3));
         assert_eq!(m.args.hf_model_type, "qwen3_vl");
     }
 

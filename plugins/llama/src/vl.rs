@@ -137,7 +137,9 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
 
 /// The Qwen3-VL flavors: `qwen3_vl_2b`, `qwen3_vl_8b` and `qwen3_vl_30b_a3b` as released
 /// (parameter counts equal transformers'), and `debugmodel_vl`, the debug model with a tiny
-/// tower whose vision tokens are the vocabulary's last four ids.
+/// tower whose vision tokens are ids 3 to 6, where tokenizers trained on chat data number
+/// them (`<|vision_start|>`, `<|vision_end|>`, `<|image_pad|>`, `<|video_pad|>`, after
+/// `<|endoftext|>`, `<|im_start|>` and `<|im_end|>`).
 pub fn flavor(name: &str) -> Option<LlamaArgs> {
     let tower = |depth, hidden_size, intermediate_size, out_hidden_size, deepstack: [usize; 3]| {
         VisionArgs {
@@ -198,7 +200,6 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
         ),
         "debugmodel_vl" => {
             let text = crate::config::flavor("debugmodel_qwen3")?;
-            let v = text.vocab_size;
             LlamaArgs {
                 hf_model_type: "qwen3_vl".into(),
                 vision: Some(VlArgs {
@@ -211,11 +212,11 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
                         deepstack_visual_indexes: vec![0],
                         ..tower(0, 0, 0, text.dim, [0; 3])
                     },
-                    image_token_id: v - 2,
+                    image_token_id: 5,
                     mrope_section: vec![12, 10, 10],
-                    video_token_id: Some(v - 1),
-                    vision_start_token_id: Some(v - 4),
-                    vision_end_token_id: Some(v - 3),
+                    video_token_id: Some(6),
+                    vision_start_token_id: Some(3),
+                    vision_end_token_id: Some(4),
                 }),
                 ..text
             }

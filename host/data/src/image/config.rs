@@ -82,6 +82,27 @@ impl ProcessorConfig {
         Self::from_file(&dir.join("preprocessor_config.json"))
     }
 
+    /// The `preprocessor_config.json` transformers reads these settings from (as
+    /// `Qwen2VLImageProcessor`, which Qwen3-VL's processor is); [`ProcessorConfig::from_json_str`]
+    /// reads it back to the same settings.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "merge_size": self.merge_size,
+            "size": {"shortest_edge": self.min_pixels, "longest_edge": self.max_pixels},
+            "image_mean": self.image_mean,
+            "image_std": self.image_std,
+            "rescale_factor": self.rescale_factor,
+            "resample": PIL_BICUBIC,
+            "do_resize": self.do_resize,
+            "do_rescale": self.do_rescale,
+            "do_normalize": self.do_normalize,
+            "do_convert_rgb": self.do_convert_rgb,
+        })
+    }
+
     /// Parses the JSON text of a `preprocessor_config.json`; `origin` names it in errors.
     pub fn from_json_str(text: &str, origin: &str) -> Result<Self> {
         let value: Value = serde_json::from_str(text).map_err(|e| bad(origin, "(file)", e))?;
@@ -245,5 +266,24 @@ impl Reader<'_> {
             }
             Some(v) => Err(err(v)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_settings_read_back_the_same() {
+        let c = ProcessorConfig {
+            patch_size: 16,
+            min_pixels: 4096,
+            max_pixels: 65_536,
+            image_mean: [0.5; 3],
+            image_std: [0.5; 3],
+            ..ProcessorConfig::default()
+        };
+        let text = c.to_json().to_string();
+        assert_eq!(ProcessorConfig::from_json_str(&text, "<json>").unwrap(), c);
     }
 }

@@ -75,6 +75,52 @@ impl ProcessedImage {
     }
 }
 
+/// `tokens` with each image's placeholders as the model reads them: run `k` of `image_token`
+/// belongs to image `k`, which needs `counts[k]` placeholders; a run of one (as a chat template
+/// writes it) is expanded to that count, a run already of that count is kept. Any other run
+/// length, or a number of runs other than of images, is an error saying which.
+pub fn expand_placeholders(
+    tokens: &[i64],
+    image_token: i64,
+    counts: &[usize],
+) -> std::result::Result<Vec<i64>, String> {
+    let mut out = Vec::with_capacity(tokens.len() + counts.iter().sum::<usize>());
+    let mut runs = 0;
+    let mut i = 0;
+    while i < tokens.len() {
+        if tokens[i] != image_token {
+            out.push(tokens[i]);
+            i += 1;
+            continue;
+        }
+        let run = tokens[i..]
+            .iter()
+            .take_while(|&&t| t == image_token)
+            .count();
+        let Some(&need) = counts.get(runs) else {
+            return Err(format!(
+                "the prompt has more runs of image placeholders (token {image_token}) than the                  {} image(s)",
+                counts.len()
+            ));
+        };
+        if run != 1 && run != need {
+            return Err(format!(
+                "image {runs} needs {need} placeholder tokens (or one, which is expanded); the                  prompt has {run} in a row"
+            ));
+        }
+        out.extend(std::iter::repeat_n(image_token, need));
+        runs += 1;
+        i += run;
+    }
+    if runs != counts.len() {
+        return Err(format!(
+            "{} image(s) but {runs} run(s) of image placeholders (token {image_token}) in the prompt",
+            counts.len()
+        ));
+    }
+    Ok(out)
+}
+
 /// The image processor of a Qwen2-VL / Qwen3-VL checkpoint.
 #[derive(Debug, Clone, Default)]
 pub struct ImageProcessor {
@@ -199,6 +245,21 @@ impl ImageProcessor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placeholders_expand_from_one_or_stay_whole() {
+        let x = 9;
+        assert_eq!(
+            expand_placeholders(&[1, x, 2, x, x, x], x, &[2, 3]).unwrap(),
+            [1, x, x, 2, x, x, x]
+        );
+        let e = expand_placeholders(&[x, x, 2], x, &[3]).unwrap_err();
+        assert!(e.contains("needs 3") && e.contains("has 2"), "{e}");
+        let e = expand_placeholders(&[1, x], x, &[1, 1]).unwrap_err();
+        assert!(e.contains("2 image(s) but 1 run"), "{e}");
+        let e = expand_placeholders(&[x, 1, x], x, &[1]).unwrap_err();
+        assert!(e.contains("more runs"), "{e}");
+    }
 
     #[test]
     fn smart_resize_matches_python() {

@@ -144,7 +144,7 @@ pub fn run_rl_dist(
         &console,
     )?;
     if let Some(run) = &run {
-        run.record(cfg, &tokenizer_path)?;
+        run.record(cfg, &tokenizer_path, &Default::default())?;
     }
     let share = Share {
         rank: dist.rank() as u64,

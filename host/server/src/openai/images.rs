@@ -121,16 +121,9 @@ pub fn attach(
             vision.processor.process(&rgb).map_err(bad)
         })
         .collect::<OaiResult<Vec<_>>>()?;
-    let mut counts = processed.iter().map(|p| p.placeholder_tokens());
-    let mut expanded = Vec::with_capacity(tokens.len());
-    for t in tokens {
-        if t == vision.image_token {
-            let n = counts.next().expect("one count per placeholder");
-            expanded.extend(std::iter::repeat_n(t, n));
-        } else {
-            expanded.push(t);
-        }
-    }
+    let counts: Vec<usize> = processed.iter().map(|p| p.placeholder_tokens()).collect();
+    let expanded = anneal_data::image::expand_placeholders(&tokens, vision.image_token, &counts)
+        .map_err(|e| OaiError::invalid(Some("messages"), e))?;
     let inputs = ImageInputs::from_processed(processed)
         .map_err(|e| OaiError::server(format!("cannot hold the images: {e}")))?;
     Ok((expanded, Arc::new(inputs)))

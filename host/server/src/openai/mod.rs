@@ -25,7 +25,7 @@ mod images;
 pub mod models;
 mod request;
 mod responses;
-pub mod template;
+pub use anneal_data::chat::template;
 mod text;
 
 pub use error::{openai_errors, refusal, MAX_CHAT_REQUEST_BYTES, MAX_REQUEST_BYTES};

@@ -91,9 +91,16 @@ impl RunDir {
 
     /// Records what this run trains with: `config.toml` (the resolved config) and a copy of
     /// the tokenizer as `tokenizer.json` (what `anneal checkpoint export` and a later
-    /// `rl.init_from` find next to the checkpoints). Called only after a resume was accepted,
-    /// so a refused start leaves the files of the run as they were.
-    pub fn record(&self, cfg: &JobConfig, tokenizer: &Path) -> Result<(), TrainError> {
+    /// `rl.init_from` find next to the checkpoints), and the files a chat run renders and
+    /// reads images with (`files`: `tokenizer_config.json`, `preprocessor_config.json`), which
+    /// an export carries. Called only after a resume was accepted, so a refused start leaves
+    /// the files of the run as they were.
+    pub fn record(
+        &self,
+        cfg: &JobConfig,
+        tokenizer: &Path,
+        files: &crate::RunFiles,
+    ) -> Result<(), TrainError> {
         self.recorded.set(true);
         let config_path = self.path.join("config.toml");
         std::fs::write(&config_path, cfg.to_toml()).map_err(io_err(&config_path))?;
@@ -107,6 +114,12 @@ impl RunDir {
             let tmp = self.path.join("tokenizer.json.tmp");
             std::fs::copy(tokenizer, &tmp).map_err(io_err(&tmp))?;
             std::fs::rename(&tmp, &copy).map_err(io_err(&copy))?;
+        }
+        for (name, text) in &files.files {
+            let path = self.path.join(name);
+            let tmp = self.path.join(format!("{name}.tmp"));
+            std::fs::write(&tmp, text).map_err(io_err(&tmp))?;
+            std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
         }
         Ok(())
     }
@@ -189,7 +202,8 @@ mod tests {
         let run = RunDir::open(&dir).expect("open");
         let tok = base.join("tok.json");
         std::fs::write(&tok, "{}").expect("write");
-        run.record(&JobConfig::default(), &tok).expect("record");
+        run.record(&JobConfig::default(), &tok, &Default::default())
+            .expect("record");
         drop(run);
         assert!(dir.join("config.toml").is_file() && dir.join(LOCK_FILE).is_file());
         let _ = std::fs::remove_dir_all(&base);

@@ -218,6 +218,8 @@ impl Context {
             targets: self.split.take(&b.targets, b.batch, b.seq_len),
             batch: b.batch,
             seq_len: b.seq_len / self.split.size,
+            images: Vec::new(),
+            row_images: Vec::new(),
         }
     }
 

@@ -382,18 +382,7 @@ impl Dist {
                     .contains(&i)
                     .then_some(b)
             }
-            BatchSplit::Rows { rows } => {
-                let (from, to) = (
-                    self.rank() * rows * b.seq_len,
-                    (self.rank() + 1) * rows * b.seq_len,
-                );
-                Some(Batch {
-                    inputs: b.inputs[from..to].to_vec(),
-                    targets: b.targets[from..to].to_vec(),
-                    batch: rows,
-                    seq_len: b.seq_len,
-                })
-            }
+            BatchSplit::Rows { rows } => Some(b.rows(self.rank() * rows, (self.rank() + 1) * rows)),
         }
     }
 

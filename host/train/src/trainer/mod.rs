@@ -3,9 +3,12 @@
 //! in `layouts.rs`; saving and restoring its state in `state.rs`; the named steps of one
 //! training step in `step.rs`.
 
+mod data;
 mod layouts;
 mod state;
 mod step;
+
+pub use data::RunFiles;
 
 use crate::harness::{clip_grads, Provenance};
 use crate::parallel::dist::Dist;
@@ -14,7 +17,7 @@ use crate::parallel::fsdp::{Active, Fsdp, Hook, Units};
 use crate::schedule::LrSchedule;
 use crate::TrainError;
 use anneal_config::{JobConfig, RecomputeMode};
-use anneal_data::{Batch, PackedLoader, TextTokenizer, TokenDataset};
+use anneal_data::{Batch, TextTokenizer};
 use anneal_engine::ops::{cross_entropy, CrossEntropy};
 use anneal_engine::{autograd, Device, Tensor};
 use anneal_runtime::plugins::{
@@ -68,8 +71,12 @@ pub struct Trainer {
     buffers: Vec<(String, Tensor)>,
     optimizer: PluginOptimizer,
     schedule: LrSchedule,
-    loader: PackedLoader,
+    loader: data::Loader,
     val_batches: Vec<Batch>,
+    /// Whether the data is conversations (held-out replies then give an accuracy).
+    chat: bool,
+    /// What the run dir records beside the tokenizer (a chat run's template and processor).
+    run_files: RunFiles,
     positions: Tensor,
     /// Blocks a memory-budget plan recomputes (`activation_checkpoint.mode = "budget"`).
     recompute_plan: Option<Arc<Vec<bool>>>,
@@ -132,7 +139,6 @@ impl Trainer {
         checked: crate::preflight::Preflight,
         note: &dyn Fn(&str),
     ) -> Result<Self, TrainError> {
-        let d = &cfg.data;
         let t = &cfg.training;
         let crate::preflight::Preflight {
             device,
@@ -141,40 +147,16 @@ impl Trainer {
             files,
         } = checked;
         anneal_engine::set_allow_tf32(t.allow_tf32);
-        let data_path = PathBuf::from(&d.path);
-        let cache_dir = PathBuf::from(&d.cache_dir);
         note(&format!(
             "data: {} file(s) under {}",
             files.len(),
-            data_path.display()
+            cfg.data.path
         ));
-        let started = Instant::now();
-        let (tokenizer, tokenizer_path) = TextTokenizer::load_or_train(
-            &d.tokenizer,
-            &files,
-            &d.text_field,
-            d.vocab_size,
-            &cache_dir,
-        )?;
-        let dataset = TokenDataset::build(
-            &files,
-            &d.text_field,
-            &tokenizer,
-            d.val_fraction,
-            &cache_dir,
-        )?;
-        note(&format!(
-            "data: tokenizer {} (vocab {}), {} train / {} held-out tokens ({:.1}s)",
-            tokenizer_path.display(),
-            tokenizer.vocab_size(),
-            dataset.train.len(),
-            dataset.val.len(),
-            started.elapsed().as_secs_f64()
-        ));
-
+        let data = data::build(cfg, &files, model.spec(), note)?;
+        let (tokenizer, tokenizer_path) = (data.tokenizer, data.tokenizer_path);
         let provenance = Provenance {
             tokenizer_sha256: tokenizer.sha256()?,
-            data_sha256: dataset.train_sha256(),
+            data_sha256: data.data_sha256,
         };
         let spec = model.spec();
         crate::preflight::vocab(
@@ -206,17 +188,7 @@ impl Trainer {
             spec.n_layers
         ));
 
-        let loader = PackedLoader::new(dataset.train.into(), t.seq_len, t.seed, d.shuffle)?;
-        let val_batches = if cfg.metrics.eval_freq > 0 && dataset.val.len() > t.seq_len {
-            PackedLoader::eval_batches(
-                &dataset.val,
-                t.seq_len,
-                t.micro_batch_size,
-                cfg.metrics.eval_batches,
-            )
-        } else {
-            Vec::new()
-        };
+        let (loader, val_batches) = (data.loader, data.val_batches);
         if cfg.metrics.eval_freq > 0 && val_batches.is_empty() {
             note("data: the held-out split is shorter than one sequence; no validation loss");
         }
@@ -249,6 +221,8 @@ impl Trainer {
             optimizer,
             loader,
             val_batches,
+            chat: data.chat,
+            run_files: data.run_files,
             positions,
             step: 0,
             tokens: 0,
@@ -313,6 +287,11 @@ impl Trainer {
     /// Whether a validation split exists.
     pub fn has_validation(&self) -> bool {
         !self.val_batches.is_empty()
+    }
+
+    /// What the run dir records beside the tokenizer (empty for text data).
+    pub fn run_files(&self) -> &RunFiles {
+        &self.run_files
     }
 
     /// Under FSDP, activates the per-block driver (each block's parameters gathered and freed
@@ -417,6 +396,20 @@ impl Trainer {
                 Tensor::from_slice(&b.targets, &[b.batch * b.seq_len])?.to_device(self.device)?,
                 b.seq_len,
             ),
+        };
+        let with_images;
+        let opts = match b.images.is_empty() {
+            true => opts,
+            false => {
+                let mut images =
+                    anneal_runtime::plugins::ImageInputs::from_processed(b.images.clone())?;
+                images.pixel_values = images.pixel_values.to_device(self.device)?;
+                with_images = ForwardOpts {
+                    images: Some(Arc::new(images)),
+                    ..opts.clone()
+                };
+                &with_images
+            }
         };
         let out = self
             .model
@@ -543,6 +536,12 @@ impl Trainer {
     /// Mean loss over the held-out batches (`None` without a validation split). Under FSDP it
     /// gathers the parameters block by block: every rank must call it.
     pub fn evaluate(&mut self) -> Result<Option<f64>, TrainError> {
+        Ok(self.evaluate_full()?.map(|e| e.loss))
+    }
+
+    /// [`Trainer::evaluate`] with, for chat data, the share of held-out conversations whose
+    /// replies greedy decoding writes exactly (every reply token the arg-max).
+    pub fn evaluate_full(&mut self) -> Result<Option<Evaluation>, TrainError> {
         if self.val_batches.is_empty() {
             return Ok(None);
         }
@@ -575,17 +574,32 @@ impl Trainer {
                 None => pipe.evaluate(comm, &ctx, &self.val_batches)?,
             };
             let sum: f64 = losses.iter().map(|&l| l as f64).sum();
-            return Ok(Some(sum / self.val_batches.len() as f64));
+            return Ok(Some(Evaluation {
+                loss: sum / self.val_batches.len() as f64,
+                accuracy: None,
+            }));
         }
         // Under FSDP block by block, as in training (one micro-batch per held-out batch).
         let (active, opts) = self.block_forward(false)?;
         let _g = autograd::no_grad();
         let mut losses = Vec::with_capacity(self.val_batches.len());
+        // Replies exact and replies seen; sequences split over cp ranks give no whole rows.
+        let mut replies = (self.chat && self.cp.is_none() && self.tp.is_none()).then_some((0, 0));
         for b in &self.val_batches {
             if let Some(u) = &self.units {
                 u.borrow_mut().begin_micro_batch()?;
             }
-            losses.push(self.batch_forward(b, &opts)?.0.item()?);
+            let (loss, out) = self.batch_forward(b, &opts)?;
+            losses.push(loss.item()?);
+            if let Some((right, seen)) = &mut replies {
+                let logits = out
+                    .logits
+                    .to_device(Device::Cpu)?
+                    .to_dtype(anneal_engine::DType::F32)?;
+                let (r, s) = data::exact_replies(&logits.to_vec::<f32>(), b);
+                *right += r;
+                *seen += s;
+            }
             if let Some(u) = &self.units {
                 u.borrow_mut().end_forward_only()?;
             }
@@ -595,6 +609,21 @@ impl Trainer {
             losses = cp.sum_parts(comm, &losses)?;
         }
         let sum: f64 = losses.iter().map(|&l| l as f64).sum();
-        Ok(Some(sum / self.val_batches.len() as f64))
+        Ok(Some(Evaluation {
+            loss: sum / self.val_batches.len() as f64,
+            accuracy: replies
+                .filter(|&(_, seen)| seen > 0)
+                .map(|(right, seen)| right as f64 / seen as f64),
+        }))
     }
+}
+
+/// What one evaluation measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evaluation {
+    /// Mean held-out loss.
+    pub loss: f64,
+    /// For chat data, the share of held-out conversations whose replies greedy decoding writes
+    /// exactly.
+    pub accuracy: Option<f64>,
 }

@@ -76,7 +76,7 @@ impl Trainer {
         // Every rank reads the whole global batch (so the order never depends on the number of
         // ranks) and trains on its own consecutive micro-batches, or on its rows of each.
         for i in 0..n_micro {
-            let b = self.loader.next_batch(t.micro_batch_size);
+            let b = self.loader.next_batch(t.micro_batch_size)?;
             let Some(b) = self.dist.local_batch(i, n_micro, b) else {
                 continue;
             };

@@ -4,11 +4,13 @@
 //! `chat_template` of `tokenizer_config.json` (a string, or a list of named templates of which
 //! `default` is used). It is rendered as `transformers` renders it: with `trim_blocks` and
 //! `lstrip_blocks`, loop controls, Python string/dict methods, `raise_exception(msg)`, and the
-//! variables `messages`, `add_generation_prompt` (always true: the model writes the next
-//! assistant turn), `bos_token` and `eos_token` (from `tokenizer_config.json`).
+//! variables `messages`, `add_generation_prompt` (true when the model is to write the next
+//! assistant turn, false when a whole conversation is rendered for training), `bos_token` and
+//! `eos_token` (from `tokenizer_config.json`).
 //!
 //! Without a template the prompt is one line per message, `<role>: <content>`, then
-//! `assistant:` (the documented fallback, fit for models trained on plain text).
+//! `assistant:` (the documented fallback, fit for models trained on plain text). Tokenizers
+//! trained here for chat data use [`CHATML`], Qwen's format.
 //!
 //! A template is code from the model's files, so a render is held to [`RenderLimits`]: fuel
 //! (minijinja's count of instructions and of the bytes a template creates, which bounds both its
@@ -166,6 +168,28 @@ pub struct ChatTemplate {
 
 const NAME: &str = "chat";
 
+/// The chat template of tokenizers trained here on chat data: ChatML as Qwen writes it, each
+/// message `<|im_start|>role\n...<|im_end|>\n`, an image part as
+/// `<|vision_start|><|image_pad|><|vision_end|>` (one placeholder, expanded to the image's
+/// tokens after tokenizing).
+pub const CHATML: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
+{% if message.content is string %}{{ message.content }}{% else %}\
+{% for part in message.content %}{% if part.type == 'image' %}\
+<|vision_start|><|image_pad|><|vision_end|>{% elif part.type == 'text' %}{{ part.text }}\
+{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// The special tokens [`CHATML`] writes, in the order tokenizers trained for chat data number
+/// them (right after `<|endoftext|>`, id 0): message bounds, then the vision tokens.
+pub const CHATML_SPECIALS: [&str; 6] = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+];
+
 impl ChatTemplate {
     /// The fallback: `<role>: <content>` lines, then `assistant:`.
     pub fn fallback() -> ChatTemplate {
@@ -267,6 +291,12 @@ impl ChatTemplate {
         self.render_cancellable(messages, &AtomicBool::new(false))
     }
 
+    /// `messages` as a whole conversation (`add_generation_prompt` false): what a model is
+    /// trained on.
+    pub fn render_conversation(&self, messages: &[Message]) -> Result<String, TemplateError> {
+        self.render_with(messages, false, &AtomicBool::new(false))
+    }
+
     /// [`ChatTemplate::render`] that stops, failing with [`TemplateError::Cancelled`], once
     /// `cancel` is set. Renders take long only by looping, so call this off async workers.
     pub fn render_cancellable(
@@ -274,12 +304,23 @@ impl ChatTemplate {
         messages: &[Message],
         cancel: &AtomicBool,
     ) -> Result<String, TemplateError> {
+        self.render_with(messages, true, cancel)
+    }
+
+    fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        cancel: &AtomicBool,
+    ) -> Result<String, TemplateError> {
         let Some(env) = &self.env else {
             let mut out: String = messages
                 .iter()
                 .map(|m| format!("{}: {}\n", m.role, m.content.text()))
                 .collect();
-            out.push_str("assistant:");
+            if add_generation_prompt {
+                out.push_str("assistant:");
+            }
             return Ok(out);
         };
         let template = env
@@ -295,7 +336,7 @@ impl ChatTemplate {
         let rendered = template.render_captured_to(
             minijinja::context! {
                 messages => minijinja::Value::from(minijinja::value::Serde(messages)),
-                add_generation_prompt => true,
+                add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos,
                 eos_token => &self.eos,
             },

@@ -1,0 +1,431 @@
+//! The trainer's data: text documents packed into windows, or chat conversations one per row,
+//! the loss on the assistant's replies, with a vision model's images. Built once at start;
+//! served a batch at a time.
+
+use crate::TrainError;
+use anneal_config::JobConfig;
+use anneal_data::chat::encode::{ChatEncoder, EncodedChat, VisionTokens};
+use anneal_data::chat::loader::RowShape;
+use anneal_data::chat::template::{ChatTemplate, CHATML};
+use anneal_data::image::{ImageProcessor, ProcessorConfig};
+use anneal_data::{Batch, ChatLoader, LoaderState, PackedLoader, TextTokenizer, TokenDataset};
+use anneal_plugin_api::spec::ModelSpec;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Where the training batches come from.
+pub(crate) enum Loader {
+    /// Windows of the packed token stream.
+    Packed(PackedLoader),
+    /// Conversations, one per row.
+    Chat(ChatLoader),
+}
+
+impl Loader {
+    /// The next `rows` rows.
+    pub(crate) fn next_batch(&mut self, rows: usize) -> Result<Batch, TrainError> {
+        match self {
+            Loader::Packed(l) => Ok(l.next_batch(rows)),
+            Loader::Chat(l) => Ok(l.next_batch(rows)?),
+        }
+    }
+
+    /// Where it stands (saved in checkpoints).
+    pub(crate) fn state(&self) -> LoaderState {
+        match self {
+            Loader::Packed(l) => l.state(),
+            Loader::Chat(l) => l.state(),
+        }
+    }
+
+    /// Continues from a saved state.
+    pub(crate) fn restore(&mut self, s: &LoaderState) -> Result<(), TrainError> {
+        match self {
+            Loader::Packed(l) => l.restore(s)?,
+            Loader::Chat(l) => l.restore(s)?,
+        }
+        Ok(())
+    }
+}
+
+/// What a chat run records beside its `tokenizer.json`, so an export renders chats and reads
+/// images as the run did: `tokenizer_config.json` (the chat template and end-of-turn token)
+/// and, for a vision model, `preprocessor_config.json`.
+#[derive(Clone, Debug, Default)]
+pub struct RunFiles {
+    /// File name → contents.
+    pub files: Vec<(String, String)>,
+}
+
+/// Everything the trainer reads data through.
+pub(super) struct TrainData {
+    pub tokenizer: TextTokenizer,
+    pub tokenizer_path: PathBuf,
+    pub loader: Loader,
+    pub val_batches: Vec<Batch>,
+    /// Hex SHA-256 of the training data as trained on (checkpoints refuse other data).
+    pub data_sha256: String,
+    pub run_files: RunFiles,
+    /// Whether held-out batches are conversations, whose replies give an accuracy.
+    pub chat: bool,
+}
+
+/// Builds the data of `cfg` from `files` for a model of `spec`; `note` gets progress lines.
+pub(super) fn build(
+    cfg: &JobConfig,
+    files: &[PathBuf],
+    spec: &ModelSpec,
+    note: &dyn Fn(&str),
+) -> Result<TrainData, TrainError> {
+    match crate::preflight::is_chat(cfg, files) {
+        true => build_chat(cfg, files, spec, note),
+        false => build_text(cfg, files, note),
+    }
+}
+
+fn build_text(
+    cfg: &JobConfig,
+    files: &[PathBuf],
+    note: &dyn Fn(&str),
+) -> Result<TrainData, TrainError> {
+    let (d, t) = (&cfg.data, &cfg.training);
+    let cache_dir = PathBuf::from(&d.cache_dir);
+    let started = Instant::now();
+    let (tokenizer, tokenizer_path) =
+        TextTokenizer::load_or_train(&d.tokenizer, files, &d.text_field, d.vocab_size, &cache_dir)?;
+    let dataset =
+        TokenDataset::build(files, &d.text_field, &tokenizer, d.val_fraction, &cache_dir)?;
+    note(&format!(
+        "data: tokenizer {} (vocab {}), {} train / {} held-out tokens ({:.1}s)",
+        tokenizer_path.display(),
+        tokenizer.vocab_size(),
+        dataset.train.len(),
+        dataset.val.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    let data_sha256 = dataset.train_sha256();
+    let loader = PackedLoader::new(dataset.train.into(), t.seq_len, t.seed, d.shuffle)?;
+    let val_batches = if cfg.metrics.eval_freq > 0 && dataset.val.len() > t.seq_len {
+        PackedLoader::eval_batches(
+            &dataset.val,
+            t.seq_len,
+            t.micro_batch_size,
+            cfg.metrics.eval_batches,
+        )
+    } else {
+        Vec::new()
+    };
+    Ok(TrainData {
+        tokenizer,
+        tokenizer_path,
+        loader: Loader::Packed(loader),
+        val_batches,
+        data_sha256,
+        run_files: RunFiles::default(),
+        chat: false,
+    })
+}
+
+fn build_chat(
+    cfg: &JobConfig,
+    files: &[PathBuf],
+    spec: &ModelSpec,
+    note: &dyn Fn(&str),
+) -> Result<TrainData, TrainError> {
+    let (d, t) = (&cfg.data, &cfg.training);
+    let started = Instant::now();
+    let conversations = anneal_data::chat::read_conversations(files)?;
+    let trained_here = d.tokenizer == "train";
+    let template = match trained_here {
+        true => ChatTemplate::new(Some(CHATML.into()), None, Some("<|im_end|>".into())),
+        false => ChatTemplate::load(Path::new(&d.tokenizer).parent().unwrap_or(Path::new("."))),
+    };
+    let template = template.map_err(|e| TrainError::Config(format!("data: {e}")))?;
+    // A tokenizer trained here learns from the conversations as rendered, so the template's
+    // own words (roles) become tokens too.
+    let texts: Vec<String> = match trained_here {
+        true => conversations
+            .iter()
+            .map(|c| template.render_conversation(&c.messages))
+            .collect::<Result<_, _>>()
+            .map_err(|e| TrainError::Config(format!("data: {e}")))?,
+        false => Vec::new(),
+    };
+    let (tokenizer, tokenizer_path) = TextTokenizer::load_or_train_chat(
+        &d.tokenizer,
+        &texts,
+        d.vocab_size,
+        Path::new(&d.cache_dir),
+    )?;
+    let mut tokenizer_config = match trained_here {
+        true => serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "chat_template": CHATML,
+            "eos_token": "<|im_end|>",
+            "pad_token": anneal_data::tokenizer::TRAINED_EOS,
+        }),
+        false => {
+            let dir = tokenizer_path.parent().unwrap_or(Path::new("."));
+            std::fs::read_to_string(dir.join("tokenizer_config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or(Value::Null)
+        }
+    };
+    let vision = vision_of(cfg, spec, &tokenizer)?;
+    let images = conversations.iter().map(|c| c.images.len()).sum::<usize>();
+    if images > 0 {
+        refuse_image_layouts(cfg)?;
+    }
+    let encoder = ChatEncoder {
+        template: &template,
+        tokenizer: &tokenizer,
+        vision: vision.as_ref(),
+    };
+    let encoded = encoder.encode_all(&conversations)?;
+    let shape = RowShape {
+        seq_len: t.seq_len,
+        pad_id: tokenizer.eos_id(),
+        processor: vision.as_ref().map(|v| v.processor.clone()),
+    };
+    let (kept, idle): (Vec<EncodedChat>, Vec<EncodedChat>) =
+        encoded.into_iter().partition(|e| shape.trains_on(e));
+    let cut = kept.iter().filter(|e| shape.cuts(e)).count();
+    let (train, val) = split_held_out(kept, d.val_fraction);
+    note(&format!(
+        "data: tokenizer {} (vocab {}), {} train / {} held-out conversations, {images} images ({:.1}s)",
+        tokenizer_path.display(),
+        tokenizer.vocab_size(),
+        train.len(),
+        val.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    if cut > 0 || !idle.is_empty() {
+        note(&format!(
+            "data: {cut} conversation(s) cut to seq_len {}; {} skipped with no assistant token within it",
+            t.seq_len,
+            idle.len()
+        ));
+    }
+    let data_sha256 = digest(&train);
+    let val_batches = match cfg.metrics.eval_freq > 0 && !val.is_empty() {
+        true => {
+            ChatLoader::eval_batches(&val, &shape, t.micro_batch_size, cfg.metrics.eval_batches)?
+        }
+        false => Vec::new(),
+    };
+    let loader = ChatLoader::new(train.into(), shape, t.seed, d.shuffle)?;
+    let mut run_files = RunFiles::default();
+    if let Value::Object(map) = &mut tokenizer_config {
+        // The template the run rendered with, whatever file it came from.
+        if !map.contains_key("chat_template") && trained_here {
+            map.insert("chat_template".into(), CHATML.into());
+        }
+    }
+    if !tokenizer_config.is_null() {
+        run_files.files.push((
+            "tokenizer_config.json".into(),
+            serde_json::to_string_pretty(&tokenizer_config).unwrap_or_default(),
+        ));
+    }
+    if let Some(v) = &vision {
+        run_files.files.push((
+            "preprocessor_config.json".into(),
+            serde_json::to_string_pretty(&v.processor.config().to_json()).unwrap_or_default(),
+        ));
+    }
+    Ok(TrainData {
+        tokenizer,
+        tokenizer_path,
+        loader: Loader::Chat(loader),
+        val_batches,
+        data_sha256,
+        run_files,
+        chat: true,
+    })
+}
+
+/// The vision input of a model whose Hugging Face config names an `image_token_id` and a
+/// `vision_config`: that token (which must be the tokenizer's), and the processor of
+/// `checkpoint.init_from_hf`'s `preprocessor_config.json`, else Qwen3-VL's at the model's patch
+/// sizes with `data.image_min_pixels` / `image_max_pixels`. `None` for a text-only model.
+fn vision_of(
+    cfg: &JobConfig,
+    spec: &ModelSpec,
+    tokenizer: &TextTokenizer,
+) -> Result<Option<VisionTokens>, TrainError> {
+    let Some(hf) = spec.hf.as_ref().map(|h| &h.config) else {
+        return Ok(None);
+    };
+    let (Some(image_token), Some(vc)) = (
+        hf.get("image_token_id").and_then(Value::as_u64),
+        hf.get("vision_config"),
+    ) else {
+        return Ok(None);
+    };
+    let image_token = u32::try_from(image_token)
+        .map_err(|_| TrainError::Config(format!("model: image_token_id {image_token}")))?;
+    if tokenizer.id_to_token(image_token).is_none() {
+        return Err(TrainError::Config(format!(
+            "data: the model's image placeholder is token {image_token}, which the tokenizer \
+             (vocabulary {}) does not have",
+            tokenizer.vocab_size()
+        )));
+    }
+    let from_dir = cfg
+        .checkpoint
+        .init_from_hf
+        .as_ref()
+        .map(|dir| Path::new(dir).join("preprocessor_config.json"))
+        .filter(|p| p.is_file());
+    let config = match from_dir {
+        Some(p) => ProcessorConfig::from_file(&p).map_err(anneal_data::DataError::from)?,
+        None => {
+            let size = |key: &str, default: usize| {
+                vc.get(key)
+                    .and_then(Value::as_u64)
+                    .map_or(default, |v| v as usize)
+            };
+            ProcessorConfig {
+                patch_size: size("patch_size", 16),
+                temporal_patch_size: size("temporal_patch_size", 2),
+                merge_size: size("spatial_merge_size", 2),
+                min_pixels: cfg.data.image_min_pixels,
+                max_pixels: cfg.data.image_max_pixels,
+                image_mean: [0.5; 3],
+                image_std: [0.5; 3],
+                ..ProcessorConfig::default()
+            }
+        }
+    };
+    Ok(Some(VisionTokens {
+        image_token,
+        processor: ImageProcessor::new(config),
+    }))
+}
+
+/// Images reach the model through the forward's options, which the pipeline, context and
+/// tensor-parallel paths do not carry yet.
+fn refuse_image_layouts(cfg: &JobConfig) -> Result<(), TrainError> {
+    let p = &cfg.parallelism;
+    for (key, n) in [("pp", p.pp), ("cp", p.cp), ("tp", p.tp)] {
+        if n > 1 {
+            return Err(TrainError::Config(format!(
+                "config: `parallelism.{key}` = {n}: training on images runs single-process, \
+                 under DDP or under FSDP; not yet with {key} > 1"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Conversations held out for validation: with fraction `f`, conversation `i` is held out when
+/// `floor((i + 1) f) > floor(i f)`, spread evenly over the data.
+fn split_held_out(docs: Vec<EncodedChat>, f: f64) -> (Vec<EncodedChat>, Vec<EncodedChat>) {
+    let mut train = Vec::with_capacity(docs.len());
+    let mut val = Vec::new();
+    for (i, d) in docs.into_iter().enumerate() {
+        let held = ((i + 1) as f64 * f).floor() > (i as f64 * f).floor();
+        match held {
+            true => val.push(d),
+            false => train.push(d),
+        }
+    }
+    (train, val)
+}
+
+/// SHA-256 of the conversations as trained on: tokens, loss flags and image paths.
+fn digest(docs: &[EncodedChat]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for d in docs {
+        h.update((d.tokens.len() as u64).to_le_bytes());
+        for (&t, &on) in d.tokens.iter().zip(&d.trained) {
+            h.update(t.to_le_bytes());
+            h.update([u8::from(on)]);
+        }
+        for p in &d.images {
+            let p = p.to_string_lossy();
+            h.update((p.len() as u64).to_le_bytes());
+            h.update(p.as_bytes());
+        }
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// Of one held-out batch's logits `[rows · seq_len, V]` (f32 on the host), the rows whose
+/// every trained target is the arg-max (a reply greedy decoding writes exactly), and the rows
+/// that have a trained target.
+pub(super) fn exact_replies(logits: &[f32], b: &Batch) -> (usize, usize) {
+    let v = logits.len() / b.targets.len().max(1);
+    let mut right = 0;
+    let mut rows = 0;
+    for r in 0..b.batch {
+        let targets = &b.targets[r * b.seq_len..(r + 1) * b.seq_len];
+        if targets
+            .iter()
+            .all(|&t| t == anneal_data::loader::IGNORE_INDEX)
+        {
+            continue;
+        }
+        rows += 1;
+        let ok = targets.iter().enumerate().all(|(j, &t)| {
+            if t == anneal_data::loader::IGNORE_INDEX {
+                return true;
+            }
+            let at = (r * b.seq_len + j) * v;
+            let row = &logits[at..at + v];
+            let best = row
+                .iter()
+                .enumerate()
+                .fold((0usize, f32::NEG_INFINITY), |m, (k, &x)| {
+                    if x > m.1 {
+                        (k, x)
+                    } else {
+                        m
+                    }
+                })
+                .0;
+            best as i64 == t
+        });
+        right += usize::from(ok);
+    }
+    (right, rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_out_conversations_are_spread_evenly() {
+        let docs: Vec<EncodedChat> = (0..10)
+            .map(|i| EncodedChat {
+                tokens: vec![i],
+                trained: vec![false],
+                images: vec![],
+                image_spans: vec![],
+            })
+            .collect();
+        let (train, val) = split_held_out(docs, 0.2);
+        let ids: Vec<u32> = val.iter().map(|d| d.tokens[0]).collect();
+        assert_eq!(ids, [4, 9]);
+        assert_eq!(train.len(), 8);
+    }
+
+    #[test]
+    fn a_reply_counts_when_every_trained_target_is_the_arg_max() {
+        let b = Batch {
+            inputs: vec![0; 4],
+            targets: vec![-100, 1, -100, 0],
+            batch: 2,
+            seq_len: 2,
+            images: vec![],
+            row_images: vec![],
+        };
+        // Row 0 predicts 1 at its trained position (right); row 1 predicts 1, wants 0 (wrong).
+        let logits = [0.0, 0.0, 0.1, 0.9, 0.0, 0.0, 0.2, 0.8];
+        assert_eq!(exact_replies(&logits, &b), (1, 2));
+    }
+}
