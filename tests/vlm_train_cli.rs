@@ -2,8 +2,9 @@
 //! synthetic shapes data of `scripts/vlm-data.py`, the debug Qwen3-VL with a smaller decoder.
 //! A run logs `eval_accuracy`, resumes on the same losses bit for bit, records its chat
 //! template and image processor, and exports a directory that `anneal generate --image` and
-//! `anneal serve --model` answer questions about an image with. Bad chat data (a missing
-//! image, images for a text-only model) is one error line, exit 2, before any training.
+//! `anneal serve --model` answer questions about an image with. Bad chat data (a missing,
+//! truncated or 20,000 x 20,000 image, images for a text-only model) is one error line, exit 2,
+//! before any training.
 
 use anneal_tests::cli::{anneal, error_line, json_of, losses, ok, rows};
 use anneal_tests::serve::{temp_home, Server};
@@ -210,6 +211,24 @@ fn bad_chat_data_is_one_error_line_before_training() {
     let line = error_line(&train(&cfg, &dir.join("missing"), &[]), 2);
     assert!(
         line.contains("train.jsonl:3") && line.contains("00002.png: image file not found"),
+        "{line}"
+    );
+    // A truncated image, and one whose header declares 20,000 x 20,000 pixels: refused from
+    // the header, past the documented limit, before any pixel buffer.
+    let image = data.join("images/00002.png");
+    let bytes = std::fs::read(data.join("images/00003.png")).unwrap();
+    std::fs::write(&image, &bytes[..bytes.len() / 2]).unwrap();
+    let line = error_line(&train(&cfg, &dir.join("cut"), &[]), 2);
+    assert!(
+        line.contains("train.jsonl:3") && line.contains("corrupt or truncated"),
+        "{line}"
+    );
+    let huge = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../host/runtime/tests/fixtures/tiny_qwen3_vl/huge.png");
+    std::fs::copy(huge, &image).unwrap();
+    let line = error_line(&train(&cfg, &dir.join("huge"), &[]), 2);
+    assert!(
+        line.contains("20000 x 20000") && line.contains("over the limit"),
         "{line}"
     );
     // Images for a text-only model.
