@@ -172,7 +172,7 @@ impl LlamaArgs {
             m.validate(self.n_layers)?;
         }
         if let Some(v) = &self.vision {
-            v.validate(self)?;
+            v.validate(&crate::vl::text_shape(self))?;
         }
         Ok(())
     }

@@ -4,7 +4,6 @@
 pub mod config;
 pub mod hf;
 pub mod model;
-pub mod mrope;
 pub mod spec;
 pub mod vl;
 

@@ -10,6 +10,7 @@
 
 use crate::config::LlamaArgs;
 use crate::spec::{BlockParams, FeedForward, LlamaParams};
+use anneal_plugin_api::sdk::vision::{self, mrope};
 use anneal_plugin_api::sdk::{
     AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
 };
@@ -71,7 +72,7 @@ impl Llama {
         }
         let rope = self.rope();
         let turn = |x: Tensor<'h>| match (pos3, &a.vision) {
-            (Some(p), Some(vl)) => crate::mrope::apply(ctx, &x, p, &rope, &vl.mrope_section),
+            (Some(p), Some(vl)) => mrope::apply(ctx, &x, p, &rope, &vl.mrope_section),
             _ => x.rope(&ctx.positions, &rope),
         };
         let q_bhtd = turn(q_bthd.transpose(1, 2)?)?;
@@ -143,10 +144,10 @@ impl Model for Llama {
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
         let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
         match (&ctx.images, &self.params.vision, &self.args.vision) {
-            (None, _, Some(_)) => crate::vl::embed_text(ctx, h),
+            (None, _, Some(_)) => vision::embed_text(ctx, h),
             (None, _, None) => Ok(vec![h]),
             (Some(images), Some(tower), Some(vl)) => {
-                crate::vl::embed_images(ctx, tower, vl.image_token_id, &tokens, h, images)
+                vision::embed_images(ctx, tower, vl.image_token_id, &tokens, h, images)
             }
             (Some(_), _, _) => Err(format!(
                 "this {} model takes no images (it has no vision tower)",
@@ -181,7 +182,7 @@ impl Model for Llama {
         )?)?;
         let normed = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
         let out = h.add(&self.feed_forward(ctx, l, index, &normed)?)?;
-        crate::vl::add_deepstack(out, pos3, hidden.collect())
+        vision::add_deepstack(out, pos3, hidden.collect())
     }
 
     /// Aux-loss-free balancing: each sparse layer's routing bias moves towards balance.

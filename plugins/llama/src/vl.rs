@@ -7,72 +7,23 @@
 //!
 //! Text alone keeps 1-D positions: transformers' interleaved 3-D MRoPE then gives every axis
 //! the same position, which is the 1-D rotary embedding. With images, `embed` reads the token
-//! ids and computes the 3-D positions (`mrope.rs`), which travel beside the hidden state to
-//! every block; with a KV cache the prompt's delta is kept as state, so decode continues it.
+//! ids and computes the 3-D positions ([`anneal_plugin_api::sdk::vision::mrope`]), which travel
+//! beside the hidden state to every block; with a KV cache the prompt's delta is kept as state,
+//! so decode continues it. This file reads and writes the config and names the flavors; the
+//! `embed` stage and MRoPE are the SDK's, shared with Qwen3.5.
 
 use crate::config::LlamaArgs;
-use anneal_plugin_api::sdk::vision::{VisionArgs, VisionTower};
-use anneal_plugin_api::sdk::{Ctx, HfConfig, Images, ParamSpec, Result, Tensor};
-use serde::{Deserialize, Serialize};
+pub use anneal_plugin_api::sdk::vision::VlArgs;
+use anneal_plugin_api::sdk::vision::{TextShape, VisionArgs};
+use anneal_plugin_api::sdk::{HfConfig, ParamSpec};
 
-/// What Qwen3-VL adds to the text model's arguments.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VlArgs {
-    /// The vision tower.
-    pub vision: VisionArgs,
-    /// The placeholder token each merged image embedding replaces.
-    pub image_token_id: usize,
-    /// How many rotary frequency pairs the text model's MRoPE gives the time, height and width
-    /// positions (`rope_parameters.mrope_section`), kept for export.
-    #[serde(default)]
-    pub mrope_section: Vec<usize>,
-    /// The video placeholder and the tokens around each image or video, kept for export
-    /// (processors and chat templates read them from `config.json`).
-    #[serde(default)]
-    pub video_token_id: Option<usize>,
-    /// See `video_token_id`.
-    #[serde(default)]
-    pub vision_start_token_id: Option<usize>,
-    /// See `video_token_id`.
-    #[serde(default)]
-    pub vision_end_token_id: Option<usize>,
-}
-
-impl VlArgs {
-    /// Checks the tower fits the text model.
-    pub fn validate(&self, a: &LlamaArgs) -> Result<(), String> {
-        self.vision
-            .validate()
-            .map_err(|e| format!("vision.vision.{e}"))?;
-        if self.vision.out_hidden_size != a.dim {
-            return Err(format!(
-                "vision.vision.out_hidden_size {} must equal the text model's dim {}",
-                self.vision.out_hidden_size, a.dim
-            ));
-        }
-        if self.vision.deepstack_visual_indexes.len() > a.n_layers {
-            return Err(format!(
-                "vision.vision.deepstack_visual_indexes: {} DeepStack features for {} layers",
-                self.vision.deepstack_visual_indexes.len(),
-                a.n_layers
-            ));
-        }
-        let pairs: usize = self.mrope_section.iter().sum();
-        if !self.mrope_section.is_empty() && pairs != a.head_dim() / 2 {
-            return Err(format!(
-                "vision.mrope_section {:?} must add up to half the head dim ({})",
-                self.mrope_section,
-                a.head_dim() / 2
-            ));
-        }
-        if self.image_token_id >= a.vocab_size {
-            return Err(format!(
-                "vision.image_token_id {} is outside the vocabulary of {}",
-                self.image_token_id, a.vocab_size
-            ));
-        }
-        Ok(())
+/// The text decoder's sizes the vision settings must fit.
+pub fn text_shape(a: &LlamaArgs) -> TextShape {
+    TextShape {
+        dim: a.dim,
+        n_layers: a.n_layers,
+        rotary_pairs: a.head_dim() / 2,
+        vocab_size: a.vocab_size,
     }
 }
 
@@ -103,33 +54,8 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
     let mut args = crate::config::from_hf_config(&text)
         .map_err(|e| e.replacen("config.json: ", "config.json: text_config: ", 1))?;
     args.hf_model_type = model_type;
-    let tf = HfConfig::new(&text);
-    let mrope_section = match tf.get("rope_parameters").or(tf.get("rope_scaling")) {
-        Some(_) => {
-            let key = ["rope_parameters", "rope_scaling"]
-                .into_iter()
-                .find(|k| tf.get(k).is_some())
-                .unwrap_or("rope_parameters");
-            let r = tf.object(key)?;
-            if r.bool("mrope_interleaved")? == Some(false) {
-                return Err(format!(
-                    "config.json: text_config.{key}.mrope_interleaved = false (Qwen2-VL's \
-                     sectioned MRoPE) is not supported"
-                ));
-            }
-            r.uint_list("mrope_section")?.unwrap_or_default()
-        }
-        None => vec![],
-    };
-    let vl = VlArgs {
-        vision: VisionArgs::from_hf(&f.object("vision_config")?)?,
-        image_token_id: f.need_uint("image_token_id")?,
-        mrope_section,
-        video_token_id: f.uint("video_token_id")?,
-        vision_start_token_id: f.uint("vision_start_token_id")?,
-        vision_end_token_id: f.uint("vision_end_token_id")?,
-    };
-    vl.validate(&args)
+    let vl = VlArgs::from_hf(&f, &HfConfig::new(&text), &[])?;
+    vl.validate(&text_shape(&args))
         .map_err(|e| format!("config.json: {e}"))?;
     args.vision = Some(vl);
     Ok(args)
@@ -241,90 +167,6 @@ pub fn text_under_language_model(specs: &mut [ParamSpec]) {
     }
 }
 
-/// The `embed` stage with images: token embeddings `h` with the image placeholders replaced by
-/// the tower's embeddings, then the 3-D positions (f32 `[3, B, T]`, from the token ids), then
-/// one `[B, T, D]` tensor per DeepStack feature (zero outside the placeholders).
-pub fn embed_images<'h>(
-    ctx: &Ctx<'h>,
-    tower: &VisionTower,
-    image_token_id: usize,
-    tokens: &Tensor<'h>,
-    h: Tensor<'h>,
-    images: &Images<'h>,
-) -> Result<Vec<Tensor<'h>>> {
-    let out = tower.forward(ctx, images)?;
-    let shape = tokens.shape()?;
-    let [b, t] = shape[..] else {
-        return Err(format!("tokens must be [B, T], got {shape:?}").into());
-    };
-    let ids = tokens.read_ints()?;
-    let m = tower.args.spatial_merge_size;
-    let (pos, deltas) =
-        crate::mrope::rope_index(&ids, (b, t), &images.grids, image_token_id as i64, m)?;
-    let pos: Vec<f32> = pos.iter().map(|&p| p as f32).collect();
-    let pos3 = ctx.host.constant_f32(&[3, b, t], &pos, &h)?;
-    if ctx.use_cache {
-        // Decode continues from each row's last position plus its delta.
-        let deltas = ctx.host.constant_i64(&[b, 1], &deltas, tokens)?;
-        ctx.set_state(0, MROPE_DELTA, &deltas)?;
-    }
-    // 1 where the token is the placeholder: ids are exact in f32 below 2^24.
-    let mask = tokens
-        .to_dtype("f32")?
-        .affine(1.0, -(image_token_id as f64))?
-        .unary("abs")?
-        .clamp(0.0, 1.0)?
-        .affine(-1.0, 1.0)?;
-    let zeros = h.scale(0.0)?;
-    let mut hidden = vec![h.masked_scatter(&mask, &out.embeds)?, pos3];
-    for f in &out.deepstack {
-        hidden.push(zeros.masked_scatter(&mask, f)?);
-    }
-    Ok(hidden)
-}
-
-/// Where a cached sequence keeps its MRoPE delta (`max position + 1 − length` of its prompt).
-const MROPE_DELTA: &str = "mrope_delta";
-
-/// The `embed` stage without images: with a cache whose prompt had images, the 3-D positions
-/// of these tokens (all three the position plus the prompt's delta) follow the hidden state.
-pub fn embed_text<'h>(ctx: &Ctx<'h>, h: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-    if !ctx.use_cache {
-        return Ok(vec![h]);
-    }
-    let Some(delta) = ctx.state(0, MROPE_DELTA)? else {
-        return Ok(vec![h]);
-    };
-    let p = ctx
-        .positions
-        .to_dtype("f32")?
-        .add(&delta.to_dtype("f32")?)?;
-    let pos3 = ctx.host.stack(&[&p, &p, &p], 0)?;
-    ctx.set_state(0, MROPE_DELTA, &delta)?;
-    Ok(vec![h, pos3])
-}
-
-/// After block `out` was computed from a hidden state that carried 3-D positions `pos3` and
-/// DeepStack features `rest`: the first feature is added (this block is the next one they
-/// belong after), and the positions and the other features travel on.
-pub fn add_deepstack<'h>(
-    out: Tensor<'h>,
-    pos3: Option<Tensor<'h>>,
-    rest: Vec<Tensor<'h>>,
-) -> Result<Vec<Tensor<'h>>> {
-    let Some(pos3) = pos3 else {
-        return Ok(vec![out]);
-    };
-    let mut rest = rest.into_iter();
-    let out = match rest.next() {
-        Some(f) => out.add(&f)?,
-        None => out,
-    };
-    let mut hidden = vec![out, pos3];
-    hidden.extend(rest);
-    Ok(hidden)
-}
-
 /// The `config.json` of a Qwen3-VL (or Qwen3-VL-MoE) export: `text` (the decoder's keys) as its
 /// `text_config`, the tower as its `vision_config`.
 pub fn hf_config(mut text: serde_json::Value, a: &LlamaArgs, vl: &VlArgs) -> serde_json::Value {
@@ -348,40 +190,19 @@ pub fn hf_config(mut text: serde_json::Value, a: &LlamaArgs, vl: &VlArgs) -> ser
         ("qwen3_vl", "Qwen3VLForConditionalGeneration")
     };
     text["model_type"] = json!(format!("{model_type}_text"));
-    text["rope_parameters"] = json!({
-        "rope_type": "default",
-        "rope_theta": a.rope_theta,
-        "mrope_section": vl.mrope_section,
-        "mrope_interleaved": true,
-    });
-    let v = &vl.vision;
-    json!({
+    text["rope_parameters"] = json!({"rope_type": "default", "rope_theta": a.rope_theta});
+    vl.add_mrope(&mut text["rope_parameters"]);
+    let mut config = json!({
         "model_type": model_type,
         "architectures": [architecture],
-        "image_token_id": vl.image_token_id,
-        "video_token_id": vl.video_token_id,
-        "vision_start_token_id": vl.vision_start_token_id,
-        "vision_end_token_id": vl.vision_end_token_id,
         "tie_word_embeddings": tie,
         "torch_dtype": torch_dtype,
         "text_config": text,
-        "vision_config": {
-            "model_type": format!("{model_type}_vision"),
-            "depth": v.depth,
-            "hidden_size": v.hidden_size,
-            "num_heads": v.num_heads,
-            "intermediate_size": v.intermediate_size,
-            "out_hidden_size": v.out_hidden_size,
-            "patch_size": v.patch_size,
-            "temporal_patch_size": v.temporal_patch_size,
-            "in_channels": v.in_channels,
-            "spatial_merge_size": v.spatial_merge_size,
-            "num_position_embeddings": v.num_position_embeddings,
-            "deepstack_visual_indexes": v.deepstack_visual_indexes,
-            "hidden_act": v.hidden_act,
-            "rope_parameters": {"rope_type": "axial", "rope_theta": v.rope_theta},
-        },
-    })
+    });
+    if let Some(o) = config.as_object_mut() {
+        o.extend(vl.hf_keys(&format!("{model_type}_vision"), true));
+    }
+    config
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Model arguments, the named flavors and the reading of a Hugging Face `config.json`.
 
+use anneal_plugin_api::sdk::vision::{TextShape, VlArgs};
 use anneal_plugin_api::sdk::{checks, HfConfig};
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +70,10 @@ pub struct Qwen35Args {
     /// A mixture of experts with a gated shared expert in every block (Qwen3.5-MoE).
     #[serde(default)]
     pub moe: Option<MoeArgs>,
+    /// The vision tower (without DeepStack), the image tokens and the MRoPE sections of a
+    /// `qwen3_5` / `qwen3_5_moe` checkpoint with vision (`None`: a text model).
+    #[serde(default)]
+    pub vision: Option<VlArgs>,
 }
 
 /// Qwen3.5-MoE's feed-forward: a softmax top-k router over SwiGLU experts (the chosen weights
@@ -139,6 +144,16 @@ impl Qwen35Args {
     /// Channels of the causal convolution: queries, keys and values together.
     pub fn conv_dim(&self) -> usize {
         2 * self.linear_key_dim() + self.linear_value_dim()
+    }
+
+    /// The sizes the vision settings must fit.
+    pub fn text_shape(&self) -> TextShape {
+        TextShape {
+            dim: self.dim,
+            n_layers: self.n_layers,
+            rotary_pairs: self.rot_dim() / 2,
+            vocab_size: self.vocab_size,
+        }
     }
 
     /// Whether the checkpoint nests the text model (`qwen3_5`, `qwen3_5_moe`).
@@ -234,6 +249,21 @@ impl Qwen35Args {
             }
             checks::finite_non_negative(&[("moe.aux_loss_coef", m.aux_loss_coef)])?;
         }
+        if let Some(v) = &self.vision {
+            if !self.nested() {
+                return Err(format!(
+                    "vision: a model with a vision tower is a qwen3_5 or qwen3_5_moe checkpoint,                      not hf_model_type '{}'",
+                    self.hf_model_type
+                ));
+            }
+            if !v.vision.deepstack_visual_indexes.is_empty() {
+                return Err(
+                    "vision.vision.deepstack_visual_indexes: Qwen3.5's tower has no DeepStack"
+                        .into(),
+                );
+            }
+            v.validate(&self.text_shape())?;
+        }
         Ok(())
     }
 }
@@ -265,6 +295,7 @@ pub fn flavor(name: &str) -> Option<Qwen35Args> {
         dtype: "f32".into(),
         hf_model_type: "qwen3_5_text".into(),
         moe: None,
+        vision: None,
     };
     // transformers' `Qwen3_5TextConfig()` defaults: the Qwen3.5-9B shape.
     let qwen3_5_9b = Qwen35Args {
@@ -328,7 +359,8 @@ pub const FLAVORS: &[&str] = &[
 
 /// Arguments from a Hugging Face `config.json` of model type `qwen3_5_text`,
 /// `qwen3_5_moe_text`, or `qwen3_5` / `qwen3_5_moe` (the text model's keys under
-/// `text_config`; `tie_word_embeddings` at the top level). A key that is absent takes
+/// `text_config`; `tie_word_embeddings` at the top level; with a `vision_config`, the vision
+/// tower and image tokens of `Qwen3_5ForConditionalGeneration`). A key that is absent takes
 /// transformers' default; a key of the wrong type is reported as such.
 pub fn from_hf_config(c: &serde_json::Value) -> Result<Qwen35Args, String> {
     let top = HfConfig::new(c);
@@ -393,7 +425,7 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<Qwen35Args, String> {
             ));
         }
     }
-    let args = Qwen35Args {
+    let mut args = Qwen35Args {
         dim: f.need_uint("hidden_size")?,
         n_layers,
         n_heads,
@@ -437,13 +469,22 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<Qwen35Args, String> {
             None
         },
         hf_model_type: model_type,
+        vision: None,
     };
+    // transformers' `Qwen3_5ForConditionalGeneration`: the tower, the image tokens and the MRoPE
+    // sections (transformers' default when absent); its tower has no DeepStack, whatever the
+    // config says.
+    if nested && top.get("vision_config").is_some() {
+        let mut vl = VlArgs::from_hf(&top, &f, &[11, 11, 10])?;
+        vl.vision.deepstack_visual_indexes.clear();
+        args.vision = Some(vl);
+    }
     args.validate().map_err(|e| format!("config.json: {e}"))?;
     Ok(args)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -506,6 +547,95 @@ mod tests {
         assert_eq!(a.moe.as_ref().unwrap().shared_ffn_dim, 12);
         assert_eq!(a.layer_type(0), LayerType::FullAttention);
         assert_eq!(a.count(LayerType::LinearAttention), 2);
+    }
+
+    /// A `Qwen3_5ForConditionalGeneration` config as transformers writes it, trimmed.
+    pub(crate) fn with_vision() -> serde_json::Value {
+        let mut text = tiny();
+        text["model_type"] = json!("qwen3_5_text");
+        text["rope_parameters"]["mrope_section"] = json!([2, 1, 1]);
+        text["rope_parameters"]["mrope_interleaved"] = json!(true);
+        json!({
+            "model_type": "qwen3_5", "tie_word_embeddings": false, "text_config": text,
+            "image_token_id": 90, "video_token_id": 91, "vision_start_token_id": 92,
+            "vision_end_token_id": 93,
+            "vision_config": {
+                "model_type": "qwen3_5_vision", "depth": 2, "hidden_size": 16, "num_heads": 2,
+                "intermediate_size": 32, "out_hidden_size": 64, "patch_size": 16,
+                "num_position_embeddings": 16,
+                "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}
+            }
+        })
+    }
+
+    #[test]
+    fn a_config_with_vision_reads_the_tower_without_deepstack() {
+        let a = from_hf_config(&with_vision()).unwrap();
+        let vl = a.vision.as_ref().unwrap();
+        assert_eq!(
+            (vl.image_token_id, vl.vision_start_token_id),
+            (90, Some(92))
+        );
+        assert_eq!(vl.mrope_section, [2, 1, 1]);
+        assert_eq!((vl.vision.depth, vl.vision.out_hidden_size), (2, 64));
+        // transformers' Qwen3.5 tower has no DeepStack, even if the config lists some.
+        let mut c = with_vision();
+        c["vision_config"]["deepstack_visual_indexes"] = json!([0]);
+        let a = from_hf_config(&c).unwrap();
+        assert!(a.vision.unwrap().vision.deepstack_visual_indexes.is_empty());
+        // Without sections, transformers' default (for 64 rotated dims).
+        let mut c = with_vision();
+        c["text_config"]["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("mrope_section");
+        let e = from_hf_config(&c).unwrap_err();
+        assert!(e.contains("[11, 11, 10]"), "{e}");
+        // A text-only nested config stays text-only.
+        let mut c = with_vision();
+        c.as_object_mut().unwrap().remove("vision_config");
+        assert!(from_hf_config(&c).unwrap().vision.is_none());
+    }
+
+    #[test]
+    fn bad_vision_configs_are_refused_by_key() {
+        for (pointer, value, key) in [
+            (
+                "/vision_config/out_hidden_size",
+                json!(48),
+                "out_hidden_size",
+            ),
+            ("/vision_config/num_heads", json!(3), "num_heads"),
+            ("/image_token_id", json!(96), "image_token_id"),
+            (
+                "/text_config/rope_parameters/mrope_section",
+                json!([2, 2, 1]),
+                "mrope_section",
+            ),
+            (
+                "/text_config/rope_parameters/mrope_interleaved",
+                json!(false),
+                "mrope_interleaved",
+            ),
+        ] {
+            let mut c = with_vision();
+            *c.pointer_mut(pointer).unwrap() = value;
+            let e = from_hf_config(&c).expect_err(pointer);
+            assert!(e.contains(key), "{pointer}: {e}");
+        }
+        let mut c = with_vision();
+        c.as_object_mut().unwrap().remove("image_token_id");
+        let e = from_hf_config(&c).unwrap_err();
+        assert!(e.contains("image_token_id"), "{e}");
+        // Arguments given directly: a tower needs the nested checkpoint type, and no DeepStack.
+        let mut a = from_hf_config(&with_vision()).unwrap();
+        a.hf_model_type = "qwen3_5_text".into();
+        assert!(a.validate().unwrap_err().contains("hf_model_type"));
+        let mut a = from_hf_config(&with_vision()).unwrap();
+        if let Some(v) = &mut a.vision {
+            v.vision.deepstack_visual_indexes = vec![0];
+        }
+        assert!(a.validate().unwrap_err().contains("DeepStack"));
     }
 
     #[test]

@@ -7,7 +7,8 @@ use anneal_plugin_api::sdk::HfAdapter;
 use serde_json::json;
 
 /// The config for export: the text model's keys, nested under `text_config` for the
-/// `qwen3_5` / `qwen3_5_moe` model types (which tie at the top level).
+/// `qwen3_5` / `qwen3_5_moe` model types (which tie at the top level), with the vision tower's
+/// `vision_config`, the image tokens and the MRoPE sections when the model has vision.
 pub fn adapter(a: &Qwen35Args) -> HfAdapter {
     let moe = a.moe.is_some();
     let text_type = if moe {
@@ -57,19 +58,24 @@ pub fn adapter(a: &Qwen35Args) -> HfAdapter {
     if !a.nested() {
         return HfAdapter { config: text };
     }
+    if let Some(vl) = &a.vision {
+        vl.add_mrope(&mut text["rope_parameters"]);
+    }
     let architecture = if moe {
         "Qwen3_5MoeForConditionalGeneration"
     } else {
         "Qwen3_5ForConditionalGeneration"
     };
-    HfAdapter {
-        config: json!({
-            "model_type": a.hf_model_type,
-            "architectures": [architecture],
-            "tie_word_embeddings": a.tie_embeddings,
-            "text_config": text,
-        }),
+    let mut config = json!({
+        "model_type": a.hf_model_type,
+        "architectures": [architecture],
+        "tie_word_embeddings": a.tie_embeddings,
+        "text_config": text,
+    });
+    if let (Some(vl), Some(o)) = (&a.vision, config.as_object_mut()) {
+        o.extend(vl.hf_keys(&format!("{}_vision", a.hf_model_type), false));
     }
+    HfAdapter { config }
 }
 
 #[cfg(test)]
@@ -95,5 +101,45 @@ mod tests {
             let back = from_hf_config(&adapter(&a).config).unwrap();
             assert_eq!(back, a, "{name} nested");
         }
+    }
+
+    #[test]
+    fn a_model_with_vision_exports_transformers_config() {
+        let a = from_hf_config(&crate::config::tests::with_vision()).unwrap();
+        let c = adapter(&a).config;
+        assert_eq!(c["architectures"][0], "Qwen3_5ForConditionalGeneration");
+        assert_eq!(c["image_token_id"], 90);
+        assert_eq!(c["vision_config"]["model_type"], "qwen3_5_vision");
+        assert!(c["vision_config"].get("deepstack_visual_indexes").is_none());
+        let rope = &c["text_config"]["rope_parameters"];
+        assert_eq!(rope["mrope_section"], json!([2, 1, 1]));
+        assert_eq!(rope["partial_rotary_factor"], 0.5);
+        // Reads back the same (the layer pattern written out in full).
+        let back = from_hf_config(&c).unwrap();
+        assert_eq!(
+            (back.vision, back.tie_embeddings),
+            (a.vision.clone(), false)
+        );
+        // The tower's parameters under transformers' names, outside the text model.
+        let specs = crate::spec::params(&a);
+        let hf = |name: &str| {
+            let p = specs.iter().find(|p| p.name == name).unwrap();
+            p.hf.as_ref().unwrap().sources.concat()
+        };
+        assert_eq!(
+            hf("visual.blocks.1.attn.qkv.weight"),
+            "model.visual.blocks.1.attn.qkv.weight"
+        );
+        assert_eq!(
+            hf("tok_embeddings.weight"),
+            "model.language_model.embed_tokens.weight"
+        );
+        assert!(specs.iter().all(|p| !p.name.contains("deepstack")));
+        let tower: usize = specs
+            .iter()
+            .filter(|p| p.name.starts_with("visual."))
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum();
+        assert_eq!(tower, a.vision.as_ref().unwrap().vision.n_params());
     }
 }

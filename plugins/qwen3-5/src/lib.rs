@@ -1,6 +1,7 @@
 //! The Qwen3.5 plugin: Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet blocks interleaved 3:1 with
 //! output-gated full attention) in one model file, with debug flavors that train on the
 //! built-in corpus in minutes and the released shapes for FLOP and memory accounting.
+//! Checkpoints with vision (`Qwen3_5ForConditionalGeneration`) add the SDK's vision tower.
 
 pub mod config;
 pub mod hf;
@@ -29,7 +30,7 @@ impl Factory for Qwen35 {
     }
 }
 
-anneal_plugin_api::export_plugin!(model Qwen35, name = "qwen3_5", model_types = ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"], description = "Qwen3.5 / Qwen3.5-MoE decoder (Gated DeltaNet linear attention 3:1 with output-gated full attention, partial RoPE, zero-centred RMSNorm, routed experts with a gated shared expert)");
+anneal_plugin_api::export_plugin!(model Qwen35, name = "qwen3_5", model_types = ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"], description = "Qwen3.5 / Qwen3.5-MoE decoder (Gated DeltaNet linear attention 3:1 with output-gated full attention, partial RoPE, zero-centred RMSNorm, routed experts with a gated shared expert; the vision tower and interleaved MRoPE of checkpoints with vision)");
 
 #[cfg(test)]
 mod tests {

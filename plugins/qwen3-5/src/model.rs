@@ -17,11 +17,17 @@
 //! ```
 //! Decode keeps, per sequence, the convolution's last K−1 inputs and the delta rule's state
 //! (linear layers) and the keys and values (attention layers) in the host's cache.
+//!
+//! With vision (`Qwen3_5ForConditionalGeneration`), `embed` runs the SDK's vision tower on the
+//! forward's images and puts the merged embeddings into the image placeholders; the 3-D
+//! positions travel beside the hidden state, and the full-attention layers turn the rotated
+//! dims of queries and keys by interleaved MRoPE (the Gated DeltaNet layers take no positions).
 
 use crate::config::Qwen35Args;
 use crate::spec::{
     BlockParams, FeedForward, FullAttention, LinearAttention, Mixer, Qwen35Params, SwiGlu,
 };
+use anneal_plugin_api::sdk::vision::{self, mrope};
 use anneal_plugin_api::sdk::{
     AttentionOpts, Ctx, DeltaRuleOpts, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
 };
@@ -115,12 +121,15 @@ impl Qwen35 {
             .linear(&ctx.w(&l.out_proj)?)
     }
 
+    /// Gated softmax attention; `pos3` (f32 `[3, B, T]`): the 3-D positions of a prompt with
+    /// images, for MRoPE.
     fn full_attention<'h>(
         &self,
         ctx: &Ctx<'h>,
         l: &FullAttention,
         index: usize,
         x_btd: &Tensor<'h>,
+        pos3: Option<&Tensor<'h>>,
     ) -> Result<Tensor<'h>> {
         let a = &self.args;
         let (b, t) = batch_and_time(x_btd)?;
@@ -147,8 +156,12 @@ impl Qwen35 {
             llama3_scaling: None,
             yarn: None,
         };
-        let q_bhtd = q_bthd.transpose(1, 2)?.rope(&ctx.positions, &rope)?;
-        let k_bhtd = k_bthd.transpose(1, 2)?.rope(&ctx.positions, &rope)?;
+        let turn = |x: Tensor<'h>| match (pos3, &a.vision) {
+            (Some(p), Some(vl)) => mrope::apply(ctx, &x, p, &rope, &vl.mrope_section),
+            _ => x.rope(&ctx.positions, &rope),
+        };
+        let q_bhtd = turn(q_bthd.transpose(1, 2)?)?;
+        let k_bhtd = turn(k_bthd.transpose(1, 2)?)?;
         let opts = AttentionOpts {
             causal: true,
             cache_layer: ctx.use_cache.then_some(index),
@@ -216,10 +229,23 @@ impl Model for Qwen35 {
         self.spec.clone()
     }
 
+    /// The token embeddings; with images, the tower's embeddings in their placeholders and the
+    /// 3-D positions beside them (with a cache after such a prompt, the positions decode
+    /// continues).
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        Ok(vec![ctx
-            .w(&self.params.tok_embeddings)?
-            .embedding(&tokens)?])
+        let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
+        match (&ctx.images, &self.params.vision, &self.args.vision) {
+            (None, _, Some(_)) => vision::embed_text(ctx, h),
+            (None, _, None) => Ok(vec![h]),
+            (Some(images), Some(tower), Some(vl)) => {
+                vision::embed_images(ctx, tower, vl.image_token_id, &tokens, h, images)
+            }
+            (Some(_), _, _) => Err(format!(
+                "this {} model takes no images (it has no vision tower)",
+                self.args.hf_model_type
+            )
+            .into()),
+        }
     }
 
     fn layer<'h>(
@@ -228,10 +254,10 @@ impl Model for Qwen35 {
         index: usize,
         hidden: Vec<Tensor<'h>>,
     ) -> Result<Vec<Tensor<'h>>> {
-        let x_btd = hidden
-            .into_iter()
-            .next()
-            .ok_or("layer: missing hidden state")?;
+        // With images, the 3-D positions follow the hidden state (Qwen3.5 has no DeepStack).
+        let mut hidden = hidden.into_iter();
+        let x_btd = hidden.next().ok_or("layer: missing hidden state")?;
+        let pos3 = hidden.next();
         let l = self
             .params
             .layers
@@ -241,11 +267,12 @@ impl Model for Qwen35 {
         let normed = norm0(&x_btd, &ctx.w(&l.attention_norm)?, eps)?;
         let mixed = match &l.mixer {
             Mixer::Linear(m) => self.linear_attention(ctx, m, index, &normed)?,
-            Mixer::Full(m) => self.full_attention(ctx, m, index, &normed)?,
+            Mixer::Full(m) => self.full_attention(ctx, m, index, &normed, pos3.as_ref())?,
         };
         let h = x_btd.add(&mixed)?;
         let normed = norm0(&h, &ctx.w(&l.ffn_norm)?, eps)?;
-        Ok(vec![h.add(&self.feed_forward(ctx, l, index, &normed)?)?])
+        let out = h.add(&self.feed_forward(ctx, l, index, &normed)?)?;
+        Ok(std::iter::once(out).chain(pos3).collect())
     }
 
     fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {

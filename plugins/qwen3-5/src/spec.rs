@@ -3,6 +3,7 @@
 
 use crate::config::{LayerType, Qwen35Args};
 use crate::hf;
+use anneal_plugin_api::sdk::vision::VisionTower;
 use anneal_plugin_api::sdk::{
     Decl, HfMap, Init, LayerScope, ModelSpec, Param, ParamSpec, ParamTable,
 };
@@ -106,6 +107,8 @@ pub struct Qwen35Params {
     pub norm: Param,
     /// Output projection `[vocab, dim]` (the embedding table when tied).
     pub output: Param,
+    /// The vision tower (`model.visual.*`), for a checkpoint with vision.
+    pub vision: Option<VisionTower>,
 }
 
 /// Truncated-normal projections of std 0.02 (depth-scaled for the ones writing into the
@@ -337,7 +340,8 @@ fn feed_forward(a: &Qwen35Args, l: &mut LayerScope<'_>, std: f64, depth_std: f64
 }
 
 /// Declares every parameter: N(0, 1) embeddings, truncated-normal projections, zeros for the
-/// zero-centred norms (they scale by `1 + w`), ones for the gated norm, as transformers does.
+/// zero-centred norms (they scale by `1 + w`), ones for the gated norm, as transformers does;
+/// then the vision tower, if any.
 pub fn declare(a: &Qwen35Args) -> (Qwen35Params, Vec<ParamSpec>) {
     let d = a.dim;
     let base = if a.nested() {
@@ -387,11 +391,16 @@ pub fn declare(a: &Qwen35Args) -> (Qwen35Params, Vec<ParamSpec>) {
                 .hf_name("lm_head.weight"),
         )
     };
+    let vision = a
+        .vision
+        .as_ref()
+        .map(|v| VisionTower::declare(v.vision.clone(), &mut t));
     let params = Qwen35Params {
         tok_embeddings,
         layers,
         norm,
         output,
+        vision,
     };
     (params, t.into_specs())
 }
@@ -426,8 +435,9 @@ pub fn idle_params(a: &Qwen35Args) -> usize {
 /// The full spec: parameters, layers, KV-cache needs, FLOPs and the Hugging Face config.
 ///
 /// Training FLOPs per token: 6 per parameter a token goes through (the embedding lookup
-/// excluded unless the table is the output head too; the depthwise convolution's weights count like a projection's, each used once per
-/// token), plus per full-attention layer the scores and values at `max_seq_len`
+/// excluded unless the table is the output head too; the depthwise convolution's weights count
+/// like a projection's, each used once per token; the vision tower, which runs per image patch,
+/// not counted), plus per full-attention layer the scores and values at `max_seq_len`
 /// (`12 · heads · head_dim · seq_len`), plus per linear-attention layer 3 × the delta rule's
 /// chunked forward work ([`delta_rule_forward_flops`]; backward costs about twice the forward).
 pub fn model_spec(a: &Qwen35Args, params: Vec<ParamSpec>) -> ModelSpec {
@@ -442,7 +452,8 @@ pub fn model_spec(a: &Qwen35Args, params: Vec<ParamSpec>) -> ModelSpec {
     } else {
         a.vocab_size * a.dim
     };
-    let dense = (n - lookup - idle) as f64;
+    let vision = a.vision.as_ref().map_or(0, |v| v.vision.n_params());
+    let dense = (n - lookup - idle - vision) as f64;
     let full = a.count(LayerType::FullAttention) as f64;
     let linear = a.count(LayerType::LinearAttention) as f64;
     let attn = 12.0 * full * (a.n_heads * a.head_dim * a.max_seq_len) as f64;

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Reloads the Qwen3-VL and Qwen3-VL-MoE checkpoints that Anneal exported in transformers and
-compares their logits on the fixture's prompt with both images against the fixtures' (what
-transformers computed with the original checkpoints). Needs torch, safetensors and
-transformers (5.x):
+"""Reloads the Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE (with vision) checkpoints that
+Anneal exported in transformers and compares their logits on the fixture's prompt with both
+images against the fixtures' (what transformers computed with the original checkpoints). Needs
+torch, safetensors and transformers (5.x):
 
     ANNEAL_VL_EXPORT=/tmp/vl-export cargo test --release -p anneal-runtime --test qwen3_vl export
-    python host/runtime/tests/reference/check_vl_export.py /tmp/vl-export
+    ANNEAL_VL_EXPORT=/tmp/vl-export cargo test --release -p anneal-runtime --test qwen3_5_vl export
+    python host/runtime/tests/reference/check_vl_export.py /tmp/vl-export [NAME ...]
 
-Exits 1 when any logit differs by more than 1e-4.
+checks the fixtures NAME (all four when none is named). Exits 1 when any logit differs by more
+than 1e-4.
 """
 import pathlib
 import sys
@@ -17,14 +19,19 @@ from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
+NAMES = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe", "tiny_qwen3_5_vl", "tiny_qwen3_5_moe_vl"]
 
 
 def main():
     worst = 0.0
-    for name in ["tiny_qwen3_vl", "tiny_qwen3_vl_moe"]:
+    for name in sys.argv[2:] or NAMES:
         path = pathlib.Path(sys.argv[1]) / name
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
         exp = load_file(FIXTURES / name / "expected.safetensors")
+        if "pixel_values" not in exp:
+            # The Qwen3.5 fixtures share tiny_qwen3_vl's images.
+            exp |= {k: v for k, v in load_file(FIXTURES / "tiny_qwen3_vl" / "expected.safetensors").items()
+                    if k in ("pixel_values", "image_grid_thw")}
         tokens = exp["vl_tokens"]
         with torch.no_grad():
             logits = model(input_ids=tokens, pixel_values=exp["pixel_values"],

@@ -7,12 +7,19 @@
 //! [`VisionArgs::from_hf`] reads a `vision_config`; [`VisionTower::declare`] adds the tower's
 //! parameters (Hugging Face names under `model.visual.`) to a [`ParamTable`];
 //! [`VisionTower::forward`] turns a forward's [`Images`](super::Images) into the merged image
-//! embeddings and the DeepStack features.
+//! embeddings and the DeepStack features (Qwen3.5's tower is the same without DeepStack).
+//!
+//! The text decoder's side: [`VlArgs`] (the image tokens and MRoPE sections a `config.json`
+//! adds), [`embed_images`] / [`embed_text`] (the `embed` stage), [`mrope`] (the 3-D positions
+//! and the interleaved rotary embedding by them) and [`add_deepstack`].
 
 mod grid;
+mod lm;
+pub mod mrope;
 mod tower;
 
 pub use grid::{interpolation_taps, merge_order, rotary_tables};
+pub use lm::{add_deepstack, embed_images, embed_text, TextShape, VlArgs};
 
 use super::{Decl, HfConfig, Param, ParamTable};
 use serde::{Deserialize, Serialize};
@@ -137,6 +144,30 @@ impl VisionArgs {
             return Err("rope_theta must be positive".into());
         }
         Ok(())
+    }
+
+    /// The `vision_config` of an export, of model type `model_type`; `deepstack`: with
+    /// `deepstack_visual_indexes` (Qwen3-VL's; Qwen3.5's config has no such key).
+    pub fn hf_config(&self, model_type: &str, deepstack: bool) -> serde_json::Value {
+        let mut c = serde_json::json!({
+            "model_type": model_type,
+            "depth": self.depth,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_heads,
+            "intermediate_size": self.intermediate_size,
+            "out_hidden_size": self.out_hidden_size,
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "in_channels": self.in_channels,
+            "spatial_merge_size": self.spatial_merge_size,
+            "num_position_embeddings": self.num_position_embeddings,
+            "hidden_act": self.hidden_act,
+            "rope_parameters": {"rope_type": "axial", "rope_theta": self.rope_theta},
+        });
+        if deepstack {
+            c["deepstack_visual_indexes"] = serde_json::json!(self.deepstack_visual_indexes);
+        }
+        c
     }
 
     /// Side of the learned position grid.

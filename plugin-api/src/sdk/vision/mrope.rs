@@ -1,9 +1,10 @@
-//! Qwen3-VL's 3-D positions: transformers' `get_rope_index` (each run of image placeholder
-//! tokens is one image, whose tokens take `(t, row, col)` offsets from where it starts; text
-//! after it continues from there plus its larger merged side) and the interleaved MRoPE that
-//! rotates each frequency pair by the time, height or width position.
+//! The 3-D positions of a prompt holding images and the interleaved MRoPE that turns queries
+//! and keys by them (Qwen3-VL's and Qwen3.5's text decoders): transformers' `get_rope_index`
+//! (each run of image placeholder tokens is one image, whose tokens take `(t, row, col)` offsets
+//! from where it starts; text after it continues from there plus its larger merged side) and the
+//! rotary embedding that turns each frequency pair by the time, height or width position.
 
-use anneal_plugin_api::sdk::{Ctx, Result, Rope, Tensor};
+use crate::sdk::{Ctx, Result, Rope, Tensor};
 
 /// The `[3, B, T]` positions (time, height, width) of tokens `[B, T]` whose runs of
 /// `image_token` are the images of `grids` in order, at merge size `m`; also each row's
@@ -88,7 +89,9 @@ pub fn axis_of(j: usize, section: &[usize]) -> usize {
 }
 
 /// `x [B, H, T, D]` rotated by interleaved MRoPE at `pos3` (f32 `[3, B, T]`): rotated once per
-/// axis with the host's rope, each feature then taken from its pair's axis (an exact select).
+/// axis with the host's rope (the first `rope.rot_dim` of the `D` features; the rest pass
+/// through, kept from the time axis), each feature then taken from its pair's axis (an exact
+/// select).
 pub fn apply<'h>(
     ctx: &Ctx<'h>,
     x: &Tensor<'h>,
@@ -98,12 +101,26 @@ pub fn apply<'h>(
 ) -> Result<Tensor<'h>> {
     let s = pos3.shape()?;
     let (b, t) = (s[1] as i64, s[2] as i64);
-    let d = rope.rot_dim;
+    let d = *x
+        .shape()?
+        .last()
+        .ok_or("mrope: queries and keys must be [B, H, T, D]")?;
+    let rot = rope.rot_dim;
+    if rot == 0 || rot > d || !rot.is_multiple_of(2) {
+        return Err(format!("mrope: {rot} rotated dims of a head of {d}").into());
+    }
     let mut out: Option<Tensor<'h>> = None;
     for axis in 0..3 {
         let p = pos3.narrow(0, axis, 1)?.reshape(&[b, t])?.to_dtype("i64")?;
         let mask: Vec<f32> = (0..d)
-            .map(|f| f32::from(u8::from(axis_of(f % (d / 2), section) == axis)))
+            .map(|f| {
+                let owner = if f < rot {
+                    axis_of(f % (rot / 2), section)
+                } else {
+                    0
+                };
+                f32::from(u8::from(owner == axis))
+            })
             .collect();
         let mask = ctx.host.constant_f32(&[d], &mask, x)?;
         let part = x.rope(&p, rope)?.mul(&mask)?;
