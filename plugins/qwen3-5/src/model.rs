@@ -156,10 +156,8 @@ impl Qwen35 {
             llama3_scaling: None,
             yarn: None,
         };
-        let turn = |x: Tensor<'h>| match (pos3, &a.vision) {
-            (Some(p), Some(vl)) => mrope::apply(ctx, &x, p, &rope, &vl.mrope_section),
-            _ => x.rope(&ctx.positions, &rope),
-        };
+        let section = a.vision.as_ref().map(|vl| vl.mrope_section.as_slice());
+        let turn = |x: Tensor<'h>| mrope::rotate(ctx, x, pos3, section, &rope);
         let q_bhtd = turn(q_bthd.transpose(1, 2)?)?;
         let k_bhtd = turn(k_bthd.transpose(1, 2)?)?;
         let opts = AttentionOpts {
@@ -234,18 +232,8 @@ impl Model for Qwen35 {
     /// continues).
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
         let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
-        match (&ctx.images, &self.params.vision, &self.args.vision) {
-            (None, _, Some(_)) => vision::embed_text(ctx, h),
-            (None, _, None) => Ok(vec![h]),
-            (Some(images), Some(tower), Some(vl)) => {
-                vision::embed_images(ctx, tower, vl.image_token_id, &tokens, h, images)
-            }
-            (Some(_), _, _) => Err(format!(
-                "this {} model takes no images (it has no vision tower)",
-                self.args.hf_model_type
-            )
-            .into()),
-        }
+        let tower = self.params.vision.as_ref().zip(self.args.vision.as_ref());
+        vision::embed(ctx, tower, &self.args.hf_model_type, &tokens, h)
     }
 
     fn layer<'h>(

@@ -152,6 +152,28 @@ impl VlArgs {
     }
 }
 
+/// The `embed` stage of a model declared with a tower and its settings (`tower`; `None`: a
+/// text model, whose `model_type` an error names when the forward has images): the token
+/// embeddings `h`, and with images what [`embed_images`] adds, without them [`embed_text`]'s.
+pub fn embed<'h>(
+    ctx: &Ctx<'h>,
+    tower: Option<(&VisionTower, &VlArgs)>,
+    model_type: &str,
+    tokens: &Tensor<'h>,
+    h: Tensor<'h>,
+) -> Result<Vec<Tensor<'h>>> {
+    match (&ctx.images, tower) {
+        (None, Some(_)) => embed_text(ctx, h),
+        (None, None) => Ok(vec![h]),
+        (Some(images), Some((tower, vl))) => {
+            embed_images(ctx, tower, vl.image_token_id, tokens, h, images)
+        }
+        (Some(_), None) => {
+            Err(format!("this {model_type} model takes no images (it has no vision tower)").into())
+        }
+    }
+}
+
 /// The `embed` stage with images: token embeddings `h` with the image placeholders replaced by
 /// the tower's embeddings, then the 3-D positions (f32 `[3, B, T]`, from the token ids), then
 /// one `[B, T, D]` tensor per DeepStack feature (zero outside the placeholders).

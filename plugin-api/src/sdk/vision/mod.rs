@@ -10,8 +10,8 @@
 //! embeddings and the DeepStack features (Qwen3.5's tower is the same without DeepStack).
 //!
 //! The text decoder's side: [`VlArgs`] (the image tokens and MRoPE sections a `config.json`
-//! adds), [`embed_images`] / [`embed_text`] (the `embed` stage), [`mrope`] (the 3-D positions
-//! and the interleaved rotary embedding by them) and [`add_deepstack`].
+//! adds), [`embed`] (the `embed` stage: [`embed_images`] or [`embed_text`]), [`mrope`] (the 3-D
+//! positions and the interleaved rotary embedding by them) and [`add_deepstack`].
 
 mod grid;
 mod lm;
@@ -19,7 +19,7 @@ pub mod mrope;
 mod tower;
 
 pub use grid::{interpolation_taps, merge_order, rotary_tables};
-pub use lm::{add_deepstack, embed_images, embed_text, TextShape, VlArgs};
+pub use lm::{add_deepstack, embed, embed_images, embed_text, TextShape, VlArgs};
 
 use super::{Decl, HfConfig, Param, ParamTable};
 use serde::{Deserialize, Serialize};

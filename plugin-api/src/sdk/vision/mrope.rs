@@ -88,6 +88,22 @@ pub fn axis_of(j: usize, section: &[usize]) -> usize {
     }
 }
 
+/// `x [B, H, T, D]` turned by `rope`: by interleaved MRoPE ([`apply`]) at `pos3` when the
+/// hidden state carries 3-D positions (a prompt with images, or decode after one) and the model
+/// has MRoPE sections (`section`), else by the forward's 1-D positions.
+pub fn rotate<'h>(
+    ctx: &Ctx<'h>,
+    x: Tensor<'h>,
+    pos3: Option<&Tensor<'h>>,
+    section: Option<&[usize]>,
+    rope: &Rope,
+) -> Result<Tensor<'h>> {
+    match (pos3, section) {
+        (Some(p), Some(section)) => apply(ctx, &x, p, rope, section),
+        _ => x.rope(&ctx.positions, rope),
+    }
+}
+
 /// `x [B, H, T, D]` rotated by interleaved MRoPE at `pos3` (f32 `[3, B, T]`): rotated once per
 /// axis with the host's rope (the first `rope.rot_dim` of the `D` features; the rest pass
 /// through, kept from the time axis), each feature then taken from its pair's axis (an exact
