@@ -1,6 +1,6 @@
 //! Model arguments, the named flavors and the reading of a Hugging Face `config.json`.
 
-use anneal_plugin_api::sdk::vision::{TextShape, VlArgs};
+use anneal_plugin_api::sdk::vision::{TextShape, VisionArgs, VlArgs};
 use anneal_plugin_api::sdk::{checks, HfConfig};
 use serde::{Deserialize, Serialize};
 
@@ -345,8 +345,44 @@ pub fn flavor(name: &str) -> Option<Qwen35Args> {
             }),
             ..qwen3_5_9b
         },
+        // The same with transformers' `Qwen3_5VisionConfig()` tower, as
+        // `Qwen3_5ForConditionalGeneration` / `Qwen3_5MoeForConditionalGeneration` build them.
+        "qwen3_5_9b_vl" => with_tower(flavor("qwen3_5_9b")?, "qwen3_5"),
+        "qwen3_5_35b_a3b_vl" => with_tower(flavor("qwen3_5_35b_a3b")?, "qwen3_5_moe"),
         _ => return None,
     })
+}
+
+/// `text` with transformers' default Qwen3.5 vision tower (27 blocks of 1152, patch 16, no
+/// DeepStack) merging into its width, and the Qwen3.5 vocabulary's image tokens.
+fn with_tower(text: Qwen35Args, model_type: &str) -> Qwen35Args {
+    let vision = VisionArgs {
+        depth: 27,
+        hidden_size: 1152,
+        num_heads: 16,
+        intermediate_size: 4304,
+        out_hidden_size: text.dim,
+        patch_size: 16,
+        temporal_patch_size: 2,
+        in_channels: 3,
+        spatial_merge_size: 2,
+        num_position_embeddings: 2304,
+        deepstack_visual_indexes: Vec::new(),
+        hidden_act: "gelu_pytorch_tanh".into(),
+        rope_theta: 10_000.0,
+    };
+    Qwen35Args {
+        hf_model_type: model_type.into(),
+        vision: Some(VlArgs {
+            vision,
+            image_token_id: 248_056,
+            mrope_section: vec![11, 11, 10],
+            video_token_id: Some(248_057),
+            vision_start_token_id: Some(248_053),
+            vision_end_token_id: Some(248_054),
+        }),
+        ..text
+    }
 }
 
 /// Flavor names, in the order `anneal plugins list` shows them.
@@ -355,6 +391,8 @@ pub const FLAVORS: &[&str] = &[
     "debugmodel_moe",
     "qwen3_5_9b",
     "qwen3_5_35b_a3b",
+    "qwen3_5_9b_vl",
+    "qwen3_5_35b_a3b_vl",
 ];
 
 /// Arguments from a Hugging Face `config.json` of model type `qwen3_5_text`,

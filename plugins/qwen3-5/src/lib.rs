@@ -62,6 +62,13 @@ mod tests {
         // 8 of 256 experts of 3 · 2048 · 512 in each of 40 layers: about 3B active.
         let active = moe.spec.active_params.unwrap();
         assert_eq!(active, 34_660_610_688 - 40 * 248 * 3 * 2048 * 512);
+        // With transformers' default tower (`Qwen3_5VisionConfig(out_hidden_size=dim)`):
+        // `Qwen3_5ForConditionalGeneration` and `Qwen3_5MoeForConditionalGeneration`.
+        let vl = create("qwen3_5_9b_vl", serde_json::json!({}));
+        assert_eq!(count(&vl), 9_409_813_744);
+        assert_eq!(vl.args.hf_model_type, "qwen3_5");
+        let moe_vl = create("qwen3_5_35b_a3b_vl", serde_json::json!({}));
+        assert_eq!(count(&moe_vl), 35_107_181_936);
         assert!((3.0e9..4.0e9).contains(&(active as f64)), "{active}");
     }
 
