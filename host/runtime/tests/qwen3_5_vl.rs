@@ -14,8 +14,8 @@ use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
 use anneal_runtime::plugins::{ForwardOpts, ImageInputs, KvCache};
 use common::{
-    assert_decode_follows, assert_gradients_match, fixture, leaves, max_abs_diff, model_for,
-    next_token_loss, positions,
+    assert_decode_follows, assert_export_round_trip, assert_gradients_match, fixture,
+    fixture_images, leaves, max_abs_diff, model_for, next_token_loss, positions,
 };
 use std::sync::Arc;
 
@@ -26,15 +26,9 @@ const FIXTURES: [&str; 2] = ["tiny_qwen3_5_vl", "tiny_qwen3_5_moe_vl"];
 
 /// The processor's output for the two images, which these fixtures share with `tiny_qwen3_vl`.
 fn images() -> Arc<ImageInputs> {
-    let exp = load_safetensors(fixture("tiny_qwen3_vl").join("expected.safetensors")).unwrap();
-    let grid = exp["image_grid_thw"].to_vec::<i64>();
-    Arc::new(ImageInputs {
-        pixel_values: exp["pixel_values"].clone(),
-        grid_thw: grid
-            .chunks(3)
-            .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
-            .collect(),
-    })
+    fixture_images(
+        &load_safetensors(fixture("tiny_qwen3_vl").join("expected.safetensors")).unwrap(),
+    )
 }
 
 fn with_images() -> ForwardOpts {
@@ -184,30 +178,7 @@ fn export_imports_back_with_its_vision_config() {
     for name in FIXTURES {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
-        let keep =
-            std::env::var_os("ANNEAL_VL_EXPORT").map(|d| std::path::PathBuf::from(d).join(name));
-        let out = keep.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("anneal-vl-export-{name}-{}", std::process::id()))
-        });
-        anneal_runtime::hf::export(&out, model.spec(), &params, None).unwrap();
-        let back = anneal_runtime::hf::load_params(&out, model.spec()).unwrap();
-        assert_eq!(back.len(), params.len());
-        for (k, v) in params.iter() {
-            assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{name}: {k}");
-        }
-        let ours = anneal_runtime::hf::read_tensors(&out).unwrap();
-        let theirs = anneal_runtime::hf::read_tensors(&dir).unwrap();
-        let shapes = |t: &std::collections::HashMap<String, Tensor>| {
-            let mut v: Vec<(String, Vec<usize>)> = t
-                .iter()
-                .map(|(k, t)| (k.clone(), t.shape().to_vec()))
-                .collect();
-            v.sort();
-            v
-        };
-        assert_eq!(shapes(&ours), shapes(&theirs), "{name}");
-        let cfg = anneal_runtime::hf::read_config(&out).unwrap();
-        let orig = anneal_runtime::hf::read_config(&dir).unwrap();
+        let (cfg, orig) = assert_export_round_trip(name, &dir, &model, &params);
         for key in [
             "model_type",
             "architectures",
@@ -262,9 +233,6 @@ fn export_imports_back_with_its_vision_config() {
                 orig["text_config"]["rope_parameters"][key],
                 "{name}: text_config.rope_parameters.{key}"
             );
-        }
-        if keep.is_none() {
-            let _ = std::fs::remove_dir_all(&out);
         }
     }
 }

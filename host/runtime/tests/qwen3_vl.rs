@@ -10,35 +10,17 @@ mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
-use anneal_runtime::plugins::{ForwardOpts, ImageInputs, KvCache};
+use anneal_runtime::plugins::{ForwardOpts, KvCache};
 use common::{
-    assert_decode_follows, assert_gradients_match, fixture, leaves, max_abs_diff, model_for,
-    next_token_loss, positions,
+    assert_decode_follows, assert_export_round_trip, assert_gradients_match, fixture,
+    fixture_images, leaves, max_abs_diff, model_for, next_token_loss, positions,
 };
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 const IMAGE_TOKEN: i64 = 90;
 
 /// The dense model and the MoE one (fused expert tensors), each with its own expectations.
 const FIXTURES: [&str; 2] = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe"];
-
-fn images(exp: &BTreeMap<String, Tensor>) -> Arc<ImageInputs> {
-    let grid: Vec<i64> = exp["image_grid_thw"]
-        .to_dtype(anneal_engine::DType::F32)
-        .unwrap()
-        .to_vec_f32()
-        .iter()
-        .map(|&v| v as i64)
-        .collect();
-    Arc::new(ImageInputs {
-        pixel_values: exp["pixel_values"].clone(),
-        grid_thw: grid
-            .chunks(3)
-            .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
-            .collect(),
-    })
-}
 
 #[test]
 fn vision_tower_matches_transformers() {
@@ -58,7 +40,7 @@ fn vision_tower_matches_transformers() {
     let image_rows = [0, 1, 3, 4, 5, 6];
     let tokens = Tensor::from_vec(ids.to_vec(), &[1, ids.len()]).unwrap();
     let opts = ForwardOpts {
-        images: Some(images(&exp)),
+        images: Some(fixture_images(&exp)),
         ..Default::default()
     };
     let hidden = model
@@ -119,7 +101,7 @@ fn logits_with_images_match_transformers() {
         let tokens = &exp["vl_tokens"];
         let t = tokens.shape()[1];
         let opts = ForwardOpts {
-            images: Some(images(&exp)),
+            images: Some(fixture_images(&exp)),
             ..Default::default()
         };
         let logits = model
@@ -150,7 +132,7 @@ fn loss_and_every_gradient_with_images_match_transformers() {
         let tokens = &exp["vl_tokens"];
         let leaves = leaves(&params);
         let opts = ForwardOpts {
-            images: Some(images(&exp)),
+            images: Some(fixture_images(&exp)),
             training: true,
             ..Default::default()
         };
@@ -181,31 +163,7 @@ fn export_imports_back_with_its_vision_config() {
     for name in FIXTURES {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
-        let keep =
-            std::env::var_os("ANNEAL_VL_EXPORT").map(|d| std::path::PathBuf::from(d).join(name));
-        let out = keep.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("anneal-vl-export-{name}-{}", std::process::id()))
-        });
-        anneal_runtime::hf::export(&out, model.spec(), &params, None).unwrap();
-        let back = anneal_runtime::hf::load_params(&out, model.spec()).unwrap();
-        assert_eq!(back.len(), params.len());
-        for (k, v) in params.iter() {
-            assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{name}: {k}");
-        }
-        // The same tensor names and shapes as transformers' checkpoint.
-        let ours = anneal_runtime::hf::read_tensors(&out).unwrap();
-        let theirs = anneal_runtime::hf::read_tensors(&dir).unwrap();
-        let shapes = |t: &std::collections::HashMap<String, Tensor>| {
-            let mut v: Vec<(String, Vec<usize>)> = t
-                .iter()
-                .map(|(k, t)| (k.clone(), t.shape().to_vec()))
-                .collect();
-            v.sort();
-            v
-        };
-        assert_eq!(shapes(&ours), shapes(&theirs), "{name}");
-        let cfg = anneal_runtime::hf::read_config(&out).unwrap();
-        let orig = anneal_runtime::hf::read_config(&dir).unwrap();
+        let (cfg, orig) = assert_export_round_trip(name, &dir, &model, &params);
         for key in [
             "model_type",
             "image_token_id",
@@ -243,9 +201,6 @@ fn export_imports_back_with_its_vision_config() {
             cfg["text_config"]["rope_parameters"]["mrope_section"],
             orig["text_config"]["rope_parameters"]["mrope_section"]
         );
-        if keep.is_none() {
-            let _ = std::fs::remove_dir_all(&out);
-        }
     }
 }
 
@@ -266,7 +221,7 @@ fn decode_after_an_image_prompt_continues_its_positions() {
             &tokens.narrow(1, 0, prefill).unwrap(),
             &positions(0, prefill),
             &ForwardOpts {
-                images: Some(images(&exp)),
+                images: Some(fixture_images(&exp)),
                 cache: Some(cache.clone()),
                 ..Default::default()
             },
@@ -287,7 +242,7 @@ fn images_that_do_not_fit_are_refused() {
     let (model, params) = model_for(&dir);
     let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
     let opts = ForwardOpts {
-        images: Some(images(&exp)),
+        images: Some(fixture_images(&exp)),
         ..Default::default()
     };
     // Five placeholders for the first image's two tokens.
@@ -303,7 +258,7 @@ fn images_that_do_not_fit_are_refused() {
         "{err}"
     );
     // A grid that does not cover the pixel rows.
-    let mut bad = (*images(&exp)).clone();
+    let mut bad = (*fixture_images(&exp)).clone();
     bad.grid_thw[1] = [1, 2, 2];
     let opts = ForwardOpts {
         images: Some(Arc::new(bad)),
@@ -343,7 +298,7 @@ fn the_decode_loop_serves_a_prompt_with_images_alone_or_beside_text() {
         images,
     };
     let sched = Scheduler::start(Arc::new(model), params, SchedulerOptions::default()).unwrap();
-    let with_images = request(prompt.clone(), Some(images(&exp)));
+    let with_images = request(prompt.clone(), Some(fixture_images(&exp)));
     let alone = sched.complete(with_images.clone()).unwrap().generation;
     assert_eq!(alone.tokens[0], greedy as i64);
     let lse = anneal_engine::logsumexp(last);

@@ -3,8 +3,10 @@
 
 use anneal_engine::Tensor;
 use anneal_runtime::hf;
-use anneal_runtime::plugins::{discover, find_for_model_type_in, LoadedPlugin, PluginModel};
-use std::collections::HashMap;
+use anneal_runtime::plugins::{
+    discover, find_for_model_type_in, ImageInputs, LoadedPlugin, PluginModel,
+};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -41,6 +43,62 @@ pub fn model_for(dir: &Path) -> (PluginModel, Arc<HashMap<String, Tensor>>) {
     let model = PluginModel::new(loaded.name(), inst).unwrap();
     let params = hf::load_params(dir, model.spec()).unwrap();
     (model, Arc::new(params))
+}
+
+/// The image processor's output a fixture's `expected.safetensors` holds (`pixel_values`,
+/// `image_grid_thw`), as one forward's images.
+pub fn fixture_images(exp: &BTreeMap<String, Tensor>) -> Arc<ImageInputs> {
+    let grid = exp["image_grid_thw"].to_vec::<i64>();
+    Arc::new(ImageInputs {
+        pixel_values: exp["pixel_values"].clone(),
+        grid_thw: grid
+            .chunks(3)
+            .map(|g| [g[0] as usize, g[1] as usize, g[2] as usize])
+            .collect(),
+    })
+}
+
+/// Exports `params` of `model` (loaded from the fixture `dir`, called `name`) as a Hugging
+/// Face directory and checks that it imports back to the same tensors and holds the fixture's
+/// tensor names and shapes; returns the exported `config.json` and the fixture's, for the
+/// caller's checks of the keys its model writes. `ANNEAL_VL_EXPORT=DIR` keeps the export under
+/// `DIR/<name>` (for `tests/reference/check_vl_export.py`); otherwise it is removed.
+pub fn assert_export_round_trip(
+    name: &str,
+    dir: &Path,
+    model: &PluginModel,
+    params: &HashMap<String, Tensor>,
+) -> (serde_json::Value, serde_json::Value) {
+    let keep = std::env::var_os("ANNEAL_VL_EXPORT").map(|d| PathBuf::from(d).join(name));
+    let out = keep.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("anneal-vl-export-{name}-{}", std::process::id()))
+    });
+    hf::export(&out, model.spec(), params, None).unwrap();
+    let back = hf::load_params(&out, model.spec()).unwrap();
+    assert_eq!(back.len(), params.len());
+    for (k, v) in params.iter() {
+        assert_eq!(back[k].to_vec_f32(), v.to_vec_f32(), "{name}: {k}");
+    }
+    // The same tensor names and shapes as transformers' checkpoint.
+    let shapes = |t: &HashMap<String, Tensor>| {
+        let mut v: Vec<(String, Vec<usize>)> = t
+            .iter()
+            .map(|(k, t)| (k.clone(), t.shape().to_vec()))
+            .collect();
+        v.sort();
+        v
+    };
+    let ours = hf::read_tensors(&out).unwrap();
+    let theirs = hf::read_tensors(dir).unwrap();
+    assert_eq!(shapes(&ours), shapes(&theirs), "{name}");
+    let configs = (
+        hf::read_config(&out).unwrap(),
+        hf::read_config(dir).unwrap(),
+    );
+    if keep.is_none() {
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    configs
 }
 
 /// Positions `start..start + n`.
