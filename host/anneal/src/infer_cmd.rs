@@ -84,12 +84,13 @@ impl TokenSource<'_> {
 
 /// Reads `paths` through the image processor of the checkpoint in `dir`
 /// (`preprocessor_config.json`): every image's patches in one tensor, in the order given, on
-/// `device`. A directory without that file holds a text-only model and is refused.
+/// `device`, and each image's count of placeholder tokens. A directory without that file holds
+/// a text-only model and is refused.
 pub fn read_images(
     dir: &Path,
     paths: &[PathBuf],
     device: anneal_engine::Device,
-) -> anyhow::Result<Option<Arc<ImageInputs>>> {
+) -> anyhow::Result<Option<(Arc<ImageInputs>, Vec<usize>)>> {
     use anneal_data::image::{load_image, ImageError, ImageProcessor, ProcessorConfig};
     if paths.is_empty() {
         return Ok(None);
@@ -111,9 +112,10 @@ pub fn read_images(
                 .map_err(user)
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let counts = processed.iter().map(|p| p.placeholder_tokens()).collect();
     let mut images = ImageInputs::from_processed(processed)?;
     images.pixel_values = images.pixel_values.to_device(device)?;
-    Ok(Some(Arc::new(images)))
+    Ok(Some((Arc::new(images), counts)))
 }
 
 /// `prompt` with each image's placeholders expanded as the model reads them (a run of one
@@ -125,7 +127,7 @@ fn prompt_with_images(
     paths: &[PathBuf],
     device: anneal_engine::Device,
 ) -> anyhow::Result<(Vec<i64>, Option<Arc<ImageInputs>>)> {
-    let Some(images) = read_images(dir, paths, device)? else {
+    let Some((images, counts)) = read_images(dir, paths, device)? else {
         return Ok((prompt, None));
     };
     let image_token = hf::read_config(dir)
@@ -137,14 +139,6 @@ fn prompt_with_images(
                 dir.display()
             ))
         })?;
-    let m = anneal_data::image::ProcessorConfig::from_dir(dir)
-        .map(|c| c.merge_size * c.merge_size)
-        .unwrap_or(4);
-    let counts: Vec<usize> = images
-        .grid_thw
-        .iter()
-        .map(|g| g.iter().product::<usize>() / m)
-        .collect();
     let prompt = anneal_data::image::expand_placeholders(&prompt, image_token, &counts)
         .map_err(|e| UserError(format!("--image: {e}")))?;
     Ok((prompt, Some(images)))
@@ -162,7 +156,7 @@ pub fn logprobs(
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &tokens)?;
     infer::check_scoring(tokens.len(), model.spec().max_seq_len)?;
-    let images = read_images(dir, images, infer::device_of(&params))?;
+    let images = read_images(dir, images, infer::device_of(&params))?.map(|(images, _)| images);
     let (lp, loss) = infer::logprobs_with_images(&model, &params, &tokens, images)?;
     println!(
         "{}",

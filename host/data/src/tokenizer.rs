@@ -148,27 +148,32 @@ impl TextTokenizer {
         vocab_size: usize,
         cache_dir: &Path,
     ) -> Result<(Self, PathBuf)> {
-        if spec != "train" {
-            let path = PathBuf::from(spec);
-            return Ok((Self::from_file(&path)?, path));
-        }
-        let mut key = CacheKey::new("anneal-data bpe tokenizer v2");
-        key.files(files)?
-            .bytes(text_field.as_bytes())
-            .u64(vocab_size as u64);
-        Self::cached(&key, cache_dir, || {
+        let key = || {
+            let mut key = CacheKey::new("anneal-data bpe tokenizer v2");
+            key.files(files)?
+                .bytes(text_field.as_bytes())
+                .u64(vocab_size as u64);
+            Ok(key)
+        };
+        Self::load_or(spec, cache_dir, key, || {
             Self::train_bpe_with_field(files, text_field, vocab_size)
         })
     }
 
-    /// The tokenizer cached under `key` in `cache_dir`, or `train`'s, then cached. A cache file
-    /// that no longer loads (say, truncated by a full disk) is retrained.
-    fn cached(
-        key: &CacheKey,
+    /// The `tokenizer.json` at `spec`; or for `"train"` the tokenizer cached in `cache_dir`
+    /// under `key` (computed only then), else `train`'s, then cached. A cache file that no
+    /// longer loads (say, truncated by a full disk) is retrained.
+    fn load_or(
+        spec: &str,
         cache_dir: &Path,
+        key: impl FnOnce() -> Result<CacheKey>,
         train: impl FnOnce() -> Result<Self>,
     ) -> Result<(Self, PathBuf)> {
-        let path = cache_dir.join(format!("tokenizer-{}.json", key.hex()));
+        if spec != "train" {
+            let path = PathBuf::from(spec);
+            return Ok((Self::from_file(&path)?, path));
+        }
+        let path = cache_dir.join(format!("tokenizer-{}.json", key()?.hex()));
         if let Ok(tok) = Self::from_file(&path) {
             return Ok((tok, path));
         }
@@ -188,20 +193,19 @@ impl TextTokenizer {
         vocab_size: usize,
         cache_dir: &Path,
     ) -> Result<(Self, PathBuf)> {
-        if spec != "train" {
-            let path = PathBuf::from(spec);
-            return Ok((Self::from_file(&path)?, path));
-        }
         let specials = crate::chat::template::CHATML_SPECIALS;
-        let mut key = CacheKey::new("anneal-data chat bpe tokenizer v1");
-        for t in texts {
-            key.bytes(t.as_bytes());
-        }
-        for s in specials {
-            key.bytes(s.as_bytes());
-        }
-        key.u64(vocab_size as u64);
-        Self::cached(&key, cache_dir, || {
+        let key = || {
+            let mut key = CacheKey::new("anneal-data chat bpe tokenizer v1");
+            for t in texts {
+                key.bytes(t.as_bytes());
+            }
+            for s in specials {
+                key.bytes(s.as_bytes());
+            }
+            key.u64(vocab_size as u64);
+            Ok(key)
+        };
+        Self::load_or(spec, cache_dir, key, || {
             Self::train_bpe_with_specials(texts, vocab_size, &specials)
         })
     }

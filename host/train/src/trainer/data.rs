@@ -137,9 +137,11 @@ fn build_chat(
     let started = Instant::now();
     let conversations = anneal_data::chat::read_conversations(files)?;
     let trained_here = d.tokenizer == "train";
+    // A loaded tokenizer's chat template and `tokenizer_config.json` sit beside it.
+    let tokenizer_dir = Path::new(&d.tokenizer).parent().unwrap_or(Path::new("."));
     let template = match trained_here {
         true => ChatTemplate::new(Some(CHATML.into()), None, Some("<|im_end|>".into())),
-        false => ChatTemplate::load(Path::new(&d.tokenizer).parent().unwrap_or(Path::new("."))),
+        false => ChatTemplate::load(tokenizer_dir),
     };
     let template = template.map_err(|e| TrainError::Config(format!("data: {e}")))?;
     // A tokenizer trained here learns from the conversations as rendered, so the template's
@@ -158,20 +160,17 @@ fn build_chat(
         d.vocab_size,
         Path::new(&d.cache_dir),
     )?;
-    let mut tokenizer_config = match trained_here {
+    let tokenizer_config = match trained_here {
         true => serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "chat_template": CHATML,
             "eos_token": "<|im_end|>",
             "pad_token": anneal_data::tokenizer::TRAINED_EOS,
         }),
-        false => {
-            let dir = tokenizer_path.parent().unwrap_or(Path::new("."));
-            std::fs::read_to_string(dir.join("tokenizer_config.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or(Value::Null)
-        }
+        false => std::fs::read_to_string(tokenizer_dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null),
     };
     let vision = vision_of(cfg, spec, &tokenizer)?;
     let images = conversations.iter().map(|c| c.images.len()).sum::<usize>();
@@ -217,12 +216,6 @@ fn build_chat(
     };
     let loader = ChatLoader::new(train.into(), shape, t.seed, d.shuffle)?;
     let mut run_files = RunFiles::default();
-    if let Value::Object(map) = &mut tokenizer_config {
-        // The template the run rendered with, whatever file it came from.
-        if !map.contains_key("chat_template") && trained_here {
-            map.insert("chat_template".into(), CHATML.into());
-        }
-    }
     if !tokenizer_config.is_null() {
         run_files.files.push((
             "tokenizer_config.json".into(),
