@@ -12,6 +12,7 @@
 pub mod encode;
 pub mod loader;
 pub mod template;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 
