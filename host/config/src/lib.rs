@@ -701,6 +701,17 @@ fn validate_rl(r: &Rl) -> Result<(), ConfigError> {
             "must be at least 1",
         ));
     }
+    if r.max_turns == 0 {
+        return Err(ConfigError::at("rl.max_turns", "must be at least 1"));
+    }
+    for (key, ms) in [
+        ("rl.env_step_timeout_ms", r.env_step_timeout_ms),
+        ("rl.env_episode_timeout_ms", r.env_episode_timeout_ms),
+    ] {
+        if ms == 0 {
+            return Err(ConfigError::at(key, "must be at least 1"));
+        }
+    }
     if r.prompts_path.is_empty() && r.task != "digits_sort" {
         return Err(ConfigError::at(
             "rl.task",

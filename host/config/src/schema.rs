@@ -552,8 +552,22 @@ pub struct Rl {
     pub top_p: f32,
     /// Top-k sampling (0 = off).
     pub top_k: usize,
-    /// Reward modules; their rewards are summed with their weights.
+    /// Reward modules; their rewards are summed with their weights. With an `environment`
+    /// they score the policy's last turn and add to the environment's reward (optional then).
     pub rewards: Vec<RewardSpec>,
+    /// A multi-turn environment (`.wasm` or `.wat`, `reward-wasm/ENVIRONMENTS.md`): each
+    /// prompt becomes an episode of turns between the policy and the environment (tools, code
+    /// execution) instead of one completion. Empty: single-turn.
+    pub environment: String,
+    /// Policy turns per episode at most (with an `environment`).
+    pub max_turns: usize,
+    /// Tokens per episode at most: prompt, policy turns and observations (0: the model's
+    /// `max_seq_len`). `max_new_tokens` bounds each policy turn.
+    pub max_episode_tokens: usize,
+    /// Wall-clock deadline of one environment call (`init` or `step`), in milliseconds.
+    pub env_step_timeout_ms: u64,
+    /// Wall-clock budget of all the environment calls of one episode, in milliseconds.
+    pub env_episode_timeout_ms: u64,
     /// The reward of a call that traps, times out or returns garbage.
     pub error_reward: f64,
     /// Per-call reward deadline in milliseconds.
@@ -628,6 +642,11 @@ impl Default for Rl {
             top_p: 1.0,
             top_k: 0,
             rewards: Vec::new(),
+            environment: String::new(),
+            max_turns: 4,
+            max_episode_tokens: 0,
+            env_step_timeout_ms: 1000,
+            env_episode_timeout_ms: 10_000,
             error_reward: 0.0,
             reward_timeout_ms: 1000,
             loss: RlLoss::Grpo,

@@ -39,7 +39,7 @@ impl Progress {
             self.tokens += g
                 .samples
                 .iter()
-                .map(|s| s.logprobs.len() as u64)
+                .map(|s| s.policy_tokens() as u64)
                 .sum::<u64>();
         }
     }

@@ -15,6 +15,7 @@
 //! pp.rs          pipeline parallelism: stages kept, gathered for rollouts, the RL loss last
 //! loss.rs        GRPO / Dr.GRPO / DAPO, k3 KL, truncated importance ratio
 //! rollout.rs     prompts, rollout workers, scoring, held-out evaluation
+//! episode.rs     multi-turn episodes with an environment: token-exact turns, tool calls
 //! buffer.rs      the rollout buffer keyed by policy version (bounded staleness)
 //! checkpoint.rs  what an RL checkpoint holds beyond the trainer's tensors
 //! metrics.rs     the per-step row of metrics.jsonl
@@ -24,6 +25,7 @@
 pub mod buffer;
 mod checkpoint;
 mod cp;
+pub mod episode;
 pub mod loss;
 mod metrics;
 mod pp;

@@ -119,7 +119,11 @@ impl RlRow {
             reward_std: std,
             accuracy: (!judged.is_empty())
                 .then(|| judged.iter().filter(|&&c| c).count() as f64 / judged.len() as f64),
-            response_len_mean: samples.iter().map(|s| s.logprobs.len() as f64).sum::<f64>() / n,
+            response_len_mean: samples
+                .iter()
+                .map(|s| s.policy_tokens() as f64)
+                .sum::<f64>()
+                / n,
             entropy: out.entropy,
             kl_ref: out.kl,
             logprob_mismatch_max: out.mismatch_max,

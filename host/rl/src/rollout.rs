@@ -37,7 +37,7 @@ pub enum PromptSource {
     },
 }
 
-fn splitmix(mut z: u64) -> u64 {
+pub(crate) fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -140,6 +140,16 @@ pub trait Scorer: Send + Sync {
     fn score(&self, prompt: &Prompt, completion: &str) -> Scored;
 }
 
+/// The scorer of a run without reward modules (an environment's rewards are then the
+/// episodes'): every completion scores 0.
+pub struct NoRewards;
+
+impl Scorer for NoRewards {
+    fn score(&self, _: &Prompt, _: &str) -> Scored {
+        Scored::default()
+    }
+}
+
 /// One sampled completion (serialized when data-parallel ranks gather a step's groups).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
@@ -147,12 +157,34 @@ pub struct Sample {
     pub tokens: Vec<i64>,
     /// Where the completion starts in `tokens`.
     pub prompt_len: usize,
-    /// Rollout log-probability of each completion token.
+    /// Rollout log-probability of each token after the prompt (0 for an environment's).
     pub logprobs: Vec<f32>,
+    /// Which tokens after the prompt the policy sampled (the loss trains those only); empty
+    /// when it sampled all of them (single-turn).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy: Vec<bool>,
     /// The decoded completion (without the end-of-sequence token).
     pub text: String,
     /// Its reward.
     pub scored: Scored,
+    /// A multi-turn episode's turns (empty for a single completion).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<crate::episode::Turn>,
+}
+
+impl Sample {
+    /// Whether token `j` after the prompt is the policy's.
+    pub fn is_policy(&self, j: usize) -> bool {
+        self.policy.get(j).copied().unwrap_or(true)
+    }
+
+    /// How many tokens the policy sampled.
+    pub fn policy_tokens(&self) -> usize {
+        match self.policy.is_empty() {
+            true => self.logprobs.len(),
+            false => self.policy.iter().filter(|&&p| p).count(),
+        }
+    }
 }
 
 /// The completions of one prompt.
@@ -196,6 +228,8 @@ pub struct RolloutCtx {
     /// rollouts are then this rank's slices, and every rank of the group decodes the same
     /// prompts in lockstep, on the thread where the group's communicator is installed).
     pub tp: Option<TensorParallelism>,
+    /// Multi-turn episodes with an environment instead of single completions.
+    pub env: Option<crate::episode::EnvCtx>,
 }
 
 /// Which prompts a data-parallel rank rolls out: of each step's `per_step` prompts, the
@@ -268,6 +302,9 @@ pub fn rollout_groups(
     params: &Params,
     indices: &[u64],
 ) -> Result<Vec<Group>, anneal_engine::Error> {
+    if ctx.env.is_some() {
+        return crate::episode::play_groups(ctx, params, indices);
+    }
     let prompts: Vec<Prompt> = indices.iter().map(|&i| ctx.prompts.get(i)).collect();
     let encoded = prompts
         .iter()
@@ -317,8 +354,10 @@ pub fn rollout_groups(
                         tokens: ids.iter().chain(&gen.tokens).copied().collect(),
                         prompt_len: ids.len(),
                         logprobs: gen.logprobs,
+                        policy: Vec::new(),
                         text,
                         scored,
+                        turns: Vec::new(),
                     }
                 })
                 .collect();
@@ -412,6 +451,20 @@ pub fn evaluate(
     params: &Params,
     prompts: &[Prompt],
 ) -> Result<f64, anneal_engine::Error> {
+    if ctx.env.is_some() {
+        let mut right = 0usize;
+        for (c, chunk) in prompts.chunks(EVAL_BATCH).enumerate() {
+            let first = (c * EVAL_BATCH) as u64;
+            let indices: Vec<u64> = (first..first + chunk.len() as u64).collect();
+            let groups = crate::episode::play(ctx, params, &indices, chunk, 1, true)?;
+            right += groups
+                .iter()
+                .flat_map(|g| &g.samples)
+                .filter(|s| s.scored.correct.unwrap_or(s.scored.reward > 0.0))
+                .count();
+        }
+        return Ok(right as f64 / prompts.len().max(1) as f64);
+    }
     let (tok, scorer) = (ctx.tokenizer.as_ref(), ctx.scorer.as_ref());
     let (prepend_eos, max_new_tokens) = (ctx.prepend_eos, ctx.max_new_tokens);
     let s = Sampling {

@@ -5,7 +5,10 @@
 //! policy version that sampled it), `prompt_index`, `sample` (its place in the group), `prompt`,
 //! `completion`, `tokens` (completion tokens), `reward`, `correct` (or null) and `scores`: per
 //! reward module `name, weight, score` (null when the call failed), `reward, correct, error`
-//! (the kind, or null) and `message`.
+//! (the kind, or null) and `message`. A multi-turn episode adds `turns`: `role` (`prompt`,
+//! `policy`, or the observation's role), `text`, `tokens`, and on the turn where it happened
+//! `reward` (the environment's step reward) and `error` (why the episode ended early);
+//! `completion` is then the policy's last turn and `tokens` counts the policy's tokens.
 //!
 //! Bounded: only step 1 and every `rl.samples_every`-th step are written, at most
 //! `rl.samples_per_step` samples each (the first, in group order). On resume the rows past the
@@ -35,6 +38,8 @@ struct SampleRow<'a> {
     reward: f64,
     correct: Option<bool>,
     scores: &'a [ModuleScore],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    turns: &'a [crate::episode::Turn],
 }
 
 /// Appends the samples of the chosen steps to `<run dir>/samples.jsonl`.
@@ -104,10 +109,11 @@ impl SampleLog {
                 sample: j,
                 prompt: &prompt.prompt,
                 completion: &s.text,
-                tokens: s.logprobs.len(),
+                tokens: s.policy_tokens(),
                 reward: s.scored.reward,
                 correct: s.scored.correct,
                 scores: &s.scored.modules,
+                turns: &s.turns,
             };
             text.push_str(&serde_json::to_string(&row).expect("a sample row always serializes"));
             text.push('\n');
@@ -133,6 +139,8 @@ mod tests {
                     tokens: vec![1, 2, 3],
                     prompt_len: 1,
                     logprobs: vec![-0.5, -0.25],
+                    policy: vec![],
+                    turns: vec![],
                     text: format!("c{index}-{j}"),
                     scored: Scored {
                         reward: j as f64,

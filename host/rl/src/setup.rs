@@ -323,3 +323,44 @@ fn sha256_hex(data: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// The episodes' context for `environment`: the chat template of the tokenizer's folder (or
+/// ChatML when it has none and the tokenizer knows `<|im_end|>`) and its turn markers, with
+/// `rl`'s limits.
+pub(crate) fn env_ctx(
+    cfg: &JobConfig,
+    environment: Arc<dyn crate::episode::Environment>,
+    tokenizer: &TextTokenizer,
+    tokenizer_path: &Path,
+) -> Result<crate::episode::EnvCtx, TrainError> {
+    use anneal_data::chat::template::{ChatTemplate, CHATML};
+    let r = &cfg.rl;
+    let dir = tokenizer_path.parent().unwrap_or(Path::new("."));
+    let mut template =
+        ChatTemplate::load(dir).map_err(|e| cfg_err("rl.environment", e.to_string()))?;
+    if template.is_fallback() && tokenizer.token_id("<|im_end|>").is_some() {
+        template = ChatTemplate::new(Some(CHATML.into()), None, Some("<|im_end|>".into()))
+            .map_err(|e| cfg_err("rl.environment", e.to_string()))?;
+    }
+    let markers = crate::episode::TurnMarkers::new(template, tokenizer).map_err(|e| {
+        cfg_err(
+            "rl.environment",
+            format!(
+                "multi-turn episodes need the chat template of {}: {e}",
+                dir.display()
+            ),
+        )
+    })?;
+    Ok(crate::episode::EnvCtx {
+        environment,
+        markers,
+        settings: crate::episode::EpisodeSettings {
+            max_turns: r.max_turns,
+            max_episode_tokens: match r.max_episode_tokens {
+                0 => usize::MAX,
+                n => n,
+            },
+        },
+        error_reward: r.error_reward,
+    })
+}

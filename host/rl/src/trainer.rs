@@ -141,9 +141,12 @@ pub(crate) fn layout(items: &[Item<Group>], version: u64, t: usize) -> Layout {
         l.inputs[i * t..i * t + len].copy_from_slice(&s.tokens[..len]);
         l.targets[i * t..i * t + len].copy_from_slice(&s.tokens[1..]);
         for (j, &lp) in s.logprobs.iter().enumerate() {
-            let k = i * t + s.prompt_len - 1 + j;
-            l.mask[k] = 1.0;
-            l.rollout[k] = lp;
+            // An environment's tokens are context, not actions: they are not trained on.
+            if s.is_policy(j) {
+                let k = i * t + s.prompt_len - 1 + j;
+                l.mask[k] = 1.0;
+                l.rollout[k] = lp;
+            }
         }
         l.current.push(*v == version);
     }

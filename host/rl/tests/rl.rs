@@ -231,6 +231,7 @@ fn perturbed_rollout_weights_show_a_mismatch() {
         0,
         RlOptions {
             perturb_rollout_weights: 1e-3,
+            ..RlOptions::default()
         },
     );
     assert!(s.rows.iter().all(|r| r.logprob_mismatch_max > 0.0));

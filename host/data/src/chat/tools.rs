@@ -43,6 +43,9 @@ pub struct ParsedTurn {
     /// Why a call could not be read, when one could not (the first such call; the calls before
     /// it are kept, nothing after it is read as a call).
     pub error: Option<String>,
+    /// Whether a call was opened and never closed (the model ran out of room inside it, or
+    /// ended its turn there): the one failure an environment cannot answer.
+    pub unclosed: bool,
 }
 
 impl ParsedTurn {
@@ -72,6 +75,7 @@ pub fn parse_tool_calls(text: &str) -> ParsedTurn {
                 "the tool call opened at byte {at} never closes (no `{TOOL_CALL_CLOSE}`)"
             ));
             content.push_str(&rest[open..]);
+            turn.unclosed = true;
             rest = "";
             break;
         };
@@ -155,6 +159,7 @@ mod tests {
         let t = parse_tool_calls(text);
         assert!(t.calls.is_empty());
         assert!(t.error.as_deref().unwrap().contains("never closes"));
+        assert!(t.unclosed);
         assert_eq!(t.content, text.trim());
     }
 

@@ -32,12 +32,25 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 use steps::{open_logs, RlLoop, Savers};
 
-/// Knobs for tests.
-#[derive(Clone, Debug, Default)]
+/// What a run gets beside its config: the environment of multi-turn episodes, and knobs for
+/// tests.
+#[derive(Clone, Default)]
 pub struct RlOptions {
     /// Adds this to every weight the rollout side receives (the trainer keeps the exact ones):
     /// a deliberate mismatch that `logprob_mismatch_max` must see.
     pub perturb_rollout_weights: f32,
+    /// The environment of `rl.environment` (the CLI loads it into the WebAssembly sandbox):
+    /// each prompt is then an episode of turns instead of one completion.
+    pub environment: Option<Arc<dyn crate::episode::Environment>>,
+}
+
+impl std::fmt::Debug for RlOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RlOptions")
+            .field("perturb_rollout_weights", &self.perturb_rollout_weights)
+            .field("environment", &self.environment.is_some())
+            .finish()
+    }
 }
 
 /// How an RL run ended.
@@ -153,6 +166,11 @@ pub fn run_rl_dist(
     };
     let next_prompt = share.local_of(progress.rl.next_prompt);
     let tp_ctx = tp.as_ref().map(TpInference::context);
+    let env = opts
+        .environment
+        .clone()
+        .map(|e| crate::setup::env_ctx(cfg, e, &tokenizer, &tokenizer_path))
+        .transpose()?;
     let ctx = rollout_ctx(
         cfg,
         &model,
@@ -160,7 +178,7 @@ pub fn run_rl_dist(
         prompts,
         scorer,
         (share, next_prompt),
-        tp_ctx,
+        (tp_ctx, env),
     );
     let per_rank = r.prompts_per_step / roles.ranks;
     // Under FSDP or PP the rollouts get each step's gathered policy (published in the loop);
@@ -265,7 +283,7 @@ fn rollout_ctx(
     prompts: PromptSource,
     scorer: Arc<dyn Scorer>,
     (share, next_prompt): (Share, u64),
-    tp: Option<TensorParallelism>,
+    (tp, env): (Option<TensorParallelism>, Option<crate::episode::EnvCtx>),
 ) -> Arc<RolloutCtx> {
     let r = &cfg.rl;
     Arc::new(RolloutCtx {
@@ -287,6 +305,7 @@ fn rollout_ctx(
         share,
         failed: Mutex::new(None),
         tp,
+        env,
     })
 }
 
