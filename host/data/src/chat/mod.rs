@@ -13,6 +13,7 @@ pub mod encode;
 pub mod loader;
 mod pyjson;
 pub mod template;
+pub mod tools;
 
 use std::path::{Path, PathBuf};
 
