@@ -600,6 +600,32 @@ fn describe(e: &Error) -> String {
     msg
 }
 
+/// The arguments of one tool call's JSON (`{"name": ..., "arguments": {...}}`, the text between
+/// `<tool_call>` and `</tool_call>`) as JSON text, the way Python's `json.dumps` writes it (as
+/// vLLM returns a Hermes call's arguments) with the keys in the order the model wrote them, so
+/// that the call rendered back by a template reads as the model wrote it. Arguments written as
+/// a JSON string are read as JSON first (as [`crate::chat::tools::parse_tool_calls`] does);
+/// `parameters` stands for `arguments`; none at all is `{}`. `None` when the text is not a
+/// JSON object.
+pub fn tool_call_arguments(call: &str) -> Option<String> {
+    let value: minijinja::Value = serde_json::from_str(call.trim()).ok()?;
+    if value.kind() != minijinja::value::ValueKind::Map {
+        return None;
+    }
+    let arguments = ["arguments", "parameters"]
+        .iter()
+        .filter_map(|k| value.get_attr(k).ok())
+        .find(|a| !a.is_undefined());
+    let arguments = match arguments {
+        None => return Some("{}".into()),
+        Some(a) => match a.as_str().map(serde_json::from_str::<minijinja::Value>) {
+            Some(Ok(parsed)) => parsed,
+            _ => a,
+        },
+    };
+    super::pyjson::dumps(&arguments).ok()
+}
+
 /// `chat_template` of a `tokenizer_config.json`: a string, or a list of `{name, template}` of
 /// which `default` (else the first) is used.
 fn template_in_config(config: &Value, name: &str) -> Option<String> {
@@ -796,6 +822,25 @@ mod tests {
         );
         let err = plain.render_request(&messages, Some(&tools), true, &cancel);
         assert!(matches!(err, Err(TemplateError::Render(_))), "{err:?}");
+    }
+
+    #[test]
+    fn tool_call_arguments_keep_the_models_order_in_pythons_form() {
+        let args = |call: &str| tool_call_arguments(call);
+        assert_eq!(
+            args(r#" {"name": "f", "arguments": {"z":1,"a":[1.0,"é"]}} "#).as_deref(),
+            Some(r#"{"z": 1, "a": [1.0, "é"]}"#)
+        );
+        assert_eq!(
+            args(r#"{"name": "f", "arguments": "{\"b\":2,\"a\":1}"}"#).as_deref(),
+            Some(r#"{"b": 2, "a": 1}"#)
+        );
+        assert_eq!(args(r#"{"name": "f"}"#).as_deref(), Some("{}"));
+        assert_eq!(
+            args(r#"{"name": "f", "parameters": {"x": null}}"#).as_deref(),
+            Some(r#"{"x": null}"#)
+        );
+        assert_eq!(args("[1]"), None);
     }
 
     /// A `tokenizer_config.json` with a template named `tool_use` renders it for requests with
