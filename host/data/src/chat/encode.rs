@@ -167,14 +167,8 @@ mod tests {
         });
         Conversation {
             messages: vec![
-                Message {
-                    role: "user".into(),
-                    content: Content::Parts(parts),
-                },
-                Message {
-                    role: "assistant".into(),
-                    content: "red".into(),
-                },
+                Message::new("user", Content::Parts(parts)),
+                Message::new("assistant", "red"),
             ],
             images,
             origin: "test:1".into(),

@@ -11,6 +11,7 @@
 
 pub mod encode;
 pub mod loader;
+mod pyjson;
 pub mod template;
 pub mod tools;
 
@@ -159,10 +160,7 @@ fn parse_messages(
                 ))
             }
         };
-        messages.push(Message {
-            role: role.to_owned(),
-            content,
-        });
+        messages.push(Message::new(role, content));
     }
     if !messages.iter().any(|m| m.role == "assistant") {
         return Err("a conversation needs at least one assistant message to learn from".into());

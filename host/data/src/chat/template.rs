@@ -25,13 +25,120 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// One chat message, as the template sees it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One chat message, as the template sees it: `role`, `content`, and for tool use OpenAI's
+/// `tool_calls` (an assistant's calls), `tool_call_id` and `name` (a `tool` message's answer).
+/// Fields a message lacks are left out, as transformers drops the keys whose value is `None`;
+/// so is the empty `content` of an assistant message that only calls tools (OpenAI's `null`).
+#[derive(Clone, Debug, PartialEq)]
 pub struct Message {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// Its text, or its parts when it holds images.
     pub content: Content,
+    /// The tool calls of an assistant message, in order.
+    pub tool_calls: Vec<MessageToolCall>,
+    /// For a `tool` message: the id of the call it answers.
+    pub tool_call_id: Option<String>,
+    /// For a `tool` message: the function's name, when given.
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// A message of `role` with `content` and nothing else.
+    pub fn new(role: impl Into<String>, content: impl Into<Content>) -> Message {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+impl Serialize for Message {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let no_content =
+            !self.tool_calls.is_empty() && self.content == Content::Text(String::new());
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("role", &self.role)?;
+        if !no_content {
+            m.serialize_entry("content", &self.content)?;
+        }
+        if !self.tool_calls.is_empty() {
+            m.serialize_entry("tool_calls", &self.tool_calls)?;
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.serialize_entry("tool_call_id", id)?;
+        }
+        if let Some(name) = &self.name {
+            m.serialize_entry("name", name)?;
+        }
+        m.end()
+    }
+}
+
+/// One tool call of an assistant message, as OpenAI sends it back: its arguments are JSON
+/// text. The template sees `{"id", "type": "function", "function": {"name", "arguments"}}`
+/// with the arguments parsed into an object (keys in their order), as vLLM and SGLang hand
+/// them to templates (transformers' documented form; Qwen's template takes both); text that
+/// is not JSON stays a string.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MessageToolCall {
+    /// The call's id (`call_0`, ...), when given.
+    pub id: Option<String>,
+    /// The function's name.
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
+}
+
+impl Serialize for MessageToolCall {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let arguments = serde_json::from_str::<minijinja::Value>(&self.arguments)
+            .unwrap_or_else(|_| minijinja::Value::from(self.arguments.as_str()));
+        let function = minijinja::context! { name => self.name.as_str(), arguments => arguments };
+        let mut m = s.serialize_map(None)?;
+        if let Some(id) = &self.id {
+            m.serialize_entry("id", id)?;
+        }
+        m.serialize_entry("type", "function")?;
+        m.serialize_entry("function", &function)?;
+        m.end()
+    }
+}
+
+/// The `tools` a request gives the template: OpenAI's function definitions
+/// (`[{"type": "function", "function": {"name", "description", "parameters"}}]`), kept as they
+/// were sent, keys in their order, so `tool | tojson` writes them as transformers would.
+#[derive(Clone, Debug)]
+pub struct Tools(Vec<minijinja::Value>);
+
+impl Tools {
+    /// The tools of a JSON list (text, so that the order of every object's keys survives).
+    pub fn from_json(text: &str) -> Result<Tools, String> {
+        serde_json::from_str::<Vec<minijinja::Value>>(text)
+            .map(Tools)
+            .map_err(|e| format!("`tools` must be a list of objects: {e}"))
+    }
+
+    /// How many tools.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Tools {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Tools, D::Error> {
+        Vec::<minijinja::Value>::deserialize(d).map(Tools)
+    }
 }
 
 /// A message's content as the template sees it: a string (text parts already joined), or, for
@@ -161,23 +268,62 @@ impl std::fmt::Display for RenderLimits {
 /// A model's chat template (or the fallback format).
 pub struct ChatTemplate {
     env: Option<Environment<'static>>,
+    /// The environment also holds [`TOOL_USE`], the template for requests with tools.
+    tool_use: bool,
     bos: String,
     eos: String,
     limits: RenderLimits,
 }
 
 const NAME: &str = "chat";
+/// A `tokenizer_config.json`'s template named `tool_use`, which transformers renders instead
+/// of the default when tools are given.
+const TOOL_USE: &str = "chat_tool_use";
 
 /// The chat template of tokenizers trained here on chat data: ChatML as Qwen writes it, each
 /// message `<|im_start|>role\n...<|im_end|>\n`, an image part as
 /// `<|vision_start|><|image_pad|><|vision_end|>` (one placeholder, expanded to the image's
 /// tokens after tokenizing).
-pub const CHATML: &str = "{% for message in messages %}<|im_start|>{{ message.role }}\n\
-{% if message.content is string %}{{ message.content }}{% else %}\
-{% for part in message.content %}{% if part.type == 'image' %}\
-<|vision_start|><|image_pad|><|vision_end|>{% elif part.type == 'text' %}{{ part.text }}\
-{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}\
-{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+///
+/// Tool use is Qwen3's: `tools` go into the system turn (after the system message's text, when
+/// the conversation starts with one) as one JSON object per line between `<tools>` and
+/// `</tools>`, with Qwen's instructions; an assistant's `tool_calls` follow its text as
+/// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one per call, separated by a
+/// newline; and `tool` messages are answered inside a `user` turn, as Qwen does, each as
+/// `\n<tool_response>\n...\n</tool_response>` (consecutive ones share the turn). Conversations
+/// without tools render as before.
+pub const CHATML: &str = concat!(
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}",
+    "{%- if messages and messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}",
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n",
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}",
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}",
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and ",
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n",
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}",
+    "{%- endif %}",
+    "{%- for message in messages %}",
+    "{%- if tools and loop.first and message.role == 'system' %}",
+    "{%- elif message.role == 'tool' %}",
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}",
+    "{{- '\\n<tool_response>\\n' }}{{- message.content if message.content is string else '' }}",
+    "{{- '\\n</tool_response>' }}",
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}",
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' }}",
+    "{%- if message.content is string %}{{- message.content }}",
+    "{%- elif message.content %}{%- for part in message.content %}",
+    "{%- if part.type == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}",
+    "{%- elif part.type == 'text' %}{{- part.text }}{%- endif %}{%- endfor %}{%- endif %}",
+    "{%- for tool_call in message.tool_calls or [] %}",
+    "{%- if not loop.first or message.content %}{{- '\\n' }}{%- endif %}",
+    "{%- set call = tool_call.function if tool_call.function else tool_call %}",
+    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}",
+    "{%- if call.arguments is string %}{{- call.arguments }}{%- else %}{{- call.arguments | tojson }}{%- endif %}",
+    "{{- '}\\n</tool_call>' }}{%- endfor %}",
+    "{{- '<|im_end|>\\n' }}{%- endif %}",
+    "{%- endfor %}",
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}",
+);
 
 /// The special tokens [`CHATML`] writes, in the order tokenizers trained for chat data number
 /// them (right after `<|endoftext|>`, id 0): message bounds, then the vision tokens.
@@ -195,6 +341,7 @@ impl ChatTemplate {
     pub fn fallback() -> ChatTemplate {
         ChatTemplate {
             env: None,
+            tool_use: false,
             bos: String::new(),
             eos: String::new(),
             limits: RenderLimits::default(),
@@ -227,10 +374,14 @@ impl ChatTemplate {
                 })?,
             )
         } else {
-            template_in_config(&config)
+            template_in_config(&config, "default")
         };
         let token = |key: &str| special_token(config.get(key));
-        ChatTemplate::new(source, token("bos_token"), token("eos_token"))
+        let template = ChatTemplate::new(source, token("bos_token"), token("eos_token"))?;
+        match named_template(&config, "tool_use") {
+            Some(tool_use) => template.with_tool_use_template(tool_use),
+            None => Ok(template),
+        }
     }
 
     /// A Jinja template (or the fallback for `None`) with the tokenizer's BOS and EOS texts,
@@ -257,14 +408,27 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_filter("tojson", super::pyjson::tojson);
         env.add_template_owned(NAME, source)
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
         Ok(ChatTemplate {
             env: Some(env),
+            tool_use: false,
             bos: bos.unwrap_or_default(),
             eos: eos.unwrap_or_default(),
             limits,
         })
+    }
+
+    /// The same template, rendering `source` instead for requests that give tools (a
+    /// `tokenizer_config.json`'s template named `tool_use`).
+    pub fn with_tool_use_template(mut self, source: String) -> Result<ChatTemplate, TemplateError> {
+        if let Some(env) = &mut self.env {
+            env.add_template_owned(TOOL_USE, source)
+                .map_err(|e| TemplateError::Compile(e.to_string()))?;
+            self.tool_use = true;
+        }
+        Ok(self)
     }
 
     /// The same template held to other limits.
@@ -294,7 +458,7 @@ impl ChatTemplate {
     /// `messages` as a whole conversation (`add_generation_prompt` false): what a model is
     /// trained on.
     pub fn render_conversation(&self, messages: &[Message]) -> Result<String, TemplateError> {
-        self.render_with(messages, false, &AtomicBool::new(false))
+        self.render_with(messages, None, false, &AtomicBool::new(false))
     }
 
     /// [`ChatTemplate::render`] that stops, failing with [`TemplateError::Cancelled`], once
@@ -304,27 +468,39 @@ impl ChatTemplate {
         messages: &[Message],
         cancel: &AtomicBool,
     ) -> Result<String, TemplateError> {
-        self.render_with(messages, true, cancel)
+        self.render_with(messages, None, true, cancel)
+    }
+
+    /// `messages` with `tools` (the template's `tools` variable; `none` without), ending where
+    /// the assistant's reply starts when `add_generation_prompt`: what a request to the model
+    /// renders. Stops, failing with [`TemplateError::Cancelled`], once `cancel` is set. The
+    /// fallback format cannot show tools: it refuses them with [`TemplateError::Render`].
+    pub fn render_request(
+        &self,
+        messages: &[Message],
+        tools: Option<&Tools>,
+        add_generation_prompt: bool,
+        cancel: &AtomicBool,
+    ) -> Result<String, TemplateError> {
+        self.render_with(messages, tools, add_generation_prompt, cancel)
     }
 
     fn render_with(
         &self,
         messages: &[Message],
+        tools: Option<&Tools>,
         add_generation_prompt: bool,
         cancel: &AtomicBool,
     ) -> Result<String, TemplateError> {
         let Some(env) = &self.env else {
-            let mut out: String = messages
-                .iter()
-                .map(|m| format!("{}: {}\n", m.role, m.content.text()))
-                .collect();
-            if add_generation_prompt {
-                out.push_str("assistant:");
-            }
-            return Ok(out);
+            return fallback(messages, tools, add_generation_prompt);
+        };
+        let name = match (tools, self.tool_use) {
+            (Some(_), true) => TOOL_USE,
+            _ => NAME,
         };
         let template = env
-            .get_template(NAME)
+            .get_template(name)
             .map_err(|e| TemplateError::Compile(e.to_string()))?;
         let mut out = BoundedWriter {
             buf: Vec::new(),
@@ -336,6 +512,7 @@ impl ChatTemplate {
         let rendered = template.render_captured_to(
             minijinja::context! {
                 messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+                tools => tools.map(|t| minijinja::Value::from(t.0.clone())),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => &self.bos,
                 eos_token => &self.eos,
@@ -423,23 +600,87 @@ fn describe(e: &Error) -> String {
     msg
 }
 
+/// The arguments of one tool call's JSON (`{"name": ..., "arguments": {...}}`, the text between
+/// `<tool_call>` and `</tool_call>`) as JSON text, the way Python's `json.dumps` writes it (as
+/// vLLM returns a Hermes call's arguments) with the keys in the order the model wrote them, so
+/// that the call rendered back by a template reads as the model wrote it. Arguments written as
+/// a JSON string are read as JSON first (as [`crate::chat::tools::parse_tool_calls`] does);
+/// `parameters` stands for `arguments`; none at all is `{}`. `None` when the text is not a
+/// JSON object.
+pub fn tool_call_arguments(call: &str) -> Option<String> {
+    let value: minijinja::Value = serde_json::from_str(call.trim()).ok()?;
+    if value.kind() != minijinja::value::ValueKind::Map {
+        return None;
+    }
+    let arguments = ["arguments", "parameters"]
+        .iter()
+        .filter_map(|k| value.get_attr(k).ok())
+        .find(|a| !a.is_undefined());
+    let arguments = match arguments {
+        None => return Some("{}".into()),
+        Some(a) => match a.as_str().map(serde_json::from_str::<minijinja::Value>) {
+            Some(Ok(parsed)) => parsed,
+            _ => a,
+        },
+    };
+    super::pyjson::dumps(&arguments).ok()
+}
+
 /// `chat_template` of a `tokenizer_config.json`: a string, or a list of `{name, template}` of
 /// which `default` (else the first) is used.
-fn template_in_config(config: &Value) -> Option<String> {
+fn template_in_config(config: &Value, name: &str) -> Option<String> {
     match config.get("chat_template")? {
         Value::String(s) => Some(s.clone()),
-        Value::Array(list) => {
-            let named = |n: &str| {
-                list.iter()
-                    .find(|t| t.get("name").and_then(Value::as_str) == Some(n))
-            };
-            named("default")
-                .or(list.first())
-                .and_then(|t| t.get("template")?.as_str())
-                .map(str::to_owned)
-        }
+        Value::Array(list) => named_template(config, name)
+            .or_else(|| list.first()?.get("template")?.as_str().map(str::to_owned)),
         _ => None,
     }
+}
+
+/// The template called `name` in a `tokenizer_config.json`'s list of named templates.
+fn named_template(config: &Value, name: &str) -> Option<String> {
+    config
+        .get("chat_template")?
+        .as_array()?
+        .iter()
+        .find(|t| t.get("name").and_then(Value::as_str) == Some(name))
+        .and_then(|t| t.get("template")?.as_str())
+        .map(str::to_owned)
+}
+
+/// The format of models without a template: `<role>: <content>` lines (an assistant's tool
+/// calls after its text as Qwen writes them), then `assistant:`. It has no place for tools.
+fn fallback(
+    messages: &[Message],
+    tools: Option<&Tools>,
+    add_generation_prompt: bool,
+) -> Result<String, TemplateError> {
+    if tools.is_some() {
+        return Err(TemplateError::Render(
+            "this model has no chat template, and the plain `role: content` format it falls back \
+             to cannot show tools"
+                .into(),
+        ));
+    }
+    let mut out = String::new();
+    for m in messages {
+        let mut text = m.content.text();
+        for call in &m.tool_calls {
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&format!(
+                "<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>",
+                serde_json::Value::from(call.name.as_str()),
+                call.arguments
+            ));
+        }
+        out.push_str(&format!("{}: {text}\n", m.role));
+    }
+    if add_generation_prompt {
+        out.push_str("assistant:");
+    }
+    Ok(out)
 }
 
 /// A special token's text in `tokenizer_config.json`: a string or `{"content": ...}`.
@@ -456,14 +697,8 @@ mod tests {
 
     fn msgs() -> Vec<Message> {
         vec![
-            Message {
-                role: "system".into(),
-                content: "Be brief.".into(),
-            },
-            Message {
-                role: "user".into(),
-                content: " Hi ".into(),
-            },
+            Message::new("system", "Be brief."),
+            Message::new("user", " Hi "),
         ]
     }
 
@@ -508,16 +743,16 @@ mod tests {
         let t = ChatTemplate::new(Some(src.into()), None, None).unwrap();
         let messages = vec![
             msgs()[0].clone(),
-            Message {
-                role: "user".into(),
-                content: Content::Parts(vec![
+            Message::new(
+                "user",
+                Content::Parts(vec![
                     Part::Image,
                     Part::Text {
                         text: "What is this?".into(),
                     },
                     Part::Image,
                 ]),
-            },
+            ),
         ];
         assert_eq!(
             t.render(&messages).unwrap(),
@@ -528,13 +763,120 @@ mod tests {
         assert_eq!(plain, "user: What is this?\nassistant:");
     }
 
+    /// Tools, tool calls and tool messages through [`super::CHATML`]: the expected strings are
+    /// transformers' `render_jinja_template` of the same template and messages (with the
+    /// arguments as objects, as the template receives them here from JSON text).
+    #[test]
+    fn chatml_renders_tools_as_transformers_and_qwen_do() {
+        let call = |id: &str, args: &str| MessageToolCall {
+            id: Some(id.into()),
+            name: "get_weather".into(),
+            arguments: args.into(),
+        };
+        let tool = |id: &str, content: &str| Message {
+            tool_call_id: Some(id.into()),
+            ..Message::new("tool", content)
+        };
+        let messages = vec![
+            Message::new("system", "Be brief."),
+            Message::new("user", "Weather in Paris and Nice?"),
+            Message {
+                tool_calls: vec![
+                    call("call_0", r#"{"city": "Paris", "unit": "°C"}"#),
+                    call("call_1", r#"{"city":"Nice"}"#),
+                ],
+                ..Message::new("assistant", "Let me check.")
+            },
+            tool("call_0", "21"),
+            tool("call_1", "24"),
+            Message {
+                tool_calls: vec![call("call_2", r#"{"city": "Lyon"}"#)],
+                ..Message::new("assistant", "")
+            },
+            tool("call_2", "19"),
+        ];
+        let tools = Tools::from_json(
+            r#"[{"type": "function", "function": {"name": "get_weather", "description": "The weather in the user's city <now>", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#,
+        )
+        .unwrap();
+        let t = ChatTemplate::new(Some(super::CHATML.into()), None, None).unwrap();
+        let cancel = AtomicBool::new(false);
+        let out = t
+            .render_request(&messages, Some(&tools), true, &cancel)
+            .unwrap();
+        assert_eq!(out, "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather in the user's city <now>\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris and Nice?<|im_end|>\n<|im_start|>assistant\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"°C\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Nice\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n21\n</tool_response>\n<tool_response>\n24\n</tool_response><|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n19\n</tool_response><|im_end|>\n<|im_start|>assistant\n");
+        let out = t
+            .render_request(&messages[1..3], None, false, &cancel)
+            .unwrap();
+        assert_eq!(out, "<|im_start|>user\nWeather in Paris and Nice?<|im_end|>\n<|im_start|>assistant\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"°C\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Nice\"}}\n</tool_call><|im_end|>\n");
+        // Without tool use, ChatML is what it was.
+        assert_eq!(
+            t.render(&msgs()).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n Hi <|im_end|>\n<|im_start|>assistant\n"
+        );
+        // The fallback writes the calls after the text and refuses tools.
+        let plain = ChatTemplate::fallback();
+        assert_eq!(
+            plain.render(&messages[5..7]).unwrap(),
+            "assistant: <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\"}}\n</tool_call>\ntool: 19\nassistant:"
+        );
+        let err = plain.render_request(&messages, Some(&tools), true, &cancel);
+        assert!(matches!(err, Err(TemplateError::Render(_))), "{err:?}");
+    }
+
+    #[test]
+    fn tool_call_arguments_keep_the_models_order_in_pythons_form() {
+        let args = |call: &str| tool_call_arguments(call);
+        assert_eq!(
+            args(r#" {"name": "f", "arguments": {"z":1,"a":[1.0,"é"]}} "#).as_deref(),
+            Some(r#"{"z": 1, "a": [1.0, "é"]}"#)
+        );
+        assert_eq!(
+            args(r#"{"name": "f", "arguments": "{\"b\":2,\"a\":1}"}"#).as_deref(),
+            Some(r#"{"b": 2, "a": 1}"#)
+        );
+        assert_eq!(args(r#"{"name": "f"}"#).as_deref(), Some("{}"));
+        assert_eq!(
+            args(r#"{"name": "f", "parameters": {"x": null}}"#).as_deref(),
+            Some(r#"{"x": null}"#)
+        );
+        assert_eq!(args("[1]"), None);
+    }
+
+    /// A `tokenizer_config.json` with a template named `tool_use` renders it for requests with
+    /// tools, as transformers does.
+    #[test]
+    fn the_tool_use_template_is_rendered_for_requests_with_tools() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = serde_json::json!({"chat_template": [
+            {"name": "default", "template": "plain"},
+            {"name": "tool_use", "template": "{% for t in tools %}{{ t.function.name }}{% endfor %}"}
+        ]});
+        std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        let t = ChatTemplate::load(dir.path()).unwrap();
+        let tools =
+            Tools::from_json(r#"[{"type": "function", "function": {"name": "f"}}]"#).unwrap();
+        let cancel = AtomicBool::new(false);
+        assert_eq!(
+            t.render_request(&msgs(), Some(&tools), true, &cancel)
+                .unwrap(),
+            "f"
+        );
+        assert_eq!(
+            t.render_request(&msgs(), None, true, &cancel).unwrap(),
+            "plain"
+        );
+    }
+
     #[test]
     fn a_real_template_renders_a_full_size_request_within_the_limits() {
         // 2 MiB of messages, the most a request body holds.
         let many: Vec<Message> = (0..2048)
-            .map(|i| Message {
-                role: if i % 2 == 0 { "user" } else { "assistant" }.into(),
-                content: "x".repeat(1000).into(),
+            .map(|i| {
+                Message::new(
+                    if i % 2 == 0 { "user" } else { "assistant" },
+                    "x".repeat(1000),
+                )
             })
             .collect();
         let t = ChatTemplate::new(Some(CHATML.into()), None, None).unwrap();

@@ -66,6 +66,15 @@ pub async fn prompt(
         .template
         .as_ref()
         .map_err(|e| OaiError::server(e.clone()))?;
+    if chat.tools.is_some() && template.is_fallback() {
+        return Err(OaiError::invalid(
+            Some("tools"),
+            format!(
+                "model `{}` has no chat template, and the plain `role: content` format it falls back to cannot show tools",
+                model.id
+            ),
+        ));
+    }
     let limits = template.limits();
     let busy = || OaiError {
         status: StatusCode::SERVICE_UNAVAILABLE,
@@ -94,7 +103,12 @@ pub async fn prompt(
                 .as_ref()
                 .map_err(|e| OaiError::server(e.clone()))?;
             let text = template
-                .render_cancellable(&chat.messages, &cancel)
+                .render_request(
+                    &chat.messages,
+                    chat.tools.as_ref(),
+                    chat.add_generation_prompt,
+                    &cancel,
+                )
                 .map_err(template_error)?;
             let tokens = request::encode(&model, &text, "messages")?;
             match &model.vision {

@@ -82,7 +82,7 @@ impl OaiError {
     pub fn no_route() -> OaiError {
         OaiError {
             status: StatusCode::NOT_FOUND,
-            message: "no such endpoint: this server answers /v1/models, /v1/completions and /v1/chat/completions".into(),
+            message: "no such endpoint: this server answers /v1/models, /v1/completions, /v1/chat/completions, /v1/generate, /v1/tokenize and /v1/detokenize".into(),
             kind: "invalid_request_error",
             param: None,
             code: Some("unknown_url"),

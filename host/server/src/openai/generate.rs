@@ -101,7 +101,7 @@ impl Drop for Running {
 }
 
 /// A seed for requests that give none.
-fn fresh_seed() -> u64 {
+pub(super) fn fresh_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
 }

@@ -1,12 +1,15 @@
 //! The OpenAI-compatible endpoint under `/v1`: `GET /v1/models`, `POST /v1/completions` and
-//! `POST /v1/chat/completions` (`stream: true` answers with server-sent events), for the
-//! models given to `anneal serve --model PATH`.
+//! `POST /v1/chat/completions` (`stream: true` answers with server-sent events; with `tools`,
+//! tool calls), and the token endpoints `POST /v1/generate`, `/v1/tokenize`, `/v1/detokenize`,
+//! for the models given to `anneal serve --model PATH`.
 //!
 //! ```text
 //! models.rs     loading --model paths (checkpoint step dirs, HF dirs): names, tokenizer, stops
 //! template.rs   chat templates (Jinja, as transformers renders them) and the fallback format
 //! chat.rs       rendering a chat prompt on a blocking thread, bounded and cancellable
 //! request.rs    reading and checking request fields (errors name the field)
+//! tool_calls.rs a completion's tool calls in OpenAI's shape, whole or streamed
+//! tokens.rs     token ids in and out: /v1/generate, /v1/tokenize, /v1/detokenize
 //! generate.rs   queueing choices on the model's decode loop (anneal_runtime::serving) and
 //!               turning token events into text updates (stop strings, logprobs)
 //! text.rs       incremental detokenization with stop strings
@@ -27,6 +30,8 @@ mod request;
 mod responses;
 pub use anneal_data::chat::template;
 mod text;
+mod tokens;
+mod tool_calls;
 
 pub use error::{openai_errors, refusal, MAX_CHAT_REQUEST_BYTES, MAX_REQUEST_BYTES};
 pub use models::{load_models, ModelError, ServedModel};
@@ -80,6 +85,12 @@ pub fn routes(models: Vec<Arc<ServedModel>>, token: Option<String>) -> Router {
             "/chat/completions",
             post(chat_completions).layer(DefaultBodyLimit::max(MAX_CHAT_REQUEST_BYTES)),
         )
+        .route("/generate", post(token_generate))
+        .route(
+            "/tokenize",
+            post(tokenize).layer(DefaultBodyLimit::max(MAX_CHAT_REQUEST_BYTES)),
+        )
+        .route("/detokenize", post(detokenize))
         .fallback(|| async { OaiError::no_route() })
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .layer(axum::middleware::from_fn_with_state(
@@ -147,19 +158,46 @@ async fn chat_completions(State(state): State<Arc<OpenAi>>, body: Bytes) -> Resp
         .unwrap_or_else(IntoResponse::into_response)
 }
 
+/// `POST /v1/generate`: token ids in, token ids and logprobs out.
+async fn token_generate(State(state): State<Arc<OpenAi>>, body: Bytes) -> Response {
+    json_or_error(tokens::generate(&state, &body).await)
+}
+
+/// `POST /v1/tokenize`.
+async fn tokenize(State(state): State<Arc<OpenAi>>, body: Bytes) -> Response {
+    json_or_error(tokens::tokenize(&state, &body).await)
+}
+
+/// `POST /v1/detokenize`.
+async fn detokenize(State(state): State<Arc<OpenAi>>, body: Bytes) -> Response {
+    json_or_error(tokens::detokenize(&state, &body).await)
+}
+
+fn json_or_error(result: OaiResult<Value>) -> Response {
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Both endpoints: check the request, queue its choices, answer with one body or a stream.
 async fn respond(state: &OpenAi, api: Api, bytes: &[u8]) -> OaiResult<Response> {
     let body = Body::parse(bytes)?;
     let name: String = body.require("model")?;
     let model = state.find(&name)?;
     let opts = GenOptions::parse(&body, api)?;
+    let mut tool_calls = false;
     let prompts = match api {
         Api::Completions => request::completion_prompts(&body, &model)?
             .into_iter()
             .map(generate::Prompt::text)
             .collect(),
         Api::Chat => {
-            let chat = request::chat_messages(&body)?;
+            let mut chat = request::chat_messages(&body)?;
+            if let Some(tools) = request::chat_tools(&body, bytes)? {
+                tool_calls = tools.parse_calls;
+                chat.tools = Some(tools.tools);
+            }
             vec![chat::prompt(&model, chat, &state.renders).await?]
         }
     };
@@ -173,9 +211,10 @@ async fn respond(state: &OpenAi, api: Api, bytes: &[u8]) -> OaiResult<Response> 
     let header = Header::new(api, &model.id);
     let running = generate::start(model, budgets, opts.clone())?;
     if opts.stream {
-        return Ok(stream(header, running, opts));
+        return Ok(stream(header, running, opts, tool_calls));
     }
-    let mut collector = Collector::new(running.choices(), opts.logprobs.is_some());
+    let mut collector =
+        Collector::new(running.choices(), opts.logprobs.is_some()).with_tool_calls(tool_calls);
     let usage = running
         .drive(|u| {
             collector.add(u);
@@ -187,7 +226,14 @@ async fn respond(state: &OpenAi, api: Api, bytes: &[u8]) -> OaiResult<Response> 
 
 /// Server-sent events: `data: {chunk}` per update, an error object if generation fails, the
 /// usage when asked for, then `data: [DONE]`. A client that disconnects cancels its choices.
-fn stream(header: Header, running: generate::Running, opts: GenOptions) -> Response {
+/// With `tool_calls`, each chat choice's text goes through a [`tool_calls::ToolStream`]: the
+/// calls come as one `delta.tool_calls` chunk before the finish chunk (`tool_calls`).
+fn stream(
+    header: Header,
+    running: generate::Running,
+    opts: GenOptions,
+    tool_calls: bool,
+) -> Response {
     let (tx, rx) = unbounded_channel::<Result<SseEvent, Infallible>>();
     tokio::spawn(async move {
         let send = |v: Value| tx.send(Ok(SseEvent::default().data(v.to_string()))).is_ok();
@@ -199,10 +245,60 @@ fn stream(header: Header, running: generate::Running, opts: GenOptions) -> Respo
             }
         }
         let logprobs = opts.logprobs.is_some();
-        match running
-            .drive(|u| send(responses::chunk(&header, &u, logprobs)))
-            .await
-        {
+        let mut splits: Vec<tool_calls::ToolStream> = (0..running.choices())
+            .map(|_| tool_calls::ToolStream::default())
+            .collect();
+        let mut emit = |u: generate::Update| {
+            if !tool_calls {
+                return send(responses::chunk(&header, &u, logprobs));
+            }
+            match u {
+                generate::Update::Delta {
+                    index,
+                    text,
+                    logprobs: lps,
+                } => {
+                    let text = splits[index].push(&text);
+                    if text.is_empty() && lps.is_empty() {
+                        return true;
+                    }
+                    let u = generate::Update::Delta {
+                        index,
+                        text,
+                        logprobs: lps,
+                    };
+                    send(responses::chunk(&header, &u, logprobs))
+                }
+                generate::Update::Finish { index, reason } => {
+                    let end = splits[index].finish();
+                    if !end.content.is_empty() {
+                        let u = generate::Update::Delta {
+                            index,
+                            text: end.content,
+                            logprobs: vec![],
+                        };
+                        if !send(responses::chunk(&header, &u, logprobs)) {
+                            return false;
+                        }
+                    }
+                    let reason = match end.calls.is_empty() {
+                        true => reason,
+                        false => {
+                            if !send(responses::tool_calls_chunk(&header, index, end.calls)) {
+                                return false;
+                            }
+                            "tool_calls"
+                        }
+                    };
+                    send(responses::chunk(
+                        &header,
+                        &generate::Update::Finish { index, reason },
+                        logprobs,
+                    ))
+                }
+            }
+        };
+        match running.drive(&mut emit).await {
             Ok(usage) if opts.include_usage => {
                 send(responses::usage_chunk(&header, usage));
             }

@@ -4,7 +4,7 @@
 use super::error::{OaiError, OaiResult, MAX_REQUEST_BYTES};
 use super::images::{ImageUrl, MAX_IMAGES};
 use super::models::ServedModel;
-use super::template::{Content, Message, Part};
+use super::template::{Content, Message, MessageToolCall, Part, Tools};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -106,30 +106,12 @@ impl GenOptions {
             }
             m => m.map(|m| m as usize),
         };
-        let temperature = body.get::<f64>("temperature")?.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
-            return Err(OaiError::invalid(
-                Some("temperature"),
-                format!("`temperature` must be between 0 and 2, got {temperature}"),
-            ));
-        }
-        let top_p = body.get::<f64>("top_p")?.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(OaiError::invalid(
-                Some("top_p"),
-                format!("`top_p` must be in (0, 1], got {top_p}"),
-            ));
-        }
-        let top_k = match body.get::<i64>("top_k")?.unwrap_or(0) {
-            k if k >= 0 => k as usize,
-            -1 => 0,
-            k => {
-                return Err(OaiError::invalid(
-                    Some("top_k"),
-                    format!("`top_k` must be -1, 0 (all) or positive, got {k}"),
-                ))
-            }
-        };
+        let SamplingFields {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        } = SamplingFields::parse(body)?;
         let n = body.get::<i64>("n")?.unwrap_or(1);
         if !(1..=MAX_N as i64).contains(&n) {
             return Err(OaiError::invalid(
@@ -160,7 +142,6 @@ impl GenOptions {
                 "`stop` takes up to 4 non-empty strings",
             ));
         }
-        let seed = body.get::<i64>("seed")?.map(|s| s as u64);
         let stream = body.get::<bool>("stream")?.unwrap_or(false);
         let include_usage = body
             .raw("stream_options")
@@ -194,9 +175,9 @@ impl GenOptions {
                     .transpose()?
             }
             Api::Chat => {
-                for key in ["tools", "functions", "tool_choice", "function_call"] {
+                for key in ["functions", "function_call"] {
                     if body.raw(key).is_some() {
-                        return Err(OaiError::unsupported(key, "no tool calls"));
+                        return Err(OaiError::unsupported(key, "the legacy form: send `tools`"));
                     }
                 }
                 let format = body.raw("response_format").and_then(|f| f.get("type"));
@@ -221,8 +202,8 @@ impl GenOptions {
         };
         Ok(GenOptions {
             max_tokens,
-            temperature: temperature as f32,
-            top_p: top_p as f32,
+            temperature,
+            top_p,
             top_k,
             n: n as usize,
             stop,
@@ -230,6 +211,55 @@ impl GenOptions {
             stream,
             include_usage,
             logprobs,
+        })
+    }
+}
+
+/// The sampling fields every generating endpoint reads, checked: `temperature` (0 to 2, default
+/// 1), `top_p` (in (0, 1], default 1), `top_k` (0 or -1 = all) and `seed`.
+pub struct SamplingFields {
+    /// Sampling temperature (0 = greedy).
+    pub temperature: f32,
+    /// Nucleus threshold.
+    pub top_p: f32,
+    /// Keep the k most likely tokens (0 = all).
+    pub top_k: usize,
+    /// The seed, when given.
+    pub seed: Option<u64>,
+}
+
+impl SamplingFields {
+    /// Reads and checks the fields.
+    pub fn parse(body: &Body) -> OaiResult<SamplingFields> {
+        let temperature = body.get::<f64>("temperature")?.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(OaiError::invalid(
+                Some("temperature"),
+                format!("`temperature` must be between 0 and 2, got {temperature}"),
+            ));
+        }
+        let top_p = body.get::<f64>("top_p")?.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(OaiError::invalid(
+                Some("top_p"),
+                format!("`top_p` must be in (0, 1], got {top_p}"),
+            ));
+        }
+        let top_k = match body.get::<i64>("top_k")?.unwrap_or(0) {
+            k if k >= 0 => k as usize,
+            -1 => 0,
+            k => {
+                return Err(OaiError::invalid(
+                    Some("top_k"),
+                    format!("`top_k` must be -1, 0 (all) or positive, got {k}"),
+                ))
+            }
+        };
+        Ok(SamplingFields {
+            temperature: temperature as f32,
+            top_p: top_p as f32,
+            top_k,
+            seed: body.get::<i64>("seed")?.map(|s| s as u64),
         })
     }
 }
@@ -291,6 +321,126 @@ pub struct ChatInput {
     pub messages: Vec<Message>,
     /// The `image_url` parts, in the order the template meets them.
     pub images: Vec<ImageUrl>,
+    /// The tools the template is given (its `tools` variable).
+    pub tools: Option<Tools>,
+    /// End the prompt where the assistant's reply starts (always, for a completion).
+    pub add_generation_prompt: bool,
+}
+
+/// A chat request's tool use: `tools` (OpenAI's function definitions) and `tool_choice`.
+pub struct ChatTools {
+    /// The tools, as sent (keys in their order).
+    pub tools: Tools,
+    /// Read tool calls out of the completion (`tool_choice` `auto`); `none` leaves the text as
+    /// it is.
+    pub parse_calls: bool,
+}
+
+/// The `tools` and `tool_choice` of a chat request. `tools` must be a list of
+/// `{"type": "function", "function": {"name", ...}}`; `tool_choice` is `auto` (the default) or
+/// `none`: `required` and a named function (forcing a call) are refused, as are tools for a
+/// request that gives none. `bytes` is the raw body, read again so that every object of the
+/// tools keeps its keys in the order they were sent (what the template writes).
+pub fn chat_tools(body: &Body, bytes: &[u8]) -> OaiResult<Option<ChatTools>> {
+    let choice = match body.raw("tool_choice") {
+        None => "auto",
+        Some(Value::String(s)) if s == "auto" || s == "none" => s.as_str(),
+        Some(Value::String(s)) if s == "required" => {
+            return Err(OaiError::unsupported(
+                "tool_choice",
+                "`auto` or `none`: a call cannot be forced",
+            ))
+        }
+        Some(Value::Object(_)) => {
+            return Err(OaiError::unsupported(
+                "tool_choice",
+                "`auto` or `none`: a named function cannot be forced",
+            ))
+        }
+        Some(v) => {
+            return Err(OaiError::invalid(
+                Some("tool_choice"),
+                format!("`tool_choice` must be \"auto\" or \"none\", got {v}"),
+            ))
+        }
+    };
+    body.get::<bool>("parallel_tool_calls")?;
+    let list = match body.raw("tools") {
+        None => return Ok(None),
+        Some(Value::Array(list)) => list,
+        Some(_) => return Err(OaiError::invalid(Some("tools"), "`tools` must be a list")),
+    };
+    for (i, tool) in list.iter().enumerate() {
+        let param = format!("tools[{i}]");
+        let named = tool.get("type").and_then(Value::as_str) == Some("function")
+            && tool
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .is_some_and(|n| !n.is_empty());
+        if !named {
+            return Err(OaiError::invalid(
+                Some(&param),
+                format!(
+                    "`{param}` must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}}"
+                ),
+            ));
+        }
+    }
+    if list.is_empty() {
+        return Ok(None);
+    }
+    #[derive(serde::Deserialize)]
+    struct Ordered {
+        tools: Tools,
+    }
+    let tools = serde_json::from_slice::<Ordered>(bytes)
+        .map_err(|e| OaiError::invalid(Some("tools"), format!("`tools`: {e}")))?
+        .tools;
+    Ok(Some(ChatTools {
+        tools,
+        parse_calls: choice == "auto",
+    }))
+}
+
+/// The `tool_calls` of an assistant message: `[{"id", "type": "function", "function":
+/// {"name", "arguments"}}]`, the arguments JSON text (an object is taken too).
+fn message_tool_calls(m: &Value, param: &str) -> OaiResult<Vec<MessageToolCall>> {
+    let list = match m.get("tool_calls") {
+        None | Some(Value::Null) => return Ok(vec![]),
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(OaiError::invalid(
+                Some(param),
+                format!("`{param}.tool_calls` must be a list"),
+            ))
+        }
+    };
+    list.iter()
+        .enumerate()
+        .map(|(j, call)| {
+            let at = format!("{param}.tool_calls[{j}]");
+            let bad = || {
+                OaiError::invalid(
+                    Some(&at),
+                    format!("`{at}` must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"),
+                )
+            };
+            let function = call.get("function").ok_or_else(bad)?;
+            let name = function.get("name").and_then(Value::as_str).ok_or_else(bad)?;
+            let arguments = match function.get("arguments") {
+                Some(Value::String(text)) => text.clone(),
+                None | Some(Value::Null) => "{}".into(),
+                Some(v @ Value::Object(_)) => v.to_string(),
+                Some(_) => return Err(bad()),
+            };
+            Ok(MessageToolCall {
+                id: call.get("id").and_then(Value::as_str).map(str::to_owned),
+                name: name.to_owned(),
+                arguments,
+            })
+        })
+        .collect()
 }
 
 /// The chat messages of a request; `content` may be a string or a list of parts: `text`, and
@@ -359,9 +509,18 @@ pub fn chat_messages(body: &Body) -> OaiResult<ChatInput> {
             Some(_) => return Err(bad("`content` must be a string or a list of parts")),
         };
         text_bytes += content.text().len();
+        let text_of = |key: &str| -> OaiResult<Option<String>> {
+            match m.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone())),
+                Some(_) => Err(bad(&format!("`{key}` must be a string"))),
+            }
+        };
         messages.push(Message {
-            role: role.to_owned(),
-            content,
+            tool_calls: message_tool_calls(m, &param)?,
+            tool_call_id: text_of("tool_call_id")?,
+            name: text_of("name")?,
+            ..Message::new(role, content)
         });
     }
     if text_bytes > MAX_REQUEST_BYTES {
@@ -379,7 +538,12 @@ pub fn chat_messages(body: &Body) -> OaiResult<ChatInput> {
             ),
         ));
     }
-    Ok(ChatInput { messages, images })
+    Ok(ChatInput {
+        messages,
+        images,
+        tools: None,
+        add_generation_prompt: true,
+    })
 }
 
 /// Token ids of `text` with the model's tokenizer.

@@ -4,6 +4,7 @@
 
 use super::generate::{TokenLogprob, TokenText, Update, Usage};
 use super::request::Api;
+use super::tool_calls;
 use serde_json::{json, Value};
 
 /// What every body and chunk of one response shares.
@@ -116,6 +117,7 @@ struct Choice {
 pub struct Collector {
     choices: Vec<Choice>,
     logprobs: bool,
+    tool_calls: bool,
 }
 
 impl Collector {
@@ -124,7 +126,14 @@ impl Collector {
         Collector {
             choices: (0..n).map(|_| Choice::default()).collect(),
             logprobs,
+            tool_calls: false,
         }
+    }
+
+    /// Chat choices read their tool calls out of their text (a request with tools).
+    pub fn with_tool_calls(mut self, on: bool) -> Collector {
+        self.tool_calls = on;
+        self
     }
 
     /// Takes one update.
@@ -160,11 +169,17 @@ impl Collector {
                         "index": index, "text": c.text, "logprobs": logprobs,
                         "finish_reason": c.finish,
                     }),
-                    Api::Chat => json!({
-                        "index": index,
-                        "message": { "role": "assistant", "content": c.text },
-                        "logprobs": logprobs, "finish_reason": c.finish,
-                    }),
+                    Api::Chat => {
+                        let (message, finish) = if self.tool_calls {
+                            tool_calls::message(c.text, c.finish)
+                        } else {
+                            (json!({ "role": "assistant", "content": c.text }), c.finish)
+                        };
+                        json!({
+                            "index": index, "message": message,
+                            "logprobs": logprobs, "finish_reason": finish,
+                        })
+                    }
                 }
             })
             .collect();
@@ -208,6 +223,18 @@ pub fn chunk(header: &Header, update: &Update, logprobs: bool) -> Value {
         },
     };
     header.wrap(true, vec![choice])
+}
+
+/// A chat choice's tool calls as one stream chunk (`delta.tool_calls`, each entry with its
+/// `index`, `id`, `type` and the whole `function`), sent before its finish chunk.
+pub fn tool_calls_chunk(header: &Header, index: usize, calls: Vec<Value>) -> Value {
+    header.wrap(
+        true,
+        vec![json!({
+            "index": index, "delta": { "tool_calls": calls },
+            "logprobs": null, "finish_reason": null,
+        })],
+    )
 }
 
 /// The first chunk of each chat choice: the assistant's role.
