@@ -25,13 +25,14 @@
 //! single-turn groups: every policy token of an episode shares its advantage.
 
 use crate::rollout::{splitmix, Group, Prompt, RewardFailure, RolloutCtx, Sample, Scored};
-use anneal_data::chat::template::{ChatTemplate, Message};
+use anneal_data::chat::template::{ChatTemplate, Message, Tools};
 use anneal_data::chat::tools::parse_tool_calls;
 use anneal_data::TextTokenizer;
 use anneal_runtime::infer::{generate_batch_tp, Sampling};
 use anneal_runtime::plugins::Params;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 /// What an environment's `init` returns: the conversation's first messages and its tools.
@@ -195,23 +196,38 @@ impl TurnMarkers {
         self.end_of_turn
     }
 
-    /// The prompt of an episode: its first messages, then the assistant's turn opening.
-    pub fn prompt(&self, messages: &[Message]) -> Result<String, String> {
-        self.template.render(messages).map_err(|e| e.to_string())
+    /// The prompt of an episode: its tools and first messages, then the assistant's turn
+    /// opening.
+    pub fn prompt(&self, messages: &[Message], tools: Option<&Tools>) -> Result<String, String> {
+        self.render(messages, tools, true)
+    }
+
+    fn render(
+        &self,
+        messages: &[Message],
+        tools: Option<&Tools>,
+        open: bool,
+    ) -> Result<String, String> {
+        let never = AtomicBool::new(false);
+        self.template
+            .render_request(messages, tools, open, &never)
+            .map_err(|e| e.to_string())
     }
 
     /// The text that follows the policy's last turn (whose end-of-turn token it sampled) when
     /// `observation` answers it: the rest of the turn's closing, the observation's message and
     /// the next assistant turn's opening. `history` ends with that policy turn. Refused when
     /// the template does not render the conversation append-only.
-    pub fn observation(&self, history: &[Message], observation: Message) -> Result<String, String> {
-        let before = self
-            .template
-            .render_conversation(history)
-            .map_err(|e| e.to_string())?;
+    pub fn observation(
+        &self,
+        history: &[Message],
+        tools: Option<&Tools>,
+        observation: Message,
+    ) -> Result<String, String> {
+        let before = self.render(history, tools, false)?;
         let mut next = history.to_vec();
         next.push(observation);
-        let after = self.template.render(&next).map_err(|e| e.to_string())?;
+        let after = self.render(&next, tools, true)?;
         let tail = after.strip_prefix(before.as_str()).ok_or(
             "the chat template renders a conversation differently once a message is added, so turns cannot be appended token-exactly",
         )?;
@@ -220,10 +236,16 @@ impl TurnMarkers {
 }
 
 fn msg(role: &str, content: &str) -> Message {
-    Message {
-        role: role.into(),
-        content: content.into(),
+    Message::new(role, content)
+}
+
+/// An environment's tool specs as the template's `tools` (none when it has none).
+fn template_tools(tools: &[Value]) -> Result<Option<Tools>, String> {
+    if tools.is_empty() {
+        return Ok(None);
     }
+    let text = serde_json::to_string(tools).map_err(|e| e.to_string())?;
+    Tools::from_json(&text).map(Some)
 }
 
 /// An episode being played.
@@ -234,6 +256,7 @@ struct Live {
     logprobs: Vec<f32>,
     policy: Vec<bool>,
     history: Vec<Message>,
+    tools: Option<Tools>,
     turns: Vec<Turn>,
     episode: Option<Box<dyn EnvEpisode>>,
     reward: f64,
@@ -410,6 +433,7 @@ fn start(
         logprobs: Vec::new(),
         policy: Vec::new(),
         history: Vec::new(),
+        tools: None,
         turns: Vec::new(),
         episode: None,
         reward: 0.0,
@@ -438,7 +462,8 @@ fn start(
             return Ok(live);
         }
     };
-    let text = markers.prompt(&first.messages)?;
+    live.tools = template_tools(&first.tools)?;
+    let text = markers.prompt(&first.messages, live.tools.as_ref())?;
     let ids = ctx.tokenizer.encode(&text).map_err(|e| e.to_string())?;
     live.tokens = ids.into_iter().map(i64::from).collect();
     if live.tokens.is_empty() {
@@ -527,7 +552,10 @@ fn policy_turn(
         step.role.as_str()
     };
     let observation = msg(role, &step.observation);
-    let text = match env.markers.observation(&l.history, observation.clone()) {
+    let text = match env
+        .markers
+        .observation(&l.history, l.tools.as_ref(), observation.clone())
+    {
         Ok(text) => text,
         Err(why) => {
             l.end(Some(failed("template", why)));
@@ -625,13 +653,29 @@ mod tests {
             msg("user", "2+2="),
             msg("assistant", "<tool_call>{}</tool_call>"),
         ];
+        // Qwen's way: a tool's answer is a user turn holding a `<tool_response>`.
         assert_eq!(
-            m.observation(&history, msg("tool", "4")).unwrap(),
-            "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
+            m.observation(&history, None, msg("tool", "4")).unwrap(),
+            "\n<|im_start|>user\n<tool_response>\n4\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
         );
         assert_eq!(
-            m.prompt(&history[..1]).unwrap(),
+            m.prompt(&history[..1], None).unwrap(),
             "<|im_start|>user\n2+2=<|im_end|>\n<|im_start|>assistant\n"
+        );
+        // Tools go into the system turn the prompt starts with, and stay out of the deltas.
+        let tools = template_tools(&[
+            serde_json::json!({"type": "function", "function": {"name": "calculator"}}),
+        ])
+        .unwrap();
+        let prompt = m.prompt(&history[..1], tools.as_ref()).unwrap();
+        assert!(
+            prompt.starts_with("<|im_start|>system\n# Tools") && prompt.contains("\"calculator\""),
+            "{prompt}"
+        );
+        assert_eq!(
+            m.observation(&history, tools.as_ref(), msg("tool", "4"))
+                .unwrap(),
+            m.observation(&history, None, msg("tool", "4")).unwrap()
         );
     }
 
@@ -646,7 +690,7 @@ mod tests {
         let t = ChatTemplate::new(Some(source.into()), None, None).unwrap();
         let m = TurnMarkers::new(t, &tok).unwrap();
         let history = [msg("user", "q"), msg("assistant", "a")];
-        let err = m.observation(&history, msg("tool", "o")).unwrap_err();
+        let err = m.observation(&history, None, msg("tool", "o")).unwrap_err();
         assert!(err.contains("append"), "{err}");
     }
 

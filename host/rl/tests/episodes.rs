@@ -49,10 +49,7 @@ impl Environment for Env {
         }
         let question = task["prompt"].as_str().unwrap_or_default().to_string();
         let start = EnvStart {
-            messages: vec![anneal_data::chat::template::Message {
-                role: "user".into(),
-                content: question.into(),
-            }],
+            messages: vec![anneal_data::chat::template::Message::new("user", question)],
             tools: vec![],
         };
         let episode = Episode {
@@ -102,7 +99,7 @@ fn setup(name: &str) -> PathBuf {
     let docs: Vec<String> = (0..200u64)
         .map(|i| {
             let (p, a) = anneal_rl::rollout::digits_sort_task(99, i);
-            format!("<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n<|im_start|>tool\nseen {i} bytes<|im_end|>\n")
+            format!("<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n<|im_start|>user\n<tool_response>\nseen {i} bytes\n</tool_response><|im_end|>\n")
         })
         .collect();
     let tok = TextTokenizer::train_bpe_with_specials(&docs, 300, &CHATML_SPECIALS).unwrap();
@@ -117,7 +114,7 @@ fn run(dir: &Path, mode: Mode, sets: &[&str]) -> RlSummary {
         r#"[model]
 plugin = "llama"
 flavor = "debugmodel"
-args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 300, max_seq_len = 96 }}
+args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 300, max_seq_len = 128 }}
 [optimizer]
 plugin = "adamw"
 lr = 1e-2
