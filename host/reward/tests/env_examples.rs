@@ -1,0 +1,201 @@
+//! The example environments (`reward-wasm/envs`), built by `reward-wasm/build-envs.sh` (run by
+//! `scripts/setup-reward.sh`): a scripted episode through each. A module that is not built
+//! fails the test when `CI=true` and is skipped with a printed reason otherwise.
+
+use anneal_reward::{
+    CallError, EnvModule, Episode, EpisodeLimits, ErrorKind, Sandbox, SandboxConfig, StepOutcome,
+    Turn,
+};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+fn reward_wasm() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reward-wasm")
+}
+
+fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| Sandbox::new(SandboxConfig::default()).expect("sandbox"))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Loads `out/env_<name>.wasm`, or explains why there is none (failing in CI).
+fn module(name: &str) -> Option<EnvModule> {
+    let path = reward_wasm().join(format!("out/env_{name}.wasm"));
+    if !path.exists() {
+        let msg = format!(
+            "the {name} environment is not built ({} missing); run `bash scripts/setup-reward.sh` \
+             (toolchains + build) or `reward-wasm/build-envs.sh {name}`",
+            path.display()
+        );
+        if in_ci() {
+            panic!("{msg}");
+        }
+        eprintln!("SKIPPED {name}: {msg}");
+        return None;
+    }
+    let m = sandbox()
+        .load_env_file(&path)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(m.abi_problem(), None, "{name}");
+    Some(m)
+}
+
+fn call(calls: &[(&str, Value)]) -> Value {
+    let text: String = calls
+        .iter()
+        .map(|(name, args)| {
+            format!(
+                "<tool_call>{}</tool_call>",
+                json!({"name": name, "arguments": args})
+            )
+        })
+        .collect();
+    Turn::from_text(&format!("Let me use the tool.\n{text}")).to_json()
+}
+
+fn step(name: &str, ep: &mut Episode, turn: &Value) -> StepOutcome {
+    ep.step(turn)
+        .unwrap_or_else(|e| panic!("{name}: step {turn}: {e}"))
+}
+
+fn observe(name: &str, ep: &mut Episode, calls: &[(&str, Value)]) -> String {
+    let out = step(name, ep, &call(calls));
+    assert_eq!(
+        (out.role.as_str(), out.reward, out.done),
+        ("tool", 0.0, false),
+        "{name}"
+    );
+    out.observation
+}
+
+/// The scripted calculator episode every language's calculator must pass.
+fn calculator(name: &str) {
+    let Some(m) = module(name) else {
+        return;
+    };
+    let sb = sandbox();
+    let task = json!({"question": "347*86=", "answer": "29842"});
+    let (mut ep, start) = sb
+        .start_episode(&m, &task, EpisodeLimits::default())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(start.messages.len(), 1, "{name}");
+    assert_eq!(start.messages[0].role, "user", "{name}");
+    assert_eq!(start.messages[0].content, "347*86=", "{name}");
+    assert_eq!(start.tools.len(), 1, "{name}");
+    let tool = &start.tools[0];
+    assert_eq!(tool["type"], "function", "{name}");
+    assert_eq!(tool["function"]["name"], "calculator", "{name}");
+    assert_eq!(
+        tool["function"]["parameters"]["properties"]["expression"]["type"], "string",
+        "{name}"
+    );
+
+    let calc = |e: &str| ("calculator", json!({ "expression": e }));
+    assert_eq!(observe(name, &mut ep, &[calc("347*86")]), "29842", "{name}");
+    assert_eq!(
+        observe(name, &mut ep, &[calc("(2+3) * -4 - 7 / 2 % 2")]),
+        "-21"
+    );
+    assert_eq!(
+        observe(
+            name,
+            &mut ep,
+            &[calc("170141183460469231731687303715884105727 + 1")]
+        ),
+        "error: overflow",
+        "{name}"
+    );
+    assert_eq!(
+        observe(name, &mut ep, &[calc("1/(2-2)")]),
+        "error: division by zero",
+        "{name}"
+    );
+    assert!(
+        observe(name, &mut ep, &[calc("2+")]).starts_with("error: "),
+        "{name}"
+    );
+    let unknown = observe(name, &mut ep, &[("search", json!({"q": "x"}))]);
+    assert!(
+        unknown.starts_with("error: unknown tool"),
+        "{name}: {unknown}"
+    );
+    let bad_args = observe(name, &mut ep, &[("calculator", json!({"expr": "1"}))]);
+    assert!(bad_args.starts_with("error: "), "{name}: {bad_args}");
+    assert_eq!(
+        observe(name, &mut ep, &[calc("2+3"), calc("2*3")]),
+        "call_0: 5\ncall_1: 6",
+        "{name}"
+    );
+
+    let out = step(
+        name,
+        &mut ep,
+        &Turn::from_text("So 347*86 = 29842.").to_json(),
+    );
+    assert_eq!((out.reward, out.done), (1.0, true), "{name}");
+    assert_eq!(
+        out.details.expect("details")["correct"],
+        json!(true),
+        "{name}"
+    );
+    assert_eq!(
+        ep.step(&Turn::from_text("again").to_json())
+            .expect_err("done")
+            .kind(),
+        ErrorKind::EpisodeOver
+    );
+    assert_eq!(ep.steps(), 9, "{name}");
+    eprintln!(
+        "{name}: 9 steps, {} fuel, {} µs in the module",
+        ep.fuel_used(),
+        ep.micros()
+    );
+    ep.close();
+
+    // A wrong final answer, straight away; the answer may be a JSON number too.
+    let task = json!({"question": "6*7=", "answer": 42});
+    let (mut ep, _) = sb
+        .start_episode(&m, &task, EpisodeLimits::default())
+        .expect("start");
+    let out = step(name, &mut ep, &Turn::from_text("It is 41.").to_json());
+    assert_eq!((out.reward, out.done), (0.0, true), "{name}");
+    assert_eq!(
+        out.details.expect("details")["correct"],
+        json!(false),
+        "{name}"
+    );
+    let (mut ep, _) = sb
+        .start_episode(&m, &task, EpisodeLimits::default())
+        .expect("start");
+    let out = step(name, &mut ep, &Turn::from_text("-42? no: 42").to_json());
+    assert_eq!(out.reward, 1.0, "{name}");
+
+    // A task it cannot run is the environment's error.
+    match sb.start_episode(&m, &json!({"answer": "1"}), EpisodeLimits::default()) {
+        Err(CallError::Env { message }) => {
+            assert!(message.contains("question"), "{name}: {message}")
+        }
+        Err(e) => panic!("{name}: expected env_error, got {e}"),
+        Ok(_) => panic!("{name}: expected env_error, got a start"),
+    }
+}
+
+#[test]
+fn calculator_rust() {
+    calculator("calculator");
+}
+
+#[test]
+fn calculator_c() {
+    calculator("calculator_c");
+}
+
+#[test]
+fn calculator_zig() {
+    calculator("calculator_zig");
+}
