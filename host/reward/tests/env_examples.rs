@@ -23,8 +23,8 @@ fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
-/// Loads `out/env_<name>.wasm`, or explains why there is none (failing in CI).
-fn module(name: &str) -> Option<EnvModule> {
+/// Loads `out/env_<name>.wasm` into `sb`, or explains why there is none (failing in CI).
+fn module(sb: &Sandbox, name: &str) -> Option<EnvModule> {
     let path = reward_wasm().join(format!("out/env_{name}.wasm"));
     if !path.exists() {
         let msg = format!(
@@ -38,7 +38,7 @@ fn module(name: &str) -> Option<EnvModule> {
         eprintln!("SKIPPED {name}: {msg}");
         return None;
     }
-    let m = sandbox()
+    let m = sb
         .load_env_file(&path)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(m.abi_problem(), None, "{name}");
@@ -75,10 +75,10 @@ fn observe(name: &str, ep: &mut Episode, calls: &[(&str, Value)]) -> String {
 
 /// The scripted calculator episode every language's calculator must pass.
 fn calculator(name: &str) {
-    let Some(m) = module(name) else {
+    let sb = sandbox();
+    let Some(m) = module(sb, name) else {
         return;
     };
-    let sb = sandbox();
     let task = json!({"question": "347*86=", "answer": "29842"});
     let (mut ep, start) = sb
         .start_episode(&m, &task, EpisodeLimits::default())
@@ -185,17 +185,50 @@ fn calculator(name: &str) {
     }
 }
 
+/// A long episode of large turns under a small memory limit: each call's input and output
+/// must be freed or reused, or the instance would grow past the limit.
+fn long_episode(name: &str) {
+    let sb = Sandbox::new(SandboxConfig {
+        memory_bytes: 4 << 20,
+        ..SandboxConfig::default()
+    })
+    .expect("sandbox");
+    let Some(m) = module(&sb, name) else {
+        return;
+    };
+    let task = json!({"question": "1+1=", "answer": "2"});
+    let (mut ep, _) = sb
+        .start_episode(&m, &task, EpisodeLimits::default())
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let padding = "x".repeat(8 << 10);
+    let turn = Turn::from_text(&format!(
+        "{padding}<tool_call>{}</tool_call>",
+        json!({"name": "calculator", "arguments": {"expression": "1+1"}})
+    ))
+    .to_json();
+    for i in 0..1000 {
+        let out = ep
+            .step(&turn)
+            .unwrap_or_else(|e| panic!("{name}: step {i}: {e}"));
+        assert_eq!(out.observation, "2", "{name}");
+    }
+    ep.close();
+}
+
 #[test]
 fn calculator_rust() {
     calculator("calculator");
+    long_episode("calculator");
 }
 
 #[test]
 fn calculator_c() {
     calculator("calculator_c");
+    long_episode("calculator_c");
 }
 
 #[test]
 fn calculator_zig() {
     calculator("calculator_zig");
+    long_episode("calculator_zig");
 }
