@@ -232,3 +232,44 @@ fn calculator_zig() {
     calculator("calculator_zig");
     long_episode("calculator_zig");
 }
+
+#[test]
+fn code() {
+    let sb = sandbox();
+    let Some(m) = module(sb, "code") else {
+        return;
+    };
+    let task = json!({"question": "What is the sum of 1..100?", "answer": "5050"});
+    let (mut ep, start) = sb
+        .start_episode(&m, &task, EpisodeLimits::default())
+        .expect("start");
+    assert_eq!(start.messages[0].content, "What is the sum of 1..100?");
+    assert_eq!(start.tools[0]["function"]["name"], "run");
+    let run = |code: &str| ("run", json!({ "code": code }));
+    let program = "i = 1; s = 0\nwhile i <= 100 { s = s + i; i = i + 1 }\nprint(s)";
+    assert_eq!(observe("code", &mut ep, &[run(program)]), "5050\n");
+    // The policy's infinite loop is an answer, not a trap; so is a flood of output.
+    assert_eq!(
+        observe("code", &mut ep, &[run("while true { }")]),
+        "error: step limit reached (100000 steps)"
+    );
+    let flood = observe("code", &mut ep, &[run("while 1 { print(\"spam\") }")]);
+    assert!(flood.contains("[output cut at 2048 bytes]"), "{flood}");
+    assert!(flood.len() < 2200, "{}", flood.len());
+    assert_eq!(
+        observe("code", &mut ep, &[run("print(1/0)")]),
+        "error: division by zero"
+    );
+    let out = step(
+        "code",
+        &mut ep,
+        &Turn::from_text("The sum is 5050.").to_json(),
+    );
+    assert_eq!((out.reward, out.done), (1.0, true));
+    assert_eq!(out.details.expect("details")["correct"], json!(true));
+    eprintln!(
+        "code: {} fuel, {} µs in the module",
+        ep.fuel_used(),
+        ep.micros()
+    );
+}

@@ -5,7 +5,7 @@
 //! zero); a turn without tool calls is the final answer: reward 1 when its last integer equals
 //! the answer, and the episode is done.
 
-use anneal_reward_sdk::env::{Environment, Json, Start, Step, ToolCall, Turn};
+use anneal_reward_sdk::env::{answer_matches, Environment, Json, Start, Step, ToolCall, Turn};
 use anneal_reward_sdk::export_environment;
 
 struct Calculator {
@@ -42,7 +42,7 @@ impl Environment for Calculator {
             if let Some(error) = &turn.error {
                 return Ok(Step::observation(format!("error: {error}")));
             }
-            let correct = last_integer(&turn.content).is_some_and(|n| same(&n, &self.answer));
+            let correct = answer_matches(&turn.content, &self.answer);
             return Ok(Step::done(if correct { 1.0 } else { 0.0 })
                 .with_details(format!("{{\"correct\":{correct}}}")));
         }
@@ -76,28 +76,6 @@ fn call(c: &ToolCall) -> String {
         Ok(n) => n.to_string(),
         Err(e) => format!("error: {e}"),
     }
-}
-
-/// Whether `n` is the answer (as integers when the answer is one, else as text).
-fn same(n: &str, answer: &str) -> bool {
-    match (n.parse::<i128>(), answer.parse::<i128>()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => n == answer,
-    }
-}
-
-/// The last run of ASCII digits in `text`, with a `-` right before it.
-fn last_integer(text: &str) -> Option<String> {
-    let b = text.as_bytes();
-    let end = b.iter().rposition(u8::is_ascii_digit)? + 1;
-    let mut start = end;
-    while start > 0 && b[start - 1].is_ascii_digit() {
-        start -= 1;
-    }
-    if start > 0 && b[start - 1] == b'-' {
-        start -= 1;
-    }
-    Some(text[start..end].to_string())
 }
 
 /// Evaluates an integer expression exactly.

@@ -240,6 +240,30 @@ impl Turn {
     }
 }
 
+/// The last integer of `text`: its last run of ASCII digits, with a `-` right before it.
+pub fn last_integer(text: &str) -> Option<&str> {
+    let b = text.as_bytes();
+    let end = b.iter().rposition(u8::is_ascii_digit)? + 1;
+    let mut start = end;
+    while start > 0 && b[start - 1].is_ascii_digit() {
+        start -= 1;
+    }
+    if start > 0 && b[start - 1] == b'-' {
+        start -= 1;
+    }
+    Some(&text[start..end])
+}
+
+/// Whether the last integer of `text` equals `answer` (as integers when both are, else as
+/// text): the final-answer rule of the example environments.
+pub fn answer_matches(text: &str, answer: &str) -> bool {
+    let answer = answer.trim();
+    last_integer(text).is_some_and(|n| match (n.parse::<i128>(), answer.parse::<i128>()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => n == answer,
+    })
+}
+
 thread_local! {
     static STATE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
     static OUTPUT: RefCell<String> = const { RefCell::new(String::new()) };
