@@ -1,5 +1,5 @@
 //! The component environment ABI: the WIT world `anneal:environment/environment`
-//! (`reward-wasm/wit/environment.wit`). Strings are lifted as [`WasmStr`] (bounds-checked views
+//! (`reward-wasm/wit/environment/environment.wit`). Strings are lifted as [`WasmStr`] (bounds-checked views
 //! of the module's memory), so an output over the limit is refused from its length before it
 //! is copied.
 

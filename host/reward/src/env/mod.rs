@@ -9,7 +9,7 @@
 //!
 //! Two ABIs, as for rewards: core modules exporting `env_init` / `env_step` (JSON in, JSON out
 //! through `output_ptr` / `output_len`), and components of the WIT world
-//! `anneal:environment/environment` (`reward-wasm/wit/environment.wit`).
+//! `anneal:environment/environment` (`reward-wasm/wit/environment/environment.wit`).
 
 mod component;
 mod core;
