@@ -9,14 +9,32 @@ use anneal_reward::{
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 fn reward_wasm() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../reward-wasm")
 }
 
+/// One sandbox for all tests, with a disk cache so the Python component (~18 MB) compiles once
+/// per checkout.
 fn sandbox() -> &'static Sandbox {
     static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
-    SANDBOX.get_or_init(|| Sandbox::new(SandboxConfig::default()).expect("sandbox"))
+    SANDBOX.get_or_init(|| {
+        Sandbox::new(SandboxConfig {
+            cache_dir: Some(reward_wasm().join("out/.cache")),
+            ..SandboxConfig::default()
+        })
+        .expect("sandbox")
+    })
+}
+
+/// The default limits, with time for a Python component's instantiation on a busy machine.
+fn limits() -> EpisodeLimits {
+    EpisodeLimits {
+        step_timeout: Duration::from_secs(20),
+        episode_timeout: Duration::from_secs(60),
+        ..EpisodeLimits::default()
+    }
 }
 
 fn in_ci() -> bool {
@@ -81,7 +99,7 @@ fn calculator(name: &str) {
     };
     let task = json!({"question": "347*86=", "answer": "29842"});
     let (mut ep, start) = sb
-        .start_episode(&m, &task, EpisodeLimits::default())
+        .start_episode(&m, &task, limits())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     assert_eq!(start.messages.len(), 1, "{name}");
     assert_eq!(start.messages[0].role, "user", "{name}");
@@ -159,9 +177,7 @@ fn calculator(name: &str) {
 
     // A wrong final answer, straight away; the answer may be a JSON number too.
     let task = json!({"question": "6*7=", "answer": 42});
-    let (mut ep, _) = sb
-        .start_episode(&m, &task, EpisodeLimits::default())
-        .expect("start");
+    let (mut ep, _) = sb.start_episode(&m, &task, limits()).expect("start");
     let out = step(name, &mut ep, &Turn::from_text("It is 41.").to_json());
     assert_eq!((out.reward, out.done), (0.0, true), "{name}");
     assert_eq!(
@@ -169,14 +185,12 @@ fn calculator(name: &str) {
         json!(false),
         "{name}"
     );
-    let (mut ep, _) = sb
-        .start_episode(&m, &task, EpisodeLimits::default())
-        .expect("start");
+    let (mut ep, _) = sb.start_episode(&m, &task, limits()).expect("start");
     let out = step(name, &mut ep, &Turn::from_text("-42? no: 42").to_json());
     assert_eq!(out.reward, 1.0, "{name}");
 
     // A task it cannot run is the environment's error.
-    match sb.start_episode(&m, &json!({"answer": "1"}), EpisodeLimits::default()) {
+    match sb.start_episode(&m, &json!({"answer": "1"}), limits()) {
         Err(CallError::Env { message }) => {
             assert!(message.contains("question"), "{name}: {message}")
         }
@@ -198,7 +212,7 @@ fn long_episode(name: &str) {
     };
     let task = json!({"question": "1+1=", "answer": "2"});
     let (mut ep, _) = sb
-        .start_episode(&m, &task, EpisodeLimits::default())
+        .start_episode(&m, &task, limits())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let padding = "x".repeat(8 << 10);
     let turn = Turn::from_text(&format!(
@@ -234,15 +248,18 @@ fn calculator_zig() {
 }
 
 #[test]
+fn calculator_python_component() {
+    calculator("calculator_py");
+}
+
+#[test]
 fn code() {
     let sb = sandbox();
     let Some(m) = module(sb, "code") else {
         return;
     };
     let task = json!({"question": "What is the sum of 1..100?", "answer": "5050"});
-    let (mut ep, start) = sb
-        .start_episode(&m, &task, EpisodeLimits::default())
-        .expect("start");
+    let (mut ep, start) = sb.start_episode(&m, &task, limits()).expect("start");
     assert_eq!(start.messages[0].content, "What is the sum of 1..100?");
     assert_eq!(start.tools[0]["function"]["name"], "run");
     let run = |code: &str| ("run", json!({ "code": code }));

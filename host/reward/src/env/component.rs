@@ -1,7 +1,11 @@
 //! The component environment ABI: the WIT world `anneal:environment/environment`
-//! (`reward-wasm/wit/environment/environment.wit`). Strings are lifted as [`WasmStr`] (bounds-checked views
-//! of the module's memory), so an output over the limit is refused from its length before it
-//! is copied.
+//! (`reward-wasm/wit/environment/environment.wit`).
+//!
+//! Results are lifted as owned strings: wasmtime runs the export's post-return (which frees
+//! them in the component) inside the call, so a lazy view of the component's memory would read
+//! freed bytes. The output limit is therefore checked after the copy; the copy is bounded by
+//! the component's memory limit (the strings live in its linear memory) and costs fuel per
+//! byte as it is lifted.
 
 use super::core::MAX_ERROR_BYTES;
 use super::output::{outcome, parse_details, parse_tools, start, user};
@@ -12,7 +16,6 @@ use crate::sandbox::Sandbox;
 use crate::state::{wasi_builder, ComponentState, Limiter};
 use wasmtime::component::{
     Component, ComponentExportIndex, ComponentType, Instance, InstancePre, Lift, ResourceTable,
-    WasmList, WasmStr,
 };
 use wasmtime::Store;
 
@@ -29,11 +32,15 @@ impl Exports {
         Exports {
             init: component.get_export_index(None, "init"),
             step: component.get_export_index(None, "step"),
-            close: component.get_export_index(None, "close"),
+            // `finish` in the WIT world; `close` accepted from toolchains where it does not
+            // collide with libc's.
+            close: component
+                .get_export_index(None, "finish")
+                .or_else(|| component.get_export_index(None, "close")),
         }
     }
 
-    /// What is missing, if anything (`close` is optional).
+    /// What is missing, if anything (`finish` is optional).
     pub(super) fn problem(&self) -> Option<String> {
         match (&self.init, &self.step) {
             (None, _) => Some("missing function export `init`".into()),
@@ -46,34 +53,34 @@ impl Exports {
 #[derive(ComponentType, Lift)]
 #[component(record)]
 struct WitMessage {
-    role: WasmStr,
-    content: WasmStr,
+    role: String,
+    content: String,
 }
 
 #[derive(ComponentType, Lift)]
 #[component(variant)]
 enum WitPrompt {
     #[component(name = "messages")]
-    Messages(WasmList<WitMessage>),
+    Messages(Vec<WitMessage>),
     #[component(name = "text")]
-    Text(WasmStr),
+    Text(String),
 }
 
 #[derive(ComponentType, Lift)]
 #[component(record)]
 struct WitStarted {
     prompt: WitPrompt,
-    tools: WasmStr,
+    tools: String,
 }
 
 #[derive(ComponentType, Lift)]
 #[component(record)]
 struct WitStepped {
-    observation: WasmStr,
-    role: Option<WasmStr>,
+    observation: String,
+    role: Option<String>,
     reward: f64,
     done: bool,
-    details: Option<WasmStr>,
+    details: Option<String>,
 }
 
 /// A component's episode: its store, and its instance once instantiated.
@@ -84,19 +91,14 @@ pub(crate) struct ComponentEnv {
     instance: Option<Instance>,
 }
 
-/// Copies strings out of the module's memory within a byte budget (`max_output_bytes` for all
-/// strings of one result together).
-struct Reader<'a> {
-    store: &'a mut Store<ComponentState>,
+/// Counts the bytes of one result's strings against `max_output_bytes`.
+struct Budget {
     left: usize,
     max: usize,
 }
 
-impl Reader<'_> {
-    fn text(&mut self, s: &WasmStr, what: &str) -> Result<String, Failure> {
-        let text = s
-            .to_str(&*self.store)
-            .map_err(|e| bad(format!("{what} is not valid UTF-8: {e:#}")))?;
+impl Budget {
+    fn take(&mut self, text: String, what: &str) -> Result<String, Failure> {
         if text.len() > self.left {
             return Err(bad(format!(
                 "{what} of {} bytes takes the output over the limit of {} bytes \
@@ -106,24 +108,22 @@ impl Reader<'_> {
             )));
         }
         self.left -= text.len();
-        Ok(text.into_owned())
+        Ok(text)
     }
+}
 
-    /// An error result's message, cut to [`MAX_ERROR_BYTES`].
-    fn error(&mut self, s: &WasmStr) -> Failure {
-        let message = match s.to_str(&*self.store) {
-            Ok(text) if text.len() > MAX_ERROR_BYTES => {
-                let mut end = MAX_ERROR_BYTES;
-                while !text.is_char_boundary(end) {
-                    end -= 1;
-                }
-                format!("{} [... {} bytes cut]", &text[..end], text.len() - end)
-            }
-            Ok(text) => text.into_owned(),
-            Err(e) => format!("(an error message that is not valid UTF-8: {e:#})"),
-        };
-        Failure::Call(CallError::Env { message })
+/// An error result: the environment's message, cut to [`MAX_ERROR_BYTES`].
+fn env_error(mut message: String) -> Failure {
+    if message.len() > MAX_ERROR_BYTES {
+        let mut end = MAX_ERROR_BYTES;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = message.len() - end;
+        message.truncate(end);
+        message.push_str(&format!(" [... {cut} bytes cut]"));
     }
+    Failure::Call(CallError::Env { message })
 }
 
 impl ComponentEnv {
@@ -159,33 +159,25 @@ impl ComponentEnv {
         let instance = self.pre.instantiate(&mut self.store)?;
         self.instance = Some(instance);
         let init = instance
-            .get_typed_func::<(&str,), (Result<WitStarted, WasmStr>,)>(&mut self.store, index)
+            .get_typed_func::<(&str,), (Result<WitStarted, String>,)>(&mut self.store, index)
             .map_err(|e| abi(format!("export `init`: {e:#}")))?;
         let (result,) = init.call(&mut self.store, (task,))?;
-        let mut r = Reader {
-            store: &mut self.store,
-            left: max,
-            max,
-        };
-        let started = result.map_err(|e| r.error(&e))?;
+        let started = result.map_err(env_error)?;
+        let mut budget = Budget { left: max, max };
         let messages = match started.prompt {
-            WitPrompt::Text(t) => vec![user(r.text(&t, "init text")?)],
-            WitPrompt::Messages(list) => {
-                let mut messages = Vec::with_capacity(list.len().min(1024));
-                for i in 0..list.len() {
-                    let what = format!("init messages[{i}]");
-                    let m = list
-                        .get(&mut *r.store, i)
-                        .ok_or_else(|| bad(format!("{what} is out of bounds")))??;
-                    messages.push(EnvMessage {
-                        role: r.text(&m.role, &format!("{what}.role"))?,
-                        content: r.text(&m.content, &format!("{what}.content"))?,
-                    });
-                }
-                messages
-            }
+            WitPrompt::Text(t) => vec![user(budget.take(t, "init text")?)],
+            WitPrompt::Messages(list) => list
+                .into_iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    Ok(EnvMessage {
+                        role: budget.take(m.role, &format!("init messages[{i}].role"))?,
+                        content: budget.take(m.content, &format!("init messages[{i}].content"))?,
+                    })
+                })
+                .collect::<Result<_, Failure>>()?,
         };
-        let tools = parse_tools(&r.text(&started.tools, "init tools")?)?;
+        let tools = parse_tools(&budget.take(started.tools, "init tools")?)?;
         start(messages, tools)
     }
 
@@ -195,34 +187,26 @@ impl ComponentEnv {
             return Err(abi("the episode's instance was never initialized"));
         };
         let step = instance
-            .get_typed_func::<(&str,), (Result<WitStepped, WasmStr>,)>(&mut self.store, index)
+            .get_typed_func::<(&str,), (Result<WitStepped, String>,)>(&mut self.store, index)
             .map_err(|e| abi(format!("export `step`: {e:#}")))?;
         let (result,) = step.call(&mut self.store, (turn,))?;
-        let mut r = Reader {
-            store: &mut self.store,
-            left: max,
-            max,
+        let s = result.map_err(env_error)?;
+        let mut budget = Budget { left: max, max };
+        let observation = budget.take(s.observation, "observation")?;
+        let role = s.role.map(|r| budget.take(r, "role")).transpose()?;
+        let details = match s.details {
+            Some(d) if !d.is_empty() => Some(parse_details(&budget.take(d, "details")?)?),
+            _ => None,
         };
-        let s = result.map_err(|e| r.error(&e))?;
-        let observation = r.text(&s.observation, "observation")?;
-        let role = match &s.role {
-            Some(role) => Some(r.text(role, "role")?),
-            None => None,
-        };
-        let details = match &s.details {
-            Some(d) => Some(r.text(d, "details")?).filter(|d| !d.is_empty()),
-            None => None,
-        };
-        let details = details.as_deref().map(parse_details).transpose()?;
         outcome(observation, role, s.reward, s.done, details)
     }
 
-    /// `close()`, when exported.
+    /// `finish()`, when exported.
     pub(super) fn close(&mut self) -> Option<Result<(), Failure>> {
         let (instance, index) = (self.instance?, self.exports.close?);
         let result = instance
             .get_typed_func::<(), ()>(&mut self.store, index)
-            .map_err(|e| abi(format!("export `close`: {e:#}")))
+            .map_err(|e| abi(format!("export `finish`: {e:#}")))
             .and_then(|close| close.call(&mut self.store, ()).map_err(Failure::from));
         Some(result)
     }

@@ -45,9 +45,10 @@ pub struct EpisodeLimits {
     pub episode_fuel: u64,
     /// Wall-clock time of all calls of the episode together.
     pub episode_timeout: Duration,
-    /// The largest output of one call, in bytes: the output JSON of a core module (or its error
-    /// message), the strings of a component's result together. Larger ones are refused as
-    /// `bad_output` from their length, before they are copied.
+    /// The largest output of one call, in bytes: the output JSON of a core module (refused as
+    /// `bad_output` from its length, before it is read), or the strings of a component's
+    /// result together (checked once lifted: wasmtime frees them in the component before the
+    /// call returns).
     pub max_output_bytes: usize,
 }
 
