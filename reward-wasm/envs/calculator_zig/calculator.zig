@@ -3,180 +3,82 @@
 //! (overflow and division by zero are error texts), reward 1 when the last integer of the
 //! final answer equals the task's answer. Exports the core-module environment ABI v1.
 //!
-//! Memory: `alloc` takes from std.heap.wasm_allocator and the input is freed after its call;
-//! the output buffer is reused from call to call.
+//! Built on the Zig SDK (sdk/zig/anneal_env.zig), which exports the ABI.
 
 const std = @import("std");
-const gpa = std.heap.wasm_allocator;
-const Value = std.json.Value;
-
-var output: std.ArrayList(u8) = .empty;
-var answer: []u8 = &.{};
+const env = @import("anneal_env");
+const gpa = env.gpa;
+const Value = env.Value;
+const str = env.str;
+const field = env.field;
 
 const tool =
-    \\{"type":"function","function":{"name":"calculator","description":"Evaluates an integer arithmetic expression exactly.","parameters":{"type":"object","properties":{"expression":{"type":"string","description":"an integer expression, e.g. (12+3)*4"}},"required":["expression"]}}}
+    \\[{"type":"function","function":{"name":"calculator","description":"Evaluates an integer arithmetic expression exactly.","parameters":{"type":"object","properties":{"expression":{"type":"string","description":"an integer expression, e.g. (12+3)*4"}},"required":["expression"]}}}]
 ;
 
-export fn alloc(len: i32) i32 {
-    const buf = gpa.alloc(u8, @intCast(@max(len, 0))) catch unreachable;
-    return @intCast(@intFromPtr(buf.ptr));
-}
+const Calculator = struct {
+    answer: []u8,
 
-export fn output_ptr() i32 {
-    return @intCast(@intFromPtr(output.items.ptr));
-}
-
-export fn output_len() i32 {
-    return @intCast(output.items.len);
-}
-
-export fn anneal_env_abi() i32 {
-    return 1;
-}
-
-export fn env_close() void {
-    gpa.free(answer);
-    answer = &.{};
-}
-
-fn input(ptr: i32, len: i32) []u8 {
-    const p: [*]u8 = @ptrFromInt(@as(usize, @intCast(ptr)));
-    return p[0..@intCast(@max(len, 0))];
-}
-
-fn out(s: []const u8) void {
-    output.appendSlice(gpa, s) catch unreachable;
-}
-
-/// `s` as a JSON string, quotes included.
-fn outString(s: []const u8) void {
-    out("\"");
-    for (s) |c| switch (c) {
-        '"' => out("\\\""),
-        '\\' => out("\\\\"),
-        '\n' => out("\\n"),
-        0...9, 11...31 => {
-            var buf: [6]u8 = undefined;
-            out(std.fmt.bufPrint(&buf, "\\u{x:0>4}", .{c}) catch unreachable);
-        },
-        else => out(&[_]u8{c}),
-    };
-    out("\"");
-}
-
-fn outInt(v: i128) void {
-    var buf: [48]u8 = undefined;
-    out(std.fmt.bufPrint(&buf, "{d}", .{v}) catch unreachable);
-}
-
-/// Runs `f` on the call's input (freed afterwards): status 0 with its JSON, or 1 with the error.
-fn run(ptr: i32, len: i32, f: *const fn (Value) anyerror!void) i32 {
-    const text = input(ptr, len);
-    defer gpa.free(text);
-    output.clearRetainingCapacity();
-    const parsed = std.json.parseFromSlice(Value, gpa, text, .{}) catch |e| {
-        out("the input is not valid JSON: ");
-        out(@errorName(e));
-        return 1;
-    };
-    defer parsed.deinit();
-    f(parsed.value) catch |e| {
-        output.clearRetainingCapacity();
-        out(switch (e) {
-            error.NoQuestion => "the task has no string `question`",
-            error.NoAnswer => "the task has no `answer`",
-            else => @errorName(e),
-        });
-        return 1;
-    };
-    return 0;
-}
-
-fn field(v: Value, key: []const u8) ?Value {
-    return switch (v) {
-        .object => |o| o.get(key),
-        else => null,
-    };
-}
-
-fn str(v: ?Value) ?[]const u8 {
-    return switch (v orelse return null) {
-        .string, .number_string => |s| s,
-        else => null,
-    };
-}
-
-export fn env_init(ptr: i32, len: i32) i32 {
-    return run(ptr, len, init);
-}
-
-fn init(task: Value) !void {
-    const question = switch (field(task, "question") orelse return error.NoQuestion) {
-        .string => |s| s,
-        else => return error.NoQuestion,
-    };
-    var buf: [48]u8 = undefined;
-    const a = switch (field(task, "answer") orelse return error.NoAnswer) {
-        .string, .number_string => |s| s,
-        .integer => |i| std.fmt.bufPrint(&buf, "{d}", .{i}) catch unreachable,
-        else => return error.NoAnswer,
-    };
-    gpa.free(answer);
-    answer = try gpa.dupe(u8, std.mem.trim(u8, a, " "));
-    out("{\"messages\":[{\"role\":\"user\",\"content\":");
-    outString(question);
-    out("}],\"tools\":[" ++ tool ++ "]}");
-}
-
-export fn env_step(ptr: i32, len: i32) i32 {
-    return run(ptr, len, step);
-}
-
-fn step(turn: Value) !void {
-    const calls: []const Value = switch (field(turn, "tool_calls") orelse Value.null) {
-        .array => |a| a.items,
-        else => &.{},
-    };
-    if (calls.len == 0) {
-        if (str(field(turn, "error"))) |e| {
-            const text = try std.fmt.allocPrint(gpa, "error: {s}", .{e});
-            defer gpa.free(text);
-            out("{\"observation\":");
-            outString(text);
-            out(",\"done\":false}");
-            return;
-        }
-        const ok = correct(str(field(turn, "content")) orelse "");
-        out(if (ok)
-            "{\"observation\":\"\",\"reward\":1.0,\"done\":true,\"details\":{\"correct\":true}}"
-        else
-            "{\"observation\":\"\",\"reward\":0.0,\"done\":true,\"details\":{\"correct\":false}}");
-        return;
+    pub fn init(task: Value) anyerror!Calculator {
+        const question = switch (field(task, "question") orelse Value.null) {
+            .string => |s| s,
+            else => return env.fail("the task has no string `question`"),
+        };
+        var buf: [48]u8 = undefined;
+        const a = switch (field(task, "answer") orelse Value.null) {
+            .string, .number_string => |s| s,
+            .integer => |i| std.fmt.bufPrint(&buf, "{d}", .{i}) catch unreachable,
+            else => return env.fail("the task has no `answer`"),
+        };
+        env.start(question, tool);
+        return .{ .answer = try gpa.dupe(u8, std.mem.trim(u8, a, " ")) };
     }
-    var obs: std.ArrayList(u8) = .empty;
-    defer obs.deinit(gpa);
-    for (calls, 0..) |c, k| {
-        if (calls.len > 1) {
-            if (k > 0) try obs.append(gpa, '\n');
-            try obs.appendSlice(gpa, str(field(c, "id")) orelse "");
-            try obs.appendSlice(gpa, ": ");
-        }
-        try call(&obs, c);
+
+    pub fn deinit(self: *Calculator) void {
+        gpa.free(self.answer);
     }
-    out("{\"observation\":");
-    outString(obs.items);
-    out(",\"done\":false}");
+
+    pub fn step(self: *Calculator, turn: env.Turn) anyerror!void {
+        if (turn.tool_calls.len == 0) {
+            if (turn.err) |e| {
+                const text = try std.fmt.allocPrint(gpa, "error: {s}", .{e});
+                defer gpa.free(text);
+                return env.outcome(.{ .observation = text });
+            }
+            const ok = correct(turn.content, self.answer);
+            return env.outcome(.{
+                .reward = if (ok) 1.0 else 0.0,
+                .done = true,
+                .details = if (ok) "{\"correct\":true}" else "{\"correct\":false}",
+            });
+        }
+        var obs: std.ArrayList(u8) = .empty;
+        defer obs.deinit(gpa);
+        for (0..turn.tool_calls.len) |k| {
+            const c = turn.call(k);
+            if (turn.tool_calls.len > 1) {
+                if (k > 0) try obs.append(gpa, '\n');
+                try obs.appendSlice(gpa, c.id);
+                try obs.appendSlice(gpa, ": ");
+            }
+            try call(&obs, c);
+        }
+        env.outcome(.{ .observation = obs.items });
+    }
+};
+
+comptime {
+    env.exportEnvironment(Calculator);
 }
 
-fn call(obs: *std.ArrayList(u8), c: Value) !void {
-    const name = str(field(c, "name")) orelse "";
-    if (!std.mem.eql(u8, name, "calculator")) {
+fn call(obs: *std.ArrayList(u8), c: env.ToolCall) !void {
+    if (!std.mem.eql(u8, c.name, "calculator")) {
         try obs.appendSlice(gpa, "error: unknown tool `");
-        try obs.appendSlice(gpa, name);
+        try obs.appendSlice(gpa, c.name);
         try obs.appendSlice(gpa, "` (the tool is `calculator`)");
         return;
     }
-    const expression = str(field(field(c, "arguments") orelse Value.null, "expression")) orelse {
+    const expression = str(field(c.arguments, "expression")) orelse {
         try obs.appendSlice(gpa, "error: calculator takes {\"expression\": string}");
         return;
     };
@@ -198,7 +100,7 @@ fn call(obs: *std.ArrayList(u8), c: Value) !void {
 }
 
 /// The last integer of `s` (ASCII digits, with a `-` right before them) equals the answer.
-fn correct(s: []const u8) bool {
+fn correct(s: []const u8, answer: []const u8) bool {
     var end = s.len;
     while (end > 0 and !std.ascii.isDigit(s[end - 1])) end -= 1;
     if (end == 0) return false;
