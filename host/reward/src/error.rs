@@ -19,17 +19,25 @@ pub enum ErrorKind {
     BadOutput,
     /// The module does not export what the ABI requires, or with the wrong signature.
     AbiMismatch,
+    /// An environment module reported an error of its own (`init` or `step` returned an error
+    /// result, e.g. a task it cannot run).
+    EnvError,
+    /// A step was asked of an episode that is already over (it failed earlier, or the
+    /// environment said it was done). Nothing ran; such calls are not counted in metrics.
+    EpisodeOver,
 }
 
 impl ErrorKind {
     /// Every kind, in a fixed order (the order of the metrics counters).
-    pub const ALL: [ErrorKind; 6] = [
+    pub const ALL: [ErrorKind; 8] = [
         ErrorKind::Timeout,
         ErrorKind::FuelExhausted,
         ErrorKind::MemoryLimit,
         ErrorKind::Trap,
         ErrorKind::BadOutput,
         ErrorKind::AbiMismatch,
+        ErrorKind::EnvError,
+        ErrorKind::EpisodeOver,
     ];
 
     /// The snake_case name used in JSON output and metrics (`fuel_exhausted`, ...).
@@ -41,6 +49,8 @@ impl ErrorKind {
             ErrorKind::Trap => "trap",
             ErrorKind::BadOutput => "bad_output",
             ErrorKind::AbiMismatch => "abi_mismatch",
+            ErrorKind::EnvError => "env_error",
+            ErrorKind::EpisodeOver => "episode_over",
         }
     }
 
@@ -56,7 +66,8 @@ impl std::fmt::Display for ErrorKind {
     }
 }
 
-/// Why one scoring call did not produce a score.
+/// Why one call into a module (a reward's `score`, an environment's `init` or `step`) did not
+/// produce a result.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CallError {
     /// The wall-clock deadline passed.
@@ -95,6 +106,30 @@ pub enum CallError {
         /// Which export is missing or has the wrong type.
         reason: String,
     },
+    /// An episode used up its total fuel budget (over several calls); kind `fuel_exhausted`.
+    #[error("fuel_exhausted: the episode used up its budget of {fuel} fuel")]
+    EpisodeFuelExhausted {
+        /// The episode's budget ([`crate::EpisodeLimits::episode_fuel`]).
+        fuel: u64,
+    },
+    /// An episode's calls together ran past its wall-clock budget; kind `timeout`.
+    #[error("timeout: the episode's calls ran past its budget of {timeout_ms} ms")]
+    EpisodeTimeout {
+        /// The episode's budget ([`crate::EpisodeLimits::episode_timeout`]).
+        timeout_ms: u64,
+    },
+    /// The environment returned an error result from `init` or `step`.
+    #[error("env_error: the environment reported: {message}")]
+    Env {
+        /// The environment's message.
+        message: String,
+    },
+    /// The episode is already over: nothing was run.
+    #[error("episode_over: {reason}")]
+    EpisodeOver {
+        /// Why it is over (the error that ended it, or that the environment said done).
+        reason: String,
+    },
 }
 
 impl CallError {
@@ -107,6 +142,10 @@ impl CallError {
             CallError::Trap { .. } => ErrorKind::Trap,
             CallError::BadOutput { .. } => ErrorKind::BadOutput,
             CallError::AbiMismatch { .. } => ErrorKind::AbiMismatch,
+            CallError::EpisodeFuelExhausted { .. } => ErrorKind::FuelExhausted,
+            CallError::EpisodeTimeout { .. } => ErrorKind::Timeout,
+            CallError::Env { .. } => ErrorKind::EnvError,
+            CallError::EpisodeOver { .. } => ErrorKind::EpisodeOver,
         }
     }
 
@@ -119,16 +158,45 @@ impl CallError {
             CallError::Trap { message } => message.clone(),
             CallError::BadOutput { reason } => reason.clone(),
             CallError::AbiMismatch { reason } => reason.clone(),
+            CallError::EpisodeFuelExhausted { fuel } => {
+                format!("the episode used up its {fuel} fuel")
+            }
+            CallError::EpisodeTimeout { timeout_ms } => {
+                format!("the episode ran past {timeout_ms} ms")
+            }
+            CallError::Env { message } => message.clone(),
+            CallError::EpisodeOver { reason } => reason.clone(),
         }
     }
 }
 
-/// Why a reward module could not be loaded, or the sandbox could not be set up.
+/// What a module is loaded as: the ABI its exports are checked against, and the word used in
+/// load errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ModuleRole {
+    /// A reward module (`reward-wasm/README.md`).
+    Reward,
+    /// An environment module (`reward-wasm/ENVIRONMENTS.md`).
+    Environment,
+}
+
+impl std::fmt::Display for ModuleRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ModuleRole::Reward => "reward",
+            ModuleRole::Environment => "environment",
+        })
+    }
+}
+
+/// Why a reward or environment module could not be loaded, or the sandbox could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The module file could not be read.
-    #[error("cannot read reward module {path}: {error}")]
+    #[error("cannot read {role} module {path}: {error}")]
     Io {
+        /// What the module was loaded as.
+        role: ModuleRole,
         /// The file.
         path: PathBuf,
         /// The underlying error.
@@ -136,10 +204,12 @@ pub enum LoadError {
     },
     /// The module is larger than the sandbox loads ([`crate::SandboxConfig::max_module_bytes`]).
     #[error(
-        "reward module {name} is {bytes} bytes, over the limit of {max} bytes ({} MiB)",
+        "{role} module {name} is {bytes} bytes, over the limit of {max} bytes ({} MiB)",
         max >> 20
     )]
     TooLarge {
+        /// What the module was loaded as.
+        role: ModuleRole,
         /// The file (or the caller-given label).
         name: String,
         /// Its size.
@@ -148,24 +218,30 @@ pub enum LoadError {
         max: u64,
     },
     /// The bytes are neither WebAssembly text nor a valid module or component.
-    #[error("invalid reward module {name}: {message}")]
+    #[error("invalid {role} module {name}: {message}")]
     Invalid {
+        /// What the module was loaded as.
+        role: ModuleRole,
         /// The module's name (file name or caller-given label).
         name: String,
         /// The parser's or validator's message.
         message: String,
     },
     /// The module imports something the sandbox does not grant.
-    #[error("reward module {name} imports `{import}`, which the sandbox does not grant")]
+    #[error("{role} module {name} imports `{import}`, which the sandbox does not grant")]
     DisallowedImport {
+        /// What the module was loaded as.
+        role: ModuleRole,
         /// The module's name.
         name: String,
         /// The import, as `module::name` for core modules or the interface name for components.
         import: String,
     },
     /// The module's imports could not be linked (e.g. a WASI function with the wrong signature).
-    #[error("cannot link reward module {name}: {message}")]
+    #[error("cannot link {role} module {name}: {message}")]
     Link {
+        /// What the module was loaded as.
+        role: ModuleRole,
         /// The module's name.
         name: String,
         /// The linker's message.

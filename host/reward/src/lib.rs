@@ -14,6 +14,11 @@
 //! modules by weight into one reward (and one verdict on correctness): the rule `anneal rl`
 //! trains on and the server applies.
 //!
+//! **Environments** (multi-turn RL, `reward-wasm/ENVIRONMENTS.md`) run in the same sandbox: an
+//! [`EnvModule`] is instantiated once per [`Episode`] ([`Sandbox::start_episode`]), which keeps
+//! its state across the policy's turns ([`Episode::step`]) under per-step and per-episode
+//! budgets ([`EpisodeLimits`]).
+//!
 //! ```no_run
 //! use anneal_reward::{Sandbox, SandboxConfig, ScoreInput};
 //! let sandbox = Sandbox::new(SandboxConfig::default())?;
@@ -32,7 +37,9 @@
 
 mod call;
 mod config;
+mod env;
 mod error;
+mod exec;
 mod metrics;
 mod module;
 mod nowait;
@@ -43,7 +50,10 @@ mod state;
 
 pub use call::{ScoreInput, ScoreOutcome};
 pub use config::{CallLimits, Grants, SandboxConfig, MAX_MODULE_BYTES};
-pub use error::{CallError, ErrorKind, LoadError};
+pub use env::{
+    EnvMessage, EnvModule, Episode, EpisodeLimits, EpisodeStart, StepOutcome, ToolCall, Turn,
+};
+pub use error::{CallError, ErrorKind, LoadError, ModuleRole};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use module::{ModuleKind, RewardModule};
 pub use sandbox::Sandbox;

@@ -1,7 +1,7 @@
 //! Loading: compile (or fetch from the disk cache), check imports against the grants, link, and
 //! check the exports against the ABI.
 
-use crate::error::LoadError;
+use crate::error::{LoadError, ModuleRole};
 use crate::sandbox::{write_cache_file, Sandbox};
 use crate::state::{ComponentState, CoreState};
 use std::sync::Arc;
@@ -14,9 +14,10 @@ const WASI_P1: &str = "wasi_snapshot_preview1";
 /// Which ABI a loaded module follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModuleKind {
-    /// A core module with `memory`, `alloc` and `score` exports (ABI v1).
+    /// A core module (ABI v1: `memory`, `alloc` and `score` for rewards, `env_init` and
+    /// `env_step` for environments).
     Core,
-    /// A component of the `anneal:reward/reward` WIT world.
+    /// A component (of the WIT world `anneal:reward/reward` or `anneal:environment/environment`).
     Component,
 }
 
@@ -89,8 +90,51 @@ impl std::fmt::Debug for RewardModule {
     }
 }
 
-fn hex(hash: &[u8; 32]) -> String {
+pub(crate) fn hex(hash: &[u8; 32]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A compiled and linked binary, whatever its ABI: what the sandbox caches by content hash.
+/// Reward and environment modules are built on it (their exports checked against their ABI).
+#[derive(Clone)]
+pub(crate) enum Compiled {
+    Core {
+        module: Module,
+        pre: InstancePre<CoreState>,
+        /// Whether the module imports WASI preview 1 (then each store gets a deny-all context).
+        wasi: bool,
+    },
+    Component {
+        component: Component,
+        pre: wasmtime::component::InstancePre<ComponentState>,
+    },
+}
+
+impl RewardModule {
+    /// A reward module over a compiled binary, its exports checked against the reward ABI.
+    pub(crate) fn new(name: &str, hash: &[u8; 32], compiled: Compiled) -> Self {
+        let (abi_problem, kind) = match compiled {
+            Compiled::Core { module, pre, wasi } => {
+                (check_core_abi(&module).err(), Kind::Core { pre, wasi })
+            }
+            Compiled::Component { component, pre } => {
+                let score = component.get_export_index(None, "score");
+                let problem = match score {
+                    Some(_) => None,
+                    None => Some("missing function export `score`".to_string()),
+                };
+                (problem, Kind::Component { pre, score })
+            }
+        };
+        RewardModule {
+            inner: Arc::new(Inner {
+                name: name.to_string(),
+                hash: hex(hash),
+                abi_problem,
+                kind,
+            }),
+        }
+    }
 }
 
 impl Sandbox {
@@ -98,6 +142,7 @@ impl Sandbox {
     /// compiled and written to the cache (best effort).
     fn compile_cached<T>(
         &self,
+        role: ModuleRole,
         name: &str,
         hash: &[u8; 32],
         load: impl FnOnce(&std::path::Path) -> Option<T>,
@@ -109,6 +154,7 @@ impl Sandbox {
             return Ok(cached);
         }
         let compiled = compile().map_err(|e| LoadError::Invalid {
+            role,
             name: name.to_string(),
             message: format!("{e:#}"),
         })?;
@@ -118,13 +164,15 @@ impl Sandbox {
         Ok(compiled)
     }
 
-    pub(crate) fn load_core(
+    pub(crate) fn compile_core(
         &self,
+        role: ModuleRole,
         name: &str,
         binary: &[u8],
         hash: &[u8; 32],
-    ) -> Result<RewardModule, LoadError> {
+    ) -> Result<Compiled, LoadError> {
         let module = self.compile_cached(
+            role,
             name,
             hash,
             // SAFETY: the cache holds only files this sandbox wrote with `Module::serialize` for
@@ -141,6 +189,7 @@ impl Sandbox {
                 continue;
             }
             return Err(LoadError::DisallowedImport {
+                role,
                 name: name.to_string(),
                 import: format!("{}::{}", import.module(), import.name()),
             });
@@ -149,29 +198,25 @@ impl Sandbox {
             .core_linker
             .instantiate_pre(&module)
             .map_err(|e| LoadError::Link {
+                role,
                 name: name.to_string(),
                 message: format!("{e:#}"),
             })?;
-        Ok(RewardModule {
-            inner: Arc::new(Inner {
-                name: name.to_string(),
-                hash: hex(hash),
-                abi_problem: check_core_abi(&module).err(),
-                kind: Kind::Core { pre, wasi },
-            }),
-        })
+        Ok(Compiled::Core { module, pre, wasi })
     }
 
-    pub(crate) fn load_component(
+    pub(crate) fn compile_component(
         &self,
+        role: ModuleRole,
         name: &str,
         binary: &[u8],
         hash: &[u8; 32],
-    ) -> Result<RewardModule, LoadError> {
+    ) -> Result<Compiled, LoadError> {
         let component = self.compile_cached(
+            role,
             name,
             hash,
-            // SAFETY: as in `load_core`: only files this sandbox wrote, for a compatible engine.
+            // SAFETY: as in `compile_core`: only files this sandbox wrote, for a compatible engine.
             |p| unsafe { Component::deserialize_file(&self.engine, p) }.ok(),
             || Component::from_binary(&self.engine, binary),
             Component::serialize,
@@ -180,6 +225,7 @@ impl Sandbox {
         for (import, _) in ty.imports(&self.engine) {
             if !(self.config.grants.wasi && import.starts_with("wasi:")) {
                 return Err(LoadError::DisallowedImport {
+                    role,
                     name: name.to_string(),
                     import: import.to_string(),
                 });
@@ -189,22 +235,11 @@ impl Sandbox {
             .component_linker
             .instantiate_pre(&component)
             .map_err(|e| LoadError::Link {
+                role,
                 name: name.to_string(),
                 message: format!("{e:#}"),
             })?;
-        let score = component.get_export_index(None, "score");
-        let abi_problem = match score {
-            Some(_) => None,
-            None => Some("missing function export `score`".to_string()),
-        };
-        Ok(RewardModule {
-            inner: Arc::new(Inner {
-                name: name.to_string(),
-                hash: hex(hash),
-                abi_problem,
-                kind: Kind::Component { pre, score },
-            }),
-        })
+        Ok(Compiled::Component { component, pre })
     }
 }
 
@@ -228,7 +263,12 @@ fn sig(ft: &FuncType) -> String {
 }
 
 /// Checks that function export `name` exists (when `required`) with signature `want`.
-fn check_func(module: &Module, name: &str, want: &str, required: bool) -> Result<bool, String> {
+pub(crate) fn check_func(
+    module: &Module,
+    name: &str,
+    want: &str,
+    required: bool,
+) -> Result<bool, String> {
     match module.get_export(name) {
         None if required => Err(format!("missing function export `{name}` {want}")),
         None => Ok(false),
@@ -241,14 +281,19 @@ fn check_func(module: &Module, name: &str, want: &str, required: bool) -> Result
     }
 }
 
+/// Checks that `memory` is exported as a 32-bit memory.
+pub(crate) fn check_memory(module: &Module) -> Result<(), String> {
+    match module.get_export("memory") {
+        Some(ExternType::Memory(m)) if !m.is_64() => Ok(()),
+        Some(ExternType::Memory(_)) => Err("export `memory` is a 64-bit memory".into()),
+        Some(_) => Err("export `memory` is not a memory".into()),
+        None => Err("missing memory export `memory`".into()),
+    }
+}
+
 /// Checks the exports of a core module against ABI v1.
 fn check_core_abi(module: &Module) -> Result<(), String> {
-    match module.get_export("memory") {
-        Some(ExternType::Memory(m)) if !m.is_64() => {}
-        Some(ExternType::Memory(_)) => return Err("export `memory` is a 64-bit memory".into()),
-        Some(_) => return Err("export `memory` is not a memory".into()),
-        None => return Err("missing memory export `memory`".into()),
-    }
+    check_memory(module)?;
     check_func(module, "alloc", "(i32) -> i32", true)?;
     check_func(
         module,

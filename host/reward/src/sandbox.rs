@@ -1,9 +1,9 @@
 //! The sandbox: one engine (with its epoch ticker), the linkers, and the module cache.
 
 use crate::config::SandboxConfig;
-use crate::error::LoadError;
+use crate::error::{LoadError, ModuleRole};
 use crate::metrics::{Metrics, MetricsSnapshot};
-use crate::module::RewardModule;
+use crate::module::{Compiled, RewardModule};
 use crate::state::{ComponentState, CoreState};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use wasmtime::{Config, Engine, Linker, OptLevel};
 
-/// Advances the engine's epoch on a thread of its own until dropped.
-struct Ticker {
+/// Advances the engine's epoch on a thread of its own until dropped (shared by the sandbox and
+/// its live episodes, so an episode's deadlines keep working if the sandbox goes first).
+pub(crate) struct Ticker {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
 }
@@ -58,11 +59,11 @@ pub struct Sandbox {
     pub(crate) config: SandboxConfig,
     pub(crate) core_linker: Linker<CoreState>,
     pub(crate) component_linker: wasmtime::component::Linker<ComponentState>,
-    pub(crate) metrics: Metrics,
-    cache: Mutex<HashMap<[u8; 32], RewardModule>>,
+    pub(crate) metrics: Arc<Metrics>,
+    cache: Mutex<HashMap<[u8; 32], Compiled>>,
     /// Distinguishes `.cwasm` files of engines with other settings or versions.
     engine_tag: String,
-    _ticker: Ticker,
+    pub(crate) ticker: Arc<Ticker>,
 }
 
 impl Sandbox {
@@ -100,10 +101,10 @@ impl Sandbox {
             config,
             core_linker,
             component_linker,
-            metrics: Metrics::default(),
+            metrics: Arc::new(Metrics::default()),
             cache: Mutex::new(HashMap::new()),
             engine_tag,
-            _ticker: ticker,
+            ticker: Arc::new(ticker),
         })
     }
 
@@ -125,13 +126,33 @@ impl Sandbox {
     /// Loads a module or component from a file (`.wasm` binary or `.wat` text). A file over
     /// [`SandboxConfig::max_module_bytes`] is refused from its size, before it is read.
     pub fn load_file(&self, path: &Path) -> Result<RewardModule, LoadError> {
+        let (name, bytes) = self.read_module_file(ModuleRole::Reward, path)?;
+        self.load_bytes(&name, &bytes)
+    }
+
+    /// Loads a module or component from bytes (binary or WebAssembly text). Compiled modules are
+    /// cached by content hash: loading the same bytes again is a lookup.
+    pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<RewardModule, LoadError> {
+        let (compiled, hash) = self.compile(ModuleRole::Reward, name, bytes)?;
+        Ok(RewardModule::new(name, &hash, compiled))
+    }
+
+    /// Reads a module file, refused from its size when over the limit; returns its file name
+    /// (the module's name) and its bytes.
+    pub(crate) fn read_module_file(
+        &self,
+        role: ModuleRole,
+        path: &Path,
+    ) -> Result<(String, Vec<u8>), LoadError> {
         use std::io::Read;
         let io = |error| LoadError::Io {
+            role,
             path: path.to_path_buf(),
             error,
         };
         let max = self.config.max_module_bytes as u64;
         let too_large = |bytes| LoadError::TooLarge {
+            role,
             name: path.display().to_string(),
             bytes,
             max,
@@ -151,14 +172,20 @@ impl Sandbox {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string());
-        self.load_bytes(&name, &bytes)
+        Ok((name, bytes))
     }
 
-    /// Loads a module or component from bytes (binary or WebAssembly text). Compiled modules are
-    /// cached by content hash: loading the same bytes again is a lookup.
-    pub fn load_bytes(&self, name: &str, bytes: &[u8]) -> Result<RewardModule, LoadError> {
+    /// The compiled, linked binary of `bytes` (binary or WebAssembly text) and its content hash,
+    /// from the in-memory cache when the same binary was loaded before (as any role).
+    pub(crate) fn compile(
+        &self,
+        role: ModuleRole,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<(Compiled, [u8; 32]), LoadError> {
         if bytes.len() > self.config.max_module_bytes {
             return Err(LoadError::TooLarge {
+                role,
                 name: name.to_string(),
                 bytes: bytes.len() as u64,
                 max: self.config.max_module_bytes as u64,
@@ -175,6 +202,7 @@ impl Sandbox {
                 .map(|loc| format!(" (at line:column {})", loc.trim_start_matches("<anon>:")))
                 .unwrap_or_default();
             LoadError::Invalid {
+                role,
                 name: name.to_string(),
                 message: format!(
                     "not a WebAssembly binary, nor valid WebAssembly text: {first}{at}"
@@ -182,19 +210,19 @@ impl Sandbox {
             }
         })?;
         let hash: [u8; 32] = Sha256::digest(&binary).into();
-        if let Some(m) = self.cache_lock().get(&hash) {
-            return Ok(m.clone());
+        if let Some(c) = self.cache_lock().get(&hash) {
+            return Ok((c.clone(), hash));
         }
-        let module = if is_component(&binary) {
-            self.load_component(name, &binary, &hash)?
+        let compiled = if is_component(&binary) {
+            self.compile_component(role, name, &binary, &hash)?
         } else {
-            self.load_core(name, &binary, &hash)?
+            self.compile_core(role, name, &binary, &hash)?
         };
-        self.cache_lock().insert(hash, module.clone());
-        Ok(module)
+        self.cache_lock().insert(hash, compiled.clone());
+        Ok((compiled, hash))
     }
 
-    fn cache_lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], RewardModule>> {
+    fn cache_lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Compiled>> {
         // A panic while holding this lock cannot leave the map inconsistent (single inserts).
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -11,6 +11,12 @@
 //! }
 //! export_reward!(length_reward);
 //! ```
+//!
+//! Multi-turn RL environments are written against [`env::Environment`] and exported with
+//! [`export_environment!`] (see the [`env`] module).
+
+pub mod env;
+mod json;
 
 use std::sync::atomic::{AtomicI32, Ordering};
 
