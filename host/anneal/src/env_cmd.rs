@@ -2,7 +2,8 @@
 
 use crate::errors::UserError;
 use crate::user_bail;
-use anneal_reward::{EpisodeLimits, Sandbox, SandboxConfig, Turn};
+use anneal_data::chat::tools::parse_tool_calls;
+use anneal_reward::{EpisodeLimits, Sandbox, SandboxConfig};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
@@ -138,7 +139,7 @@ fn test(args: TestArgs) -> Result<()> {
             .iter()
             .enumerate()
             .map(|(i, t)| match t {
-                Value::String(text) => Ok(Turn::from_text(text).to_json()),
+                Value::String(text) => Ok(parse_tool_calls(text).to_step_json(text)),
                 Value::Object(_) => Ok(t.clone()),
                 _ => Err(UserError(format!(
                     "{source} line {number}: turns[{i}] is neither text nor a turn object"

@@ -14,6 +14,7 @@ mod env_cmd;
 mod restart;
 mod reward_cmd;
 mod rl_cmd;
+mod rl_env;
 mod serve_cmd;
 mod train_cmd;
 

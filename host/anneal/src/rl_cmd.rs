@@ -119,9 +119,22 @@ fn rl_on(
     // The layout first: a refused mesh is the error, whatever else the config lacks.
     let dist = anneal_train::Dist::unbatched(cfg, world)?;
     anneal_rl::check_layout(cfg, &dist)?;
-    let scorer = Arc::new(scorer(cfg)?);
+    // With an environment the reward modules are optional: they add to its rewards.
+    let scorer: Arc<dyn Scorer> = match cfg.rl.environment.is_empty() || !cfg.rl.rewards.is_empty()
+    {
+        true => Arc::new(scorer(cfg)?),
+        false => Arc::new(anneal_rl::rollout::NoRewards),
+    };
+    let environment = match cfg.rl.environment.is_empty() {
+        true => None,
+        false => Some(Arc::new(crate::rl_env::WasmEnvironment::load(cfg)?) as _),
+    };
+    let opts = RlOptions {
+        environment,
+        ..RlOptions::default()
+    };
     let stop = install_stop_signals()?;
     // The exit code follows `TrainError::is_user_error` (see `errors::exit_code`).
-    run_rl_dist(cfg, run_dir, scorer, &stop, &RlOptions::default(), dist)?;
+    run_rl_dist(cfg, run_dir, scorer, &stop, &opts, dist)?;
     Ok(())
 }

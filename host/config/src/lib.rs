@@ -712,11 +712,11 @@ fn validate_rl(r: &Rl) -> Result<(), ConfigError> {
             return Err(ConfigError::at(key, "must be at least 1"));
         }
     }
-    if r.prompts_path.is_empty() && r.task != "digits_sort" {
+    if r.prompts_path.is_empty() && !["digits_sort", "arithmetic"].contains(&r.task.as_str()) {
         return Err(ConfigError::at(
             "rl.task",
             format!(
-                "`{}` is not a built-in task (digits_sort), and rl.prompts_path is empty",
+                "`{}` is not a built-in task (digits_sort, arithmetic), and rl.prompts_path is empty",
                 r.task
             ),
         ));

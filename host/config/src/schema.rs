@@ -528,7 +528,8 @@ pub struct Rl {
     pub tokenizer: String,
     /// JSON lines `{"prompt":..,"metadata":{..}}`; empty: the built-in `task` generator.
     pub prompts_path: String,
-    /// Built-in prompt generator when `prompts_path` is empty: `digits_sort`.
+    /// Built-in prompt generator when `prompts_path` is empty: `digits_sort` (`4213=` →
+    /// `1234`) or `arithmetic` (`347*86=` → `29842`).
     pub task: String,
     /// Seed of the built-in generator (held-out prompts use a different stream).
     pub task_seed: u64,

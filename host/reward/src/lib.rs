@@ -50,9 +50,7 @@ mod state;
 
 pub use call::{ScoreInput, ScoreOutcome};
 pub use config::{CallLimits, Grants, SandboxConfig, MAX_MODULE_BYTES};
-pub use env::{
-    EnvMessage, EnvModule, Episode, EpisodeLimits, EpisodeStart, StepOutcome, ToolCall, Turn,
-};
+pub use env::{EnvMessage, EnvModule, Episode, EpisodeLimits, EpisodeStart, StepOutcome};
 pub use error::{CallError, ErrorKind, LoadError, ModuleRole};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use module::{ModuleKind, RewardModule};

@@ -4,7 +4,7 @@
 
 use anneal_reward::{
     CallError, EnvMessage, EnvModule, Episode, EpisodeLimits, EpisodeStart, ErrorKind, ModuleKind,
-    Sandbox, SandboxConfig, StepOutcome, Turn,
+    Sandbox, SandboxConfig, StepOutcome,
 };
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -123,7 +123,7 @@ fn start(sb: &Sandbox, wat: &str, limits: EpisodeLimits) -> (Episode, EpisodeSta
 }
 
 fn turn(text: &str) -> Value {
-    Turn::from_text(text).to_json()
+    anneal_data::chat::tools::parse_tool_calls(text).to_step_json(text)
 }
 
 /// Runs the counter's whole episode: the sandbox still works.

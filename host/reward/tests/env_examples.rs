@@ -4,7 +4,6 @@
 
 use anneal_reward::{
     CallError, EnvModule, Episode, EpisodeLimits, ErrorKind, Sandbox, SandboxConfig, StepOutcome,
-    Turn,
 };
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -73,7 +72,12 @@ fn call(calls: &[(&str, Value)]) -> Value {
             )
         })
         .collect();
-    Turn::from_text(&format!("Let me use the tool.\n{text}")).to_json()
+    turn(&format!("Let me use the tool.\n{text}"))
+}
+
+/// The turn a policy's `text` becomes, as the host parses it.
+fn turn(text: &str) -> Value {
+    anneal_data::chat::tools::parse_tool_calls(text).to_step_json(text)
 }
 
 fn step(name: &str, ep: &mut Episode, turn: &Value) -> StepOutcome {
@@ -150,11 +154,7 @@ fn calculator(name: &str) {
         "{name}"
     );
 
-    let out = step(
-        name,
-        &mut ep,
-        &Turn::from_text("So 347*86 = 29842.").to_json(),
-    );
+    let out = step(name, &mut ep, &turn("So 347*86 = 29842."));
     assert_eq!((out.reward, out.done), (1.0, true), "{name}");
     assert_eq!(
         out.details.expect("details")["correct"],
@@ -162,9 +162,7 @@ fn calculator(name: &str) {
         "{name}"
     );
     assert_eq!(
-        ep.step(&Turn::from_text("again").to_json())
-            .expect_err("done")
-            .kind(),
+        ep.step(&turn("again")).expect_err("done").kind(),
         ErrorKind::EpisodeOver
     );
     assert_eq!(ep.steps(), 9, "{name}");
@@ -178,7 +176,7 @@ fn calculator(name: &str) {
     // A wrong final answer, straight away; the answer may be a JSON number too.
     let task = json!({"question": "6*7=", "answer": 42});
     let (mut ep, _) = sb.start_episode(&m, &task, limits()).expect("start");
-    let out = step(name, &mut ep, &Turn::from_text("It is 41.").to_json());
+    let out = step(name, &mut ep, &turn("It is 41."));
     assert_eq!((out.reward, out.done), (0.0, true), "{name}");
     assert_eq!(
         out.details.expect("details")["correct"],
@@ -186,7 +184,7 @@ fn calculator(name: &str) {
         "{name}"
     );
     let (mut ep, _) = sb.start_episode(&m, &task, limits()).expect("start");
-    let out = step(name, &mut ep, &Turn::from_text("-42? no: 42").to_json());
+    let out = step(name, &mut ep, &turn("-42? no: 42"));
     assert_eq!(out.reward, 1.0, "{name}");
 
     // A task it cannot run is the environment's error.
@@ -215,11 +213,10 @@ fn long_episode(name: &str) {
         .start_episode(&m, &task, limits())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let padding = "x".repeat(8 << 10);
-    let turn = Turn::from_text(&format!(
+    let turn = turn(&format!(
         "{padding}<tool_call>{}</tool_call>",
         json!({"name": "calculator", "arguments": {"expression": "1+1"}})
-    ))
-    .to_json();
+    ));
     for i in 0..1000 {
         let out = ep
             .step(&turn)
@@ -277,11 +274,7 @@ fn code() {
         observe("code", &mut ep, &[run("print(1/0)")]),
         "error: division by zero"
     );
-    let out = step(
-        "code",
-        &mut ep,
-        &Turn::from_text("The sum is 5050.").to_json(),
-    );
+    let out = step("code", &mut ep, &turn("The sum is 5050."));
     assert_eq!((out.reward, out.done), (1.0, true));
     assert_eq!(out.details.expect("details")["correct"], json!(true));
     eprintln!(

@@ -35,6 +35,20 @@ pub enum PromptSource {
         /// Seed of the generator.
         seed: u64,
     },
+    /// `arithmetic`: a 3-digit number times a 2-digit one; prompt `"347*86="`, answer
+    /// `"29842"` (the metadata also holds the prompt as `question`, as environments read it).
+    Arithmetic {
+        /// Seed of the generator.
+        seed: u64,
+    },
+}
+
+/// The `i`-th multiplication task of `seed`: `(prompt, answer)`, e.g. `("347*86=", "29842")`.
+pub fn arithmetic_task(seed: u64, i: u64) -> (String, String) {
+    let s = splitmix(seed ^ splitmix(i ^ 0x6172_6974_686d));
+    let a = 100 + s % 900;
+    let b = 10 + splitmix(s) % 90;
+    (format!("{a}*{b}="), (a * b).to_string())
 }
 
 pub(crate) fn splitmix(mut z: u64) -> u64 {
@@ -74,6 +88,13 @@ impl PromptSource {
                     metadata: serde_json::json!({ "answer": answer }),
                 }
             }
+            PromptSource::Arithmetic { seed } => {
+                let (prompt, answer) = arithmetic_task(*seed, i);
+                Prompt {
+                    metadata: serde_json::json!({ "question": prompt, "answer": answer }),
+                    prompt,
+                }
+            }
         }
     }
 
@@ -84,6 +105,12 @@ impl PromptSource {
             PromptSource::List(list) => list.iter().rev().take(n).cloned().collect(),
             PromptSource::DigitsSort { seed } => {
                 let held = PromptSource::DigitsSort {
+                    seed: splitmix(*seed ^ 0x0048_454c_444f_5554),
+                };
+                (0..n as u64).map(|i| held.get(i)).collect()
+            }
+            PromptSource::Arithmetic { seed } => {
+                let held = PromptSource::Arithmetic {
                     seed: splitmix(*seed ^ 0x0048_454c_444f_5554),
                 };
                 (0..n as u64).map(|i| held.get(i)).collect()
@@ -529,6 +556,20 @@ mod tests {
         let r1: Vec<u64> = (0..4).map(|c| of(1).global(c)).collect();
         assert_eq!((r0, r1), (vec![0, 1, 4, 5], vec![2, 3, 6, 7]));
         assert_eq!((of(1).local_of(8), one.local_of(8)), (4, 8));
+    }
+
+    #[test]
+    fn arithmetic_tasks_multiply_three_digits_by_two() {
+        for i in 0..50 {
+            let (p, a) = arithmetic_task(7, i);
+            let (x, y) = p.trim_end_matches('=').split_once('*').unwrap();
+            let (x, y): (u64, u64) = (x.parse().unwrap(), y.parse().unwrap());
+            assert!((100..1000).contains(&x) && (10..100).contains(&y), "{p}");
+            assert_eq!(a, (x * y).to_string());
+        }
+        let src = PromptSource::Arithmetic { seed: 7 };
+        assert_eq!(src.get(3).metadata["question"], src.get(3).prompt.as_str());
+        assert_ne!(src.held_out(1)[0], src.get(0));
     }
 
     #[test]

@@ -91,9 +91,8 @@ enum Prompts {
     },
 }
 
-/// The longest prompt of the built-in `digits_sort` task: 5 digits and `=`, at most a token a
-/// byte.
-const LONGEST_TASK_PROMPT: usize = 6;
+/// The longest prompt of the built-in tasks (`347*86=`), at most a token a byte.
+const LONGEST_TASK_PROMPT: usize = 7;
 
 /// Keeps the prompts whose tokens (after the end-of-text token when `rl.prepend_eos`) leave
 /// room for `rl.max_new_tokens` in the model's `max_seq_len` positions; one that does not is
@@ -108,6 +107,11 @@ fn fit_prompts(
     let r = &cfg.rl;
     let room = max_seq_len.saturating_sub(r.max_new_tokens);
     let (path, list) = match prompts {
+        // An episode's prompt is its first messages as the template renders them; an episode
+        // that outgrows the context ends there (`rl.max_episode_tokens`).
+        Prompts::Task(source) if !r.environment.is_empty() => {
+            return Ok((Prompts::Task(source), 0))
+        }
         Prompts::Task(source) => {
             let longest = LONGEST_TASK_PROMPT + usize::from(r.prepend_eos);
             if longest > room {
@@ -275,11 +279,13 @@ fn tokenizer_path(cfg: &JobConfig) -> Result<PathBuf, TrainError> {
 fn load_prompts(cfg: &JobConfig) -> Result<(Prompts, String), TrainError> {
     let r = &cfg.rl;
     if r.prompts_path.is_empty() {
-        let digest = sha256_hex(format!("digits_sort task, seed {}", r.task_seed).as_bytes());
-        return Ok((
-            Prompts::Task(PromptSource::DigitsSort { seed: r.task_seed }),
-            digest,
-        ));
+        let seed = r.task_seed;
+        let digest = sha256_hex(format!("{} task, seed {seed}", r.task).as_bytes());
+        let source = match r.task.as_str() {
+            "arithmetic" => PromptSource::Arithmetic { seed },
+            _ => PromptSource::DigitsSort { seed },
+        };
+        return Ok((Prompts::Task(source), digest));
     }
     let path = Path::new(&r.prompts_path);
     let bytes = std::fs::read(path)

@@ -64,12 +64,11 @@ impl ChatEncoder<'_> {
             origin: c.origin.clone(),
             message,
         };
+        let never = std::sync::atomic::AtomicBool::new(false);
         let render = |messages: &[Message], prompt: bool| {
-            let r = match prompt {
-                true => self.template.render(messages),
-                false => self.template.render_conversation(messages),
-            };
-            r.map_err(|e| bad(e.to_string()))
+            self.template
+                .render_request(messages, c.tools.as_ref(), prompt, &never)
+                .map_err(|e| bad(e.to_string()))
         };
         let full = render(&c.messages, false)?;
         let mut spans = Vec::new();
@@ -171,8 +170,47 @@ mod tests {
                 Message::new("assistant", "red"),
             ],
             images,
+            tools: None,
             origin: "test:1".into(),
         }
+    }
+
+    #[test]
+    fn tool_turns_train_the_calls_and_answers_but_not_the_tools_replies() {
+        let tok = tokenizer();
+        let template = ChatTemplate::new(Some(CHATML.into()), None, None).unwrap();
+        let enc = ChatEncoder {
+            template: &template,
+            tokenizer: &tok,
+            vision: None,
+        };
+        let call = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"2*3\"}}\n</tool_call>";
+        let tools = r#"[{"type": "function", "function": {"name": "calculator"}}]"#;
+        let c = Conversation {
+            messages: vec![
+                Message::new("user", "2*3="),
+                Message::new("assistant", call),
+                Message::new("tool", "6"),
+                Message::new("assistant", "6"),
+            ],
+            images: vec![],
+            tools: Some(super::super::template::Tools::from_json(tools).unwrap()),
+            origin: "test:1".into(),
+        };
+        let e = enc.encode(&c).unwrap();
+        let text = tok.decode(&e.tokens).unwrap();
+        assert!(text.starts_with("<|im_start|>system\n# Tools") && text.contains("\"calculator\""));
+        let trained: Vec<u32> = e
+            .tokens
+            .iter()
+            .zip(&e.trained)
+            .filter(|(_, &t)| t)
+            .map(|(&id, _)| id)
+            .collect();
+        assert_eq!(
+            tok.decode(&trained).unwrap(),
+            format!("{call}<|im_end|>\n6<|im_end|>\n")
+        );
     }
 
     #[test]

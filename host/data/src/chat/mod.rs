@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::{DataError, Result};
-use template::{Content, Message, Part};
+use template::{Content, Message, Part, Tools};
 
 /// One conversation of a chat JSONL file.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +29,9 @@ pub struct Conversation {
     pub messages: Vec<Message>,
     /// Its images in the order of their parts, as paths resolved against the file's folder.
     pub images: Vec<PathBuf>,
+    /// The tools its first turn offers (the line's `tools`, OpenAI's function format), which
+    /// the template renders as a request with tools renders them.
+    pub tools: Option<Tools>,
     /// Where it came from (`file:line`), for errors.
     pub origin: String,
 }
@@ -79,9 +82,11 @@ pub fn read_conversations(files: &[PathBuf]) -> Result<Vec<Conversation>> {
             let value: Value =
                 serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
             let (messages, images) = parse_messages(&value, folder).map_err(bad)?;
+            let tools = parse_tools(&value).map_err(bad)?;
             out.push(Conversation {
                 messages,
                 images,
+                tools,
                 origin: format!("{}:{}", file.display(), i + 1),
             });
         }
@@ -93,6 +98,18 @@ pub fn read_conversations(files: &[PathBuf]) -> Result<Vec<Conversation>> {
         });
     }
     Ok(out)
+}
+
+/// A line's `tools` list, if it has one.
+fn parse_tools(value: &Value) -> std::result::Result<Option<Tools>, String> {
+    match value.get("tools") {
+        None | Some(Value::Null) => Ok(None),
+        Some(list @ Value::Array(_)) => {
+            let text = serde_json::to_string(list).map_err(|e| format!("tools: {e}"))?;
+            Tools::from_json(&text).map(Some)
+        }
+        Some(_) => Err("tools: expected a list of tool specs".into()),
+    }
 }
 
 /// The messages of one line and its images' paths.

@@ -113,7 +113,7 @@ impl Serialize for MessageToolCall {
 /// The `tools` a request gives the template: OpenAI's function definitions
 /// (`[{"type": "function", "function": {"name", "description", "parameters"}}]`), kept as they
 /// were sent, keys in their order, so `tool | tojson` writes them as transformers would.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Tools(Vec<minijinja::Value>);
 
 impl Tools {

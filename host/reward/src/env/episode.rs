@@ -124,7 +124,7 @@ impl Episode {
         Ok((episode, start))
     }
 
-    /// One policy turn (a JSON object, see [`crate::Turn`]; passed to the module as text).
+    /// One policy turn (a JSON object: `text`, `content`, `tool_calls`, `error`, see `reward-wasm/ENVIRONMENTS.md`; passed to the module as text).
     /// After any error, or after the environment said `done`, the episode is over and later
     /// calls return [`CallError::EpisodeOver`] without running anything.
     pub fn step(&mut self, turn: &Value) -> Result<StepOutcome, CallError> {

@@ -3,7 +3,7 @@
 //! An environment module is loaded once ([`Sandbox::load_env_file`]) and instantiated once per
 //! episode ([`Sandbox::start_episode`], which calls its `init` with the task). The instance
 //! keeps its state across the policy's turns: each [`Episode::step`] hands it one turn (a JSON
-//! object, see [`Turn`]) and gets back an observation, a reward and whether the episode is
+//! object: the host's parse of the policy's text, `anneal_data::chat::tools`) and gets back an observation, a reward and whether the episode is
 //! done. Every call runs under the step's fuel and deadline, cut to what is left of the
 //! episode's totals ([`EpisodeLimits`]); the first error ends the episode.
 //!
@@ -15,10 +15,8 @@ mod component;
 mod core;
 mod episode;
 mod output;
-mod turn;
 
 pub use episode::Episode;
-pub use turn::{ToolCall, Turn};
 
 use crate::error::{CallError, LoadError, ModuleRole};
 use crate::module::{hex, Compiled, ModuleKind};

@@ -191,10 +191,20 @@ fn rewards_override(state: &AppState, picks: &[RewardPick]) -> ApiResult<String>
     Ok(format!("rl.rewards=[{}]", items.join(", ")))
 }
 
-/// Loads the job's reward modules as one set, as `anneal rl` will (relative paths are from the
-/// runs' working directory).
+/// Loads the job's environment and reward modules as `anneal rl` will (relative paths are
+/// from the runs' working directory).
 fn check_rewards(state: &AppState, cfg: &anneal_config::JobConfig) -> ApiResult<()> {
     let work_dir = &state.options.work_dir;
+    if !cfg.rl.environment.is_empty() {
+        let path = work_dir.join(&cfg.rl.environment);
+        if let Err(e) = state.sandbox()?.load_env_file(&path) {
+            return Err(problem("rl.environment", e.to_string()));
+        }
+        // With an environment the reward modules are optional: they add to its rewards.
+        if cfg.rl.rewards.is_empty() {
+            return Ok(());
+        }
+    }
     let specs: Vec<MemberSpec> = cfg
         .rl
         .rewards

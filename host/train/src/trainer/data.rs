@@ -149,7 +149,10 @@ fn build_chat(
     let texts: Vec<String> = match trained_here {
         true => conversations
             .iter()
-            .map(|c| template.render_conversation(&c.messages))
+            .map(|c| {
+                let never = std::sync::atomic::AtomicBool::new(false);
+                template.render_request(&c.messages, c.tools.as_ref(), false, &never)
+            })
             .collect::<Result<_, _>>()
             .map_err(|e| TrainError::Config(format!("data: {e}")))?,
         false => Vec::new(),
