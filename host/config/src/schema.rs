@@ -411,6 +411,11 @@ pub struct Data {
     pub vocab_size: usize,
     /// Field holding the text in JSONL records.
     pub text_field: String,
+    /// A chat template (a Jinja file, as transformers' `chat_template.jinja`) for chat data,
+    /// instead of the tokenizer's own (or, for a tokenizer trained here, the built-in ChatML).
+    /// The run records it in `tokenizer_config.json`, so RL, export and serving render as
+    /// training did.
+    pub chat_template: String,
     /// Fraction of the corpus held out for validation.
     pub val_fraction: f64,
     /// Visit training windows in a seeded random order (else in corpus order).
@@ -447,6 +452,7 @@ impl Default for Data {
             tokenizer: "train".into(),
             vocab_size: 8192,
             text_field: "text".into(),
+            chat_template: String::new(),
             val_fraction: 0.01,
             shuffle: true,
             cache_dir: "data/cache".into(),

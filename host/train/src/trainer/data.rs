@@ -139,9 +139,28 @@ fn build_chat(
     let trained_here = d.tokenizer == "train";
     // A loaded tokenizer's chat template and `tokenizer_config.json` sit beside it.
     let tokenizer_dir = Path::new(&d.tokenizer).parent().unwrap_or(Path::new("."));
-    let template = match trained_here {
-        true => ChatTemplate::new(Some(CHATML.into()), None, Some("<|im_end|>".into())),
-        false => ChatTemplate::load(tokenizer_dir),
+    let loaded_config: Value = match trained_here {
+        true => Value::Null,
+        false => std::fs::read_to_string(tokenizer_dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null),
+    };
+    // `data.chat_template` replaces the tokenizer's own (or the built-in one).
+    let custom = match d.chat_template.as_str() {
+        "" => None,
+        path => Some(std::fs::read_to_string(path).map_err(|e| {
+            TrainError::Config(format!("config: `data.chat_template`: {path}: {e}"))
+        })?),
+    };
+    let eos = match trained_here {
+        true => Some("<|im_end|>".to_string()),
+        false => anneal_data::chat::template::special_token(loaded_config.get("eos_token")),
+    };
+    let template = match (&custom, trained_here) {
+        (Some(source), _) => ChatTemplate::new(Some(source.clone()), None, eos),
+        (None, true) => ChatTemplate::new(Some(CHATML.into()), None, eos),
+        (None, false) => ChatTemplate::load(tokenizer_dir),
     };
     let template = template.map_err(|e| TrainError::Config(format!("data: {e}")))?;
     // A tokenizer trained here learns from the conversations as rendered, so the template's
@@ -163,18 +182,21 @@ fn build_chat(
         d.vocab_size,
         Path::new(&d.cache_dir),
     )?;
-    let tokenizer_config = match trained_here {
+    let mut tokenizer_config = match trained_here {
         true => serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "chat_template": CHATML,
             "eos_token": "<|im_end|>",
             "pad_token": anneal_data::tokenizer::TRAINED_EOS,
         }),
-        false => std::fs::read_to_string(tokenizer_dir.join("tokenizer_config.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or(Value::Null),
+        false => loaded_config,
     };
+    if let Some(source) = custom {
+        if !tokenizer_config.is_object() {
+            tokenizer_config = serde_json::json!({});
+        }
+        tokenizer_config["chat_template"] = Value::String(source);
+    }
     let vision = vision_of(cfg, spec, &tokenizer)?;
     let images = conversations.iter().map(|c| c.images.len()).sum::<usize>();
     if images > 0 {
