@@ -6,7 +6,9 @@
 // RL charts (axis titles, the reward's band, counters from 0), page and filter its samples
 // (failed, erroring, a step), compare two RL runs; and check that the charts' y axes label every
 // tick distinctly and fit their labels, MFU reads as a percent and the state in binary bytes, and
-// that a completed run offers no Resume.
+// that a completed run offers no Resume. Last, a multi-turn RL run's samples turn by turn: the
+// prompt collapsed, policy turns with their tool calls, the tool's outputs, the turn an episode
+// failed at.
 // Saves screenshots of each stage.
 //
 //   node web/tests/browser.mjs http://127.0.0.1:PORT SCREENSHOT_DIR
@@ -15,7 +17,8 @@
 // a run long enough to stop, and of a short one), ANNEAL_BAD_OVERRIDE (one the config rejects),
 // ANNEAL_BAD_KEY (the key path the error must name), ANNEAL_REWARD_MODULE (a reward module file),
 // ANNEAL_RL_REWARDS (newline-separated: position match, then the length-parity module that traps
-// on odd lengths), CHROMIUM (default /usr/bin/chromium). The configs folder must hold tiny.toml
+// on odd lengths), ANNEAL_TOOLS_RUN (the id of a finished multi-turn RL run with tool calls and
+// failed episodes), CHROMIUM (default /usr/bin/chromium). The configs folder must hold tiny.toml
 // and rl_tiny.toml.
 import { chromium } from 'playwright-core';
 import { mkdirSync, readFileSync } from 'node:fs';
@@ -37,6 +40,7 @@ const badOverride = env('ANNEAL_BAD_OVERRIDE');
 const badKey = env('ANNEAL_BAD_KEY');
 const rewardModule = env('ANNEAL_REWARD_MODULE');
 const rlRewards = env('ANNEAL_RL_REWARDS').split('\n').filter(Boolean);
+const toolsRun = Number(env('ANNEAL_TOOLS_RUN'));
 
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
@@ -300,6 +304,8 @@ try {
     return rows.length > 0 && rows.every((r) => new Function('r', 'a', src)(r, a));
   }, [predicate, arg], { timeout: 30_000 });
   if ((await samplesTotal()) !== 48) throw new Error(`${await samplesTotal()} samples, expected 48`);
+  // Single-turn samples: a prompt and a completion cell each, no episode.
+  await rowsSatisfy('return r.cells.length === 6 && !r.querySelector("ol.turns") && r.cells[2].querySelector("code.completion, .muted")');
   // Pages of 20, newest first: older, older (the last 8, no older), then newer again.
   const summary = (text) => page.waitForFunction((t) => document.querySelector('#samples-summary').textContent === t, text, { timeout: 30_000 });
   await summary('1–20 of 48');
@@ -419,6 +425,52 @@ try {
   const memTicks = axes.mem.ticks.filter((t) => t !== '');
   if (new Set(memTicks.map(unit)).size !== 1) throw new Error(`the run's memory axis mixes units: ${JSON.stringify(memTicks)}`);
   await shot('12-chart-axes');
+
+  // 14. A multi-turn RL run's samples: each episode turn by turn (the prompt first and collapsed,
+  //     then policy turns and the tool's outputs in turn), tool calls shown as calls, the turn an
+  //     episode failed at marked with its error; everything as text, as the API gave it.
+  await page.goto(`${base}/run.html?id=${toolsRun}`);
+  await waitStatus('completed', 30_000);
+  await page.waitForSelector('#samples-table tr[data-turns] ol.turns li.turn', { timeout: 30_000 });
+  const api = await page.evaluate(async (id) => (await fetch(`/api/runs/${id}/samples?limit=20`)).json(), toolsRun);
+  const shown = await page.$$eval('#samples-table tr[data-sample]', (rows) => rows.map((r) => ({
+    cells: r.cells.length,
+    turns: [...r.querySelectorAll('li.turn')].map((li) => ({
+      role: li.dataset.role,
+      error: li.dataset.error === 'true',
+      errorText: li.querySelector('.turn-error')?.textContent || '',
+      calls: [...li.querySelectorAll('.tool-call:not(.bad) code')].map((c) => c.textContent),
+      collapsed: li.querySelector('details') ? !li.querySelector('details').open : null,
+    })),
+  })));
+  if (shown.length !== api.samples.length || !shown.length) throw new Error(`${shown.length} episodes shown, the API gave ${api.samples.length}`);
+  shown.forEach((row, i) => {
+    const turns = api.samples[i].turns;
+    const roles = row.turns.map((t) => t.role);
+    if (row.cells !== 5 || roles.join() !== turns.map((t) => t.role).join()) throw new Error(`episode ${i}: turns ${roles} (${row.cells} cells), the API's ${turns.map((t) => t.role)}`);
+    // prompt, then policy and observation turns alternating, a policy turn after the prompt.
+    if (roles[0] !== 'prompt' || roles.slice(1).some((r, j) => (j % 2 === 0) !== (r === 'policy'))) throw new Error(`episode ${i}: turns out of order: ${roles}`);
+    if (row.turns[0].collapsed !== true) throw new Error(`episode ${i}: the prompt is not collapsed`);
+    row.turns.forEach((t, j) => {
+      const want = turns[j].error;
+      if (t.error !== Boolean(want) || (want && !t.errorText.includes(want.slice(want.indexOf(': ') + 2)))) throw new Error(`episode ${i} turn ${j}: error ${JSON.stringify(t.errorText)}, the API's ${JSON.stringify(want)}`);
+    });
+  });
+  const calls = shown.flatMap((r) => r.turns.flatMap((t) => t.calls));
+  if (!calls.some((c) => /^calculator\(\{"expression": "[^"]*"\}\)$/.test(c))) throw new Error(`no tool call shown as calculator({"expression": ...}): ${JSON.stringify(calls)}`);
+  const failedTurns = shown.flatMap((r) => r.turns.filter((t) => t.error));
+  if (!failedTurns.length) throw new Error('no failed episode marked');
+  // A tool's output follows a turn with a call; model text is text (no <tool_call> element).
+  if (!shown.some((r) => r.turns.some((t) => t.role === 'tool'))) throw new Error('no tool output shown');
+  if (await page.$('#samples-table tool_call')) throw new Error('model text was parsed as HTML');
+  // The prompt opens to the rendered first messages, the tools' system block with them.
+  const firstPrompt = page.locator('#samples-table li.turn[data-role="prompt"] details').first();
+  await firstPrompt.locator('summary').click();
+  const promptText = await firstPrompt.locator('code.completion').textContent();
+  if (!(await firstPrompt.evaluate((d) => d.open)) || !promptText.includes('<|im_start|>') || !promptText.includes('calculator')) throw new Error(`the opened prompt: ${JSON.stringify(promptText.slice(0, 200))}`);
+  step(`multi-turn samples: ${shown.length} episodes, ${calls.length} tool calls (e.g. ${calls[0]}), ${failedTurns.length} failed (${failedTurns[0].errorText.slice(0, 80)})`);
+  await page.locator('#samples').scrollIntoViewIfNeeded();
+  await shot('13-rl-turns');
 
   if (consoleErrors.length) throw new Error(`errors in the page: ${consoleErrors.join(' | ')}`);
   step('ok');
