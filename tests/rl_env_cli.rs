@@ -2,7 +2,9 @@
 //! of two policy turns around an observation, on one process and sharded over two ranks
 //! (`parallelism.dp_shard = 2`) — rollout and trainer logprobs stay bitwise equal (mismatch
 //! exactly 0) and FSDP(2) follows the single process, as single-turn RL does; every sample
-//! records its turns.
+//! records its turns. Hostile environments (an endless loop in `step`, a memory bomb, a 100 MB
+//! observation, invalid UTF-8, an episode that never ends) end their episodes with a clear error
+//! while the run goes on.
 
 use anneal_tests::cli as common;
 
@@ -39,9 +41,20 @@ const ENV_WAT: &str = r#"(module
     (i32.const 0)))
 "#;
 
-#[test]
-fn multi_turn_rl_keeps_parity_and_fsdp_follows_one_process() {
-    let dir = rl_job("env");
+/// `ENV_WAT` with `step` replaced by `body` (which leaves the output in `$out_ptr`/`$out_len`).
+fn env_stepping(body: &str) -> String {
+    let start = ENV_WAT
+        .find("  (func (export \"env_step\")")
+        .expect("env_step");
+    format!(
+        "{}  (func (export \"env_step\") (param i32 i32) (result i32)\n    {body}\n    (i32.const 0)))\n",
+        &ENV_WAT[..start]
+    )
+}
+
+/// A folder with the RL job of `rl_support`, a ChatML tokenizer and `env.wat`.
+fn env_job(name: &str, env: &str) -> std::path::PathBuf {
+    let dir = rl_job(name);
     // ChatML's turn markers: the policy's turns end with `<|im_end|>`.
     let docs: Vec<String> = (0..200)
         .map(|i| {
@@ -54,7 +67,13 @@ fn multi_turn_rl_keeps_parity_and_fsdp_follows_one_process() {
         .unwrap()
         .save(&dir.join("tokenizer.json"))
         .unwrap();
-    std::fs::write(dir.join("env.wat"), ENV_WAT).unwrap();
+    std::fs::write(dir.join("env.wat"), env).unwrap();
+    dir
+}
+
+#[test]
+fn multi_turn_rl_keeps_parity_and_fsdp_follows_one_process() {
+    let dir = env_job("env", ENV_WAT);
     let env = format!(
         "rl.environment={:?}",
         dir.join("env.wat").display().to_string()
@@ -90,5 +109,78 @@ fn multi_turn_rl_keeps_parity_and_fsdp_follows_one_process() {
             let last = r["completion"].as_str().unwrap().len() as f64;
             assert_eq!(r["reward"].as_f64().unwrap(), 1.0 + last, "{r}");
         }
+    }
+}
+
+#[test]
+fn hostile_environments_end_their_episodes_and_the_run_goes_on() {
+    let cases = [
+        ("loop", "(loop $l (br $l))", "timeout"),
+        (
+            "memory",
+            "(loop $l (br_if $l (i32.ne (memory.grow (i32.const 64)) (i32.const -1)))) unreachable",
+            "memory_limit",
+        ),
+        (
+            "flood",
+            "(global.set $out_ptr (i32.const 0)) (global.set $out_len (i32.const 100000000))",
+            "bad_output",
+        ),
+        (
+            "utf8",
+            "(i32.store8 (i32.const 80) (i32.const 255)) \
+             (global.set $out_ptr (i32.const 64)) (global.set $out_len (i32.const 20))",
+            "bad_output",
+        ),
+    ];
+    for (name, body, kind) in cases {
+        let dir = env_job(&format!("hostile-{name}"), &env_stepping(body));
+        let env = format!(
+            "rl.environment={:?}",
+            dir.join("env.wat").display().to_string()
+        );
+        let sets = [
+            env.as_str(),
+            "training.steps=1",
+            "rl.eval_freq=0",
+            "rl.error_reward=-1.0",
+            "rl.env_step_timeout_ms=200",
+            "model.args.max_seq_len=128",
+        ];
+        let (out, run) = rl(1, &dir, "run", &sets);
+        ok(&out);
+        let rows = samples(&run);
+        assert_eq!(rows.len(), 16, "{name}");
+        for r in rows {
+            let error = r["turns"][1]["error"].as_str().unwrap_or_default();
+            assert!(error.starts_with(kind), "{name}: {r}");
+            assert_eq!(r["reward"].as_f64(), Some(-1.0), "{name}: {r}");
+        }
+    }
+
+    // An environment that never says done, with 10,000 turns allowed: every episode ends at
+    // the context (128 positions), with what it earned.
+    let dir = env_job(
+        "hostile-endless",
+        &env_stepping("(global.set $out_ptr (i32.const 64)) (global.set $out_len (i32.const 20))"),
+    );
+    let env = format!(
+        "rl.environment={:?}",
+        dir.join("env.wat").display().to_string()
+    );
+    let sets = [
+        env.as_str(),
+        "training.steps=1",
+        "rl.eval_freq=0",
+        "rl.max_turns=10000",
+        "model.args.max_seq_len=128",
+    ];
+    let (out, run) = rl(1, &dir, "run", &sets);
+    ok(&out);
+    for r in samples(&run) {
+        let turns = r["turns"].as_array().unwrap();
+        assert!(turns.len() > 3, "{r}");
+        let last = turns.last().unwrap()["error"].as_str().unwrap_or_default();
+        assert!(last.starts_with("max_episode_tokens"), "{r}");
     }
 }

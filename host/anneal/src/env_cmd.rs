@@ -92,17 +92,7 @@ fn test(args: TestArgs) -> Result<()> {
             args.module.display()
         );
     }
-    let (reader, source): (Box<dyn BufRead>, String) = match &args.input {
-        Some(path) => {
-            let file = std::fs::File::open(path)
-                .map_err(|e| UserError(format!("cannot open {}: {e}", path.display())))?;
-            (
-                Box::new(std::io::BufReader::new(file)),
-                path.display().to_string(),
-            )
-        }
-        None => (Box::new(std::io::stdin().lock()), "<stdin>".to_string()),
-    };
+    let (reader, source) = crate::reward_cmd::open_lines(args.input.as_deref())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut print = |v: Value| -> Result<()> {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 use std::io::{BufRead, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The subcommands of `anneal reward`.
@@ -83,17 +83,7 @@ fn test(args: TestArgs) -> Result<()> {
             args.module.display()
         );
     }
-    let (reader, source): (Box<dyn BufRead>, String) = match &args.input {
-        Some(path) => {
-            let file = std::fs::File::open(path)
-                .map_err(|e| UserError(format!("cannot open {}: {e}", path.display())))?;
-            (
-                Box::new(std::io::BufReader::new(file)),
-                path.display().to_string(),
-            )
-        }
-        None => (Box::new(std::io::stdin().lock()), "<stdin>".to_string()),
-    };
+    let (reader, source) = crate::reward_cmd::open_lines(args.input.as_deref())?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for (index, line) in reader.lines().enumerate() {
@@ -132,4 +122,20 @@ fn outcome_json(line: usize, outcome: &ScoreOutcome) -> Value {
         out.extend(fields);
     }
     v
+}
+
+/// The JSON lines a test command reads: the file `input`, or standard input; and its name for
+/// messages.
+pub(crate) fn open_lines(input: Option<&Path>) -> Result<(Box<dyn BufRead>, String), UserError> {
+    match input {
+        Some(path) => {
+            let file = std::fs::File::open(path)
+                .map_err(|e| UserError(format!("cannot open {}: {e}", path.display())))?;
+            Ok((
+                Box::new(std::io::BufReader::new(file)),
+                path.display().to_string(),
+            ))
+        }
+        None => Ok((Box::new(std::io::stdin().lock()), "<stdin>".to_string())),
+    }
 }
