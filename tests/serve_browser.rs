@@ -101,10 +101,11 @@ fn the_ui_creates_watches_stops_resumes_and_compares_training_and_rl_runs() {
 /// A multi-turn RL run, finished before the browser opens it: a tiny Llama warm-started with
 /// `anneal train` on the tool-use demo's transcripts (`scripts/tool-data.py`: ask, call the
 /// calculator, copy its answer), then three steps of GRPO in the calculator environment
-/// (`rl.environment`, the arithmetic task, 3 turns), created through the API so the server
+/// (`rl.environment`, arithmetic questions, 3 turns), created through the API so the server
 /// runs `anneal rl`. Its policy half-learned the format, so its episodes mix well-formed tool
-/// calls answered by the tool, unreadable ones, and ones that never close (which end the
-/// episode with an error); every sample is written with its turns.
+/// calls answered by the tool, unreadable ones, and ones that never close; every fourth task
+/// lacks the calculator's `question`, so those episodes fail to start. Every sample is written
+/// with its turns.
 fn multi_turn_run(server: &Server, root: &Path, home: &Path) -> i64 {
     let env = root.join("reward-wasm/out/env_calculator.wasm");
     assert!(
@@ -163,6 +164,21 @@ progress_bar = false
         .arg(&sft_dir)
         .output()
         .expect("run anneal train"));
+    // The arithmetic task's questions, every fourth without the `question` the calculator
+    // needs: its episodes fail to start (an `env_error`), so some episode fails whatever the
+    // half-trained policy writes.
+    let prompts = home.join("tool-prompts.jsonl");
+    let lines: Vec<String> = (0..16u64)
+        .map(|i| {
+            let (question, answer) = anneal_rl::rollout::arithmetic_task(5, i);
+            let metadata = match i % 4 {
+                3 => serde_json::json!({ "answer": answer }),
+                _ => serde_json::json!({ "question": question, "answer": answer }),
+            };
+            serde_json::json!({ "prompt": question, "metadata": metadata }).to_string()
+        })
+        .collect();
+    std::fs::write(&prompts, lines.join("\n")).expect("write the prompts");
     let rl = format!(
         r#"[job]
 name = "rl_tools_tiny"
@@ -184,7 +200,7 @@ log_freq = 1
 progress_bar = false
 [rl]
 init_from = "{init}"
-task = "arithmetic"
+prompts_path = "{prompts}"
 environment = "{env}"
 max_turns = 3
 max_new_tokens = 32
@@ -198,6 +214,7 @@ samples_every = 1
 samples_per_step = 16
 "#,
         init = sft_dir.join("checkpoints/step-300").display(),
+        prompts = prompts.display(),
         env = env.display()
     );
     let (code, made) = server.post(
