@@ -11,7 +11,7 @@ out="$here/out"
 mkdir -p "$out"
 names=("$@")
 if [ ${#names[@]} -eq 0 ]; then
-  names=(calculator calculator_c calculator_zig calculator_py code)
+  names=(calculator calculator_c calculator_zig calculator_py code retrieval)
 fi
 failed=()
 for name in "${names[@]}"; do

@@ -474,6 +474,10 @@ fn rl_refuses_bad_input_with_the_key_and_exit_2() {
         ),
         ("rl.init_from=\"/nonexistent/step-3\"", "`rl.init_from`"),
         (
+            "rl.eval_prompts_path=\"/nonexistent/eval.jsonl\"",
+            "`rl.eval_prompts_path`",
+        ),
+        (
             "rl.rewards=[{path=\"/nonexistent/r.wat\"}]",
             "`rl.rewards[0].path`",
         ),

@@ -195,4 +195,29 @@ fn rl_prompts_too_long_for_the_context_are_refused_by_line_or_skipped_and_counte
     let rows = rows(&run_dir);
     assert!(rows.len() >= 2);
     assert!(rows.iter().all(|r| r["prompts_skipped"] == 1), "{rows:?}");
+
+    // Held-out prompts from a file of their own (`rl.eval_prompts_path`): one too long is
+    // refused by its line, since evaluation cannot skip it.
+    let eval = dir.join("eval.jsonl");
+    std::fs::write(&eval, lines[25..31].join("\n")).unwrap();
+    let eval_path = format!("rl.eval_prompts_path=\"{}\"", eval.display());
+    let fresh = dir.join("runs/b");
+    let out = run("rl", &config, &fresh, &[&eval_path]);
+    user_error(&out, &["`rl.eval_prompts_path`", "eval.jsonl line 5"]);
+    // Three held-out prompts: eval_accuracy counts whole prompts of three.
+    std::fs::write(&eval, lines[0..3].join("\n")).unwrap();
+    ok(&run(
+        "rl",
+        &config,
+        &fresh,
+        &[&eval_path, "training.steps=2"],
+    ));
+    let evals: Vec<f64> = anneal_tests::cli::rows(&fresh)
+        .iter()
+        .filter_map(|r| r["eval_accuracy"].as_f64())
+        .collect();
+    assert!(!evals.is_empty());
+    for a in evals {
+        assert!(((a * 3.0) - (a * 3.0).round()).abs() < 1e-9, "{a}");
+    }
 }

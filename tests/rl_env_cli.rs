@@ -1,7 +1,8 @@
 //! Multi-turn `anneal rl` through the CLI with an environment module (core ABI, WAT): episodes
 //! of two policy turns around an observation, on one process and sharded over two ranks
 //! (`parallelism.dp_shard = 2`) — rollout and trainer logprobs stay bitwise equal (mismatch
-//! exactly 0) and FSDP(2) follows the single process, as single-turn RL does; every sample
+//! exactly 0) and FSDP(2) and CP(2) follow the single process, as single-turn RL does;
+//! recomputing blocks in backward (`[activation_checkpoint]`) changes no bit; every sample
 //! records its turns. Hostile environments (an endless loop in `step`, a memory bomb, a 100 MB
 //! observation, invalid UTF-8, an episode that never ends) end their episodes with a clear error
 //! while the run goes on.
@@ -14,7 +15,7 @@ mod rl_support;
 
 use common::ok;
 use rl_layout_support::follows_one_process;
-use rl_support::{rl, rl_job, samples};
+use rl_support::{rl, rl_job, samples, steps};
 
 /// Opens with the user message "go"; the first step answers "ok", the second ends the
 /// episode with reward 1.
@@ -94,7 +95,43 @@ fn multi_turn_rl_keeps_parity_and_fsdp_follows_one_process() {
     let (out, fsdp_dir) = rl(2, &dir, "fsdp2", &fsdp);
     ok(&out);
     follows_one_process("fsdp2", &one_dir, &fsdp_dir, (true, 1e-4));
-    for run in [&one_dir, &fsdp_dir] {
+    // Context parallelism splits each episode's row over the ranks, as for one turn.
+    let cp: Vec<&str> = sets.iter().copied().chain(["parallelism.cp=2"]).collect();
+    let (out, cp_dir) = rl(2, &dir, "cp2", &cp);
+    ok(&out);
+    follows_one_process("cp2", &one_dir, &cp_dir, (true, 1e-4));
+    // Recomputing blocks in backward (every one, or a memory budget's plan) changes no value:
+    // every step is the single process's, bit for bit.
+    for (run, mode) in [
+        ("full", &["activation_checkpoint.mode=\"full\""][..]),
+        (
+            "budget",
+            &[
+                "activation_checkpoint.mode=\"budget\"",
+                "activation_checkpoint.memory_budget=0.5",
+            ][..],
+        ),
+    ] {
+        let set: Vec<&str> = sets.iter().copied().chain(mode.iter().copied()).collect();
+        let (out, run_dir) = rl(1, &dir, run, &set);
+        let stdout = ok(&out);
+        if run == "budget" {
+            assert!(stdout.contains("recompute blocks"), "{stdout}");
+        }
+        let (a, b) = (steps(&one_dir), steps(&run_dir));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            for key in ["loss", "grad_norm", "reward_mean"] {
+                assert_eq!(
+                    x[key].as_f64().map(f64::to_bits),
+                    y[key].as_f64().map(f64::to_bits),
+                    "{run} step {}: {key}",
+                    x["step"]
+                );
+            }
+        }
+    }
+    for run in [&one_dir, &fsdp_dir, &cp_dir] {
         let rows = samples(run);
         assert!(!rows.is_empty());
         for r in rows {

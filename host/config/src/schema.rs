@@ -605,6 +605,10 @@ pub struct Rl {
     pub eval_freq: u64,
     /// Held-out prompts per evaluation.
     pub eval_prompts: usize,
+    /// The held-out prompts (JSON lines as `prompts_path`; the first `eval_prompts` are
+    /// played). Empty: the built-in task's held-out stream, or the last `eval_prompts` lines
+    /// of `prompts_path` (which training cycles through too).
+    pub eval_prompts_path: String,
     /// Write the step's samples (prompt, completion, each reward module's score and error) to
     /// `<run dir>/samples.jsonl` at step 1 and every this many steps (0 = never).
     pub samples_every: u64,
@@ -668,6 +672,7 @@ impl Default for Rl {
             is_correction_cap: 0.0,
             eval_freq: 10,
             eval_prompts: 64,
+            eval_prompts_path: String::new(),
             samples_every: 10,
             samples_per_step: 64,
         }

@@ -283,3 +283,44 @@ fn code() {
         ep.micros()
     );
 }
+
+#[test]
+fn retrieval() {
+    let sb = sandbox();
+    let Some(m) = module(sb, "retrieval") else {
+        return;
+    };
+    // A person of the embedded corpus, the town they live in and its code.
+    let corpus = std::fs::read_to_string(reward_wasm().join("envs/retrieval/corpus.tsv")).unwrap();
+    let docs: Vec<(&str, &str)> = corpus.lines().filter_map(|l| l.split_once('\t')).collect();
+    let quoted = |text: &str| text.split('"').nth(1).unwrap().to_string();
+    let (person, lives) = *docs.iter().find(|(_, t)| t.contains(" lives in ")).unwrap();
+    let town = quoted(lives);
+    let (_, town_doc) = *docs.iter().find(|(title, _)| *title == town).unwrap();
+    let code = quoted(town_doc);
+    let question = format!("Code of the town where \"{person}\" lives?");
+    let task = json!({"question": question, "answer": code});
+    let (mut ep, start) = sb.start_episode(&m, &task, limits()).expect("start");
+    assert_eq!(start.messages[0].content, question);
+    assert_eq!(start.tools[0]["function"]["name"], "search");
+    let search = |query: &str| ("search", json!({ "query": query }));
+    // An exact title comes first, then the closest titles: four documents.
+    let found = observe("retrieval", &mut ep, &[search(person)]);
+    let lines: Vec<&str> = found.lines().collect();
+    assert_eq!((lines.len(), lines[0]), (4, lives), "{found}");
+    let found = observe("retrieval", &mut ep, &[search(&town.to_lowercase())]);
+    assert_eq!(found.lines().next(), Some(town_doc), "{found}");
+    // A misspelt name still finds the person, among neighbours; nothing alike finds nothing.
+    let near = observe("retrieval", &mut ep, &[search(&format!("{person}x"))]);
+    assert!(near.lines().any(|l| l == lives), "{near}");
+    assert_eq!(
+        observe("retrieval", &mut ep, &[search("#!?")]),
+        "no results"
+    );
+    assert!(
+        observe("retrieval", &mut ep, &[("lookup", json!({}))]).starts_with("error: unknown tool")
+    );
+    let out = step("retrieval", &mut ep, &turn(&format!("The code is {code}.")));
+    assert_eq!((out.reward, out.done), (1.0, true));
+    assert_eq!(out.details.expect("details")["correct"], json!(true));
+}

@@ -29,6 +29,8 @@ pub(crate) struct Setup {
     /// Prompts of `rl.prompts_path` left out for not fitting the model's context
     /// (`rl.skip_long_prompts`).
     pub skipped_prompts: usize,
+    /// The held-out prompts of `rl.eval_prompts_path`, when set.
+    pub eval_prompts: Option<Vec<Prompt>>,
 }
 
 /// Loads the tokenizer (`rl.tokenizer`, or the one next to `rl.init_from`), the prompts, the
@@ -50,6 +52,7 @@ pub(crate) fn prepare(cfg: &JobConfig) -> Result<Setup, TrainError> {
     let model = Arc::new(model);
     let (prompts, skipped_prompts) =
         fit_prompts(cfg, &tokenizer, model.spec().max_seq_len, prompts)?;
+    let eval_prompts = load_eval_prompts(cfg, &tokenizer, model.spec().max_seq_len)?;
     if tokenizer.vocab_size() > model.spec().vocab_size {
         return Err(cfg_err(
             "model.args.vocab_size",
@@ -79,6 +82,7 @@ pub(crate) fn prepare(cfg: &JobConfig) -> Result<Setup, TrainError> {
         optimizer,
         provenance,
         skipped_prompts,
+        eval_prompts,
     })
 }
 
@@ -288,8 +292,24 @@ fn load_prompts(cfg: &JobConfig) -> Result<(Prompts, String), TrainError> {
         return Ok((Prompts::Task(source), digest));
     }
     let path = Path::new(&r.prompts_path);
-    let bytes = std::fs::read(path)
-        .map_err(|e| cfg_err("rl.prompts_path", format!("{}: {e}", path.display())))?;
+    let (list, bytes) = read_prompts("rl.prompts_path", path)?;
+    Ok((
+        Prompts::File {
+            path: path.to_path_buf(),
+            list,
+        },
+        sha256_hex(&bytes),
+    ))
+}
+
+/// Prompts with the (1-based) line numbers of their file.
+type NumberedPrompts = Vec<(usize, Prompt)>;
+
+/// The prompts of a JSON lines file, with their line numbers, and the file's bytes; `key`
+/// names the setting in errors.
+fn read_prompts(key: &str, path: &Path) -> Result<(NumberedPrompts, Vec<u8>), TrainError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| cfg_err(key, format!("{}: {e}", path.display())))?;
     let text = String::from_utf8_lossy(&bytes);
     let mut list = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -298,7 +318,7 @@ fn load_prompts(cfg: &JobConfig) -> Result<(Prompts, String), TrainError> {
         }
         let p: Prompt = serde_json::from_str(line).map_err(|e| {
             cfg_err(
-                "rl.prompts_path",
+                key,
                 format!(
                     "{} line {}: expected {{\"prompt\":..,\"metadata\":{{..}}}} ({e})",
                     path.display(),
@@ -309,18 +329,45 @@ fn load_prompts(cfg: &JobConfig) -> Result<(Prompts, String), TrainError> {
         list.push((i + 1, p));
     }
     if list.is_empty() {
-        return Err(cfg_err(
-            "rl.prompts_path",
-            format!("{} has no prompts", path.display()),
-        ));
+        return Err(cfg_err(key, format!("{} has no prompts", path.display())));
     }
-    Ok((
-        Prompts::File {
-            path: path.to_path_buf(),
-            list,
-        },
-        sha256_hex(&bytes),
-    ))
+    Ok((list, bytes))
+}
+
+/// The held-out prompts of `rl.eval_prompts_path` (the first `rl.eval_prompts`), each of
+/// which must fit the model's context as a training prompt must; `None` when it is not set.
+fn load_eval_prompts(
+    cfg: &JobConfig,
+    tokenizer: &TextTokenizer,
+    max_seq_len: usize,
+) -> Result<Option<Vec<Prompt>>, TrainError> {
+    let r = &cfg.rl;
+    if r.eval_prompts_path.is_empty() {
+        return Ok(None);
+    }
+    let key = "rl.eval_prompts_path";
+    let path = Path::new(&r.eval_prompts_path);
+    let (mut list, _) = read_prompts(key, path)?;
+    list.truncate(r.eval_prompts);
+    if r.environment.is_empty() {
+        let room = max_seq_len.saturating_sub(r.max_new_tokens);
+        for (line, prompt) in &list {
+            let tokens = encode_prompt(tokenizer, &prompt.prompt, r.prepend_eos)
+                .map_err(|e| cfg_err(key, format!("{} line {line}: {e}", path.display())))?
+                .len();
+            if tokens > room {
+                return Err(cfg_err(
+                    key,
+                    format!(
+                        "{} line {line}: the prompt is {tokens} tokens, and with rl.max_new_tokens = {} after it that is more than the model's {max_seq_len} positions (max_seq_len)",
+                        path.display(),
+                        r.max_new_tokens
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(Some(list.into_iter().map(|(_, p)| p).collect()))
 }
 
 fn sha256_hex(data: &[u8]) -> String {

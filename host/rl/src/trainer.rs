@@ -8,7 +8,7 @@ use crate::loss::{
     WholeStep,
 };
 use crate::rollout::{Group, Sample};
-use anneal_config::JobConfig;
+use anneal_config::{JobConfig, RecomputeMode};
 use anneal_engine::invariant::set_batch_invariant;
 use anneal_engine::{autograd, Tensor};
 use anneal_runtime::infer::{tensor_parallel_opts, token_logprob, whole_vocab};
@@ -88,6 +88,59 @@ pub(crate) struct RlTrainer<'a> {
     /// Under pipeline parallelism, the pipeline: `named`, `buffers` and the optimizer state
     /// are this rank's stages' ([`crate::pp`]).
     pub pp: Option<&'a crate::pp::PpPolicy<'a>>,
+    /// The blocks the trainer's forward recomputes in backward (`[activation_checkpoint]`).
+    pub recompute: Recompute,
+}
+
+/// Which blocks the trainer's forward recomputes in backward instead of keeping their
+/// activations: long episodes make the step's rows long. Recomputing changes no value, so
+/// the losses and logprobs are the same bits.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Recompute {
+    /// Every block whose index is a multiple of this (0: none).
+    pub every: usize,
+    /// The blocks a memory-budget plan chose (`mode = "budget"`).
+    pub layers: Option<Arc<Vec<bool>>>,
+}
+
+impl Recompute {
+    /// The plan of `cfg.activation_checkpoint`; a `budget` is measured on `params` (the whole
+    /// policy) for a step's rows of `rows` × `seq_len` tokens.
+    pub fn plan(
+        cfg: &JobConfig,
+        model: &PluginModel,
+        params: &Params,
+        (rows, seq_len): (usize, usize),
+        note: &dyn Fn(&str),
+    ) -> Result<Recompute, TrainError> {
+        let ac = &cfg.activation_checkpoint;
+        Ok(match ac.mode {
+            RecomputeMode::None => Recompute::default(),
+            RecomputeMode::Full => Recompute {
+                every: 1,
+                layers: None,
+            },
+            RecomputeMode::Selective => Recompute {
+                every: ac.every,
+                layers: None,
+            },
+            RecomputeMode::Budget => {
+                let plan = anneal_runtime::plugins::recompute::plan_for_training(
+                    model,
+                    params,
+                    rows,
+                    seq_len,
+                    anneal_engine::DType::parse(&cfg.training.dtype),
+                    ac.memory_budget,
+                )?;
+                note(&plan.summary());
+                Recompute {
+                    every: 0,
+                    layers: Some(Arc::new(plan.recompute)),
+                }
+            }
+        })
+    }
 }
 
 /// Whole tensors gathered over the tensor-parallel group for a checkpoint.
@@ -251,6 +304,9 @@ impl RlTrainer<'_> {
         ForwardOpts {
             training,
             ring: self.cp.map(|c| c.ring()),
+            // Only a forward that keeps activations for backward has any to recompute.
+            recompute_every: if training { self.recompute.every } else { 0 },
+            recompute_layers: self.recompute.layers.clone().filter(|_| training),
             ..tensor_parallel_opts(params, self.tp.map(|t| t.context()).as_ref())
         }
     }

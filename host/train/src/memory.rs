@@ -154,6 +154,15 @@ pub fn estimate(
     let t = &cfg.training;
     let (rows, seq) = match workload {
         Workload::Train => (t.micro_batch_size as u64, t.seq_len as u64),
+        // An episode runs to `rl.max_episode_tokens` (0: the context); one completion to
+        // its prompt and `rl.max_new_tokens`.
+        Workload::Rl if !cfg.rl.environment.is_empty() => (
+            (cfg.rl.prompts_per_step * cfg.rl.group_size) as u64,
+            match cfg.rl.max_episode_tokens {
+                0 => spec.max_seq_len,
+                n => n.min(spec.max_seq_len),
+            } as u64,
+        ),
         Workload::Rl => (
             (cfg.rl.prompts_per_step * cfg.rl.group_size) as u64,
             (t.seq_len + cfg.rl.max_new_tokens).min(spec.max_seq_len) as u64,
@@ -171,18 +180,17 @@ pub fn estimate(
     )
     .saturating_mul(factor)
     .saturating_add(3 * spec.vocab_size as u64);
-    let recompute_every = match (workload, cfg.activation_checkpoint.mode) {
-        (Workload::Rl, _) | (_, RecomputeMode::None) => 0,
-        (_, RecomputeMode::Full) => 1,
-        (_, RecomputeMode::Selective) => cfg.activation_checkpoint.every,
+    // The RL trainer's forward recomputes as training's does.
+    let recompute_every = match cfg.activation_checkpoint.mode {
+        RecomputeMode::None => 0,
+        RecomputeMode::Full => 1,
+        RecomputeMode::Selective => cfg.activation_checkpoint.every,
         // The budget plan is measured at startup; here its kept bytes are the budget's share
         // of what no recompute keeps (below), plus one recomputed block.
-        (_, RecomputeMode::Budget) => 0,
+        RecomputeMode::Budget => 0,
     };
-    let budget = match (workload, cfg.activation_checkpoint.mode) {
-        (Workload::Train, RecomputeMode::Budget) => {
-            Some(cfg.activation_checkpoint.memory_budget.clamp(0.0, 1.0))
-        }
+    let budget = match cfg.activation_checkpoint.mode {
+        RecomputeMode::Budget => Some(cfg.activation_checkpoint.memory_budget.clamp(0.0, 1.0)),
         _ => None,
     };
     let mut kept = outside;
@@ -477,6 +485,16 @@ mod tests {
         // 6 rows × min(8 + 4, 16) = 72 tokens; KV: 2·2·2 = 8 values per token.
         assert_eq!(e.activations, (126 + 8) * 72 * 4);
         assert_eq!(e.weight_copies, e.parameters * 3);
+        // Episodes run to `max_episode_tokens`: 6 rows × 10 tokens.
+        c.rl.environment = "env.wasm".into();
+        c.rl.max_episode_tokens = 10;
+        let episodes = estimate(&spec(), 1, &c, Workload::Rl);
+        assert_eq!(episodes.activations, (126 + 8) * 60 * 4);
+        // The RL trainer recomputes as training does: the block's input (4) and one block
+        // at a time (40) beside what is outside the blocks (86).
+        c.activation_checkpoint.mode = RecomputeMode::Full;
+        let recomputed = estimate(&spec(), 1, &c, Workload::Rl);
+        assert_eq!(recomputed.activations, (86 + 4 + 40 + 8) * 60 * 4);
     }
 
     #[test]

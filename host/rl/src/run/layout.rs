@@ -65,6 +65,20 @@ pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), T
             par.fsdp_all_gather_dtype
         )));
     }
+    // The budget plan runs a forward of the whole policy at startup; these layouts hold
+    // parts of it.
+    let sharded = [
+        (tp, "parallelism.tp"),
+        (shard, "parallelism.dp_shard"),
+        (mesh.pp, "parallelism.pp"),
+    ];
+    if cfg.activation_checkpoint.mode == anneal_config::RecomputeMode::Budget {
+        if let Some((n, key)) = sharded.iter().find(|(n, _)| *n > 1) {
+            return Err(TrainError::Config(format!(
+                "config: `activation_checkpoint.mode` = \"budget\" with `{key}` ({n}): `anneal rl` measures the budget's plan on the whole policy, which this layout splits; set activation_checkpoint.mode = \"full\" or \"selective\""
+            )));
+        }
+    }
     if !r.prompts_per_step.is_multiple_of(ranks) {
         return Err(TrainError::Config(format!(
             "config: `rl.prompts_per_step` ({}) does not split evenly over {ranks} data-parallel ranks (each rank takes whole groups); make it a multiple of {ranks}",

@@ -15,7 +15,7 @@ use crate::loss::LossSettings;
 use crate::metrics::RlRow;
 use crate::rollout::{worker, Group, PromptSource, RolloutCtx, Scorer, Share};
 use crate::setup::{prepare, Setup};
-use crate::trainer::{publishable, RlTrainer};
+use crate::trainer::{publishable, Recompute, RlTrainer};
 use anneal_config::JobConfig;
 use anneal_data::TextTokenizer;
 use anneal_engine::Tensor;
@@ -125,6 +125,7 @@ pub fn run_rl_dist(
         mut optimizer,
         provenance,
         skipped_prompts,
+        eval_prompts,
     } = prepare(cfg)?;
     let total = cfg.training.steps;
     let console = Console::new(total, 0, cfg.metrics.progress_bar && roles.lead);
@@ -203,6 +204,19 @@ pub fn run_rl_dist(
         "rl: {} steps of {} prompts x {} samples, loss {:?}, max_staleness {}, {} rollout thread(s)",
         total, r.prompts_per_step, r.group_size, r.loss, r.max_staleness, r.rollout_threads
     ));
+    // Planned on the whole policy (a layout that shards it refuses `budget`, `check_layout`),
+    // for a group's episodes at their longest.
+    let recompute = {
+        let rows = r.group_size;
+        let longest = match (r.environment.is_empty(), r.max_episode_tokens) {
+            (false, n) if n > 0 => n.min(model.spec().max_seq_len),
+            _ => model.spec().max_seq_len,
+        };
+        let whole: Params = Arc::new(all.iter().cloned().collect());
+        Recompute::plan(cfg, &model, &whole, (rows, longest), &|m| {
+            console.note(&format!("rl trainer: {m}"))
+        })?
+    };
     let mut trainer = RlTrainer {
         model: &model,
         placements: policy_placements(&named, tp.as_ref(), fsdp.is_some(), pp.as_ref()),
@@ -219,13 +233,15 @@ pub fn run_rl_dist(
         whole: None,
         cp: roles.cp.as_ref(),
         pp: pp.as_ref(),
+        recompute,
     };
     let mut steps = RlLoop {
         cfg,
         dist: &dist,
         console: &console,
         provenance: &provenance,
-        held_out: (r.eval_freq > 0 && roles.main).then(|| ctx.prompts.held_out(r.eval_prompts)),
+        held_out: (r.eval_freq > 0 && roles.main)
+            .then(|| eval_prompts.unwrap_or_else(|| ctx.prompts.held_out(r.eval_prompts))),
         logs: roles
             .lead
             .then(|| open_logs(run_dir, cfg, &ctx))

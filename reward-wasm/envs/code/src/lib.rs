@@ -7,7 +7,9 @@
 
 mod lang;
 
-use anneal_reward_sdk::env::{answer_matches, Environment, Json, Start, Step, ToolCall, Turn};
+use anneal_reward_sdk::env::{
+    final_answer, question_and_answer, tool_results, Environment, Json, Start, Step, ToolCall, Turn,
+};
 use anneal_reward_sdk::export_environment;
 
 struct Code {
@@ -23,44 +25,17 @@ const PARAMETERS: &str = r#"{"type":"object","properties":{"code":{"type":"strin
 
 impl Environment for Code {
     fn init(task: &Json) -> Result<(Self, Start), String> {
-        let question = task
-            .get("question")
-            .and_then(Json::as_str)
-            .ok_or("the task has no string `question`")?;
-        let answer = task
-            .get("answer")
-            .and_then(Json::as_text)
-            .ok_or("the task has no `answer`")?;
+        let (question, answer) = question_and_answer(task)?;
         let start = Start::text(question).with_tool("run", DESCRIPTION, PARAMETERS);
-        Ok((
-            Code {
-                answer: answer.to_string(),
-            },
-            start,
-        ))
+        Ok((Code { answer }, start))
     }
 
     fn step(&mut self, turn: &Turn) -> Result<Step, String> {
-        if turn.tool_calls.is_empty() {
-            if let Some(error) = &turn.error {
-                return Ok(Step::observation(format!("error: {error}")));
-            }
-            let correct = answer_matches(&turn.content, &self.answer);
-            return Ok(Step::done(if correct { 1.0 } else { 0.0 })
-                .with_details(format!("{{\"correct\":{correct}}}")));
+        if let Some(end) = final_answer(turn, &self.answer) {
+            return Ok(end);
         }
         let results: Vec<String> = turn.tool_calls.iter().map(call).collect();
-        let observation = match results.as_slice() {
-            [one] => one.clone(),
-            many => turn
-                .tool_calls
-                .iter()
-                .zip(many)
-                .map(|(c, r)| format!("{}: {r}", c.id))
-                .collect::<Vec<_>>()
-                .join("\n"),
-        };
-        Ok(Step::observation(observation))
+        Ok(Step::observation(tool_results(turn, &results)))
     }
 }
 

@@ -264,6 +264,53 @@ pub fn answer_matches(text: &str, answer: &str) -> bool {
     })
 }
 
+/// The task of the question-and-answer environments, `{"question": .., "answer": ..}` (the
+/// answer a string or a number): the question and the trimmed answer.
+pub fn question_and_answer(task: &Json) -> Result<(&str, String), String> {
+    let question = task
+        .get("question")
+        .and_then(Json::as_str)
+        .ok_or("the task has no string `question`")?;
+    let answer = task
+        .get("answer")
+        .and_then(Json::as_text)
+        .ok_or("the task has no `answer`")?;
+    Ok((question, answer.trim().to_string()))
+}
+
+/// A turn without tool calls, as the question-and-answer environments take it: a tool call
+/// that could not be parsed is answered with its error (the episode goes on); otherwise the
+/// turn is the final answer: reward 1 when its last integer equals `answer`, done, details
+/// `{"correct": true|false}`. `None` for a turn with tool calls.
+pub fn final_answer(turn: &Turn, answer: &str) -> Option<Step> {
+    if !turn.tool_calls.is_empty() {
+        return None;
+    }
+    if let Some(error) = &turn.error {
+        return Some(Step::observation(format!("error: {error}")));
+    }
+    let correct = answer_matches(&turn.content, answer);
+    Some(
+        Step::done(if correct { 1.0 } else { 0.0 })
+            .with_details(format!("{{\"correct\":{correct}}}")),
+    )
+}
+
+/// The observation of a turn's tool calls from their results, in order: one result alone, or
+/// each on its own line after its call's id (`call_0: ..`).
+pub fn tool_results(turn: &Turn, results: &[String]) -> String {
+    match results {
+        [one] => one.clone(),
+        many => turn
+            .tool_calls
+            .iter()
+            .zip(many)
+            .map(|(c, r)| format!("{}: {r}", c.id))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
+}
+
 thread_local! {
     static STATE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
     static OUTPUT: RefCell<String> = const { RefCell::new(String::new()) };
