@@ -342,6 +342,67 @@ fn hugging_face_export_round_trips_into_a_new_run() {
         .find_map(|r| r["val_loss"].as_f64())
         .unwrap();
     assert_eq!(val.to_bits(), val_at_6.to_bits(), "{val} vs {val_at_6}");
+    // Every argument comes from config.json, not only the shapes: a checkpoint trained with
+    // another rope_theta runs with it, and model.args contradicting it is refused by name.
+    let theta = job.dir.join("hf-theta");
+    std::fs::create_dir_all(&theta).unwrap();
+    for f in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(hf.join(f), theta.join(f)).unwrap();
+    }
+    // The directory's generation settings and tokenizer settings travel to the run's exports.
+    let generation = r#"{"max_new_tokens": 7, "eos_token_id": 0}"#;
+    let tokenizer_config = r#"{"eos_token": "<|endoftext|>", "chat_template": "{{ messages }}"}"#;
+    std::fs::write(theta.join("generation_config.json"), generation).unwrap();
+    std::fs::write(theta.join("tokenizer_config.json"), tokenizer_config).unwrap();
+    let mut changed = cfg.clone();
+    assert_ne!(changed["rope_theta"], 10_000.0);
+    changed["rope_theta"] = 10_000.0.into();
+    std::fs::write(theta.join("config.json"), changed.to_string()).unwrap();
+    let from_theta = format!("checkpoint.init_from_hf=\"{}\"", theta.display());
+    let (out, _) = job.train(
+        "theta-refused",
+        &[
+            &from_theta,
+            "training.steps=1",
+            "model.args.rope_theta=500000.0",
+        ],
+    );
+    let line = common::error_line(&out, 2);
+    assert!(
+        line.contains("`model.args.rope_theta`") && line.contains("10000"),
+        "{line}"
+    );
+    let (out, run3) = job.train("theta", &[&from_theta, "training.steps=1"]);
+    ok(&out);
+    let exported = job.dir.join("hf-theta-out");
+    let out = anneal()
+        .args(["checkpoint", "export", "--to-hf"])
+        .arg(&exported)
+        .arg(run3.join("checkpoints/step-1"))
+        .output()
+        .unwrap();
+    ok(&out);
+    let again: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(exported.join("config.json")).unwrap()).unwrap();
+    assert_eq!(again["rope_theta"], 10_000.0);
+    for (name, text) in [
+        ("generation_config.json", generation),
+        ("tokenizer_config.json", tokenizer_config),
+    ] {
+        assert_eq!(
+            std::fs::read_to_string(exported.join(name)).unwrap(),
+            text,
+            "{name}"
+        );
+    }
+    // The tokenizer comes with the weights: a directory without one is refused.
+    std::fs::remove_file(theta.join("tokenizer.json")).unwrap();
+    let (out, _) = job.train("no-tokenizer", &[&from_theta, "training.steps=1"]);
+    let line = common::error_line(&out, 2);
+    assert!(
+        line.contains("checkpoint.init_from_hf") && line.contains("tokenizer.json"),
+        "{line}"
+    );
     // The exported directory serves inference too.
     let out = anneal()
         .args(["logprobs", "--model-dir"])

@@ -8,7 +8,7 @@ use anneal_tests::cli as common;
 
 mod rl_support;
 
-use common::{anneal, ok, rows};
+use common::{anneal, ok, rows, user_error};
 use rl_support::{digits_tokenizer, fresh_dir};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -273,6 +273,20 @@ fn a_run_cut_short_resumes_with_identical_metrics_and_checkpoints_serve_later_ru
         rows(&next)[0]["eval_accuracy"],
         want[8]["eval_accuracy"],
         "evaluated with the weights of step 8"
+    );
+    // So does one from the export, built from its config.json; an argument contradicting it
+    // is refused by name.
+    let from_hf = format!("rl.init_from=\"{}\"", hf.display());
+    let (out, hf_run) = job.run("from-hf", &[&from_hf, "training.steps=1"]);
+    assert!(ok(&out).contains("policy: Hugging Face directory"));
+    assert_eq!(rows(&hf_run)[0]["eval_accuracy"], want[8]["eval_accuracy"]);
+    let (out, _) = job.run(
+        "from-hf-refused",
+        &[&from_hf, "training.steps=1", "model.args.rope_theta=1.0"],
+    );
+    user_error(
+        &out,
+        &["`model.args.rope_theta`", "rl.init_from", "config.json"],
     );
 }
 

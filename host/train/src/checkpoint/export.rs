@@ -4,9 +4,14 @@
 use super::{load_model, CheckpointError};
 use std::path::Path;
 
-/// The files a run may keep beside its tokenizer that an export carries: a chat run's template
-/// and end-of-turn token, and a vision model's image processor.
-pub const RUN_FILES: [&str; 2] = ["tokenizer_config.json", "preprocessor_config.json"];
+/// The files a run may keep beside its tokenizer that an export carries: the tokenizer's
+/// settings (a chat run's template and end-of-turn token), a vision model's image processor,
+/// and the generation settings of the Hugging Face directory the run started from.
+pub const RUN_FILES: [&str; 3] = [
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    "generation_config.json",
+];
 
 /// Writes `config.json`, `model.safetensors` and, when the run kept them, `tokenizer.json` and
 /// [`RUN_FILES`] for the checkpoint in `step_dir` (a `<run_dir>/checkpoints/step-<N>`

@@ -2,7 +2,8 @@
 
 use crate::TrainError;
 use anneal_config::JobConfig;
-use anneal_runtime::plugins::{find, PluginModel, PluginOptimizer};
+use anneal_runtime::plugins::{find, LoadedPlugin, PluginModel, PluginOptimizer};
+use serde_json::Value;
 use std::path::Path;
 
 /// The plugin used when neither the config nor a Hugging Face directory names one.
@@ -15,17 +16,7 @@ pub fn model_plugin_name(cfg: &JobConfig) -> Result<String, TrainError> {
     if !cfg.model.plugin.is_empty() {
         return Ok(cfg.model.plugin.clone());
     }
-    let from_hf = match &cfg.checkpoint.init_from_hf {
-        Some(dir) => Some(("checkpoint.init_from_hf", dir.as_str())),
-        None => {
-            let rl = cfg.rl.init_from.as_str();
-            let is_hf = !rl.is_empty()
-                && Path::new(rl).join("config.json").is_file()
-                && !Path::new(rl).join("manifest.json").exists();
-            is_hf.then_some(("rl.init_from", rl))
-        }
-    };
-    let Some((key, dir)) = from_hf else {
+    let Some((key, dir)) = hf_start(cfg) else {
         return Ok(DEFAULT_MODEL_PLUGIN.into());
     };
     let dir = Path::new(dir);
@@ -37,23 +28,159 @@ pub fn model_plugin_name(cfg: &JobConfig) -> Result<String, TrainError> {
     Ok(plugin.name().to_string())
 }
 
-/// `cfg` with `model.plugin` filled in by [`model_plugin_name`], so a run records (and a
-/// checkpoint is later rebuilt with) the plugin it actually used.
+/// The Hugging Face directory a job starts from, with the key that names it:
+/// `checkpoint.init_from_hf`, or `rl.init_from` when that holds a `config.json` (and is not a
+/// checkpoint step dir).
+fn hf_start(cfg: &JobConfig) -> Option<(&'static str, &str)> {
+    match &cfg.checkpoint.init_from_hf {
+        Some(dir) => Some(("checkpoint.init_from_hf", dir.as_str())),
+        None => {
+            let rl = cfg.rl.init_from.as_str();
+            let is_hf = !rl.is_empty()
+                && Path::new(rl).join("config.json").is_file()
+                && !Path::new(rl).join("manifest.json").exists();
+            is_hf.then_some(("rl.init_from", rl))
+        }
+    }
+}
+
+/// `cfg` with `model.plugin` filled in by [`model_plugin_name`], and `model.args` by
+/// [`model_args`], so a run records (and a checkpoint is later rebuilt with) the plugin and
+/// arguments it actually used: starting from a Hugging Face directory, its `config.json`
+/// travels in the run's config, and an export or a server rebuilds the model without the
+/// directory.
 pub fn with_model_plugin(cfg: &JobConfig) -> Result<JobConfig, TrainError> {
     let mut cfg = cfg.clone();
     cfg.model.plugin = model_plugin_name(&cfg)?;
+    cfg.model.args = model_args(&cfg, &find(&cfg.model.plugin)?)?;
+    Ok(cfg)
+}
+
+/// `cfg` as a start from a Hugging Face directory (`checkpoint.init_from_hf`) implies it: the
+/// tokenizer comes with the weights, so `data.tokenizer = "train"` (the default) becomes the
+/// directory's `tokenizer.json` (with its `tokenizer_config.json` and chat template beside
+/// it), and a directory without one is refused: a tokenizer trained here would number tokens
+/// unlike the embeddings. A `data.tokenizer` path is kept.
+pub fn with_hf_tokenizer(cfg: &JobConfig) -> Result<JobConfig, TrainError> {
+    let mut cfg = cfg.clone();
+    let Some(dir) = &cfg.checkpoint.init_from_hf else {
+        return Ok(cfg);
+    };
+    if cfg.data.tokenizer != "train" {
+        return Ok(cfg);
+    }
+    let tokenizer = Path::new(dir).join("tokenizer.json");
+    if !tokenizer.is_file() {
+        return Err(TrainError::Config(format!(
+            "config: `checkpoint.init_from_hf`: {dir} has no tokenizer.json, and data.tokenizer = \"train\" would train a new one whose ids do not match the checkpoint's embeddings; set data.tokenizer to the tokenizer.json the checkpoint was trained with"
+        )));
+    }
+    cfg.data.tokenizer = tokenizer.to_string_lossy().into_owned();
     Ok(cfg)
 }
 
 /// The model plugin (`model.plugin`, see [`model_plugin_name`]) with `model.flavor` and
-/// `model.args`.
+/// `model.args`; starting from a Hugging Face directory (`checkpoint.init_from_hf`, or
+/// `rl.init_from` when it is one), with every argument its `config.json` gives
+/// ([`args_from_hf`]).
 pub fn load_model(cfg: &JobConfig) -> Result<PluginModel, TrainError> {
     let plugin = find(&model_plugin_name(cfg)?)?;
-    let args = serde_json::Value::Object(cfg.model.args.clone());
+    let args = Value::Object(model_args(cfg, &plugin)?);
     Ok(PluginModel::new(
         plugin.name(),
         plugin.create(Some(&cfg.model.flavor), &args)?,
     )?)
+}
+
+/// The arguments `plugin` builds the job's model from: `model.args`; starting from a Hugging
+/// Face directory (`checkpoint.init_from_hf`, or `rl.init_from` when it is one) that do not hold
+/// its `config.json` yet, with it as `hf_config` ([`args_from_hf`]).
+pub fn model_args(
+    cfg: &JobConfig,
+    plugin: &LoadedPlugin,
+) -> Result<serde_json::Map<String, Value>, TrainError> {
+    match hf_start(cfg) {
+        Some((key, dir)) if !cfg.model.args.contains_key(HF_CONFIG) => {
+            args_from_hf(cfg, plugin, (key, Path::new(dir)))
+        }
+        _ => Ok(cfg.model.args.clone()),
+    }
+}
+
+/// The argument that carries a Hugging Face `config.json` to a model plugin.
+const HF_CONFIG: &str = "hf_config";
+
+/// The arguments of a model that starts from the Hugging Face directory `dir`: all of its
+/// `config.json` (every argument, not only the shapes: `rope_theta`, norms' epsilon, rope
+/// scaling, ...), with `model.args` on top only where they agree with it. An argument that
+/// would change what the checkpoint's `config.json` says is refused naming it, since the
+/// weights were trained with the directory's values; an argument `config.json` does not carry
+/// applies.
+fn args_from_hf(
+    cfg: &JobConfig,
+    plugin: &LoadedPlugin,
+    (key, dir): (&str, &Path),
+) -> Result<serde_json::Map<String, Value>, TrainError> {
+    // Without its nulls (absent to every plugin), so the run's TOML config can record it.
+    let hf = without_nulls(
+        anneal_runtime::hf::read_config(dir)
+            .map_err(|e| TrainError::Config(format!("config: `{key}`: {e}")))?,
+    );
+    // The config.json the model built from `hf` and one argument would export.
+    let exported = |arg: Option<(&String, &Value)>| -> Result<Value, TrainError> {
+        let mut args = serde_json::Map::new();
+        args.insert(HF_CONFIG.into(), hf.clone());
+        if let Some((key, value)) = arg {
+            args.insert(key.clone(), value.clone());
+        }
+        let model = PluginModel::new(plugin.name(), plugin.create(None, &Value::Object(args))?)?;
+        Ok(model
+            .spec()
+            .hf
+            .as_ref()
+            .map_or(Value::Null, |a| a.config.clone()))
+    };
+    let checkpoint = exported(None)?;
+    for arg in &cfg.model.args {
+        if let Some((field, was, now)) = first_difference(&checkpoint, &exported(Some(arg))?) {
+            return Err(TrainError::Config(format!(
+                "config: `model.args.{}` = {} contradicts the checkpoint of {key} ({}: config.json's `{field}` is {was}, the argument makes it {now}); leave it out: the directory's config.json gives every argument",
+                arg.0,
+                arg.1,
+                dir.display()
+            )));
+        }
+    }
+    let mut args = cfg.model.args.clone();
+    args.insert(HF_CONFIG.into(), hf);
+    Ok(args)
+}
+
+/// `v` without the object fields that are null (TOML has no null).
+fn without_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
+}
+
+/// The first top-level field where two `config.json` objects differ, with both values.
+fn first_difference(a: &Value, b: &Value) -> Option<(String, String, String)> {
+    let show = |v: Option<&Value>| v.map_or("absent".to_string(), Value::to_string);
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x
+            .keys()
+            .chain(y.keys())
+            .find(|k| x.get(*k) != y.get(*k))
+            .map(|k| (k.clone(), show(x.get(k)), show(y.get(k)))),
+        _ => (a != b).then(|| ("(the whole file)".into(), a.to_string(), b.to_string())),
+    }
 }
 
 /// The optimizer plugin `optimizer.plugin` with `optimizer.args`.

@@ -92,7 +92,8 @@ impl RunDir {
     /// Records what this run trains with: `config.toml` (the resolved config) and a copy of
     /// the tokenizer as `tokenizer.json` (what `anneal checkpoint export` and a later
     /// `rl.init_from` find next to the checkpoints), and the files a chat run renders and
-    /// reads images with (`files`: `tokenizer_config.json`, `preprocessor_config.json`), which
+    /// reads images with (`files`: `tokenizer_config.json`, `preprocessor_config.json`,
+    /// `generation_config.json`), which
     /// an export carries. Called only after a resume was accepted, so a refused start leaves
     /// the files of the run as they were.
     pub fn record(

@@ -122,9 +122,32 @@ fn build_text(
         loader: Loader::Packed(loader),
         val_batches,
         data_sha256,
-        run_files: RunFiles::default(),
+        // A text run renders no chats, but its export should, as the tokenizer's folder does.
+        run_files: RunFiles {
+            files: beside_tokenizer(d, &["tokenizer_config.json", GENERATION_CONFIG]),
+        },
         chat: false,
     })
+}
+
+/// The generation settings of a Hugging Face directory (`max_new_tokens`, sampling, EOS ids).
+const GENERATION_CONFIG: &str = "generation_config.json";
+
+/// The files called `names` beside a loaded tokenizer (`data.tokenizer`: a Hugging Face
+/// directory's, say), by name, for the run to record and its exports to carry; none for a
+/// tokenizer trained here.
+fn beside_tokenizer(d: &anneal_config::Data, names: &[&str]) -> Vec<(String, String)> {
+    if d.tokenizer == "train" {
+        return Vec::new();
+    }
+    let dir = Path::new(&d.tokenizer).parent().unwrap_or(Path::new("."));
+    names
+        .iter()
+        .filter_map(|name| {
+            let text = std::fs::read_to_string(dir.join(name)).ok()?;
+            Some((name.to_string(), text))
+        })
+        .collect()
 }
 
 fn build_chat(
@@ -247,6 +270,9 @@ fn build_chat(
             serde_json::to_string_pretty(&tokenizer_config).unwrap_or_default(),
         ));
     }
+    run_files
+        .files
+        .extend(beside_tokenizer(d, &[GENERATION_CONFIG]));
     if let Some(v) = &vision {
         run_files.files.push((
             "preprocessor_config.json".into(),
