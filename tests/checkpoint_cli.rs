@@ -410,7 +410,54 @@ fn hugging_face_export_round_trips_into_a_new_run() {
         .args(["--tokens", "5,6,7"])
         .output()
         .unwrap();
+    let by_dir = ok(&out);
+    // A model id resolves in the local Hugging Face cache (huggingface_hub's layout).
+    let hf_home = job.dir.join("hf-home");
+    let repo = hf_home.join("hub/models--acme--tiny");
+    let snapshot = repo.join("snapshots/c0ffee");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "c0ffee\n").unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(hf.join(f), snapshot.join(f)).unwrap();
+    }
+    let with_cache = |args: &[&str]| {
+        let mut c = anneal();
+        c.env("HF_HOME", &hf_home)
+            .env_remove("HF_HUB_CACHE")
+            .args(args);
+        c.output().unwrap()
+    };
+    let by_id = with_cache(&["logprobs", "--model-dir", "acme/tiny", "--tokens", "5,6,7"]);
+    assert_eq!(ok(&by_id), by_dir);
+    let config = job.config().display().to_string();
+    let from_id = job.dir.join("from-id");
+    let out = with_cache(&[
+        "train",
+        &config,
+        "--run-dir",
+        &from_id.display().to_string(),
+        "--set",
+        "checkpoint.init_from_hf=\"acme/tiny@main\"",
+        "--set",
+        "training.steps=1",
+        "--set",
+        "optimizer.lr=0.0",
+        "--set",
+        "metrics.eval_freq=1",
+    ]);
     ok(&out);
+    let val = common::rows(&from_id)
+        .iter()
+        .find_map(|r| r["val_loss"].as_f64())
+        .unwrap();
+    assert_eq!(val.to_bits(), val_at_6.to_bits());
+    let out = with_cache(&["logprobs", "--model-dir", "acme/missing", "--tokens", "5"]);
+    let line = common::error_line(&out, 2);
+    assert!(
+        line.contains("huggingface-cli download acme/missing"),
+        "{line}"
+    );
     // Not a checkpoint: a clear error.
     let out = anneal()
         .args(["checkpoint", "export", "--to-hf"])

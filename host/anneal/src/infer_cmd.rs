@@ -144,6 +144,15 @@ fn prompt_with_images(
     Ok((prompt, Some(images)))
 }
 
+/// `--model-dir` as a directory: a model id (`org/name[@revision]`) that is not a path names
+/// its snapshot in the local Hugging Face cache.
+fn model_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    match anneal_runtime::hf::hub::resolve(&dir.to_string_lossy()) {
+        Ok(path) => Ok(path),
+        Err(e) => user_bail!("--model-dir: {e}"),
+    }
+}
+
 /// Prints `{"logprobs":[...],"loss":...}`; `images` are the prompt's images in the order of
 /// their placeholder runs in the tokens.
 pub fn logprobs(
@@ -152,6 +161,7 @@ pub fn logprobs(
     input: TokenSource<'_>,
     images: &[PathBuf],
 ) -> anyhow::Result<()> {
+    let dir = &model_dir(dir)?;
     let (tokens, _) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &tokens)?;
@@ -192,6 +202,7 @@ pub fn generate(
     sampling: Sampling,
     mode: GenerateMode<'_>,
 ) -> anyhow::Result<()> {
+    let dir = &model_dir(dir)?;
     sampling.validate()?;
     if mode.batch == 0 {
         user_bail!("--batch must be at least 1");

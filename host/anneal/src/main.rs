@@ -35,7 +35,8 @@ enum Command {
     Plugins(PluginsCommand),
     /// Log-probability of each next token of a sequence, as JSON.
     Logprobs {
-        /// A Hugging Face model directory (config.json + *.safetensors).
+        /// A Hugging Face model directory (config.json + *.safetensors), or a model id
+        /// (`org/name[@revision]`) of the local Hugging Face cache.
         #[arg(long)]
         model_dir: std::path::PathBuf,
         /// Comma-separated token ids.
@@ -57,7 +58,8 @@ enum Command {
     },
     /// Generate tokens after a prompt (prefill + decode with a KV cache), as JSON.
     Generate {
-        /// A Hugging Face model directory (config.json + *.safetensors).
+        /// A Hugging Face model directory (config.json + *.safetensors), or a model id
+        /// (`org/name[@revision]`) of the local Hugging Face cache.
         #[arg(long)]
         model_dir: std::path::PathBuf,
         /// Comma-separated prompt token ids.

@@ -49,7 +49,7 @@ pub fn run_dist(
     world: &dyn anneal_dist::Collective,
 ) -> Result<RunSummary, TrainError> {
     let started = Instant::now();
-    let cfg = &crate::harness::with_hf_tokenizer(&crate::harness::with_model_plugin(cfg)?)?;
+    let cfg = &crate::harness::with_model_plugin(&crate::harness::with_hf_start(cfg)?)?;
     let dist = Dist::new(cfg, world)?;
     let (main, ranks) = (world.rank() == 0, world.size());
     // A run dir another process holds is refused before anything loads; what else can be

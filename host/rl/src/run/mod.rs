@@ -109,7 +109,8 @@ pub fn run_rl_dist(
     mut dist: Dist,
 ) -> Result<RlSummary, TrainError> {
     let started = Instant::now();
-    let cfg = &anneal_train::harness::with_model_plugin(cfg)?;
+    let cfg =
+        &anneal_train::harness::with_model_plugin(&anneal_train::harness::with_hf_start(cfg)?)?;
     let r = &cfg.rl;
     check_layout(cfg, &dist)?;
     let roles = Roles::of(&mut dist);

@@ -3,6 +3,7 @@
 //! mapping each parameter declares (renames, per-expert stacks, fused parts, transposes:
 //! `transform.rs`).
 
+pub mod hub;
 mod transform;
 
 use crate::plugins::{find, find_for_model_type, LoadedPlugin, PluginModel};

@@ -22,7 +22,7 @@ mod saver;
 
 pub use grads::{clip_grads, split_buffers};
 pub use plugins::{
-    load_model, load_optimizer, model_plugin_name, with_hf_tokenizer, with_model_plugin,
+    load_model, load_optimizer, model_plugin_name, with_hf_start, with_model_plugin,
 };
 pub use resume::{
     params_from_checkpoint, params_of_rows_from_checkpoint, restore_optimizer, resume, resume_with,

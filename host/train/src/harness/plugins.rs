@@ -56,20 +56,33 @@ pub fn with_model_plugin(cfg: &JobConfig) -> Result<JobConfig, TrainError> {
     Ok(cfg)
 }
 
-/// `cfg` as a start from a Hugging Face directory (`checkpoint.init_from_hf`) implies it: the
-/// tokenizer comes with the weights, so `data.tokenizer = "train"` (the default) becomes the
-/// directory's `tokenizer.json` (with its `tokenizer_config.json` and chat template beside
-/// it), and a directory without one is refused: a tokenizer trained here would number tokens
-/// unlike the embeddings. A `data.tokenizer` path is kept.
-pub fn with_hf_tokenizer(cfg: &JobConfig) -> Result<JobConfig, TrainError> {
+/// `cfg` as a start from a Hugging Face model implies it:
+/// - a model id (`org/name[@revision]`) in `checkpoint.init_from_hf` or `rl.init_from` becomes
+///   its directory in the local Hugging Face cache ([`anneal_runtime::hf::hub::resolve`]);
+/// - the tokenizer comes with the weights, so with `checkpoint.init_from_hf`,
+///   `data.tokenizer = "train"` (the default) becomes the directory's `tokenizer.json` (with
+///   its `tokenizer_config.json` and chat template beside it), and a directory without one is
+///   refused: a tokenizer trained here would number tokens unlike the embeddings. A
+///   `data.tokenizer` path is kept.
+pub fn with_hf_start(cfg: &JobConfig) -> Result<JobConfig, TrainError> {
     let mut cfg = cfg.clone();
-    let Some(dir) = &cfg.checkpoint.init_from_hf else {
+    let resolve = |key: &str, spec: &str| {
+        anneal_runtime::hf::hub::resolve(spec)
+            .map(|p| p.to_string_lossy().into_owned())
+            .map_err(|e| TrainError::Config(format!("config: `{key}`: {e}")))
+    };
+    if !cfg.rl.init_from.is_empty() {
+        cfg.rl.init_from = resolve("rl.init_from", &cfg.rl.init_from)?;
+    }
+    let Some(spec) = cfg.checkpoint.init_from_hf.clone() else {
         return Ok(cfg);
     };
+    let dir = resolve("checkpoint.init_from_hf", &spec)?;
+    cfg.checkpoint.init_from_hf = Some(dir.clone());
     if cfg.data.tokenizer != "train" {
         return Ok(cfg);
     }
-    let tokenizer = Path::new(dir).join("tokenizer.json");
+    let tokenizer = Path::new(&dir).join("tokenizer.json");
     if !tokenizer.is_file() {
         return Err(TrainError::Config(format!(
             "config: `checkpoint.init_from_hf`: {dir} has no tokenizer.json, and data.tokenizer = \"train\" would train a new one whose ids do not match the checkpoint's embeddings; set data.tokenizer to the tokenizer.json the checkpoint was trained with"
