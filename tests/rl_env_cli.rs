@@ -4,8 +4,8 @@
 //! exactly 0) and FSDP(2) and CP(2) follow the single process, as single-turn RL does;
 //! recomputing blocks in backward (`[activation_checkpoint]`) changes no bit; every sample
 //! records its turns. Hostile environments (an endless loop in `step`, a memory bomb, a 100 MB
-//! observation, invalid UTF-8, an episode that never ends) end their episodes with a clear error
-//! while the run goes on.
+//! observation, invalid UTF-8, an episode that never ends) and a policy whose tool call never
+//! closes end their episodes with a clear error while the run goes on.
 
 use anneal_tests::cli as common;
 
@@ -220,4 +220,108 @@ fn hostile_environments_end_their_episodes_and_the_run_goes_on() {
         let last = turns.last().unwrap()["error"].as_str().unwrap_or_default();
         assert!(last.starts_with("max_episode_tokens"), "{r}");
     }
+}
+
+#[test]
+fn a_tool_call_that_never_closes_ends_its_episode_with_the_error_reward() {
+    let dir = env_job("unclosed", ENV_WAT);
+    // ChatML for the warm start and the episodes alike.
+    let config = serde_json::json!({
+        "chat_template": anneal_data::chat::template::CHATML,
+        "eos_token": "<|im_end|>",
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    // A warm start on transcripts whose assistant opens a tool call and ends its turn inside it.
+    let data = dir.join("unclosed.jsonl");
+    let line = r#"{"messages":[{"role":"user","content":"go"},{"role":"assistant","content":"<tool_call>{\"name\": \"x\""}]}"#;
+    std::fs::write(&data, vec![line; 64].join("\n")).unwrap();
+    let sft = format!(
+        r#"[model]
+plugin = "llama"
+flavor = "debugmodel"
+args = {{ dim = 32, n_layers = 2, n_heads = 2, n_kv_heads = 2, ffn_dim = 64, vocab_size = 272, max_seq_len = 64 }}
+[optimizer]
+plugin = "adamw"
+lr = 1e-2
+[training]
+steps = 60
+batch_size = 8
+micro_batch_size = 8
+seq_len = 48
+seed = 1
+threads = 1
+[data]
+path = "{data}"
+format = "chat"
+tokenizer = "{tok}"
+val_fraction = 0.0
+[checkpoint]
+interval = 60
+[metrics]
+log_freq = 10
+eval_freq = 0
+progress_bar = false
+"#,
+        data = data.display(),
+        tok = dir.join("tokenizer.json").display(),
+    );
+    std::fs::write(dir.join("sft.toml"), sft).unwrap();
+    let out = anneal_tests::cli::anneal()
+        .arg("train")
+        .arg(dir.join("sft.toml"))
+        .arg("--run-dir")
+        .arg(dir.join("sft"))
+        .output()
+        .unwrap();
+    ok(&out);
+    let env = format!(
+        "rl.environment={:?}",
+        dir.join("env.wat").display().to_string()
+    );
+    let init = format!(
+        "rl.init_from={:?}",
+        dir.join("sft/checkpoints/step-60").display().to_string()
+    );
+    let (out, run) = rl(
+        1,
+        &dir,
+        "rl",
+        &[
+            &env,
+            &init,
+            "rl.max_turns=2",
+            "rl.max_new_tokens=16",
+            "rl.error_reward=-1.0",
+            "training.steps=2",
+        ],
+    );
+    ok(&out);
+    let rows = samples(&run);
+    let unclosed: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|r| {
+            r["turns"].as_array().unwrap().iter().any(|t| {
+                t["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("never closes"))
+            })
+        })
+        .collect();
+    assert!(!unclosed.is_empty(), "{rows:?}");
+    for r in unclosed {
+        // The episode ended on the policy's turn: no observation followed it.
+        let roles: Vec<&str> = r["turns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["prompt", "policy"], "{r}");
+        assert_eq!(r["reward"].as_f64(), Some(-1.0), "{r}");
+    }
+    let errors: u64 = steps(&run)
+        .iter()
+        .map(|r| r["reward_errors"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(errors > 0);
 }

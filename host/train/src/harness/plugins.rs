@@ -52,7 +52,11 @@ fn hf_start(cfg: &JobConfig) -> Option<(&'static str, &str)> {
 pub fn with_model_plugin(cfg: &JobConfig) -> Result<JobConfig, TrainError> {
     let mut cfg = cfg.clone();
     cfg.model.plugin = model_plugin_name(&cfg)?;
-    cfg.model.args = model_args(&cfg, &find(&cfg.model.plugin)?)?;
+    if hf_start(&cfg).is_some() {
+        let plugin = find(&cfg.model.plugin)
+            .map_err(|e| TrainError::Config(format!("config: `model.plugin`: {e}")))?;
+        cfg.model.args = model_args(&cfg, &plugin)?;
+    }
     Ok(cfg)
 }
 
