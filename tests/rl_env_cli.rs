@@ -53,6 +53,16 @@ fn env_stepping(body: &str) -> String {
     )
 }
 
+/// The roles of a sample's turns, in order.
+fn roles(sample: &serde_json::Value) -> Vec<&str> {
+    sample["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["role"].as_str().unwrap())
+        .collect()
+}
+
 /// A folder with the RL job of `rl_support`, a ChatML tokenizer and `env.wat`.
 fn env_job(name: &str, env: &str) -> std::path::PathBuf {
     let dir = rl_job(name);
@@ -135,13 +145,7 @@ fn multi_turn_rl_keeps_parity_and_fsdp_follows_one_process() {
         let rows = samples(run);
         assert!(!rows.is_empty());
         for r in rows {
-            let roles: Vec<&str> = r["turns"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t["role"].as_str().unwrap())
-                .collect();
-            assert_eq!(roles, ["prompt", "policy", "tool", "policy"], "{r}");
+            assert_eq!(roles(&r), ["prompt", "policy", "tool", "policy"], "{r}");
             // The environment's reward plus the length reward of the last turn.
             let last = r["completion"].as_str().unwrap().len() as f64;
             assert_eq!(r["reward"].as_f64().unwrap(), 1.0 + last, "{r}");
@@ -310,13 +314,7 @@ progress_bar = false
     assert!(!unclosed.is_empty(), "{rows:?}");
     for r in unclosed {
         // The episode ended on the policy's turn: no observation followed it.
-        let roles: Vec<&str> = r["turns"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["role"].as_str().unwrap())
-            .collect();
-        assert_eq!(roles, ["prompt", "policy"], "{r}");
+        assert_eq!(roles(r), ["prompt", "policy"], "{r}");
         assert_eq!(r["reward"].as_f64(), Some(-1.0), "{r}");
     }
     let errors: u64 = steps(&run)

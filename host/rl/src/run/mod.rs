@@ -207,21 +207,22 @@ pub fn run_rl_dist(
     ));
     // Planned on the whole policy (a layout that shards it refuses `budget`, `check_layout`),
     // for a group's episodes at their longest.
+    // What the trainer's forward reads (the same tensors as `named` and `buffers`).
+    let params: Params = Arc::new(all.iter().cloned().collect());
     let recompute = {
         let rows = r.group_size;
         let longest = match (r.environment.is_empty(), r.max_episode_tokens) {
             (false, n) if n > 0 => n.min(model.spec().max_seq_len),
             _ => model.spec().max_seq_len,
         };
-        let whole: Params = Arc::new(all.iter().cloned().collect());
-        Recompute::plan(cfg, &model, &whole, (rows, longest), &|m| {
+        Recompute::plan(cfg, &model, &params, (rows, longest), &|m| {
             console.note(&format!("rl trainer: {m}"))
         })?
     };
     let mut trainer = RlTrainer {
         model: &model,
         placements: policy_placements(&named, tp.as_ref(), fsdp.is_some(), pp.as_ref()),
-        params: Arc::new(named.iter().chain(&buffers).cloned().collect()),
+        params,
         named,
         buffers,
         reference,
