@@ -54,6 +54,8 @@ fn the_run_refuses_up_front_naming_the_key_and_leaves_no_run_dir() {
         &["`model.args.norm_eps`", "llama"],
     );
     refused(&["optimizer.plugin=\"nope\""], &["`optimizer.plugin`"]);
+    // Packing is for chat data: text is already packed into windows.
+    refused(&["data.pack=true"], &["`data.pack`", "chat data"]);
     refused(&["job.device=\"cuda:99\""], &["`job.device`", "cuda:99"]);
     if !has_gpu() {
         refused(&["job.device=\"cuda\""], &["`job.device`", "cuda"]);

@@ -426,6 +426,11 @@ pub struct Data {
     /// conversations, the loss on the assistant's replies, images for vision models), or
     /// `auto` (chat when a `.jsonl` file's first line has a `messages` list).
     pub format: DataFormat,
+    /// Chat data: pack several whole conversations into each row (in the loader's order, as
+    /// many as fit) instead of one per row with padding. Positions restart at each
+    /// conversation and attention stays within it, so each conversation trains as it would
+    /// alone, with fewer padded tokens.
+    pub pack: bool,
     /// Chat data for a vision model trained without a `preprocessor_config.json`
     /// (`checkpoint.init_from_hf` brings one): the fewest pixels an image is resized to.
     pub image_min_pixels: u64,
@@ -457,6 +462,7 @@ impl Default for Data {
             shuffle: true,
             cache_dir: "data/cache".into(),
             format: DataFormat::Auto,
+            pack: false,
             // Qwen3-VL's processor: 256 x 256 to 4,096 x 4,096 pixels.
             image_min_pixels: 65_536,
             image_max_pixels: 16_777_216,

@@ -34,6 +34,10 @@ pub struct Batch {
     pub images: Vec<crate::image::ProcessedImage>,
     /// How many of `images` each row holds (empty when no row has any).
     pub row_images: Vec<usize>,
+    /// Each token's position in its document, `batch * seq_len` of them, when rows pack several
+    /// documents (positions restart at 0 where a document starts, and attention stays within
+    /// each run of consecutive positions); empty when every row is one sequence at `0..seq_len`.
+    pub positions: Vec<i64>,
 }
 
 /// The target of a position that takes no loss (PyTorch's `ignore_index` default).
@@ -48,6 +52,7 @@ impl Batch {
             seq_len,
             images: Vec::new(),
             row_images: Vec::new(),
+            positions: Vec::new(),
         }
     }
 
@@ -80,6 +85,10 @@ impl Batch {
             seq_len: self.seq_len,
             images,
             row_images,
+            positions: match self.positions.is_empty() {
+                true => Vec::new(),
+                false => self.positions[a..b].to_vec(),
+            },
         }
     }
 
@@ -122,6 +131,11 @@ impl EpochOrder {
         };
         o.order = o.epoch_order(0);
         Ok(o)
+    }
+
+    /// The item [`EpochOrder::next`] will return, without taking it.
+    pub(crate) fn peek(&self) -> usize {
+        self.order[self.cursor as usize] as usize
     }
 
     /// The next item; when the epoch runs out the next one's order starts.

@@ -244,6 +244,7 @@ impl PpPolicy<'_> {
                 seq_len: t,
                 images: Vec::new(),
                 row_images: Vec::new(),
+                positions: Vec::new(),
             })
             .collect();
         let positions = Tensor::from_vec((0..t as i64).collect(), &[t])?;

@@ -147,11 +147,37 @@ pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
     let path = PathBuf::from(&cfg.data.path);
     let files =
         anneal_data::discover_files(&path).map_err(|e| TrainError::from(e).at("data.path"))?;
-    if !is_chat(cfg, &files) {
+    let chat = is_chat(cfg, &files);
+    if !chat {
         anneal_data::check_files(&files, &cfg.data.text_field)
             .map_err(|e| TrainError::from(e).at("data.path"))?;
     }
+    if cfg.data.pack {
+        packing(cfg, chat)?;
+    }
     Ok(files)
+}
+
+/// `data.pack` needs chat data, and a layout whose attention sees whole rows.
+fn packing(cfg: &JobConfig, chat: bool) -> Result<(), TrainError> {
+    if !chat {
+        return Err(TrainError::Config(
+            "config: `data.pack` = true: packing applies to chat data (text documents are \
+             already packed into windows); set data.format = \"chat\" or drop data.pack"
+                .into(),
+        ));
+    }
+    let p = &cfg.parallelism;
+    for (key, n) in [("pp", p.pp), ("cp", p.cp)] {
+        if n > 1 {
+            return Err(TrainError::Config(format!(
+                "config: `data.pack` = true with `parallelism.{key}` = {n}: packed \
+                 conversations train single-process, under DDP, FSDP or TP; not yet with \
+                 {key} > 1"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `files` are read as chat data (`data.format`, or for `auto` what they look like).

@@ -29,6 +29,8 @@ pub struct HostSession {
     ring: Option<std::sync::Arc<dyn anneal_engine::ops::KvRing>>,
     /// Tensor parallelism: which fetched weights are split, how the linears combine them.
     tp: Option<super::ops_tp::TpSession>,
+    /// The rows pack several documents ([`super::ForwardOpts::packed`]).
+    packed: bool,
 }
 
 /// A named output of a forward besides the logits.
@@ -70,6 +72,25 @@ impl HostSession {
             experts: None,
             ring: None,
             tp: None,
+            packed: false,
+        }
+    }
+
+    /// Marks the rows as packing several documents each ([`super::ForwardOpts::packed`]).
+    pub fn with_packed(mut self, packed: bool) -> Self {
+        self.packed = packed;
+        self
+    }
+
+    /// Fails `op` when the rows pack several documents: an op that carries state along the
+    /// sequence without positions would mix them.
+    pub(crate) fn refuse_packed(&self, op: &str) -> Result<(), String> {
+        match self.packed {
+            true => Err(format!(
+                "{op}: this model's {op} layers carry state along the sequence and cannot keep \
+                 packed conversations apart; set data.pack = false"
+            )),
+            false => Ok(()),
         }
     }
 

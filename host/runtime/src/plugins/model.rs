@@ -76,6 +76,11 @@ pub struct ForwardOpts {
     /// The images of this forward (a vision-language model's), handed to every stage as
     /// `ForwardCtx::images`; the model's `embed` consumes them.
     pub images: Option<Arc<ImageInputs>>,
+    /// The rows pack several documents, each at positions from 0 (`[B, T]` positions, no
+    /// cache): attention keeps to each run of consecutive positions, and host ops that carry
+    /// state along the sequence without positions (linear attention, causal convolutions,
+    /// compressed attention) refuse, since they would mix the documents.
+    pub packed: bool,
 }
 
 /// A forward's images: `pixel_values [patches, C·t·p·p]` (f32) and each image's `(t, h, w)`
@@ -729,7 +734,8 @@ fn run_stage(
         .accepting_outputs()
         .with_experts(experts)
         .with_ring(opts.ring.clone())
-        .with_tensor_parallel(tp);
+        .with_tensor_parallel(tp)
+        .with_packed(opts.packed);
     let vt = session.vtable();
     let ctx = ForwardCtx {
         training: opts.training,

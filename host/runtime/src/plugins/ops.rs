@@ -202,8 +202,12 @@ pub(crate) fn run(
         o::MoeDispatch::OP => super::ops_moe::dispatch(inputs, parse(attrs)?),
         o::MoeCombine::OP => super::ops_moe::combine(inputs, parse(attrs)?),
         o::MoeFfn::OP => super::ops_moe::ffn(inputs, parse(attrs)?, session),
-        o::CompressedMask::OP => super::ops_compressed::compressed_mask(inputs, parse(attrs)?),
+        o::CompressedMask::OP => {
+            session.refuse_packed("compressed attention")?;
+            super::ops_compressed::compressed_mask(inputs, parse(attrs)?)
+        }
         o::GatheredAttention::OP => {
+            session.refuse_packed("compressed attention")?;
             super::ops_compressed::gathered_attention(inputs, parse(attrs)?)
         }
         o::CacheAppend::OP => {
@@ -211,9 +215,11 @@ pub(crate) fn run(
         }
         o::StateGet::OP => super::ops_state::state_get(parse(attrs)?, session),
         o::GatedDeltaRule::OP => {
+            session.refuse_packed("linear attention")?;
             super::ops_linear::gated_delta_rule(inputs, parse(attrs)?, session).map(|t| vec![t])
         }
         o::CausalConv1d::OP => {
+            session.refuse_packed("short convolution")?;
             super::ops_linear::causal_conv1d(inputs, parse(attrs)?, session).map(|t| vec![t])
         }
         o::StateSet::OP => super::ops_state::state_set(inputs, parse(attrs)?, session),
@@ -463,19 +469,58 @@ fn attention_rows(
             } else {
                 positions.clone()
             };
-            let (k, v, k_pos) = match cache {
+            match cache {
                 Some((layer, c)) => {
                     let (k, v) =
                         append_kv(&c.rows()[r], layer, &row(k)?, &row(v)?, value_from_key)?;
                     let s = k.shape()[2];
-                    (k, v, arange(s)?)
+                    row(q)?
+                        .attention(&k, &v, &params(q_pos, arange(s)?))
+                        .map_err(e)
                 }
-                None => (row(k)?, row(v)?, q_pos.clone()),
-            };
-            row(q)?.attention(&k, &v, &params(q_pos, k_pos)).map_err(e)
+                None => documents(&row(q)?, &row(k)?, &row(v)?, &q_pos, &params),
+            }
         })
         .collect::<R<Vec<_>>>()?;
     anneal_engine::ops::cat(&outs, 0).map_err(e)
+}
+
+/// Self-attention of one row that may pack several documents: each run of consecutive
+/// positions (a document, its positions restarting at 0) attends only within itself, as its
+/// own attention call with the shapes it would have alone, so a packed document computes what
+/// it would unpacked. A row that is one run is one call.
+fn documents(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    positions: &Tensor,
+    params: &impl Fn(Tensor, Tensor) -> anneal_engine::ops::AttentionParams,
+) -> R<Tensor> {
+    let pos = positions.to_dtype(DType::I64).map_err(e)?.to_vec::<i64>();
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for i in 1..=pos.len() {
+        if i == pos.len() || pos[i] != pos[i - 1] + 1 {
+            runs.push((start, i - start));
+            start = i;
+        }
+    }
+    if runs.len() <= 1 {
+        return q
+            .attention(k, v, &params(positions.clone(), positions.clone()))
+            .map_err(e);
+    }
+    let outs = runs
+        .into_iter()
+        .map(|(start, len)| {
+            let part = |x: &Tensor| x.narrow(2, start, len).map_err(e);
+            let p = positions.narrow(0, start, len).map_err(e)?;
+            part(q)?
+                .attention(&part(k)?, &part(v)?, &params(p.clone(), p))
+                .map_err(e)
+        })
+        .collect::<R<Vec<_>>>()?;
+    anneal_engine::ops::cat(&outs, 2).map_err(e)
 }
 
 /// Appends `k`, `v` to `layer` of `cache` and returns everything cached. With

@@ -18,6 +18,9 @@ pub struct CheckpointModel {
     pub step: u64,
     /// The run's `tokenizer.json` (`<run_dir>/tokenizer.json`), when the run kept one.
     pub tokenizer: Option<PathBuf>,
+    /// The `config.json` of the Hugging Face checkpoint the run started from
+    /// (`model.args.hf_config`), when it started from one.
+    pub hf_config: Option<serde_json::Value>,
 }
 
 /// Loads (and verifies) the checkpoint in `step_dir`, a `<run_dir>/checkpoints/step-<N>`
@@ -38,6 +41,7 @@ pub fn load_model(step_dir: &Path) -> Result<CheckpointModel, CheckpointError> {
         .map_err(|e| fail(e.to_string()))
         .and_then(|name| find(&name).map_err(|e| fail(e.to_string())))?;
     let args = serde_json::Value::Object(cfg.model.args.clone());
+    let hf_config = cfg.model.args.get("hf_config").cloned();
     let inst = plugin
         .create(Some(&cfg.model.flavor), &args)
         .map_err(|e| fail(e.to_string()))?;
@@ -60,5 +64,6 @@ pub fn load_model(step_dir: &Path) -> Result<CheckpointModel, CheckpointError> {
         params,
         step: loaded.state.step,
         tokenizer,
+        hf_config,
     })
 }

@@ -220,6 +220,7 @@ impl Context {
             seq_len: b.seq_len / self.split.size,
             images: Vec::new(),
             row_images: Vec::new(),
+            positions: Vec::new(),
         }
     }
 

@@ -224,6 +224,13 @@ fn build_chat(
     let images = conversations.iter().map(|c| c.images.len()).sum::<usize>();
     if images > 0 {
         refuse_image_layouts(cfg)?;
+        if d.pack {
+            return Err(TrainError::Config(
+                "config: `data.pack` = true: conversations with images are not packed yet \
+                 (their placeholders' positions are per row); drop data.pack"
+                    .into(),
+            ));
+        }
     }
     let encoder = ChatEncoder {
         template: &template,
@@ -235,6 +242,7 @@ fn build_chat(
         seq_len: t.seq_len,
         pad_id: tokenizer.eos_id(),
         processor: vision.as_ref().map(|v| v.processor.clone()),
+        pack: d.pack,
     };
     let (kept, idle): (Vec<EncodedChat>, Vec<EncodedChat>) =
         encoded.into_iter().partition(|e| shape.trains_on(e));
@@ -398,27 +406,28 @@ fn digest(docs: &[EncodedChat]) -> String {
     format!("{:x}", h.finalize())
 }
 
-/// Of one held-out batch's logits `[rows · seq_len, V]` (f32 on the host), the rows whose
-/// every trained target is the arg-max (a reply greedy decoding writes exactly), and the rows
-/// that have a trained target.
+/// Of one held-out batch's logits `[rows · seq_len, V]` (f32 on the host), the conversations
+/// whose every trained target is the arg-max (a reply greedy decoding writes exactly), and the
+/// conversations that have a trained target. A conversation is a row, or in packed rows a run
+/// of consecutive positions.
 pub(super) fn exact_replies(logits: &[f32], b: &Batch) -> (usize, usize) {
     let v = logits.len() / b.targets.len().max(1);
     let mut right = 0;
-    let mut rows = 0;
-    for r in 0..b.batch {
-        let targets = &b.targets[r * b.seq_len..(r + 1) * b.seq_len];
+    let mut seen = 0;
+    for (start, len) in conversations(b) {
+        let targets = &b.targets[start..start + len];
         if targets
             .iter()
             .all(|&t| t == anneal_data::loader::IGNORE_INDEX)
         {
             continue;
         }
-        rows += 1;
+        seen += 1;
         let ok = targets.iter().enumerate().all(|(j, &t)| {
             if t == anneal_data::loader::IGNORE_INDEX {
                 return true;
             }
-            let at = (r * b.seq_len + j) * v;
+            let at = (start + j) * v;
             let row = &logits[at..at + v];
             let best = row
                 .iter()
@@ -435,7 +444,26 @@ pub(super) fn exact_replies(logits: &[f32], b: &Batch) -> (usize, usize) {
         });
         right += usize::from(ok);
     }
-    (right, rows)
+    (right, seen)
+}
+
+/// The conversations of `b` as (first token, tokens): its rows, or when rows are packed each
+/// run of consecutive positions within a row.
+fn conversations(b: &Batch) -> Vec<(usize, usize)> {
+    let t = b.seq_len;
+    let mut out = Vec::new();
+    for r in 0..b.batch {
+        let mut start = r * t;
+        for i in r * t + 1..=(r + 1) * t {
+            let ends = i == (r + 1) * t
+                || (!b.positions.is_empty() && b.positions[i] != b.positions[i - 1] + 1);
+            if ends {
+                out.push((start, i - start));
+                start = i;
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -467,9 +495,18 @@ mod tests {
             seq_len: 2,
             images: vec![],
             row_images: vec![],
+            positions: vec![],
         };
         // Row 0 predicts 1 at its trained position (right); row 1 predicts 1, wants 0 (wrong).
         let logits = [0.0, 0.0, 0.1, 0.9, 0.0, 0.0, 0.2, 0.8];
         assert_eq!(exact_replies(&logits, &b), (1, 2));
+        // Packed: one row of two conversations (positions restart), each counted alone.
+        let packed = Batch {
+            batch: 1,
+            seq_len: 4,
+            positions: vec![0, 1, 0, 1],
+            ..b
+        };
+        assert_eq!(exact_replies(&logits, &packed), (1, 2));
     }
 }

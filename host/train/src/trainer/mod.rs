@@ -372,6 +372,7 @@ impl Trainer {
             stage_params: None,
             ring: self.cp.as_ref().map(|c| c.ring()),
             images: None,
+            packed: false,
         }
     }
 
@@ -411,9 +412,23 @@ impl Trainer {
                 &with_images
             }
         };
-        let out = self
-            .model
-            .forward_full(&self.params, &x, &self.positions, opts)?;
+        // Packed rows: each token at its position in its own conversation, `[B, T]`.
+        let packed;
+        let (positions, opts) = match b.positions.is_empty() {
+            true => (&self.positions, opts),
+            false => {
+                packed = (
+                    Tensor::from_slice(&b.positions, &[b.batch, b.seq_len])?
+                        .to_device(self.device)?,
+                    ForwardOpts {
+                        packed: true,
+                        ..opts.clone()
+                    },
+                );
+                (&packed.0, &packed.1)
+            }
+        };
+        let out = self.model.forward_full(&self.params, &x, positions, opts)?;
         let v = out.logits.shape()[2];
         let logits = out.logits.reshape(&[b.batch * t, v])?;
         let ce = match opts.stage_params.as_ref().and_then(|s| s.tensor_parallel()) {
