@@ -423,9 +423,15 @@ pub struct Data {
     /// Where trained tokenizers and tokenized corpora are cached.
     pub cache_dir: String,
     /// What the files hold: `text` (documents packed into windows), `chat` (JSON lines of
-    /// conversations, the loss on the assistant's replies, images for vision models), or
-    /// `auto` (chat when a `.jsonl` file's first line has a `messages` list).
+    /// conversations, the loss on the assistant's replies, images for vision models), `tokens`
+    /// (pre-tokenized ids: a nanoGPT or llm.c `.bin`, a Megatron `.bin` + `.idx` or its prefix,
+    /// or a folder of `.bin` shards whose `val` ones are held out), or `auto` (tokens for `.bin`
+    /// / `.idx` paths and folders of `.bin` files, chat when a `.jsonl` file's first line has a
+    /// `messages` list, else text).
     pub format: DataFormat,
+    /// Token files without a header (nanoGPT's raw `.bin`): how each id is stored. llm.c and
+    /// Megatron files say it themselves.
+    pub token_dtype: TokenDtype,
     /// Chat data: pack several whole conversations into each row (in the loader's order, as
     /// many as fit) instead of one per row with padding. Positions restart at each
     /// conversation and attention stays within it, so each conversation trains as it would
@@ -448,6 +454,23 @@ pub enum DataFormat {
     Text,
     /// Conversations, one per row.
     Chat,
+    /// Pre-tokenized ids (nanoGPT / llm.c `.bin`, Megatron `.bin` + `.idx`), read in place.
+    Tokens,
+    /// Parquet files: text (`data.text_field`) or chat (`messages`) rows.
+    Parquet,
+    /// A dataset saved by Hugging Face `datasets` (`save_to_disk`; a `DatasetDict`'s `train`
+    /// split): text or chat rows.
+    HfDataset,
+}
+
+/// `data.token_dtype`
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenDtype {
+    /// Little-endian u16 (nanoGPT's `np.uint16`).
+    Uint16,
+    /// Little-endian u32.
+    Uint32,
 }
 
 impl Default for Data {
@@ -462,6 +485,7 @@ impl Default for Data {
             shuffle: true,
             cache_dir: "data/cache".into(),
             format: DataFormat::Auto,
+            token_dtype: TokenDtype::Uint16,
             pack: false,
             // Qwen3-VL's processor: 256 x 256 to 4,096 x 4,096 pixels.
             image_min_pixels: 65_536,

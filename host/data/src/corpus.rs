@@ -1,26 +1,27 @@
-//! Documents from local files: plain text (`.txt`, `.md`, one document per file) and JSON Lines
-//! (`.jsonl`, one document per line, the text in a named string field).
+//! Documents from local files: plain text (`.txt`, `.md`, one document per file), and records
+//! (JSON lines, Parquet, Arrow; [`crate::records`]) with the text in a named string field: a
+//! document per line or row. A folder saved by Hugging Face `datasets` is its Arrow files.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::records::{first_row, read_records, record_file, RecordFile};
 use crate::{DataError, Result};
 
 /// File extensions read as documents.
-const EXTENSIONS: [&str; 3] = ["txt", "md", "jsonl"];
+const EXTENSIONS: [&str; 5] = ["txt", "md", "jsonl", "parquet", "arrow"];
 
 /// What a file holds, by extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Text,
-    JsonLines,
+    Records(RecordFile),
 }
 
 fn kind(path: &Path) -> Option<Kind> {
     match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
         "txt" | "md" => Some(Kind::Text),
-        "jsonl" => Some(Kind::JsonLines),
-        _ => None,
+        _ => record_file(path).map(Kind::Records),
     }
 }
 
@@ -29,6 +30,9 @@ fn kind(path: &Path) -> Option<Kind> {
 /// the order does not depend on the file system. An empty result is an error.
 pub fn discover_files(path: &Path) -> Result<Vec<PathBuf>> {
     let meta = fs::metadata(path).map_err(|e| DataError::io(path, e))?;
+    if meta.is_dir() && crate::records::is_hf_dataset(path) {
+        return crate::records::hf_dataset_files(path);
+    }
     if !meta.is_dir() {
         return match kind(path) {
             Some(_) => Ok(vec![path.to_path_buf()]),
@@ -62,17 +66,21 @@ pub fn discover_files(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Reads the documents of `files` in order: a text file is one document; each non-blank line of a
-/// JSONL file is one document, the string in its field `text_field`. A line that is not a JSON
-/// object, or lacks the field, or whose field is not a string, is an error naming `file:line`.
+/// Reads the documents of `files` in order: a text file is one document; each record (a
+/// non-blank line of a JSONL file, a row of a Parquet or Arrow file) is one document, the string
+/// in its field `text_field`. A record that is not a JSON object, or lacks the field, or whose
+/// field is not a string, is an error naming `file:line` (or row).
 /// Empty documents are skipped; no documents at all is an error.
 pub fn read_documents(files: &[PathBuf], text_field: &str) -> Result<Vec<String>> {
     let mut docs = Vec::new();
     for f in files {
-        let text = fs::read_to_string(f).map_err(|e| DataError::io(f, e))?;
         match kind(f) {
-            Some(Kind::Text) => docs.push(text),
-            Some(Kind::JsonLines) => read_jsonl(f, &text, text_field, &mut docs)?,
+            Some(Kind::Text) => docs.push(fs::read_to_string(f).map_err(|e| DataError::io(f, e))?),
+            Some(Kind::Records(_)) => {
+                for (number, record) in read_records(f)? {
+                    docs.push(record_text(f, number, &record, text_field)?);
+                }
+            }
             None => return Err(DataError::UnsupportedFile { path: f.clone() }),
         }
     }
@@ -87,25 +95,29 @@ pub fn read_documents(files: &[PathBuf], text_field: &str) -> Result<Vec<String>
     Ok(docs)
 }
 
-fn read_jsonl(path: &Path, text: &str, field: &str, docs: &mut Vec<String>) -> Result<()> {
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        docs.push(jsonl_text(path, i + 1, line, field)?);
-    }
-    Ok(())
-}
-
 /// The document of line `number` of a JSONL file: the string in its field `field`.
 fn jsonl_text(path: &Path, number: usize, line: &str, field: &str) -> Result<String> {
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| DataError::BadJsonLine {
+            path: path.to_path_buf(),
+            line: number,
+            message: format!("not valid JSON ({e})"),
+        })?;
+    record_text(path, number, &value, field)
+}
+
+/// The document of record `number` of a file: the string in its field `field`.
+fn record_text(
+    path: &Path,
+    number: usize,
+    value: &serde_json::Value,
+    field: &str,
+) -> Result<String> {
     let bad = |message: String| DataError::BadJsonLine {
         path: path.to_path_buf(),
         line: number,
         message,
     };
-    let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| bad(format!("not valid JSON ({e})")))?;
     let obj = value
         .as_object()
         .ok_or_else(|| bad("not a JSON object".into()))?;
@@ -126,8 +138,15 @@ pub fn check_files(files: &[PathBuf], text_field: &str) -> Result<()> {
     use std::io::{BufRead, Read};
     for f in files {
         let file = fs::File::open(f).map_err(|e| DataError::io(f, e))?;
-        if kind(f) != Some(Kind::JsonLines) {
-            continue;
+        match kind(f) {
+            Some(Kind::Records(RecordFile::JsonLines)) => {}
+            Some(Kind::Records(_)) => {
+                if let Some((number, row)) = first_row(f)? {
+                    record_text(f, number, &row, text_field)?;
+                }
+                continue;
+            }
+            _ => continue,
         }
         // The first non-blank line, read up to a bound (a JSONL file may be one huge line).
         let mut reader = std::io::BufReader::new(file).take(MAX_FIRST_LINE);

@@ -7,6 +7,9 @@
 //! [`PackedLoader::new`] on `train` → [`PackedLoader::next_batch`] each step, and
 //! [`PackedLoader::eval_batches`] on `val`.
 //!
+//! Pre-tokenized corpora (nanoGPT / llm.c `.bin`, Megatron `.bin` + `.idx`) are read in
+//! place by [`tokens::TokenFiles`] and served by the same [`PackedLoader`].
+//!
 //! Chat data (conversations with the loss on the assistant's replies, and their images) takes
 //! [`chat::read_conversations`] → [`chat::encode::ChatEncoder`] → [`ChatLoader`].
 //! Images for vision-language models are read and preprocessed by [`image`].
@@ -17,14 +20,16 @@ pub mod corpus;
 pub mod dataset;
 pub mod image;
 pub mod loader;
+pub mod records;
 pub mod tokenizer;
+pub mod tokens;
 
 use std::path::PathBuf;
 
 pub use chat::loader::ChatLoader;
 pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;
-pub use loader::{Batch, LoaderState, PackedLoader};
+pub use loader::{Batch, LoaderState, PackedLoader, TokenStream};
 pub use tokenizer::{DecodeStream, TextTokenizer};
 
 /// Everything that can go wrong while reading, tokenizing or loading training data. Each message
@@ -41,7 +46,7 @@ pub enum DataError {
         source: std::io::Error,
     },
     /// A file has an extension this crate does not read.
-    #[error("{}: unsupported file type (expected .txt, .md or .jsonl)", path.display())]
+    #[error("{}: unsupported file type (expected .txt, .md, .jsonl, .parquet or .arrow)", path.display())]
     UnsupportedFile {
         /// The file.
         path: PathBuf,
@@ -109,6 +114,34 @@ pub enum DataError {
     /// An image could not be read or processed.
     #[error(transparent)]
     Image(#[from] image::ImageError),
+    /// A Parquet or Arrow file (or a saved dataset's metadata) cannot be read.
+    #[error("{}: {message}", path.display())]
+    BadRecordFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (the reader's message).
+        message: String,
+    },
+    /// A token file is not in a layout this crate reads, or contradicts its own header.
+    #[error("{}: {message}", path.display())]
+    BadTokenFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A token file holds an id outside the tokenizer's vocabulary (negative ids show as -1).
+    #[error("{}: id {id} at index {index} is outside the tokenizer's {vocab} tokens (another tokenizer made these files?)", path.display())]
+    BadToken {
+        /// The file.
+        path: PathBuf,
+        /// The id's index in the file.
+        index: u64,
+        /// The id.
+        id: i64,
+        /// The tokenizer's vocabulary size.
+        vocab: u64,
+    },
     /// A saved loader state does not fit this loader.
     #[error("loader state cursor {cursor} is out of range: an epoch has {windows} windows")]
     BadLoaderState {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::tokens::TokenRange;
 use crate::{DataError, Result};
 
 /// Where a [`PackedLoader`] stands: the epoch, and how many windows of it were served. Saved in
@@ -193,7 +194,7 @@ impl EpochOrder {
 /// stream order without `shuffle`); the order depends on nothing else.
 #[derive(Clone, Debug)]
 pub struct PackedLoader {
-    tokens: Arc<[u32]>,
+    tokens: TokenStream,
     seq_len: usize,
     windows: usize,
     order: EpochOrder,
@@ -202,7 +203,13 @@ pub struct PackedLoader {
 impl PackedLoader {
     /// A loader at epoch 0, cursor 0. Errors when `seq_len` is 0 or the stream is shorter than
     /// one window (`seq_len + 1` tokens).
-    pub fn new(tokens: Arc<[u32]>, seq_len: usize, seed: u64, shuffle: bool) -> Result<Self> {
+    pub fn new(
+        tokens: impl Into<TokenStream>,
+        seq_len: usize,
+        seed: u64,
+        shuffle: bool,
+    ) -> Result<Self> {
+        let tokens = tokens.into();
         if seq_len == 0 {
             return Err(DataError::InvalidArgument {
                 name: "seq_len",
@@ -225,14 +232,18 @@ impl PackedLoader {
     }
 
     /// The next `batch` windows; when an epoch runs out mid-batch the rest comes from the next
-    /// epoch's order.
-    pub fn next_batch(&mut self, batch: usize) -> Batch {
+    /// epoch's order. Fails only when token files cannot be read (or hold an id outside the
+    /// vocabulary).
+    pub fn next_batch(&mut self, batch: usize) -> Result<Batch> {
         let mut out = Batch::with_capacity(batch, self.seq_len);
+        let mut window = Vec::with_capacity(self.seq_len + 1);
         for _ in 0..batch {
             let start = self.order.next() * self.seq_len;
-            out.push_window(&self.tokens[start..start + self.seq_len + 1]);
+            window.clear();
+            self.tokens.read(start, self.seq_len + 1, &mut window)?;
+            out.push_window(&window);
         }
-        out
+        Ok(out)
     }
 
     /// Where the loader stands now.
@@ -277,6 +288,53 @@ impl PackedLoader {
                 b
             })
             .collect()
+    }
+}
+
+/// The ids a [`PackedLoader`] cuts windows from.
+#[derive(Clone, Debug)]
+pub enum TokenStream {
+    /// Ids in memory (a corpus tokenized at start).
+    Memory(Arc<[u32]>),
+    /// Ids read from token files as windows are wanted.
+    Files(TokenRange),
+}
+
+impl TokenStream {
+    fn len(&self) -> usize {
+        match self {
+            TokenStream::Memory(t) => t.len(),
+            TokenStream::Files(r) => usize::try_from(r.len()).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Appends the `n` ids from `at` to `out`.
+    fn read(&self, at: usize, n: usize, out: &mut Vec<u32>) -> Result<()> {
+        match self {
+            TokenStream::Memory(t) => {
+                out.extend_from_slice(&t[at..at + n]);
+                Ok(())
+            }
+            TokenStream::Files(r) => r.read(at as u64, n, out),
+        }
+    }
+}
+
+impl From<Arc<[u32]>> for TokenStream {
+    fn from(t: Arc<[u32]>) -> Self {
+        TokenStream::Memory(t)
+    }
+}
+
+impl From<Vec<u32>> for TokenStream {
+    fn from(t: Vec<u32>) -> Self {
+        TokenStream::Memory(t.into())
+    }
+}
+
+impl From<TokenRange> for TokenStream {
+    fn from(r: TokenRange) -> Self {
+        TokenStream::Files(r)
     }
 }
 

@@ -38,7 +38,7 @@ fn starts(b: &Batch) -> Vec<usize> {
 fn take(loader: &mut PackedLoader, rows: usize, batch: usize) -> Vec<usize> {
     let mut out = Vec::new();
     while out.len() < rows {
-        let b = loader.next_batch(batch.min(rows - out.len()));
+        let b = loader.next_batch(batch.min(rows - out.len())).unwrap();
         assert_eq!(b.seq_len, SEQ);
         out.extend(starts(&b));
     }
@@ -73,7 +73,7 @@ fn batches_wrap_into_the_next_epoch() {
     let mut l = PackedLoader::new(stream(1000), SEQ, 1, true).unwrap();
     let w = l.windows_per_epoch(); // 142 = 28 * 5 + 2
     take(&mut l, w - 2, 5);
-    let b = l.next_batch(5);
+    let b = l.next_batch(5).unwrap();
     assert_eq!(b.batch, 5);
     assert_eq!(starts(&b).len(), 5);
     assert_eq!(
@@ -121,7 +121,7 @@ fn restore_continues_exactly_mid_epoch_and_across_epochs() {
     let mut rows = Vec::new();
     for _ in 0..60 {
         states.push(reference.state());
-        rows.push(starts(&reference.next_batch(6)));
+        rows.push(starts(&reference.next_batch(6).unwrap()));
     }
     // 60 batches of 6 cover 360 windows: epochs 0, 1 and part of 2.
     assert_eq!(reference.state().epoch, 2);
@@ -131,13 +131,13 @@ fn restore_continues_exactly_mid_epoch_and_across_epochs() {
         let state: LoaderState = serde_json::from_str(&json).unwrap();
         let mut resumed = PackedLoader::new(stream(1000), SEQ, 77, true).unwrap();
         if at == 47 {
-            resumed.next_batch(100); // a used loader restores just as well as a fresh one
+            resumed.next_batch(100).unwrap(); // a used loader restores just as well as a fresh one
         }
         resumed.restore(&state).unwrap();
         assert_eq!(resumed.state(), states[at]);
         for expect in &rows[at..] {
             assert_eq!(
-                &starts(&resumed.next_batch(6)),
+                &starts(&resumed.next_batch(6).unwrap()),
                 expect,
                 "resumed at batch {at}"
             );
@@ -170,7 +170,7 @@ fn restore_rejects_a_cursor_past_the_epoch() {
         cursor: w - 1,
     })
     .unwrap();
-    l.next_batch(1);
+    l.next_batch(1).unwrap();
     assert_eq!(
         l.state(),
         LoaderState {
@@ -195,7 +195,7 @@ fn a_stream_needs_one_full_window() {
     );
     let mut l = PackedLoader::new(stream(SEQ as u32 + 1), SEQ, 0, true).unwrap();
     assert_eq!(l.windows_per_epoch(), 1);
-    let b = l.next_batch(3);
+    let b = l.next_batch(3).unwrap();
     assert_eq!(starts(&b), [0, 0, 0]);
     assert!(matches!(
         PackedLoader::new(stream(10), 0, 0, true),

@@ -145,9 +145,13 @@ pub fn context(cfg: &JobConfig, spec: &ModelSpec, workload: Workload) -> Result<
 /// The corpus files under `data.path`, each readable (see [`anneal_data::check_files`]).
 pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
     let path = PathBuf::from(&cfg.data.path);
+    if tokens_format(cfg) {
+        return token_files(cfg);
+    }
     let files =
         anneal_data::discover_files(&path).map_err(|e| TrainError::from(e).at("data.path"))?;
-    let chat = is_chat(cfg, &files);
+    container(cfg, &path, &files)?;
+    let chat = data_kind(cfg, &files) == DataKind::Chat;
     if !chat {
         anneal_data::check_files(&files, &cfg.data.text_field)
             .map_err(|e| TrainError::from(e).at("data.path"))?;
@@ -156,6 +160,36 @@ pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
         packing(cfg, chat)?;
     }
     Ok(files)
+}
+
+/// The files of `data.format = "parquet"` are Parquet files; `data.format = "hf_dataset"`
+/// names a folder saved by Hugging Face `datasets`.
+fn container(cfg: &JobConfig, path: &std::path::Path, files: &[PathBuf]) -> Result<(), TrainError> {
+    use anneal_config::DataFormat;
+    let refuse = |what: String| {
+        Err(TrainError::Config(format!(
+            "config: `data.path`: {what} (data.format = \"{}\")",
+            match cfg.data.format {
+                DataFormat::Parquet => "parquet",
+                _ => "hf_dataset",
+            }
+        )))
+    };
+    match cfg.data.format {
+        DataFormat::Parquet => match files.iter().find(|f| {
+            !f.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+        }) {
+            Some(f) => refuse(format!("{} is not a .parquet file", f.display())),
+            None => Ok(()),
+        },
+        DataFormat::HfDataset if !anneal_data::records::is_hf_dataset(path) => refuse(format!(
+            "{} is not a dataset saved by `datasets` (no dataset_info.json and state.json, \
+             nor dataset_dict.json)",
+            path.display()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `data.pack` needs chat data, and a layout whose attention sees whole rows.
@@ -180,12 +214,73 @@ fn packing(cfg: &JobConfig, chat: bool) -> Result<(), TrainError> {
     Ok(())
 }
 
-/// Whether `files` are read as chat data (`data.format`, or for `auto` what they look like).
-pub fn is_chat(cfg: &JobConfig, files: &[PathBuf]) -> bool {
+/// What the data of a run is, `data.format` resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataKind {
+    /// Documents packed into windows.
+    Text,
+    /// Conversations.
+    Chat,
+    /// Pre-tokenized ids read in place.
+    Tokens,
+}
+
+/// What `files` (under `data.path`) are read as: `data.format`, or for `auto` what they look
+/// like.
+pub fn data_kind(cfg: &JobConfig, files: &[PathBuf]) -> DataKind {
+    use anneal_config::DataFormat;
     match cfg.data.format {
-        anneal_config::DataFormat::Chat => true,
-        anneal_config::DataFormat::Text => false,
-        anneal_config::DataFormat::Auto => anneal_data::chat::looks_like_chat(files),
+        _ if tokens_format(cfg) => DataKind::Tokens,
+        DataFormat::Chat => DataKind::Chat,
+        DataFormat::Text => DataKind::Text,
+        // Auto, and the containers of either.
+        _ if anneal_data::chat::looks_like_chat(files) => DataKind::Chat,
+        _ => DataKind::Text,
+    }
+}
+
+/// Whether `data.path` is read as token files (`data.format = "tokens"`, or for `auto` a
+/// `.bin` / `.idx` path or a folder of `.bin` files).
+fn tokens_format(cfg: &JobConfig) -> bool {
+    match cfg.data.format {
+        anneal_config::DataFormat::Tokens => true,
+        anneal_config::DataFormat::Auto => {
+            anneal_data::tokens::looks_like_tokens(std::path::Path::new(&cfg.data.path))
+        }
+        _ => false,
+    }
+}
+
+/// The training token files under `data.path`, each opened and its layout checked (not its
+/// ids, read as training goes); they need the tokenizer that made them.
+fn token_files(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
+    let d = &cfg.data;
+    if d.tokenizer == "train" {
+        return Err(TrainError::Config(
+            "config: `data.tokenizer` = \"train\": token files need the tokenizer that made \
+             their ids; set data.tokenizer to its tokenizer.json (or start from \
+             checkpoint.init_from_hf)"
+                .into(),
+        ));
+    }
+    if d.pack {
+        packing(cfg, false)?;
+    }
+    let path = std::path::Path::new(&d.path);
+    let at = |e: anneal_data::DataError| TrainError::from(e).at("data.path");
+    let (train, val) = anneal_data::tokens::discover_token_files(path).map_err(at)?;
+    let raw = raw_width(d.token_dtype);
+    for files in [&train, &val] {
+        anneal_data::tokens::TokenFiles::open(files, raw, usize::MAX).map_err(at)?;
+    }
+    Ok(train)
+}
+
+/// How ids are stored in token files without a header (`data.token_dtype`).
+pub fn raw_width(dtype: anneal_config::TokenDtype) -> anneal_data::tokens::Width {
+    match dtype {
+        anneal_config::TokenDtype::Uint16 => anneal_data::tokens::Width::U16,
+        anneal_config::TokenDtype::Uint32 => anneal_data::tokens::Width::U32,
     }
 }
 

@@ -36,58 +36,51 @@ pub struct Conversation {
     pub origin: String,
 }
 
-/// Whether the first non-empty line of the first `.jsonl` file in `files` holds a `messages`
-/// list: how `data.format = "auto"` tells chat data from text.
+/// Whether the first record of the first record file in `files` (a non-empty line of a
+/// `.jsonl` file, the first row of a Parquet or Arrow file) holds a `messages` list: how
+/// `data.format = "auto"` tells chat data from text.
 pub fn looks_like_chat(files: &[PathBuf]) -> bool {
-    let Some(file) = files.iter().find(|f| {
-        f.extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"))
-    }) else {
+    use crate::records::{first_row, record_file, RecordFile};
+    let Some(file) = files.iter().find(|f| record_file(f).is_some()) else {
         return false;
     };
-    let Ok(text) = std::fs::read_to_string(file) else {
-        return false;
+    let first = match record_file(file) {
+        Some(RecordFile::JsonLines) => std::fs::read_to_string(file).ok().and_then(|text| {
+            text.lines()
+                .find(|l| !l.trim().is_empty())
+                .and_then(|l| serde_json::from_str::<Value>(l).ok())
+        }),
+        _ => first_row(file).ok().flatten().map(|(_, v)| v),
     };
-    text.lines()
-        .find(|l| !l.trim().is_empty())
-        .and_then(|l| serde_json::from_str::<Value>(l).ok())
-        .is_some_and(|v| v.get("messages").is_some_and(Value::is_array))
+    first.is_some_and(|v| v.get("messages").is_some_and(Value::is_array))
 }
 
-/// Every conversation in `files` (`.jsonl`), in file and line order; blank lines are skipped.
-/// A line that is not a conversation is an error naming the file, the line and the key.
+/// Every conversation in `files` (JSON lines, Parquet or Arrow records), in file and record
+/// order; blank lines are skipped. A record that is not a conversation is an error naming the
+/// file, the line (or row) and the key.
 pub fn read_conversations(files: &[PathBuf]) -> Result<Vec<Conversation>> {
     let mut out = Vec::new();
     for file in files {
-        if !file
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"))
-        {
+        if crate::records::record_file(file).is_none() {
             return Err(DataError::Empty {
                 path: file.clone(),
-                what: "chat data is read from .jsonl files only".into(),
+                what: "chat data is read from .jsonl, .parquet or .arrow files".into(),
             });
         }
-        let text = std::fs::read_to_string(file).map_err(|e| DataError::io(file, e))?;
         let folder = file.parent().unwrap_or(Path::new("."));
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
+        for (number, value) in crate::records::read_records(file)? {
             let bad = |message: String| DataError::BadJsonLine {
                 path: file.clone(),
-                line: i + 1,
+                line: number,
                 message,
             };
-            let value: Value =
-                serde_json::from_str(line).map_err(|e| bad(format!("not JSON: {e}")))?;
             let (messages, images) = parse_messages(&value, folder).map_err(bad)?;
             let tools = parse_tools(&value).map_err(bad)?;
             out.push(Conversation {
                 messages,
                 images,
                 tools,
-                origin: format!("{}:{}", file.display(), i + 1),
+                origin: format!("{}:{number}", file.display()),
             });
         }
     }

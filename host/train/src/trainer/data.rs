@@ -12,6 +12,7 @@ use anneal_data::{Batch, ChatLoader, LoaderState, PackedLoader, TextTokenizer, T
 use anneal_plugin_api::spec::ModelSpec;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Where the training batches come from.
@@ -26,7 +27,7 @@ impl Loader {
     /// The next `rows` rows.
     pub(crate) fn next_batch(&mut self, rows: usize) -> Result<Batch, TrainError> {
         match self {
-            Loader::Packed(l) => Ok(l.next_batch(rows)),
+            Loader::Packed(l) => Ok(l.next_batch(rows)?),
             Loader::Chat(l) => Ok(l.next_batch(rows)?),
         }
     }
@@ -78,10 +79,78 @@ pub(super) fn build(
     spec: &ModelSpec,
     note: &dyn Fn(&str),
 ) -> Result<TrainData, TrainError> {
-    match crate::preflight::is_chat(cfg, files) {
-        true => build_chat(cfg, files, spec, note),
-        false => build_text(cfg, files, note),
+    use crate::preflight::DataKind;
+    match crate::preflight::data_kind(cfg, files) {
+        DataKind::Chat => build_chat(cfg, files, spec, note),
+        DataKind::Text => build_text(cfg, files, note),
+        DataKind::Tokens => build_tokens(cfg, note),
     }
+}
+
+/// Token files read in place: training windows from the training files, held-out windows from
+/// the `val` files, or when there are none from the tail `data.val_fraction` of the stream.
+fn build_tokens(cfg: &JobConfig, note: &dyn Fn(&str)) -> Result<TrainData, TrainError> {
+    use anneal_data::tokens::{discover_token_files, TokenFiles, TokenRange};
+    let (d, t) = (&cfg.data, &cfg.training);
+    let tokenizer_path = PathBuf::from(&d.tokenizer);
+    let tokenizer = TextTokenizer::from_file(&tokenizer_path)?;
+    let (train_files, val_files) = discover_token_files(Path::new(&d.path))?;
+    let raw = crate::preflight::raw_width(d.token_dtype);
+    let open = |files: &[PathBuf]| -> Result<Arc<TokenFiles>, TrainError> {
+        Ok(Arc::new(TokenFiles::open(
+            files,
+            raw,
+            tokenizer.vocab_size(),
+        )?))
+    };
+    let files = open(&train_files)?;
+    let what = files.describe();
+    let (train, val) = match val_files.is_empty() {
+        true => TokenRange::all(files).split_tail(d.val_fraction),
+        false => (TokenRange::all(files), TokenRange::all(open(&val_files)?)),
+    };
+    note(&format!(
+        "data: {what} read in place, {} train / {} held-out ids, tokenizer {} (vocab {})",
+        train.len(),
+        val.len(),
+        tokenizer_path.display(),
+        tokenizer.vocab_size()
+    ));
+    let data_sha256 = train.fingerprint()?;
+    // Only the held-out ids evaluation reads are read, once.
+    let wanted = (cfg.metrics.eval_batches * t.micro_batch_size * t.seq_len + 1) as u64;
+    let val = val.head(wanted)?;
+    windows(cfg, (tokenizer, tokenizer_path), train, &val, data_sha256)
+}
+
+/// A run on windows of a token stream (`train`), evaluated on windows of `val`.
+fn windows(
+    cfg: &JobConfig,
+    (tokenizer, tokenizer_path): (TextTokenizer, PathBuf),
+    train: impl Into<anneal_data::TokenStream>,
+    val: &[u32],
+    data_sha256: String,
+) -> Result<TrainData, TrainError> {
+    let (d, t) = (&cfg.data, &cfg.training);
+    let loader = PackedLoader::new(train, t.seq_len, t.seed, d.shuffle)?;
+    let val_batches = match cfg.metrics.eval_freq > 0 && val.len() > t.seq_len {
+        true => {
+            PackedLoader::eval_batches(val, t.seq_len, t.micro_batch_size, cfg.metrics.eval_batches)
+        }
+        false => Vec::new(),
+    };
+    Ok(TrainData {
+        tokenizer,
+        tokenizer_path,
+        loader: Loader::Packed(loader),
+        val_batches,
+        data_sha256,
+        // A text run renders no chats, but its export should, as the tokenizer's folder does.
+        run_files: RunFiles {
+            files: beside_tokenizer(d, &["tokenizer_config.json", GENERATION_CONFIG]),
+        },
+        chat: false,
+    })
 }
 
 fn build_text(
@@ -89,7 +158,7 @@ fn build_text(
     files: &[PathBuf],
     note: &dyn Fn(&str),
 ) -> Result<TrainData, TrainError> {
-    let (d, t) = (&cfg.data, &cfg.training);
+    let d = &cfg.data;
     let cache_dir = PathBuf::from(&d.cache_dir);
     let started = Instant::now();
     let (tokenizer, tokenizer_path) =
@@ -105,29 +174,8 @@ fn build_text(
         started.elapsed().as_secs_f64()
     ));
     let data_sha256 = dataset.train_sha256();
-    let loader = PackedLoader::new(dataset.train.into(), t.seq_len, t.seed, d.shuffle)?;
-    let val_batches = if cfg.metrics.eval_freq > 0 && dataset.val.len() > t.seq_len {
-        PackedLoader::eval_batches(
-            &dataset.val,
-            t.seq_len,
-            t.micro_batch_size,
-            cfg.metrics.eval_batches,
-        )
-    } else {
-        Vec::new()
-    };
-    Ok(TrainData {
-        tokenizer,
-        tokenizer_path,
-        loader: Loader::Packed(loader),
-        val_batches,
-        data_sha256,
-        // A text run renders no chats, but its export should, as the tokenizer's folder does.
-        run_files: RunFiles {
-            files: beside_tokenizer(d, &["tokenizer_config.json", GENERATION_CONFIG]),
-        },
-        chat: false,
-    })
+    let tokenizer = (tokenizer, tokenizer_path);
+    windows(cfg, tokenizer, dataset.train, &dataset.val, data_sha256)
 }
 
 /// The generation settings of a Hugging Face directory (`max_new_tokens`, sampling, EOS ids).

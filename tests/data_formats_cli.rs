@@ -1,0 +1,244 @@
+//! Pre-tokenized data (`data.format = "tokens"`, guessed from `.bin` paths): nanoGPT's raw
+//! `train.bin` / `val.bin`, llm.c's shards with their header and Megatron's `.bin` + `.idx`
+//! pairs, holding the very ids the text path tokenizes, train on the same windows in the same
+//! order: the same losses and held-out losses bit for bit, and a resumed run continues the same
+//! curve. Ids outside the tokenizer and files that contradict their header are refused by name.
+
+use anneal_data::{discover_files, TextTokenizer, TokenDataset};
+use anneal_tests::cli as common;
+
+use common::{losses, ok, rows, Job};
+use std::path::{Path, PathBuf};
+
+fn val_losses(run: &Path) -> Vec<u64> {
+    rows(run)
+        .iter()
+        .filter_map(|r| r["val_loss"].as_f64())
+        .map(f64::to_bits)
+        .collect()
+}
+
+fn u16_bytes(ids: &[u32]) -> Vec<u8> {
+    ids.iter()
+        .flat_map(|&t| u16::try_from(t).unwrap().to_le_bytes())
+        .collect()
+}
+
+/// An llm.c shard: the 256-int header (magic, version 1 for u16 ids, the count), then the ids.
+fn llmc(ids: &[u32]) -> Vec<u8> {
+    let mut out = vec![0u8; 1024];
+    out[..4].copy_from_slice(&20240520i32.to_le_bytes());
+    out[4..8].copy_from_slice(&1i32.to_le_bytes());
+    out[8..12].copy_from_slice(&(ids.len() as i32).to_le_bytes());
+    out.extend(u16_bytes(ids));
+    out
+}
+
+/// A Megatron pair `prefix.bin` / `prefix.idx` of u16 ids (dtype code 8), one sequence per
+/// `doc`-id piece.
+fn megatron(prefix: &Path, ids: &[u32], doc: usize) {
+    std::fs::write(prefix.with_extension("bin"), u16_bytes(ids)).unwrap();
+    let seqs: Vec<usize> = ids.chunks(doc).map(<[u32]>::len).collect();
+    let mut idx = b"MMIDIDX\x00\x00".to_vec();
+    idx.extend(1u64.to_le_bytes());
+    idx.push(8);
+    idx.extend((seqs.len() as u64).to_le_bytes());
+    idx.extend((seqs.len() as u64 + 1).to_le_bytes());
+    for &n in &seqs {
+        idx.extend((n as i32).to_le_bytes());
+    }
+    let mut at = 0i64;
+    for &n in &seqs {
+        idx.extend(at.to_le_bytes());
+        at += 2 * n as i64;
+    }
+    for i in 0..=seqs.len() as i64 {
+        idx.extend(i.to_le_bytes());
+    }
+    std::fs::write(prefix.with_extension("idx"), idx).unwrap();
+}
+
+fn folder(job: &Job, name: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
+    let dir = job.dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (f, bytes) in files {
+        std::fs::write(dir.join(f), bytes).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn token_files_train_as_the_text_they_were_made_from() {
+    let job = Job::new("tokens");
+    // A tokenizer trained on the corpus, then the text run every format must follow.
+    let (out, first) = job.train("tokenizer", &["training.steps=1", "metrics.eval_freq=0"]);
+    ok(&out);
+    let tok = job.dir.join("tokenizer.json");
+    std::fs::copy(first.join("tokenizer.json"), &tok).unwrap();
+    let tokenizer = format!("data.tokenizer=\"{}\"", tok.display());
+    let (out, text) = job.train("text", &[&tokenizer]);
+    ok(&out);
+    let (want, want_val) = (losses(&text), val_losses(&text));
+    assert_eq!((want.len(), want_val.len()), (8, 2));
+
+    // The same ids as the text run's streams (the tiny config holds out 10%).
+    let files = discover_files(&job.dir.join("corpus")).unwrap();
+    let t = TextTokenizer::from_file(&tok).unwrap();
+    let ds = TokenDataset::build(&files, "text", &t, 0.1, &job.dir.join("ids-cache")).unwrap();
+    let half = ds.train.len() / 2;
+    let nano = folder(
+        &job,
+        "nanogpt",
+        &[
+            ("train.bin", u16_bytes(&ds.train)),
+            ("val.bin", u16_bytes(&ds.val)),
+        ],
+    );
+    let llmc = folder(
+        &job,
+        "llmc",
+        &[
+            ("tiny_train_000000.bin", llmc(&ds.train[..half])),
+            ("tiny_train_000001.bin", llmc(&ds.train[half..])),
+            ("tiny_val_000000.bin", llmc(&ds.val)),
+        ],
+    );
+    let mega = folder(&job, "megatron", &[]);
+    megatron(&mega.join("train"), &ds.train, 97);
+    megatron(&mega.join("val"), &ds.val, 97);
+    for (name, dir, format) in [
+        ("nanogpt", &nano, "auto"),
+        ("llmc", &llmc, "tokens"),
+        ("megatron", &mega, "auto"),
+    ] {
+        let path = format!("data.path=\"{}\"", dir.display());
+        let format = format!("data.format=\"{format}\"");
+        let (out, run) = job.train(name, &[&tokenizer, &path, &format]);
+        let log = ok(&out);
+        assert!(log.contains("read in place"), "{name}: {log}");
+        assert_eq!(losses(&run), want, "{name}: training losses");
+        assert_eq!(val_losses(&run), want_val, "{name}: held-out losses");
+    }
+
+    // One Megatron prefix with no held-out files: the stream's tail is held out instead.
+    megatron(&job.dir.join("single"), &ds.train, 50);
+    let prefix = format!("data.path=\"{}\"", job.dir.join("single").display());
+    let (out, run) = job.train("prefix", &[&tokenizer, &prefix, "training.steps=2"]);
+    ok(&out);
+    assert_eq!(losses(&run).len(), 2);
+    // The held-out tail is evaluated at the end of the run.
+    assert_eq!(val_losses(&run).len(), 1);
+
+    // Resume: a run whose last checkpoint is step 4 (step 8's lost, as in a crash before it
+    // was published) continues from there on the same curve, bit for bit.
+    let path = format!("data.path=\"{}\"", nano.display());
+    let set = [tokenizer.as_str(), path.as_str(), "checkpoint.interval=4"];
+    let (out, run) = job.train("resumed", &set);
+    ok(&out);
+    std::fs::remove_dir_all(run.join("checkpoints/step-8")).unwrap();
+    let (out, run) = job.train("resumed", &set);
+    let log = ok(&out);
+    assert!(
+        log.contains("resuming from") && log.contains("(step 4)"),
+        "{log}"
+    );
+    assert_eq!(losses(&run), want);
+}
+
+#[test]
+fn token_files_refuse_what_they_cannot_train_on() {
+    let job = Job::new("tokens-bad");
+    let (out, first) = job.train("tokenizer", &["training.steps=1", "metrics.eval_freq=0"]);
+    ok(&out);
+    let tok = format!(
+        "data.tokenizer=\"{}\"",
+        first.join("tokenizer.json").display()
+    );
+    // Without the tokenizer that made them.
+    let ids: Vec<u32> = (0..4000).map(|i| i % 300).collect();
+    let dir = folder(&job, "nano", &[("train.bin", u16_bytes(&ids))]);
+    let path = format!("data.path=\"{}\"", dir.display());
+    let out = job.train("untokenized", &[&path]).0;
+    common::user_error(&out, &["`data.tokenizer`", "token files"]);
+    // A file whose header contradicts its size.
+    let mut cut = llmc(&ids);
+    cut.truncate(cut.len() - 2);
+    let bad = folder(&job, "cut", &[("a.bin", cut)]);
+    let out = job
+        .train("cut", &[&tok, &format!("data.path=\"{}\"", bad.display())])
+        .0;
+    common::user_error(
+        &out,
+        &["`data.path`", "a.bin", "llm.c header counts 4000 ids"],
+    );
+    // An id the tokenizer does not have (320 tokens) stops the run naming file and index.
+    let mut big = ids.clone();
+    big[1234] = 5000;
+    let wide = folder(&job, "wide", &[("train.bin", u16_bytes(&big))]);
+    let set = [
+        tok.as_str(),
+        &format!("data.path=\"{}\"", wide.display()),
+        "data.shuffle=false",
+        "training.steps=20",
+    ];
+    let (out, _) = job.train("wide", &set);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("train.bin") && err.contains("id 5000 at index 1234"),
+        "{err}"
+    );
+}
+
+fn columnar(name: &str) -> PathBuf {
+    common::root()
+        .join("host/data/tests/fixtures/columnar")
+        .join(name)
+}
+
+#[test]
+fn parquet_and_saved_datasets_train_as_their_json_lines() {
+    // The same records as JSON lines, Parquet and a dataset saved by `datasets` (written by
+    // host/data/tests/reference/make_columnar_fixtures.py): text documents, then
+    // conversations (a DatasetDict's train split), each the same losses bit for bit.
+    let job = Job::new("columnar");
+    for (what, set) in [
+        ("docs", ["training.seq_len=32"]),
+        ("chat", ["training.seq_len=64"]),
+    ] {
+        let mut curves = Vec::new();
+        for (file, format) in [
+            (format!("{what}.jsonl"), "auto"),
+            (format!("{what}.parquet"), "auto"),
+            (format!("{what}.parquet"), "parquet"),
+            (format!("{what}_hf"), "hf_dataset"),
+            (format!("{what}_hf"), "auto"),
+        ] {
+            let path = format!("data.path=\"{}\"", columnar(&file).display());
+            let fmt = format!("data.format=\"{format}\"");
+            let run = format!("{what}-{format}-{}", file.replace('.', "-"));
+            let (out, run) = job.train(&run, &[&path, &fmt, set[0]]);
+            let log = ok(&out);
+            assert_eq!(
+                log.contains("conversations"),
+                what == "chat",
+                "{file}: {log}"
+            );
+            curves.push((file, format, losses(&run), val_losses(&run)));
+        }
+        let (first, rest) = curves.split_first().unwrap();
+        assert_eq!(first.2.len(), 8);
+        for c in rest {
+            assert_eq!((&c.2, &c.3), (&first.2, &first.3), "{} as {}", c.0, c.1);
+        }
+    }
+    // A container that is not what data.format says.
+    let path = format!("data.path=\"{}\"", columnar("docs.jsonl").display());
+    let out = job.train("wrong", &[&path, "data.format=\"parquet\""]).0;
+    common::user_error(&out, &["`data.path`", "docs.jsonl is not a .parquet file"]);
+    let path = format!("data.path=\"{}\"", columnar("").display());
+    let out = job
+        .train("notsaved", &[&path, "data.format=\"hf_dataset\""])
+        .0;
+    common::user_error(&out, &["`data.path`", "not a dataset saved by `datasets`"]);
+}
