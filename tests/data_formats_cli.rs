@@ -58,6 +58,15 @@ fn megatron(prefix: &Path, ids: &[u32], doc: usize) {
     std::fs::write(prefix.with_extension("idx"), idx).unwrap();
 }
 
+/// The tokenizer a one-step run of the job trains on its corpus, as `<dir>/tokenizer.json`.
+fn trained_tokenizer(job: &Job) -> PathBuf {
+    let (out, first) = job.train("tokenizer", &["training.steps=1", "metrics.eval_freq=0"]);
+    ok(&out);
+    let tok = job.dir.join("tokenizer.json");
+    std::fs::copy(first.join("tokenizer.json"), &tok).unwrap();
+    tok
+}
+
 fn folder(job: &Job, name: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
     let dir = job.dir.join(name);
     std::fs::create_dir_all(&dir).unwrap();
@@ -71,10 +80,7 @@ fn folder(job: &Job, name: &str, files: &[(&str, Vec<u8>)]) -> PathBuf {
 fn token_files_train_as_the_text_they_were_made_from() {
     let job = Job::new("tokens");
     // A tokenizer trained on the corpus, then the text run every format must follow.
-    let (out, first) = job.train("tokenizer", &["training.steps=1", "metrics.eval_freq=0"]);
-    ok(&out);
-    let tok = job.dir.join("tokenizer.json");
-    std::fs::copy(first.join("tokenizer.json"), &tok).unwrap();
+    let tok = trained_tokenizer(&job);
     let tokenizer = format!("data.tokenizer=\"{}\"", tok.display());
     let (out, text) = job.train("text", &[&tokenizer]);
     ok(&out);
@@ -148,12 +154,7 @@ fn token_files_train_as_the_text_they_were_made_from() {
 #[test]
 fn token_files_refuse_what_they_cannot_train_on() {
     let job = Job::new("tokens-bad");
-    let (out, first) = job.train("tokenizer", &["training.steps=1", "metrics.eval_freq=0"]);
-    ok(&out);
-    let tok = format!(
-        "data.tokenizer=\"{}\"",
-        first.join("tokenizer.json").display()
-    );
+    let tok = format!("data.tokenizer=\"{}\"", trained_tokenizer(&job).display());
     // Without the tokenizer that made them.
     let ids: Vec<u32> = (0..4000).map(|i| i % 300).collect();
     let dir = folder(&job, "nano", &[("train.bin", u16_bytes(&ids))]);
@@ -241,4 +242,64 @@ fn parquet_and_saved_datasets_train_as_their_json_lines() {
         .train("notsaved", &[&path, "data.format=\"hf_dataset\""])
         .0;
     common::user_error(&out, &["`data.path`", "not a dataset saved by `datasets`"]);
+}
+
+#[test]
+fn a_mixture_keeps_its_weights_over_a_thousand_steps_and_resumes_bit_for_bit() {
+    // Text (the corpus, tokenized at start) and token files (the columnar fixture's documents
+    // as nanoGPT ids) at 3 : 1, sharing a tokenizer trained on the corpus.
+    let job = Job::new("mixture");
+    let tok = trained_tokenizer(&job);
+    let t = TextTokenizer::from_file(&tok).unwrap();
+    let docs = vec![columnar("docs.jsonl")];
+    let ds = TokenDataset::build(&docs, "text", &t, 0.0, &job.dir.join("ids-cache")).unwrap();
+    let ids = folder(&job, "ids", &[("train.bin", u16_bytes(&ds.train))]);
+    let mix = format!(
+        "data.sources=[{{ path = \"{}\", weight = 3.0 }}, {{ path = \"{}\", weight = 1.0 }}]",
+        job.dir.join("corpus").display(),
+        ids.display()
+    );
+    let tokenizer = format!("data.tokenizer=\"{}\"", tok.display());
+    let set = [
+        mix.as_str(),
+        tokenizer.as_str(),
+        "training.steps=1000",
+        "metrics.log_freq=100",
+        "metrics.eval_freq=500",
+        "checkpoint.interval=500",
+    ];
+    let (out, run) = job.train("mix", &set);
+    let log = ok(&out);
+    assert!(log.contains("a mixture of 2 sources"), "{log}");
+    let all = rows(&run);
+    for r in all.iter().filter(|r| r["loss"].is_number()) {
+        let step = r["step"].as_u64().unwrap();
+        let drawn: Vec<u64> = r["data_source_rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(drawn.iter().sum::<u64>(), 4 * step);
+        let share = drawn[0] as f64 / (4 * step) as f64;
+        assert!((share - 0.75).abs() <= 0.01, "step {step}: {drawn:?}");
+    }
+    assert_eq!(
+        all.last().unwrap()["data_source_rows"],
+        serde_json::json!([3000, 1000])
+    );
+    // Resumed from step 500, the second half follows the same curve, source by source.
+    let want = losses(&run);
+    std::fs::remove_dir_all(run.join("checkpoints/step-1000")).unwrap();
+    let (out, run) = job.train("mix", &set);
+    let log = ok(&out);
+    assert!(log.contains("(step 500)"), "{log}");
+    assert_eq!(losses(&run), want);
+    // A chat source is refused by its key.
+    let chat = format!(
+        "data.sources=[{{ path = \"{}\", weight = 1.0 }}]",
+        columnar("chat.jsonl").display()
+    );
+    let out = job.train("chat", &[&chat]).0;
+    common::user_error(&out, &["`data.sources[0].path`", "conversations"]);
 }

@@ -432,6 +432,11 @@ pub struct Data {
     /// Token files without a header (nanoGPT's raw `.bin`): how each id is stored. llm.c and
     /// Megatron files say it themselves.
     pub token_dtype: TokenDtype,
+    /// A mixture of sources in place of `data.path` (`[[data.sources]]`): each row is a window
+    /// of one source, the sources' shares of the rows kept at their weights; each source keeps
+    /// its own order and cursor, saved in checkpoints. Text and token sources mix (sharing
+    /// `data.tokenizer`, trained on the text sources when `train`); chat data does not.
+    pub sources: Vec<DataSource>,
     /// Chat data: pack several whole conversations into each row (in the loader's order, as
     /// many as fit) instead of one per row with padding. Positions restart at each
     /// conversation and attention stays within it, so each conversation trains as it would
@@ -463,6 +468,24 @@ pub enum DataFormat {
     HfDataset,
 }
 
+/// One source of a data mixture (`[[data.sources]]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSource {
+    /// Its files, as `data.path`: a text corpus (file or folder, JSON lines, Parquet or a saved
+    /// dataset) or token files.
+    pub path: String,
+    /// Its share of the rows, relative to the other sources' weights (any positive scale).
+    pub weight: f64,
+    /// What it holds, as `data.format` (`auto` guesses from the path).
+    #[serde(default = "auto_format")]
+    pub format: DataFormat,
+}
+
+fn auto_format() -> DataFormat {
+    DataFormat::Auto
+}
+
 /// `data.token_dtype`
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -485,6 +508,7 @@ impl Default for Data {
             shuffle: true,
             cache_dir: "data/cache".into(),
             format: DataFormat::Auto,
+            sources: Vec::new(),
             token_dtype: TokenDtype::Uint16,
             pack: false,
             // Qwen3-VL's processor: 256 x 256 to 4,096 x 4,096 pixels.

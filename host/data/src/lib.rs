@@ -20,6 +20,7 @@ pub mod corpus;
 pub mod dataset;
 pub mod image;
 pub mod loader;
+pub mod mixture;
 pub mod records;
 pub mod tokenizer;
 pub mod tokens;
@@ -30,6 +31,7 @@ pub use chat::loader::ChatLoader;
 pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;
 pub use loader::{Batch, LoaderState, PackedLoader, TokenStream};
+pub use mixture::{MixtureLoader, MixtureState};
 pub use tokenizer::{DecodeStream, TextTokenizer};
 
 /// Everything that can go wrong while reading, tokenizing or loading training data. Each message

@@ -15,6 +15,10 @@ pub struct LoaderState {
     pub epoch: u64,
     /// Windows already served in this epoch, always below the windows per epoch.
     pub cursor: u64,
+    /// A mixture of sources: each source's state and the rows drawn (`epoch` and `cursor` are
+    /// then unused). Absent from the saved state of a single source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<Box<crate::mixture::MixtureState>>,
 }
 
 /// A batch of rows, row-major `[batch, seq_len]`: row `r` of `targets` is row `r` of `inputs`
@@ -155,6 +159,7 @@ impl EpochOrder {
         LoaderState {
             epoch: self.epoch,
             cursor: self.cursor,
+            mixture: None,
         }
     }
 

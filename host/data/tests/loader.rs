@@ -56,7 +56,8 @@ fn every_window_is_visited_once_per_epoch() {
         l.state(),
         LoaderState {
             epoch: 1,
-            cursor: 0
+            cursor: 0,
+            mixture: None,
         }
     );
     let mut e1 = take(&mut l, w, 5);
@@ -80,7 +81,8 @@ fn batches_wrap_into_the_next_epoch() {
         l.state(),
         LoaderState {
             epoch: 1,
-            cursor: 3
+            cursor: 3,
+            mixture: None,
         }
     );
 }
@@ -153,6 +155,7 @@ fn restore_rejects_a_cursor_past_the_epoch() {
         .restore(&LoaderState {
             epoch: 0,
             cursor: w,
+            mixture: None,
         })
         .unwrap_err();
     assert!(matches!(err, DataError::BadLoaderState { .. }), "{err}");
@@ -161,13 +164,15 @@ fn restore_rejects_a_cursor_past_the_epoch() {
         l.state(),
         LoaderState {
             epoch: 0,
-            cursor: 0
+            cursor: 0,
+            mixture: None,
         },
         "a failed restore changes nothing"
     );
     l.restore(&LoaderState {
         epoch: 5,
         cursor: w - 1,
+        mixture: None,
     })
     .unwrap();
     l.next_batch(1).unwrap();
@@ -175,7 +180,8 @@ fn restore_rejects_a_cursor_past_the_epoch() {
         l.state(),
         LoaderState {
             epoch: 6,
-            cursor: 0
+            cursor: 0,
+            mixture: None,
         }
     );
 }

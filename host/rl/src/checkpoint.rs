@@ -84,6 +84,7 @@ pub(crate) fn train_state(
         loader: LoaderState {
             epoch: 0,
             cursor: 0,
+            mixture: None,
         },
         lr: progress.lr,
         tokens: progress.tokens,

@@ -20,6 +20,7 @@ fn state(step: u64) -> TrainState {
         loader: anneal_data::LoaderState {
             epoch: 0,
             cursor: 0,
+            mixture: None,
         },
         lr: 0.0,
         tokens: 0,

@@ -144,6 +144,9 @@ pub fn context(cfg: &JobConfig, spec: &ModelSpec, workload: Workload) -> Result<
 
 /// The corpus files under `data.path`, each readable (see [`anneal_data::check_files`]).
 pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
+    if !cfg.data.sources.is_empty() {
+        return mixture(cfg);
+    }
     let path = PathBuf::from(&cfg.data.path);
     if tokens_format(cfg) {
         return token_files(cfg);
@@ -212,6 +215,51 @@ fn packing(cfg: &JobConfig, chat: bool) -> Result<(), TrainError> {
         }
     }
     Ok(())
+}
+
+/// The text files of every source of a mixture (`[[data.sources]]`), each source checked as
+/// `data.path` would be (errors keyed `data.sources[i].path`); chat sources are refused.
+fn mixture(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
+    if cfg.data.pack {
+        packing(cfg, false)?;
+    }
+    let mut files = Vec::new();
+    for (i, source) in cfg.data.sources.iter().enumerate() {
+        let one = source_config(cfg, i);
+        let found = data(&one).map_err(|e| in_source(e, i))?;
+        match data_kind(&one, &found) {
+            DataKind::Chat => {
+                return Err(TrainError::Config(format!(
+                    "config: `data.sources[{i}].path`: {} holds conversations; a mixture mixes \
+                     text and token sources, not chat data",
+                    source.path
+                )))
+            }
+            DataKind::Text => files.extend(found),
+            DataKind::Tokens => {}
+        }
+    }
+    Ok(files)
+}
+
+/// `cfg` with the `i`-th source of its mixture as its only data.
+pub fn source_config(cfg: &JobConfig, i: usize) -> JobConfig {
+    let mut one = cfg.clone();
+    let source = &cfg.data.sources[i];
+    one.data.path = source.path.clone();
+    one.data.format = source.format;
+    one.data.sources = Vec::new();
+    one
+}
+
+/// `e` about `data.path` as about the `i`-th source's path.
+fn in_source(e: TrainError, i: usize) -> TrainError {
+    let key = format!("data.sources[{i}].path");
+    match e {
+        TrainError::At { key: k, source } if k == "data.path" => TrainError::At { key, source },
+        TrainError::Config(m) => TrainError::Config(m.replace("`data.path`", &format!("`{key}`"))),
+        e => e,
+    }
 }
 
 /// What the data of a run is, `data.format` resolved.

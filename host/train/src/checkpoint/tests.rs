@@ -14,6 +14,7 @@ fn state(step: u64) -> TrainState {
         loader: LoaderState {
             epoch: 0,
             cursor: 3,
+            mixture: None,
         },
         lr: 1e-3,
         tokens: 128,

@@ -21,6 +21,8 @@ pub(crate) enum Loader {
     Packed(PackedLoader),
     /// Conversations, one per row.
     Chat(ChatLoader),
+    /// Windows of several sources at their weights.
+    Mixture(anneal_data::MixtureLoader),
 }
 
 impl Loader {
@@ -29,6 +31,7 @@ impl Loader {
         match self {
             Loader::Packed(l) => Ok(l.next_batch(rows)?),
             Loader::Chat(l) => Ok(l.next_batch(rows)?),
+            Loader::Mixture(l) => Ok(l.next_batch(rows)?),
         }
     }
 
@@ -37,6 +40,14 @@ impl Loader {
         match self {
             Loader::Packed(l) => l.state(),
             Loader::Chat(l) => l.state(),
+            Loader::Mixture(l) => {
+                let state = l.state();
+                LoaderState {
+                    epoch: 0,
+                    cursor: state.drawn,
+                    mixture: Some(Box::new(state)),
+                }
+            }
         }
     }
 
@@ -45,6 +56,16 @@ impl Loader {
         match self {
             Loader::Packed(l) => l.restore(s)?,
             Loader::Chat(l) => l.restore(s)?,
+            Loader::Mixture(l) => {
+                match &s.mixture {
+                    Some(m) => l.restore(m)?,
+                    None => return Err(TrainError::Config(
+                        "config: `data.sources`: the checkpoint was taken without a mixture of \
+                         sources"
+                            .into(),
+                    )),
+                }
+            }
         }
         Ok(())
     }
@@ -80,6 +101,9 @@ pub(super) fn build(
     note: &dyn Fn(&str),
 ) -> Result<TrainData, TrainError> {
     use crate::preflight::DataKind;
+    if !cfg.data.sources.is_empty() {
+        return build_mixture(cfg, files, note);
+    }
     match crate::preflight::data_kind(cfg, files) {
         DataKind::Chat => build_chat(cfg, files, spec, note),
         DataKind::Text => build_text(cfg, files, note),
@@ -90,10 +114,27 @@ pub(super) fn build(
 /// Token files read in place: training windows from the training files, held-out windows from
 /// the `val` files, or when there are none from the tail `data.val_fraction` of the stream.
 fn build_tokens(cfg: &JobConfig, note: &dyn Fn(&str)) -> Result<TrainData, TrainError> {
+    let tokenizer_path = PathBuf::from(&cfg.data.tokenizer);
+    let tokenizer = TextTokenizer::from_file(&tokenizer_path)?;
+    let (train, val) = token_source(cfg, &tokenizer, note)?;
+    note(&format!(
+        "data: tokenizer {} (vocab {})",
+        tokenizer_path.display(),
+        tokenizer.vocab_size()
+    ));
+    let data_sha256 = train.fingerprint()?;
+    windows(cfg, (tokenizer, tokenizer_path), train, &val, data_sha256)
+}
+
+/// The token files of `data.path`: the training range, and the held-out ids evaluation reads
+/// (read once).
+fn token_source(
+    cfg: &JobConfig,
+    tokenizer: &TextTokenizer,
+    note: &dyn Fn(&str),
+) -> Result<(anneal_data::tokens::TokenRange, Vec<u32>), TrainError> {
     use anneal_data::tokens::{discover_token_files, TokenFiles, TokenRange};
     let (d, t) = (&cfg.data, &cfg.training);
-    let tokenizer_path = PathBuf::from(&d.tokenizer);
-    let tokenizer = TextTokenizer::from_file(&tokenizer_path)?;
     let (train_files, val_files) = discover_token_files(Path::new(&d.path))?;
     let raw = crate::preflight::raw_width(d.token_dtype);
     let open = |files: &[PathBuf]| -> Result<Arc<TokenFiles>, TrainError> {
@@ -110,17 +151,111 @@ fn build_tokens(cfg: &JobConfig, note: &dyn Fn(&str)) -> Result<TrainData, Train
         false => (TokenRange::all(files), TokenRange::all(open(&val_files)?)),
     };
     note(&format!(
-        "data: {what} read in place, {} train / {} held-out ids, tokenizer {} (vocab {})",
+        "data: {what} under {} read in place, {} train / {} held-out ids",
+        d.path,
         train.len(),
-        val.len(),
+        val.len()
+    ));
+    let wanted = (cfg.metrics.eval_batches * t.micro_batch_size * t.seq_len + 1) as u64;
+    Ok((train, val.head(wanted)?))
+}
+
+/// A mixture of text and token sources (`[[data.sources]]`): one tokenizer (a file, or trained
+/// on every text source), each source its own loader (seeded apart), rows drawn at the
+/// sources' weights; held-out batches from every source in turn.
+fn build_mixture(
+    cfg: &JobConfig,
+    text_files: &[PathBuf],
+    note: &dyn Fn(&str),
+) -> Result<TrainData, TrainError> {
+    use crate::preflight::{data_kind, source_config, DataKind};
+    use anneal_data::MixtureLoader;
+    use sha2::{Digest, Sha256};
+    let (d, t) = (&cfg.data, &cfg.training);
+    let cache_dir = PathBuf::from(&d.cache_dir);
+    let (tokenizer, tokenizer_path) = TextTokenizer::load_or_train(
+        &d.tokenizer,
+        text_files,
+        &d.text_field,
+        d.vocab_size,
+        &cache_dir,
+    )?;
+    let n = d.sources.len();
+    let mut loaders = Vec::with_capacity(n);
+    let mut val_batches = Vec::new();
+    let mut digest = Sha256::new();
+    for (i, source) in d.sources.iter().enumerate() {
+        let one = source_config(cfg, i);
+        let seed = t.seed.wrapping_add(i as u64);
+        let files = crate::preflight::data(&one)?;
+        let (loader, val, sha) = match data_kind(&one, &files) {
+            DataKind::Tokens => {
+                let (train, val) = token_source(&one, &tokenizer, note)?;
+                let sha = train.fingerprint()?;
+                (
+                    PackedLoader::new(train, t.seq_len, seed, d.shuffle)?,
+                    val,
+                    sha,
+                )
+            }
+            _ => {
+                let ds = TokenDataset::build(
+                    &files,
+                    &d.text_field,
+                    &tokenizer,
+                    d.val_fraction,
+                    &cache_dir,
+                )?;
+                let sha = ds.train_sha256();
+                note(&format!(
+                    "data: source {i} ({}): {} train / {} held-out tokens",
+                    source.path,
+                    ds.train.len(),
+                    ds.val.len()
+                ));
+                (
+                    PackedLoader::new(ds.train, t.seq_len, seed, d.shuffle)?,
+                    ds.val,
+                    sha,
+                )
+            }
+        };
+        digest.update(sha.as_bytes());
+        digest.update(source.weight.to_le_bytes());
+        loaders.push(loader);
+        if cfg.metrics.eval_freq > 0 && val.len() > t.seq_len {
+            let per = cfg.metrics.eval_batches.div_ceil(n).max(1);
+            val_batches.extend(PackedLoader::eval_batches(
+                &val,
+                t.seq_len,
+                t.micro_batch_size,
+                per,
+            ));
+        }
+    }
+    let weights: Vec<f64> = d.sources.iter().map(|s| s.weight).collect();
+    let loader = MixtureLoader::new(loaders, &weights)
+        .map_err(|e| TrainError::from(e).at("data.sources"))?;
+    note(&format!(
+        "data: a mixture of {n} sources at weights {weights:?}, tokenizer {} (vocab {})",
         tokenizer_path.display(),
         tokenizer.vocab_size()
     ));
-    let data_sha256 = train.fingerprint()?;
-    // Only the held-out ids evaluation reads are read, once.
-    let wanted = (cfg.metrics.eval_batches * t.micro_batch_size * t.seq_len + 1) as u64;
-    let val = val.head(wanted)?;
-    windows(cfg, (tokenizer, tokenizer_path), train, &val, data_sha256)
+    Ok(TrainData {
+        tokenizer,
+        tokenizer_path,
+        loader: Loader::Mixture(loader),
+        val_batches,
+        data_sha256: digest
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        run_files: RunFiles {
+            files: beside_tokenizer(d, &["tokenizer_config.json", GENERATION_CONFIG]),
+        },
+        chat: false,
+    })
 }
 
 /// A run on windows of a token stream (`train`), evaluated on windows of `val`.

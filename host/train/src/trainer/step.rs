@@ -311,6 +311,11 @@ impl Trainer {
             fields.insert("owner_work".into(), o.work.into());
             fields.insert("owner_bytes".into(), o.bytes.into());
         }
+        if let super::data::Loader::Mixture(m) = &self.loader {
+            // Rows drawn from each source of the mixture so far (every rank reads the whole
+            // global batch, so this counts the job's rows).
+            fields.insert("data_source_rows".into(), m.rows_per_source().into());
+        }
         fields
     }
 }
