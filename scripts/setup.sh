@@ -13,3 +13,5 @@ bash "$(dirname "$0")/setup-python.sh"
 bash "$(dirname "$0")/setup-web.sh"
 # NVRTC and ptxas (PyPI wheels, cached under ~/.cache): CUDA kernels compile to PTX without a GPU.
 bash "$(dirname "$0")/setup-cuda-tools.sh"
+# mdBook for the manual (docs/ as a book; scripts/test.sh builds it).
+bash "$(dirname "$0")/setup-book.sh"

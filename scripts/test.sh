@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The manual as a book: it must build (tests/docs_cli.rs checks its links and commands).
+PATH="$HOME/.cargo/bin:$PATH" mdbook build docs >/dev/null 2>&1 || PATH="$HOME/.cargo/bin:$PATH" mdbook build docs
 # The CUDA kernels' compile test finds NVRTC and ptxas here, and must really compile (no SKIP).
 source scripts/cuda-tools-env.sh
 export ANNEAL_REQUIRE_CUDA_TOOLS=1
