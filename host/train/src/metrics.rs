@@ -161,30 +161,38 @@ pub fn measure_peak_tflops() -> f64 {
     2.0 * (n * n * n) as f64 / best / 1e12
 }
 
-/// The terminal side: a log line per row and a one-line progress bar on a terminal.
+/// The terminal side: a log line per row and a one-line progress bar (`indicatif`) on a
+/// terminal; lines print above the bar.
 pub struct Console {
-    total: u64,
-    bar: bool,
-    start: Instant,
-    start_step: u64,
+    bar: Option<indicatif::ProgressBar>,
 }
 
 impl Console {
     /// A console for a run of `total` steps starting after `start_step`; the bar shows only when
     /// `bar` is set and stderr is a terminal.
     pub fn new(total: u64, start_step: u64, bar: bool) -> Self {
-        Console {
-            total,
-            bar: bar && std::io::stderr().is_terminal(),
-            start: Instant::now(),
-            start_step,
-        }
+        let bar = (bar && std::io::stderr().is_terminal()).then(|| {
+            let style =
+                indicatif::ProgressStyle::with_template("[{bar:30}] {pos}/{len} eta {eta_precise}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                    .progress_chars("#>-");
+            let b = indicatif::ProgressBar::with_draw_target(
+                Some(total),
+                indicatif::ProgressDrawTarget::stderr(),
+            )
+            .with_style(style);
+            b.set_position(start_step);
+            b
+        });
+        Console { bar }
     }
 
-    /// Counts ETA from `step` (after a resume).
+    /// Counts ETA from `step` (after a resume): the steps before it took no time here.
     pub fn set_start(&mut self, step: u64) {
-        self.start_step = step;
-        self.start = Instant::now();
+        if let Some(b) = &self.bar {
+            b.set_position(step);
+            b.reset_eta();
+        }
     }
 
     /// Prints one row as a line (clearing the bar first).
@@ -213,41 +221,21 @@ impl Console {
             r.comm_bytes
                 .map(|v| format!("{:.1}MiB", v as f64 / (1 << 20) as f64)),
         );
-        self.clear();
-        println!("{s}");
+        self.note(&s);
     }
 
-    /// Any other message, on its own line.
+    /// Any other message, on its own line (above the bar).
     pub fn note(&self, msg: &str) {
-        self.clear();
-        println!("{msg}");
-    }
-
-    /// Redraws the bar at `step`.
-    pub fn progress(&self, step: u64) {
-        if !self.bar {
-            return;
+        match &self.bar {
+            Some(b) => b.suspend(|| println!("{msg}")),
+            None => println!("{msg}"),
         }
-        let done = step.saturating_sub(self.start_step);
-        let left = self.total.saturating_sub(step);
-        let per_step = self.start.elapsed().as_secs_f64() / done.max(1) as f64;
-        let eta = (per_step * left as f64) as u64;
-        let width = 30;
-        let filled = (width as u64 * step / self.total.max(1)) as usize;
-        eprint!(
-            "\r[{}{}] {step}/{} eta {}:{:02}:{:02} ",
-            "#".repeat(filled),
-            "-".repeat(width - filled),
-            self.total,
-            eta / 3600,
-            eta / 60 % 60,
-            eta % 60
-        );
     }
 
-    fn clear(&self) {
-        if self.bar {
-            eprint!("\r\x1b[2K");
+    /// Moves the bar to `step`.
+    pub fn progress(&self, step: u64) {
+        if let Some(b) = &self.bar {
+            b.set_position(step);
         }
     }
 
@@ -263,7 +251,9 @@ impl Console {
 
     /// Removes the bar at the end.
     pub fn finish(&self) {
-        self.clear();
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
     }
 }
 
