@@ -240,13 +240,21 @@ impl PackedLoader {
     /// epoch's order. Fails only when token files cannot be read (or hold an id outside the
     /// vocabulary).
     pub fn next_batch(&mut self, batch: usize) -> Result<Batch> {
-        let mut out = Batch::with_capacity(batch, self.seq_len);
+        self.next_rows(batch, 0..batch)
+    }
+
+    /// Rows `keep` of the next `batch` windows: the loader moves past all of them but reads
+    /// only those (a data-parallel rank's share).
+    pub fn next_rows(&mut self, batch: usize, keep: std::ops::Range<usize>) -> Result<Batch> {
+        let mut out = Batch::with_capacity(keep.len(), self.seq_len);
         let mut window = Vec::with_capacity(self.seq_len + 1);
-        for _ in 0..batch {
+        for row in 0..batch {
             let start = self.order.next() * self.seq_len;
-            window.clear();
-            self.tokens.read(start, self.seq_len + 1, &mut window)?;
-            out.push_window(&window);
+            if keep.contains(&row) {
+                window.clear();
+                self.tokens.read(start, self.seq_len + 1, &mut window)?;
+                out.push_window(&window);
+            }
         }
         Ok(out)
     }
@@ -261,6 +269,11 @@ impl PackedLoader {
     /// [`PackedLoader::windows_per_epoch`].
     pub fn restore(&mut self, s: &LoaderState) -> Result<()> {
         self.order.restore(s)
+    }
+
+    /// Tokens per window's inputs.
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
     }
 
     /// Windows in one epoch: `(tokens - 1) / seq_len`.

@@ -79,23 +79,22 @@ impl MixtureLoader {
 
     /// The next `rows` rows, each a window of the source whose turn it is.
     pub fn next_batch(&mut self, rows: usize) -> Result<Batch> {
-        let mut out: Option<Batch> = None;
-        for _ in 0..rows {
+        self.next_rows(rows, 0..rows)
+    }
+
+    /// Rows `keep` of the next `rows` rows: every turn is taken, only these windows read.
+    pub fn next_rows(&mut self, rows: usize, keep: std::ops::Range<usize>) -> Result<Batch> {
+        let mut out = Batch::with_capacity(keep.len(), self.sources[0].seq_len());
+        for r in 0..rows {
             let i = self.pick();
-            let row = self.sources[i].next_batch(1)?;
-            match &mut out {
-                None => out = Some(row),
-                Some(b) => {
-                    b.inputs.extend(row.inputs);
-                    b.targets.extend(row.targets);
-                    b.batch += 1;
-                }
-            }
+            // A row this rank does not keep moves its source on without reading it.
+            let mine = usize::from(!keep.contains(&r))..1;
+            let row = self.sources[i].next_rows(1, mine)?;
+            out.inputs.extend(row.inputs);
+            out.targets.extend(row.targets);
+            out.batch += row.batch;
         }
-        out.ok_or_else(|| DataError::InvalidArgument {
-            name: "rows",
-            message: "a batch needs at least one row".into(),
-        })
+        Ok(out)
     }
 
     /// Rows drawn from each source so far.
@@ -178,6 +177,19 @@ mod tests {
         .unwrap();
         again.restore(&state).unwrap();
         assert_eq!(again.next_batch(9).unwrap(), want);
+    }
+
+    #[test]
+    fn a_ranks_rows_are_the_rows_of_the_whole_batch() {
+        let make = || MixtureLoader::new(vec![source(1, 1), source(2, 2)], &[3.0, 1.0]).unwrap();
+        let (mut whole, mut part) = (make(), make());
+        for _ in 0..20 {
+            let b = whole.next_batch(8).unwrap();
+            assert_eq!(part.next_rows(8, 3..6).unwrap(), b.rows(3, 6));
+            assert_eq!(part.next_rows(8, 0..0).unwrap().batch, 0);
+            whole.next_batch(8).unwrap();
+        }
+        assert_eq!(part.state(), whole.state());
     }
 
     #[test]

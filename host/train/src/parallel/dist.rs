@@ -21,7 +21,6 @@
 
 use crate::TrainError;
 use anneal_config::JobConfig;
-use anneal_data::Batch;
 use anneal_dist::{Collective, Mesh, MeshDim, Single};
 use anneal_engine::{Device, Tensor};
 
@@ -371,18 +370,20 @@ impl Dist {
         }
     }
 
-    /// This rank's part of the step's micro-batch `i` (of `n_micro`, in loader order): the
-    /// whole of it when it is one of this rank's consecutive micro-batches, its consecutive
-    /// rows of it under a row split, `None` when another rank trains on it.
-    pub fn local_batch(&self, i: usize, n_micro: usize, b: Batch) -> Option<Batch> {
+    /// This rank's rows of the step's micro-batch `i` (of `n_micro`, in loader order, `rows`
+    /// rows each): all of them when it is one of this rank's consecutive micro-batches, its
+    /// consecutive rows under a row split, none when another rank trains on it. The loader
+    /// reads only these ([`crate::trainer`]'s `Loader::next_rows`).
+    pub fn local_rows(&self, i: usize, n_micro: usize, rows: usize) -> std::ops::Range<usize> {
         match self.split {
             BatchSplit::MicroBatches => {
                 let per = n_micro / self.size();
-                (self.rank() * per..(self.rank() + 1) * per)
-                    .contains(&i)
-                    .then_some(b)
+                match (self.rank() * per..(self.rank() + 1) * per).contains(&i) {
+                    true => 0..rows,
+                    false => 0..0,
+                }
             }
-            BatchSplit::Rows { rows } => Some(b.rows(self.rank() * rows, (self.rank() + 1) * rows)),
+            BatchSplit::Rows { rows } => self.rank() * rows..(self.rank() + 1) * rows,
         }
     }
 

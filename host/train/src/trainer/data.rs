@@ -26,12 +26,18 @@ pub(crate) enum Loader {
 }
 
 impl Loader {
-    /// The next `rows` rows.
-    pub(crate) fn next_batch(&mut self, rows: usize) -> Result<Batch, TrainError> {
+    /// The rows `keep` of the next `rows` rows (the others are passed over, unread where the
+    /// loader reads from files).
+    pub(crate) fn next_rows(
+        &mut self,
+        rows: usize,
+        keep: std::ops::Range<usize>,
+    ) -> Result<Batch, TrainError> {
         match self {
-            Loader::Packed(l) => Ok(l.next_batch(rows)?),
-            Loader::Chat(l) => Ok(l.next_batch(rows)?),
-            Loader::Mixture(l) => Ok(l.next_batch(rows)?),
+            Loader::Packed(l) => Ok(l.next_rows(rows, keep)?),
+            // Conversations are in memory; packing needs every row's lengths anyway.
+            Loader::Chat(l) => Ok(l.next_batch(rows)?.rows(keep.start, keep.end)),
+            Loader::Mixture(l) => Ok(l.next_rows(rows, keep)?),
         }
     }
 

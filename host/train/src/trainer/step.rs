@@ -76,10 +76,13 @@ impl Trainer {
         // Every rank reads the whole global batch (so the order never depends on the number of
         // ranks) and trains on its own consecutive micro-batches, or on its rows of each.
         for i in 0..n_micro {
-            let b = self.loader.next_batch(t.micro_batch_size)?;
-            let Some(b) = self.dist.local_batch(i, n_micro, b) else {
+            // Every rank walks the whole global batch (so the order never depends on the
+            // number of ranks) but reads only its own rows of it.
+            let keep = self.dist.local_rows(i, n_micro, t.micro_batch_size);
+            let b = self.loader.next_rows(t.micro_batch_size, keep.clone())?;
+            if keep.is_empty() {
                 continue;
-            };
+            }
             if self.pipeline.is_some() {
                 // Under context parallelism the stages run on this rank's part of each sequence.
                 acc.pipeline_batches.push(match &self.cp {
