@@ -36,7 +36,13 @@ impl Loader {
         match self {
             Loader::Packed(l) => Ok(l.next_rows(rows, keep)?),
             // Conversations are in memory; packing needs every row's lengths anyway.
-            Loader::Chat(l) => Ok(l.next_batch(rows)?.rows(keep.start, keep.end)),
+            Loader::Chat(l) => {
+                let b = l.next_batch(rows)?;
+                Ok(match keep == (0..rows) {
+                    true => b,
+                    false => b.rows(keep.start, keep.end),
+                })
+            }
             Loader::Mixture(l) => Ok(l.next_rows(rows, keep)?),
         }
     }
