@@ -334,3 +334,76 @@ fn a_mixture_keeps_its_weights_over_a_thousand_steps_and_resumes_bit_for_bit() {
     let out = job.train("chat", &[&chat]).0;
     common::user_error(&out, &["`data.sources[0].path`", "conversations"]);
 }
+
+#[test]
+fn a_streamed_corpus_trains_as_in_memory_and_resumes_bit_for_bit() {
+    let job = Job::new("stream");
+    let tok = trained_tokenizer(&job);
+    let tokenizer = format!("data.tokenizer=\"{}\"", tok.display());
+    // In order and with nothing held out, the streamed windows are the in-memory ones.
+    let plain = [
+        tokenizer.as_str(),
+        "data.shuffle=false",
+        "data.val_fraction=0.0",
+    ];
+    let (out, memory) = job.train("memory", &plain);
+    ok(&out);
+    let (out, streamed) = job.train("streamed", &[&plain[..], &["data.streaming=true"]].concat());
+    let log = ok(&out);
+    assert!(log.contains("data: streaming 4 files"), "{log}");
+    assert_eq!(losses(&streamed), losses(&memory));
+    let trained = rows(&streamed);
+    let trained: Vec<_> = trained.iter().filter(|r| r["loss"].is_number()).collect();
+    assert!(
+        trained.iter().all(|r| r["data_wait_s"].as_f64().is_some()),
+        "{trained:?}"
+    );
+
+    // The defaults: shuffled, a tokenizer trained on the stream's first documents, held-out
+    // tokens from them; a run whose last checkpoint is step 4 continues the same curve.
+    let set = ["data.streaming=true", "checkpoint.interval=4"];
+    let (out, run) = job.train("resumed", &set);
+    ok(&out);
+    assert_eq!(val_losses(&run).len(), 2);
+    let want = losses(&run);
+    assert_eq!(want.len(), 8);
+    std::fs::remove_dir_all(run.join("checkpoints/step-8")).unwrap();
+    let (out, run) = job.train("resumed", &set);
+    let log = ok(&out);
+    assert!(log.contains("(step 4)"), "{log}");
+    assert_eq!(losses(&run), want);
+
+    // Two data-parallel ranks stream the same windows, each copying only its rows: step 1
+    // bit for bit, the rest within DDP's rounding.
+    let short = [
+        "data.streaming=true",
+        "training.steps=6",
+        "training.micro_batch_size=2",
+        "training.threads=1",
+        "metrics.eval_freq=0",
+    ];
+    let (out, one) = job.train("stream-single", &short);
+    ok(&out);
+    let two = job.dir.join("stream-ddp");
+    ok(&dist_support::mpiexec_train(2, &job, &two, &short));
+    let (a, b) = (
+        dist_support::loss_values(&one),
+        dist_support::loss_values(&two),
+    );
+    assert_eq!((a.len(), b.len()), (6, 6));
+    assert_eq!(a[0].to_bits(), b[0].to_bits());
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?} vs {b:?}");
+    }
+
+    // What streaming does not read is refused by its key.
+    let chat = format!("data.path=\"{}\"", columnar("chat.jsonl").display());
+    let out = job.train("stream-chat", &["data.streaming=true", &chat]).0;
+    common::user_error(&out, &["`data.streaming`", "chat"]);
+    let mix = format!(
+        "data.sources=[{{ path = \"{}\", weight = 1.0 }}]",
+        job.dir.join("corpus").display()
+    );
+    let out = job.train("stream-mix", &["data.streaming=true", &mix]).0;
+    common::user_error(&out, &["`data.streaming`", "data.sources"]);
+}

@@ -442,6 +442,14 @@ pub struct Data {
     /// conversation and attention stays within it, so each conversation trains as it would
     /// alone, with fewer padded tokens.
     pub pack: bool,
+    /// Text data: read and tokenize the corpus in background threads as training goes,
+    /// instead of all of it at start, so a corpus larger than memory trains with constant
+    /// memory. Windows are shuffled within blocks of 1,024 (files per epoch), the held-out
+    /// tokens come from the first documents, and a trained tokenizer learns from the first
+    /// 64 MiB of text.
+    pub streaming: bool,
+    /// Threads that tokenize a streamed corpus (0: half the cores, at least 1).
+    pub stream_threads: usize,
     /// Chat data for a vision model trained without a `preprocessor_config.json`
     /// (`checkpoint.init_from_hf` brings one): the fewest pixels an image is resized to.
     pub image_min_pixels: u64,
@@ -511,6 +519,8 @@ impl Default for Data {
             sources: Vec::new(),
             token_dtype: TokenDtype::Uint16,
             pack: false,
+            streaming: false,
+            stream_threads: 0,
             // Qwen3-VL's processor: 256 x 256 to 4,096 x 4,096 pixels.
             image_min_pixels: 65_536,
             image_max_pixels: 16_777_216,

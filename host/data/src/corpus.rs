@@ -13,12 +13,12 @@ const EXTENSIONS: [&str; 5] = ["txt", "md", "jsonl", "parquet", "arrow"];
 
 /// What a file holds, by extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Text,
     Records(RecordFile),
 }
 
-fn kind(path: &Path) -> Option<Kind> {
+pub(crate) fn kind(path: &Path) -> Option<Kind> {
     match path.extension()?.to_str()?.to_ascii_lowercase().as_str() {
         "txt" | "md" => Some(Kind::Text),
         _ => record_file(path).map(Kind::Records),
@@ -96,7 +96,7 @@ pub fn read_documents(files: &[PathBuf], text_field: &str) -> Result<Vec<String>
 }
 
 /// The document of line `number` of a JSONL file: the string in its field `field`.
-fn jsonl_text(path: &Path, number: usize, line: &str, field: &str) -> Result<String> {
+pub(crate) fn jsonl_text(path: &Path, number: usize, line: &str, field: &str) -> Result<String> {
     let value: serde_json::Value =
         serde_json::from_str(line).map_err(|e| DataError::BadJsonLine {
             path: path.to_path_buf(),
@@ -107,7 +107,7 @@ fn jsonl_text(path: &Path, number: usize, line: &str, field: &str) -> Result<Str
 }
 
 /// The document of record `number` of a file: the string in its field `field`.
-fn record_text(
+pub(crate) fn record_text(
     path: &Path,
     number: usize,
     value: &serde_json::Value,

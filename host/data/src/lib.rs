@@ -22,6 +22,7 @@ pub mod image;
 pub mod loader;
 pub mod mixture;
 pub mod records;
+pub mod stream;
 pub mod tokenizer;
 pub mod tokens;
 
@@ -32,6 +33,7 @@ pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;
 pub use loader::{Batch, LoaderState, PackedLoader, TokenStream};
 pub use mixture::{MixtureLoader, MixtureState};
+pub use stream::{StreamSpec, StreamingLoader};
 pub use tokenizer::{DecodeStream, TextTokenizer};
 
 /// Everything that can go wrong while reading, tokenizing or loading training data. Each message

@@ -19,6 +19,9 @@ pub struct LoaderState {
     /// then unused). Absent from the saved state of a single source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mixture: Option<Box<crate::mixture::MixtureState>>,
+    /// A streamed corpus: where the block holding window `cursor` starts. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<crate::stream::StreamPlace>,
 }
 
 /// A batch of rows, row-major `[batch, seq_len]`: row `r` of `targets` is row `r` of `inputs`
@@ -62,7 +65,7 @@ impl Batch {
     }
 
     /// Appends the window `w` (`seq_len + 1` tokens) as one row.
-    fn push_window(&mut self, w: &[u32]) {
+    pub(crate) fn push_window(&mut self, w: &[u32]) {
         debug_assert_eq!(w.len(), self.seq_len + 1);
         self.inputs
             .extend(w[..self.seq_len].iter().map(|&t| i64::from(t)));
@@ -160,6 +163,7 @@ impl EpochOrder {
             epoch: self.epoch,
             cursor: self.cursor,
             mixture: None,
+            stream: None,
         }
     }
 
@@ -179,15 +183,26 @@ impl EpochOrder {
     }
 
     fn epoch_order(&self, epoch: u64) -> Vec<u32> {
-        let mut order: Vec<u32> = (0..self.items as u32).collect();
-        if self.shuffle {
-            let mut rng = SplitMix64::new(self.seed ^ SplitMix64::new(epoch).next_u64());
-            for i in (1..order.len()).rev() {
-                order.swap(i, rng.below(i as u64 + 1) as usize);
-            }
+        match self.shuffle {
+            true => permutation(self.items, self.seed ^ mix(epoch)),
+            false => (0..self.items as u32).collect(),
         }
-        order
     }
+}
+
+/// A Fisher–Yates permutation of `0..n` drawn from a splitmix64 generator seeded by `seed`.
+pub(crate) fn permutation(n: usize, seed: u64) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    let mut rng = SplitMix64::new(seed);
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    order
+}
+
+/// `v` scrambled (splitmix64's first output from `v`), to combine with a seed.
+pub(crate) fn mix(v: u64) -> u64 {
+    SplitMix64::new(v).next_u64()
 }
 
 /// Training windows over a token stream whose documents are already separated by EOS.

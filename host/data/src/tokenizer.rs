@@ -194,8 +194,34 @@ impl TextTokenizer {
         cache_dir: &Path,
     ) -> Result<(Self, PathBuf)> {
         let specials = crate::chat::template::CHATML_SPECIALS;
+        let kind = "anneal-data chat bpe tokenizer v1";
+        Self::load_or_train_on(spec, kind, texts, &specials, vocab_size, cache_dir)
+    }
+
+    /// [`TextTokenizer::load_or_train`] on documents in memory (a sample of a streamed
+    /// corpus): a trained tokenizer is cached under a hash of them and `vocab_size`.
+    pub fn load_or_train_texts(
+        spec: &str,
+        texts: &[String],
+        vocab_size: usize,
+        cache_dir: &Path,
+    ) -> Result<(Self, PathBuf)> {
+        let kind = "anneal-data sampled bpe tokenizer v1";
+        Self::load_or_train_on(spec, kind, texts, &[], vocab_size, cache_dir)
+    }
+
+    /// Loads `spec`, or trains on `texts` with `specials`, cached under `kind` and a hash of
+    /// the texts, the specials and `vocab_size`.
+    fn load_or_train_on(
+        spec: &str,
+        kind: &str,
+        texts: &[String],
+        specials: &[&str],
+        vocab_size: usize,
+        cache_dir: &Path,
+    ) -> Result<(Self, PathBuf)> {
         let key = || {
-            let mut key = CacheKey::new("anneal-data chat bpe tokenizer v1");
+            let mut key = CacheKey::new(kind);
             for t in texts {
                 key.bytes(t.as_bytes());
             }
@@ -206,7 +232,7 @@ impl TextTokenizer {
             Ok(key)
         };
         Self::load_or(spec, cache_dir, key, || {
-            Self::train_bpe_with_specials(texts, vocab_size, &specials)
+            Self::train_bpe_with_specials(texts, vocab_size, specials)
         })
     }
 

@@ -58,6 +58,7 @@ fn every_window_is_visited_once_per_epoch() {
             epoch: 1,
             cursor: 0,
             mixture: None,
+            stream: None,
         }
     );
     let mut e1 = take(&mut l, w, 5);
@@ -83,6 +84,7 @@ fn batches_wrap_into_the_next_epoch() {
             epoch: 1,
             cursor: 3,
             mixture: None,
+            stream: None,
         }
     );
 }
@@ -156,6 +158,7 @@ fn restore_rejects_a_cursor_past_the_epoch() {
             epoch: 0,
             cursor: w,
             mixture: None,
+            stream: None,
         })
         .unwrap_err();
     assert!(matches!(err, DataError::BadLoaderState { .. }), "{err}");
@@ -166,6 +169,7 @@ fn restore_rejects_a_cursor_past_the_epoch() {
             epoch: 0,
             cursor: 0,
             mixture: None,
+            stream: None,
         },
         "a failed restore changes nothing"
     );
@@ -173,6 +177,7 @@ fn restore_rejects_a_cursor_past_the_epoch() {
         epoch: 5,
         cursor: w - 1,
         mixture: None,
+        stream: None,
     })
     .unwrap();
     l.next_batch(1).unwrap();
@@ -182,6 +187,7 @@ fn restore_rejects_a_cursor_past_the_epoch() {
             epoch: 6,
             cursor: 0,
             mixture: None,
+            stream: None,
         }
     );
 }

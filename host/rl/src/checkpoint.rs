@@ -85,6 +85,7 @@ pub(crate) fn train_state(
             epoch: 0,
             cursor: 0,
             mixture: None,
+            stream: None,
         },
         lr: progress.lr,
         tokens: progress.tokens,

@@ -21,6 +21,7 @@ fn state(step: u64) -> TrainState {
             epoch: 0,
             cursor: 0,
             mixture: None,
+            stream: None,
         },
         lr: 0.0,
         tokens: 0,

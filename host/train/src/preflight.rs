@@ -155,6 +155,13 @@ pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
         anneal_data::discover_files(&path).map_err(|e| TrainError::from(e).at("data.path"))?;
     container(cfg, &path, &files)?;
     let chat = data_kind(cfg, &files) == DataKind::Chat;
+    if chat && cfg.data.streaming {
+        return Err(TrainError::Config(
+            "config: `data.streaming` = true: streaming reads text documents; chat \
+             conversations are read at start (drop data.streaming)"
+                .into(),
+        ));
+    }
     if !chat {
         anneal_data::check_files(&files, &cfg.data.text_field)
             .map_err(|e| TrainError::from(e).at("data.path"))?;
@@ -222,6 +229,14 @@ fn packing(cfg: &JobConfig, chat: bool) -> Result<(), TrainError> {
 fn mixture(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
     if cfg.data.pack {
         packing(cfg, false)?;
+    }
+    if cfg.data.streaming {
+        return Err(TrainError::Config(
+            "config: `data.streaming` = true with `data.sources`: a mixture's text sources are \
+             tokenized at start; streaming reads one text corpus (data.path), and token files \
+             are read in place already"
+                .into(),
+        ));
     }
     let mut files = Vec::new();
     for (i, source) in cfg.data.sources.iter().enumerate() {

@@ -15,6 +15,7 @@ fn state(step: u64) -> TrainState {
             epoch: 0,
             cursor: 3,
             mixture: None,
+            stream: None,
         },
         lr: 1e-3,
         tokens: 128,

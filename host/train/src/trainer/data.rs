@@ -23,6 +23,8 @@ pub(crate) enum Loader {
     Chat(ChatLoader),
     /// Windows of several sources at their weights.
     Mixture(anneal_data::MixtureLoader),
+    /// Windows of a text corpus tokenized in the background as training goes.
+    Stream(anneal_data::StreamingLoader),
 }
 
 impl Loader {
@@ -44,6 +46,7 @@ impl Loader {
                 })
             }
             Loader::Mixture(l) => Ok(l.next_rows(rows, keep)?),
+            Loader::Stream(l) => Ok(l.next_rows(rows, keep)?),
         }
     }
 
@@ -52,12 +55,14 @@ impl Loader {
         match self {
             Loader::Packed(l) => l.state(),
             Loader::Chat(l) => l.state(),
+            Loader::Stream(l) => l.state(),
             Loader::Mixture(l) => {
                 let state = l.state();
                 LoaderState {
                     epoch: 0,
                     cursor: state.drawn,
                     mixture: Some(Box::new(state)),
+                    stream: None,
                 }
             }
         }
@@ -68,6 +73,7 @@ impl Loader {
         match self {
             Loader::Packed(l) => l.restore(s)?,
             Loader::Chat(l) => l.restore(s)?,
+            Loader::Stream(l) => l.restore(s)?,
             Loader::Mixture(l) => {
                 match &s.mixture {
                     Some(m) => l.restore(m)?,
@@ -273,31 +279,129 @@ fn build_mixture(
 /// A run on windows of a token stream (`train`), evaluated on windows of `val`.
 fn windows(
     cfg: &JobConfig,
-    (tokenizer, tokenizer_path): (TextTokenizer, PathBuf),
+    tokenizer: (TextTokenizer, PathBuf),
     train: impl Into<anneal_data::TokenStream>,
     val: &[u32],
     data_sha256: String,
 ) -> Result<TrainData, TrainError> {
     let (d, t) = (&cfg.data, &cfg.training);
     let loader = PackedLoader::new(train, t.seq_len, t.seed, d.shuffle)?;
+    Ok(text_run(
+        cfg,
+        tokenizer,
+        Loader::Packed(loader),
+        val,
+        data_sha256,
+    ))
+}
+
+/// A run on windows of text served by `loader`, evaluated on windows of `val`.
+fn text_run(
+    cfg: &JobConfig,
+    (tokenizer, tokenizer_path): (TextTokenizer, PathBuf),
+    loader: Loader,
+    val: &[u32],
+    data_sha256: String,
+) -> TrainData {
+    let t = &cfg.training;
     let val_batches = match cfg.metrics.eval_freq > 0 && val.len() > t.seq_len {
         true => {
             PackedLoader::eval_batches(val, t.seq_len, t.micro_batch_size, cfg.metrics.eval_batches)
         }
         false => Vec::new(),
     };
-    Ok(TrainData {
+    TrainData {
         tokenizer,
         tokenizer_path,
-        loader: Loader::Packed(loader),
+        loader,
         val_batches,
         data_sha256,
         // A text run renders no chats, but its export should, as the tokenizer's folder does.
         run_files: RunFiles {
-            files: beside_tokenizer(d, &["tokenizer_config.json", GENERATION_CONFIG]),
+            files: beside_tokenizer(&cfg.data, &["tokenizer_config.json", GENERATION_CONFIG]),
         },
         chat: false,
-    })
+    }
+}
+
+/// The bytes of `files` (those that can be read).
+fn corpus_bytes(files: &[PathBuf]) -> u64 {
+    files
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// A text corpus above this many bytes gets a note pointing to `data.streaming`.
+const LARGE_CORPUS: u64 = 2_000_000_000;
+
+/// Windows per block of a streamed corpus: the span its windows are shuffled over.
+const STREAM_BLOCK_WINDOWS: usize = 1024;
+/// Text a tokenizer trained for a streamed corpus learns from (its first documents).
+const STREAM_TOKENIZER_SAMPLE: usize = 64 << 20;
+
+/// Text streamed ([`anneal_data::stream`]): read and tokenized in background threads as
+/// training goes, with constant memory.
+fn build_stream(
+    cfg: &JobConfig,
+    files: &[PathBuf],
+    note: &dyn Fn(&str),
+) -> Result<TrainData, TrainError> {
+    use anneal_data::stream::{fingerprint, held_out, sample_documents, StreamSpec};
+    let (d, t, m) = (&cfg.data, &cfg.training, &cfg.metrics);
+    let started = Instant::now();
+    let sample = match d.tokenizer.as_str() {
+        "train" => sample_documents(files, &d.text_field, STREAM_TOKENIZER_SAMPLE)?,
+        _ => Vec::new(),
+    };
+    let cache_dir = Path::new(&d.cache_dir);
+    let (tokenizer, tokenizer_path) =
+        TextTokenizer::load_or_train_texts(&d.tokenizer, &sample, d.vocab_size, cache_dir)?;
+    drop(sample);
+    // The held-out windows evaluation reads, from the first documents.
+    let need = m.eval_batches * t.micro_batch_size * t.seq_len + 1;
+    let (val, split) = match m.eval_freq > 0 && d.val_fraction > 0.0 {
+        true => {
+            let (val, split) = held_out(files, &d.text_field, &tokenizer, d.val_fraction, need)?;
+            (val, Some(split))
+        }
+        false => (Vec::new(), None),
+    };
+    let threads = match d.stream_threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
+        n => n,
+    };
+    let spec = StreamSpec {
+        files: files.to_vec(),
+        text_field: d.text_field.clone(),
+        seq_len: t.seq_len,
+        seed: t.seed,
+        shuffle: d.shuffle,
+        block_windows: STREAM_BLOCK_WINDOWS,
+        threads,
+        held_out: split,
+    };
+    let data_sha256 = fingerprint(&spec, &tokenizer)?;
+    let loader = anneal_data::StreamingLoader::new(spec, tokenizer.clone())?;
+    let bytes = corpus_bytes(files);
+    note(&format!(
+        "data: streaming {} files ({:.1} MB) on {threads} tokenizer thread(s); tokenizer {} \
+         (vocab {}), {} held-out tokens, first block ready in {:.1}s",
+        files.len(),
+        bytes as f64 / 1e6,
+        tokenizer_path.display(),
+        tokenizer.vocab_size(),
+        val.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(text_run(
+        cfg,
+        (tokenizer, tokenizer_path),
+        Loader::Stream(loader),
+        &val,
+        data_sha256,
+    ))
 }
 
 fn build_text(
@@ -306,6 +410,17 @@ fn build_text(
     note: &dyn Fn(&str),
 ) -> Result<TrainData, TrainError> {
     let d = &cfg.data;
+    if d.streaming {
+        return build_stream(cfg, files, note);
+    }
+    let bytes = corpus_bytes(files);
+    if bytes > LARGE_CORPUS {
+        note(&format!(
+            "data: the corpus is {:.1} GB, to be tokenized in memory; data.streaming = true \
+             reads it with constant memory",
+            bytes as f64 / 1e9
+        ));
+    }
     let cache_dir = PathBuf::from(&d.cache_dir);
     let started = Instant::now();
     let (tokenizer, tokenizer_path) =

@@ -314,6 +314,10 @@ impl Trainer {
             fields.insert("owner_work".into(), o.work.into());
             fields.insert("owner_bytes".into(), o.bytes.into());
         }
+        if let super::data::Loader::Stream(s) = &self.loader {
+            // Seconds the trainer has waited on the background tokenization since start.
+            fields.insert("data_wait_s".into(), s.waited().as_secs_f64().into());
+        }
         if let super::data::Loader::Mixture(m) = &self.loader {
             // Rows drawn from each source of the mixture so far (every rank reads the whole
             // global batch, so this counts the job's rows).
