@@ -1,13 +1,14 @@
 //! The browser UI in real headless Chromium: `web/tests/browser.mjs` (playwright-core) drives a
 //! real `anneal serve` with real training runs (and samples from a real checkpoint), then RL
 //! runs started from the form with uploaded reward modules, their charts, samples view and
-//! comparison, and the charts' axes; last, a multi-turn RL run (the calculator environment, a
-//! policy warm-started on tool-call transcripts) whose samples show turn by turn. The server
-//! serves a copy of `web/` without `node_modules`: the UI must work with nothing installed, as
-//! after the README's first command. The test itself needs Debian's `chromium`, playwright-core
-//! in `web/node_modules` and the calculator environment `reward-wasm/out/env_calculator.wasm`
-//! (all three installed by `scripts/setup.sh`), and `python3` for `scripts/tool-data.py`.
-//! Screenshots land in `web/tests/screenshots/`.
+//! comparison, the charts' axes and their controls (smoothing, a step / tokens / wall-time x
+//! axis, log scale, kept over a reload and on the compare page); last, a multi-turn RL run (the
+//! calculator environment, a policy warm-started on tool-call transcripts) whose samples show
+//! turn by turn. The server serves a copy of `web/` without `node_modules`: the UI must work
+//! with nothing installed, as after the README's first command. The test itself needs Debian's
+//! `chromium`, playwright-core in `web/node_modules` and the calculator environment
+//! `reward-wasm/out/env_calculator.wasm` (all three installed by `scripts/setup.sh`), and
+//! `python3` for `scripts/tool-data.py`. Screenshots land in `web/tests/screenshots/`.
 
 use anneal_tests::serve as serve_common;
 
@@ -92,6 +93,7 @@ fn the_ui_creates_watches_stops_resumes_and_compares_training_and_rl_runs() {
         "10-rl-samples",
         "11-rl-compare",
         "12-chart-axes",
+        "14-chart-controls",
         "13-rl-turns",
     ] {
         assert!(shots.join(format!("{shot}.png")).is_file(), "{shot}.png");

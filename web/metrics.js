@@ -62,8 +62,11 @@ export function chartOptions(key) {
   };
 }
 
-/** Points [step, value] of `key` as charted: MFU (a fraction in metrics.jsonl) as a percent. */
-export function fieldPoints(rows, key) {
-  const pts = pointsOf(rows, key);
+/**
+ * Points [x, value] of `key` as charted: MFU (a fraction in metrics.jsonl) as a percent; x is
+ * `x(row)` (the step by default; chart-settings.js `xOf` for the other axes).
+ */
+export function fieldPoints(rows, key, x) {
+  const pts = pointsOf(rows, key, x);
   return fieldInfo(key).percent ? pts.map(([x, y]) => [x, y * 100]) : pts;
 }

@@ -4,6 +4,7 @@ import { api, events, el, layout, param, statusBadge, fmt, fmtBytes, fmtTime, fm
 import { LineChart, pointsOf, formatValue } from './charts.js';
 import { chartOptions, fieldInfo, fieldPoints } from './metrics.js';
 import { SamplesView } from './samples.js';
+import { ChartSettings, X_AXES, hasAxis, xOf } from './chart-settings.js';
 
 const main = layout();
 const id = param('id');
@@ -33,14 +34,16 @@ const TRAIN_CHARTS = [
 // An RL run's row at step 0 only carries the held-out accuracy before training: every other
 // series starts at step 1.
 const trained = (rows) => rows.filter((r) => r.step > 0);
-/** The reward's mean ± std as one band: [step, mean − std, mean + std]. */
-const rewardBand = (rows) => trained(rows)
+/** The reward's mean ± std as one band: [x, mean − std, mean + std], x as `x(row)`. */
+const rewardBand = (rows, x) => trained(rows)
   .filter((r) => typeof r.reward_mean === 'number' && typeof r.reward_std === 'number')
-  .map((r) => [r.step, r.reward_mean - r.reward_std, r.reward_mean + r.reward_std]);
+  .map((r) => [x(r), r.reward_mean - r.reward_std, r.reward_mean + r.reward_std])
+  .filter(([at]) => Number.isFinite(at))
+  .sort((a, b) => a[0] - b[0]);
 const secondsFormat = (v) => `${formatValue(v)} s`;
 const RL_CHARTS = [
   chart('reward', 'Reward (mean ± std)', [['mean', 'reward_mean']], { band: ['± std', rewardBand] }),
-  chart('accuracy', 'Accuracy', [['samples', 'accuracy'], ['held-out (greedy)', (rows) => pointsOf(rows, 'eval_accuracy')]]),
+  chart('accuracy', 'Accuracy', [['samples', 'accuracy'], ['held-out (greedy)', (rows, x) => pointsOf(rows, 'eval_accuracy', x)]]),
   chart('response_len', 'Response length', [['mean', 'response_len_mean']], { yTitle: 'tokens (mean)' }),
   chart('entropy', 'Entropy', [['entropy', 'entropy']]),
   chart('kl', 'KL to the reference', [['k3', 'kl_ref']]),
@@ -60,8 +63,9 @@ const MOE_CHARTS = {
 };
 const NOT_CHARTED = new Set(['step', 'time', 'wall_time', 'epoch', 'tokens', 'elapsed_s', 'reward_std']);
 
-function seriesPoints(spec, rows) {
-  return spec.series.map(([, key]) => (typeof key === 'function' ? key(rows) : fieldPoints(spec.rl ? trained(rows) : rows, key)));
+/** The points of each series of `spec` from the run's rows, placed at `x(row)` (default: step). */
+function seriesPoints(spec, rows, x = xOf('step', rows)) {
+  return spec.series.map(([, key]) => (typeof key === 'function' ? key(rows, x) : fieldPoints(spec.rl ? trained(rows) : rows, key, x)));
 }
 
 const title = el('span', {}, `Run ${id}`);
@@ -79,11 +83,14 @@ const rankPick = el('select', { id: 'log-rank', hidden: true });
 rankPick.addEventListener('change', () => refreshSide());
 const ckptBody = el('tbody');
 const configText = el('pre', { class: 'toml', id: 'config' });
+// Smoothing and the x axis apply to every chart of the page (a log axis is each chart's own).
+const settings = new ChartSettings(() => redraw());
 
 main.append(
   el('h1', {}, title, badge, stopBtn, resumeBtn, compareLink),
   message,
   el('div', { class: 'panel' }, facts),
+  settings.controls(),
   chartsBox,
   samplesBox,
   el('div', { class: 'row', style: 'margin-top:16px' },
@@ -105,7 +112,10 @@ function chartFor(spec) {
     chartsBox.append(box);
     const labels = spec.series.map(([label]) => label);
     const { title, yTitle, yFormat, bytes, count, nonNegative, percent } = spec;
-    c = { spec, chart: new LineChart(box, { title, labels, yTitle, yFormat, bytes, count, nonNegative, percent, band: spec.band ? spec.band[0] : null }) };
+    c = { spec, chart: new LineChart(box, {
+      title, labels, yTitle, yFormat, bytes, count, nonNegative, percent, band: spec.band ? spec.band[0] : null,
+      logY: settings.isLog(spec.id), onLog: (on) => settings.setLog(spec.id, on),
+    }) };
     charts.set(spec.id, c);
   }
   return c;
@@ -162,7 +172,18 @@ function redraw() {
         specs.push({ ...chart(key, fieldInfo(key).title, [[key, key]]), rl: isRl() });
       }
     }
-    for (const spec of specs) chartFor(spec).chart.set(seriesPoints(spec, rows), spec.band ? spec.band[1](rows) : []);
+    // An x axis the rows lack (tokens, for an RL run) falls back to step until they have it.
+    if (rows.length) {
+      settings.setAvailable('tokens', hasAxis('tokens', rows), 'these rows carry no token count (anneal rl writes none)');
+      settings.setAvailable('time', hasAxis('time', rows), 'these rows carry no time');
+    }
+    const axis = settings.xAxis();
+    const x = xOf(axis, rows);
+    for (const spec of specs) {
+      const { chart: c } = chartFor(spec);
+      c.configure({ xKind: axis, xTitle: X_AXES[axis].title, smoothing: settings.smoothing });
+      c.set(seriesPoints(spec, rows, x), spec.band ? spec.band[1](rows, x) : []);
+    }
   }, 150);
 }
 

@@ -6,7 +6,9 @@
 // RL charts (axis titles, the reward's band, counters from 0), page and filter its samples
 // (failed, erroring, a step), compare two RL runs; and check that the charts' y axes label every
 // tick distinctly and fit their labels, MFU reads as a percent and the state in binary bytes, and
-// that a completed run offers no Resume. Last, a multi-turn RL run's samples turn by turn: the
+// that a completed run offers no Resume; the chart controls: smoothing (TensorBoard's EMA, the raw
+// line kept), the x axis (step, tokens, wall time: title and extent follow), a log y axis per
+// chart (values ≤ 0 left out), kept over a reload and carried to the compare page. Last, a multi-turn RL run's samples turn by turn: the
 // prompt collapsed, policy turns with their tool calls, the tool's outputs, the turn an episode
 // failed at.
 // Saves screenshots of each stage.
@@ -425,6 +427,138 @@ try {
   const memTicks = axes.mem.ticks.filter((t) => t !== '');
   if (new Set(memTicks.map(unit)).size !== 1) throw new Error(`the run's memory axis mixes units: ${JSON.stringify(memTicks)}`);
   await shot('12-chart-axes');
+
+  // 13b. The chart controls: smoothing (a debiased EMA drawn over the faint raw line), the x axis
+  //      (step, tokens, wall time: its title and the data's x extent follow), a log y axis per
+  //      chart (values ≤ 0 left out, never NaN in a path), all kept over a reload (URL and
+  //      localStorage), on the run page, the compare page and an RL run (no tokens axis).
+  // The long run is stopped: its rows are final. Wait for all of them (they stream in over SSE).
+  const apiRows = await page.evaluate(async (id) => (await fetch(`/api/runs/${id}/metrics`)).json(), longId);
+  const lossRows = [...new Map(apiRows.filter((r) => typeof r.loss === 'number').map((r) => [r.step, r])).values()];
+  await page.goto(`${base}/run.html?id=${longId}`);
+  await page.waitForFunction((n) => Number(document.querySelector('[data-chart="loss"]')?.dataset.points || 0) === n, lossRows.length, { timeout: 30_000 });
+  const lossChart = () => page.$eval('[data-chart="loss"]', (e) => ({
+    points: Number(e.dataset.points), smoothing: e.dataset.smoothing, log: e.dataset.log, xTitle: e.dataset.xTitle,
+    xKind: e.dataset.xKind, xExtent: JSON.parse(e.dataset.xExtent || '[]'), xTicks: JSON.parse(e.dataset.xTicks || '[]'),
+    yTicks: JSON.parse(e.dataset.yTicks || '[]'), drawn: Number(e.dataset.drawn), dropped: Number(e.dataset.dropped),
+    raw: e.querySelector('path.line.raw[data-series="0"]')?.getAttribute('d') || '',
+    smoothed: e.querySelector('path.line.smoothed[data-series="0"]')?.getAttribute('d') || '',
+    paths: [...e.querySelectorAll('path')].map((p) => p.getAttribute('d')),
+    yTitle: e.querySelector('text.y-title')?.textContent, legend: e.querySelector('.legend b')?.textContent,
+  }));
+  const waitChart = (chart, src) => page.waitForFunction(([c, s]) => {
+    const e = document.querySelector(`[data-chart="${c}"]`);
+    return e && new Function('e', `return ${s}`)(e);
+  }, [chart, src], { timeout: 30_000 });
+  const noNaN = (c, where) => {
+    if (c.paths.some((d) => /NaN|Infinity/.test(d))) throw new Error(`${where}: a path with NaN: ${JSON.stringify(c.paths)}`);
+  };
+  const before = await lossChart();
+  if (before.smoothing !== '0' || before.smoothed || before.xTitle !== 'step' || before.log !== 'false') throw new Error(`the loss chart's defaults: ${JSON.stringify({ ...before, paths: undefined })}`);
+  // The page's EMA is TensorBoard's: this one written out independently.
+  const ema = await page.evaluate(async () => {
+    const { smooth } = await import('/charts.js');
+    const ys = [3, 1, 4, 1, 5, 9, 2, 6];
+    const w = 0.6;
+    let last = 0;
+    const want = ys.map((y, i) => { last = last * w + (1 - w) * y; return last / (1 - w ** (i + 1)); });
+    const got = smooth(ys.map((y, i) => [i * 10, y]), w);
+    return { ok: got.every(([x, y], i) => x === i * 10 && Math.abs(y - want[i]) < 1e-12), got, want, flat: smooth([[0, 2], [1, 2]], 0.9) };
+  });
+  if (!ema.ok || JSON.stringify(ema.flat) !== '[[0,2],[1,2]]') throw new Error(`smoothing is not TensorBoard's EMA: ${JSON.stringify(ema)}`);
+  // Smoothing 0.9: a smoothed line appears; the raw line (and the data) stay as they were.
+  await page.$eval('#smoothing', (e) => { e.value = '0.9'; e.dispatchEvent(new Event('input', { bubbles: true })); });
+  await waitChart('loss', 'e.dataset.smoothing === "0.9" && e.querySelector("path.line.smoothed")');
+  const smoothed = await lossChart();
+  if (smoothed.raw !== before.raw || smoothed.points !== before.points) throw new Error('smoothing moved the raw line or changed the data');
+  if (!smoothed.smoothed || smoothed.smoothed === smoothed.raw) throw new Error(`the smoothed line: ${smoothed.smoothed.slice(0, 80)}`);
+  if (!/^\S+ \(\S+\)$/.test(smoothed.legend)) throw new Error(`the legend does not read "smoothed (raw)": ${smoothed.legend}`);
+  noNaN(smoothed, 'smoothed loss');
+  step(`smoothing 0.9: raw line kept (${smoothed.points} points), smoothed line drawn, legend ${smoothed.legend}`);
+  // The x axis: wall time from the run's first row, then tokens; the title and extent follow.
+  const origin = Math.min(...apiRows.map((r) => r.wall_time));
+  const span = (f) => { const xs = lossRows.map(f); return [Math.min(...xs), Math.max(...xs)]; };
+  const near = (a, b) => a.length === 2 && b.every((v, i) => Math.abs(a[i] - v) <= 1e-6 * Math.max(1, Math.abs(v)));
+  for (const [axis, title, want, ticks] of [
+    ['time', 'elapsed time (wall clock)', span((r) => r.wall_time - origin), /^(\d+(\.\d+)?s|\d+m(\d\ds)?|\d+h(\d\dm)?)$/],
+    ['tokens', 'tokens trained', span((r) => r.tokens), /^(0|\d+(\.\d+)?[KMBT]?)$/],
+  ]) {
+    await page.selectOption('#x-axis', axis);
+    await waitChart('loss', `e.dataset.xKind === "${axis}"`);
+    const c = await lossChart();
+    const drawnTitle = await page.$eval('[data-chart="loss"] text.x-title', (t) => t.textContent);
+    if (c.xTitle !== title || drawnTitle !== title) throw new Error(`x axis ${axis}: title ${c.xTitle} / ${drawnTitle}`);
+    if (!near(c.xExtent, want) || !(c.xExtent[0] >= 0)) throw new Error(`x axis ${axis}: extent ${JSON.stringify(c.xExtent)}, the rows give ${JSON.stringify(want)}`);
+    if (c.points !== before.points || !c.xTicks.length || !c.xTicks.every((t) => ticks.test(t))) throw new Error(`x axis ${axis}: ${c.points} points, ticks ${JSON.stringify(c.xTicks)}`);
+    step(`x axis ${axis}: "${title}", extent ${c.xExtent.map((v) => v.toFixed(2)).join('–')}, ticks ${c.xTicks.join(', ')}`);
+  }
+  if (JSON.stringify(before.xExtent) === JSON.stringify((await lossChart()).xExtent)) throw new Error('the tokens axis has the step extent');
+  // A log y axis on the loss chart (loss is positive: nothing left out).
+  await page.check('[data-chart="loss"] input[data-log-toggle]');
+  await waitChart('loss', 'e.dataset.log === "true"');
+  const logged = await lossChart();
+  if (logged.dropped !== 0 || logged.drawn !== logged.points || !/\(log\)$/.test(logged.yTitle)) throw new Error(`log loss: ${JSON.stringify({ ...logged, paths: undefined })}`);
+  noNaN(logged, 'log loss');
+  step(`log loss: y ticks ${logged.yTicks.join(', ')}`);
+  // A reload keeps all three.
+  if (!/smooth=0\.9/.test(page.url()) || !/x=tokens/.test(page.url()) || !/log=loss/.test(page.url())) throw new Error(`the URL lacks the settings: ${page.url()}`);
+  await page.reload();
+  await waitChart('loss', `Number(e.dataset.points) === ${lossRows.length} && e.dataset.smoothing === "0.9" && e.dataset.xKind === "tokens" && e.dataset.log === "true" && e.querySelector("path.line.smoothed")`);
+  const kept = await page.evaluate(() => ({ slider: document.querySelector('#smoothing').value, x: document.querySelector('#x-axis').value }));
+  const reloaded = await lossChart();
+  if (kept.slider !== '0.9' || kept.x !== 'tokens' || reloaded.xTitle !== 'tokens trained' || reloaded.smoothed !== logged.smoothed) throw new Error(`after a reload: ${JSON.stringify(kept)}, ${reloaded.xTitle}`);
+  step('settings survive a reload');
+  await shot('14-chart-controls');
+
+  // The compare page starts from the same settings (localStorage), for two training runs; with an
+  // RL run (no token count) among them it says which run the tokens axis leaves out.
+  await page.goto(`${base}/compare.html?ids=${longId},${shortId}`);
+  await waitChart('loss', 'Number(e.dataset.series) === 2 && e.dataset.xKind === "tokens" && e.dataset.smoothing === "0.9" && e.dataset.log === "true"');
+  if ((await page.$$('[data-chart="loss"] path.line.smoothed')).length !== 2) throw new Error('compare: not two smoothed lines');
+  await page.goto(`${base}/compare.html?ids=${longId},${rlId}`);
+  await page.check('[data-metric="reward_mean"]');
+  await page.waitForFunction((id) => new RegExp(`run ${id}\\b`).test(document.querySelector('#x-axis-note')?.textContent || '') && !document.querySelector('#x-axis-note').hidden, rlId, { timeout: 30_000 });
+  await page.selectOption('#x-axis', 'time');
+  await waitChart('reward_mean', 'e.dataset.xKind === "time" && Number(e.dataset.points) === 0 && Number(e.dataset.series) === 1');
+  await waitChart('loss', 'e.dataset.xKind === "time" && Number(e.dataset.series) === 2');
+  if (!(await page.isHidden('#x-axis-note')) || !new RegExp(`ids=${longId},${rlId}`).test(page.url()) || !/x=time/.test(page.url())) throw new Error(`compare on the time axis: ${page.url()}`);
+  step('compare: settings carried over, tokens axis leaves the RL run out, time axis takes both');
+  await page.selectOption('#x-axis', 'tokens');
+
+  // An RL run has no token count: its charts stay on steps, the option disabled. A log axis
+  // leaves out the values ≤ 0 (the all-zero dropped counters: nothing drawn, no NaN).
+  await page.goto(`${base}/run.html?id=${rlId}`);
+  await waitChart('dropped', 'Number(e.dataset.points) === 6 && e.dataset.xKind === "step"');
+  const picker = await page.$eval('#x-axis', (s) => ({ value: s.value, tokens: s.querySelector('option[value="tokens"]').disabled }));
+  if (picker.value !== 'step' || !picker.tokens) throw new Error(`an RL run's x axis picker: ${JSON.stringify(picker)}`);
+  await page.check('[data-chart="dropped"] input[data-log-toggle]');
+  await waitChart('dropped', 'e.dataset.log === "true"');
+  const droppedLog = await page.$eval('[data-chart="dropped"]', (e) => ({ drawn: Number(e.dataset.drawn), dropped: Number(e.dataset.dropped), lines: e.querySelectorAll('path.line').length, paths: [...e.querySelectorAll('path')].map((p) => p.getAttribute('d')) }));
+  if (droppedLog.drawn !== 0 || droppedLog.dropped !== 12 || droppedLog.lines !== 0) throw new Error(`log of all-zero counters: ${JSON.stringify(droppedLog)}`);
+  noNaN(droppedLog, 'log dropped');
+  await page.uncheck('[data-chart="dropped"] input[data-log-toggle]');
+  const synthetic = await page.evaluate(async () => {
+    const { LineChart } = await import('/charts.js');
+    const box = document.createElement('div');
+    box.dataset.chart = 'log-synthetic';
+    document.querySelector('#charts').prepend(box);
+    const chart = new LineChart(box, { title: 'log', labels: ['a', 'b'], band: '± std', logY: true });
+    chart.set([[[0, -1], [1, 0], [2, 1], [3, 10], [4, 100]], [[0, 5], [1, -3], [2, 0.5]]], [[2, -4, 2], [3, 5, 15], [4, -1, -0.5]]);
+    return { drawn: Number(box.dataset.drawn), dropped: Number(box.dataset.dropped), points: Number(box.dataset.points), ticks: JSON.parse(box.dataset.yTicks), paths: [...box.querySelectorAll('path')].map((p) => p.getAttribute('d')) };
+  });
+  if (synthetic.points !== 5 || synthetic.drawn !== 3 || synthetic.dropped !== 3 || JSON.stringify(synthetic.ticks) !== '["0.5","1","2","5","10","20","50","100"]' && JSON.stringify(synthetic.ticks) !== '["1","10","100"]') throw new Error(`a log chart of mixed signs: ${JSON.stringify(synthetic)}`);
+  noNaN(synthetic, 'log synthetic');
+  step(`log axes: the RL counters' ${droppedLog.dropped} zeros left out; mixed signs keep ${synthetic.drawn} of ${synthetic.points}, ticks ${synthetic.ticks.join(', ')}`);
+
+  // Back to the defaults, so the later pages read as before.
+  await page.goto(`${base}/run.html?id=${longId}`);
+  await waitPointsAbove('loss', 1);
+  await page.uncheck('[data-chart="loss"] input[data-log-toggle]');
+  await page.selectOption('#x-axis', 'step');
+  await page.$eval('#smoothing', (e) => { e.value = '0'; e.dispatchEvent(new Event('input', { bubbles: true })); });
+  await waitChart('loss', 'e.dataset.smoothing === "0" && e.dataset.xKind === "step" && e.dataset.log === "false" && !e.querySelector("path.line.smoothed")');
+  const reset = await page.evaluate(() => ({ url: location.search, stored: JSON.parse(localStorage.getItem('anneal-charts')) }));
+  if (reset.url !== `?id=${longId}` || reset.stored.smoothing !== 0 || reset.stored.x !== 'step' || reset.stored.log.length) throw new Error(`the defaults again: ${JSON.stringify(reset)}`);
 
   // 14. A multi-turn RL run's samples: each episode turn by turn (the prompt first and collapsed,
   //     then policy turns and the tool's outputs in turn), tool calls shown as calls, the turn an
