@@ -198,6 +198,10 @@ enum CheckpointCommand {
         /// Replace files already in OUT_DIR (without it, an export never overwrites).
         #[arg(long)]
         force: bool,
+        /// A LoRA run: write the adapters alone, as PEFT saves them (adapter_model.safetensors,
+        /// adapter_config.json), instead of the merged model.
+        #[arg(long)]
+        adapter: bool,
     },
 }
 
@@ -332,9 +336,13 @@ fn main() -> ExitCode {
             to_hf,
             step_dir,
             force,
-        }) => anneal_train::checkpoint::export_hf(&step_dir, &to_hf, force)
-            .map(|()| println!("wrote {}", to_hf.display()))
-            .map_err(Into::into),
+            adapter,
+        }) => match adapter {
+            true => anneal_train::checkpoint::export_peft(&step_dir, &to_hf, force),
+            false => anneal_train::checkpoint::export_hf(&step_dir, &to_hf, force),
+        }
+        .map(|()| println!("wrote {}", to_hf.display()))
+        .map_err(Into::into),
         Command::Serve(args) => serve_cmd::serve_cmd(args),
         Command::Supervise(args) => match serve_cmd::supervise_cmd(args) {
             Ok(code) => return ExitCode::from(code),

@@ -550,11 +550,34 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
             "must be at least 1",
         ));
     }
+    validate_lora(&c.lora)?;
     validate_fault_tolerance(c)
 }
 
 /// A restart resumes from the newest checkpoint, so a fault-tolerant run must write them
 /// during training, and must be allowed at least one restart.
+fn validate_lora(l: &crate::schema::Lora) -> Result<(), ConfigError> {
+    if l.rank == 0 {
+        return Ok(());
+    }
+    if !(l.alpha.is_finite() && l.alpha > 0.0) {
+        return Err(ConfigError::at("lora.alpha", "must be a positive number"));
+    }
+    if l.targets.is_empty() || l.targets.iter().any(|t| t.trim().is_empty()) {
+        return Err(ConfigError::at(
+            "lora.targets",
+            "name the weights that get adapters (e.g. [\"q_proj\", \"v_proj\"])",
+        ));
+    }
+    if !matches!(l.base_dtype.as_str(), "f32" | "bf16") {
+        return Err(ConfigError::at(
+            "lora.base_dtype",
+            format!("`{}` is not f32 or bf16", l.base_dtype),
+        ));
+    }
+    Ok(())
+}
+
 fn validate_fault_tolerance(c: &JobConfig) -> Result<(), ConfigError> {
     if !c.fault_tolerance.enabled {
         return Ok(());

@@ -36,6 +36,48 @@ pub struct JobConfig {
     /// serialized config while off, so a run that does not use it records what it did before.
     #[serde(skip_serializing_if = "FaultTolerance::is_off")]
     pub fault_tolerance: FaultTolerance,
+    /// Low-rank adapters (LoRA): the base model frozen, only the adapters trained. Left out
+    /// of the serialized config while off.
+    #[serde(skip_serializing_if = "Lora::is_off")]
+    pub lora: Lora,
+}
+
+/// `[lora]`: low-rank adapters on chosen weights. Each adapted weight `W` (`[out, in]`)
+/// computes with `W + (alpha / rank) · B·A`, `A` `[rank, in]` drawn as PEFT draws it and `B`
+/// `[out, rank]` zero, so training starts from the base model; every base parameter is frozen
+/// and only the adapters reach the optimizer and the checkpoints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Lora {
+    /// The adapters' rank; 0 turns LoRA off (every parameter trains).
+    pub rank: usize,
+    /// PEFT's `lora_alpha`: the update is scaled by `alpha / rank`.
+    pub alpha: f64,
+    /// The weights that get adapters, as PEFT's `target_modules`: a name matches the module
+    /// of a weight's Hugging Face name or its last part (`q_proj` matches every
+    /// `model.layers.N.self_attn.q_proj`), or, with `*`, a glob over the parameter names
+    /// (`layers.0.*`).
+    pub targets: Vec<String>,
+    /// How the frozen base weights are held: `f32`, or `bf16` for half the memory.
+    pub base_dtype: String,
+}
+
+impl Lora {
+    /// Whether the section is at its defaults (LoRA off).
+    pub fn is_off(&self) -> bool {
+        *self == Lora::default()
+    }
+}
+
+impl Default for Lora {
+    fn default() -> Self {
+        Lora {
+            rank: 0,
+            alpha: 16.0,
+            targets: vec!["q_proj".into(), "v_proj".into()],
+            base_dtype: "f32".into(),
+        }
+    }
 }
 
 /// `[job]`

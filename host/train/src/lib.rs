@@ -6,6 +6,7 @@
 pub mod checkpoint;
 pub mod device;
 pub mod harness;
+pub mod lora;
 pub mod memory;
 mod metrics;
 pub mod outputs;

@@ -36,9 +36,12 @@ pub struct Preflight {
 
 /// The checks of `anneal train` for a job of `processes` processes (see the module docs).
 pub fn train(cfg: &JobConfig, processes: usize) -> Result<Preflight, TrainError> {
-    layout(cfg, processes)?;
+    let degrees = layout(cfg, processes)?;
+    lora(cfg, &degrees)?;
     let device = crate::device::check(cfg, processes)?;
     let (model, optimizer) = plugins(cfg)?;
+    // Adapters on weights the model has (the targets name some).
+    crate::lora::Adapters::plan(&cfg.lora, model.spec())?;
     context(cfg, model.spec(), Workload::Train)?;
     let files = data(cfg)?;
     if cfg.data.tokenizer != "train" {
@@ -57,6 +60,30 @@ pub fn train(cfg: &JobConfig, processes: usize) -> Result<Preflight, TrainError>
         optimizer,
         files,
     })
+}
+
+/// `[lora]` trains in one process or under DDP (replicated adapters, their gradients
+/// all-reduced); the sharded and split layouts are not wired to adapters yet.
+pub fn lora(cfg: &JobConfig, d: &Degrees) -> Result<(), TrainError> {
+    if cfg.lora.rank == 0 {
+        return Ok(());
+    }
+    for (key, n) in [
+        ("dp_shard", d.dp_shard),
+        ("tp", d.tp),
+        ("pp", d.pp),
+        ("cp", d.cp),
+        ("ep", d.ep),
+    ] {
+        if n > 1 {
+            return Err(TrainError::Config(format!(
+                "config: `lora.rank` = {} with `parallelism.{key}` = {n}: LoRA trains in one \
+                 process or data-parallel (parallelism.dp_replicate); not yet with {key} > 1",
+                cfg.lora.rank
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The mesh `[parallelism]` asks for over `processes` processes, as rank 0 sees it, and how

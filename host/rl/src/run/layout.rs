@@ -23,6 +23,13 @@ pub fn check_layout(cfg: &JobConfig, dist: &Dist) -> Result<(), TrainError> {
 /// [`check_layout`] of the mesh's degrees alone, changing nothing in this process (what
 /// [`crate::preflight`] asks).
 pub(crate) fn check_mesh_layout(cfg: &JobConfig, mesh: &Degrees) -> Result<(), TrainError> {
+    if cfg.lora.rank > 0 {
+        return Err(TrainError::Config(
+            "config: `lora.rank`: RL trains every parameter for now; export a LoRA run \
+             merged (`anneal checkpoint export`) and start RL from it (drop [lora])"
+                .into(),
+        ));
+    }
     let r = &cfg.rl;
     let ranks = mesh.dp();
     // Resolved first, so an unusable device says why (the probe's reason), as for training; on

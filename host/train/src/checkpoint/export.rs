@@ -91,3 +91,78 @@ fn eos_id(tokenizer: &Value, token: &str) -> Option<u64> {
     });
     added.or_else(|| tokenizer["model"]["vocab"][token].as_u64())
 }
+
+/// Writes a LoRA run's adapters alone, as PEFT saves them, into `out`:
+/// `adapter_model.safetensors` (`base_model.model.<module>.lora_A.weight` `[r, in]` and
+/// `.lora_B.weight` `[out, r]`) and `adapter_config.json` (`r`, `lora_alpha`, the adapted
+/// modules by their full names, the base model's directory), which `peft` loads onto the base
+/// model (`PeftModel.from_pretrained`). Every adapted weight must map one to one to a Hugging
+/// Face tensor; files in `out` are replaced only with `overwrite`.
+pub fn export_peft(step_dir: &Path, out: &Path, overwrite: bool) -> Result<(), CheckpointError> {
+    const FILES: [&str; 2] = ["adapter_model.safetensors", "adapter_config.json"];
+    if !overwrite {
+        if let Some(existing) = FILES
+            .iter()
+            .map(|f| out.join(f))
+            .find(|p| p.symlink_metadata().is_ok())
+        {
+            return Err(CheckpointError::WouldOverwrite(existing));
+        }
+    }
+    let fail = |m: String| CheckpointError::Mismatch(format!("{}: {m}", step_dir.display()));
+    let m = load_model(step_dir)?;
+    let Some((lora, adapters)) = &m.lora else {
+        return Err(fail(
+            "not a LoRA run ([lora] rank 0): export it whole with --to-hf alone".into(),
+        ));
+    };
+    let mut tensors = Vec::new();
+    let mut modules = Vec::new();
+    for t in &lora.targets {
+        let module = t.hf_module.as_ref().ok_or_else(|| {
+            fail(format!(
+                "{} has no one-to-one Hugging Face tensor, so PEFT cannot name its adapter; \
+                 export the merged model instead (without --adapter)",
+                t.name
+            ))
+        })?;
+        for (part, name) in [
+            ("lora_A", crate::lora::a_name(&t.name)),
+            ("lora_B", crate::lora::b_name(&t.name)),
+        ] {
+            let tensor = adapters
+                .get(&name)
+                .ok_or_else(|| fail(format!("no adapter {name}")))?;
+            tensors.push((
+                format!("base_model.model.{module}.{part}.weight"),
+                tensor.clone(),
+            ));
+        }
+        modules.push(module.clone());
+    }
+    std::fs::create_dir_all(out).map_err(super::io_err(out))?;
+    let st = out.join(FILES[0]);
+    let list: Vec<(&str, &anneal_engine::Tensor)> =
+        tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    anneal_engine::io::save_safetensors(&st, &list)
+        .map_err(|e| fail(format!("{}: {e}", st.display())))?;
+    let config = serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": m.base_dir,
+        "r": lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": 0.0,
+        "target_modules": modules,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "use_rslora": false,
+        "use_dora": false,
+        "init_lora_weights": true,
+        "modules_to_save": null,
+        "inference_mode": true,
+    });
+    let path = out.join(FILES[1]);
+    let text = serde_json::to_string_pretty(&config).unwrap_or_default();
+    std::fs::write(&path, text).map_err(super::io_err(&path))
+}

@@ -18,7 +18,7 @@ mod reader;
 mod sharded;
 mod writer;
 
-pub use export::export_hf;
+pub use export::{export_hf, export_peft};
 pub use format::{FileEntry, Manifest, RlState, TensorEntry, TrainState, FORMAT_VERSION};
 pub use model::{load_model, CheckpointModel};
 pub use reader::{

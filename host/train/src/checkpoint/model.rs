@@ -21,6 +21,10 @@ pub struct CheckpointModel {
     /// The `config.json` of the Hugging Face checkpoint the run started from
     /// (`model.args.hf_config`), when it started from one.
     pub hf_config: Option<serde_json::Value>,
+    /// A LoRA run's adapters (merged into `params` already) and their tensors by name.
+    pub lora: Option<(crate::lora::Adapters, HashMap<String, Tensor>)>,
+    /// Where a LoRA run's base model came from (`checkpoint.init_from_hf`), if a directory.
+    pub base_dir: Option<String>,
 }
 
 /// Loads (and verifies) the checkpoint in `step_dir`, a `<run_dir>/checkpoints/step-<N>`
@@ -46,14 +50,43 @@ pub fn load_model(step_dir: &Path) -> Result<CheckpointModel, CheckpointError> {
         .create(Some(&cfg.model.flavor), &args)
         .map_err(|e| fail(e.to_string()))?;
     let model = PluginModel::new(plugin.name(), inst).map_err(|e| fail(e.to_string()))?;
-    let mut params = HashMap::new();
+    let lora =
+        crate::lora::Adapters::plan(&cfg.lora, model.spec()).map_err(|e| fail(e.to_string()))?;
+    // A LoRA run saved its adapters and buffers: the base comes from where it started.
+    let mut params = match &lora {
+        // Held as training held it (in `lora.base_dtype`).
+        Some(l) => crate::lora::base_params(&cfg, &model)
+            .and_then(|base| l.freeze(base.into_iter().collect()))
+            .map_err(|e| fail(e.to_string()))?
+            .into_iter()
+            .collect(),
+        None => HashMap::new(),
+    };
     for p in &model.spec().params {
-        let t = loaded
-            .tensors
-            .get(&format!("model/{}", p.name))
-            .ok_or_else(|| fail(format!("no parameter {}", p.name)))?;
-        params.insert(p.name.clone(), t.clone());
+        match loaded.tensors.get(&format!("model/{}", p.name)) {
+            Some(t) => {
+                params.insert(p.name.clone(), t.clone());
+            }
+            None if params.contains_key(&p.name) => {}
+            None => return Err(fail(format!("no parameter {}", p.name))),
+        }
     }
+    let lora = match lora {
+        Some(l) => {
+            let adapters: HashMap<String, Tensor> = loaded
+                .tensors
+                .iter()
+                .filter_map(|(k, t)| {
+                    let name = k.strip_prefix("model/")?;
+                    crate::lora::is_adapter(name).then(|| (name.to_owned(), t.clone()))
+                })
+                .collect();
+            l.merge(&mut params, &adapters)
+                .map_err(|e| fail(e.to_string()))?;
+            Some((l, adapters))
+        }
+        None => None,
+    };
     let tokenizer = step_dir
         .parent()
         .and_then(Path::parent)
@@ -65,5 +98,7 @@ pub fn load_model(step_dir: &Path) -> Result<CheckpointModel, CheckpointError> {
         step: loaded.state.step,
         tokenizer,
         hf_config,
+        lora,
+        base_dir: cfg.checkpoint.init_from_hf.clone(),
     })
 }

@@ -11,7 +11,6 @@ use crate::TrainError;
 use anneal_config::JobConfig;
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::sync::Arc;
 
 impl Trainer {
     /// Applies the layouts of the trainer's mesh (`self.dist`) to its whole parameters:
@@ -49,7 +48,7 @@ impl Trainer {
                 .with(Axis::Tp, |n| layout.placement(n))
                 .with_partial_grads(Axis::Tp, |n| layout.partial_grad(n));
             self.named = layout.slice_params(std::mem::take(&mut self.named))?;
-            self.params = Arc::new(self.named.iter().chain(&self.buffers).cloned().collect());
+            self.params = self.resident_params();
             self.tp = Some(layout);
         }
         if let Some(comm) = self.dist.pp() {
@@ -63,7 +62,7 @@ impl Trainer {
             note(&pipeline.summary(micro));
             self.named = mine;
             self.buffers = my_buffers;
-            self.params = Arc::new(self.named.iter().chain(&self.buffers).cloned().collect());
+            self.params = self.resident_params();
             self.pipeline = Some(pipeline);
             placements = placements.with(Axis::Pp, |_| Placement::Stage);
         }

@@ -69,6 +69,10 @@ pub struct Trainer {
     named: Vec<(String, Tensor)>,
     /// The model's buffers (not trained; updated by its `before_optimizer_step`), by name.
     buffers: Vec<(String, Tensor)>,
+    /// Low-rank adapters (`[lora]`): `named` then holds the adapters, `frozen` the base.
+    lora: Option<crate::lora::Adapters>,
+    /// The frozen base parameters of a LoRA run (read by the forward, never trained or saved).
+    frozen: Vec<(String, Tensor)>,
     optimizer: PluginOptimizer,
     schedule: LrSchedule,
     loader: data::Loader,
@@ -179,7 +183,6 @@ impl Trainer {
         // (compute runs in `training.dtype`), then placed.
         let initial = crate::device::place(crate::device::f32_masters(initial)?, device)?;
         let (named, buffers) = crate::harness::split_buffers(&model, initial);
-        let params: Params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         note(&format!(
             "model: {} {} ({} parameters, {} layers) on {device}",
             cfg.model.plugin,
@@ -187,6 +190,28 @@ impl Trainer {
             named.iter().map(|(_, p)| p.numel()).sum::<usize>(),
             spec.n_layers
         ));
+        // LoRA: the adapters train, the base is frozen.
+        let lora = crate::lora::Adapters::plan(&cfg.lora, spec)?;
+        let (named, frozen) = match &lora {
+            Some(l) => {
+                note(&l.summary(named.iter().map(|(_, p)| p.numel()).sum()));
+                let adapters = crate::device::place(l.init(t.seed)?, device)?;
+                let adapters = adapters
+                    .into_iter()
+                    .map(|(n, p)| (n, p.requires_grad_()))
+                    .collect();
+                (adapters, l.freeze(named)?)
+            }
+            None => (named, Vec::new()),
+        };
+        let params: Params = Arc::new(
+            named
+                .iter()
+                .chain(&buffers)
+                .chain(&frozen)
+                .cloned()
+                .collect(),
+        );
 
         let (loader, val_batches) = (data.loader, data.val_batches);
         if cfg.metrics.eval_freq > 0 && val_batches.is_empty() {
@@ -218,6 +243,8 @@ impl Trainer {
             params,
             named,
             buffers,
+            lora,
+            frozen,
             optimizer,
             loader,
             val_batches,
@@ -243,6 +270,28 @@ impl Trainer {
         };
         trainer.apply_layouts(cfg, note)?;
         Ok(trainer)
+    }
+
+    /// What the forward reads: the parameters and buffers, with LoRA's adapted weights in
+    /// place of their base weights.
+    fn forward_params(&self) -> Result<Params, TrainError> {
+        match &self.lora {
+            Some(l) => l.apply(&self.params),
+            None => Ok(self.params.clone()),
+        }
+    }
+
+    /// The parameters, buffers and frozen base weights, by name: the forward's map when every
+    /// parameter is resident.
+    fn resident_params(&self) -> Params {
+        Arc::new(
+            self.named
+                .iter()
+                .chain(&self.buffers)
+                .chain(&self.frozen)
+                .cloned()
+                .collect(),
+        )
     }
 
     /// Under FSDP, lets go of the full parameters (the forward's map keeps the buffers only).
@@ -428,7 +477,8 @@ impl Trainer {
                 (&packed.0, &packed.1)
             }
         };
-        let out = self.model.forward_full(&self.params, &x, positions, opts)?;
+        let params = self.forward_params()?;
+        let out = self.model.forward_full(&params, &x, positions, opts)?;
         let v = out.logits.shape()[2];
         let logits = out.logits.reshape(&[b.batch * t, v])?;
         let ce = match opts.stage_params.as_ref().and_then(|s| s.tensor_parallel()) {

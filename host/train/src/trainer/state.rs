@@ -5,7 +5,6 @@ use super::Trainer;
 use crate::checkpoint::{Loaded, Snapshot, TrainState};
 use crate::parallel::checkpoint;
 use crate::TrainError;
-use std::sync::Arc;
 
 impl Trainer {
     /// A host-memory copy of everything an exact resume needs: parameters (`model/<name>`),
@@ -46,6 +45,37 @@ impl Trainer {
         Snapshot::capture_pieces(state, pieces, spare)
     }
 
+    /// A LoRA run's checkpoint: the adapters by name and the model's buffers (the base is
+    /// frozen, and rebuilt from where the run took it rather than saved).
+    fn read_adapters(
+        &self,
+        ckpt: &Loaded,
+    ) -> Result<Vec<(String, anneal_engine::Tensor)>, TrainError> {
+        let buffers: std::collections::HashSet<&str> =
+            self.buffers.iter().map(|(n, _)| n.as_str()).collect();
+        let keep = |n: &str| buffers.contains(n);
+        let mut all =
+            checkpoint::read_params(self.cut(), ckpt, &self.model, ("model", &keep), &[])?;
+        for (name, p) in &self.named {
+            let key = format!("model/{name}");
+            let fits = ckpt
+                .describe(&key)
+                .is_some_and(|(shape, _)| shape == p.shape());
+            if !fits {
+                return Err(TrainError::Checkpoint(
+                    crate::checkpoint::CheckpointError::Mismatch(format!(
+                        "{}: no adapter {key} of shape {:?}: the checkpoint was not taken with \
+                         this [lora] (rank and targets)",
+                        ckpt.dir.display(),
+                        p.shape()
+                    )),
+                ));
+            }
+            all.push((name.clone(), ckpt.tensor(&key)?.detach()));
+        }
+        Ok(all)
+    }
+
     /// The layouts that cut this rank's parameters from the whole.
     fn cut(&self) -> checkpoint::Cut<'_> {
         checkpoint::Cut {
@@ -82,13 +112,16 @@ impl Trainer {
             .map(|(n, _)| n.clone())
             .collect();
         let keep = |n: &str| !staged || own.contains(n);
-        let loaded = checkpoint::read_params(
-            self.cut(),
-            &ckpt,
-            &self.model,
-            ("model", &keep),
-            &self.named,
-        )?;
+        let loaded = match self.lora.is_some() {
+            true => self.read_adapters(&ckpt)?,
+            false => checkpoint::read_params(
+                self.cut(),
+                &ckpt,
+                &self.model,
+                ("model", &keep),
+                &self.named,
+            )?,
+        };
         let (named, buffers) = crate::harness::split_buffers(&self.model, loaded);
         let cut = checkpoint::Cut {
             tp: self.tp.as_ref(),
@@ -100,9 +133,9 @@ impl Trainer {
         let (named, buffers) =
             crate::device::place_policy(self.device, named, buffers, &mut self.optimizer)?;
         self.loader.restore(&ckpt.state.loader)?;
-        self.params = Arc::new(named.iter().chain(&buffers).cloned().collect());
         self.named = named;
         self.buffers = buffers;
+        self.params = self.resident_params();
         self.release_full();
         self.step = ckpt.state.step;
         self.tokens = ckpt.state.tokens;

@@ -10,6 +10,7 @@ use crate::parallel::Axis;
 use crate::TrainError;
 use anneal_config::Training;
 use anneal_data::Batch;
+use anneal_engine::Tensor;
 use anneal_runtime::plugins::ForwardOpts;
 use std::collections::BTreeMap;
 
@@ -313,6 +314,16 @@ impl Trainer {
             fields.insert("owner_matrices".into(), o.owned.into());
             fields.insert("owner_work".into(), o.work.into());
             fields.insert("owner_bytes".into(), o.bytes.into());
+        }
+        if self.lora.is_some() {
+            // What LoRA trains and what its optimizer holds, against the frozen base.
+            let numel = |v: &[(String, Tensor)]| v.iter().map(|(_, p)| p.numel()).sum::<usize>();
+            let optimizer: usize = (self.optimizer.state().values())
+                .map(|t| t.numel() * t.dtype().size_in_bytes())
+                .sum();
+            fields.insert("trainable_params".into(), numel(&self.named).into());
+            fields.insert("frozen_params".into(), numel(&self.frozen).into());
+            fields.insert("optimizer_bytes".into(), optimizer.into());
         }
         if let super::data::Loader::Stream(s) = &self.loader {
             // Seconds the trainer has waited on the background tokenization since start.
