@@ -53,7 +53,7 @@ run() { # run NAME FOLDER RUN_DIR [--set ...]
     --set metrics.log_freq=10 --set metrics.progress_bar=false "$@" 2>&1 | grep -E "^step +100|resuming" || true
 }
 gen "$DIR/small" $((5 * 1000 * 1000))
-gen "$DIR/big" "$(awk -v g="$SIZE_GB" 'BEGIN { printf "%d", g * 1e9 }')"
+gen "$DIR/big" "$(awk -v g="$SIZE_GB" 'BEGIN { printf "%.0f", g * 1e9 }')"
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); $(nproc) cores"
 for name in small big; do
   rm -rf "$DIR/run-$name"
