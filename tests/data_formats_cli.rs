@@ -386,15 +386,7 @@ fn a_streamed_corpus_trains_as_in_memory_and_resumes_bit_for_bit() {
     ok(&out);
     let two = job.dir.join("stream-ddp");
     ok(&dist_support::mpiexec_train(2, &job, &two, &short));
-    let (a, b) = (
-        dist_support::loss_values(&one),
-        dist_support::loss_values(&two),
-    );
-    assert_eq!((a.len(), b.len()), (6, 6));
-    assert_eq!(a[0].to_bits(), b[0].to_bits());
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?} vs {b:?}");
-    }
+    dist_support::assert_follows(&one, &two, 6);
 
     // What streaming does not read is refused by its key.
     let chat = format!("data.path=\"{}\"", columnar("chat.jsonl").display());

@@ -69,6 +69,18 @@ pub fn loss_values(run_dir: &Path) -> Vec<f64> {
         .collect()
 }
 
+/// A data-parallel run `two` follows the single process `one` over `steps` logged steps:
+/// step 1's loss bit for bit (the same rows, summed the same way), the rest within DDP's
+/// rounding.
+pub fn assert_follows(one: &Path, two: &Path, steps: usize) {
+    let (a, b) = (loss_values(one), loss_values(two));
+    assert_eq!((a.len(), b.len()), (steps, steps));
+    assert_eq!(a[0].to_bits(), b[0].to_bits());
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-5 * x.abs(), "{a:?} vs {b:?}");
+    }
+}
+
 /// Rows of `metrics.jsonl` so far (0 before it exists).
 pub fn rows_now(run_dir: &Path) -> usize {
     std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |s| s.lines().count())

@@ -7,8 +7,11 @@
 //!   `base_model.model.<module>.lora_{A,B}.weight`, whose `W + alpha/r · B·A` on the base
 //!   checkpoint is the merged export's weight (`host/runtime/tests/reference/check_lora_peft.py`
 //!   loads it with `peft` itself);
+//! - two data-parallel ranks train the same adapters as one process;
 //! - what LoRA cannot do yet is refused by its key.
 
+#[path = "dist_support.rs"]
+mod dist_support;
 #[path = "sft_support.rs"]
 mod sft_support;
 
@@ -96,22 +99,7 @@ fn lora_trains_only_its_adapters_and_exports_merged_and_as_peft() {
     // The merged export evaluates exactly as the run's last evaluation.
     let merged = dir.join("merged");
     ok(&export(&step, &merged, &[]));
-    let from = format!("checkpoint.init_from_hf=\"{}\"", merged.display());
-    let again = train(
-        &dir,
-        "again",
-        &[
-            "training.steps=1",
-            "optimizer.lr=0.0",
-            "metrics.eval_freq=1",
-            "data.pack=true",
-            &from,
-        ],
-    );
-    let val = rows(&again)
-        .iter()
-        .find_map(|r| r["val_loss"].as_f64())
-        .unwrap();
+    let val = sft_support::held_out_loss_of(&dir, &merged);
     assert_eq!(val.to_bits(), vals[1].to_bits(), "{val} vs {vals:?}");
 
     // The adapter alone, as PEFT saves it.
@@ -187,4 +175,37 @@ fn what_lora_cannot_do_is_refused_by_its_key() {
         &["lora.base_dtype"],
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn two_data_parallel_ranks_train_the_adapters_of_one_process() {
+    // The tiny Llama from its seeded initialisation, adapters on every attention projection.
+    let job = common::Job::new("lora-ddp");
+    let set = [
+        "lora.rank=2",
+        "lora.targets=[\"*_proj\"]",
+        "training.steps=6",
+        "training.micro_batch_size=2",
+        "training.threads=1",
+        "metrics.eval_freq=0",
+    ];
+    let (out, one) = job.train("one", &set);
+    let log = ok(&out);
+    assert!(log.contains("lora: rank 2"), "{log}");
+    let two = job.dir.join("two");
+    ok(&dist_support::mpiexec_train(2, &job, &two, &set));
+    dist_support::assert_follows(&one, &two, 6);
+    // FSDP shards what LoRA does not yet hand to adapters: refused by its key.
+    let out = dist_support::mpiexec_train(
+        2,
+        &job,
+        &job.dir.join("fsdp"),
+        &[&set[..], &["parallelism.dp_shard=2"]].concat(),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`lora.rank`") && err.contains("dp_shard"),
+        "{err}"
+    );
 }

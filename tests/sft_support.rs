@@ -71,3 +71,24 @@ pub fn train(dir: &Path, run: &str, set: &[&str]) -> PathBuf {
     ok(&c.output().expect("run anneal"));
     run_dir
 }
+
+/// The held-out loss of the job's data under the Hugging Face checkpoint `hf`: a one-step run
+/// started from it with a zero learning rate, evaluated at once (packed).
+pub fn held_out_loss_of(dir: &Path, hf: &Path) -> f64 {
+    let from = format!("checkpoint.init_from_hf=\"{}\"", hf.display());
+    let run = train(
+        dir,
+        "again",
+        &[
+            "training.steps=1",
+            "optimizer.lr=0.0",
+            "metrics.eval_freq=1",
+            "data.pack=true",
+            &from,
+        ],
+    );
+    common::rows(&run)
+        .iter()
+        .find_map(|r| r["val_loss"].as_f64())
+        .expect("a held-out loss")
+}

@@ -43,19 +43,18 @@ impl CacheKey {
 
     /// The first 16 bytes of the digest as 32 hex digits.
     pub(crate) fn hex(&self) -> String {
-        self.0.clone().finalize()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex(&self.0.clone().finalize()[..16])
     }
+}
+
+/// `bytes` as lowercase hex digits, two per byte (how digests are written everywhere).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Hex SHA-256 of `data` (all 32 bytes).
 pub(crate) fn sha256_hex(data: &[u8]) -> String {
-    Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(data))
 }
 
 /// Writes `data` to `path` through a temporary file in the same folder and a rename, so a reader

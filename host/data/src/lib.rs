@@ -28,6 +28,7 @@ pub mod tokens;
 
 use std::path::PathBuf;
 
+pub use cache::hex;
 pub use chat::loader::ChatLoader;
 pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;

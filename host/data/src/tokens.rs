@@ -198,7 +198,7 @@ impl TokenFiles {
                 h.update(&buf);
             }
         }
-        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+        Ok(crate::hex(&h.finalize()))
     }
 
     /// What the files are, for a log line: `3 nanoGPT .bin file(s), 1.2M ids`.
@@ -278,7 +278,7 @@ impl TokenRange {
         h.update(self.files.fingerprint()?.as_bytes());
         h.update(self.start.to_le_bytes());
         h.update(self.len.to_le_bytes());
-        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+        Ok(crate::hex(&h.finalize()))
     }
 }
 
@@ -288,7 +288,6 @@ impl TokenRange {
 /// - a folder: its `.bin` files (not recursively), sorted by name; those whose name says `val`
 ///   (nanoGPT's `val.bin`, llm.c's `*_val_*.bin`) are held out.
 pub fn discover_token_files(path: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
-    let ext = |p: &Path, e: &str| p.extension().is_some_and(|x| x.eq_ignore_ascii_case(e));
     if path.is_dir() {
         let mut files: Vec<PathBuf> = std::fs::read_dir(path)
             .map_err(|e| DataError::io(path, e))?
@@ -330,10 +329,14 @@ pub fn discover_token_files(path: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)>
     })
 }
 
+/// Whether `p`'s extension is `e`, in any case.
+fn ext(p: &Path, e: &str) -> bool {
+    p.extension().is_some_and(|x| x.eq_ignore_ascii_case(e))
+}
+
 /// Whether `path` names token files ([`discover_token_files`] would find some): a `.bin` or
 /// `.idx` file, a Megatron prefix, or a folder holding `.bin` files.
 pub fn looks_like_tokens(path: &Path) -> bool {
-    let ext = |p: &Path, e: &str| p.extension().is_some_and(|x| x.eq_ignore_ascii_case(e));
     if path.is_dir() {
         return std::fs::read_dir(path).is_ok_and(|d| {
             d.filter_map(|e| e.ok())

@@ -109,11 +109,12 @@ impl RowShape {
         if self.pack {
             b.positions.extend(0..pad as i64);
         }
-        // Counts stay empty until a row has images, then cover every row.
-        if row_images > 0 && b.row_images.len() < b.batch {
+        // Counts stay empty until a row has images, then cover every row (the first row's
+        // included: `Batch::rows` cuts images by these counts).
+        if row_images > 0 && b.row_images.is_empty() {
             b.row_images.resize(b.batch, 0);
         }
-        if !b.row_images.is_empty() {
+        if row_images > 0 || !b.row_images.is_empty() {
             b.row_images.push(row_images);
         }
         b.batch += 1;
@@ -339,6 +340,30 @@ mod tests {
         push(&shape, &mut b, &d);
         assert_eq!(b.inputs, [1, 2, 3, 0, 0, 0]);
         assert!(b.images.is_empty() && b.row_images.is_empty());
+    }
+
+    #[test]
+    fn image_counts_cover_every_row_once_one_has_images() {
+        let shape = RowShape {
+            seq_len: 2,
+            pad_id: 0,
+            processor: None,
+            pack: false,
+        };
+        let counts = |rows: &[usize]| {
+            let mut b = Batch::with_capacity(rows.len(), 2);
+            for &n in rows {
+                shape.end_row(&mut b, 0, n);
+            }
+            b.row_images
+        };
+        assert_eq!(counts(&[0, 0]), Vec::<usize>::new());
+        assert_eq!(
+            counts(&[2, 0, 1]),
+            [2, 0, 1],
+            "the first row's images count"
+        );
+        assert_eq!(counts(&[0, 3, 0]), [0, 3, 0]);
     }
 
     #[test]

@@ -100,12 +100,7 @@ pub(crate) fn sha256_file(path: &std::path::Path) -> std::io::Result<(u64, Strin
         total += n as u64;
         hasher.update(&buf[..n]);
     }
-    let hex = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok((total, hex))
+    Ok((total, anneal_data::hex(&hasher.finalize())))
 }
 
 pub(crate) fn io_err(

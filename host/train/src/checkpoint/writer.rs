@@ -113,10 +113,7 @@ fn st_dtype(d: DType) -> safetensors::Dtype {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    anneal_data::hex(&Sha256::digest(bytes))
 }
 
 /// Where the data of the safetensors file at `path` starts, and its header.

@@ -264,11 +264,7 @@ fn build_mixture(
         tokenizer_path,
         loader: Loader::Mixture(loader),
         val_batches,
-        data_sha256: digest
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
+        data_sha256: anneal_data::hex(&digest.finalize()),
         run_files: RunFiles {
             files: beside_tokenizer(d, &["tokenizer_config.json", GENERATION_CONFIG]),
         },
