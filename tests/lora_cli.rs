@@ -154,17 +154,7 @@ fn lora_trains_only_its_adapters_and_exports_merged_and_as_peft() {
 #[test]
 fn what_lora_cannot_do_is_refused_by_its_key() {
     let dir = job("lora-bad", |s| s);
-    let refused = |set: &[&str], needles: &[&str]| {
-        let mut c = anneal();
-        c.arg("train")
-            .arg(dir.join("sft.toml"))
-            .arg("--run-dir")
-            .arg(dir.join("refused"));
-        for s in set {
-            c.args(["--set", s]);
-        }
-        common::user_error(&c.output().unwrap(), needles);
-    };
+    let refused = |set: &[&str], needles: &[&str]| sft_support::refused(&dir, set, needles);
     refused(
         &["lora.rank=4", "lora.targets=[\"qkv\"]"],
         &["`lora.targets`", "names no weight", "q_proj"],

@@ -1,6 +1,8 @@
 //! What the chat fine-tuning tests share: the tiny Qwen3 fixture, a job folder fine-tuning it
 //! on its own chat data, and a run of it.
 
+#![allow(dead_code)] // Each test file that includes this uses part of it.
+
 use anneal_tests::cli as common;
 
 use common::{anneal, ok};
@@ -91,4 +93,18 @@ pub fn held_out_loss_of(dir: &Path, hf: &Path) -> f64 {
         .iter()
         .find_map(|r| r["val_loss"].as_f64())
         .expect("a held-out loss")
+}
+
+/// Runs the job's config with `--set` overrides and checks that it is refused as bad input,
+/// its error line holding every one of `needles`.
+pub fn refused(dir: &Path, set: &[&str], needles: &[&str]) {
+    let mut c = anneal();
+    c.arg("train")
+        .arg(dir.join("sft.toml"))
+        .arg("--run-dir")
+        .arg(dir.join("refused"));
+    for s in set {
+        c.args(["--set", s]);
+    }
+    common::user_error(&c.output().unwrap(), needles);
 }

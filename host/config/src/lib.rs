@@ -551,6 +551,7 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
         ));
     }
     validate_lora(&c.lora)?;
+    validate_preference(c)?;
     validate_fault_tolerance(c)
 }
 
@@ -573,6 +574,35 @@ fn validate_lora(l: &crate::schema::Lora) -> Result<(), ConfigError> {
         return Err(ConfigError::at(
             "lora.base_dtype",
             format!("`{}` is not f32 or bf16", l.base_dtype),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_preference(c: &JobConfig) -> Result<(), ConfigError> {
+    let p = &c.preference;
+    if !p.on() {
+        return Ok(());
+    }
+    if !(p.beta.is_finite() && p.beta > 0.0) {
+        return Err(ConfigError::at(
+            "preference.beta",
+            "must be a positive number",
+        ));
+    }
+    if !p.gamma.is_finite() {
+        return Err(ConfigError::at(
+            "preference.gamma",
+            "must be a finite number",
+        ));
+    }
+    if !c.training.micro_batch_size.is_multiple_of(2) {
+        return Err(ConfigError::at(
+            "training.micro_batch_size",
+            format!(
+                "{} rows do not hold whole preference pairs (two rows each); use an even number",
+                c.training.micro_batch_size
+            ),
         ));
     }
     Ok(())

@@ -40,6 +40,58 @@ pub struct JobConfig {
     /// of the serialized config while off.
     #[serde(skip_serializing_if = "Lora::is_off")]
     pub lora: Lora,
+    /// Preference tuning (DPO, SimPO) on pairs of completions. Left out of the serialized
+    /// config while off.
+    #[serde(skip_serializing_if = "Preference::is_off")]
+    pub preference: Preference,
+}
+
+/// `[preference]`: tuning on `{prompt, chosen, rejected}` pairs (`data.format =
+/// "preference"`) instead of next-token prediction.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Preference {
+    /// `none` (off), `dpo` (against the frozen starting model) or `simpo` (length-normalized,
+    /// no reference).
+    pub loss: PreferenceLoss,
+    /// The margin's scale `β` (DPO's usual 0.1; SimPO's 2.0 or so).
+    pub beta: f64,
+    /// SimPO's target margin `γ` (unused by DPO).
+    pub gamma: f64,
+}
+
+/// `preference.loss`
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PreferenceLoss {
+    /// No preference tuning.
+    None,
+    /// Direct preference optimization (Rafailov et al., 2023).
+    Dpo,
+    /// Simple preference optimization (Meng et al., 2024).
+    Simpo,
+}
+
+impl Preference {
+    /// Whether the section is at its defaults (off).
+    pub fn is_off(&self) -> bool {
+        *self == Preference::default()
+    }
+
+    /// Whether a preference loss is on.
+    pub fn on(&self) -> bool {
+        self.loss != PreferenceLoss::None
+    }
+}
+
+impl Default for Preference {
+    fn default() -> Self {
+        Preference {
+            loss: PreferenceLoss::None,
+            beta: 0.1,
+            gamma: 0.5,
+        }
+    }
 }
 
 /// `[lora]`: low-rank adapters on chosen weights. Each adapted weight `W` (`[out, in]`)
@@ -516,6 +568,8 @@ pub enum DataFormat {
     /// A dataset saved by Hugging Face `datasets` (`save_to_disk`; a `DatasetDict`'s `train`
     /// split): text or chat rows.
     HfDataset,
+    /// Preference pairs (`prompt`, `chosen`, `rejected`), for `[preference]` tuning.
+    Preference,
 }
 
 /// One source of a data mixture (`[[data.sources]]`).

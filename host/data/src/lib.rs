@@ -21,6 +21,7 @@ pub mod dataset;
 pub mod image;
 pub mod loader;
 pub mod mixture;
+pub mod preference;
 pub mod records;
 pub mod stream;
 pub mod tokenizer;
@@ -32,8 +33,10 @@ pub use cache::hex;
 pub use chat::loader::ChatLoader;
 pub use corpus::{check_files, discover_files, read_documents};
 pub use dataset::TokenDataset;
+pub use loader::IGNORE_INDEX;
 pub use loader::{Batch, LoaderState, PackedLoader, TokenStream};
 pub use mixture::{MixtureLoader, MixtureState};
+pub use preference::PairLoader;
 pub use stream::{StreamSpec, StreamingLoader};
 pub use tokenizer::{DecodeStream, TextTokenizer};
 

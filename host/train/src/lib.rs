@@ -12,6 +12,7 @@ mod metrics;
 pub mod outputs;
 pub mod parallel;
 pub mod plan;
+pub mod preference;
 pub mod preflight;
 mod run;
 mod schedule;

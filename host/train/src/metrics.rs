@@ -206,6 +206,15 @@ impl Console {
         field("loss", r.loss.map(|v| format!("{v:.4}")));
         field("val_loss", r.val_loss.map(|v| format!("{v:.4}")));
         field("eval_accuracy", r.eval_accuracy.map(|v| format!("{v:.3}")));
+        let output = |k: &str| r.outputs.get(k).and_then(serde_json::Value::as_f64);
+        field(
+            "val_margin",
+            output("val_margin").map(|v| format!("{v:.3}")),
+        );
+        field(
+            "pref_margin",
+            output("pref_margin").map(|v| format!("{v:.3}")),
+        );
         field("grad_norm", r.grad_norm.map(|v| format!("{v:.3}")));
         field("lr", r.lr.map(|v| format!("{v:.2e}")));
         field("tok/s", r.tokens_per_s.map(|v| format!("{v:.0}")));

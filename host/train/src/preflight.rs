@@ -38,6 +38,12 @@ pub struct Preflight {
 pub fn train(cfg: &JobConfig, processes: usize) -> Result<Preflight, TrainError> {
     let degrees = layout(cfg, processes)?;
     lora(cfg, &degrees)?;
+    if cfg.preference.on() && processes > 1 {
+        return Err(TrainError::Config(format!(
+            "config: `preference.loss` with {processes} processes: preference tuning runs in \
+             one process for now (a pair's two rows must stay on one rank)"
+        )));
+    }
     let device = crate::device::check(cfg, processes)?;
     let (model, optimizer) = plugins(cfg)?;
     // Adapters on weights the model has (the targets name some).
@@ -181,7 +187,9 @@ pub fn data(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
     let files =
         anneal_data::discover_files(&path).map_err(|e| TrainError::from(e).at("data.path"))?;
     container(cfg, &path, &files)?;
-    let chat = data_kind(cfg, &files) == DataKind::Chat;
+    let kind = data_kind(cfg, &files);
+    preference_data(cfg, kind)?;
+    let chat = matches!(kind, DataKind::Chat | DataKind::Preference);
     if chat && cfg.data.streaming {
         return Err(TrainError::Config(
             "config: `data.streaming` = true: streaming reads text documents; chat \
@@ -229,6 +237,26 @@ fn container(cfg: &JobConfig, path: &std::path::Path, files: &[PathBuf]) -> Resu
     }
 }
 
+/// Preference pairs and a preference loss go together; pairs are never packed.
+fn preference_data(cfg: &JobConfig, kind: DataKind) -> Result<(), TrainError> {
+    let pairs = kind == DataKind::Preference;
+    let refuse = |m: &str| Err(TrainError::Config(format!("config: {m}")));
+    match (pairs, cfg.preference.on()) {
+        (true, false) => refuse(
+            "`preference.loss`: the data holds preference pairs (prompt, chosen, rejected); \
+             set preference.loss = \"dpo\" or \"simpo\"",
+        ),
+        (false, true) => refuse(
+            "`preference.loss` needs preference pairs: JSON lines (or Parquet) of \
+             {\"prompt\", \"chosen\", \"rejected\"} (data.format = \"preference\")",
+        ),
+        (true, true) if cfg.data.pack => {
+            refuse("`data.pack` = true: preference pairs take a row per completion; drop data.pack")
+        }
+        _ => Ok(()),
+    }
+}
+
 /// `data.pack` needs chat data, and a layout whose attention sees whole rows.
 fn packing(cfg: &JobConfig, chat: bool) -> Result<(), TrainError> {
     if !chat {
@@ -270,7 +298,7 @@ fn mixture(cfg: &JobConfig) -> Result<Vec<PathBuf>, TrainError> {
         let one = source_config(cfg, i);
         let found = data(&one).map_err(|e| in_source(e, i))?;
         match data_kind(&one, &found) {
-            DataKind::Chat => {
+            DataKind::Chat | DataKind::Preference => {
                 return Err(TrainError::Config(format!(
                     "config: `data.sources[{i}].path`: {} holds conversations; a mixture mixes \
                      text and token sources, not chat data",
@@ -313,6 +341,8 @@ pub enum DataKind {
     Chat,
     /// Pre-tokenized ids read in place.
     Tokens,
+    /// Preference pairs (`prompt`, `chosen`, `rejected`).
+    Preference,
 }
 
 /// What `files` (under `data.path`) are read as: `data.format`, or for `auto` what they look
@@ -323,7 +353,9 @@ pub fn data_kind(cfg: &JobConfig, files: &[PathBuf]) -> DataKind {
         _ if tokens_format(cfg) => DataKind::Tokens,
         DataFormat::Chat => DataKind::Chat,
         DataFormat::Text => DataKind::Text,
-        // Auto, and the containers of either.
+        DataFormat::Preference => DataKind::Preference,
+        // Auto, and the containers of any.
+        _ if anneal_data::preference::looks_like_pairs(files) => DataKind::Preference,
         _ if anneal_data::chat::looks_like_chat(files) => DataKind::Chat,
         _ => DataKind::Text,
     }

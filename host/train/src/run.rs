@@ -233,6 +233,10 @@ pub fn run_dist(
                 if main {
                     row.val_loss = val_loss;
                     row.eval_accuracy = eval.and_then(|e| e.accuracy);
+                    if let Some(m) = eval.and_then(|e| e.margin) {
+                        // Preference pairs: the held-out chosen-vs-rejected margin.
+                        row.outputs.insert("val_margin".into(), m.into());
+                    }
                     summary.last_val_loss = val_loss.or(summary.last_val_loss);
                 }
             }

@@ -123,7 +123,7 @@ impl RowShape {
     /// Fills one row of `b` from `next` (which peeks at the next conversation and takes it): one
     /// conversation, or when packing as many whole ones as fit, in order (a conversation longer
     /// than a row is cut and fills a row alone).
-    fn fill_row(
+    pub(crate) fn fill_row(
         &self,
         b: &mut Batch,
         docs: &[EncodedChat],

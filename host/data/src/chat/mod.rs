@@ -74,14 +74,8 @@ pub fn read_conversations(files: &[PathBuf]) -> Result<Vec<Conversation>> {
                 line: number,
                 message,
             };
-            let (messages, images) = parse_messages(&value, folder).map_err(bad)?;
-            let tools = parse_tools(&value).map_err(bad)?;
-            out.push(Conversation {
-                messages,
-                images,
-                tools,
-                origin: format!("{}:{number}", file.display()),
-            });
+            let origin = format!("{}:{number}", file.display());
+            out.push(conversation_of(&value, folder, &origin).map_err(bad)?);
         }
     }
     if out.is_empty() {
@@ -91,6 +85,22 @@ pub fn read_conversations(files: &[PathBuf]) -> Result<Vec<Conversation>> {
         });
     }
     Ok(out)
+}
+
+/// The conversation of one record (`messages`, optional `tools`), its images resolved against
+/// `folder`; `origin` names it in later errors.
+pub fn conversation_of(
+    value: &Value,
+    folder: &Path,
+    origin: &str,
+) -> std::result::Result<Conversation, String> {
+    let (messages, images) = parse_messages(value, folder)?;
+    Ok(Conversation {
+        messages,
+        images,
+        tools: parse_tools(value)?,
+        origin: origin.to_owned(),
+    })
 }
 
 /// A line's `tools` list, if it has one.

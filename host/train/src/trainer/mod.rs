@@ -3,6 +3,7 @@
 //! in `layouts.rs`; saving and restoring its state in `state.rs`; the named steps of one
 //! training step in `step.rs`.
 
+mod chat_data;
 mod data;
 mod layouts;
 mod state;
@@ -73,6 +74,9 @@ pub struct Trainer {
     lora: Option<crate::lora::Adapters>,
     /// The frozen base parameters of a LoRA run (read by the forward, never trained or saved).
     frozen: Vec<(String, Tensor)>,
+    /// DPO's reference model: a frozen copy of the starting parameters (a LoRA run's is its
+    /// base, `params` without the adapters applied).
+    reference: Option<Params>,
     optimizer: PluginOptimizer,
     schedule: LrSchedule,
     loader: data::Loader,
@@ -212,6 +216,12 @@ impl Trainer {
                 .cloned()
                 .collect(),
         );
+        // DPO against the starting model: a copy the optimizer never touches.
+        let dpo = cfg.preference.loss == anneal_config::PreferenceLoss::Dpo;
+        let reference = match dpo && lora.is_none() {
+            true => Some(crate::preference::frozen_copy(&params, device)?),
+            false => None,
+        };
 
         let (loader, val_batches) = (data.loader, data.val_batches);
         if cfg.metrics.eval_freq > 0 && val_batches.is_empty() {
@@ -245,6 +255,7 @@ impl Trainer {
             buffers,
             lora,
             frozen,
+            reference,
             optimizer,
             loader,
             val_batches,
@@ -279,6 +290,38 @@ impl Trainer {
             Some(l) => l.apply(&self.params),
             None => Ok(self.params.clone()),
         }
+    }
+
+    /// The preference loss of a batch of pairs (rows `2i`, `2i + 1`) from the policy's
+    /// forward `out`, the reference's forward run here for DPO; the pairs' margin statistics
+    /// join `out.stats` (`pref_margin`, `pref_accuracy`).
+    fn pair_loss(
+        &self,
+        b: &Batch,
+        (x, positions, opts): (&Tensor, &Tensor, &ForwardOpts),
+        out: &mut ForwardOutput,
+    ) -> Result<Tensor, TrainError> {
+        use crate::preference::{margin_stats, pair_loss, row_lengths, row_logps};
+        let p = &self.cfg.preference;
+        let policy = row_logps(&out.logits, &b.targets)?;
+        let reference = match p.loss {
+            anneal_config::PreferenceLoss::Dpo => {
+                let _g = autograd::no_grad();
+                let params = self.reference.as_ref().unwrap_or(&self.params);
+                let r = self.model.forward_full(params, x, positions, opts)?;
+                let r = row_logps(&r.logits, &b.targets)?.to_device(Device::Cpu)?;
+                Some(r.to_vec_f32())
+            }
+            _ => None,
+        };
+        let lengths = row_lengths(&b.targets, b.batch);
+        let (loss, margins) = pair_loss(p, &policy, reference.as_deref(), &lengths)?;
+        let (mean, right) = margin_stats(&margins);
+        for (name, v) in [("pref_margin", mean), ("pref_accuracy", right)] {
+            out.stats
+                .push((name.into(), Tensor::from_vec(vec![v as f32], &[1])?));
+        }
+        Ok(loss)
     }
 
     /// The parameters, buffers and frozen base weights, by name: the forward's map when every
@@ -478,7 +521,11 @@ impl Trainer {
             }
         };
         let params = self.forward_params()?;
-        let out = self.model.forward_full(&params, &x, positions, opts)?;
+        let mut out = self.model.forward_full(&params, &x, positions, opts)?;
+        if self.cfg.preference.on() {
+            let loss = self.pair_loss(b, (&x, positions, opts), &mut out)?;
+            return Ok((loss, out));
+        }
         let v = out.logits.shape()[2];
         let logits = out.logits.reshape(&[b.batch * t, v])?;
         let ce = match opts.stage_params.as_ref().and_then(|s| s.tensor_parallel()) {
@@ -642,6 +689,7 @@ impl Trainer {
             return Ok(Some(Evaluation {
                 loss: sum / self.val_batches.len() as f64,
                 accuracy: None,
+                margin: None,
             }));
         }
         // Under FSDP block by block, as in training (one micro-batch per held-out batch).
@@ -650,18 +698,32 @@ impl Trainer {
         let mut losses = Vec::with_capacity(self.val_batches.len());
         // Replies exact and replies seen; sequences split over cp ranks give no whole rows.
         let mut replies = (self.chat && self.cp.is_none() && self.tp.is_none()).then_some((0, 0));
+        // Preference pairs: the margins' sum, the pairs on the chosen side, the pairs.
+        let mut pairs = self.cfg.preference.on().then_some((0.0, 0.0, 0.0));
         for b in &self.val_batches {
             if let Some(u) = &self.units {
                 u.borrow_mut().begin_micro_batch()?;
             }
             let (loss, out) = self.batch_forward(b, &opts)?;
             losses.push(loss.item()?);
+            if let Some((margin, right, n)) = &mut pairs {
+                let stat = |name: &str| {
+                    out.stats
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map_or(Ok(0.0), |(_, t)| t.item().map(f64::from))
+                };
+                let count = (b.batch / 2) as f64;
+                *margin += stat("pref_margin")? * count;
+                *right += stat("pref_accuracy")? * count;
+                *n += count;
+            }
             if let Some((right, seen)) = &mut replies {
                 let logits = out
                     .logits
                     .to_device(Device::Cpu)?
                     .to_dtype(anneal_engine::DType::F32)?;
-                let (r, s) = data::exact_replies(&logits.to_vec::<f32>(), b);
+                let (r, s) = chat_data::exact_replies(&logits.to_vec::<f32>(), b);
                 *right += r;
                 *seen += s;
             }
@@ -674,11 +736,16 @@ impl Trainer {
             losses = cp.sum_parts(comm, &losses)?;
         }
         let sum: f64 = losses.iter().map(|&l| l as f64).sum();
+        let pairs = pairs.filter(|&(_, _, n)| n > 0.0);
         Ok(Some(Evaluation {
             loss: sum / self.val_batches.len() as f64,
-            accuracy: replies
-                .filter(|&(_, seen)| seen > 0)
-                .map(|(right, seen)| right as f64 / seen as f64),
+            accuracy: match pairs {
+                Some((_, right, n)) => Some(right / n),
+                None => replies
+                    .filter(|&(_, seen)| seen > 0)
+                    .map(|(right, seen)| right as f64 / seen as f64),
+            },
+            margin: pairs.map(|(margin, _, n)| margin / n),
         }))
     }
 }
@@ -689,6 +756,8 @@ pub struct Evaluation {
     /// Mean held-out loss.
     pub loss: f64,
     /// For chat data, the share of held-out conversations whose replies greedy decoding writes
-    /// exactly.
+    /// exactly; for preference pairs, the share whose margin favours the chosen completion.
     pub accuracy: Option<f64>,
+    /// For preference pairs, the mean margin of the held-out pairs (`val_margin`).
+    pub margin: Option<f64>,
 }
