@@ -78,6 +78,12 @@ fn the_openai_client_talks_to_anneal_serve() {
     assert!(err.contains("two models are named 'tiny-step-40'"), "{err}");
     let err = serve_fails(&home, &[&job.dir.join("corpus")]);
     assert!(err.contains("neither a checkpoint step directory"), "{err}");
+    // A model id is looked up in the local Hugging Face cache, and named where it is not.
+    let err = serve_fails(&home, &[Path::new("anneal-tests/no-such-model")]);
+    assert!(
+        err.contains("--model") && err.contains("Hugging Face cache"),
+        "{err}"
+    );
     let args = [
         "--model",
         step.to_str().unwrap(),

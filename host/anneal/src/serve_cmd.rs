@@ -49,7 +49,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FUEL", default_value_t = 10_000_000_000)]
     reward_test_fuel: u64,
     /// Serve a model on the OpenAI-compatible endpoint (/v1): a checkpoint step directory
-    /// (served as <run>-step-<N>) or a Hugging Face directory (served as its folder name).
+    /// (served as <run>-step-<N>), a Hugging Face directory (served as its folder name), or a
+    /// model id (`org/name[@revision]`) of the local Hugging Face cache (served as the id).
     /// Repeatable.
     #[arg(long = "model", value_name = "PATH")]
     models: Vec<PathBuf>,
@@ -95,7 +96,15 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         Some(dir) => user_bail!("--web {}: no index.html there", dir.display()),
         None => default_web_dir(&work_dir, &exe),
     };
-    let models = args.models.iter().map(|m| absolute(&work_dir, m)).collect();
+    // A model id (`org/name[@revision]`) that is not a path is its local Hugging Face cache
+    // snapshot.
+    let mut models = Vec::with_capacity(args.models.len());
+    for m in &args.models {
+        match anneal_runtime::hf::hub::resolve(&m.to_string_lossy()) {
+            Ok(dir) => models.push(absolute(&work_dir, &dir)),
+            Err(e) => user_bail!("--model: {e}"),
+        }
+    }
     let options = ServerOptions {
         addr,
         home,

@@ -78,7 +78,10 @@ fn a_record_without_a_side_is_named() {
         ],
     );
     let e = read_pairs(&files).unwrap_err().to_string();
-    assert!(e.contains("pairs.jsonl:2") && e.contains("`rejected`"), "{e}");
+    assert!(
+        e.contains("pairs.jsonl:2") && e.contains("`rejected`"),
+        "{e}"
+    );
     let plain = write(dir.path(), &[serde_json::json!({"text": "not a pair"})]);
     assert!(!looks_like_pairs(&plain));
 }

@@ -82,7 +82,8 @@ pub fn load_models(
 }
 
 /// The name a path is served under: `<run>-step-<N>` for a checkpoint step directory, the
-/// folder name for a Hugging Face directory.
+/// model id (`org/name`) for a snapshot of the local Hugging Face cache, the folder name for
+/// another Hugging Face directory.
 pub fn model_id(path: &Path) -> Result<String, ModelError> {
     let fail = |msg: String| ModelError::Load {
         path: path.to_path_buf(),
@@ -104,7 +105,7 @@ pub fn model_id(path: &Path) -> Result<String, ModelError> {
             .ok_or_else(|| fail("a checkpoint step directory sits in <run>/checkpoints/".into()))?;
         Ok(format!("{}-{}", name(run)?, name(&full)?))
     } else if full.join("config.json").is_file() {
-        name(&full)
+        Ok(cached_model_id(&full).unwrap_or(name(&full)?))
     } else {
         Err(fail(
             "neither a checkpoint step directory (train_state.json) nor a Hugging Face \
@@ -195,4 +196,34 @@ fn stop_ids(dir: &Path, tokenizer: &TextTokenizer) -> Vec<i64> {
     ids.sort_unstable();
     ids.dedup();
     ids
+}
+
+/// `org/name` for a snapshot of the Hugging Face cache (`.../models--org--name/snapshots/<commit>`).
+fn cached_model_id(dir: &Path) -> Option<String> {
+    let snapshots = dir.parent()?;
+    if snapshots.file_name()? != "snapshots" {
+        return None;
+    }
+    let repo = snapshots.parent()?.file_name()?.to_str()?;
+    let (org, name) = repo.strip_prefix("models--")?.split_once("--")?;
+    Some(format!("{org}/{name}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cache_snapshot_is_served_under_its_model_id() {
+        let root = std::env::temp_dir().join(format!("anneal-models-{}", std::process::id()));
+        let snap = root.join("hub/models--org--tiny-lm/snapshots/0123abcd");
+        std::fs::create_dir_all(&snap).unwrap();
+        std::fs::write(snap.join("config.json"), "{}").unwrap();
+        assert_eq!(model_id(&snap).unwrap(), "org/tiny-lm");
+        let plain = root.join("my-model");
+        std::fs::create_dir_all(&plain).unwrap();
+        std::fs::write(plain.join("config.json"), "{}").unwrap();
+        assert_eq!(model_id(&plain).unwrap(), "my-model");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
