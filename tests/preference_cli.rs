@@ -5,8 +5,11 @@
 //! - a resumed run continues bit for bit (the reference rebuilt from the start);
 //! - SimPO (no reference, length-normalized) raises the held-out margin too, and so does DPO
 //!   on LoRA adapters (the reference is then the base without them);
+//! - two data-parallel ranks, each on whole pairs, follow one process;
 //! - data and settings that do not fit are refused by their key.
 
+#[path = "dist_support.rs"]
+mod dist_support;
 #[path = "sft_support.rs"]
 mod sft_support;
 
@@ -156,6 +159,41 @@ fn preference_settings_that_do_not_fit_are_refused() {
     refused(
         &set(&data, &["preference.loss=\"dpo\"", "preference.beta=0.0"]),
         &["preference.beta"],
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn two_data_parallel_ranks_tune_on_whole_pairs_as_one_process() {
+    let dir = job("dpo-ddp", |s| s);
+    let data = format!("data.path=\"{}\"", pairs(&dir).display());
+    // The launcher runs the job's config as `tiny.toml`.
+    std::fs::copy(dir.join("sft.toml"), dir.join("tiny.toml")).unwrap();
+    let job = common::Job { dir: dir.clone() };
+    // Micro-batches of 4 rows: each rank takes 2, one whole pair.
+    let set = set(
+        &data,
+        &[
+            "preference.loss=\"dpo\"",
+            "training.steps=6",
+            "metrics.eval_freq=0",
+        ],
+    );
+    let one = train(&dir, "one", &set);
+    let two = dir.join("two");
+    common::ok(&dist_support::mpiexec_train(2, &job, &two, &set));
+    dist_support::assert_follows(&one, &two, 6);
+    // One row each would split the pairs.
+    let odd = [
+        &set[..],
+        &["training.micro_batch_size=2", "training.batch_size=2"],
+    ]
+    .concat();
+    let out = dist_support::mpiexec_train(2, &job, &dir.join("odd"), &odd);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("splits a preference pair"),
+        "{err}"
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -38,12 +38,7 @@ pub struct Preflight {
 pub fn train(cfg: &JobConfig, processes: usize) -> Result<Preflight, TrainError> {
     let degrees = layout(cfg, processes)?;
     lora(cfg, &degrees)?;
-    if cfg.preference.on() && processes > 1 {
-        return Err(TrainError::Config(format!(
-            "config: `preference.loss` with {processes} processes: preference tuning runs in \
-             one process for now (a pair's two rows must stay on one rank)"
-        )));
-    }
+    preference_layout(cfg, &degrees, processes)?;
     let device = crate::device::check(cfg, processes)?;
     let (model, optimizer) = plugins(cfg)?;
     // Adapters on weights the model has (the targets name some).
@@ -86,6 +81,41 @@ pub fn lora(cfg: &JobConfig, d: &Degrees) -> Result<(), TrainError> {
                 "config: `lora.rank` = {} with `parallelism.{key}` = {n}: LoRA trains in one \
                  process or data-parallel (parallelism.dp_replicate); not yet with {key} > 1",
                 cfg.lora.rank
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Preference pairs train in one process or data-parallel (`dp_replicate`), each rank on whole
+/// pairs: whole micro-batches, or an even number of each one's rows.
+fn preference_layout(cfg: &JobConfig, d: &Degrees, processes: usize) -> Result<(), TrainError> {
+    if !cfg.preference.on() {
+        return Ok(());
+    }
+    for (key, n) in [
+        ("dp_shard", d.dp_shard),
+        ("tp", d.tp),
+        ("pp", d.pp),
+        ("cp", d.cp),
+        ("ep", d.ep),
+    ] {
+        if n > 1 {
+            return Err(TrainError::Config(format!(
+                "config: `preference.loss` with `parallelism.{key}` = {n}: preference tuning \
+                 runs in one process or data-parallel (parallelism.dp_replicate); not yet with \
+                 {key} > 1"
+            )));
+        }
+    }
+    let split = crate::parallel::dist::batch_split(cfg, &checked_mesh(cfg, processes)?)?;
+    if let crate::parallel::dist::BatchSplit::Rows { rows } = split {
+        if !rows.is_multiple_of(2) {
+            return Err(TrainError::Config(format!(
+                "config: `training.micro_batch_size` = {}: each of the {} data-parallel ranks \
+                 would take {rows} rows of every micro-batch, which splits a preference pair \
+                 (two rows); give each rank an even number of rows, or whole micro-batches",
+                cfg.training.micro_batch_size, d.dp_replicate
             )));
         }
     }

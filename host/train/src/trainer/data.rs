@@ -35,17 +35,11 @@ impl Loader {
         match self {
             Loader::Packed(l) => Ok(l.next_rows(rows, keep)?),
             // Conversations are in memory; packing needs every row's lengths anyway.
-            Loader::Chat(l) => {
-                let b = l.next_batch(rows)?;
-                Ok(match keep == (0..rows) {
-                    true => b,
-                    false => b.rows(keep.start, keep.end),
-                })
-            }
+            Loader::Chat(l) => Ok(kept(l.next_batch(rows)?, rows, keep)),
             Loader::Mixture(l) => Ok(l.next_rows(rows, keep)?),
             Loader::Stream(l) => Ok(l.next_rows(rows, keep)?),
-            // One process only: the rank keeps every row.
-            Loader::Pairs(l) => Ok(l.next_batch(rows)?),
+            // Whole pairs: a rank keeps whole micro-batches or an even share of their rows.
+            Loader::Pairs(l) => Ok(kept(l.next_batch(rows)?, rows, keep)),
         }
     }
 
@@ -87,6 +81,14 @@ impl Loader {
             }
         }
         Ok(())
+    }
+}
+
+/// Rows `keep` of `b`, a batch of `rows` rows read whole (not cut when it keeps them all).
+fn kept(b: Batch, rows: usize, keep: std::ops::Range<usize>) -> Batch {
+    match keep == (0..rows) {
+        true => b,
+        false => b.rows(keep.start, keep.end),
     }
 }
 
