@@ -69,7 +69,14 @@ pub fn lora(cfg: &JobConfig, d: &Degrees) -> Result<(), TrainError> {
     if cfg.lora.rank == 0 {
         return Ok(());
     }
-    for (key, n) in [
+    let key = format!("`lora.rank` = {}", cfg.lora.rank);
+    data_parallel_only(d, &key, "LoRA trains")
+}
+
+/// Refuses every layout but data parallelism (`dp_replicate`) for a feature (`key`, the config
+/// key that turned it on; `what`, what it does) not wired to the others yet.
+fn data_parallel_only(d: &Degrees, key: &str, what: &str) -> Result<(), TrainError> {
+    for (dim, n) in [
         ("dp_shard", d.dp_shard),
         ("tp", d.tp),
         ("pp", d.pp),
@@ -78,9 +85,8 @@ pub fn lora(cfg: &JobConfig, d: &Degrees) -> Result<(), TrainError> {
     ] {
         if n > 1 {
             return Err(TrainError::Config(format!(
-                "config: `lora.rank` = {} with `parallelism.{key}` = {n}: LoRA trains in one \
-                 process or data-parallel (parallelism.dp_replicate); not yet with {key} > 1",
-                cfg.lora.rank
+                "config: {key} with `parallelism.{dim}` = {n}: {what} in one process or \
+                 data-parallel (parallelism.dp_replicate); not yet with {dim} > 1"
             )));
         }
     }
@@ -93,21 +99,7 @@ fn preference_layout(cfg: &JobConfig, d: &Degrees, processes: usize) -> Result<(
     if !cfg.preference.on() {
         return Ok(());
     }
-    for (key, n) in [
-        ("dp_shard", d.dp_shard),
-        ("tp", d.tp),
-        ("pp", d.pp),
-        ("cp", d.cp),
-        ("ep", d.ep),
-    ] {
-        if n > 1 {
-            return Err(TrainError::Config(format!(
-                "config: `preference.loss` with `parallelism.{key}` = {n}: preference tuning \
-                 runs in one process or data-parallel (parallelism.dp_replicate); not yet with \
-                 {key} > 1"
-            )));
-        }
-    }
+    data_parallel_only(d, "`preference.loss`", "preference tuning runs")?;
     let split = crate::parallel::dist::batch_split(cfg, &checked_mesh(cfg, processes)?)?;
     if let crate::parallel::dist::BatchSplit::Rows { rows } = split {
         if !rows.is_multiple_of(2) {
