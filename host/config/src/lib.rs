@@ -7,8 +7,10 @@
 //! layer it came from.
 
 mod schema;
+mod tuning;
 
 pub use schema::*;
+pub use tuning::*;
 
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Map};
@@ -557,7 +559,7 @@ fn validate(c: &JobConfig) -> Result<(), ConfigError> {
 
 /// A restart resumes from the newest checkpoint, so a fault-tolerant run must write them
 /// during training, and must be allowed at least one restart.
-fn validate_lora(l: &crate::schema::Lora) -> Result<(), ConfigError> {
+fn validate_lora(l: &Lora) -> Result<(), ConfigError> {
     if l.rank == 0 {
         return Ok(());
     }

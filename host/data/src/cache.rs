@@ -57,6 +57,21 @@ pub(crate) fn sha256_hex(data: &[u8]) -> String {
     hex(&Sha256::digest(data))
 }
 
+/// Bytes of each end of a file that a fingerprint reads instead of the whole file.
+pub(crate) const EDGE_BYTES: u64 = 64 << 10;
+
+/// The first and the last [`EDGE_BYTES`] of the `len` bytes of `file` from `start` (all of
+/// them, twice, when shorter): what fingerprints of large files read.
+pub(crate) fn edges(file: &fs::File, start: u64, len: u64) -> std::io::Result<[Vec<u8>; 2]> {
+    use std::os::unix::fs::FileExt;
+    let edge = len.min(EDGE_BYTES);
+    let read = |from: u64| {
+        let mut buf = vec![0u8; edge as usize];
+        file.read_exact_at(&mut buf, start + from).map(|()| buf)
+    };
+    Ok([read(0)?, read(len - edge)?])
+}
+
 /// Writes `data` to `path` through a temporary file in the same folder and a rename, so a reader
 /// never sees a half-written cache file (also when two processes fill the same cache).
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {

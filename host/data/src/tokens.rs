@@ -189,13 +189,10 @@ impl TokenFiles {
             h.update([s.width.bytes() as u8]);
             h.update(s.tokens.to_le_bytes());
             let bytes = s.tokens * s.width.bytes() as u64;
-            let edge = bytes.min(64 << 10);
-            for from in [0, bytes - edge] {
-                let mut buf = vec![0u8; edge as usize];
-                s.file
-                    .read_exact_at(&mut buf, s.offset + from)
-                    .map_err(|e| DataError::io(&s.path, e))?;
-                h.update(&buf);
+            let edges = crate::cache::edges(&s.file, s.offset, bytes)
+                .map_err(|e| DataError::io(&s.path, e))?;
+            for edge in edges {
+                h.update(&edge);
             }
         }
         Ok(crate::hex(&h.finalize()))
