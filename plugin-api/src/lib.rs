@@ -11,6 +11,9 @@
 //! Plugin authors use [`sdk`]: a `Tensor` wrapper whose methods are host ops, spec types, and the
 //! [`export_plugin!`] macro, which also turns panics into errors so none crosses the boundary.
 
+// The model kit's derive names this crate by its path, inside it too.
+extern crate self as anneal_plugin_api;
+
 pub mod abi;
 mod hf_map;
 pub mod ops;

@@ -1,5 +1,5 @@
 //! The model plugins against Hugging Face transformers (Llama, Qwen3, Qwen3-MoE and Mixtral from
-//! the Llama plugin; gpt-oss, DeepSeek-V3 and Qwen3.5 from their own): the same weights give the same logits and gradients
+//! the Llama plugin; gpt-oss, DeepSeek-V3, Qwen3.5 and Muse Glimmer from their own): the same weights give the same logits and gradients
 //! (fixtures written by tests/reference/make_hf_fixtures.py), decode with a KV cache matches the
 //! full forward bit for bit, recompute matches plain backward, and export/import round-trips.
 
@@ -16,7 +16,7 @@ use common::{
 use std::sync::Arc;
 
 /// Every fixture with a transformers reference.
-const FIXTURES: [&str; 14] = [
+const FIXTURES: [&str; 15] = [
     "tiny_llama",
     "tiny_llama3_scaled",
     "tiny_qwen3",
@@ -31,6 +31,7 @@ const FIXTURES: [&str; 14] = [
     "tiny_qwen3_5",
     "tiny_qwen3_5_moe",
     "tiny_qwen3_5_other",
+    "tiny_muse_glimmer",
 ];
 
 /// The linear-attention fixtures (rows of 150 to 200 tokens: the delta rule's 64-token chunks).
@@ -246,6 +247,36 @@ fn export_then_import_round_trips() {
         ] {
             assert_eq!(cfg[key], orig[key], "{name}: {key}");
         }
+    }
+    // Muse Glimmer nests the decoder's and the tower's keys: each that names the architecture
+    // comes back (not token ids the tiny vocabulary lacks, nor what transformers derives).
+    let cfg = export_round_trip_of("tiny_muse_glimmer");
+    let orig = hf::read_config(&fixture("tiny_muse_glimmer")).unwrap();
+    let derived = [
+        "transformers_version",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "use_cache",
+        "initializer_range",
+        "attention_dropout",
+        "vision_config.max_position_embeddings",
+    ];
+    for part in ["text_config", "vision_config"] {
+        for (k, v) in orig[part].as_object().unwrap() {
+            if !derived.contains(&k.as_str()) && !derived.contains(&format!("{part}.{k}").as_str())
+            {
+                assert_eq!(&cfg[part][k], v, "tiny_muse_glimmer: {part}.{k}");
+            }
+        }
+    }
+    for key in [
+        "out_hidden_size",
+        "projector_hidden_size",
+        "image_token_id",
+        "video_token_id",
+    ] {
+        assert_eq!(cfg[key], orig[key], "tiny_muse_glimmer: {key}");
     }
     let cfg = export_round_trip_of("tiny_llama3_scaled");
     assert_eq!(cfg["rope_scaling"]["rope_type"], "llama3");

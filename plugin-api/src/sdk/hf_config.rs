@@ -92,6 +92,21 @@ impl<'a> HfConfig<'a> {
         })
     }
 
+    /// The value at `k` read through serde (an enum, a list of them), an error naming the key.
+    pub fn json<T: serde::de::DeserializeOwned>(&self, k: &str) -> Result<Option<T>, String> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        T::deserialize(v)
+            .map(Some)
+            .map_err(|e| format!("config.json: '{}{k}': {e}", self.prefix))
+    }
+
+    /// The error for a required key `k`, holding a `kind` ("integer", "number"), that is absent.
+    pub fn missing(&self, k: &str, kind: &str) -> String {
+        format!("config.json: missing {kind} '{}{k}'", self.prefix)
+    }
+
     /// The nested object at `k`, which must be there.
     pub fn object(&self, k: &str) -> Result<HfConfig<'a>, String> {
         let obj = self

@@ -5,6 +5,7 @@ pub mod checks;
 mod compressed;
 mod export;
 mod hf_config;
+pub mod kit;
 mod linear_attention;
 mod moe;
 mod params;

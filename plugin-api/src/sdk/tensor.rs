@@ -582,6 +582,19 @@ pub struct Rope {
     pub yarn: Option<YarnScaling>,
 }
 
+impl Rope {
+    /// Hugging Face's half-split RoPE of base `theta` on the first `rot_dim` dims, unscaled.
+    pub fn new(theta: f64, rot_dim: usize) -> Self {
+        Rope {
+            theta,
+            rot_dim,
+            interleaved: false,
+            llama3_scaling: None,
+            yarn: None,
+        }
+    }
+}
+
 /// YaRN RoPE scaling (the `yarn` rope type of Hugging Face: gpt-oss, DeepSeek-V3).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,74 +1,104 @@
-//! Model arguments, the named flavors and the reader of a Hugging Face `config.json`.
+//! Model arguments, the named flavors and the reader of a Hugging Face `config.json`: each
+//! argument is declared once, with its `config.json` key and its checks (the SDK's model kit).
 
-use anneal_plugin_api::sdk::{checks, HfConfig, HfRope, YarnScaling};
+use anneal_plugin_api::sdk::kit::ModelArgs;
+use anneal_plugin_api::sdk::{HfConfig, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// Everything that defines a DeepSeek-V3-family model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct DeepseekArgs {
     /// Hidden size.
+    #[arg(hf = "hidden_size", min = 1)]
     pub dim: usize,
     /// Number of blocks.
+    #[arg(hf = "num_hidden_layers", min = 1)]
     pub n_layers: usize,
     /// Attention heads.
+    #[arg(hf = "num_attention_heads", min = 1)]
     pub n_heads: usize,
     /// Vocabulary size.
+    #[arg(hf = "vocab_size", min = 1)]
     pub vocab_size: usize,
     /// RMSNorm epsilon of the blocks and the final norm.
+    #[arg(hf = "rms_norm_eps", default = 1e-6, non_negative)]
     pub norm_eps: f64,
     /// RoPE base.
+    #[arg(rope = theta, default = 10_000.0)]
     pub rope_theta: f64,
     /// YaRN RoPE scaling; with `mscale_all_dim` it also scales the softmax.
     #[serde(default)]
+    #[arg(rope = yarn)]
     pub yarn: Option<YarnScaling>,
     /// Longest sequence.
+    #[arg(hf = "max_position_embeddings", default = 4096, min = 1)]
     pub max_seq_len: usize,
     /// Rank of the query compression (`q_lora_rank`); `None` projects queries directly.
     #[serde(default)]
+    #[arg(hf = "q_lora_rank", min = 1)]
     pub q_lora_rank: Option<usize>,
     /// Rank of the key/value compression (`kv_lora_rank`): the latent a token caches.
+    #[arg(hf = "kv_lora_rank", min = 1)]
     pub kv_lora_rank: usize,
     /// Per-head query/key dims without RoPE (`qk_nope_head_dim`).
+    #[arg(hf = "qk_nope_head_dim", min = 1)]
     pub qk_nope_head_dim: usize,
     /// Per-head query/key dims with RoPE (`qk_rope_head_dim`), one key shared by the heads.
+    #[arg(hf = "qk_rope_head_dim", min = 1)]
     pub qk_rope_head_dim: usize,
     /// Per-head value dims (`v_head_dim`).
+    #[arg(hf = "v_head_dim", min = 1)]
     pub v_head_dim: usize,
     /// RoPE pairs `(2i, 2i+1)` (DeepSeek's layout) rather than `(i, i + d/2)`.
     #[serde(default = "yes")]
+    #[arg(hf = "rope_interleave", default = true)]
     pub rope_interleave: bool,
     /// Hidden size of the dense feed-forward of the first blocks (`intermediate_size`).
+    #[arg(hf = "intermediate_size", min = 1)]
     pub ffn_dim: usize,
-    /// The first `first_k_dense` blocks are dense (`first_k_dense_replace`).
+    /// The first `first_k_dense` blocks are dense (`first_k_dense_replace`, which export writes
+    /// as the count of leading dense blocks).
+    #[arg(hf = "first_k_dense_replace", default = 0, import_only)]
     pub first_k_dense: usize,
-    /// Routed experts per sparse block (`n_routed_experts`).
+    /// Routed experts per sparse block (`n_routed_experts`, or `num_local_experts`).
+    #[arg(hf = "n_routed_experts", default = 0, min = 1)]
     pub n_experts: usize,
     /// Experts each token is sent to (`num_experts_per_tok`).
+    #[arg(hf = "num_experts_per_tok", min = 1)]
     pub top_k: usize,
     /// Hidden size of one expert (`moe_intermediate_size`).
+    #[arg(hf = "moe_intermediate_size", min = 1)]
     pub expert_ffn_dim: usize,
     /// Shared experts every token goes through, fused into one of `n_shared · expert_ffn_dim`.
+    #[arg(hf = "n_shared_experts", default = 0)]
     pub n_shared_experts: usize,
     /// Expert groups (`n_group`); 1 routes over all experts.
     #[serde(default = "one")]
+    #[arg(hf = "n_group", default = 1, min = 1)]
     pub n_group: usize,
     /// Groups a token may choose from (`topk_group`).
     #[serde(default = "one")]
+    #[arg(hf = "topk_group", default = 1, min = 1)]
     pub topk_group: usize,
     /// Router scores: `sigmoid` (DeepSeek-V3, Kimi K2) or `softmax` (DeepSeek-V2).
     #[serde(default = "sigmoid")]
+    #[arg(hf = "scoring_func", default = sigmoid(), one_of("sigmoid", "softmax"))]
     pub scoring: String,
     /// Renormalise the chosen experts' weights to sum to 1 (`norm_topk_prob`).
     #[serde(default = "yes")]
+    #[arg(hf = "norm_topk_prob", default = true)]
     pub norm_topk_prob: bool,
     /// Factor on the routed experts' weights (`routed_scaling_factor`).
+    #[arg(hf = "routed_scaling_factor", default = 1.0, positive)]
     pub routed_scaling_factor: f64,
     /// Coefficient of the load-balancing loss (0: none).
     #[serde(default)]
+    #[arg(non_negative)]
     pub aux_loss_coef: f64,
     /// Aux-loss-free balancing rate of `e_score_correction_bias` (0: the bias stays as loaded).
     #[serde(default)]
+    #[arg(non_negative)]
     pub balance_rate: f64,
     /// Multi-token prediction modules (`num_nextn_predict_layers`; 0 or 1): in training, one
     /// more block predicts the token after next, its loss an auxiliary loss `mtp` (weighted by
@@ -77,17 +107,20 @@ pub struct DeepseekArgs {
     pub mtp_layers: usize,
     /// Share the embedding table with the output projection.
     #[serde(default)]
+    #[arg(hf = "tie_word_embeddings", default = false)]
     pub tie_embeddings: bool,
     /// Parameter dtype (`f32` or `bf16`).
     #[serde(default = "f32_name")]
+    #[arg(default = f32_name(), one_of("f32", "bf16"))]
     pub dtype: String,
-    /// The Hugging Face `model_type` written on export (`deepseek_v3`, `kimi_k2` or
-    /// `kimi_linear`).
+    /// The Hugging Face `model_type` (`deepseek_v3`, `kimi_k2` or `kimi_linear`).
     #[serde(default = "model_type")]
+    #[arg(hf = "model_type", default = model_type())]
     pub hf_model_type: String,
     /// Rotate the `qk_rope_head_dim` part of queries and the shared key (false: Kimi Linear's
     /// MLA, which keeps that part but applies no position encoding at all).
     #[serde(default = "yes")]
+    #[arg(default = true)]
     pub mla_rope: bool,
     /// Blocks with a dense feed-forward, when not just the first `first_k_dense` (Kimi
     /// Linear's `mlp_layer_types`).
@@ -95,6 +128,7 @@ pub struct DeepseekArgs {
     pub dense_layers: Option<Vec<usize>>,
     /// Kimi Delta Attention (Kimi Linear): the blocks that use it instead of MLA, and its shapes.
     #[serde(default)]
+    #[arg(nested)]
     pub kda: Option<KdaArgs>,
     /// Kimi Linear as Moonshot's released checkpoints lay it out: the dense blocks' MLP under
     /// `mlp.` (transformers' `save_pretrained` writes `block_sparse_moe.`) and the layer
@@ -104,15 +138,18 @@ pub struct DeepseekArgs {
 }
 
 /// Kimi Delta Attention's shapes and the blocks it replaces MLA in.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct KdaArgs {
     /// Heads (`linear_num_heads`); queries, keys and values have as many.
+    #[arg(hf = "linear_num_heads", min = 1)]
     pub n_heads: usize,
     /// Dims per head of queries, keys and values (`linear_head_dim`).
+    #[arg(hf = "linear_head_dim", min = 1)]
     pub head_dim: usize,
     /// Kernel of the causal depthwise convolution over `[q, k, v]` (`linear_conv_kernel_dim`).
     #[serde(default = "four")]
+    #[arg(hf = "linear_conv_kernel_dim", default = 4, min = 1)]
     pub conv_kernel: usize,
     /// The blocks (0-based) that are KDA (`layer_types[i] == "linear_attention"`).
     pub layers: Vec<usize>,
@@ -168,15 +205,6 @@ impl DeepseekArgs {
         self.kda.as_ref().filter(|k| k.layers.contains(&i))
     }
 
-    /// The RoPE settings.
-    pub fn rope(&self) -> HfRope {
-        HfRope {
-            theta: self.rope_theta,
-            llama3: None,
-            yarn: self.yarn.clone(),
-        }
-    }
-
     /// The softmax scale: `1/sqrt(qk_head_dim)`, times YaRN's `mscale²` when `mscale_all_dim`
     /// is set (the attention then sharpens with the context extension, as DeepSeek-V3 does).
     pub fn softmax_scale(&self) -> f64 {
@@ -190,33 +218,15 @@ impl DeepseekArgs {
         }
     }
 
-    /// Checks the arguments fit together, naming the one that does not.
+    /// Checks the arguments fit together, naming the one that does not: the per-field checks,
+    /// then what they cannot see.
     pub fn validate(&self) -> Result<(), String> {
-        checks::at_least_one(&[
-            ("dim", self.dim),
-            ("n_layers", self.n_layers),
-            ("n_heads", self.n_heads),
-            ("vocab_size", self.vocab_size),
-            ("max_seq_len", self.max_seq_len),
-            ("kv_lora_rank", self.kv_lora_rank),
-            ("qk_nope_head_dim", self.qk_nope_head_dim),
-            ("qk_rope_head_dim", self.qk_rope_head_dim),
-            ("v_head_dim", self.v_head_dim),
-            ("ffn_dim", self.ffn_dim),
-            ("n_experts", self.n_experts),
-            ("top_k", self.top_k),
-            ("expert_ffn_dim", self.expert_ffn_dim),
-            ("n_group", self.n_group),
-            ("topk_group", self.topk_group),
-        ])?;
+        self.check()?;
         if self.mtp_layers > 1 {
             return Err(format!(
                 "mtp_layers = {} is not supported (0 or 1)",
                 self.mtp_layers
             ));
-        }
-        if self.q_lora_rank == Some(0) {
-            return Err("q_lora_rank must be at least 1 (or absent)".into());
         }
         if self.mla_rope && !self.qk_rope_head_dim.is_multiple_of(2) {
             return Err(format!(
@@ -245,29 +255,13 @@ impl DeepseekArgs {
                 self.top_k
             ));
         }
-        checks::finite_non_negative(&[
-            ("norm_eps", self.norm_eps),
-            ("aux_loss_coef", self.aux_loss_coef),
-            ("balance_rate", self.balance_rate),
-        ])?;
-        checks::finite_positive(&[("routed_scaling_factor", self.routed_scaling_factor)])?;
-        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
-            return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
-        }
-        if !matches!(self.scoring.as_str(), "sigmoid" | "softmax") {
-            return Err(format!(
-                "scoring must be sigmoid or softmax, got {}",
-                self.scoring
-            ));
-        }
         if !self.mla_rope && self.yarn.is_some() {
             return Err("yarn scaling needs mla_rope (MLA without RoPE has no positions)".into());
         }
-        self.validate_layer_lists()?;
-        self.rope().validate()
+        self.validate_layer_lists()
     }
 
-    /// The KDA shapes and the lists of block indices (KDA blocks, dense blocks).
+    /// The lists of block indices (KDA blocks, dense blocks).
     fn validate_layer_lists(&self) -> Result<(), String> {
         let in_range = |what: &str, list: &[usize]| {
             let mut seen = vec![false; self.n_layers];
@@ -314,11 +308,6 @@ impl DeepseekArgs {
             );
         }
         if let Some(k) = &self.kda {
-            checks::at_least_one(&[
-                ("kda.n_heads", k.n_heads),
-                ("kda.head_dim", k.head_dim),
-                ("kda.conv_kernel", k.conv_kernel),
-            ])?;
             in_range("kda.layers", &k.layers)?;
         }
         Ok(())
@@ -339,9 +328,9 @@ fn deepseek_yarn(factor: f64) -> Option<YarnScaling> {
     })
 }
 
-/// The named flavors.
-pub fn flavor(name: &str) -> Option<DeepseekArgs> {
-    let v3 = DeepseekArgs {
+/// DeepSeek-V3 671B as released.
+fn v3() -> DeepseekArgs {
+    DeepseekArgs {
         dim: 7168,
         n_layers: 61,
         n_heads: 128,
@@ -377,115 +366,106 @@ pub fn flavor(name: &str) -> Option<DeepseekArgs> {
         dense_layers: None,
         kda: None,
         hf_released_layout: false,
-    };
-    Some(match name {
-        // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with DeepSeek-V3's blocks:
-        // MLA with a 64-rank query and 32-rank key/value latent, a dense first block, then 8
-        // routed experts of 128 in 4 groups (top 2 of 2 groups) plus one shared expert.
-        "debugmodel" => DeepseekArgs {
-            dim: 256,
-            n_layers: 4,
-            n_heads: 4,
-            vocab_size: 8192,
-            yarn: None,
-            max_seq_len: 2048,
-            q_lora_rank: Some(64),
-            kv_lora_rank: 32,
-            qk_nope_head_dim: 32,
-            qk_rope_head_dim: 16,
-            v_head_dim: 32,
-            ffn_dim: 512,
-            first_k_dense: 1,
-            n_experts: 8,
-            top_k: 2,
-            expert_ffn_dim: 128,
-            n_group: 4,
-            topk_group: 2,
-            aux_loss_coef: 0.0,
-            balance_rate: 0.001,
-            dtype: "f32".into(),
-            ..v3.clone()
-        },
-        "deepseek_v3_671b" => v3,
-        "kimi_k2_1t" => DeepseekArgs {
-            n_heads: 64,
-            vocab_size: 163_840,
-            rope_theta: 50_000.0,
-            yarn: deepseek_yarn(32.0),
-            max_seq_len: 131_072,
-            first_k_dense: 1,
-            n_experts: 384,
-            n_group: 1,
-            topk_group: 1,
-            routed_scaling_factor: 2.827,
-            mtp_layers: 0,
-            hf_model_type: "kimi_k2".into(),
-            ..v3
-        },
-        // DeepSeek-V2-Lite (model type deepseek_v2): the same blocks with softmax routing over
-        // 64 experts, no query latent and no routing groups.
-        "deepseek_v2_lite_16b" => DeepseekArgs {
-            dim: 2048,
-            n_layers: 27,
-            n_heads: 16,
-            vocab_size: 102_400,
-            yarn: Some(YarnScaling {
-                mscale: Some(0.707),
-                mscale_all_dim: Some(0.707),
-                ..deepseek_yarn(40.0)?
-            }),
-            q_lora_rank: None,
-            ffn_dim: 10_944,
-            first_k_dense: 1,
-            n_experts: 64,
-            top_k: 6,
-            expert_ffn_dim: 1408,
-            n_shared_experts: 2,
-            n_group: 1,
-            topk_group: 1,
-            scoring: "softmax".into(),
-            norm_topk_prob: false,
-            routed_scaling_factor: 1.0,
-            mtp_layers: 0,
-            ..v3.clone()
-        },
-        "moonlight_16b_a3b" => DeepseekArgs {
-            dim: 2048,
-            n_layers: 27,
-            n_heads: 16,
-            vocab_size: 163_840,
-            rope_theta: 50_000.0,
-            yarn: None,
-            max_seq_len: 8192,
-            q_lora_rank: None,
-            ffn_dim: 11_264,
-            first_k_dense: 1,
-            n_experts: 64,
-            top_k: 6,
-            expert_ffn_dim: 1408,
-            n_shared_experts: 2,
-            n_group: 1,
-            topk_group: 1,
-            routed_scaling_factor: 2.446,
-            mtp_layers: 0,
-            ..v3
-        },
-        "kimi_linear_debug" => crate::kimi_config::kimi_linear_debug(),
-        "kimi_linear_48b_a3b" => crate::kimi_config::kimi_linear_48b_a3b(),
-        _ => return None,
-    })
+    }
 }
 
-/// Flavor names, in the order `anneal plugins list` shows them.
-pub const FLAVORS: &[&str] = &[
-    "debugmodel",
-    "deepseek_v3_671b",
-    "kimi_k2_1t",
-    "deepseek_v2_lite_16b",
-    "moonlight_16b_a3b",
-    "kimi_linear_debug",
-    "kimi_linear_48b_a3b",
-];
+anneal_plugin_api::flavors! {
+    /// The named flavors.
+    pub fn flavor -> DeepseekArgs;
+    // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with DeepSeek-V3's blocks: MLA
+    // with a 64-rank query and 32-rank key/value latent, a dense first block, then 8 routed
+    // experts of 128 in 4 groups (top 2 of 2 groups) plus one shared expert.
+    "debugmodel" => DeepseekArgs {
+        dim: 256,
+        n_layers: 4,
+        n_heads: 4,
+        vocab_size: 8192,
+        yarn: None,
+        max_seq_len: 2048,
+        q_lora_rank: Some(64),
+        kv_lora_rank: 32,
+        qk_nope_head_dim: 32,
+        qk_rope_head_dim: 16,
+        v_head_dim: 32,
+        ffn_dim: 512,
+        first_k_dense: 1,
+        n_experts: 8,
+        top_k: 2,
+        expert_ffn_dim: 128,
+        n_group: 4,
+        topk_group: 2,
+        aux_loss_coef: 0.0,
+        balance_rate: 0.001,
+        dtype: "f32".into(),
+        ..v3()
+    },
+    "deepseek_v3_671b" => v3(),
+    "kimi_k2_1t" => DeepseekArgs {
+        n_heads: 64,
+        vocab_size: 163_840,
+        rope_theta: 50_000.0,
+        yarn: deepseek_yarn(32.0),
+        max_seq_len: 131_072,
+        first_k_dense: 1,
+        n_experts: 384,
+        n_group: 1,
+        topk_group: 1,
+        routed_scaling_factor: 2.827,
+        mtp_layers: 0,
+        hf_model_type: "kimi_k2".into(),
+        ..v3()
+    },
+    // DeepSeek-V2-Lite (model type deepseek_v2): the same blocks with softmax routing over 64
+    // experts, no query latent and no routing groups.
+    "deepseek_v2_lite_16b" => DeepseekArgs {
+        dim: 2048,
+        n_layers: 27,
+        n_heads: 16,
+        vocab_size: 102_400,
+        yarn: Some(YarnScaling {
+            mscale: Some(0.707),
+            mscale_all_dim: Some(0.707),
+            ..deepseek_yarn(40.0)?
+        }),
+        q_lora_rank: None,
+        ffn_dim: 10_944,
+        first_k_dense: 1,
+        n_experts: 64,
+        top_k: 6,
+        expert_ffn_dim: 1408,
+        n_shared_experts: 2,
+        n_group: 1,
+        topk_group: 1,
+        scoring: "softmax".into(),
+        norm_topk_prob: false,
+        routed_scaling_factor: 1.0,
+        mtp_layers: 0,
+        ..v3()
+    },
+    "moonlight_16b_a3b" => DeepseekArgs {
+        dim: 2048,
+        n_layers: 27,
+        n_heads: 16,
+        vocab_size: 163_840,
+        rope_theta: 50_000.0,
+        yarn: None,
+        max_seq_len: 8192,
+        q_lora_rank: None,
+        ffn_dim: 11_264,
+        first_k_dense: 1,
+        n_experts: 64,
+        top_k: 6,
+        expert_ffn_dim: 1408,
+        n_shared_experts: 2,
+        n_group: 1,
+        topk_group: 1,
+        routed_scaling_factor: 2.446,
+        mtp_layers: 0,
+        ..v3()
+    },
+    "kimi_linear_debug" => crate::kimi_config::kimi_linear_debug(),
+    "kimi_linear_48b_a3b" => crate::kimi_config::kimi_linear_48b_a3b(),
+}
 
 /// Arguments from a Hugging Face `deepseek_v3` (or `kimi_k2`, or `kimi_linear`, see
 /// [`crate::kimi_config`]) `config.json`. A key that is absent takes transformers' default; a
@@ -501,24 +481,21 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
             "config.json: model_type '{model_type}' is not served by this plugin (deepseek_v3, kimi_k2, kimi_linear)"
         ));
     }
-    let rope = f.rope(10_000.0)?;
-    if rope.llama3.is_some() {
+    if f.rope(10_000.0)?.llama3.is_some() {
         return Err("config.json: deepseek_v3 with llama3 rope scaling is not supported".into());
     }
     if f.bool("attention_bias")?.unwrap_or(false) {
         return Err("config.json: attention_bias = true is not supported".into());
     }
-    let scoring = f.str("scoring_func")?.unwrap_or("sigmoid").to_string();
-    if !matches!(scoring.as_str(), "sigmoid" | "softmax") {
+    let scoring = f.str("scoring_func")?.unwrap_or("sigmoid");
+    if !matches!(scoring, "sigmoid" | "softmax") {
         return Err(format!(
             "config.json: scoring_func '{scoring}' is not supported (sigmoid, softmax)"
         ));
     }
-    let (nope, rope_dim) = (
-        f.need_uint("qk_nope_head_dim")?,
-        f.need_uint("qk_rope_head_dim")?,
-    );
+    let mut a = DeepseekArgs::from_hf(&f)?;
     // A head split that does not add up: transformers derives these two from the others.
+    let (nope, rope_dim) = (a.qk_nope_head_dim, a.qk_rope_head_dim);
     for (key, want) in [("qk_head_dim", nope + rope_dim), ("head_dim", rope_dim)] {
         if let Some(got) = f.uint(key)? {
             if got != want {
@@ -528,59 +505,18 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
             }
         }
     }
-    let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
-        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
-    } else {
-        0.0
-    };
-    let n_experts = match f.uint("n_routed_experts")? {
-        Some(n) => n,
-        None => f.need_uint("num_local_experts")?,
-    };
-    let n_layers = f.need_uint("num_hidden_layers")?;
-    let first_k_dense = f.uint("first_k_dense_replace")?.unwrap_or(0);
-    let args = DeepseekArgs {
-        dim: f.need_uint("hidden_size")?,
-        n_layers,
-        n_heads: f.need_uint("num_attention_heads")?,
-        vocab_size: f.need_uint("vocab_size")?,
-        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta: rope.theta,
-        yarn: rope.yarn,
-        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(4096),
-        q_lora_rank: f.uint("q_lora_rank")?,
-        kv_lora_rank: f.need_uint("kv_lora_rank")?,
-        qk_nope_head_dim: nope,
-        qk_rope_head_dim: rope_dim,
-        v_head_dim: f.need_uint("v_head_dim")?,
-        rope_interleave: f.bool("rope_interleave")?.unwrap_or(true),
-        ffn_dim: f.need_uint("intermediate_size")?,
-        first_k_dense,
-        n_experts,
-        top_k: f.need_uint("num_experts_per_tok")?,
-        expert_ffn_dim: f.need_uint("moe_intermediate_size")?,
-        n_shared_experts: f.uint("n_shared_experts")?.unwrap_or(0),
-        n_group: f.uint("n_group")?.unwrap_or(1),
-        topk_group: f.uint("topk_group")?.unwrap_or(1),
-        scoring,
-        norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(true),
-        routed_scaling_factor: f.float("routed_scaling_factor")?.unwrap_or(1.0),
-        aux_loss_coef: coef,
-        balance_rate: 0.0,
-        // transformers' checkpoints carry no MTP weights (DeepSeek's own do, as block 61).
-        mtp_layers: 0,
-        tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        dtype: "f32".into(),
-        hf_model_type: model_type.to_string(),
-        mla_rope: true,
-        // A checkpoint whose every block is dense says so on purpose (its weights hold no
-        // experts there), which the arguments spell as the full list.
-        dense_layers: (first_k_dense >= n_layers).then(|| (0..n_layers).collect()),
-        kda: None,
-        hf_released_layout: false,
-    };
-    args.validate().map_err(|e| format!("config.json: {e}"))?;
-    Ok(args)
+    if f.get("n_routed_experts").is_none() {
+        a.n_experts = f.need_uint("num_local_experts")?;
+    }
+    // The load-balancing loss counts only when transformers would add it.
+    if f.bool("output_router_logits")?.unwrap_or(false) {
+        a.aux_loss_coef = f.float("router_aux_loss_coef")?.unwrap_or(0.001);
+    }
+    // A checkpoint whose every block is dense says so on purpose (its weights hold no experts
+    // there), which the arguments spell as the full list.
+    a.dense_layers = (a.first_k_dense >= a.n_layers).then(|| (0..a.n_layers).collect());
+    a.validate().map_err(|e| format!("config.json: {e}"))?;
+    Ok(a)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! Attention in three of every four blocks.
 
 use crate::config::{DeepseekArgs, KdaArgs};
+use anneal_plugin_api::sdk::kit::ModelArgs;
 use anneal_plugin_api::sdk::HfConfig;
 
 /// Kimi-Linear-48B-A3B: transformers' `KimiLinearConfig` defaults (hidden 2304, 27 blocks, 32
@@ -88,23 +89,24 @@ pub fn kimi_linear_debug() -> DeepseekArgs {
     }
 }
 
-/// The first of `keys` that is present (transformers saves Kimi Linear's MoE settings under
-/// its `attribute_map` names, `num_experts` for `num_local_experts`, and reads either).
-fn first_uint(f: &HfConfig, keys: &[&str]) -> Result<Option<usize>, String> {
-    for k in keys {
-        if let Some(v) = f.uint(k)? {
-            return Ok(Some(v));
-        }
-    }
-    Ok(None)
-}
+/// DeepSeek-V3's keys that transformers' Kimi Linear does not read (no RoPE, sigmoid scoring,
+/// its own names for the expert count and the dense blocks): a config that holds them anyway
+/// keeps the flavor's values, and export leaves them out.
+pub(crate) const NOT_KIMI_KEYS: [&str; 7] = [
+    "rope_theta",
+    "rope_parameters",
+    "rope_scaling",
+    "rope_interleave",
+    "scoring_func",
+    "n_routed_experts",
+    "first_k_dense_replace",
+];
 
 /// Arguments from a Hugging Face `kimi_linear` `config.json` (as `save_pretrained` writes it,
 /// or as the released checkpoints do with `linear_attn_config`). A key that is absent takes
-/// transformers' default.
+/// transformers' default, which is the released model's.
 pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
     let f = HfConfig::new(c);
-    let d = kimi_linear_48b_a3b();
     if f.bool("attention_bias")?.unwrap_or(false) {
         return Err("config.json: attention_bias = true is not supported".into());
     }
@@ -115,14 +117,22 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
             ));
         }
     }
-    let n_layers = f.uint("num_hidden_layers")?.unwrap_or(d.n_layers);
-    let n_heads = f.uint("num_attention_heads")?.unwrap_or(d.n_heads);
+    // DeepSeek-V3's keys, the flavor's values where the config has none.
+    let mut keys = kimi_linear_48b_a3b().to_hf();
+    for (k, v) in c.as_object().into_iter().flatten() {
+        if !NOT_KIMI_KEYS.contains(&k.as_str()) {
+            keys.insert(k.clone(), v.clone());
+        }
+    }
+    let keys = serde_json::Value::Object(keys);
+    let a = DeepseekArgs::from_hf(&HfConfig::new(&keys))?;
     // transformers expands the latent into `num_attention_heads` key/value heads; other
     // key/value head counts do not run there either.
     if let Some(kv) = f.uint("num_key_value_heads")? {
-        if kv != n_heads {
+        if kv != a.n_heads {
             return Err(format!(
-                "config.json: num_key_value_heads = {kv} must equal num_attention_heads = {n_heads} (MLA expands the latent into one key/value head per query head)"
+                "config.json: num_key_value_heads = {kv} must equal num_attention_heads = {} (MLA expands the latent into one key/value head per query head)",
+                a.n_heads
             ));
         }
     }
@@ -132,64 +142,34 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
         Some(_) => Some(f.object("linear_attn_config")?),
         None => None,
     };
-    let lin_uint = |nested: &str, flat: &str, default: usize| -> Result<usize, String> {
-        if let Some(v) = lin.as_ref().map(|l| l.uint(nested)).transpose()?.flatten() {
-            return Ok(v);
+    let mut kda = KdaArgs::from_hf(&HfConfig::new(&keys))?;
+    if let Some(lin) = &lin {
+        for (k, v) in [
+            ("num_heads", &mut kda.n_heads),
+            ("head_dim", &mut kda.head_dim),
+            ("short_conv_kernel_size", &mut kda.conv_kernel),
+        ] {
+            *v = lin.uint(k)?.unwrap_or(*v);
         }
-        Ok(f.uint(flat)?.unwrap_or(default))
-    };
-    let kd = d.kda.clone().ok_or("the default flavor has KDA")?;
-    let kda_heads = lin_uint("num_heads", "linear_num_heads", kd.n_heads)?;
-    let kda_head_dim = lin_uint("head_dim", "linear_head_dim", kd.head_dim)?;
-    let conv_kernel = lin_uint(
-        "short_conv_kernel_size",
-        "linear_conv_kernel_dim",
-        kd.conv_kernel,
-    )?;
-    let kda_layers = kda_layers(&f, lin.as_ref(), n_layers)?;
-    let dense_layers = dense_layers(&f, n_layers)?;
+    }
+    kda.layers = kda_layers(&f, lin.as_ref(), a.n_layers)?;
     let args = DeepseekArgs {
-        dim: f.uint("hidden_size")?.unwrap_or(d.dim),
-        n_layers,
-        n_heads,
-        vocab_size: f.uint("vocab_size")?.unwrap_or(d.vocab_size),
-        norm_eps: f.float("rms_norm_eps")?.unwrap_or(d.norm_eps),
-        max_seq_len: first_uint(&f, &["model_max_length", "max_position_embeddings"])?
-            .unwrap_or(d.max_seq_len),
-        q_lora_rank: f.uint("q_lora_rank")?,
-        kv_lora_rank: f.uint("kv_lora_rank")?.unwrap_or(d.kv_lora_rank),
-        qk_nope_head_dim: f.uint("qk_nope_head_dim")?.unwrap_or(d.qk_nope_head_dim),
-        qk_rope_head_dim: f.uint("qk_rope_head_dim")?.unwrap_or(d.qk_rope_head_dim),
-        v_head_dim: f.uint("v_head_dim")?.unwrap_or(d.v_head_dim),
-        ffn_dim: f.uint("intermediate_size")?.unwrap_or(d.ffn_dim),
-        first_k_dense: 0,
-        n_experts: first_uint(&f, &["num_experts", "num_local_experts"])?.unwrap_or(d.n_experts),
-        top_k: first_uint(&f, &["num_experts_per_token", "num_experts_per_tok"])?
-            .unwrap_or(d.top_k),
-        expert_ffn_dim: f.uint("moe_intermediate_size")?.unwrap_or(d.expert_ffn_dim),
-        n_shared_experts: first_uint(&f, &["num_shared_experts", "n_shared_experts"])?
-            .unwrap_or(d.n_shared_experts),
-        n_group: first_uint(&f, &["num_expert_group", "n_group"])?.unwrap_or(d.n_group),
-        topk_group: f.uint("topk_group")?.unwrap_or(d.topk_group),
-        norm_topk_prob: match f.bool("moe_renormalize")? {
-            Some(v) => v,
-            None => f.bool("norm_topk_prob")?.unwrap_or(true),
+        // transformers' names for these (its `attribute_map`) win over DeepSeek-V3's.
+        max_seq_len: f.uint("model_max_length")?.unwrap_or(a.max_seq_len),
+        n_experts: match f.uint("num_experts")? {
+            Some(n) => n,
+            None => f.uint("num_local_experts")?.unwrap_or(a.n_experts),
         },
-        routed_scaling_factor: f
-            .float("routed_scaling_factor")?
-            .unwrap_or(d.routed_scaling_factor),
-        tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        dtype: "f32".into(),
-        dense_layers: Some(dense_layers),
-        kda: Some(KdaArgs {
-            n_heads: kda_heads,
-            head_dim: kda_head_dim,
-            conv_kernel,
-            layers: kda_layers,
-        }),
+        top_k: f.uint("num_experts_per_token")?.unwrap_or(a.top_k),
+        n_shared_experts: f.uint("num_shared_experts")?.unwrap_or(a.n_shared_experts),
+        n_group: f.uint("num_expert_group")?.unwrap_or(a.n_group),
+        norm_topk_prob: f.bool("moe_renormalize")?.unwrap_or(a.norm_topk_prob),
+        dense_layers: Some(dense_layers(&f, a.n_layers)?),
+        kda: Some(kda),
         // transformers always writes both lists; the released configs have neither.
         hf_released_layout: f.get("layer_types").is_none() && f.get("mlp_layer_types").is_none(),
-        ..d
+        mla_rope: false,
+        ..a
     };
     args.validate().map_err(|e| format!("config.json: {e}"))?;
     Ok(args)

@@ -10,33 +10,17 @@ pub mod kimi_config;
 pub mod model;
 pub mod spec;
 
-use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::DeepseekArgs;
 pub use model::DeepseekV3;
 
-impl Factory for DeepseekV3 {
-    fn flavors() -> Vec<String> {
-        config::FLAVORS.iter().map(|s| s.to_string()).collect()
-    }
-
-    /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
-    /// directory describes; its other keys override single fields.
-    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
-        DeepseekV3::new(model_args(
-            flavor,
-            args,
-            config::FLAVORS,
-            config::flavor,
-            config::from_hf_config,
-        )?)
-    }
-}
+anneal_plugin_api::model_factory!(DeepseekV3, crate::config);
 
 anneal_plugin_api::export_plugin!(model DeepseekV3, name = "deepseek_v3", model_types = ["deepseek_v3", "kimi_k2", "kimi_linear"], description = "DeepSeek-V3 / Kimi K2 / Kimi Linear decoder (multi-head latent attention, YaRN RoPE, sigmoid group-limited routing with shared experts and an aux-loss-free bias; Kimi Delta Attention)");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anneal_plugin_api::sdk::Factory;
 
     /// Trained parameters (the routing biases are buffers, as in transformers, which has no
     /// MTP module) and those a token goes through.

@@ -1,7 +1,8 @@
 //! Model arguments, the named flavors and the reading of a Hugging Face `config.json`
 //! (transformers' `deepseek_v4`).
 
-use anneal_plugin_api::sdk::{checks, HfConfig, YarnScaling};
+use anneal_plugin_api::sdk::kit::ModelArgs;
+use anneal_plugin_api::sdk::{HfConfig, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// What a block's attention sees besides its sliding window.
@@ -27,77 +28,114 @@ pub enum MlpType {
     Moe,
 }
 
-/// Everything that defines a DeepSeek-V4 model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Everything that defines a DeepSeek-V4 model; a key absent from `config.json` takes
+/// transformers' default (the V4-Flash shape).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct DeepseekV4Args {
     /// Hidden size.
+    #[arg(hf = "hidden_size", default = 4096, min = 1)]
     pub dim: usize,
     /// Number of blocks.
+    #[arg(hf = "num_hidden_layers", default = 43, min = 1)]
     pub n_layers: usize,
     /// Query heads (one key/value head is shared by all).
+    #[arg(hf = "num_attention_heads", default = 64, min = 1)]
     pub n_heads: usize,
     /// Per-head size of queries, keys and values.
+    #[arg(hf = "head_dim", default = 512, min = 1)]
     pub head_dim: usize,
     /// The trailing dims of each head that RoPE rotates (`qk_rope_head_dim`).
+    #[arg(hf = "qk_rope_head_dim", default = head_dim / 8)]
     pub rope_head_dim: usize,
     /// Rank of the low-rank query projection.
+    #[arg(hf = "q_lora_rank", default = 1024, min = 1)]
     pub q_lora_rank: usize,
     /// Vocabulary size.
+    #[arg(hf = "vocab_size", default = 129_280, min = 1)]
     pub vocab_size: usize,
     /// RMSNorm epsilon.
+    #[arg(hf = "rms_norm_eps", default = 1e-6, non_negative)]
     pub norm_eps: f64,
     /// RoPE base of the sliding-window blocks.
+    #[arg(hf = "rope_theta", default = 10_000.0, positive)]
     pub rope_theta: f64,
     /// RoPE base of the compressed blocks, their compressors and indexers.
+    #[arg(hf = "compress_rope_theta", default = 160_000.0, positive)]
     pub compress_rope_theta: f64,
     /// YaRN scaling of the compressed blocks' RoPE.
     #[serde(default)]
     pub compress_yarn: Option<YarnScaling>,
     /// Longest sequence.
+    #[arg(hf = "max_position_embeddings", default = 1_048_576, min = 1)]
     pub max_seq_len: usize,
     /// Each block's attention.
+    #[arg(hf = "layer_types", json, default = default_layer_types(n_layers))]
     pub layer_types: Vec<AttentionType>,
-    /// Tokens per compressed block in CSA blocks.
+    /// Tokens per compressed block in CSA blocks (`compress_rates` in `config.json`).
+    #[arg(min = 1)]
     pub csa_rate: usize,
     /// Tokens per compressed block in HCA blocks.
+    #[arg(min = 1)]
     pub hca_rate: usize,
     /// The sliding window (tokens, including the query's own).
+    #[arg(hf = "sliding_window", default = 128, min = 1)]
     pub sliding_window: usize,
     /// Head groups of the grouped output projection.
+    #[arg(hf = "o_groups", default = 8, min = 1)]
     pub o_groups: usize,
     /// Per-group rank of the grouped output projection.
+    #[arg(hf = "o_lora_rank", default = 1024, min = 1)]
     pub o_lora_rank: usize,
     /// The indexer's query heads.
+    #[arg(hf = "index_n_heads", default = 64, min = 1)]
     pub index_n_heads: usize,
     /// The indexer's head size.
+    #[arg(hf = "index_head_dim", default = 128, min = 1)]
     pub index_head_dim: usize,
     /// Compressed blocks each query keeps in CSA blocks.
+    #[arg(hf = "index_topk", default = 512, min = 1)]
     pub index_topk: usize,
     /// Residual streams of the hyper-connections.
+    #[arg(hf = "hc_mult", default = 4, min = 1)]
     pub hc_mult: usize,
     /// Sinkhorn iterations of the residual mixing matrix.
+    #[arg(hf = "hc_sinkhorn_iters", default = 20, min = 1)]
     pub hc_sinkhorn_iters: usize,
     /// Floor of the hyper-connection weights and Sinkhorn's denominators.
+    #[arg(hf = "hc_eps", default = 1e-6, non_negative)]
     pub hc_eps: f64,
     /// Each block's expert choice.
+    #[arg(hf = "mlp_layer_types", json, default = mlp_types(n_layers, 3))]
     pub mlp_layer_types: Vec<MlpType>,
     /// Routed experts per block.
+    #[arg(hf = "n_routed_experts", default = 256, min = 1)]
     pub n_experts: usize,
     /// Experts per token.
+    #[arg(hf = "num_experts_per_tok", default = 6, min = 1)]
     pub top_k: usize,
     /// Hidden size of one expert, the shared one included (`moe_intermediate_size`).
+    #[arg(hf = "moe_intermediate_size", default = 2048, min = 1)]
     pub expert_ffn_dim: usize,
     /// `n_shared_experts` of the config (transformers builds one shared expert whatever it says).
+    #[arg(hf = "n_shared_experts", default = 1)]
     pub n_shared_experts: usize,
     /// Router scores: `sqrtsoftplus`, `softmax` or `sigmoid`.
+    #[arg(
+        hf = "scoring_func",
+        default = "sqrtsoftplus".into(),
+        one_of("sqrtsoftplus", "softmax", "sigmoid")
+    )]
     pub scoring: String,
     /// Factor on the routing weights.
+    #[arg(hf = "routed_scaling_factor", default = 1.5, positive)]
     pub routed_scaling_factor: f64,
     /// Clamp of the experts' gate (above) and up (both sides) products.
+    #[arg(hf = "swiglu_limit", default = 10.0, positive)]
     pub swiglu_limit: f64,
     /// Step of the aux-loss-free balancing bias per optimizer step (0: fixed).
     #[serde(default)]
+    #[arg(non_negative)]
     pub balance_rate: f64,
     /// Multi-token prediction modules (`num_nextn_predict_layers`; 0 or 1), as DeepSeek-V3's:
     /// in training, one more block predicts the token after next, its loss an auxiliary loss
@@ -107,9 +145,11 @@ pub struct DeepseekV4Args {
     pub mtp_layers: usize,
     /// Share the embedding table with the output projection.
     #[serde(default)]
+    #[arg(hf = "tie_word_embeddings", default = false)]
     pub tie_embeddings: bool,
     /// Parameter dtype (`f32` or `bf16`).
     #[serde(default = "f32_name")]
+    #[arg(default = f32_name(), one_of("f32", "bf16"))]
     pub dtype: String,
 }
 
@@ -140,41 +180,10 @@ impl DeepseekV4Args {
         }
     }
 
-    /// Refuses arguments the model cannot be built from, naming the key.
+    /// Refuses arguments the model cannot be built from, naming the key: the per-field checks,
+    /// then what they cannot see.
     pub fn validate(&self) -> Result<(), String> {
-        checks::at_least_one(&[
-            ("dim", self.dim),
-            ("n_layers", self.n_layers),
-            ("n_heads", self.n_heads),
-            ("head_dim", self.head_dim),
-            ("q_lora_rank", self.q_lora_rank),
-            ("vocab_size", self.vocab_size),
-            ("max_seq_len", self.max_seq_len),
-            ("csa_rate", self.csa_rate),
-            ("hca_rate", self.hca_rate),
-            ("sliding_window", self.sliding_window),
-            ("o_groups", self.o_groups),
-            ("o_lora_rank", self.o_lora_rank),
-            ("index_n_heads", self.index_n_heads),
-            ("index_head_dim", self.index_head_dim),
-            ("index_topk", self.index_topk),
-            ("hc_mult", self.hc_mult),
-            ("hc_sinkhorn_iters", self.hc_sinkhorn_iters),
-            ("n_experts", self.n_experts),
-            ("top_k", self.top_k),
-            ("expert_ffn_dim", self.expert_ffn_dim),
-        ])?;
-        checks::finite_non_negative(&[
-            ("norm_eps", self.norm_eps),
-            ("hc_eps", self.hc_eps),
-            ("balance_rate", self.balance_rate),
-        ])?;
-        checks::finite_positive(&[
-            ("rope_theta", self.rope_theta),
-            ("compress_rope_theta", self.compress_rope_theta),
-            ("routed_scaling_factor", self.routed_scaling_factor),
-            ("swiglu_limit", self.swiglu_limit),
-        ])?;
+        self.check()?;
         if self.rope_head_dim > self.head_dim.min(self.index_head_dim)
             || !self.rope_head_dim.is_multiple_of(2)
         {
@@ -207,20 +216,11 @@ impl DeepseekV4Args {
                 ));
             }
         }
-        if !["sqrtsoftplus", "softmax", "sigmoid"].contains(&self.scoring.as_str()) {
-            return Err(format!(
-                "scoring '{}' is not one of sqrtsoftplus, softmax, sigmoid",
-                self.scoring
-            ));
-        }
         if self.mtp_layers > 1 {
             return Err(format!(
                 "mtp_layers = {} is not supported (0 or 1)",
                 self.mtp_layers
             ));
-        }
-        if !["f32", "bf16"].contains(&self.dtype.as_str()) {
-            return Err(format!("dtype '{}' is not f32 or bf16", self.dtype));
         }
         Ok(())
     }
@@ -239,11 +239,11 @@ fn default_layer_types(n: usize) -> Vec<AttentionType> {
         .collect()
 }
 
-/// transformers' default: the first three blocks hash-routed, the rest learned.
-fn default_mlp_types(n: usize) -> Vec<MlpType> {
+/// The first `hashed` of `n` blocks hash-routed, the rest learned (transformers' default: 3).
+fn mlp_types(n: usize, hashed: usize) -> Vec<MlpType> {
     (0..n)
         .map(|i| {
-            if i < 3 {
+            if i < hashed {
                 MlpType::HashMoe
             } else {
                 MlpType::Moe
@@ -252,15 +252,11 @@ fn default_mlp_types(n: usize) -> Vec<MlpType> {
         .collect()
 }
 
-/// The named flavors.
-pub const FLAVORS: &[&str] = &["debugmodel", "deepseek_v4_flash"];
-
-/// Flavor `name`.
-pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
-    // Small enough that 300 steps of 8 x 256 tokens train in minutes on 2 cores, with every
-    // kind of block: blocks of 4 (CSA, top 16 of 64) and 16 (HCA) tokens against a window of
-    // 32, two residual streams, a hash-routed first block.
-    let debug = DeepseekV4Args {
+/// Small enough that 300 steps of 8 x 256 tokens train in minutes on 2 cores, with every kind
+/// of block: blocks of 4 (CSA, top 16 of 64) and 16 (HCA) tokens against a window of 32, two
+/// residual streams, a hash-routed first block.
+fn debugmodel() -> DeepseekV4Args {
+    DeepseekV4Args {
         dim: 256,
         n_layers: 4,
         n_heads: 4,
@@ -290,7 +286,7 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         hc_mult: 2,
         hc_sinkhorn_iters: 10,
         hc_eps: 1e-6,
-        mlp_layer_types: vec![MlpType::HashMoe, MlpType::Moe, MlpType::Moe, MlpType::Moe],
+        mlp_layer_types: mlp_types(4, 1),
         n_experts: 8,
         top_k: 2,
         expert_ffn_dim: 256,
@@ -302,19 +298,12 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         mtp_layers: 0,
         tie_embeddings: false,
         dtype: "f32".into(),
-    };
-    let yarn = YarnScaling {
-        factor: 16.0,
-        original_max_position_embeddings: 65536,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        truncate: true,
-        attention_factor: Some(1.0),
-        mscale: None,
-        mscale_all_dim: None,
-    };
-    // transformers' `DeepseekV4Config()` defaults: the V4-Flash shape (43 blocks of 4096).
-    let flash = DeepseekV4Args {
+    }
+}
+
+/// transformers' `DeepseekV4Config()` defaults: the V4-Flash shape (43 blocks of 4096).
+fn flash() -> DeepseekV4Args {
+    DeepseekV4Args {
         dim: 4096,
         n_layers: 43,
         n_heads: 64,
@@ -325,7 +314,16 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         norm_eps: 1e-6,
         rope_theta: 10_000.0,
         compress_rope_theta: 160_000.0,
-        compress_yarn: Some(yarn),
+        compress_yarn: Some(YarnScaling {
+            factor: 16.0,
+            original_max_position_embeddings: 65536,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: Some(1.0),
+            mscale: None,
+            mscale_all_dim: None,
+        }),
         max_seq_len: 1_048_576,
         layer_types: default_layer_types(43),
         csa_rate: 4,
@@ -339,7 +337,7 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         hc_mult: 4,
         hc_sinkhorn_iters: 20,
         hc_eps: 1e-6,
-        mlp_layer_types: default_mlp_types(43),
+        mlp_layer_types: mlp_types(43, 3),
         n_experts: 256,
         top_k: 6,
         expert_ffn_dim: 2048,
@@ -352,12 +350,14 @@ pub fn flavor(name: &str) -> Option<DeepseekV4Args> {
         mtp_layers: 0,
         tie_embeddings: false,
         dtype: "bf16".into(),
-    };
-    Some(match name {
-        "debugmodel" => debug,
-        "deepseek_v4_flash" => flash,
-        _ => return None,
-    })
+    }
+}
+
+anneal_plugin_api::flavors! {
+    /// Flavor `name`.
+    pub fn flavor -> DeepseekV4Args;
+    "debugmodel" => debugmodel(),
+    "deepseek_v4_flash" => flash(),
 }
 
 /// Arguments from a Hugging Face `config.json` of model type `deepseek_v4`. A key that is
@@ -371,38 +371,27 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekV4Args, String> {
             ));
         }
     }
-    let n_layers = f.uint("num_hidden_layers")?.unwrap_or(43);
-    let head_dim = f.uint("head_dim")?.unwrap_or(512);
-    let rope_head_dim = match f.uint("qk_rope_head_dim")? {
-        Some(r) => r,
-        None => {
-            let factor = f.float("partial_rotary_factor")?.unwrap_or(64.0 / 512.0);
-            (head_dim as f64 * factor) as usize
+    let mut a = DeepseekV4Args::from_hf(&f)?;
+    if f.get("qk_rope_head_dim").is_none() {
+        if let Some(p) = f.float("partial_rotary_factor")? {
+            a.rope_head_dim = (a.head_dim as f64 * p) as usize;
         }
-    };
+    }
+    // DeepSeek's own config.json (before transformers' names) gives the rates as
+    // `compress_rate_csa` / `compress_rate_hca`, the layer pattern as per-layer
+    // `compress_ratios` (0, 4, 128) and the hash-routed blocks as `num_hash_layers`.
     let rates = match f.get("compress_rates") {
         Some(_) => Some(f.object("compress_rates")?),
         None => None,
     };
-    // DeepSeek's own config.json (before transformers' names) gives the rates as
-    // `compress_rate_csa` / `compress_rate_hca`, the layer pattern as per-layer
-    // `compress_ratios` (0, 4, 128) and the hash-routed blocks as `num_hash_layers`.
     let rate = |k: &str, legacy: &str, d: usize| -> Result<usize, String> {
-        if let Some(r) = f.uint(legacy)? {
-            return Ok(r);
-        }
-        Ok(match &rates {
-            Some(r) => r.uint(k)?.unwrap_or(d),
-            None => d,
-        })
+        let nested = rates.as_ref().map(|r| r.uint(k)).transpose()?.flatten();
+        Ok(f.uint(legacy)?.or(nested).unwrap_or(d))
     };
-    let layer_types = match (f.str_list("layer_types")?, f.uint_list("compress_ratios")?) {
-        (Some(v), _) => v
-            .iter()
-            .map(|s| serde_json::from_value(serde_json::Value::String(s.to_string())))
-            .collect::<Result<Vec<AttentionType>, _>>()
-            .map_err(|e| format!("config.json: layer_types: {e}"))?,
-        (None, Some(ratios)) => ratios
+    a.csa_rate = rate("compressed_sparse_attention", "compress_rate_csa", 4)?;
+    a.hca_rate = rate("heavily_compressed_attention", "compress_rate_hca", 128)?;
+    if let (None, Some(ratios)) = (f.get("layer_types"), f.uint_list("compress_ratios")?) {
+        a.layer_types = ratios
             .iter()
             .map(|r| match r {
                 0 => Ok(AttentionType::SlidingAttention),
@@ -412,87 +401,29 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekV4Args, String> {
                     "config.json: compress_ratios holds {r}; expected 0, 4 or 128"
                 )),
             })
-            .collect::<Result<Vec<_>, _>>()?,
-        (None, None) => default_layer_types(n_layers),
-    };
-    let layer_types: Vec<AttentionType> = layer_types.into_iter().take(n_layers).collect();
-    let mlp_layer_types = match f.str_list("mlp_layer_types")? {
-        Some(v) => v
-            .iter()
-            .map(|s| serde_json::from_value(serde_json::Value::String(s.to_string())))
-            .collect::<Result<Vec<MlpType>, _>>()
-            .map_err(|e| format!("config.json: mlp_layer_types: {e}"))?,
-        None => match f.uint("num_hash_layers")? {
-            Some(h) => (0..n_layers)
-                .map(|i| {
-                    if i < h {
-                        MlpType::HashMoe
-                    } else {
-                        MlpType::Moe
-                    }
-                })
-                .collect(),
-            None => default_mlp_types(n_layers),
-        },
-    };
-    let rope_theta = f.float("rope_theta")?.unwrap_or(10_000.0);
-    let mut compress_rope_theta = f.float("compress_rope_theta")?.unwrap_or(160_000.0);
-    let mut compress_yarn = None;
-    // transformers 5 nests the two RoPEs as `rope_parameters.{main, compress}`.
-    if let Some(rp) = c.get("rope_parameters").filter(|v| v.is_object()) {
-        if let Some(comp) = rp.get("compress").filter(|v| v.is_object()) {
-            let wrapped = serde_json::json!({
-                "rope_parameters": comp,
-                "max_position_embeddings": c.get("max_position_embeddings"),
-            });
-            let r = HfConfig::new(&wrapped).rope(compress_rope_theta)?;
-            compress_rope_theta = r.theta;
-            compress_yarn = r.yarn;
+            .collect::<Result<_, _>>()?;
+    }
+    a.layer_types.truncate(a.n_layers);
+    if f.get("mlp_layer_types").is_none() {
+        if let Some(h) = f.uint("num_hash_layers")? {
+            a.mlp_layer_types = mlp_types(a.n_layers, h);
         }
     }
-    let tie = f.bool("tie_word_embeddings")?.unwrap_or(false);
-    let dtype = match f.str("dtype")?.or(f.str("torch_dtype")?) {
-        Some("bfloat16") => "bf16",
-        _ => "f32",
-    };
-    Ok(DeepseekV4Args {
-        dim: f.uint("hidden_size")?.unwrap_or(4096),
-        n_layers,
-        n_heads: f.uint("num_attention_heads")?.unwrap_or(64),
-        head_dim,
-        rope_head_dim,
-        q_lora_rank: f.uint("q_lora_rank")?.unwrap_or(1024),
-        vocab_size: f.uint("vocab_size")?.unwrap_or(129_280),
-        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta,
-        compress_rope_theta,
-        compress_yarn,
-        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(1_048_576),
-        layer_types,
-        csa_rate: rate("compressed_sparse_attention", "compress_rate_csa", 4)?,
-        hca_rate: rate("heavily_compressed_attention", "compress_rate_hca", 128)?,
-        sliding_window: f.uint("sliding_window")?.unwrap_or(128),
-        o_groups: f.uint("o_groups")?.unwrap_or(8),
-        o_lora_rank: f.uint("o_lora_rank")?.unwrap_or(1024),
-        index_n_heads: f.uint("index_n_heads")?.unwrap_or(64),
-        index_head_dim: f.uint("index_head_dim")?.unwrap_or(128),
-        index_topk: f.uint("index_topk")?.unwrap_or(512),
-        hc_mult: f.uint("hc_mult")?.unwrap_or(4),
-        hc_sinkhorn_iters: f.uint("hc_sinkhorn_iters")?.unwrap_or(20),
-        hc_eps: f.float("hc_eps")?.unwrap_or(1e-6),
-        mlp_layer_types,
-        n_experts: f.uint("n_routed_experts")?.unwrap_or(256),
-        top_k: f.uint("num_experts_per_tok")?.unwrap_or(6),
-        expert_ffn_dim: f.uint("moe_intermediate_size")?.unwrap_or(2048),
-        n_shared_experts: f.uint("n_shared_experts")?.unwrap_or(1),
-        scoring: f.str("scoring_func")?.unwrap_or("sqrtsoftplus").to_string(),
-        routed_scaling_factor: f.float("routed_scaling_factor")?.unwrap_or(1.5),
-        swiglu_limit: f.float("swiglu_limit")?.unwrap_or(10.0),
-        balance_rate: 0.0,
-        // transformers' checkpoints carry no MTP weights (it drops DeepSeek's `mtp.*` on load),
-        // whatever `num_nextn_predict_layers` says.
-        mtp_layers: 0,
-        tie_embeddings: tie,
-        dtype: dtype.into(),
-    })
+    // transformers 5 nests the two RoPEs as `rope_parameters.{main, compress}`.
+    if let Some(comp) = c
+        .pointer("/rope_parameters/compress")
+        .filter(|v| v.is_object())
+    {
+        let wrapped = serde_json::json!({
+            "rope_parameters": comp,
+            "max_position_embeddings": c.get("max_position_embeddings"),
+        });
+        let r = HfConfig::new(&wrapped).rope(a.compress_rope_theta)?;
+        a.compress_rope_theta = r.theta;
+        a.compress_yarn = r.yarn;
+    }
+    if matches!(f.str("dtype")?.or(f.str("torch_dtype")?), Some("bfloat16")) {
+        a.dtype = "bf16".into();
+    }
+    Ok(a)
 }

@@ -4,10 +4,12 @@
 //! map one to one.
 
 use crate::config::DeepseekV4Args;
+use anneal_plugin_api::sdk::kit::ModelArgs;
 use anneal_plugin_api::sdk::HfAdapter;
 use serde_json::json;
 
-/// The config for export, in transformers 5's `deepseek_v4` keys.
+/// The config for export, in transformers 5's `deepseek_v4` keys: the declared keys, then the
+/// constants and what is derived from them.
 pub fn adapter(a: &DeepseekV4Args) -> HfAdapter {
     let partial = a.rope_head_dim as f64 / a.head_dim as f64;
     let mut compress = json!({
@@ -28,61 +30,34 @@ pub fn adapter(a: &DeepseekV4Args) -> HfAdapter {
             "attention_factor": y.attention_factor.unwrap_or(1.0),
         });
     }
-    HfAdapter {
-        config: json!({
-            "model_type": "deepseek_v4",
-            "architectures": ["DeepseekV4ForCausalLM"],
-            "hidden_size": a.dim,
-            "num_hidden_layers": a.n_layers,
-            "num_attention_heads": a.n_heads,
-            "num_key_value_heads": 1,
-            "head_dim": a.head_dim,
-            "qk_rope_head_dim": a.rope_head_dim,
-            "partial_rotary_factor": partial,
-            "q_lora_rank": a.q_lora_rank,
-            "vocab_size": a.vocab_size,
-            "rms_norm_eps": a.norm_eps,
+    let mut config = serde_json::Value::Object(a.to_hf());
+    config["model_type"] = json!("deepseek_v4");
+    config["architectures"] = json!(["DeepseekV4ForCausalLM"]);
+    config["num_key_value_heads"] = json!(1);
+    config["partial_rotary_factor"] = json!(partial);
+    config["rope_parameters"] = json!({
+        "main": {
+            "rope_type": "default",
             "rope_theta": a.rope_theta,
-            "compress_rope_theta": a.compress_rope_theta,
-            "rope_parameters": {
-                "main": {
-                    "rope_type": "default",
-                    "rope_theta": a.rope_theta,
-                    "partial_rotary_factor": partial,
-                },
-                "compress": compress,
-            },
-            "max_position_embeddings": a.max_seq_len,
-            "layer_types": a.layer_types,
-            "compress_rates": {
-                "compressed_sparse_attention": a.csa_rate,
-                "heavily_compressed_attention": a.hca_rate,
-            },
-            "sliding_window": a.sliding_window,
-            "o_groups": a.o_groups,
-            "o_lora_rank": a.o_lora_rank,
-            "index_n_heads": a.index_n_heads,
-            "index_head_dim": a.index_head_dim,
-            "index_topk": a.index_topk,
-            "hc_mult": a.hc_mult,
-            "hc_sinkhorn_iters": a.hc_sinkhorn_iters,
-            "hc_eps": a.hc_eps,
-            "mlp_layer_types": a.mlp_layer_types,
-            "n_routed_experts": a.n_experts,
-            "num_experts_per_tok": a.top_k,
-            "moe_intermediate_size": a.expert_ffn_dim,
-            "n_shared_experts": a.n_shared_experts,
-            "scoring_func": a.scoring,
-            "norm_topk_prob": true,
-            "routed_scaling_factor": a.routed_scaling_factor,
-            "swiglu_limit": a.swiglu_limit,
-            "num_nextn_predict_layers": a.mtp_layers,
-            "tie_word_embeddings": a.tie_embeddings,
-            "hidden_act": "silu",
-            "attention_bias": false,
-            "dtype": if a.dtype == "bf16" { "bfloat16" } else { "float32" },
-        }),
-    }
+            "partial_rotary_factor": partial,
+        },
+        "compress": compress,
+    });
+    config["compress_rates"] = json!({
+        "compressed_sparse_attention": a.csa_rate,
+        "heavily_compressed_attention": a.hca_rate,
+    });
+    // Read back as 0: transformers drops DeepSeek's `mtp.*` weights on load.
+    config["num_nextn_predict_layers"] = json!(a.mtp_layers);
+    config["norm_topk_prob"] = json!(true);
+    config["hidden_act"] = json!("silu");
+    config["attention_bias"] = json!(false);
+    config["dtype"] = json!(if a.dtype == "bf16" {
+        "bfloat16"
+    } else {
+        "float32"
+    });
+    HfAdapter { config }
 }
 
 #[cfg(test)]

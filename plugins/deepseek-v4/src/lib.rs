@@ -14,33 +14,17 @@ pub mod model;
 pub mod mtp;
 pub mod spec;
 
-use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::DeepseekV4Args;
 pub use model::DeepseekV4;
 
-impl Factory for DeepseekV4 {
-    fn flavors() -> Vec<String> {
-        config::FLAVORS.iter().map(|s| s.to_string()).collect()
-    }
-
-    /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
-    /// directory describes; its other keys override single fields.
-    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
-        DeepseekV4::new(model_args(
-            flavor,
-            args,
-            config::FLAVORS,
-            config::flavor,
-            config::from_hf_config,
-        )?)
-    }
-}
+anneal_plugin_api::model_factory!(DeepseekV4, crate::config);
 
 anneal_plugin_api::export_plugin!(model DeepseekV4, name = "deepseek_v4", model_types = ["deepseek_v4"], description = "DeepSeek-V4 decoder (compressed sparse / heavily compressed attention with a lightning indexer, sliding window and sinks, grouped low-rank output, manifold-constrained hyper-connections, hash- and learned-routed experts)");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anneal_plugin_api::sdk::Factory;
     use anneal_plugin_api::sdk::ParamSpec;
 
     fn trained(m: &DeepseekV4) -> usize {

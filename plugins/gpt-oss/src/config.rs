@@ -1,70 +1,82 @@
 //! Model arguments, the named flavors and the reader of a Hugging Face `config.json`.
 
-use anneal_plugin_api::sdk::{checks, HfConfig, HfRope, YarnScaling};
+pub use anneal_plugin_api::sdk::kit::LayerType;
+use anneal_plugin_api::sdk::kit::ModelArgs;
+use anneal_plugin_api::sdk::{HfConfig, YarnScaling};
 use serde::{Deserialize, Serialize};
 
-/// Which attention a block uses (`layer_types` in `config.json`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LayerType {
-    /// Attends to the last `sliding_window` positions.
-    SlidingAttention,
-    /// Attends to every earlier position.
-    FullAttention,
-}
-
 /// Everything that defines a gpt-oss model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct GptOssArgs {
     /// Hidden size.
+    #[arg(hf = "hidden_size", min = 1)]
     pub dim: usize,
     /// Number of blocks.
+    #[arg(hf = "num_hidden_layers", min = 1)]
     pub n_layers: usize,
     /// Query heads.
+    #[arg(hf = "num_attention_heads")]
     pub n_heads: usize,
     /// Key/value heads.
+    #[arg(hf = "num_key_value_heads", default = n_heads)]
     pub n_kv_heads: usize,
     /// Per-head size.
+    #[arg(hf = "head_dim", default = dim / n_heads.max(1), min = 1, even)]
     pub head_dim: usize,
     /// Vocabulary size.
+    #[arg(hf = "vocab_size", min = 1)]
     pub vocab_size: usize,
     /// RMSNorm epsilon.
+    #[arg(hf = "rms_norm_eps", default = 1e-5, non_negative)]
     pub norm_eps: f64,
     /// RoPE base.
+    #[arg(rope = theta, default = 150_000.0)]
     pub rope_theta: f64,
     /// YaRN RoPE scaling (gpt-oss extends a 4k context 32×).
     #[serde(default)]
+    #[arg(rope = yarn)]
     pub yarn: Option<YarnScaling>,
     /// Longest sequence.
+    #[arg(hf = "max_position_embeddings", default = 131_072, min = 1)]
     pub max_seq_len: usize,
     /// Window of the sliding-attention layers.
+    #[arg(hf = "sliding_window", default = 128, min = 1)]
     pub sliding_window: usize,
     /// Each block's attention; empty means alternating, sliding first (transformers' default).
     #[serde(default)]
     pub layer_types: Vec<LayerType>,
     /// Experts per block (`num_local_experts`).
+    #[arg(hf = "num_local_experts", min = 1)]
     pub n_experts: usize,
     /// Experts each token is sent to (`num_experts_per_tok`).
+    #[arg(hf = "num_experts_per_tok", default = 4, min = 1)]
     pub top_k: usize,
     /// Hidden size of one expert (`intermediate_size`).
+    #[arg(hf = "intermediate_size", min = 1)]
     pub expert_ffn_dim: usize,
     /// Slope inside the experts' sigmoid (`swiglu_alpha`).
+    #[arg(hf = "swiglu_alpha", default = 1.702, positive)]
     pub swiglu_alpha: f64,
     /// Clamp of the experts' gate and up products (`swiglu_limit`).
+    #[arg(hf = "swiglu_limit", default = 7.0, positive)]
     pub swiglu_limit: f64,
     /// Coefficient of the load-balancing loss (0: none).
     #[serde(default)]
+    #[arg(hf = "router_aux_loss_coef", default = 0.001, non_negative)]
     pub aux_loss_coef: f64,
     /// Aux-loss-free balancing: after each step every expert's routing bias moves by this much
     /// towards balance (0: off).
     #[serde(default)]
+    #[arg(non_negative)]
     pub balance_rate: f64,
     /// Share the embedding table with the output projection.
     #[serde(default)]
+    #[arg(hf = "tie_word_embeddings", default = false)]
     pub tie_embeddings: bool,
     /// Parameter dtype (`f32` or `bf16`).
     #[serde(default = "f32_name")]
+    #[arg(default = f32_name(), one_of("f32", "bf16"))]
     pub dtype: String,
 }
 
@@ -87,28 +99,9 @@ impl GptOssArgs {
         (self.layer_type(i) == LayerType::SlidingAttention).then_some(self.sliding_window)
     }
 
-    /// The RoPE settings.
-    pub fn rope(&self) -> HfRope {
-        HfRope {
-            theta: self.rope_theta,
-            llama3: None,
-            yarn: self.yarn.clone(),
-        }
-    }
-
     /// Checks the arguments fit together, naming the one that does not.
     pub fn validate(&self) -> Result<(), String> {
-        checks::at_least_one(&[
-            ("dim", self.dim),
-            ("n_layers", self.n_layers),
-            ("head_dim", self.head_dim),
-            ("vocab_size", self.vocab_size),
-            ("max_seq_len", self.max_seq_len),
-            ("sliding_window", self.sliding_window),
-            ("n_experts", self.n_experts),
-            ("top_k", self.top_k),
-            ("expert_ffn_dim", self.expert_ffn_dim),
-        ])?;
+        self.check()?;
         if self.top_k > self.n_experts {
             return Err(format!(
                 "top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (n_experts)",
@@ -124,12 +117,6 @@ impl GptOssArgs {
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(format!(
-                "head_dim ({}) must be even for RoPE",
-                self.head_dim
-            ));
-        }
         if !self.layer_types.is_empty() && self.layer_types.len() != self.n_layers {
             return Err(format!(
                 "layer_types lists {} layers, the model has {}",
@@ -137,19 +124,7 @@ impl GptOssArgs {
                 self.n_layers
             ));
         }
-        checks::finite_non_negative(&[
-            ("norm_eps", self.norm_eps),
-            ("aux_loss_coef", self.aux_loss_coef),
-            ("balance_rate", self.balance_rate),
-        ])?;
-        checks::finite_positive(&[
-            ("swiglu_alpha", self.swiglu_alpha),
-            ("swiglu_limit", self.swiglu_limit),
-        ])?;
-        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
-            return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
-        }
-        self.rope().validate()
+        Ok(())
     }
 }
 
@@ -167,9 +142,9 @@ fn gpt_oss_yarn() -> Option<YarnScaling> {
     })
 }
 
-/// The named flavors.
-pub fn flavor(name: &str) -> Option<GptOssArgs> {
-    let released = |n_layers, n_experts| GptOssArgs {
+/// A released size: `n_layers` blocks of `n_experts` experts.
+fn released(n_layers: usize, n_experts: usize) -> GptOssArgs {
+    GptOssArgs {
         dim: 2880,
         n_layers,
         n_heads: 64,
@@ -191,32 +166,31 @@ pub fn flavor(name: &str) -> Option<GptOssArgs> {
         balance_rate: 0.0,
         tie_embeddings: false,
         dtype: "bf16".into(),
-    };
-    Some(match name {
-        // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with gpt-oss's blocks: 8
-        // experts of 256, top 2, a 128-token window on blocks 0 and 2.
-        "debugmodel" => GptOssArgs {
-            dim: 256,
-            n_layers: 4,
-            n_heads: 4,
-            n_kv_heads: 2,
-            vocab_size: 8192,
-            max_seq_len: 2048,
-            n_experts: 8,
-            top_k: 2,
-            expert_ffn_dim: 256,
-            aux_loss_coef: 0.001,
-            dtype: "f32".into(),
-            ..released(4, 8)
-        },
-        "gpt_oss_20b" => released(24, 32),
-        "gpt_oss_120b" => released(36, 128),
-        _ => return None,
-    })
+    }
 }
 
-/// Flavor names, in the order `anneal plugins list` shows them.
-pub const FLAVORS: &[&str] = &["debugmodel", "gpt_oss_20b", "gpt_oss_120b"];
+anneal_plugin_api::flavors! {
+    /// The named flavors.
+    pub fn flavor -> GptOssArgs;
+    // The debug Llama's size (hidden 256, 4 blocks, 4 heads) with gpt-oss's blocks: 8
+    // experts of 256, top 2, a 128-token window on blocks 0 and 2.
+    "debugmodel" => GptOssArgs {
+        dim: 256,
+        n_layers: 4,
+        n_heads: 4,
+        n_kv_heads: 2,
+        vocab_size: 8192,
+        max_seq_len: 2048,
+        n_experts: 8,
+        top_k: 2,
+        expert_ffn_dim: 256,
+        aux_loss_coef: 0.001,
+        dtype: "f32".into(),
+        ..released(4, 8)
+    },
+    "gpt_oss_20b" => released(24, 32),
+    "gpt_oss_120b" => released(36, 128),
+}
 
 /// Arguments from a Hugging Face `gpt_oss` `config.json`. A key that is absent takes
 /// transformers' default; a key of the wrong type is reported as such.
@@ -228,15 +202,15 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<GptOssArgs, String> {
             "config.json: model_type '{model_type}' is not served by this plugin (gpt_oss)"
         ));
     }
-    let rope = f.rope(150_000.0)?;
-    if rope.llama3.is_some() {
+    if f.bool("attention_bias")? == Some(false) {
+        return Err("config.json: gpt_oss without attention biases is not supported".into());
+    }
+    let mut args = GptOssArgs::from_hf(&f)?;
+    if f.rope(args.rope_theta)?.llama3.is_some() {
         return Err("config.json: gpt_oss with llama3 rope scaling is not supported".into());
     }
-    let n_heads = f.need_uint("num_attention_heads")?;
-    let dim = f.need_uint("hidden_size")?;
-    let layer_types = match f.str_list("layer_types")? {
-        None => vec![],
-        Some(names) => names
+    if let Some(names) = f.str_list("layer_types")? {
+        args.layer_types = names
             .iter()
             .map(|n| match *n {
                 "sliding_attention" => Ok(LayerType::SlidingAttention),
@@ -245,40 +219,12 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<GptOssArgs, String> {
                     "config.json: layer_types: '{other}' is not sliding_attention or full_attention"
                 )),
             })
-            .collect::<Result<_, _>>()?,
-    };
-    // The router's load-balancing loss counts only when transformers would add it.
-    let aux_loss_coef = if f.bool("output_router_logits")?.unwrap_or(false) {
-        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
-    } else {
-        0.0
-    };
-    if f.bool("attention_bias")? == Some(false) {
-        return Err("config.json: gpt_oss without attention biases is not supported".into());
+            .collect::<Result<_, _>>()?;
     }
-    let args = GptOssArgs {
-        dim,
-        n_layers: f.need_uint("num_hidden_layers")?,
-        n_heads,
-        n_kv_heads: f.uint("num_key_value_heads")?.unwrap_or(n_heads),
-        head_dim: f.uint("head_dim")?.unwrap_or(dim / n_heads.max(1)),
-        vocab_size: f.need_uint("vocab_size")?,
-        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-5),
-        rope_theta: rope.theta,
-        yarn: rope.yarn,
-        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(131_072),
-        sliding_window: f.uint("sliding_window")?.unwrap_or(128),
-        layer_types,
-        n_experts: f.need_uint("num_local_experts")?,
-        top_k: f.uint("num_experts_per_tok")?.unwrap_or(4),
-        expert_ffn_dim: f.need_uint("intermediate_size")?,
-        swiglu_alpha: f.float("swiglu_alpha")?.unwrap_or(1.702),
-        swiglu_limit: f.float("swiglu_limit")?.unwrap_or(7.0),
-        aux_loss_coef,
-        balance_rate: 0.0,
-        tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        dtype: "f32".into(),
-    };
+    // The router's load-balancing loss counts only when transformers would add it.
+    if !f.bool("output_router_logits")?.unwrap_or(false) {
+        args.aux_loss_coef = 0.0;
+    }
     args.validate().map_err(|e| format!("config.json: {e}"))?;
     Ok(args)
 }

@@ -6,33 +6,17 @@ pub mod hf;
 pub mod model;
 pub mod spec;
 
-use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::GptOssArgs;
 pub use model::GptOss;
 
-impl Factory for GptOss {
-    fn flavors() -> Vec<String> {
-        config::FLAVORS.iter().map(|s| s.to_string()).collect()
-    }
-
-    /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
-    /// directory describes; its other keys override single fields.
-    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
-        GptOss::new(model_args(
-            flavor,
-            args,
-            config::FLAVORS,
-            config::flavor,
-            config::from_hf_config,
-        )?)
-    }
-}
+anneal_plugin_api::model_factory!(GptOss, crate::config);
 
 anneal_plugin_api::export_plugin!(model GptOss, name = "gpt_oss", model_types = ["gpt_oss"], description = "gpt-oss decoder (GQA with attention sinks, alternating sliding/full attention, YaRN RoPE, clamped-SwiGLU experts with biases)");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anneal_plugin_api::sdk::Factory;
 
     fn count(flavor: &str) -> usize {
         let m = GptOss::create(Some(flavor), serde_json::json!({})).unwrap();

@@ -9,9 +9,11 @@
 //! ```
 
 use crate::config::GptOssArgs;
-use crate::spec::{AttentionParams, BlockParams, ExpertParams, GptOssParams};
+use crate::spec::{BlockParams, GptOssParams};
+use anneal_plugin_api::sdk::kit::blocks::{self, GqaOpts};
+use anneal_plugin_api::sdk::kit::{nth_layer, BlockNorms, Decoder, Frame, Norm};
 use anneal_plugin_api::sdk::{
-    AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Param, Result, Rope, Router, Tensor,
+    Ctx, Host, ModelSpec, MoeFfnOpts, Param, Result, Rope, Router, Tensor,
 };
 
 /// A gpt-oss model: its arguments and declared parameters (the weights live in the host).
@@ -24,11 +26,6 @@ pub struct GptOss {
     pub spec: ModelSpec,
 }
 
-/// `x · Wᵀ + b`.
-fn linear<'h>(ctx: &Ctx<'h>, x: &Tensor<'h>, (w, b): &(Param, Param)) -> Result<Tensor<'h>> {
-    x.linear(&ctx.w(w)?)?.add(&ctx.w(b)?)
-}
-
 impl GptOss {
     /// Declares the parameters of `args` and checks the spec they make.
     pub fn new(args: GptOssArgs) -> Result<Self> {
@@ -39,55 +36,53 @@ impl GptOss {
         Ok(GptOss { args, params, spec })
     }
 
+    fn block(&self, index: usize) -> Result<&BlockParams> {
+        nth_layer(&self.params.layers, index)
+    }
+}
+
+impl Decoder for GptOss {
+    fn spec(&self) -> ModelSpec {
+        self.spec.clone()
+    }
+
+    fn norm(&self) -> Norm {
+        Norm::plain(self.args.norm_eps)
+    }
+
+    fn frame(&self) -> Frame<'_> {
+        let p = &self.params;
+        Frame::new(&p.tok_embeddings, &p.norm, &p.output)
+    }
+
+    fn block_norms(&self, index: usize) -> Result<BlockNorms<'_>> {
+        let l = self.block(index)?;
+        Ok(BlockNorms::pre(&l.attention_norm, &l.ffn_norm))
+    }
+
     fn attention<'h>(
         &self,
         ctx: &Ctx<'h>,
-        p: &AttentionParams,
-        index: usize,
-        x_btd: &Tensor<'h>,
-    ) -> Result<Tensor<'h>> {
-        let a = &self.args;
-        let (b, t) = {
-            let s = x_btd.shape()?;
-            (s[0] as i64, s[1] as i64)
-        };
-        let (nh, nkv, hd) = (a.n_heads as i64, a.n_kv_heads as i64, a.head_dim as i64);
-        let rope = Rope {
-            theta: a.rope_theta,
-            rot_dim: a.head_dim,
-            interleaved: false,
-            llama3_scaling: None,
-            yarn: a.yarn.clone(),
-        };
-        let heads = |w, n| -> Result<Tensor<'h>> {
-            linear(ctx, x_btd, w)?
-                .reshape(&[b, t, n, hd])?
-                .transpose(1, 2)
-        };
-        let q_bhtd = heads(&p.wq, nh)?.rope(&ctx.positions, &rope)?;
-        let k_bhtd = heads(&p.wk, nkv)?.rope(&ctx.positions, &rope)?;
-        let v_bhtd = heads(&p.wv, nkv)?;
-        let sinks = ctx.w(&p.sinks)?;
-        let opts = AttentionOpts {
-            causal: true,
-            sliding_window: a.window_of(index),
-            cache_layer: ctx.use_cache.then_some(index),
-            sinks: Some(&sinks),
-            ..Default::default()
-        };
-        let o_bhtd = q_bhtd.attention(&k_bhtd, &v_bhtd, &ctx.positions, &opts)?;
-        let o = o_bhtd.transpose(1, 2)?.reshape(&[b, t, nh * hd])?;
-        linear(ctx, &o, &p.wo)
-    }
-
-    fn experts<'h>(
-        &self,
-        ctx: &Ctx<'h>,
-        p: &ExpertParams,
         index: usize,
         x: &Tensor<'h>,
+        _extra: &[Tensor<'h>],
     ) -> Result<Tensor<'h>> {
         let a = &self.args;
+        let opts = GqaOpts {
+            head_dim: a.head_dim,
+            rope: Some(Rope {
+                yarn: a.yarn.clone(),
+                ..Rope::new(a.rope_theta, a.head_dim)
+            }),
+            sliding_window: a.window_of(index),
+            ..Default::default()
+        };
+        blocks::gqa(ctx, &self.block(index)?.attention, &opts, index, x, None)
+    }
+
+    fn feed_forward<'h>(&self, ctx: &Ctx<'h>, index: usize, x: &Tensor<'h>) -> Result<Tensor<'h>> {
+        let a = &self.args;
+        let p = &self.block(index)?.experts;
         // Softmax over the top-k logits = the full softmax's top-k weights, renormalised.
         let mut opts = MoeFfnOpts::new(Router {
             renormalize: true,
@@ -117,58 +112,14 @@ impl GptOss {
         )?
         .report(ctx, index, balance_bias.as_ref())
     }
-}
-
-impl Model for GptOss {
-    fn spec(&self) -> ModelSpec {
-        self.spec.clone()
-    }
-
-    fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        Ok(vec![ctx
-            .w(&self.params.tok_embeddings)?
-            .embedding(&tokens)?])
-    }
-
-    fn layer<'h>(
-        &self,
-        ctx: &Ctx<'h>,
-        index: usize,
-        hidden: Vec<Tensor<'h>>,
-    ) -> Result<Vec<Tensor<'h>>> {
-        let x = hidden
-            .into_iter()
-            .next()
-            .ok_or("layer: missing hidden state")?;
-        let l: &BlockParams = self
-            .params
-            .layers
-            .get(index)
-            .ok_or_else(|| format!("layer {index}: the model has {}", self.args.n_layers))?;
-        let eps = self.args.norm_eps;
-        let attn_in = x.rms_norm(&ctx.w(&l.attention_norm)?, eps)?;
-        let h = x.add(&self.attention(ctx, &l.attention, index, &attn_in)?)?;
-        let ffn_in = h.rms_norm(&ctx.w(&l.ffn_norm)?, eps)?;
-        Ok(vec![h.add(&self.experts(ctx, &l.experts, index, &ffn_in)?)?])
-    }
 
     /// Aux-loss-free balancing: each block's routing bias moves towards balance.
-    fn before_optimizer_step(&self, host: Host<'_>, _step: u64) -> Result<()> {
+    fn before_step(&self, host: Host<'_>, _step: u64) -> Result<()> {
         for (index, l) in self.params.layers.iter().enumerate() {
             if let Some(bias) = &l.experts.balance_bias {
                 host.update_balance_bias(index, bias, self.args.balance_rate)?;
             }
         }
         Ok(())
-    }
-
-    fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
-        let h = hidden
-            .into_iter()
-            .next()
-            .ok_or("head: missing hidden state")?;
-        let p = &self.params;
-        h.rms_norm(&ctx.w(&p.norm)?, self.args.norm_eps)?
-            .linear(&ctx.w(&p.output)?)
     }
 }

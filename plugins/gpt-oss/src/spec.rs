@@ -4,21 +4,8 @@
 //! biases, and the router as a `Linear` (`[E, D]`, which we keep as `[D, E]`).
 
 use crate::config::GptOssArgs;
+use anneal_plugin_api::sdk::kit::blocks::{GqaParams, Proj};
 use anneal_plugin_api::sdk::{Decl, HfMap, Init, ModelSpec, Param, ParamSpec, ParamTable};
-
-/// Attention's parameters in one block.
-pub struct AttentionParams {
-    /// Query projection `[n_heads · head_dim, dim]` and its bias.
-    pub wq: (Param, Param),
-    /// Key projection `[n_kv_heads · head_dim, dim]` and its bias.
-    pub wk: (Param, Param),
-    /// Value projection `[n_kv_heads · head_dim, dim]` and its bias.
-    pub wv: (Param, Param),
-    /// Output projection `[dim, n_heads · head_dim]` and its bias.
-    pub wo: (Param, Param),
-    /// One learned logit per query head that joins the softmax without a value `[n_heads]`.
-    pub sinks: Param,
-}
 
 /// The mixture of experts in one block.
 pub struct ExpertParams {
@@ -40,8 +27,10 @@ pub struct ExpertParams {
 pub struct BlockParams {
     /// RMSNorm before attention.
     pub attention_norm: Param,
-    /// Attention.
-    pub attention: AttentionParams,
+    /// Attention: projections with biases (`[n_heads · head_dim, dim]` queries,
+    /// `[n_kv_heads · head_dim, dim]` keys and values, `[dim, n_heads · head_dim]` output) and
+    /// one learned sink logit per query head that joins the softmax without a value.
+    pub attention: GqaParams,
     /// RMSNorm before the experts.
     pub ffn_norm: Param,
     /// The experts.
@@ -88,17 +77,24 @@ pub fn declare(a: &GptOssArgs) -> (GptOssParams, Vec<ParamSpec>) {
                 } else {
                     (w.row(), b)
                 };
-                (l.add(w), l.add(b))
+                Proj {
+                    weight: l.add(w),
+                    bias: Some(l.add(b)),
+                }
             };
-            let attention = AttentionParams {
+            let attention = GqaParams {
                 wq: linear("wq", [q_dim, d], std, "q_proj", true),
                 wk: linear("wk", [kv_dim, d], std, "k_proj", true),
                 wv: linear("wv", [kv_dim, d], std, "v_proj", true),
                 wo: linear("wo", [d, q_dim], depth_std, "o_proj", false),
-                sinks: l.add(
-                    Decl::new("attention.sinks", [a.n_heads])
-                        .trunc_normal(std)
-                        .hf_name("self_attn.sinks"),
+                qk_norm: None,
+                gate: None,
+                sinks: Some(
+                    l.add(
+                        Decl::new("attention.sinks", [a.n_heads])
+                            .trunc_normal(std)
+                            .hf_name("self_attn.sinks"),
+                    ),
                 ),
             };
             // Gate and up alternate along the last dim of the fused tensor.

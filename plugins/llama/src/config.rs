@@ -1,58 +1,76 @@
-//! Model arguments and the named flavors.
+//! Model arguments and the named flavors: each argument is declared once, with its
+//! `config.json` key and its checks (the SDK's model kit).
 
-use anneal_plugin_api::sdk::{checks, HfConfig, HfRope, Llama3Scaling, YarnScaling};
+use anneal_plugin_api::sdk::kit::ModelArgs;
+use anneal_plugin_api::sdk::{HfConfig, Llama3Scaling, YarnScaling};
 use serde::{Deserialize, Serialize};
 
 /// Everything that defines a Llama-family model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct LlamaArgs {
     /// Hidden size.
+    #[arg(hf = "hidden_size", min = 1)]
     pub dim: usize,
     /// Number of blocks.
+    #[arg(hf = "num_hidden_layers")]
     pub n_layers: usize,
     /// Query heads.
+    #[arg(hf = "num_attention_heads")]
     pub n_heads: usize,
     /// Key/value heads (grouped-query attention when fewer than `n_heads`).
+    #[arg(hf = "num_key_value_heads", default = n_heads)]
     pub n_kv_heads: usize,
     /// Per-head size; `dim / n_heads` when absent (Qwen3 sets it explicitly).
     #[serde(default)]
+    #[arg(hf = "head_dim")]
     pub head_dim: Option<usize>,
     /// Hidden size of the SwiGLU feed-forward.
+    #[arg(hf = "intermediate_size", min = 1)]
     pub ffn_dim: usize,
     /// Vocabulary size.
+    #[arg(hf = "vocab_size", min = 1)]
     pub vocab_size: usize,
     /// RMSNorm epsilon.
+    #[arg(hf = "rms_norm_eps", default = 1e-5, non_negative)]
     pub norm_eps: f64,
     /// RoPE base.
+    #[arg(rope = theta, default = 10_000.0)]
     pub rope_theta: f64,
     /// Llama-3 RoPE scaling, if any.
     #[serde(default)]
+    #[arg(rope = llama3)]
     pub rope_scaling: Option<Llama3Scaling>,
     /// YaRN RoPE scaling, if any (exclusive with `rope_scaling`).
     #[serde(default)]
+    #[arg(rope = yarn)]
     pub yarn: Option<YarnScaling>,
     /// Longest sequence.
+    #[arg(hf = "max_position_embeddings", default = 2048, min = 1)]
     pub max_seq_len: usize,
     /// Share the embedding table with the output projection.
+    #[arg(hf = "tie_word_embeddings", default = false)]
     pub tie_embeddings: bool,
     /// Per-head RMSNorm of queries and keys (Qwen3).
     #[serde(default)]
     pub qk_norm: bool,
     /// Sliding-window size for the layers listed in `sliding_layers` (Qwen3 variants).
     #[serde(default)]
+    #[arg(hf = "sliding_window", min = 1)]
     pub sliding_window: Option<usize>,
     /// Which layers use the sliding window (all, when `sliding_window` is set and this is empty).
     #[serde(default)]
     pub sliding_layers: Vec<usize>,
     /// Parameter dtype (`f32` or `bf16`).
     #[serde(default = "f32_name")]
+    #[arg(default = f32_name(), one_of("f32", "bf16"))]
     pub dtype: String,
     /// Name written to Hugging Face `config.json` (`llama`, `qwen3` or `qwen3_moe`).
     #[serde(default = "llama_name")]
     pub hf_model_type: String,
     /// A mixture-of-experts feed-forward in the sparse layers (Qwen3-MoE).
     #[serde(default)]
+    #[arg(nested)]
     pub moe: Option<MoeArgs>,
     /// Qwen3-VL's vision tower and image token (`None`: a text model).
     #[serde(default)]
@@ -61,31 +79,39 @@ pub struct LlamaArgs {
 
 /// The mixture-of-experts feed-forward of Qwen3-MoE: a softmax top-k router over `n_experts`
 /// SwiGLU experts, dropless.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct MoeArgs {
     /// Experts per sparse layer (`num_experts`).
+    #[arg(hf = "num_experts", default = 0, min = 1)]
     pub n_experts: usize,
     /// Experts each token is sent to (`num_experts_per_tok`).
+    #[arg(hf = "num_experts_per_tok", min = 1)]
     pub top_k: usize,
     /// Hidden size of one expert (`moe_intermediate_size`).
+    #[arg(hf = "moe_intermediate_size", min = 1)]
     pub expert_ffn_dim: usize,
     /// Renormalise the chosen experts' weights to sum to 1 (`norm_topk_prob`).
     #[serde(default)]
+    #[arg(hf = "norm_topk_prob", default = false)]
     pub norm_topk_prob: bool,
     /// Every `sparse_step`-th layer is sparse (`decoder_sparse_step`; layer `i` when
     /// `(i + 1) % sparse_step == 0`).
     #[serde(default = "one")]
+    #[arg(hf = "decoder_sparse_step", default = 1, min = 1)]
     pub sparse_step: usize,
     /// Layers that keep the dense feed-forward (`mlp_only_layers`).
     #[serde(default)]
+    #[arg(hf = "mlp_only_layers", default = vec![])]
     pub dense_layers: Vec<usize>,
     /// Coefficient of the load-balancing loss (0: none).
     #[serde(default)]
+    #[arg(hf = "router_aux_loss_coef", default = 0.001, non_negative)]
     pub aux_loss_coef: f64,
     /// Aux-loss-free balancing (DeepSeek-V3): after each step every expert's routing bias moves
     /// by this much towards balance, `bias += u · sign(mean − tokens)` (mean-centred); 0: off.
     #[serde(default)]
+    #[arg(non_negative)]
     pub balance_rate: f64,
 }
 
@@ -121,23 +147,7 @@ impl LlamaArgs {
 
     /// Checks the arguments fit together.
     pub fn validate(&self) -> Result<(), String> {
-        checks::at_least_one(&[
-            ("dim", self.dim),
-            ("ffn_dim", self.ffn_dim),
-            ("vocab_size", self.vocab_size),
-            ("max_seq_len", self.max_seq_len),
-        ])?;
-        // A negative epsilon can make RMSNorm divide by zero or take the root of a negative.
-        checks::finite_non_negative(&[("norm_eps (rms_norm_eps)", self.norm_eps)])?;
-        let rope = HfRope {
-            theta: self.rope_theta,
-            llama3: self.rope_scaling.clone(),
-            yarn: self.yarn.clone(),
-        };
-        rope.validate()?;
-        if self.sliding_window == Some(0) {
-            return Err("sliding_window must be at least 1".into());
-        }
+        self.check()?;
         if let Some(l) = self.sliding_layers.iter().find(|&&l| l >= self.n_layers) {
             return Err(format!(
                 "sliding_layers names layer {l}, the model has {} layers",
@@ -164,9 +174,6 @@ impl LlamaArgs {
                 "head_dim ({}) must be even for RoPE",
                 self.head_dim()
             ));
-        }
-        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
-            return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
         }
         if let Some(m) = &self.moe {
             m.validate(self.n_layers)?;
@@ -199,14 +206,10 @@ impl MoeArgs {
         }
     }
 
-    /// Checks the settings fit together and the model's `n_layers`.
+    /// Checks what the per-field checks cannot: the top-k fits the experts and the dense
+    /// layers the model's `n_layers`.
     pub fn validate(&self, n_layers: usize) -> Result<(), String> {
-        checks::at_least_one(&[
-            ("moe.n_experts", self.n_experts),
-            ("moe.top_k", self.top_k),
-            ("moe.expert_ffn_dim", self.expert_ffn_dim),
-            ("moe.sparse_step", self.sparse_step),
-        ])?;
+        self.check_at("moe.")?;
         if self.top_k > self.n_experts {
             return Err(format!(
                 "moe.top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (moe.n_experts)",
@@ -218,10 +221,6 @@ impl MoeArgs {
                 "moe.dense_layers names layer {l}, the model has {n_layers} layers"
             ));
         }
-        checks::finite_non_negative(&[
-            ("moe.balance_rate", self.balance_rate),
-            ("moe.aux_loss_coef", self.aux_loss_coef),
-        ])?;
         Ok(())
     }
 }
@@ -235,9 +234,9 @@ fn llama3_scaling(factor: f64) -> Option<Llama3Scaling> {
     })
 }
 
-/// The named flavors.
-pub fn flavor(name: &str) -> Option<LlamaArgs> {
-    let base = LlamaArgs {
+/// The debug model: Llama 3's blocks at 8.4M parameters.
+fn base() -> LlamaArgs {
+    LlamaArgs {
         dim: 256,
         n_layers: 4,
         n_heads: 4,
@@ -258,8 +257,12 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
         hf_model_type: "llama".into(),
         moe: None,
         vision: None,
-    };
-    let qwen3 = |dim, n_layers, n_heads, ffn_dim, tie| LlamaArgs {
+    }
+}
+
+/// A released Qwen3 size.
+fn qwen3(dim: usize, n_layers: usize, n_heads: usize, ffn_dim: usize, tie: bool) -> LlamaArgs {
+    LlamaArgs {
         dim,
         n_layers,
         n_heads,
@@ -274,102 +277,90 @@ pub fn flavor(name: &str) -> Option<LlamaArgs> {
         qk_norm: true,
         dtype: "bf16".into(),
         hf_model_type: "qwen3".into(),
-        ..base.clone()
-    };
-    Some(match name {
-        "debugmodel" => base,
-        "debugmodel_qwen3" => LlamaArgs {
-            qk_norm: true,
-            n_kv_heads: 2,
-            hf_model_type: "qwen3".into(),
-            norm_eps: 1e-6,
-            ..base
-        },
-        "llama3_1b" => LlamaArgs {
-            dim: 2048,
-            n_layers: 16,
-            n_heads: 32,
-            n_kv_heads: 8,
-            ffn_dim: 8192,
-            vocab_size: 128_256,
-            rope_scaling: llama3_scaling(32.0),
-            max_seq_len: 131_072,
-            tie_embeddings: true,
-            dtype: "bf16".into(),
-            ..base
-        },
-        "llama3_8b" => LlamaArgs {
-            dim: 4096,
-            n_layers: 32,
-            n_heads: 32,
-            n_kv_heads: 8,
-            ffn_dim: 14_336,
-            vocab_size: 128_256,
-            rope_scaling: llama3_scaling(8.0),
-            max_seq_len: 131_072,
-            dtype: "bf16".into(),
-            ..base
-        },
-        "debugmodel_qwen3_moe" => LlamaArgs {
-            qk_norm: true,
-            n_kv_heads: 2,
-            hf_model_type: "qwen3_moe".into(),
-            norm_eps: 1e-6,
-            moe: Some(MoeArgs::routed(8, 2, 256, 0.001)),
-            ..base
-        },
-        "qwen3_30b_a3b" => LlamaArgs {
-            n_kv_heads: 4,
-            max_seq_len: 40_960,
-            moe: Some(MoeArgs::routed(128, 8, 768, 0.001)),
-            hf_model_type: "qwen3_moe".into(),
-            ..qwen3(2048, 48, 32, 6144, false)
-        },
-        "debugmodel_mixtral" => LlamaArgs {
-            n_kv_heads: 2,
-            ffn_dim: 256,
-            rope_theta: 1_000_000.0,
-            hf_model_type: "mixtral".into(),
-            moe: Some(MoeArgs::routed(8, 2, 256, 0.001)),
-            ..base
-        },
-        "mixtral_8x7b" => LlamaArgs {
-            dim: 4096,
-            n_layers: 32,
-            n_heads: 32,
-            n_kv_heads: 8,
-            ffn_dim: 14_336,
-            vocab_size: 32_000,
-            rope_theta: 1_000_000.0,
-            max_seq_len: 32_768,
-            dtype: "bf16".into(),
-            hf_model_type: "mixtral".into(),
-            moe: Some(MoeArgs::routed(8, 2, 14_336, 0.02)),
-            ..base
-        },
-        "qwen3_0.6b" => qwen3(1024, 28, 16, 3072, true),
-        "qwen3_8b" => qwen3(4096, 36, 32, 12_288, false),
-        _ => return crate::vl::flavor(name),
-    })
+        ..base()
+    }
 }
 
-/// Flavor names, in the order `anneal plugins list` shows them.
-pub const FLAVORS: &[&str] = &[
-    "debugmodel",
-    "debugmodel_qwen3",
-    "debugmodel_qwen3_moe",
-    "debugmodel_mixtral",
-    "llama3_1b",
-    "llama3_8b",
-    "qwen3_0.6b",
-    "qwen3_8b",
-    "qwen3_30b_a3b",
-    "mixtral_8x7b",
-    "debugmodel_vl",
-    "qwen3_vl_2b",
-    "qwen3_vl_8b",
-    "qwen3_vl_30b_a3b",
-];
+anneal_plugin_api::flavors! {
+    /// The named flavors.
+    pub fn flavor -> LlamaArgs;
+    "debugmodel" => base(),
+    "debugmodel_qwen3" => LlamaArgs {
+        qk_norm: true,
+        n_kv_heads: 2,
+        hf_model_type: "qwen3".into(),
+        norm_eps: 1e-6,
+        ..base()
+    },
+    "debugmodel_qwen3_moe" => LlamaArgs {
+        qk_norm: true,
+        n_kv_heads: 2,
+        hf_model_type: "qwen3_moe".into(),
+        norm_eps: 1e-6,
+        moe: Some(MoeArgs::routed(8, 2, 256, 0.001)),
+        ..base()
+    },
+    "debugmodel_mixtral" => LlamaArgs {
+        n_kv_heads: 2,
+        ffn_dim: 256,
+        rope_theta: 1_000_000.0,
+        hf_model_type: "mixtral".into(),
+        moe: Some(MoeArgs::routed(8, 2, 256, 0.001)),
+        ..base()
+    },
+    "llama3_1b" => LlamaArgs {
+        dim: 2048,
+        n_layers: 16,
+        n_heads: 32,
+        n_kv_heads: 8,
+        ffn_dim: 8192,
+        vocab_size: 128_256,
+        rope_scaling: llama3_scaling(32.0),
+        max_seq_len: 131_072,
+        tie_embeddings: true,
+        dtype: "bf16".into(),
+        ..base()
+    },
+    "llama3_8b" => LlamaArgs {
+        dim: 4096,
+        n_layers: 32,
+        n_heads: 32,
+        n_kv_heads: 8,
+        ffn_dim: 14_336,
+        vocab_size: 128_256,
+        rope_scaling: llama3_scaling(8.0),
+        max_seq_len: 131_072,
+        dtype: "bf16".into(),
+        ..base()
+    },
+    "qwen3_0.6b" => qwen3(1024, 28, 16, 3072, true),
+    "qwen3_8b" => qwen3(4096, 36, 32, 12_288, false),
+    "qwen3_30b_a3b" => LlamaArgs {
+        n_kv_heads: 4,
+        max_seq_len: 40_960,
+        moe: Some(MoeArgs::routed(128, 8, 768, 0.001)),
+        hf_model_type: "qwen3_moe".into(),
+        ..qwen3(2048, 48, 32, 6144, false)
+    },
+    "mixtral_8x7b" => LlamaArgs {
+        dim: 4096,
+        n_layers: 32,
+        n_heads: 32,
+        n_kv_heads: 8,
+        ffn_dim: 14_336,
+        vocab_size: 32_000,
+        rope_theta: 1_000_000.0,
+        max_seq_len: 32_768,
+        dtype: "bf16".into(),
+        hf_model_type: "mixtral".into(),
+        moe: Some(MoeArgs::routed(8, 2, 14_336, 0.02)),
+        ..base()
+    },
+    "debugmodel_vl" => crate::vl::flavor("debugmodel_vl")?,
+    "qwen3_vl_2b" => crate::vl::flavor("qwen3_vl_2b")?,
+    "qwen3_vl_8b" => crate::vl::flavor("qwen3_vl_8b")?,
+    "qwen3_vl_30b_a3b" => crate::vl::flavor("qwen3_vl_30b_a3b")?,
+}
 
 /// Arguments from a Hugging Face `config.json` (`llama`, `qwen3`, `qwen3_moe` and `mixtral`
 /// model types). A key that is absent takes its default (or is reported missing when there is
@@ -389,41 +380,18 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
         ));
     }
     let mixtral = model_type == "mixtral";
-    let rope = f.rope(10_000.0)?;
-    let n_heads = f.need_uint("num_attention_heads")?;
-    let n_layers = f.need_uint("num_hidden_layers")?;
+    let mut args = LlamaArgs::from_hf(&f)?;
+    args.qk_norm = matches!(model_type.as_str(), "qwen3" | "qwen3_moe");
     // Mixtral applies `sliding_window` whenever it is set; Qwen3 only with `use_sliding_window`.
-    let sliding = mixtral || f.bool("use_sliding_window")?.unwrap_or(false);
-    let args = LlamaArgs {
-        dim: f.need_uint("hidden_size")?,
-        n_layers,
-        n_heads,
-        n_kv_heads: f.uint("num_key_value_heads")?.unwrap_or(n_heads),
-        head_dim: f.uint("head_dim")?,
-        ffn_dim: f.need_uint("intermediate_size")?,
-        vocab_size: f.need_uint("vocab_size")?,
-        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-5),
-        rope_theta: rope.theta,
-        rope_scaling: rope.llama3,
-        yarn: rope.yarn,
-        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(2048),
-        tie_embeddings: f.bool("tie_word_embeddings")?.unwrap_or(false),
-        qk_norm: matches!(model_type.as_str(), "qwen3" | "qwen3_moe"),
-        sliding_window: if sliding {
-            f.uint("sliding_window")?
-        } else {
-            None
-        },
-        sliding_layers: vec![],
-        dtype: "f32".into(),
-        moe: match model_type.as_str() {
-            "qwen3_moe" => Some(moe_from_hf(&f, n_layers, false)?),
-            "mixtral" => Some(moe_from_hf(&f, n_layers, true)?),
-            _ => None,
-        },
-        hf_model_type: model_type,
-        vision: None,
+    if !(mixtral || f.bool("use_sliding_window")?.unwrap_or(false)) {
+        args.sliding_window = None;
+    }
+    args.moe = match model_type.as_str() {
+        "qwen3_moe" => Some(moe_from_hf(&f, args.n_layers, false)?),
+        "mixtral" => Some(moe_from_hf(&f, args.n_layers, true)?),
+        _ => None,
     };
+    args.hf_model_type = model_type;
     if f.bool("attention_bias")?.unwrap_or(false) {
         return Err("config.json: attention_bias = true is not supported".into());
     }
@@ -435,35 +403,24 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<LlamaArgs, String> {
 /// routes in every layer over experts of `intermediate_size`, renormalising the top-k weights. The
 /// load-balancing loss counts only when transformers would add it (`output_router_logits`).
 fn moe_from_hf(f: &HfConfig<'_>, n_layers: usize, mixtral: bool) -> Result<MoeArgs, String> {
-    let coef = if f.bool("output_router_logits")?.unwrap_or(false) {
-        f.float("router_aux_loss_coef")?.unwrap_or(0.001)
+    let mut m = if mixtral {
+        MoeArgs::routed(
+            0,
+            f.need_uint("num_experts_per_tok")?,
+            f.need_uint("intermediate_size")?,
+            f.float("router_aux_loss_coef")?.unwrap_or(0.001),
+        )
     } else {
-        0.0
+        MoeArgs::from_hf(f)?
     };
     // transformers 5 writes `num_local_experts`; earlier Qwen3-MoE configs `num_experts`.
-    let n_experts = match f.uint("num_local_experts")? {
+    m.n_experts = match f.uint("num_local_experts")? {
         Some(n) => n,
         None => f.need_uint("num_experts")?,
     };
-    let m = if mixtral {
-        MoeArgs::routed(
-            n_experts,
-            f.need_uint("num_experts_per_tok")?,
-            f.need_uint("intermediate_size")?,
-            coef,
-        )
-    } else {
-        MoeArgs {
-            n_experts,
-            top_k: f.need_uint("num_experts_per_tok")?,
-            expert_ffn_dim: f.need_uint("moe_intermediate_size")?,
-            norm_topk_prob: f.bool("norm_topk_prob")?.unwrap_or(false),
-            sparse_step: f.uint("decoder_sparse_step")?.unwrap_or(1),
-            dense_layers: f.uint_list("mlp_only_layers")?.unwrap_or_default(),
-            aux_loss_coef: coef,
-            balance_rate: 0.0,
-        }
-    };
+    if !f.bool("output_router_logits")?.unwrap_or(false) {
+        m.aux_loss_coef = 0.0;
+    }
     m.validate(n_layers)
         .map_err(|e| format!("config.json: {e}"))?;
     Ok(m)

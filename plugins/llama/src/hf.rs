@@ -3,10 +3,11 @@
 //! map one to one, unpermuted.
 
 use crate::config::LlamaArgs;
-use anneal_plugin_api::sdk::{HfAdapter, HfRope};
+use anneal_plugin_api::sdk::kit::ModelArgs;
+use anneal_plugin_api::sdk::HfAdapter;
 use serde_json::json;
 
-/// The config for export.
+/// The config for export: the declared keys, then what depends on the model type.
 pub fn adapter(a: &LlamaArgs) -> HfAdapter {
     let architecture = match a.hf_model_type.as_str() {
         "qwen3" => "Qwen3ForCausalLM",
@@ -14,62 +15,36 @@ pub fn adapter(a: &LlamaArgs) -> HfAdapter {
         "mixtral" => "MixtralForCausalLM",
         _ => "LlamaForCausalLM",
     };
-    let mut config = json!({
-        "model_type": a.hf_model_type,
-        "architectures": [architecture],
-        "hidden_size": a.dim,
-        "intermediate_size": a.ffn_dim,
-        "num_hidden_layers": a.n_layers,
-        "num_attention_heads": a.n_heads,
-        "num_key_value_heads": a.n_kv_heads,
-        "head_dim": a.head_dim(),
-        "vocab_size": a.vocab_size,
-        "rms_norm_eps": a.norm_eps,
-        "rope_theta": a.rope_theta,
-        "max_position_embeddings": a.max_seq_len,
-        "tie_word_embeddings": a.tie_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "mlp_bias": false,
-        "torch_dtype": if a.dtype == "bf16" { "bfloat16" } else { "float32" },
+    let mut config = serde_json::Value::Object(a.to_hf());
+    config["model_type"] = json!(a.hf_model_type);
+    config["architectures"] = json!([architecture]);
+    config["head_dim"] = json!(a.head_dim());
+    config["hidden_act"] = json!("silu");
+    config["attention_bias"] = json!(false);
+    config["mlp_bias"] = json!(false);
+    config["torch_dtype"] = json!(if a.dtype == "bf16" {
+        "bfloat16"
+    } else {
+        "float32"
     });
-    if let Some(s) = &a.rope_scaling {
-        config["rope_scaling"] = json!({
-            "rope_type": "llama3",
-            "factor": s.factor,
-            "low_freq_factor": s.low_freq_factor,
-            "high_freq_factor": s.high_freq_factor,
-            "original_max_position_embeddings": s.original_max_position_embeddings,
-        });
-    }
-    if a.yarn.is_some() {
-        let rope = HfRope {
-            theta: a.rope_theta,
-            llama3: None,
-            yarn: a.yarn.clone(),
-        };
-        config["rope_scaling"] = rope.to_hf();
-    }
     if let Some(m) = &a.moe {
         config["num_local_experts"] = json!(m.n_experts);
-        config["num_experts_per_tok"] = json!(m.top_k);
-        config["router_aux_loss_coef"] = json!(m.aux_loss_coef);
         config["output_router_logits"] = json!(m.aux_loss_coef > 0.0);
-        if matches!(a.hf_model_type.as_str(), "qwen3_moe" | "qwen3_vl_moe") {
-            config["num_experts"] = json!(m.n_experts);
-            config["moe_intermediate_size"] = json!(m.expert_ffn_dim);
-            config["norm_topk_prob"] = json!(m.norm_topk_prob);
-            config["decoder_sparse_step"] = json!(m.sparse_step);
-            config["mlp_only_layers"] = json!(m.dense_layers);
+        if let ("mixtral", Some(o)) = (a.hf_model_type.as_str(), config.as_object_mut()) {
+            // Mixtral's experts are its feed-forward; the Qwen3-MoE keys are not its own.
+            o.insert("intermediate_size".into(), json!(m.expert_ffn_dim));
+            for k in [
+                "num_experts",
+                "moe_intermediate_size",
+                "norm_topk_prob",
+                "decoder_sparse_step",
+                "mlp_only_layers",
+            ] {
+                o.remove(k);
+            }
         }
     }
-    if a.hf_model_type == "mixtral" {
-        if let Some(m) = &a.moe {
-            config["intermediate_size"] = json!(m.expert_ffn_dim);
-        }
-        config["sliding_window"] = json!(a.sliding_window);
-    } else if let Some(w) = a.sliding_window {
-        config["sliding_window"] = json!(w);
+    if a.hf_model_type != "mixtral" && a.sliding_window.is_some() {
         config["use_sliding_window"] = json!(true);
     }
     if let Some(vl) = &a.vision {

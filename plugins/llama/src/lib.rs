@@ -7,33 +7,17 @@ pub mod model;
 pub mod spec;
 pub mod vl;
 
-use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::LlamaArgs;
 pub use model::Llama;
 
-impl Factory for Llama {
-    fn flavors() -> Vec<String> {
-        config::FLAVORS.iter().map(|s| s.to_string()).collect()
-    }
-
-    /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
-    /// directory describes; its other keys override single fields.
-    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
-        Llama::new(model_args(
-            flavor,
-            args,
-            config::FLAVORS,
-            config::flavor,
-            config::from_hf_config,
-        )?)
-    }
-}
+anneal_plugin_api::model_factory!(Llama, crate::config);
 
 anneal_plugin_api::export_plugin!(model Llama, name = "llama", model_types = ["llama", "qwen3", "qwen3_moe", "mixtral", "qwen3_vl", "qwen3_vl_moe"], description = "Llama 3 / Qwen3 / Qwen3-MoE / Mixtral / Qwen3-VL (dense and MoE) decoder (GQA, RoPE, SwiGLU or routed SwiGLU experts, RMSNorm; Qwen3-VL's vision tower)");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anneal_plugin_api::sdk::Factory;
 
     #[test]
     fn debugmodel_has_the_benchmark_shape() {

@@ -3,6 +3,7 @@
 
 use crate::config::LlamaArgs;
 use crate::hf;
+use anneal_plugin_api::sdk::kit::blocks::{GqaParams, Proj};
 use anneal_plugin_api::sdk::{
     Decl, HfMap, Init, ModelSpec, ParallelSupport, Param, ParamSpec, ParamTable,
 };
@@ -11,16 +12,10 @@ use anneal_plugin_api::sdk::{
 pub struct BlockParams {
     /// RMSNorm before attention.
     pub attention_norm: Param,
-    /// Query projection `[n_heads · head_dim, dim]`.
-    pub wq: Param,
-    /// Key projection `[n_kv_heads · head_dim, dim]`.
-    pub wk: Param,
-    /// Value projection `[n_kv_heads · head_dim, dim]`.
-    pub wv: Param,
-    /// Per-head RMSNorm of queries and keys (Qwen3).
-    pub qk_norm: Option<(Param, Param)>,
-    /// Output projection `[dim, n_heads · head_dim]`.
-    pub wo: Param,
+    /// Grouped-query attention: projections `[n_heads · head_dim, dim]` (queries),
+    /// `[n_kv_heads · head_dim, dim]` (keys, values), `[dim, n_heads · head_dim]` (output), and
+    /// Qwen3's per-head RMSNorm of queries and keys.
+    pub attention: GqaParams,
     /// RMSNorm before the feed-forward.
     pub ffn_norm: Param,
     /// The feed-forward's weights.
@@ -97,34 +92,39 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                 l.add(if col { decl.column() } else { decl.row() })
             };
             BlockParams {
-                wq: linear(
-                    "attention.wq.weight",
-                    [q_dim, d],
-                    std,
-                    "self_attn.q_proj.weight",
-                    true,
-                ),
-                wk: linear(
-                    "attention.wk.weight",
-                    [kv_dim, d],
-                    std,
-                    "self_attn.k_proj.weight",
-                    true,
-                ),
-                wv: linear(
-                    "attention.wv.weight",
-                    [kv_dim, d],
-                    std,
-                    "self_attn.v_proj.weight",
-                    true,
-                ),
-                wo: linear(
-                    "attention.wo.weight",
-                    [d, q_dim],
-                    depth_std,
-                    "self_attn.o_proj.weight",
-                    false,
-                ),
+                attention: GqaParams {
+                    wq: Proj::new(linear(
+                        "attention.wq.weight",
+                        [q_dim, d],
+                        std,
+                        "self_attn.q_proj.weight",
+                        true,
+                    )),
+                    wk: Proj::new(linear(
+                        "attention.wk.weight",
+                        [kv_dim, d],
+                        std,
+                        "self_attn.k_proj.weight",
+                        true,
+                    )),
+                    wv: Proj::new(linear(
+                        "attention.wv.weight",
+                        [kv_dim, d],
+                        std,
+                        "self_attn.v_proj.weight",
+                        true,
+                    )),
+                    wo: Proj::new(linear(
+                        "attention.wo.weight",
+                        [d, q_dim],
+                        depth_std,
+                        "self_attn.o_proj.weight",
+                        false,
+                    )),
+                    qk_norm,
+                    sinks: None,
+                    gate: None,
+                },
                 ffn: match a.moe_of(i) {
                     None => FeedForward::Dense {
                         w1: linear(
@@ -204,7 +204,6 @@ pub fn declare(a: &LlamaArgs) -> (LlamaParams, Vec<ParamSpec>) {
                 },
                 attention_norm,
                 ffn_norm,
-                qk_norm,
             }
         })
         .collect();

@@ -1,7 +1,8 @@
 //! Model arguments, the named flavors and the reading of a Hugging Face `config.json`.
 
+use anneal_plugin_api::sdk::kit::ModelArgs;
 use anneal_plugin_api::sdk::vision::{TextShape, VisionArgs, VlArgs};
-use anneal_plugin_api::sdk::{checks, HfConfig};
+use anneal_plugin_api::sdk::HfConfig;
 use serde::{Deserialize, Serialize};
 
 /// What a block mixes its tokens with.
@@ -15,32 +16,43 @@ pub enum LayerType {
 }
 
 /// Everything that defines a Qwen3.5 (or Qwen3.5-MoE) model.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct Qwen35Args {
     /// Hidden size.
+    #[arg(hf = "hidden_size", min = 1)]
     pub dim: usize,
     /// Number of blocks.
+    #[arg(hf = "num_hidden_layers", min = 1)]
     pub n_layers: usize,
     /// Query heads of the full-attention layers.
+    #[arg(hf = "num_attention_heads", default = 16, min = 1)]
     pub n_heads: usize,
     /// Key/value heads of the full-attention layers.
+    #[arg(hf = "num_key_value_heads", default = 4, min = 1)]
     pub n_kv_heads: usize,
     /// Per-head size of the full-attention layers.
+    #[arg(hf = "head_dim", default = 256, min = 1)]
     pub head_dim: usize,
     /// Share of each full-attention head that RoPE rotates (`partial_rotary_factor`).
+    #[arg(positive)]
     pub partial_rotary_factor: f64,
     /// Hidden size of the dense SwiGLU feed-forward (unused by the MoE model).
     pub ffn_dim: usize,
     /// Vocabulary size.
+    #[arg(hf = "vocab_size", min = 1)]
     pub vocab_size: usize,
     /// RMSNorm epsilon (every norm, the gated one included).
+    #[arg(hf = "rms_norm_eps", default = 1e-6, non_negative)]
     pub norm_eps: f64,
     /// RoPE base.
+    #[arg(positive)]
     pub rope_theta: f64,
     /// Longest sequence.
+    #[arg(hf = "max_position_embeddings", default = 32_768, min = 1)]
     pub max_seq_len: usize,
     /// Share the embedding table with the output projection.
+    #[arg(hf = "tie_word_embeddings", default = false)]
     pub tie_embeddings: bool,
     /// Each block's token mixer; empty: every `full_attention_interval`-th block is full
     /// attention, the others linear.
@@ -48,27 +60,39 @@ pub struct Qwen35Args {
     pub layer_types: Vec<LayerType>,
     /// The period of full-attention blocks when `layer_types` is empty.
     #[serde(default = "four")]
+    #[arg(hf = "full_attention_interval", default = 4, min = 1, import_only)]
     pub full_attention_interval: usize,
     /// Kernel size of the causal convolution before the delta rule.
+    #[arg(hf = "linear_conv_kernel_dim", default = 4, min = 1)]
     pub linear_conv_kernel: usize,
     /// Query/key heads of the linear-attention layers.
+    #[arg(hf = "linear_num_key_heads", default = 16, min = 1)]
     pub linear_n_key_heads: usize,
     /// Value heads of the linear-attention layers (a multiple of the key heads).
+    #[arg(hf = "linear_num_value_heads", default = 32, min = 1)]
     pub linear_n_value_heads: usize,
     /// Per-head query/key size of the linear-attention layers.
+    #[arg(hf = "linear_key_head_dim", default = 128, min = 1)]
     pub linear_key_head_dim: usize,
     /// Per-head value size of the linear-attention layers.
+    #[arg(hf = "linear_value_head_dim", default = 128, min = 1)]
     pub linear_value_head_dim: usize,
     /// Parameter dtype (`f32` or `bf16`).
     #[serde(default = "f32_name")]
+    #[arg(default = f32_name(), one_of("f32", "bf16"))]
     pub dtype: String,
     /// The `model_type` of the Hugging Face checkpoint: `qwen3_5_text`, `qwen3_5_moe_text`, or
     /// `qwen3_5` / `qwen3_5_moe`, whose text model nests under `text_config` and keeps its
     /// tensors under `model.language_model.`.
     #[serde(default = "text_name")]
+    #[arg(
+        default = text_name(),
+        one_of("qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe")
+    )]
     pub hf_model_type: String,
     /// A mixture of experts with a gated shared expert in every block (Qwen3.5-MoE).
     #[serde(default)]
+    #[arg(nested)]
     pub moe: Option<MoeArgs>,
     /// The vision tower (without DeepStack), the image tokens and the MRoPE sections of a
     /// `qwen3_5` / `qwen3_5_moe` checkpoint with vision (`None`: a text model).
@@ -78,19 +102,24 @@ pub struct Qwen35Args {
 
 /// Qwen3.5-MoE's feed-forward: a softmax top-k router over SwiGLU experts (the chosen weights
 /// renormalised) plus a shared SwiGLU expert scaled by `sigmoid(shared_expert_gate · x)`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct MoeArgs {
     /// Routed experts per block (`num_experts`).
+    #[arg(hf = "num_experts", default = 256, min = 1)]
     pub n_experts: usize,
     /// Experts each token is sent to (`num_experts_per_tok`).
+    #[arg(hf = "num_experts_per_tok", default = 8, min = 1)]
     pub top_k: usize,
     /// Hidden size of one routed expert (`moe_intermediate_size`).
+    #[arg(hf = "moe_intermediate_size", default = 512, min = 1)]
     pub expert_ffn_dim: usize,
     /// Hidden size of the shared expert (`shared_expert_intermediate_size`).
+    #[arg(hf = "shared_expert_intermediate_size", default = 512, min = 1)]
     pub shared_ffn_dim: usize,
     /// Coefficient of the load-balancing loss (0: none).
     #[serde(default)]
+    #[arg(hf = "router_aux_loss_coef", default = 0.001, non_negative)]
     pub aux_loss_coef: f64,
 }
 
@@ -163,30 +192,10 @@ impl Qwen35Args {
 
     /// Checks the arguments fit together.
     pub fn validate(&self) -> Result<(), String> {
-        checks::at_least_one(&[
-            ("dim", self.dim),
-            ("n_layers", self.n_layers),
-            ("n_heads", self.n_heads),
-            ("n_kv_heads", self.n_kv_heads),
-            ("head_dim", self.head_dim),
-            ("vocab_size", self.vocab_size),
-            ("max_seq_len", self.max_seq_len),
-            ("full_attention_interval", self.full_attention_interval),
-            ("linear_conv_kernel", self.linear_conv_kernel),
-            ("linear_n_key_heads", self.linear_n_key_heads),
-            ("linear_n_value_heads", self.linear_n_value_heads),
-            ("linear_key_head_dim", self.linear_key_head_dim),
-            ("linear_value_head_dim", self.linear_value_head_dim),
-        ])?;
-        if self.moe.is_none() {
-            checks::at_least_one(&[("ffn_dim", self.ffn_dim)])?;
+        self.check()?;
+        if self.moe.is_none() && self.ffn_dim == 0 {
+            return Err("ffn_dim must be at least 1".into());
         }
-        // A negative epsilon can make RMSNorm divide by zero or take the root of a negative.
-        checks::finite_non_negative(&[("norm_eps (rms_norm_eps)", self.norm_eps)])?;
-        checks::finite_positive(&[
-            ("rope_theta", self.rope_theta),
-            ("partial_rotary_factor", self.partial_rotary_factor),
-        ])?;
         if self.partial_rotary_factor > 1.0 {
             return Err(format!(
                 "partial_rotary_factor = {} must be at most 1",
@@ -222,32 +231,11 @@ impl Qwen35Args {
                 self.linear_n_value_heads, self.linear_n_key_heads
             ));
         }
-        if !matches!(self.dtype.as_str(), "f32" | "bf16") {
-            return Err(format!("dtype must be f32 or bf16, got {}", self.dtype));
-        }
-        if !matches!(
-            self.hf_model_type.as_str(),
-            "qwen3_5_text" | "qwen3_5_moe_text" | "qwen3_5" | "qwen3_5_moe"
-        ) {
+        if let Some(m) = self.moe.as_ref().filter(|m| m.top_k > m.n_experts) {
             return Err(format!(
-                "hf_model_type '{}' is not one of qwen3_5_text, qwen3_5_moe_text, qwen3_5, qwen3_5_moe",
-                self.hf_model_type
+                "moe.top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (moe.n_experts)",
+                m.top_k, m.n_experts
             ));
-        }
-        if let Some(m) = &self.moe {
-            checks::at_least_one(&[
-                ("moe.n_experts", m.n_experts),
-                ("moe.top_k", m.top_k),
-                ("moe.expert_ffn_dim", m.expert_ffn_dim),
-                ("moe.shared_ffn_dim", m.shared_ffn_dim),
-            ])?;
-            if m.top_k > m.n_experts {
-                return Err(format!(
-                    "moe.top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts (moe.n_experts)",
-                    m.top_k, m.n_experts
-                ));
-            }
-            checks::finite_non_negative(&[("moe.aux_loss_coef", m.aux_loss_coef)])?;
         }
         if let Some(v) = &self.vision {
             if !self.nested() {
@@ -268,11 +256,10 @@ impl Qwen35Args {
     }
 }
 
-/// The named flavors.
-pub fn flavor(name: &str) -> Option<Qwen35Args> {
-    // Small enough that 300 steps of 8 x 256 tokens train in minutes on 2 cores: 3 Gated
-    // DeltaNet blocks and 1 full-attention block, as Qwen3.5 interleaves them.
-    let debug = Qwen35Args {
+/// Small enough that 300 steps of 8 x 256 tokens train in minutes on 2 cores: 3 Gated
+/// DeltaNet blocks and 1 full-attention block, as Qwen3.5 interleaves them.
+fn debug() -> Qwen35Args {
+    Qwen35Args {
         dim: 256,
         n_layers: 4,
         n_heads: 4,
@@ -296,9 +283,12 @@ pub fn flavor(name: &str) -> Option<Qwen35Args> {
         hf_model_type: "qwen3_5_text".into(),
         moe: None,
         vision: None,
-    };
-    // transformers' `Qwen3_5TextConfig()` defaults: the Qwen3.5-9B shape.
-    let qwen3_5_9b = Qwen35Args {
+    }
+}
+
+/// transformers' `Qwen3_5TextConfig()` defaults: the Qwen3.5-9B shape.
+fn qwen3_5_9b() -> Qwen35Args {
+    Qwen35Args {
         dim: 4096,
         n_layers: 32,
         n_heads: 16,
@@ -312,45 +302,51 @@ pub fn flavor(name: &str) -> Option<Qwen35Args> {
         linear_key_head_dim: 128,
         linear_value_head_dim: 128,
         dtype: "bf16".into(),
-        ..debug.clone()
-    };
-    Some(match name {
-        "debugmodel" => debug,
-        "debugmodel_moe" => Qwen35Args {
-            hf_model_type: "qwen3_5_moe_text".into(),
-            ffn_dim: 0,
-            moe: Some(MoeArgs {
-                n_experts: 8,
-                top_k: 2,
-                expert_ffn_dim: 256,
-                shared_ffn_dim: 256,
-                aux_loss_coef: 0.001,
-            }),
-            ..debug
-        },
-        "qwen3_5_9b" => qwen3_5_9b,
-        // transformers' `Qwen3_5MoeTextConfig()` defaults: the Qwen3.5-35B-A3B shape.
-        "qwen3_5_35b_a3b" => Qwen35Args {
-            dim: 2048,
-            n_layers: 40,
-            n_kv_heads: 2,
-            ffn_dim: 0,
-            hf_model_type: "qwen3_5_moe_text".into(),
-            moe: Some(MoeArgs {
-                n_experts: 256,
-                top_k: 8,
-                expert_ffn_dim: 512,
-                shared_ffn_dim: 512,
-                aux_loss_coef: 0.0,
-            }),
-            ..qwen3_5_9b
-        },
-        // The same with transformers' `Qwen3_5VisionConfig()` tower, as
-        // `Qwen3_5ForConditionalGeneration` / `Qwen3_5MoeForConditionalGeneration` build them.
-        "qwen3_5_9b_vl" => with_tower(flavor("qwen3_5_9b")?, "qwen3_5"),
-        "qwen3_5_35b_a3b_vl" => with_tower(flavor("qwen3_5_35b_a3b")?, "qwen3_5_moe"),
-        _ => return None,
-    })
+        ..debug()
+    }
+}
+
+/// transformers' `Qwen3_5MoeTextConfig()` defaults: the Qwen3.5-35B-A3B shape.
+fn qwen3_5_35b_a3b() -> Qwen35Args {
+    Qwen35Args {
+        dim: 2048,
+        n_layers: 40,
+        n_kv_heads: 2,
+        ffn_dim: 0,
+        hf_model_type: "qwen3_5_moe_text".into(),
+        moe: Some(MoeArgs {
+            n_experts: 256,
+            top_k: 8,
+            expert_ffn_dim: 512,
+            shared_ffn_dim: 512,
+            aux_loss_coef: 0.0,
+        }),
+        ..qwen3_5_9b()
+    }
+}
+
+anneal_plugin_api::flavors! {
+    /// The named flavors.
+    pub fn flavor -> Qwen35Args;
+    "debugmodel" => debug(),
+    "debugmodel_moe" => Qwen35Args {
+        hf_model_type: "qwen3_5_moe_text".into(),
+        ffn_dim: 0,
+        moe: Some(MoeArgs {
+            n_experts: 8,
+            top_k: 2,
+            expert_ffn_dim: 256,
+            shared_ffn_dim: 256,
+            aux_loss_coef: 0.001,
+        }),
+        ..debug()
+    },
+    "qwen3_5_9b" => qwen3_5_9b(),
+    "qwen3_5_35b_a3b" => qwen3_5_35b_a3b(),
+    // The same with transformers' `Qwen3_5VisionConfig()` tower, as
+    // `Qwen3_5ForConditionalGeneration` / `Qwen3_5MoeForConditionalGeneration` build them.
+    "qwen3_5_9b_vl" => with_tower(qwen3_5_9b(), "qwen3_5"),
+    "qwen3_5_35b_a3b_vl" => with_tower(qwen3_5_35b_a3b(), "qwen3_5_moe"),
 }
 
 /// `text` with transformers' default Qwen3.5 vision tower (27 blocks of 1152, patch 16, no
@@ -385,16 +381,6 @@ fn with_tower(text: Qwen35Args, model_type: &str) -> Qwen35Args {
     }
 }
 
-/// Flavor names, in the order `anneal plugins list` shows them.
-pub const FLAVORS: &[&str] = &[
-    "debugmodel",
-    "debugmodel_moe",
-    "qwen3_5_9b",
-    "qwen3_5_35b_a3b",
-    "qwen3_5_9b_vl",
-    "qwen3_5_35b_a3b_vl",
-];
-
 /// Arguments from a Hugging Face `config.json` of model type `qwen3_5_text`,
 /// `qwen3_5_moe_text`, or `qwen3_5` / `qwen3_5_moe` (the text model's keys under
 /// `text_config`; `tie_word_embeddings` at the top level; with a `vision_config`, the vision
@@ -418,41 +404,10 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<Qwen35Args, String> {
         HfConfig::new(c)
     };
     let moe = model_type.starts_with("qwen3_5_moe");
-    let n_layers = f.need_uint("num_hidden_layers")?;
-    let n_heads = f.uint("num_attention_heads")?.unwrap_or(16);
     let rope = f.rope(10_000.0)?;
     if rope.llama3.is_some() || rope.yarn.is_some() {
         return Err("config.json: only the default rope type is supported".into());
     }
-    // transformers 5 keeps the factor in `rope_parameters`; older configs at the top level.
-    let partial = match f.get("rope_parameters") {
-        Some(_) => f
-            .object("rope_parameters")?
-            .float("partial_rotary_factor")?,
-        None => None,
-    };
-    let partial = match partial {
-        Some(p) => p,
-        None => f.float("partial_rotary_factor")?.unwrap_or(0.25),
-    };
-    let layer_types = match f.str_list("layer_types")? {
-        Some(list) => list
-            .iter()
-            .map(|t| match *t {
-                "linear_attention" => Ok(LayerType::LinearAttention),
-                "full_attention" => Ok(LayerType::FullAttention),
-                other => Err(format!(
-                    "config.json: layer_types holds '{other}' (linear_attention or full_attention)"
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        None => vec![],
-    };
-    // The nested configs tie at the top level (`Qwen3_5Config.tie_word_embeddings`).
-    let tie = match top.bool("tie_word_embeddings")? {
-        Some(t) if nested => t,
-        _ => f.bool("tie_word_embeddings")?.unwrap_or(false),
-    };
     if f.bool("attention_bias")?.unwrap_or(false) {
         return Err("config.json: attention_bias = true is not supported".into());
     }
@@ -463,52 +418,48 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<Qwen35Args, String> {
             ));
         }
     }
-    let mut args = Qwen35Args {
-        dim: f.need_uint("hidden_size")?,
-        n_layers,
-        n_heads,
-        n_kv_heads: f
-            .uint("num_key_value_heads")?
-            .unwrap_or(if moe { 2 } else { 4 }),
-        head_dim: f.uint("head_dim")?.unwrap_or(256),
-        partial_rotary_factor: partial,
-        ffn_dim: if moe {
-            0
-        } else {
-            f.need_uint("intermediate_size")?
-        },
-        vocab_size: f.need_uint("vocab_size")?,
-        norm_eps: f.float("rms_norm_eps")?.unwrap_or(1e-6),
-        rope_theta: rope.theta,
-        max_seq_len: f.uint("max_position_embeddings")?.unwrap_or(32_768),
-        tie_embeddings: tie,
-        full_attention_interval: f.uint("full_attention_interval")?.unwrap_or(4),
-        layer_types,
-        linear_conv_kernel: f.uint("linear_conv_kernel_dim")?.unwrap_or(4),
-        linear_n_key_heads: f.uint("linear_num_key_heads")?.unwrap_or(16),
-        linear_n_value_heads: f.uint("linear_num_value_heads")?.unwrap_or(32),
-        linear_key_head_dim: f.uint("linear_key_head_dim")?.unwrap_or(128),
-        linear_value_head_dim: f.uint("linear_value_head_dim")?.unwrap_or(128),
-        dtype: "f32".into(),
-        moe: if moe {
-            Some(MoeArgs {
-                n_experts: f.uint("num_experts")?.unwrap_or(256),
-                top_k: f.uint("num_experts_per_tok")?.unwrap_or(8),
-                expert_ffn_dim: f.uint("moe_intermediate_size")?.unwrap_or(512),
-                shared_ffn_dim: f.uint("shared_expert_intermediate_size")?.unwrap_or(512),
-                // transformers adds the balancing loss only with `output_router_logits`.
-                aux_loss_coef: if f.bool("output_router_logits")?.unwrap_or(false) {
-                    f.float("router_aux_loss_coef")?.unwrap_or(0.001)
-                } else {
-                    0.0
-                },
-            })
-        } else {
-            None
-        },
-        hf_model_type: model_type,
-        vision: None,
+    let mut args = Qwen35Args::from_hf(&f)?;
+    args.rope_theta = rope.theta;
+    // transformers 5 keeps the factor in `rope_parameters`; older configs at the top level.
+    let partial = match f.get("rope_parameters") {
+        Some(_) => f
+            .object("rope_parameters")?
+            .float("partial_rotary_factor")?,
+        None => None,
     };
+    args.partial_rotary_factor = match partial {
+        Some(p) => p,
+        None => f.float("partial_rotary_factor")?.unwrap_or(0.25),
+    };
+    if let Some(list) = f.str_list("layer_types")? {
+        args.layer_types = list
+            .iter()
+            .map(|t| match *t {
+                "linear_attention" => Ok(LayerType::LinearAttention),
+                "full_attention" => Ok(LayerType::FullAttention),
+                other => Err(format!(
+                    "config.json: layer_types holds '{other}' (linear_attention or full_attention)"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+    }
+    // The nested configs tie at the top level (`Qwen3_5Config.tie_word_embeddings`).
+    if let (Some(t), true) = (top.bool("tie_word_embeddings")?, nested) {
+        args.tie_embeddings = t;
+    }
+    if moe {
+        // transformers' MoE default has 2 key/value heads, not 4; no dense feed-forward.
+        args.n_kv_heads = f.uint("num_key_value_heads")?.unwrap_or(2);
+        let mut m = MoeArgs::from_hf(&f)?;
+        // transformers adds the balancing loss only with `output_router_logits`.
+        if !f.bool("output_router_logits")?.unwrap_or(false) {
+            m.aux_loss_coef = 0.0;
+        }
+        args.moe = Some(m);
+    } else {
+        args.ffn_dim = f.need_uint("intermediate_size")?;
+    }
+    args.hf_model_type = model_type;
     // transformers' `Qwen3_5ForConditionalGeneration`: the tower, the image tokens and the MRoPE
     // sections (transformers' default when absent); its tower has no DeepStack, whatever the
     // config says.

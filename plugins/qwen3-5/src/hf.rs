@@ -3,6 +3,7 @@
 //! first `rot_dim` dims that the host's RoPE uses, so tensors map one to one.
 
 use crate::config::{LayerType, Qwen35Args};
+use anneal_plugin_api::sdk::kit::ModelArgs;
 use anneal_plugin_api::sdk::HfAdapter;
 use serde_json::json;
 
@@ -17,42 +18,41 @@ pub fn adapter(a: &Qwen35Args) -> HfAdapter {
         "qwen3_5_text"
     };
     let layer_types: Vec<LayerType> = (0..a.n_layers).map(|i| a.layer_type(i)).collect();
-    let mut text = json!({
-        "model_type": text_type,
-        "architectures": [if moe { "Qwen3_5MoeForCausalLM" } else { "Qwen3_5ForCausalLM" }],
-        "hidden_size": a.dim,
-        "num_hidden_layers": a.n_layers,
-        "num_attention_heads": a.n_heads,
-        "num_key_value_heads": a.n_kv_heads,
-        "head_dim": a.head_dim,
-        "vocab_size": a.vocab_size,
-        "rms_norm_eps": a.norm_eps,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": a.rope_theta,
-            "partial_rotary_factor": a.partial_rotary_factor,
-        },
-        "max_position_embeddings": a.max_seq_len,
-        "tie_word_embeddings": a.tie_embeddings,
-        "layer_types": layer_types,
-        "linear_conv_kernel_dim": a.linear_conv_kernel,
-        "linear_num_key_heads": a.linear_n_key_heads,
-        "linear_num_value_heads": a.linear_n_value_heads,
-        "linear_key_head_dim": a.linear_key_head_dim,
-        "linear_value_head_dim": a.linear_value_head_dim,
-        "hidden_act": "silu",
-        "attention_bias": false,
-        "dtype": if a.dtype == "bf16" { "bfloat16" } else { "float32" },
-    });
+    let mut text = serde_json::Value::Object(a.to_hf());
+    for (k, v) in [
+        ("model_type", json!(text_type)),
+        (
+            "architectures",
+            json!([if moe {
+                "Qwen3_5MoeForCausalLM"
+            } else {
+                "Qwen3_5ForCausalLM"
+            }]),
+        ),
+        (
+            "rope_parameters",
+            json!({
+                "rope_type": "default",
+                "rope_theta": a.rope_theta,
+                "partial_rotary_factor": a.partial_rotary_factor,
+            }),
+        ),
+        ("layer_types", json!(layer_types)),
+        ("hidden_act", json!("silu")),
+        ("attention_bias", json!(false)),
+        (
+            "dtype",
+            json!(if a.dtype == "bf16" {
+                "bfloat16"
+            } else {
+                "float32"
+            }),
+        ),
+    ] {
+        text[k] = v;
+    }
     match &a.moe {
-        Some(m) => {
-            text["num_experts"] = json!(m.n_experts);
-            text["num_experts_per_tok"] = json!(m.top_k);
-            text["moe_intermediate_size"] = json!(m.expert_ffn_dim);
-            text["shared_expert_intermediate_size"] = json!(m.shared_ffn_dim);
-            text["output_router_logits"] = json!(m.aux_loss_coef > 0.0);
-            text["router_aux_loss_coef"] = json!(m.aux_loss_coef);
-        }
+        Some(m) => text["output_router_logits"] = json!(m.aux_loss_coef > 0.0),
         None => text["intermediate_size"] = json!(a.ffn_dim),
     }
     if !a.nested() {

@@ -8,33 +8,17 @@ pub mod hf;
 pub mod model;
 pub mod spec;
 
-use anneal_plugin_api::sdk::{model_args, Factory, Result};
 pub use config::Qwen35Args;
 pub use model::Qwen35;
 
-impl Factory for Qwen35 {
-    fn flavors() -> Vec<String> {
-        config::FLAVORS.iter().map(|s| s.to_string()).collect()
-    }
-
-    /// `args` may hold `"hf_config": {..config.json..}` to build the model a Hugging Face
-    /// directory describes; its other keys override single fields.
-    fn create(flavor: Option<&str>, args: serde_json::Value) -> Result<Self> {
-        Qwen35::new(model_args(
-            flavor,
-            args,
-            config::FLAVORS,
-            config::flavor,
-            config::from_hf_config,
-        )?)
-    }
-}
+anneal_plugin_api::model_factory!(Qwen35, crate::config);
 
 anneal_plugin_api::export_plugin!(model Qwen35, name = "qwen3_5", model_types = ["qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"], description = "Qwen3.5 / Qwen3.5-MoE decoder (Gated DeltaNet linear attention 3:1 with output-gated full attention, partial RoPE, zero-centred RMSNorm, routed experts with a gated shared expert; the vision tower and interleaved MRoPE of checkpoints with vision)");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anneal_plugin_api::sdk::Factory;
     use config::LayerType;
 
     fn create(flavor: &str, args: serde_json::Value) -> Qwen35 {

@@ -24,12 +24,12 @@
 //! dims of queries and keys by interleaved MRoPE (the Gated DeltaNet layers take no positions).
 
 use crate::config::Qwen35Args;
-use crate::spec::{
-    BlockParams, FeedForward, FullAttention, LinearAttention, Mixer, Qwen35Params, SwiGlu,
-};
-use anneal_plugin_api::sdk::vision::{self, mrope};
+use crate::spec::{BlockParams, FeedForward, LinearAttention, Mixer, Qwen35Params};
+use anneal_plugin_api::sdk::kit::blocks::{self, GqaOpts};
+use anneal_plugin_api::sdk::kit::{nth_layer, BlockNorms, Decoder, Frame, Norm};
+use anneal_plugin_api::sdk::vision;
 use anneal_plugin_api::sdk::{
-    AttentionOpts, Ctx, DeltaRuleOpts, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
+    Ctx, DeltaRuleOpts, ModelSpec, MoeFfnOpts, Result, Rope, Router, Tensor,
 };
 
 /// A Qwen3.5 model: its arguments and declared parameters (the weights live in the host).
@@ -40,11 +40,6 @@ pub struct Qwen35 {
     pub params: Qwen35Params,
     /// The spec, built (and checked) once when the model is created.
     pub spec: ModelSpec,
-}
-
-/// `RMSNorm(x) · (1 + w)`: Qwen3.5's norms keep `w` centred on 0.
-fn norm0<'h>(x: &Tensor<'h>, w: &Tensor<'h>, eps: f64) -> Result<Tensor<'h>> {
-    x.rms_norm(&w.affine(1.0, 1.0)?, eps)
 }
 
 fn batch_and_time(x_btd: &Tensor<'_>) -> Result<(i64, i64)> {
@@ -60,6 +55,10 @@ impl Qwen35 {
         let spec = crate::spec::model_spec(&args, specs);
         spec.check()?;
         Ok(Qwen35 { args, params, spec })
+    }
+
+    fn block(&self, index: usize) -> Result<&BlockParams> {
+        nth_layer(&self.params.layers, index)
     }
 
     fn linear_attention<'h>(
@@ -120,74 +119,59 @@ impl Qwen35 {
             .reshape(&[b, t, hv * dv])?
             .linear(&ctx.w(&l.out_proj)?)
     }
+}
 
-    /// Gated softmax attention; `pos3` (f32 `[3, B, T]`): the 3-D positions of a prompt with
-    /// images, for MRoPE.
-    fn full_attention<'h>(
-        &self,
-        ctx: &Ctx<'h>,
-        l: &FullAttention,
-        index: usize,
-        x_btd: &Tensor<'h>,
-        pos3: Option<&Tensor<'h>>,
-    ) -> Result<Tensor<'h>> {
-        let a = &self.args;
-        let (b, t) = batch_and_time(x_btd)?;
-        let (nh, nkv, hd) = (a.n_heads as i64, a.n_kv_heads as i64, a.head_dim);
-        let qg_bthd = x_btd
-            .linear(&ctx.w(&l.wq)?)?
-            .reshape(&[b, t, nh, 2 * hd as i64])?;
-        let gate_btd = qg_bthd
-            .narrow(3, hd, hd)?
-            .reshape(&[b, t, nh * hd as i64])?;
-        let q_bthd = norm0(&qg_bthd.narrow(3, 0, hd)?, &ctx.w(&l.q_norm)?, a.norm_eps)?;
-        let k_bthd = x_btd
-            .linear(&ctx.w(&l.wk)?)?
-            .reshape(&[b, t, nkv, hd as i64])?;
-        let k_bthd = norm0(&k_bthd, &ctx.w(&l.k_norm)?, a.norm_eps)?;
-        let v_bthd = x_btd
-            .linear(&ctx.w(&l.wv)?)?
-            .reshape(&[b, t, nkv, hd as i64])?;
-        // Text-only multimodal RoPE has one position per token in all three sections: plain RoPE.
-        let rope = Rope {
-            theta: a.rope_theta,
-            rot_dim: a.rot_dim(),
-            interleaved: false,
-            llama3_scaling: None,
-            yarn: None,
-        };
-        let section = a.vision.as_ref().map(|vl| vl.mrope_section.as_slice());
-        let turn = |x: Tensor<'h>| mrope::rotate(ctx, x, pos3, section, &rope);
-        let q_bhtd = turn(q_bthd.transpose(1, 2)?)?;
-        let k_bhtd = turn(k_bthd.transpose(1, 2)?)?;
-        let opts = AttentionOpts {
-            causal: true,
-            cache_layer: ctx.use_cache.then_some(index),
-            ..Default::default()
-        };
-        let o_bhtd = q_bhtd.attention(&k_bhtd, &v_bthd.transpose(1, 2)?, &ctx.positions, &opts)?;
-        o_bhtd
-            .transpose(1, 2)?
-            .reshape(&[b, t, nh * hd as i64])?
-            .mul(&gate_btd.unary("sigmoid")?)?
-            .linear(&ctx.w(&l.wo)?)
+impl Decoder for Qwen35 {
+    fn spec(&self) -> ModelSpec {
+        self.spec.clone()
     }
 
-    fn swiglu<'h>(ctx: &Ctx<'h>, w: &SwiGlu, x: &Tensor<'h>) -> Result<Tensor<'h>> {
-        let gate = x.linear(&ctx.w(&w.w1)?)?;
-        gate.swiglu(&x.linear(&ctx.w(&w.w3)?)?)?
-            .linear(&ctx.w(&w.w2)?)
+    /// Qwen3.5's norms keep `w` centred on 0: `RMSNorm(x) · (1 + w)`.
+    fn norm(&self) -> Norm {
+        Norm::centred(self.args.norm_eps)
     }
 
-    fn feed_forward<'h>(
+    fn frame(&self) -> Frame<'_> {
+        let p = &self.params;
+        Frame::new(&p.tok_embeddings, &p.norm, &p.output)
+    }
+
+    fn block_norms(&self, index: usize) -> Result<BlockNorms<'_>> {
+        let l = self.block(index)?;
+        Ok(BlockNorms::pre(&l.attention_norm, &l.ffn_norm))
+    }
+
+    /// `extra`, with images: the 3-D positions (Qwen3.5 has no DeepStack), which only the
+    /// full-attention layers take.
+    fn attention<'h>(
         &self,
         ctx: &Ctx<'h>,
-        l: &BlockParams,
         index: usize,
         x: &Tensor<'h>,
+        extra: &[Tensor<'h>],
     ) -> Result<Tensor<'h>> {
-        let (router, w1, w2, w3, shared, shared_gate) = match &l.ffn {
-            FeedForward::Dense(w) => return Self::swiglu(ctx, w, x),
+        let a = &self.args;
+        match &self.block(index)?.mixer {
+            Mixer::Linear(m) => self.linear_attention(ctx, m, index, x),
+            Mixer::Full(p) => {
+                // Text-only multimodal RoPE has one position per token in all three
+                // sections: plain RoPE.
+                let opts = GqaOpts {
+                    head_dim: a.head_dim,
+                    rope: Some(Rope::new(a.rope_theta, a.rot_dim())),
+                    qk_norm: Some(self.norm()),
+                    gate_in_query: true,
+                    mrope_section: a.vision.as_ref().map(|vl| vl.mrope_section.as_slice()),
+                    ..Default::default()
+                };
+                blocks::gqa(ctx, p, &opts, index, x, extra.first())
+            }
+        }
+    }
+
+    fn feed_forward<'h>(&self, ctx: &Ctx<'h>, index: usize, x: &Tensor<'h>) -> Result<Tensor<'h>> {
+        let (router, w1, w2, w3, shared, shared_gate) = match &self.block(index)?.ffn {
+            FeedForward::Dense(w) => return blocks::swiglu(ctx, x, &w.w1, &w.w3, &w.w2),
             FeedForward::Experts {
                 router,
                 w1,
@@ -217,58 +201,20 @@ impl Qwen35 {
                 &opts,
             )?
             .report(ctx, index, None)?;
-        let gate = x.linear(&ctx.w(shared_gate)?)?.unary("sigmoid")?;
-        routed.add(&Self::swiglu(ctx, shared, x)?.mul(&gate)?)
-    }
-}
-
-impl Model for Qwen35 {
-    fn spec(&self) -> ModelSpec {
-        self.spec.clone()
+        let shared = [&shared.w1, &shared.w3, &shared.w2];
+        blocks::gated_shared_expert(ctx, x, &routed, shared, shared_gate)
     }
 
     /// The token embeddings; with images, the tower's embeddings in their placeholders and the
     /// 3-D positions beside them (with a cache after such a prompt, the positions decode
     /// continues).
-    fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
-        let h = ctx.w(&self.params.tok_embeddings)?.embedding(&tokens)?;
-        let tower = self.params.vision.as_ref().zip(self.args.vision.as_ref());
-        vision::embed(ctx, tower, &self.args.hf_model_type, &tokens, h)
-    }
-
-    fn layer<'h>(
+    fn embed_more<'h>(
         &self,
         ctx: &Ctx<'h>,
-        index: usize,
-        hidden: Vec<Tensor<'h>>,
+        tokens: &Tensor<'h>,
+        h: Tensor<'h>,
     ) -> Result<Vec<Tensor<'h>>> {
-        // With images, the 3-D positions follow the hidden state (Qwen3.5 has no DeepStack).
-        let mut hidden = hidden.into_iter();
-        let x_btd = hidden.next().ok_or("layer: missing hidden state")?;
-        let pos3 = hidden.next();
-        let l = self
-            .params
-            .layers
-            .get(index)
-            .ok_or_else(|| format!("layer {index}: the model has {}", self.args.n_layers))?;
-        let eps = self.args.norm_eps;
-        let normed = norm0(&x_btd, &ctx.w(&l.attention_norm)?, eps)?;
-        let mixed = match &l.mixer {
-            Mixer::Linear(m) => self.linear_attention(ctx, m, index, &normed)?,
-            Mixer::Full(m) => self.full_attention(ctx, m, index, &normed, pos3.as_ref())?,
-        };
-        let h = x_btd.add(&mixed)?;
-        let normed = norm0(&h, &ctx.w(&l.ffn_norm)?, eps)?;
-        let out = h.add(&self.feed_forward(ctx, l, index, &normed)?)?;
-        Ok(std::iter::once(out).chain(pos3).collect())
-    }
-
-    fn head<'h>(&self, ctx: &Ctx<'h>, hidden: Vec<Tensor<'h>>) -> Result<Tensor<'h>> {
-        let h = hidden
-            .into_iter()
-            .next()
-            .ok_or("head: missing hidden state")?;
-        let p = &self.params;
-        norm0(&h, &ctx.w(&p.norm)?, self.args.norm_eps)?.linear(&ctx.w(&p.output)?)
+        let tower = self.params.vision.as_ref().zip(self.args.vision.as_ref());
+        vision::embed(ctx, tower, &self.args.hf_model_type, tokens, h)
     }
 }

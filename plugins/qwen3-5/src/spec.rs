@@ -3,6 +3,7 @@
 
 use crate::config::{LayerType, Qwen35Args};
 use crate::hf;
+use anneal_plugin_api::sdk::kit::blocks::{GqaParams, Proj};
 use anneal_plugin_api::sdk::vision::VisionTower;
 use anneal_plugin_api::sdk::{
     Decl, HfMap, Init, LayerScope, ModelSpec, Param, ParamSpec, ParamTable,
@@ -30,28 +31,14 @@ pub struct LinearAttention {
     pub out_proj: Param,
 }
 
-/// An output-gated full-attention token mixer.
-pub struct FullAttention {
-    /// Queries and their gates `[n_heads · 2 · head_dim, dim]` (per head: query, then gate).
-    pub wq: Param,
-    /// Key projection `[n_kv_heads · head_dim, dim]`.
-    pub wk: Param,
-    /// Value projection `[n_kv_heads · head_dim, dim]`.
-    pub wv: Param,
-    /// Zero-centred per-head RMSNorm of the queries `[head_dim]`.
-    pub q_norm: Param,
-    /// Zero-centred per-head RMSNorm of the keys `[head_dim]`.
-    pub k_norm: Param,
-    /// Output projection `[dim, n_heads · head_dim]`.
-    pub wo: Param,
-}
-
 /// A block's token mixer.
 pub enum Mixer {
     /// Gated DeltaNet.
     Linear(LinearAttention),
-    /// Gated softmax attention.
-    Full(FullAttention),
+    /// Output-gated softmax attention: queries and their gates `[n_heads · 2 · head_dim, dim]`
+    /// (per head: query, then gate), keys and values `[n_kv_heads · head_dim, dim]`, the output
+    /// `[dim, n_heads · head_dim]`, zero-centred per-head RMSNorm of queries and keys.
+    Full(GqaParams),
 }
 
 /// A SwiGLU feed-forward `W2 · (SiLU(W1 x) ⊙ W3 x)`.
@@ -223,12 +210,7 @@ fn linear_attention(
     }
 }
 
-fn full_attention(
-    a: &Qwen35Args,
-    l: &mut LayerScope<'_>,
-    std: f64,
-    depth_std: f64,
-) -> FullAttention {
+fn full_attention(a: &Qwen35Args, l: &mut LayerScope<'_>, std: f64, depth_std: f64) -> GqaParams {
     let (d, hd) = (a.dim, a.head_dim);
     let (q, kv) = (a.n_heads * hd, a.n_kv_heads * hd);
     let mut norm = |name: &str, hf: &str| l.add(Decl::new(name, [hd]).hf_name(hf));
@@ -236,9 +218,9 @@ fn full_attention(
         norm("attention.q_norm.weight", "self_attn.q_norm.weight"),
         norm("attention.k_norm.weight", "self_attn.k_norm.weight"),
     );
-    FullAttention {
+    let mut linear = |name, shape, std, hf, col| Proj::new(linear(l, name, shape, std, hf, col));
+    GqaParams {
         wq: linear(
-            l,
             "attention.wq.weight",
             [2 * q, d],
             std,
@@ -246,7 +228,6 @@ fn full_attention(
             true,
         ),
         wk: linear(
-            l,
             "attention.wk.weight",
             [kv, d],
             std,
@@ -254,7 +235,6 @@ fn full_attention(
             true,
         ),
         wv: linear(
-            l,
             "attention.wv.weight",
             [kv, d],
             std,
@@ -262,15 +242,15 @@ fn full_attention(
             true,
         ),
         wo: linear(
-            l,
             "attention.wo.weight",
             [d, q],
             depth_std,
             "self_attn.o_proj.weight",
             false,
         ),
-        q_norm,
-        k_norm,
+        qk_norm: Some((q_norm, k_norm)),
+        sinks: None,
+        gate: None,
     }
 }
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Reloads the Qwen3-VL, Qwen3-VL-MoE, Qwen3.5 and Qwen3.5-MoE (with vision) checkpoints that
+"""Reloads the Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE (with vision) and Muse Glimmer checkpoints that
 Anneal exported in transformers and compares their logits on the fixture's prompt with both
 images against the fixtures' (what transformers computed with the original checkpoints). Needs
 torch, safetensors and transformers (5.x):
 
     ANNEAL_VL_EXPORT=/tmp/vl-export cargo test --release -p anneal-runtime --test qwen3_vl export
     ANNEAL_VL_EXPORT=/tmp/vl-export cargo test --release -p anneal-runtime --test qwen3_5_vl export
+    ANNEAL_VL_EXPORT=/tmp/vl-export cargo test --release -p anneal-runtime --test muse_vl export
     python host/runtime/tests/reference/check_vl_export.py /tmp/vl-export [NAME ...]
 
-checks the fixtures NAME (all four when none is named). Exits 1 when any logit differs by more
+checks the fixtures NAME (all five when none is named). Exits 1 when any logit differs by more
 than 1e-4.
 """
 import pathlib
@@ -19,7 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
-NAMES = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe", "tiny_qwen3_5_vl", "tiny_qwen3_5_moe_vl"]
+NAMES = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe", "tiny_qwen3_5_vl", "tiny_qwen3_5_moe_vl", "tiny_muse_glimmer"]
 
 
 def main():
@@ -27,16 +28,18 @@ def main():
     for name in sys.argv[2:] or NAMES:
         path = pathlib.Path(sys.argv[1]) / name
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-        exp = load_file(FIXTURES / name / "expected.safetensors")
+        muse = name == "tiny_muse_glimmer"
+        exp = load_file(FIXTURES / name / ("expected_vl.safetensors" if muse else "expected.safetensors"))
         if "pixel_values" not in exp:
             # The Qwen3.5 fixtures share tiny_qwen3_vl's images.
             exp |= {k: v for k, v in load_file(FIXTURES / "tiny_qwen3_vl" / "expected.safetensors").items()
                     if k in ("pixel_values", "image_grid_thw")}
         tokens = exp["vl_tokens"]
+        image_token = model.config.image_token_id
         with torch.no_grad():
             logits = model(input_ids=tokens, pixel_values=exp["pixel_values"],
                            image_grid_thw=exp["image_grid_thw"],
-                           mm_token_type_ids=(tokens == 90).int()).logits
+                           mm_token_type_ids=(tokens == image_token).int()).logits
         diff = (logits.float() - exp["vl_logits"]).abs().max().item()
         worst = max(worst, diff)
         print(f"{name}: {type(model).__name__} from the export, max |logit difference| "

@@ -10,7 +10,8 @@ For each model it writes `host/runtime/tests/fixtures/<name>/` with `config.json
 `tokens` (i64 [B, T]), `logits` (f32 [B, T, V]) and `logprobs` (f32 [B, T-1], the log-probability
 of each next token), the loss and `grad.<name>` of every parameter under the names the
 checkpoint uses (a fused expert tensor's gradient is split per expert like the checkpoint, except
-for gpt_oss, which keeps them fused).
+for gpt_oss, which keeps them fused; a vision tower's, which text leaves alone, zeros); and for
+`tiny_muse_glimmer` also `expected_vl.safetensors` (`muse_glimmer_images`).
 """
 import json
 import os
@@ -24,6 +25,7 @@ from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV4Con
                           KimiLinearForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
                           Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config,
                           Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -199,6 +201,18 @@ def models():
                          compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
                          mlp_layer_types=["hash_moe", "moe"])
     )
+    # Muse Glimmer: 5 blocks, so blocks 0 and 4 (every 4th counted from the last) are NoPE with
+    # full attention and 1-3 RoPE with a window of 4; a soft-cap low enough that logits reach
+    # its curve; a tiny vision tower, which the text forward leaves alone.
+    yield "tiny_muse_glimmer", MuseGlimmerForConditionalGeneration(MuseGlimmerConfig(
+        text_config=dict(**{**COMMON, "num_hidden_layers": 5}, head_dim=16, sliding_window=4,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+                         final_logit_softcapping=4.0, output_multiplier=0.5, qk_scale_factor=3.87,
+                         post_norm_eps=1e-6),
+        vision_config=dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, num_attention_heads=2,
+                           num_hidden_layers=2, hidden_size=32, intermediate_size=64, merge_size=2,
+                           rope_parameters=dict(rope_type="axial", rope_theta=10000.0)),
+        out_hidden_size=128, projector_hidden_size=48, image_token_id=95, video_token_id=94))
 
 
 # Tokens per row where the fixture needs more than 11: the delta rule's chunks are 64 tokens, so
@@ -348,6 +362,34 @@ def deepseek_v4_grads(model, tmp):
     return {k: v for k, v in out.items() if not k.endswith(("tid2eid", "gate.bias"))}
 
 
+def muse_glimmer_images(model, d):
+    """`expected_vl.safetensors` of `tiny_muse_glimmer`: two images as the processor lays them out
+    (`pixel_values [patches, t·C·p·p]`, `image_grid_thw`; random values, an 8 × 8 grid of two by
+    two windows and a 4 × 8 one of two side by side), a prompt holding their 16 and 8 placeholder
+    tokens, the tower's merged embeddings, the logits with the images, the loss and every
+    gradient (the tower's included)."""
+    g = torch.Generator().manual_seed(3)
+    grids = torch.tensor([[1, 8, 8], [1, 4, 8]])
+    patch = 2 * 3 * 4 * 4
+    pixels = torch.randn(int(grids.prod(-1).sum()), patch, generator=g)
+    image = model.config.image_token_id
+    text = torch.randint(0, 90, (1, 14), generator=g)
+    tokens = torch.cat([text[:, :3], torch.full((1, 16), image), text[:, 3:9], torch.full((1, 8), image),
+                        text[:, 9:]], dim=1)
+    model.zero_grad()
+    embeds = model.model.get_image_features(pixels, grids).pooler_output
+    logits = model(tokens, pixel_values=pixels, image_grid_thw=grids).logits.float()
+    vocab = logits.shape[-1]
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+    loss.backward()
+    out = {"vl_tokens": tokens.contiguous(), "pixel_values": pixels.contiguous(), "image_grid_thw": grids,
+           "image_embeds": torch.cat(embeds).detach().contiguous(), "vl_logits": logits.detach().contiguous(),
+           "vl_loss": loss.detach().reshape(1)}
+    for pname, p in model.named_parameters():
+        out["grad." + pname] = p.grad.detach().contiguous()
+    save_file(out, str(d / "expected_vl.safetensors"))
+
+
 def tame(model):
     """The Qwen3.5 models run 150-200 tokens through 4-5 blocks: widened like the others,
     their forward amplifies rounding so much that transformers' own f32 and f64 logits differ by
@@ -403,9 +445,13 @@ def main():
                     out["grad." + gname] = g.contiguous()
         else:
             for pname, p in model.named_parameters():
-                for gname, g in checkpoint_grads(pname, p.grad.detach(), model.config.model_type):
+                # A vision tower the text forward leaves alone has no gradient: zeros.
+                grad = p.grad.detach() if p.grad is not None else torch.zeros_like(p)
+                for gname, g in checkpoint_grads(pname, grad, model.config.model_type):
                     out["grad." + gname] = g.contiguous()
         save_file(out, str(d / "expected.safetensors"))
+        if name == "tiny_muse_glimmer":
+            muse_glimmer_images(model, d)
         for junk in ("generation_config.json",):
             (d / junk).unlink(missing_ok=True)
         cfg = json.loads((d / "config.json").read_text())

@@ -200,19 +200,24 @@ pub fn embed_images<'h>(
         let deltas = ctx.host.constant_i64(&[b, 1], &deltas, tokens)?;
         ctx.set_state(0, MROPE_DELTA, &deltas)?;
     }
-    // 1 where the token is the placeholder: ids are exact in f32 below 2^24.
-    let mask = tokens
-        .to_dtype("f32")?
-        .affine(1.0, -(image_token_id as f64))?
-        .unary("abs")?
-        .clamp(0.0, 1.0)?
-        .affine(-1.0, 1.0)?;
+    let mask = placeholder_mask(tokens, image_token_id)?;
     let zeros = h.scale(0.0)?;
     let mut hidden = vec![h.masked_scatter(&mask, &out.embeds)?, pos3];
     for f in &out.deepstack {
         hidden.push(zeros.masked_scatter(&mask, f)?);
     }
     Ok(hidden)
+}
+
+/// 1 where `tokens` hold `id`, 0 elsewhere (f32, the tokens' shape): where
+/// [`Tensor::masked_scatter`] puts a tower's embeddings. Ids are exact in f32 below 2^24.
+pub fn placeholder_mask<'h>(tokens: &Tensor<'h>, id: usize) -> Result<Tensor<'h>> {
+    tokens
+        .to_dtype("f32")?
+        .affine(1.0, -(id as f64))?
+        .unary("abs")?
+        .clamp(0.0, 1.0)?
+        .affine(-1.0, 1.0)
 }
 
 /// Where a cached sequence keeps its MRoPE delta (`max position + 1 − length` of its prompt).

@@ -19,7 +19,8 @@ pub mod mrope;
 mod tower;
 
 pub use grid::{interpolation_taps, merge_order, rotary_tables};
-pub use lm::{add_deepstack, embed, embed_images, embed_text, TextShape, VlArgs};
+pub use lm::{add_deepstack, embed, embed_images, embed_text, placeholder_mask, TextShape, VlArgs};
+pub use tower::{attend_within, frames, rotate_half};
 
 use super::{Decl, HfConfig, Param, ParamTable};
 use serde::{Deserialize, Serialize};

@@ -22,9 +22,9 @@ fn norm<'h>(ctx: &Ctx<'h>, x: &Tensor<'h>, (w, b): &(Param, Param)) -> Result<Te
     x.layer_norm(&ctx.w(w)?, Some(&ctx.w(b)?), 1e-6)
 }
 
-/// Every image's frames as `(patches, h, w)` runs of the patch rows, checked against the
-/// pixel rows and the merge size.
-fn frames(images: &Images<'_>, m: usize, rows: usize) -> Result<Vec<(usize, usize)>> {
+/// Every image's frames as `(h, w)` runs of the patch rows, checked against the pixel rows and
+/// the merge size `m`.
+pub fn frames(images: &Images<'_>, m: usize, rows: usize) -> Result<Vec<(usize, usize)>> {
     let mut out = vec![];
     for (i, &[t, h, w]) in images.grids.iter().enumerate() {
         if t == 0 || h == 0 || w == 0 || !h.is_multiple_of(m) || !w.is_multiple_of(m) {
@@ -85,7 +85,7 @@ impl VisionTower {
         let (cos, sin) = rotary_tables(&pos, hd, a.rope_theta);
         let cos = host.constant_f32(&[n, 1, hd], &cos, pixels)?;
         let sin = host.constant_f32(&[n, 1, hd], &sin, pixels)?;
-        let rot = Rotary { cos, sin, hd };
+        let rot = Rotary { cos, sin };
         let segments: Vec<usize> = frames.iter().map(|(fh, fw)| fh * fw).collect();
         let mut deepstack = vec![];
         for (i, b) in self.blocks.iter().enumerate() {
@@ -118,32 +118,8 @@ impl VisionTower {
         let q = rot.apply(&qkv.narrow(1, 0, 1)?.reshape(&[n, heads, hd])?)?;
         let k = rot.apply(&qkv.narrow(1, 1, 1)?.reshape(&[n, heads, hd])?)?;
         let v = qkv.narrow(1, 2, 1)?.reshape(&[n, heads, hd])?;
-        let mut outs = vec![];
-        let mut start = 0;
-        for &len in segments {
-            // [len, H, D] -> [1, H, len, D]: one frame attends to itself only.
-            let part = |t: &Tensor<'h>| {
-                t.narrow(0, start, len)?
-                    .transpose(0, 1)?
-                    .reshape(&[1, heads, len as i64, hd])
-            };
-            let positions =
-                ctx.host
-                    .constant_i64(&[len], &(0..len as i64).collect::<Vec<_>>(), x)?;
-            let opts = AttentionOpts {
-                causal: false,
-                ..Default::default()
-            };
-            let o = part(&q)?.attention(&part(&k)?, &part(&v)?, &positions, &opts)?;
-            outs.push(
-                o.reshape(&[heads, len as i64, hd])?
-                    .transpose(0, 1)?
-                    .reshape(&[len as i64, -1])?,
-            );
-            start += len;
-        }
-        let refs: Vec<&Tensor<'h>> = outs.iter().collect();
-        let attn = affine(ctx, &ctx.host.cat(&refs, 0)?, &b.proj)?;
+        let attended = attend_within(ctx, &q, &k, &v, segments)?;
+        let attn = affine(ctx, &attended, &b.proj)?;
         let x = x.add(&attn)?;
         let hidden = affine(ctx, &norm(ctx, &x, &b.norm2)?, &b.fc1)?;
         let act = match self.args.hidden_act.as_str() {
@@ -170,20 +146,65 @@ impl VisionTower {
     }
 }
 
+/// Non-causal attention of `q`, `k`, `v` (`[n, heads, head_dim]`) within consecutive segments
+/// of `segments` rows (a frame, a window): each attends to itself only. Returns `[n, heads ·
+/// head_dim]`.
+pub fn attend_within<'h>(
+    ctx: &Ctx<'h>,
+    q: &Tensor<'h>,
+    k: &Tensor<'h>,
+    v: &Tensor<'h>,
+    segments: &[usize],
+) -> Result<Tensor<'h>> {
+    let shape = q.shape()?;
+    let (heads, hd) = (shape[1] as i64, shape[2] as i64);
+    let mut outs = vec![];
+    let mut start = 0;
+    for &len in segments {
+        // [len, H, D] -> [1, H, len, D].
+        let part = |t: &Tensor<'h>| {
+            t.narrow(0, start, len)?
+                .transpose(0, 1)?
+                .reshape(&[1, heads, len as i64, hd])
+        };
+        let positions = ctx
+            .host
+            .constant_i64(&[len], &(0..len as i64).collect::<Vec<_>>(), q)?;
+        let opts = AttentionOpts {
+            causal: false,
+            ..Default::default()
+        };
+        let o = part(q)?.attention(&part(k)?, &part(v)?, &positions, &opts)?;
+        outs.push(
+            o.reshape(&[heads, len as i64, hd])?
+                .transpose(0, 1)?
+                .reshape(&[len as i64, -1])?,
+        );
+        start += len;
+    }
+    let refs: Vec<&Tensor<'h>> = outs.iter().collect();
+    ctx.host.cat(&refs, 0)
+}
+
+/// `x·cos + rotate_half(x)·sin` on `[patches, heads, head_dim]`, the tables `[patches, 1,
+/// head_dim]`: the whole head turns, its halves paired.
+pub fn rotate_half<'h>(x: &Tensor<'h>, cos: &Tensor<'h>, sin: &Tensor<'h>) -> Result<Tensor<'h>> {
+    let half = x.shape()?[2] / 2;
+    let x1 = x.narrow(2, 0, half)?;
+    let x2 = x.narrow(2, half, half)?;
+    let rotated = x.host().cat(&[&x2.scale(-1.0)?, &x1], 2)?;
+    x.mul(cos)?.add(&rotated.mul(sin)?)
+}
+
 /// The 2-D rotary tables, `[patches, 1, head_dim]`.
 struct Rotary<'h> {
     cos: Tensor<'h>,
     sin: Tensor<'h>,
-    hd: usize,
 }
 
 impl<'h> Rotary<'h> {
     /// `x·cos + rotate_half(x)·sin` on `[patches, heads, head_dim]`.
     fn apply(&self, x: &Tensor<'h>) -> Result<Tensor<'h>> {
-        let half = self.hd / 2;
-        let x1 = x.narrow(2, 0, half)?;
-        let x2 = x.narrow(2, half, half)?;
-        let rotated = x.host().cat(&[&x2.scale(-1.0)?, &x1], 2)?;
-        x.mul(&self.cos)?.add(&rotated.mul(&self.sin)?)
+        rotate_half(x, &self.cos, &self.sin)
     }
 }

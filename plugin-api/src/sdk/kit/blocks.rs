@@ -1,0 +1,186 @@
+//! Pieces the families repeat, each written once with host ops: the SwiGLU feed-forward, a
+//! sigmoid gate, soft-capped values, grouped-query attention with its variants (QK-norm, RoPE
+//! or none, a sliding window, sinks, an output gate) and a gated shared expert.
+
+use crate::sdk::vision::mrope;
+use crate::sdk::{AttentionOpts, Ctx, Param, Result, Rope, Tensor};
+
+/// `W2 · (SiLU(W1 · x) ⊙ W3 · x)`.
+pub fn swiglu<'h>(
+    ctx: &Ctx<'h>,
+    x: &Tensor<'h>,
+    w1: &Param,
+    w3: &Param,
+    w2: &Param,
+) -> Result<Tensor<'h>> {
+    let gate = x.linear(&ctx.w(w1)?)?;
+    let up = x.linear(&ctx.w(w3)?)?;
+    gate.swiglu(&up)?.linear(&ctx.w(w2)?)
+}
+
+/// `x ⊙ sigmoid(gate)`.
+pub fn gated<'h>(x: &Tensor<'h>, gate: &Tensor<'h>) -> Result<Tensor<'h>> {
+    x.mul(&gate.unary("sigmoid")?)
+}
+
+/// `x / rms(x)`: RMSNorm without a gain (`x · (mean(x²) + eps)^-½`).
+pub fn scaleless_rms_norm<'h>(ctx: &Ctx<'h>, x: &Tensor<'h>, eps: f64) -> Result<Tensor<'h>> {
+    let d = *x.shape()?.last().ok_or("scaleless_rms_norm: a scalar")?;
+    let ones = ctx
+        .host
+        .constant_f32(&[d], &vec![1.0; d], x)?
+        .to_dtype(&x.dtype()?)?;
+    x.rms_norm(&ones, eps)
+}
+
+/// `c · tanh(z / c)`: values squashed smoothly into `(-c, c)` (soft-capped logits).
+pub fn softcap<'h>(z: &Tensor<'h>, c: f64) -> Result<Tensor<'h>> {
+    z.scale(1.0 / c)?.unary("tanh")?.scale(c)
+}
+
+/// `routed + sigmoid(x · g) ⊙ SwiGLU_shared(x)`: a shared expert beside routed ones, scaled by
+/// its own gate (Qwen-MoE style).
+pub fn gated_shared_expert<'h>(
+    ctx: &Ctx<'h>,
+    x: &Tensor<'h>,
+    routed: &Tensor<'h>,
+    [w1, w3, w2]: [&Param; 3],
+    gate: &Param,
+) -> Result<Tensor<'h>> {
+    let g = x.linear(&ctx.w(gate)?)?.unary("sigmoid")?;
+    routed.add(&swiglu(ctx, x, w1, w3, w2)?.mul(&g)?)
+}
+
+/// A linear projection with an optional bias.
+#[derive(Clone, Debug)]
+pub struct Proj {
+    /// `[out, in]`.
+    pub weight: Param,
+    /// `[out]`.
+    pub bias: Option<Param>,
+}
+
+impl Proj {
+    /// A projection without a bias.
+    pub fn new(weight: Param) -> Self {
+        Proj { weight, bias: None }
+    }
+
+    /// `x · Wᵀ (+ b)`.
+    pub fn apply<'h>(&self, ctx: &Ctx<'h>, x: &Tensor<'h>) -> Result<Tensor<'h>> {
+        let y = x.linear(&ctx.w(&self.weight)?)?;
+        match &self.bias {
+            Some(b) => y.add(&ctx.w(b)?),
+            None => Ok(y),
+        }
+    }
+}
+
+/// The parameters of grouped-query attention.
+#[derive(Clone, Debug)]
+pub struct GqaParams {
+    /// Queries (with `gate_in_query`, each head's queries then its gate).
+    pub wq: Proj,
+    /// Keys.
+    pub wk: Proj,
+    /// Values.
+    pub wv: Proj,
+    /// The output projection.
+    pub wo: Proj,
+    /// Per-head RMSNorm gains of queries and keys (QK-norm).
+    pub qk_norm: Option<(Param, Param)>,
+    /// One learned sink logit per head.
+    pub sinks: Option<Param>,
+    /// A separate output gate `[n_heads · head_dim, dim]` on the block's input: the attention
+    /// output is multiplied by `sigmoid(gate · x)` (Muse).
+    pub gate: Option<Proj>,
+}
+
+/// How grouped-query attention runs in one block.
+#[derive(Clone, Debug, Default)]
+pub struct GqaOpts<'a> {
+    /// Per-head size.
+    pub head_dim: usize,
+    /// RoPE (`None`: no positions, NoPE).
+    pub rope: Option<Rope>,
+    /// The QK-norm's RMSNorm (with the gains of [`GqaParams::qk_norm`]).
+    pub qk_norm: Option<super::decoder::Norm>,
+    /// A QK-norm without gains, of this epsilon (Muse).
+    pub scaleless_qk_norm: Option<f64>,
+    /// Queries multiplied by this after the QK-norm, on top of attention's `1/√head_dim`.
+    pub query_scale: Option<f64>,
+    /// Attend to the last this many positions only.
+    pub sliding_window: Option<usize>,
+    /// The query projection holds a per-head sigmoid gate after each head's queries; the
+    /// attention output is multiplied by it (Qwen3.5's gated attention).
+    pub gate_in_query: bool,
+    /// Multimodal RoPE sections (used with the 3-D positions of a prompt with images).
+    pub mrope_section: Option<&'a [usize]>,
+}
+
+/// Grouped-query attention of block `index` on `x [B, T, D]`: causal, with the KV cache when
+/// the forward uses one; `pos3` (f32 `[3, B, T]`): the 3-D positions of a prompt with images,
+/// for multimodal RoPE. Shapes come from the projections, not from `x`: under tensor
+/// parallelism the host hands back a share of the heads (`-1`), and under sequence
+/// parallelism `x` holds a share of the sequence while the projections see all of it.
+pub fn gqa<'h>(
+    ctx: &Ctx<'h>,
+    p: &GqaParams,
+    opts: &GqaOpts<'_>,
+    index: usize,
+    x_btd: &Tensor<'h>,
+    pos3: Option<&Tensor<'h>>,
+) -> Result<Tensor<'h>> {
+    let hd = opts.head_dim as i64;
+    let q = p.wq.apply(ctx, x_btd)?;
+    let (b, t) = {
+        let s = q.shape()?;
+        (s[0] as i64, s[1] as i64)
+    };
+    let (mut q_bthd, gate) = if opts.gate_in_query {
+        let qg = q.reshape(&[b, t, -1, 2 * hd])?;
+        let gate = qg
+            .narrow(3, opts.head_dim, opts.head_dim)?
+            .reshape(&[b, t, -1])?;
+        (qg.narrow(3, 0, opts.head_dim)?, Some(gate))
+    } else {
+        (q.reshape(&[b, t, -1, hd])?, None)
+    };
+    let mut k_bthd = p.wk.apply(ctx, x_btd)?.reshape(&[b, t, -1, hd])?;
+    let v_bthd = p.wv.apply(ctx, x_btd)?.reshape(&[b, t, -1, hd])?;
+    if let (Some((qn, kn)), Some(norm)) = (&p.qk_norm, opts.qk_norm) {
+        q_bthd = norm.apply(ctx, &q_bthd, qn)?;
+        k_bthd = norm.apply(ctx, &k_bthd, kn)?;
+    }
+    if let Some(eps) = opts.scaleless_qk_norm {
+        q_bthd = scaleless_rms_norm(ctx, &q_bthd, eps)?;
+        k_bthd = scaleless_rms_norm(ctx, &k_bthd, eps)?;
+    }
+    if let Some(s) = opts.query_scale {
+        q_bthd = q_bthd.scale(s)?;
+    }
+    let turn = |x: Tensor<'h>| match &opts.rope {
+        Some(rope) => mrope::rotate(ctx, x, pos3, opts.mrope_section, rope),
+        None => Ok(x),
+    };
+    let q_bhtd = turn(q_bthd.transpose(1, 2)?)?;
+    let k_bhtd = turn(k_bthd.transpose(1, 2)?)?;
+    let v_bhtd = v_bthd.transpose(1, 2)?;
+    let sinks = p.sinks.as_ref().map(|s| ctx.w(s)).transpose()?;
+    let attention = AttentionOpts {
+        causal: true,
+        sliding_window: opts.sliding_window,
+        cache_layer: ctx.use_cache.then_some(index),
+        sinks: sinks.as_ref(),
+        ..Default::default()
+    };
+    let o_bhtd = q_bhtd.attention(&k_bhtd, &v_bhtd, &ctx.positions, &attention)?;
+    let mut o = o_bhtd.transpose(1, 2)?.reshape(&[b, t, -1])?;
+    if let Some(g) = gate {
+        o = gated(&o, &g)?;
+    }
+    if let Some(g) = &p.gate {
+        o = gated(&o, &g.apply(ctx, x_btd)?)?;
+    }
+    p.wo.apply(ctx, &o)
+}
