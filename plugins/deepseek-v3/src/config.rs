@@ -130,6 +130,9 @@ pub struct DeepseekArgs {
     #[serde(default)]
     #[arg(nested)]
     pub kda: Option<KdaArgs>,
+    /// Kimi K2.7's vision tower and projector (`kimi_k25`; `None`: a text model).
+    #[serde(default)]
+    pub vision: Option<crate::moonvit::MoonVitArgs>,
     /// Kimi Linear as Moonshot's released checkpoints lay it out: the dense blocks' MLP under
     /// `mlp.` (transformers' `save_pretrained` writes `block_sparse_moe.`) and the layer
     /// pattern as `linear_attn_config` (1-based lists) in `config.json`.
@@ -222,6 +225,9 @@ impl DeepseekArgs {
     /// then what they cannot see.
     pub fn validate(&self) -> Result<(), String> {
         self.check()?;
+        if let Some(v) = &self.vision {
+            v.validate(self.vocab_size)?;
+        }
         if self.mtp_layers > 1 {
             return Err(format!(
                 "mtp_layers = {} is not supported (0 or 1)",
@@ -365,6 +371,7 @@ fn v3() -> DeepseekArgs {
         mla_rope: true,
         dense_layers: None,
         kda: None,
+        vision: None,
         hf_released_layout: false,
     }
 }
@@ -414,6 +421,33 @@ anneal_plugin_api::flavors! {
         mtp_layers: 0,
         hf_model_type: "kimi_k2".into(),
         ..v3()
+    },
+    // Kimi K2.5 / K2.7 (`kimi_k25`): Kimi K2's decoder under transformers' default MoonViT3d.
+    "kimi_k25_1t" => DeepseekArgs {
+        vision: Some(crate::moonvit::MoonVitArgs::released()),
+        hf_model_type: "kimi_k25".into(),
+        ..flavor("kimi_k2_1t")?
+    },
+    // The debug model with a tiny MoonViT3d (2 blocks of 64 over 14-pixel patches, an 8 × 8
+    // position grid) whose image tokens are ids 5 and 6, where chat-trained tokenizers put them.
+    "debugmodel_kimi_k25" => DeepseekArgs {
+        vision: Some(crate::moonvit::MoonVitArgs {
+            pos_emb_height: 8,
+            pos_emb_width: 8,
+            num_heads: 2,
+            depth: 2,
+            hidden_size: 64,
+            intermediate_size: 128,
+            projection_hidden_size: 64,
+            image_token_id: 5,
+            video_token_id: 6,
+            vision_start_token_id: 3,
+            vision_end_token_id: 4,
+            ..crate::moonvit::MoonVitArgs::released()
+        }),
+        hf_model_type: "kimi_k25".into(),
+        mtp_layers: 0,
+        ..flavor("debugmodel")?
     },
     // DeepSeek-V2-Lite (model type deepseek_v2): the same blocks with softmax routing over 64
     // experts, no query latent and no routing groups.
@@ -476,9 +510,22 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<DeepseekArgs, String> {
     if model_type == "kimi_linear" {
         return crate::kimi_config::from_hf_config(c);
     }
+    if model_type == "kimi_k25" {
+        // The DeepSeek-V3 decoder under `text_config`, the tower beside it; the top level ties.
+        let text = c
+            .get("text_config")
+            .ok_or("config.json: missing object 'text_config'")?;
+        f.object("text_config")?;
+        let mut a = from_hf_config(text)?;
+        a.vision = Some(crate::moonvit::MoonVitArgs::from_top(&f)?);
+        a.tie_embeddings = f.bool("tie_word_embeddings")?.unwrap_or(true);
+        a.hf_model_type = "kimi_k25".into();
+        a.validate().map_err(|e| format!("config.json: {e}"))?;
+        return Ok(a);
+    }
     if !matches!(model_type, "deepseek_v3" | "kimi_k2") {
         return Err(format!(
-            "config.json: model_type '{model_type}' is not served by this plugin (deepseek_v3, kimi_k2, kimi_linear)"
+            "config.json: model_type '{model_type}' is not served by this plugin (deepseek_v3, kimi_k2, kimi_linear, kimi_k25)"
         ));
     }
     if f.rope(10_000.0)?.llama3.is_some() {

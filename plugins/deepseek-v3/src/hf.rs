@@ -27,6 +27,21 @@ pub fn adapter(a: &DeepseekArgs) -> HfAdapter {
         config["first_k_dense_replace"] = json!(first_dense);
         // Read back as 0: transformers' checkpoints carry no MTP weights (DeepSeek's own do).
         config["num_nextn_predict_layers"] = json!(a.mtp_layers);
+        if let Some(v) = &a.vision {
+            // Kimi K2.7: the decoder as its `text_config`, the tower beside it.
+            config["model_type"] = json!("deepseek_v3");
+            let mut top = v.to_top();
+            top.insert("model_type".into(), json!("kimi_k25"));
+            top.insert(
+                "architectures".into(),
+                json!(["Kimi_K25ForConditionalGeneration"]),
+            );
+            top.insert("tie_word_embeddings".into(), json!(a.tie_embeddings));
+            top.insert("text_config".into(), config);
+            return HfAdapter {
+                config: Value::Object(top),
+            };
+        }
         return HfAdapter { config };
     }
     // Kimi Linear: the keys transformers' `save_pretrained` writes (its `attribute_map` names)

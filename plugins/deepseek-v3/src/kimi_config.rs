@@ -53,6 +53,7 @@ pub fn kimi_linear_48b_a3b() -> DeepseekArgs {
             conv_kernel: 4,
             layers: (0..n_layers).filter(|i| !full.contains(i)).collect(),
         }),
+        vision: None,
         hf_released_layout: true,
     }
 }

@@ -8,6 +8,7 @@ pub mod hf;
 pub mod kda;
 pub mod kimi_config;
 pub mod model;
+pub mod moonvit;
 pub mod spec;
 
 pub use config::DeepseekArgs;
@@ -15,7 +16,7 @@ pub use model::DeepseekV3;
 
 anneal_plugin_api::model_factory!(DeepseekV3, crate::config);
 
-anneal_plugin_api::export_plugin!(model DeepseekV3, name = "deepseek_v3", model_types = ["deepseek_v3", "kimi_k2", "kimi_linear"], description = "DeepSeek-V3 / Kimi K2 / Kimi Linear decoder (multi-head latent attention, YaRN RoPE, sigmoid group-limited routing with shared experts and an aux-loss-free bias; Kimi Delta Attention)");
+anneal_plugin_api::export_plugin!(model DeepseekV3, name = "deepseek_v3", model_types = ["deepseek_v3", "kimi_k2", "kimi_linear", "kimi_k25"], description = "DeepSeek-V3 / Kimi K2 / Kimi Linear / Kimi K2.7 decoder (multi-head latent attention, YaRN RoPE, sigmoid group-limited routing with shared experts and an aux-loss-free bias; Kimi Delta Attention; MoonViT3d for Kimi K2.7's images)");
 
 #[cfg(test)]
 mod tests {
@@ -41,6 +42,8 @@ mod tests {
         // transformers 5.24 `DeepseekV3ForCausalLM` on the meta device (no MTP module).
         assert_eq!(count("deepseek_v3_671b").0, 671_026_404_352);
         assert_eq!(count("kimi_k2_1t").0, 1_026_408_209_408);
+        // `Kimi_K25ForConditionalGeneration` with Kimi K2's decoder and the default tower.
+        assert_eq!(count("kimi_k25_1t").0, 1_026_879_353_328);
         assert_eq!(count("moonlight_16b_a3b").0, 15_960_108_544);
         // transformers' `DeepseekV2ForCausalLM` for V2-Lite.
         assert_eq!(count("deepseek_v2_lite_16b").0, 15_706_484_224);

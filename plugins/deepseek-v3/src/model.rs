@@ -26,6 +26,7 @@ use crate::config::DeepseekArgs;
 use crate::spec::{
     AttentionParams, BlockParams, DeepseekParams, FeedForward, Mixer, MtpParams, QueryParams,
 };
+use anneal_plugin_api::sdk::vision;
 use anneal_plugin_api::sdk::{
     AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, RouterScore,
     Tensor,
@@ -257,7 +258,19 @@ impl Model for DeepseekV3 {
     /// targets two ahead, for `head`.
     fn embed<'h>(&self, ctx: &Ctx<'h>, tokens: Tensor<'h>) -> Result<Vec<Tensor<'h>>> {
         let table = ctx.w(&self.params.tok_embeddings)?;
-        let h = table.embedding(&tokens)?;
+        let mut h = table.embedding(&tokens)?;
+        if let Some(images) = &ctx.images {
+            let (Some(tower), Some(v)) = (&self.params.vision, &self.args.vision) else {
+                return Err(format!(
+                    "this {} model takes no images (it has no vision tower)",
+                    self.args.hf_model_type
+                )
+                .into());
+            };
+            let embeds = tower.forward(ctx, v, images)?;
+            let mask = vision::placeholder_mask(&tokens, v.image_token_id)?;
+            h = h.masked_scatter(&mask, &embeds)?;
+        }
         let t = tokens.shape()?[1];
         if !(ctx.training && self.params.mtp.is_some() && t > 2) {
             return Ok(vec![h]);

@@ -93,6 +93,8 @@ pub struct DeepseekParams {
     pub output: Param,
     /// The multi-token prediction module, when `mtp_layers` is 1.
     pub mtp: Option<MtpParams>,
+    /// Kimi K2.7's vision tower and projector.
+    pub vision: Option<crate::moonvit::MoonVit>,
 }
 
 /// DeepSeek-V3's multi-token prediction module (depth 1): from the main model's last hidden
@@ -149,14 +151,39 @@ pub fn declare(a: &DeepseekArgs) -> (DeepseekParams, Vec<ParamSpec>) {
     });
     let (norm, output) =
         t.final_norm_and_output(a.vocab_size, d, a.tie_embeddings.then_some(&tok_embeddings));
+    let vision = a
+        .vision
+        .as_ref()
+        .map(|v| crate::moonvit::MoonVit::declare(&mut t, v, d));
     let params = DeepseekParams {
         tok_embeddings,
         layers,
         norm,
         output,
         mtp,
+        vision,
     };
-    (params, t.into_specs())
+    let mut specs = t.into_specs();
+    if a.vision.is_some() {
+        under_language_model(&mut specs);
+    }
+    (params, specs)
+}
+
+/// Moves the decoder's Hugging Face names where Kimi K2.7's released checkpoints keep them
+/// (`language_model.model.blocks.{i}.`, `language_model.lm_head`).
+fn under_language_model(specs: &mut [ParamSpec]) {
+    let text = specs
+        .iter_mut()
+        .filter(|p| !p.name.starts_with("vision.") && !p.name.starts_with("mm_projector."));
+    for p in text {
+        for s in p.hf.iter_mut().flat_map(|m| m.sources.iter_mut()) {
+            *s = match s.strip_prefix("model.layers.") {
+                Some(rest) => format!("language_model.model.blocks.{rest}"),
+                None => format!("language_model.{s}"),
+            };
+        }
+    }
 }
 
 /// Declares block `i` (attention or KDA, and a dense or sparse feed-forward) under `prefix`

@@ -12,7 +12,7 @@
 
 use crate::config::VisionArgs;
 use anneal_plugin_api::sdk::kit::blocks::{scaleless_rms_norm, Proj};
-use anneal_plugin_api::sdk::vision::{attend_within, frames, rotate_half};
+use anneal_plugin_api::sdk::vision::{attend_within, block_order, frames, rotate_half};
 use anneal_plugin_api::sdk::{Ctx, Images, Param, Result, Tensor};
 
 /// A LayerNorm's gain and bias.
@@ -139,24 +139,6 @@ fn rotary(pos: &[(usize, usize)], head_dim: usize, theta: f64) -> (Vec<f32>, Vec
     (cos, sin)
 }
 
-/// The order that puts each `m × m` block of a frame's patches in consecutive rows.
-fn merge_order(frames: &[(usize, usize)], m: usize) -> Vec<usize> {
-    let (mut order, mut base) = (vec![], 0);
-    for &(h, w) in frames {
-        for br in 0..h / m {
-            for bc in 0..w / m {
-                for r in 0..m {
-                    for c in 0..m {
-                        order.push(base + (br * m + r) * w + bc * m + c);
-                    }
-                }
-            }
-        }
-        base += h * w;
-    }
-    order
-}
-
 impl Tower {
     /// The merged image embeddings `[tokens, text_dim]` of `images`, image after image.
     pub fn forward<'h>(
@@ -221,12 +203,7 @@ impl Tower {
         }
         let x = x.index_select(0, &host.constant_i64(&[n], &back, pixels)?)?;
         let x = layer_norm(ctx, &x, &self.ln_post, a.layer_norm_eps)?;
-        let merge = merge_order(&frames, m);
-        let merge = host.constant_i64(
-            &[n],
-            &merge.iter().map(|&i| i as i64).collect::<Vec<_>>(),
-            pixels,
-        )?;
+        let merge = host.constant_i64(&[n], &block_order(&frames, m, m), pixels)?;
         let (h, mm) = (a.hidden_size as i64, (m * m) as i64);
         // Each block's m² rows into one row, channel-major (`[.., d · m² + j]`).
         let merged = x
@@ -297,6 +274,6 @@ mod tests {
         // Upsampling 2 -> 4: the first target sits a quarter cell before cell 0's centre.
         let (t, w) = axis_taps(0, 4, 2);
         assert_eq!((t, w), ([0, 0], [0.0, 0.75]));
-        assert_eq!(merge_order(&[(2, 4)], 2), [0, 1, 4, 5, 2, 3, 6, 7]);
+        assert_eq!(block_order(&[(2, 4)], 2, 2), [0, 1, 4, 5, 2, 3, 6, 7]);
     }
 }

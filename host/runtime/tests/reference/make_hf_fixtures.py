@@ -25,7 +25,7 @@ from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV4Con
                           KimiLinearForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
                           Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config,
                           Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
-from transformers import MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
+from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration, MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -213,6 +213,20 @@ def models():
                            num_hidden_layers=2, hidden_size=32, intermediate_size=64, merge_size=2,
                            rope_parameters=dict(rope_type="axial", rope_theta=10000.0)),
         out_hidden_size=128, projector_hidden_size=48, image_token_id=95, video_token_id=94))
+    # Kimi K2.7 (`kimi_k25`): tiny_deepseek_v3's decoder (without YaRN) under MoonViT3d, a tower of
+    # two blocks over 4-pixel patches whose 4 × 4 position grid is resampled bicubically, merged
+    # 2 × 2 into one token, and the projector.
+    yield "tiny_kimi_k25", Kimi_K25ForConditionalGeneration(Kimi_K25Config(
+        text_config=dict(model_type="deepseek_v3", **{**COMMON, "num_key_value_heads": 4, "num_hidden_layers": 3},
+                         moe_intermediate_size=24, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=2.5,
+                         kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, v_head_dim=12, qk_nope_head_dim=16,
+                         n_group=4, topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        vision_config=dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, pos_emb_time=2, num_attention_heads=2,
+                           num_hidden_layers=2, hidden_size=32, intermediate_size=64, merge_kernel_size=[2, 2],
+                           rope_parameters=dict(rope_type="axial", rope_theta=10000.0)),
+        projection_hidden_size=32, image_token_id=95, video_token_id=94, vision_start_token_id=92,
+        vision_end_token_id=93, tie_word_embeddings=False, attn_implementation="eager"))
 
 
 # Tokens per row where the fixture needs more than 11: the delta rule's chunks are 64 tokens, so
@@ -348,7 +362,8 @@ def deepseek_v4_check_topk(model, tokens):
 
 def deepseek_v4_grads(model, tmp):
     """Every gradient under the name the checkpoint uses, found by saving the gradients as the
-    weights with transformers' own save_pretrained (which renames and splits the experts); the
+    weights with transformers' own save_pretrained (which renames and splits the experts, and
+    for kimi_k25 fuses the tower's q, k, v back into its RoPE-interleaved wqkv); the
     indexer's weights, which the top-k choice gives no gradient, get zeros; buffers are left out."""
     import copy
     from safetensors.torch import load_file
@@ -363,15 +378,16 @@ def deepseek_v4_grads(model, tmp):
 
 
 def muse_glimmer_images(model, d):
-    """`expected_vl.safetensors` of `tiny_muse_glimmer`: two images as the processor lays them out
-    (`pixel_values [patches, t·C·p·p]`, `image_grid_thw`; random values, an 8 × 8 grid of two by
-    two windows and a 4 × 8 one of two side by side), a prompt holding their 16 and 8 placeholder
-    tokens, the tower's merged embeddings, the logits with the images, the loss and every
-    gradient (the tower's included)."""
+    """`expected_vl.safetensors` of `tiny_muse_glimmer` and `tiny_kimi_k25`: two images as the
+    processor lays them out (`pixel_values [patches, t·C·p·p]`, or `[patches, C, p, p]` for Kimi;
+    `image_grid_thw`; random values, an 8 × 8 grid (Muse: of two by two windows) and a 4 × 8
+    one), a prompt holding their 16 and 8 placeholder tokens, the tower's merged embeddings, the
+    logits with the images, the loss and every gradient (the tower's included)."""
     g = torch.Generator().manual_seed(3)
     grids = torch.tensor([[1, 8, 8], [1, 4, 8]])
-    patch = 2 * 3 * 4 * 4
-    pixels = torch.randn(int(grids.prod(-1).sum()), patch, generator=g)
+    kimi = model.config.model_type == "kimi_k25"
+    patch = (3, 4, 4) if kimi else (2 * 3 * 4 * 4,)
+    pixels = torch.randn(int(grids.prod(-1).sum()), *patch, generator=g)
     image = model.config.image_token_id
     text = torch.randint(0, 90, (1, 14), generator=g)
     tokens = torch.cat([text[:, :3], torch.full((1, 16), image), text[:, 3:9], torch.full((1, 8), image),
@@ -382,11 +398,19 @@ def muse_glimmer_images(model, d):
     vocab = logits.shape[-1]
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), tokens[:, 1:].reshape(-1))
     loss.backward()
-    out = {"vl_tokens": tokens.contiguous(), "pixel_values": pixels.contiguous(), "image_grid_thw": grids,
+    out = {"vl_tokens": tokens.contiguous(), "pixel_values": pixels.reshape(pixels.shape[0], -1).contiguous(),
+           "image_grid_thw": grids,
            "image_embeds": torch.cat(embeds).detach().contiguous(), "vl_logits": logits.detach().contiguous(),
            "vl_loss": loss.detach().reshape(1)}
-    for pname, p in model.named_parameters():
-        out["grad." + pname] = p.grad.detach().contiguous()
+    if kimi:
+        # Saved as the original checkpoint lays them out (fused, RoPE-interleaved wqkv).
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            out |= {"grad." + k: g.contiguous() for k, g in deepseek_v4_grads(model, tmp).items()}
+    else:
+        for pname, p in model.named_parameters():
+            for gname, grad in checkpoint_grads(pname, p.grad.detach(), model.config.model_type):
+                out["grad." + gname] = grad.contiguous()
     save_file(out, str(d / "expected_vl.safetensors"))
 
 
@@ -438,7 +462,7 @@ def main():
         lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
         out = {"tokens": tokens.contiguous(), "logits": logits.detach().contiguous(),
                "logprobs": lp.detach().contiguous(), "loss": loss.detach().reshape(1)}
-        if model.config.model_type == "deepseek_v4":
+        if model.config.model_type in ("deepseek_v4", "kimi_k25"):
             import tempfile
             with tempfile.TemporaryDirectory() as tmp:
                 for gname, g in deepseek_v4_grads(model, tmp).items():
@@ -450,7 +474,7 @@ def main():
                 for gname, g in checkpoint_grads(pname, grad, model.config.model_type):
                     out["grad." + gname] = g.contiguous()
         save_file(out, str(d / "expected.safetensors"))
-        if name == "tiny_muse_glimmer":
+        if name in ("tiny_muse_glimmer", "tiny_kimi_k25"):
             muse_glimmer_images(model, d)
         for junk in ("generation_config.json",):
             (d / junk).unlink(missing_ok=True)

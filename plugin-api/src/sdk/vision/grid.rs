@@ -34,6 +34,25 @@ fn axis_taps(index: usize, size: usize, side: usize) -> ([usize; 2], [f32; 2]) {
     (taps, weights)
 }
 
+/// The rows of frames `(h, w)` laid one after another, reordered so each `kh × kw` block of a
+/// frame (row-major blocks, row-major inside) is consecutive: the order a patch merger reads.
+pub fn block_order(frames: &[(usize, usize)], kh: usize, kw: usize) -> Vec<i64> {
+    let (mut order, mut base) = (vec![], 0);
+    for &(h, w) in frames {
+        for br in 0..h / kh {
+            for bc in 0..w / kw {
+                for r in 0..kh {
+                    for c in 0..kw {
+                        order.push((base + (br * kh + r) * w + bc * kw + c) as i64);
+                    }
+                }
+            }
+        }
+        base += h * w;
+    }
+    order
+}
+
 /// The four taps (flat indices into the `side × side` table) and weights of every patch of an
 /// `h × w` frame, in merge order (`m`): row taps outer, column taps inner, as transformers'
 /// `get_vision_interpolation_indices_and_weights(mode="bilinear", align_corners=True)`.
