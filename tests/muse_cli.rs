@@ -2,7 +2,8 @@
 //! follow one process), `anneal logprobs` on the tiny transformers checkpoint prints transformers' values,
 //! `anneal generate` decodes with the KV cache and the training forward reproduces its
 //! log-probabilities bit for bit, and `anneal rl` on the digits demo
-//! with a Muse policy keeps the rollout and trainer log-probabilities equal (mismatch 0).
+//! with a Muse policy keeps the rollout and trainer log-probabilities equal (mismatch 0); Muse
+//! Spark trains and its data-parallel layouts follow.
 
 mod dist_support;
 mod rl_support;
@@ -48,6 +49,39 @@ fn the_debug_flavor_trains_and_ddp_follows_one_process() {
         ok(&dist_support::mpiexec_train(2, &job, &run, &with));
         dist_support::follows_single(name, &losses, &dist_support::loss_values(&run));
     }
+}
+
+/// Muse Spark: blocks joined by gated residuals, the second sparse (4 experts of 16 in a latent
+/// width of 16, top 2); DDP(2) and FSDP(2) follow one process; tensor parallelism is refused
+/// (its latent experts are not split yet) naming the key.
+#[test]
+fn muse_spark_trains_and_data_parallel_layouts_follow() {
+    let job = Job::new("muse-spark");
+    let mut set = MUSE.to_vec();
+    set.extend([
+        "model.flavor=\"debugmodel_spark\"",
+        "model.args.spark={ n_experts = 4, top_k = 2, expert_ffn_dim = 16, latent_dim = 16, routed_scaling_factor = 1.0, residual_gate_temperature = 0.3, mlp_layer_types = [\"dense\", \"sparse\"] }",
+        "training.steps=6",
+        "training.micro_batch_size=2",
+        "training.threads=1",
+        "metrics.eval_freq=0",
+    ]);
+    let (out, one) = job.train("one", &set);
+    ok(&out);
+    let losses = dist_support::loss_values(&one);
+    let (first, last) = (losses[0], *losses.last().unwrap());
+    assert!(last.is_finite() && last < first, "{first} -> {last}");
+    for (name, layout) in [("ddp", None), ("fsdp2", Some("parallelism.dp_shard=2"))] {
+        let run = job.dir.join(name);
+        let with: Vec<&str> = set.iter().copied().chain(layout).collect();
+        ok(&dist_support::mpiexec_train(2, &job, &run, &with));
+        dist_support::follows_single(name, &losses, &dist_support::loss_values(&run));
+    }
+    let with: Vec<&str> = set.iter().copied().chain(["parallelism.tp=2"]).collect();
+    let out = dist_support::mpiexec_train(2, &job, &job.dir.join("tp2"), &with);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("parallelism.tp"), "{err}");
 }
 
 #[test]

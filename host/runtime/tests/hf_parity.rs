@@ -1,5 +1,5 @@
 //! The model plugins against Hugging Face transformers (Llama, Qwen3, Qwen3-MoE and Mixtral from
-//! the Llama plugin; gpt-oss, DeepSeek-V3 and Kimi K2.7, Qwen3.5 and Muse Glimmer from their own): the same weights give the same logits and gradients
+//! the Llama plugin; gpt-oss, DeepSeek-V3 and Kimi K2.7, Qwen3.5, Muse Glimmer and Muse Spark from their own): the same weights give the same logits and gradients
 //! (fixtures written by tests/reference/make_hf_fixtures.py), decode with a KV cache matches the
 //! full forward bit for bit, recompute matches plain backward, and export/import round-trips.
 
@@ -16,7 +16,7 @@ use common::{
 use std::sync::Arc;
 
 /// Every fixture with a transformers reference.
-const FIXTURES: [&str; 16] = [
+const FIXTURES: [&str; 17] = [
     "tiny_llama",
     "tiny_llama3_scaled",
     "tiny_qwen3",
@@ -33,6 +33,7 @@ const FIXTURES: [&str; 16] = [
     "tiny_qwen3_5_other",
     "tiny_muse_glimmer",
     "tiny_kimi_k25",
+    "tiny_muse_spark",
 ];
 
 /// The linear-attention fixtures (rows of 150 to 200 tokens: the delta rule's 64-token chunks).

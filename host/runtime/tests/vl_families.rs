@@ -1,5 +1,6 @@
 //! The vision families on 1-D positions against transformers: Muse Glimmer (`muse_glimmer`,
-//! `MuseGlimmerForConditionalGeneration`: windowed attention, bilinear positions) and Kimi K2.7
+//! `MuseGlimmerForConditionalGeneration`: windowed attention, bilinear positions), Muse Spark
+//! Open (`muse_spark`: the same tower before gated-residual, latent-MoE blocks) and Kimi K2.7
 //! (`kimi_k25`, `Kimi_K25ForConditionalGeneration`: MoonViT3d, bicubic positions, the released
 //! checkpoints' fused RoPE-interleaved `wqkv`), from `expected_vl.safetensors` of their tiny
 //! fixtures (written by `tests/reference/make_hf_fixtures.py`): the tower's merged embeddings
@@ -19,7 +20,7 @@ use common::{
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-const NAMES: [&str; 2] = ["tiny_muse_glimmer", "tiny_kimi_k25"];
+const NAMES: [&str; 3] = ["tiny_muse_glimmer", "tiny_kimi_k25", "tiny_muse_spark"];
 
 fn expected(name: &str) -> BTreeMap<String, Tensor> {
     load_safetensors(fixture(name).join("expected_vl.safetensors")).unwrap()

@@ -77,6 +77,70 @@ pub struct MuseArgs {
     /// text model, exported as `muse_glimmer_text`).
     #[serde(default)]
     pub vision: Option<VisionArgs>,
+    /// Muse Spark's blocks: gated residuals, a gain-free norm on each head's output, and
+    /// mixtures of experts in a latent width (`None`: Muse Glimmer).
+    #[serde(default)]
+    #[arg(nested)]
+    pub spark: Option<SparkArgs>,
+    /// Muse Spark's raw-waveform audio tower, whose weights load and export (audio input is not
+    /// taken yet).
+    #[serde(default)]
+    pub audio: Option<AudioArgs>,
+}
+
+/// What Muse Spark adds to Muse Glimmer's decoder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
+#[serde(deny_unknown_fields)]
+pub struct SparkArgs {
+    /// Routed experts per sparse block (`num_local_experts`).
+    #[arg(hf = "num_local_experts", default = 256, min = 1)]
+    pub n_experts: usize,
+    /// Experts each token is sent to (`num_experts_per_tok`).
+    #[arg(hf = "num_experts_per_tok", default = 8, min = 1)]
+    pub top_k: usize,
+    /// Hidden size of one expert (`moe_intermediate_size`).
+    #[arg(hf = "moe_intermediate_size", default = 4096, min = 1)]
+    pub expert_ffn_dim: usize,
+    /// The latent width the experts run in (`moe_hidden_size`).
+    #[arg(hf = "moe_hidden_size", default = 4096, min = 1)]
+    pub latent_dim: usize,
+    /// The chosen experts' weights, renormalised, are multiplied by this.
+    #[arg(hf = "routed_scaling_factor", default = 1.0, positive)]
+    pub routed_scaling_factor: f64,
+    /// The residual gates' temperature.
+    #[arg(hf = "residual_gate_temperature", default = 0.3, positive)]
+    pub residual_gate_temperature: f64,
+    /// Each block's feed-forward, `dense` or `sparse`; empty: every block sparse.
+    #[serde(default)]
+    #[arg(hf = "mlp_layer_types", default = vec![], one_of("dense", "sparse"))]
+    pub mlp_layer_types: Vec<String>,
+}
+
+/// Muse Spark's audio tower (`audio_config`): a pyramid of strided patch embeddings and causal
+/// depthwise convolution blocks over the raw waveform, then a projection into the decoder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
+#[serde(deny_unknown_fields)]
+pub struct AudioArgs {
+    /// Samples folded into one step by each stage.
+    #[arg(hf = "patch_sizes", default = vec![16, 6, 5, 4], min = 1)]
+    pub patch_sizes: Vec<usize>,
+    /// Each stage's width.
+    #[arg(hf = "hidden_sizes", default = vec![256, 512, 1024, 2048], min = 1)]
+    pub hidden_sizes: Vec<usize>,
+    /// Convolution blocks per stage.
+    #[arg(hf = "depths", default = vec![2, 2, 2, 2])]
+    pub depths: Vec<usize>,
+    /// A stage's MLP width over its hidden width.
+    #[arg(hf = "mlp_ratio", default = 4.0, positive)]
+    pub mlp_ratio: f64,
+    /// Kernel of the depthwise causal convolutions.
+    #[arg(hf = "conv_kernel_size", default = 7, min = 1)]
+    pub conv_kernel_size: usize,
+    /// Its norms' epsilon.
+    #[arg(hf = "rms_norm_eps", default = 1e-6, non_negative)]
+    pub norm_eps: f64,
+    /// The audio placeholder token (`audio_token_id`, top level).
+    pub audio_token_id: usize,
 }
 
 /// Muse Glimmer's vision tower (`vision_config`) and what joins it to the decoder. Its weights
@@ -159,9 +223,50 @@ impl MuseArgs {
         }
     }
 
+    /// Whether block `i` runs Muse Spark's mixture of experts.
+    pub fn is_sparse(&self, i: usize) -> bool {
+        self.spark
+            .as_ref()
+            .is_some_and(|s| s.mlp_layer_types.get(i).is_none_or(|t| t == "sparse"))
+    }
+
+    /// The checkpoint's `model_type`.
+    pub fn model_type(&self) -> &'static str {
+        match (&self.spark, &self.vision) {
+            (Some(_), _) => "muse_spark",
+            (None, Some(_)) => "muse_glimmer",
+            (None, None) => "muse_glimmer_text",
+        }
+    }
+
     /// Checks the arguments fit together, naming the one that does not.
     pub fn validate(&self) -> Result<(), String> {
         self.check()?;
+        if let Some(s) = &self.spark {
+            if s.top_k > s.n_experts {
+                return Err(format!(
+                    "spark.top_k (num_experts_per_tok) = {} asks for more experts per token than the {} experts",
+                    s.top_k, s.n_experts
+                ));
+            }
+            if !s.mlp_layer_types.is_empty() && s.mlp_layer_types.len() != self.n_layers {
+                return Err(format!(
+                    "spark.mlp_layer_types lists {} blocks, the model has {}",
+                    s.mlp_layer_types.len(),
+                    self.n_layers
+                ));
+            }
+        }
+        if let Some(a) = &self.audio {
+            a.check_at("audio.")?;
+            if a.patch_sizes.len() != a.hidden_sizes.len() || a.depths.len() != a.hidden_sizes.len()
+            {
+                return Err(
+                    "audio.patch_sizes, hidden_sizes and depths must list one entry per stage"
+                        .into(),
+                );
+            }
+        }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
                 "n_heads ({}) must be a multiple of n_kv_heads ({})",
@@ -238,6 +343,8 @@ fn debugmodel() -> MuseArgs {
         logit_softcap: 20.0,
         tie_embeddings: false,
         dtype: "f32".into(),
+        spark: None,
+        audio: None,
         vision: Some(VisionArgs {
             depth: 2,
             hidden_size: 64,
@@ -276,10 +383,72 @@ fn released_tower() -> VisionArgs {
     }
 }
 
+/// transformers' `MuseSparkAudioConfig()`.
+fn released_audio() -> AudioArgs {
+    AudioArgs {
+        patch_sizes: vec![16, 6, 5, 4],
+        hidden_sizes: vec![256, 512, 1024, 2048],
+        depths: vec![2, 2, 2, 2],
+        mlp_ratio: 4.0,
+        conv_kernel_size: 7,
+        norm_eps: 1e-6,
+        audio_token_id: 200_038,
+    }
+}
+
 anneal_plugin_api::flavors! {
     /// The named flavors.
     pub fn flavor -> MuseArgs;
     "debugmodel" => debugmodel(),
+    // The debug model as Muse Spark: blocks 1 and 3 sparse (8 experts of 128, top 2, in a
+    // latent width of 128), 0 and 2 dense, gated residuals; a tiny audio tower.
+    "debugmodel_spark" => MuseArgs {
+        spark: Some(SparkArgs {
+            n_experts: 8,
+            top_k: 2,
+            expert_ffn_dim: 128,
+            latent_dim: 128,
+            routed_scaling_factor: 1.0,
+            residual_gate_temperature: 0.3,
+            mlp_layer_types: ["dense", "sparse", "dense", "sparse"].map(String::from).to_vec(),
+        }),
+        audio: Some(AudioArgs {
+            patch_sizes: vec![8, 4],
+            hidden_sizes: vec![32, 64],
+            depths: vec![1, 1],
+            audio_token_id: 7,
+            ..released_audio()
+        }),
+        ..debugmodel()
+    },
+    // transformers' `MuseSparkConfig()` defaults: the released Muse Spark Open.
+    "muse_spark_open" => MuseArgs {
+        dim: 8192,
+        n_layers: 62,
+        n_heads: 128,
+        n_kv_heads: 16,
+        head_dim: 64,
+        ffn_dim: 16_384,
+        vocab_size: 202_048,
+        rope_theta: 500_000.0,
+        max_seq_len: 1_048_576,
+        sliding_window: 2048,
+        qk_scale_factor: 5.473_006_486_387_5,
+        output_multiplier: 0.176_776_695_296_636_9,
+        dtype: "bf16".into(),
+        vision: Some(released_tower()),
+        spark: Some(SparkArgs {
+            n_experts: 256,
+            top_k: 8,
+            expert_ffn_dim: 4096,
+            latent_dim: 4096,
+            routed_scaling_factor: 1.0,
+            residual_gate_temperature: 0.3,
+            mlp_layer_types: vec![],
+        }),
+        audio: Some(released_audio()),
+        ..debugmodel()
+    },
     // transformers' `MuseGlimmerConfig()` defaults: the released 30B.
     "muse_glimmer_30b" => MuseArgs {
         dim: 6656,
@@ -305,14 +474,15 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<MuseArgs, String> {
     let top = HfConfig::new(c);
     let model_type = top.str("model_type")?.unwrap_or("muse_glimmer");
     let f = match model_type {
-        "muse_glimmer" => top.object("text_config")?,
-        "muse_glimmer_text" => HfConfig::new(c),
+        "muse_glimmer" | "muse_spark" => top.object("text_config")?,
+        "muse_glimmer_text" | "muse_spark_text" => HfConfig::new(c),
         other => {
             return Err(format!(
-                "config.json: model_type '{other}' is not served by this plugin (muse_glimmer, muse_glimmer_text)"
+                "config.json: model_type '{other}' is not served by this plugin (muse_glimmer, muse_glimmer_text, muse_spark, muse_spark_text)"
             ))
         }
     };
+    let spark = model_type.starts_with("muse_spark");
     let rope = f.rope(10_000.0)?;
     if rope.llama3.is_some() || rope.yarn.is_some() {
         return Err("config.json: only the default rope type is supported".into());
@@ -330,7 +500,15 @@ pub fn from_hf_config(c: &serde_json::Value) -> Result<MuseArgs, String> {
         }
     }
     let mut args = MuseArgs::from_hf(&f)?;
-    if model_type == "muse_glimmer" {
+    if spark {
+        args.spark = Some(SparkArgs::from_hf(&f)?);
+    }
+    if spark && top.get("audio_config").is_some() {
+        let mut audio = AudioArgs::from_hf(&top.object("audio_config")?)?;
+        audio.audio_token_id = top.uint("audio_token_id")?.unwrap_or(200_038);
+        args.audio = Some(audio);
+    }
+    if matches!(model_type, "muse_glimmer" | "muse_spark") {
         let v = top.object("vision_config")?;
         let mut vision = VisionArgs::from_hf(&v)?;
         vision.rope_theta = match v.get("rope_parameters") {

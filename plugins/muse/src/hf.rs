@@ -26,11 +26,17 @@ pub fn adapter(a: &MuseArgs) -> HfAdapter {
     } else {
         "float32"
     };
+    let family = a.model_type().trim_end_matches("_text");
+    let act_key = if a.spark.is_some() {
+        "hidden_act"
+    } else {
+        "hidden_activation"
+    };
     for (k, v) in [
-        ("model_type", json!("muse_glimmer_text")),
+        ("model_type", json!(format!("{family}_text"))),
         ("layer_types", json!(layer_types)),
         ("layer_rope_theta", json!(thetas)),
-        ("hidden_activation", json!("silu")),
+        (act_key, json!("silu")),
         ("attention_bias", json!(false)),
         ("dtype", json!(dtype)),
     ] {
@@ -48,12 +54,17 @@ pub fn adapter(a: &MuseArgs) -> HfAdapter {
         return HfAdapter { config: text };
     };
     let mut vision = Value::Object(v.to_hf());
-    vision["model_type"] = json!("muse_glimmer_vision");
+    vision["model_type"] = json!(format!("{family}_vision"));
     vision["rope_parameters"] = json!({"rope_type": "axial", "rope_theta": v.rope_theta});
     vision["hidden_act"] = json!("gelu");
-    let config = json!({
-        "model_type": "muse_glimmer",
-        "architectures": ["MuseGlimmerForConditionalGeneration"],
+    let architecture = if a.spark.is_some() {
+        "MuseSparkForConditionalGeneration"
+    } else {
+        "MuseGlimmerForConditionalGeneration"
+    };
+    let mut config = json!({
+        "model_type": family,
+        "architectures": [architecture],
         "text_config": text,
         "vision_config": vision,
         "out_hidden_size": v.out_hidden_size,
@@ -64,5 +75,13 @@ pub fn adapter(a: &MuseArgs) -> HfAdapter {
         "tie_word_embeddings": a.tie_embeddings,
         "dtype": dtype,
     });
+    if let Some(au) = &a.audio {
+        let mut audio = Value::Object(au.to_hf());
+        audio["model_type"] = json!(format!("{family}_audio"));
+        audio["num_hidden_layers"] = json!(au.hidden_sizes.len());
+        audio["out_hidden_size"] = json!(a.dim);
+        config["audio_config"] = audio;
+        config["audio_token_id"] = json!(au.audio_token_id);
+    }
     HfAdapter { config }
 }

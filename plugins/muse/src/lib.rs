@@ -13,7 +13,7 @@ pub use model::Muse;
 
 anneal_plugin_api::model_factory!(Muse, crate::config);
 
-anneal_plugin_api::export_plugin!(model Muse, name = "muse", model_types = ["muse_glimmer", "muse_glimmer_text"], description = "Muse Glimmer decoder (scaleless QK-norm with a query multiplier, sigmoid output gate, sandwich norms, NoPE full attention every 4th block and RoPE sliding-window attention elsewhere, soft-capped logits; its vision tower: windowed attention, learned 2-D positions resampled, 2-D RoPE, merge, adapter, projection)");
+anneal_plugin_api::export_plugin!(model Muse, name = "muse", model_types = ["muse_glimmer", "muse_glimmer_text", "muse_spark", "muse_spark_text"], description = "Muse Glimmer and Muse Spark Open decoders (scaleless QK-norm with a query multiplier, sigmoid output gate, sandwich norms, NoPE full attention every 4th block and RoPE sliding-window attention elsewhere, soft-capped logits; Spark: gated residuals, latent mixtures of experts; the vision tower: windowed attention, learned 2-D positions resampled, 2-D RoPE, merge, adapter, projection)");
 
 #[cfg(test)]
 mod tests {
@@ -25,7 +25,8 @@ mod tests {
         let m = Muse::create(Some(flavor), json!({})).unwrap();
         spec::params(&m.args)
             .iter()
-            .filter(|p| vision || !p.name.starts_with("vision."))
+            // transformers counts parameters, not buffers (Spark's routing biases).
+            .filter(|p| p.trainable && (vision || !p.name.starts_with("vision.")))
             .map(|p| p.shape.iter().product::<usize>())
             .sum()
     }
@@ -35,6 +36,9 @@ mod tests {
         // transformers' `MuseGlimmerForConditionalGeneration(MuseGlimmerConfig())`, counted on
         // the meta device.
         assert_eq!(count("muse_glimmer_30b", true), MUSE_GLIMMER_30B);
+        // `MuseSparkForConditionalGeneration(MuseSparkConfig())`: towers included.
+        assert_eq!(count("muse_spark_open", true), 822_036_513_792);
+        assert!(count("debugmodel_spark", false) > 0);
         assert!(count("debugmodel", false) > 0);
     }
 

@@ -13,9 +13,9 @@
 //! ```
 
 use crate::config::MuseArgs;
-use crate::spec::{BlockParams, MuseParams};
+use crate::spec::{BlockParams, FeedForward, LatentExperts, MuseParams};
 use anneal_plugin_api::sdk::kit::blocks::{self, GqaOpts};
-use anneal_plugin_api::sdk::kit::{nth_layer, BlockNorms, Decoder, Frame, Norm};
+use anneal_plugin_api::sdk::kit::{nth_layer, BlockNorms, Decoder, Frame, Norm, Sublayer};
 use anneal_plugin_api::sdk::{vision, Ctx, ModelSpec, Result, Rope, Tensor};
 
 /// A Muse Glimmer model: its arguments and declared parameters (the weights live in the host).
@@ -40,6 +40,56 @@ impl Muse {
 
     fn block(&self, index: usize) -> Result<&BlockParams> {
         nth_layer(&self.params.layers, index)
+    }
+
+    /// Muse Spark's sparse feed-forward on `x [B, T, D]`: sigmoid scores of `m · W_r · x` (the
+    /// routing bias steers the choice only), the top-k weights renormalised and scaled; the
+    /// experts run on the normed latent projection, each output scaled by `1 + w` and normed.
+    fn latent_experts<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        p: &LatentExperts,
+        x: &Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let a = &self.args;
+        let sp = a
+            .spark
+            .as_ref()
+            .ok_or("a sparse block in a model without Spark settings")?;
+        let s = x.shape()?;
+        let (b, t, d) = (s[0] as i64, s[1] as i64, s[2] as i64);
+        let e = sp.n_experts;
+        let flat = x.reshape(&[b * t, d])?;
+        let scores = flat
+            .to_dtype("f32")?
+            .linear(&ctx.w(&p.router)?.to_dtype("f32")?)?
+            .scale(a.output_multiplier)?
+            .unary("sigmoid")?;
+        let experts = scores
+            .add(&ctx.w(&p.bias)?.to_dtype("f32")?)?
+            .topk(sp.top_k, 1)?
+            .1;
+        let chosen = scores.gather(1, &experts)?;
+        let weights = chosen
+            .div(&chosen.sum(&[1], true)?.affine(1.0, 1e-15)?)?
+            .scale(sp.routed_scaling_factor)?;
+        let [_, _, _, counts] = ctx.host.sort_by_expert(&experts, e)?;
+        let latent = Norm::centred(a.norm_eps).apply(
+            ctx,
+            &flat.linear(&ctx.w(&p.pre_proj)?)?,
+            &p.pre_norm,
+        )?;
+        let rows = latent.moe_dispatch(&experts, e)?;
+        let gate = rows.grouped_matmul_nt(&ctx.w(&p.gate)?, &counts)?;
+        let up = rows.grouped_matmul_nt(&ctx.w(&p.up)?, &counts)?;
+        let out = gate
+            .swiglu(&up)?
+            .grouped_matmul_nt(&ctx.w(&p.down)?, &counts)?;
+        let scaled = out.mul(&ctx.w(&p.post_norm)?.affine(1.0, 1.0)?)?;
+        blocks::scaleless_rms_norm(ctx, &scaled, a.post_norm_eps)?
+            .moe_combine(&weights.to_dtype(&out.dtype()?)?, &experts, e)?
+            .linear(&ctx.w(&p.post_proj)?)?
+            .reshape(&[b, t, d])
     }
 }
 
@@ -69,14 +119,54 @@ impl Decoder for Muse {
         }
     }
 
+    /// Spark's post-norms are not the centred kind: [`Decoder::residual`] applies them.
     fn block_norms(&self, index: usize) -> Result<BlockNorms<'_>> {
         let l = self.block(index)?;
+        let spark = self.args.spark.is_some();
         Ok(BlockNorms {
-            attention: &l.attention_norm,
-            ffn: &l.ffn_norm,
-            post_attention: Some(&l.attention_post_norm),
-            post_ffn: Some(&l.ffn_post_norm),
+            post_attention: l.attention_post_norm.as_ref(),
+            post_ffn: (!spark).then_some(&l.ffn_post_norm),
+            ..BlockNorms::pre(&l.attention_norm, &l.ffn_norm)
         })
+    }
+
+    /// Spark: the attention's output normed without a gain, the feed-forward's scaled by `1 + w`
+    /// then normed, each joined to the residual by its gate, `α·x + β·y` with
+    /// `β = σ(g/τ)`, `α = √max(σ(−g/τ)·(1 + β), 10⁻³)`.
+    fn residual<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        index: usize,
+        which: Sublayer,
+        x: &Tensor<'h>,
+        y: Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let (Some(sp), Some(gates)) = (&self.args.spark, &self.block(index)?.residual_gates) else {
+            return x.add(&y);
+        };
+        let eps = self.args.post_norm_eps;
+        let (y, gate) = match which {
+            Sublayer::Attention => (blocks::scaleless_rms_norm(ctx, &y, eps)?, &gates[0]),
+            Sublayer::FeedForward => {
+                let w = ctx.w(&self.block(index)?.ffn_post_norm)?.affine(1.0, 1.0)?;
+                (
+                    blocks::scaleless_rms_norm(ctx, &y.mul(&w)?, eps)?,
+                    &gates[1],
+                )
+            }
+        };
+        // The gates are f32 parameters, computed in f32, applied in the stream's dtype.
+        let dtype = x.dtype()?;
+        let g = ctx.w(gate)?.scale(1.0 / sp.residual_gate_temperature)?;
+        let beta = g.unary("sigmoid")?;
+        let alpha = g
+            .scale(-1.0)?
+            .unary("sigmoid")?
+            .mul(&beta.affine(1.0, 1.0)?)?
+            .clamp(1e-3, f64::INFINITY)?
+            .sqrt()?;
+        x.mul(&alpha.to_dtype(&dtype)?)?
+            .add(&y.mul(&beta.to_dtype(&dtype)?)?)
     }
 
     fn attention<'h>(
@@ -94,6 +184,7 @@ impl Decoder for Muse {
                 .then_some(Rope::new(a.rope_theta, a.head_dim)),
             scaleless_qk_norm: Some(a.norm_eps),
             query_scale: Some(a.qk_scale_factor),
+            scaleless_out_norm: a.spark.is_some().then_some(a.norm_eps),
             sliding_window: a.window_of(index),
             ..Default::default()
         };
@@ -101,8 +192,10 @@ impl Decoder for Muse {
     }
 
     fn feed_forward<'h>(&self, ctx: &Ctx<'h>, index: usize, x: &Tensor<'h>) -> Result<Tensor<'h>> {
-        let [w1, w3, w2] = &self.block(index)?.ffn;
-        blocks::swiglu(ctx, x, w1, w3, w2)
+        match &self.block(index)?.ffn {
+            FeedForward::Dense([w1, w3, w2]) => blocks::swiglu(ctx, x, w1, w3, w2),
+            FeedForward::Latent(p) => self.latent_experts(ctx, p, x),
+        }
     }
 
     /// The embeddings are normed without a gain; with images, the tower's embeddings replace

@@ -2,12 +2,12 @@
 //! transformers checkpoint (the decoder under `model.language_model.`, the tower under
 //! `model.vision_tower.`), and the model's costs.
 
-use crate::config::{MuseArgs, VisionArgs};
+use crate::config::{AudioArgs, MuseArgs, SparkArgs, VisionArgs};
 use crate::hf;
 use crate::vision::{Block, Tower};
 use anneal_plugin_api::sdk::kit::blocks::{GqaParams, Proj};
 use anneal_plugin_api::sdk::{
-    Decl, Init, ModelSpec, ParallelSupport, Param, ParamSpec, ParamTable,
+    Decl, HfMap, Init, LayerScope, ModelSpec, ParallelSupport, Param, ParamSpec, ParamTable,
 };
 
 /// The parameters of one block.
@@ -16,14 +16,49 @@ pub struct BlockParams {
     pub attention_norm: Param,
     /// Grouped-query attention with a separate sigmoid output gate `[n_heads · head_dim, dim]`.
     pub attention: GqaParams,
-    /// Centred RMSNorm on the attention's output.
-    pub attention_post_norm: Param,
+    /// Centred RMSNorm on the attention's output (Glimmer; Spark's has no gain).
+    pub attention_post_norm: Option<Param>,
     /// Centred RMSNorm before the feed-forward.
     pub ffn_norm: Param,
-    /// SwiGLU gate, up and down projections.
-    pub ffn: [Param; 3],
-    /// Centred RMSNorm on the feed-forward's output.
+    /// The feed-forward.
+    pub ffn: FeedForward,
+    /// RMSNorm on the feed-forward's output: centred (Glimmer), or of the input scaled by
+    /// `1 + w` (Spark).
     pub ffn_post_norm: Param,
+    /// Spark's residual gates after attention and after the feed-forward, `[dim]` each.
+    pub residual_gates: Option<[Param; 2]>,
+}
+
+/// A block's feed-forward.
+pub enum FeedForward {
+    /// SwiGLU gate, up and down projections.
+    Dense([Param; 3]),
+    /// Muse Spark's mixture of experts in a latent width.
+    Latent(LatentExperts),
+}
+
+/// Muse Spark's sparse feed-forward: a sigmoid router on the block's input, the input projected
+/// into the latent width and normed, SwiGLU experts there with a shared norm on each expert's
+/// output, the weighted sum projected back.
+pub struct LatentExperts {
+    /// Router `[n_experts, dim]`.
+    pub router: Param,
+    /// The routing bias that steers the choice only `[n_experts]` (a buffer).
+    pub bias: Param,
+    /// `[latent, dim]`.
+    pub pre_proj: Param,
+    /// Centred RMSNorm in the latent width.
+    pub pre_norm: Param,
+    /// Gates and ups `[n_experts, expert_ffn, latent]` (halves of `gate_up_proj`).
+    pub gate: Param,
+    /// See `gate`.
+    pub up: Param,
+    /// Down projections `[n_experts, latent, expert_ffn]`.
+    pub down: Param,
+    /// The input-scaled RMSNorm on every expert's output `[latent]`.
+    pub post_norm: Param,
+    /// `[dim, latent]`.
+    pub post_proj: Param,
 }
 
 /// Every parameter of the model.
@@ -67,25 +102,30 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
             let std = 0.02;
             let depth_std = 0.02 / (2.0 * (i + 1) as f64).sqrt();
             let mut l = t.layer(i, &format!("layers.{i}"), &format!("{prefix}.layers.{i}"));
-            let mut norm = |name: &str, hf: &str| {
-                l.add(
-                    Decl::new(&format!("{name}.weight"), [d])
-                        .init(Init::Zeros)
-                        .hf_name(&format!("{hf}.weight")),
-                )
-            };
-            let attention_norm = norm("attention_norm", "input_layernorm");
-            let attention_post_norm = norm("attention_post_norm", "post_attention_layernorm");
-            let ffn_norm = norm("ffn_norm", "pre_feedforward_layernorm");
-            let ffn_post_norm = norm("ffn_post_norm", "post_feedforward_layernorm");
-            let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
-                let decl = Decl::new(&format!("{name}.weight"), shape)
-                    .trunc_normal(std)
-                    .hf_name(&format!("{hf}.weight"));
-                l.add(if col { decl.column() } else { decl.row() })
-            };
+            let attention_norm = centred_norm(&mut l, d, "attention_norm", "input_layernorm");
+            let attention_post_norm = a.spark.is_none().then(|| {
+                centred_norm(&mut l, d, "attention_post_norm", "post_attention_layernorm")
+            });
+            let ffn_norm = centred_norm(&mut l, d, "ffn_norm", "pre_feedforward_layernorm");
+            let ffn_post_norm =
+                centred_norm(&mut l, d, "ffn_post_norm", "post_feedforward_layernorm");
+            let residual_gates = a.spark.is_some().then(|| {
+                [
+                    "post_attention_residual_gate",
+                    "post_feedforward_residual_gate",
+                ]
+                .map(|g| {
+                    l.add(
+                        Decl::new(&format!("{g}.gate"), [d])
+                            .init(Init::Zeros)
+                            .dtype("f32")
+                            .hf_name(&format!("{g}.gate")),
+                    )
+                })
+            });
             let attention = GqaParams {
                 wq: Proj::new(linear(
+                    &mut l,
                     "attention.wq",
                     [q_dim, d],
                     std,
@@ -93,6 +133,7 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
                     true,
                 )),
                 wk: Proj::new(linear(
+                    &mut l,
                     "attention.wk",
                     [kv_dim, d],
                     std,
@@ -100,6 +141,7 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
                     true,
                 )),
                 wv: Proj::new(linear(
+                    &mut l,
                     "attention.wv",
                     [kv_dim, d],
                     std,
@@ -107,6 +149,7 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
                     true,
                 )),
                 gate: Some(Proj::new(linear(
+                    &mut l,
                     "attention.gate",
                     [q_dim, d],
                     std,
@@ -114,6 +157,7 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
                     true,
                 ))),
                 wo: Proj::new(linear(
+                    &mut l,
                     "attention.wo",
                     [d, q_dim],
                     depth_std,
@@ -123,11 +167,30 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
                 qk_norm: None,
                 sinks: None,
             };
-            let ffn = [
-                linear("feed_forward.w1", [f, d], std, "mlp.gate_proj", true),
-                linear("feed_forward.w3", [f, d], std, "mlp.up_proj", true),
-                linear("feed_forward.w2", [d, f], depth_std, "mlp.down_proj", false),
-            ];
+            let ffn = match &a.spark {
+                Some(sp) if a.is_sparse(i) => {
+                    FeedForward::Latent(declare_experts(&mut l, sp, d, std, depth_std))
+                }
+                _ => FeedForward::Dense([
+                    linear(
+                        &mut l,
+                        "feed_forward.w1",
+                        [f, d],
+                        std,
+                        "mlp.gate_proj",
+                        true,
+                    ),
+                    linear(&mut l, "feed_forward.w3", [f, d], std, "mlp.up_proj", true),
+                    linear(
+                        &mut l,
+                        "feed_forward.w2",
+                        [d, f],
+                        depth_std,
+                        "mlp.down_proj",
+                        false,
+                    ),
+                ]),
+            };
             BlockParams {
                 attention_norm,
                 attention,
@@ -135,6 +198,7 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
                 ffn_norm,
                 ffn,
                 ffn_post_norm,
+                residual_gates,
             }
         })
         .collect();
@@ -154,6 +218,9 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
         )
     };
     let vision = a.vision.as_ref().map(|v| declare_tower(&mut t, v, d));
+    if let Some(au) = &a.audio {
+        declare_audio(&mut t, au, d);
+    }
     let params = MuseParams {
         tok_embeddings,
         layers,
@@ -162,6 +229,156 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
         vision,
     };
     (params, t.into_specs())
+}
+
+/// A centred RMSNorm's gain `[d]` (zeros: `1 + w` starts at 1).
+fn centred_norm(l: &mut LayerScope<'_>, d: usize, name: &str, hf: &str) -> Param {
+    l.add(
+        Decl::new(&format!("{name}.weight"), [d])
+            .init(Init::Zeros)
+            .hf_name(&format!("{hf}.weight")),
+    )
+}
+
+/// A projection `{name}.weight` of `shape`, split by its output (`col`) or input under tensor
+/// parallelism.
+fn linear(
+    l: &mut LayerScope<'_>,
+    name: &str,
+    shape: [usize; 2],
+    std: f64,
+    hf: &str,
+    col: bool,
+) -> Param {
+    let decl = Decl::new(&format!("{name}.weight"), shape)
+        .trunc_normal(std)
+        .hf_name(&format!("{hf}.weight"));
+    l.add(if col { decl.column() } else { decl.row() })
+}
+
+/// A sparse block's experts under `mlp.`: stacked `[n_experts, ..]` with `expert_dim` 0, the
+/// gates and ups the halves of transformers' fused `gate_up_proj`.
+fn declare_experts(
+    l: &mut LayerScope<'_>,
+    sp: &SparkArgs,
+    d: usize,
+    std: f64,
+    depth_std: f64,
+) -> LatentExperts {
+    let (e, f, m) = (sp.n_experts, sp.expert_ffn_dim, sp.latent_dim);
+    let mut norm = |name: &str, hf: &str| {
+        l.add(
+            Decl::new(name, [m])
+                .init(Init::Zeros)
+                .replicated()
+                .hf_name(hf),
+        )
+    };
+    let (pre_norm, post_norm) = (
+        norm("moe.pre_norm.weight", "mlp.pre_expert_norm.weight"),
+        norm(
+            "moe.post_norm.weight",
+            "mlp.experts.post_expert_norm.weight",
+        ),
+    );
+    let mut add = |d: Decl| l.add(d);
+    let stacked = |name: &str, shape: [usize; 3], std: f64, hf: HfMap| {
+        Decl::new(name, shape)
+            .trunc_normal(std)
+            .expert_dim(0)
+            .hf(hf)
+    };
+    let fused = |part| HfMap::one("mlp.experts.gate_up_proj").part(1, part, 2, false);
+    LatentExperts {
+        router: add(Decl::new("moe.router.weight", [e, d])
+            .trunc_normal(std)
+            .replicated()
+            .hf_name("mlp.gate.weight")),
+        bias: add(Decl::new("moe.router.bias", [e])
+            .init(Init::Zeros)
+            .buffer()
+            .hf_name("mlp.gate.e_score_correction_bias")),
+        pre_proj: add(Decl::new("moe.pre_proj.weight", [m, d])
+            .trunc_normal(std)
+            .replicated()
+            .hf_name("mlp.pre_expert_proj.weight")),
+        pre_norm,
+        gate: add(stacked("moe.gate", [e, f, m], std, fused(0))),
+        up: add(stacked("moe.up", [e, f, m], std, fused(1))),
+        down: add(stacked(
+            "moe.down",
+            [e, m, f],
+            depth_std,
+            HfMap::one("mlp.experts.down_proj"),
+        )),
+        post_norm,
+        post_proj: add(Decl::new("moe.post_proj.weight", [d, m])
+            .trunc_normal(depth_std)
+            .replicated()
+            .hf_name("mlp.post_expert_proj.weight")),
+    }
+}
+
+/// The audio tower's parameters (loaded and exported; audio input is not taken yet).
+fn declare_audio(t: &mut ParamTable, au: &AudioArgs, text_dim: usize) {
+    let mut add = |name: String, shape: Vec<usize>, bias: bool| {
+        let decl = Decl::new(&name, shape.clone())
+            .replicated()
+            .hf_name(&format!("model.{name}"));
+        t.add(match (shape.len(), bias) {
+            (1, true) => decl.init(Init::Zeros),
+            (1, false) => decl.ones(),
+            _ => decl.trunc_normal(0.02),
+        });
+    };
+    let mut width = 1;
+    for (s, (&h, (&p, &depth))) in au
+        .hidden_sizes
+        .iter()
+        .zip(au.patch_sizes.iter().zip(&au.depths))
+        .enumerate()
+    {
+        let stage = format!("audio_tower.layers.{s}");
+        add(
+            format!("{stage}.patch_embedder.proj.weight"),
+            vec![h, width * p],
+            false,
+        );
+        add(format!("{stage}.patch_embedder.proj.bias"), vec![h], true);
+        add(
+            format!("{stage}.patch_embedder.norm.weight"),
+            vec![h],
+            false,
+        );
+        let inner = (h as f64 * au.mlp_ratio) as usize;
+        for b in 0..depth {
+            let block = format!("{stage}.conv_blocks.{b}");
+            add(
+                format!("{block}.conv.weight"),
+                vec![h, 1, au.conv_kernel_size],
+                false,
+            );
+            add(format!("{block}.conv.bias"), vec![h], true);
+            add(format!("{block}.norm.weight"), vec![h], false);
+            add(format!("{block}.mlp.fc1.weight"), vec![inner, h], false);
+            add(format!("{block}.mlp.fc1.bias"), vec![inner], true);
+            add(format!("{block}.mlp.fc2.weight"), vec![h, inner], false);
+            add(format!("{block}.mlp.fc2.bias"), vec![h], true);
+        }
+        width = h;
+    }
+    add("audio_tower.norm.weight".into(), vec![width], false);
+    add(
+        "audio_tower.proj.weight".into(),
+        vec![text_dim, width],
+        false,
+    );
+    add("audio_tower.proj.bias".into(), vec![text_dim], true);
+    add(
+        "audio_tower.post_proj_norm.weight".into(),
+        vec![text_dim],
+        false,
+    );
 }
 
 /// The vision tower's, adapter's and projection's parameters: transformers' names, zero biases,
@@ -276,7 +493,18 @@ pub fn model_spec(a: &MuseArgs, params: Vec<ParamSpec>) -> ModelSpec {
     };
     // 6 FLOPs per parameter per token for the matmuls a text token goes through (not the
     // embedding lookup, not the tower), plus attention scores and values.
-    let dense = n(&|p| !p.name.starts_with("vision.") && p.name != "tok_embeddings.weight");
+    let dense = n(&|p| {
+        !p.name.starts_with("vision.")
+            && !p.name.starts_with("audio_tower.")
+            && p.name != "tok_embeddings.weight"
+    });
+    // Of a sparse block's experts, a token goes through top-k.
+    let idle: usize = (0..a.n_layers)
+        .filter(|&i| a.is_sparse(i))
+        .filter_map(|_| a.spark.as_ref())
+        .map(|sp| (sp.n_experts - sp.top_k) * 3 * sp.expert_ffn_dim * sp.latent_dim)
+        .sum();
+    let dense = dense - idle;
     let attn = 12.0 * (a.n_layers * a.n_heads * a.head_dim * a.max_seq_len) as f64;
     ModelSpec {
         architecture: "muse".into(),
@@ -284,12 +512,14 @@ pub fn model_spec(a: &MuseArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense as f64 + attn,
-        active_params: None,
+        active_params: (idle > 0).then(|| n(&|_| true) - idle),
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim)); a.n_layers],
         hf: Some(hf::adapter(a)),
         params,
         // Checked under TP(2): the gate splits by heads with the queries; the QK-norm has no
-        // gains to split.
-        parallel: ParallelSupport { tensor: true },
+        // gains to split. Muse Spark's latent experts are not split yet.
+        parallel: ParallelSupport {
+            tensor: a.spark.is_none(),
+        },
     }
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reloads the Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE (with vision), Muse Glimmer and Kimi K2.7 checkpoints that
+"""Reloads the Qwen3-VL, Qwen3-VL-MoE, Qwen3.5, Qwen3.5-MoE (with vision), Muse Glimmer, Muse Spark Open and Kimi K2.7 checkpoints that
 Anneal exported in transformers and compares their logits on the fixture's prompt with both
 images against the fixtures' (what transformers computed with the original checkpoints). Needs
 torch, safetensors and transformers (5.x):
@@ -9,7 +9,7 @@ torch, safetensors and transformers (5.x):
     ANNEAL_VL_EXPORT=/tmp/vl-export cargo test --release -p anneal-runtime --test vl_families export
     python host/runtime/tests/reference/check_vl_export.py /tmp/vl-export [NAME ...]
 
-checks the fixtures NAME (all six when none is named). Exits 1 when any logit differs by more
+checks the fixtures NAME (all seven when none is named). Exits 1 when any logit differs by more
 than 1e-4.
 """
 import pathlib
@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForImageTextToText
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
-NAMES = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe", "tiny_qwen3_5_vl", "tiny_qwen3_5_moe_vl", "tiny_muse_glimmer", "tiny_kimi_k25"]
+NAMES = ["tiny_qwen3_vl", "tiny_qwen3_vl_moe", "tiny_qwen3_5_vl", "tiny_qwen3_5_moe_vl", "tiny_muse_glimmer", "tiny_kimi_k25", "tiny_muse_spark"]
 
 
 def main():
@@ -28,7 +28,7 @@ def main():
     for name in sys.argv[2:] or NAMES:
         path = pathlib.Path(sys.argv[1]) / name
         model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
-        muse = name in ("tiny_muse_glimmer", "tiny_kimi_k25")
+        muse = name in ("tiny_muse_glimmer", "tiny_kimi_k25", "tiny_muse_spark")
         exp = load_file(FIXTURES / name / ("expected_vl.safetensors" if muse else "expected.safetensors"))
         if "pixel_values" not in exp:
             # The Qwen3.5 fixtures share tiny_qwen3_vl's images.

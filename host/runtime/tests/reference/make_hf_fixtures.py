@@ -25,7 +25,8 @@ from transformers import (DeepseekV3Config, DeepseekV3ForCausalLM, DeepseekV4Con
                           KimiLinearForCausalLM, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM,
                           Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, Qwen3Config,
                           Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
-from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration, MuseGlimmerConfig, MuseGlimmerForConditionalGeneration
+from transformers import (Kimi_K25Config, Kimi_K25ForConditionalGeneration, MuseGlimmerConfig,
+                          MuseGlimmerForConditionalGeneration, MuseSparkConfig, MuseSparkForConditionalGeneration)
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -227,6 +228,22 @@ def models():
                            rope_parameters=dict(rope_type="axial", rope_theta=10000.0)),
         projection_hidden_size=32, image_token_id=95, video_token_id=94, vision_start_token_id=92,
         vision_end_token_id=93, tie_word_embeddings=False, attn_implementation="eager"))
+    # Muse Spark Open: Muse Glimmer's attention (and a gain-free norm on each head's output),
+    # gated residuals, blocks 1, 2 and 4 sparse (4 experts of 24, top 2, in a latent width of 32),
+    # the same tiny vision tower, and a two-stage audio tower.
+    yield "tiny_muse_spark", MuseSparkForConditionalGeneration(MuseSparkConfig(
+        text_config=dict(**{**COMMON, "num_hidden_layers": 5}, head_dim=16, sliding_window=4,
+                         rope_parameters=dict(rope_type="default", rope_theta=10000.0),
+                         final_logit_softcapping=4.0, output_multiplier=0.5, qk_scale_factor=3.87,
+                         post_norm_eps=1e-6, moe_intermediate_size=24, num_local_experts=4, num_experts_per_tok=2,
+                         routed_scaling_factor=2.0, moe_hidden_size=32,
+                         mlp_layer_types=["dense", "sparse", "sparse", "dense", "sparse"]),
+        vision_config=dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, num_attention_heads=2,
+                           num_hidden_layers=2, hidden_size=32, intermediate_size=64, merge_size=2,
+                           rope_parameters=dict(rope_type="axial", rope_theta=10000.0)),
+        audio_config=dict(patch_sizes=[4, 2], hidden_sizes=[16, 32], depths=[1, 1], num_hidden_layers=2,
+                          out_hidden_size=64),
+        out_hidden_size=128, projector_hidden_size=48, image_token_id=95, video_token_id=94, audio_token_id=93))
 
 
 # Tokens per row where the fixture needs more than 11: the delta rule's chunks are 64 tokens, so
@@ -402,8 +419,9 @@ def muse_glimmer_images(model, d):
            "image_grid_thw": grids,
            "image_embeds": torch.cat(embeds).detach().contiguous(), "vl_logits": logits.detach().contiguous(),
            "vl_loss": loss.detach().reshape(1)}
-    if kimi:
-        # Saved as the original checkpoint lays them out (fused, RoPE-interleaved wqkv).
+    if kimi or model.config.model_type == "muse_spark":
+        # Saved as the checkpoint lays them out (Kimi: fused, RoPE-interleaved wqkv; Spark: fused
+        # experts).
         import tempfile
         with tempfile.TemporaryDirectory() as tmp:
             out |= {"grad." + k: g.contiguous() for k, g in deepseek_v4_grads(model, tmp).items()}
@@ -412,6 +430,16 @@ def muse_glimmer_images(model, d):
             for gname, grad in checkpoint_grads(pname, p.grad.detach(), model.config.model_type):
                 out["grad." + gname] = grad.contiguous()
     save_file(out, str(d / "expected_vl.safetensors"))
+
+
+def gentle(model):
+    """Muse Spark's gated residuals and gain-free norms make the widened model's backward so
+    ill-conditioned that transformers' own gradients move by 3e-4 with the rounding: gains
+    centred on 0 in [-0.5, 0.5] (residual gates near β = ½, norms' 1 + w in [0.5, 1.5]) and
+    matrices of std 0.05 keep every gradient within 1e-5."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-0.5, 0.5) if p.dim() == 1 else p.normal_(0.0, 0.05)
 
 
 def tame(model):
@@ -446,6 +474,8 @@ def main():
         widen(model)
         if name.startswith("tiny_qwen3_5"):
             tame(model)
+        if name == "tiny_muse_spark":
+            gentle(model)
         if name.startswith("tiny_deepseek_v4"):
             deepseek_v4_tables(model)
         d = OUT / name
@@ -462,7 +492,7 @@ def main():
         lp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None])[..., 0]
         out = {"tokens": tokens.contiguous(), "logits": logits.detach().contiguous(),
                "logprobs": lp.detach().contiguous(), "loss": loss.detach().reshape(1)}
-        if model.config.model_type in ("deepseek_v4", "kimi_k25"):
+        if model.config.model_type in ("deepseek_v4", "kimi_k25", "muse_spark"):
             import tempfile
             with tempfile.TemporaryDirectory() as tmp:
                 for gname, g in deepseek_v4_grads(model, tmp).items():
@@ -474,7 +504,7 @@ def main():
                 for gname, g in checkpoint_grads(pname, grad, model.config.model_type):
                     out["grad." + gname] = g.contiguous()
         save_file(out, str(d / "expected.safetensors"))
-        if name in ("tiny_muse_glimmer", "tiny_kimi_k25"):
+        if name in ("tiny_muse_glimmer", "tiny_kimi_k25", "tiny_muse_spark"):
             muse_glimmer_images(model, d)
         for junk in ("generation_config.json",):
             (d / junk).unlink(missing_ok=True)

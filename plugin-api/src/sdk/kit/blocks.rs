@@ -109,6 +109,8 @@ pub struct GqaOpts<'a> {
     pub scaleless_qk_norm: Option<f64>,
     /// Queries multiplied by this after the QK-norm, on top of attention's `1/√head_dim`.
     pub query_scale: Option<f64>,
+    /// Each head's output normed without a gain, of this epsilon (Muse Spark).
+    pub scaleless_out_norm: Option<f64>,
     /// Attend to the last this many positions only.
     pub sliding_window: Option<usize>,
     /// The query projection holds a per-head sigmoid gate after each head's queries; the
@@ -175,7 +177,11 @@ pub fn gqa<'h>(
         ..Default::default()
     };
     let o_bhtd = q_bhtd.attention(&k_bhtd, &v_bhtd, &ctx.positions, &attention)?;
-    let mut o = o_bhtd.transpose(1, 2)?.reshape(&[b, t, -1])?;
+    let mut o_bthd = o_bhtd.transpose(1, 2)?;
+    if let Some(eps) = opts.scaleless_out_norm {
+        o_bthd = scaleless_rms_norm(ctx, &o_bthd, eps)?;
+    }
+    let mut o = o_bthd.reshape(&[b, t, -1])?;
     if let Some(g) = gate {
         o = gated(&o, &g)?;
     }

@@ -8,7 +8,8 @@
 //! out = h + post_ffn(FFN(pre_ffn(h)))
 //! ```
 //! `post_*` are the sandwich norms some families add (absent: the identity); every norm is
-//! RMSNorm with the decoder's [`Norm`].
+//! RMSNorm with the decoder's [`Norm`]. A family with gated residuals (`α·x + β·y`) overrides
+//! [`Decoder::residual`].
 
 use crate::sdk::{Ctx, Host, Model, ModelSpec, Param, Result, Tensor};
 
@@ -96,6 +97,15 @@ impl<'a> BlockNorms<'a> {
     }
 }
 
+/// A block's two sublayers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sublayer {
+    /// The token mixer.
+    Attention,
+    /// The feed-forward.
+    FeedForward,
+}
+
 /// Which attention a block uses (`layer_types` in `config.json`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -169,6 +179,20 @@ pub trait Decoder: Send + Sync + 'static {
         Ok(std::iter::once(out).chain(extra).collect())
     }
 
+    /// Adds sublayer `which`'s output `y` (after its sandwich norm, if any) to the residual
+    /// stream `x` of block `index`; the default is `x + y` (a gated residual overrides it).
+    fn residual<'h>(
+        &self,
+        ctx: &Ctx<'h>,
+        index: usize,
+        which: Sublayer,
+        x: &Tensor<'h>,
+        y: Tensor<'h>,
+    ) -> Result<Tensor<'h>> {
+        let _ = (ctx, index, which);
+        x.add(&y)
+    }
+
     /// As [`Model::before_optimizer_step`].
     fn before_step(&self, host: Host<'_>, step: u64) -> Result<()> {
         let _ = (host, step);
@@ -176,7 +200,7 @@ pub trait Decoder: Send + Sync + 'static {
     }
 }
 
-/// `x + post(f(pre(x)))`.
+/// `post(f(pre(x)))`: a sublayer's output before the residual.
 fn sublayer<'h>(
     ctx: &Ctx<'h>,
     [pre_norm, post_norm]: [Norm; 2],
@@ -185,11 +209,11 @@ fn sublayer<'h>(
     post: Option<&Param>,
     f: impl FnOnce(&Tensor<'h>) -> Result<Tensor<'h>>,
 ) -> Result<Tensor<'h>> {
-    let mut y = f(&pre_norm.apply(ctx, x, pre)?)?;
-    if let Some(post) = post {
-        y = post_norm.apply(ctx, &y, post)?;
+    let y = f(&pre_norm.apply(ctx, x, pre)?)?;
+    match post {
+        Some(post) => post_norm.apply(ctx, &y, post),
+        None => Ok(y),
     }
-    x.add(&y)
 }
 
 impl<D: Decoder> Model for D {
@@ -213,12 +237,14 @@ impl<D: Decoder> Model for D {
         let extra: Vec<Tensor<'h>> = hidden.collect();
         let n = self.block_norms(index)?;
         let norm = [self.norm(), self.post_norm()];
-        let h = sublayer(ctx, norm, &x, n.attention, n.post_attention, |x| {
+        let y = sublayer(ctx, norm, &x, n.attention, n.post_attention, |x| {
             self.attention(ctx, index, x, &extra)
         })?;
-        let out = sublayer(ctx, norm, &h, n.ffn, n.post_ffn, |x| {
+        let h = self.residual(ctx, index, Sublayer::Attention, &x, y)?;
+        let y = sublayer(ctx, norm, &h, n.ffn, n.post_ffn, |x| {
             self.feed_forward(ctx, index, x)
         })?;
+        let out = self.residual(ctx, index, Sublayer::FeedForward, &h, y)?;
         self.after_block(index, out, extra)
     }
 

@@ -13,7 +13,7 @@ pub mod decoder;
 
 pub use anneal_kit_derive::ModelArgs;
 pub use args::{write_rope, HfField, ModelArgs};
-pub use decoder::{nth_layer, BlockNorms, Decoder, Frame, LayerType, Norm};
+pub use decoder::{nth_layer, BlockNorms, Decoder, Frame, LayerType, Norm, Sublayer};
 
 /// The named flavors of a model plugin: `FLAVORS` (their names, in the order
 /// `anneal plugins list` shows them) and a function from a name to its arguments.
