@@ -13,7 +13,7 @@
 
 use anneal_plugin_api::sdk::kit::blocks::Proj;
 use anneal_plugin_api::sdk::kit::ModelArgs;
-use anneal_plugin_api::sdk::vision::{attend_within, block_order, frames};
+use anneal_plugin_api::sdk::vision::{attend_within, block_order, frames, push_grid_taps};
 use anneal_plugin_api::sdk::{
     Ctx, Decl, HfConfig, HfMap, Images, Init, Param, ParamTable, Result, Tensor,
 };
@@ -481,14 +481,13 @@ fn axis_taps(i: usize, size: usize, side: usize) -> ([usize; 4], [f32; 4]) {
 /// The 16 taps into the position grid of each patch of an `h × w` frame, in raster order.
 fn bicubic_taps(h: usize, w: usize, side: usize, idx: &mut Vec<i64>, wts: &mut Vec<f32>) {
     for k in 0..h * w {
-        let (rt, rw) = axis_taps(k / w, h, side);
-        let (ct, cw) = axis_taps(k % w, w, side);
-        for i in 0..4 {
-            for j in 0..4 {
-                idx.push((rt[i] * side + ct[j]) as i64);
-                wts.push(rw[i] * cw[j]);
-            }
-        }
+        push_grid_taps(
+            side,
+            axis_taps(k / w, h, side),
+            axis_taps(k % w, w, side),
+            idx,
+            wts,
+        );
     }
 }
 

@@ -12,7 +12,9 @@
 
 use crate::config::VisionArgs;
 use anneal_plugin_api::sdk::kit::blocks::{scaleless_rms_norm, Proj};
-use anneal_plugin_api::sdk::vision::{attend_within, block_order, frames, rotate_half};
+use anneal_plugin_api::sdk::vision::{
+    attend_within, block_order, frames, push_grid_taps, rotate_half,
+};
 use anneal_plugin_api::sdk::{Ctx, Images, Param, Result, Tensor};
 
 /// A LayerNorm's gain and bias.
@@ -85,14 +87,13 @@ fn axis_taps(i: usize, size: usize, side: usize) -> ([usize; 2], [f32; 2]) {
 /// trained on).
 fn position_taps(h: usize, w: usize, side: usize, idx: &mut Vec<i64>, wts: &mut Vec<f32>) {
     for k in 0..h * w {
-        let (rt, rw) = axis_taps(k / h, w, side);
-        let (ct, cw) = axis_taps(k % h, h, side);
-        for i in 0..2 {
-            for j in 0..2 {
-                idx.push((rt[i] * side + ct[j]) as i64);
-                wts.push(rw[i] * cw[j]);
-            }
-        }
+        push_grid_taps(
+            side,
+            axis_taps(k / h, w, side),
+            axis_taps(k % h, h, side),
+            idx,
+            wts,
+        );
     }
 }
 

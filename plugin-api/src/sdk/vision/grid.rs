@@ -60,16 +60,32 @@ pub fn interpolation_taps(h: usize, w: usize, m: usize, side: usize) -> (Vec<i64
     let mut idx = Vec::with_capacity(4 * h * w);
     let mut wts = Vec::with_capacity(4 * h * w);
     for (row, col) in merge_order(h, w, m) {
-        let (rt, rw) = axis_taps(row, h, side);
-        let (ct, cw) = axis_taps(col, w, side);
-        for i in 0..2 {
-            for j in 0..2 {
-                idx.push((rt[i] * side + ct[j]) as i64);
-                wts.push(rw[i] * cw[j]);
-            }
-        }
+        push_grid_taps(
+            side,
+            axis_taps(row, h, side),
+            axis_taps(col, w, side),
+            &mut idx,
+            &mut wts,
+        );
     }
     (idx, wts)
+}
+
+/// Appends one patch's taps into a `side × side` table as the outer product of its row taps
+/// and column taps (row taps outer, column taps inner): flat indices to `idx`, weights to `wts`.
+pub fn push_grid_taps<const N: usize>(
+    side: usize,
+    (rt, rw): ([usize; N], [f32; N]),
+    (ct, cw): ([usize; N], [f32; N]),
+    idx: &mut Vec<i64>,
+    wts: &mut Vec<f32>,
+) {
+    for i in 0..N {
+        for j in 0..N {
+            idx.push((rt[i] * side + ct[j]) as i64);
+            wts.push(rw[i] * cw[j]);
+        }
+    }
 }
 
 /// The 2-D rotary tables `(cos, sin)`, `[patches, head_dim]` each, for patches at `(row, col)`:

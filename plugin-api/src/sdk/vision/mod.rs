@@ -18,7 +18,7 @@ mod lm;
 pub mod mrope;
 mod tower;
 
-pub use grid::{block_order, interpolation_taps, merge_order, rotary_tables};
+pub use grid::{block_order, interpolation_taps, merge_order, push_grid_taps, rotary_tables};
 pub use lm::{add_deepstack, embed, embed_images, embed_text, placeholder_mask, TextShape, VlArgs};
 pub use tower::{attend_within, frames, rotate_half};
 
