@@ -342,7 +342,7 @@ fn errors_are_one_line_each_cause_once_with_the_right_exit_code() {
     let line = error_line(&train(&job, "a", &["model.plugin=\"nope\""]), 2);
     assert!(
         line.contains(
-            "found: adamw, deepseek_v3, deepseek_v4, gpt_oss, llama, muon, muse, qwen3_5, sgd"
+            "found: adamw, deepseek_v3, deepseek_v4, gpt_oss, kimi_k3, llama, muon, muse, qwen3_5, sgd"
         ),
         "{line}"
     );

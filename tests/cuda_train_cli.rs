@@ -207,7 +207,8 @@ fn the_model_families_train_on_cuda_like_the_cpu() {
     let job = Job::new("device-families");
     // Tiny configs of each family: MoE routing and grouped products, sinks and sliding windows,
     // latent attention with multi-token prediction, DeepSeek-V4's compressed sparse attention,
-    // and the gated delta rule of Qwen3.5 and Kimi Linear (computed on the host for now).
+    // the gated delta rule of Qwen3.5, Kimi Linear and Kimi K3 (computed on the host for now),
+    // and Kimi K3's latent experts and residual mixes.
     use anneal_tests::tiny;
     let families = [
         ("gpt_oss", "gpt_oss", tiny::GPT_OSS, None),
@@ -220,6 +221,7 @@ fn the_model_families_train_on_cuda_like_the_cpu() {
             tiny::KIMI_LINEAR,
             Some("model.flavor=\"kimi_linear_debug\""),
         ),
+        ("kimi_k3", "kimi_k3", tiny::KIMI_K3, None),
     ];
     // Two steps: the first update's effect shows in the second loss.
     let steps = ["training.steps=2", "checkpoint.interval=0"];

@@ -10,6 +10,7 @@ mod rl_support;
 
 use anneal_tests::cli::{anneal, floats, json_of, ok, root, rows, Job};
 use serde_json::Value;
+use std::path::Path;
 
 /// A small DeepSeek-V4 for the tiny corpus (rows of 32 tokens): sliding, CSA (blocks of 2, the
 /// indexer keeping 3), HCA (blocks of 4) and CSA blocks over a window of 6, two streams.
@@ -203,27 +204,9 @@ fn logprobs_and_generation_on_the_transformers_checkpoint() {
 
 #[test]
 fn rl_digits_on_a_deepseek_v4_policy_has_no_logprob_mismatch() {
-    let dir = rl_support::fresh_dir("anneal-deepseek-v4-rl");
-    // The demo's bytes-only tokenizer (one token per digit), a few short steps.
-    let tok = dir.join("tokenizer.json");
-    rl_support::digits_tokenizer(&tok, 7, 50, 257);
-    let out = anneal()
-        .current_dir(root())
-        .args(["rl", "configs/rl_digits_deepseek_v4.toml", "--run-dir"])
-        .arg(dir.join("run"))
-        .args(["--set", &format!("rl.tokenizer=\"{}\"", tok.display())])
-        .args(["--set", "training.steps=3"])
-        .args(["--set", "rl.prompts_per_step=4"])
-        .args(["--set", "rl.group_size=4"])
-        .args(["--set", "rl.eval_freq=0"])
-        .output()
-        .unwrap();
-    ok(&out);
-    let steps = rows(&dir.join("run"));
-    let trained: Vec<&Value> = steps.iter().filter(|r| r["loss"].is_number()).collect();
-    assert_eq!(trained.len(), 3, "{steps:?}");
-    for r in trained {
-        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    rl_support::digits_without_mismatch(
+        "anneal-deepseek-v4-rl",
+        Path::new("configs/rl_digits_deepseek_v4.toml"),
+        &[],
+    );
 }

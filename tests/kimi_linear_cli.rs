@@ -4,7 +4,7 @@
 //! and `anneal generate`, decoding from the per-layer recurrent state across a 64-token chunk
 //! boundary, gives the training forward's logprobs bit for bit.
 
-use anneal_tests::cli::{anneal, floats, json_of, ok, root, rows, Job};
+use anneal_tests::cli::{self, anneal, ok, root, rows, Job};
 use std::path::PathBuf;
 
 fn fixture() -> PathBuf {
@@ -77,49 +77,7 @@ fn logprobs_match_transformers_and_generation_matches_the_training_forward() {
     let exp = anneal_engine::io::load_safetensors(dir.join("expected.safetensors")).unwrap();
     let tokens = exp["tokens"].narrow(0, 0, 1).unwrap().to_vec::<i64>();
     let want = exp["logprobs"].narrow(0, 0, 1).unwrap().to_vec_f32();
-    let join = |ids: &[i64]| {
-        ids.iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    let logprobs = |ids: &[i64]| {
-        json_of(
-            &anneal()
-                .args(["logprobs", "--model-dir"])
-                .arg(&dir)
-                .args(["--tokens", &join(ids)])
-                .output()
-                .unwrap(),
-        )
-    };
-    // 160 tokens: the delta rule runs over three 64-token chunks.
-    let got = floats(&logprobs(&tokens)["logprobs"]);
-    assert_eq!(got.len(), want.len());
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert!((g - *w as f64).abs() < 1e-4, "token {i}: {g} vs {w}");
-    }
-
-    // A 60-token prompt and 10 new tokens: decode crosses position 64 on the recurrent state.
-    let prompt = &tokens[..60];
-    let g = json_of(
-        &anneal()
-            .args(["generate", "--model-dir"])
-            .arg(&dir)
-            .args(["--prompt-tokens", &join(prompt), "--max-new-tokens", "10"])
-            .args(["--temperature", "0.8", "--seed", "3"])
-            .output()
-            .unwrap(),
-    );
-    let new: Vec<i64> = g["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_i64().unwrap())
-        .collect();
-    assert_eq!(new.len(), 10);
-    let mut all = prompt.to_vec();
-    all.extend(&new);
-    let lp = floats(&logprobs(&all)["logprobs"]);
-    assert_eq!(lp[prompt.len() - 1..], floats(&g["logprobs"])[..]);
+    // 160 tokens: the delta rule runs over three 64-token chunks. A 60-token prompt and 10 new
+    // tokens: decode crosses position 64 on the recurrent state.
+    cli::assert_logprobs_and_decode(&dir, &tokens, &want, [60, 10], 3);
 }

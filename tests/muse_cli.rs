@@ -8,8 +8,8 @@
 mod dist_support;
 mod rl_support;
 
-use anneal_tests::cli::{anneal, floats, json_of, ok, root, rows, Job};
-use serde_json::Value;
+use anneal_tests::cli::{self, ok, root, Job};
+use std::path::Path;
 
 /// The tiny test model's `[model]` as Muse: sandwich norms, gated attention with a scaleless
 /// QK-norm, NoPE full attention on the last block and RoPE with a window of 8 on the first.
@@ -90,74 +90,21 @@ fn logprobs_and_generation_on_the_transformers_checkpoint() {
     let exp = anneal_engine::io::load_safetensors(dir.join("expected.safetensors")).unwrap();
     let tokens = exp["tokens"].narrow(0, 0, 1).unwrap().to_vec::<i64>();
     let want = exp["logprobs"].narrow(0, 0, 1).unwrap().to_vec_f32();
-    let ids: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
-    let logprobs = |tokens: &str| {
-        json_of(
-            &anneal()
-                .args(["logprobs", "--model-dir"])
-                .arg(&dir)
-                .args(["--tokens", tokens])
-                .output()
-                .unwrap(),
-        )
-    };
-    let got = floats(&logprobs(&ids.join(","))["logprobs"]);
-    assert_eq!(got.len(), want.len());
-    for (g, w) in got.iter().zip(&want) {
-        assert!((g - *w as f64).abs() < 1e-4, "{g} vs {w}");
-    }
     // Decoded past the window of 4 on the RoPE blocks.
-    let prompt = ids[..5].join(",");
-    let g = json_of(
-        &anneal()
-            .args(["generate", "--model-dir"])
-            .arg(&dir)
-            .args(["--prompt-tokens", &prompt, "--max-new-tokens", "10"])
-            .args(["--temperature", "0.8", "--seed", "4"])
-            .output()
-            .unwrap(),
-    );
-    let new: Vec<String> = g["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.to_string())
-        .collect();
-    assert_eq!(new.len(), 10, "{g}");
-    let all = format!("{prompt},{}", new.join(","));
-    assert_eq!(
-        floats(&logprobs(&all)["logprobs"])[4..],
-        floats(&g["logprobs"])[..]
-    );
+    cli::assert_logprobs_and_decode(&dir, &tokens, &want, [5, 10], 4);
 }
 
 #[test]
 fn rl_digits_on_a_muse_policy_has_no_logprob_mismatch() {
-    let dir = rl_support::fresh_dir("anneal-muse-rl");
-    let tok = dir.join("tokenizer.json");
-    rl_support::digits_tokenizer(&tok, 7, 50, 257);
-    let out = anneal()
-        .current_dir(root())
-        .args(["rl", "configs/rl_digits.toml", "--run-dir"])
-        .arg(dir.join("run"))
-        .args(["--set", "model.plugin=\"muse\""])
-        .args(["--set", "model.flavor=\"debugmodel\""])
-        .args(["--set", "model.args.head_dim=16"])
-        .args(["--set", "model.args.n_kv_heads=2"])
-        .args(["--set", "rl.init_from=\"\""])
-        .args(["--set", &format!("rl.tokenizer=\"{}\"", tok.display())])
-        .args(["--set", "training.steps=3"])
-        .args(["--set", "rl.prompts_per_step=4"])
-        .args(["--set", "rl.group_size=4"])
-        .args(["--set", "rl.eval_freq=0"])
-        .output()
-        .unwrap();
-    ok(&out);
-    let steps = rows(&dir.join("run"));
-    let trained: Vec<&Value> = steps.iter().filter(|r| r["loss"].is_number()).collect();
-    assert_eq!(trained.len(), 3, "{steps:?}");
-    for r in trained {
-        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    let set = [
+        "model.plugin=\"muse\"",
+        "model.flavor=\"debugmodel\"",
+        "model.args.head_dim=16",
+        "model.args.n_kv_heads=2",
+    ];
+    rl_support::digits_without_mismatch(
+        "anneal-muse-rl",
+        Path::new("configs/rl_digits.toml"),
+        &set,
+    );
 }

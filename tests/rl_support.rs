@@ -175,3 +175,47 @@ pub fn resumes_bitwise(n: usize, dir: &Path, done: &Path, run: &str, set: &[&str
         assert_eq!(loss(a).to_bits(), loss(b).to_bits(), "step {}", a["step"]);
     }
 }
+
+/// `anneal rl` on the digits demo's `config` (relative to the repository root) for three short
+/// steps from scratch, with the demo's bytes-only tokenizer and `set` on top: every step's
+/// rollout log-probabilities equal the trainer's (mismatch 0).
+pub fn digits_without_mismatch(name: &str, config: &Path, set: &[&str]) {
+    let dir = fresh_dir(name);
+    let tok = dir.join("tokenizer.json");
+    digits_tokenizer(&tok, 7, 50, 257);
+    let mut c = anneal();
+    c.current_dir(anneal_tests::cli::root())
+        .arg("rl")
+        .arg(config)
+        .arg("--run-dir")
+        .arg(dir.join("run"));
+    let tokenizer = format!("rl.tokenizer=\"{}\"", tok.display());
+    let steps = [
+        "rl.init_from=\"\"",
+        "training.steps=3",
+        "rl.prompts_per_step=4",
+        "rl.group_size=4",
+        "rl.eval_freq=0",
+    ];
+    for s in steps
+        .iter()
+        .copied()
+        .chain([tokenizer.as_str()])
+        .chain(set.iter().copied())
+    {
+        c.args(["--set", s]);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = rows(&dir.join("run"));
+    let trained: Vec<&Value> = rows.iter().filter(|r| r["loss"].is_number()).collect();
+    assert_eq!(trained.len(), 3, "{rows:?}");
+    for r in trained {
+        assert_eq!(r["logprob_mismatch_max"].as_f64(), Some(0.0), "{r}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

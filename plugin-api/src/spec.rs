@@ -139,6 +139,11 @@ pub struct ParallelSupport {
     /// one the host combines over the group, and its per-head tensors follow the rank's heads.
     #[serde(default)]
     pub tensor: bool,
+    /// The experts run through the plugin's own grouped products (`moe_dispatch`,
+    /// `grouped_matmul_nt`, `moe_combine`) rather than the host's `moe_ffn`, which is what
+    /// expert parallelism splits: the host refuses `parallelism.ep` for such a model.
+    #[serde(default)]
+    pub experts_outside_moe_op: bool,
 }
 
 /// The Hugging Face side of a model besides its tensors (each parameter carries its own

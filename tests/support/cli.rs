@@ -330,3 +330,60 @@ pub fn gpus_here() -> usize {
         .and_then(|(_, n)| n.strip_suffix(" devices)")?.parse().ok())
         .unwrap_or(1)
 }
+
+/// On the transformers checkpoint `dir`: `anneal logprobs` on `tokens` prints `want` (the
+/// fixture's log-probabilities, within 1e-4), and `anneal generate` from the first `prompt`
+/// tokens (`new` tokens at temperature 0.8 with `seed`) gives the log-probabilities the
+/// training forward then computes for them, bit for bit.
+pub fn assert_logprobs_and_decode(
+    dir: &Path,
+    tokens: &[i64],
+    want: &[f32],
+    [prompt, new]: [usize; 2],
+    seed: u64,
+) {
+    let join = |ids: &[i64]| {
+        ids.iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let logprobs = |ids: &[i64]| {
+        let out = anneal()
+            .args(["logprobs", "--model-dir"])
+            .arg(dir)
+            .args(["--tokens", &join(ids)])
+            .output()
+            .unwrap();
+        floats(&json_of(&out)["logprobs"])
+    };
+    let got = logprobs(tokens);
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - *w as f64).abs() < 1e-4, "token {i}: {g} vs {w}");
+    }
+    let prompt = &tokens[..prompt];
+    let g = json_of(
+        &anneal()
+            .args(["generate", "--model-dir"])
+            .arg(dir)
+            .args(["--prompt-tokens", &join(prompt)])
+            .args(["--max-new-tokens", &new.to_string()])
+            .args(["--temperature", "0.8", "--seed", &seed.to_string()])
+            .output()
+            .unwrap(),
+    );
+    let generated: Vec<i64> = g["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect();
+    assert_eq!(generated.len(), new, "{g}");
+    let mut all = prompt.to_vec();
+    all.extend(&generated);
+    assert_eq!(
+        logprobs(&all)[prompt.len() - 1..],
+        floats(&g["logprobs"])[..]
+    );
+}

@@ -35,3 +35,12 @@ pub const KIMI_LINEAR: &str =
      kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, v_head_dim = 8, \
      ffn_dim = 64, n_experts = 4, top_k = 2, expert_ffn_dim = 16, \
      kda = { n_heads = 2, head_dim = 16, conv_kernel = 4, layers = [0] } }";
+
+/// A tiny Kimi K3 as a TOML `[model] args` table (plugin `kimi_k3`, flavor `debugmodel`): KDA
+/// (2 heads of 16) in blocks 0 and 2, gated MLA (2 heads) in block 1, residual blocks of 2,
+/// block 0 dense, then 4 experts of 16 (top 2) in a 16-wide latent plus a shared one.
+pub const KIMI_K3: &str = "{ dim = 32, n_layers = 3, vocab_size = 320, max_seq_len = 64, ffn_dim = 64, \
+     attn_res_block = 2, layer_types = [\"linear_attention\", \"full_attention\", \"linear_attention\"], \
+     mlp_layer_types = [\"dense\", \"sparse\", \"sparse\"], n_heads = 2, q_lora_rank = 16, \
+     kv_lora_rank = 8, qk_nope_head_dim = 8, qk_rope_head_dim = 4, v_head_dim = 8, \
+     kda_heads = 2, kda_head_dim = 16, n_experts = 4, top_k = 2, expert_ffn_dim = 16, latent_dim = 16 }";

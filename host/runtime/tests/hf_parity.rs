@@ -1,5 +1,5 @@
 //! The model plugins against Hugging Face transformers (Llama, Qwen3, Qwen3-MoE and Mixtral from
-//! the Llama plugin; gpt-oss, DeepSeek-V3 and Kimi K2.7, Qwen3.5, Muse Glimmer and Muse Spark from their own): the same weights give the same logits and gradients
+//! the Llama plugin; gpt-oss, DeepSeek-V3 and Kimi K2.7, Qwen3.5, Muse Glimmer, Muse Spark and Kimi K3 from their own): the same weights give the same logits and gradients
 //! (fixtures written by tests/reference/make_hf_fixtures.py), decode with a KV cache matches the
 //! full forward bit for bit, recompute matches plain backward, and export/import round-trips.
 
@@ -16,7 +16,7 @@ use common::{
 use std::sync::Arc;
 
 /// Every fixture with a transformers reference.
-const FIXTURES: [&str; 17] = [
+const FIXTURES: [&str; 18] = [
     "tiny_llama",
     "tiny_llama3_scaled",
     "tiny_qwen3",
@@ -34,15 +34,17 @@ const FIXTURES: [&str; 17] = [
     "tiny_muse_glimmer",
     "tiny_kimi_k25",
     "tiny_muse_spark",
+    "tiny_kimi_k3",
 ];
 
 /// The linear-attention fixtures (rows of 150 to 200 tokens: the delta rule's 64-token chunks).
-const LINEAR_ATTENTION: [&str; 5] = [
+const LINEAR_ATTENTION: [&str; 6] = [
     "tiny_qwen3_5",
     "tiny_qwen3_5_moe",
     "tiny_qwen3_5_other",
     "tiny_kimi_linear",
     "tiny_kimi_linear_other",
+    "tiny_kimi_k3",
 ];
 
 #[test]
@@ -254,23 +256,12 @@ fn export_then_import_round_trips() {
     // comes back (not token ids the tiny vocabulary lacks, nor what transformers derives).
     let cfg = export_round_trip_of("tiny_muse_glimmer");
     let orig = hf::read_config(&fixture("tiny_muse_glimmer")).unwrap();
-    let derived = [
-        "transformers_version",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "use_cache",
-        "initializer_range",
-        "attention_dropout",
-        "vision_config.max_position_embeddings",
-    ];
     for part in ["text_config", "vision_config"] {
-        for (k, v) in orig[part].as_object().unwrap() {
-            if !derived.contains(&k.as_str()) && !derived.contains(&format!("{part}.{k}").as_str())
-            {
-                assert_eq!(&cfg[part][k], v, "tiny_muse_glimmer: {part}.{k}");
-            }
-        }
+        let skip: &[&str] = match part {
+            "vision_config" => &["max_position_embeddings"],
+            _ => &[],
+        };
+        assert_keys_come_back("tiny_muse_glimmer", &orig[part], &cfg[part], skip);
     }
     for key in [
         "out_hidden_size",
@@ -280,9 +271,37 @@ fn export_then_import_round_trips() {
     ] {
         assert_eq!(cfg[key], orig[key], "tiny_muse_glimmer: {key}");
     }
+    // Kimi K3: every key transformers reads back but those it derives.
+    let cfg = export_round_trip_of("tiny_kimi_k3");
+    let orig = hf::read_config(&fixture("tiny_kimi_k3")).unwrap();
+    assert_keys_come_back("tiny_kimi_k3", &orig, &cfg, &["dtype", "torch_dtype"]);
     let cfg = export_round_trip_of("tiny_llama3_scaled");
     assert_eq!(cfg["rope_scaling"]["rope_type"], "llama3");
     assert_eq!(cfg["tie_word_embeddings"], true);
+}
+
+/// Each key of `orig` (a transformers `config.json` or a part of one) is in `exported` with its
+/// value, but for the values transformers derives or fills in (and `skip`).
+fn assert_keys_come_back(
+    name: &str,
+    orig: &serde_json::Value,
+    exported: &serde_json::Value,
+    skip: &[&str],
+) {
+    let derived = [
+        "transformers_version",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "use_cache",
+        "initializer_range",
+        "attention_dropout",
+    ];
+    for (k, v) in orig.as_object().unwrap() {
+        if !derived.contains(&k.as_str()) && !skip.contains(&k.as_str()) {
+            assert_eq!(&exported[k], v, "{name}: {k}");
+        }
+    }
 }
 
 /// Exports fixture `name`, imports it back and returns the exported `config.json`: the same
@@ -381,6 +400,7 @@ fn logprobs_match_transformers() {
         "tiny_qwen3_5",
         "tiny_qwen3_5_moe",
         "tiny_qwen3_5_other",
+        "tiny_kimi_k3",
     ] {
         let dir = fixture(name);
         let (model, params) = model_for(&dir);
@@ -468,6 +488,7 @@ fn bitwise_parity_holds_across_tile_boundaries_and_for_llama() {
         "tiny_qwen3_5",
         "tiny_qwen3_5_moe",
         "tiny_qwen3_5_other",
+        "tiny_kimi_k3",
     ] {
         let (model, params) = model_for(&fixture(name));
         let prompt: Vec<i64> = (0..58).map(|i| (i * 37 + 5) % 96).collect();

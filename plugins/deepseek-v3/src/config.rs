@@ -1,7 +1,8 @@
 //! Model arguments, the named flavors and the reader of a Hugging Face `config.json`: each
 //! argument is declared once, with its `config.json` key and its checks (the SDK's model kit).
 
-use anneal_plugin_api::sdk::kit::ModelArgs;
+use anneal_plugin_api::sdk::kit::mla::MlaShape;
+use anneal_plugin_api::sdk::kit::{check, ModelArgs};
 use anneal_plugin_api::sdk::{HfConfig, YarnScaling};
 use serde::{Deserialize, Serialize};
 
@@ -190,6 +191,18 @@ fn model_type() -> String {
 }
 
 impl DeepseekArgs {
+    /// The shapes the SDK's multi-head latent attention takes.
+    pub fn mla_shape(&self) -> MlaShape {
+        MlaShape {
+            n_heads: self.n_heads,
+            q_lora_rank: self.q_lora_rank,
+            kv_lora_rank: self.kv_lora_rank,
+            qk_nope_head_dim: self.qk_nope_head_dim,
+            qk_rope_head_dim: self.qk_rope_head_dim,
+            v_head_dim: self.v_head_dim,
+        }
+    }
+
     /// Query/key dims per head.
     pub fn qk_head_dim(&self) -> usize {
         self.qk_nope_head_dim + self.qk_rope_head_dim
@@ -240,27 +253,13 @@ impl DeepseekArgs {
                 self.qk_rope_head_dim
             ));
         }
-        if self.topk_group > self.n_group {
-            return Err(format!(
-                "topk_group ({}) must not exceed n_group ({})",
-                self.topk_group, self.n_group
-            ));
-        }
-        if !self.n_experts.is_multiple_of(self.n_group)
-            || (self.n_group > 1 && self.n_experts / self.n_group < 2)
-        {
-            return Err(format!(
-                "n_group ({}) must split the {} experts (n_routed_experts) into equal groups of at least 2",
-                self.n_group, self.n_experts
-            ));
-        }
-        let reachable = self.topk_group * (self.n_experts / self.n_group);
-        if self.top_k > reachable {
-            return Err(format!(
-                "top_k (num_experts_per_tok) = {} asks for more experts per token than the {reachable} experts of topk_group groups",
-                self.top_k
-            ));
-        }
+        check::group_routing(
+            self.n_experts,
+            self.top_k,
+            self.n_group,
+            self.topk_group,
+            ["n_routed_experts", "top_k (num_experts_per_tok)"],
+        )?;
         if !self.mla_rope && self.yarn.is_some() {
             return Err("yarn scaling needs mla_rope (MLA without RoPE has no positions)".into());
         }

@@ -1,220 +1,34 @@
-//! Kimi Delta Attention (KDA, Kimi Linear): the gated delta rule with a decay per key channel,
-//! written with host ops.
-//!
-//! ```text
-//! q, k, v = split(SiLU(CausalConv_4([W_q x, W_k x, W_v x])))      one depthwise conv, [B,T,H,D]
-//! g       = −exp(A_log) · softplus(W_fb W_fa x + dt_bias)          log decay per channel [B,T,H,D]
-//! β       = σ(W_b x)                                               write strength [B,T,H]
-//! S_t     = diag(e^{g_t}) S_{t−1};  S_t += k̂_t (β_t (v_t − S_tᵀ k̂_t))ᵀ;  o_t = S_tᵀ q̂_t / √D
-//!           (q̂, k̂ L2-normalised over D)
-//! out     = W_o · (w ⊙ RMSNorm(o) ⊙ σ(W_gb W_ga x))                 gated RMSNorm per head
-//! ```
-//! The recurrence is the host's `gated_delta_rule` (chunked in training, the recurrent state
-//! and the convolution's tail kept by the host when decoding).
+//! Kimi Linear's Kimi Delta Attention blocks: the SDK's KDA (`kit::kda`) under the names
+//! transformers' `kimi_linear` gives it (the decay softplus-gated, the output gate low-rank).
 
 use crate::config::KdaArgs;
-use anneal_plugin_api::sdk::{Ctx, Decl, DeltaRuleOpts, Init, LayerScope, Param, Result, Tensor};
+use anneal_plugin_api::sdk::kit::kda::{self, KdaHfNames, KdaShape};
+use anneal_plugin_api::sdk::LayerScope;
 
-/// Rows per chunk of the host's chunked delta rule (for the FLOP count).
-pub const CHUNK: usize = 64;
+pub use anneal_plugin_api::sdk::kit::kda::KdaParams;
 
-/// One KDA block's parameters (Hugging Face names under `self_attn.`).
-pub struct KdaParams {
-    /// `[H·D, dim]` each: the query, key and value projections.
-    pub wq: Param,
-    /// See `wq`.
-    pub wk: Param,
-    /// See `wq`.
-    pub wv: Param,
-    /// `[3·H·D, 1, K]`: the depthwise convolution over `[q, k, v]` as transformers holds it
-    /// (`conv1d.weight`; checkpoints store `q_conv1d`, `k_conv1d`, `v_conv1d`).
-    pub conv: Param,
-    /// `[1, 1, H, 1]`: the log of each head's decay rate.
-    pub a_log: Param,
-    /// `[H·D]`: the bias inside the decay's softplus.
-    pub dt_bias: Param,
-    /// `[D, dim]`, `[H·D, D]`: the low-rank forget-gate projection.
-    pub f_a: Param,
-    /// See `f_a`.
-    pub f_b: Param,
-    /// `[H, dim]`: the write strength β's projection.
-    pub b_proj: Param,
-    /// `[D, dim]`, `[H·D, D]`: the low-rank output-gate projection.
-    pub g_a: Param,
-    /// See `g_a`.
-    pub g_b: Param,
-    /// `[D]`: the gated RMSNorm's weight, shared by the heads.
-    pub o_norm: Param,
-    /// `[dim, H·D]`.
-    pub wo: Param,
-}
-
-/// Declares block `l`'s KDA parameters: truncated normal projections (`depth_std` for the
-/// output, which writes into the residual stream), the convolution uniform in `±1/√K`
-/// (PyTorch's `Conv1d` default), and the decay as transformers initialises it (FLA's):
-/// `A_log = ln U(1, 16)` and `dt_bias` the inverse softplus of a log-uniform `dt ∈ [1e-3, 0.1]`,
-/// here drawn directly as `U(ln 1e-3, ln 0.1)` (the inverse softplus of a small `dt` is
-/// `ln dt` to within 5%).
-pub fn declare(l: &mut LayerScope, dim: usize, k: &KdaArgs, depth_std: f64) -> KdaParams {
-    let (h, d) = (k.n_heads, k.head_dim);
-    let hd = h * d;
-    let std = 0.02;
-    let mut linear = |name: &str, shape: [usize; 2], std: f64, col: bool| {
-        let decl = Decl::new(format!("attention.{name}.weight").as_str(), shape)
-            .trunc_normal(std)
-            .hf_name(&format!("self_attn.{name}.weight"));
-        l.add(if col { decl.column() } else { decl.row() })
-    };
-    let (wq, wk, wv) = (
-        linear("q_proj", [hd, dim], std, true),
-        linear("k_proj", [hd, dim], std, true),
-        linear("v_proj", [hd, dim], std, true),
-    );
-    let (f_a, f_b) = (
-        linear("f_a_proj", [d, dim], std, false),
-        linear("f_b_proj", [hd, d], std, true),
-    );
-    let b_proj = linear("b_proj", [h, dim], std, true);
-    let (g_a, g_b) = (
-        linear("g_a_proj", [d, dim], std, false),
-        linear("g_b_proj", [hd, d], std, true),
-    );
-    let wo = linear("o_proj", [dim, hd], depth_std, false);
-    let bound = (k.conv_kernel as f64).powf(-0.5);
-    let conv = l.add(
-        Decl::new("attention.conv1d.weight", [3 * hd, 1, k.conv_kernel])
-            .init(Init::Uniform {
-                lo: -bound,
-                hi: bound,
-            })
-            .hf(anneal_plugin_api::sdk::HfMap::concat(
-                ["q", "k", "v"]
-                    .iter()
-                    .map(|p| format!("self_attn.{p}_conv1d.weight"))
-                    .collect(),
-                0,
-            )),
-    );
-    let a_log = l.add(
-        Decl::new("attention.A_log", [1, 1, h, 1])
-            .init(Init::Uniform {
-                lo: 0.0,
-                hi: 16f64.ln(),
-            })
-            .replicated()
-            .hf_name("self_attn.A_log"),
-    );
-    let dt_bias = l.add(
-        Decl::new("attention.dt_bias", [hd])
-            .init(Init::Uniform {
-                lo: 1e-3f64.ln(),
-                hi: 0.1f64.ln(),
-            })
-            .hf_name("self_attn.dt_bias"),
-    );
-    let o_norm = l.add(
-        Decl::new("attention.o_norm.weight", [d])
-            .ones()
-            .hf_name("self_attn.o_norm.weight"),
-    );
-    KdaParams {
-        wq,
-        wk,
-        wv,
-        conv,
-        a_log,
-        dt_bias,
-        f_a,
-        f_b,
-        b_proj,
-        g_a,
-        g_b,
-        o_norm,
-        wo,
+impl KdaArgs {
+    /// The shapes the SDK's KDA takes.
+    pub fn shape(&self) -> KdaShape {
+        KdaShape {
+            n_heads: self.n_heads,
+            head_dim: self.head_dim,
+            conv_kernel: self.conv_kernel,
+        }
     }
 }
 
-/// KDA of block `index` on `x [B, T, dim]`; `eps` is the gated RMSNorm's (the model's
-/// `rms_norm_eps`).
-pub fn forward<'h>(
-    ctx: &Ctx<'h>,
-    p: &KdaParams,
-    k: &KdaArgs,
-    index: usize,
-    x: &Tensor<'h>,
-    eps: f64,
-) -> Result<Tensor<'h>> {
-    let (b, t) = {
-        let s = x.shape()?;
-        (s[0] as i64, s[1] as i64)
+/// Declares block `l`'s KDA parameters as Kimi Linear's checkpoints name them: the three
+/// convolutions `q_conv1d`, `k_conv1d`, `v_conv1d`, `A_log [1, 1, H, 1]`, `dt_bias [H·D]`.
+pub fn declare(l: &mut LayerScope, dim: usize, k: &KdaArgs, depth_std: f64) -> KdaParams {
+    let h = k.n_heads;
+    let names = KdaHfNames {
+        conv: "{p}_conv1d.weight",
+        forget: ["f_a_proj", "f_b_proj"],
+        beta: "b_proj",
+        out_gate: &["g_a_proj", "g_b_proj"],
+        a_log_shape: &[1, 1, h, 1],
+        dt_bias_shape: &[h * k.head_dim],
     };
-    let (h, d) = (k.n_heads as i64, k.head_dim as i64);
-    let hd = (h * d) as usize;
-    let heads_btd = |y: &Tensor<'h>| y.reshape(&[b, t, h, d]);
-    let cache_layer = ctx.use_cache.then_some(index);
-
-    // One convolution over [q, k, v] (its weight as transformers holds it), so decode keeps one
-    // tail of K−1 inputs per layer.
-    let qkv_btc = ctx.host.cat(
-        &[
-            &x.linear(&ctx.w(&p.wq)?)?,
-            &x.linear(&ctx.w(&p.wk)?)?,
-            &x.linear(&ctx.w(&p.wv)?)?,
-        ],
-        2,
-    )?;
-    let w_conv = ctx
-        .w(&p.conv)?
-        .reshape(&[3 * hd as i64, k.conv_kernel as i64])?;
-    let qkv_btc = qkv_btc.causal_conv1d(&w_conv, true, cache_layer)?;
-    let q_bthd = heads_btd(&qkv_btc.narrow(2, 0, hd)?)?;
-    let k_bthd = heads_btd(&qkv_btc.narrow(2, hd, hd)?)?;
-    let v_bthd = heads_btd(&qkv_btc.narrow(2, 2 * hd, hd)?)?;
-
-    // The decay's log per channel, in f32 as the delta rule takes it (transformers computes
-    // the gate in float too).
-    let f32 = |y: Tensor<'h>| -> Result<Tensor<'h>> {
-        if y.dtype()? == "f32" {
-            Ok(y)
-        } else {
-            y.to_dtype("f32")
-        }
-    };
-    let rate_h1 = f32(ctx.w(&p.a_log)?.reshape(&[h, 1])?)?
-        .unary("exp")?
-        .scale(-1.0)?;
-    let g_bthd = heads_btd(
-        &f32(x.linear(&ctx.w(&p.f_a)?)?.linear(&ctx.w(&p.f_b)?)?)?
-            .add(&f32(ctx.w(&p.dt_bias)?)?)?
-            .unary("softplus")?,
-    )?
-    .mul(&rate_h1)?;
-    let beta_bth = x.linear(&ctx.w(&p.b_proj)?)?.unary("sigmoid")?;
-
-    let opts = DeltaRuleOpts {
-        scale: None,
-        qk_l2norm: true,
-        cache_layer,
-    };
-    let o_bthd = q_bthd.gated_delta_rule(&k_bthd, &v_bthd, &g_bthd, &beta_bth, &opts)?;
-
-    let gate_bthd = heads_btd(&x.linear(&ctx.w(&p.g_a)?)?.linear(&ctx.w(&p.g_b)?)?)?;
-    o_bthd
-        .rms_norm(&ctx.w(&p.o_norm)?, eps)?
-        .mul(&gate_bthd.unary("sigmoid")?)?
-        .reshape(&[b, t, h * d])?
-        .linear(&ctx.w(&p.wo)?)
-}
-
-/// Training FLOPs per token of the chunked delta rule in one KDA block (forward and backward,
-/// 3× the forward like the 6-per-parameter rule), beyond the projections and the convolution
-/// (which the parameter count covers). Per head and chunk of `C` tokens, with `Dk = Dv = D`:
-/// the intra-chunk products `(k β e^g)(k e^−g)ᵀ` and `(q e^g)(k e^−g)ᵀ` (2·2C²D), the
-/// triangular solve (⅔C³), applying its inverse to `v β` and `k β e^g` (2·2C²D), the
-/// intra-chunk output (2C²D), and three products with the `[D, D]` state (reading it with
-/// `q` and with `w`, updating it: 3·2CD²).
-pub fn train_flops_per_token(k: &KdaArgs) -> f64 {
-    let (c, d) = (CHUNK as f64, k.head_dim as f64);
-    let per_chunk = 10.0 * c * c * d + 2.0 / 3.0 * c * c * c + 6.0 * c * d * d;
-    3.0 * k.n_heads as f64 * per_chunk / c
+    kda::declare(l, dim, &k.shape(), &names, depth_std)
 }

@@ -23,17 +23,13 @@
 //! as extra hidden tensors, which the blocks pass through.
 
 use crate::config::DeepseekArgs;
-use crate::spec::{
-    AttentionParams, BlockParams, DeepseekParams, FeedForward, Mixer, MtpParams, QueryParams,
-};
+use crate::spec::{BlockParams, DeepseekParams, FeedForward, Mixer, MtpParams};
+use anneal_plugin_api::sdk::kit::kda::{self, KdaDecay};
+use anneal_plugin_api::sdk::kit::mla::{self, MlaParams};
 use anneal_plugin_api::sdk::vision;
 use anneal_plugin_api::sdk::{
-    AttentionOpts, Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, RouterScore,
-    Tensor,
+    Ctx, Host, Model, ModelSpec, MoeFfnOpts, Result, Rope, Router, RouterScore, Tensor,
 };
-
-/// The RMSNorm epsilon of the two latents (transformers' default, not the config's).
-const LATENT_NORM_EPS: f64 = 1e-6;
 
 /// A DeepSeek-V3 model: its arguments and declared parameters (the weights live in the host).
 pub struct DeepseekV3 {
@@ -69,69 +65,24 @@ impl DeepseekV3 {
     fn attention<'h>(
         &self,
         ctx: &Ctx<'h>,
-        p: &AttentionParams,
+        p: &MlaParams,
         index: usize,
         x: &Tensor<'h>,
         positions: &Tensor<'h>,
     ) -> Result<Tensor<'h>> {
         let a = &self.args;
-        let (b, t) = {
-            let s = x.shape()?;
-            (s[0] as i64, s[1] as i64)
-        };
-        let h = a.n_heads as i64;
-        let (dn, dr, dv) = (a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
         // Kimi Linear's MLA keeps the "RoPE" dims but encodes no positions.
-        let rope = |x: Tensor<'h>| {
-            if a.mla_rope {
-                x.rope(positions, &self.rope())
-            } else {
-                Ok(x)
-            }
-        };
-        let q = match &p.q {
-            QueryParams::Direct(wq) => x.linear(&ctx.w(wq)?)?,
-            QueryParams::LowRank(wq_a, q_norm, wq_b) => x
-                .linear(&ctx.w(wq_a)?)?
-                .rms_norm(&ctx.w(q_norm)?, LATENT_NORM_EPS)?
-                .linear(&ctx.w(wq_b)?)?,
-        };
-        let q = q.reshape(&[b, t, h, (dn + dr) as i64])?.transpose(1, 2)?;
-        let q_rope = rope(q.narrow(3, dn, dr)?)?;
-        let q = ctx.host.cat(&[&q.narrow(3, 0, dn)?, &q_rope], 3)?;
-
-        let r = a.kv_lora_rank;
-        let kv = x.linear(&ctx.w(&p.wkv_a)?)?;
-        let latent = kv
-            .narrow(2, 0, r)?
-            .rms_norm(&ctx.w(&p.kv_norm)?, LATENT_NORM_EPS)?
-            .reshape(&[b, 1, t, r as i64])?;
-        let k_rope = rope(
-            kv.narrow(2, r, dr)?
-                .reshape(&[b, t, 1, dr as i64])?
-                .transpose(1, 2)?,
-        )?;
-        // The up-projection absorbed: per head, q_n · (W_uk c)ᵀ = (q_n W_uk) · cᵀ, and the
-        // values W_uv c are applied after attending over c. Attention then runs as one shared
-        // key head [c, k_r] and value head c (what the cache holds), in training and decode
-        // alike, so a decode step computes exactly the training forward's arithmetic.
-        let w_ukv = ctx.w(&p.wkv_b)?.reshape(&[h, (dn + dv) as i64, r as i64])?;
-        let q_latent = q.narrow(3, 0, dn)?.matmul(&w_ukv.narrow(1, 0, dn)?)?;
-        let q = ctx.host.cat(&[&q_latent, &q_rope], 3)?;
-        let k = ctx.host.cat(&[&latent, &k_rope], 3)?;
-        let opts = AttentionOpts {
-            causal: true,
-            scale: Some(a.softmax_scale()),
-            cache_layer: ctx.use_cache.then_some(index),
-            // The values are the keys' latent part: the cache keeps [c, k_r] once.
-            value_from_key: Some(r),
-            ..Default::default()
-        };
-        let o_latent = q.attention(&k, &latent, positions, &opts)?;
-        let o = o_latent.matmul(&w_ukv.narrow(1, dn, dv)?.transpose(1, 2)?)?;
-        o.transpose(1, 2)?
-            .reshape(&[b, t, h * dv as i64])?
-            .linear(&ctx.w(&p.wo)?)
+        let rope = a.mla_rope.then(|| self.rope());
+        mla::forward(
+            ctx,
+            p,
+            &a.mla_shape(),
+            rope.as_ref(),
+            a.softmax_scale(),
+            index,
+            x,
+            positions,
+        )
     }
 
     /// Block `index` (attention then feed-forward, pre-norm) on `x` at `positions`.
@@ -153,7 +104,7 @@ impl DeepseekV3 {
                     .kda
                     .as_ref()
                     .ok_or("a KDA block without kda args")?;
-                crate::kda::forward(ctx, p, k, index, &attn_in, eps)?
+                kda::forward(ctx, p, &k.shape(), KdaDecay::Softplus, index, &attn_in, eps)?
             }
         };
         let h = x.add(&mixed)?;

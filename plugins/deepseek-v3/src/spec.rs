@@ -5,33 +5,8 @@
 
 use crate::config::DeepseekArgs;
 use crate::kda::KdaParams;
-use anneal_plugin_api::sdk::{
-    Decl, HfMap, Init, LayerScope, ModelSpec, Param, ParamSpec, ParamTable,
-};
-
-/// How queries are made: projected directly, or through a normalised low-rank latent.
-pub enum QueryParams {
-    /// `wq [n_heads · qk_head_dim, dim]`.
-    Direct(Param),
-    /// `wq_a [q_lora_rank, dim]`, its RMSNorm `[q_lora_rank]`, `wq_b [n_heads · qk_head_dim,
-    /// q_lora_rank]`.
-    LowRank(Param, Param, Param),
-}
-
-/// Multi-head latent attention's parameters in one block.
-pub struct AttentionParams {
-    /// The query path.
-    pub q: QueryParams,
-    /// `wkv_a [kv_lora_rank + qk_rope_head_dim, dim]`: the latent and the shared RoPE key.
-    pub wkv_a: Param,
-    /// RMSNorm of the latent `[kv_lora_rank]`.
-    pub kv_norm: Param,
-    /// `wkv_b [n_heads · (qk_nope_head_dim + v_head_dim), kv_lora_rank]`: keys and values
-    /// from the latent.
-    pub wkv_b: Param,
-    /// `wo [dim, n_heads · v_head_dim]`.
-    pub wo: Param,
-}
+use anneal_plugin_api::sdk::kit::mla::{self, MlaParams};
+use anneal_plugin_api::sdk::{Decl, HfMap, Init, ModelSpec, Param, ParamSpec, ParamTable};
 
 /// A block's feed-forward.
 pub enum FeedForward {
@@ -64,7 +39,7 @@ pub enum FeedForward {
 /// A block's token mixer.
 pub enum Mixer {
     /// Multi-head latent attention.
-    Mla(AttentionParams),
+    Mla(MlaParams),
     /// Kimi Delta Attention (Kimi Linear's linear-attention blocks).
     Kda(KdaParams),
 }
@@ -206,7 +181,7 @@ fn declare_block(
     // The MTP block (DeepSeek-V3 only) is always MLA.
     let attention = match a.kda_at(i).filter(|_| prefix != "mtp.block") {
         Some(k) => Mixer::Kda(crate::kda::declare(&mut l, d, k, depth_std)),
-        None => Mixer::Mla(declare_mla(&mut l, a, depth_std)),
+        None => Mixer::Mla(mla::declare(&mut l, d, &a.mla_shape(), false, depth_std)),
     };
     let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
         let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
@@ -354,81 +329,6 @@ impl HfFfnNames {
     }
 }
 
-/// Declares multi-head latent attention's parameters in block scope `l`.
-fn declare_mla(l: &mut LayerScope, a: &DeepseekArgs, depth_std: f64) -> AttentionParams {
-    let (d, h) = (a.dim, a.n_heads);
-    let std = 0.02;
-    let mut norm = |name: &str, n: usize, hf: &str| l.add(Decl::new(name, [n]).ones().hf_name(hf));
-    let kv_norm = norm(
-        "attention.kv_norm.weight",
-        a.kv_lora_rank,
-        "self_attn.kv_a_layernorm.weight",
-    );
-    let q_norm = a.q_lora_rank.map(|r| {
-        norm(
-            "attention.q_norm.weight",
-            r,
-            "self_attn.q_a_layernorm.weight",
-        )
-    });
-    let mut linear = |name: &str, shape: [usize; 2], std: f64, hf: &str, col: bool| {
-        let decl = Decl::new(name, shape).trunc_normal(std).hf_name(hf);
-        l.add(if col { decl.column() } else { decl.row() })
-    };
-    let q_out = h * a.qk_head_dim();
-    let q = match (a.q_lora_rank, q_norm) {
-        (Some(r), Some(q_norm)) => QueryParams::LowRank(
-            linear(
-                "attention.wq_a.weight",
-                [r, d],
-                std,
-                "self_attn.q_a_proj.weight",
-                false,
-            ),
-            q_norm,
-            linear(
-                "attention.wq_b.weight",
-                [q_out, r],
-                std,
-                "self_attn.q_b_proj.weight",
-                true,
-            ),
-        ),
-        _ => QueryParams::Direct(linear(
-            "attention.wq.weight",
-            [q_out, d],
-            std,
-            "self_attn.q_proj.weight",
-            true,
-        )),
-    };
-    AttentionParams {
-        q,
-        wkv_a: linear(
-            "attention.wkv_a.weight",
-            [a.kv_lora_rank + a.qk_rope_head_dim, d],
-            std,
-            "self_attn.kv_a_proj_with_mqa.weight",
-            false,
-        ),
-        kv_norm,
-        wkv_b: linear(
-            "attention.wkv_b.weight",
-            [h * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank],
-            std,
-            "self_attn.kv_b_proj.weight",
-            true,
-        ),
-        wo: linear(
-            "attention.wo.weight",
-            [d, h * a.v_head_dim],
-            depth_std,
-            "self_attn.o_proj.weight",
-            false,
-        ),
-    }
-}
-
 /// Every parameter's spec.
 pub fn params(a: &DeepseekArgs) -> Vec<ParamSpec> {
     declare(a).1
@@ -462,7 +362,7 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
     let attn =
         6.0 * (mla_layers * a.n_heads * (a.qk_head_dim() + a.v_head_dim) * a.max_seq_len) as f64;
     let delta_rule = a.kda.as_ref().map_or(0.0, |k| {
-        kda_layers as f64 * crate::kda::train_flops_per_token(k)
+        kda_layers as f64 * anneal_plugin_api::sdk::kit::kda::train_flops_per_token(&k.shape())
     });
     ModelSpec {
         architecture: "deepseek_v3".into(),

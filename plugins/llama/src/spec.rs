@@ -311,6 +311,7 @@ pub fn model_spec(a: &LlamaArgs, params: Vec<ParamSpec>) -> ModelSpec {
         // Qwen3 (per-head q/k norms) and Qwen3-MoE (routed experts without biases).
         parallel: ParallelSupport {
             tensor: matches!(a.hf_model_type.as_str(), "llama" | "qwen3" | "qwen3_moe"),
+            ..Default::default()
         },
     }
 }

@@ -14,7 +14,7 @@
 
 use crate::config::MuseArgs;
 use crate::spec::{BlockParams, FeedForward, LatentExperts, MuseParams};
-use anneal_plugin_api::sdk::kit::blocks::{self, GqaOpts};
+use anneal_plugin_api::sdk::kit::blocks::{self, GqaOpts, SigmoidRouting};
 use anneal_plugin_api::sdk::kit::{nth_layer, BlockNorms, Decoder, Frame, Norm, Sublayer};
 use anneal_plugin_api::sdk::{vision, Ctx, ModelSpec, Result, Rope, Tensor};
 
@@ -65,14 +65,13 @@ impl Muse {
             .linear(&ctx.w(&p.router)?.to_dtype("f32")?)?
             .scale(a.output_multiplier)?
             .unary("sigmoid")?;
-        let experts = scores
-            .add(&ctx.w(&p.bias)?.to_dtype("f32")?)?
-            .topk(sp.top_k, 1)?
-            .1;
-        let chosen = scores.gather(1, &experts)?;
-        let weights = chosen
-            .div(&chosen.sum(&[1], true)?.affine(1.0, 1e-15)?)?
-            .scale(sp.routed_scaling_factor)?;
+        let routing = SigmoidRouting {
+            top_k: sp.top_k,
+            groups: None,
+            renormalize: Some(1e-15),
+            scale: sp.routed_scaling_factor,
+        };
+        let (experts, weights) = blocks::sigmoid_route(&scores, &ctx.w(&p.bias)?, &routing)?;
         let [_, _, _, counts] = ctx.host.sort_by_expert(&experts, e)?;
         let latent = Norm::centred(a.norm_eps).apply(
             ctx,

@@ -520,6 +520,7 @@ pub fn model_spec(a: &MuseArgs, params: Vec<ParamSpec>) -> ModelSpec {
         // gains to split. Muse Spark's latent experts are not split yet.
         parallel: ParallelSupport {
             tensor: a.spark.is_none(),
+            experts_outside_moe_op: a.spark.is_some(),
         },
     }
 }

@@ -197,6 +197,11 @@ pub(crate) fn expert_layout(
 ) -> Result<crate::parallel::fsdp::Experts, TrainError> {
     let n = ep.size();
     let model = format!("{}/{}", cfg.model.plugin, cfg.model.flavor);
+    if spec.parallel.experts_outside_moe_op {
+        return Err(TrainError::Config(format!(
+            "config: `parallelism.ep` = {n}: {model} runs its experts with its own grouped products (a latent mixture of experts), not the host's MoE op that expert parallelism splits; set parallelism.ep = 1"
+        )));
+    }
     let mut names = std::collections::HashSet::new();
     for p in &spec.params {
         match p.placement.expert_dim {

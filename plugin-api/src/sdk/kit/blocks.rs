@@ -190,3 +190,78 @@ pub fn gqa<'h>(
     }
     p.wo.apply(ctx, &o)
 }
+
+/// SiTU-GLU (Kimi K3): `β·tanh(g/β) · σ(g) · u`, the linear branch first soft-capped,
+/// `u ← β_l·tanh(u/β_l)`, when `linear_beta` is set; computed in f32 and returned in the gate's
+/// dtype.
+pub fn situ_glu<'h>(
+    gate: &Tensor<'h>,
+    up: &Tensor<'h>,
+    beta: f64,
+    linear_beta: Option<f64>,
+) -> Result<Tensor<'h>> {
+    let dtype = gate.dtype()?;
+    let (g, u) = (gate.to_dtype("f32")?, up.to_dtype("f32")?);
+    let u = match linear_beta {
+        Some(c) => softcap(&u, c)?,
+        None => u,
+    };
+    let out = softcap(&g, beta)?.mul(&g.unary("sigmoid")?)?.mul(&u)?;
+    if dtype == "f32" {
+        Ok(out)
+    } else {
+        out.to_dtype(&dtype)
+    }
+}
+
+/// Sigmoid top-k routing as DeepSeek-V3 does it, for a plugin that runs its experts itself.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SigmoidRouting {
+    /// Experts each token is sent to.
+    pub top_k: usize,
+    /// Group-limited choice `(n_group, topk_group)`: a token chooses among the experts of its
+    /// `topk_group` best groups, a group scoring the sum of its best two biased scores.
+    pub groups: Option<(usize, usize)>,
+    /// Divide the chosen weights by their sum plus this epsilon; `None` keeps them.
+    pub renormalize: Option<f64>,
+    /// Factor on the final weights.
+    pub scale: f64,
+}
+
+/// Routes tokens by their sigmoid `scores [N, E]` (f32): the choice by `scores + bias` (the
+/// balancing bias `[E]` steers the choice only), the weights the chosen unbiased scores.
+/// Returns the experts `[N, k]` and their weights `[N, k]` (f32).
+pub fn sigmoid_route<'h>(
+    scores: &Tensor<'h>,
+    bias: &Tensor<'h>,
+    r: &SigmoidRouting,
+) -> Result<(Tensor<'h>, Tensor<'h>)> {
+    let biased = scores.add(&bias.to_dtype("f32")?)?;
+    let choice = match r.groups {
+        Some((groups, keep)) if groups > 1 => {
+            let s = biased.shape()?;
+            let (n, e) = (s[0] as i64, s[1] as i64);
+            let g = groups as i64;
+            let by_group = biased.reshape(&[n, g, e / g])?;
+            let group_scores = by_group.topk(2, 2)?.0.sum(&[2], false)?;
+            let best = group_scores.topk(keep, 1)?.1;
+            // 1 for the chosen groups, 0 elsewhere, spread over each group's experts.
+            let zeros = group_scores.scale(0.0)?;
+            let mask = zeros.scatter_add(1, &best, &best_ones(&zeros, &best)?)?;
+            by_group.mul(&mask.reshape(&[n, g, 1])?)?.reshape(&[n, e])?
+        }
+        _ => biased,
+    };
+    let experts = choice.topk(r.top_k, 1)?.1;
+    let chosen = scores.gather(1, &experts)?;
+    let weights = match r.renormalize {
+        Some(eps) => chosen.div(&chosen.sum(&[1], true)?.affine(1.0, eps)?)?,
+        None => chosen,
+    };
+    Ok((experts, weights.scale(r.scale)?))
+}
+
+/// Ones shaped like `idx`, in `like`'s dtype.
+fn best_ones<'h>(like: &Tensor<'h>, idx: &Tensor<'h>) -> Result<Tensor<'h>> {
+    like.gather(1, idx)?.scale(0.0)?.affine(1.0, 1.0)
+}

@@ -99,3 +99,33 @@ pub fn one_of(
         None => Ok(()),
     }
 }
+
+/// Group-limited routing fits `n_experts`: `topk_group ≤ n_group`, the groups equal and of at
+/// least two experts (a group scores its best two), and `top_k` experts reachable in the
+/// `topk_group` groups a token may choose from. The messages name the fields as `what` does:
+/// `[n_experts, top_k]` (a name with its key in parentheses, for instance).
+pub fn group_routing(
+    n_experts: usize,
+    top_k: usize,
+    n_group: usize,
+    topk_group: usize,
+    [experts_name, top_k_name]: [&str; 2],
+) -> Result<(), String> {
+    if topk_group > n_group {
+        return Err(format!(
+            "topk_group ({topk_group}) must not exceed n_group ({n_group})"
+        ));
+    }
+    if !n_experts.is_multiple_of(n_group) || (n_group > 1 && n_experts / n_group < 2) {
+        return Err(format!(
+            "n_group ({n_group}) must split the {n_experts} experts ({experts_name}) into equal groups of at least 2"
+        ));
+    }
+    let reachable = topk_group * (n_experts / n_group);
+    if top_k > reachable {
+        return Err(format!(
+            "{top_k_name} = {top_k} asks for more experts per token than the {reachable} experts of topk_group groups"
+        ));
+    }
+    Ok(())
+}

@@ -4,12 +4,16 @@
 //!   gives its `config.json` import and export and its per-field checks, with key paths;
 //! - [`flavors!`](crate::flavors): the table of named flavors;
 //! - [`decoder`]: the decoder skeleton (embedding → blocks → norm → head) a plugin fills with
-//!   its attention and feed-forward, and [`blocks`]: the pieces families repeat.
+//!   its attention and feed-forward, and [`blocks`]: the pieces families repeat;
+//! - [`kda`] and [`mla`]: Kimi Delta Attention and multi-head latent attention, declared under
+//!   a checkpoint's names and run with host ops.
 
 mod args;
 pub mod blocks;
 pub mod check;
 pub mod decoder;
+pub mod kda;
+pub mod mla;
 
 pub use anneal_kit_derive::ModelArgs;
 pub use args::{write_rope, HfField, ModelArgs};
