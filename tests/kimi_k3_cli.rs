@@ -1,5 +1,5 @@
 //! Kimi K3 through the CLI: a tiny model (KDA and gated MLA, attention over block residuals, a
-//! latent mixture of experts) trains, recomputes its blocks, and DDP(2) and FSDP(2)
+//! latent mixture of experts) trains, recomputes its blocks, and DDP(2), FSDP(2) and PP(2)
 //! follow one process while tensor and expert parallelism are refused naming their keys; on
 //! the tiny transformers fixture `anneal logprobs` prints transformers' values and `anneal
 //! generate`, decoding across a 64-token chunk boundary, gives the training forward's logprobs
@@ -48,7 +48,12 @@ fn the_tiny_model_trains_recomputes_and_data_parallel_layouts_follow() {
     for (a, b) in again.iter().zip(&losses) {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "{again:?} vs {losses:?}");
     }
-    for (name, layout) in [("ddp", None), ("fsdp2", Some("parallelism.dp_shard=2"))] {
+    // Pipeline stages pass the bank of residuals between them like any hidden state.
+    for (name, layout) in [
+        ("ddp", None),
+        ("fsdp2", Some("parallelism.dp_shard=2")),
+        ("pp2", Some("parallelism.pp=2")),
+    ] {
         let run = job.dir.join(name);
         let with: Vec<&str> = SET.iter().copied().chain(layout).collect();
         ok(&dist_support::mpiexec_train(2, &job, &run, &with));

@@ -165,6 +165,9 @@ pub struct ForwardCtx {
     /// The images of this forward (vision-language models), in the order their placeholder
     /// tokens appear; `None` for text. Since API version 5.
     pub images: ROption<ImageInputs>,
+    /// The audio clips of this forward (audio-language models), in the order their
+    /// placeholder tokens appear; `None` without audio. Since API version 6.
+    pub audio: ROption<AudioInputs>,
 }
 
 /// The images of one forward, as the processor made them (`anneal_data::image`, or
@@ -176,6 +179,18 @@ pub struct ImageInputs {
     pub pixel_values: Handle,
     /// `image_grid_thw`: three numbers per image (temporal, height, width in patches).
     pub grid_thw: RVec<u64>,
+}
+
+/// The audio clips of one forward, as the feature extractor made them (`anneal_data::audio`, or
+/// transformers' raw-waveform extractors): mono waveforms at the model's rate, right-padded with
+/// zeros to one length.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct AudioInputs {
+    /// `input_values [clips, samples]` (f32), one padded waveform per row.
+    pub input_values: Handle,
+    /// Each clip's real length in samples (the rest of its row is padding).
+    pub lengths: RVec<u64>,
 }
 
 /// A model instance (one flavor with its arguments), as seen by the host.

@@ -31,4 +31,6 @@ pub use serde_json;
 /// own failure, or a host op's failure passed back).
 /// 5: a forward may carry images (`ForwardCtx::images`: pixel values and their grids) for
 /// vision-language models; plugins may read an integer tensor's values (`HostVTable::read_ints`).
-pub const API_VERSION: u32 = 5;
+/// 6: a forward may carry audio clips (`ForwardCtx::audio`: padded waveforms and their lengths)
+/// for audio-language models.
+pub const API_VERSION: u32 = 6;

@@ -5,7 +5,7 @@ use crate::errors::UserError;
 use crate::user_bail;
 use anneal_runtime::hf;
 use anneal_runtime::infer::{self, Sampling};
-use anneal_runtime::plugins::{ImageInputs, Params, PluginModel};
+use anneal_runtime::plugins::{AudioInputs, ImageInputs, Params, PluginModel};
 use anneal_train::TpInference;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -144,6 +144,73 @@ fn prompt_with_images(
     Ok((prompt, Some(images)))
 }
 
+/// The audio clips of one prompt, read for a model.
+pub struct PromptAudio {
+    /// The padded waveforms and their lengths, on the model's device.
+    pub inputs: Arc<AudioInputs>,
+    /// The checkpoint's audio settings (its placeholder token among them).
+    pub config: anneal_data::audio::AudioConfig,
+    /// Each clip's count of placeholder tokens.
+    pub counts: Vec<usize>,
+}
+
+/// Reads the WAV files `paths` as the audio clips of one prompt for the checkpoint in `dir`
+/// (`config.json`'s `audio_config` gives the samples one audio token takes, `audio_token_id`
+/// the placeholder): every clip mono at the model's rate, padded into one tensor on `device`.
+/// A checkpoint without an `audio_config` has no audio tower and is refused.
+pub fn read_audio(
+    dir: &Path,
+    paths: &[PathBuf],
+    device: anneal_engine::Device,
+) -> anyhow::Result<Option<PromptAudio>> {
+    use anneal_data::audio::{load_wav, AudioConfig};
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let user = |e: anneal_data::audio::AudioError| UserError(format!("--audio: {e}"));
+    let config = hf::read_config(dir)?;
+    let Some(audio) = AudioConfig::from_config(&config).map_err(user)? else {
+        user_bail!(
+            "--audio: {}/config.json has no audio_config: it holds a model without an audio \
+             tower, which cannot read audio",
+            dir.display()
+        );
+    };
+    let clips = paths
+        .iter()
+        .map(|path| load_wav(path, audio.sampling_rate).map_err(user))
+        .collect::<Result<Vec<_>, _>>()?;
+    let counts = clips
+        .iter()
+        .map(|c| audio.placeholder_tokens(c.len()))
+        .collect();
+    let mut inputs = AudioInputs::from_processed(audio.process(&clips))?;
+    inputs.input_values = inputs.input_values.to_device(device)?;
+    Ok(Some(PromptAudio {
+        inputs: Arc::new(inputs),
+        config: audio,
+        counts,
+    }))
+}
+
+/// `prompt` with each audio clip's placeholders expanded as the model reads them (a run of one
+/// `audio_token_id`, as a chat template writes it, becomes the clip's count; a run already of
+/// that count stays), and the clips read.
+fn prompt_with_audio(
+    dir: &Path,
+    prompt: Vec<i64>,
+    paths: &[PathBuf],
+    device: anneal_engine::Device,
+) -> anyhow::Result<(Vec<i64>, Option<Arc<AudioInputs>>)> {
+    let Some(audio) = read_audio(dir, paths, device)? else {
+        return Ok((prompt, None));
+    };
+    let token = audio.config.audio_token_id;
+    let prompt = anneal_data::audio::expand_placeholders(&prompt, token, &audio.counts)
+        .map_err(|e| UserError(format!("--audio: {e}")))?;
+    Ok((prompt, Some(audio.inputs)))
+}
+
 /// `--model-dir` as a directory: a model id (`org/name[@revision]`) that is not a path names
 /// its snapshot in the local Hugging Face cache.
 fn model_dir(dir: &Path) -> anyhow::Result<PathBuf> {
@@ -153,21 +220,32 @@ fn model_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Prints `{"logprobs":[...],"loss":...}`; `images` are the prompt's images in the order of
-/// their placeholder runs in the tokens.
+/// Prints `{"logprobs":[...],"loss":...}`; `images` and `audio` (WAV files) are the prompt's
+/// images and audio clips in the order of their placeholder runs in the tokens, each run
+/// already expanded (an audio clip of `n` samples: `⌈n / samples_per_token⌉` tokens).
 pub fn logprobs(
     dir: &Path,
     plugin: Option<&str>,
     input: TokenSource<'_>,
     images: &[PathBuf],
+    audio: &[PathBuf],
 ) -> anyhow::Result<()> {
     let dir = &model_dir(dir)?;
     let (tokens, _) = input.resolve()?;
     let (model, params) = load_hf_model(dir, plugin)?;
     check_vocab(&model, &tokens)?;
     infer::check_scoring(tokens.len(), model.spec().max_seq_len)?;
-    let images = read_images(dir, images, infer::device_of(&params))?.map(|(images, _)| images);
-    let (lp, loss) = infer::logprobs_with_images(&model, &params, &tokens, images)?;
+    let device = infer::device_of(&params);
+    let images = read_images(dir, images, device)?.map(|(images, _)| images);
+    let audio = match read_audio(dir, audio, device)? {
+        Some(a) => {
+            anneal_data::audio::check_placeholders(&tokens, a.config.audio_token_id, &a.counts)
+                .map_err(|e| UserError(format!("--audio: {e}")))?;
+            Some(a.inputs)
+        }
+        None => None,
+    };
+    let (lp, loss) = infer::logprobs_with_media(&model, &params, &tokens, images, audio)?;
     println!(
         "{}",
         serde_json::json!({ "tokens": tokens, "logprobs": lp, "loss": loss })
@@ -190,6 +268,8 @@ pub struct GenerateMode<'a> {
     pub device: &'a str,
     /// `--image`: the prompt's images, in the order of their placeholder runs.
     pub images: &'a [PathBuf],
+    /// `--audio`: the prompt's audio clips (WAV), in the order of their placeholder runs.
+    pub audio: &'a [PathBuf],
 }
 
 /// Prints `{"tokens":[...],"logprobs":[...]}` for the generated tokens of the first row (and
@@ -209,6 +289,9 @@ pub fn generate(
     }
     if !mode.images.is_empty() && (mode.batch > 1 || mode.tp > 1) {
         user_bail!("--image decodes one prompt in one process: leave out --batch and --tp");
+    }
+    if !mode.audio.is_empty() && (mode.batch > 1 || mode.tp > 1) {
+        user_bail!("--audio decodes one prompt in one process: leave out --batch and --tp");
     }
     // Before anything loads: a device that cannot run fails at once, in one line. Under
     // `--tp`, `cuda` is each rank's own GPU.
@@ -279,6 +362,7 @@ fn generate_on(
     let device = anneal_train::device::for_ranks(mode.device, "--device", ranks)?;
     // One placeholder per image (as a chat template writes it) is expanded to the image's.
     let (prompt, images) = prompt_with_images(dir, prompt, mode.images, device)?;
+    let (prompt, audio) = prompt_with_audio(dir, prompt, mode.audio, device)?;
     let params = if device == anneal_engine::Device::Cpu {
         params
     } else {
@@ -308,6 +392,7 @@ fn generate_on(
     let setup = infer::DecodeSetup {
         tp: context.as_ref(),
         images,
+        audio,
     };
     let (mut rows, stats) = infer::generate_batch_with(
         &model, &params, &prompts, budget, &samplings, !mode.fast, setup,

@@ -55,6 +55,11 @@ enum Command {
         /// placeholder runs): the tokens hold each image's placeholder tokens already expanded.
         #[arg(long = "image")]
         images: Vec<std::path::PathBuf>,
+        /// An audio clip of the prompt (a 24 kHz WAV file, PCM or float, channels averaged;
+        /// repeat for several, in the order of their placeholder runs): the tokens hold each
+        /// clip's run of ⌈samples / samples_per_token⌉ `audio_token_id` tokens (docs/audio.md).
+        #[arg(long = "audio")]
+        audio: Vec<std::path::PathBuf>,
     },
     /// Generate tokens after a prompt (prefill + decode with a KV cache), as JSON.
     Generate {
@@ -114,6 +119,12 @@ enum Command {
         /// expanded.
         #[arg(long = "image")]
         images: Vec<std::path::PathBuf>,
+        /// An audio clip of the prompt (a 24 kHz WAV file, PCM or float, channels averaged;
+        /// repeat for several, in the order of their placeholder runs): the prompt holds one
+        /// `audio_token_id` per clip (expanded to the clip's count) or each clip's run already
+        /// expanded (docs/audio.md).
+        #[arg(long = "audio")]
+        audio: Vec<std::path::PathBuf>,
     },
     /// Work with reward modules (WebAssembly): `anneal reward test MODULE`.
     #[command(subcommand)]
@@ -252,13 +263,14 @@ fn main() -> ExitCode {
             tokenizer,
             plugin,
             images,
+            audio,
         } => {
             let input = infer_cmd::TokenSource {
                 ids: tokens.as_deref(),
                 text: text.as_deref(),
                 tokenizer: tokenizer.as_deref(),
             };
-            infer_cmd::logprobs(&model_dir, plugin.as_deref(), input, &images)
+            infer_cmd::logprobs(&model_dir, plugin.as_deref(), input, &images, &audio)
         }
         Command::Generate {
             model_dir,
@@ -277,6 +289,7 @@ fn main() -> ExitCode {
             tp,
             device,
             images,
+            audio,
         } => {
             let sampling = anneal_runtime::infer::Sampling {
                 temperature,
@@ -301,6 +314,7 @@ fn main() -> ExitCode {
                     tp,
                     device: &device,
                     images: &images,
+                    audio: &audio,
                 },
             )
         }

@@ -12,8 +12,10 @@
 //!
 //! Chat data (conversations with the loss on the assistant's replies, and their images) takes
 //! [`chat::read_conversations`] → [`chat::encode::ChatEncoder`] → [`ChatLoader`].
-//! Images for vision-language models are read and preprocessed by [`image`].
+//! Images for vision-language models are read and preprocessed by [`image`], audio clips for
+//! audio-language models (WAV files) by [`audio`].
 
+pub mod audio;
 mod cache;
 pub mod chat;
 pub mod corpus;

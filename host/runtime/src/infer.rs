@@ -2,7 +2,7 @@
 //! decode over the host's KV cache, with temperature / top-k / top-p sampling.
 
 use crate::plugins::{
-    ForwardOpts, ImageInputs, KvCache, Params, PluginModel, ResidentTensorParallel,
+    AudioInputs, ForwardOpts, ImageInputs, KvCache, Params, PluginModel, ResidentTensorParallel,
     TensorParallelism,
 };
 use anneal_engine::invariant::set_batch_invariant;
@@ -136,6 +136,19 @@ pub fn logprobs_with_images(
     tokens: &[i64],
     images: Option<Arc<ImageInputs>>,
 ) -> Result<(Vec<f32>, f32)> {
+    logprobs_with_media(model, params, tokens, images, None)
+}
+
+/// [`logprobs`] of a prompt holding images or audio clips: `tokens` carry each one's
+/// placeholder tokens already expanded (as the processor returns them), `images` the processed
+/// pixels, `audio` the padded waveforms.
+pub fn logprobs_with_media(
+    model: &PluginModel,
+    params: &Params,
+    tokens: &[i64],
+    images: Option<Arc<ImageInputs>>,
+    audio: Option<Arc<AudioInputs>>,
+) -> Result<(Vec<f32>, f32)> {
     let _g = autograd::no_grad();
     let _inv = set_batch_invariant(true);
     let n = tokens.len();
@@ -143,6 +156,7 @@ pub fn logprobs_with_images(
     let ids = Tensor::from_slice(tokens, &[1, n])?.to_device(device_of(params))?;
     let opts = ForwardOpts {
         images,
+        audio,
         ..ForwardOpts::default()
     };
     let logits = model.forward(params, &ids, &positions(0, n)?, &opts)?;
@@ -392,7 +406,10 @@ pub fn generate_batch_tp(
     batch_invariant: bool,
     tp: Option<&TensorParallelism>,
 ) -> Result<(Vec<Generation>, DecodeStats)> {
-    let setup = DecodeSetup { tp, images: None };
+    let setup = DecodeSetup {
+        tp,
+        ..Default::default()
+    };
     generate_batch_with(
         model,
         params,
@@ -404,8 +421,8 @@ pub fn generate_batch_tp(
     )
 }
 
-/// What a decode runs with beside its prompts: a tensor-parallel group, and the images of
-/// the prompts (their placeholder tokens expanded in the prompts).
+/// What a decode runs with beside its prompts: a tensor-parallel group, and the images and
+/// audio clips of the prompts (their placeholder tokens expanded in the prompts).
 #[derive(Clone, Default)]
 pub struct DecodeSetup<'a> {
     /// The group of [`generate_batch_tp`], if any.
@@ -413,6 +430,8 @@ pub struct DecodeSetup<'a> {
     /// The prompts' images, read by the prefill only: the model keeps what decode needs of
     /// them (Qwen3-VL's position offset) in the KV cache.
     pub images: Option<Arc<ImageInputs>>,
+    /// The prompts' audio clips, read by the prefill only, like the images.
+    pub audio: Option<Arc<AudioInputs>>,
 }
 
 /// [`generate_batch_tp`] with its [`DecodeSetup`].
@@ -478,9 +497,10 @@ pub fn generate_batch_with(
     let mut pos = 0;
     for step in 0..max_new {
         let ids = Tensor::from_slice(&input, &[rows, width])?.to_device(device_of(params))?;
-        let logits = if step == 0 && setup.images.is_some() {
+        let logits = if step == 0 && (setup.images.is_some() || setup.audio.is_some()) {
             let prefill = ForwardOpts {
                 images: setup.images.clone(),
+                audio: setup.audio.clone(),
                 ..opts.clone()
             };
             model.forward(params, &ids, &positions(pos, width)?, &prefill)?

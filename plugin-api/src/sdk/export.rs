@@ -102,6 +102,14 @@ fn make_ctx<'h>(host: Host<'h>, ctx: &ForwardCtx) -> Ctx<'h> {
                     .collect(),
             })
             .into_option(),
+        audio: ctx
+            .audio
+            .as_ref()
+            .map(|au| super::Audio {
+                input_values: host.adopt(au.input_values),
+                lengths: au.lengths.iter().map(|&l| l as usize).collect(),
+            })
+            .into_option(),
     }
 }
 

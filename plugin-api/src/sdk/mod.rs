@@ -104,6 +104,8 @@ pub struct Ctx<'h> {
     pub use_cache: bool,
     /// The images of this forward, for a vision-language model; `None` for text.
     pub images: Option<Images<'h>>,
+    /// The audio clips of this forward, for an audio-language model; `None` without audio.
+    pub audio: Option<Audio<'h>>,
 }
 
 /// The images of one forward: every image's patches one after another, and each image's grid.
@@ -112,6 +114,15 @@ pub struct Images<'h> {
     pub pixel_values: Tensor<'h>,
     /// `(t, h, w)` in patches, one per image, in the order of their placeholder tokens.
     pub grids: Vec<[usize; 3]>,
+}
+
+/// The audio clips of one forward: mono waveforms right-padded to one length, and each clip's
+/// real length.
+pub struct Audio<'h> {
+    /// `input_values [clips, samples]` (f32).
+    pub input_values: Tensor<'h>,
+    /// Each clip's length in samples, in the order of their placeholder tokens.
+    pub lengths: Vec<usize>,
 }
 
 impl<'h> Ctx<'h> {

@@ -82,8 +82,8 @@ pub struct MuseArgs {
     #[serde(default)]
     #[arg(nested)]
     pub spark: Option<SparkArgs>,
-    /// Muse Spark's raw-waveform audio tower, whose weights load and export (audio input is not
-    /// taken yet).
+    /// Muse Spark's raw-waveform audio tower (`audio.rs`), which puts a forward's audio clips in
+    /// their placeholders.
     #[serde(default)]
     pub audio: Option<AudioArgs>,
 }
@@ -139,12 +139,24 @@ pub struct AudioArgs {
     /// Its norms' epsilon.
     #[arg(hf = "rms_norm_eps", default = 1e-6, non_negative)]
     pub norm_eps: f64,
+    /// The MLPs' activation: `gelu` (exact, by erf), the only one transformers' checkpoints use.
+    #[serde(default = "gelu_name")]
+    #[arg(hf = "hidden_act", default = gelu_name(), one_of("gelu"))]
+    pub hidden_act: String,
     /// The audio placeholder token (`audio_token_id`, top level).
     pub audio_token_id: usize,
 }
 
+impl AudioArgs {
+    /// Waveform samples one audio token takes: the product of the stages' patch sizes (1920,
+    /// 80 ms at 24 kHz, for the released tower).
+    pub fn samples_per_token(&self) -> usize {
+        self.patch_sizes.iter().product()
+    }
+}
+
 /// Muse Glimmer's vision tower (`vision_config`) and what joins it to the decoder. Its weights
-/// are declared, loaded and exported; its forward is not written yet, so images are refused.
+/// are declared, loaded and exported; its forward is `vision.rs`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ModelArgs)]
 #[serde(deny_unknown_fields)]
 pub struct VisionArgs {
@@ -198,6 +210,10 @@ pub struct VisionArgs {
 
 fn f32_name() -> String {
     "f32".into()
+}
+
+fn gelu_name() -> String {
+    "gelu".into()
 }
 
 impl MuseArgs {
@@ -392,6 +408,7 @@ fn released_audio() -> AudioArgs {
         mlp_ratio: 4.0,
         conv_kernel_size: 7,
         norm_eps: 1e-6,
+        hidden_act: gelu_name(),
         audio_token_id: 200_038,
     }
 }

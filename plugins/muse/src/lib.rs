@@ -1,7 +1,9 @@
-//! The Muse plugin: Muse Glimmer's decoder on the SDK's model kit (`config.rs` declares the
-//! arguments with their `config.json` keys, `spec.rs` the parameters, `model.rs` only what
-//! differs from the kit's baseline decoder).
+//! The Muse plugin: Muse Glimmer's and Muse Spark Open's decoders on the SDK's model kit
+//! (`config.rs` declares the arguments with their `config.json` keys, `spec.rs` the parameters,
+//! `model.rs` only what differs from the kit's baseline decoder), the vision tower
+//! (`vision.rs`) and Spark's raw-waveform audio tower (`audio.rs`).
 
+pub mod audio;
 pub mod config;
 pub mod hf;
 pub mod model;
@@ -13,7 +15,7 @@ pub use model::Muse;
 
 anneal_plugin_api::model_factory!(Muse, crate::config);
 
-anneal_plugin_api::export_plugin!(model Muse, name = "muse", model_types = ["muse_glimmer", "muse_glimmer_text", "muse_spark", "muse_spark_text"], description = "Muse Glimmer and Muse Spark Open decoders (scaleless QK-norm with a query multiplier, sigmoid output gate, sandwich norms, NoPE full attention every 4th block and RoPE sliding-window attention elsewhere, soft-capped logits; Spark: gated residuals, latent mixtures of experts; the vision tower: windowed attention, learned 2-D positions resampled, 2-D RoPE, merge, adapter, projection)");
+anneal_plugin_api::export_plugin!(model Muse, name = "muse", model_types = ["muse_glimmer", "muse_glimmer_text", "muse_spark", "muse_spark_text"], description = "Muse Glimmer and Muse Spark Open decoders (scaleless QK-norm with a query multiplier, sigmoid output gate, sandwich norms, NoPE full attention every 4th block and RoPE sliding-window attention elsewhere, soft-capped logits; Spark: gated residuals, latent mixtures of experts; the vision tower: windowed attention, learned 2-D positions resampled, 2-D RoPE, merge, adapter, projection; Spark's audio tower: strided patch embeddings and causal depthwise convolutions over the waveform)");
 
 #[cfg(test)]
 mod tests {

@@ -197,25 +197,59 @@ impl Decoder for Muse {
         }
     }
 
-    /// The embeddings are normed without a gain; with images, the tower's embeddings replace
-    /// the placeholders' (positions stay 1-D: the decoder's RoPE sees one index per token).
+    /// The embeddings are normed without a gain; with images, the vision tower's embeddings
+    /// replace the image placeholders', with audio (Spark) the audio tower's the audio
+    /// placeholders' (positions stay 1-D: the decoder's RoPE sees one index per token).
     fn embed_more<'h>(
         &self,
         ctx: &Ctx<'h>,
         tokens: &Tensor<'h>,
         h: Tensor<'h>,
     ) -> Result<Vec<Tensor<'h>>> {
-        let h = blocks::scaleless_rms_norm(ctx, &h, self.args.norm_eps)?;
-        let Some(images) = &ctx.images else {
-            return Ok(vec![h]);
-        };
-        let (Some(tower), Some(v)) = (&self.params.vision, &self.args.vision) else {
-            return Err(
-                "this muse_glimmer_text model takes no images (it has no vision tower)".into(),
-            );
-        };
-        let embeds = tower.forward(ctx, v, self.args.norm_eps, images)?;
-        let mask = vision::placeholder_mask(tokens, v.image_token_id)?;
-        Ok(vec![h.masked_scatter(&mask, &embeds)?])
+        let mut h = blocks::scaleless_rms_norm(ctx, &h, self.args.norm_eps)?;
+        if let Some(images) = &ctx.images {
+            let (Some(tower), Some(v)) = (&self.params.vision, &self.args.vision) else {
+                return Err(format!(
+                    "this {} model takes no images (it has no vision tower)",
+                    self.args.model_type()
+                )
+                .into());
+            };
+            let embeds = tower.forward(ctx, v, self.args.norm_eps, images)?;
+            let mask = vision::placeholder_mask(tokens, v.image_token_id)?;
+            h = h.masked_scatter(&mask, &embeds)?;
+        }
+        if let Some(audio) = &ctx.audio {
+            let (Some(tower), Some(au)) = (&self.params.audio, &self.args.audio) else {
+                return Err(format!(
+                    "this {} model takes no audio (it has no audio tower; Muse Spark's \
+                     checkpoints with an audio_config do)",
+                    self.args.model_type()
+                )
+                .into());
+            };
+            let embeds = tower.forward(ctx, au, self.args.norm_eps, audio)?;
+            let id = au.audio_token_id as i64;
+            let placeholders = tokens.read_ints()?.iter().filter(|&&t| t == id).count();
+            let made = embeds.shape()?[0];
+            if placeholders != made {
+                let per = au.samples_per_token();
+                return Err(format!(
+                    "the tokens hold {placeholders} audio placeholder tokens (id {id}) but the \
+                     {} audio clip(s) make {made} audio embeddings (a clip of n samples takes \
+                     ceil(n / {per}) placeholders: {:?})",
+                    audio.lengths.len(),
+                    audio
+                        .lengths
+                        .iter()
+                        .map(|n| n.div_ceil(per))
+                        .collect::<Vec<_>>()
+                )
+                .into());
+            }
+            let mask = vision::placeholder_mask(tokens, au.audio_token_id)?;
+            h = h.masked_scatter(&mask, &embeds)?;
+        }
+        Ok(vec![h])
     }
 }

@@ -1,7 +1,8 @@
 //! Muse Glimmer's parameters, each declared once with its shape, init, placement and name in a
 //! transformers checkpoint (the decoder under `model.language_model.`, the tower under
-//! `model.vision_tower.`), and the model's costs.
+//! `model.vision_tower.`, Spark's audio tower under `model.audio_tower.`), and the model's costs.
 
+use crate::audio::{AudioTower, ConvBlock, Stage};
 use crate::config::{AudioArgs, MuseArgs, SparkArgs, VisionArgs};
 use crate::hf;
 use crate::vision::{Block, Tower};
@@ -73,6 +74,8 @@ pub struct MuseParams {
     pub output: Param,
     /// The vision tower, adapter and projection.
     pub vision: Option<Tower>,
+    /// Muse Spark's audio tower.
+    pub audio: Option<AudioTower>,
 }
 
 /// Where the decoder's tensors live in a checkpoint of `a`.
@@ -218,15 +221,14 @@ pub fn declare(a: &MuseArgs) -> (MuseParams, Vec<ParamSpec>) {
         )
     };
     let vision = a.vision.as_ref().map(|v| declare_tower(&mut t, v, d));
-    if let Some(au) = &a.audio {
-        declare_audio(&mut t, au, d);
-    }
+    let audio = a.audio.as_ref().map(|au| declare_audio(&mut t, au, d));
     let params = MuseParams {
         tok_embeddings,
         layers,
         norm,
         output,
         vision,
+        audio,
     };
     (params, t.into_specs())
 }
@@ -319,19 +321,11 @@ fn declare_experts(
     }
 }
 
-/// The audio tower's parameters (loaded and exported; audio input is not taken yet).
-fn declare_audio(t: &mut ParamTable, au: &AudioArgs, text_dim: usize) {
-    let mut add = |name: String, shape: Vec<usize>, bias: bool| {
-        let decl = Decl::new(&name, shape.clone())
-            .replicated()
-            .hf_name(&format!("model.{name}"));
-        t.add(match (shape.len(), bias) {
-            (1, true) => decl.init(Init::Zeros),
-            (1, false) => decl.ones(),
-            _ => decl.trunc_normal(0.02),
-        });
-    };
+/// The audio tower's parameters under transformers' names (`model.audio_tower.`): unit norm
+/// gains, zero biases, truncated normal matrices and kernels.
+fn declare_audio(t: &mut ParamTable, au: &AudioArgs, text_dim: usize) -> AudioTower {
     let mut width = 1;
+    let mut stages = vec![];
     for (s, (&h, (&p, &depth))) in au
         .hidden_sizes
         .iter()
@@ -339,46 +333,63 @@ fn declare_audio(t: &mut ParamTable, au: &AudioArgs, text_dim: usize) {
         .enumerate()
     {
         let stage = format!("audio_tower.layers.{s}");
-        add(
-            format!("{stage}.patch_embedder.proj.weight"),
+        let patch = audio_proj(
+            t,
+            &format!("{stage}.patch_embedder.proj"),
             vec![h, width * p],
-            false,
         );
-        add(format!("{stage}.patch_embedder.proj.bias"), vec![h], true);
-        add(
-            format!("{stage}.patch_embedder.norm.weight"),
-            vec![h],
-            false,
-        );
+        let patch_norm = audio_param(t, &format!("{stage}.patch_embedder.norm.weight"), vec![h]);
         let inner = (h as f64 * au.mlp_ratio) as usize;
-        for b in 0..depth {
-            let block = format!("{stage}.conv_blocks.{b}");
-            add(
-                format!("{block}.conv.weight"),
-                vec![h, 1, au.conv_kernel_size],
-                false,
-            );
-            add(format!("{block}.conv.bias"), vec![h], true);
-            add(format!("{block}.norm.weight"), vec![h], false);
-            add(format!("{block}.mlp.fc1.weight"), vec![inner, h], false);
-            add(format!("{block}.mlp.fc1.bias"), vec![inner], true);
-            add(format!("{block}.mlp.fc2.weight"), vec![h, inner], false);
-            add(format!("{block}.mlp.fc2.bias"), vec![h], true);
-        }
+        let blocks = (0..depth)
+            .map(|b| {
+                let block = format!("{stage}.conv_blocks.{b}");
+                let conv = audio_proj(t, &format!("{block}.conv"), vec![h, 1, au.conv_kernel_size]);
+                ConvBlock {
+                    conv: conv.weight,
+                    conv_bias: conv.bias.expect("declared with a bias"),
+                    norm: audio_param(t, &format!("{block}.norm.weight"), vec![h]),
+                    mlp: [
+                        audio_proj(t, &format!("{block}.mlp.fc1"), vec![inner, h]),
+                        audio_proj(t, &format!("{block}.mlp.fc2"), vec![h, inner]),
+                    ],
+                }
+            })
+            .collect();
+        stages.push(Stage {
+            patch,
+            patch_norm,
+            blocks,
+        });
         width = h;
     }
-    add("audio_tower.norm.weight".into(), vec![width], false);
-    add(
-        "audio_tower.proj.weight".into(),
-        vec![text_dim, width],
-        false,
-    );
-    add("audio_tower.proj.bias".into(), vec![text_dim], true);
-    add(
-        "audio_tower.post_proj_norm.weight".into(),
-        vec![text_dim],
-        false,
-    );
+    AudioTower {
+        stages,
+        norm: audio_param(t, "audio_tower.norm.weight", vec![width]),
+        proj: audio_proj(t, "audio_tower.proj", vec![text_dim, width]),
+        post_proj_norm: audio_param(t, "audio_tower.post_proj_norm.weight", vec![text_dim]),
+    }
+}
+
+/// One of the audio tower's tensors, `model.{name}` in a checkpoint, whole on every rank.
+fn audio_param(t: &mut ParamTable, name: &str, shape: Vec<usize>) -> Param {
+    let decl = Decl::new(name, shape.clone())
+        .replicated()
+        .hf_name(&format!("model.{name}"));
+    t.add(match (shape.len(), name.ends_with(".bias")) {
+        (1, true) => decl.init(Init::Zeros),
+        (1, false) => decl.ones(),
+        _ => decl.trunc_normal(0.02),
+    })
+}
+
+/// The audio tower's `{name}.weight` of `shape` with its bias.
+fn audio_proj(t: &mut ParamTable, name: &str, shape: Vec<usize>) -> Proj {
+    let bias_shape = vec![shape[0]];
+    let weight = audio_param(t, &format!("{name}.weight"), shape);
+    Proj {
+        weight,
+        bias: Some(audio_param(t, &format!("{name}.bias"), bias_shape)),
+    }
 }
 
 /// The vision tower's, adapter's and projection's parameters: transformers' names, zero biases,

@@ -20,7 +20,9 @@ use std::path::PathBuf;
 
 pub use config::ProcessorConfig;
 pub use load::{decode_image, load_image, load_image_with_limit, DEFAULT_MAX_PIXELS};
-pub use processor::{expand_placeholders, smart_resize, ImageProcessor, ProcessedImage};
+pub use processor::{
+    expand_placeholder_runs, expand_placeholders, smart_resize, ImageProcessor, ProcessedImage,
+};
 pub use resample::resize_bicubic;
 
 /// An 8-bit RGB image, rows top to bottom, each pixel `[r, g, b]` (`height · width · 3` bytes).

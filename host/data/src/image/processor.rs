@@ -84,37 +84,47 @@ pub fn expand_placeholders(
     image_token: i64,
     counts: &[usize],
 ) -> std::result::Result<Vec<i64>, String> {
+    expand_placeholder_runs(tokens, image_token, counts, "image")
+}
+
+/// [`expand_placeholders`] for inputs of any kind (`what`: `image`, `audio clip`), whose errors
+/// name it.
+pub fn expand_placeholder_runs(
+    tokens: &[i64],
+    token: i64,
+    counts: &[usize],
+    what: &str,
+) -> std::result::Result<Vec<i64>, String> {
     let mut out = Vec::with_capacity(tokens.len() + counts.iter().sum::<usize>());
     let mut runs = 0;
     let mut i = 0;
     while i < tokens.len() {
-        if tokens[i] != image_token {
+        if tokens[i] != token {
             out.push(tokens[i]);
             i += 1;
             continue;
         }
-        let run = tokens[i..]
-            .iter()
-            .take_while(|&&t| t == image_token)
-            .count();
+        let run = tokens[i..].iter().take_while(|&&t| t == token).count();
         let Some(&need) = counts.get(runs) else {
             return Err(format!(
-                "the prompt has more runs of image placeholders (token {image_token}) than the                  {} image(s)",
+                "the prompt has more runs of {what} placeholders (token {token}) than the {} \
+                 {what}(s)",
                 counts.len()
             ));
         };
         if run != 1 && run != need {
             return Err(format!(
-                "image {runs} needs {need} placeholder tokens (or one, which is expanded); the                  prompt has {run} in a row"
+                "{what} {runs} needs {need} placeholder tokens (or one, which is expanded); the \
+                 prompt has {run} in a row"
             ));
         }
-        out.extend(std::iter::repeat_n(image_token, need));
+        out.extend(std::iter::repeat_n(token, need));
         runs += 1;
         i += run;
     }
     if runs != counts.len() {
         return Err(format!(
-            "{} image(s) but {runs} run(s) of image placeholders (token {image_token}) in the prompt",
+            "{} {what}(s) but {runs} run(s) of {what} placeholders (token {token}) in the prompt",
             counts.len()
         ));
     }

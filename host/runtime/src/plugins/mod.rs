@@ -24,8 +24,8 @@ pub use loader::{
     LoadedPlugin, PluginError,
 };
 pub use model::{
-    pack_hidden, unpack_hidden, ForwardOpts, ForwardOutput, ImageInputs, Params, PartOutput,
-    PluginModel, StageInput,
+    pack_hidden, unpack_hidden, AudioInputs, ForwardOpts, ForwardOutput, ImageInputs, Params,
+    PartOutput, PluginModel, StageInput,
 };
 pub use ops_tp::{TensorParallelGroup, TensorParallelism, TpGroup};
 pub use optimizer::PluginOptimizer;

@@ -76,6 +76,9 @@ pub struct ForwardOpts {
     /// The images of this forward (a vision-language model's), handed to every stage as
     /// `ForwardCtx::images`; the model's `embed` consumes them.
     pub images: Option<Arc<ImageInputs>>,
+    /// The audio clips of this forward (an audio-language model's), handed to every stage as
+    /// `ForwardCtx::audio`; the model's `embed` consumes them.
+    pub audio: Option<Arc<AudioInputs>>,
     /// The rows pack several documents, each at positions from 0 (`[B, T]` positions, no
     /// cache): attention keeps to each run of consecutive positions, and host ops that carry
     /// state along the sequence without positions (linear attention, causal convolutions,
@@ -109,6 +112,30 @@ impl ImageInputs {
         Ok(ImageInputs {
             pixel_values: Tensor::from_vec(pixels, &[rows, patch_dim])?,
             grid_thw,
+        })
+    }
+}
+
+/// A forward's audio clips: mono waveforms at the model's rate, right-padded with zeros to one
+/// length (`input_values [clips, samples]`, f32), and each clip's real length, as
+/// `anneal_data::audio` (or transformers' feature extractor) makes them.
+#[derive(Clone, Debug)]
+pub struct AudioInputs {
+    /// One padded waveform per row.
+    pub input_values: Tensor,
+    /// Each clip's length in samples, in the order of their placeholder tokens.
+    pub lengths: Vec<usize>,
+}
+
+impl AudioInputs {
+    /// The feature extractor's output of a prompt's clips as one forward's audio (on the host).
+    pub fn from_processed(
+        audio: anneal_data::audio::ProcessedAudio,
+    ) -> anneal_engine::Result<AudioInputs> {
+        let rows = audio.lengths.len();
+        Ok(AudioInputs {
+            input_values: Tensor::from_vec(audio.input_values, &[rows, audio.width])?,
+            lengths: audio.lengths,
         })
     }
 }
@@ -747,6 +774,14 @@ fn run_stage(
             .map(|im| abi::ImageInputs {
                 pixel_values: session.insert(im.pixel_values.clone()),
                 grid_thw: im.grid_thw.iter().flatten().map(|&d| d as u64).collect(),
+            })
+            .into(),
+        audio: opts
+            .audio
+            .as_ref()
+            .map(|au| abi::AudioInputs {
+                input_values: session.insert(au.input_values.clone()),
+                lengths: au.lengths.iter().map(|&l| l as u64).collect(),
             })
             .into(),
     };

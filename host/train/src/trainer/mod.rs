@@ -464,6 +464,7 @@ impl Trainer {
             stage_params: None,
             ring: self.cp.as_ref().map(|c| c.ring()),
             images: None,
+            audio: None,
             packed: false,
         }
     }
