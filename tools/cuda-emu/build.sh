@@ -2,7 +2,8 @@
 # Builds the CUDA emulation library (runtime.cpp: driver API and NVRTC; cublas.cpp; nccl.cpp
 # and nccl_ops.cpp: NCCL between processes) into DIR (default $CARGO_TARGET_DIR/cuda-emu, else
 # target/cuda-emu), links it under the names cudarc opens (libcuda.so, libcublas.so,
-# libnvrtc.so, libnccl.so), copies the kernel prelude beside it, and prints DIR.
+# libnvrtc.so, libnccl.so), copies the kernel prelude and the CUDA headers kernels may include
+# (include/) beside it, and prints DIR.
 # Rebuilds only when a source changed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -28,6 +29,8 @@ if [ "$stale" = 1 ]; then
   mv "$lib.tmp" "$lib"
 fi
 cp "$here/emu_kernel.h" "$dir/emu_kernel.h"
+mkdir -p "$dir/include"
+cp "$here"/include/*.h "$dir/include/"
 for name in libcuda.so libcuda.so.1 libcublas.so libnvrtc.so libnccl.so libnccl.so.2; do
   ln -sf libanneal_cuda_emu.so "$dir/$name"
 done

@@ -3,10 +3,16 @@
 // host's C++ compiler, plus the scheduler that runs a launch's threads on the CPU.
 //
 // A launch runs its blocks one after another; a block's threads are fibers on one OS thread,
-// switched cooperatively at __syncthreads and warp shuffles, so barrier semantics hold exactly
-// (a thread never runs past a barrier the others have not reached) and a kernel that waits
-// for threads that exited or diverged is reported instead of hanging. `__shared__` variables are
-// function statics, which is shared memory's meaning when one block runs at a time.
+// switched cooperatively at __syncthreads, warp shuffles and warp-collective calls (the wmma
+// fragment operations of include/mma.h), so barrier semantics hold exactly (a thread never runs
+// past a barrier the others have not reached) and a kernel that waits for threads that exited
+// or diverged is reported instead of hanging, as is a warp-collective call that not every lane
+// of its warp makes with the same arguments. `__shared__` variables are function statics, which
+// is shared memory's meaning when one block runs at a time.
+//
+// The CUDA headers a kernel may include are in include/ beside this file (mma.h: nvcuda::wmma;
+// cuda_pipeline.h: the cp.async primitives, as copies done at the wait); runtime.cpp compiles
+// with that folder on the include path.
 //
 // What emulation cannot show: speed, the GPU's rounding where NVRTC contracts a*b+c into an FMA
 // (here contraction is off), races between blocks, and memory-model subtleties. It runs the
@@ -16,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +30,7 @@
 #include <sys/mman.h>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #define __global__ EMU_GLOBAL
 #define __device__
@@ -72,6 +80,24 @@ struct Barrier {
 struct Warp {
     Barrier bar;
     unsigned long long slot[32];
+    /// Where each lane is in a warp-wide call (the call's name), checked by warp collectives.
+    const char* op[32];
+    /// The arguments a warp collective needs equal on every lane, and the operands it shares.
+    unsigned long long args[32][3];
+    const void* operand[32][2];
+};
+
+/// A cp.async copy issued and not yet waited for, in the commit batch `batch`.
+struct AsyncCopy {
+    void* dst;
+    const void* src;
+    unsigned bytes, zfill, batch;
+};
+
+/// A thread's pipeline (cuda_pipeline.h): copies in flight and batches committed so far.
+struct Pipeline {
+    std::vector<AsyncCopy> pending;
+    unsigned committed = 0;
 };
 
 constexpr int MAX_THREADS = 1024;
@@ -93,6 +119,12 @@ struct State {
     unsigned char* dynamic_smem = nullptr;
     size_t dynamic_smem_bytes = 0;
     int (*is_device_ptr)(const void*) = nullptr;
+    /// Where each thread waits (the barrier's or call's name), for the deadlock report.
+    const char* waits_at[MAX_THREADS];
+    Pipeline pipes[MAX_THREADS];
+    /// A kernel error found by a thread (emu::fault): the block stops and the launch fails.
+    bool faulted = false;
+    char fault[512];
 };
 
 static State g;
@@ -135,18 +167,93 @@ inline void release(Barrier& b) {
     g.progress++;
 }
 
-inline void wait(Barrier& b) {
+inline void wait(Barrier& b, const char* what) {
     unsigned gen = b.generation;
     if (++b.arrived >= b.alive) {
         release(b);
         return;
     }
+    g.waits_at[g.current] = what;
     while (b.generation == gen) yield();
+    g.waits_at[g.current] = nullptr;
 }
 
 inline Warp& my_warp() { return g.warps[g.current / 32]; }
 
+/// Ends the block with a kernel error (what CUDA leaves undefined and the hardware would run
+/// into silently): the message, after the thread's index, becomes the launch's error.
+[[noreturn]] __attribute__((format(printf, 1, 2))) inline void fault(const char* fmt, ...) {
+    if (!g.faulted) {
+        int n = snprintf(g.fault, sizeof g.fault, "thread (%u, %u, %u) (warp %d, lane %d): ",
+                         g.thread_idx.x, g.thread_idx.y, g.thread_idx.z, g.current / 32,
+                         g.current % 32);
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(g.fault + n, sizeof g.fault - n, fmt, ap);
+        va_end(ap);
+        g.faulted = true;
+    }
+    g.fibers[g.current].done = true;
+    void* dead;
+    emu_switch(&dead, g.scheduler_sp);
+    __builtin_unreachable();
+}
+
+/// Completes the thread's cp.async copies of batches before `limit` (all of them at ~0u).
+inline void pipeline_complete(unsigned limit) {
+    auto& pending = g.pipes[g.current].pending;
+    size_t kept = 0;
+    for (size_t i = 0; i < pending.size(); ++i) {
+        const AsyncCopy& c = pending[i];
+        if (c.batch < limit) {
+            memcpy(c.dst, c.src, c.bytes - c.zfill);
+            memset(static_cast<char*>(c.dst) + (c.bytes - c.zfill), 0, c.zfill);
+        } else {
+            pending[kept++] = c;
+        }
+    }
+    pending.resize(kept);
+}
+
+/// Enters the warp-collective call `op`: every lane of a full warp must make it together, with
+/// equal `args` (`names` says what they are, for the report); `operands` are shared with the
+/// other lanes (read through `my_warp().operand` until warp_collective_end). Anything else fails
+/// the kernel, as a diverged barrier does.
+inline void warp_collective(const char* op, const unsigned long long* args, const char* const* names,
+                            int nargs, const void* op0 = nullptr, const void* op1 = nullptr) {
+    Warp& w = my_warp();
+    int lane = g.current % 32;
+    if (w.bar.alive != 32)
+        fault("%s is warp-collective, but only %d lanes of warp %d are running (a block of %d "
+              "threads, or lanes that returned): every lane of the warp must call it",
+              op, w.bar.alive, g.current / 32, g.threads);
+    w.op[lane] = op;
+    for (int i = 0; i < nargs; ++i) w.args[lane][i] = args[i];
+    w.operand[lane][0] = op0;
+    w.operand[lane][1] = op1;
+    wait(w.bar, op);
+    for (int l = 0; l < 32; ++l) {
+        if (!w.op[l] || strcmp(w.op[l], op) != 0)
+            fault("%s is warp-collective, but lane %d of the warp is at %s meanwhile (a diverged "
+                  "warp): every lane must call it",
+                  op, l, w.op[l] ? w.op[l] : "no warp-wide call");
+        for (int i = 0; i < nargs; ++i)
+            if (w.args[l][i] != args[i])
+                fault("%s: lane %d passes %s = %#llx, lane %d passes %#llx: every lane of the "
+                      "warp must pass the same",
+                      op, lane, names[i], args[i], l, w.args[l][i]);
+    }
+}
+
+/// Leaves a warp collective: no lane goes on (and changes its operands) before all are done.
+inline void warp_collective_end(const char* op) {
+    Warp& w = my_warp();
+    wait(w.bar, op);
+    w.op[g.current % 32] = nullptr;
+}
+
 [[noreturn]] inline void thread_exit() {
+    pipeline_complete(~0u);
     Fiber& f = g.fibers[g.current];
     f.done = true;
     g.progress++;
@@ -154,6 +261,7 @@ inline Warp& my_warp() { return g.warps[g.current / 32]; }
     if (g.block.arrived > 0 && g.block.arrived >= g.block.alive) release(g.block);
     Warp& w = my_warp();
     w.bar.alive--;
+    w.op[g.current % 32] = "return (the thread exited)";
     if (w.bar.arrived > 0 && w.bar.arrived >= w.bar.alive) release(w.bar);
     void* dead;
     emu_switch(&dead, g.scheduler_sp);
@@ -183,10 +291,14 @@ inline bool run_block() {
         for (int r = 3; r <= 8; ++r) top[-r] = nullptr;
         g.fibers[i].sp = &top[-8];
         g.fibers[i].done = false;
+        g.waits_at[i] = nullptr;
+        g.pipes[i].pending.clear();
+        g.pipes[i].committed = 0;
     }
     g.block = Barrier{0, g.block.generation, n};
     for (int w = 0; w * 32 < n; ++w) {
         g.warps[w].bar = Barrier{0, g.warps[w].bar.generation, std::min(32, n - w * 32)};
+        for (int l = 0; l < 32; ++l) g.warps[w].op[l] = nullptr;
     }
     int alive = n;
     while (alive > 0) {
@@ -198,11 +310,34 @@ inline bool run_block() {
             g.thread_idx.y = (i / g.block_dim.x) % g.block_dim.y;
             g.thread_idx.z = i / (g.block_dim.x * g.block_dim.y);
             emu_switch(&g.scheduler_sp, g.fibers[i].sp);
+            if (g.faulted) return false;
             if (g.fibers[i].done) alive--;
         }
         if (alive > 0 && g.progress == before) return false;
     }
     return true;
+}
+
+/// Where the block's threads wait, for a deadlock's report: the first waiting thread and the
+/// first that waits somewhere else.
+inline void describe_waits(char* out, int len) {
+    int first = -1, other = -1;
+    for (int i = 0; i < g.threads; ++i) {
+        if (g.fibers[i].done || !g.waits_at[i]) continue;
+        if (first < 0) {
+            first = i;
+        } else if (strcmp(g.waits_at[i], g.waits_at[first]) != 0) {
+            other = i;
+            break;
+        }
+    }
+    if (first < 0)
+        snprintf(out, len, "no thread waits");
+    else if (other < 0)
+        snprintf(out, len, "threads from %d wait at %s", first, g.waits_at[first]);
+    else
+        snprintf(out, len, "thread %d waits at %s, thread %d at %s", first, g.waits_at[first],
+                 other, g.waits_at[other]);
 }
 
 template <class T>
@@ -213,14 +348,16 @@ inline T exchange(T v, int src_lane) {
     unsigned long long bits = 0;
     std::memcpy(&bits, &v, sizeof(T));
     w.slot[lane] = bits;
-    wait(w.bar);
+    w.op[lane] = "a warp shuffle";
+    wait(w.bar, "a warp shuffle");
     T r = v;
     int base = (g.current / 32) * 32;
     if (src_lane >= 0 && src_lane < 32 && base + src_lane < g.threads &&
         !g.fibers[base + src_lane].done) {
         std::memcpy(&r, &w.slot[src_lane], sizeof(T));
     }
-    wait(w.bar);
+    wait(w.bar, "a warp shuffle");
+    w.op[lane] = nullptr;
     return r;
 }
 
@@ -273,7 +410,8 @@ inline int launch(void (*kernel)(A...), const char* name, void** params, const u
     }
     if (smem > g.dynamic_smem_bytes) {
         free(g.dynamic_smem);
-        g.dynamic_smem = static_cast<unsigned char*>(aligned_alloc(16, (smem + 15) / 16 * 16));
+        // 128-byte aligned, as the hardware's shared memory window (wmma needs 32).
+        g.dynamic_smem = static_cast<unsigned char*>(aligned_alloc(128, (smem + 127) / 128 * 128));
         g.dynamic_smem_bytes = smem;
     }
     for (unsigned z = 0; z < grid[2]; ++z)
@@ -281,10 +419,19 @@ inline int launch(void (*kernel)(A...), const char* name, void** params, const u
             for (unsigned x = 0; x < grid[0]; ++x) {
                 g.block_idx = dim3{x, y, z};
                 if (!run_block()) {
+                    if (g.faulted) {
+                        g.faulted = false;
+                        snprintf(err, errlen, "kernel %s: block (%u, %u, %u), %s", name, x, y, z,
+                                 g.fault);
+                        return 1;
+                    }
+                    char where[256];
+                    describe_waits(where, sizeof where);
                     snprintf(err, errlen,
                              "kernel %s: block (%u, %u, %u) deadlocked: threads wait at a "
-                             "barrier or shuffle that others never reach",
-                             name, x, y, z);
+                             "barrier, shuffle or warp-collective call that others never reach "
+                             "(%s)",
+                             name, x, y, z, where);
                     return 1;
                 }
             }
@@ -338,19 +485,24 @@ extern "C" __attribute__((visibility("default"))) void emu_set_pointer_check(
 
 inline void* emu_dynamic_smem() { return emu::g.dynamic_smem; }
 
-inline void __syncthreads() { emu::wait(emu::g.block); }
+inline void __syncthreads() { emu::wait(emu::g.block, "__syncthreads"); }
 inline int __syncthreads_or(int p) {
-    emu::wait(emu::g.block);
+    emu::wait(emu::g.block, "__syncthreads_or");
     if (p) emu::g.sync_or = 1;
-    emu::wait(emu::g.block);
+    emu::wait(emu::g.block, "__syncthreads_or");
     int r = emu::g.sync_or;
-    emu::wait(emu::g.block);
+    emu::wait(emu::g.block, "__syncthreads_or");
     if (emu::linear_tid() == 0) emu::g.sync_or = 0;
-    emu::wait(emu::g.block);
+    emu::wait(emu::g.block, "__syncthreads_or");
     return r;
 }
 inline int __syncthreads_and(int p) { return !__syncthreads_or(!p); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::my_warp().bar); }
+inline void __syncwarp(unsigned = 0xffffffffu) {
+    emu::Warp& w = emu::my_warp();
+    w.op[emu::g.current % 32] = "__syncwarp";
+    emu::wait(w.bar, "__syncwarp");
+    w.op[emu::g.current % 32] = nullptr;
+}
 inline void __threadfence() {}
 inline void __threadfence_block() {}
 

@@ -14,7 +14,10 @@
 //   enabled with cuCtxEnablePeerAccess); copies may name any device's blocks, as with unified
 //   addressing on the hardware.
 // - NVRTC "compiles" a kernel source with the host's C++ compiler after emu_kernel.h, into a
-//   cached shared library; the "PTX" names that library and cuModuleLoadData opens it.
+//   cached shared library; the "PTX" names that library and cuModuleLoadData opens it. The CUDA
+//   headers a kernel includes (<mma.h>, <cuda_pipeline.h>) are the emulation's own, in include/
+//   beside the library; headers handed to nvrtcCreateProgram are not used (what a program passes
+//   there for the real NVRTC is written for the hardware's builtins).
 // - Streams are queues and events order them (see "streams and events" below): queued work runs
 //   when something waits for it, so a missing cuStreamWaitEvent shows as stale values, every
 //   time; ANNEAL_CUDA_EMU_STREAMS=eager runs work as it is queued. Work runs one op at a time
@@ -22,6 +25,7 @@
 //   cuFuncSetAttribute, as on the hardware.
 // - cuBLAS products (cublas.cpp) accumulate in f32, in an order that depends on the shape as the
 //   real library's does.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -407,6 +411,19 @@ uint64_t fnv1a(const std::string& s) {
 
 const char* PTX_MAGIC = "// anneal cuda emulation module: ";
 
+/// The text of every header in `dir`, in name order (part of a module's cache key).
+std::string headers_text(const std::string& dir) {
+    std::set<std::string> names;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d))
+            if (e->d_name[0] != '.') names.insert(e->d_name);
+        closedir(d);
+    }
+    std::string text;
+    for (auto& n : names) text += "\n// " + n + "\n" + read_file(dir + "/" + n);
+    return text;
+}
+
 /// Compiles `p.source` into a cached shared library; `p.ptx` names it.
 bool compile(Program& p) {
     // `extern __shared__ T name[];` has no host meaning: it becomes a pointer to the launch's
@@ -416,10 +433,12 @@ bool compile(Program& p) {
     std::string src = std::regex_replace(p.source, dyn,
                                          "$1* $2 = reinterpret_cast<$1*>(emu_dynamic_smem());");
     std::string header = self_dir() + "/emu_kernel.h";
+    std::string include = self_dir() + "/include";
     const char* cxx_env = getenv("ANNEAL_CUDA_EMU_CXX");
     std::string cxx = cxx_env && *cxx_env ? cxx_env : "c++";
     std::string dir = cache_dir();
-    std::string key = std::to_string(fnv1a(read_file(header) + "\n" + src + cxx));
+    std::string key =
+        std::to_string(fnv1a(read_file(header) + headers_text(include) + "\n" + src + cxx));
     std::string so = dir + "/" + key + ".so";
     p.ptx = std::string(PTX_MAGIC) + so + "\n";
     if (access(so.c_str(), R_OK) == 0) return true;
@@ -432,7 +451,8 @@ bool compile(Program& p) {
     }
     // Pass 1: preprocess with __global__ left visible, to list the kernels the macros make.
     std::string out;
-    if (!run(cxx + " -std=c++17 -E -P -DEMU_SCAN -x c++ " + cu + " -o " + pre, log, &out)) {
+    if (!run(cxx + " -std=c++17 -E -P -DEMU_SCAN -I" + include + " -x c++ " + cu + " -o " + pre,
+             log, &out)) {
         p.log = out;
         return false;
     }
@@ -448,8 +468,8 @@ bool compile(Program& p) {
     // Pass 2: the module. No FMA contraction, so results do not depend on the compiler's mood.
     std::string tmp_so = base + ".so";
     bool ok = run(cxx + " -std=c++17 -O2 -fPIC -shared -ffp-contract=off -fno-strict-aliasing "
-                        "-fvisibility=hidden -w -x c++ " +
-                      cu + " -o " + tmp_so,
+                        "-fvisibility=hidden -w -I" +
+                      include + " -x c++ " + cu + " -o " + tmp_so,
                   log, &out);
     if (!ok) {
         p.log = out;

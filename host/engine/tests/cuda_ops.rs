@@ -251,6 +251,14 @@ mod attention_tiled;
 #[path = "cuda/training.rs"]
 mod training;
 
+/// The tensor-core (wmma) product against the CPU, b row- and column-major.
+#[path = "cuda/wmma.rs"]
+mod wmma;
+
+/// The tensor-core attention forward (bf16).
+#[path = "cuda/attention_wmma.rs"]
+mod attention_wmma;
+
 /// The CPU and CUDA kernels behind the fused ops, called directly (their backwards included).
 mod kernels {
     use super::*;

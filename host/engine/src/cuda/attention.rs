@@ -1,11 +1,15 @@
-//! Attention on CUDA, two kernels with the same masks (causal, sliding window over explicit
-//! positions), GQA, soft-capping and sinks, both deterministic:
+//! Attention on CUDA, kernels with the same masks (causal, sliding window over explicit
+//! positions), GQA, soft-capping and sinks, all deterministic:
 //! - exact (kernels/attention.cu): one block per query row (and per key row for dK/dV) holding
 //!   the row's scores in shared memory, which bounds the key length; kept for short sequences
 //!   and as the tiled kernel's reference;
 //! - tiled (kernels/flash.cu): FlashAttention-style tiles of queries and keys in shared memory
 //!   with an online softmax, no bound on the key length; used from [`TILED_MIN_KEYS`] keys on,
-//!   or wherever the exact kernel does not fit, for head dims it holds.
+//!   or wherever the exact kernel does not fit, for head dims it holds;
+//! - tensor-core (kernels/flash_wmma.cu, forward only): the tiled kernel's schedule with Q·Kᵀ
+//!   and P·V on bf16 tensor cores (wmma), f32 softmax; replaces the tiled forward for bf16
+//!   outside batch-invariant mode on sm_80 and later, for head dims that are multiples of 16 up
+//!   to 128. Its backward is the tiled one's.
 
 use super::backend::contiguous_as;
 use super::launch::{empty, float_suffix, gpu_of, launch, ptr, upload, zeros};
@@ -28,6 +32,10 @@ const FQ: usize = 16;
 const FK: usize = 16;
 const FT: usize = 8;
 const FMAXC: usize = 32;
+/// The tensor-core kernel's query rows per block (4 warps of 16) and largest head dim
+/// (`WQ`, `16 · WMAXC` of kernels/flash_wmma.cu).
+const WQ: usize = 64;
+const WMAX_DIM: usize = 128;
 
 /// Which kernel computes an attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +44,9 @@ pub enum AttentionKernel {
     Exact,
     /// Tiles with an online softmax (kernels/flash.cu).
     Tiled,
+    /// The tiled schedule on bf16 tensor cores (kernels/flash_wmma.cu); forward only, its
+    /// backward is [`AttentionKernel::Tiled`]'s.
+    TensorCore,
 }
 
 /// Shared floats the exact kernels need, and whether they fit.
@@ -58,6 +69,18 @@ fn tiled_fits(d: usize, dv: usize) -> bool {
         && tiled_shared(d, dv).iter().all(|&f| f * 4 <= SHARED_BYTES)
 }
 
+/// Shared bytes of the tensor-core forward (the layout of kernels/flash_wmma.cu).
+fn tensor_core_shared(d: usize, dv: usize) -> usize {
+    192 * d + 64 * dv + 12_288
+}
+
+fn tensor_core_fits(d: usize, dv: usize) -> bool {
+    [d, dv]
+        .iter()
+        .all(|&x| x > 0 && x % 16 == 0 && x <= WMAX_DIM)
+        && tensor_core_shared(d, dv) <= SHARED_BYTES
+}
+
 /// The kernel [`forward`] and [`backward`] use for these shapes: the tiled one from
 /// [`TILED_MIN_KEYS`] keys on or where the exact one does not fit, when its head dims fit. In
 /// batch-invariant mode the tiled one whenever its head dims fit, so a decode step (few keys)
@@ -69,6 +92,30 @@ pub fn kernel_for(tk: usize, d: usize, dv: usize) -> AttentionKernel {
         AttentionKernel::Tiled
     } else {
         AttentionKernel::Exact
+    }
+}
+
+/// The kernel [`forward`] uses: the tensor-core one where [`kernel_for`] picks the tiled kernel,
+/// the operands are bf16, the mode is not batch-invariant (whose rows must not depend on the
+/// kernel), the device (`arch`, `sm_90`) has bf16 tensor cores and the head dims fit it; else
+/// [`kernel_for`]'s.
+pub fn forward_kernel_for(
+    dtype: DType,
+    arch: &str,
+    tk: usize,
+    d: usize,
+    dv: usize,
+) -> AttentionKernel {
+    let kernel = kernel_for(tk, d, dv);
+    if kernel == AttentionKernel::Tiled
+        && dtype == DType::BF16
+        && !crate::invariant::batch_invariant()
+        && super::wmma::tensor_cores(arch)
+        && tensor_core_fits(d, dv)
+    {
+        AttentionKernel::TensorCore
+    } else {
+        kernel
     }
 }
 
@@ -131,6 +178,17 @@ fn prepare(
         has_sinks: sinks.is_some() as i32,
     };
     let need = (ks[2] + qs[3] + vs[3]) * 4;
+    if kernel == AttentionKernel::TensorCore
+        && (dtype != DType::BF16 || !tensor_core_fits(qs[3], vs[3]))
+    {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "the tensor-core attention kernel takes bf16 with head dims that are multiples of 16 up to {WMAX_DIM}, got {dtype} with {}/{}",
+                qs[3], vs[3]
+            ),
+        });
+    }
     if kernel == AttentionKernel::Tiled && !tiled_fits(qs[3], vs[3]) {
         return Err(Error::Invalid {
             op: OP,
@@ -155,10 +213,15 @@ fn prepare(
             ),
         });
     }
+    // The tensor-core kernel stages rows by 16-byte cp.async copies: its operands start aligned.
+    let operand = |t: &Tensor| match kernel {
+        AttentionKernel::TensorCore => super::wmma::aligned(t, OP),
+        _ => contiguous_as(t, dtype, OP),
+    };
     Ok(Prepared {
-        q: contiguous_as(q, dtype, OP)?,
-        k: contiguous_as(k, dtype, OP)?,
-        v: contiguous_as(v, dtype, OP)?,
+        q: operand(q)?,
+        k: operand(k)?,
+        v: operand(v)?,
         sinks: sinks
             .map(|s| contiguous_as(s, DType::F32, OP))
             .transpose()?,
@@ -195,7 +258,8 @@ pub(crate) fn forward(
     sinks: Option<&Tensor>,
     spec: &AttentionSpec,
 ) -> Result<(Tensor, Tensor)> {
-    let kernel = kernel_for(k.shape()[2], q.shape()[3], v.shape()[3]);
+    let arch = &gpu_of(q, OP)?.arch;
+    let kernel = forward_kernel_for(q.dtype(), arch, k.shape()[2], q.shape()[3], v.shape()[3]);
     forward_with(kernel, q, k, v, sinks, spec)
 }
 
@@ -226,12 +290,32 @@ pub fn forward_with(
         .unwrap_or(0);
     let (qpos, kpos) = (ptr(&p.q_pos, OP)?, ptr(&p.k_pos, OP)?);
     let (op_, lp) = (ptr(&out, OP)?, ptr(&lse, OP)?);
-    if kernel == AttentionKernel::Tiled {
-        let c = tiled_cfg(tq, b * hq, tiled_shared(a.d as usize, dv)[0]);
-        launch!(gpu, "flash", format!("flash_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
-    } else {
-        let c = cfg((tq, b * hq), (a.tk + a.d) as usize);
-        launch!(gpu, "attention", format!("attention_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+    match kernel {
+        AttentionKernel::TensorCore => {
+            if !super::wmma::tensor_cores(&gpu.arch) {
+                return Err(Error::Invalid {
+                    op: OP,
+                    msg: format!(
+                        "the tensor-core attention kernel needs sm_80 or later, the device is {}",
+                        gpu.arch
+                    ),
+                });
+            }
+            let c = LaunchConfig {
+                grid_dim: (tq.div_ceil(WQ) as u32, (b * hq) as u32, 1),
+                block_dim: (WQ as u32 / 16 * 32, 1, 1),
+                shared_mem_bytes: tensor_core_shared(a.d as usize, dv) as u32,
+            };
+            launch!(gpu, "flash_wmma", "flash_wmma_fwd_bf16", c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+        }
+        AttentionKernel::Tiled => {
+            let c = tiled_cfg(tq, b * hq, tiled_shared(a.d as usize, dv)[0]);
+            launch!(gpu, "flash", format!("flash_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+        }
+        AttentionKernel::Exact => {
+            let c = cfg((tq, b * hq), (a.tk + a.d) as usize);
+            launch!(gpu, "attention", format!("attention_fwd_{}", p.suf), c; qp, kp, vp, sp, qpos, kpos, op_, lp, a)?;
+        }
     }
     Ok((out, lse))
 }
@@ -253,7 +337,8 @@ pub(crate) fn backward(
     backward_with(kernel, q, k, v, sinks, out, lse, grad, spec)
 }
 
-/// [`backward`] by the given kernel (the tests compare the two).
+/// [`backward`] by the given kernel (the tests compare the two); the tensor-core kernel's
+/// backward is the tiled one.
 #[allow(clippy::too_many_arguments)]
 pub fn backward_with(
     kernel: AttentionKernel,
@@ -266,6 +351,10 @@ pub fn backward_with(
     grad: &Tensor,
     spec: &AttentionSpec,
 ) -> Result<AttentionGrads> {
+    let kernel = match kernel {
+        AttentionKernel::TensorCore => AttentionKernel::Tiled,
+        other => other,
+    };
     let gpu = gpu_of(q, OP)?;
     let p = prepare(kernel, q, k, v, sinks, spec)?;
     let a = p.dims;
@@ -373,5 +462,45 @@ mod tests {
         // Head dims the tiled kernel cannot hold stay exact (which then says why it refuses).
         assert_eq!(kernel_for(2048, 512, 512), AttentionKernel::Exact);
         assert!(tiled_fits(128, 128) && !tiled_fits(256, 256));
+    }
+
+    #[test]
+    fn bf16_tiled_forwards_go_to_tensor_cores_outside_batch_invariant_mode() {
+        let pick = |dtype, arch, tk, d, dv| forward_kernel_for(dtype, arch, tk, d, dv);
+        assert_eq!(
+            pick(DType::BF16, "sm_90", 4096, 128, 128),
+            AttentionKernel::TensorCore
+        );
+        assert_eq!(
+            pick(DType::BF16, "sm_80", 4096, 64, 48),
+            AttentionKernel::TensorCore
+        );
+        // f32, GPUs before Ampere, head dims off the fragments' grid or past 128, short keys.
+        assert_eq!(
+            pick(DType::F32, "sm_90", 4096, 128, 128),
+            AttentionKernel::Tiled
+        );
+        assert_eq!(
+            pick(DType::BF16, "sm_75", 4096, 128, 128),
+            AttentionKernel::Tiled
+        );
+        assert_eq!(
+            pick(DType::BF16, "sm_90", 4096, 72, 72),
+            AttentionKernel::Tiled
+        );
+        assert_eq!(
+            pick(DType::BF16, "sm_90", 4096, 144, 144),
+            AttentionKernel::Tiled
+        );
+        assert_eq!(
+            pick(DType::BF16, "sm_90", 37, 64, 64),
+            AttentionKernel::Exact
+        );
+        assert!(tensor_core_fits(128, 128) && tensor_core_shared(128, 128) <= SHARED_BYTES);
+        let _invariant = crate::invariant::set_batch_invariant(true);
+        assert_eq!(
+            pick(DType::BF16, "sm_90", 4096, 128, 128),
+            AttentionKernel::Tiled
+        );
     }
 }

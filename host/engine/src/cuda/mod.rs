@@ -20,6 +20,7 @@ mod moe;
 pub mod pool;
 mod staging;
 mod streams;
+pub mod wmma;
 
 pub use backend::CudaBackend;
 pub use delta_rule::HostDeltaRule;
