@@ -10,9 +10,9 @@ mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
-use anneal_runtime::plugins::{AudioInputs, ForwardOpts, KvCache};
+use anneal_runtime::plugins::{AudioInputs, ForwardOpts};
 use common::{
-    assert_decode_follows, assert_gradients_match, fixture, leaves, max_abs_diff, model_for,
+    assert_gradients_match, assert_prefill_then_decode, fixture, leaves, max_abs_diff, model_for,
     next_token_loss, positions,
 };
 use std::collections::BTreeMap;
@@ -131,29 +131,18 @@ fn decode_after_the_audio_follows_the_full_forward() {
     let tokens = &exp["tokens"];
     let ids = tokens.to_vec::<i64>();
     let full = exp["logits"].to_vec_f32();
-    let v = full.len() / ids.len();
     // Past both clips' placeholders.
     let prefill = ids.iter().rposition(|&t| t == AUDIO_TOKEN).unwrap() + 1;
     assert!(prefill < ids.len());
-    let cache = Arc::new(KvCache::new());
-    let first = model
-        .forward(
-            &params,
-            &tokens.narrow(1, 0, prefill).unwrap(),
-            &positions(0, prefill),
-            &ForwardOpts {
-                cache: Some(cache.clone()),
-                ..with_audio(&exp)
-            },
-        )
-        .unwrap()
-        .to_vec_f32();
-    assert!(max_abs_diff(&first, &full[..prefill * v]) <= 1e-4);
-    let opts = ForwardOpts {
-        cache: Some(cache.clone()),
-        ..Default::default()
-    };
-    assert_decode_follows(&model, &params, tokens, prefill, &full, &opts, 1e-4);
+    assert_prefill_then_decode(
+        NAME,
+        &model,
+        &params,
+        tokens,
+        &full,
+        prefill,
+        with_audio(&exp),
+    );
 }
 
 #[test]

@@ -12,9 +12,9 @@ mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
-use anneal_runtime::plugins::{ForwardOpts, ImageInputs, KvCache};
+use anneal_runtime::plugins::{ForwardOpts, ImageInputs};
 use common::{
-    assert_decode_follows, assert_export_round_trip, assert_gradients_match, fixture,
+    assert_export_round_trip, assert_gradients_match, assert_prefill_then_decode, fixture,
     fixture_images, leaves, max_abs_diff, model_for, next_token_loss, positions,
 };
 use std::sync::Arc;
@@ -248,26 +248,7 @@ fn decode_after_an_image_prompt_continues_its_positions() {
         let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
         let tokens = &exp["vl_tokens"];
         let full = exp["vl_logits"].to_vec_f32();
-        let v = full.len() / tokens.shape()[1];
-        let cache = Arc::new(KvCache::new());
         let prefill = 15; // past both images
-        let first = model
-            .forward(
-                &params,
-                &tokens.narrow(1, 0, prefill).unwrap(),
-                &positions(0, prefill),
-                &ForwardOpts {
-                    cache: Some(cache.clone()),
-                    ..with_images()
-                },
-            )
-            .unwrap()
-            .to_vec_f32();
-        assert!(max_abs_diff(&first, &full[..prefill * v]) <= 1e-4, "{name}");
-        let opts = ForwardOpts {
-            cache: Some(cache.clone()),
-            ..Default::default()
-        };
-        assert_decode_follows(&model, &params, tokens, prefill, &full, &opts, 1e-4);
+        assert_prefill_then_decode(name, &model, &params, tokens, &full, prefill, with_images());
     }
 }

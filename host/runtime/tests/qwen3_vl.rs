@@ -10,9 +10,9 @@ mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
-use anneal_runtime::plugins::{ForwardOpts, KvCache};
+use anneal_runtime::plugins::ForwardOpts;
 use common::{
-    assert_decode_follows, assert_export_round_trip, assert_gradients_match, fixture,
+    assert_export_round_trip, assert_gradients_match, assert_prefill_then_decode, fixture,
     fixture_images, leaves, max_abs_diff, model_for, next_token_loss, positions,
 };
 use std::sync::Arc;
@@ -210,30 +210,21 @@ fn decode_after_an_image_prompt_continues_its_positions() {
     let (model, params) = model_for(&dir);
     let exp = load_safetensors(dir.join("expected.safetensors")).unwrap();
     let tokens = &exp["vl_tokens"];
-    let t = tokens.shape()[1];
     let full = exp["vl_logits"].to_vec_f32();
-    let v = full.len() / t;
-    let cache = Arc::new(KvCache::new());
     let prefill = 15; // past both images
-    let first = model
-        .forward(
-            &params,
-            &tokens.narrow(1, 0, prefill).unwrap(),
-            &positions(0, prefill),
-            &ForwardOpts {
-                images: Some(fixture_images(&exp)),
-                cache: Some(cache.clone()),
-                ..Default::default()
-            },
-        )
-        .unwrap()
-        .to_vec_f32();
-    assert!(max_abs_diff(&first, &full[..prefill * v]) <= 1e-4);
-    let opts = ForwardOpts {
-        cache: Some(cache.clone()),
+    let media = ForwardOpts {
+        images: Some(fixture_images(&exp)),
         ..Default::default()
     };
-    assert_decode_follows(&model, &params, tokens, prefill, &full, &opts, 1e-4);
+    assert_prefill_then_decode(
+        "tiny_qwen3_vl",
+        &model,
+        &params,
+        tokens,
+        &full,
+        prefill,
+        media,
+    );
 }
 
 #[test]

@@ -12,13 +12,12 @@ mod common;
 
 use anneal_engine::io::load_safetensors;
 use anneal_engine::Tensor;
-use anneal_runtime::plugins::{ForwardOpts, KvCache};
+use anneal_runtime::plugins::ForwardOpts;
 use common::{
-    assert_decode_follows, assert_gradients_match, fixture, fixture_images, leaves, max_abs_diff,
-    model_for, next_token_loss, positions,
+    assert_gradients_match, assert_prefill_then_decode, fixture, fixture_images, leaves,
+    max_abs_diff, model_for, next_token_loss, positions,
 };
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 const NAMES: [&str; 3] = ["tiny_muse_glimmer", "tiny_kimi_k25", "tiny_muse_spark"];
 
@@ -105,27 +104,16 @@ fn decode_after_the_images_follows_the_full_forward() {
         let exp = expected(name);
         let tokens = &exp["vl_tokens"];
         let full = exp["vl_logits"].to_vec_f32();
-        let v = full.len() / tokens.shape()[1];
-        let cache = Arc::new(KvCache::new());
         let prefill = 34; // past both images (3 + 16 + 6 + 8 tokens)
-        let first = model
-            .forward(
-                &params,
-                &tokens.narrow(1, 0, prefill).unwrap(),
-                &positions(0, prefill),
-                &ForwardOpts {
-                    cache: Some(cache.clone()),
-                    ..with_images(&exp)
-                },
-            )
-            .unwrap()
-            .to_vec_f32();
-        assert!(max_abs_diff(&first, &full[..prefill * v]) <= 1e-4);
-        let opts = ForwardOpts {
-            cache: Some(cache.clone()),
-            ..Default::default()
-        };
-        assert_decode_follows(&model, &params, tokens, prefill, &full, &opts, 1e-4);
+        assert_prefill_then_decode(
+            name,
+            &model,
+            &params,
+            tokens,
+            &full,
+            prefill,
+            with_images(&exp),
+        );
     }
 }
 

@@ -143,6 +143,45 @@ pub fn assert_decode_follows(
     }
 }
 
+/// Prefills `tokens[..prefill]` (`[1, t]`) through `media` (the forward's images or audio) into
+/// a fresh KV cache, within 1e-4 of `full` (the whole sequence's logits, `[t × vocab]`
+/// flattened), then decodes the rest one token at a time from that cache, each step within 1e-4
+/// too ([`assert_decode_follows`]).
+pub fn assert_prefill_then_decode(
+    name: &str,
+    model: &PluginModel,
+    params: &Arc<HashMap<String, Tensor>>,
+    tokens: &Tensor,
+    full: &[f32],
+    prefill: usize,
+    media: anneal_runtime::plugins::ForwardOpts,
+) {
+    use anneal_runtime::plugins::{ForwardOpts, KvCache};
+    let v = full.len() / tokens.shape()[1];
+    let cache = Arc::new(KvCache::new());
+    let first = model
+        .forward(
+            params,
+            &tokens.narrow(1, 0, prefill).unwrap(),
+            &positions(0, prefill),
+            &ForwardOpts {
+                cache: Some(cache.clone()),
+                ..media
+            },
+        )
+        .unwrap()
+        .to_vec_f32();
+    assert!(
+        max_abs_diff(&first, &full[..prefill * v]) <= 1e-4,
+        "{name}: prefill"
+    );
+    let opts = ForwardOpts {
+        cache: Some(cache),
+        ..Default::default()
+    };
+    assert_decode_follows(model, params, tokens, prefill, full, &opts, 1e-4);
+}
+
 /// Every parameter of `params` as a fresh leaf that takes a gradient.
 pub fn leaves(params: &HashMap<String, Tensor>) -> Arc<HashMap<String, Tensor>> {
     Arc::new(
