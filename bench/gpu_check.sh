@@ -8,6 +8,25 @@
 # bf16), and `anneal rl` on the GPU (the digit-sorting demo, logprob mismatch exactly 0). Ends
 # with a short table; exits 1 when a step fails.
 #
+# Then the speed table (issue 41), a second table at the end: each row's engine side against a
+# peer run in the same invocation on the same GPU and shapes (bench/gpu_speed_torch.py, which
+# travels with the working tree; the engine's benches are ignored tests of the carried cuda_ops,
+# host/engine/tests/cuda/bench.rs), as `name | engine | peer | ratio | goal | verdict`, ratio =
+# engine speed / peer speed:
+#   llama3_1b bf16 step, seq 2048   the llama3_1b run above vs PyTorch eager + SDPA on the same
+#                                   shapes: >= 1.2x tokens/s and MFU >= 45% of 989 TFLOP/s (both
+#                                   MFUs from tokens/s by one count: 6·N + 12·L·H·D·T per token)
+#   attention bf16 causal fwd+bwd   seq 4096, 8192, 16384 (16 heads of 128) vs SDPA: >= 0.8x
+#   MoE layer fwd+bwd bf16          64 experts, top 8, hidden 7168, width 2048, 8192 tokens vs
+#                                   torch._grouped_mm: >= 1.0x
+#   decode batch 1 and 32           `anneal generate --fast` vs HF `generate` on one random 1B
+#                                   Llama directory, f32: >= 2x decode tokens/s
+# A missed goal reads "below" and does not fail the check; an engine side that crashes or times
+# out does. A row says SKIP with its reason where there is no GPU, under `emulated`, where the
+# peer has no PyTorch (or, for decode, no transformers: the engine side still runs), or past
+# the time budget (SPEED_DEADLINE, 465 s after the start: the whole run stays under 8 minutes
+# on an H200; the rows' own budgets are by the table's code below).
+#
 #   bash bench/gpu_check.sh build   # where cargo is: builds the binaries and the llama/adamw
 #                                   # plugins, stripped, into bench/gpu_carry/ with the corpus
 #                                   # and the MPI libraries the binary links (the GPU machine
@@ -16,8 +35,11 @@
 #   bash bench/gpu_check.sh         # runs the check with bench/gpu_carry/ (unpacked from the
 #                                   # .tar.xz, or built first when cargo is there)
 #   bash bench/gpu_check.sh emulated  # rehearses it on the CPU's emulation of a GPU
-#                                   # (tools/cuda-emu): the benchmarks (GEMM TFLOP/s, llama3_1b)
-#                                   # are skipped and the runs are 2 steps long
+#                                   # (tools/cuda-emu): the benchmarks (GEMM TFLOP/s, llama3_1b,
+#                                   # the speed table) are skipped and the runs are 2 steps long;
+#                                   # SPEED_TINY=1 PYTHON=<python with torch + transformers>
+#                                   # runs the speed table's plumbing there on tiny shapes (the
+#                                   # peers on the CPU, verdicts "rehearsal")
 #
 # Without a GPU (any developer machine) the same run compiles the kernels and prints each GPU
 # test's SKIP reason. Libraries: on the GPU machine cuBLAS/NVRTC come from the nvidia-* packages of
@@ -213,6 +235,15 @@ PY
   row "$1" "${verdict%% *}" "${verdict#* }"
   [ "${verdict%% *}" = ok ] || failed=1
 }
+late_tps() { # metrics.jsonl: mean tokens/s of the later half of the steps
+  python3 - "$1" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("tokens_per_s")]
+late = rows[len(rows) // 2:]
+print(f"{sum(r['tokens_per_s'] for r in late) / len(late):.1f}" if late else "")
+PY
+}
+engine_1b_tps=""
 if [ "$gpu_ok" = 1 ]; then
   for dtype in float32 bfloat16; do
     tol=1e-4; [ "$dtype" = bfloat16 ] && tol=0.02
@@ -243,6 +274,7 @@ PY
 )
     echo "llama3_1b: $verdict"
     row "llama3_1b 12 steps bf16" "ok" "$verdict"
+    engine_1b_tps=$(late_tps "$log/gpu-1b/metrics.jsonl")
   else
     row "llama3_1b 12 steps bf16" "FAILED" "see above"; failed=1
   fi
@@ -277,9 +309,231 @@ else
   done
 fi
 
+# == Speed table (issue 41): each row's engine side against a peer run in this same invocation
+# on the same GPU, shapes and FLOP count (the peers: bench/gpu_speed_torch.py, which travels
+# with the working tree). Ratios are engine speed over peer speed (> 1: the engine is faster).
+# A missed goal reads "below" and does not fail the check; an engine side that crashes or runs
+# past its budget does. Budgets on an H200 (estimates, not yet measured there / timeout):
+#   llama3_1b step  engine: the gpu-1b run above; PyTorch eager 2 + 4 steps   ~30 s / 90 s
+#   attention       engine 3 lengths ~20 s / 60 s; SDPA ~10 s / 45 s
+#   MoE layer       engine ~15 s / 60 s; torch._grouped_mm ~10 s / 45 s
+#   decode          the HF directory (torch only) ~10 s / 45 s; engine, batch 1 and 32, model
+#                   load included, ~20 s / 60 s each; HF generate ~25 s / 90 s
+# about 2.5 minutes estimated, and no row starts past SPEED_DEADLINE (465 s after the script
+# began: the whole run stays under 8 minutes) nor runs beyond it.
+declare -a SPEED
+speed_row() { # name, engine, peer, ratio, goal, verdict
+  SPEED+=("$(printf '%-28s| %-24s| %-24s| %-6s| %-20s| %s' "$@")")
+}
+PY=${PYTHON:-python3}
+PEER=bench/gpu_speed_torch.py
+SPEED_DEADLINE=${SPEED_DEADLINE:-$([ "$EMULATED" = 1 ] && echo 100000 || echo 465)}
+ENGINE_BUDGET=60  # seconds for each engine side (the attention and MoE benches, each decode)
+speed_mode=gpu speed_skip=""
+if [ "$EMULATED" = 1 ]; then
+  # SPEED_TINY=1 rehearses the table on the emulated GPU: tiny shapes, the peers on the CPU
+  # (PYTHON=... a Python with torch and transformers), verdicts "rehearsal".
+  if [ "${SPEED_TINY:-0}" = 1 ]; then speed_mode=tiny; else speed_skip="emulated GPU"; fi
+elif [ "$gpu_ok" != 1 ]; then
+  speed_skip="no GPU"
+fi
+if [ "$speed_mode" = tiny ]; then
+  export ANNEAL_BENCH_SEQS=64,128 ANNEAL_BENCH_HEADS=2 ANNEAL_BENCH_HEAD_DIM=32
+  export ANNEAL_BENCH_TOKENS=64 ANNEAL_BENCH_EXPERTS=8 ANNEAL_BENCH_TOPK=2
+  export ANNEAL_BENCH_HIDDEN=64 ANNEAL_BENCH_FFN=32
+  PEER_DEV=cpu TINY=(--tiny) DECODE_BATCHES="1 4" NEW_TOKENS=8
+  TRAIN_ARGS=(--seq 64 --batch 4 --micro-batch 2 --warmup 1 --steps 1)
+else
+  PEER_DEV=cuda TINY=() DECODE_BATCHES="1 32" NEW_TOKENS=64 TRAIN_ARGS=()
+fi
+peer_skip=""
+if [ -z "$speed_skip" ]; then
+  if ! "$PY" -c "import torch, sys; sys.exit(0 if '$PEER_DEV' == 'cpu' or torch.cuda.is_available() else 1)" 2>/dev/null; then
+    peer_skip="no PyTorch$([ "$PEER_DEV" = cuda ] && echo ' with CUDA') in $PY"
+  fi
+fi
+budget() { # seconds wanted: prints what is left of them before the deadline; fails under 20
+  local left=$((SPEED_DEADLINE - SECONDS))
+  [ "$left" -ge 20 ] || return 1
+  echo $(($1 < left ? $1 : left))
+}
+run_for() { # name, seconds, command...: run_step with its own timeout
+  local name=$1 secs=$2; shift 2
+  echo "== $name (budget ${secs} s)"
+  timeout "$secs" "$@" 2>&1 | tee "$log/$name.out"
+  return "${PIPESTATUS[0]}"
+}
+# "<ms> <TFLOP/s>" of the line starting with $2 in $1 (the bench lines of both sides).
+bench_of() {
+  grep -m1 -F "$2" "$1" 2>/dev/null | sed -n 's/.*fwd+bwd \([0-9.]*\) ms, \([0-9.]*\) TFLOP\/s.*/\1 \2/p'
+}
+cell() { # value, unit[, the value that must be set]: "<value> <unit>", or "-"
+  if [ -n "${3-$1}" ]; then echo "$1 $2"; else echo -; fi
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b }'; }
+judge() { # ratio, least ratio: ok / below (rehearsal under SPEED_TINY)
+  if [ "$speed_mode" = tiny ]; then echo rehearsal; return; fi
+  awk -v r="$1" -v g="$2" 'BEGIN { print (r != "" && r + 0 >= g) ? "ok" : "below" }'
+}
+engine_fail() { # exit status (125: not started), budget given, budget wanted: the verdict of an
+  # engine side that gave no number; the callers fail the check unless it is a SKIP (a side
+  # not started, or cut short, for the deadline)
+  case $1 in
+    125) echo "SKIP out of time (SPEED_DEADLINE $SPEED_DEADLINE s)" ;;
+    124) if [ "$2" -lt "$3" ]; then echo "SKIP cut at SPEED_DEADLINE ($2 of $3 s)"
+         else echo "TIMEOUT (budget $2 s)"; fi ;;
+    *) echo "FAILED (rc $1, see above)" ;;
+  esac
+}
+# Rows of bench lines (bench_of), lower ms faster: each "label|line prefix" argument is one row.
+timed_rows() { # goal, least ratio, engine out, engine rc, engine budget, peer out, peer rc, rows...
+  local goal=$1 least=$2 eout=$3 erc=$4 esecs=$5 pout=$6 prc=$7; shift 7
+  local row e p r v ecell pcell
+  for row in "$@"; do
+    e=$(bench_of "$eout" "${row#*|}") p=$(bench_of "$pout" "${row#*|}")
+    ecell=${e:+${e% *} ms, ${e#* } TF/s} pcell=${p:+${p% *} ms, ${p#* } TF/s} r="" v=""
+    if [ -z "$e" ]; then
+      v=$(engine_fail "$erc" "$esecs" "$ENGINE_BUDGET")
+      [ "${v%% *}" = SKIP ] || failed=1
+    fi
+    if [ -n "$peer_skip" ]; then pcell="SKIP"; v=${v:-"SKIP peer: $peer_skip"}
+    elif [ -z "$p" ]; then pcell="none"; v=${v:-"SKIP peer failed or out of time (rc $prc)"}
+    fi
+    if [ -z "$v" ]; then r=$(ratio "${p% *}" "${e% *}"); v=$(judge "$r" "$least"); fi
+    speed_row "${row%%|*}" "${ecell:-none}" "$pcell" "${r:--}" "$goal" "$v"
+  done
+}
+
+if [ -n "$speed_skip" ]; then
+  for n in "llama3_1b step (seq 2048)" "attention fwd+bwd" "MoE layer fwd+bwd" "decode batch 1" "decode batch 32"; do
+    speed_row "$n" - - - - "SKIP $speed_skip"
+  done
+else
+  # Row 1: the llama3_1b training step. Engine: the gpu-1b run above (under SPEED_TINY the
+  # emulated debug Llama's bf16 run, only to exercise the row).
+  if [ "$speed_mode" = tiny ]; then
+    engine_1b_tps=$(late_tps "$log/gpu-bfloat16/metrics.jsonl" 2>/dev/null)
+  fi
+  ptps="" pmfu="" emfu="" r="" v=""
+  if [ -z "$peer_skip" ] && t=$(budget 90); then
+    run_for speed-train-torch "$t" "$PY" "$PEER" train --device "$PEER_DEV" "${TINY[@]}" "${TRAIN_ARGS[@]}"
+    ptps=$(sed -n 's/.*: \([0-9,.]*\) tokens\/s,.*/\1/p' "$log/speed-train-torch.out" | head -1 | tr -d ,)
+    pmfu=$(sed -n 's/.* MFU \([0-9.]*\)%.*/\1/p' "$log/speed-train-torch.out" | head -1)
+  fi
+  if [ -n "$engine_1b_tps" ]; then
+    emfu=$(python3 "$PEER" mfu --tokens-per-s "$engine_1b_tps" "${TINY[@]}" \
+      $([ "$speed_mode" = tiny ] && echo --seq 64))
+  else
+    v="engine: no llama3_1b run (see above)"
+  fi
+  if [ -n "$peer_skip" ]; then v=${v:-"SKIP peer: $peer_skip"}
+  elif [ -z "$ptps" ]; then v=${v:-"SKIP peer failed or out of time"}
+  fi
+  if [ -z "$v" ]; then
+    r=$(ratio "$engine_1b_tps" "$ptps")
+    v=$(judge "$r" 1.2)
+    if [ "$v" = ok ] && awk -v m="$emfu" 'BEGIN { exit !(m + 0 < 45) }'; then v="below (MFU)"; fi
+  fi
+  speed_row "llama3_1b step (seq 2048)" \
+    "$(cell "$(printf '%.0f' "${engine_1b_tps:-0}")" "tok/s, MFU $emfu%" "$engine_1b_tps")" \
+    "$(cell "$(printf '%.0f' "${ptps:-0}")" "tok/s, MFU $pmfu%" "$ptps")" "${r:--}" \
+    ">=1.2x, MFU>=45%" "$v"
+
+  # An engine bench (an ignored test of cuda_ops) and its PyTorch peer, each within the budget
+  # left: sets erc / prc (exit codes; 125: not run for lack of time) and esecs.
+  engine_and_peer() { # short name, engine test, peer subcommand
+    erc=0 prc=0 esecs=0
+    if esecs=$(budget "$ENGINE_BUDGET"); then
+      run_for "speed-$1-engine" "$esecs" "${EMU[@]}" "$CARRY/cuda_ops" --ignored --nocapture \
+        --test-threads 1 "$2"
+      erc=$?
+    else
+      erc=125
+    fi
+    if [ -z "$peer_skip" ] && t=$(budget 45); then
+      run_for "speed-$1-torch" "$t" "$PY" "$PEER" "$3" --device "$PEER_DEV"; prc=$?
+    fi
+  }
+
+  # Row 2: attention, one row per sequence length (both sides read the ANNEAL_BENCH_* shapes).
+  engine_and_peer attn attention_speed attention
+  rows=()
+  for t in $(echo "${ANNEAL_BENCH_SEQS:-4096,8192,16384}" | tr , ' '); do
+    rows+=("attention seq $t|attention bf16 causal seq=$t heads=${ANNEAL_BENCH_HEADS:-16} dim=${ANNEAL_BENCH_HEAD_DIM:-128}:")
+  done
+  timed_rows ">=0.8x SDPA" 0.8 "$log/speed-attn-engine.out" "$erc" "$esecs" \
+    "$log/speed-attn-torch.out" "$prc" "${rows[@]}"
+
+  # Row 3: the MoE layer.
+  engine_and_peer moe moe_speed moe
+  n=${ANNEAL_BENCH_TOKENS:-8192} e=${ANNEAL_BENCH_EXPERTS:-64} k=${ANNEAL_BENCH_TOPK:-8}
+  d=${ANNEAL_BENCH_HIDDEN:-7168} f=${ANNEAL_BENCH_FFN:-2048}
+  timed_rows ">=1.0x _grouped_mm" 1.0 "$log/speed-moe-engine.out" "$erc" "$esecs" \
+    "$log/speed-moe-torch.out" "$prc" \
+    "MoE T$n E$e k$k D$d F$f|moe bf16 tokens=$n experts=$e topk=$k hidden=$d ffn=$f:"
+
+  # Row 4: decode at batch 1 and 32 on one random-weight 1B HF directory, written with torch
+  # alone, so the engine runs where transformers is missing; the engine with --fast (HF's
+  # kernels are not batch-invariant either), both in f32 (the dtype the llama plugin loads).
+  hf="$log/hf-llama"
+  prompt=$(awk 'BEGIN { for (i = 0; i < 32; i++) printf "%s%d", (i ? "," : ""), 7 + (131 * i) % 500 }')
+  declare -A etps
+  hf_ok=0
+  # (on the CPU where the peer has no GPU: ~10 s more)
+  if t=$(budget 45) && run_for speed-hfdir "$t" "$PY" "$PEER" hfdir "${TINY[@]}" --model-dir "$hf" \
+       --device "$([ -z "$peer_skip" ] && echo "$PEER_DEV" || echo cpu)"; then
+    hf_ok=1
+  fi
+  for b in $DECODE_BATCHES; do
+    etps[$b]=""
+    [ "$hf_ok" = 1 ] || continue
+    if esecs=$(budget "$ENGINE_BUDGET"); then
+      run_for "speed-decode-engine-$b" "$esecs" "${EMU[@]}" "$CARRY/anneal" generate --model-dir "$hf" \
+        --prompt-tokens "$prompt" --max-new-tokens "$NEW_TOKENS" --temperature 0 --batch "$b" \
+        --device cuda --fast
+      erc=$?
+      etps[$b]=$(grep '^{' "$log/speed-decode-engine-$b.out" | tail -1 |
+        python3 -c 'import json, sys; print("%.1f" % json.load(sys.stdin)["decode_tokens_per_s"])' 2>/dev/null)
+    else
+      erc=125 esecs=0
+    fi
+    if [ -z "${etps[$b]}" ]; then
+      etps[$b]="x$(engine_fail "$erc" "$esecs" "$ENGINE_BUDGET")"
+      [ "${etps[$b]:0:5}" = xSKIP ] || failed=1
+    fi
+  done
+  prc=0 pskip=$peer_skip
+  if [ "$hf_ok" = 1 ] && [ -z "$pskip" ]; then
+    if t=$(budget 90); then
+      run_for speed-decode-torch "$t" "$PY" "$PEER" decode --device "$PEER_DEV" --model-dir "$hf" \
+        --batches "${DECODE_BATCHES// /,}" --prompt-tokens "$prompt" --new-tokens "$NEW_TOKENS"
+      prc=$?
+      [ "$prc" = 3 ] && pskip=$(grep -m1 -o 'import transformers failed.*' "$log/speed-decode-torch.out" | cut -c1-60)
+    else
+      pskip="out of time"
+    fi
+  fi
+  for b in $DECODE_BATCHES; do
+    e=${etps[$b]} p="" r="" v=""
+    [ -z "$pskip" ] && p=$(sed -n "s/^decode batch=$b .*: \([0-9.]*\) tokens\/s.*/\1/p" "$log/speed-decode-torch.out" 2>/dev/null | head -1)
+    if [ "$hf_ok" != 1 ]; then v="SKIP no HF directory (hfdir failed)"; e=""
+    elif [ "${e:0:1}" = x ]; then v=${e:1}; e=""
+    elif [ -n "$pskip" ]; then v="SKIP peer: $pskip"
+    elif [ -z "$p" ]; then v="SKIP peer failed (rc $prc)"
+    else r=$(ratio "$e" "$p"); v=$(judge "$r" 2.0)
+    fi
+    speed_row "decode batch $b (1B, f32)" "$(cell "$e" tok/s)" "$(cell "$p" tok/s)" "${r:--}" \
+      ">=2x HF generate" "$v"
+  done
+fi
+
 echo
 echo "== gpu_check summary"
 printf '%-34s %-8s %s\n' step status result
 printf '%s\n' "${ROWS[@]}"
+echo
+echo "== speed table (engine vs a peer in this run; ratio = engine speed / peer speed)"
+printf '%-28s| %-24s| %-24s| %-6s| %-20s| %s\n' name engine peer ratio goal verdict
+printf '%s\n' "${SPEED[@]}"
 rm -rf "$log"
 exit $failed

@@ -207,7 +207,7 @@ fn the_model_families_train_on_cuda_like_the_cpu() {
     let job = Job::new("device-families");
     // Tiny configs of each family: MoE routing and grouped products, sinks and sliding windows,
     // latent attention with multi-token prediction, DeepSeek-V4's compressed sparse attention,
-    // the gated delta rule of Qwen3.5, Kimi Linear and Kimi K3 (computed on the host for now),
+    // the gated delta rule of Qwen3.5, Kimi Linear and Kimi K3 (its recurrence kernels),
     // and Kimi K3's latent experts and residual mixes.
     use anneal_tests::tiny;
     let families = [
@@ -313,4 +313,188 @@ fn the_memory_check_counts_the_gpus_memory() {
         err.contains("the run needs about") && err.contains("the memory of cuda:0"),
         "{err}"
     );
+}
+
+/// What the emulated GPU logged to `ANNEAL_CUDA_EMU_TRANSFER_LOG` during a run: the sizes of its
+/// device→host copies and how often the host waited for the device.
+struct Transfers {
+    copies: Vec<usize>,
+    waits: usize,
+}
+
+/// `anneal train config` of `steps` steps on the emulated GPU, with its transfers logged.
+fn transfers_of(job: &Job, config: &Path, run: &str, steps: u64, set: &[&str]) -> Transfers {
+    let log = job.dir.join(format!("{run}.transfers"));
+    let run_dir = job.dir.join(run);
+    let steps = format!("training.steps={steps}");
+    let mut sets = vec![
+        steps.as_str(),
+        "job.device=\"cuda\"",
+        "metrics.eval_freq=0",
+        "metrics.log_freq=1",
+        "checkpoint.interval=0",
+    ];
+    sets.extend_from_slice(set);
+    let mut c = anneal();
+    c.arg("train").arg(config).arg("--run-dir").arg(&run_dir);
+    for s in sets {
+        c.args(["--set", s]);
+    }
+    ok(&c
+        .env("ANNEAL_CUDA_EMU_TRANSFER_LOG", &log)
+        .output()
+        .expect("anneal train"));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    Transfers {
+        copies: text
+            .lines()
+            .filter_map(|l| l.strip_prefix("dtoh "))
+            .map(|n| n.parse().expect("a byte count"))
+            .collect(),
+        waits: text.lines().filter(|l| l.starts_with("wait ")).count(),
+    }
+}
+
+/// A training step on the GPU never waits for the device mid-step: two more steps of the same
+/// run (on the emulator, which logs every device→host copy and host wait) add exactly one
+/// copy each, of the logged scalars (the micro-batch losses and the gradient norm's
+/// per-parameter parts, read together), and one wait each: the token ids and targets are
+/// checked on their host copies, the loss's mean and the gradient norm's parts are computed on
+/// the device, and uploads do not wait. In f32 and in bf16 with full recompute, two
+/// micro-batches per step; and for Qwen3.5, whose gated delta rule runs as CUDA kernels.
+#[test]
+fn a_gpu_step_copies_back_only_its_logged_scalars() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP a_gpu_step_copies_back_only_its_logged_scalars: {why}");
+        return;
+    }
+    if !common::cuda_backend_line().contains("emulation") {
+        println!(
+            "SKIP a_gpu_step_copies_back_only_its_logged_scalars: counts copies on the emulator"
+        );
+        return;
+    }
+    let job = Job::new("gpu-transfers");
+    let qwen3_5 = job.config_with_model("qwen3_5", "qwen3_5", anneal_tests::tiny::QWEN3_5);
+    for (name, config, set) in [
+        ("f32", job.config(), &["training.micro_batch_size=2"][..]),
+        (
+            "bf16",
+            job.config(),
+            &[
+                "training.micro_batch_size=2",
+                "training.dtype=\"bfloat16\"",
+                "activation_checkpoint.mode=\"full\"",
+            ][..],
+        ),
+        ("qwen3_5", qwen3_5, &["training.micro_batch_size=2"][..]),
+    ] {
+        let short = transfers_of(&job, &config, &format!("{name}-2"), 2, set);
+        let long = transfers_of(&job, &config, &format!("{name}-4"), 4, set);
+        // The runs differ by two steps alone (same setup, same final checkpoint).
+        let mut extra = long.copies.clone();
+        for c in &short.copies {
+            let at = extra.iter().position(|e| e == c);
+            extra.remove(at.unwrap_or_else(|| panic!("{name}: a copy of {c} bytes went missing")));
+        }
+        assert_eq!(
+            extra.len(),
+            2,
+            "{name}: one device→host copy per step, got {extra:?} for two steps"
+        );
+        assert_eq!(extra[0], extra[1], "{name}: the same scalars every step");
+        let scalars = extra[0] / 4;
+        assert!(
+            extra[0].is_multiple_of(4) && (3..=64).contains(&scalars),
+            "{name}: the copy holds a few f32 scalars (2 losses and the norm's parts), got {} bytes",
+            extra[0]
+        );
+        assert_eq!(
+            long.waits - short.waits,
+            2,
+            "{name}: the host waits for the device once per step"
+        );
+    }
+}
+
+/// `anneal train --profile` on the GPU times each op with the device's events and prints, beside
+/// each, what the roofline allows it (FLOPs and bytes against the device's peaks); profiling
+/// changes no number of the run.
+#[test]
+fn a_gpu_profile_has_device_times_and_the_roofline() {
+    if let Some(why) = no_gpu() {
+        println!("SKIP a_gpu_profile_has_device_times_and_the_roofline: {why}");
+        return;
+    }
+    let job = Job::new("gpu-profile");
+    let set = [
+        "training.steps=3",
+        "job.device=\"cuda\"",
+        "training.dtype=\"bfloat16\"",
+    ];
+    let (plain, plain_dir) = job.train("plain", &set);
+    ok(&plain);
+    let run_dir = job.dir.join("profiled");
+    let mut c = anneal();
+    c.arg("train")
+        .arg(job.config())
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .arg("--profile=1");
+    for s in set {
+        c.args(["--set", s]);
+    }
+    ok(&c.output().expect("anneal train --profile"));
+    assert_eq!(
+        losses(&run_dir),
+        losses(&plain_dir),
+        "profiling changes no number"
+    );
+    let table = std::fs::read_to_string(run_dir.join("profile/table.txt")).expect("the table");
+    let device = table
+        .split_once("device time per op on ")
+        .unwrap_or_else(|| panic!("no device section in\n{table}"))
+        .1;
+    for needle in [
+        "roofline at",
+        "TFLOP/s bf16 tensor",
+        "GB/s",
+        "roofline ms",
+        "% peak",
+    ] {
+        assert!(device.contains(needle), "no `{needle}` in\n{table}");
+    }
+    // Each row: op, phase, calls, ms, GFLOP, MB, roofline ms, % of it, bound.
+    let row = |op: &str, phase: &str| -> Vec<String> {
+        device
+            .lines()
+            .map(|l| {
+                l.split('|')
+                    .map(|c| c.trim().to_string())
+                    .collect::<Vec<_>>()
+            })
+            .find(|c| c.len() > 9 && c[1] == op && c[2] == phase)
+            .unwrap_or_else(|| panic!("no `{op}` row in phase {phase} in\n{table}"))
+    };
+    let num = |c: &str| -> f64 { c.parse().unwrap_or_else(|_| panic!("`{c}` is a number")) };
+    for (op, phase, bound) in [
+        ("matmul", "forward", None),
+        ("matmul", "backward", None),
+        ("attention", "forward", None),
+        ("attention_backward", "backward", None),
+        ("adamw", "optimizer", Some("memory")),
+        ("rms_norm", "forward", Some("memory")),
+    ] {
+        let c = row(op, phase);
+        assert!(num(&c[3]) >= 1.0, "{op}: calls per step in {c:?}");
+        assert!(num(&c[4]) > 0.0, "{op}: device time in {c:?}");
+        assert!(num(&c[5]) > 0.0 || op == "adamw", "{op}: FLOPs in {c:?}");
+        assert!(num(&c[6]) > 0.0, "{op}: bytes in {c:?}");
+        assert!(num(&c[7]) > 0.0, "{op}: the roofline's time in {c:?}");
+        if let Some(b) = bound {
+            assert_eq!(c[9], b, "{op}: bound in {c:?}");
+        }
+    }
+    // The gradient norm's one read of the device is in its own phase.
+    assert!(table.contains("grad_norm"), "{table}");
 }

@@ -112,6 +112,12 @@ pub struct ModelSpec {
     pub max_seq_len: usize,
     /// Training FLOPs per token at sequence length `max_seq_len` (for MFU).
     pub flops_per_token: f64,
+    /// The part of `flops_per_token` that grows with the context: training FLOPs per token per
+    /// key position of the layers that attend to the whole context (`flops_per_token` counts
+    /// them at `max_seq_len` keys), so a run at a shorter sequence length reports its own
+    /// figures ([`ModelSpec::flops_per_token_at`]). 0 when the plugin does not say.
+    #[serde(default)]
+    pub context_flops_per_token: f64,
     /// Parameters one token goes through, when fewer than all (a mixture of experts counts
     /// only the experts a token is routed to).
     #[serde(default)]
@@ -127,6 +133,15 @@ pub struct ModelSpec {
     /// The parallel layouts whose forward the model must take part in, that it supports.
     #[serde(default)]
     pub parallel: ParallelSupport,
+}
+
+impl ModelSpec {
+    /// Training FLOPs per token at sequence length `seq_len` (at most `max_seq_len`): the
+    /// attention over the whole context counted at `seq_len` keys instead of `max_seq_len`.
+    pub fn flops_per_token_at(&self, seq_len: usize) -> f64 {
+        let shorter = self.max_seq_len.saturating_sub(seq_len) as f64;
+        self.flops_per_token - self.context_flops_per_token * shorter
+    }
 }
 
 /// The parallel layouts a model's forward takes part in, that it declares it supports. Data

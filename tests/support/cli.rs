@@ -298,7 +298,7 @@ pub fn user_error(out: &Output, needles: &[&str]) {
 }
 
 /// `anneal info`'s `cuda backend:` line.
-fn cuda_backend_line() -> String {
+pub fn cuda_backend_line() -> String {
     let out = anneal().arg("info").output().expect("anneal info");
     ok(&out);
     String::from_utf8_lossy(&out.stdout)

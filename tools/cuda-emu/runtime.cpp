@@ -23,6 +23,11 @@
 //   time; ANNEAL_CUDA_EMU_STREAMS=eager runs work as it is queued. Work runs one op at a time
 //   across threads. Dynamic shared memory above 48 KiB is refused unless raised with
 //   cuFuncSetAttribute, as on the hardware.
+// - ANNEAL_CUDA_EMU_TRANSFER_LOG=FILE appends one line per device->host copy ("dtoh BYTES") and
+//   per host wait for the device ("wait stream|context|event"), so a test can count what a
+//   training step reads back and how often the host stalls (tests/cuda_train_cli.rs).
+// - Events created without CU_EVENT_DISABLE_TIMING take the host's clock when their work runs,
+//   so cuEventElapsedTime gives the time between two events' work (kernels run one at a time).
 // - cuBLAS products (cublas.cpp) accumulate in f32, in an order that depends on the shape as the
 //   real library's does.
 #include <dirent.h>
@@ -31,6 +36,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -228,6 +234,17 @@ namespace {
 
 constexpr int CUDA_ERROR_NOT_READY = 600;
 
+// ANNEAL_CUDA_EMU_TRANSFER_LOG: one line per device->host copy or host wait, appended (so the
+// ranks of a job may share one file).
+void log_transfer(const std::string& line) {
+    static const char* path = getenv("ANNEAL_CUDA_EMU_TRANSFER_LOG");
+    if (!path || !*path) return;
+    if (FILE* f = fopen(path, "a")) {
+        fprintf(f, "%s\n", line.c_str());
+        fclose(f);
+    }
+}
+
 bool eager_streams() {
     static bool eager = [] {
         const char* env = getenv("ANNEAL_CUDA_EMU_STREAMS");
@@ -249,7 +266,14 @@ struct EventState {
     Stream* stream = nullptr; // where it was last recorded (only read while a record is queued)
     uint64_t recorded = 0;    // records made
     uint64_t completed = 0;   // records that ran
+    bool timing = true;       // created without CU_EVENT_DISABLE_TIMING
+    double ran_ms = 0;        // the host's steady clock when the last record ran
 };
+
+double steady_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
 struct Event {
     std::shared_ptr<EventState> st = std::make_shared<EventState>();
 };
@@ -516,6 +540,11 @@ int cuDeviceGetAttribute(int* v, int attr, int) {
     case 75: *v = 9; break;                  // compute capability major
     case 76: *v = 0; break;                  // minor
     case 16: *v = 1; break;                  // multiprocessors
+    // One SM of an H100 SXM: its clocks, and its share (1/132) of the 5120-bit memory bus, so
+    // the peaks a roofline derives keep the hardware's ratio of compute to bandwidth.
+    case 13: *v = 1980000; break;            // clock rate, kHz
+    case 36: *v = 2619000; break;            // memory clock rate, kHz
+    case 37: *v = 40; break;                 // global memory bus width, bits
     case 97: *v = MAX_DYNAMIC_SMEM; break;   // opt-in shared memory per block
     case 8: *v = DEFAULT_DYNAMIC_SMEM; break; // shared memory per block
     case 1: *v = 1024; break;                // threads per block
@@ -572,6 +601,7 @@ int cuCtxDisablePeerAccess(void* peer_ctx) {
 }
 int cuCtxSynchronize() {
     std::lock_guard<std::recursive_mutex> l(big_lock);
+    log_transfer("wait context");
     return drain_all();
 }
 int cuCtxPushCurrent_v2(void* ctx) { return cuCtxSetCurrent(ctx); }
@@ -612,6 +642,7 @@ int cuStreamDestroy_v2(void* s) {
 }
 int cuStreamSynchronize(void* s) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
+    log_transfer("wait stream");
     return s ? drain(static_cast<Stream*>(s)) : drain_all();
 }
 int cuStreamQuery(void* s) {
@@ -633,8 +664,10 @@ int cuStreamWaitEvent(void* s, void* e, unsigned) {
         return CUDA_SUCCESS;
     });
 }
-int cuEventCreate(void** e, unsigned) {
-    *e = new Event();
+int cuEventCreate(void** e, unsigned flags) {
+    auto* ev = new Event();
+    ev->st->timing = !(flags & 0x2); // CU_EVENT_DISABLE_TIMING
+    *e = ev;
     return CUDA_SUCCESS;
 }
 int cuEventDestroy_v2(void* e) {
@@ -650,6 +683,7 @@ int cuEventRecord(void* e, void* s) {
     st->stream = static_cast<Stream*>(s);
     return enqueue(s, [st, gen]() {
         st->completed = std::max(st->completed, gen);
+        st->ran_ms = steady_ms();
         return CUDA_SUCCESS;
     });
 }
@@ -657,6 +691,7 @@ int cuEventRecordWithFlags(void* e, void* s, unsigned) { return cuEventRecord(e,
 int cuEventSynchronize(void* e) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     if (!e) return CUDA_ERROR_INVALID_VALUE;
+    log_transfer("wait event");
     auto st = static_cast<Event*>(e)->st;
     if (st->completed >= st->recorded) return CUDA_SUCCESS;
     Stream* on = st->stream;
@@ -669,8 +704,15 @@ int cuEventQuery(void* e) {
     auto& st = static_cast<Event*>(e)->st;
     return st->completed >= st->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
-int cuEventElapsedTime(float* ms, void*, void*) {
-    *ms = 0.0f;
+// The time between two events' work, as the driver answers it: both must be timing events
+// (else CUDA_ERROR_INVALID_HANDLE) whose records have run (else CUDA_ERROR_NOT_READY).
+int cuEventElapsedTime(float* ms, void* start, void* end) {
+    std::lock_guard<std::recursive_mutex> l(big_lock);
+    if (!ms || !start || !end) return CUDA_ERROR_INVALID_VALUE;
+    auto a = static_cast<Event*>(start)->st, b = static_cast<Event*>(end)->st;
+    if (!a->timing || !b->timing || !a->recorded || !b->recorded) return 400;
+    if (a->completed < a->recorded || b->completed < b->recorded) return CUDA_ERROR_NOT_READY;
+    *ms = static_cast<float>(b->ran_ms - a->ran_ms);
     return CUDA_SUCCESS;
 }
 int cuEventElapsedTime_v2(float* ms, void* a, void* b) { return cuEventElapsedTime(ms, a, b); }
@@ -756,6 +798,7 @@ int cuMemcpyHtoDAsync_v2(uint64_t dst, const void* src, size_t n, void* s) {
 int cuMemcpyDtoHAsync_v2(void* dst, uint64_t src, size_t n, void* s) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     if (n && !device_range(src, n)) return bad_range("copy to host", src, n);
+    log_transfer("dtoh " + std::to_string(n));
     auto* from = reinterpret_cast<const void*>(src);
     auto copy = [dst, from, n]() {
         memcpy(dst, from, n);
@@ -783,6 +826,7 @@ int cuMemcpyHtoD_v2(uint64_t dst, const void* src, size_t n) {
 int cuMemcpyDtoH_v2(void* dst, uint64_t src, size_t n) {
     std::lock_guard<std::recursive_mutex> l(big_lock);
     if (n && !device_range(src, n)) return bad_range("copy to host", src, n);
+    log_transfer("dtoh " + std::to_string(n));
     int rc = drain_all();
     if (!rc) memcpy(dst, reinterpret_cast<const void*>(src), n);
     return rc;

@@ -166,7 +166,11 @@ pub fn backend_for(device: Device) -> Result<&'static dyn Backend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(if crate::profile::enabled() {
+            &crate::cuda::Profiled
+        } else {
+            &crate::cuda::CudaBackend
+        }),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
@@ -255,7 +259,11 @@ pub fn fused_backend_for(device: Device) -> Result<&'static dyn FusedBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(if crate::profile::enabled() {
+            &crate::cuda::Profiled
+        } else {
+            &crate::cuda::CudaBackend
+        }),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
@@ -265,6 +273,9 @@ pub fn fused_backend_for(device: Device) -> Result<&'static dyn FusedBackend> {
 pub trait OptimBackend: Send + Sync {
     /// One AdamW step over every group, in place.
     fn adamw(&self, groups: &[crate::ops::AdamWTensors<'_>], hp: &crate::ops::AdamW) -> Result<()>;
+    /// `Σ x²` of each tensor (any float dtype), as an f32 tensor `[tensors.len()]` on their
+    /// device: a gradient norm's parts, in one pass over all of them.
+    fn sum_of_squares(&self, tensors: &[&Tensor]) -> Result<Tensor>;
 }
 
 /// The optimizer-kernel backend computing on `device`, or why none can.
@@ -272,7 +283,11 @@ pub fn optim_backend_for(device: Device) -> Result<&'static dyn OptimBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(if crate::profile::enabled() {
+            &crate::cuda::Profiled
+        } else {
+            &crate::cuda::CudaBackend
+        }),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
@@ -296,7 +311,11 @@ pub fn fusion_backend_for(device: Device) -> Result<&'static dyn FusionBackend> 
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaBackend),
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(if crate::profile::enabled() {
+            &crate::cuda::Profiled
+        } else {
+            &crate::cuda::CudaBackend
+        }),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }
@@ -336,9 +355,8 @@ pub trait DeltaRuleBackend: Send + Sync {
 pub fn delta_rule_backend_for(device: Device) -> Result<&'static dyn DeltaRuleBackend> {
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
-        // No CUDA kernel yet: computed on the host (see cuda::HostDeltaRule).
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::HostDeltaRule),
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaDeltaRule),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }

@@ -20,8 +20,10 @@ impl Tensor {
                 return None;
             }
             let offset = (self.layout().offset() * self.dtype().size_in_bytes()) as u64;
+            // Taken as a write: whatever is written through the address, a host copy kept
+            // beside the storage (`Storage::with_mirror`) is dropped rather than go stale.
             return self
-                .storage()
+                .storage_mut()
                 .device_mem()
                 .map(|m| (ordinal, m.ptr() + offset));
         }

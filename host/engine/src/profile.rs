@@ -7,6 +7,11 @@
 //! nested copy twice, and a phase's self time is the time spent outside any kernel in it
 //! (autograd bookkeeping, plugin calls).
 //!
+//! On a GPU the host's time of an op is only its launch: the CUDA backend also times each op on
+//! the device with a pair of events ([`record_device`]), and the table gives each op's device
+//! time beside what the roofline allows it (its FLOPs and bytes against the device's peaks,
+//! [`DevicePeak`]), so a kernel far from its bound shows without a profiler.
+//!
 //! Off by default: a disabled scope costs one relaxed atomic load. [`configure`] arms a window
 //! of steps (skipping warm-up steps); [`finish`] returns what was recorded.
 
@@ -73,11 +78,74 @@ pub struct Window {
     pub steps: u64,
 }
 
+/// What an op computes and moves: the roofline's inputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// Floating-point operations (2 per multiply-add).
+    pub flops: f64,
+    /// Bytes read and written in device memory (each operand and result once).
+    pub bytes: f64,
+    /// Whether the work can run on tensor cores (a bf16/f16 product), so the tensor peak
+    /// bounds it rather than the vector units'.
+    pub tensor_cores: bool,
+}
+
+/// A device's peak rates, what the roofline predicts an op's time from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DevicePeak {
+    /// The device, as the driver names it.
+    pub name: String,
+    /// Dense bf16 tensor-core FLOP/s.
+    pub tensor_flops: f64,
+    /// FP32 FLOP/s of the vector units.
+    pub vector_flops: f64,
+    /// Memory bandwidth in bytes/s.
+    pub bytes_per_s: f64,
+}
+
+impl DevicePeak {
+    /// The fastest `cost` can run: its FLOPs at the compute peak or its bytes at the memory
+    /// bandwidth, whichever takes longer (in ms); and whether compute is that bound.
+    pub fn roofline_ms(&self, cost: &Cost) -> (f64, bool) {
+        let peak = if cost.tensor_cores {
+            self.tensor_flops
+        } else {
+            self.vector_flops
+        };
+        let compute = cost.flops / peak.max(1.0);
+        let memory = cost.bytes / self.bytes_per_s.max(1.0);
+        (compute.max(memory) * 1e3, compute > memory)
+    }
+}
+
+/// One op timed on a device by the device's own events.
+#[derive(Clone, Debug)]
+pub struct DeviceSpan {
+    /// The op.
+    pub name: &'static str,
+    /// The phase it was queued in.
+    pub phase: &'static str,
+    /// Device time in nanoseconds (start event to end event).
+    pub ns: u64,
+    /// What it computes and moves.
+    pub cost: Cost,
+}
+
+/// A device span whose events may still be in the device's queue: resolved (waiting for them)
+/// when its step ends.
+pub(crate) trait PendingSpan: Send {
+    /// The span, once both events have run (`None` when the device cannot time them).
+    fn resolve(self: Box<Self>) -> Option<DeviceSpan>;
+}
+
 struct Recorder {
     epoch: Instant,
     window: Window,
     seen: u64,
     events: Vec<Event>,
+    pending: Vec<Box<dyn PendingSpan>>,
+    device: Vec<DeviceSpan>,
+    peak: Option<DevicePeak>,
     alloc_start: Option<crate::alloc::MemoryStats>,
     alloc_end: Option<crate::alloc::MemoryStats>,
     recorded: u64,
@@ -94,6 +162,10 @@ pub struct Profile {
     pub cache_hits: usize,
     /// Allocations that went to the system allocator during the window.
     pub system_allocs: usize,
+    /// Ops timed on a device, in the order they were queued.
+    pub device_ops: Vec<DeviceSpan>,
+    /// The peaks of the device they ran on.
+    pub device_peak: Option<DevicePeak>,
 }
 
 /// Arms the profiler: steps after the first `window.skip` are recorded, `window.steps` of
@@ -104,6 +176,9 @@ pub fn configure(window: Window) {
         window,
         seen: 0,
         events: Vec::new(),
+        pending: Vec::new(),
+        device: Vec::new(),
+        peak: None,
         alloc_start: None,
         alloc_end: None,
         recorded: 0,
@@ -114,7 +189,10 @@ pub fn configure(window: Window) {
 /// Stops profiling and returns what was recorded (`None` when [`configure`] was not called).
 pub fn finish() -> Option<Profile> {
     ACTIVE.store(false, Ordering::SeqCst);
-    let rec = RECORDER.lock().expect("profile lock poisoned").take()?;
+    let mut rec = RECORDER.lock().expect("profile lock poisoned").take()?;
+    let pending = std::mem::take(&mut rec.pending);
+    rec.device
+        .extend(pending.into_iter().filter_map(|p| p.resolve()));
     let end = rec.alloc_end.unwrap_or_else(memory_stats);
     let (hits, system) = match rec.alloc_start {
         Some(s) => (
@@ -128,7 +206,26 @@ pub fn finish() -> Option<Profile> {
         steps: rec.recorded,
         cache_hits: hits,
         system_allocs: system,
+        device_ops: rec.device,
+        device_peak: rec.peak,
     })
+}
+
+/// The phase ops on this thread belong to now.
+pub(crate) fn current_phase() -> &'static str {
+    PHASE.with(|p| p.get())
+}
+
+/// Records an op timed on a device (its events resolved when the step ends); `peak` gives the
+/// device's peaks the first time.
+pub(crate) fn record_device(span: Box<dyn PendingSpan>, peak: impl FnOnce() -> DevicePeak) {
+    let mut guard = RECORDER.lock().expect("profile lock poisoned");
+    if let Some(rec) = guard.as_mut() {
+        if rec.peak.is_none() {
+            rec.peak = Some(peak());
+        }
+        rec.pending.push(span);
+    }
 }
 
 /// True while spans are being recorded.
@@ -248,8 +345,16 @@ impl Drop for StepGuard {
     fn drop(&mut self) {
         let Some(s) = self.scope.take() else { return };
         drop(s);
+        let pending = match RECORDER.lock().expect("profile lock poisoned").as_mut() {
+            Some(rec) => std::mem::take(&mut rec.pending),
+            None => Vec::new(),
+        };
+        // The step's device spans: waiting for their events here (outside the lock) is the
+        // profiler's own cost, after the step's measured span.
+        let resolved: Vec<DeviceSpan> = pending.into_iter().filter_map(|p| p.resolve()).collect();
         let mut guard = RECORDER.lock().expect("profile lock poisoned");
         if let Some(rec) = guard.as_mut() {
+            rec.device.extend(resolved);
             rec.recorded += 1;
             if rec.seen >= rec.window.skip + rec.window.steps {
                 ACTIVE.store(false, Ordering::SeqCst);
@@ -456,6 +561,7 @@ impl Profile {
                 );
             }
         }
+        self.device_table(&mut s);
         let total = self.cache_hits + self.system_allocs;
         let _ = writeln!(
             s,
@@ -466,6 +572,87 @@ impl Profile {
             self.steps
         );
         s
+    }
+
+    /// Device time per (op, phase), per step, largest first: `(op, phase, calls, ms, cost)`
+    /// with the cost summed over the calls.
+    pub fn device_rows(&self) -> Vec<(&'static str, &'static str, f64, f64, Cost)> {
+        let mut acc: BTreeMap<(&'static str, &'static str), (u64, u64, Cost)> = BTreeMap::new();
+        for d in &self.device_ops {
+            let a = acc.entry((d.name, d.phase)).or_default();
+            a.0 += 1;
+            a.1 += d.ns;
+            a.2.flops += d.cost.flops;
+            a.2.bytes += d.cost.bytes;
+            a.2.tensor_cores |= d.cost.tensor_cores;
+        }
+        let steps = self.steps.max(1) as f64;
+        let mut rows: Vec<_> = acc
+            .into_iter()
+            .map(|((n, p), (calls, ns, c))| {
+                let per_step = Cost {
+                    flops: c.flops / steps,
+                    bytes: c.bytes / steps,
+                    tensor_cores: c.tensor_cores,
+                };
+                (
+                    n,
+                    p,
+                    calls as f64 / steps,
+                    ns as f64 / 1e6 / steps,
+                    per_step,
+                )
+            })
+            .collect();
+        rows.sort_by(|a, b| b.3.total_cmp(&a.3).then(a.0.cmp(b.0)));
+        rows
+    }
+
+    /// The device ops' table: device time beside the roofline's (empty without device ops).
+    fn device_table(&self, s: &mut String) {
+        let (Some(peak), false) = (&self.device_peak, self.device_ops.is_empty()) else {
+            return;
+        };
+        let rows = self.device_rows();
+        let busy: f64 = rows.iter().map(|r| r.3).sum();
+        let _ = writeln!(
+            s,
+            "\ndevice time per op on {} (device events; roofline at {:.1} TFLOP/s bf16 tensor, {:.1} TFLOP/s f32, {:.0} GB/s): busy {busy:.2} ms of a {:.2} ms step",
+            peak.name,
+            peak.tensor_flops / 1e12,
+            peak.vector_flops / 1e12,
+            peak.bytes_per_s / 1e9,
+            self.step_ms()
+        );
+        let _ = writeln!(
+            s,
+            "| {:<28} | {:<10} | {:>10} | {:>10} | {:>9} | {:>9} | {:>11} | {:>7} | {:<7} |",
+            "op",
+            "phase",
+            "calls/step",
+            "ms/step",
+            "FLOP",
+            "bytes",
+            "roofline ms",
+            "% peak",
+            "bound"
+        );
+        let _ = writeln!(
+            s,
+            "|{:-<30}|{:-<12}|{:->12}|{:->12}|{:->11}|{:->11}|{:->13}|{:->9}|{:-<9}|",
+            "", "", "", "", "", "", "", "", ""
+        );
+        for (name, phase, calls, ms, cost) in rows {
+            let (roof, compute) = peak.roofline_ms(&cost);
+            let _ = writeln!(
+                s,
+                "| {name:<28} | {phase:<10} | {calls:>10.1} | {ms:>10.3} | {:>9.3e} | {:>9.3e} | {roof:>11.4} | {:>7.1} | {:<7} |",
+                cost.flops,
+                cost.bytes,
+                100.0 * roof / ms.max(1e-9),
+                if compute { "compute" } else { "memory" }
+            );
+        }
     }
 
     /// The spans as a Chrome trace (JSON object format), loadable in Perfetto.

@@ -24,6 +24,10 @@ pub struct Storage {
     len: usize,
     /// How many times a tensor took this storage for writing (see [`Storage::writes`]).
     writes: u64,
+    /// A host copy of a GPU storage's values ([`Storage::with_mirror`]), dropped at the first
+    /// write: host reads of small integer tensors uploaded from the host (token ids, targets)
+    /// then need no device round trip.
+    mirror: Option<Box<Storage>>,
 }
 
 impl Storage {
@@ -35,6 +39,7 @@ impl Storage {
             len,
             writes: 0,
             device: None,
+            mirror: None,
         }
     }
 
@@ -46,6 +51,7 @@ impl Storage {
             len,
             writes: 0,
             device: None,
+            mirror: None,
         }
     }
 
@@ -73,7 +79,23 @@ impl Storage {
             len,
             writes: 0,
             device: Some(mem),
+            mirror: None,
         }
+    }
+
+    /// This GPU storage with `host`, a host storage holding the same values, kept beside it
+    /// until the first write (which drops it): a host read of the values (`to_vec`, an index
+    /// check, a loss mask) is then served from `host` without a copy back from the device or
+    /// waiting for the device's queue.
+    pub(crate) fn with_mirror(mut self, host: Storage) -> Storage {
+        debug_assert!(host.device.is_none() && host.len == self.len && host.dtype == self.dtype);
+        self.mirror = Some(Box::new(host));
+        self
+    }
+
+    /// The host copy of a GPU storage's values, while no write has happened since it was taken.
+    pub(crate) fn mirror(&self) -> Option<&Storage> {
+        self.mirror.as_deref()
     }
 
     /// The device memory, for a storage that lives on a GPU.
@@ -90,6 +112,7 @@ impl Storage {
     /// Records a write access (called by [`crate::Tensor`] when it locks the storage for writing).
     pub(crate) fn note_write(&mut self) {
         self.writes = self.writes.wrapping_add(1);
+        self.mirror = None;
     }
 
     /// Frees the memory, keeping the dtype and length: what FSDP does to a block's gathered

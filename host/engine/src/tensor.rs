@@ -376,6 +376,13 @@ impl Tensor {
     pub(crate) fn contig<T: Element>(&self) -> Contig<'_, T> {
         let guard = self.storage();
         #[cfg(feature = "cuda")]
+        if let Some(host) = guard.mirror() {
+            // A GPU tensor uploaded from host values nothing has written since: read there.
+            let mut out = Storage::any(T::DTYPE, self.numel());
+            gather_dyn(host, self.layout(), &mut out);
+            return Contig::Owned(out, std::marker::PhantomData);
+        }
+        #[cfg(feature = "cuda")]
         if guard.device_mem().is_some() {
             // A GPU tensor read on the host (`to_vec`, checks): one download of its storage.
             let host = crate::cuda::download_storage(&guard)

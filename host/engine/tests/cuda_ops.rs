@@ -259,6 +259,14 @@ mod wmma;
 #[path = "cuda/attention_wmma.rs"]
 mod attention_wmma;
 
+/// The gated delta rule's kernels: forward, backward and decode.
+#[path = "cuda/delta_rule.rs"]
+mod delta_rule;
+
+/// The engine's side of bench/gpu_check.sh's speed table: attention and MoE fwd+bwd (ignored).
+#[path = "cuda/bench.rs"]
+mod bench;
+
 /// The CPU and CUDA kernels behind the fused ops, called directly (their backwards included).
 mod kernels {
     use super::*;

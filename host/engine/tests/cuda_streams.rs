@@ -128,11 +128,13 @@ fn drop_while_comm_reads(record: bool) -> (Vec<f32>, bool) {
     }
     let old = ptr(&a);
     drop(a);
-    // Compute's next tensor of that size: filled at once (the upload waits for compute).
+    // Compute's next tensor of that size, filled, and compute's queue run before the copy's
+    // (uploads do not wait for the device, so the wait is explicit).
     let b = Tensor::from_slice(&vec![-1.0f32; N], &[N])
         .unwrap()
         .to_device(GPU)
         .unwrap();
+    synchronize_stream(GPU, Stream::Compute).unwrap();
     let reused = ptr(&b) == old;
     synchronize_stream(GPU, Stream::Comm).unwrap();
     let got = out.to_vec_f32();

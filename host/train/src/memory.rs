@@ -438,6 +438,7 @@ mod tests {
             vocab_size: 10,
             max_seq_len: 16,
             flops_per_token: 0.0,
+            context_flops_per_token: 0.0,
             params: vec![
                 param("emb", &[10, 4], None),
                 param("l.norm", &[4], Some(0)),

@@ -314,6 +314,7 @@ mod tests {
             vocab_size: 4,
             max_seq_len: 4,
             flops_per_token: 0.0,
+            context_flops_per_token: 0.0,
             params,
             kv_cache: vec![],
             hf: None,

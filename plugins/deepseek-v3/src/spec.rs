@@ -370,6 +370,7 @@ pub fn model_spec(a: &DeepseekArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn + delta_rule,
+        context_flops_per_token: attn / a.max_seq_len.max(1) as f64,
         // What a token goes through when the model runs: the MTP module trains only.
         active_params: Some(n - idle_params(a) - mtp),
         // The cache holds one shared key head [latent, RoPE key], the values read from it; the

@@ -590,6 +590,9 @@ pub fn model_spec(a: &DeepseekV4Args, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn,
+        // Compressed attention grows with the context, but not linearly: counted at
+        // `max_seq_len` whatever the run's length.
+        context_flops_per_token: 0.0,
         active_params: Some(n - idle - (mtp - mtp_idle)),
         // What a plain KV cache of this model holds: one shared key/value head per layer.
         // Decode keeps its own, smaller caches instead (`decode.rs`, [`decode_cache_bytes`]),

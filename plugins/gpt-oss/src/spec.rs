@@ -230,6 +230,11 @@ pub fn model_spec(a: &GptOssArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn as f64,
+        // Only the layers without a window attend to the whole context.
+        context_flops_per_token: (0..a.n_layers)
+            .filter(|&i| a.window_of(i).is_none())
+            .map(|_| (12 * a.n_heads * a.head_dim) as f64)
+            .sum(),
         active_params: Some(n - idle_experts),
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim)); a.n_layers],
         hf: Some(crate::hf::adapter(a)),

@@ -300,6 +300,7 @@ pub fn model_spec(a: &KimiK3Args, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn + delta_rule,
+        context_flops_per_token: attn / a.max_seq_len.max(1) as f64,
         active_params: Some(n - idle_params(a)),
         // MLA caches one shared key head [latent, shared key], the values read from it; KDA
         // blocks keep a fixed-size recurrent state instead.

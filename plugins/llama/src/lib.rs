@@ -109,6 +109,26 @@ mod tests {
     }
 
     #[test]
+    fn flops_count_attention_at_the_run_s_sequence_length() {
+        // Llama 3.2 1B: 6 per trained parameter a token goes through (the untied input
+        // embedding's lookup excluded) and 12 · layers · heads · head_dim per key position.
+        let m = Llama::create(Some("llama3_1b"), serde_json::json!({})).unwrap();
+        let s = &m.spec;
+        assert_eq!(s.max_seq_len, 131072);
+        let per_key = (12 * 16 * 32 * 64) as f64;
+        assert_eq!(s.context_flops_per_token, per_key);
+        let at_2048 = s.flops_per_token_at(2048);
+        assert_eq!(
+            s.flops_per_token - at_2048,
+            per_key * (131072 - 2048) as f64
+        );
+        assert_eq!(s.flops_per_token_at(131072), s.flops_per_token);
+        assert_eq!(s.flops_per_token_at(1 << 20), s.flops_per_token);
+        // Attention at 2048 keys adds about 14% to the products, not 7 times them.
+        assert!(at_2048 < 1.2 * (s.flops_per_token - per_key * 131072.0));
+    }
+
+    #[test]
     fn bad_args_are_refused() {
         assert!(Llama::create(Some("nope"), serde_json::json!({})).is_err());
         let e = Llama::create(None, serde_json::json!({"n_kv_heads": 3}))

@@ -303,6 +303,7 @@ pub fn model_spec(a: &LlamaArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn,
+        context_flops_per_token: attn / a.max_seq_len.max(1) as f64,
         active_params: (idle_experts > 0).then_some(n - idle_experts),
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim())); a.n_layers],
         hf: Some(hf::adapter(a)),

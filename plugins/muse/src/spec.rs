@@ -523,6 +523,7 @@ pub fn model_spec(a: &MuseArgs, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense as f64 + attn,
+        context_flops_per_token: attn / a.max_seq_len.max(1) as f64,
         active_params: (idle > 0).then(|| n(&|_| true) - idle),
         kv_cache: vec![Some((a.n_kv_heads, a.head_dim)); a.n_layers],
         hf: Some(hf::adapter(a)),

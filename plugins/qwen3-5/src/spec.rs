@@ -444,6 +444,7 @@ pub fn model_spec(a: &Qwen35Args, params: Vec<ParamSpec>) -> ModelSpec {
         vocab_size: a.vocab_size,
         max_seq_len: a.max_seq_len,
         flops_per_token: 6.0 * dense + attn + delta,
+        context_flops_per_token: attn / a.max_seq_len.max(1) as f64,
         active_params: (idle > 0).then_some(n - idle),
         kv_cache: (0..a.n_layers)
             .map(|i| {

@@ -101,6 +101,7 @@ impl Model for BadLogits {
             vocab_size: VOCAB,
             max_seq_len: 64,
             flops_per_token: (6 * VOCAB * DIM) as f64,
+            context_flops_per_token: 0.0,
             params: if self.flavor == "aux" {
                 vec![table("embedding"), table("output"), seen()]
             } else if self.flavor == "moe" {

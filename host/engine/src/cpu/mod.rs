@@ -361,6 +361,11 @@ impl crate::backend::OptimBackend for CpuBackend {
         let _p = crate::profile::scope("adamw");
         optim::adamw(groups, &hp.consts())
     }
+
+    fn sum_of_squares(&self, tensors: &[&Tensor]) -> Result<Tensor> {
+        let sums: Vec<f32> = tensors.iter().map(|t| t.sum_of_squares() as f32).collect();
+        Tensor::from_vec(sums, &[tensors.len()])
+    }
 }
 
 mod swiglu;

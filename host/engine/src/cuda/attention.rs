@@ -12,7 +12,7 @@
 //!   to 128. Its backward is the tiled one's.
 
 use super::backend::contiguous_as;
-use super::launch::{empty, float_suffix, gpu_of, launch, ptr, upload, zeros};
+use super::launch::{empty, float_suffix, gpu_of, grid, launch, ptr, upload, zeros};
 use crate::error::{Error, Result};
 use crate::ops::{AttentionGrads, AttentionSpec};
 use crate::{DType, Tensor};
@@ -420,17 +420,24 @@ pub fn backward_with(
     let dsinks = match sinks {
         None => None,
         Some(s) => {
-            // d/dsink_h = -Σ_rows exp(sink_h - lse) · delta, summed on the host in row order.
-            let (sv, lv, dl) = (s.to_vec_f32(), lse.to_vec_f32(), delta.to_vec_f32());
-            let mut total = vec![0f32; hq];
-            for (r, (&l, &dd)) in lv.iter().zip(&dl).enumerate() {
-                let h = (r / tq.max(1)) % hq;
-                if l != f32::NEG_INFINITY {
-                    total[h] -= (sv[h] - l).exp() * dd;
-                }
+            // d/dsink_h = -Σ_rows exp(sink_h - lse) · delta, on the device in row order.
+            let sf = contiguous_as(s, DType::F32, OP)?;
+            let total = zeros(&gpu, DType::F32, &[hq])?;
+            if rows > 0 && hq > 0 {
+                let (sp, lp, dp, tp) = (
+                    ptr(&sf, OP)?,
+                    ptr(&lse, OP)?,
+                    ptr(&delta, OP)?,
+                    ptr(&total, OP)?,
+                );
+                let (b64, hq64, tq64) = (b as i64, hq as i64, tq as i64);
+                launch!(gpu, "attention", "attention_dsinks", grid(hq); sp, lp, dp, tp, b64, hq64, tq64)?;
             }
-            let t = Tensor::from_vec(total, &[hq])?;
-            Some(t.to_dtype(s.dtype())?.to_device(s.device())?)
+            Some(if s.dtype() == DType::F32 {
+                total
+            } else {
+                contiguous_as(&total, s.dtype(), OP)?
+            })
         }
     };
     let cast = |t: Tensor, to: DType| {

@@ -211,11 +211,12 @@ impl Gpu {
         if !bytes.is_empty() {
             self.bind()?;
             // Queued on the device's stream, so it lands after any earlier work that still uses
-            // a reused block; the wait makes sure `bytes` was read before the caller drops it.
-            // SAFETY: the block holds `bytes.len()` bytes.
+            // a reused block. No wait: from pageable memory the driver has copied `bytes` out
+            // (into its own staging) before the call returns, so the caller may drop them, and
+            // a step's small uploads (positions, masks, index lists) never stall the host.
+            // SAFETY: the block holds `bytes.len()` bytes; `bytes` is pageable (not registered).
             unsafe { drv::memcpy_htod_async(b.ptr(), bytes, self.stream.cu_stream()) }
                 .map_err(|e| self.err("copy to device", e))?;
-            self.synchronize()?;
         }
         Ok(b)
     }

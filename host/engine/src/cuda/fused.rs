@@ -661,4 +661,52 @@ impl OptimBackend for CudaBackend {
         drop(keep);
         Ok(())
     }
+
+    fn sum_of_squares(&self, tensors: &[&Tensor]) -> Result<Tensor> {
+        const OP: &str = "sum_of_squares";
+        let Some(first) = tensors.first() else {
+            return Err(Error::Invalid {
+                op: OP,
+                msg: "no tensors".into(),
+            });
+        };
+        let gpu = gpu_of(first, OP)?;
+        let out = zeros(&gpu, DType::F32, &[tensors.len()])?;
+        let (mut raw, mut block_tensor, mut block_start) = (Vec::new(), Vec::new(), Vec::new());
+        let mut first_block = Vec::with_capacity(tensors.len() + 1);
+        // f32 contiguous copies where needed, alive until the launches are queued.
+        let mut keep = Vec::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            let x = contiguous_as(t, DType::F32, OP)?;
+            let n = x.numel();
+            raw.extend([ptr(&x, OP)? as i64, n as i64]);
+            first_block.push(block_tensor.len() as i64);
+            for start in (0..n).step_by(ADAMW_CHUNK) {
+                block_tensor.push(i as i32);
+                block_start.push(start as i64);
+            }
+            keep.push(x);
+        }
+        first_block.push(block_tensor.len() as i64);
+        if block_tensor.is_empty() {
+            return Ok(out);
+        }
+        let partial = empty(&gpu, DType::F32, &[block_tensor.len()])?;
+        let descs = upload(&gpu, &raw, &[raw.len()])?;
+        let bt = upload(&gpu, &block_tensor, &[block_tensor.len()])?;
+        let bs = upload(&gpu, &block_start, &[block_start.len()])?;
+        let fb = upload(&gpu, &first_block, &[first_block.len()])?;
+        let (dp, btp, bsp, pp, chunk) = (
+            ptr(&descs, OP)?,
+            ptr(&bt, OP)?,
+            ptr(&bs, OP)?,
+            ptr(&partial, OP)?,
+            ADAMW_CHUNK as i64,
+        );
+        launch!(gpu, "adamw", "sum_squares_multi", per_row(block_tensor.len(), ROW_THREADS); dp, btp, bsp, chunk, pp)?;
+        let (fbp, op, n) = (ptr(&fb, OP)?, ptr(&out, OP)?, tensors.len() as i64);
+        launch!(gpu, "adamw", "sum_squares_finish", grid(tensors.len()); pp, fbp, n, op)?;
+        drop(keep);
+        Ok(out)
+    }
 }

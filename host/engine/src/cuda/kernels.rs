@@ -106,6 +106,10 @@ pub const KERNELS: &[KernelSource] = &[
         name: "wmma",
         source: include_str!("kernels/wmma.cu"),
     },
+    KernelSource {
+        name: "delta_rule",
+        source: include_str!("kernels/delta_rule.cu"),
+    },
 ];
 
 /// The kernel source named `name`.

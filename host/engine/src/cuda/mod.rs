@@ -18,13 +18,15 @@ pub mod kernels;
 mod launch;
 mod moe;
 pub mod pool;
+mod profiled;
 mod staging;
 mod streams;
 pub mod wmma;
 
 pub use backend::CudaBackend;
-pub use delta_rule::HostDeltaRule;
+pub use delta_rule::{CudaDeltaRule, HostDeltaRule};
 pub use device::{gpu, memory_stats, DeviceBuffer, Gpu};
+pub(crate) use profiled::Profiled;
 pub use streams::comm_stream;
 
 use crate::error::{Error, Result};
@@ -39,7 +41,10 @@ pub(crate) fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
             let g = gpu(n)?;
             let bytes = t.to_bytes();
             let mem = g.upload(&bytes)?;
-            let st = Storage::on_device(mem, t.dtype(), t.numel());
+            let mut st = Storage::on_device(mem, t.dtype(), t.numel());
+            if keeps_mirror(t.dtype(), bytes.len()) {
+                st = st.with_mirror(Storage::from_bytes(t.dtype(), &bytes));
+            }
             Ok(Tensor::from_parts(
                 std::sync::Arc::new(std::sync::RwLock::new(st)),
                 crate::layout::Layout::contiguous(t.shape()),
@@ -63,6 +68,15 @@ pub(crate) fn to_device(t: &Tensor, device: Device) -> Result<Tensor> {
         (Device::Cuda(_), Device::Cuda(_)) => to_device(&to_device(t, Device::Cpu)?, device),
         (Device::Cpu, Device::Cpu) => Ok(t.detach()),
     }
+}
+
+/// Uploads of integer tensors up to this size keep their host values beside them
+/// ([`Storage::with_mirror`]): a batch's token ids and targets, whose host reads (range checks,
+/// the loss's mask, the embedding gradient's grouping) then cost no device round trip.
+const MIRROR_BYTES: usize = 4 << 20;
+
+fn keeps_mirror(dtype: crate::DType, bytes: usize) -> bool {
+    matches!(dtype, crate::DType::I64 | crate::DType::I32) && bytes <= MIRROR_BYTES
 }
 
 /// Zeros of `shape` and `dtype` on GPU `ordinal`.

@@ -84,37 +84,31 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
     let out = match reduction {
         Reduction::None => rows,
         Reduction::Sum | Reduction::Mean => {
-            // Sequential f64 sum: a fixed order whatever the thread count.
-            let total: f64 = rows.to_vec_f32().iter().map(|&l| l as f64).sum();
             let div = if reduction == Reduction::Mean {
                 n_valid.max(1) as f64
             } else {
                 1.0
             };
-            // On the logits' device, so the backward seeded from it stays there.
-            Tensor::scalar((total / div) as f32).to_device(logits.device())?
+            if logits.device() == crate::Device::Cpu {
+                // Sequential f64 sum: a fixed order whatever the thread count.
+                let total: f64 = rows.to_vec_f32().iter().map(|&l| l as f64).sum();
+                Tensor::scalar((total / div) as f32)
+            } else {
+                // Summed where the rows are (the device's fixed-order reduction): the loss
+                // stays on the device until the step reads its logged scalars.
+                rows.sum_all()?.mul_scalar((1.0 / div) as f32)?
+            }
         }
     };
     let out = record(OP, out, &[&logits2], || {
         let x = logits2.detach();
         move |g: &Tensor| {
-            let gv = g.to_vec_f32();
-            let scale: Vec<f32> = match reduction {
-                Reduction::None => valid
-                    .iter()
-                    .zip(&gv)
-                    .map(|(&ok, &g)| if ok { g } else { 0.0 })
-                    .collect(),
-                Reduction::Sum | Reduction::Mean => {
-                    let s = if reduction == Reduction::Mean && n_valid > 0 {
-                        gv[0] / n_valid as f32
-                    } else {
-                        gv[0]
-                    };
-                    valid.iter().map(|&ok| if ok { s } else { 0.0 }).collect()
-                }
+            let scale = if g.device() == crate::Device::Cpu {
+                host_row_scale(&g.to_vec_f32(), &valid, reduction, n_valid)?
+                    .to_device(x.device())?
+            } else {
+                device_row_scale(g, &valid, reduction, n_valid)?
             };
-            let scale = Tensor::from_vec(scale, &[valid.len()])?.to_device(x.device())?;
             Ok(vec![Some(fused(&x)?.cross_entropy_backward(
                 &x, &tg, &lse, &scale, ignore, eps,
             )?)])
@@ -123,6 +117,54 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
     match reduction {
         Reduction::None => out.reshape(targets.shape()),
         _ => Ok(out),
+    }
+}
+
+/// The cross-entropy backward's per-row scale from the output gradient `gv` read on the host.
+fn host_row_scale(
+    gv: &[f32],
+    valid: &[bool],
+    reduction: Reduction,
+    n_valid: usize,
+) -> Result<Tensor> {
+    let scale: Vec<f32> = match reduction {
+        Reduction::None => valid
+            .iter()
+            .zip(gv)
+            .map(|(&ok, &g)| if ok { g } else { 0.0 })
+            .collect(),
+        Reduction::Sum | Reduction::Mean => {
+            let s = if reduction == Reduction::Mean && n_valid > 0 {
+                gv[0] / n_valid as f32
+            } else {
+                gv[0]
+            };
+            valid.iter().map(|&ok| if ok { s } else { 0.0 }).collect()
+        }
+    };
+    Tensor::from_vec(scale, &[valid.len()])
+}
+
+/// [`host_row_scale`] where the output gradient `g` lives on a GPU: the mask of valid rows goes
+/// up (host-known: the targets), the gradient never comes down.
+fn device_row_scale(
+    g: &Tensor,
+    valid: &[bool],
+    reduction: Reduction,
+    n_valid: usize,
+) -> Result<Tensor> {
+    let mask: Vec<f32> = valid.iter().map(|&ok| f32::from(u8::from(ok))).collect();
+    let mask = Tensor::from_vec(mask, &[valid.len()])?.to_device(g.device())?;
+    let g = match reduction {
+        // One gradient per row, shaped like the targets.
+        Reduction::None => g.detach().reshape(&[valid.len()])?,
+        // A 0-d gradient, broadcast over the rows.
+        Reduction::Sum | Reduction::Mean => g.detach(),
+    };
+    let scaled = mask.mul(&g)?;
+    match reduction {
+        Reduction::Mean if n_valid > 0 => scaled.mul_scalar(1.0 / n_valid as f32),
+        _ => Ok(scaled),
     }
 }
 

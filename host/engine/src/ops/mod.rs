@@ -23,7 +23,7 @@ pub use delta_rule::{
 pub use delta_rule_cache::DeltaRuleCache;
 pub use elementwise::{BinaryOp, UnaryOp};
 pub use gathered_attention::{gathered_attention, GatheredAttentionParams};
-pub use reduce::ReduceOp;
+pub use reduce::{read_values, sum_of_squares_each, ReduceOp};
 pub use ring_attention::{ring_attention, KvRing};
 
 pub(crate) use elementwise::add;

@@ -173,7 +173,68 @@ impl Tensor {
     }
 }
 
+/// The values of `tensors`, each flattened, in order, as f64: what a step logs, read together.
+/// Consecutive tensors on one GPU are joined there and come back in one device→host copy (one
+/// wait for the device's queue), however many there are; host tensors are read in place.
+pub fn read_values(tensors: &[Tensor]) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    let mut rest = tensors;
+    while let Some(first) = rest.first() {
+        let run = rest
+            .iter()
+            .take_while(|t| t.device() == first.device())
+            .count();
+        let (these, after) = rest.split_at(run);
+        rest = after;
+        if first.device() == crate::Device::Cpu || run == 1 {
+            for t in these {
+                out.extend(t.to_vec_f32().into_iter().map(f64::from));
+            }
+            continue;
+        }
+        let flat = these
+            .iter()
+            .map(|t| {
+                t.detach()
+                    .to_dtype(crate::DType::F32)?
+                    .reshape(&[t.numel()])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.extend(
+            crate::ops::cat(&flat, 0)?
+                .to_vec_f32()
+                .into_iter()
+                .map(f64::from),
+        );
+    }
+    Ok(out)
+}
+
+/// `Σ x²` of each of `tensors` (one device, any float dtype) as an f32 tensor
+/// `[tensors.len()]` on that device: a gradient norm's parts in one pass (on a GPU two launches
+/// whatever the count, each tensor's chunks summed in a fixed order). Not differentiable.
+pub fn sum_of_squares_each(tensors: &[&Tensor]) -> Result<Tensor> {
+    let Some(first) = tensors.first() else {
+        return Tensor::from_vec(Vec::<f32>::new(), &[0]);
+    };
+    if let Some(t) = tensors.iter().find(|t| t.device() != first.device()) {
+        return Err(crate::error::invalid(
+            "sum_of_squares_each",
+            format!("tensors on {} and {}", first.device(), t.device()),
+        ));
+    }
+    crate::backend::optim_backend_for(first.device())?.sum_of_squares(tensors)
+}
+
 impl Tensor {
+    /// `Σ x²` over all elements as a 0-d f32 tensor on this tensor's device (squares and a
+    /// fixed-order sum there, nothing read back): a gradient norm's part on a GPU, read with the
+    /// step's other scalars by [`read_values`]. Not differentiable.
+    pub fn sum_of_squares_here(&self) -> Result<Tensor> {
+        let x = self.detach().to_dtype(crate::DType::F32)?;
+        x.mul(&x)?.sum_all()
+    }
+
     /// `Σ x²` over all elements, accumulated in f64 over chunks whose bounds depend only on the
     /// size and summed in order, so the value is bitwise identical for any thread count. Not
     /// differentiable; meant for gradient norms.
@@ -183,10 +244,8 @@ impl Tensor {
         if self.device() != crate::Device::Cpu {
             // On a GPU: squares and their fixed-order f32 sum there, one value read back,
             // instead of downloading the whole tensor (a gradient norm every step).
-            let on_device = || -> Result<f64> {
-                let x = self.detach().to_dtype(crate::DType::F32)?;
-                Ok(f64::from(x.mul(&x)?.sum_all()?.item()?))
-            };
+            let on_device =
+                || -> Result<f64> { Ok(f64::from(self.sum_of_squares_here()?.item()?)) };
             if let Ok(v) = on_device() {
                 return v;
             }

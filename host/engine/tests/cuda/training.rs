@@ -93,3 +93,52 @@ fn gpu_views_are_written_and_host_operands_copied_over() {
     assert_eq!(sum.device(), GPU);
     close("host * gpu", &sum, &a.mul(&b).expect("mul"), 1e-6);
 }
+
+/// The gradient norm's parts in one pass: each tensor's sum of squares from two launches, f32
+/// and bf16, sizes across the 16384-element chunks, an empty tensor, a strided view; the CPU's
+/// f64 sums within f32 rounding.
+#[test]
+fn sums_of_squares_of_many_tensors_in_one_pass() {
+    if !gpu_or_skip("sums_of_squares_of_many_tensors_in_one_pass") {
+        return;
+    }
+    let host = [
+        rand(&[3, 5], 60),
+        rand(&[40_000], 61),
+        rand(&[0], 62),
+        rand(&[16_384], 63),
+        rand(&[64, 300], 64)
+            .transpose(0, 1)
+            .expect("a strided view"),
+        rand(&[7], 65),
+    ];
+    let on_gpu: Vec<Tensor> = host
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let g = t.to_device(GPU).expect("to the GPU");
+            if i == 5 {
+                g.to_dtype(DType::BF16).expect("bf16")
+            } else {
+                g
+            }
+        })
+        .collect();
+    let refs: Vec<&Tensor> = on_gpu.iter().collect();
+    let sums = anneal_engine::ops::sum_of_squares_each(&refs).expect("sums");
+    assert_eq!(sums.device(), GPU, "stays on the GPU");
+    assert_eq!(sums.shape(), &[host.len()]);
+    for (i, (got, t)) in sums.to_vec_f32().iter().zip(&on_gpu).enumerate() {
+        let want = t.to_device(Device::Cpu).expect("back").sum_of_squares();
+        assert!(
+            (f64::from(*got) - want).abs() <= 1e-6 * want.max(1.0),
+            "tensor {i}: {got} vs {want}"
+        );
+    }
+    assert!(
+        anneal_engine::ops::sum_of_squares_each(&[])
+            .expect("none")
+            .numel()
+            == 0
+    );
+}

@@ -195,6 +195,7 @@ mod tests {
             vocab_size: 1,
             max_seq_len: 1,
             flops_per_token: 0.0,
+            context_flops_per_token: 0.0,
             params: specs.to_vec(),
             kv_cache: vec![],
             hf: None,

@@ -16,12 +16,50 @@ impl Placements {
     /// The global L2 norm of the gradients of `local` (this rank's pieces of the parameters, by
     /// name). Collective over every axis that splits some parameter.
     pub fn grad_norm(&self, dist: &Dist, local: &[(String, Tensor)]) -> Result<f64, TrainError> {
+        Ok(self.grad_norm_reading(dist, local, &[])?.0)
+    }
+
+    /// [`Placements::grad_norm`], also reading the values of `extra` (the step's losses) with
+    /// it: gradients on a GPU give their sums of squares there, and those and `extra` come back
+    /// in one device→host copy, the step's only one (host gradients are summed in f64 on the
+    /// host as before).
+    pub fn grad_norm_reading(
+        &self,
+        dist: &Dist,
+        local: &[(String, Tensor)],
+        extra: &[Tensor],
+    ) -> Result<(f64, Vec<f64>), TrainError> {
         let mut sums = vec![0f64; self.names().len()];
+        let (mut on_device, mut grads) = (Vec::new(), Vec::new());
         for (name, p) in local {
             if let (Some(i), Some(g)) = (self.index(name), p.grad()) {
-                sums[i] = g.sum_of_squares();
+                if g.device() == anneal_engine::Device::Cpu {
+                    sums[i] = g.sum_of_squares();
+                } else {
+                    on_device.push(i);
+                    grads.push(g);
+                }
             }
         }
+        // One pass over the device's gradients (a job's gradients share one device).
+        let mut reads = match grads.first().map(|g| g.device()) {
+            Some(d) if grads.iter().all(|g| g.device() == d) => {
+                vec![anneal_engine::ops::sum_of_squares_each(
+                    &grads.iter().collect::<Vec<_>>(),
+                )?]
+            }
+            _ => grads
+                .iter()
+                .map(|g| g.sum_of_squares_here())
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        reads.extend(extra.iter().cloned());
+        let values = anneal_engine::ops::read_values(&reads)?;
+        let (parts, extra) = values.split_at(on_device.len());
+        for (&i, &v) in on_device.iter().zip(parts) {
+            sums[i] = v;
+        }
+        let extra = extra.to_vec();
         for (axis, places) in self.axes() {
             if places.iter().all(|&p| p == Placement::Replicate) {
                 continue;
@@ -33,7 +71,7 @@ impl Placements {
                 sums = self.combine(axis, places, &gather(comm, &sums)?)?;
             }
         }
-        Ok(sums.iter().sum::<f64>().sqrt())
+        Ok((sums.iter().sum::<f64>().sqrt(), extra))
     }
 
     /// Each parameter's sum over an axis from every rank's sums (`all`, rank by rank).

@@ -144,7 +144,7 @@ pub fn estimate(
     let processes = d.processes();
     let fig = figures(kind, cfg, processes);
     let tokens = (cfg.training.batch_size * cfg.training.seq_len) as f64;
-    let flops = spec.flops_per_token * tokens;
+    let flops = spec.flops_per_token_at(cfg.training.seq_len) * tokens;
     let compute_s = flops / (processes as f64 * fig.tflops * 1e12);
     let virtual_stages = cfg.parallelism.pp_virtual_stages.max(1) as f64;
     let bubble_s = if d.pp > 1 {
@@ -167,8 +167,9 @@ pub fn estimate(
     let step_s = compute_s + bubble_s + comm_s;
     let assumptions = vec![
         format!(
-            "step time: {:.3e} FLOPs per token (the spec's, at max_seq_len) x {} tokens over {} rank(s) at {:.1} TFLOP/s each ({}), no overlap of compute and communication",
-            spec.flops_per_token,
+            "step time: {:.3e} FLOPs per token (the spec's, attention at seq_len {}) x {} tokens over {} rank(s) at {:.1} TFLOP/s each ({}), no overlap of compute and communication",
+            spec.flops_per_token_at(cfg.training.seq_len),
+            cfg.training.seq_len,
             tokens as u64,
             processes,
             fig.tflops,

@@ -120,6 +120,7 @@ mod tests {
             vocab_size: 16,
             max_seq_len: 8,
             flops_per_token: 0.0,
+            context_flops_per_token: 0.0,
             active_params: active,
             params,
             kv_cache: vec![],

@@ -366,9 +366,12 @@ impl Trainer {
         self.step
     }
 
-    /// The model's FLOPs per trained token (forward + backward), for throughput figures.
+    /// The model's FLOPs per trained token (forward + backward) at the run's sequence length,
+    /// for throughput figures.
     pub fn flops_per_token(&self) -> f64 {
-        self.model.spec().flops_per_token
+        self.model
+            .spec()
+            .flops_per_token_at(self.cfg.training.seq_len)
     }
 
     /// The tokenizer and the `tokenizer.json` it came from.
@@ -527,6 +530,7 @@ impl Trainer {
             let loss = self.pair_loss(b, (&x, positions, opts), &mut out)?;
             return Ok((loss, out));
         }
+        let _phase = anneal_engine::profile::phase("loss");
         let v = out.logits.shape()[2];
         let logits = out.logits.reshape(&[b.batch * t, v])?;
         let ce = match opts.stage_params.as_ref().and_then(|s| s.tensor_parallel()) {
@@ -558,13 +562,23 @@ impl Trainer {
         let pipeline = self.pipeline_schedule(t, &opts, &mut acc)?;
         let fsdp_figures = self.sync_grads(&mut acc, pipeline.shard_grads)?;
         drop(active);
+        // The gradient norm's parts and the losses still on a device come back together (on
+        // a GPU the step's one wait for the device, which the profile shows in this phase).
+        let norm_phase = anneal_engine::profile::phase("grad_norm");
+        let (grad_norm, losses) =
+            self.placements
+                .grad_norm_reading(&self.dist, &self.named, &acc.pending_losses)?;
+        drop(norm_phase);
+        acc.take_losses(&losses);
         // Summed in micro-batch order whatever the layout, so the step's loss is bitwise the
         // same for any number of ranks.
         let loss = acc.losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
         let aux_loss = acc.outputs.aux_total();
-        let grad_norm = self.placements.grad_norm(&self.dist, &self.named)?;
         self.check_finite(step, [loss, aux_loss.unwrap_or(0.0), grad_norm])?;
-        clip_grads(&self.named, t.max_grad_norm, grad_norm)?;
+        {
+            let _phase = anneal_engine::profile::phase("clip");
+            clip_grads(&self.named, t.max_grad_norm, grad_norm)?;
+        }
         self.model
             .before_optimizer_step(&self.params, acc.outputs.stat_sums(), step)?;
         let lr = self.schedule.lr(step);

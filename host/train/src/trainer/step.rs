@@ -18,12 +18,32 @@ use std::collections::BTreeMap;
 pub(super) struct Accumulated {
     /// This rank's micro-batch losses (every micro-batch's once summed over the ranks).
     pub losses: Vec<f32>,
+    /// Losses still where the forward computed them (a GPU's), in micro-batch order after
+    /// `losses`: read with the step's other scalars ([`Accumulated::read_losses`]), so a
+    /// micro-batch never waits for the device.
+    pub pending_losses: Vec<Tensor>,
     /// The model's auxiliary losses and statistics, summed over the micro-batches.
     pub outputs: StepOutputs,
     /// Under pipeline parallelism: this rank's micro-batches, which the schedule runs.
     pipeline_batches: Vec<Batch>,
     /// How many equal parts the step's loss is cut into over micro-batches and ranks.
     parts: usize,
+}
+
+impl Accumulated {
+    /// Reads the pending losses now (one device→host copy), when something needs them before
+    /// the gradient norm does.
+    pub fn read_losses(&mut self) -> Result<(), TrainError> {
+        let pending = std::mem::take(&mut self.pending_losses);
+        self.take_losses(&anneal_engine::ops::read_values(&pending)?);
+        Ok(())
+    }
+
+    /// Appends the values read for the pending losses.
+    pub fn take_losses(&mut self, values: &[f64]) {
+        self.pending_losses.clear();
+        self.losses.extend(values.iter().map(|&v| v as f32));
+    }
 }
 
 /// What the pipeline's schedule reports beside the losses.
@@ -70,6 +90,7 @@ impl Trainer {
         let parts = self.dist.loss_parts(n_micro) * self.cp.as_ref().map_or(1, |c| c.size());
         let mut acc = Accumulated {
             losses: Vec::with_capacity(self.dist.local_micro_batches(n_micro)),
+            pending_losses: Vec::new(),
             outputs: StepOutputs::default(),
             pipeline_batches: Vec::new(),
             parts,
@@ -96,7 +117,7 @@ impl Trainer {
                 u.borrow_mut().begin_micro_batch()?;
             }
             let (loss, out) = self.batch_forward(&b, opts)?;
-            acc.losses.push(loss.item()?);
+            acc.pending_losses.push(loss.detach());
             let aux = weighted_aux(&t.aux_loss_weights, &out.aux_losses)?;
             acc.outputs.add(aux.as_ref(), &out.aux_losses, &out.stats)?;
             let loss = match aux {
@@ -211,6 +232,7 @@ impl Trainer {
         if self.dist.grads().size() == 1 {
             return Ok(None);
         }
+        acc.read_losses()?;
         let gathered = match &self.cp {
             Some(cp) => cp.micro_batch_losses(self.dist.grads(), &acc.losses)?,
             None => self.dist.gather_f32(&acc.losses)?,

@@ -30,3 +30,32 @@ extern "C" __global__ void adamw_multi(const AdamWTensor* tensors, const int* bl
         t.p[i] = t.p[i] * c.decay - update * c.lr;
     }
 }
+
+// Σ x² of many f32 tensors in two launches (a gradient norm's parts): each block sums the
+// squares of one chunk of one tensor (the same block table as adamw_multi) in a fixed tree
+// order, then one thread per tensor adds its blocks' sums in order, in f64.
+struct SquaresTensor {
+    const float* x;
+    i64 n;
+};
+
+extern "C" __global__ void sum_squares_multi(const SquaresTensor* tensors, const int* block_tensor,
+        const i64* block_start, i64 chunk, float* partial) {
+    __shared__ float buf[32];
+    SquaresTensor t = tensors[block_tensor[blockIdx.x]];
+    i64 start = block_start[blockIdx.x];
+    i64 end = min(t.n, start + chunk);
+    float acc = 0.0f;
+    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) acc += t.x[i] * t.x[i];
+    float s = block_sum(acc, buf);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+extern "C" __global__ void sum_squares_finish(const float* partial, const i64* first_block,
+        i64 tensors, float* out) {
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tensors) return;
+    double acc = 0.0;
+    for (i64 b = first_block[i]; b < first_block[i + 1]; ++b) acc += (double)partial[b];
+    out[i] = (float)acc;
+}

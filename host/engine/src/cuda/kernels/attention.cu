@@ -181,3 +181,21 @@ extern "C" __global__ void attention_dkv_##SUF(const T* q, const T* k, const T* 
 }
 ATTN_DKV(f32, float)
 ATTN_DKV(bf16, bf16_t)
+
+// The sinks' gradient: d/dsink_h = −Σ exp(sink_h − lse_r) · delta_r over the rows r of head h
+// (batch-major, then query order: the CPU's order), one thread per head, so no value goes back
+// to the host.
+extern "C" __global__ void attention_dsinks(const float* sinks, const float* lse,
+                                            const float* delta, float* out, i64 b, i64 hq,
+                                            i64 tq) {
+    i64 h = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (h >= hq) return;
+    float total = 0.0f;
+    for (i64 bb = 0; bb < b; ++bb)
+        for (i64 t = 0; t < tq; ++t) {
+            i64 r = (bb * hq + h) * tq + t;
+            float l = lse[r];
+            if (l != NEG_INF) total -= expf(sinks[h] - l) * delta[r];
+        }
+    out[h] = total;
+}
