@@ -21,6 +21,8 @@
 #                                   torch._grouped_mm: >= 1.0x
 #   decode batch 1 and 32           `anneal generate --fast` vs HF `generate` on one random 1B
 #                                   Llama directory, f32: >= 2x decode tokens/s
+# Last, when time is left, one profiled llama3_1b bf16 step (`anneal train --profile`): each op's
+# device time from CUDA events beside what the roofline allows it, the largest first.
 # A missed goal reads "below" and does not fail the check; an engine side that crashes or times
 # out does. A row says SKIP with its reason where there is no GPU, under `emulated`, where the
 # peer has no PyTorch (or, for decode, no transformers: the engine side still runs), or past
@@ -525,6 +527,20 @@ else
     speed_row "decode batch $b (1B, f32)" "$(cell "$e" tok/s)" "$(cell "$p" tok/s)" "${r:--}" \
       ">=2x HF generate" "$v"
   done
+
+  # Where a llama3_1b step's time goes on the device: one profiled step after two warm-up
+  # steps, each op's device time (CUDA events) beside its roofline time (docs/development.md).
+  if [ "$EMULATED" != 1 ] && t=$(budget 90); then
+    run_for profile-1b "$t" "$CARRY/anneal" train configs/llama3_debug.toml \
+      --run-dir "$log/profile-1b" --profile=1 --set training.steps=3 \
+      --set 'model.flavor="llama3_1b"' --set 'training.dtype="bfloat16"' --set 'job.device="cuda"' \
+      --set training.seq_len=2048 --set training.batch_size=2 --set training.micro_batch_size=2 \
+      --set metrics.eval_freq=0 --set metrics.progress_bar=false --set checkpoint.interval=0 \
+      --set "data.path=\"$PWD/$CARRY/shakespeare\"" --set "data.cache_dir=\"$log/cache\"" \
+      --set metrics.peak_tflops=989.0
+    sed -n '/^device time per op/,/^$/p' "$log/profile-1b/profile/table.txt" 2>/dev/null |
+      head -32 >"$log/profile-1b.table"
+  fi
 fi
 
 echo
@@ -535,5 +551,10 @@ echo
 echo "== speed table (engine vs a peer in this run; ratio = engine speed / peer speed)"
 printf '%-28s| %-24s| %-24s| %-6s| %-20s| %s\n' name engine peer ratio goal verdict
 printf '%s\n' "${SPEED[@]}"
+if [ -s "$log/profile-1b.table" ]; then
+  echo
+  echo "== one llama3_1b bf16 step (2 x 2048 tokens) on the device, largest ops first"
+  cat "$log/profile-1b.table"
+fi
 rm -rf "$log"
 exit $failed

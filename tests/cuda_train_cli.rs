@@ -497,4 +497,29 @@ fn a_gpu_profile_has_device_times_and_the_roofline() {
     }
     // The gradient norm's one read of the device is in its own phase.
     assert!(table.contains("grad_norm"), "{table}");
+    // Qwen3.5's gated delta rule has its rows too.
+    let qwen3_5 = job.config_with_model("qwen3_5", "qwen3_5", anneal_tests::tiny::QWEN3_5);
+    let run_dir = job.dir.join("qwen3_5-profiled");
+    let out = anneal()
+        .arg("train")
+        .arg(&qwen3_5)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args([
+            "--profile=1",
+            "--set",
+            "training.steps=3",
+            "--set",
+            "job.device=\"cuda\"",
+        ])
+        .output()
+        .expect("anneal train --profile");
+    ok(&out);
+    let table = std::fs::read_to_string(run_dir.join("profile/table.txt")).expect("the table");
+    for needle in [
+        "| delta_rule                   | forward",
+        "| delta_rule_backward",
+    ] {
+        assert!(table.contains(needle), "no `{needle}` in\n{table}");
+    }
 }

@@ -356,7 +356,11 @@ pub fn delta_rule_backend_for(device: Device) -> Result<&'static dyn DeltaRuleBa
     match device {
         Device::Cpu => Ok(&crate::cpu::CpuBackend),
         #[cfg(feature = "cuda")]
-        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(&crate::cuda::CudaDeltaRule),
+        Device::Cuda(n) if crate::cuda::gpu(n).is_ok() => Ok(if crate::profile::enabled() {
+            &crate::cuda::Profiled
+        } else {
+            &crate::cuda::CudaDeltaRule
+        }),
         d @ Device::Cuda(_) => Err(cuda_unavailable(d)),
     }
 }

@@ -44,8 +44,7 @@ pub enum AttentionKernel {
     Exact,
     /// Tiles with an online softmax (kernels/flash.cu).
     Tiled,
-    /// The tiled schedule on bf16 tensor cores (kernels/flash_wmma.cu); forward only, its
-    /// backward is [`AttentionKernel::Tiled`]'s.
+    /// The tiled schedule on bf16 tensor cores (kernels/flash_wmma.cu), forward and backward.
     TensorCore,
 }
 
@@ -74,11 +73,19 @@ fn tensor_core_shared(d: usize, dv: usize) -> usize {
     192 * d + 64 * dv + 12_288
 }
 
+/// Shared bytes of the tensor-core backward's dq and dk/dv kernels (kernels/flash_wmma.cu).
+fn tensor_core_backward_shared(d: usize, dv: usize) -> [usize; 2] {
+    [128 * (d + dv) + 6_144, 160 * (d + dv) + 6_272]
+}
+
 fn tensor_core_fits(d: usize, dv: usize) -> bool {
     [d, dv]
         .iter()
         .all(|&x| x > 0 && x % 16 == 0 && x <= WMAX_DIM)
         && tensor_core_shared(d, dv) <= SHARED_BYTES
+        && tensor_core_backward_shared(d, dv)
+            .iter()
+            .all(|&b| b <= SHARED_BYTES)
 }
 
 /// The kernel [`forward`] and [`backward`] use for these shapes: the tiled one from
@@ -333,12 +340,12 @@ pub(crate) fn backward(
     grad: &Tensor,
     spec: &AttentionSpec,
 ) -> Result<AttentionGrads> {
-    let kernel = kernel_for(k.shape()[2], q.shape()[3], v.shape()[3]);
+    let arch = &gpu_of(q, OP)?.arch;
+    let kernel = forward_kernel_for(q.dtype(), arch, k.shape()[2], q.shape()[3], v.shape()[3]);
     backward_with(kernel, q, k, v, sinks, out, lse, grad, spec)
 }
 
-/// [`backward`] by the given kernel (the tests compare the two); the tensor-core kernel's
-/// backward is the tiled one.
+/// [`backward`] by the given kernel (the tests compare them).
 #[allow(clippy::too_many_arguments)]
 pub fn backward_with(
     kernel: AttentionKernel,
@@ -351,17 +358,26 @@ pub fn backward_with(
     grad: &Tensor,
     spec: &AttentionSpec,
 ) -> Result<AttentionGrads> {
-    let kernel = match kernel {
-        AttentionKernel::TensorCore => AttentionKernel::Tiled,
-        other => other,
-    };
     let gpu = gpu_of(q, OP)?;
+    if kernel == AttentionKernel::TensorCore && !super::wmma::tensor_cores(&gpu.arch) {
+        return Err(Error::Invalid {
+            op: OP,
+            msg: format!(
+                "the tensor-core attention kernel needs sm_80 or later, the device is {}",
+                gpu.arch
+            ),
+        });
+    }
     let p = prepare(kernel, q, k, v, sinks, spec)?;
     let a = p.dims;
     let dtype = q.dtype();
     let (o, g) = (
         contiguous_as(out, dtype, OP)?,
-        contiguous_as(grad, dtype, OP)?,
+        match kernel {
+            // Staged by 16-byte copies like the operands.
+            AttentionKernel::TensorCore => super::wmma::aligned(grad, OP)?,
+            _ => contiguous_as(grad, dtype, OP)?,
+        },
     );
     let lse = contiguous_as(lse, DType::F32, OP)?;
     let (b, hq, hkv, tq, tk) = (
@@ -389,7 +405,14 @@ pub fn backward_with(
         let c = cfg((rows, 1), 0);
         launch!(gpu, "attention", format!("attention_delta_{}", p.suf), c; opp, gp, dp, dv64)?;
         let dqp = ptr(&dq, OP)?;
-        if kernel == AttentionKernel::Tiled {
+        if kernel == AttentionKernel::TensorCore {
+            let c = LaunchConfig {
+                grid_dim: (tq.div_ceil(32) as u32, (b * hq) as u32, 1),
+                block_dim: (64, 1, 1),
+                shared_mem_bytes: tensor_core_backward_shared(d, dv)[0] as u32,
+            };
+            launch!(gpu, "flash_wmma", "flash_wmma_dq_bf16", c; qp, kp, vp, gp, lp, dp, qpos, kpos, dqp, a)?;
+        } else if kernel == AttentionKernel::Tiled {
             let c = tiled_cfg(tq, b * hq, tiled_shared(d, dv)[1]);
             launch!(gpu, "flash", format!("flash_dq_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dqp, a)?;
         } else {
@@ -408,7 +431,14 @@ pub fn backward_with(
     };
     if b * hkv * tk > 0 && rows > 0 {
         let (dkp, dvp, chunk) = (ptr(&dk, OP)?, ptr(&dvt, OP)?, CHUNK as i64);
-        if kernel == AttentionKernel::Tiled {
+        if kernel == AttentionKernel::TensorCore {
+            let c = LaunchConfig {
+                grid_dim: (tk.div_ceil(64) as u32, (b * hkv) as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: tensor_core_backward_shared(d, dv)[1] as u32,
+            };
+            launch!(gpu, "flash_wmma", "flash_wmma_dkv_bf16", c; qp, kp, vp, gp, lp, dp, qpos, kpos, dkp, dvp, a)?;
+        } else if kernel == AttentionKernel::Tiled {
             // Key tiles of FK rows: the same launch shape as the query tiles (FQ = FK).
             let c = tiled_cfg(tk, b * hkv, tiled_shared(d, dv)[2]);
             launch!(gpu, "flash", format!("flash_dkv_{}", p.suf), c; qp, kp, vp, gp, lp, dp, qpos, kpos, dkp, dvp, a)?;

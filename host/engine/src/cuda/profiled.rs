@@ -6,10 +6,10 @@
 
 use super::backend::CudaBackend;
 use super::device::Gpu;
-use crate::backend::{Backend, FusedBackend, FusionBackend, OptimBackend};
+use crate::backend::{Backend, DeltaRuleBackend, FusedBackend, FusionBackend, OptimBackend};
 use crate::error::Result;
 use crate::ops::{AdamW, AdamWTensors, AttentionGrads, AttentionSpec, BinaryOp, ReduceOp};
-use crate::ops::{RopeSpec, UnaryOp};
+use crate::ops::{DeltaRuleInputs, DeltaRuleSpec, RopeSpec, UnaryOp};
 use crate::profile::{Cost, DevicePeak, DeviceSpan, PendingSpan};
 use crate::{DType, Device, Tensor};
 use cudarc::driver::sys::{CUdevice_attribute as Attr, CUevent_flags};
@@ -580,6 +580,63 @@ impl OptimBackend for Profiled {
         timed(first, "sum_of_squares", call, |_| Cost {
             flops: 2.0 * tensors.iter().map(|t| t.numel()).sum::<usize>() as f64,
             bytes: bytes(tensors),
+            tensor_cores: false,
+        })
+    }
+}
+
+/// The recurrence's FLOPs for `spec`: per token, value head and state element a decay, a product
+/// into the memory, an update and a product into the output (8 with the multiply-adds).
+fn delta_rule_flops(spec: &DeltaRuleSpec) -> f64 {
+    8.0 * (spec.b * spec.t * spec.hv * spec.dk * spec.dv) as f64
+}
+
+fn delta_rule_inputs(x: &DeltaRuleInputs<'_>) -> f64 {
+    bytes(&[x.q, x.k, x.v, x.g, x.beta]) + x.state.map_or(0.0, |s| bytes(&[s]))
+}
+
+impl DeltaRuleBackend for Profiled {
+    fn delta_rule(
+        &self,
+        x: &DeltaRuleInputs<'_>,
+        spec: &DeltaRuleSpec,
+        save: bool,
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+        let call = || super::CudaDeltaRule.delta_rule(x, spec, save);
+        timed(x.q, "delta_rule", call, |(o, s, c)| Cost {
+            flops: delta_rule_flops(spec),
+            bytes: delta_rule_inputs(x) + bytes(&[o, s]) + c.as_ref().map_or(0.0, |c| bytes(&[c])),
+            tensor_cores: false,
+        })
+    }
+    fn delta_rule_backward(
+        &self,
+        x: &DeltaRuleInputs<'_>,
+        spec: &DeltaRuleSpec,
+        chunk_states: &Tensor,
+        d_out: &Tensor,
+        d_state: &Tensor,
+    ) -> Result<[Tensor; 6]> {
+        let call =
+            || super::CudaDeltaRule.delta_rule_backward(x, spec, chunk_states, d_out, d_state);
+        timed(x.q, "delta_rule_backward", call, |g| Cost {
+            // The forward again (recomputed chunks), then its adjoint: about three times it.
+            flops: 4.0 * delta_rule_flops(spec),
+            bytes: 2.0 * delta_rule_inputs(x)
+                + bytes(&[chunk_states, d_out, d_state])
+                + g.iter().map(|t| bytes(&[t])).sum::<f64>(),
+            tensor_cores: false,
+        })
+    }
+    fn delta_rule_recurrent(
+        &self,
+        x: &DeltaRuleInputs<'_>,
+        spec: &DeltaRuleSpec,
+    ) -> Result<(Tensor, Tensor)> {
+        let call = || super::CudaDeltaRule.delta_rule_recurrent(x, spec);
+        timed(x.q, "delta_rule_recurrent", call, |(o, s)| Cost {
+            flops: delta_rule_flops(spec),
+            bytes: delta_rule_inputs(x) + bytes(&[o, s]),
             tensor_cores: false,
         })
     }

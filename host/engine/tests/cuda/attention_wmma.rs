@@ -1,11 +1,14 @@
-//! The tensor-core attention forward (kernels/flash_wmma.cu, bf16) against the CPU backend on the
-//! same bf16 inputs and against the tiled kernel it replaces (part of the `cuda_ops` test
-//! binary). Tolerances: the output within 1e-2 of the largest value (bf16 outputs, and P rounded
-//! to bf16 before P·V), the logsumexp within 1e-5 (f32 from f32 scores).
+//! The tensor-core attention (kernels/flash_wmma.cu, bf16), forward and backward, against the CPU
+//! backend on the same bf16 inputs and against the tiled kernel it replaces (part of the
+//! `cuda_ops` test binary). Tolerances: the output within 1e-2 of the largest value (bf16
+//! outputs, and P rounded to bf16 before P·V), the logsumexp within 1e-5 (f32 from f32 scores),
+//! the gradients within 2e-2 (P and dS rounded to bf16 for their products).
 
 use super::*;
 use anneal_engine::backend::backend_for;
-use anneal_engine::cuda::attention::{forward_kernel_for, forward_with, AttentionKernel};
+use anneal_engine::cuda::attention::{
+    backward_with, forward_kernel_for, forward_with, AttentionKernel,
+};
 use anneal_engine::ops::AttentionSpec;
 
 fn bf16(shape: &[usize], seed: u64) -> Tensor {
@@ -83,6 +86,67 @@ fn tensor_core_attention_matches_the_cpu_and_the_tiled_kernel_in_bf16() {
 }
 
 #[test]
+fn tensor_core_attention_backward_matches_the_cpu_and_the_tiled_kernel() {
+    if !gpu_or_skip("tensor_core_attention_backward_matches_the_cpu_and_the_tiled_kernel") {
+        return;
+    }
+    let cpu = backend_for(Device::Cpu).expect("cpu");
+    // Partial tiles of both kernels (70 queries: 2 · 32 + 6; 100 keys: 64 + 36), GQA 4:2 (the
+    // dk/dv kernel sums a key head's two query heads), D ≠ Dv, every mask / cap / sink.
+    let (b, hq, hkv, tq, tk) = (2, 4, 2, 70, 100);
+    for (i, (d, dv)) in [(32, 48), (64, 16)].into_iter().enumerate() {
+        let seed = 500 + 10 * i as u64;
+        let (q, k, v) = (
+            bf16(&[b, hq, tq, d], seed),
+            bf16(&[b, hkv, tk, d], seed + 1),
+            bf16(&[b, hkv, tk, dv], seed + 2),
+        );
+        let grad = bf16(&[b, hq, tq, dv], seed + 4);
+        let sinks = rand(&[hq], seed + 3);
+        let (gq, gk, gv, gg) = (gpu(&q), gpu(&k), gpu(&v), gpu(&grad));
+        for (causal, window, softcap, with_sinks) in [
+            (false, None, None, false),
+            (true, None, None, false),
+            (true, Some(9), None, true),
+            (true, None, Some(5.0), true),
+        ] {
+            let spec = spec(causal, window, softcap, tq, tk);
+            let what = format!(
+                "tensor-core backward d={d} dv={dv} causal={causal} window={window:?} softcap={softcap:?} sinks={with_sinks}"
+            );
+            let sk = with_sinks.then_some(&sinks);
+            let sg = sk.map(gpu);
+            // One forward's output and logsumexp for every backward.
+            let (o, l) = cpu.attention(&q, &k, &v, sk, &spec).expect("cpu");
+            let (go, gl) = (gpu(&o), gpu(&l));
+            let want = cpu
+                .attention_backward(&q, &k, &v, sk, &o, &l, &grad, &spec)
+                .expect("cpu");
+            let run = |kernel| {
+                backward_with(kernel, &gq, &gk, &gv, sg.as_ref(), &go, &gl, &gg, &spec)
+                    .expect("cuda backward")
+            };
+            let (wmma, tiled) = (
+                run(AttentionKernel::TensorCore),
+                run(AttentionKernel::Tiled),
+            );
+            for (name, w, c, t) in [
+                ("dq", &wmma.q, &want.q, &tiled.q),
+                ("dk", &wmma.k, &want.k, &tiled.k),
+                ("dv", &wmma.v, &want.v, &tiled.v),
+            ] {
+                close(&format!("{what}: {name} vs cpu"), w, c, 2e-2);
+                close(&format!("{what}: {name} vs tiled"), w, t, 2e-2);
+            }
+            if with_sinks {
+                let (ws, cs) = (wmma.sinks.expect("sinks"), want.sinks.expect("sinks"));
+                close(&format!("{what}: dsinks vs cpu"), &ws, &cs, 1e-4);
+            }
+        }
+    }
+}
+
+#[test]
 fn long_bf16_attention_runs_on_tensor_cores_and_refuses_what_they_cannot_hold() {
     let test = "long_bf16_attention_runs_on_tensor_cores_and_refuses_what_they_cannot_hold";
     if !gpu_or_skip(test) {
@@ -111,6 +175,28 @@ fn long_bf16_attention_runs_on_tensor_cores_and_refuses_what_they_cannot_hold() 
         .expect("cuda");
     close("long causal bf16: out", &o_g, &o_c, 1e-2);
     close("long causal bf16: lse", &l_g, &l_c, 1e-5);
+    // Its backward too (the dispatch picks the tensor-core kernels for it as for the forward).
+    let grad = bf16(&[b, hq, t, d], 428);
+    let want = backend_for(Device::Cpu)
+        .expect("cpu")
+        .attention_backward(&q, &k, &v, None, &o_c, &l_c, &grad, &spec)
+        .expect("cpu backward");
+    let got = backend_for(GPU)
+        .expect("cuda")
+        .attention_backward(
+            &gpu(&q),
+            &gpu(&k),
+            &gpu(&v),
+            None,
+            &gpu(&o_c),
+            &gpu(&l_c),
+            &gpu(&grad),
+            &spec,
+        )
+        .expect("cuda backward");
+    close("long causal bf16: dq", &got.q, &want.q, 2e-2);
+    close("long causal bf16: dk", &got.k, &want.k, 2e-2);
+    close("long causal bf16: dv", &got.v, &want.v, 2e-2);
     // A query view 8 elements (16 bytes) into its storage is copied to an aligned one.
     let small = spec_for(4);
     let (kq, vq) = (bf16(&[1, 1, 4, 16], 425), bf16(&[1, 1, 4, 16], 426));

@@ -165,3 +165,263 @@ extern "C" __global__ void flash_wmma_fwd_bf16(const bf16_t* q, const bf16_t* k,
     }
     if (half == 0) lse[bh * a.tq + qi] = z;
 }
+
+// ---- The backward on tensor cores (FlashAttention-2's two passes, bf16 products, f32 sums) ----
+//
+// From the forward's log-sum-exp and delta_i = Σ_c dO_ic O_ic (attention_delta): per query row
+// i and key j, P_ij = exp(score(S_ij) − lse_i), dS_ij = P_ij (dP_ij − delta_i) score'(S_ij) with
+// dP = dO·Vᵀ; then dQ = dS·K, dK = dSᵀ·Q, dV = Pᵀ·dO. Two kernels so no sum crosses blocks (no
+// atomics, fixed order): flash_wmma_dq_bf16 walks the keys for a block of query rows,
+// flash_wmma_dkv_bf16 walks the queries of every head of a key head's group for a block of key
+// rows. P and dS are rounded to bf16 for their products, as FlashAttention-2 does; scores and
+// the softmax are f32. As in the forward, fragments leave the tensor cores only through
+// store_matrix_sync into the warp's scratch (lane l: row l / 2, 8 columns of a 16-column slice).
+
+#define BQ 32   // dq: query rows per block (2 warps)
+#define BKT 32  // dq: keys per tile
+#define BK 64   // dkv: key rows per block (4 warps)
+#define BQT 16  // dkv: queries per tile
+
+// The score of a raw product s (softmax's input) and its derivative.
+__device__ __forceinline__ float bw_score(const AttnDims& a, float s, float* dscore) {
+    float x = s * a.scale;
+    if (a.softcap > 0.0f) {
+        float t = tanhf(x / a.softcap);
+        *dscore = a.scale * (1.0f - t * t);
+        return a.softcap * t;
+    }
+    *dscore = a.scale;
+    return x;
+}
+
+// Whether any of queries [q0, q0 + nq) sees any of keys [j0, j0 + nk); a block-wide barrier.
+__device__ __forceinline__ bool bw_any_visible(const AttnDims& a, const i64* q_pos,
+        const i64* k_pos, i64 q0, int nq, i64 j0, int nk) {
+    int vis = 0;
+    for (int e = threadIdx.x; e < nq * nk; e += blockDim.x) {
+        i64 i = q0 + e / nk, j = j0 + e % nk;
+        vis |= i < a.tq && j < a.tk && visible(a, q_pos[i], k_pos[j]);
+    }
+    return __syncthreads_or(vis) != 0;
+}
+
+// acc[n·8 + e] += the 16×16 product a·b over `kk` 16-wide steps, for every 16-column slice n of
+// the output (`chunks` of them): a from `a` (row-major, lda), b's slice n at b + n·16 (row-major,
+// ldb, `step` elements between its 16-row steps), through the warp's scratch `sc` (16×16 f32).
+__device__ __forceinline__ void bw_accumulate(float* acc, const __nv_bfloat16* a, unsigned lda,
+        const __nv_bfloat16* b, unsigned ldb, i64 step, int steps, int chunks, float* sc, int r,
+        int half) {
+    for (int n = 0; n < WMAXC; ++n) {
+        if (n >= chunks) break;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
+        wmma::fill_fragment(o, 0.0f);
+        for (int kk = 0; kk < steps; ++kk) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+            wmma::load_matrix_sync(fa, a + kk * 16, lda);
+            wmma::load_matrix_sync(fb, b + kk * step + n * 16, ldb);
+            wmma::mma_sync(o, fa, fb, o);
+        }
+        wmma::store_matrix_sync(sc, o, 16, wmma::mem_row_major);
+        __syncwarp();
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[n * 8 + e] += sc[r * 16 + half * 8 + e];
+        __syncwarp();
+    }
+}
+
+// out[16 × 16·cols] (f32, ld) = a[16 × depth] · bᵀ where b is [16·cols × depth] row-major (so
+// column-major as bᵀ): scores from rows of two operands, `cols` 16-column slices.
+__device__ __forceinline__ void bw_scores(float* out, unsigned ld, const __nv_bfloat16* a,
+        const __nv_bfloat16* b, i64 depth, int cols) {
+    for (int sub = 0; sub < cols; ++sub) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
+        wmma::fill_fragment(s, 0.0f);
+        for (i64 kk = 0; kk < depth; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, a + kk, (unsigned)depth);
+            wmma::load_matrix_sync(fb, b + sub * 16 * depth + kk, (unsigned)depth);
+            wmma::mma_sync(s, fa, fb, s);
+        }
+        wmma::store_matrix_sync(out + sub * 16, s, ld, wmma::mem_row_major);
+    }
+}
+
+// grid (ceil(Tq / BQ), B·Hq), 64 threads; dynamic shared memory 128·(D + Dv) + 6144 bytes:
+// Q and dO of the block's rows, a K and a V tile, per warp scores (f32) and dS (bf16).
+extern "C" __global__ void flash_wmma_dq_bf16(const bf16_t* q, const bf16_t* k, const bf16_t* v,
+        const bf16_t* dout, const float* lse, const float* delta, const i64* q_pos,
+        const i64* k_pos, float* dq, AttnDims a) {
+    extern __shared__ __align__(128) unsigned char bw_smem[];
+    bf16_t* qs = (bf16_t*)bw_smem;
+    bf16_t* dos = qs + BQ * a.d;
+    bf16_t* ks = dos + BQ * a.dv;
+    bf16_t* vs = ks + BKT * a.d;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* ss = (float*)(vs + BKT * a.dv) + warp * 16 * BKT;
+    bf16_t* ps = (bf16_t*)((float*)(vs + BKT * a.dv) + (BQ / 16) * 16 * BKT) + warp * 16 * BKT;
+    i64 q0 = (i64)blockIdx.x * BQ, bh = blockIdx.y;
+    i64 h = bh % a.hq, bb = bh / a.hq, kvh = bb * a.hkv + h / (a.hq / a.hkv);
+    const bf16_t* kh = k + kvh * a.tk * a.d;
+    const bf16_t* vh = v + kvh * a.tk * a.dv;
+    fw_stage(qs, q + bh * a.tq * a.d, q0, BQ, a.tq, a.d);
+    fw_stage(dos, dout + bh * a.tq * a.dv, q0, BQ, a.tq, a.dv);
+    __pipeline_commit();
+
+    int r = lane / 2, half = lane % 2;
+    i64 qi = q0 + warp * 16 + r;
+    float li = qi < a.tq ? lse[bh * a.tq + qi] : NEG_INF;
+    float di = qi < a.tq ? delta[bh * a.tq + qi] : 0.0f;
+    float acc[WMAXC * 8];
+#pragma unroll
+    for (int n = 0; n < WMAXC * 8; ++n) acc[n] = 0.0f;
+    const __nv_bfloat16* qw = (const __nv_bfloat16*)(qs + warp * 16 * a.d);
+    const __nv_bfloat16* dow = (const __nv_bfloat16*)(dos + warp * 16 * a.dv);
+
+    for (i64 j0 = 0; j0 < a.tk; j0 += BKT) {
+        if (!bw_any_visible(a, q_pos, k_pos, q0, BQ, j0, BKT)) continue;
+        fw_stage(ks, kh, j0, BKT, a.tk, a.d);
+        fw_stage(vs, vh, j0, BKT, a.tk, a.dv);
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        __syncthreads();
+
+        // P of this lane's half of row r, from S = Q·Kᵀ.
+        bw_scores(ss, BKT, qw, (const __nv_bfloat16*)ks, a.d, BKT / 16);
+        __syncwarp();
+        float pv[BKT / 2], dsc[BKT / 2];
+#pragma unroll
+        for (int c = 0; c < BKT / 2; ++c) {
+            int col = half * (BKT / 2) + c;
+            i64 j = j0 + col;
+            float p = 0.0f, d = 0.0f;
+            if (qi < a.tq && j < a.tk && li != NEG_INF && visible(a, q_pos[qi], k_pos[j])) {
+                float x = bw_score(a, ss[r * BKT + col], &d);
+                p = expf(x - li);
+            }
+            pv[c] = p;
+            dsc[c] = d;
+        }
+        __syncwarp();
+        // dP = dO·Vᵀ, then dS (bf16) for the product with K.
+        bw_scores(ss, BKT, dow, (const __nv_bfloat16*)vs, a.dv, BKT / 16);
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < BKT / 2; ++c) {
+            int col = half * (BKT / 2) + c;
+            ps[r * BKT + col] = f32_to_bf16(pv[c] * (ss[r * BKT + col] - di) * dsc[c]);
+        }
+        __syncwarp();
+        // dQ += dS·K.
+        bw_accumulate(acc, (const __nv_bfloat16*)ps, BKT, (const __nv_bfloat16*)ks, (unsigned)a.d,
+                      16 * a.d, BKT / 16, (int)(a.d / 16), ss, r, half);
+        __syncthreads();
+    }
+    __pipeline_wait_prior(0);
+    if (qi >= a.tq) return;
+    float* row = dq + (bh * a.tq + qi) * a.d;
+    for (int n = 0; n < WMAXC; ++n) {
+        if (n >= a.d / 16) break;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) row[n * 16 + half * 8 + e] = acc[n * 8 + e];
+    }
+}
+
+// grid (ceil(Tk / BK), B·Hkv), 128 threads; dynamic shared memory 160·(D + Dv) + 6272 bytes:
+// K and V of the block's rows, a Q and a dO tile with their lse and delta, per warp scores
+// (f32) and P / dS (bf16).
+extern "C" __global__ void flash_wmma_dkv_bf16(const bf16_t* q, const bf16_t* k, const bf16_t* v,
+        const bf16_t* dout, const float* lse, const float* delta, const i64* q_pos,
+        const i64* k_pos, float* dk, float* dv, AttnDims a) {
+    extern __shared__ __align__(128) unsigned char bw_smem[];
+    bf16_t* ks = (bf16_t*)bw_smem;
+    bf16_t* vs = ks + BK * a.d;
+    bf16_t* qs = vs + BK * a.dv;
+    bf16_t* dos = qs + BQT * a.d;
+    float* lse_s = (float*)(dos + BQT * a.dv);
+    float* del_s = lse_s + BQT;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* ss = del_s + BQT + warp * 16 * BQT;
+    bf16_t* ps = (bf16_t*)(del_s + BQT + (BK / 16) * 16 * BQT) + warp * 16 * BQT;
+    i64 k0 = (i64)blockIdx.x * BK, bkv = blockIdx.y;
+    i64 bb = bkv / a.hkv, group = a.hq / a.hkv, h0 = (bkv % a.hkv) * group;
+    fw_stage(ks, k + bkv * a.tk * a.d, k0, BK, a.tk, a.d);
+    fw_stage(vs, v + bkv * a.tk * a.dv, k0, BK, a.tk, a.dv);
+    __pipeline_commit();
+
+    int r = lane / 2, half = lane % 2;
+    i64 kj = k0 + warp * 16 + r;
+    float acck[WMAXC * 8], accv[WMAXC * 8];
+#pragma unroll
+    for (int n = 0; n < WMAXC * 8; ++n) acck[n] = accv[n] = 0.0f;
+    const __nv_bfloat16* kw = (const __nv_bfloat16*)(ks + warp * 16 * a.d);
+    const __nv_bfloat16* vw = (const __nv_bfloat16*)(vs + warp * 16 * a.dv);
+
+    for (i64 g = 0; g < group; ++g) {
+        i64 bh = bb * a.hq + h0 + g;
+        for (i64 i0 = 0; i0 < a.tq; i0 += BQT) {
+            if (!bw_any_visible(a, q_pos, k_pos, i0, BQT, k0, BK)) continue;
+            fw_stage(qs, q + bh * a.tq * a.d, i0, BQT, a.tq, a.d);
+            fw_stage(dos, dout + bh * a.tq * a.dv, i0, BQT, a.tq, a.dv);
+            __pipeline_commit();
+            if (threadIdx.x < BQT) {
+                i64 i = i0 + threadIdx.x;
+                lse_s[threadIdx.x] = i < a.tq ? lse[bh * a.tq + i] : NEG_INF;
+                del_s[threadIdx.x] = i < a.tq ? delta[bh * a.tq + i] : 0.0f;
+            }
+            __pipeline_wait_prior(0);
+            __syncthreads();
+
+            // Pᵀ of this lane's half of key row r, from Sᵀ = K·Qᵀ.
+            bw_scores(ss, BQT, kw, (const __nv_bfloat16*)qs, a.d, BQT / 16);
+            __syncwarp();
+            float pv[BQT / 2], dsc[BQT / 2];
+#pragma unroll
+            for (int c = 0; c < BQT / 2; ++c) {
+                int col = half * (BQT / 2) + c;
+                i64 i = i0 + col;
+                float p = 0.0f, d = 0.0f;
+                if (kj < a.tk && i < a.tq && lse_s[col] != NEG_INF &&
+                    visible(a, q_pos[i], k_pos[kj])) {
+                    float x = bw_score(a, ss[r * BQT + col], &d);
+                    p = expf(x - lse_s[col]);
+                }
+                pv[c] = p;
+                dsc[c] = d;
+                ps[r * BQT + col] = f32_to_bf16(p);
+            }
+            __syncwarp();
+            // dV += Pᵀ·dO.
+            bw_accumulate(accv, (const __nv_bfloat16*)ps, BQT, (const __nv_bfloat16*)dos,
+                          (unsigned)a.dv, 16 * a.dv, BQT / 16, (int)(a.dv / 16), ss, r, half);
+            // dPᵀ = V·dOᵀ, then dSᵀ (bf16) for the product with Q.
+            bw_scores(ss, BQT, vw, (const __nv_bfloat16*)dos, a.dv, BQT / 16);
+            __syncwarp();
+#pragma unroll
+            for (int c = 0; c < BQT / 2; ++c) {
+                int col = half * (BQT / 2) + c;
+                ps[r * BQT + col] = f32_to_bf16(pv[c] * (ss[r * BQT + col] - del_s[col]) * dsc[c]);
+            }
+            __syncwarp();
+            // dK += dSᵀ·Q.
+            bw_accumulate(acck, (const __nv_bfloat16*)ps, BQT, (const __nv_bfloat16*)qs,
+                          (unsigned)a.d, 16 * a.d, BQT / 16, (int)(a.d / 16), ss, r, half);
+            __syncthreads();
+        }
+    }
+    __pipeline_wait_prior(0);
+    if (kj >= a.tk) return;
+    float* krow = dk + (bkv * a.tk + kj) * a.d;
+    float* vrow = dv + (bkv * a.tk + kj) * a.dv;
+    for (int n = 0; n < WMAXC; ++n) {
+        if (n < a.d / 16) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) krow[n * 16 + half * 8 + e] = acck[n * 8 + e];
+        }
+        if (n < a.dv / 16) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) vrow[n * 16 + half * 8 + e] = accv[n * 8 + e];
+        }
+    }
+}
