@@ -11,8 +11,10 @@
 //! `cpu::delta_rule`) forward and backward as one fused op. Decode runs either the recurrence
 //! token by token ([`gated_delta_rule_recurrent`]) or, in batch-invariant mode, the chunked form
 //! over the tokens since the last 64-aligned position ([`DeltaRuleCache`]), so that a sequence's
-//! outputs have the same bits in a prefill, in a training forward and step by step. On a GPU the
-//! CPU backend computes it (`cuda::HostDeltaRule`): no CUDA kernel exists for it yet.
+//! outputs have the same bits in a prefill, in a training forward and step by step. On a GPU
+//! kernels compute the recurrence (`cuda::CudaDeltaRule`, forward and backward), the same
+//! per-token steps in a training forward and in decode; sizes past its reach fall back to the
+//! CPU backend (`cuda::HostDeltaRule`).
 
 use crate::autograd::{is_grad_enabled, no_grad, record};
 use crate::backend::{delta_rule_backend_for, DeltaRuleBackend};
