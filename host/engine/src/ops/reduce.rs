@@ -227,14 +227,6 @@ pub fn sum_of_squares_each(tensors: &[&Tensor]) -> Result<Tensor> {
 }
 
 impl Tensor {
-    /// `Σ x²` over all elements as a 0-d f32 tensor on this tensor's device (squares and a
-    /// fixed-order sum there, nothing read back): a gradient norm's part on a GPU, read with the
-    /// step's other scalars by [`read_values`]. Not differentiable.
-    pub fn sum_of_squares_here(&self) -> Result<Tensor> {
-        let x = self.detach().to_dtype(crate::DType::F32)?;
-        x.mul(&x)?.sum_all()
-    }
-
     /// `Σ x²` over all elements, accumulated in f64 over chunks whose bounds depend only on the
     /// size and summed in order, so the value is bitwise identical for any thread count. Not
     /// differentiable; meant for gradient norms.
@@ -242,10 +234,10 @@ impl Tensor {
         use rayon::prelude::*;
         let _p = crate::profile::scope("sum_of_squares");
         if self.device() != crate::Device::Cpu {
-            // On a GPU: squares and their fixed-order f32 sum there, one value read back,
-            // instead of downloading the whole tensor (a gradient norm every step).
+            // On a GPU: [`sum_of_squares_each`]'s kernels there, one value read back, instead of
+            // downloading the whole tensor.
             let on_device =
-                || -> Result<f64> { Ok(f64::from(self.sum_of_squares_here()?.item()?)) };
+                || -> Result<f64> { Ok(f64::from(sum_of_squares_each(&[self])?.item()?)) };
             if let Ok(v) = on_device() {
                 return v;
             }

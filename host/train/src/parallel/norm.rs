@@ -41,7 +41,8 @@ impl Placements {
                 }
             }
         }
-        // One pass over the device's gradients (a job's gradients share one device).
+        // One pass over the device's gradients (a job's gradients share one device; gradients
+        // on several devices take one pass each).
         let mut reads = match grads.first().map(|g| g.device()) {
             Some(d) if grads.iter().all(|g| g.device() == d) => {
                 vec![anneal_engine::ops::sum_of_squares_each(
@@ -50,7 +51,7 @@ impl Placements {
             }
             _ => grads
                 .iter()
-                .map(|g| g.sum_of_squares_here())
+                .map(|g| anneal_engine::ops::sum_of_squares_each(&[g]))
                 .collect::<Result<Vec<_>, _>>()?,
         };
         reads.extend(extra.iter().cloned());
