@@ -361,7 +361,10 @@ fn transfers_of(job: &Job, config: &Path, run: &str, steps: u64, set: &[&str]) -
 /// per-parameter parts, read together), and one wait each: the token ids and targets are
 /// checked on their host copies, the loss's mean and the gradient norm's parts are computed on
 /// the device, and uploads do not wait. In f32 and in bf16 with full recompute, two
-/// micro-batches per step; and for Qwen3.5, whose gated delta rule runs as CUDA kernels.
+/// micro-batches per step; for Qwen3.5, whose gated delta rule runs as CUDA kernels; and for
+/// the MoE models (Qwen3-MoE, DeepSeek-V3 with group-limited routing and the aux-loss-free
+/// bias, GPT-OSS with expert biases), whose routing is sorted, counted and multiplied on the
+/// device and whose router statistics come back in the step's one copy.
 #[test]
 fn a_gpu_step_copies_back_only_its_logged_scalars() {
     if let Some(why) = no_gpu() {
@@ -376,6 +379,12 @@ fn a_gpu_step_copies_back_only_its_logged_scalars() {
     }
     let job = Job::new("gpu-transfers");
     let qwen3_5 = job.config_with_model("qwen3_5", "qwen3_5", anneal_tests::tiny::QWEN3_5);
+    let deepseek_v3 = job.config_with_model(
+        "deepseek_v3",
+        "deepseek_v3",
+        anneal_tests::tiny::DEEPSEEK_V3,
+    );
+    let gpt_oss = job.config_with_model("gpt_oss", "gpt_oss", anneal_tests::tiny::GPT_OSS);
     for (name, config, set) in [
         ("f32", job.config(), &["training.micro_batch_size=2"][..]),
         (
@@ -388,6 +397,20 @@ fn a_gpu_step_copies_back_only_its_logged_scalars() {
             ][..],
         ),
         ("qwen3_5", qwen3_5, &["training.micro_batch_size=2"][..]),
+        (
+            "qwen3_moe",
+            job.config(),
+            &[
+                "training.micro_batch_size=2",
+                "model.flavor=\"debugmodel_qwen3_moe\"",
+            ][..],
+        ),
+        (
+            "deepseek_v3",
+            deepseek_v3,
+            &["training.micro_batch_size=2"][..],
+        ),
+        ("gpt_oss", gpt_oss, &["training.micro_batch_size=2"][..]),
     ] {
         let short = transfers_of(&job, &config, &format!("{name}-2"), 2, set);
         let long = transfers_of(&job, &config, &format!("{name}-4"), 4, set);
@@ -405,8 +428,8 @@ fn a_gpu_step_copies_back_only_its_logged_scalars() {
         assert_eq!(extra[0], extra[1], "{name}: the same scalars every step");
         let scalars = extra[0] / 4;
         assert!(
-            extra[0].is_multiple_of(4) && (3..=64).contains(&scalars),
-            "{name}: the copy holds a few f32 scalars (2 losses and the norm's parts), got {} bytes",
+            extra[0].is_multiple_of(4) && (3..=256).contains(&scalars),
+            "{name}: the copy holds a few f32 scalars (2 losses, the norm's parts, the model's statistics), got {} bytes",
             extra[0]
         );
         assert_eq!(

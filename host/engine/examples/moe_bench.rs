@@ -81,7 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         std::hint::black_box((xl.grad(), wl[1].grad()));
         seconds.push(start.elapsed().as_secs_f64());
-        counts = out.counts;
+        counts = out.counts.to_vec::<i64>();
     }
     if let Some(p) = anneal_engine::profile::finish() {
         eprintln!("{}", p.table());

@@ -50,35 +50,37 @@ pub trait Backend: Send + Sync {
     fn scatter_add(&self, x: &Tensor, dim: usize, idx: &Tensor, src: &Tensor) -> Result<Tensor>;
     /// `cond != 0 ? a : b` for three tensors of one shape, returned in `dtype`.
     fn where_(&self, cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor>;
-    /// Rows of `x [N, K]` grouped by `counts` times `w[e]` of `w [E, K, M]` (or `w[e]^T` with
-    /// `transpose_w`, for `x [N, M]`).
+    /// Groups top-k choices `ids [N, k]` (i64/i32, every id in `0..num_experts`) by expert
+    /// with a stable counting sort: `[order, token, inverse, counts]`, i64 tensors on `ids`'
+    /// device (see [`crate::ops::ExpertRouting`]).
+    fn sort_by_expert(&self, ids: &Tensor, num_experts: usize) -> Result<[Tensor; 4]>;
+    /// Rows of `x [N, K]` grouped by `counts` (i64 `[E]`, on `x`'s device) times `w[e]` of
+    /// `w [E, K, M]` (or `w[e]^T` with `transpose_w`, for `x [N, M]`).
     fn grouped_matmul(
         &self,
         x: &Tensor,
         w: &Tensor,
-        counts: &[usize],
+        counts: &Tensor,
         transpose_w: bool,
     ) -> Result<Tensor>;
     /// `out[e] = x_e^T @ g_e` over the row groups given by `counts`: `[E, K, M]`.
-    fn grouped_matmul_weight_grad(
-        &self,
-        x: &Tensor,
-        g: &Tensor,
-        counts: &[usize],
-    ) -> Result<Tensor>;
+    fn grouped_matmul_weight_grad(&self, x: &Tensor, g: &Tensor, counts: &Tensor)
+        -> Result<Tensor>;
     /// MoE dispatch: `out[s] = x[token[s]]` for `x [N, D]`, `[token.len(), D]` in `dtype`.
-    fn moe_dispatch(&self, x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor>;
+    /// The index tensors of the MoE ops are i64 on the data's device.
+    fn moe_dispatch(&self, x: &Tensor, token: &Tensor, dtype: DType) -> Result<Tensor>;
     /// The gradient of [`Backend::moe_dispatch`]: `dx[t] = Σ_j g[inverse[t·k + j]]`, in
     /// choice order.
     fn moe_dispatch_backward(
         &self,
         g: &Tensor,
-        inverse: &[i64],
+        inverse: &Tensor,
         k: usize,
         dtype: DType,
     ) -> Result<Tensor>;
     /// MoE combine: `out[t] = Σ_j w[t, j] · y[inverse[t·k + j]]` for `y [N·k, D]`, `w [N, k]`.
-    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor>;
+    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &Tensor, dtype: DType)
+        -> Result<Tensor>;
     /// The gradients of [`Backend::moe_combine`] for `y` and `w` (each when `need` asks),
     /// returned in `dtypes`.
     #[allow(clippy::too_many_arguments)]
@@ -87,8 +89,8 @@ pub trait Backend: Send + Sync {
         y: &Tensor,
         w: &Tensor,
         g: &Tensor,
-        order: &[i64],
-        inverse: &[i64],
+        order: &Tensor,
+        inverse: &Tensor,
         need: (bool, bool),
         dtypes: (DType, DType),
     ) -> Result<(Option<Tensor>, Option<Tensor>)>;

@@ -360,6 +360,21 @@ impl Tensor {
         }
     }
 
+    /// Whether reading this tensor's values on the host costs no device round trip: a CPU
+    /// tensor, or a GPU one uploaded from host values that nothing has written since (its host
+    /// copy, [`Storage::with_mirror`]). Checks that need values run only then, so a step never
+    /// waits for the device to validate indices the device computed itself.
+    pub(crate) fn host_resident(&self) -> bool {
+        if self.device() == Device::Cpu {
+            return true;
+        }
+        #[cfg(feature = "cuda")]
+        if self.storage().mirror().is_some() {
+            return true;
+        }
+        false
+    }
+
     /// The single value of a one-element tensor, as f32.
     pub fn item(&self) -> Result<f32> {
         if self.numel() != 1 {

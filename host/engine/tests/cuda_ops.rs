@@ -135,6 +135,32 @@ fn elementwise_ops_match_the_cpu() {
         &a.add(&row).expect("add"),
         1e-6,
     );
+    // Comparison masks are computed on the device (and stay there), equal to the CPU's; ties
+    // come from comparing a tensor with itself broadcast against a row of it.
+    let tie = a.narrow(0, 5, 1).expect("row");
+    for (name, got, want) in [
+        ("ge", ga.ge(&gpu(&row)), a.ge(&row)),
+        ("le", ga.le(&gb), a.le(&b)),
+        ("eq", ga.eq_mask(&gpu(&tie)), a.eq_mask(&tie)),
+    ] {
+        let got = got.expect(name);
+        assert_eq!(got.device(), GPU, "{name} stays on the GPU");
+        close(name, &got, &want.expect(name), 0.0);
+    }
+    // clamp's gradient masks on the device too.
+    let x = ga.detach().requires_grad_();
+    x.clamp(-0.25, 0.5)
+        .expect("clamp")
+        .sum_all()
+        .expect("sum")
+        .backward()
+        .expect("backward");
+    let want: Vec<f32> = a
+        .to_vec_f32()
+        .iter()
+        .map(|&v| f32::from(u8::from((-0.25..=0.5).contains(&v))))
+        .collect();
+    assert_eq!(x.grad().expect("grad").to_vec_f32(), want);
 }
 
 #[test]
@@ -258,6 +284,10 @@ mod wmma;
 /// The tensor-core attention forward (bf16).
 #[path = "cuda/attention_wmma.rs"]
 mod attention_wmma;
+
+/// The one-launch grouped expert GEMM with counts on the device, forward and weight gradient.
+#[path = "cuda/moe_gemm.rs"]
+mod moe_gemm;
 
 /// The gated delta rule's kernels: forward, backward and decode.
 #[path = "cuda/delta_rule.rs"]

@@ -181,7 +181,7 @@ fn moe_ffn_matches_pytorch_loop_over_experts_with_grads() {
         .iter()
         .map(|&c| c as usize)
         .collect();
-    assert_eq!(m.counts, want_counts);
+    assert_eq!(counts_of(&m.counts), want_counts);
     let aux = m.aux_loss.clone().unwrap();
     assert_close(
         "aux",
@@ -478,17 +478,21 @@ fn dispatch_and_combine_round_trip_in_token_order() {
     let y = randn(&[10, 4], "y");
     check_grad("moe_dispatch", &[x.clone()], &[], |t| t[0].moe_dispatch(&r));
     check_grad("moe_combine", &[y, w], &[], |t| t[0].moe_combine(&t[1], &r));
-    // A routing for more tokens than x has is an error, not an out-of-bounds read.
-    let msg = x
-        .narrow(0, 0, 2)
-        .unwrap()
-        .moe_dispatch(&r)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        msg.contains("moe_dispatch: x must be [tokens, hidden]"),
-        "{msg}"
-    );
+    // A routing for more tokens than x has is an error, not an out-of-bounds read: by its
+    // size, or (when the sizes fit) by its indices.
+    for rows in [3, 2] {
+        let msg = x
+            .narrow(0, 0, rows)
+            .unwrap()
+            .moe_dispatch(&r)
+            .unwrap_err()
+            .to_string();
+        let want = match rows {
+            3 => "moe_dispatch: x must be [tokens, hidden]",
+            _ => "moe_dispatch: index 3 out of range for size 2",
+        };
+        assert!(msg.contains(want), "{msg}");
+    }
     // bf16 rows stay bf16.
     let xb = x.to_dtype(DType::BF16).unwrap();
     assert_eq!(xb.moe_dispatch(&r).unwrap().dtype(), DType::BF16);
@@ -562,12 +566,15 @@ fn aux_loss_is_k_when_even_and_has_gradients() {
 fn router_stats_report_load_and_entropy() {
     let scores = Tensor::full(&[5, 4], 0.25, DType::F32);
     let st = RouterStats::new(&scores, &[1, 2, 3, 4], RouterScore::Softmax).unwrap();
-    assert_eq!(st.tokens_per_expert, vec![1, 2, 3, 4]);
-    assert!((st.imbalance - 4.0 / 2.5).abs() < 1e-6);
-    assert!((st.entropy - 4f32.ln()).abs() < 1e-5);
+    assert_eq!(st.tokens_per_expert.to_vec_f32(), vec![1.0, 2.0, 3.0, 4.0]);
+    assert!((st.imbalance.item().unwrap() - 4.0 / 2.5).abs() < 1e-6);
+    assert!((st.entropy.item().unwrap() - 4f32.ln()).abs() < 1e-5);
     let certain = Tensor::from_slice(&[1.0f32, 0.0, 0.0, 1.0], &[2, 2]).unwrap();
     let st = RouterStats::new(&certain, &[1, 1], RouterScore::Softmax).unwrap();
-    assert_eq!((st.entropy, st.imbalance), (0.0, 1.0));
+    assert_eq!(
+        (st.entropy.item().unwrap(), st.imbalance.item().unwrap()),
+        (0.0, 1.0)
+    );
 }
 
 #[test]
@@ -586,9 +593,15 @@ fn moe_ffn_on_an_empty_batch_is_empty() {
     };
     let m = moe_ffn(&x, &MoeWeights::new(&ws[0], &ws[1], &ws[2], &ws[3]), &spec).unwrap();
     assert_eq!(m.out.shape(), &[2, 0, d]);
-    assert_eq!(m.counts, vec![0; e]);
+    assert_eq!(counts_of(&m.counts), vec![0; e]);
     assert_eq!(m.aux_loss.unwrap().item().unwrap(), 0.0);
-    assert_eq!((m.stats.imbalance, m.stats.entropy), (0.0, 0.0));
+    assert_eq!(
+        (
+            m.stats.imbalance.item().unwrap(),
+            m.stats.entropy.item().unwrap()
+        ),
+        (0.0, 0.0)
+    );
 }
 
 #[test]
@@ -654,8 +667,11 @@ fn the_router_stays_f32_under_autocast() {
         moe_ffn(&x, &w, &s).unwrap()
     };
     // Same choices and the same f32 scores; the experts themselves ran in bf16.
-    assert_eq!(amp.counts, plain.counts);
-    assert_eq!(amp.stats.entropy.to_bits(), plain.stats.entropy.to_bits());
+    assert_eq!(counts_of(&amp.counts), counts_of(&plain.counts));
+    assert_eq!(
+        amp.stats.entropy.item().unwrap().to_bits(),
+        plain.stats.entropy.item().unwrap().to_bits()
+    );
     let (a, p) = (amp.out.to_vec_f32(), plain.out.to_vec_f32());
     let scale = p.iter().fold(0f32, |m, v| m.max(v.abs()));
     let err = a
@@ -666,4 +682,9 @@ fn the_router_stays_f32_under_autocast() {
         err < 2e-2 * scale,
         "bf16 experts off by {err} at scale {scale}"
     );
+}
+
+/// A layer's per-expert counts as `usize`.
+fn counts_of(t: &Tensor) -> Vec<usize> {
+    t.to_vec::<i64>().into_iter().map(|c| c as usize).collect()
 }

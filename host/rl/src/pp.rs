@@ -339,9 +339,10 @@ impl PpPolicy<'_> {
         let [loss, mismatch, ent_sum, tokens, kl_sum, dropped] = figures;
         let outputs = result.outputs;
         // The auxiliary-loss total is every stage's (statistics stay per stage).
+        let aux_total = outputs.aux_total()?;
         let mut aux = [
-            outputs.aux_total().unwrap_or(0.0) as f32,
-            f32::from(u8::from(outputs.aux_total().is_some())),
+            aux_total.unwrap_or(0.0) as f32,
+            f32::from(u8::from(aux_total.is_some())),
         ];
         comm.all_reduce_sum(&mut aux)?;
         let aux_loss = (aux[1] > 0.0).then_some(aux[0] as f64);

@@ -544,7 +544,7 @@ impl RlTrainer<'_> {
             kl: self.reference.as_ref().map(|_| kl),
             mismatch_max: mismatch,
             dropped_groups: dropped,
-            aux_loss: outputs.aux_total(),
+            aux_loss: outputs.aux_total()?,
             outputs: fields,
             stat_sums: outputs.stat_sums().to_vec(),
         })
@@ -556,7 +556,7 @@ impl RlTrainer<'_> {
 pub(crate) fn metric_fields(
     outputs: &StepOutputs,
 ) -> Result<BTreeMap<String, serde_json::Value>, TrainError> {
-    let fields = outputs.fields();
+    let fields = outputs.fields()?;
     if let Some(name) = fields.keys().find(|n| crate::metrics::RlRow::has_field(n)) {
         return Err(anneal_engine::Error::Invalid {
             op: "plugin",

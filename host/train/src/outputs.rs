@@ -39,16 +39,29 @@ const RESERVED: [&str; 12] = [
     "time",
 ];
 
-/// Running sums over the micro-batches of one step.
+/// Running sums over the micro-batches of one step, kept where the model computed them (on a
+/// GPU, summed there): nothing is read back per micro-batch. The values come to the host once,
+/// with the step's losses and gradient norm ([`StepOutputs::pending`] /
+/// [`StepOutputs::take_values`]), or on first use.
 #[derive(Default)]
 pub struct StepOutputs {
     micro_batches: usize,
-    aux_total: Option<f64>,
-    /// `aux_loss.<name>` (unweighted) and statistics by name: elementwise sums and whether the
-    /// value is a scalar.
-    sums: BTreeMap<String, (Vec<f64>, bool)>,
+    /// The weighted auxiliary losses' sum.
+    aux_total: Option<Tensor>,
+    /// `aux_loss.<name>` (unweighted) and statistics by name: f32 elementwise sums and whether
+    /// the value is a scalar.
+    sums: Vec<(String, Tensor, bool)>,
     /// The statistics as tensors, summed over micro-batches (for the buffer hook).
     stat_tensors: Vec<(String, Tensor)>,
+    /// The sums' values, once read.
+    values: Option<Values>,
+}
+
+/// What [`StepOutputs`] sums read back: the auxiliary total and each named sum.
+#[derive(Clone, Default)]
+struct Values {
+    aux_total: Option<f64>,
+    sums: Vec<Vec<f64>>,
 }
 
 impl StepOutputs {
@@ -60,14 +73,23 @@ impl StepOutputs {
         stats: &[(String, Tensor)],
     ) -> anneal_engine::Result<()> {
         self.micro_batches += 1;
+        self.values = None;
         for (name, t) in stats {
+            let t = t.detach();
             match self.stat_tensors.iter_mut().find(|(n, _)| n == name) {
-                Some((_, sum)) => *sum = sum.add(t)?,
-                None => self.stat_tensors.push((name.clone(), t.clone())),
+                Some((_, sum)) => *sum = sum.add(&t)?,
+                None => self.stat_tensors.push((name.clone(), t)),
             }
         }
         if let Some(t) = aux_total {
-            *self.aux_total.get_or_insert(0.0) += t.item()? as f64;
+            let t = t
+                .detach()
+                .to_dtype(anneal_engine::DType::F32)?
+                .reshape(&[])?;
+            self.aux_total = Some(match self.aux_total.take() {
+                Some(sum) => sum.add(&t)?,
+                None => t,
+            });
         }
         let named = aux
             .iter()
@@ -80,19 +102,68 @@ impl StepOutputs {
                     msg: format!("the model named a statistic '{name}', a metrics.jsonl field"),
                 });
             }
-            let values = t.to_vec_f32();
-            let scalar = t.numel() == 1 && t.rank() <= 1;
-            let (sum, _) = self
-                .sums
-                .entry(name)
-                .or_insert_with(|| (vec![0.0; values.len()], scalar));
-            if sum.len() == values.len() {
-                for (s, v) in sum.iter_mut().zip(values) {
-                    *s += v as f64;
+            let t = t.detach().to_dtype(anneal_engine::DType::F32)?;
+            let t = t.reshape(&[t.numel()])?;
+            match self.sums.iter_mut().find(|(n, _, _)| *n == name) {
+                // A value whose size changed between micro-batches keeps its first shape.
+                Some((_, sum, _)) if sum.numel() == t.numel() => *sum = sum.add(&t)?,
+                Some(_) => {}
+                None => {
+                    let scalar = t.numel() == 1 && t.rank() <= 1;
+                    self.sums.push((name, t, scalar));
                 }
             }
         }
         Ok(())
+    }
+
+    /// The sums still to read (none once read): read them with the step's other values and
+    /// hand the values to [`StepOutputs::take_values`].
+    pub fn pending(&self) -> Vec<Tensor> {
+        if self.values.is_some() {
+            return Vec::new();
+        }
+        self.aux_total
+            .iter()
+            .cloned()
+            .chain(self.sums.iter().map(|(_, t, _)| t.clone()))
+            .collect()
+    }
+
+    /// Takes the values read for [`StepOutputs::pending`]'s tensors, in its order.
+    pub fn take_values(&mut self, values: &[f64]) {
+        if self.values.is_some() {
+            return;
+        }
+        let mut at = 0;
+        let aux_total = self.aux_total.as_ref().map(|_| {
+            at += 1;
+            values.get(at - 1).copied().unwrap_or(f64::NAN)
+        });
+        let sums = self
+            .sums
+            .iter()
+            .map(|(_, t, _)| {
+                let v = values.get(at..at + t.numel()).unwrap_or(&[]).to_vec();
+                at += t.numel();
+                v
+            })
+            .collect();
+        self.values = Some(Values { aux_total, sums });
+    }
+
+    /// The sums' values: those taken, else read now.
+    fn values(&self) -> anneal_engine::Result<Values> {
+        if let Some(v) = &self.values {
+            return Ok(v.clone());
+        }
+        let mut fresh = StepOutputs {
+            aux_total: self.aux_total.clone(),
+            sums: self.sums.clone(),
+            ..StepOutputs::default()
+        };
+        fresh.take_values(&anneal_engine::ops::read_values(&self.pending())?);
+        Ok(fresh.values.unwrap_or_default())
     }
 
     /// Sums everything over the data-parallel ranks (each rank saw its share of the step's
@@ -106,9 +177,10 @@ impl StepOutputs {
         if comm.size() == 1 {
             return Ok(());
         }
+        let values = self.values()?;
         let mut buf = vec![
             self.micro_batches as f32,
-            self.aux_total.unwrap_or(0.0) as f32,
+            values.aux_total.unwrap_or(0.0) as f32,
         ];
         let stats: Vec<Vec<f32>> = self
             .stat_tensors
@@ -118,26 +190,28 @@ impl StepOutputs {
         for v in &stats {
             buf.extend(v);
         }
-        for (sum, _) in self.sums.values() {
+        for sum in &values.sums {
             buf.extend(sum.iter().map(|&v| v as f32));
         }
         comm.all_reduce_sum(&mut buf)?;
         self.micro_batches = buf[0].round() as usize;
-        if self.aux_total.is_some() {
-            self.aux_total = Some(buf[1] as f64);
-        }
+        let aux_total = values.aux_total.map(|_| buf[1] as f64);
         let mut at = 2;
         for ((_, t), v) in self.stat_tensors.iter_mut().zip(&stats) {
             let summed = Tensor::from_slice(&buf[at..at + v.len()], t.shape())?;
             *t = summed.to_dtype(t.dtype())?;
             at += v.len();
         }
-        for (sum, _) in self.sums.values_mut() {
-            for s in sum.iter_mut() {
-                *s = buf[at] as f64;
-                at += 1;
-            }
-        }
+        let sums = values
+            .sums
+            .iter()
+            .map(|sum| {
+                let v = buf[at..at + sum.len()].iter().map(|&v| v as f64).collect();
+                at += sum.len();
+                v
+            })
+            .collect();
+        self.values = Some(Values { aux_total, sums });
         Ok(())
     }
 
@@ -147,14 +221,16 @@ impl StepOutputs {
         &mut self,
         comm: &dyn anneal_dist::Collective,
     ) -> Result<(), crate::TrainError> {
+        let mut values = self.values()?;
         let mut buf = [
-            self.aux_total.unwrap_or(0.0) as f32,
-            f32::from(u8::from(self.aux_total.is_some())),
+            values.aux_total.unwrap_or(0.0) as f32,
+            f32::from(u8::from(values.aux_total.is_some())),
         ];
         comm.all_reduce_sum(&mut buf)?;
         if buf[1] > 0.0 {
-            self.aux_total = Some(buf[0] as f64);
+            values.aux_total = Some(buf[0] as f64);
         }
+        self.values = Some(values);
         Ok(())
     }
 
@@ -163,16 +239,18 @@ impl StepOutputs {
         &self.stat_tensors
     }
 
-    /// The weighted auxiliary total, if any.
-    pub fn aux_total(&self) -> Option<f64> {
-        self.aux_total.map(|t| t / self.micro_batches.max(1) as f64)
+    /// The weighted auxiliary total's mean over the micro-batches, if any (read now unless
+    /// the values were taken).
+    pub fn aux_total(&self) -> anneal_engine::Result<Option<f64>> {
+        let n = self.micro_batches.max(1) as f64;
+        Ok(self.values()?.aux_total.map(|t| t / n))
     }
 
     /// Means over the micro-batches, as `metrics.jsonl` fields: numbers for scalars, lists for
     /// vectors. A model reporting per-layer load imbalance (`moe.layer<i>.imbalance`) also gets
     /// the run's summary over its layers: `moe.imbalance` (the mean) and `moe.imbalance_max`.
-    pub fn fields(&self) -> BTreeMap<String, serde_json::Value> {
-        let mut f = self.means();
+    pub fn fields(&self) -> anneal_engine::Result<BTreeMap<String, serde_json::Value>> {
+        let mut f = self.means()?;
         let layers: Vec<f64> = f
             .iter()
             .filter(|(k, _)| {
@@ -188,23 +266,26 @@ impl StepOutputs {
             f.entry("moe.imbalance".into()).or_insert(mean.into());
             f.entry("moe.imbalance_max".into()).or_insert(max.into());
         }
-        f
+        Ok(f)
     }
 
-    fn means(&self) -> BTreeMap<String, serde_json::Value> {
+    fn means(&self) -> anneal_engine::Result<BTreeMap<String, serde_json::Value>> {
         let n = self.micro_batches.max(1) as f64;
-        self.sums
+        let values = self.values()?;
+        Ok(self
+            .sums
             .iter()
-            .map(|(name, (sum, scalar))| {
+            .zip(&values.sums)
+            .map(|((name, _, scalar), sum)| {
                 let mean: Vec<f64> = sum.iter().map(|s| s / n).collect();
                 let v = if *scalar {
-                    serde_json::json!(mean[0])
+                    serde_json::json!(mean.first().copied().unwrap_or(f64::NAN))
                 } else {
                     serde_json::json!(mean)
                 };
                 (name.clone(), v)
             })
-            .collect()
+            .collect())
     }
 }
 
@@ -227,8 +308,8 @@ mod tests {
         let stats = |a: f32| vec![("load".to_string(), t(&[a, 2.0 * a], &[2]))];
         step.add(Some(&total), &aux, &stats(1.0)).unwrap();
         step.add(Some(&t(&[4.0], &[])), &aux, &stats(3.0)).unwrap();
-        assert_eq!(step.aux_total(), Some(3.0));
-        let f = step.fields();
+        assert_eq!(step.aux_total().unwrap(), Some(3.0));
+        let f = step.fields().unwrap();
         assert_eq!(f["load"], serde_json::json!([2.0, 4.0]));
         assert_eq!(step.stat_sums()[0].1.to_vec_f32(), vec![4.0, 8.0]);
         assert_eq!(f["aux_loss.balance"], serde_json::json!(2.0));
@@ -243,7 +324,7 @@ mod tests {
         };
         moe.add(None, &[], &layers(1.5, 1.0)).unwrap();
         moe.add(None, &[], &layers(2.5, 1.0)).unwrap();
-        let f = moe.fields();
+        let f = moe.fields().unwrap();
         assert_eq!(f["moe.imbalance"], serde_json::json!(1.5));
         assert_eq!(f["moe.imbalance_max"], serde_json::json!(2.0));
         let clash = vec![("loss".to_string(), t(&[1.0], &[]))];

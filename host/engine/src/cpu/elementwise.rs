@@ -136,6 +136,9 @@ simd_kernel! {
             BinaryOp::Div => rows!(|x: f32, y: f32| x / y),
             BinaryOp::Maximum => rows!(|x: f32, y: f32| x.max(y)),
             BinaryOp::Minimum => rows!(|x: f32, y: f32| x.min(y)),
+            BinaryOp::Ge => rows!(|x: f32, y: f32| f32::from(u8::from(x >= y))),
+            BinaryOp::Le => rows!(|x: f32, y: f32| f32::from(u8::from(x <= y))),
+            BinaryOp::Eq => rows!(|x: f32, y: f32| f32::from(u8::from(x == y))),
         }
     }
 }

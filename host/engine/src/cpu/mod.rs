@@ -156,51 +156,70 @@ impl Backend for CpuBackend {
         let _p = crate::profile::scope("where_");
         index::where_(cond, a, b, dtype)
     }
+    fn sort_by_expert(&self, ids: &Tensor, num_experts: usize) -> Result<[Tensor; 4]> {
+        let _p = crate::profile::scope("sort_by_expert");
+        moe_route::sort_by_expert(ids, num_experts)
+    }
     fn grouped_matmul(
         &self,
         x: &Tensor,
         w: &Tensor,
-        counts: &[usize],
+        counts: &Tensor,
         transpose_w: bool,
     ) -> Result<Tensor> {
         let _p = crate::profile::scope("grouped_matmul");
-        moe::grouped_matmul(x, w, counts, transpose_w)
+        moe::grouped_matmul(x, w, &moe_route::host_counts(counts), transpose_w)
     }
     fn grouped_matmul_weight_grad(
         &self,
         x: &Tensor,
         g: &Tensor,
-        counts: &[usize],
+        counts: &Tensor,
     ) -> Result<Tensor> {
         let _p = crate::profile::scope("grouped_matmul_weight_grad");
-        moe::grouped_matmul_weight_grad(x, g, counts)
+        moe::grouped_matmul_weight_grad(x, g, &moe_route::host_counts(counts))
     }
-    fn moe_dispatch(&self, x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor> {
-        moe_route::dispatch(x, token, dtype)
+    fn moe_dispatch(&self, x: &Tensor, token: &Tensor, dtype: DType) -> Result<Tensor> {
+        moe_route::dispatch(
+            x,
+            &moe_route::indices("moe_dispatch", token, x.shape()[0])?,
+            dtype,
+        )
     }
     fn moe_dispatch_backward(
         &self,
         g: &Tensor,
-        inverse: &[i64],
+        inverse: &Tensor,
         k: usize,
         dtype: DType,
     ) -> Result<Tensor> {
-        moe_route::dispatch_backward(g, inverse, k, dtype)
+        let inverse = moe_route::indices("moe_dispatch_backward", inverse, g.shape()[0])?;
+        moe_route::dispatch_backward(g, &inverse, k, dtype)
     }
-    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor> {
-        moe_route::combine(y, w, inverse, dtype)
+    fn moe_combine(
+        &self,
+        y: &Tensor,
+        w: &Tensor,
+        inverse: &Tensor,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let inverse = moe_route::indices("moe_combine", inverse, y.shape()[0])?;
+        moe_route::combine(y, w, &inverse, dtype)
     }
     fn moe_combine_backward(
         &self,
         y: &Tensor,
         w: &Tensor,
         g: &Tensor,
-        order: &[i64],
-        inverse: &[i64],
+        order: &Tensor,
+        inverse: &Tensor,
         need: (bool, bool),
         dtypes: (DType, DType),
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        moe_route::combine_backward(y, w, g, order, inverse, need, dtypes)
+        const OP: &str = "moe_combine_backward";
+        let order = moe_route::indices(OP, order, w.numel())?;
+        let inverse = moe_route::indices(OP, inverse, y.shape()[0])?;
+        moe_route::combine_backward(y, w, g, &order, &inverse, need, dtypes)
     }
     fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {
         let _p = crate::profile::scope("cat");

@@ -145,3 +145,61 @@ pub(crate) fn combine_backward(
     drop(gs);
     Ok((dy, dw))
 }
+
+/// The values of an index tensor, each checked to name one of `rows` rows: a routing made
+/// for another batch is an error, not an out-of-bounds read.
+pub(crate) fn indices(op: &'static str, t: &Tensor, rows: usize) -> Result<Vec<i64>> {
+    let v = t.to_vec::<i64>();
+    match v.iter().find(|&&i| i < 0 || i as u64 >= rows as u64) {
+        Some(&bad) => Err(crate::error::Error::IndexOutOfRange {
+            op,
+            index: bad,
+            size: rows,
+        }),
+        None => Ok(v),
+    }
+}
+
+/// Per-expert counts as `usize` (a negative count, which no sort produces, as 0).
+pub(crate) fn host_counts(counts: &Tensor) -> Vec<usize> {
+    counts
+        .to_vec::<i64>()
+        .into_iter()
+        .map(|c| c.max(0) as usize)
+        .collect()
+}
+
+/// The stable counting sort of top-k choices `ids [N, k]` by expert (ids checked by the
+/// caller): `[order, token, inverse, counts]` as i64 tensors. Assignment `a` (token `a / k`,
+/// choice `a % k`) goes to slot `start[e] + (earlier assignments of e)`.
+pub(crate) fn sort_by_expert(ids: &Tensor, num_experts: usize) -> Result<[Tensor; 4]> {
+    let k = ids.shape()[1].max(1);
+    let ids = ids.to_vec::<i64>();
+    let mut counts = vec![0i64; num_experts];
+    for &e in &ids {
+        counts[e as usize] += 1;
+    }
+    let mut next: Vec<i64> = counts
+        .iter()
+        .scan(0i64, |start, &c| {
+            let s = *start;
+            *start += c;
+            Some(s)
+        })
+        .collect();
+    let n = ids.len();
+    let (mut order, mut inverse) = (vec![0i64; n], vec![0i64; n]);
+    for (a, &e) in ids.iter().enumerate() {
+        let slot = next[e as usize];
+        next[e as usize] += 1;
+        order[slot as usize] = a as i64;
+        inverse[a] = slot;
+    }
+    let token: Vec<i64> = order.iter().map(|&a| a / k as i64).collect();
+    Ok([
+        Tensor::from_vec(order, &[n])?,
+        Tensor::from_vec(token, &[n])?,
+        Tensor::from_vec(inverse, &[n])?,
+        Tensor::from_vec(counts, &[num_experts])?,
+    ])
+}

@@ -43,6 +43,9 @@ fn binary_code(op: BinaryOp) -> i32 {
         BinaryOp::Div => 3,
         BinaryOp::Maximum => 4,
         BinaryOp::Minimum => 5,
+        BinaryOp::Ge => 6,
+        BinaryOp::Le => 7,
+        BinaryOp::Eq => 8,
     }
 }
 
@@ -328,36 +331,45 @@ impl Backend for CudaBackend {
     fn where_(&self, cond: &Tensor, a: &Tensor, b: &Tensor, dtype: DType) -> Result<Tensor> {
         super::index::where_(cond, a, b, dtype)
     }
+    fn sort_by_expert(&self, ids: &Tensor, num_experts: usize) -> Result<[Tensor; 4]> {
+        super::moe::sort_by_expert(ids, num_experts)
+    }
     fn grouped_matmul(
         &self,
         x: &Tensor,
         w: &Tensor,
-        counts: &[usize],
+        counts: &Tensor,
         transpose_w: bool,
     ) -> Result<Tensor> {
-        super::moe::grouped_matmul(x, w, counts, transpose_w)
+        super::moe_gemm::grouped_matmul(x, w, counts, transpose_w)
     }
     fn grouped_matmul_weight_grad(
         &self,
         x: &Tensor,
         g: &Tensor,
-        counts: &[usize],
+        counts: &Tensor,
     ) -> Result<Tensor> {
-        super::moe::grouped_matmul_weight_grad(x, g, counts)
+        super::moe_gemm::grouped_matmul_weight_grad(x, g, counts)
     }
-    fn moe_dispatch(&self, x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor> {
+    fn moe_dispatch(&self, x: &Tensor, token: &Tensor, dtype: DType) -> Result<Tensor> {
         super::moe::dispatch(x, token, dtype)
     }
     fn moe_dispatch_backward(
         &self,
         g: &Tensor,
-        inverse: &[i64],
+        inverse: &Tensor,
         k: usize,
         dtype: DType,
     ) -> Result<Tensor> {
         super::moe::dispatch_backward(g, inverse, k, dtype)
     }
-    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor> {
+    fn moe_combine(
+        &self,
+        y: &Tensor,
+        w: &Tensor,
+        inverse: &Tensor,
+        dtype: DType,
+    ) -> Result<Tensor> {
         super::moe::combine(y, w, inverse, dtype)
     }
     fn moe_combine_backward(
@@ -365,8 +377,8 @@ impl Backend for CudaBackend {
         y: &Tensor,
         w: &Tensor,
         g: &Tensor,
-        order: &[i64],
-        inverse: &[i64],
+        order: &Tensor,
+        inverse: &Tensor,
         need: (bool, bool),
         dtypes: (DType, DType),
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {

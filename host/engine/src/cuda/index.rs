@@ -1,8 +1,11 @@
 //! Index, selection and random kernels on CUDA (kernels/index.cu): top-k, index_select /
 //! index_add, gather / scatter_add, where, cat and dropout.
 //!
-//! Indices are read on the host and checked against the indexed size (as the CPU backend does,
-//! so a bad index is an error, never an out-of-bounds read), then uploaded as i64. Copies move
+//! Indices whose values are on the host (uploaded ones, [`Tensor::host_resident`]) are checked
+//! against the indexed size there, as the CPU backend does, so a bad index is an error. Indices
+//! the device computed (a router's top-k, a sort) stay there unread, so nothing waits for the
+//! device; the kernels bounds-check every use (an index outside its dim reads zero and adds
+//! nothing), so none is ever an out-of-bounds access. Copies move
 //! elements of 2, 4 or 8 bytes bit for bit; accumulations run in f32 in the CPU backend's order.
 
 use super::backend::{contiguous_as, copy_cast};
@@ -23,10 +26,21 @@ fn bytes_suffix(dtype: DType) -> &'static str {
     }
 }
 
-/// `idx` checked against `size` and uploaded as i64 to `gpu`.
+/// `idx` as contiguous i64 on `gpu`: checked against `size` and uploaded when its values are on
+/// the host, else converted where it is.
 fn indices(gpu: &Arc<super::Gpu>, op: &'static str, idx: &Tensor, size: usize) -> Result<Tensor> {
-    let v = read_indices(op, idx, size)?;
-    upload(gpu, &v, &[v.len()])
+    if idx.host_resident() || idx.device() != crate::Device::Cuda(gpu.ordinal) {
+        let v = read_indices(op, idx, size)?;
+        return upload(gpu, &v, idx.shape());
+    }
+    if !matches!(idx.dtype(), DType::I64 | DType::I32) {
+        return Err(Error::DType {
+            op,
+            got: idx.dtype(),
+            expected: "i64 or i32 indices",
+        });
+    }
+    contiguous_as(idx, DType::I64, op)
 }
 
 /// A host list of offsets as an i64 device tensor.

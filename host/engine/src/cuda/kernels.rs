@@ -107,6 +107,10 @@ pub const KERNELS: &[KernelSource] = &[
         source: include_str!("kernels/wmma.cu"),
     },
     KernelSource {
+        name: "moe_gemm",
+        source: include_str!("kernels/moe_gemm.cu"),
+    },
+    KernelSource {
         name: "delta_rule",
         source: include_str!("kernels/delta_rule.cu"),
     },

@@ -17,6 +17,7 @@ mod index;
 pub mod kernels;
 mod launch;
 mod moe;
+pub mod moe_gemm;
 pub mod pool;
 mod profiled;
 mod staging;

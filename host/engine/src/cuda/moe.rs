@@ -1,11 +1,18 @@
-//! Dropless MoE on CUDA: routing (kernels/moe.cu: dispatch, combine and their gradients, in f32
-//! with the CPU backend's summation order) and the grouped expert GEMM as one cuBLAS product
-//! per expert on row ranges of the sorted tokens.
+//! Dropless MoE on CUDA, with nothing read back to the host: the stable sort of top-k choices
+//! by expert, dispatch, combine and their gradients (kernels/moe.cu, in f32 with the CPU
+//! backend's summation order), and the grouped expert GEMM in one launch reading the counts on
+//! the device (`moe_gemm.rs`).
 
 use super::backend::{contiguous_as, copy_cast};
+use super::device::Gpu;
 use super::launch::{empty, gpu_of, grid, launch, per_row, ptr, upload, zeros};
-use crate::error::{Error, Result};
-use crate::{DType, Tensor};
+use crate::error::Result;
+use crate::{DType, Device, Tensor};
+use cudarc::driver::LaunchConfig;
+use std::sync::Arc;
+
+/// Assignments per block of the sort's passes (`SORT_CHUNK` of kernels/moe.cu).
+const SORT_CHUNK: usize = 256;
 
 /// `t` returned in `dtype` (it is f32).
 fn finish(t: Tensor, dtype: DType, op: &'static str) -> Result<Tensor> {
@@ -16,32 +23,63 @@ fn finish(t: Tensor, dtype: DType, op: &'static str) -> Result<Tensor> {
     }
 }
 
-/// Each routing entry must name a row of a tensor with `rows` rows: checked on the host so a
-/// routing made for another batch is an error, not an out-of-bounds read.
-fn check_rows_of(op: &'static str, v: &[i64], rows: usize) -> Result<()> {
-    match v.iter().find(|&&i| i < 0 || i as u64 >= rows as u64) {
-        Some(&bad) => Err(Error::IndexOutOfRange {
-            op,
-            index: bad,
-            size: rows,
-        }),
-        None => Ok(()),
+/// An index tensor as contiguous i64 on `gpu` (uploaded when it is a host tensor).
+fn index_on(gpu: &Arc<Gpu>, t: &Tensor, op: &'static str) -> Result<Tensor> {
+    match t.device() {
+        Device::Cpu => upload(gpu, &t.to_vec::<i64>(), t.shape()),
+        _ => contiguous_as(t, DType::I64, op),
     }
 }
 
+/// The stable counting sort of `ids [N, k]` by expert in three launches (chunk histograms,
+/// their prefixes, the scatter): `[order, token, inverse, counts]` on the device, in the CPU
+/// backend's order exactly (integer work: no rounding to differ).
+pub(crate) fn sort_by_expert(ids: &Tensor, num_experts: usize) -> Result<[Tensor; 4]> {
+    const OP: &str = "sort_by_expert";
+    let gpu = gpu_of(ids, OP)?;
+    let (n, k) = (ids.numel(), ids.shape().get(1).copied().unwrap_or(1).max(1));
+    let order = zeros(&gpu, DType::I64, &[n])?;
+    let token = zeros(&gpu, DType::I64, &[n])?;
+    let inverse = zeros(&gpu, DType::I64, &[n])?;
+    let counts = zeros(&gpu, DType::I64, &[num_experts])?;
+    if n == 0 || num_experts == 0 {
+        return Ok([order, token, inverse, counts]);
+    }
+    let chunks = n.div_ceil(SORT_CHUNK);
+    let ids = index_on(&gpu, ids, OP)?;
+    let hist = empty(&gpu, DType::I64, &[chunks, num_experts])?;
+    let start = empty(&gpu, DType::I64, &[num_experts])?;
+    let (ip, hp, cp, sp) = (
+        ptr(&ids, OP)?,
+        ptr(&hist, OP)?,
+        ptr(&counts, OP)?,
+        ptr(&start, OP)?,
+    );
+    let (op_, tp, vp) = (ptr(&order, OP)?, ptr(&token, OP)?, ptr(&inverse, OP)?);
+    let [n64, e64, c64, k64] = [n, num_experts, chunks, k].map(|v| v as i64);
+    let blocks = |shared: usize| LaunchConfig {
+        grid_dim: (chunks as u32, 1, 1),
+        block_dim: (SORT_CHUNK as u32, 1, 1),
+        shared_mem_bytes: shared as u32,
+    };
+    launch!(gpu, "moe", "moe_sort_hist", blocks(4 * num_experts); ip, hp, n64, e64)?;
+    launch!(gpu, "moe", "moe_sort_scan", per_row(1, 256); hp, cp, sp, c64, e64)?;
+    launch!(gpu, "moe", "moe_sort_scatter", blocks(0); ip, hp, sp, op_, tp, vp, n64, e64, k64)?;
+    Ok([order, token, inverse, counts])
+}
+
 /// `out[s] = x[token[s]]` for `x [N, D]`, in `dtype`.
-pub(crate) fn dispatch(x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor> {
+pub(crate) fn dispatch(x: &Tensor, token: &Tensor, dtype: DType) -> Result<Tensor> {
     const OP: &str = "moe_dispatch";
     let gpu = gpu_of(x, OP)?;
-    let (n, d) = (x.shape()[0], x.shape()[1]);
-    check_rows_of(OP, token, n)?;
-    let out = empty(&gpu, DType::F32, &[token.len(), d])?;
-    if token.len() * d > 0 {
+    let (n, d, s) = (x.shape()[0], x.shape()[1], token.numel());
+    let out = empty(&gpu, DType::F32, &[s, d])?;
+    if s * d > 0 {
         let x = contiguous_as(x, DType::F32, OP)?;
-        let t = upload(&gpu, token, &[token.len()])?;
+        let t = index_on(&gpu, token, OP)?;
         let (xp, tp, op_) = (ptr(&x, OP)?, ptr(&t, OP)?, ptr(&out, OP)?);
-        let (s, d64) = (token.len() as i64, d as i64);
-        launch!(gpu, "moe", "moe_dispatch_f32", grid(token.len() * d); xp, tp, op_, s, d64)?;
+        let [s64, d64, n64] = [s, d, n].map(|v| v as i64);
+        launch!(gpu, "moe", "moe_dispatch_f32", grid(s * d); xp, tp, op_, s64, d64, n64)?;
     }
     finish(out, dtype, OP)
 }
@@ -49,42 +87,40 @@ pub(crate) fn dispatch(x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor
 /// `dx[t] = Σ_j g[inverse[t·k + j]]`, in choice order, in `dtype`.
 pub(crate) fn dispatch_backward(
     g: &Tensor,
-    inverse: &[i64],
+    inverse: &Tensor,
     k: usize,
     dtype: DType,
 ) -> Result<Tensor> {
     const OP: &str = "moe_dispatch_backward";
     let gpu = gpu_of(g, OP)?;
-    let d = g.shape()[1];
-    let n = inverse.len() / k.max(1);
-    check_rows_of(OP, inverse, g.shape()[0])?;
+    let (s, d) = (g.shape()[0], g.shape()[1]);
+    let n = inverse.numel() / k.max(1);
     let out = zeros(&gpu, DType::F32, &[n, d])?;
     if n * d * k > 0 {
         let g = contiguous_as(g, DType::F32, OP)?;
-        let inv = upload(&gpu, inverse, &[inverse.len()])?;
+        let inv = index_on(&gpu, inverse, OP)?;
         let (gp, ip, op_) = (ptr(&g, OP)?, ptr(&inv, OP)?, ptr(&out, OP)?);
-        let [n64, k64, d64] = [n, k, d].map(|v| v as i64);
-        launch!(gpu, "moe", "moe_dispatch_backward_f32", grid(n * d); gp, ip, op_, n64, k64, d64)?;
+        let [n64, k64, d64, s64] = [n, k, d, s].map(|v| v as i64);
+        launch!(gpu, "moe", "moe_dispatch_backward_f32", grid(n * d); gp, ip, op_, n64, k64, d64, s64)?;
     }
     finish(out, dtype, OP)
 }
 
 /// `out[t] = Σ_j w[t, j] · y[inverse[t·k + j]]` for `y [N·k, D]`, `w [N, k]`, in `dtype`.
-pub(crate) fn combine(y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor> {
+pub(crate) fn combine(y: &Tensor, w: &Tensor, inverse: &Tensor, dtype: DType) -> Result<Tensor> {
     const OP: &str = "moe_combine";
     let gpu = gpu_of(y, OP)?;
-    let (n, k, d) = (w.shape()[0], w.shape()[1], y.shape()[1]);
-    check_rows_of(OP, inverse, y.shape()[0])?;
+    let (n, k, d, s) = (w.shape()[0], w.shape()[1], y.shape()[1], y.shape()[0]);
     let out = zeros(&gpu, DType::F32, &[n, d])?;
     if n * d * k > 0 {
         let (y, w) = (
             contiguous_as(y, DType::F32, OP)?,
             contiguous_as(w, DType::F32, OP)?,
         );
-        let inv = upload(&gpu, inverse, &[inverse.len()])?;
+        let inv = index_on(&gpu, inverse, OP)?;
         let (yp, wp, ip, op_) = (ptr(&y, OP)?, ptr(&w, OP)?, ptr(&inv, OP)?, ptr(&out, OP)?);
-        let [n64, k64, d64] = [n, k, d].map(|v| v as i64);
-        launch!(gpu, "moe", "moe_combine_f32", grid(n * d); yp, wp, ip, op_, n64, k64, d64)?;
+        let [n64, k64, d64, s64] = [n, k, d, s].map(|v| v as i64);
+        launch!(gpu, "moe", "moe_combine_f32", grid(n * d); yp, wp, ip, op_, n64, k64, d64, s64)?;
     }
     finish(out, dtype, OP)
 }
@@ -95,26 +131,24 @@ pub(crate) fn combine_backward(
     y: &Tensor,
     w: &Tensor,
     g: &Tensor,
-    order: &[i64],
-    inverse: &[i64],
+    order: &Tensor,
+    inverse: &Tensor,
     need: (bool, bool),
     dtypes: (DType, DType),
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
     const OP: &str = "moe_combine_backward";
     let gpu = gpu_of(g, OP)?;
-    let (n, k, d) = (w.shape()[0], w.shape()[1], y.shape()[1]);
-    check_rows_of(OP, order, n * k)?;
-    check_rows_of(OP, inverse, y.shape()[0])?;
+    let (n, k, d, s) = (w.shape()[0], w.shape()[1], y.shape()[1], y.shape()[0]);
     let g = contiguous_as(g, DType::F32, OP)?;
-    let [k64, d64] = [k, d].map(|v| v as i64);
+    let [k64, d64, s64] = [k, d, s].map(|v| v as i64);
     let dy = if need.0 {
         let out = empty(&gpu, DType::F32, &[n * k, d])?;
         if n * k * d > 0 {
             let w = contiguous_as(w, DType::F32, OP)?;
-            let ord = upload(&gpu, order, &[order.len()])?;
+            let ord = index_on(&gpu, order, OP)?;
             let (wp, gp, op_, dp) = (ptr(&w, OP)?, ptr(&g, OP)?, ptr(&ord, OP)?, ptr(&out, OP)?);
-            let s = order.len() as i64;
-            launch!(gpu, "moe", "moe_combine_dy_f32", grid(n * k * d); wp, gp, op_, dp, s, k64, d64)?;
+            let nk = (n * k) as i64;
+            launch!(gpu, "moe", "moe_combine_dy_f32", grid(n * k * d); wp, gp, op_, dp, nk, k64, d64)?;
         }
         Some(finish(out, dtypes.0, OP)?)
     } else {
@@ -125,103 +159,14 @@ pub(crate) fn combine_backward(
         if n * k * d > 0 {
             super::launch::check_rows(n * k, OP)?;
             let y = contiguous_as(y, DType::F32, OP)?;
-            let inv = upload(&gpu, inverse, &[inverse.len()])?;
+            let inv = index_on(&gpu, inverse, OP)?;
             let (yp, gp, ip, op_) = (ptr(&y, OP)?, ptr(&g, OP)?, ptr(&inv, OP)?, ptr(&out, OP)?);
             let threads = d.next_power_of_two().clamp(32, 256) as u32;
-            launch!(gpu, "moe", "moe_combine_dw_f32", per_row(n * k, threads); yp, gp, ip, op_, k64, d64)?;
+            launch!(gpu, "moe", "moe_combine_dw_f32", per_row(n * k, threads); yp, gp, ip, op_, k64, d64, s64)?;
         }
         Some(finish(out, dtypes.1, OP)?)
     } else {
         None
     };
     Ok((dy, dw))
-}
-
-/// Rows `start..start + len` of a 2-d tensor (a view).
-fn rows(t: &Tensor, start: usize, len: usize) -> Result<Tensor> {
-    Ok(t.with_layout(t.layout().narrow(0, start, len)?))
-}
-
-/// Expert `e` of `w [E, K, M]` as a `[K, M]` view (its transpose with `transpose`).
-fn expert(w: &Tensor, e: usize, transpose: bool) -> Result<Tensor> {
-    let (k, m) = (w.shape()[1], w.shape()[2]);
-    let one = w.layout().narrow(0, e, 1)?;
-    let l =
-        crate::layout::Layout::from_parts(vec![k, m], one.strides()[1..].to_vec(), one.offset());
-    let l = if transpose { l.permute(&[1, 0])? } else { l };
-    Ok(w.with_layout(l))
-}
-
-/// Rows of `x [N, K]` grouped by `counts` times `w[e]` (or `w[e]ᵀ`): one cuBLAS product per
-/// non-empty group, written into its rows of the output.
-pub(crate) fn grouped_matmul(
-    x: &Tensor,
-    w: &Tensor,
-    counts: &[usize],
-    transpose_w: bool,
-) -> Result<Tensor> {
-    const OP: &str = "grouped_matmul";
-    let gpu = gpu_of(x, OP)?;
-    let m = if transpose_w {
-        w.shape()[1]
-    } else {
-        w.shape()[2]
-    };
-    let dtype = if x.dtype() == w.dtype() && x.dtype() == DType::BF16 {
-        DType::BF16
-    } else {
-        DType::F32
-    };
-    let x = contiguous_as(x, dtype, OP)?;
-    let n = x.shape()[0];
-    let mut parts = Vec::new();
-    let mut start = 0;
-    for (e, &c) in counts.iter().enumerate() {
-        if c > 0 {
-            parts.push(super::blas::matmul(
-                &rows(&x, start, c)?,
-                &expert(w, e, transpose_w)?,
-            )?);
-        }
-        start += c;
-    }
-    if parts.is_empty() {
-        return zeros(&gpu, dtype, &[n, m]);
-    }
-    super::index::cat(&parts, 0)
-}
-
-/// `out[e] = x_eᵀ · g_e` over the row groups of `counts`: `[E, K, M]` (zeros for an empty
-/// group), one cuBLAS product per group.
-pub(crate) fn grouped_matmul_weight_grad(
-    x: &Tensor,
-    g: &Tensor,
-    counts: &[usize],
-) -> Result<Tensor> {
-    const OP: &str = "grouped_matmul_weight_grad";
-    let gpu = gpu_of(x, OP)?;
-    let (k, m) = (x.shape()[1], g.shape()[1]);
-    let dtype = if x.dtype() == g.dtype() && x.dtype() == DType::BF16 {
-        DType::BF16
-    } else {
-        DType::F32
-    };
-    let (x, g) = (contiguous_as(x, dtype, OP)?, contiguous_as(g, dtype, OP)?);
-    let mut parts = Vec::with_capacity(counts.len());
-    let mut start = 0;
-    for &c in counts {
-        let part = if c > 0 {
-            let xt = rows(&x, start, c)?;
-            let xt = xt.with_layout(xt.layout().permute(&[1, 0])?);
-            super::blas::matmul(&xt, &rows(&g, start, c)?)?
-        } else {
-            zeros(&gpu, dtype, &[k, m])?
-        };
-        parts.push(part.with_layout(crate::layout::Layout::contiguous(&[1, k, m])));
-        start += c;
-    }
-    if parts.is_empty() {
-        return zeros(&gpu, dtype, &[0, k, m]);
-    }
-    super::index::cat(&parts, 0)
 }

@@ -289,11 +289,17 @@ impl Backend for Profiled {
         let call = || CUDA.where_(cond, a, b, dtype);
         timed(a, "where", call, |o| elementwise(&[cond, a, b], o, 1.0))
     }
+    fn sort_by_expert(&self, ids: &Tensor, num_experts: usize) -> Result<[Tensor; 4]> {
+        let call = || CUDA.sort_by_expert(ids, num_experts);
+        timed(ids, "sort_by_expert", call, |o| {
+            elementwise(&[ids, &o[0], &o[1], &o[2]], &o[0], 0.0)
+        })
+    }
     fn grouped_matmul(
         &self,
         x: &Tensor,
         w: &Tensor,
-        counts: &[usize],
+        counts: &Tensor,
         transpose_w: bool,
     ) -> Result<Tensor> {
         let call = || CUDA.grouped_matmul(x, w, counts, transpose_w);
@@ -307,7 +313,7 @@ impl Backend for Profiled {
         &self,
         x: &Tensor,
         g: &Tensor,
-        counts: &[usize],
+        counts: &Tensor,
     ) -> Result<Tensor> {
         let call = || CUDA.grouped_matmul_weight_grad(x, g, counts);
         timed(x, "grouped_matmul_wgrad", call, |o| Cost {
@@ -316,14 +322,14 @@ impl Backend for Profiled {
             tensor_cores: low_precision(x),
         })
     }
-    fn moe_dispatch(&self, x: &Tensor, token: &[i64], dtype: DType) -> Result<Tensor> {
+    fn moe_dispatch(&self, x: &Tensor, token: &Tensor, dtype: DType) -> Result<Tensor> {
         let call = || CUDA.moe_dispatch(x, token, dtype);
         timed(x, "moe_dispatch", call, |o| elementwise(&[o], o, 0.0))
     }
     fn moe_dispatch_backward(
         &self,
         g: &Tensor,
-        inverse: &[i64],
+        inverse: &Tensor,
         k: usize,
         dtype: DType,
     ) -> Result<Tensor> {
@@ -332,7 +338,13 @@ impl Backend for Profiled {
             elementwise(&[g], o, k as f64)
         })
     }
-    fn moe_combine(&self, y: &Tensor, w: &Tensor, inverse: &[i64], dtype: DType) -> Result<Tensor> {
+    fn moe_combine(
+        &self,
+        y: &Tensor,
+        w: &Tensor,
+        inverse: &Tensor,
+        dtype: DType,
+    ) -> Result<Tensor> {
         let call = || CUDA.moe_combine(y, w, inverse, dtype);
         timed(y, "moe_combine", call, |o| Cost {
             flops: 2.0 * y.numel() as f64,
@@ -344,8 +356,8 @@ impl Backend for Profiled {
         y: &Tensor,
         w: &Tensor,
         g: &Tensor,
-        order: &[i64],
-        inverse: &[i64],
+        order: &Tensor,
+        inverse: &Tensor,
         need: (bool, bool),
         dtypes: (DType, DType),
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {

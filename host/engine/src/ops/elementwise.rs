@@ -79,6 +79,12 @@ pub enum BinaryOp {
     Maximum,
     /// min(a, b)
     Minimum,
+    /// 1 where a ≥ b, else 0 (a mask: not differentiable)
+    Ge,
+    /// 1 where a ≤ b, else 0 (a mask: not differentiable)
+    Le,
+    /// 1 where a = b, else 0 (a mask: not differentiable)
+    Eq,
 }
 
 impl BinaryOp {
@@ -91,6 +97,9 @@ impl BinaryOp {
             BinaryOp::Div => "div",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
+            BinaryOp::Ge => "ge",
+            BinaryOp::Le => "le",
+            BinaryOp::Eq => "eq",
         }
     }
 }
@@ -104,17 +113,22 @@ fn unary(op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     }))
 }
 
-/// `a op b` with broadcasting. Gradients are summed back to each operand's shape.
-pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+/// `a` and `b` (detached) broadcast to their common shape, on one device: operands on two
+/// devices (a host-built constant beside a GPU tensor) have the host one copied to the GPU, so
+/// the op runs there instead of reading device memory on the host.
+fn broadcast_on_one_device(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
     let shape = broadcast_shapes(op.name(), a.shape(), b.shape())?;
     let (ea, eb) = (a.expand(&shape)?.detach(), b.expand(&shape)?.detach());
-    // Operands on two devices (a host-built constant beside a GPU tensor): the host one is
-    // copied to the GPU, so the op runs there instead of reading device memory on the host.
-    let (ea, eb) = match (a.device(), b.device()) {
+    Ok(match (a.device(), b.device()) {
         (da, db) if da == db => (ea, eb),
         (crate::Device::Cpu, db) => (ea.to_device(db)?, eb),
         (da, _) => (ea, eb.to_device(da)?),
-    };
+    })
+}
+
+/// `a op b` with broadcasting. Gradients are summed back to each operand's shape.
+pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (ea, eb) = broadcast_on_one_device(op, a, b)?;
     let out = be(&ea)?.binary(op, &ea, &eb)?;
     Ok(record(op.name(), out, &[a, b], || {
         let (a, b) = (a.detach(), b.detach());
@@ -137,6 +151,11 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
                     };
                     let ga = g.mul(&pick_a)?;
                     (ga.clone(), g.sub(&ga)?)
+                }
+                // Masks are flat: no gradient reaches either side.
+                BinaryOp::Ge | BinaryOp::Le | BinaryOp::Eq => {
+                    let zero = g.mul_scalar(0.0)?;
+                    (zero.clone(), zero)
                 }
             };
             // Each operand gets its gradient in its own dtype (a bf16 activation added to an
@@ -252,7 +271,8 @@ impl Tensor {
         Ok(record("clamp", out, &[self], || {
             let x = self.detach();
             move |g: &Tensor| {
-                let mask = map_mask(&x, |v| v >= lo && v <= hi)?;
+                // 1 inside [lo, hi]: the clamped value equals x there (computed where x is).
+                let mask = x.clamp(lo, hi)?.eq_mask(&x)?;
                 Ok(vec![Some(g.mul(&mask)?)])
             }
         }))
@@ -260,17 +280,17 @@ impl Tensor {
 
     /// 1.0 where `self >= rhs` (broadcasting), else 0.0; not differentiable.
     pub fn ge(&self, rhs: &Tensor) -> Result<Tensor> {
-        compare(self, rhs, |a, b| a >= b)
+        compare(BinaryOp::Ge, self, rhs)
     }
 
     /// 1.0 where `self <= rhs` (broadcasting), else 0.0; not differentiable.
     pub fn le(&self, rhs: &Tensor) -> Result<Tensor> {
-        compare(self, rhs, |a, b| a <= b)
+        compare(BinaryOp::Le, self, rhs)
     }
 
     /// 1.0 where `self == rhs` (broadcasting), else 0.0; not differentiable.
     pub fn eq_mask(&self, rhs: &Tensor) -> Result<Tensor> {
-        compare(self, rhs, |a, b| a == b)
+        compare(BinaryOp::Eq, self, rhs)
     }
 
     /// The tensor converted to `dtype`; gradients convert back.
@@ -304,28 +324,18 @@ impl Tensor {
     }
 }
 
-fn compare(a: &Tensor, b: &Tensor, f: impl Fn(f32, f32) -> bool + Sync + Send) -> Result<Tensor> {
-    let shape = broadcast_shapes("compare", a.shape(), b.shape())?;
-    let device = a.device();
-    let (a, b) = (
-        a.expand(&shape)?.detach().to_vec_f32(),
-        b.expand(&shape)?.detach().to_vec_f32(),
-    );
-    let v: Vec<f32> = a
-        .iter()
-        .zip(&b)
-        .map(|(&x, &y)| if f(x, y) { 1.0 } else { 0.0 })
-        .collect();
-    // Computed on the host; the mask goes where its operands live.
-    Tensor::from_vec(v, &shape)?.to_device(device)
-}
-
-/// 1.0 where `f(x)` holds, else 0.0.
-fn map_mask(x: &Tensor, f: impl Fn(f32) -> bool) -> Result<Tensor> {
-    let v: Vec<f32> = x
-        .to_vec_f32()
-        .into_iter()
-        .map(|v| if f(v) { 1.0 } else { 0.0 })
-        .collect();
-    Tensor::from_vec(v, x.shape())?.to_device(x.device())
+/// A comparison mask (f32 1.0 / 0.0) of `a` and `b` broadcast together, computed where they
+/// live, recorded for no gradient.
+fn compare(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let (ea, eb) = broadcast_on_one_device(op, a, b)?;
+    // Integer operands compare as f32, as before.
+    let as_float = |t: Tensor| -> Result<Tensor> {
+        if t.dtype().is_float() {
+            Ok(t)
+        } else {
+            t.to_dtype(DType::F32)
+        }
+    };
+    let mask = be(&ea)?.binary(op, &as_float(ea.clone())?, &as_float(eb)?)?;
+    mask.to_dtype(DType::F32)
 }

@@ -74,18 +74,13 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
     let tg = targets.reshape(&[n])?.detach();
     let ignore = opts.ignore_index;
     let (rows, lse) = fused(logits)?.cross_entropy(&logits2.detach(), &tg, ignore, eps)?;
-    let valid: Vec<bool> = tg
-        .to_vec::<i64>()
-        .iter()
-        .map(|&t| Some(t) != ignore)
-        .collect();
-    let n_valid = valid.iter().filter(|&&b| b).count();
+    let valid = Valid::of(&tg, ignore)?;
     let reduction = opts.reduction;
-    let out = match reduction {
-        Reduction::None => rows,
-        Reduction::Sum | Reduction::Mean => {
+    let out = match (reduction, &valid) {
+        (Reduction::None, _) => rows,
+        (_, Valid::Host { n_valid, .. }) => {
             let div = if reduction == Reduction::Mean {
-                n_valid.max(1) as f64
+                (*n_valid).max(1) as f64
             } else {
                 1.0
             };
@@ -99,15 +94,35 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
                 rows.sum_all()?.mul_scalar((1.0 / div) as f32)?
             }
         }
+        (_, Valid::Device { inv_count, .. }) => match reduction {
+            Reduction::Mean => rows.sum_all()?.mul(inv_count)?,
+            _ => rows.sum_all()?,
+        },
     };
     let out = record(OP, out, &[&logits2], || {
         let x = logits2.detach();
         move |g: &Tensor| {
-            let scale = if g.device() == crate::Device::Cpu {
-                host_row_scale(&g.to_vec_f32(), &valid, reduction, n_valid)?
-                    .to_device(x.device())?
-            } else {
-                device_row_scale(g, &valid, reduction, n_valid)?
+            let scale = match &valid {
+                Valid::Host { valid, n_valid } if g.device() == crate::Device::Cpu => {
+                    host_row_scale(&g.to_vec_f32(), valid, reduction, *n_valid)?
+                        .to_device(x.device())?
+                }
+                Valid::Host { valid, n_valid } => {
+                    let mask: Vec<f32> = valid.iter().map(|&ok| f32::from(u8::from(ok))).collect();
+                    let mask = Tensor::from_vec(mask, &[valid.len()])?.to_device(g.device())?;
+                    let inv = (reduction == Reduction::Mean && *n_valid > 0)
+                        .then(|| 1.0 / *n_valid as f32);
+                    device_row_scale(g, &mask, reduction, |t| match inv {
+                        Some(inv) => t.mul_scalar(inv),
+                        None => Ok(t),
+                    })?
+                }
+                Valid::Device { mask, inv_count } => {
+                    device_row_scale(g, mask, reduction, |t| match reduction {
+                        Reduction::Mean => t.mul(inv_count),
+                        _ => Ok(t),
+                    })?
+                }
             };
             Ok(vec![Some(fused(&x)?.cross_entropy_backward(
                 &x, &tg, &lse, &scale, ignore, eps,
@@ -117,6 +132,54 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor, opts: &CrossEntropy) -> 
     match reduction {
         Reduction::None => out.reshape(targets.shape()),
         _ => Ok(out),
+    }
+}
+
+/// Which rows count (their target is not the ignored index).
+enum Valid {
+    /// Read from targets whose values are on the host.
+    Host {
+        /// Per row.
+        valid: Vec<bool>,
+        /// How many.
+        n_valid: usize,
+    },
+    /// Computed where targets the device made live, never read back.
+    Device {
+        /// `[n]` f32: 1 for a counted row.
+        mask: Tensor,
+        /// 0-d f32: `1 / max(rows counted, 1)`.
+        inv_count: Tensor,
+    },
+}
+
+impl Valid {
+    fn of(tg: &Tensor, ignore: Option<i64>) -> Result<Valid> {
+        if tg.host_resident() {
+            let valid: Vec<bool> = tg
+                .to_vec::<i64>()
+                .iter()
+                .map(|&t| Some(t) != ignore)
+                .collect();
+            let n_valid = valid.iter().filter(|&&b| b).count();
+            return Ok(Valid::Host { valid, n_valid });
+        }
+        let _g = crate::autograd::no_grad();
+        let t = tg.to_dtype(DType::F32)?;
+        let mask = match ignore {
+            // Token ids are exact in f32 (below 2²⁴).
+            Some(i) => {
+                let ignored = Tensor::scalar(i as f32).to_device(tg.device())?;
+                t.eq_mask(&ignored)?.mul_scalar(-1.0)?.add_scalar(1.0)?
+            }
+            None => t.mul_scalar(0.0)?.add_scalar(1.0)?,
+        };
+        let count = mask.sum_all()?.clamp(1.0, f32::INFINITY)?;
+        let one = Tensor::scalar(1.0).to_device(tg.device())?;
+        Ok(Valid::Device {
+            inv_count: one.div(&count)?,
+            mask,
+        })
     }
 }
 
@@ -145,25 +208,23 @@ fn host_row_scale(
     Tensor::from_vec(scale, &[valid.len()])
 }
 
-/// [`host_row_scale`] where the output gradient `g` lives on a GPU: the mask of valid rows goes
-/// up (host-known: the targets), the gradient never comes down.
+/// [`host_row_scale`] where the output gradient `g` lives on a GPU: `mask · g`, then `mean`
+/// for the mean's division; the gradient never comes down.
 fn device_row_scale(
     g: &Tensor,
-    valid: &[bool],
+    mask: &Tensor,
     reduction: Reduction,
-    n_valid: usize,
+    mean: impl Fn(Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
-    let mask: Vec<f32> = valid.iter().map(|&ok| f32::from(u8::from(ok))).collect();
-    let mask = Tensor::from_vec(mask, &[valid.len()])?.to_device(g.device())?;
     let g = match reduction {
         // One gradient per row, shaped like the targets.
-        Reduction::None => g.detach().reshape(&[valid.len()])?,
+        Reduction::None => g.detach().reshape(&[mask.numel()])?,
         // A 0-d gradient, broadcast over the rows.
         Reduction::Sum | Reduction::Mean => g.detach(),
     };
     let scaled = mask.mul(&g)?;
     match reduction {
-        Reduction::Mean if n_valid > 0 => scaled.mul_scalar(1.0 / n_valid as f32),
+        Reduction::Mean => mean(scaled),
         _ => Ok(scaled),
     }
 }

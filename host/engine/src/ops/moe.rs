@@ -4,34 +4,43 @@
 use super::be;
 use crate::autograd::record;
 use crate::error::{invalid, Error, Result};
-use crate::{DType, Tensor};
+use crate::{DType, Device, Tensor};
 
-/// Rows per expert for [`Tensor::grouped_matmul`]: a slice of counts or a 1-d integer tensor.
+/// Rows per expert for [`Tensor::grouped_matmul`]: a slice of counts or a 1-d integer tensor
+/// (on a GPU, such as [`ExpertRouting::counts`], it stays there: the product reads it on the
+/// device).
 pub trait ExpertCounts {
-    /// The counts as `usize`, or why they are not valid counts.
-    fn to_counts(&self) -> Result<Vec<usize>>;
+    /// The counts as a 1-d i64 tensor on `device`, or why they are not counts.
+    fn counts_on(&self, device: Device) -> Result<Tensor>;
+}
+
+/// Host counts as an i64 tensor on `device` (on a GPU with its host copy, so checks read it
+/// without a wait).
+fn host_counts(counts: &[usize], device: Device) -> Result<Tensor> {
+    let v: Vec<i64> = counts.iter().map(|&c| c as i64).collect();
+    Tensor::from_vec(v, &[counts.len()])?.to_device(device)
 }
 
 impl ExpertCounts for [usize] {
-    fn to_counts(&self) -> Result<Vec<usize>> {
-        Ok(self.to_vec())
+    fn counts_on(&self, device: Device) -> Result<Tensor> {
+        host_counts(self, device)
     }
 }
 
 impl ExpertCounts for Vec<usize> {
-    fn to_counts(&self) -> Result<Vec<usize>> {
-        Ok(self.clone())
+    fn counts_on(&self, device: Device) -> Result<Tensor> {
+        host_counts(self, device)
     }
 }
 
 impl<const N: usize> ExpertCounts for [usize; N] {
-    fn to_counts(&self) -> Result<Vec<usize>> {
-        Ok(self.to_vec())
+    fn counts_on(&self, device: Device) -> Result<Tensor> {
+        host_counts(self, device)
     }
 }
 
 impl ExpertCounts for Tensor {
-    fn to_counts(&self) -> Result<Vec<usize>> {
+    fn counts_on(&self, device: Device) -> Result<Tensor> {
         if !matches!(self.dtype(), DType::I64 | DType::I32) || self.rank() != 1 {
             return Err(invalid(
                 "grouped_matmul",
@@ -42,14 +51,29 @@ impl ExpertCounts for Tensor {
                 ),
             ));
         }
-        self.to_vec::<i64>()
-            .into_iter()
-            .map(|c| {
-                usize::try_from(c)
-                    .map_err(|_| invalid("grouped_matmul", format!("negative count {c}")))
-            })
-            .collect()
+        let c = if self.dtype() == DType::I64 {
+            self.clone()
+        } else {
+            self.to_dtype(DType::I64)?
+        };
+        c.to_device(device)
     }
+}
+
+/// The counts as `usize` when their values are on the host ([`Tensor::host_resident`]), after
+/// checking none is negative; `None` for counts only the device holds.
+fn counts_on_host(counts: &Tensor) -> Result<Option<Vec<usize>>> {
+    if !counts.host_resident() {
+        return Ok(None);
+    }
+    counts
+        .to_vec::<i64>()
+        .into_iter()
+        .map(|c| {
+            usize::try_from(c).map_err(|_| invalid("grouped_matmul", format!("negative count {c}")))
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 impl Tensor {
@@ -63,7 +87,7 @@ impl Tensor {
         w: &Tensor,
         counts: &C,
     ) -> Result<Tensor> {
-        self.grouped(w, counts.to_counts()?, false)
+        self.grouped(w, counts.counts_on(self.device())?, false)
     }
 
     /// [`Tensor::grouped_matmul`] with each expert's weight stored `[out, in]`, as a stack of
@@ -74,11 +98,13 @@ impl Tensor {
         w: &Tensor,
         counts: &C,
     ) -> Result<Tensor> {
-        self.grouped(w, counts.to_counts()?, true)
+        self.grouped(w, counts.counts_on(self.device())?, true)
     }
 
-    /// `x · w[e]` per row block, or `x · w[e]ᵀ` when `nt`.
-    fn grouped(&self, w: &Tensor, counts: Vec<usize>, nt: bool) -> Result<Tensor> {
+    /// `x · w[e]` per row block, or `x · w[e]ᵀ` when `nt`. Counts on the host are checked
+    /// against `x`'s rows; counts only the device holds are trusted (the kernel never reads
+    /// past `x` whatever they are), so the product never waits for the device.
+    fn grouped(&self, w: &Tensor, counts: Tensor, nt: bool) -> Result<Tensor> {
         const OP: &str = "grouped_matmul";
         let k_dim = if nt { 2 } else { 1 };
         if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[k_dim] {
@@ -88,27 +114,29 @@ impl Tensor {
                 rhs: w.shape().to_vec(),
             });
         }
-        if counts.len() != w.shape()[0] {
+        if counts.numel() != w.shape()[0] {
             return Err(invalid(
                 OP,
                 format!(
                     "{} counts for {} experts (weights of shape {:?})",
-                    counts.len(),
+                    counts.numel(),
                     w.shape()[0],
                     w.shape()
                 ),
             ));
         }
-        let total: usize = counts.iter().sum();
-        if total != self.shape()[0] {
-            return Err(invalid(
-                OP,
-                format!(
-                    "counts {counts:?} sum to {total}, but x of shape {:?} has {} rows",
-                    self.shape(),
-                    self.shape()[0]
-                ),
-            ));
+        if let Some(host) = counts_on_host(&counts)? {
+            let total: usize = host.iter().sum();
+            if total != self.shape()[0] {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "counts {host:?} sum to {total}, but x of shape {:?} has {} rows",
+                        self.shape(),
+                        self.shape()[0]
+                    ),
+                ));
+            }
         }
         if let Some(dt) = crate::autocast::autocast_dtype() {
             // Mixed precision as for `matmul`: both operands in the low precision (the casts
@@ -144,7 +172,8 @@ impl Tensor {
     }
 }
 
-/// How top-k routed tokens are laid out by expert (see [`sort_by_expert`]).
+/// How top-k routed tokens are laid out by expert (see [`sort_by_expert`]). Every tensor is
+/// on the expert ids' device: on a GPU the routing never leaves it.
 #[derive(Clone, Debug)]
 pub struct ExpertRouting {
     /// `[N * k]` i64: for each sorted slot, the flat (token * k + choice) assignment it holds.
@@ -156,74 +185,86 @@ pub struct ExpertRouting {
     /// `[N * k]` i64: for each flat assignment, the sorted slot holding it (inverse of `order`);
     /// `index_select(0, ..)` with it brings expert outputs back to assignment order.
     pub inverse: Tensor,
-    /// Assignments per expert, for [`Tensor::grouped_matmul`].
-    pub counts: Vec<usize>,
+    /// `[E]` i64: assignments per expert, for [`Tensor::grouped_matmul`].
+    pub counts: Tensor,
 }
 
-/// Counts of each value `0..num_bins` in an integer tensor, as an i64 `[num_bins]` tensor.
-/// A value outside `0..num_bins` is an [`Error::IndexOutOfRange`].
+impl ExpertRouting {
+    /// The counts on the host (a device→host copy when the routing was made on a GPU): for
+    /// what must know sizes on the host, such as the expert-parallel exchange.
+    pub fn host_counts(&self) -> Vec<usize> {
+        self.counts
+            .to_vec::<i64>()
+            .into_iter()
+            .map(|c| c.max(0) as usize)
+            .collect()
+    }
+}
+
+/// Counts of each value `0..num_bins` in an integer tensor, as an i64 `[num_bins]` tensor on
+/// its device. A value outside `0..num_bins` is an [`Error::IndexOutOfRange`] when the values
+/// are on the host (see [`sort_by_expert`]).
 pub fn histogram(ids: &Tensor, num_bins: usize) -> Result<Tensor> {
-    let counts = count_ids("histogram", ids, num_bins)?.1;
-    let v: Vec<i64> = counts.iter().map(|&c| c as i64).collect();
-    Tensor::from_vec(v, &[num_bins])
+    let flat = ids.reshape(&[ids.numel(), 1])?;
+    Ok(sort_by_expert_in("histogram", &flat, num_bins)?.counts)
 }
 
-fn count_ids(op: &'static str, ids: &Tensor, num_bins: usize) -> Result<(Vec<i64>, Vec<usize>)> {
-    if !matches!(ids.dtype(), DType::I64 | DType::I32) {
-        return Err(Error::DType {
+/// Fails unless every id is in `0..num_bins`.
+fn check_ids(op: &'static str, ids: &Tensor, num_bins: usize) -> Result<()> {
+    match ids
+        .to_vec::<i64>()
+        .into_iter()
+        .find(|&e| e < 0 || e as usize >= num_bins)
+    {
+        Some(e) => Err(Error::IndexOutOfRange {
             op,
-            got: ids.dtype(),
-            expected: "i64 or i32 expert ids",
-        });
+            index: e,
+            size: num_bins,
+        }),
+        None => Ok(()),
     }
-    let v = ids.to_vec::<i64>();
-    let mut counts = vec![0usize; num_bins];
-    for &e in &v {
-        if e < 0 || e as usize >= num_bins {
-            return Err(Error::IndexOutOfRange {
-                op,
-                index: e,
-                size: num_bins,
-            });
-        }
-        counts[e as usize] += 1;
-    }
-    Ok((v, counts))
 }
 
 /// Groups top-k routing choices `expert_ids [N, k]` (i64/i32) by expert with a stable counting
-/// sort: the permutation, its inverse, the token of each sorted slot and the per-expert counts.
+/// sort: the permutation, its inverse, the token of each sorted slot and the per-expert counts,
+/// on the ids' device (a GPU sorts with kernels: nothing comes back to the host). Ids are
+/// checked to be in `0..num_experts` when their values are on the host; ids a GPU computed
+/// (a router's top-k) are in range by construction, and an out-of-range one is never used to
+/// index memory.
 pub fn sort_by_expert(expert_ids: &Tensor, num_experts: usize) -> Result<ExpertRouting> {
+    sort_by_expert_in("sort_by_expert", expert_ids, num_experts)
+}
+
+fn sort_by_expert_in(
+    op: &'static str,
+    expert_ids: &Tensor,
+    num_experts: usize,
+) -> Result<ExpertRouting> {
     if expert_ids.rank() != 2 {
         return Err(invalid(
-            "sort_by_expert",
+            op,
             format!(
                 "expert ids must be [tokens, k], got shape {:?}",
                 expert_ids.shape()
             ),
         ));
     }
-    let k = expert_ids.shape()[1];
-    let (ids, counts) = count_ids("sort_by_expert", expert_ids, num_experts)?;
-    let mut next = Vec::with_capacity(num_experts);
-    let mut start = 0;
-    for &c in &counts {
-        next.push(start);
-        start += c;
+    if !matches!(expert_ids.dtype(), DType::I64 | DType::I32) {
+        return Err(Error::DType {
+            op,
+            got: expert_ids.dtype(),
+            expected: "i64 or i32 expert ids",
+        });
     }
-    let n = ids.len();
-    let (mut order, mut inverse) = (vec![0i64; n], vec![0i64; n]);
-    for (a, &e) in ids.iter().enumerate() {
-        let slot = next[e as usize];
-        next[e as usize] += 1;
-        order[slot] = a as i64;
-        inverse[a] = slot as i64;
+    if expert_ids.host_resident() {
+        check_ids(op, expert_ids, num_experts)?;
     }
-    let token: Vec<i64> = order.iter().map(|&a| a / k.max(1) as i64).collect();
+    let [order, token, inverse, counts] =
+        be(expert_ids)?.sort_by_expert(&expert_ids.detach(), num_experts)?;
     Ok(ExpertRouting {
-        order: Tensor::from_vec(order, &[n])?,
-        token: Tensor::from_vec(token, &[n])?,
-        inverse: Tensor::from_vec(inverse, &[n])?,
+        order,
+        token,
+        inverse,
         counts,
     })
 }

@@ -2,9 +2,10 @@
 //! classic auxiliary load-balancing loss (Switch Transformer, as Hugging Face's Mixtral and
 //! Qwen-MoE compute it), and router statistics for metrics.
 
+use super::moe::ExpertCounts;
 use super::moe_router::RouterScore;
 use crate::error::{invalid, Error, Result};
-use crate::{DType, Tensor};
+use crate::{DType, Device, Tensor};
 
 /// The default step `u` of the aux-loss-free bias update.
 pub const DEFAULT_BIAS_UPDATE_RATE: f32 = 1e-3;
@@ -24,16 +25,18 @@ impl ExpertLoad {
         }
     }
 
-    /// Adds one forward pass's per-expert counts (e.g. [`super::MoeOutput::counts`]).
-    pub fn add(&mut self, counts: &[usize]) -> Result<()> {
+    /// Adds one forward pass's per-expert counts (e.g. [`super::MoeOutput::counts`]; counts
+    /// on a GPU are copied back).
+    pub fn add<C: ExpertCounts + ?Sized>(&mut self, counts: &C) -> Result<()> {
+        let counts: Vec<i64> = counts.counts_on(Device::Cpu)?.to_vec();
         if counts.len() != self.counts.len() {
             return Err(invalid(
                 "expert_load",
                 format!("{} counts for {} experts", counts.len(), self.counts.len()),
             ));
         }
-        for (s, &c) in self.counts.iter_mut().zip(counts) {
-            *s += c as u64;
+        for (s, &c) in self.counts.iter_mut().zip(&counts) {
+            *s += c.max(0) as u64;
         }
         Ok(())
     }
@@ -122,68 +125,70 @@ fn probabilities(scores: &Tensor, score: RouterScore) -> Result<Tensor> {
 /// sum to k) and `P_e` the mean probability of expert `e`. It is `k` when routing is even, and
 /// equals Hugging Face's `load_balancing_loss_func` for one layer without padding. The
 /// gradient flows through `P` only (the counts are not differentiable). Multiply by the loss
-/// coefficient before adding it to the training loss.
-pub fn load_balancing_loss(
+/// coefficient before adding it to the training loss. Counts on the scores' GPU stay there.
+pub fn load_balancing_loss<C: ExpertCounts + ?Sized>(
     scores: &Tensor,
-    counts: &[usize],
+    counts: &C,
     score: RouterScore,
 ) -> Result<Tensor> {
-    if scores.rank() != 2 || scores.shape()[1] != counts.len() {
+    let counts = counts.counts_on(scores.device())?;
+    if scores.rank() != 2 || scores.shape()[1] != counts.numel() {
         return Err(Error::ShapeMismatch {
             op: "load_balancing_loss",
             lhs: scores.shape().to_vec(),
-            rhs: vec![counts.len()],
+            rhs: counts.shape().to_vec(),
         });
     }
-    let (n, e) = (scores.shape()[0], counts.len());
-    let f: Vec<f32> = counts.iter().map(|&c| c as f32 / n.max(1) as f32).collect();
-    let f = Tensor::from_vec(f, &[e])?.to_device(scores.device())?;
+    let (n, e) = (scores.shape()[0], counts.numel());
+    let f = counts
+        .to_dtype(DType::F32)?
+        .mul_scalar(1.0 / n.max(1) as f32)?;
     let p = probabilities(scores, score)?.mean_dims(&[0], false)?;
     p.mul(&f)?.sum_all()?.mul_scalar(e as f32)
 }
 
-/// What a router did in one forward pass, for metrics.
-#[derive(Clone, Debug, PartialEq)]
+/// What a router did in one forward pass, for metrics: f32 tensors on the router's device,
+/// computed there (reading them is the caller's choice, once per step with the loss).
+#[derive(Clone, Debug)]
 pub struct RouterStats {
-    /// Tokens routed to each expert (all top-k choices).
-    pub tokens_per_expert: Vec<u64>,
-    /// Max over mean of `tokens_per_expert` (1 is perfectly even).
-    pub imbalance: f32,
-    /// Mean over tokens of the entropy (nats) of their probabilities over experts: `ln E`
-    /// when the router is undecided, 0 when it is certain.
-    pub entropy: f32,
+    /// `[E]`: tokens routed to each expert (all top-k choices).
+    pub tokens_per_expert: Tensor,
+    /// Scalar: max over mean of `tokens_per_expert` (1 is perfectly even, 0 with no tokens).
+    pub imbalance: Tensor,
+    /// Scalar: mean over tokens of the entropy (nats) of their probabilities over experts:
+    /// `ln E` when the router is undecided, 0 when it is certain.
+    pub entropy: Tensor,
 }
 
 impl RouterStats {
     /// Statistics of `scores [N, E]` and the per-expert `counts` they led to.
-    pub fn new(scores: &Tensor, counts: &[usize], score: RouterScore) -> Result<RouterStats> {
-        if scores.rank() != 2 || scores.shape()[1] != counts.len() {
+    pub fn new<C: ExpertCounts + ?Sized>(
+        scores: &Tensor,
+        counts: &C,
+        score: RouterScore,
+    ) -> Result<RouterStats> {
+        let counts = counts.counts_on(scores.device())?;
+        if scores.rank() != 2 || scores.shape()[1] != counts.numel() {
             return Err(Error::ShapeMismatch {
                 op: "router_stats",
                 lhs: scores.shape().to_vec(),
-                rhs: vec![counts.len()],
+                rhs: counts.shape().to_vec(),
             });
         }
         let _g = crate::autograd::no_grad();
-        let p = probabilities(&scores.detach(), score)?.to_vec_f32();
-        let (n, e) = (scores.shape()[0], counts.len());
-        let mut total = 0f64;
-        for row in p.chunks(e.max(1)) {
-            total -= row
-                .iter()
-                .filter(|&&v| v > 0.0)
-                .map(|&v| v as f64 * (v as f64).ln())
-                .sum::<f64>();
-        }
-        let tokens_per_expert: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
+        let n = scores.shape()[0];
+        let tokens = counts.to_dtype(DType::F32)?;
+        // max / mean, and 0 / tiny = 0 when no token was routed.
+        let mean = tokens.mean_all()?.clamp(f32::MIN_POSITIVE, f32::INFINITY)?;
+        let imbalance = tokens.max_dim(0, false)?.div(&mean)?;
+        // -p·ln p with 0·ln 0 taken as 0 (the clamp keeps ln finite where p is 0).
+        let p = probabilities(&scores.detach(), score)?;
+        let plogp = p.mul(&p.clamp(f32::MIN_POSITIVE, f32::INFINITY)?.log()?)?;
+        let entropy = plogp.sum_all()?.mul_scalar(-1.0 / n.max(1) as f32)?;
         Ok(RouterStats {
-            imbalance: imbalance(&tokens_per_expert),
-            tokens_per_expert,
-            entropy: if n == 0 {
-                0.0
-            } else {
-                (total / n as f64) as f32
-            },
+            tokens_per_expert: tokens,
+            imbalance,
+            entropy,
         })
     }
 }

@@ -34,7 +34,7 @@
 //! experts' slices of the same tensor-parallel coordinate; nothing else changes.
 
 use super::be;
-use super::moe::{sort_by_expert, ExpertRouting};
+use super::moe::{sort_by_expert, ExpertCounts, ExpertRouting};
 use super::moe_balance::{load_balancing_loss, RouterStats};
 use super::moe_ep::{run_experts, ExpertParallel};
 use super::moe_router::{route, RouterSpec};
@@ -46,34 +46,16 @@ use crate::cpu::float_out;
 use crate::error::{invalid, Error, Result};
 use crate::{DType, Tensor};
 
-/// The routing permutations as plain indices (they are small: `N·k` each).
-struct Perm {
-    order: Vec<i64>,
-    token: Vec<i64>,
-    inverse: Vec<i64>,
-}
-
-impl Perm {
-    fn of(r: &ExpertRouting) -> Perm {
-        Perm {
-            order: r.order.to_vec::<i64>(),
-            token: r.token.to_vec::<i64>(),
-            inverse: r.inverse.to_vec::<i64>(),
-        }
-    }
-}
-
 impl Tensor {
     /// The token rows of `self [N, D]` in expert order: row `s` is `self[routing.token[s]]`,
     /// `[N·k, D]`. The gradient sums each token's k rows back (in choice order).
     pub fn moe_dispatch(&self, routing: &ExpertRouting) -> Result<Tensor> {
         const OP: &str = "moe_dispatch";
-        let p = Perm::of(routing);
-        let slots = p.token.len();
+        let slots = routing.token.numel();
         let n = self.shape().first().copied().unwrap_or(0);
-        // A routing made for another batch would index past x: caught here, not in the kernel.
-        let fits = p.token.iter().all(|&t| t >= 0 && (t as usize) < n);
-        if self.rank() != 2 || !fits || (slots > 0 && !slots.is_multiple_of(n)) {
+        // A routing made for another batch would index past x: caught here by its size (and,
+        // when its indices are on the host, by the backend's checks), never read out of bounds.
+        if self.rank() != 2 || (slots > 0 && (n == 0 || !slots.is_multiple_of(n))) {
             return Err(invalid(
                 OP,
                 format!(
@@ -84,11 +66,12 @@ impl Tensor {
             ));
         }
         let dtype = float_out(self.dtype());
-        let out = be(self)?.moe_dispatch(&self.detach(), &p.token, dtype)?;
+        let out = be(self)?.moe_dispatch(&self.detach(), &routing.token, dtype)?;
         Ok(record(OP, out, &[self], || {
             let k = slots / n.max(1);
+            let inverse = routing.inverse.clone();
             move |g: &Tensor| {
-                let dx = be(g)?.moe_dispatch_backward(g, &p.inverse, k, g.dtype())?;
+                let dx = be(g)?.moe_dispatch_backward(g, &inverse, k, g.dtype())?;
                 Ok(vec![Some(dx)])
             }
         }))
@@ -99,11 +82,11 @@ impl Tensor {
     /// self[routing.inverse[t·k + j]]`, `[N, D]`. Gradients flow to the outputs and weights.
     pub fn moe_combine(&self, weights: &Tensor, routing: &ExpertRouting) -> Result<Tensor> {
         const OP: &str = "moe_combine";
-        let p = Perm::of(routing);
+        let slots = routing.inverse.numel();
         if self.rank() != 2
             || weights.rank() != 2
-            || weights.numel() != p.inverse.len()
-            || self.shape()[0] != p.inverse.len()
+            || weights.numel() != slots
+            || self.shape()[0] != slots
         {
             return Err(Error::ShapeMismatch {
                 op: OP,
@@ -112,14 +95,16 @@ impl Tensor {
             });
         }
         let dtype = float_out(self.dtype());
-        let out = be(self)?.moe_combine(&self.detach(), &weights.detach(), &p.inverse, dtype)?;
+        let out =
+            be(self)?.moe_combine(&self.detach(), &weights.detach(), &routing.inverse, dtype)?;
         Ok(record(OP, out, &[self, weights], || {
             let (y, w) = (self.detach(), weights.detach());
             let need = (self.requires_grad(), weights.requires_grad());
             let dtypes = (y.dtype(), float_out(w.dtype()));
+            let (order, inverse) = (routing.order.clone(), routing.inverse.clone());
             move |g: &Tensor| {
                 let (dy, dw) =
-                    be(g)?.moe_combine_backward(&y, &w, g, &p.order, &p.inverse, need, dtypes)?;
+                    be(g)?.moe_combine_backward(&y, &w, g, &order, &inverse, need, dtypes)?;
                 Ok(vec![dy, dw])
             }
         }))
@@ -257,8 +242,9 @@ pub struct MoeOutput {
     /// `aux_loss_coef · load_balancing_loss`, a differentiable scalar to add to the training
     /// loss, when the coefficient is not 0.
     pub aux_loss: Option<Tensor>,
-    /// Tokens routed to each expert in this pass (feed [`super::ExpertLoad::add`]).
-    pub counts: Vec<usize>,
+    /// `[E]` i64: tokens routed to each expert in this pass (feed [`super::ExpertLoad::add`]),
+    /// on the layer's device.
+    pub counts: Tensor,
     /// Router statistics of this pass.
     pub stats: RouterStats,
 }
@@ -461,23 +447,10 @@ fn moe_ffn_in(
     let r = route(&logits, w.balance_bias, &spec.router)?;
     drop(no_autocast);
     let routing = sort_by_expert(&r.experts, e)?;
-    let counts = routing.counts.clone();
     let biased = w.gate_bias.is_some() || w.up_bias.is_some() || w.down_bias.is_some();
     // The experts' products over rows grouped by expert (`counts` rows each, of the experts
-    // this rank holds).
-    let experts = |xs: &Tensor, counts: &[usize]| -> Result<Tensor> {
-        // The expert of each sorted row, for the per-expert biases.
-        let rows = if biased {
-            let ids: Vec<i64> = counts
-                .iter()
-                .enumerate()
-                .flat_map(|(ex, &c)| std::iter::repeat_n(ex as i64, c))
-                .collect();
-            let len = ids.len();
-            Some(Tensor::from_vec(ids, &[len])?)
-        } else {
-            None
-        };
+    // this rank holds); `rows` is the expert of each sorted row, for the per-expert biases.
+    let experts = |xs: &Tensor, counts: &Tensor, rows: Option<Tensor>| -> Result<Tensor> {
         let product = |a: &Tensor, m: &Tensor, bias: Option<&Tensor>| -> Result<Tensor> {
             let y = if out_in {
                 a.grouped_matmul_nt(m, counts)?
@@ -497,8 +470,31 @@ fn moe_ffn_in(
     };
     let xs = x2.moe_dispatch(&routing)?;
     let ys = match ep {
-        Some(p) => run_experts(p, &xs, &counts, &experts)?,
-        None => experts(&xs, &counts)?,
+        // The exchange needs its sizes on the host: expert parallelism reads the counts.
+        Some(p) => run_experts(p, &xs, &routing.host_counts(), &|xs, local| {
+            let rows = if biased {
+                let ids: Vec<i64> = local
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(ex, &c)| std::iter::repeat_n(ex as i64, c))
+                    .collect();
+                let len = ids.len();
+                Some(Tensor::from_vec(ids, &[len])?.to_device(xs.device())?)
+            } else {
+                None
+            };
+            experts(xs, &local.counts_on(xs.device())?, rows)
+        })?,
+        None => {
+            // Each sorted row's expert is its choice, in sorted order: found on the device.
+            let rows = if biased {
+                let flat = r.experts.reshape(&[r.experts.numel()])?;
+                Some(flat.index_select(0, &routing.order)?)
+            } else {
+                None
+            };
+            experts(&xs, &routing.counts, rows)?
+        }
     };
     // Under TP the experts' outputs are partial sums, and so is the gradient the combine
     // gives the routing weights: `tp_copy` sums it over the group.
@@ -521,17 +517,17 @@ fn moe_ffn_in(
     };
     let aux_loss = if spec.aux_loss_coef != 0.0 {
         Some(
-            load_balancing_loss(&r.scores, &counts, spec.router.score)?
+            load_balancing_loss(&r.scores, &routing.counts, spec.router.score)?
                 .mul_scalar(spec.aux_loss_coef)?,
         )
     } else {
         None
     };
-    let stats = RouterStats::new(&r.scores, &counts, spec.router.score)?;
+    let stats = RouterStats::new(&r.scores, &routing.counts, spec.router.score)?;
     Ok(MoeOutput {
         out,
         aux_loss,
-        counts,
+        counts: routing.counts,
         stats,
     })
 }

@@ -106,36 +106,23 @@ pub struct Routing {
 }
 
 /// `choice [N, E]` with the experts outside each row's `topk_group` best groups set to -inf;
-/// a group's score is the sum of its two best entries (DeepSeek-V3's `n_group` routing).
+/// a group's score is the sum of its two best entries (DeepSeek-V3's `n_group` routing). Tensor
+/// ops on the scores' device (nothing read back); equal group scores keep the lower group, as
+/// top-k takes equal values lower index first.
 fn limit_to_groups(choice: &Tensor, n_group: usize, topk_group: usize) -> Result<Tensor> {
-    let e = choice.shape()[1];
+    let (n, e) = (choice.shape()[0], choice.shape()[1]);
     let size = e / n_group;
-    let mut v = choice.contiguous()?.to_vec_f32();
-    for row in v.chunks_mut(e) {
-        let group_score = |g: &[f32]| {
-            let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-            for &x in g {
-                if x > a {
-                    (a, b) = (x, a);
-                } else if x > b {
-                    b = x;
-                }
-            }
-            a + b
-        };
-        let mut groups: Vec<(f32, usize)> = row
-            .chunks(size)
-            .enumerate()
-            .map(|(i, g)| (group_score(g), i))
-            .collect();
-        // Best first; ties keep the lower group, as a stable sort does.
-        groups.sort_by(|x, y| y.0.total_cmp(&x.0));
-        for &(_, g) in &groups[topk_group..] {
-            row[g * size..(g + 1) * size].fill(f32::NEG_INFINITY);
-        }
-    }
-    // Back on the scores' device, so the top-k that follows runs where the router does.
-    Tensor::from_vec(v, choice.shape())?.to_device(choice.device())
+    let grouped = choice.reshape(&[n, n_group, size])?;
+    let best_two = grouped.topk(2, -1, true, true)?.0;
+    let group_score = best_two.sum_dims(&[-1], false)?;
+    let keep = group_score.topk(topk_group, -1, true, true)?.1;
+    let ones = Tensor::zeros_on(&[n, topk_group], DType::F32, choice.device())?.add_scalar(1.0)?;
+    let kept = Tensor::zeros_on(&[n, n_group], DType::F32, choice.device())?
+        .scatter_add(1, &keep, &ones)?
+        .reshape(&[n, n_group, 1])?;
+    // x + (-inf) is -inf for every score a router gives.
+    let dropped = grouped.add_scalar(f32::NEG_INFINITY)?;
+    crate::ops::where_(&kept, &grouped, &dropped)?.reshape(&[n, e])
 }
 
 /// Routes tokens from `logits [N, E]` (any float dtype; scores are computed in f32). `bias`

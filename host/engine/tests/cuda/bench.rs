@@ -176,10 +176,16 @@ fn moe_speed() {
         groups: None,
     });
     let w = MoeWeights::new(&router, &gate, &up, &down);
-    let mut counts = Vec::new();
+    let mut counts: Vec<usize> = Vec::new();
     let (fwd, _) = time_on_gpu(|| {
         let _no_grad = anneal_engine::autograd::no_grad();
-        counts = moe_ffn(&x, &w, &spec).expect("moe_ffn").counts;
+        let out = moe_ffn(&x, &w, &spec).expect("moe_ffn");
+        counts = out
+            .counts
+            .to_vec::<i64>()
+            .into_iter()
+            .map(|c| c as usize)
+            .collect();
     });
     let (step, iters) = time_on_gpu(|| {
         for p in [&x, &router, &gate, &up, &down] {

@@ -270,11 +270,16 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
         inverse[a as usize] = s as i64;
     }
     let token: Vec<i64> = order.iter().map(|&a| a / k as i64).collect();
+    let (order, inverse, token) = (
+        ids(&order, &[n * k]),
+        ids(&inverse, &[n * k]),
+        ids(&token, &[n * k]),
+    );
     let x = rand(&[n, d], 140);
     close(
         "moe_dispatch",
         &cuda
-            .moe_dispatch(&gpu(&x), &token, DType::F32)
+            .moe_dispatch(&gpu(&x), &gpu(&token), DType::F32)
             .expect("cuda"),
         &cpu.moe_dispatch(&x, &token, DType::F32).expect("cpu"),
         0.0,
@@ -283,7 +288,7 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
     close(
         "moe_dispatch_backward",
         &cuda
-            .moe_dispatch_backward(&gpu(&gs), &inverse, k, DType::F32)
+            .moe_dispatch_backward(&gpu(&gs), &gpu(&inverse), k, DType::F32)
             .expect("cuda"),
         &cpu.moe_dispatch_backward(&gs, &inverse, k, DType::F32)
             .expect("cpu"),
@@ -297,7 +302,7 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
     close(
         "moe_combine",
         &cuda
-            .moe_combine(&gpu(&y), &gpu(&w), &inverse, DType::F32)
+            .moe_combine(&gpu(&y), &gpu(&w), &gpu(&inverse), DType::F32)
             .expect("cuda"),
         &cpu.moe_combine(&y, &w, &inverse, DType::F32).expect("cpu"),
         0.0,
@@ -308,8 +313,8 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
             &gpu(&y),
             &gpu(&w),
             &gpu(&g),
-            &order,
-            &inverse,
+            &gpu(&order),
+            &gpu(&inverse),
             (true, true),
             dtypes,
         )
@@ -330,23 +335,28 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
         &dw_c.expect("dw"),
         1e-6,
     );
-    let bad = vec![0i64, 99];
-    assert!(
-        cuda.moe_dispatch(&gpu(&x), &bad, DType::F32).is_err(),
-        "a routing past x's rows is an error"
-    );
+    // Indices the device computed are not checked on the host: one past x's rows reads zeros
+    // (the host's values are checked: an error there).
+    let bad = ids(&[0, 99], &[2]);
+    let got = cuda
+        .moe_dispatch(&gpu(&x), &gpu(&bad), DType::F32)
+        .expect("cuda")
+        .to_vec_f32();
+    assert_eq!(&got[..d], &x.to_vec_f32()[..d]);
+    assert!(got[d..].iter().all(|&v| v == 0.0), "row 99 reads as zeros");
+    assert!(cpu.moe_dispatch(&x, &bad, DType::F32).is_err());
 
     // Grouped GEMM over 4 experts with an empty group, both weight orientations, and the
     // weight gradient (an empty group's is zero).
-    let counts = [3usize, 0, 5, 2];
-    let rows: usize = counts.iter().sum();
+    let counts = ids(&[3, 0, 5, 2], &[4]);
+    let rows = 10;
     let (kk, m) = (16usize, 12usize);
     let xs = rand(&[rows, kk], 150);
     let we = rand(&[4, kk, m], 151);
     close(
         "grouped_matmul",
         &cuda
-            .grouped_matmul(&gpu(&xs), &gpu(&we), &counts, false)
+            .grouped_matmul(&gpu(&xs), &gpu(&we), &gpu(&counts), false)
             .expect("cuda"),
         &cpu.grouped_matmul(&xs, &we, &counts, false).expect("cpu"),
         1e-5,
@@ -355,7 +365,7 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
     close(
         "grouped_matmul transposed",
         &cuda
-            .grouped_matmul(&gpu(&gy), &gpu(&we), &counts, true)
+            .grouped_matmul(&gpu(&gy), &gpu(&we), &gpu(&counts), true)
             .expect("cuda"),
         &cpu.grouped_matmul(&gy, &we, &counts, true).expect("cpu"),
         1e-5,
@@ -363,12 +373,44 @@ fn moe_routing_and_grouped_gemm_match_the_cpu() {
     close(
         "grouped_matmul_weight_grad",
         &cuda
-            .grouped_matmul_weight_grad(&gpu(&xs), &gpu(&gy), &counts)
+            .grouped_matmul_weight_grad(&gpu(&xs), &gpu(&gy), &gpu(&counts))
             .expect("cuda"),
         &cpu.grouped_matmul_weight_grad(&xs, &gy, &counts)
             .expect("cpu"),
         1e-5,
     );
+}
+
+#[test]
+fn experts_are_sorted_on_the_gpu_as_on_the_cpu() {
+    if !gpu_or_skip("experts_are_sorted_on_the_gpu_as_on_the_cpu") {
+        return;
+    }
+    let (cpu, cuda) = (
+        backend_for(Device::Cpu).expect("cpu"),
+        backend_for(GPU).expect("cuda"),
+    );
+    // 700 tokens × 3 choices over 5 experts (three chunks of the sort, expert 4 never chosen),
+    // and an empty batch.
+    let (n, k, e) = (700usize, 3usize, 5usize);
+    let choices: Vec<i64> = (0..n * k).map(|a| ((a * 7 + a / 5) % 4) as i64).collect();
+    for (ids_host, what) in [
+        (ids(&choices, &[n, k]), "700 tokens"),
+        (ids(&[], &[0, k]), "none"),
+    ] {
+        let want = cpu.sort_by_expert(&ids_host, e).expect("cpu");
+        // Computed on the device (no host copy), as a router's top-k is.
+        let on_gpu = gpu(&ids_host).to_dtype(DType::I32).expect("i32");
+        let got = cuda.sort_by_expert(&on_gpu, e).expect("cuda");
+        for (i, name) in ["order", "token", "inverse", "counts"].iter().enumerate() {
+            assert_eq!(got[i].device(), GPU, "{what}: {name} stays on the GPU");
+            assert_eq!(
+                got[i].to_vec::<i64>(),
+                want[i].to_vec::<i64>(),
+                "{what}: {name}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -185,16 +185,7 @@ pub(crate) fn run(
         o::SortByExpert::OP => {
             let n = parse::<o::SortByExpert>(attrs)?.num_experts as usize;
             let r = anneal_engine::ops::sort_by_expert(x()?, n).map_err(e)?;
-            let counts: Vec<i64> = r.counts.iter().map(|&c| c as i64).collect();
-            let n = counts.len();
-            let device = x()?.device();
-            let counts = Tensor::from_vec(counts, &[n]).map_err(e)?;
-            Ok(vec![
-                r.order.to_device(device).map_err(e)?,
-                r.token.to_device(device).map_err(e)?,
-                r.inverse.to_device(device).map_err(e)?,
-                counts.to_device(device).map_err(e)?,
-            ])
+            Ok(vec![r.order, r.token, r.inverse, r.counts])
         }
         o::GroupedMatmul::OP => one(x()?.grouped_matmul(y()?, arg(inputs, 2, op)?)),
         o::GroupedMatmulNt::OP => super::ops_moe::grouped_matmul_nt(inputs),

@@ -171,22 +171,9 @@ pub(crate) fn ffn(inputs: &[Tensor], a: o::MoeFfn, session: &HostSession) -> R<V
         (None, ep) => eo::moe_ffn_ep(x, &w, &spec, ep),
     }
     .map_err(e)?;
-    let s = &out.stats;
-    let tokens: Vec<f32> = s.tokens_per_expert.iter().map(|&c| c as f32).collect();
-    let n = tokens.len();
-    // The statistics go where the layer's output lives, like every tensor a host op returns.
-    let device = out.out.device();
-    let stat = |v: Vec<f32>, shape: &[usize]| {
-        Tensor::from_vec(v, shape)
-            .and_then(|t| t.to_device(device))
-            .map_err(e)
-    };
-    let mut v = vec![
-        out.out,
-        stat(tokens, &[n])?,
-        stat(vec![s.imbalance], &[])?,
-        stat(vec![s.entropy], &[])?,
-    ];
+    // The statistics are tensors where the layer's output lives, computed there.
+    let s = out.stats;
+    let mut v = vec![out.out, s.tokens_per_expert, s.imbalance, s.entropy];
     v.extend(out.aux_loss);
     Ok(v)
 }

@@ -565,15 +565,21 @@ impl Trainer {
         // The gradient norm's parts and the losses still on a device come back together (on
         // a GPU the step's one wait for the device, which the profile shows in this phase).
         let norm_phase = anneal_engine::profile::phase("grad_norm");
-        let (grad_norm, losses) =
+        // The model's auxiliary losses and statistics come back in the same copy.
+        let losses_read = acc.pending_losses.len();
+        let mut reading = acc.pending_losses.clone();
+        reading.extend(acc.outputs.pending());
+        let (grad_norm, values) =
             self.placements
-                .grad_norm_reading(&self.dist, &self.named, &acc.pending_losses)?;
+                .grad_norm_reading(&self.dist, &self.named, &reading)?;
         drop(norm_phase);
-        acc.take_losses(&losses);
+        let (losses, outputs) = values.split_at(losses_read.min(values.len()));
+        acc.take_losses(losses);
+        acc.outputs.take_values(outputs);
         // Summed in micro-batch order whatever the layout, so the step's loss is bitwise the
         // same for any number of ranks.
         let loss = acc.losses.iter().map(|&l| l as f64).sum::<f64>() / n_micro as f64;
-        let aux_loss = acc.outputs.aux_total();
+        let aux_loss = acc.outputs.aux_total()?;
         self.check_finite(step, [loss, aux_loss.unwrap_or(0.0), grad_norm])?;
         {
             let _phase = anneal_engine::profile::phase("clip");
@@ -605,7 +611,7 @@ impl Trainer {
             tokens: (t.batch_size * t.seq_len) as u64,
             seconds: started.elapsed().as_secs_f64(),
             aux_loss,
-            outputs: self.step_fields(acc.outputs, fsdp_figures, pipeline.figures, owner),
+            outputs: self.step_fields(acc.outputs, fsdp_figures, pipeline.figures, owner)?,
             comm_bytes: talked.then(|| self.dist.comm_bytes() - comm_before),
             state_bytes,
         })

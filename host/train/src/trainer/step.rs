@@ -300,8 +300,8 @@ impl Trainer {
         fsdp: Option<FsdpFigures>,
         pipeline: Option<(f64, f64)>,
         owner: Option<OwnerFigures>,
-    ) -> BTreeMap<String, serde_json::Value> {
-        let mut fields = outputs.fields();
+    ) -> Result<BTreeMap<String, serde_json::Value>, TrainError> {
+        let mut fields = outputs.fields()?;
         if let Some((peak, early, gathered)) = fsdp {
             // Bytes of full (gathered) parameters this rank held at once during the
             // step: about the outer unit and two blocks, not the whole model.
@@ -356,6 +356,6 @@ impl Trainer {
             // global batch, so this counts the job's rows).
             fields.insert("data_source_rows".into(), m.rows_per_source().into());
         }
-        fields
+        Ok(fields)
     }
 }

@@ -65,7 +65,10 @@ __device__ __forceinline__ float binary_f(int op, float a, float b) {
     case 2: return a * b;
     case 3: return a / b;
     case 4: return fmaxf(a, b);
-    default: return fminf(a, b);
+    case 5: return fminf(a, b);
+    case 6: return a >= b ? 1.0f : 0.0f;
+    case 7: return a <= b ? 1.0f : 0.0f;
+    default: return a == b ? 1.0f : 0.0f;
     }
 }
 

@@ -1,7 +1,9 @@
 // Index ops: index_select, gather and cat are pure copies of elements of 2, 4 or 8 bytes (any
 // dtype, bit for bit); index_add and scatter_add accumulate in f32 with one thread per output
 // column walking its sources in increasing source position, which is the CPU backend's order,
-// so results match it bit for bit and never use atomics. Indices are i64, checked on the host.
+// so results match it bit for bit and never use atomics. Indices are i64, checked on the host
+// when their values are there; indices the device computed are not read back, so every use is
+// bounds-checked here: an index outside its dim reads zero and adds nothing.
 
 // index_select: out[o, l, i] = x[o, idx[l], i] for x [outer, n, inner].
 #define INDEX_SELECT(SUF, T) \
@@ -9,7 +11,8 @@ extern "C" __global__ void index_select_##SUF(const T* x, const i64* idx, T* out
         i64 len, i64 inner) { \
     FOR_EACH(t, outer * len * inner) { \
         i64 i = t % inner, l = (t / inner) % len, o = t / (inner * len); \
-        out[t] = x[(o * n + idx[l]) * inner + i]; \
+        i64 r = idx[l]; \
+        out[t] = r >= 0 && r < n ? x[(o * n + r) * inner + i] : (T)0; \
     } \
 }
 INDEX_SELECT(b2, unsigned short)
@@ -24,7 +27,8 @@ extern "C" __global__ void gather_##SUF(const T* x, const i64* idx, const i64* x
         i64 outer, i64 len, i64 inner, i64 n, i64 xinner) { \
     FOR_EACH(t, outer * len * inner) { \
         i64 k = t % inner, o = t / (inner * len); \
-        out[t] = x[xo[o] * n * xinner + idx[t] * xinner + xi[k]]; \
+        i64 r = idx[t]; \
+        out[t] = r >= 0 && r < n ? x[xo[o] * n * xinner + r * xinner + xi[k]] : (T)0; \
     } \
 }
 GATHER(b2, unsigned short)
@@ -51,7 +55,9 @@ extern "C" __global__ void index_add_f32(float* out, const float* src, const i64
     FOR_EACH(t, outer * inner) {
         i64 o = t / inner, i = t % inner;
         for (i64 l = 0; l < len; ++l) {
-            i64 d = (o * n + idx[l]) * inner + i;
+            i64 r = idx[l];
+            if (r < 0 || r >= n) continue;
+            i64 d = (o * n + r) * inner + i;
             out[d] = out[d] + src[(o * len + l) * inner + i];
         }
     }
@@ -68,7 +74,9 @@ extern "C" __global__ void scatter_add_f32(float* out, const float* src, const i
         i64 xbase = xo[o] * n * xinner + xi[k];
         i64 sbase = so[o] * sn * sinner + si[k];
         for (i64 j = 0; j < len; ++j) {
-            i64 d = xbase + idx[(o * len + j) * inner + k] * xinner;
+            i64 r = idx[(o * len + j) * inner + k];
+            if (r < 0 || r >= n) continue;
+            i64 d = xbase + r * xinner;
             out[d] = out[d] + src[sbase + j * sinner];
         }
     }

@@ -1,5 +1,6 @@
-// Cross-entropy over logits [N, V] (f32 or bf16) with i64 targets already checked in range, one
-// block per row. Forward: loss = (1−ε)(lse − x_t) + ε(lse − mean x), 0 on ignored rows; the
+// Cross-entropy over logits [N, V] (f32 or bf16) with i64 targets, one block per row. Targets
+// are checked in range on the host when their values are there; a target the device computed
+// outside 0..V (and not ignored) gives a NaN loss, which stops the step, never a wild read. Forward: loss = (1−ε)(lse − x_t) + ε(lse − mean x), 0 on ignored rows; the
 // per-row logsumexp is kept for the backward: dx = (softmax − ε/V)·scale, minus (1−ε)·scale at
 // the target.
 
@@ -11,6 +12,10 @@ extern "C" __global__ void cross_entropy_##SUF(const T* logits, const i64* targe
     i64 t = targets[row]; \
     if (has_ignore && t == ignore) { \
         if (threadIdx.x == 0) { loss[row] = 0.0f; lse[row] = 0.0f; } \
+        return; \
+    } \
+    if (t < 0 || t >= v) { \
+        if (threadIdx.x == 0) { loss[row] = __int_as_float(0x7fc00000); lse[row] = 0.0f; } \
         return; \
     } \
     const T* x = logits + row * v; \
