@@ -363,8 +363,9 @@ fn transfers_of(job: &Job, config: &Path, run: &str, steps: u64, set: &[&str]) -
 /// the device, and uploads do not wait. In f32 and in bf16 with full recompute, two
 /// micro-batches per step; for Qwen3.5, whose gated delta rule runs as CUDA kernels; and for
 /// the MoE models (Qwen3-MoE, DeepSeek-V3 with group-limited routing and the aux-loss-free
-/// bias, GPT-OSS with expert biases), whose routing is sorted, counted and multiplied on the
-/// device and whose router statistics come back in the step's one copy.
+/// bias, GPT-OSS with expert biases, DeepSeek-V4 with its gathered sparse attention on the
+/// device), whose routing is sorted, counted and multiplied on the device and whose router
+/// statistics come back in the step's one copy.
 #[test]
 fn a_gpu_step_copies_back_only_its_logged_scalars() {
     if let Some(why) = no_gpu() {
@@ -385,6 +386,11 @@ fn a_gpu_step_copies_back_only_its_logged_scalars() {
         anneal_tests::tiny::DEEPSEEK_V3,
     );
     let gpt_oss = job.config_with_model("gpt_oss", "gpt_oss", anneal_tests::tiny::GPT_OSS);
+    let deepseek_v4 = job.config_with_model(
+        "deepseek_v4",
+        "deepseek_v4",
+        anneal_tests::tiny::DEEPSEEK_V4,
+    );
     for (name, config, set) in [
         ("f32", job.config(), &["training.micro_batch_size=2"][..]),
         (
@@ -411,6 +417,11 @@ fn a_gpu_step_copies_back_only_its_logged_scalars() {
             &["training.micro_batch_size=2"][..],
         ),
         ("gpt_oss", gpt_oss, &["training.micro_batch_size=2"][..]),
+        (
+            "deepseek_v4",
+            deepseek_v4,
+            &["training.micro_batch_size=2"][..],
+        ),
     ] {
         let short = transfers_of(&job, &config, &format!("{name}-2"), 2, set);
         let long = transfers_of(&job, &config, &format!("{name}-4"), 4, set);

@@ -293,6 +293,10 @@ mod moe_gemm;
 #[path = "cuda/delta_rule.rs"]
 mod delta_rule;
 
+/// Gathered sparse attention (DeepSeek-V4's CSA/HCA): forward and gradients against the CPU op.
+#[path = "cuda/gathered.rs"]
+mod gathered;
+
 /// The engine's side of bench/gpu_check.sh's speed table: attention and MoE fwd+bwd (ignored).
 #[path = "cuda/bench.rs"]
 mod bench;

@@ -114,6 +114,10 @@ pub const KERNELS: &[KernelSource] = &[
         name: "delta_rule",
         source: include_str!("kernels/delta_rule.cu"),
     },
+    KernelSource {
+        name: "gathered_attention",
+        source: include_str!("kernels/gathered_attention.cu"),
+    },
 ];
 
 /// The kernel source named `name`.

@@ -13,6 +13,7 @@ mod blas;
 mod delta_rule;
 mod device;
 mod fused;
+pub(crate) mod gathered_attention;
 mod index;
 pub mod kernels;
 mod launch;

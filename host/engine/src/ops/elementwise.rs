@@ -131,6 +131,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (ea, eb) = broadcast_on_one_device(op, a, b)?;
     let out = be(&ea)?.binary(op, &ea, &eb)?;
     Ok(record(op.name(), out, &[a, b], || {
+        let need = (a.requires_grad(), b.requires_grad());
         let (a, b) = (a.detach(), b.detach());
         move |g: &Tensor| {
             let (ga, gb) = match op {
@@ -159,20 +160,17 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
                 }
             };
             // Each operand gets its gradient in its own dtype (a bf16 activation added to an
-            // f32 residual gets a bf16 gradient), so mixed-precision backward stays in bf16.
-            // ... and on its own device.
-            Ok(vec![
-                Some(
-                    ga.sum_to_shape(a.shape())?
-                        .to_dtype(a.dtype())?
-                        .to_device(a.device())?,
-                ),
-                Some(
-                    gb.sum_to_shape(b.shape())?
-                        .to_dtype(b.dtype())?
-                        .to_device(b.device())?,
-                ),
-            ])
+            // f32 residual gets a bf16 gradient), so mixed-precision backward stays in bf16,
+            // and on its own device; an operand that takes no gradient (a host-built constant
+            // beside a GPU tensor) gets none, so nothing is copied back to the host for it.
+            let back = |grad: Tensor, like: &Tensor, needed: bool| -> Result<Option<Tensor>> {
+                if !needed {
+                    return Ok(None);
+                }
+                let grad = grad.sum_to_shape(like.shape())?.to_dtype(like.dtype())?;
+                Ok(Some(grad.to_device(like.device())?))
+            };
+            Ok(vec![back(ga, &a, need.0)?, back(gb, &b, need.1)?])
         }
     }))
 }

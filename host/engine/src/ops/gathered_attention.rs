@@ -14,6 +14,10 @@
 //! in a fixed order (window keys by index, then blocks by ascending block index, the
 //! selection sorted and deduplicated first), independent of which other queries or rows run
 //! with it. A decode step over a cache therefore reproduces the training forward's bits.
+//!
+//! With `q` on a CUDA device the op runs there (`cuda::gathered_attention`: the same visibility
+//! and order, an online softmax over each row's columns) and reads nothing back to the host;
+//! only the shape checks, which read no values, are shared with the host path.
 
 use crate::autograd::record;
 use crate::error::{invalid, Error, Result};
@@ -49,6 +53,22 @@ pub struct GatheredAttentionParams {
     pub scale: Option<f32>,
 }
 
+/// The shapes of a call, checked without reading any value (so a device call reads none).
+struct Dims {
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+    s: usize,
+    n: usize,
+    scale: f32,
+    /// Batch rows of `q_pos` and `k_pos` (1 or B).
+    qb: usize,
+    kb: usize,
+    /// The selection's batch rows (1 or B) and choices per query.
+    sel: Option<(usize, usize)>,
+}
+
 /// The resolved shapes and each query's visible columns (`c < s`: window key `c`, else block
 /// `c - s`), in CSR form over the rows `b·T + t`.
 struct Plan {
@@ -69,8 +89,8 @@ impl Plan {
     }
 }
 
-/// Positions `[n]` or `[B, n]` as (batch rows, values).
-fn positions(t: &Tensor, n: usize, b: usize, what: &str) -> Result<(usize, Vec<i64>)> {
+/// Positions `[n]` or `[B, n]`: how many batch rows they have.
+fn position_rows(t: &Tensor, n: usize, b: usize, what: &str) -> Result<usize> {
     if !matches!(t.dtype(), DType::I64 | DType::I32) {
         return Err(Error::DType {
             op: OP,
@@ -79,8 +99,8 @@ fn positions(t: &Tensor, n: usize, b: usize, what: &str) -> Result<(usize, Vec<i
         });
     }
     match *t.shape() {
-        [m] if m == n => Ok((1, t.to_vec::<i64>())),
-        [bb, m] if m == n && (bb == b || bb == 1) => Ok((bb, t.to_vec::<i64>())),
+        [m] if m == n => Ok(1),
+        [bb, m] if m == n && (bb == b || bb == 1) => Ok(bb),
         _ => Err(invalid(
             OP,
             format!("{what} must be [{n}] or [{b}, {n}], got {:?}", t.shape()),
@@ -105,8 +125,8 @@ fn float_rank(t: &Tensor, rank: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Checks the shapes and lists every query's visible columns.
-fn plan(q: &Tensor, keys: &Tensor, p: &GatheredAttentionParams) -> Result<Plan> {
+/// Checks the shapes and dtypes (reading no value).
+fn dims(q: &Tensor, keys: &Tensor, p: &GatheredAttentionParams) -> Result<Dims> {
     float_rank(q, 4, "q [B, H, T, D]")?;
     float_rank(keys, 3, "keys [B, S, D]")?;
     let (b, h, t, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
@@ -150,12 +170,12 @@ fn plan(q: &Tensor, keys: &Tensor, p: &GatheredAttentionParams) -> Result<Plan> 
             ));
         }
     }
-    let (qb, qp) = positions(&p.q_pos, t, b, "q_pos")?;
-    let (kb, kp) = positions(&p.k_pos, s, b, "k_pos")?;
+    let qb = position_rows(&p.q_pos, t, b, "q_pos")?;
+    let kb = position_rows(&p.k_pos, s, b, "k_pos")?;
     let sel = match &p.selected {
         Some(x) => match *x.shape() {
             [sb, st, k] if st == t && (sb == b || sb == 1) && x.dtype() == DType::I64 => {
-                Some((sb, k, x.to_vec::<i64>()))
+                Some((sb, k))
             }
             _ => {
                 return Err(invalid(
@@ -165,6 +185,39 @@ fn plan(q: &Tensor, keys: &Tensor, p: &GatheredAttentionParams) -> Result<Plan> 
             }
         },
         None => None,
+    };
+    Ok(Dims {
+        b,
+        h,
+        t,
+        d,
+        s,
+        n,
+        scale,
+        qb,
+        kb,
+        sel,
+    })
+}
+
+/// Lists every query's visible columns on the host (reading the positions and selection).
+fn plan(dm: &Dims, p: &GatheredAttentionParams) -> Result<Plan> {
+    let Dims {
+        b,
+        h,
+        t,
+        d,
+        s,
+        n,
+        scale,
+        qb,
+        kb,
+        ..
+    } = *dm;
+    let (qp, kp) = (p.q_pos.to_vec::<i64>(), p.k_pos.to_vec::<i64>());
+    let sel = match (dm.sel, &p.selected) {
+        (Some((sb, k)), Some(x)) => Some((sb, k, x.to_vec::<i64>())),
+        _ => None,
     };
     // Window keys in ascending position (the usual case) are found by bisection.
     let sorted: Vec<bool> = (0..kb)
@@ -439,7 +492,12 @@ pub fn gathered_attention(
     keys: &Tensor,
     params: &GatheredAttentionParams,
 ) -> Result<Tensor> {
-    let p = plan(q, keys, params)?;
+    let dm = dims(q, keys, params)?;
+    #[cfg(feature = "cuda")]
+    if matches!(q.device(), crate::Device::Cuda(_)) {
+        return on_device(q, keys, params, &dm);
+    }
+    let p = plan(&dm, params)?;
     let data = Data {
         q: swap_ht(&values(q), p.b, p.h, p.t, p.d),
         keys: values(keys),
@@ -472,6 +530,59 @@ pub fn gathered_attention(
                 grads.push(like(gr.sinks, sk)?);
             }
             Ok(grads)
+        }
+    }))
+}
+
+/// [`gathered_attention`] with `q` on a CUDA device: the kernels of
+/// `cuda::gathered_attention`, forward and backward, with nothing read back to the host (inputs
+/// on the host are uploaded; the gradients go back to their inputs' devices).
+#[cfg(feature = "cuda")]
+fn on_device(
+    q: &Tensor,
+    keys: &Tensor,
+    params: &GatheredAttentionParams,
+    dm: &Dims,
+) -> Result<Tensor> {
+    use crate::cuda::gathered_attention as cuda;
+    let dev = q.device();
+    let shape = cuda::Shape {
+        b: dm.b,
+        h: dm.h,
+        t: dm.t,
+        d: dm.d,
+        s: dm.s,
+        n: dm.n,
+        qb: dm.qb,
+        kb: dm.kb,
+        sel: dm.sel,
+        window: params.window,
+        rate: params.compress_rate,
+        scale: dm.scale,
+        sinks: params.sinks.is_some(),
+    };
+    let plan = cuda::plan(q, params, &shape)?;
+    let here = |t: &Tensor| t.to_device(dev);
+    let (qd, kd) = (q.detach(), here(keys)?);
+    let bd = params.blocks.as_ref().map(here).transpose()?;
+    let sd = params.sinks.as_ref().map(here).transpose()?;
+    let (result, out, lse) = cuda::forward(&plan, &qd, &kd, bd.as_ref(), sd.as_ref())?;
+    let mut inputs = vec![q, keys];
+    inputs.extend(params.blocks.as_ref());
+    inputs.extend(params.sinks.as_ref());
+    let homes: Vec<crate::Device> = inputs.iter().map(|t| t.device()).collect();
+    Ok(record(OP, result, &inputs, move || {
+        move |g: &Tensor| {
+            let g = g.to_device(dev)?;
+            let gr = cuda::backward(&plan, &qd, &kd, bd.as_ref(), sd.as_ref(), &out, &lse, &g)?;
+            let mut grads = vec![Some(gr.q), Some(gr.keys)];
+            grads.extend(gr.blocks.map(Some));
+            grads.extend(gr.sinks.map(Some));
+            grads
+                .into_iter()
+                .zip(&homes)
+                .map(|(x, &home)| x.map(|x| x.to_device(home)).transpose())
+                .collect()
         }
     }))
 }
