@@ -30,7 +30,7 @@ pub(crate) fn bf16_gemm_available() -> bool {
 // Indexing and mixture-of-experts kernels.
 pub(crate) mod index;
 mod moe;
-mod moe_route;
+pub(crate) mod moe_route;
 mod random;
 mod shape;
 
@@ -182,7 +182,7 @@ impl Backend for CpuBackend {
     fn moe_dispatch(&self, x: &Tensor, token: &Tensor, dtype: DType) -> Result<Tensor> {
         moe_route::dispatch(
             x,
-            &moe_route::indices("moe_dispatch", token, x.shape()[0])?,
+            &index::read_indices("moe_dispatch", token, x.shape()[0])?,
             dtype,
         )
     }
@@ -193,7 +193,7 @@ impl Backend for CpuBackend {
         k: usize,
         dtype: DType,
     ) -> Result<Tensor> {
-        let inverse = moe_route::indices("moe_dispatch_backward", inverse, g.shape()[0])?;
+        let inverse = index::read_indices("moe_dispatch_backward", inverse, g.shape()[0])?;
         moe_route::dispatch_backward(g, &inverse, k, dtype)
     }
     fn moe_combine(
@@ -203,7 +203,7 @@ impl Backend for CpuBackend {
         inverse: &Tensor,
         dtype: DType,
     ) -> Result<Tensor> {
-        let inverse = moe_route::indices("moe_combine", inverse, y.shape()[0])?;
+        let inverse = index::read_indices("moe_combine", inverse, y.shape()[0])?;
         moe_route::combine(y, w, &inverse, dtype)
     }
     fn moe_combine_backward(
@@ -217,8 +217,8 @@ impl Backend for CpuBackend {
         dtypes: (DType, DType),
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         const OP: &str = "moe_combine_backward";
-        let order = moe_route::indices(OP, order, w.numel())?;
-        let inverse = moe_route::indices(OP, inverse, y.shape()[0])?;
+        let order = index::read_indices(OP, order, w.numel())?;
+        let inverse = index::read_indices(OP, inverse, y.shape()[0])?;
         moe_route::combine_backward(y, w, g, &order, &inverse, need, dtypes)
     }
     fn cat(&self, tensors: &[Tensor], dim: usize) -> Result<Tensor> {

@@ -146,20 +146,6 @@ pub(crate) fn combine_backward(
     Ok((dy, dw))
 }
 
-/// The values of an index tensor, each checked to name one of `rows` rows: a routing made
-/// for another batch is an error, not an out-of-bounds read.
-pub(crate) fn indices(op: &'static str, t: &Tensor, rows: usize) -> Result<Vec<i64>> {
-    let v = t.to_vec::<i64>();
-    match v.iter().find(|&&i| i < 0 || i as u64 >= rows as u64) {
-        Some(&bad) => Err(crate::error::Error::IndexOutOfRange {
-            op,
-            index: bad,
-            size: rows,
-        }),
-        None => Ok(v),
-    }
-}
-
 /// Per-expert counts as `usize` (a negative count, which no sort produces, as 0).
 pub(crate) fn host_counts(counts: &Tensor) -> Vec<usize> {
     counts

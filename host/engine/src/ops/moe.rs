@@ -193,11 +193,7 @@ impl ExpertRouting {
     /// The counts on the host (a device→host copy when the routing was made on a GPU): for
     /// what must know sizes on the host, such as the expert-parallel exchange.
     pub fn host_counts(&self) -> Vec<usize> {
-        self.counts
-            .to_vec::<i64>()
-            .into_iter()
-            .map(|c| c.max(0) as usize)
-            .collect()
+        crate::cpu::moe_route::host_counts(&self.counts)
     }
 }
 
